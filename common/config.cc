@@ -1,0 +1,336 @@
+#include "common/config.h"
+
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/io/tokenizer.h>
+#include <google/protobuf/text_format.h>
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <memory>
+#include <sstream>
+
+#include "common/file_util.h"
+
+namespace herd {
+namespace {
+
+namespace pb = google::protobuf;
+
+// Collects the parser's first error with its 1-based position.
+class FirstErrorCollector : public pb::io::ErrorCollector {
+ public:
+  explicit FirstErrorCollector(std::string origin) : origin_(std::move(origin)) {}
+  void AddError(int line, int column, const std::string& message) override {
+    if (!error_.empty()) return;
+    error_ = origin_ + ":" + std::to_string(line + 1) + ":" + std::to_string(column + 1) + ": " + message;
+  }
+  void AddWarning(int, int, const std::string&) override {}
+  const std::string& error() const { return error_; }
+
+ private:
+  std::string origin_;
+  std::string error_;
+};
+
+size_t EditDistance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] != b[j - 1] ? 1 : 0)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string FieldNames(const pb::Descriptor* d) {
+  std::string names;
+  for (int i = 0; i < d->field_count(); ++i) names += (i ? ", " : "") + d->field(i)->name();
+  return names;
+}
+
+std::string UnknownFieldMessage(const pb::Descriptor* d, const std::string& name) {
+  std::string best;
+  size_t best_dist = 3;
+  for (int i = 0; i < d->field_count(); ++i) {
+    size_t dist = EditDistance(name, d->field(i)->name());
+    if (dist < best_dist) best_dist = dist, best = d->field(i)->name();
+  }
+  std::string msg = d->name() + " has no field '" + name + "'";
+  if (!best.empty()) return msg + " (did you mean '" + best + "'?)";
+  return msg + " (fields: " + FieldNames(d) + ")";
+}
+
+// Where each field of the file is, so that value errors can point at it.
+struct FieldLocations {
+  std::string origin;
+  pb::TextFormat::ParseInfoTree tree;
+  std::map<std::string, std::string> overrides;  // field path -> "--set ..."
+
+  std::string Locate(const JobConfig& config, const std::string& path) const {
+    auto ov = overrides.find(path);
+    if (ov != overrides.end()) return ov->second;
+    const pb::Message* msg = &config;
+    const pb::TextFormat::ParseInfoTree* node = &tree;
+    std::stringstream parts(path);
+    std::string part;
+    std::vector<std::string> names;
+    while (std::getline(parts, part, '.')) names.push_back(part);
+    for (size_t i = 0; i < names.size() && node != nullptr; ++i) {
+      const pb::FieldDescriptor* f = msg->GetDescriptor()->FindFieldByName(names[i]);
+      if (f == nullptr) break;
+      if (i + 1 == names.size()) {
+        pb::TextFormat::ParseLocation loc = node->GetLocation(f, f->is_repeated() ? 0 : -1);
+        if (loc.line >= 0) {
+          return origin + ":" + std::to_string(loc.line + 1) + ":" + std::to_string(loc.column + 1);
+        }
+        break;
+      }
+      if (f->cpp_type() != pb::FieldDescriptor::CPPTYPE_MESSAGE) break;
+      node = node->GetTreeForNested(f, -1);
+      msg = &msg->GetReflection()->GetMessage(*msg, f);
+    }
+    return origin + ": " + path + " (not set: default)";
+  }
+};
+
+Status ApplyOverrideImpl(const std::string& assignment, JobConfig* config, std::string* field_path) {
+  std::string where = "--set " + assignment;
+  size_t eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    return Status::InvalidArgument(where + ": expected PATH=VALUE, e.g. train.steps=100");
+  }
+  std::string path = assignment.substr(0, eq);
+  std::string value = assignment.substr(eq + 1);
+  *field_path = path;
+  pb::Message* msg = config;
+  std::stringstream parts(path);
+  std::string name;
+  std::vector<std::string> names;
+  while (std::getline(parts, name, '.')) names.push_back(name);
+  for (size_t i = 0; i < names.size(); ++i) {
+    const pb::Descriptor* d = msg->GetDescriptor();
+    const pb::FieldDescriptor* f = d->FindFieldByName(names[i]);
+    if (f == nullptr) return Status::InvalidArgument(where + ": " + UnknownFieldMessage(d, names[i]));
+    bool last = i + 1 == names.size();
+    if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE) {
+      if (last) return Status::InvalidArgument(where + ": " + path + " is a message; set one of its fields (" + FieldNames(f->message_type()) + ")");
+      msg = msg->GetReflection()->MutableMessage(msg, f);
+      continue;
+    }
+    if (!last) return Status::InvalidArgument(where + ": " + names[i] + " is not a message");
+    const pb::Reflection* r = msg->GetReflection();
+    std::vector<std::string> values;
+    if (f->is_repeated()) {
+      r->ClearField(msg, f);
+      std::stringstream items(value);
+      std::string item;
+      while (std::getline(items, item, ',')) values.push_back(item);
+    } else {
+      values.push_back(value);
+    }
+    if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_STRING) {
+      for (std::string s : values) {
+        // Accept both bare and quoted strings on the command line.
+        if (s.size() >= 2 && (s.front() == '"' || s.front() == '\'') && s.back() == s.front()) {
+          s = s.substr(1, s.size() - 2);
+        }
+        if (f->is_repeated()) r->AddString(msg, f, s); else r->SetString(msg, f, s);
+      }
+      return Status::OK();
+    }
+    // Numbers, bools and enums: let the text-format parser judge the value.
+    std::string text;
+    for (const std::string& v : values) text += f->name() + ": " + v + "\n";
+    std::unique_ptr<pb::Message> scratch(msg->New());
+    FirstErrorCollector errors(where);
+    pb::TextFormat::Parser parser;
+    parser.RecordErrorsTo(&errors);
+    if (!parser.ParseFromString(text, scratch.get())) {
+      std::string err = errors.error();
+      // The parser's position is inside our synthetic "name: value" text;
+      // keep only its reason.
+      size_t reason = err.find(": ", where.size() + 1);
+      std::string type = f->cpp_type() == pb::FieldDescriptor::CPPTYPE_ENUM
+                             ? std::string("one of the ") + f->enum_type()->name() + " values"
+                             : std::string(f->cpp_type_name());
+      return Status::InvalidArgument(where + ": expected " + type + " for " + path +
+                                     (reason == std::string::npos ? "" : " (" + err.substr(reason + 2) + ")"));
+    }
+    r->ClearField(msg, f);
+    r->SwapFields(msg, scratch.get(), {f});
+  }
+  return Status::OK();
+}
+
+// A failed check: the field path and what was expected.
+struct Violation {
+  std::string field;
+  std::string message;
+};
+
+std::vector<Violation> CheckValues(const JobConfig& c) {
+  std::vector<Violation> v;
+  auto need = [&v](bool ok, const char* field, const std::string& msg) {
+    if (!ok) v.push_back({field, msg});
+  };
+  const auto& m = c.model();
+  need(m.vocab_size() > 0, "model.vocab_size", "must be > 0");
+  need(m.hidden_size() > 0, "model.hidden_size", "must be > 0");
+  need(m.intermediate_size() > 0, "model.intermediate_size", "must be > 0");
+  need(m.num_hidden_layers() > 0, "model.num_hidden_layers", "must be > 0");
+  need(m.num_attention_heads() > 0, "model.num_attention_heads", "must be > 0");
+  need(m.num_key_value_heads() > 0, "model.num_key_value_heads", "must be > 0");
+  if (m.num_attention_heads() > 0 && m.num_key_value_heads() > 0) {
+    need(m.num_attention_heads() % m.num_key_value_heads() == 0, "model.num_key_value_heads",
+         "num_attention_heads (" + std::to_string(m.num_attention_heads()) +
+             ") must be divisible by num_key_value_heads (" + std::to_string(m.num_key_value_heads()) + ")");
+  }
+  if (m.num_attention_heads() > 0 && m.hidden_size() > 0) {
+    need(m.hidden_size() % m.num_attention_heads() == 0, "model.num_attention_heads",
+         "hidden_size (" + std::to_string(m.hidden_size()) + ") must be divisible by num_attention_heads (" +
+             std::to_string(m.num_attention_heads()) + ")");
+    need((m.hidden_size() / m.num_attention_heads()) % 2 == 0, "model.num_attention_heads",
+         "head dimension hidden_size/num_attention_heads must be even for RoPE");
+  }
+  need(m.rope_theta() > 0, "model.rope_theta", "must be > 0");
+  need(m.rms_norm_eps() > 0, "model.rms_norm_eps", "must be > 0");
+  need(m.initializer_range() >= 0, "model.initializer_range", "must be >= 0");
+
+  const auto& t = c.train();
+  need(t.steps() >= 0, "train.steps", "must be >= 0");
+  need(t.batch_size() > 0, "train.batch_size", "must be > 0");
+  need(t.seq_len() > 0, "train.seq_len", "must be > 0");
+  need(t.grad_accum() > 0, "train.grad_accum", "must be > 0");
+  need(t.threads() >= 0, "train.threads", "must be >= 0 (0 = all cores)");
+
+  const auto& o = c.optimizer();
+  need(o.lr() >= 0, "optimizer.lr", "must be >= 0");
+  need(o.min_lr() >= 0 && o.min_lr() <= o.lr(), "optimizer.min_lr", "must be in [0, lr]");
+  need(o.warmup_steps() >= 0, "optimizer.warmup_steps", "must be >= 0");
+  need(o.weight_decay() >= 0, "optimizer.weight_decay", "must be >= 0");
+  need(o.beta1() >= 0 && o.beta1() < 1, "optimizer.beta1", "must be in [0, 1)");
+  need(o.beta2() >= 0 && o.beta2() < 1, "optimizer.beta2", "must be in [0, 1)");
+  need(o.eps() > 0, "optimizer.eps", "must be > 0");
+  need(o.clip_norm() >= 0, "optimizer.clip_norm", "must be >= 0 (0 disables clipping)");
+
+  need(c.data().val_fraction() >= 0 && c.data().val_fraction() < 1, "data.val_fraction", "must be in [0, 1)");
+  need(c.checkpoint().every() >= 0, "checkpoint.every", "must be >= 0 (0 = only at the end)");
+  need(c.log().every() > 0, "log.every", "must be > 0");
+  need(c.log().eval_every() >= 0, "log.eval_every", "must be >= 0");
+  need(c.log().eval_batches() > 0, "log.eval_batches", "must be > 0");
+  need(c.log().sample_tokens() >= 0, "log.sample_tokens", "must be >= 0");
+  need(c.log().sample_temperature() >= 0, "log.sample_temperature", "must be >= 0 (0 = greedy)");
+
+  const auto& cl = c.cluster();
+  need(cl.workers() > 0, "cluster.workers", "must be > 0");
+  need(cl.servers() >= 0, "cluster.servers", "must be >= 0");
+  need(cl.bucket_mb() > 0, "cluster.bucket_mb", "must be > 0");
+  need(cl.zero_stage() == 0 || cl.zero_stage() == 1, "cluster.zero_stage", "must be 0 or 1");
+  switch (cl.sync()) {
+    case config::ClusterConfig::NONE:
+      need(cl.workers() == 1, "cluster.workers", "sync NONE trains in one process: workers must be 1");
+      need(cl.servers() == 0, "cluster.servers", "sync NONE has no servers: servers must be 0");
+      break;
+    case config::ClusterConfig::PARAMETER_SERVER:
+      need(cl.servers() > 0, "cluster.servers", "PARAMETER_SERVER needs servers >= 1");
+      break;
+    case config::ClusterConfig::ALLREDUCE:
+      need(cl.servers() == 0, "cluster.servers", "ALLREDUCE has no servers: servers must be 0");
+      break;
+  }
+  if (cl.zero_stage() == 1) {
+    need(cl.sync() == config::ClusterConfig::ALLREDUCE, "cluster.zero_stage", "ZeRO-1 applies to sync ALLREDUCE only");
+  }
+  return v;
+}
+
+StatusOr<JobConfig> ParseWithLocations(const std::string& text, const std::string& origin,
+                                       const std::vector<std::string>& overrides) {
+  FieldLocations locations;
+  locations.origin = origin;
+  JobConfig config;
+  FirstErrorCollector errors(origin);
+  pb::TextFormat::Parser parser;
+  parser.RecordErrorsTo(&errors);
+  parser.WriteLocationsTo(&locations.tree);
+  if (!parser.ParseFromString(text, &config)) {
+    return Status::InvalidArgument(errors.error().empty() ? origin + ": cannot parse config" : errors.error());
+  }
+  for (const std::string& assignment : overrides) {
+    std::string field;
+    HERD_RETURN_IF_ERROR(ApplyOverrideImpl(assignment, &config, &field));
+    locations.overrides[field] = "--set " + assignment;
+  }
+  std::vector<Violation> violations = CheckValues(config);
+  if (!violations.empty()) {
+    const Violation& first = violations.front();
+    return Status::InvalidArgument(locations.Locate(config, first.field) + ": " + first.field + ": " + first.message);
+  }
+  return config;
+}
+
+}  // namespace
+
+StatusOr<JobConfig> LoadJobConfig(const std::string& path, const std::vector<std::string>& overrides) {
+  auto text = ReadFile(path);
+  if (!text.ok()) return text.status().WithContext("config: ");
+  return ParseWithLocations(*text, path, overrides);
+}
+
+StatusOr<JobConfig> ParseJobConfig(const std::string& text, const std::string& origin,
+                                   const std::vector<std::string>& overrides) {
+  return ParseWithLocations(text, origin, overrides);
+}
+
+Status ApplyOverride(const std::string& assignment, JobConfig* config) {
+  std::string field;
+  return ApplyOverrideImpl(assignment, config, &field);
+}
+
+Status ValidateJobConfig(const JobConfig& config) {
+  std::vector<Violation> violations = CheckValues(config);
+  if (violations.empty()) return Status::OK();
+  return Status::InvalidArgument(violations.front().field + ": " + violations.front().message);
+}
+
+std::string ConfigToText(const JobConfig& config) {
+  // Fill every default in so that the text is a complete record of the job.
+  JobConfig full = config;
+  std::function<void(pb::Message*)> fill = [&fill](pb::Message* m) {
+    const pb::Reflection* r = m->GetReflection();
+    const pb::Descriptor* d = m->GetDescriptor();
+    for (int i = 0; i < d->field_count(); ++i) {
+      const pb::FieldDescriptor* f = d->field(i);
+      if (f->is_repeated()) continue;
+      if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE) {
+        fill(r->MutableMessage(m, f));
+      } else if (!r->HasField(*m, f) && f->has_default_value()) {
+        switch (f->cpp_type()) {
+          case pb::FieldDescriptor::CPPTYPE_INT32: r->SetInt32(m, f, f->default_value_int32()); break;
+          case pb::FieldDescriptor::CPPTYPE_INT64: r->SetInt64(m, f, f->default_value_int64()); break;
+          case pb::FieldDescriptor::CPPTYPE_UINT32: r->SetUInt32(m, f, f->default_value_uint32()); break;
+          case pb::FieldDescriptor::CPPTYPE_UINT64: r->SetUInt64(m, f, f->default_value_uint64()); break;
+          case pb::FieldDescriptor::CPPTYPE_DOUBLE: r->SetDouble(m, f, f->default_value_double()); break;
+          case pb::FieldDescriptor::CPPTYPE_FLOAT: r->SetFloat(m, f, f->default_value_float()); break;
+          case pb::FieldDescriptor::CPPTYPE_BOOL: r->SetBool(m, f, f->default_value_bool()); break;
+          case pb::FieldDescriptor::CPPTYPE_ENUM: r->SetEnum(m, f, f->default_value_enum()); break;
+          case pb::FieldDescriptor::CPPTYPE_STRING: r->SetString(m, f, f->default_value_string()); break;
+          default: break;
+        }
+      }
+    }
+  };
+  fill(&full);
+  std::string out;
+  pb::TextFormat::Printer printer;
+  printer.PrintToString(full, &out);
+  return out;
+}
+
+}  // namespace herd

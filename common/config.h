@@ -1,0 +1,37 @@
+// Job configuration: loading a text-format JobConfig, applying --set
+// overrides, and validating values.
+//
+// Every error is one line that says where: "FILE:LINE:COL: ..." for a field
+// written in the file, "--set PATH=VALUE: ..." for an override, or
+// "FILE: model.x (default N): ..." for a default that does not fit the rest.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "proto/herd.pb.h"
+
+namespace herd {
+
+using config::JobConfig;
+
+// Loads `path`, applies `overrides` ("a.b.c=value", in order) and validates.
+StatusOr<JobConfig> LoadJobConfig(const std::string& path, const std::vector<std::string>& overrides);
+
+// Parses text-format JobConfig from a string; `origin` names it in errors.
+StatusOr<JobConfig> ParseJobConfig(const std::string& text, const std::string& origin,
+                                   const std::vector<std::string>& overrides = {});
+
+// Applies one "a.b.c=value" override.
+Status ApplyOverride(const std::string& assignment, JobConfig* config);
+
+// Checks values and their relations (e.g. heads divisible by kv heads).
+// Errors name the field path, e.g. "model.num_key_value_heads: ...".
+Status ValidateJobConfig(const JobConfig& config);
+
+// Text format of the whole config with defaults filled in, for logs and
+// checkpoints.
+std::string ConfigToText(const JobConfig& config);
+
+}  // namespace herd

@@ -1,0 +1,161 @@
+#include "common/file_util.h"
+
+#include <fcntl.h>
+#include <glob.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace herd {
+namespace {
+
+std::string ErrnoText() { return std::strerror(errno); }
+
+}  // namespace
+
+StatusOr<std::string> ReadFile(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) {
+    if (errno == ENOENT) return Status::NotFound(path + ": no such file");
+    return Status::IOError(path + ": cannot open: " + ErrnoText());
+  }
+  std::string data;
+  char buf[1 << 16];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) data.append(buf, n);
+  bool failed = std::ferror(f);
+  std::fclose(f);
+  if (failed) return Status::IOError(path + ": read failed: " + ErrnoText());
+  return data;
+}
+
+Status WriteFileAtomic(const std::string& path, std::string_view data) {
+  AtomicFile file;
+  HERD_RETURN_IF_ERROR(file.Open(path));
+  HERD_RETURN_IF_ERROR(file.Append(data));
+  return file.Commit();
+}
+
+Status MakeDirs(const std::string& path) {
+  if (path.empty()) return Status::OK();
+  std::string partial;
+  size_t pos = 0;
+  while (pos != std::string::npos) {
+    pos = path.find('/', pos + 1);
+    partial = path.substr(0, pos);
+    if (partial.empty()) continue;
+    if (::mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) {
+      return Status::IOError(partial + ": cannot create directory: " + ErrnoText());
+    }
+  }
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return Status::IOError(path + ": not a directory");
+  }
+  return Status::OK();
+}
+
+Status FsyncDir(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return Status::IOError(dir + ": cannot open directory: " + ErrnoText());
+  int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) return Status::IOError(dir + ": fsync failed: " + ErrnoText());
+  return Status::OK();
+}
+
+bool PathExists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+std::vector<std::string> Glob(const std::string& pattern) {
+  std::vector<std::string> out;
+  glob_t g;
+  if (::glob(pattern.c_str(), 0, nullptr, &g) == 0) {
+    for (size_t i = 0; i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
+  }
+  ::globfree(&g);
+  return out;  // glob() sorts by default
+}
+
+std::string DirName(const std::string& path) {
+  size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+std::string JoinPath(const std::string& a, const std::string& b) {
+  if (a.empty() || b.starts_with('/')) return b;
+  return a.ends_with('/') ? a + b : a + "/" + b;
+}
+
+AtomicFile::~AtomicFile() { Abandon(); }
+
+Status AtomicFile::Open(const std::string& path) {
+  Abandon();
+  path_ = path;
+  tmp_path_ = path + ".tmp." + std::to_string(::getpid());
+  file_ = std::fopen(tmp_path_.c_str(), "wb");
+  if (file_ == nullptr) {
+    return Status::IOError(path + ": cannot write (" + DirName(path) + "): " + ErrnoText());
+  }
+  bytes_ = 0;
+  return Status::OK();
+}
+
+Status AtomicFile::Append(const void* data, size_t size) {
+  if (file_ == nullptr) return Status::Internal(path_ + ": write to a file that is not open");
+  if (size > 0 && std::fwrite(data, 1, size, file_) != size) {
+    return Status::IOError(path_ + ": write failed: " + ErrnoText());
+  }
+  bytes_ += size;
+  return Status::OK();
+}
+
+Status AtomicFile::Commit() {
+  if (file_ == nullptr) return Status::Internal(path_ + ": commit of a file that is not open");
+  bool ok = std::fflush(file_) == 0 && ::fsync(::fileno(file_)) == 0;
+  std::string err = ErrnoText();
+  ok = (std::fclose(file_) == 0) && ok;
+  file_ = nullptr;
+  if (!ok) {
+    ::unlink(tmp_path_.c_str());
+    return Status::IOError(path_ + ": write failed: " + err);
+  }
+  if (::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
+    err = ErrnoText();
+    ::unlink(tmp_path_.c_str());
+    return Status::IOError(path_ + ": rename failed: " + err);
+  }
+  tmp_path_.clear();
+  return FsyncDir(DirName(path_));
+}
+
+void AtomicFile::Abandon() {
+  if (file_ != nullptr) {
+    std::fclose(file_);
+    file_ = nullptr;
+  }
+  if (!tmp_path_.empty()) {
+    ::unlink(tmp_path_.c_str());
+    tmp_path_.clear();
+  }
+}
+
+uint32_t Crc32(const void* data, size_t size, uint32_t crc) {
+  const auto* p = static_cast<const Bytef*>(data);
+  while (size > 0) {  // zlib takes uInt lengths
+    uInt chunk = size > (1u << 30) ? (1u << 30) : static_cast<uInt>(size);
+    crc = static_cast<uint32_t>(::crc32(crc, p, chunk));
+    p += chunk;
+    size -= chunk;
+  }
+  return crc;
+}
+
+}  // namespace herd

@@ -1,0 +1,57 @@
+// Files: whole-file reads and crash-safe writes.
+//
+// Promise of AtomicFile: the destination either keeps its old content (or
+// stays absent) or has the complete new content — the data goes to a
+// temporary name in the same directory, is fsynced, renamed over the
+// destination, and the directory is fsynced. A writer destroyed without
+// Commit() removes its temporary file.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace herd {
+
+StatusOr<std::string> ReadFile(const std::string& path);
+Status WriteFileAtomic(const std::string& path, std::string_view data);
+// mkdir -p; the error names the path that could not be created.
+Status MakeDirs(const std::string& path);
+Status FsyncDir(const std::string& dir);
+bool PathExists(const std::string& path);
+// Sorted matches of a glob pattern (no error when nothing matches).
+std::vector<std::string> Glob(const std::string& pattern);
+// Directory part of a path ("." when there is none).
+std::string DirName(const std::string& path);
+std::string JoinPath(const std::string& a, const std::string& b);
+
+class AtomicFile {
+ public:
+  AtomicFile() = default;
+  ~AtomicFile();
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+
+  Status Open(const std::string& path);
+  Status Append(const void* data, size_t size);
+  Status Append(std::string_view s) { return Append(s.data(), s.size()); }
+  // fsync, rename over the destination, fsync the directory.
+  Status Commit();
+  // Removes the temporary file; the destination is untouched.
+  void Abandon();
+  uint64_t bytes_written() const { return bytes_; }
+
+ private:
+  std::string path_, tmp_path_;
+  std::FILE* file_ = nullptr;
+  uint64_t bytes_ = 0;
+};
+
+// CRC-32 (zlib polynomial), incremental: pass the previous value as `crc`.
+uint32_t Crc32(const void* data, size_t size, uint32_t crc = 0);
+
+}  // namespace herd

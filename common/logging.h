@@ -1,0 +1,18 @@
+// Process-wide logging set-up (glog to stderr) and the one-line fatal error
+// that every command ends with on bad input.
+#pragma once
+
+#include <string>
+
+#include "common/status.h"
+
+namespace herd {
+
+// glog to stderr, no log files; `role` prefixes nothing yet but names the
+// process in glog's program name.
+void InitLogging(const char* argv0);
+
+// Prints "herd: error: <message>" to stderr and returns the exit code to use.
+int ReportError(const Status& status);
+
+}  // namespace herd

@@ -1,0 +1,70 @@
+// Checkpoints: one directory per step, ROOT/step_NNNNNNNN/, holding
+//   config.textproto   the complete job config (model shape included)
+//   shard_NNNNN.bin    a range [begin, end) of the flat parameter space:
+//                      fp32 weights, AdamW m and v, optimizer step
+//   worker_NNNNN.state a worker's data-loader position (text)
+//   manifest.json      written last: step and every part's size and CRC-32
+//
+// Promise: every file is written atomically (temp name, fsync, rename); a
+// step directory without a manifest, or whose parts do not match the
+// manifest, is never loaded. The manifest is written by whoever commits the
+// checkpoint (the trainer alone; later the coordinator) only after every
+// part reported success.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "proto/herd.pb.h"
+
+namespace herd {
+
+struct ShardState {
+  int64_t begin = 0, end = 0;  // range of the flat parameter space
+  int64_t step = 0;            // optimizer steps taken
+  std::vector<float> weights, m, v;  // each end - begin long
+};
+
+std::string StepDirName(const std::string& root, int64_t step);
+std::string ShardFileName(int shard_index);   // "shard_00000.bin"
+std::string WorkerFileName(int worker_rank);  // "worker_00000.state"
+
+Status WriteShard(const std::string& path, const ShardState& shard);
+// Validates magic, version, sizes and CRC; errors name the file.
+StatusOr<ShardState> ReadShard(const std::string& path);
+
+// Writes manifest.json listing `parts` (file names inside step_dir) with
+// their sizes and CRCs. Call only when every part has been written.
+Status WriteManifest(const std::string& step_dir, int64_t step, const std::vector<std::string>& parts);
+
+struct Manifest {
+  int64_t step = 0;
+  std::vector<std::string> parts;
+};
+// Reads the manifest and checks every part's size and CRC.
+StatusOr<Manifest> VerifyCheckpoint(const std::string& step_dir);
+
+// The newest step directory under `root` with a valid manifest; NotFound if
+// there is none. Directories without a manifest are skipped (with a
+// warning), never loaded.
+StatusOr<std::string> LatestCheckpoint(const std::string& root);
+
+// A whole model read back from a checkpoint: its job config and the fp32
+// weights of the full flat space (shards assembled, checked to tile it).
+struct CheckpointModel {
+  config::JobConfig config;
+  int64_t step = 0;
+  std::vector<float> weights;
+};
+// `path` is a step directory or a root (then the latest valid step).
+StatusOr<CheckpointModel> LoadCheckpointModel(const std::string& path);
+
+// Writes a complete one-shard checkpoint (config, shard 0 covering the whole
+// space, optional worker state, manifest) — the single-process trainer's
+// and `herd import`'s way to save.
+Status WriteSingleShardCheckpoint(const std::string& step_dir, const config::JobConfig& config,
+                                  const ShardState& shard, const std::string& worker_state);
+
+}  // namespace herd

@@ -1,0 +1,84 @@
+// CPU kernels of the Llama layers, each forward next to its backward, in the
+// order the model calls them. Templated on the scalar type: float for
+// training, double for finite-difference gradient checks.
+//
+// Conventions: activations are row-major [N, C] with N = B*T tokens;
+// linear weights are [out, in] (PyTorch/HF order). Every backward
+// *accumulates* (+=) into parameter gradients (so micro-batches add up) and
+// *overwrites* the input gradient unless stated otherwise. All kernels are
+// deterministic for a given thread count; the reductions that feed
+// parameter gradients do not depend on the thread count at all.
+#pragma once
+
+#include <cstdint>
+
+namespace herd::cpu {
+
+// out[N, V... C] = table[tokens[i]]
+template <typename T>
+void EmbeddingForward(T* out, const int32_t* tokens, const T* table, int64_t N, int64_t C);
+// dtable[tokens[i]] += dout[i]  (no atomics: split over channels)
+template <typename T>
+void EmbeddingBackward(T* dtable, const T* dout, const int32_t* tokens, int64_t N, int64_t C);
+
+// out = in * rstd * weight, rstd[i] = 1/sqrt(mean(in[i]^2) + eps)
+template <typename T>
+void RmsNormForward(T* out, T* rstd, const T* in, const T* weight, int64_t N, int64_t C, double eps);
+// din = (overwritten), dweight += ...
+template <typename T>
+void RmsNormBackward(T* din, T* dweight, const T* dout, const T* in, const T* weight, const T* rstd,
+                     int64_t N, int64_t C);
+
+// out[N, Cout] = in[N, Cin] @ weight[Cout, Cin]^T
+template <typename T>
+void MatmulForward(T* out, const T* in, const T* weight, int64_t N, int64_t Cin, int64_t Cout);
+// din = dout @ weight (overwritten, or added when accumulate_din);
+// dweight += dout^T @ in. din may be null (not needed).
+template <typename T>
+void MatmulBackward(T* din, T* dweight, const T* dout, const T* in, const T* weight, int64_t N, int64_t Cin,
+                    int64_t Cout, bool accumulate_din = false);
+
+// Rotary tables for positions [0, T): cos/sin[t, hd/2], HF's inv_freq =
+// theta^(-2i/hd).
+template <typename T>
+void RopeTables(T* cos, T* sin, int64_t T_, int64_t head_dim, double theta);
+// In place on x[B, T, heads, hd], HF rotate-half convention:
+// x1 = x[..., :hd/2], x2 = x[..., hd/2:]; out = (x1 c - x2 s, x2 c + x1 s).
+template <typename T>
+void RopeForward(T* x, const T* cos, const T* sin, int64_t B, int64_t T_, int64_t heads, int64_t head_dim);
+// In place on dx: the transpose of the rotation (rotation by -angle).
+template <typename T>
+void RopeBackward(T* dx, const T* cos, const T* sin, int64_t B, int64_t T_, int64_t heads, int64_t head_dim);
+
+// Causal grouped-query attention. q[B, T, H, hd], k/v[B, T, KV, hd]; head h
+// reads kv head h / (H / KV). probs[B, H, T, T] keeps the softmax (lower
+// triangle) for backward. out[B, T, H, hd].
+template <typename T>
+void AttentionForward(T* out, T* probs, const T* q, const T* k, const T* v, int64_t B, int64_t T_, int64_t H,
+                      int64_t KV, int64_t head_dim);
+// dq, dk, dv overwritten. `scratch` holds T*T elements per thread
+// (AttentionScratchSize).
+template <typename T>
+void AttentionBackward(T* dq, T* dk, T* dv, const T* dout, const T* probs, const T* q, const T* k, const T* v,
+                       int64_t B, int64_t T_, int64_t H, int64_t KV, int64_t head_dim, T* scratch);
+int64_t AttentionScratchSize(int64_t T_, int64_t H, int64_t KV);
+
+// out = silu(gate) * up, elementwise over n.
+template <typename T>
+void SwigluForward(T* out, const T* gate, const T* up, int64_t n);
+// dgate, dup overwritten.
+template <typename T>
+void SwigluBackward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int64_t n);
+
+// out = a + b (residual stream), elementwise.
+template <typename T>
+void AddForward(T* out, const T* a, const T* b, int64_t n);
+
+// losses[i] = logsumexp(logits[i]) - logits[i, targets[i]]; returns the mean.
+template <typename T>
+double CrossEntropyForward(T* losses, const T* logits, const int32_t* targets, int64_t N, int64_t V);
+// dlogits = scale * (softmax(logits) - onehot(targets)); may alias logits.
+template <typename T>
+void CrossEntropyBackward(T* dlogits, const T* logits, const int32_t* targets, int64_t N, int64_t V, double scale);
+
+}  // namespace herd::cpu

@@ -1,0 +1,55 @@
+// The Llama model on the CPU: forward and backward over the flat parameter
+// space, with every activation in a named buffer (llm.c style).
+//
+// The model owns activations only; parameters and gradients are flat
+// buffers laid out by ParamLayout and owned by the caller, so that the same
+// model serves a trainer, a parameter-server worker and an evaluator.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "model/llama_config.h"
+#include "model/param_layout.h"
+
+namespace herd {
+
+template <typename T>
+class LlamaModel {
+ public:
+  // Activations are allocated for up to max_batch sequences of max_seq_len.
+  LlamaModel(const LlamaShape& shape, int max_batch, int max_seq_len);
+  ~LlamaModel();
+  LlamaModel(const LlamaModel&) = delete;
+  LlamaModel& operator=(const LlamaModel&) = delete;
+
+  const LlamaShape& shape() const { return layout_.shape(); }
+  const ParamLayout& layout() const { return layout_; }
+  int max_batch() const { return max_batch_; }
+  int max_seq_len() const { return max_seq_len_; }
+
+  // Forward over tokens[B, T_]. With targets, returns the mean cross-entropy
+  // and keeps what Backward needs; without, returns 0 and only logits()
+  // are meaningful. Token ids must be < vocab_size (checked by the caller).
+  double Forward(const T* params, const int32_t* tokens, const int32_t* targets, int B, int T_);
+
+  // grads += d(loss_scale * sum of per-token losses)/d(params), for the last
+  // Forward with targets. loss_scale = 1/(B*T_) gives the gradient of the
+  // mean; the trainer folds in micro-batches and workers.
+  void Backward(const T* params, T* grads, double loss_scale);
+
+  // [B*T_, vocab] logits of the last Forward (overwritten by Backward).
+  const T* logits() const;
+
+ private:
+  struct Activations;
+  ParamLayout layout_;
+  int max_batch_, max_seq_len_;
+  std::unique_ptr<Activations> acts_;
+};
+
+extern template class LlamaModel<float>;
+extern template class LlamaModel<double>;
+
+}  // namespace herd

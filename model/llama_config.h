@@ -1,0 +1,40 @@
+// The shape of a Llama model, derived from config::ModelConfig (HF names).
+#pragma once
+
+#include <cstdint>
+
+#include "proto/herd.pb.h"
+
+namespace herd {
+
+struct LlamaShape {
+  int vocab_size = 0;
+  int hidden_size = 0;
+  int intermediate_size = 0;
+  int num_layers = 0;
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  double rope_theta = 10000.0;
+  double rms_norm_eps = 1e-5;
+  bool tie_word_embeddings = true;
+
+  int head_dim() const { return hidden_size / num_heads; }
+  int q_dim() const { return num_heads * head_dim(); }
+  int kv_dim() const { return num_kv_heads * head_dim(); }
+
+  static LlamaShape FromConfig(const config::ModelConfig& m) {
+    LlamaShape s;
+    s.vocab_size = m.vocab_size();
+    s.hidden_size = m.hidden_size();
+    s.intermediate_size = m.intermediate_size();
+    s.num_layers = m.num_hidden_layers();
+    s.num_heads = m.num_attention_heads();
+    s.num_kv_heads = m.num_key_value_heads();
+    s.rope_theta = m.rope_theta();
+    s.rms_norm_eps = m.rms_norm_eps();
+    s.tie_word_embeddings = m.tie_word_embeddings();
+    return s;
+  }
+};
+
+}  // namespace herd

@@ -1,0 +1,15 @@
+// The herd subcommands. Each lives in tools/cmd_NAME.cc, parses its own
+// arguments and returns the process exit code (0 ok, 2 bad usage/input,
+// 1 other failure), printing one "herd: error: ..." line on failure.
+#pragma once
+
+namespace herd::tools {
+
+int RunLaunch(int argc, char** argv);
+int RunEval(int argc, char** argv);
+int RunPrepare(int argc, char** argv);
+int RunExport(int argc, char** argv);
+int RunImport(int argc, char** argv);
+int RunVersion(int argc, char** argv);
+
+}  // namespace herd::tools
