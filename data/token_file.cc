@@ -1,0 +1,1 @@
+// placeholder: the data pipeline lands with issue A.

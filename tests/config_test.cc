@@ -1,0 +1,61 @@
+#include <gtest/gtest.h>
+
+#include "common/config.h"
+
+namespace herd {
+namespace {
+
+TEST(ConfigTest, DefaultsAreValid) {
+  auto c = ParseJobConfig("", "empty");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->model().vocab_size(), 256);
+}
+
+TEST(ConfigTest, UnknownFieldNamesFileLineColumn) {
+  auto c = ParseJobConfig("train {\n  stpes: 3\n}\n", "job.textproto");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("job.textproto:2:"), std::string::npos) << c.status().message();
+  EXPECT_NE(c.status().message().find("stpes"), std::string::npos) << c.status().message();
+}
+
+TEST(ConfigTest, WrongTypeNamesFileLineColumn) {
+  auto c = ParseJobConfig("train { steps: \"many\" }\n", "job.textproto");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("job.textproto:1:"), std::string::npos) << c.status().message();
+}
+
+TEST(ConfigTest, HeadsNotDivisibleByKvHeadsPointsAtField) {
+  auto c = ParseJobConfig("model {\n  hidden_size: 96\n  num_attention_heads: 6\n  num_key_value_heads: 4\n}\n",
+                          "job.textproto");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("job.textproto:4:3"), std::string::npos) << c.status().message();
+  EXPECT_NE(c.status().message().find("divisible"), std::string::npos) << c.status().message();
+}
+
+TEST(ConfigTest, OverrideSetsNestedFields) {
+  auto c = ParseJobConfig("", "empty", {"train.steps=42", "cluster.sync=ALLREDUCE", "cluster.workers=2",
+                                        "data.train=x.bin", "optimizer.lr=0.01", "model.tie_word_embeddings=false"});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->train().steps(), 42);
+  EXPECT_EQ(c->cluster().sync(), config::ClusterConfig::ALLREDUCE);
+  EXPECT_EQ(c->data().train(), "x.bin");
+  EXPECT_DOUBLE_EQ(c->optimizer().lr(), 0.01);
+  EXPECT_FALSE(c->model().tie_word_embeddings());
+}
+
+TEST(ConfigTest, OverrideErrorsNameTheAssignment) {
+  auto typo = ParseJobConfig("", "empty", {"train.stpes=3"});
+  ASSERT_FALSE(typo.ok());
+  EXPECT_NE(typo.status().message().find("--set train.stpes=3"), std::string::npos);
+  EXPECT_NE(typo.status().message().find("did you mean 'steps'"), std::string::npos) << typo.status().message();
+  auto type = ParseJobConfig("", "empty", {"train.steps=abc"});
+  ASSERT_FALSE(type.ok());
+  EXPECT_NE(type.status().message().find("expected int64"), std::string::npos) << type.status().message();
+  auto value = ParseJobConfig("", "empty", {"model.num_key_value_heads=3"});
+  ASSERT_FALSE(value.ok());
+  EXPECT_NE(value.status().message().find("--set model.num_key_value_heads=3"), std::string::npos)
+      << value.status().message();
+}
+
+}  // namespace
+}  // namespace herd

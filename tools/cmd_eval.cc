@@ -1,0 +1,9 @@
+// TODO(issue A): placeholder until this command lands.
+#include "common/logging.h"
+#include "tools/commands.h"
+
+namespace herd::tools {
+
+int RunEval(int, char**) { return ReportError(Status::Internal("herd eval: not implemented yet")); }
+
+}  // namespace herd::tools

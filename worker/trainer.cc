@@ -1,0 +1,1 @@
+// placeholder: the trainer lands with issue A.
