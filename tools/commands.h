@@ -11,5 +11,6 @@ int RunPrepare(int argc, char** argv);
 int RunExport(int argc, char** argv);
 int RunImport(int argc, char** argv);
 int RunVersion(int argc, char** argv);
+int RunBench(int argc, char** argv);
 
 }  // namespace herd::tools

@@ -6,15 +6,16 @@
 // linear weights are [out, in] (PyTorch/HF order). Every backward
 // *accumulates* (+=) into parameter gradients (so micro-batches add up) and
 // *overwrites* the input gradient unless stated otherwise. All kernels are
-// deterministic for a given thread count; the reductions that feed
-// parameter gradients do not depend on the thread count at all.
+// deterministic for a given thread count (no atomics, fixed reduction
+// order); the hand-written reductions into parameter gradients (norms,
+// embedding) do not depend on the thread count at all.
 #pragma once
 
 #include <cstdint>
 
 namespace herd::cpu {
 
-// out[N, V... C] = table[tokens[i]]
+// out[i, :] = table[tokens[i], :] for i < N; table is [vocab, C].
 template <typename T>
 void EmbeddingForward(T* out, const int32_t* tokens, const T* table, int64_t N, int64_t C);
 // dtable[tokens[i]] += dout[i]  (no atomics: split over channels)
@@ -24,7 +25,7 @@ void EmbeddingBackward(T* dtable, const T* dout, const int32_t* tokens, int64_t 
 // out = in * rstd * weight, rstd[i] = 1/sqrt(mean(in[i]^2) + eps)
 template <typename T>
 void RmsNormForward(T* out, T* rstd, const T* in, const T* weight, int64_t N, int64_t C, double eps);
-// din = (overwritten), dweight += ...
+// din += (the residual stream sums its branches), dweight += ...
 template <typename T>
 void RmsNormBackward(T* din, T* dweight, const T* dout, const T* in, const T* weight, const T* rstd,
                      int64_t N, int64_t C);

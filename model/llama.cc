@@ -1,0 +1,214 @@
+#include "model/llama.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "model/cpu/ops.h"
+
+namespace herd {
+
+using namespace cpu;  // NOLINT: the kernels are this file's vocabulary
+
+// Every activation the backward pass needs, by name, sized for max_batch x
+// max_seq_len tokens. Per-layer buffers are [layers][...] in one allocation.
+template <typename T>
+struct LlamaModel<T>::Activations {
+  int64_t N = 0, d = 0, qd = 0, kvd = 0, f = 0, v = 0, tt = 0, L = 0, H = 0, KV = 0;
+
+  std::vector<int32_t> tokens, targets;   // [N]
+  std::vector<T> rope_cos, rope_sin;      // [max_seq_len, head_dim/2]
+  std::vector<T> residual;                // [L+1, N, d]: input of layer l; [L] = final
+  std::vector<T> ln1, ln1_rstd;           // [L, N, d], [L, N]
+  std::vector<T> q, k, v_;                // [L, N, qd], [L, N, kvd] x2 (after RoPE)
+  std::vector<T> probs;                   // [L, B, H, T, T]
+  std::vector<T> att;                     // [L, N, qd] attention output
+  std::vector<T> residual_mid;            // [L, N, d] after the attention branch
+  std::vector<T> ln2, ln2_rstd;           // [L, N, d], [L, N]
+  std::vector<T> gate, up, act;           // [L, N, f]
+  std::vector<T> lnf, lnf_rstd;           // [N, d], [N]
+  std::vector<T> logits;                  // [N, v] (dlogits in place in backward)
+  std::vector<T> losses;                  // [N]
+  // Backward scratch, reused by every layer.
+  std::vector<T> dresidual, dln, datt, dq, dk, dv, dact, dgate, dup, attn_scratch;
+
+  int B = 0, Tcur = 0;  // shape of the last Forward
+  bool has_targets = false;
+};
+
+template <typename T>
+LlamaModel<T>::LlamaModel(const LlamaShape& shape, int max_batch, int max_seq_len)
+    : layout_(shape), max_batch_(max_batch), max_seq_len_(max_seq_len), acts_(new Activations) {
+  Activations& a = *acts_;
+  a.N = static_cast<int64_t>(max_batch) * max_seq_len;
+  a.d = shape.hidden_size;
+  a.qd = shape.q_dim();
+  a.kvd = shape.kv_dim();
+  a.f = shape.intermediate_size;
+  a.v = shape.vocab_size;
+  a.tt = static_cast<int64_t>(max_seq_len) * max_seq_len;
+  a.L = shape.num_layers;
+  a.H = shape.num_heads;
+  a.KV = shape.num_kv_heads;
+  const int64_t N = a.N, L = a.L;
+  a.tokens.resize(N);
+  a.targets.resize(N);
+  a.rope_cos.resize(static_cast<int64_t>(max_seq_len) * shape.head_dim() / 2);
+  a.rope_sin.resize(a.rope_cos.size());
+  RopeTables(a.rope_cos.data(), a.rope_sin.data(), max_seq_len, shape.head_dim(), shape.rope_theta);
+  a.residual.resize((L + 1) * N * a.d);
+  a.ln1.resize(L * N * a.d);
+  a.ln1_rstd.resize(L * N);
+  a.q.resize(L * N * a.qd);
+  a.k.resize(L * N * a.kvd);
+  a.v_.resize(L * N * a.kvd);
+  a.probs.resize(L * max_batch * a.H * a.tt);
+  a.att.resize(L * N * a.qd);
+  a.residual_mid.resize(L * N * a.d);
+  a.ln2.resize(L * N * a.d);
+  a.ln2_rstd.resize(L * N);
+  a.gate.resize(L * N * a.f);
+  a.up.resize(L * N * a.f);
+  a.act.resize(L * N * a.f);
+  a.lnf.resize(N * a.d);
+  a.lnf_rstd.resize(N);
+  a.logits.resize(N * a.v);
+  a.losses.resize(N);
+}
+
+template <typename T>
+LlamaModel<T>::~LlamaModel() = default;
+
+template <typename T>
+const T* LlamaModel<T>::logits() const {
+  return acts_->logits.data();
+}
+
+template <typename T>
+double LlamaModel<T>::Forward(const T* params, const int32_t* tokens, const int32_t* targets, int B, int T_) {
+  Activations& a = *acts_;
+  const LlamaShape& s = layout_.shape();
+  const int64_t N = static_cast<int64_t>(B) * T_, d = a.d, qd = a.qd, kvd = a.kvd, f = a.f;
+  const int64_t hd = s.head_dim();
+  a.B = B;
+  a.Tcur = T_;
+  a.has_targets = targets != nullptr;
+  std::copy(tokens, tokens + N, a.tokens.begin());
+  if (targets != nullptr) std::copy(targets, targets + N, a.targets.begin());
+
+  EmbeddingForward(a.residual.data(), tokens, params + layout_.embed(), N, d);
+  for (int l = 0; l < s.num_layers; ++l) {
+    const LayerOffsets& w = layout_.layer(l);
+    // Layer l reads residual[l] and writes residual[l + 1]; per-layer
+    // buffers are strided by the maximum size so that each has a fixed home.
+    T* x = a.residual.data() + l * a.N * d;
+    T* x_out = a.residual.data() + (l + 1) * a.N * d;
+    T* ln1 = a.ln1.data() + l * a.N * d;
+    T* ln1_rstd = a.ln1_rstd.data() + l * a.N;
+    T* q = a.q.data() + l * a.N * qd;
+    T* k = a.k.data() + l * a.N * kvd;
+    T* v = a.v_.data() + l * a.N * kvd;
+    T* probs = a.probs.data() + l * max_batch_ * a.H * a.tt;
+    T* att = a.att.data() + l * a.N * qd;
+    T* mid = a.residual_mid.data() + l * a.N * d;
+    T* ln2 = a.ln2.data() + l * a.N * d;
+    T* ln2_rstd = a.ln2_rstd.data() + l * a.N;
+    T* gate = a.gate.data() + l * a.N * f;
+    T* up = a.up.data() + l * a.N * f;
+    T* act = a.act.data() + l * a.N * f;
+
+    RmsNormForward(ln1, ln1_rstd, x, params + w.input_norm, N, d, s.rms_norm_eps);
+    MatmulForward(q, ln1, params + w.q_proj, N, d, qd);
+    MatmulForward(k, ln1, params + w.k_proj, N, d, kvd);
+    MatmulForward(v, ln1, params + w.v_proj, N, d, kvd);
+    RopeForward(q, a.rope_cos.data(), a.rope_sin.data(), B, T_, a.H, hd);
+    RopeForward(k, a.rope_cos.data(), a.rope_sin.data(), B, T_, a.KV, hd);
+    AttentionForward(att, probs, q, k, v, B, T_, a.H, a.KV, hd);
+    MatmulForward(mid, att, params + w.o_proj, N, qd, d);  // o_proj(att), then the residual
+    AddForward(mid, mid, x, N * d);
+    RmsNormForward(ln2, ln2_rstd, mid, params + w.post_norm, N, d, s.rms_norm_eps);
+    MatmulForward(gate, ln2, params + w.gate_proj, N, d, f);
+    MatmulForward(up, ln2, params + w.up_proj, N, d, f);
+    SwigluForward(act, gate, up, N * f);
+    MatmulForward(x_out, act, params + w.down_proj, N, f, d);
+    AddForward(x_out, x_out, mid, N * d);
+  }
+  const T* x_final = a.residual.data() + s.num_layers * a.N * d;
+  RmsNormForward(a.lnf.data(), a.lnf_rstd.data(), x_final, params + layout_.final_norm(), N, d, s.rms_norm_eps);
+  MatmulForward(a.logits.data(), a.lnf.data(), params + layout_.lm_head(), N, d, a.v);
+  if (targets == nullptr) return 0.0;
+  return CrossEntropyForward(a.losses.data(), a.logits.data(), targets, N, a.v);
+}
+
+template <typename T>
+void LlamaModel<T>::Backward(const T* params, T* grads, double loss_scale) {
+  Activations& a = *acts_;
+  const LlamaShape& s = layout_.shape();
+  const int B = a.B, T_ = a.Tcur;
+  const int64_t N = static_cast<int64_t>(B) * T_, d = a.d, qd = a.qd, kvd = a.kvd, f = a.f;
+  const int64_t hd = s.head_dim();
+  if (a.dresidual.empty()) {  // scratch is allocated on first use only
+    a.dresidual.resize(a.N * d);
+    a.dln.resize(a.N * d);
+    a.datt.resize(a.N * qd);
+    a.dq.resize(a.N * qd);
+    a.dk.resize(a.N * kvd);
+    a.dv.resize(a.N * kvd);
+    a.dact.resize(a.N * f);
+    a.dgate.resize(a.N * f);
+    a.dup.resize(a.N * f);
+    a.attn_scratch.resize(AttentionScratchSize(max_seq_len_, a.H, a.KV));
+  }
+  T* dres = a.dresidual.data();
+  T* dln = a.dln.data();
+
+  // Loss -> logits (in place) -> lm_head -> final norm.
+  T* dlogits = a.logits.data();
+  CrossEntropyBackward(dlogits, a.logits.data(), a.targets.data(), N, a.v, loss_scale);
+  MatmulBackward(dln, grads + layout_.lm_head(), dlogits, a.lnf.data(), params + layout_.lm_head(), N, d, a.v);
+  std::fill(dres, dres + N * d, T(0));
+  const T* x_final = a.residual.data() + s.num_layers * a.N * d;
+  RmsNormBackward(dres, grads + layout_.final_norm(), dln, x_final, params + layout_.final_norm(),
+                  a.lnf_rstd.data(), N, d);
+
+  for (int l = s.num_layers - 1; l >= 0; --l) {
+    const LayerOffsets& w = layout_.layer(l);
+    const T* x = a.residual.data() + l * a.N * d;
+    const T* ln1 = a.ln1.data() + l * a.N * d;
+    const T* ln1_rstd = a.ln1_rstd.data() + l * a.N;
+    const T* q = a.q.data() + l * a.N * qd;
+    const T* k = a.k.data() + l * a.N * kvd;
+    const T* v = a.v_.data() + l * a.N * kvd;
+    const T* probs = a.probs.data() + l * max_batch_ * a.H * a.tt;
+    const T* att = a.att.data() + l * a.N * qd;
+    const T* mid = a.residual_mid.data() + l * a.N * d;
+    const T* ln2 = a.ln2.data() + l * a.N * d;
+    const T* ln2_rstd = a.ln2_rstd.data() + l * a.N;
+    const T* gate = a.gate.data() + l * a.N * f;
+    const T* up = a.up.data() + l * a.N * f;
+    const T* act = a.act.data() + l * a.N * f;
+
+    // MLP branch: dres is d(layer output) = d(mid) through the skip.
+    MatmulBackward(a.dact.data(), grads + w.down_proj, dres, act, params + w.down_proj, N, f, d);
+    SwigluBackward(a.dgate.data(), a.dup.data(), a.dact.data(), gate, up, N * f);
+    MatmulBackward(dln, grads + w.gate_proj, a.dgate.data(), ln2, params + w.gate_proj, N, d, f);
+    MatmulBackward(dln, grads + w.up_proj, a.dup.data(), ln2, params + w.up_proj, N, d, f, /*accumulate_din=*/true);
+    RmsNormBackward(dres, grads + w.post_norm, dln, mid, params + w.post_norm, ln2_rstd, N, d);
+
+    // Attention branch: dres is now d(mid) = d(layer input) through the skip.
+    MatmulBackward(a.datt.data(), grads + w.o_proj, dres, att, params + w.o_proj, N, qd, d);
+    AttentionBackward(a.dq.data(), a.dk.data(), a.dv.data(), a.datt.data(), probs, q, k, v, B, T_, a.H, a.KV, hd,
+                      a.attn_scratch.data());
+    RopeBackward(a.dq.data(), a.rope_cos.data(), a.rope_sin.data(), B, T_, a.H, hd);
+    RopeBackward(a.dk.data(), a.rope_cos.data(), a.rope_sin.data(), B, T_, a.KV, hd);
+    MatmulBackward(dln, grads + w.q_proj, a.dq.data(), ln1, params + w.q_proj, N, d, qd);
+    MatmulBackward(dln, grads + w.k_proj, a.dk.data(), ln1, params + w.k_proj, N, d, kvd, true);
+    MatmulBackward(dln, grads + w.v_proj, a.dv.data(), ln1, params + w.v_proj, N, d, kvd, true);
+    RmsNormBackward(dres, grads + w.input_norm, dln, x, params + w.input_norm, ln1_rstd, N, d);
+  }
+  EmbeddingBackward(grads + layout_.embed(), dres, a.tokens.data(), N, d);
+}
+
+template class LlamaModel<float>;
+template class LlamaModel<double>;
+
+}  // namespace herd

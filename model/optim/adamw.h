@@ -1,0 +1,50 @@
+// AdamW with PyTorch's semantics (torch.optim.AdamW, decoupled weight
+// decay, bias correction), the learning-rate schedule and global-norm
+// clipping. Everything works on a range [begin, end) of the flat parameter
+// space so that a parameter server can step only its shard, a ZeRO-1 worker
+// only its partition, and a single process the whole space.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/param_layout.h"
+#include "proto/herd.pb.h"
+
+namespace herd {
+
+struct AdamWOptions {
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.0;
+  static AdamWOptions FromConfig(const config::OptimizerConfig& o) {
+    return {o.beta1(), o.beta2(), o.eps(), o.weight_decay()};
+  }
+};
+
+// Which elements of [begin, end) take weight decay (2-D tensors only).
+struct DecaySegment {
+  int64_t begin, end;  // absolute offsets in the flat space
+  bool decay;
+};
+std::vector<DecaySegment> DecaySegments(const ParamLayout& layout, int64_t begin, int64_t end);
+
+// One AdamW step over the range the segments cover. `params`, `grads`, `m`,
+// `v` point at the element `range_begin` of the flat space; `step` counts
+// steps including this one (1 on the first); gradients are multiplied by
+// `grad_scale` (the clipping coefficient) as they are read.
+void AdamWStep(const std::vector<DecaySegment>& segments, int64_t range_begin, float* params, const float* grads,
+               float* m, float* v, int64_t step, double lr, double grad_scale, const AdamWOptions& options);
+
+// Linear warm-up to `lr` over warmup_steps ((t+1)/warmup), then cosine decay
+// to min_lr at the last step. `t` is the 0-based step index.
+double LearningRate(const config::OptimizerConfig& o, int64_t total_steps, int64_t t);
+
+// Sum of squares in double, over fixed 4096-element chunks summed in order:
+// the result does not depend on the thread count, and partial sums over
+// chunk-aligned ranges add up to the same total.
+double SumOfSquares(const float* x, int64_t n);
+
+// PyTorch's clip_grad_norm_ coefficient: min(1, clip / (norm + 1e-6));
+// 1 when clip_norm is 0 (disabled).
+double ClipCoefficient(double global_norm, double clip_norm);
+
+}  // namespace herd

@@ -1,0 +1,31 @@
+// Held-out loss and text generation with a CPU Llama: used at the end of
+// training, every log.eval_every steps, and by `herd eval`.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+#include "data/token_file.h"
+#include "model/llama.h"
+
+namespace herd {
+
+struct EvalResult {
+  double loss = 0;     // mean cross-entropy, nats per token
+  int64_t tokens = 0;  // tokens scored
+};
+
+// Mean loss over the first batches*B windows of T+1 tokens of `file`, in
+// order, non-overlapping (window w starts at token w*T). batches <= 0 means
+// every full batch the file holds. The model must fit B x T.
+StatusOr<EvalResult> EvaluateLoss(LlamaModel<float>& model, const float* params, const TokenFile& file, int B,
+                                  int T, int64_t batches);
+
+// Continues `prompt` (token ids) by `count` tokens: greedy when temperature
+// is 0, else sampling from softmax(logits / temperature) with a seeded RNG.
+// Uses at most the model's max_seq_len most recent tokens as context.
+std::vector<int32_t> Generate(LlamaModel<float>& model, const float* params, std::vector<int32_t> prompt, int count,
+                              double temperature, uint64_t seed);
+
+}  // namespace herd

@@ -1,0 +1,24 @@
+// The single-process trainer (cluster.sync NONE): data, model, AdamW,
+// progress, metrics, evaluation, checkpoints and resume in one process —
+// the baseline that the distributed modes must reproduce.
+//
+// Promises: the same config gives bitwise-identical runs (for a given
+// thread count); a run resumed from a step-K checkpoint continues exactly
+// as the uninterrupted run would; checkpoints are committed atomically.
+#pragma once
+
+#include <string>
+
+#include "common/status.h"
+#include "proto/herd.pb.h"
+
+namespace herd {
+
+struct TrainOptions {
+  // Continue from the newest complete checkpoint in checkpoint.dir.
+  bool resume = false;
+};
+
+Status TrainSingleProcess(const config::JobConfig& config, const TrainOptions& options);
+
+}  // namespace herd
