@@ -1,9 +1,105 @@
-// TODO(issue A): placeholder until this command lands.
+// herd import DIR --out CHECKPOINT [--step N]
+// Reads a HuggingFace Llama directory (F32, BF16 or F16 tensors) and writes a
+// new herd checkpoint step directory CHECKPOINT: a job config whose model is
+// the imported one (everything else default), one shard holding the whole
+// flat parameter space, AdamW moments zero, optimizer step N (default 0).
+//
+// The step directory is built under a temporary sibling name and renamed
+// into place, so a failure leaves nothing at CHECKPOINT.
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "common/config.h"
+#include "common/file_util.h"
 #include "common/logging.h"
+#include "model/checkpoint.h"
+#include "model/hf_io.h"
+#include "model/param_layout.h"
+#include "tools/args.h"
 #include "tools/commands.h"
 
 namespace herd::tools {
+namespace {
 
-int RunImport(int, char**) { return ReportError(Status::Internal("herd import: not implemented yet")); }
+// Removes a directory this command created and the plain files in it.
+void RemoveFlatDir(const std::string& dir) {
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) {
+        ::unlink(JoinPath(dir, e->d_name).c_str());
+      }
+    }
+    ::closedir(d);
+  }
+  ::rmdir(dir.c_str());
+}
+
+Status Import(const std::string& hf_dir, std::string out, int64_t step) {
+  while (out.size() > 1 && out.ends_with('/')) out.pop_back();
+  if (PathExists(out)) {
+    return Status::InvalidArgument(out + ": already exists; import writes a new checkpoint directory "
+                                   "(choose another --out)");
+  }
+  if (!IsHfDirectory(hf_dir)) {
+    return Status::InvalidArgument(hf_dir + ": not a HuggingFace model directory (no config.json)");
+  }
+  HERD_ASSIGN_OR_RETURN(HfModel hf, ReadHfDirectory(hf_dir));
+
+  config::JobConfig job;
+  *job.mutable_model() = hf.model;
+  HERD_RETURN_IF_ERROR(ValidateJobConfig(job).WithContext(hf_dir + ": "));
+  const ParamLayout layout(LlamaShape::FromConfig(hf.model));
+  ShardState shard;
+  shard.begin = 0;
+  shard.end = layout.size();
+  shard.step = step;
+  shard.weights = std::move(hf.params);
+  shard.m.assign(layout.size(), 0.0f);
+  shard.v.assign(layout.size(), 0.0f);
+
+  const std::string parent = DirName(out);
+  HERD_RETURN_IF_ERROR(MakeDirs(parent));
+  std::string tmp = out + ".tmp.XXXXXX";
+  if (::mkdtemp(tmp.data()) == nullptr) {
+    return Status::IOError(out + ": cannot create a directory in " + parent + ": " + std::strerror(errno));
+  }
+  ::chmod(tmp.c_str(), 0755);  // mkdtemp makes it 0700
+  Status st = WriteSingleShardCheckpoint(tmp, job, shard, /*worker_state=*/"");
+  if (st.ok() && ::rename(tmp.c_str(), out.c_str()) != 0) {
+    st = Status::IOError(out + ": cannot rename the finished checkpoint into place: " + std::strerror(errno));
+  }
+  if (!st.ok()) {
+    RemoveFlatDir(tmp);
+    std::string msg = st.message();
+    for (size_t pos; (pos = msg.find(tmp)) != std::string::npos;) msg.replace(pos, tmp.size(), out);
+    return Status::IOError(msg);  // naming the directory asked for, not the temporary one
+  }
+  HERD_RETURN_IF_ERROR(FsyncDir(parent));
+  std::printf("imported %s (%lld parameters, %s embeddings) into checkpoint %s at step %lld\n", hf_dir.c_str(),
+              static_cast<long long>(layout.num_parameters()), hf.model.tie_word_embeddings() ? "tied" : "untied",
+              out.c_str(), static_cast<long long>(step));
+  return Status::OK();
+}
+
+}  // namespace
+
+int RunImport(int argc, char** argv) {
+  Args args({"out", "step"}, {});
+  Status st = args.Parse(argc, argv);
+  if (!st.ok()) return ReportError(st.WithContext("import: "));
+  if (args.positional().size() != 1 || !args.Has("out") || args.Get("out").empty()) {
+    return ReportError(Status::InvalidArgument("usage: herd import DIR --out CHECKPOINT [--step N]"));
+  }
+  auto step = args.GetInt("step", 0, 0);
+  if (!step.ok()) return ReportError(step.status());
+  st = Import(args.positional()[0], args.Get("out"), *step);
+  return st.ok() ? 0 : ReportError(st);
+}
 
 }  // namespace herd::tools
