@@ -15,14 +15,15 @@
 namespace herd::tools {
 
 int RunVersion(int, char**) {
-  std::string cuda = "null", nccl = "null";
+  // Versions herd was compiled against (null when built without CUDA).
+  char cuda[32] = "null", nccl[32] = "null";
 #if defined(HERD_HAVE_CUDA)
-  cuda = "\"" + std::to_string(CUDART_VERSION / 1000) + "." + std::to_string(CUDART_VERSION % 1000 / 10) + "\"";
-  nccl = "\"" + std::to_string(NCCL_MAJOR) + "." + std::to_string(NCCL_MINOR) + "." + std::to_string(NCCL_PATCH) + "\"";
+  std::snprintf(cuda, sizeof(cuda), "\"%d.%d\"", CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10);
+  std::snprintf(nccl, sizeof(nccl), "\"%d.%d.%d\"", NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
 #endif
   // openblas_get_config() names the build (version, target, threading).
   std::printf("{\"version\": \"%s\", \"cuda\": %s, \"nccl\": %s, \"ucx\": \"%s\", \"blas\": \"%s\"}\n", HERD_VERSION,
-              cuda.c_str(), nccl.c_str(), ucp_get_version_string(), openblas_get_config());
+              cuda, nccl, ucp_get_version_string(), openblas_get_config());
   return 0;
 }
 

@@ -13,10 +13,17 @@ namespace herd::cpu {
 // two for an exact n ln2), a degree-7 Taylor polynomial for e^r (truncation
 // < 6e-9, below float epsilon), then the exponent bits. Relative error
 // about 1 ulp; exp underflows to 0 below -87.3 and is clamped at 88.7.
-#pragma omp declare simd notinbranch
 inline float ExpFloat(float x) {
-  x = x < -87.33654f ? -87.33654f : (x > 88.72283f ? 88.72283f : x);
-  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  x = x < -87.33654f ? -87.33654f : x;
+  x = x > 88.72283f ? 88.72283f : x;
+  // Round x/ln2 to the nearest integer with the 1.5 * 2^23 trick: adding it
+  // leaves the integer in the low mantissa bits (no call to floor, so the
+  // loop vectorises).
+  const float shifted = x * 1.44269504088896341f + 12582912.0f;
+  const float n = shifted - 12582912.0f;
+  int32_t ni;
+  std::memcpy(&ni, &shifted, sizeof(ni));
+  ni -= 0x4B400000;                // the integer n, as int
   float r = x - n * 0.693359375f;  // ln2 high part, exact in n * hi
   r = r - n * -2.12194440e-4f;     // ln2 low part
   float p = 1.0f / 5040.0f;
@@ -27,10 +34,9 @@ inline float ExpFloat(float x) {
   p = p * r + 0.5f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  // 2^n as float bits; n in [-126, 128] here, 2^128 handled by splitting.
-  const int32_t ni = static_cast<int32_t>(n);
-  const int32_t half = ni / 2;
-  int32_t b1 = (half + 127) << 23, b2 = (ni - half + 127) << 23;
+  // 2^n as two float factors (n in [-126, 128]; 2^128 alone would overflow).
+  const int32_t half = ni >> 1;
+  const int32_t b1 = (half + 127) << 23, b2 = (ni - half + 127) << 23;
   float s1, s2;
   std::memcpy(&s1, &b1, sizeof(float));
   std::memcpy(&s2, &b2, sizeof(float));

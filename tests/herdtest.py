@@ -1,0 +1,77 @@
+"""Helpers for the script tests (tests/*_test.py): run the real herd binary
+in a scratch directory, write configs and corpora. Not a test itself."""
+import argparse
+import os
+import random
+import subprocess
+import sys
+import tempfile
+
+
+def parse_args():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", required=True)
+    ap.add_argument("--source", required=True)
+    return ap.parse_args()
+
+
+class Sandbox:
+    """A scratch directory and the herd binary; files and runs live there."""
+
+    def __init__(self, build):
+        self.build = os.path.abspath(build)
+        self.herd = os.path.join(self.build, "herd")
+        self.dir = tempfile.mkdtemp(prefix="herd_test_")
+
+    def path(self, *parts):
+        return os.path.join(self.dir, *parts)
+
+    def run(self, *args, check=True, env=None):
+        e = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+        if env:
+            e.update(env)
+        p = subprocess.run([self.herd, *args], cwd=self.dir, capture_output=True, text=True, env=e)
+        if check and p.returncode != 0:
+            sys.stderr.write(p.stdout + p.stderr)
+            raise AssertionError(f"herd {' '.join(args)} exited {p.returncode}")
+        return p
+
+    def write(self, name, text):
+        with open(self.path(name), "w") as f:
+            f.write(text)
+        return self.path(name)
+
+    def corpus(self, name="corpus.txt", n_bytes=200_000, seed=0):
+        """Pseudo-English text: enough structure for a model to learn."""
+        rng = random.Random(seed)
+        words = ("the quick brown fox jumps over a lazy dog while seven wizards quietly judge "
+                 "boxing matches near old rivers and every cat knows why").split()
+        out = []
+        size = 0
+        while size < n_bytes:
+            s = " ".join(rng.choice(words) for _ in range(rng.randint(4, 12))).capitalize() + ".\n"
+            out.append(s)
+            size += len(s)
+        return self.write(name, "".join(out))
+
+
+def tiny_config(train, val="", steps=20, ckpt="", every=0, metrics="", extra=""):
+    return f"""
+model {{ vocab_size: 256 hidden_size: 64 intermediate_size: 160 num_hidden_layers: 2
+        num_attention_heads: 4 num_key_value_heads: 2 }}
+train {{ steps: {steps} batch_size: 4 seq_len: 32 seed: 7 }}
+optimizer {{ lr: 3e-3 min_lr: 3e-4 warmup_steps: 5 weight_decay: 0.1 clip_norm: 1.0 }}
+data {{ train: "{train}" val: "{val}" }}
+checkpoint {{ dir: "{ckpt}" every: {every} }}
+log {{ every: 1 metrics: "{metrics}" sample_tokens: 0 }}
+{extra}
+"""
+
+
+def listing(root):
+    """Every file under root (relative paths), for nothing-half-written checks."""
+    out = []
+    for d, _, files in os.walk(root):
+        for f in files:
+            out.append(os.path.relpath(os.path.join(d, f), root))
+    return sorted(out)
