@@ -1,9 +1,43 @@
-// TODO(issue A): placeholder until this command lands.
+// herd launch CONFIG [--set path=value ...] [--resume] [--stop-at STEP]
+#include <cstdio>
+
+#include "common/config.h"
 #include "common/logging.h"
+#include "tools/args.h"
 #include "tools/commands.h"
+#include "worker/trainer.h"
 
 namespace herd::tools {
 
-int RunLaunch(int, char**) { return ReportError(Status::Internal("herd launch: not implemented yet")); }
+int RunLaunch(int argc, char** argv) {
+  Args args({"set", "stop-at"}, {"resume"});
+  Status st = args.Parse(argc, argv);
+  if (!st.ok()) return ReportError(st.WithContext("launch: "));
+  if (args.positional().size() != 1) {
+    return ReportError(Status::InvalidArgument("usage: herd launch CONFIG [--set path=value ...] [--resume]"));
+  }
+  auto config = LoadJobConfig(args.positional()[0], args.GetAll("set"));
+  if (!config.ok()) return ReportError(config.status());
+  if (config->cluster().sync() != config::ClusterConfig::NONE) {
+    return ReportError(Status::InvalidArgument(
+        args.positional()[0] + ": cluster.sync " + config::ClusterConfig::Sync_Name(config->cluster().sync()) +
+        " is not available in this build yet; use sync: NONE with workers: 1"));
+  }
+  if (config->device().kind() != config::DeviceConfig::CPU) {
+    return ReportError(Status::InvalidArgument(args.positional()[0] +
+                                               ": device.kind CUDA is not available in this build yet; use CPU"));
+  }
+  if (config->data().train().empty()) {
+    return ReportError(Status::InvalidArgument(args.positional()[0] + ": data.train is not set"));
+  }
+  TrainOptions options;
+  options.resume = args.Has("resume");
+  auto stop_at = args.GetInt("stop-at", 0, 1);
+  if (!stop_at.ok()) return ReportError(stop_at.status());
+  options.stop_at_step = *stop_at;
+  st = TrainSingleProcess(*config, options);
+  if (!st.ok()) return ReportError(st);
+  return 0;
+}
 
 }  // namespace herd::tools

@@ -1,9 +1,43 @@
-// TODO(issue A): placeholder until this command lands.
+// herd prepare TEXT... --out FILE [--val-out FILE] [--val-fraction F]
+#include <cstdio>
+#include <cstdlib>
+
 #include "common/logging.h"
+#include "data/prepare.h"
+#include "tools/args.h"
 #include "tools/commands.h"
 
 namespace herd::tools {
 
-int RunPrepare(int, char**) { return ReportError(Status::Internal("herd prepare: not implemented yet")); }
+int RunPrepare(int argc, char** argv) {
+  Args args({"out", "val-out", "val-fraction"}, {});
+  Status st = args.Parse(argc, argv);
+  if (!st.ok()) return ReportError(st.WithContext("prepare: "));
+  if (args.positional().empty() || args.Get("out").empty()) {
+    return ReportError(Status::InvalidArgument(
+        "usage: herd prepare TEXT... --out FILE [--val-out FILE] [--val-fraction F]"));
+  }
+  PrepareOptions options;
+  options.inputs = args.positional();
+  options.train_out = args.Get("out");
+  options.val_out = args.Get("val-out");
+  if (args.Has("val-fraction")) {
+    char* end = nullptr;
+    options.val_fraction = std::strtod(args.Get("val-fraction").c_str(), &end);
+    if (*end != '\0' || !(options.val_fraction >= 0 && options.val_fraction < 1)) {
+      return ReportError(Status::InvalidArgument("--val-fraction: expected a number in [0, 1), got '" +
+                                                 args.Get("val-fraction") + "'"));
+    }
+  }
+  PrepareSummary s;
+  st = PrepareText(options, &s);
+  if (!st.ok()) return ReportError(st);
+  std::printf("prepared %lld documents from %lld files (%lld skipped): %s %lld tokens", static_cast<long long>(s.documents),
+              static_cast<long long>(s.files), static_cast<long long>(s.skipped), options.train_out.c_str(),
+              static_cast<long long>(s.train_tokens));
+  if (!options.val_out.empty()) std::printf(", %s %lld tokens", options.val_out.c_str(), static_cast<long long>(s.val_tokens));
+  std::printf("\n");
+  return 0;
+}
 
 }  // namespace herd::tools
