@@ -47,10 +47,13 @@ def main():
         ("magic.bin", ["magic.bin", "magic"]),
         ("bigtoken.u16", ["bigtoken.u16", "300", "vocab"]),
     ]
+    sb.run("launch", job("good.bin", name="model.textproto", ckpt="model"))
     for train, needles in cases:
         cfg = job(train)
         expect_error(sb, ["launch", cfg], *needles, files_before=herdtest.listing(sb.dir))
-        expect_error(sb, ["eval", "nonexistent_model", "--data", train], "nonexistent_model")
+        expect_error(sb, ["eval", "model", "--data", train], *needles)
+    expect_error(sb, ["eval", "nonexistent_model", "--data", "good.bin"], "nonexistent_model")
+    expect_error(sb, ["eval", "model", "--data", "good.bin", "--batches", "100000"], "good.bin", "batches")
 
     # Config: a typo, a wrong type, heads not divisible by kv heads, an
     # unknown --set path.

@@ -86,6 +86,7 @@ Status CheckSameModel(const std::string& step_dir, const config::JobConfig& conf
   HERD_ASSIGN_OR_RETURN(config::JobConfig saved, ParseJobConfig(text, path));
   std::string diff;
   google::protobuf::util::MessageDifferencer differ;
+  differ.set_message_field_comparison(google::protobuf::util::MessageDifferencer::EQUIVALENT);
   differ.ReportDifferencesToString(&diff);
   if (!differ.Compare(saved.model(), config.model())) {
     while (!diff.empty() && diff.back() == '\n') diff.pop_back();
