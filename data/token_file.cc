@@ -85,12 +85,15 @@ StatusOr<TokenFile> TokenFile::Open(const std::string& path, int vocab_size) {
     f.tokens_ = base + kHeaderBytes;
     f.size_ = count;
   }
-  if (vocab_size > 0) {
+  // Ids must fit int32 (all of herd indexes with int32) and the vocabulary.
+  const int64_t limit = vocab_size > 0 ? vocab_size : (f.width_ == 4 ? int64_t{1} << 31 : 0);
+  if (limit > 0) {
     for (int64_t i = 0; i < f.size_; ++i) {
-      int64_t id = f[i];
-      if (id >= vocab_size) {
+      const int64_t id = f.RawAt(i);
+      if (id >= limit) {
         return Status::InvalidArgument(path + ": token " + std::to_string(id) + " at position " + std::to_string(i) +
-                                       " is >= vocab_size " + std::to_string(vocab_size));
+                                       " is >= " + (vocab_size > 0 ? "vocab_size " + std::to_string(vocab_size)
+                                                                    : std::string("2^31")));
       }
     }
   }
@@ -119,7 +122,7 @@ TokenFile::~TokenFile() {
   if (map_ != nullptr) ::munmap(map_, map_bytes_);
 }
 
-int32_t TokenFile::operator[](int64_t i) const {
+uint32_t TokenFile::RawAt(int64_t i) const {
   if (width_ == 2) {
     uint16_t v;
     std::memcpy(&v, tokens_ + 2 * i, 2);
@@ -127,8 +130,10 @@ int32_t TokenFile::operator[](int64_t i) const {
   }
   uint32_t v;
   std::memcpy(&v, tokens_ + 4 * i, 4);
-  return static_cast<int32_t>(v & 0x7fffffff);
+  return v;
 }
+
+int32_t TokenFile::operator[](int64_t i) const { return static_cast<int32_t>(RawAt(i)); }
 
 void TokenFile::Read(int64_t begin, int64_t count, int32_t* out) const {
   for (int64_t i = 0; i < count; ++i) out[i] = (*this)[begin + i];

@@ -40,6 +40,7 @@ class TokenFile {
 
  private:
   TokenFile() = default;
+  uint32_t RawAt(int64_t i) const;
   std::string path_;
   void* map_ = nullptr;
   size_t map_bytes_ = 0;
