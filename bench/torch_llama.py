@@ -152,7 +152,7 @@ def load_safetensors(path):
 
 
 def save_safetensors(path, tensors):
-    header, blobs, offset = {}, [], 0
+    header, blobs, offset = {"__metadata__": {"format": "pt"}}, [], 0
     for name, t in tensors.items():
         t = t.contiguous()
         raw = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
