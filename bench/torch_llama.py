@@ -107,7 +107,9 @@ def forward(s, params, tokens):
 
 def loss_fn(s, params, inputs, targets):
     logits = forward(s, params, inputs)
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, s.vocab_size).float(), targets.reshape(-1))
+    if logits.dtype in (torch.float16, torch.bfloat16):  # the loss in at least fp32
+        logits = logits.float()
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, s.vocab_size), targets.reshape(-1))
 
 
 def make_optimizer(params, lr, betas, eps, weight_decay):

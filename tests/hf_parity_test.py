@@ -47,8 +47,10 @@ def main():
     from transformers import LlamaForCausalLM
 
     report = parity.Report(f"transformers {transformers.__version__} on torch {torch.__version__}")
+    dirs = []
     for case in parity.CASES:
         s, params, tokens, ours, hf_dir = parity.make_case(case, a.build)
+        dirs.append(os.path.dirname(hf_dir))
         name = case["name"]
         model = LlamaForCausalLM.from_pretrained(hf_dir, attn_implementation="eager", torch_dtype=torch.float32)
         model.train()  # no dropout in Llama; train() keeps autograd semantics plain
@@ -82,7 +84,7 @@ def main():
             report.check_loss(f"{name} step {k + 1} loss", ours["losses"][k].item(), l.item())
         for t in params:
             report.check("weights", f"{name} after 5 steps {t}", parity.rel(ours["final/" + t], ps[t].detach()))
-    report.finish()
+    report.finish(cleanup=dirs)
 
 
 if __name__ == "__main__":

@@ -17,8 +17,11 @@ def main():
     a = herdtest.parse_args()
     torch.manual_seed(0)
     report = parity.Report("plain torch")
+    exact = parity.Report("herd vs float64 torch (information)")
+    dirs = []
     for case in parity.CASES:
-        s, params, tokens, ours, _ = parity.make_case(case, a.build)
+        s, params, tokens, ours, hf = parity.make_case(case, a.build)
+        dirs.append(os.path.dirname(hf))
         name = case["name"]
         ps = {k: v.clone().requires_grad_(True) for k, v in params.items()}
         batch = tokens[:B]
@@ -34,7 +37,14 @@ def main():
             report.check_loss(f"{name} step {k + 1} loss", ours_loss, ref_loss)
         for t, p in trained.items():
             report.check("weights", f"{name} after 5 steps {t}", parity.rel(ours["final/" + t], p.detach()))
-    report.finish()
+        # The same 5 steps in float64: how far each float32 implementation
+        # is from the exact trajectory (herd should not be the farther one).
+        exact64, _ = parity.train_reference(s, {k: v.double() for k, v in params.items()}, tokens,
+                                            lambda p, x, y: torch_llama.loss_fn(s, p, x, y))
+        for t in params:
+            exact.check("weights", f"{name} {t}", parity.rel(ours["final/" + t], exact64[t].detach()))
+    exact.finish()
+    report.finish(cleanup=dirs)
 
 
 if __name__ == "__main__":
