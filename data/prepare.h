@@ -1,12 +1,19 @@
-// Text to token files with the byte-level tokenizer (each UTF-8 byte is a
-// token id 0..255; vocab 256).
+// Text to token files with the byte-level tokenizer: each byte of the
+// (UTF-8) text is one token id 0..255, so the vocabulary is 256.
 //
-// Inputs are split into documents — fortune files (lines holding only "%")
-// into their fortunes, any other file is one document — and whole
-// documents go to the validation file, deterministically by a hash of
-// their index, so that about val_fraction of the text is held out.
-// Binary files (containing NUL bytes) and paths that resolve to a file
-// already read (symlinks such as fortunes' *.u8) are skipped.
+// Inputs are split into documents — fortune files (entries separated by
+// lines holding only "%", which are dropped) into their entries, any other
+// file is one document — and each document goes whole to the validation
+// file or to the training file, decided by a hash of its index, so that
+// about val_fraction of the documents (and so, roughly, of the text) is
+// held out. The split is deterministic: the same inputs in the same order
+// give the same files. Every document ends with a newline in the output.
+//
+// Skipped, and counted in PrepareSummary::skipped: a path that resolves to
+// a file already read (e.g. fortunes' *.u8 symlinks to the plain files), a
+// file whose bytes equal an earlier input's, and binary files (any NUL
+// byte): strfile indexes (NAME.dat next to NAME, as fortunes ships)
+// quietly, others with a LOG(WARNING) naming them.
 #pragma once
 
 #include <cstdint>
@@ -19,21 +26,34 @@
 namespace herd {
 
 struct PrepareOptions {
-  std::vector<std::string> inputs;  // file paths
-  std::string train_out;
-  std::string val_out;  // empty: everything goes to train_out
-  double val_fraction = 0.05;
+  std::vector<std::string> inputs;  // paths of text files
+  std::string train_out;            // token file (format from its name)
+  std::string val_out;              // empty: everything goes to train_out
+  double val_fraction = 0.05;       // in (0, 1) when val_out is set
 };
 
 struct PrepareSummary {
-  int64_t files = 0, skipped = 0, documents = 0;
+  int64_t files = 0;      // text files read
+  int64_t skipped = 0;    // inputs skipped (see above)
+  int64_t bytes = 0;      // bytes of text read from those files
+  int64_t documents = 0;  // documents found in them
   int64_t train_tokens = 0, val_tokens = 0;
+  int64_t val_documents = 0;
 };
 
+// Reads the inputs and writes train_out (and val_out). Both files are
+// written atomically and neither is renamed into place until both are
+// fully written, so a failure (bad input, unwritable
+// directory) leaves no new file behind. When the hash puts no document on one side, one
+// document is moved over (or, with a single document, its tail is held
+// out) so that neither file is empty.
 Status PrepareText(const PrepareOptions& options, PrepareSummary* summary);
 
-// For `herd launch`: when data.train does not exist and data.prepare_from
-// names text files (globs), prepares data.train (and data.val) from them.
+// For `herd launch`: nothing when data.train exists. Otherwise, when
+// data.prepare_from names text files (glob patterns; directories among the
+// matches are skipped), prepares data.train (and data.val when set) from
+// them with data.val_fraction and prints one line saying so; when there is
+// nothing to prepare from, fails naming data.train.
 Status EnsurePrepared(const config::DataConfig& data);
 
 }  // namespace herd

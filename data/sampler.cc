@@ -1,5 +1,7 @@
 #include "data/sampler.h"
 
+#include <glog/logging.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <numeric>
@@ -7,6 +9,19 @@
 #include "common/rng.h"
 
 namespace herd {
+namespace {
+
+// The window of T + 1 tokens at `start`, split into inputs and targets
+// without a staging buffer: targets are the inputs shifted by one.
+void ReadWindow(const TokenFile& file, int64_t start, int T, int32_t* inputs, int32_t* targets) {
+  file.Read(start, T, inputs);
+  std::copy(inputs + 1, inputs + T, targets);
+  targets[T - 1] = file[start + T];
+}
+
+std::string N(int64_t v) { return std::to_string(v); }
+
+}  // namespace
 
 DistributedSampler::DistributedSampler(const TokenFile& file, int seq_len, int world_size, int rank, uint64_t seed)
     : file_(&file),
@@ -14,56 +29,60 @@ DistributedSampler::DistributedSampler(const TokenFile& file, int seq_len, int w
       world_size_(world_size),
       rank_(rank),
       seed_(seed),
-      num_sequences_(file.size() > 0 ? (file.size() - 1) / seq_len : 0),
-      window_(seq_len + 1) {}
+      num_sequences_(file.size() > 0 ? (file.size() - 1) / seq_len : 0) {}
 
 StatusOr<DistributedSampler> DistributedSampler::Create(const TokenFile& file, int seq_len, int world_size, int rank,
                                                         uint64_t seed) {
-  if (seq_len <= 0 || world_size <= 0 || rank < 0 || rank >= world_size) {
-    return Status::InvalidArgument("sampler: invalid seq_len/world_size/rank");
+  if (seq_len < 1) return Status::InvalidArgument(file.path() + ": seq_len must be >= 1, got " + N(seq_len));
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    return Status::InvalidArgument(file.path() + ": rank " + N(rank) + " is not in [0, " + N(world_size) + ")");
   }
   DistributedSampler s(file, seq_len, world_size, rank, seed);
   if (s.num_sequences_ < world_size) {
-    return Status::InvalidArgument(file.path() + ": " + std::to_string(file.size()) + " tokens hold " +
-                                   std::to_string(s.num_sequences_) + " sequences of " + std::to_string(seq_len) +
-                                   "+1 tokens, fewer than the " + std::to_string(world_size) + " workers");
+    return Status::InvalidArgument(file.path() + ": " + N(file.size()) + " tokens hold " + N(s.num_sequences_) +
+                                   " sequences of " + N(seq_len) + "+1 tokens, fewer than the " + N(world_size) +
+                                   " workers (needs at least " + N(int64_t{world_size} * seq_len + 1) + " tokens)");
   }
   s.Shuffle();
   return s;
 }
 
 Status DistributedSampler::CheckBatch(int batch_size) const {
-  if (PerRank() < batch_size) {
-    return Status::InvalidArgument(file_->path() + ": " + std::to_string(file_->size()) + " tokens give each of " +
-                                   std::to_string(world_size_) + " workers " + std::to_string(PerRank()) +
-                                   " sequences, fewer than one batch of " + std::to_string(batch_size) +
-                                   " (needs at least " +
-                                   std::to_string(static_cast<int64_t>(batch_size) * world_size_ * seq_len_ + 1) +
-                                   " tokens)");
+  if (batch_size < 1) return Status::InvalidArgument("batch size must be >= 1, got " + N(batch_size));
+  if (per_rank() < batch_size) {
+    return Status::InvalidArgument(file_->path() + ": " + N(file_->size()) + " tokens give each of " + N(world_size_) +
+                                   " workers " + N(per_rank()) + " sequences of " + N(seq_len_) +
+                                   "+1 tokens, fewer than one batch of " + N(batch_size) + " (needs at least " +
+                                   N(int64_t{batch_size} * world_size_ * seq_len_ + 1) + " tokens)");
   }
   return Status::OK();
 }
 
 void DistributedSampler::Shuffle() {
   order_.resize(num_sequences_);
-  std::iota(order_.begin(), order_.end(), 0);
+  std::iota(order_.begin(), order_.end(), int64_t{0});
+  // Seeded from (seed, epoch) alone, so any epoch's order can be rebuilt
+  // on resume without replaying earlier ones.
   Rng rng(Mix64(seed_) ^ Mix64(static_cast<uint64_t>(epoch_) + 1));
-  for (int64_t i = num_sequences_ - 1; i > 0; --i) {  // Fisher-Yates
+  for (int64_t i = num_sequences_ - 1; i > 0; --i) {
     std::swap(order_[i], order_[rng.Below(static_cast<uint64_t>(i) + 1)]);
   }
 }
 
 void DistributedSampler::NextBatch(int batch_size, int32_t* inputs, int32_t* targets) {
-  if (position_ + batch_size > PerRank()) {
+  CHECK(batch_size >= 1 && batch_size <= per_rank()) << "DistributedSampler::NextBatch(" << batch_size << ") on "
+                                                     << per_rank() << " sequences per rank: call CheckBatch first";
+  // Every rank and the W = 1 sampler with batch W * B cross the epoch
+  // boundary at the same step: (position + B) * W > n for all of them.
+  if (position_ + batch_size > per_rank()) {
     ++epoch_;
     position_ = 0;
     Shuffle();
   }
+  const int64_t T = seq_len_;
   for (int b = 0; b < batch_size; ++b) {
     const int64_t seq = order_[(position_ + b) * world_size_ + rank_];
-    file_->Read(seq * seq_len_, seq_len_ + 1, window_.data());
-    std::copy(window_.begin(), window_.end() - 1, inputs + static_cast<int64_t>(b) * seq_len_);
-    std::copy(window_.begin() + 1, window_.end(), targets + static_cast<int64_t>(b) * seq_len_);
+    ReadWindow(*file_, seq * T, seq_len_, inputs + b * T, targets + b * T);
   }
   position_ += batch_size;
 }
@@ -77,24 +96,55 @@ std::string DistributedSampler::SaveState() const {
 }
 
 Status DistributedSampler::RestoreState(const std::string& state) {
-  long long epoch, position, tokens;
-  int seq_len, world_size, rank;
-  if (std::sscanf(state.c_str(), "epoch %lld position %lld tokens %lld seq_len %d world_size %d rank %d", &epoch,
-                  &position, &tokens, &seq_len, &world_size, &rank) != 6 ||
-      epoch < 0 || position < 0 || position > PerRank()) {
-    return Status::Corruption("data-loader state is malformed: '" + state.substr(0, 80) + "'");
+  long long epoch = -1, position = -1, tokens = -1;
+  int seq_len = 0, world_size = 0, rank = 0, consumed = 0;
+  const bool parsed =
+      std::sscanf(state.c_str(), "epoch %lld position %lld tokens %lld seq_len %d world_size %d rank %d %n", &epoch,
+                  &position, &tokens, &seq_len, &world_size, &rank, &consumed) == 6 &&
+      static_cast<size_t>(consumed) == state.size();
+  if (!parsed) {
+    const std::string shown = state.substr(0, std::min<size_t>(state.find('\n'), 80));
+    return Status::Corruption("data-loader state is malformed: '" + shown +
+                              "' (expected 'epoch E position P tokens N seq_len T world_size W rank R')");
   }
   if (tokens != file_->size() || seq_len != seq_len_ || world_size != world_size_ || rank != rank_) {
     return Status::FailedPrecondition(
-        "data-loader state was saved for " + std::to_string(tokens) + " tokens, seq_len " + std::to_string(seq_len) +
-        ", " + std::to_string(world_size) + " workers, rank " + std::to_string(rank) + "; this run has " +
-        std::to_string(file_->size()) + " tokens, seq_len " + std::to_string(seq_len_) + ", " +
-        std::to_string(world_size_) + " workers, rank " + std::to_string(rank_));
+        "data-loader state was saved for " + N(tokens) + " tokens, seq_len " + N(seq_len) + ", " + N(world_size) +
+        " workers, rank " + N(rank) + "; this run has " + N(file_->size()) + " tokens (" + file_->path() +
+        "), seq_len " + N(seq_len_) + ", " + N(world_size_) + " workers, rank " + N(rank_));
+  }
+  if (epoch < 0 || position < 0 || position > per_rank()) {
+    return Status::Corruption("data-loader state is out of range: epoch " + N(epoch) + " position " + N(position) +
+                              " (each rank has " + N(per_rank()) + " sequences per epoch)");
   }
   epoch_ = epoch;
   position_ = position;
   Shuffle();
   return Status::OK();
+}
+
+StatusOr<EvalReader> EvalReader::Create(const TokenFile& file, int seq_len, int batch_size, int64_t batches) {
+  if (seq_len < 1 || batch_size < 1 || batches < 0) {
+    return Status::InvalidArgument(file.path() +
+                                   ": evaluation needs seq_len >= 1, batch size >= 1 and batches >= 0, got " +
+                                   N(seq_len) + ", " + N(batch_size) + ", " + N(batches));
+  }
+  const int64_t per_batch = int64_t{batch_size} * seq_len;
+  const int64_t full_batches = (file.size() - 1) / per_batch;
+  const int64_t wanted = batches > 0 ? batches : 1;
+  if (full_batches < wanted) {
+    return Status::InvalidArgument(file.path() + ": " + N(file.size()) + " tokens, but " + N(wanted) +
+                                   (wanted == 1 ? " batch of " : " batches of ") + N(batch_size) + "x" + N(seq_len) +
+                                   " need " + N(wanted * per_batch + 1));
+  }
+  return EvalReader(file, seq_len, batch_size, batches > 0 ? batches : full_batches);
+}
+
+void EvalReader::ReadBatch(int64_t b, int32_t* inputs, int32_t* targets) const {
+  const int64_t T = seq_len_;
+  for (int j = 0; j < batch_size_; ++j) {
+    ReadWindow(*file_, (b * batch_size_ + j) * T, seq_len_, inputs + j * T, targets + j * T);
+  }
 }
 
 }  // namespace herd

@@ -1,17 +1,20 @@
-// The distributed sampler: which training sequences each worker sees, in
-// which order, with the semantics of PyTorch's DistributedSampler
-// (shuffle=True, drop_last=True).
+// Which token windows each worker trains on (DistributedSampler) and which
+// it evaluates on (EvalReader).
 //
+// DistributedSampler has the semantics of PyTorch's DistributedSampler with
+// shuffle=True and drop_last=True, fed to a DataLoader with drop_last=True.
 // The token file is cut into n = (size - 1) / T sequences of T + 1 tokens
-// starting every T tokens (inputs = first T, targets = last T). Epoch e
-// orders them by a permutation drawn from (seed, e); rank r of W owns
-// positions r, r + W, r + 2W, ... of it (floor(n / W) sequences) and takes
-// them B at a time, dropping a tail shorter than B before moving to epoch
-// e + 1.
+// starting every T tokens (sequence i = tokens [i*T, i*T + T + 1); inputs
+// are its first T tokens, targets its last T). Epoch e orders them by a
+// Fisher-Yates permutation drawn from (seed, e); rank r of W owns positions
+// r, r + W, r + 2W, ... of it (floor(n / W) sequences) and takes them B at
+// a time, dropping a tail shorter than B before moving to epoch e + 1.
 //
 // Promise (what makes the distributed modes match one process): at every
-// step, the union over ranks of the rank batches (B each) is exactly the
-// batch a W = 1 sampler with batch W * B takes at that step.
+// step, across epoch boundaries too, the union over ranks of the rank
+// batches (B each) is, as a multiset of sequences, exactly the batch that a
+// W = 1 sampler with batch W * B takes at that step. Within an epoch the
+// ranks' sequences are disjoint.
 #pragma once
 
 #include <cstdint>
@@ -25,38 +28,71 @@ namespace herd {
 
 class DistributedSampler {
  public:
-  // Fails if the file holds fewer than 2 tokens per sequence or fewer
-  // sequences than world_size.
+  // `file` must outlive the sampler. Fails when seq_len < 1, rank is not
+  // in [0, world_size), or the file holds fewer sequences than world_size
+  // (the message names the file and the numbers).
   static StatusOr<DistributedSampler> Create(const TokenFile& file, int seq_len, int world_size, int rank,
                                              uint64_t seed);
 
-  // Fails (naming the numbers) if a rank cannot fill one batch of B.
+  // Fails (naming the file and the tokens needed) if a rank cannot fill one
+  // batch of batch_size; call it before NextBatch with that size.
   Status CheckBatch(int batch_size) const;
 
-  // Fills B rows of inputs and targets ([B, T] each).
+  // Fills batch_size rows of inputs and targets ([batch_size, T] each,
+  // row-major) and advances; moves to the next epoch first when fewer than
+  // batch_size sequences are left in this one. batch_size must have passed
+  // CheckBatch (checked: a violation aborts).
   void NextBatch(int batch_size, int32_t* inputs, int32_t* targets);
 
   int64_t epoch() const { return epoch_; }
+  // Sequences this rank has taken in the current epoch.
   int64_t position() const { return position_; }
   int64_t num_sequences() const { return num_sequences_; }
+  // Sequences rank r owns per epoch: floor(n / W).
+  int64_t per_rank() const { return num_sequences_ / world_size_; }
 
-  // Text state ("epoch E position P" plus what it was made for); Restore
-  // rejects state from a different dataset size, T, W or rank.
+  // One text line: the epoch, the position and what the state was made for
+  // (dataset size, seq_len, world size, rank). RestoreState rejects
+  // malformed text and state made for another dataset size, T, W or rank,
+  // with one line saying which; on error the sampler is unchanged.
   std::string SaveState() const;
   Status RestoreState(const std::string& state);
 
  private:
   DistributedSampler(const TokenFile& file, int seq_len, int world_size, int rank, uint64_t seed);
   void Shuffle();
-  int64_t PerRank() const { return num_sequences_ / world_size_; }
 
   const TokenFile* file_;
   int seq_len_, world_size_, rank_;
   uint64_t seed_;
   int64_t num_sequences_;
-  int64_t epoch_ = 0, position_ = 0;  // position: sequences taken this epoch by this rank
-  std::vector<int64_t> order_;        // permutation of the current epoch
-  std::vector<int32_t> window_;
+  int64_t epoch_ = 0, position_ = 0;
+  std::vector<int64_t> order_;  // the current epoch's permutation of [0, n)
+};
+
+// Evaluation windows in file order, for `herd eval` and held-out loss:
+// row j of batch b is the window that starts at token (b * B + j) * T
+// (inputs: the T tokens there; targets: the T tokens one further on).
+// Windows do not overlap, so batches * B * T + 1 tokens are read in all.
+class EvalReader {
+ public:
+  // `file` must outlive the reader. batches == 0 means every full batch in
+  // the file. Fails, naming the file and the tokens needed, when the file
+  // holds fewer than batches * B * T + 1 tokens (or not even one batch).
+  static StatusOr<EvalReader> Create(const TokenFile& file, int seq_len, int batch_size, int64_t batches);
+
+  int64_t num_batches() const { return batches_; }
+  int64_t tokens_per_batch() const { return static_cast<int64_t>(batch_size_) * seq_len_; }
+  // Fills inputs and targets ([B, T] each) for batch b in [0, num_batches()).
+  void ReadBatch(int64_t b, int32_t* inputs, int32_t* targets) const;
+
+ private:
+  EvalReader(const TokenFile& file, int seq_len, int batch_size, int64_t batches)
+      : file_(&file), seq_len_(seq_len), batch_size_(batch_size), batches_(batches) {}
+
+  const TokenFile* file_;
+  int seq_len_, batch_size_;
+  int64_t batches_;
 };
 
 }  // namespace herd

@@ -6,7 +6,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 
 #include "common/file_util.h"
@@ -14,14 +16,48 @@
 namespace herd {
 namespace {
 
-bool EndsWith(const std::string& s, const char* suffix) { return s.ends_with(suffix); }
+// The formats are little-endian and tokens are read with memcpy.
+static_assert(std::endian::native == std::endian::little, "token files are read as little-endian");
+
+bool IsRaw16(const std::string& path) { return path.ends_with(".u16"); }
+bool IsRaw32(const std::string& path) { return path.ends_with(".u32"); }
+
+// A text file handed over as a token file is the likeliest mistake; say so.
+std::string TextHint(const uint8_t* base, int64_t bytes) {
+  if (bytes < 4) return "";
+  for (int i = 0; i < 4; ++i) {
+    const uint8_t c = base[i];
+    if (!(c == '\n' || c == '\t' || c == '\r' || (c >= 0x20 && c < 0x7f))) return "";
+  }
+  return "; it looks like text: make a token file with `herd prepare`";
+}
+
+// Index of the first id >= limit, or -1.
+template <typename T>
+int64_t FirstAtOrAbove(const uint8_t* data, int64_t n, uint64_t limit) {
+  for (int64_t i = 0; i < n; ++i) {
+    T v;
+    std::memcpy(&v, data + i * sizeof(T), sizeof(T));
+    if (v >= limit) return i;
+  }
+  return -1;
+}
+
+template <typename T>
+void Widen(const uint8_t* data, int64_t count, int32_t* out) {
+  for (int64_t i = 0; i < count; ++i) {
+    T v;
+    std::memcpy(&v, data + i * sizeof(T), sizeof(T));
+    out[i] = static_cast<int32_t>(v);
+  }
+}
 
 }  // namespace
 
 StatusOr<TokenFile> TokenFile::Open(const std::string& path, int vocab_size) {
   TokenFile f;
   f.path_ = path;
-  int fd = ::open(path.c_str(), O_RDONLY);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) return Status::NotFound(path + ": no such file");
     return Status::IOError(path + ": cannot open: " + std::strerror(errno));
@@ -29,55 +65,64 @@ StatusOr<TokenFile> TokenFile::Open(const std::string& path, int vocab_size) {
   struct stat st;
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
-    return Status::InvalidArgument(path + ": not a regular file");
+    return Status::InvalidArgument(path + ": not a regular file (expected a token file)");
   }
   const int64_t bytes = st.st_size;
   if (bytes > 0) {
-    f.map_ = ::mmap(nullptr, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (f.map_ == MAP_FAILED) {
-      f.map_ = nullptr;
+    void* map = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ, MAP_PRIVATE, fd, 0);
+    if (map == MAP_FAILED) {
+      const int err = errno;
       ::close(fd);
-      return Status::IOError(path + ": cannot map: " + std::strerror(errno));
+      return Status::IOError(path + ": cannot map: " + std::strerror(err));
     }
-    f.map_bytes_ = bytes;
+    f.map_ = map;
+    f.map_bytes_ = static_cast<size_t>(bytes);
   }
   ::close(fd);
   const auto* base = static_cast<const uint8_t*>(f.map_);
 
-  const bool raw16 = EndsWith(path, ".u16"), raw32 = EndsWith(path, ".u32");
-  if (raw16 || raw32) {
-    f.width_ = raw16 ? 2 : 4;
-    if (bytes == 0) return Status::InvalidArgument(path + ": empty token file");
+  if (IsRaw16(path) || IsRaw32(path)) {
+    f.width_ = IsRaw16(path) ? 2 : 4;
+    const char* type = f.width_ == 2 ? "uint16" : "uint32";
+    if (bytes == 0) return Status::InvalidArgument(path + ": empty token file (expected " + type + " tokens)");
     if (bytes % f.width_ != 0) {
-      return Status::InvalidArgument(path + ": " + std::to_string(bytes) + " bytes is not a whole number of " +
-                                     (raw16 ? "uint16" : "uint32") + " tokens (truncated?)");
+      return Status::InvalidArgument(path + ": " + std::to_string(bytes) + " bytes is not a whole number of " + type +
+                                     " tokens (truncated?)");
     }
     f.tokens_ = base;
     f.size_ = bytes / f.width_;
   } else {
     if (bytes < kHeaderBytes) {
       return Status::InvalidArgument(path + ": " + std::to_string(bytes) +
-                                     " bytes is shorter than the 1024-byte header of a token file");
+                                     " bytes is shorter than the 1024-byte header of a token file" +
+                                     TextHint(base, bytes));
     }
     int32_t header[3];
     std::memcpy(header, base, sizeof(header));
     if (header[0] == kMagicU16) {
       if (header[1] != kVersionU16) {
-        return Status::InvalidArgument(path + ": magic 20240520 needs version 1, got " + std::to_string(header[1]));
+        return Status::InvalidArgument(path + ": magic 20240520 (uint16 tokens) needs version 1, got version " +
+                                       std::to_string(header[1]));
       }
       f.width_ = 2;
     } else if (header[0] == kMagicU32) {
       if (header[1] != kVersionU32) {
-        return Status::InvalidArgument(path + ": magic 20240801 needs version 7, got " + std::to_string(header[1]));
+        return Status::InvalidArgument(path + ": magic 20240801 (uint32 tokens) needs version 7, got version " +
+                                       std::to_string(header[1]));
       }
       f.width_ = 4;
     } else {
       return Status::InvalidArgument(path + ": not a token file: magic " + std::to_string(header[0]) +
-                                     " (expected 20240520 or 20240801; raw arrays must be named *.u16 or *.u32)");
+                                     ", expected 20240520 or 20240801 (raw arrays must be named *.u16 or *.u32)" +
+                                     TextHint(base, bytes));
     }
     const int64_t count = header[2];
+    if (count <= 0) {
+      return Status::InvalidArgument(path + ": header says " + std::to_string(count) +
+                                     " tokens; a token file holds at least one");
+    }
     const int64_t expected = kHeaderBytes + count * f.width_;
-    if (count <= 0 || expected != bytes) {
+    if (expected != bytes) {
       return Status::InvalidArgument(path + ": header says " + std::to_string(count) + " tokens (" +
                                      std::to_string(expected) + " bytes) but the file has " + std::to_string(bytes) +
                                      " bytes");
@@ -85,17 +130,17 @@ StatusOr<TokenFile> TokenFile::Open(const std::string& path, int vocab_size) {
     f.tokens_ = base + kHeaderBytes;
     f.size_ = count;
   }
-  // Ids must fit int32 (all of herd indexes with int32) and the vocabulary.
-  const int64_t limit = vocab_size > 0 ? vocab_size : (f.width_ == 4 ? int64_t{1} << 31 : 0);
-  if (limit > 0) {
-    for (int64_t i = 0; i < f.size_; ++i) {
-      const int64_t id = f.RawAt(i);
-      if (id >= limit) {
-        return Status::InvalidArgument(path + ": token " + std::to_string(id) + " at position " + std::to_string(i) +
-                                       " is >= " + (vocab_size > 0 ? "vocab_size " + std::to_string(vocab_size)
-                                                                    : std::string("2^31")));
-      }
-    }
+
+  // Every id must fit int32 (herd indexes with int32) and the vocabulary.
+  const uint64_t limit = vocab_size > 0 ? static_cast<uint64_t>(vocab_size) : uint64_t{1} << 31;
+  const int64_t bad = f.width_ == 2 ? (limit >= 65536 ? -1 : FirstAtOrAbove<uint16_t>(f.tokens_, f.size_, limit))
+                                    : FirstAtOrAbove<uint32_t>(f.tokens_, f.size_, limit);
+  if (bad >= 0) {
+    uint32_t id = 0;
+    std::memcpy(&id, f.tokens_ + bad * f.width_, f.width_);  // little-endian: the low bytes
+    return Status::InvalidArgument(
+        path + ": token " + std::to_string(id) + " at position " + std::to_string(bad) + " is >= " +
+        (vocab_size > 0 ? "vocab_size " + std::to_string(vocab_size) : std::string("2^31 (does not fit int32)")));
   }
   return f;
 }
@@ -104,7 +149,7 @@ TokenFile::TokenFile(TokenFile&& o) noexcept { *this = std::move(o); }
 
 TokenFile& TokenFile::operator=(TokenFile&& o) noexcept {
   if (this != &o) {
-    if (map_ != nullptr) ::munmap(map_, map_bytes_);
+    Release();
     path_ = std::move(o.path_);
     map_ = o.map_;
     map_bytes_ = o.map_bytes_;
@@ -112,17 +157,22 @@ TokenFile& TokenFile::operator=(TokenFile&& o) noexcept {
     size_ = o.size_;
     width_ = o.width_;
     o.map_ = nullptr;
+    o.map_bytes_ = 0;
     o.tokens_ = nullptr;
     o.size_ = 0;
   }
   return *this;
 }
 
-TokenFile::~TokenFile() {
+TokenFile::~TokenFile() { Release(); }
+
+void TokenFile::Release() {
   if (map_ != nullptr) ::munmap(map_, map_bytes_);
+  map_ = nullptr;
+  map_bytes_ = 0;
 }
 
-uint32_t TokenFile::RawAt(int64_t i) const {
+int32_t TokenFile::operator[](int64_t i) const {
   if (width_ == 2) {
     uint16_t v;
     std::memcpy(&v, tokens_ + 2 * i, 2);
@@ -130,43 +180,60 @@ uint32_t TokenFile::RawAt(int64_t i) const {
   }
   uint32_t v;
   std::memcpy(&v, tokens_ + 4 * i, 4);
-  return v;
+  return static_cast<int32_t>(v);
 }
-
-int32_t TokenFile::operator[](int64_t i) const { return static_cast<int32_t>(RawAt(i)); }
 
 void TokenFile::Read(int64_t begin, int64_t count, int32_t* out) const {
-  for (int64_t i = 0; i < count; ++i) out[i] = (*this)[begin + i];
+  if (width_ == 2) {
+    Widen<uint16_t>(tokens_ + 2 * begin, count, out);
+  } else {
+    Widen<uint32_t>(tokens_ + 4 * begin, count, out);
+  }
 }
 
-Status WriteTokenFile(const std::string& path, const std::vector<int32_t>& tokens) {
+StatusOr<std::string> EncodeTokenFile(const std::string& path, const std::vector<int32_t>& tokens) {
+  if (tokens.empty()) return Status::InvalidArgument(path + ": no tokens to write");
   int32_t max_id = 0;
-  for (int32_t t : tokens) {
-    if (t < 0) return Status::InvalidArgument(path + ": negative token id " + std::to_string(t));
-    max_id = std::max(max_id, t);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] < 0) {
+      return Status::InvalidArgument(path + ": negative token id " + std::to_string(tokens[i]) + " at position " +
+                                     std::to_string(i));
+    }
+    max_id = std::max(max_id, tokens[i]);
   }
-  const bool raw16 = path.ends_with(".u16"), raw32 = path.ends_with(".u32");
-  const int width = raw16 ? 2 : raw32 ? 4 : (max_id < 65536 ? 2 : 4);
-  if (raw16 && max_id >= 65536) return Status::InvalidArgument(path + ": token id " + std::to_string(max_id) + " does not fit uint16");
+  const bool raw = IsRaw16(path) || IsRaw32(path);
+  const int width = IsRaw16(path) ? 2 : IsRaw32(path) ? 4 : (max_id < 65536 ? 2 : 4);
+  if (width == 2 && max_id >= 65536) {
+    return Status::InvalidArgument(path + ": token id " + std::to_string(max_id) +
+                                   " does not fit uint16 (name the file *.u32 or *.bin)");
+  }
+  if (!raw && tokens.size() > static_cast<size_t>(INT32_MAX)) {
+    return Status::InvalidArgument(path + ": " + std::to_string(tokens.size()) +
+                                   " tokens is more than one llm.c file can count (2^31 - 1)");
+  }
   std::string data;
-  if (!raw16 && !raw32) {
-    if (tokens.size() > 0x7fffffff) return Status::InvalidArgument(path + ": too many tokens for one llm.c file");
-    int32_t header[256] = {};
+  data.reserve((raw ? 0 : TokenFile::kHeaderBytes) + tokens.size() * width);
+  if (!raw) {
+    int32_t header[TokenFile::kHeaderBytes / 4] = {};
     header[0] = width == 2 ? TokenFile::kMagicU16 : TokenFile::kMagicU32;
     header[1] = width == 2 ? TokenFile::kVersionU16 : TokenFile::kVersionU32;
     header[2] = static_cast<int32_t>(tokens.size());
     data.append(reinterpret_cast<const char*>(header), sizeof(header));
   }
-  data.reserve(data.size() + tokens.size() * width);
   for (int32_t t : tokens) {
     if (width == 2) {
-      uint16_t v = static_cast<uint16_t>(t);
+      const uint16_t v = static_cast<uint16_t>(t);
       data.append(reinterpret_cast<const char*>(&v), 2);
     } else {
-      uint32_t v = static_cast<uint32_t>(t);
+      const uint32_t v = static_cast<uint32_t>(t);
       data.append(reinterpret_cast<const char*>(&v), 4);
     }
   }
+  return data;
+}
+
+Status WriteTokenFile(const std::string& path, const std::vector<int32_t>& tokens) {
+  HERD_ASSIGN_OR_RETURN(std::string data, EncodeTokenFile(path, tokens));
   return WriteFileAtomic(path, data);
 }
 

@@ -1,4 +1,7 @@
 // herd prepare TEXT... --out FILE [--val-out FILE] [--val-fraction F]
+//
+// Byte-level tokenisation of text files into token files (see
+// data/prepare.h); prints one summary line.
 #include <cstdio>
 #include <cstdlib>
 
@@ -14,28 +17,35 @@ int RunPrepare(int argc, char** argv) {
   Status st = args.Parse(argc, argv);
   if (!st.ok()) return ReportError(st.WithContext("prepare: "));
   if (args.positional().empty() || args.Get("out").empty()) {
-    return ReportError(Status::InvalidArgument(
-        "usage: herd prepare TEXT... --out FILE [--val-out FILE] [--val-fraction F]"));
+    return ReportError(
+        Status::InvalidArgument("usage: herd prepare TEXT... --out FILE [--val-out FILE] [--val-fraction F]"));
   }
   PrepareOptions options;
   options.inputs = args.positional();
   options.train_out = args.Get("out");
   options.val_out = args.Get("val-out");
   if (args.Has("val-fraction")) {
+    if (options.val_out.empty()) {
+      return ReportError(Status::InvalidArgument("prepare: --val-fraction needs --val-out FILE to hold the text"));
+    }
+    const std::string text = args.Get("val-fraction");
     char* end = nullptr;
-    options.val_fraction = std::strtod(args.Get("val-fraction").c_str(), &end);
-    if (*end != '\0' || !(options.val_fraction >= 0 && options.val_fraction < 1)) {
-      return ReportError(Status::InvalidArgument("--val-fraction: expected a number in [0, 1), got '" +
-                                                 args.Get("val-fraction") + "'"));
+    options.val_fraction = std::strtod(text.c_str(), &end);
+    if (text.empty() || *end != '\0' || !(options.val_fraction > 0 && options.val_fraction < 1)) {
+      return ReportError(
+          Status::InvalidArgument("prepare: --val-fraction: expected a number in (0, 1), got '" + text + "'"));
     }
   }
   PrepareSummary s;
   st = PrepareText(options, &s);
   if (!st.ok()) return ReportError(st);
-  std::printf("prepared %lld documents from %lld files (%lld skipped): %s %lld tokens", static_cast<long long>(s.documents),
-              static_cast<long long>(s.files), static_cast<long long>(s.skipped), options.train_out.c_str(),
-              static_cast<long long>(s.train_tokens));
-  if (!options.val_out.empty()) std::printf(", %s %lld tokens", options.val_out.c_str(), static_cast<long long>(s.val_tokens));
+  std::printf("prepared %lld documents (%lld bytes) from %lld files (%lld skipped): %s %lld tokens",
+              static_cast<long long>(s.documents), static_cast<long long>(s.bytes), static_cast<long long>(s.files),
+              static_cast<long long>(s.skipped), options.train_out.c_str(), static_cast<long long>(s.train_tokens));
+  if (!options.val_out.empty()) {
+    std::printf(", %s %lld tokens (%lld documents)", options.val_out.c_str(), static_cast<long long>(s.val_tokens),
+                static_cast<long long>(s.val_documents));
+  }
   std::printf("\n");
   return 0;
 }

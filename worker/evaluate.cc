@@ -5,33 +5,22 @@
 #include <vector>
 
 #include "common/rng.h"
+#include "data/sampler.h"
 
 namespace herd {
 
 StatusOr<EvalResult> EvaluateLoss(LlamaModel<float>& model, const float* params, const TokenFile& file, int B,
                                   int T, int64_t batches) {
-  const int64_t windows_in_file = (file.size() - 1) / T;
-  const int64_t full_batches = windows_in_file / B;
-  if (batches <= 0) batches = full_batches;
-  if (full_batches < batches || batches == 0) {
-    return Status::InvalidArgument(file.path() + ": " + std::to_string(file.size()) + " tokens, but " +
-                                   std::to_string(std::max<int64_t>(batches, 1)) + " batches of " +
-                                   std::to_string(B) + "x" + std::to_string(T) + " need " +
-                                   std::to_string(std::max<int64_t>(batches, 1) * B * T + 1));
-  }
-  std::vector<int32_t> window(T + 1), inputs(static_cast<size_t>(B) * T), targets(inputs.size());
+  HERD_ASSIGN_OR_RETURN(EvalReader reader, EvalReader::Create(file, T, B, std::max<int64_t>(batches, 0)));
+  std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(inputs.size());
   double total = 0;
-  for (int64_t b = 0; b < batches; ++b) {
-    for (int j = 0; j < B; ++j) {
-      file.Read((b * B + j) * T, T + 1, window.data());
-      std::copy(window.begin(), window.begin() + T, inputs.begin() + j * T);
-      std::copy(window.begin() + 1, window.end(), targets.begin() + j * T);
-    }
+  for (int64_t b = 0; b < reader.num_batches(); ++b) {
+    reader.ReadBatch(b, inputs.data(), targets.data());
     total += model.Forward(params, inputs.data(), targets.data(), B, T);
   }
   EvalResult r;
-  r.loss = total / static_cast<double>(batches);
-  r.tokens = batches * B * T;
+  r.loss = total / static_cast<double>(reader.num_batches());
+  r.tokens = reader.num_batches() * reader.tokens_per_batch();
   return r;
 }
 
