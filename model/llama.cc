@@ -1,5 +1,7 @@
 #include "model/llama.h"
 
+#include <glog/logging.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -143,6 +145,7 @@ template <typename T>
 void LlamaModel<T>::Backward(const T* params, T* grads, double loss_scale) {
   Activations& a = *acts_;
   const LlamaShape& s = layout_.shape();
+  CHECK(a.has_targets) << "LlamaModel::Backward needs a Forward with targets first";
   const int B = a.B, T_ = a.Tcur;
   const int64_t N = static_cast<int64_t>(B) * T_, d = a.d, qd = a.qd, kvd = a.kvd, f = a.f;
   const int64_t hd = s.head_dim();
@@ -156,8 +159,11 @@ void LlamaModel<T>::Backward(const T* params, T* grads, double loss_scale) {
     a.dact.resize(a.N * f);
     a.dgate.resize(a.N * f);
     a.dup.resize(a.N * f);
-    a.attn_scratch.resize(AttentionScratchSize(max_seq_len_, a.H, a.KV));
   }
+  // Per-thread scratch: sized for the thread count of this call, which may
+  // have grown since the last one.
+  const int64_t scratch = AttentionScratchSize(max_seq_len_, a.H, a.KV);
+  if (static_cast<int64_t>(a.attn_scratch.size()) < scratch) a.attn_scratch.resize(scratch);
   T* dres = a.dresidual.data();
   T* dln = a.dln.data();
 

@@ -57,7 +57,8 @@ void RopeBackward(T* dx, const T* cos, const T* sin, int64_t B, int64_t T_, int6
 template <typename T>
 void AttentionForward(T* out, T* probs, const T* q, const T* k, const T* v, int64_t B, int64_t T_, int64_t H,
                       int64_t KV, int64_t head_dim);
-// dq, dk, dv overwritten. `scratch` holds T*T elements per thread
+// dq, dk, dv overwritten. `scratch` holds T*T elements per thread of the
+// current OpenMP thread count
 // (AttentionScratchSize).
 template <typename T>
 void AttentionBackward(T* dq, T* dk, T* dv, const T* dout, const T* probs, const T* q, const T* k, const T* v,
