@@ -1,5 +1,6 @@
 #include "common/file_util.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <glob.h>
 #include <sys/stat.h>
@@ -70,6 +71,18 @@ Status FsyncDir(const std::string& dir) {
 bool PathExists(const std::string& path) {
   struct stat st;
   return ::stat(path.c_str(), &st) == 0;
+}
+
+void RemoveFlatDir(const std::string& dir) {
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) {
+        ::unlink(JoinPath(dir, e->d_name).c_str());
+      }
+    }
+    ::closedir(d);
+  }
+  ::rmdir(dir.c_str());
 }
 
 std::vector<std::string> Glob(const std::string& pattern) {

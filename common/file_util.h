@@ -23,6 +23,9 @@ Status WriteFileAtomic(const std::string& path, std::string_view data);
 Status MakeDirs(const std::string& path);
 Status FsyncDir(const std::string& dir);
 bool PathExists(const std::string& path);
+// Removes a directory and the plain files directly in it (what herd writes:
+// temporary output directories), best effort: for clean-up after failure.
+void RemoveFlatDir(const std::string& dir);
 // Sorted matches of a glob pattern (no error when nothing matches).
 std::vector<std::string> Glob(const std::string& pattern);
 // Directory part of a path ("." when there is none).

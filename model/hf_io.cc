@@ -63,19 +63,6 @@ Status WriteHfFiles(const std::string& dir, const config::ModelConfig& model, co
   return WriteFileAtomic(JoinPath(dir, kConfigJson), ConfigJson(model, max_position_embeddings).dump(2) + "\n");
 }
 
-// Removes a directory we created and the plain files in it.
-void RemoveFlatDir(const std::string& dir) {
-  if (DIR* d = ::opendir(dir.c_str())) {
-    while (dirent* e = ::readdir(d)) {
-      if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) {
-        ::unlink(JoinPath(dir, e->d_name).c_str());
-      }
-    }
-    ::closedir(d);
-  }
-  ::rmdir(dir.c_str());
-}
-
 // ---------------------------------------------------------------- reading
 
 // Reads config.json keys with type checks; every error names the file and key.

@@ -27,19 +27,6 @@
 namespace herd::tools {
 namespace {
 
-// Removes a directory this command created and the plain files in it.
-void RemoveFlatDir(const std::string& dir) {
-  if (DIR* d = ::opendir(dir.c_str())) {
-    while (dirent* e = ::readdir(d)) {
-      if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) {
-        ::unlink(JoinPath(dir, e->d_name).c_str());
-      }
-    }
-    ::closedir(d);
-  }
-  ::rmdir(dir.c_str());
-}
-
 Status Import(const std::string& hf_dir, std::string out, int64_t step) {
   while (out.size() > 1 && out.ends_with('/')) out.pop_back();
   if (PathExists(out)) {
