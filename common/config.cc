@@ -33,6 +33,14 @@ class FirstErrorCollector : public pb::io::ErrorCollector {
   std::string error_;
 };
 
+std::vector<std::string> Split(const std::string& s, char sep) {
+  std::vector<std::string> parts;
+  std::stringstream in(s);
+  std::string part;
+  while (std::getline(in, part, sep)) parts.push_back(part);
+  return parts;
+}
+
 size_t EditDistance(const std::string& a, const std::string& b) {
   std::vector<size_t> row(b.size() + 1);
   for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
@@ -77,10 +85,7 @@ struct FieldLocations {
     if (ov != overrides.end()) return ov->second;
     const pb::Message* msg = &config;
     const pb::TextFormat::ParseInfoTree* node = &tree;
-    std::stringstream parts(path);
-    std::string part;
-    std::vector<std::string> names;
-    while (std::getline(parts, part, '.')) names.push_back(part);
+    const std::vector<std::string> names = Split(path, '.');
     for (size_t i = 0; i < names.size() && node != nullptr; ++i) {
       const pb::FieldDescriptor* f = msg->GetDescriptor()->FindFieldByName(names[i]);
       if (f == nullptr) break;
@@ -109,10 +114,7 @@ Status ApplyOverrideImpl(const std::string& assignment, JobConfig* config, std::
   std::string value = assignment.substr(eq + 1);
   *field_path = path;
   pb::Message* msg = config;
-  std::stringstream parts(path);
-  std::string name;
-  std::vector<std::string> names;
-  while (std::getline(parts, name, '.')) names.push_back(name);
+  const std::vector<std::string> names = Split(path, '.');
   for (size_t i = 0; i < names.size(); ++i) {
     const pb::Descriptor* d = msg->GetDescriptor();
     const pb::FieldDescriptor* f = d->FindFieldByName(names[i]);
@@ -125,14 +127,10 @@ Status ApplyOverrideImpl(const std::string& assignment, JobConfig* config, std::
     }
     if (!last) return Status::InvalidArgument(where + ": " + names[i] + " is not a message");
     const pb::Reflection* r = msg->GetReflection();
-    std::vector<std::string> values;
+    std::vector<std::string> values = {value};
     if (f->is_repeated()) {
       r->ClearField(msg, f);
-      std::stringstream items(value);
-      std::string item;
-      while (std::getline(items, item, ',')) values.push_back(item);
-    } else {
-      values.push_back(value);
+      values = Split(value, ',');
     }
     if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_STRING) {
       for (std::string s : values) {

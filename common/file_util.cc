@@ -73,6 +73,19 @@ bool PathExists(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0;
 }
 
+std::vector<std::string> Glob(const std::string& pattern) {
+  std::vector<std::string> out;
+  glob_t g;
+  if (::glob(pattern.c_str(), 0, nullptr, &g) == 0) {
+    for (size_t i = 0; i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
+  }
+  ::globfree(&g);
+  return out;  // glob() sorts by default
+}
+
+namespace {
+
+// Best-effort removal of a directory and the plain files directly in it.
 void RemoveFlatDir(const std::string& dir) {
   if (DIR* d = ::opendir(dir.c_str())) {
     while (dirent* e = ::readdir(d)) {
@@ -85,14 +98,27 @@ void RemoveFlatDir(const std::string& dir) {
   ::rmdir(dir.c_str());
 }
 
-std::vector<std::string> Glob(const std::string& pattern) {
-  std::vector<std::string> out;
-  glob_t g;
-  if (::glob(pattern.c_str(), 0, nullptr, &g) == 0) {
-    for (size_t i = 0; i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
+}  // namespace
+
+Status WriteNewDirectory(const std::string& dir, const std::function<Status(const std::string& tmp)>& fill) {
+  const std::string parent = DirName(dir);
+  HERD_RETURN_IF_ERROR(MakeDirs(parent));
+  std::string tmp = dir + ".tmp.XXXXXX";
+  if (::mkdtemp(tmp.data()) == nullptr) {
+    return Status::IOError(dir + ": cannot create a directory in " + parent + ": " + ErrnoText());
   }
-  ::globfree(&g);
-  return out;  // glob() sorts by default
+  ::chmod(tmp.c_str(), 0755);  // mkdtemp makes it 0700
+  Status st = fill(tmp);
+  if (st.ok() && ::rename(tmp.c_str(), dir.c_str()) != 0) {
+    st = Status::IOError(dir + ": cannot rename the finished directory into place: " + ErrnoText());
+  }
+  if (!st.ok()) {
+    RemoveFlatDir(tmp);
+    std::string msg = st.message();
+    for (size_t pos; (pos = msg.find(tmp)) != std::string::npos;) msg.replace(pos, tmp.size(), dir);
+    return Status::IOError(msg);
+  }
+  return FsyncDir(parent);
 }
 
 std::string DirName(const std::string& path) {

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -23,9 +24,11 @@ Status WriteFileAtomic(const std::string& path, std::string_view data);
 Status MakeDirs(const std::string& path);
 Status FsyncDir(const std::string& dir);
 bool PathExists(const std::string& path);
-// Removes a directory and the plain files directly in it (what herd writes:
-// temporary output directories), best effort: for clean-up after failure.
-void RemoveFlatDir(const std::string& dir);
+// Creates the directory `dir` (which must not exist) all at once: `fill`
+// writes plain files into a temporary sibling, which is then renamed to
+// `dir` and the parent fsynced. On any failure the sibling is removed,
+// nothing appears at `dir`, and the error names `dir`, not the sibling.
+Status WriteNewDirectory(const std::string& dir, const std::function<Status(const std::string& tmp)>& fill);
 // Sorted matches of a glob pattern (no error when nothing matches).
 std::vector<std::string> Glob(const std::string& pattern);
 // Directory part of a path ("." when there is none).

@@ -166,10 +166,13 @@ StatusOr<Manifest> VerifyCheckpoint(const std::string& step_dir) {
   return out;
 }
 
-StatusOr<std::string> LatestCheckpoint(const std::string& root) {
-  DIR* dir = ::opendir(root.c_str());
-  if (dir == nullptr) return Status::NotFound(root + ": no checkpoint directory");
+namespace {
+
+// step_* directory names under `root`, newest first (empty if none).
+std::vector<std::string> StepDirsNewestFirst(const std::string& root) {
   std::vector<std::string> steps;
+  DIR* dir = ::opendir(root.c_str());
+  if (dir == nullptr) return steps;
   while (dirent* e = ::readdir(dir)) {
     std::string name = e->d_name;
     if (name.size() == 13 && name.starts_with("step_") &&
@@ -179,28 +182,57 @@ StatusOr<std::string> LatestCheckpoint(const std::string& root) {
   }
   ::closedir(dir);
   std::sort(steps.rbegin(), steps.rend());
-  for (const std::string& name : steps) {
+  return steps;
+}
+
+struct VerifiedStep {
+  std::string dir;
+  Manifest manifest;
+};
+
+// The newest step directory whose manifest verifies, with that manifest.
+StatusOr<VerifiedStep> LatestVerified(const std::string& root) {
+  if (!PathExists(root)) return Status::NotFound(root + ": no checkpoint directory");
+  for (const std::string& name : StepDirsNewestFirst(root)) {
     std::string step_dir = JoinPath(root, name);
     auto manifest = VerifyCheckpoint(step_dir);
-    if (manifest.ok()) return step_dir;
+    if (manifest.ok()) return VerifiedStep{step_dir, std::move(manifest).value()};
     LOG(WARNING) << "skipping " << manifest.status().message();
   }
   return Status::NotFound(root + ": no complete checkpoint (a step_* directory with a valid manifest.json)");
 }
 
+}  // namespace
+
+StatusOr<std::string> LatestCheckpoint(const std::string& root) {
+  HERD_ASSIGN_OR_RETURN(VerifiedStep latest, LatestVerified(root));
+  return latest.dir;
+}
+
+bool HasCheckpoints(const std::string& root) {
+  for (const std::string& name : StepDirsNewestFirst(root)) {
+    if (PathExists(JoinPath(JoinPath(root, name), kManifest))) return true;
+  }
+  return false;
+}
+
 StatusOr<CheckpointModel> LoadCheckpointModel(const std::string& path) {
-  std::string step_dir = path;
-  if (!PathExists(JoinPath(path, kManifest))) {
+  VerifiedStep step;
+  if (PathExists(JoinPath(path, kManifest))) {
+    step.dir = path;
+    HERD_ASSIGN_OR_RETURN(step.manifest, VerifyCheckpoint(path));
+  } else {
     if (!PathExists(path)) return Status::NotFound(path + ": no such checkpoint");
-    auto latest = LatestCheckpoint(path);
+    auto latest = LatestVerified(path);
     if (!latest.ok()) {
       // A step directory without manifest is reported as such.
       if (path.find("step_") != std::string::npos) return VerifyCheckpoint(path).status();
       return latest.status();
     }
-    step_dir = *latest;
+    step = std::move(latest).value();
   }
-  HERD_ASSIGN_OR_RETURN(Manifest manifest, VerifyCheckpoint(step_dir));
+  const std::string& step_dir = step.dir;
+  const Manifest& manifest = step.manifest;
   CheckpointModel out;
   out.step = manifest.step;
   const std::string config_path = JoinPath(step_dir, kConfigFile);

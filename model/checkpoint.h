@@ -51,6 +51,10 @@ StatusOr<Manifest> VerifyCheckpoint(const std::string& step_dir);
 // warning), never loaded.
 StatusOr<std::string> LatestCheckpoint(const std::string& root);
 
+// Whether `root` has a step directory with a manifest — a cheap look (no
+// checksums) for warnings, not a promise that it loads.
+bool HasCheckpoints(const std::string& root);
+
 // A whole model read back from a checkpoint: its job config and the fp32
 // weights of the full flat space (shards assembled, checked to tile it).
 struct CheckpointModel {

@@ -307,27 +307,9 @@ Status WriteHfDirectory(const std::string& dir_in, const config::ModelConfig& mo
     if (!S_ISDIR(st.st_mode)) return Status::InvalidArgument(dir + ": exists and is not a directory");
     return WriteHfFiles(dir, model, params, max_position_embeddings);
   }
-  // A new directory: build it under a temporary sibling name and rename it
-  // into place, so that a failure leaves nothing at `dir`.
-  const std::string parent = DirName(dir);
-  HERD_RETURN_IF_ERROR(MakeDirs(parent));
-  std::string tmp = dir + ".tmp.XXXXXX";
-  if (::mkdtemp(tmp.data()) == nullptr) {
-    return Status::IOError(dir + ": cannot create a directory in " + parent + ": " + std::strerror(errno));
-  }
-  ::chmod(tmp.c_str(), 0755);  // mkdtemp makes it 0700
-  Status written = WriteHfFiles(tmp, model, params, max_position_embeddings);
-  if (written.ok() && ::rename(tmp.c_str(), dir.c_str()) != 0) {
-    written = Status::IOError(dir + ": cannot rename the finished directory into place: " + std::strerror(errno));
-  }
-  if (!written.ok()) {
-    RemoveFlatDir(tmp);
-    // Errors name the temporary file; show the user the directory asked for.
-    std::string msg = written.message();
-    for (size_t pos; (pos = msg.find(tmp)) != std::string::npos;) msg.replace(pos, tmp.size(), dir);
-    return Status::IOError(msg);
-  }
-  return FsyncDir(parent);
+  // A new directory appears whole or not at all.
+  return WriteNewDirectory(
+      dir, [&](const std::string& tmp) { return WriteHfFiles(tmp, model, params, max_position_embeddings); });
 }
 
 StatusOr<HfModel> ReadHfDirectory(const std::string& dir) {

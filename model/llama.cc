@@ -35,6 +35,22 @@ struct LlamaModel<T>::Activations {
 
   int B = 0, Tcur = 0;  // shape of the last Forward
   bool has_targets = false;
+  int64_t max_batch = 0;
+
+  // Layer l's buffers. Layer l reads residual[l] and writes residual[l+1];
+  // each per-layer buffer is strided by its maximum size so that every layer
+  // has a fixed home whatever B and T the call uses.
+  struct Layer {
+    T *x, *x_out, *ln1, *ln1_rstd, *q, *k, *v, *probs, *att, *mid, *ln2, *ln2_rstd, *gate, *up, *act;
+  };
+  Layer layer(int64_t l) {
+    return {residual.data() + l * N * d,      residual.data() + (l + 1) * N * d, ln1.data() + l * N * d,
+            ln1_rstd.data() + l * N,          q.data() + l * N * qd,             k.data() + l * N * kvd,
+            v_.data() + l * N * kvd,          probs.data() + l * max_batch * H * tt,
+            att.data() + l * N * qd,          residual_mid.data() + l * N * d,   ln2.data() + l * N * d,
+            ln2_rstd.data() + l * N,          gate.data() + l * N * f,           up.data() + l * N * f,
+            act.data() + l * N * f};
+  }
 };
 
 template <typename T>
@@ -42,6 +58,7 @@ LlamaModel<T>::LlamaModel(const LlamaShape& shape, int max_batch, int max_seq_le
     : layout_(shape), max_batch_(max_batch), max_seq_len_(max_seq_len), acts_(new Activations) {
   Activations& a = *acts_;
   a.N = static_cast<int64_t>(max_batch) * max_seq_len;
+  a.max_batch = max_batch;
   a.d = shape.hidden_size;
   a.qd = shape.q_dim();
   a.kvd = shape.kv_dim();
@@ -100,23 +117,7 @@ double LlamaModel<T>::Forward(const T* params, const int32_t* tokens, const int3
   EmbeddingForward(a.residual.data(), tokens, params + layout_.embed(), N, d);
   for (int l = 0; l < s.num_layers; ++l) {
     const LayerOffsets& w = layout_.layer(l);
-    // Layer l reads residual[l] and writes residual[l + 1]; per-layer
-    // buffers are strided by the maximum size so that each has a fixed home.
-    T* x = a.residual.data() + l * a.N * d;
-    T* x_out = a.residual.data() + (l + 1) * a.N * d;
-    T* ln1 = a.ln1.data() + l * a.N * d;
-    T* ln1_rstd = a.ln1_rstd.data() + l * a.N;
-    T* q = a.q.data() + l * a.N * qd;
-    T* k = a.k.data() + l * a.N * kvd;
-    T* v = a.v_.data() + l * a.N * kvd;
-    T* probs = a.probs.data() + l * max_batch_ * a.H * a.tt;
-    T* att = a.att.data() + l * a.N * qd;
-    T* mid = a.residual_mid.data() + l * a.N * d;
-    T* ln2 = a.ln2.data() + l * a.N * d;
-    T* ln2_rstd = a.ln2_rstd.data() + l * a.N;
-    T* gate = a.gate.data() + l * a.N * f;
-    T* up = a.up.data() + l * a.N * f;
-    T* act = a.act.data() + l * a.N * f;
+    const auto [x, x_out, ln1, ln1_rstd, q, k, v, probs, att, mid, ln2, ln2_rstd, gate, up, act] = a.layer(l);
 
     RmsNormForward(ln1, ln1_rstd, x, params + w.input_norm, N, d, s.rms_norm_eps);
     MatmulForward(q, ln1, params + w.q_proj, N, d, qd);
@@ -178,20 +179,7 @@ void LlamaModel<T>::Backward(const T* params, T* grads, double loss_scale) {
 
   for (int l = s.num_layers - 1; l >= 0; --l) {
     const LayerOffsets& w = layout_.layer(l);
-    const T* x = a.residual.data() + l * a.N * d;
-    const T* ln1 = a.ln1.data() + l * a.N * d;
-    const T* ln1_rstd = a.ln1_rstd.data() + l * a.N;
-    const T* q = a.q.data() + l * a.N * qd;
-    const T* k = a.k.data() + l * a.N * kvd;
-    const T* v = a.v_.data() + l * a.N * kvd;
-    const T* probs = a.probs.data() + l * max_batch_ * a.H * a.tt;
-    const T* att = a.att.data() + l * a.N * qd;
-    const T* mid = a.residual_mid.data() + l * a.N * d;
-    const T* ln2 = a.ln2.data() + l * a.N * d;
-    const T* ln2_rstd = a.ln2_rstd.data() + l * a.N;
-    const T* gate = a.gate.data() + l * a.N * f;
-    const T* up = a.up.data() + l * a.N * f;
-    const T* act = a.act.data() + l * a.N * f;
+    const auto [x, x_out, ln1, ln1_rstd, q, k, v, probs, att, mid, ln2, ln2_rstd, gate, up, act] = a.layer(l);
 
     // MLP branch: dres is d(layer output) = d(mid) through the skip.
     MatmulBackward(a.dact.data(), grads + w.down_proj, dres, act, params + w.down_proj, N, f, d);

@@ -68,10 +68,8 @@ int BenchTrain(int argc, char** argv) {
       if (timed) backward_s += sw.Seconds();
     }
     Stopwatch sw;
-    const double norm = std::sqrt(SumOfSquares(grads.data(), P));
-    AdamWStep(segments, 0, params.data(), grads.data(), m.data(), v.data(), t + 1,
-              LearningRate(config->optimizer(), total_steps, t), ClipCoefficient(norm, config->optimizer().clip_norm()),
-              adamw);
+    ClipAndAdamWStep(segments, 0, P, params.data(), grads.data(), m.data(), v.data(), t + 1,
+                     LearningRate(config->optimizer(), total_steps, t), config->optimizer().clip_norm(), adamw);
     if (timed) {
       optimizer_s += sw.Seconds();
       total_s += step_clock.Seconds();

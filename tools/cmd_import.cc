@@ -6,7 +6,6 @@
 //
 // The step directory is built under a temporary sibling name and renamed
 // into place, so a failure leaves nothing at CHECKPOINT.
-#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -50,24 +49,9 @@ Status Import(const std::string& hf_dir, std::string out, int64_t step) {
   shard.m.assign(layout.size(), 0.0f);
   shard.v.assign(layout.size(), 0.0f);
 
-  const std::string parent = DirName(out);
-  HERD_RETURN_IF_ERROR(MakeDirs(parent));
-  std::string tmp = out + ".tmp.XXXXXX";
-  if (::mkdtemp(tmp.data()) == nullptr) {
-    return Status::IOError(out + ": cannot create a directory in " + parent + ": " + std::strerror(errno));
-  }
-  ::chmod(tmp.c_str(), 0755);  // mkdtemp makes it 0700
-  Status st = WriteSingleShardCheckpoint(tmp, job, shard, /*worker_state=*/"");
-  if (st.ok() && ::rename(tmp.c_str(), out.c_str()) != 0) {
-    st = Status::IOError(out + ": cannot rename the finished checkpoint into place: " + std::strerror(errno));
-  }
-  if (!st.ok()) {
-    RemoveFlatDir(tmp);
-    std::string msg = st.message();
-    for (size_t pos; (pos = msg.find(tmp)) != std::string::npos;) msg.replace(pos, tmp.size(), out);
-    return Status::IOError(msg);  // naming the directory asked for, not the temporary one
-  }
-  HERD_RETURN_IF_ERROR(FsyncDir(parent));
+  HERD_RETURN_IF_ERROR(WriteNewDirectory(out, [&](const std::string& tmp) {
+    return WriteSingleShardCheckpoint(tmp, job, shard, /*worker_state=*/"");
+  }));
   std::printf("imported %s (%lld parameters, %s embeddings) into checkpoint %s at step %lld\n", hf_dir.c_str(),
               static_cast<long long>(layout.num_parameters()), hf.model.tie_word_embeddings() ? "tied" : "untied",
               out.c_str(), static_cast<long long>(step));

@@ -152,7 +152,7 @@ Status TrainSingleProcess(const config::JobConfig& config, const TrainOptions& o
     state.m.assign(P, 0.0f);
     state.v.assign(P, 0.0f);
     InitParameters(layout, train.seed(), config.model().initializer_range(), state.weights.data());
-    if (!ckpt_dir.empty() && LatestCheckpoint(ckpt_dir).ok()) {
+    if (!ckpt_dir.empty() && HasCheckpoints(ckpt_dir)) {
       LOG(WARNING) << "checkpoint.dir " << ckpt_dir
                    << " already holds checkpoints; starting from scratch (pass --resume to continue)";
     }
@@ -205,10 +205,9 @@ Status TrainSingleProcess(const config::JobConfig& config, const TrainOptions& o
       model.Backward(state.weights.data(), grads.data(), loss_scale);
     }
     loss /= A;
-    const double norm = std::sqrt(SumOfSquares(grads.data(), P));
     const double lr = LearningRate(opt, total_steps, t);
-    AdamWStep(segments, 0, state.weights.data(), grads.data(), state.m.data(), state.v.data(), t + 1, lr,
-              ClipCoefficient(norm, opt.clip_norm()), adamw);
+    const double norm = ClipAndAdamWStep(segments, 0, P, state.weights.data(), grads.data(), state.m.data(),
+                                         state.v.data(), t + 1, lr, opt.clip_norm(), adamw);
     state.step = t + 1;
     window_tokens += tokens_per_step;
     if (!std::isfinite(loss)) {

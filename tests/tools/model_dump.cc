@@ -90,10 +90,9 @@ int main(int argc, char** argv) {
     std::fill(grads.begin(), grads.end(), 0.0f);
     losses.push_back(static_cast<float>(model.Forward(params.data(), inputs.data(), targets.data(), B, T)));
     model.Backward(params.data(), grads.data(), 1.0 / (B * T));
-    const double norm = std::sqrt(SumOfSquares(grads.data(), P));
-    norms.push_back(static_cast<float>(norm));
-    AdamWStep(segments, 0, params.data(), grads.data(), m.data(), v.data(), k + 1, LearningRate(opt, K, k),
-              ClipCoefficient(norm, opt.clip_norm()), adamw);
+    norms.push_back(static_cast<float>(ClipAndAdamWStep(segments, 0, P, params.data(), grads.data(), m.data(),
+                                                        v.data(), k + 1, LearningRate(opt, K, k), opt.clip_norm(),
+                                                        adamw)));
   }
   add("losses", {K}, losses);
   add("grad_norms", {K}, norms);
