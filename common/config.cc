@@ -229,6 +229,12 @@ std::vector<Violation> CheckValues(const JobConfig& c) {
   need(cl.workers() > 0, "cluster.workers", "must be > 0");
   need(cl.servers() >= 0, "cluster.servers", "must be >= 0");
   need(cl.bucket_mb() > 0, "cluster.bucket_mb", "must be > 0");
+  need(cl.heartbeat_interval_s() > 0, "cluster.heartbeat_interval_s", "must be > 0");
+  need(cl.heartbeat_timeout_s() > cl.heartbeat_interval_s(), "cluster.heartbeat_timeout_s",
+       "must be greater than heartbeat_interval_s");
+  need(cl.join_timeout_s() > 0, "cluster.join_timeout_s", "must be > 0");
+  need(cl.max_control_message_mb() >= 0.0625 && cl.max_control_message_mb() <= 1024, "cluster.max_control_message_mb",
+       "must be between 0.0625 and 1024");
   need(cl.zero_stage() == 0 || cl.zero_stage() == 1, "cluster.zero_stage", "must be 0 or 1");
   switch (cl.sync()) {
     case config::ClusterConfig::NONE:

@@ -13,7 +13,17 @@ namespace herd {
 
 class Status {
  public:
-  enum class Code { kOk, kInvalidArgument, kNotFound, kIOError, kCorruption, kFailedPrecondition, kInternal };
+  enum class Code {
+    kOk,
+    kInvalidArgument,
+    kNotFound,
+    kIOError,
+    kCorruption,
+    kFailedPrecondition,
+    kInternal,
+    kUnavailable,  // a peer or the coordinator is gone
+    kAborted,      // the job was stopped (by a failure elsewhere or a signal)
+  };
 
   Status() = default;
   static Status OK() { return Status(); }
@@ -23,6 +33,8 @@ class Status {
   static Status Corruption(std::string msg) { return Status(Code::kCorruption, std::move(msg)); }
   static Status FailedPrecondition(std::string msg) { return Status(Code::kFailedPrecondition, std::move(msg)); }
   static Status Internal(std::string msg) { return Status(Code::kInternal, std::move(msg)); }
+  static Status Unavailable(std::string msg) { return Status(Code::kUnavailable, std::move(msg)); }
+  static Status Aborted(std::string msg) { return Status(Code::kAborted, std::move(msg)); }
 
   bool ok() const { return code_ == Code::kOk; }
   Code code() const { return code_; }

@@ -12,5 +12,6 @@ int RunExport(int argc, char** argv);
 int RunImport(int argc, char** argv);
 int RunVersion(int argc, char** argv);
 int RunBench(int argc, char** argv);
+int RunCoordinator(int argc, char** argv);
 
 }  // namespace herd::tools

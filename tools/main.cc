@@ -21,6 +21,8 @@ const Command kCommands[] = {
     {"prepare", herd::tools::RunPrepare, "prepare TEXT... --out FILE   tokenize text into a token file"},
     {"export", herd::tools::RunExport, "export CHECKPOINT --out DIR   write a HuggingFace directory"},
     {"import", herd::tools::RunImport, "import DIR --out CHECKPOINT   read a HuggingFace directory"},
+    {"coordinator", herd::tools::RunCoordinator,
+     "coordinator [CONFIG] --listen HOST:PORT [--token-file F]   rendezvous service for multi-process jobs"},
     {"bench", herd::tools::RunBench, "bench train CONFIG [--set ...] [--steps N]   training throughput (JSON)"},
     {"version", herd::tools::RunVersion, "version   versions of herd and its libraries (JSON)"},
 };

@@ -1,0 +1,68 @@
+// herd coordinator [CONFIG] --listen HOST:PORT [--token-file F] [--set ...]
+//   The rendezvous service alone (herd launch runs one inside itself). With
+//   CONFIG the job's shape and timing come from it; without, from the first
+//   process to join, whose config hash then binds everyone else. The job
+//   token comes from --token-file, HERD_JOB_TOKEN or HERD_JOB_TOKEN_FILE.
+//   Exits 0 when every process has left, 1 when one was lost.
+#include <atomic>
+#include <cstdio>
+#include <string>
+
+#include "common/config.h"
+#include "common/file_util.h"
+#include "common/logging.h"
+#include "common/signals.h"
+#include "tools/args.h"
+#include "tools/commands.h"
+#include "transport/coordinator.h"
+#include "transport/rendezvous.h"
+
+namespace herd::tools {
+
+int RunCoordinator(int argc, char** argv) {
+  const char* usage = "usage: herd coordinator [CONFIG] --listen HOST:PORT [--token-file F] [--port-file F] [--set ...]";
+  Args args({"listen", "token-file", "port-file", "set"}, {});
+  Status st = args.Parse(argc, argv);
+  if (!st.ok()) return ReportError(st.WithContext("coordinator: "));
+  if (args.positional().size() > 1) return ReportError(Status::InvalidArgument(usage));
+  transport::CoordinatorOptions options;
+  if (args.positional().size() == 1) {
+    auto config = LoadJobConfig(args.positional()[0], args.GetAll("set"));
+    if (!config.ok()) return ReportError(config.status());
+    const auto& c = config->cluster();
+    options.listen = c.coordinator();
+    options.servers = c.servers();
+    options.workers = c.workers();
+    options.heartbeat_interval_s = c.heartbeat_interval_s();
+    options.heartbeat_timeout_s = c.heartbeat_timeout_s();
+    options.max_message_bytes = static_cast<size_t>(c.max_control_message_mb() * (1 << 20));
+  } else if (!args.Has("listen")) {
+    return ReportError(Status::InvalidArgument("coordinator: --listen HOST:PORT is needed without a CONFIG"));
+  } else if (args.Has("set")) {
+    return ReportError(Status::InvalidArgument("coordinator: --set needs a CONFIG"));
+  }
+  if (args.Has("listen")) options.listen = args.Get("listen");
+  auto token = transport::LoadJobToken(args.Get("token-file"), transport::ProcessEnv());
+  if (!token.ok()) return ReportError(token.status().WithContext("coordinator: "));
+  options.token = *token;
+
+  // Blocks SIGINT/SIGTERM before the coordinator's threads exist; a signal
+  // then shuts the job down in order (every process is told).
+  std::atomic<transport::Coordinator*> running{nullptr};
+  SignalWatcher signals([&running](int signo) {
+    if (auto* c = running.load()) c->Stop(signo == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)");
+  });
+  auto coordinator = transport::Coordinator::Start(options);
+  if (!coordinator.ok()) return ReportError(coordinator.status());
+  running = coordinator->get();
+  if (args.Has("port-file")) {
+    st = WriteFileAtomic(args.Get("port-file"), std::to_string((*coordinator)->port()) + "\n");
+    if (!st.ok()) return ReportError(st);
+  }
+  st = (*coordinator)->Run();
+  running = nullptr;
+  if (!st.ok()) return ReportError(st);
+  return 0;
+}
+
+}  // namespace herd::tools

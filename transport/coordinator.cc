@@ -1,0 +1,537 @@
+#include "transport/coordinator.h"
+
+#include <glog/logging.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <deque>
+#include <map>
+#include <set>
+#include <vector>
+
+#include "transport/framed_connection.h"
+#include "transport/rendezvous.h"
+#include "transport/wire.h"
+
+namespace herd::transport {
+namespace {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+using Clock = std::chrono::steady_clock;
+
+// Before a process has presented the token it may send one Hello of at most
+// this size: strangers cannot make the coordinator buffer megabytes.
+constexpr size_t kPreAuthMaxBytes = 128 * 1024;
+
+bool TokensEqual(const std::string& a, const std::string& b) {
+  // Constant time in the contents, so the token cannot be guessed byte by byte.
+  if (a.size() != b.size()) return false;
+  unsigned diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+std::string Hex64(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+std::string Seconds(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f s", s);
+  return buf;
+}
+
+int ScopeSize(wire::Scope scope, int servers, int workers) {
+  return scope == wire::SERVERS ? servers : scope == wire::WORKERS ? workers : servers + workers;
+}
+
+bool InScope(wire::Scope scope, wire::Role role) {
+  return scope == wire::EVERYONE || (scope == wire::SERVERS && role == wire::SERVER) ||
+         (scope == wire::WORKERS && role == wire::WORKER);
+}
+
+struct Session {
+  std::shared_ptr<FramedConnection> conn;
+  uint64_t id = 0;
+  Clock::time_point last_heard;
+  // Set once admitted.
+  bool admitted = false, left = false;
+  wire::Hello hello;
+  int rank = -1;  // final rank once the membership is formed
+
+  wire::Role role() const { return hello.role(); }
+  std::string Describe() const {
+    if (!admitted) return "connection from " + conn->peer();
+    return DescribeRole(role(), rank >= 0 ? rank : hello.rank()) + " (" + hello.host() + ", pid " +
+           std::to_string(hello.pid()) + ")";
+  }
+};
+using SessionPtr = std::shared_ptr<Session>;
+
+}  // namespace
+
+class Coordinator::Impl {
+ public:
+  explicit Impl(const CoordinatorOptions& options)
+      : options_(options), acceptor_(io_), heartbeat_timer_(io_), join_timer_(io_), drain_timer_(io_) {
+    servers_ = options.servers;
+    workers_ = options.workers;
+    heartbeat_interval_s_ = options.heartbeat_interval_s;
+    heartbeat_timeout_s_ = options.heartbeat_timeout_s;
+  }
+
+  Status Listen() {
+    std::string host;
+    uint16_t port = 0;
+    HERD_RETURN_IF_ERROR(ParseHostPort(options_.listen, "--listen", &host, &port));
+    boost::system::error_code ec;
+    auto address = asio::ip::make_address(host == "localhost" ? "127.0.0.1" : host, ec);
+    if (ec) return Status::InvalidArgument("--listen " + options_.listen + ": not an IP address: " + ec.message());
+    tcp::endpoint endpoint(address, port);
+    acceptor_.open(endpoint.protocol(), ec);
+    if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
+    if (!ec) acceptor_.bind(endpoint, ec);
+    if (!ec) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
+    if (ec) return Status::Unavailable("coordinator: cannot listen on " + options_.listen + ": " + ec.message());
+    return Status::OK();
+  }
+
+  uint16_t port() const { return acceptor_.local_endpoint().port(); }
+
+  Status Run() {
+    LOG(INFO) << "coordinator listening on " << acceptor_.local_endpoint().address().to_string() << ":" << port();
+    Accept();
+    ArmHeartbeat();
+    if (servers_ >= 0) ArmJoinTimer(/*seconds=*/-1);
+    io_.run();
+    return failure_;
+  }
+
+  void Stop(const std::string& reason) {
+    asio::post(io_, [this, reason] {
+      if (finished_) return;
+      Fail(Status::Aborted("coordinator stopped: " + reason), /*lost=*/nullptr);
+      wire::Envelope m;
+      m.mutable_shutdown()->set_reason(reason);
+      for (const auto& s : Snapshot()) SendAndClose(s, m);
+    });
+  }
+
+ private:
+  // ---- connections -------------------------------------------------------
+  void Accept() {
+    acceptor_.async_accept([this](boost::system::error_code ec, tcp::socket socket) {
+      if (finished_) return;
+      if (!ec) {
+        auto s = std::make_shared<Session>();
+        s->conn = std::make_shared<FramedConnection>(std::move(socket), kPreAuthMaxBytes);
+        s->id = next_session_id_++;
+        s->last_heard = Clock::now();
+        sessions_[s->id] = s;
+        s->conn->Start(
+            [this, s](const wire::Envelope& m) {
+              s->last_heard = Clock::now();
+              Handle(s, m);
+            },
+            [this, s](const Status& st) {
+              if (st.code() == Status::Code::kCorruption) {
+                ProtocolError(s, st);
+              } else {
+                Disconnected(s, st.message());
+              }
+            });
+      } else {
+        LOG(WARNING) << "coordinator: accept failed: " << ec.message();
+      }
+      Accept();
+    });
+  }
+
+  void Send(const SessionPtr& s, const wire::Envelope& m) { s->conn->Send(m); }
+
+  // The open sessions, for loops that may close some of them.
+  std::vector<SessionPtr> Snapshot() const {
+    std::vector<SessionPtr> all;
+    for (const auto& [id, s] : sessions_) all.push_back(s);
+    return all;
+  }
+
+  void Close(const SessionPtr& s) {
+    s->conn->Close();
+    if (sessions_.erase(s->id)) MaybeFinish();
+  }
+
+  // Sends `m` last and closes; the session is forgotten now.
+  void SendAndClose(const SessionPtr& s, const wire::Envelope& m) {
+    s->conn->Send(m);
+    s->conn->CloseAfterFlush();
+    if (sessions_.erase(s->id)) MaybeFinish();
+  }
+
+  // Refusal: one line to the process, one line in our log, then close.
+  void Refuse(const SessionPtr& s, const std::string& reason) {
+    LOG(WARNING) << "coordinator: refused " << DescribeHello(s) << ": " << reason;
+    wire::Envelope m;
+    m.mutable_refused()->set_reason(reason);
+    SendAndClose(s, m);
+  }
+
+  std::string DescribeHello(const SessionPtr& s) const {
+    if (!s->hello.has_role()) return "connection from " + s->conn->peer();
+    return DescribeRole(s->hello.role(), s->hello.rank()) + " from " + s->conn->peer() + " (" + s->hello.host() + ", pid " +
+           std::to_string(s->hello.pid()) + ")";
+  }
+
+  void ProtocolError(const SessionPtr& s, const Status& st) {
+    if (s->admitted && !s->left) {
+      Lost(s, "protocol violation: " + st.message());
+      return;
+    }
+    LOG(WARNING) << "coordinator: closing " << s->Describe() << ": " << st.message();
+    wire::Envelope m;
+    m.mutable_refused()->set_reason(st.message());
+    SendAndClose(s, m);
+  }
+
+  void Disconnected(const SessionPtr& s, const std::string& reason) {
+    if (s->admitted && !s->left) {
+      Lost(s, reason);
+    } else {
+      Close(s);
+    }
+  }
+
+  // ---- messages ----------------------------------------------------------
+  void Handle(const SessionPtr& s, const wire::Envelope& m) {
+    if (!s->admitted) {
+      if (m.body_case() != wire::Envelope::kHello) {
+        ProtocolError(s, Status::Corruption("expected a hello before anything else"));
+        return;
+      }
+      Hello(s, m.hello());
+      return;
+    }
+    switch (m.body_case()) {
+      case wire::Envelope::kHeartbeat:
+        return;
+      case wire::Envelope::kLeave:
+        s->left = true;
+        LOG(INFO) << "coordinator: " << s->Describe() << " left";
+        return;
+      case wire::Envelope::kBarrier:
+        if (!formed_) return ProtocolError(s, Status::Corruption("barrier before the membership was sent"));
+        return Barrier(s, m.barrier());
+      case wire::Envelope::kAllGather:
+        if (!formed_) return ProtocolError(s, Status::Corruption("all-gather before the membership was sent"));
+        return AllGather(s, m.all_gather());
+      default:
+        return ProtocolError(s, Status::Corruption("unexpected message from a process (type " +
+                                                   std::to_string(m.body_case()) + ")"));
+    }
+  }
+
+  void Hello(const SessionPtr& s, const wire::Hello& h) {
+    s->hello = h;
+    if (!failure_.ok()) return Refuse(s, "the job has already failed: " + failure_.message());
+    if (!TokensEqual(h.token(), options_.token)) {
+      return Refuse(s, "wrong job token (the token comes from --token-file, HERD_JOB_TOKEN or HERD_JOB_TOKEN_FILE)");
+    }
+    s->hello.clear_token();
+    if (!reference_hash_set_) {
+      reference_hash_set_ = true;
+      reference_hash_ = h.config_hash();
+      reference_desc_ = DescribeHello(s);
+      if (servers_ < 0) {
+        servers_ = h.servers();
+        workers_ = h.workers();
+        heartbeat_interval_s_ = h.heartbeat_interval_ms() / 1000.0;
+        heartbeat_timeout_s_ = h.heartbeat_timeout_ms() / 1000.0;
+        ArmJoinTimer(h.join_timeout_ms() / 1000.0);
+      }
+      LOG(INFO) << "coordinator: job of " << servers_ << " servers and " << workers_ << " workers, config hash "
+                << Hex64(reference_hash_);
+    } else if (h.config_hash() != reference_hash_) {
+      return Refuse(s, "config hash " + Hex64(h.config_hash()) + " differs from " + Hex64(reference_hash_) +
+                           " of the first process to join (" + reference_desc_ +
+                           "): start every process with the same config file and --set overrides");
+    }
+    if (formed_) {
+      return Refuse(s, "the job has already started with its " + std::to_string(servers_) + " servers and " +
+                           std::to_string(workers_) + " workers");
+    }
+    const bool is_server = h.role() == wire::SERVER;
+    const int count = is_server ? servers_ : workers_;
+    const std::string plural = is_server ? "servers" : "workers";
+    const std::string field = is_server ? "cluster.servers" : "cluster.workers";
+    if (count == 0) return Refuse(s, "the job has no " + plural + " (" + field + " = 0)");
+    if (h.world_size() != -1 && h.world_size() != count) {
+      return Refuse(s, "the launcher says there are " + std::to_string(h.world_size()) + " " + plural +
+                           " (WORLD_SIZE / SLURM_NTASKS) but the job has " + std::to_string(count) + " (" + field +
+                           ")");
+    }
+    if (h.rank() >= count) {
+      return Refuse(s, "rank " + std::to_string(h.rank()) + " is out of range: the job has " + std::to_string(count) +
+                           " " + plural + " (" + field + ")");
+    }
+    auto& pending = pending_[h.role()];
+    for (const auto& other : pending) {
+      if (h.rank() >= 0 && other->hello.rank() == h.rank()) {
+        return Refuse(s, DescribeRole(h.role(), h.rank()) + " is already taken by " + other->Describe());
+      }
+    }
+    if (static_cast<int>(pending.size()) == count) {
+      return Refuse(s, "all " + std::to_string(count) + " " + plural + " have already joined");
+    }
+    s->admitted = true;
+    s->conn->set_max_body_bytes(options_.max_message_bytes);
+    pending.push_back(s);
+    const int joined = static_cast<int>(pending_[wire::SERVER].size() + pending_[wire::WORKER].size());
+    LOG(INFO) << "coordinator: " << s->Describe() << " joined from " << s->conn->peer() << " [" << joined << "/"
+              << servers_ + workers_ << "]";
+    if (joined == servers_ + workers_) Form();
+  }
+
+  // Everyone is here: settle ranks (given ones kept, the others fill the
+  // gaps in arrival order) and send each process the membership.
+  void Form() {
+    members_.clear();
+    wire::Welcome welcome;
+    for (wire::Role role : {wire::SERVER, wire::WORKER}) {
+      const int count = role == wire::SERVER ? servers_ : workers_;
+      std::vector<SessionPtr> slots(count);
+      for (const auto& s : pending_[role]) {
+        if (s->hello.rank() >= 0) slots[s->hello.rank()] = s;
+      }
+      size_t next = 0;
+      for (const auto& s : pending_[role]) {
+        if (s->hello.rank() >= 0) continue;
+        while (slots[next]) ++next;
+        slots[next] = s;
+      }
+      for (int r = 0; r < count; ++r) {
+        slots[r]->rank = r;
+        members_.push_back(slots[r]);
+        wire::Member* m = welcome.add_members();
+        m->set_role(role);
+        m->set_rank(r);
+        m->set_host(slots[r]->hello.host());
+        m->set_pid(slots[r]->hello.pid());
+        m->set_ucx_address(slots[r]->hello.ucx_address());
+      }
+    }
+    formed_ = true;
+    join_timer_.cancel();
+    LOG(INFO) << "coordinator: all " << members_.size() << " processes joined; membership sent";
+    for (const auto& s : members_) {
+      wire::Envelope m;
+      *m.mutable_welcome() = welcome;
+      m.mutable_welcome()->set_role(s->role());
+      m.mutable_welcome()->set_rank(s->rank);
+      Send(s, m);
+    }
+  }
+
+  int MemberIndex(const SessionPtr& s) const { return s->role() == wire::SERVER ? s->rank : servers_ + s->rank; }
+
+  void Barrier(const SessionPtr& s, const wire::Barrier& b) {
+    if (!InScope(b.scope(), s->role())) {
+      return ProtocolError(s, Status::Corruption("barrier '" + b.name() + "' of scope " +
+                                                 wire::Scope_Name(b.scope()) + " entered by a non-member"));
+    }
+    const std::string key = wire::Scope_Name(b.scope()) + "/" + b.name();
+    auto& arrived = barriers_[key];
+    arrived.insert(MemberIndex(s));
+    if (static_cast<int>(arrived.size()) < ScopeSize(b.scope(), servers_, workers_)) return;
+    barriers_.erase(key);
+    wire::Envelope m;
+    *m.mutable_barrier() = b;
+    for (const auto& member : members_) {
+      if (InScope(b.scope(), member->role())) Send(member, m);
+    }
+  }
+
+  void AllGather(const SessionPtr& s, const wire::AllGather& g) {
+    const int n = ScopeSize(g.scope(), servers_, workers_);
+    if (!InScope(g.scope(), s->role())) {
+      return ProtocolError(s, Status::Corruption("all-gather '" + g.name() + "' entered by a non-member"));
+    }
+    // The result must fit in one message: each share gets 1/n of the bound.
+    const size_t share = (options_.max_message_bytes - 1024) / n;
+    if (g.data().size() > share) {
+      return ProtocolError(s, Status::Corruption("all-gather '" + g.name() + "' contribution of " +
+                                                 std::to_string(g.data().size()) + " bytes exceeds " +
+                                                 std::to_string(share) + " bytes (the message bound / " +
+                                                 std::to_string(n) + ")"));
+    }
+    const std::string key = wire::Scope_Name(g.scope()) + "/" + g.name();
+    auto& parts = gathers_[key];
+    parts[MemberIndex(s)] = g.data();
+    if (static_cast<int>(parts.size()) < n) return;
+    wire::Envelope m;
+    m.mutable_all_gather_result()->set_name(g.name());
+    for (auto& [index, data] : parts) m.mutable_all_gather_result()->add_data(std::move(data));
+    gathers_.erase(key);
+    for (const auto& member : members_) {
+      if (InScope(g.scope(), member->role())) Send(member, m);
+    }
+  }
+
+  // ---- liveness ------------------------------------------------------------
+  void Lost(const SessionPtr& s, const std::string& reason) {
+    const std::string who = s->Describe();
+    if (!formed_) {
+      // Before the start a process may come and go (and come back).
+      LOG(WARNING) << "coordinator: " << who << " went away before the job started: " << reason;
+      auto& pending = pending_[s->role()];
+      pending.erase(std::remove(pending.begin(), pending.end(), s), pending.end());
+      s->admitted = false;
+      Close(s);
+      return;
+    }
+    s->left = true;  // it cannot be lost twice
+    Fail(Status::Unavailable(who + " was lost: " + reason), s);
+    Close(s);
+  }
+
+  // Records the job's first failure, tells every live member who was lost,
+  // and gives them drain_timeout to go before Run() returns anyway.
+  void Fail(const Status& failure, const SessionPtr& lost) {
+    if (!failure_.ok()) {
+      LOG(WARNING) << "coordinator: also: " << failure.message();
+      return;
+    }
+    failure_ = failure;
+    LOG(ERROR) << "coordinator: " << failure.message() << "; stopping the job";
+    if (lost != nullptr) {
+      wire::Envelope m;
+      auto* p = m.mutable_peer_lost();
+      p->set_role(lost->role());
+      p->set_rank(lost->rank);
+      p->set_host(lost->hello.host());
+      p->set_pid(lost->hello.pid());
+      p->set_reason(failure.message().substr(0, kMaxReasonBytes));
+      for (auto& [id, other] : sessions_) {
+        if (other != lost && other->admitted && !other->left) Send(other, m);
+      }
+    }
+    drain_timer_.expires_after(ToDuration(options_.drain_timeout_s));
+    drain_timer_.async_wait([this](boost::system::error_code ec) {
+      if (ec) return;
+      LOG(WARNING) << "coordinator: " << sessions_.size() << " connections still open after "
+                   << Seconds(options_.drain_timeout_s) << "; exiting anyway";
+      Finish();
+    });
+    MaybeFinish();
+  }
+
+  void ArmHeartbeat() {
+    heartbeat_timer_.expires_after(ToDuration(heartbeat_interval_s_));
+    heartbeat_timer_.async_wait([this](boost::system::error_code ec) {
+      if (ec || finished_) return;
+      const auto now = Clock::now();
+      std::vector<SessionPtr> silent;
+      for (auto& [id, s] : sessions_) {
+        const double quiet = std::chrono::duration<double>(now - s->last_heard).count();
+        if (quiet > heartbeat_timeout_s_) silent.push_back(s);
+      }
+      for (const auto& s : silent) {
+        if (s->admitted && !s->left) {
+          Lost(s, "silent for " + Seconds(heartbeat_timeout_s_) + " (cluster.heartbeat_timeout_s)");
+        } else {
+          LOG(WARNING) << "coordinator: closing " << s->Describe() << ": nothing received for "
+                       << Seconds(heartbeat_timeout_s_);
+          Close(s);
+        }
+      }
+      wire::Envelope beat;
+      beat.mutable_heartbeat();
+      for (auto& [id, s] : sessions_) {
+        if (s->admitted && !s->left) Send(s, beat);
+      }
+      ArmHeartbeat();
+    });
+  }
+
+  // seconds < 0: the default of 300 s (the shape came from the options).
+  void ArmJoinTimer(double seconds) {
+    if (seconds < 0) seconds = 300;
+    join_timer_.expires_after(ToDuration(seconds));
+    join_timer_.async_wait([this, seconds](boost::system::error_code ec) {
+      if (ec || formed_ || finished_) return;
+      std::string missing;
+      for (wire::Role role : {wire::SERVER, wire::WORKER}) {
+        const int count = role == wire::SERVER ? servers_ : workers_;
+        missing += (missing.empty() ? "" : ", ") + std::to_string(pending_[role].size()) + "/" +
+                   std::to_string(count) + (role == wire::SERVER ? " servers" : " workers");
+      }
+      Fail(Status::Unavailable("timed out after " + Seconds(seconds) +
+                               " waiting for the job's processes to join (joined: " + missing + ")"),
+           nullptr);
+      wire::Envelope m;
+      m.mutable_refused()->set_reason(failure_.message());
+      for (const auto& s : Snapshot()) SendAndClose(s, m);
+    });
+  }
+
+  void MaybeFinish() {
+    if (finished_) return;
+    bool members_open = false;
+    for (auto& [id, s] : sessions_) members_open |= s->admitted;
+    if (!failure_.ok() && sessions_.empty()) return Finish();
+    if (formed_ && failure_.ok() && !members_open) {
+      LOG(INFO) << "coordinator: all " << members_.size() << " processes left; job finished";
+      Finish();
+    }
+  }
+
+  void Finish() {
+    finished_ = true;
+    boost::system::error_code ignored;
+    acceptor_.close(ignored);
+    heartbeat_timer_.cancel();
+    join_timer_.cancel();
+    drain_timer_.cancel();
+    for (auto& [id, s] : sessions_) s->conn->Close();
+    sessions_.clear();
+    io_.stop();
+  }
+
+  CoordinatorOptions options_;
+  asio::io_context io_;
+  tcp::acceptor acceptor_;
+  asio::steady_timer heartbeat_timer_, join_timer_, drain_timer_;
+  int servers_, workers_;
+  double heartbeat_interval_s_, heartbeat_timeout_s_;
+  std::map<uint64_t, SessionPtr> sessions_;
+  uint64_t next_session_id_ = 1;
+  bool reference_hash_set_ = false;
+  uint64_t reference_hash_ = 0;
+  std::string reference_desc_;
+  std::map<int, std::vector<SessionPtr>> pending_;  // by role, in arrival order
+  bool formed_ = false;
+  std::vector<SessionPtr> members_;  // by member index: servers then workers
+  std::map<std::string, std::set<int>> barriers_;
+  std::map<std::string, std::map<int, std::string>> gathers_;
+  Status failure_;
+  bool finished_ = false;
+};
+
+StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const CoordinatorOptions& options) {
+  if (options.token.empty()) return Status::InvalidArgument("coordinator: the job token is empty");
+  auto impl = std::make_unique<Impl>(options);
+  HERD_RETURN_IF_ERROR(impl->Listen());
+  return std::unique_ptr<Coordinator>(new Coordinator(std::move(impl)));
+}
+
+Coordinator::Coordinator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Coordinator::~Coordinator() = default;
+uint16_t Coordinator::port() const { return impl_->port(); }
+Status Coordinator::Run() { return impl_->Run(); }
+void Coordinator::Stop(const std::string& reason) { impl_->Stop(reason); }
+
+}  // namespace herd::transport

@@ -1,0 +1,65 @@
+// The coordinator: rendezvous and liveness for one job, over TCP.
+//
+// Processes connect, present the job token, their role, an optional rank,
+// their UCX worker address and the hash of their config. The coordinator
+// refuses a wrong token, a config hash different from the first arrival's,
+// a rank out of range or taken, and joiners beyond the job's size, each with
+// one line to both sides. When every expected server and worker has joined
+// it sends each one the membership (Welcome). Afterwards it runs named
+// barriers and small all-gathers, exchanges heartbeats, and, when a member
+// is lost (connection closed without Leave, protocol violation, or silence
+// beyond heartbeat_timeout), tells every other member which role and rank
+// it was. A connection that sends an oversized or garbage message is closed
+// with a logged reason; the coordinator keeps serving everyone else.
+//
+// Single-threaded: one Boost.Asio io_context runs everything.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+
+namespace herd::transport {
+
+struct CoordinatorOptions {
+  std::string listen = "127.0.0.1:0";  // HOST:PORT; port 0 picks a free one
+  std::string token;                   // the job token every process must present
+  // Fixed job shape, or -1: taken from the first process to join (whose
+  // config hash then binds everyone else).
+  int servers = -1;
+  int workers = -1;
+  double heartbeat_interval_s = 1.0;  // used until the first Hello says otherwise
+  double heartbeat_timeout_s = 10.0;
+  size_t max_message_bytes = 16u << 20;
+  // How long a lost job waits for the remaining members to disconnect.
+  double drain_timeout_s = 10.0;
+};
+
+class Coordinator {
+ public:
+  // Binds and listens; the job starts when Run() is called.
+  static StatusOr<std::unique_ptr<Coordinator>> Start(const CoordinatorOptions& options);
+  ~Coordinator();
+  Coordinator(const Coordinator&) = delete;
+  Coordinator& operator=(const Coordinator&) = delete;
+
+  // The bound port (useful with port 0).
+  uint16_t port() const;
+
+  // Serves until the job ends: OK when every member has left; an error that
+  // names the lost member (or the join timeout, or Stop's reason) otherwise.
+  Status Run();
+
+  // From any thread (e.g. a signal watcher): tells every member the job is
+  // shut down and makes Run() return Aborted(reason).
+  void Stop(const std::string& reason);
+
+ private:
+  class Impl;
+  explicit Coordinator(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace herd::transport

@@ -1,0 +1,338 @@
+#include "transport/coordinator_client.h"
+
+#include <glog/logging.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "transport/framed_connection.h"
+#include "transport/rendezvous.h"
+#include "transport/wire.h"
+
+namespace herd::transport {
+
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+using Clock = std::chrono::steady_clock;
+
+JoinOptions JoinOptions::FromConfig(const JobConfig& config) {
+  JoinOptions o;
+  const auto& c = config.cluster();
+  o.servers = c.servers();
+  o.workers = c.workers();
+  o.heartbeat_interval_s = c.heartbeat_interval_s();
+  o.heartbeat_timeout_s = c.heartbeat_timeout_s();
+  o.join_timeout_s = c.join_timeout_s();
+  o.max_message_bytes = static_cast<size_t>(c.max_control_message_mb() * (1 << 20));
+  o.config_hash = ConfigHash(config);
+  return o;
+}
+
+class CoordinatorClient::Impl {
+ public:
+  explicit Impl(const JoinOptions& options)
+      : options_(options), work_(asio::make_work_guard(io_)), heartbeat_timer_(io_) {
+    if (options_.host.empty()) options_.host = HostName();
+  }
+
+  ~Impl() {
+    asio::post(io_, [this] {
+      heartbeat_timer_.cancel();
+      if (conn_) conn_->Close();
+    });
+    work_.reset();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  Status Join() {
+    HERD_RETURN_IF_ERROR(Connect());
+    thread_ = std::thread([this] { io_.run(); });
+    asio::post(io_, [this] { Begin(); });
+    std::unique_lock<std::mutex> lock(mu_);
+    const auto deadline = Clock::now() + ToDuration(options_.join_timeout_s +
+                                                                        options_.heartbeat_timeout_s);
+    if (!cv_.wait_until(lock, deadline, [this] { return welcomed_ || !failure_.ok(); })) {
+      return Status::Unavailable("timed out waiting for the membership from the coordinator at " +
+                                 options_.coordinator);
+    }
+    return failure_;
+  }
+
+  Status Barrier(const std::string& name, wire::Scope scope) {
+    const std::string key = wire::Scope_Name(scope) + "/" + name;
+    wire::Envelope m;
+    m.mutable_barrier()->set_name(name);
+    m.mutable_barrier()->set_scope(scope);
+    HERD_RETURN_IF_ERROR(ValidateMessage(m));
+    Post(m);
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return barriers_done_.count(key) > 0 || !failure_.ok(); });
+    if (barriers_done_.erase(key)) return Status::OK();
+    return failure_.WithContext("barrier '" + name + "': ");
+  }
+
+  StatusOr<std::vector<std::string>> AllGather(const std::string& name, const std::string& data, wire::Scope scope) {
+    wire::Envelope m;
+    m.mutable_all_gather()->set_name(name);
+    m.mutable_all_gather()->set_scope(scope);
+    m.mutable_all_gather()->set_data(data);
+    HERD_RETURN_IF_ERROR(ValidateMessage(m));
+    Post(m);
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return gathered_.count(name) > 0 || !failure_.ok(); });
+    auto it = gathered_.find(name);
+    if (it == gathered_.end()) return failure_.WithContext("all-gather '" + name + "': ");
+    std::vector<std::string> result = std::move(it->second);
+    gathered_.erase(it);
+    return result;
+  }
+
+  void OnFailure(std::function<void(const Status&)> handler) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (failure_.ok()) {
+      on_failure_ = std::move(handler);
+      return;
+    }
+    Status failure = failure_;
+    lock.unlock();
+    handler(failure);
+  }
+
+  Status health() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return failure_;
+  }
+
+  Status Leave() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (left_) return Status::OK();
+      left_ = true;
+    }
+    asio::post(io_, [this] {
+      if (conn_->closed()) return;
+      wire::Envelope m;
+      m.mutable_leave();
+      conn_->Send(m);
+      conn_->ShutdownSendAfterFlush();
+    });
+    // The coordinator closes its side once it has read our goodbye.
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, std::chrono::seconds(5), [this] { return ended_; });
+    return Status::OK();
+  }
+
+  const wire::Welcome& welcome() const { return welcome_; }
+  const std::vector<wire::Member>& members() const { return members_; }
+
+ private:
+  // Connects, retrying while the coordinator is not up yet (as torchrun's
+  // rendezvous does), until join_timeout.
+  Status Connect() {
+    std::string host;
+    uint16_t port = 0;
+    HERD_RETURN_IF_ERROR(ParseHostPort(options_.coordinator, "coordinator", &host, &port));
+    const auto deadline = Clock::now() + ToDuration(options_.join_timeout_s);
+    tcp::resolver resolver(io_);
+    bool told = false;
+    std::string last_error;
+    while (true) {
+      boost::system::error_code ec;
+      auto endpoints = resolver.resolve(host, std::to_string(port), ec);
+      if (!ec) {
+        tcp::socket socket(io_);
+        asio::connect(socket, endpoints, ec);
+        if (!ec) {
+          conn_ = std::make_shared<FramedConnection>(std::move(socket), options_.max_message_bytes);
+          return Status::OK();
+        }
+      }
+      last_error = ec.message();
+      if (Clock::now() >= deadline) break;
+      if (!told) {
+        LOG(INFO) << "waiting for the coordinator at " << options_.coordinator << " (" << last_error << ")";
+        told = true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    return Status::Unavailable("cannot reach the coordinator at " + options_.coordinator + " within " +
+                               std::to_string(static_cast<int>(options_.join_timeout_s)) +
+                               " s (cluster.join_timeout_s): " + last_error);
+  }
+
+  void Begin() {
+    last_heard_ = Clock::now();
+    conn_->Start([this](const wire::Envelope& m) { OnMessage(m); },
+                 [this](const Status& st) {
+                   {
+                     std::lock_guard<std::mutex> lock(mu_);
+                     ended_ = true;
+                   }
+                   cv_.notify_all();
+                   Fail(st.code() == Status::Code::kCorruption
+                            ? Status::Corruption("the coordinator at " + options_.coordinator + " sent " + st.message())
+                            : Status::Unavailable("lost the coordinator at " + options_.coordinator + ": " +
+                                                  st.message()));
+                 });
+    wire::Envelope m;
+    wire::Hello* h = m.mutable_hello();
+    h->set_token(options_.token);
+    h->set_role(options_.role);
+    h->set_rank(options_.rank);
+    h->set_world_size(options_.world_size);
+    h->set_host(options_.host.substr(0, kMaxHostBytes));
+    h->set_pid(static_cast<int32_t>(::getpid()));
+    h->set_ucx_address(options_.ucx_address);
+    h->set_config_hash(options_.config_hash);
+    h->set_servers(options_.servers);
+    h->set_workers(options_.workers);
+    h->set_heartbeat_interval_ms(static_cast<int32_t>(options_.heartbeat_interval_s * 1000));
+    h->set_heartbeat_timeout_ms(static_cast<int32_t>(options_.heartbeat_timeout_s * 1000));
+    h->set_join_timeout_ms(static_cast<int32_t>(options_.join_timeout_s * 1000));
+    conn_->Send(m);
+    Heartbeat();
+  }
+
+  void Post(const wire::Envelope& m) {
+    asio::post(io_, [this, m] { conn_->Send(m); });
+  }
+
+  void Heartbeat() {
+    heartbeat_timer_.expires_after(ToDuration(options_.heartbeat_interval_s));
+    heartbeat_timer_.async_wait([this](boost::system::error_code ec) {
+      if (ec || conn_->closed()) return;
+      const double quiet = std::chrono::duration<double>(Clock::now() - last_heard_).count();
+      if (quiet > options_.heartbeat_timeout_s) {
+        Fail(Status::Unavailable("the coordinator at " + options_.coordinator + " has been silent for " +
+                                 std::to_string(static_cast<int>(quiet)) + " s"));
+        return;
+      }
+      wire::Envelope m;
+      m.mutable_heartbeat();
+      conn_->Send(m);
+      Heartbeat();
+    });
+  }
+
+  void OnMessage(const wire::Envelope& m) {
+    last_heard_ = Clock::now();
+    const std::string from = "the coordinator at " + options_.coordinator;
+    switch (m.body_case()) {
+      case wire::Envelope::kHeartbeat:
+        return;
+      case wire::Envelope::kWelcome: {
+        const auto& w = m.welcome();
+        if (welcomed_ || w.role() != options_.role || (options_.rank >= 0 && w.rank() != options_.rank)) {
+          return Fail(Status::Corruption(from + " sent an inconsistent membership"));
+        }
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          welcome_ = w;
+          members_.assign(w.members().begin(), w.members().end());
+          welcomed_ = true;
+        }
+        cv_.notify_all();
+        return;
+      }
+      case wire::Envelope::kRefused:
+        return Fail(Status::InvalidArgument(from + " refused this " + DescribeRole(options_.role, options_.rank) +
+                                            ": " + m.refused().reason()));
+      case wire::Envelope::kBarrier: {
+        std::lock_guard<std::mutex> lock(mu_);
+        barriers_done_.insert(wire::Scope_Name(m.barrier().scope()) + "/" + m.barrier().name());
+        cv_.notify_all();
+        return;
+      }
+      case wire::Envelope::kAllGatherResult: {
+        std::lock_guard<std::mutex> lock(mu_);
+        const auto& r = m.all_gather_result();
+        gathered_[r.name()].assign(r.data().begin(), r.data().end());
+        cv_.notify_all();
+        return;
+      }
+      case wire::Envelope::kPeerLost: {
+        const auto& p = m.peer_lost();
+        return Fail(Status::Unavailable(
+            !p.reason().empty() ? p.reason()
+                                : DescribeRole(p.role(), p.rank()) + " (" + p.host() + ", pid " +
+                                      std::to_string(p.pid()) + ") was lost"));
+      }
+      case wire::Envelope::kShutdown:
+        return Fail(Status::Aborted(from + " shut the job down: " + m.shutdown().reason()));
+      default:
+        return Fail(Status::Corruption(from + " sent an unexpected message (type " + std::to_string(m.body_case()) +
+                                       ")"));
+    }
+  }
+
+  // Runs on the io thread. The first failure wins; after Leave() nothing
+  // counts as one.
+  void Fail(const Status& failure) {
+    std::function<void(const Status&)> handler;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!failure_.ok() || left_) return;
+      failure_ = failure;
+      handler = std::move(on_failure_);
+    }
+    cv_.notify_all();
+    heartbeat_timer_.cancel();
+    conn_->Close();
+    if (handler) handler(failure);
+  }
+
+  JoinOptions options_;
+  asio::io_context io_;
+  asio::executor_work_guard<asio::io_context::executor_type> work_;
+  std::shared_ptr<FramedConnection> conn_;
+  asio::steady_timer heartbeat_timer_;
+  std::thread thread_;
+  Clock::time_point last_heard_;  // io thread only
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool welcomed_ = false, left_ = false, ended_ = false;
+  wire::Welcome welcome_;
+  std::vector<wire::Member> members_;
+  std::set<std::string> barriers_done_;
+  std::map<std::string, std::vector<std::string>> gathered_;
+  Status failure_;
+  std::function<void(const Status&)> on_failure_;
+};
+
+StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Join(const JoinOptions& options) {
+  auto impl = std::make_unique<Impl>(options);
+  HERD_RETURN_IF_ERROR(impl->Join());
+  return std::unique_ptr<CoordinatorClient>(new CoordinatorClient(std::move(impl)));
+}
+
+CoordinatorClient::CoordinatorClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CoordinatorClient::~CoordinatorClient() = default;
+
+wire::Role CoordinatorClient::role() const { return impl_->welcome().role(); }
+int CoordinatorClient::rank() const { return impl_->welcome().rank(); }
+const std::vector<wire::Member>& CoordinatorClient::members() const { return impl_->members(); }
+int CoordinatorClient::num_servers() const {
+  int n = 0;
+  for (const auto& m : members()) n += m.role() == wire::SERVER;
+  return n;
+}
+int CoordinatorClient::num_workers() const { return static_cast<int>(members().size()) - num_servers(); }
+const wire::Member& CoordinatorClient::member(wire::Role role, int rank) const {
+  return members()[role == wire::SERVER ? rank : num_servers() + rank];
+}
+Status CoordinatorClient::Barrier(const std::string& name, wire::Scope scope) { return impl_->Barrier(name, scope); }
+StatusOr<std::vector<std::string>> CoordinatorClient::AllGather(const std::string& name, const std::string& data,
+                                                                wire::Scope scope) {
+  return impl_->AllGather(name, data, scope);
+}
+void CoordinatorClient::OnFailure(std::function<void(const Status&)> handler) { impl_->OnFailure(std::move(handler)); }
+Status CoordinatorClient::health() const { return impl_->health(); }
+Status CoordinatorClient::Leave() { return impl_->Leave(); }
+
+}  // namespace herd::transport

@@ -1,0 +1,81 @@
+// A process's link to the coordinator: join the job, learn the membership,
+// barriers, all-gathers, heartbeats, and being told when the job fails.
+//
+// Join() blocks until every expected process has joined (or the coordinator
+// refuses this one, or join_timeout passes). Afterwards a background thread
+// sends heartbeats and watches for PeerLost / Shutdown / a silent or closed
+// coordinator; from then on every blocking call returns the failure instead
+// of waiting forever, and the failure handler runs once.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/config.h"
+#include "common/status.h"
+#include "proto/wire.pb.h"
+
+namespace herd::transport {
+
+struct JoinOptions {
+  std::string coordinator;  // HOST:PORT
+  std::string token;
+  wire::Role role = wire::WORKER;
+  int rank = -1;        // -1: assigned by the coordinator
+  int world_size = -1;  // from the launcher, checked against the job's count
+  std::string host;     // defaults to this machine's name
+  std::string ucx_address;
+  uint64_t config_hash = 0;
+  int servers = 0, workers = 1;
+  double heartbeat_interval_s = 1.0, heartbeat_timeout_s = 10.0, join_timeout_s = 300.0;
+  size_t max_message_bytes = 16u << 20;
+
+  // Shape, timing and hash from the job config; the caller fills in role,
+  // rank, coordinator, token and UCX address.
+  static JoinOptions FromConfig(const JobConfig& config);
+};
+
+class CoordinatorClient {
+ public:
+  static StatusOr<std::unique_ptr<CoordinatorClient>> Join(const JoinOptions& options);
+  // Without Leave() first, closing the connection tells the coordinator this
+  // process failed.
+  ~CoordinatorClient();
+  CoordinatorClient(const CoordinatorClient&) = delete;
+  CoordinatorClient& operator=(const CoordinatorClient&) = delete;
+
+  wire::Role role() const;
+  int rank() const;
+  // Servers by rank, then workers by rank.
+  const std::vector<wire::Member>& members() const;
+  int num_servers() const;
+  int num_workers() const;
+  const wire::Member& member(wire::Role role, int rank) const;
+
+  // Waits until every process in `scope` has entered barrier `name`.
+  Status Barrier(const std::string& name, wire::Scope scope = wire::EVERYONE);
+  // Everyone in `scope` contributes `data`; returns all contributions in
+  // scope order (servers by rank, then workers by rank).
+  StatusOr<std::vector<std::string>> AllGather(const std::string& name, const std::string& data,
+                                               wire::Scope scope = wire::EVERYONE);
+
+  // `handler` runs once, on the client's thread, when the job fails (a peer
+  // lost, the coordinator gone or shutting down). Runs at once if it already has.
+  void OnFailure(std::function<void(const Status&)> handler);
+  // OK while the job is healthy; the failure otherwise.
+  Status health() const;
+
+  // Orderly goodbye: the coordinator will not treat our disconnection as a
+  // failure. Waits (briefly) until the coordinator has seen it.
+  Status Leave();
+
+ private:
+  class Impl;
+  explicit CoordinatorClient(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace herd::transport

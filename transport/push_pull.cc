@@ -1,0 +1,303 @@
+#include "transport/push_pull.h"
+
+#include <glog/logging.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstdio>
+#include <cstring>
+
+namespace herd::transport {
+namespace {
+
+static_assert(std::endian::native == std::endian::little, "headers are sent in host order: little-endian only");
+
+// Push and pull requests: the client's request id and the byte range.
+struct RequestHeader {
+  uint64_t id;
+  uint64_t offset;
+  uint64_t length;
+};
+
+// Replies: the request id and a status; an error's text follows the fixed
+// part (bounded), a pull's data is the payload.
+struct ReplyHeader {
+  uint64_t id;
+  int32_t code;  // 0 = OK
+  uint32_t reserved;
+};
+constexpr size_t kMaxErrorText = 1024;
+
+template <typename T>
+std::string Pack(const T& header, std::string_view tail = {}) {
+  const size_t tail_size = std::min(tail.size(), kMaxErrorText);
+  std::string bytes(sizeof(T) + tail_size, '\0');
+  std::memcpy(bytes.data(), &header, sizeof(T));
+  if (tail_size > 0) std::memcpy(bytes.data() + sizeof(T), tail.data(), tail_size);
+  return bytes;
+}
+
+std::string Range(uint64_t offset, uint64_t length) {
+  char text[64];
+  std::snprintf(text, sizeof text, "[%llu, %llu)", static_cast<unsigned long long>(offset),
+                static_cast<unsigned long long>(offset + length));
+  return text;
+}
+
+}  // namespace
+
+// ---- AccumulatingShard ------------------------------------------------------
+
+AccumulatingShard::AccumulatingShard(uint64_t size_bytes) : values_(size_bytes / sizeof(float), 0.0f) {}
+
+StatusOr<void*> AccumulatingShard::PushTarget(PeerId, uint64_t offset, uint64_t length) {
+  if (offset % sizeof(float) != 0 || length % sizeof(float) != 0) {
+    return Status::InvalidArgument("push range " + Range(offset, length) + " is not a whole number of float32s");
+  }
+  std::unique_ptr<std::vector<float>> scratch;
+  if (!free_scratch_.empty()) {
+    scratch = std::move(free_scratch_.back());
+    free_scratch_.pop_back();
+  } else {
+    scratch = std::make_unique<std::vector<float>>();
+  }
+  scratch->resize(length / sizeof(float));
+  void* target = scratch->data();
+  in_flight_[target] = std::move(scratch);
+  return target;
+}
+
+void AccumulatingShard::OnPushed(PeerId, uint64_t offset, uint64_t length, void* target, Completion applied) {
+  const float* in = static_cast<const float*>(target);
+  float* out = values_.data() + offset / sizeof(float);
+  const size_t n = length / sizeof(float);
+  for (size_t i = 0; i < n; ++i) out[i] += in[i];
+  auto it = in_flight_.find(target);
+  free_scratch_.push_back(std::move(it->second));
+  in_flight_.erase(it);
+  applied(Status::OK());
+}
+
+void AccumulatingShard::OnPull(PeerId, uint64_t offset, uint64_t, PullReply reply) {
+  reply(Status::OK(), reinterpret_cast<const char*>(values_.data()) + offset);
+}
+
+// ---- PushPullServer ---------------------------------------------------------
+
+PushPullServer::PushPullServer(UcxTransport* transport, ShardHandler* shard) : transport_(transport), shard_(shard) {
+  auto parse = [this](PeerId from, std::string_view header, RequestHeader* h, const char* what) -> Status {
+    if (header.size() != sizeof(RequestHeader)) {
+      return Status::Corruption(std::string(what) + " request header of " + std::to_string(header.size()) +
+                                " bytes (expected " + std::to_string(sizeof(RequestHeader)) + ")");
+    }
+    std::memcpy(h, header.data(), sizeof(RequestHeader));
+    const uint64_t size = shard_->size_bytes();
+    if (h->length == 0 || h->offset > size || h->length > size - h->offset) {
+      return Status::InvalidArgument(std::string(what) + " of " + Range(h->offset, h->length) +
+                                     " is outside this server's " + std::to_string(size) + " bytes");
+    }
+    (void)from;
+    return Status::OK();
+  };
+
+  transport_->SetHandler(kAmPush, [this, parse](PeerId from, std::string_view header, IncomingPayload& payload) {
+    RequestHeader h{};
+    Status st = parse(from, header, &h, "push");
+    if (st.ok() && payload.size() != h.length) {
+      st = Status::Corruption("push of " + Range(h.offset, h.length) + " carries " + std::to_string(payload.size()) +
+                              " bytes");
+    }
+    StatusOr<void*> target = st;
+    if (st.ok()) target = shard_->PushTarget(from, h.offset, h.length);
+    if (!target.ok()) {
+      payload.Reject();
+      if (header.size() == sizeof(RequestHeader)) Reply(from, h.id, target.status());
+      return;
+    }
+    void* dst = *target;
+    payload.ReceiveInto(dst, [this, from, h, dst](const Status& received) {
+      if (!received.ok()) return Reply(from, h.id, received);
+      shard_->OnPushed(from, h.offset, h.length, dst,
+                       [this, from, id = h.id](const Status& applied) { Reply(from, id, applied); });
+    });
+  });
+
+  transport_->SetHandler(kAmPull, [this, parse](PeerId from, std::string_view header, IncomingPayload& payload) {
+    RequestHeader h{};
+    Status st = parse(from, header, &h, "pull");
+    if (st.ok() && payload.size() != 0) st = Status::Corruption("pull request carries a payload");
+    if (!st.ok()) {
+      payload.Reject();
+      if (header.size() == sizeof(RequestHeader)) Reply(from, h.id, st);
+      return;
+    }
+    shard_->OnPull(from, h.offset, h.length, [this, from, h](const Status& ready, const void* data) {
+      if (!ready.ok()) return Reply(from, h.id, ready);
+      transport_->Send(from, kAmReply, Pack(ReplyHeader{h.id, 0, 0}), data, h.length, [](const Status& sent) {
+        if (!sent.ok()) LOG(WARNING) << "pull reply: " << sent.message();
+      });
+    });
+  });
+}
+
+PushPullServer::~PushPullServer() { transport_->Shutdown(); }
+
+void PushPullServer::Reply(PeerId client, uint64_t id, const Status& status) {
+  const int32_t code = status.ok() ? 0 : static_cast<int32_t>(status.code());
+  transport_->Send(client, kAmReply, Pack(ReplyHeader{id, code, 0}, status.message()), nullptr, 0,
+                   [](const Status& sent) {
+                     if (!sent.ok()) LOG(WARNING) << "push/pull reply: " << sent.message();
+                   });
+}
+
+// ---- PushPullClient ---------------------------------------------------------
+
+PushPullClient::PushPullClient(UcxTransport* transport) : transport_(transport) {
+  transport_->SetHandler(kAmReply, [this](PeerId from, std::string_view header, IncomingPayload& payload) {
+    OnReply(from, header, payload);
+  });
+  transport_->OnPeerFailure([this](PeerId peer, const Status& status) { Fail(peer, status); });
+}
+
+PushPullClient::~PushPullClient() { transport_->Shutdown(); }
+
+PushPullClient::Ticket PushPullClient::Push(PeerId server, uint64_t offset, const void* data, uint64_t length) {
+  Ticket id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    id = next_++;
+  }
+  Start(id, server, /*pull=*/false, data, nullptr, offset, length);
+  return id;
+}
+
+PushPullClient::Ticket PushPullClient::Pull(PeerId server, uint64_t offset, void* dst, uint64_t length) {
+  Ticket id;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    id = next_++;
+  }
+  Start(id, server, /*pull=*/true, nullptr, dst, offset, length);
+  return id;
+}
+
+void PushPullClient::Start(Ticket id, PeerId server, bool pull, const void* payload, void* dst, uint64_t offset,
+                           uint64_t length) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Request& r = requests_[id];
+    r.server = server;
+    r.pull = pull;
+    r.dst = dst;
+    r.offset = offset;
+    r.length = length;
+    if (!failed_all_.ok()) {
+      Settle(r, failed_all_);
+      return;
+    }
+  }
+  transport_->Send(server, pull ? kAmPull : kAmPush, Pack(RequestHeader{id, offset, length}), payload,
+                   pull ? 0 : length, [this, id](const Status& sent) {
+                     std::lock_guard<std::mutex> lock(mu_);
+                     auto it = requests_.find(id);
+                     if (it == requests_.end()) return;
+                     it->second.sent = true;
+                     Settle(it->second, sent);
+                   });
+}
+
+void PushPullClient::OnReply(PeerId from, std::string_view header, IncomingPayload& payload) {
+  if (header.size() < sizeof(ReplyHeader) || header.size() > sizeof(ReplyHeader) + kMaxErrorText) {
+    LOG(WARNING) << "push/pull: dropped a reply with a " << header.size() << "-byte header";
+    payload.Reject();
+    return;
+  }
+  ReplyHeader h;
+  std::memcpy(&h, header.data(), sizeof h);
+  std::unique_lock<std::mutex> lock(mu_);
+  auto it = requests_.find(h.id);
+  if (it == requests_.end() || it->second.server != from || it->second.replied) {
+    lock.unlock();
+    LOG(WARNING) << "push/pull: dropped a reply to unknown request " << h.id << " from peer " << from;
+    payload.Reject();
+    return;
+  }
+  Request& r = it->second;
+  const std::string what = std::string(r.pull ? "pull of " : "push of ") + Range(r.offset, r.length);
+  if (h.code != 0) {
+    std::string text(header.substr(sizeof(ReplyHeader)));
+    r.replied = true;
+    Settle(r, Status::Unavailable(what + " failed at the server: " + text));
+    payload.Reject();
+    return;
+  }
+  const uint64_t expected = r.pull ? r.length : 0;
+  if (payload.size() != expected) {
+    r.replied = true;
+    Settle(r, Status::Corruption(what + ": reply carries " + std::to_string(payload.size()) + " bytes, expected " +
+                                 std::to_string(expected)));
+    payload.Reject();
+    return;
+  }
+  if (!r.pull) {
+    r.replied = true;
+    Settle(r, Status::OK());
+    return;
+  }
+  void* dst = r.dst;
+  const Ticket id = h.id;
+  lock.unlock();
+  // Large pulls land straight in the caller's buffer (rendezvous).
+  payload.ReceiveInto(dst, [this, id, what](const Status& received) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = requests_.find(id);
+    if (it == requests_.end()) return;
+    it->second.replied = true;
+    Settle(it->second, received.WithContext(what + ": "));
+  });
+}
+
+void PushPullClient::Settle(Request& r, const Status& status) {
+  if (!status.ok() && r.status.ok()) r.status = status;
+  if (!r.done && (!r.status.ok() || (r.sent && r.replied))) {
+    r.done = true;
+    cv_.notify_all();
+  }
+}
+
+Status PushPullClient::Wait(Ticket ticket) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto it = requests_.find(ticket);
+  if (it == requests_.end()) return Status::Internal("push/pull: unknown ticket " + std::to_string(ticket));
+  cv_.wait(lock, [&] { return it->second.done; });
+  Status st = it->second.status;
+  requests_.erase(it);
+  return st;
+}
+
+Status PushPullClient::WaitAll() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] {
+    for (const auto& [id, r] : requests_) {
+      if (!r.done) return false;
+    }
+    return true;
+  });
+  Status first;
+  for (const auto& [id, r] : requests_) {
+    if (!r.status.ok() && first.ok()) first = r.status;
+  }
+  requests_.clear();
+  return first;
+}
+
+void PushPullClient::Fail(PeerId server, const Status& status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (server < 0 && failed_all_.ok()) failed_all_ = status;
+  for (auto& [id, r] : requests_) {
+    if (server < 0 || r.server == server) Settle(r, status);
+  }
+  if (server < 0) transport_->Abort(status);
+}
+
+}  // namespace herd::transport

@@ -1,0 +1,539 @@
+#include "transport/ucx_transport.h"
+
+#include <glog/logging.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <ucp/api/ucp.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <future>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace herd::transport {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string UcxError(ucs_status_t status) { return ucs_status_string(status); }
+
+// UCX 1.13 hides posix/sysv shared memory from endpoints that want
+// peer-failure handling unless these are on (openucx/ucx#10016).
+void EnableSharedMemoryErrorHandling() {
+  bool changed = false;
+  for (const char* name : {"UCX_POSIX_ERROR_HANDLING", "UCX_SYSV_ERROR_HANDLING"}) {
+    if (std::getenv(name) == nullptr) {
+      ::setenv(name, "y", 0);
+      changed = true;
+    }
+  }
+  // With UCX_TLS=tcp the shared-memory components are not loaded and UCX
+  // would warn that the variables we set are unused.
+  if (changed) ::setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
+}
+
+double SpinSeconds() {
+  const char* v = std::getenv("HERD_UCX_SPIN_US");
+  return (v != nullptr ? std::atof(v) : 50.0) * 1e-6;
+}
+
+}  // namespace
+
+class UcxTransport::Impl {
+ public:
+  struct Peer {
+    Impl* impl = nullptr;
+    PeerId id = 0;
+    std::string name;
+    ucp_ep_h ep = nullptr;
+    Status failure;  // non-OK once the endpoint failed
+  };
+  struct SendOp {
+    Impl* impl;
+    std::string header;
+    Completion done;
+    std::string peer_name;
+  };
+  struct RecvOp {
+    Impl* impl;
+    Completion done;
+  };
+  struct HandlerSlot {
+    Impl* impl;
+    UcxTransport* owner;
+    uint16_t am_id;
+    Handler handler;
+  };
+
+  explicit Impl(PeerId self) : self_(self), spin_s_(SpinSeconds()) {}
+
+  Status Init(std::string* address) {
+    EnableSharedMemoryErrorHandling();
+    ucp_config_t* config = nullptr;
+    ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
+    if (st != UCS_OK) return Status::Unavailable("UCX: reading its configuration failed: " + UcxError(st));
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES;
+    params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+    st = ucp_init(&params, config, &context_);
+    ucp_config_release(config);
+    if (st != UCS_OK) return Status::Unavailable("UCX: ucp_init failed: " + UcxError(st) + " (check UCX_TLS)");
+    ucp_worker_params_t wp{};
+    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;  // only the progress thread calls in
+    st = ucp_worker_create(context_, &wp, &worker_);
+    if (st != UCS_OK) return Status::Unavailable("UCX: creating a worker failed: " + UcxError(st));
+    ucp_address_t* addr = nullptr;
+    size_t addr_len = 0;
+    st = ucp_worker_get_address(worker_, &addr, &addr_len);
+    if (st != UCS_OK) return Status::Unavailable("UCX: worker address: " + UcxError(st));
+    address->assign(reinterpret_cast<const char*>(addr), addr_len);
+    ucp_worker_release_address(worker_, addr);
+    st = ucp_worker_get_efd(worker_, &worker_efd_);
+    if (st != UCS_OK) return Status::Unavailable("UCX: worker event fd: " + UcxError(st));
+    wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
+    if (wake_fd_ < 0 || epoll_fd_ < 0) return Status::Internal("eventfd/epoll: " + std::string(std::strerror(errno)));
+    for (int fd : {worker_efd_, wake_fd_}) {
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.fd = fd;
+      if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+        return Status::Internal("epoll_ctl: " + std::string(std::strerror(errno)));
+      }
+    }
+    thread_ = std::thread([this] { Loop(); });
+    return Status::OK();
+  }
+
+  ~Impl() {
+    Shutdown();
+    for (auto& [base, region] : regions_) ucp_mem_unmap(context_, region.memh);
+    if (worker_ != nullptr) ucp_worker_destroy(worker_);
+    if (context_ != nullptr) ucp_cleanup(context_);
+    for (int fd : {wake_fd_, epoll_fd_}) {
+      if (fd >= 0) ::close(fd);
+    }
+  }
+
+  // Closes every endpoint (flushing when healthy, forcibly after a failure)
+  // and stops the progress thread. No handler or completion runs afterwards.
+  void Shutdown() {
+    if (!thread_.joinable()) return;
+    RunOnThread([this] {
+      std::vector<void*> closing;
+      for (auto& [id, peer] : peers_) {
+        if (peer->ep == nullptr) continue;
+        ucp_request_param_t p{};
+        p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+        p.flags = (!peer->failure.ok() || !aborted_.ok()) ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+        ucs_status_ptr_t r = ucp_ep_close_nbx(peer->ep, &p);
+        peer->ep = nullptr;
+        if (UCS_PTR_IS_PTR(r)) closing.push_back(r);
+      }
+      const auto deadline = Clock::now() + std::chrono::seconds(3);
+      for (void* r : closing) {
+        while (ucp_request_check_status(r) == UCS_INPROGRESS && Clock::now() < deadline) ucp_worker_progress(worker_);
+        if (ucp_request_check_status(r) == UCS_INPROGRESS) ucp_request_cancel(worker_, r);
+        ucp_request_free(r);
+      }
+      // Completions of cancelled operations belong to a service being torn down.
+      completions_.clear();
+      for (auto& slot : slots_) slot->handler = nullptr;
+      on_peer_failure_ = nullptr;
+    });
+    shut_down_ = true;
+    stop_ = true;
+    Wake();
+    thread_.join();
+  }
+
+  void SetHandler(UcxTransport* owner, uint16_t am_id, Handler handler) {
+    RunOnThread([&] {
+      auto slot = std::make_unique<HandlerSlot>(HandlerSlot{this, owner, am_id, std::move(handler)});
+      ucp_am_handler_param_t p{};
+      p.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG |
+                     UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+      p.id = am_id;
+      p.cb = &Impl::AmReceived;
+      p.arg = slot.get();
+      p.flags = UCP_AM_FLAG_WHOLE_MSG;
+      ucs_status_t st = ucp_worker_set_am_recv_handler(worker_, &p);
+      CHECK_EQ(st, UCS_OK) << "ucp_worker_set_am_recv_handler: " << UcxError(st);
+      slots_.push_back(std::move(slot));
+    });
+  }
+
+  Status Connect(PeerId id, const std::string& address, const std::string& name) {
+    if (address.empty() || address.size() > (64u << 10)) {
+      return Status::Corruption(name + ": UCX worker address of " + std::to_string(address.size()) +
+                                " bytes is not plausible");
+    }
+    Status result;
+    RunOnThread([&] {
+      if (peers_.count(id)) {
+        result = Status::Internal("UCX: peer " + std::to_string(id) + " connected twice");
+        return;
+      }
+      auto peer = std::make_unique<Peer>();
+      peer->impl = this;
+      peer->id = id;
+      peer->name = name;
+      ucp_ep_params_t p{};
+      p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                     UCP_EP_PARAM_FIELD_ERR_HANDLER;
+      p.address = reinterpret_cast<const ucp_address_t*>(address.data());
+      p.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+      p.err_handler.cb = &Impl::EndpointFailed;
+      p.err_handler.arg = peer.get();
+      ucs_status_t st = ucp_ep_create(worker_, &p, &peer->ep);
+      if (st != UCS_OK) {
+        result = Status::Unavailable(name + ": UCX cannot create an endpoint: " + UcxError(st));
+        return;
+      }
+      peers_[id] = std::move(peer);
+    });
+    return result;
+  }
+
+  void Send(PeerId to, uint16_t am_id, std::string header, const void* payload, size_t size, Completion done) {
+    if (shut_down_) {
+      done(Status::Aborted("UCX transport is shut down"));
+      return;
+    }
+    Post([this, to, am_id, header = std::move(header), payload, size, done = std::move(done)]() mutable {
+      auto it = peers_.find(to);
+      Status refuse = !aborted_.ok()             ? aborted_
+                      : it == peers_.end()        ? Status::Internal("UCX: send to unknown peer " + std::to_string(to))
+                      : !it->second->failure.ok() ? it->second->failure
+                                                  : Status::OK();
+      if (!refuse.ok()) {
+        completions_.emplace_back(std::move(done), refuse);
+        return;
+      }
+      auto* op = new SendOp{this, std::string(sizeof(PeerId), '\0') + header, std::move(done), it->second->name};
+      std::memcpy(op->header.data(), &self_, sizeof(PeerId));
+      ucp_request_param_t p{};
+      p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+      p.cb.send = &Impl::SendCompleted;
+      p.user_data = op;
+      UseRegistration(payload, size, &p);
+      ucs_status_ptr_t r =
+          ucp_am_send_nbx(it->second->ep, am_id, op->header.data(), op->header.size(), payload, size, &p);
+      if (!UCS_PTR_IS_PTR(r)) Finish(op, UCS_PTR_STATUS(r));
+    });
+  }
+
+  void Post(std::function<void()> fn) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      posted_.push_back(std::move(fn));
+    }
+    if (sleeping_.load()) Wake();
+  }
+
+  void RunOnThread(const std::function<void()>& fn) {
+    // After Shutdown nothing progresses the worker: run inline.
+    if (!thread_.joinable() || std::this_thread::get_id() == thread_.get_id()) {
+      fn();
+      return;
+    }
+    std::promise<void> done;
+    Post([&] {
+      fn();
+      done.set_value();
+    });
+    done.get_future().wait();
+  }
+
+  void Abort(const Status& status) {
+    Post([this, status] {
+      if (aborted_.ok()) aborted_ = status;
+    });
+  }
+
+  std::string DescribeEndpoint(PeerId id) {
+    std::string text;
+    RunOnThread([&] {
+      auto it = peers_.find(id);
+      if (it == peers_.end() || it->second->ep == nullptr) return;
+      char* buf = nullptr;
+      size_t len = 0;
+      FILE* f = ::open_memstream(&buf, &len);
+      ucp_ep_print_info(it->second->ep, f);
+      std::fclose(f);
+      text.assign(buf, len);
+      std::free(buf);
+    });
+    return text;
+  }
+
+  Status RegisterMemory(void* base, size_t size) {
+    Status result;
+    RunOnThread([&] {
+      ucp_mem_map_params_t p{};
+      p.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+      p.address = base;
+      p.length = size;
+      ucp_mem_h memh = nullptr;
+      ucs_status_t st = ucp_mem_map(context_, &p, &memh);
+      if (st != UCS_OK) {
+        result = Status::Unavailable("UCX: registering " + std::to_string(size) + " bytes failed: " + UcxError(st));
+        return;
+      }
+      regions_[reinterpret_cast<uintptr_t>(base)] = Region{size, memh};
+    });
+    return result;
+  }
+
+  UcxStats stats() {
+    UcxStats s;
+    RunOnThread([&] { s = stats_; });
+    return s;
+  }
+
+  void set_self(PeerId self) {
+    RunOnThread([&] { self_ = self; });
+  }
+  void OnPeerFailure(PeerFailureHandler handler) {
+    RunOnThread([&] { on_peer_failure_ = std::move(handler); });
+  }
+
+  // Called from IncomingPayload during a handler (progress thread).
+  void Receive(IncomingPayload& payload, void* dst, Completion done) {
+    if (!payload.rendezvous_) {
+      std::memcpy(dst, payload.data_, payload.size_);
+      stats_.eager_bytes_copied += payload.size_;
+      completions_.emplace_back(std::move(done), Status::OK());
+      return;
+    }
+    ++stats_.rendezvous_received;
+    auto* op = new RecvOp{this, std::move(done)};
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.recv_am = &Impl::ReceiveCompleted;
+    p.user_data = op;
+    UseRegistration(dst, payload.size_, &p);
+    ucs_status_ptr_t r = ucp_am_recv_data_nbx(worker_, payload.data_, dst, payload.size_, &p);
+    if (!UCS_PTR_IS_PTR(r)) {
+      ucs_status_t st = UCS_PTR_STATUS(r);
+      completions_.emplace_back(std::move(op->done), st == UCS_OK ? Status::OK()
+                                                                  : Status::Unavailable("UCX receive failed: " +
+                                                                                        UcxError(st)));
+      delete op;
+    }
+  }
+
+ private:
+  static ucs_status_t AmReceived(void* arg, const void* header, size_t header_length, void* data, size_t length,
+                                 const ucp_am_recv_param_t* param) {
+    auto* slot = static_cast<HandlerSlot*>(arg);
+    Impl* impl = slot->impl;
+    ++impl->stats_.messages_received;
+    const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    PeerId from = -1;
+    if (header_length >= sizeof(PeerId)) std::memcpy(&from, header, sizeof(PeerId));
+    if (header_length < sizeof(PeerId) || impl->peers_.count(from) == 0 || !slot->handler) {
+      ++impl->stats_.malformed_dropped;
+      LOG_EVERY_N(WARNING, 100) << "UCX: dropped a message (AM id " << slot->am_id << ") with "
+                                << (header_length < sizeof(PeerId) ? "a short header" : "an unknown sender");
+      return rndv ? UCS_ERR_REJECTED : UCS_OK;
+    }
+    IncomingPayload payload;
+    payload.transport_ = slot->owner;
+    payload.data_ = data;
+    payload.size_ = length;
+    payload.rendezvous_ = rndv;
+    slot->handler(from, std::string_view(static_cast<const char*>(header) + sizeof(PeerId),
+                                         header_length - sizeof(PeerId)),
+                  payload);
+    return (payload.rejected_ && rndv) ? UCS_ERR_REJECTED : UCS_OK;
+  }
+
+  static void SendCompleted(void* request, ucs_status_t status, void* user_data) {
+    auto* op = static_cast<SendOp*>(user_data);
+    op->impl->Finish(op, status);
+    ucp_request_free(request);
+  }
+
+  void Finish(SendOp* op, ucs_status_t status) {
+    completions_.emplace_back(std::move(op->done), status == UCS_OK ? Status::OK()
+                                                                    : Status::Unavailable("UCX send to " + op->peer_name +
+                                                                                          " failed: " + UcxError(status)));
+    delete op;
+  }
+
+  static void ReceiveCompleted(void* request, ucs_status_t status, size_t, void* user_data) {
+    auto* op = static_cast<RecvOp*>(user_data);
+    op->impl->completions_.emplace_back(
+        std::move(op->done),
+        status == UCS_OK ? Status::OK() : Status::Unavailable("UCX receive failed: " + UcxError(status)));
+    delete op;
+    ucp_request_free(request);
+  }
+
+  static void EndpointFailed(void* arg, ucp_ep_h ep, ucs_status_t status) {
+    auto* peer = static_cast<Peer*>(arg);
+    Impl* impl = peer->impl;
+    peer->failure = Status::Unavailable(peer->name + " is unreachable: " + UcxError(status));
+    // The endpoint must be closed forcibly; not from inside UCX's callback.
+    impl->failed_eps_.push_back(ep);
+    peer->ep = nullptr;
+    if (impl->on_peer_failure_) {
+      PeerId id = peer->id;
+      Status failure = peer->failure;
+      impl->completions_.emplace_back([impl, id](const Status& st) {
+        if (impl->on_peer_failure_) impl->on_peer_failure_(id, st);
+      }, failure);
+    }
+  }
+
+  void RunCompletions() {
+    for (ucp_ep_h ep : failed_eps_) {
+      ucp_request_param_t p{};
+      p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+      ucs_status_ptr_t r = ucp_ep_close_nbx(ep, &p);
+      if (UCS_PTR_IS_PTR(r)) ucp_request_free(r);
+    }
+    failed_eps_.clear();
+    // Completions may queue more completions; take them in rounds.
+    while (!completions_.empty()) {
+      std::vector<std::pair<Completion, Status>> round;
+      round.swap(completions_);
+      for (auto& [fn, st] : round) {
+        if (fn) fn(st);
+      }
+    }
+  }
+
+  // Passes the registration of [ptr, ptr+size) to UCX when there is one,
+  // sparing it a registration-cache lookup.
+  void UseRegistration(const void* ptr, size_t size, ucp_request_param_t* p) const {
+    const auto addr = reinterpret_cast<uintptr_t>(ptr);
+    auto it = regions_.upper_bound(addr);
+    if (size == 0 || it == regions_.begin()) return;
+    --it;
+    if (addr + size <= it->first + it->second.size) {
+      p->op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+      p->memh = it->second.memh;
+    }
+  }
+
+  void Wake() {
+    uint64_t one = 1;
+    ssize_t ignored = ::write(wake_fd_, &one, sizeof one);
+    (void)ignored;
+  }
+
+  bool HasPosted() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return !posted_.empty();
+  }
+
+  // Spin while there is traffic, sleep on the worker's event fd when idle:
+  // full speed during transfers, no CPU burnt between steps.
+  void Loop() {
+    auto last_active = Clock::now();
+    std::vector<std::function<void()>> batch;
+    while (!stop_) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        batch.swap(posted_);
+      }
+      for (auto& fn : batch) fn();
+      const bool had_work = !batch.empty();
+      batch.clear();
+      unsigned progressed = 0;
+      while (ucp_worker_progress(worker_) != 0) ++progressed;
+      RunCompletions();
+      const auto now = Clock::now();
+      if (had_work || progressed) {
+        last_active = now;
+        continue;
+      }
+      if (std::chrono::duration<double>(now - last_active).count() < spin_s_) continue;
+      sleeping_ = true;
+      if (HasPosted() || stop_) {
+        sleeping_ = false;
+        continue;
+      }
+      ucs_status_t st = ucp_worker_arm(worker_);
+      if (st == UCS_OK) {
+        epoll_event events[2];
+        ::epoll_wait(epoll_fd_, events, 2, 1000);
+      }
+      sleeping_ = false;
+      uint64_t drained;
+      while (::read(wake_fd_, &drained, sizeof drained) > 0) {
+      }
+    }
+  }
+
+  PeerId self_;
+  double spin_s_;
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  int worker_efd_ = -1, wake_fd_ = -1, epoll_fd_ = -1;
+  std::thread thread_;
+  std::atomic<bool> stop_{false}, sleeping_{false}, shut_down_{false};
+  std::mutex mu_;
+  std::vector<std::function<void()>> posted_;
+  // Progress-thread state.
+  std::map<PeerId, std::unique_ptr<Peer>> peers_;
+  std::vector<std::unique_ptr<HandlerSlot>> slots_;
+  std::vector<std::pair<Completion, Status>> completions_;
+  std::vector<ucp_ep_h> failed_eps_;
+  PeerFailureHandler on_peer_failure_;
+  struct Region {
+    size_t size;
+    ucp_mem_h memh;
+  };
+  std::map<uintptr_t, Region> regions_;
+  Status aborted_;
+  UcxStats stats_;
+};
+
+void IncomingPayload::ReceiveInto(void* dst, Completion done) {
+  CHECK(!consumed_ && !rejected_) << "IncomingPayload consumed twice";
+  consumed_ = true;
+  transport_->impl_->Receive(*this, dst, std::move(done));
+}
+
+void IncomingPayload::Reject() {
+  CHECK(!consumed_) << "IncomingPayload rejected after ReceiveInto";
+  rejected_ = true;
+}
+
+StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::Create(PeerId self) {
+  std::unique_ptr<UcxTransport> t(new UcxTransport());
+  t->impl_ = std::make_unique<Impl>(self);
+  HERD_RETURN_IF_ERROR(t->impl_->Init(&t->address_));
+  return t;
+}
+
+UcxTransport::~UcxTransport() = default;
+void UcxTransport::set_self(PeerId self) { impl_->set_self(self); }
+void UcxTransport::SetHandler(uint16_t am_id, Handler handler) { impl_->SetHandler(this, am_id, std::move(handler)); }
+void UcxTransport::OnPeerFailure(PeerFailureHandler handler) { impl_->OnPeerFailure(std::move(handler)); }
+Status UcxTransport::Connect(PeerId peer, const std::string& address, const std::string& name) {
+  return impl_->Connect(peer, address, name);
+}
+void UcxTransport::Send(PeerId to, uint16_t am_id, std::string header, const void* payload, size_t size,
+                        Completion done) {
+  impl_->Send(to, am_id, std::move(header), payload, size, std::move(done));
+}
+void UcxTransport::Post(std::function<void()> fn) { impl_->Post(std::move(fn)); }
+void UcxTransport::Abort(const Status& status) { impl_->Abort(status); }
+void UcxTransport::Shutdown() { impl_->Shutdown(); }
+Status UcxTransport::RegisterMemory(void* base, size_t size) { return impl_->RegisterMemory(base, size); }
+std::string UcxTransport::DescribeEndpoint(PeerId peer) { return impl_->DescribeEndpoint(peer); }
+UcxStats UcxTransport::stats() { return impl_->stats(); }
+
+}  // namespace herd::transport

@@ -1,0 +1,134 @@
+// The data plane: one UCX context and worker per process, endpoints to the
+// peers named in the membership, and active messages (AM) with completion
+// callbacks.
+//
+// Threading: a progress thread owns the UCX worker (UCX runs single-threaded
+// and lock-free). Every public method may be called from any thread; work is
+// handed to the progress thread, which spins briefly after activity and
+// otherwise sleeps on the worker's event fd. Handlers and completions run on
+// the progress thread and must not block.
+//
+// Large payloads use UCX's rendezvous protocol: the receiving handler names
+// the destination buffer and the bytes land there directly (zero-copy on the
+// receive side); small ones arrive eagerly and are copied once.
+//
+// Transport choice stays with UCX's environment (UCX_TLS, UCX_NET_DEVICES):
+// RDMA verbs on InfiniBand/RoCE, shared memory / CMA / TCP on one host.
+// Endpoints are created with peer-failure handling; because UCX 1.13 only
+// offers its shared-memory transports to such endpoints when
+// UCX_POSIX_ERROR_HANDLING / UCX_SYSV_ERROR_HANDLING are on, Create() turns
+// them on unless the environment says otherwise.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "common/status.h"
+
+namespace herd::transport {
+
+// Chosen by the caller when connecting (herd uses the member index:
+// servers by rank, then workers by rank), and carried in every message so
+// the receiver knows who sent it.
+using PeerId = int32_t;
+using Completion = std::function<void(const Status&)>;
+
+class UcxTransport;
+
+// A message's payload as a handler sees it. Exactly one of ReceiveInto or
+// Reject may be called, during the handler; otherwise the payload is dropped.
+class IncomingPayload {
+ public:
+  size_t size() const { return size_; }
+  // True when the bytes are still at the sender (rendezvous).
+  bool rendezvous() const { return rendezvous_; }
+  // Delivers the bytes to dst[0, size()): copied (eager) or placed by UCX
+  // (rendezvous, zero-copy). `done` runs on the progress thread; dst must
+  // stay valid until then.
+  void ReceiveInto(void* dst, Completion done);
+  // Refuses a rendezvous payload: the sender's send fails. Eager payloads
+  // are simply dropped.
+  void Reject();
+
+ private:
+  friend class UcxTransport;
+  UcxTransport* transport_ = nullptr;
+  void* data_ = nullptr;
+  size_t size_ = 0;
+  bool rendezvous_ = false;
+  bool consumed_ = false, rejected_ = false;
+};
+
+struct UcxStats {
+  uint64_t messages_received = 0;
+  uint64_t rendezvous_received = 0;   // payloads placed zero-copy into the handler's buffer
+  uint64_t eager_bytes_copied = 0;    // bytes of eager payloads copied out
+  uint64_t malformed_dropped = 0;     // messages with an unknown sender or short header
+};
+
+class UcxTransport {
+ public:
+  using Handler = std::function<void(PeerId from, std::string_view header, IncomingPayload& payload)>;
+  using PeerFailureHandler = std::function<void(PeerId peer, const Status& status)>;
+
+  // `self` is this process's PeerId, stamped on every message it sends.
+  static StatusOr<std::unique_ptr<UcxTransport>> Create(PeerId self);
+  // Closes endpoints (forcibly after a failure), stops the progress thread.
+  ~UcxTransport();
+  UcxTransport(const UcxTransport&) = delete;
+  UcxTransport& operator=(const UcxTransport&) = delete;
+
+  // This worker's address, to publish through the coordinator.
+  const std::string& address() const { return address_; }
+  // Our PeerId; may be set once the coordinator has assigned ranks, before
+  // any message is sent.
+  void set_self(PeerId self);
+
+  // Handlers for AM ids; set before connecting.
+  void SetHandler(uint16_t am_id, Handler handler);
+  void OnPeerFailure(PeerFailureHandler handler);
+
+  // Creates an endpoint to `address` (blocks until it exists). `name` is used
+  // in error lines ("server rank 1 (host)").
+  Status Connect(PeerId peer, const std::string& address, const std::string& name);
+
+  // Sends `header` (copied) and payload[0, size) (must stay valid until
+  // `done`) as AM `am_id`.
+  void Send(PeerId to, uint16_t am_id, std::string header, const void* payload, size_t size, Completion done);
+
+  // Registers [base, base+size) with UCX (pinned for RDMA); sends from and
+  // receives into it then skip per-operation registration. Kept until the
+  // transport is destroyed.
+  Status RegisterMemory(void* base, size_t size);
+
+  // Runs `fn` on the progress thread.
+  void Post(std::function<void()> fn);
+
+  // Fails every later Send with `status`; in-flight operations complete
+  // with errors as UCX cancels them at close.
+  void Abort(const Status& status);
+
+  // Closes every endpoint (flushing when healthy, forcibly after a failure
+  // or Abort) and stops the progress thread; afterwards no handler or
+  // completion runs, so buffers lent to the transport may be freed. The
+  // destructor calls it; services call it before freeing their buffers.
+  void Shutdown();
+
+  // Transports in use towards `peer` (UCX's own description), for logs and
+  // tests; blocks briefly.
+  std::string DescribeEndpoint(PeerId peer);
+  UcxStats stats();
+
+ private:
+  class Impl;
+  friend class IncomingPayload;
+  UcxTransport() = default;
+  std::unique_ptr<Impl> impl_;
+  std::string address_;
+};
+
+}  // namespace herd::transport

@@ -1,0 +1,175 @@
+#include "transport/wire.h"
+
+#include <cstring>
+
+namespace herd::transport {
+namespace {
+
+Status Bad(const std::string& what) { return Status::Corruption("bad control message: " + what); }
+
+bool KnownRole(int r) { return r == wire::SERVER || r == wire::WORKER; }
+
+Status CheckName(const std::string& name, const char* what) {
+  if (name.empty()) return Bad(std::string(what) + " name is empty");
+  if (name.size() > kMaxNameBytes) return Bad(std::string(what) + " name longer than 256 bytes");
+  return Status::OK();
+}
+
+Status CheckRank(int32_t rank, bool allow_unset) {
+  if (allow_unset && rank == -1) return Status::OK();
+  if (rank < 0 || rank >= kMaxRank) return Bad("rank " + std::to_string(rank) + " out of range");
+  return Status::OK();
+}
+
+}  // namespace
+
+std::string EncodeFrame(const wire::Envelope& message) {
+  std::string body;
+  message.SerializeToString(&body);
+  const uint32_t n = static_cast<uint32_t>(body.size());
+  std::string frame(kFrameHeaderBytes, '\0');
+  for (size_t i = 0; i < kFrameHeaderBytes; ++i) frame[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  frame += body;
+  return frame;
+}
+
+StatusOr<uint32_t> DecodeFrameLength(const uint8_t header[kFrameHeaderBytes], size_t max_body_bytes) {
+  uint32_t n = 0;
+  for (size_t i = 0; i < kFrameHeaderBytes; ++i) n |= static_cast<uint32_t>(header[i]) << (8 * i);
+  if (n == 0) return Bad("empty frame");
+  if (n > max_body_bytes) {
+    return Bad("frame of " + std::to_string(n) + " bytes exceeds the bound of " + std::to_string(max_body_bytes) +
+               " bytes (cluster.max_control_message_mb)");
+  }
+  return n;
+}
+
+Status DecodeBody(std::string_view body, wire::Envelope* message) {
+  message->Clear();
+  if (!message->ParseFromArray(body.data(), static_cast<int>(body.size()))) {
+    return Bad("body of " + std::to_string(body.size()) + " bytes does not parse as herd.wire.Envelope");
+  }
+  return ValidateMessage(*message);
+}
+
+Status ValidateMessage(const wire::Envelope& m) {
+  using E = wire::Envelope;
+  switch (m.body_case()) {
+    case E::BODY_NOT_SET:
+      return Bad("no message body (unknown message type?)");
+    case E::kHello: {
+      const auto& h = m.hello();
+      if (h.token().size() > kMaxTokenBytes) return Bad("hello: token longer than 4096 bytes");
+      if (!KnownRole(h.role())) return Bad("hello: role must be SERVER or WORKER");
+      HERD_RETURN_IF_ERROR(CheckRank(h.rank(), true));
+      if (h.world_size() != -1 && (h.world_size() <= 0 || h.world_size() > kMaxRank)) {
+        return Bad("hello: world_size " + std::to_string(h.world_size()) + " out of range");
+      }
+      if (h.world_size() > 0 && h.rank() >= h.world_size()) {
+        return Bad("hello: rank " + std::to_string(h.rank()) + " not below world_size " + std::to_string(h.world_size()));
+      }
+      if (h.host().size() > kMaxHostBytes) return Bad("hello: host longer than 255 bytes");
+      if (h.ucx_address().size() > kMaxUcxAddressBytes) return Bad("hello: UCX address longer than 64 KiB");
+      if (h.servers() < 0 || h.servers() >= kMaxRank || h.workers() <= 0 || h.workers() >= kMaxRank) {
+        return Bad("hello: servers/workers counts out of range");
+      }
+      if (h.heartbeat_interval_ms() <= 0 || h.heartbeat_timeout_ms() <= h.heartbeat_interval_ms() ||
+          h.join_timeout_ms() <= 0) {
+        return Bad("hello: heartbeat interval/timeout or join timeout invalid");
+      }
+      return Status::OK();
+    }
+    case E::kWelcome: {
+      const auto& w = m.welcome();
+      if (!KnownRole(w.role())) return Bad("welcome: role must be SERVER or WORKER");
+      HERD_RETURN_IF_ERROR(CheckRank(w.rank(), false));
+      bool self_listed = false;
+      int32_t expected_rank[3] = {0, 0, 0};
+      wire::Role previous = wire::SERVER;
+      for (const auto& member : w.members()) {
+        if (!KnownRole(member.role())) return Bad("welcome: member role must be SERVER or WORKER");
+        if (member.role() < previous) return Bad("welcome: members not ordered servers then workers");
+        previous = member.role();
+        if (member.rank() != expected_rank[member.role()]++) return Bad("welcome: member ranks not 0, 1, 2, ...");
+        if (member.host().size() > kMaxHostBytes) return Bad("welcome: member host longer than 255 bytes");
+        if (member.ucx_address().size() > kMaxUcxAddressBytes) return Bad("welcome: member UCX address too long");
+        if (member.role() == w.role() && member.rank() == w.rank()) self_listed = true;
+      }
+      if (!self_listed) return Bad("welcome: the membership does not include the receiver");
+      return Status::OK();
+    }
+    case E::kRefused:
+      if (m.refused().reason().size() > kMaxReasonBytes) return Bad("refused: reason too long");
+      return Status::OK();
+    case E::kBarrier:
+      if (!wire::Scope_IsValid(m.barrier().scope())) return Bad("barrier: unknown scope");
+      return CheckName(m.barrier().name(), "barrier");
+    case E::kAllGather:
+      if (!wire::Scope_IsValid(m.all_gather().scope())) return Bad("all-gather: unknown scope");
+      return CheckName(m.all_gather().name(), "all-gather");
+    case E::kAllGatherResult:
+      return CheckName(m.all_gather_result().name(), "all-gather result");
+    case E::kHeartbeat:
+    case E::kLeave:
+      return Status::OK();
+    case E::kPeerLost: {
+      const auto& p = m.peer_lost();
+      if (!KnownRole(p.role())) return Bad("peer-lost: role must be SERVER or WORKER");
+      HERD_RETURN_IF_ERROR(CheckRank(p.rank(), false));
+      if (p.host().size() > kMaxHostBytes || p.reason().size() > kMaxReasonBytes) return Bad("peer-lost: field too long");
+      return Status::OK();
+    }
+    case E::kShutdown:
+      if (m.shutdown().reason().size() > kMaxReasonBytes) return Bad("shutdown: reason too long");
+      return Status::OK();
+  }
+  return Bad("unknown message type");
+}
+
+Status FrameReader::Append(const void* data, size_t size) {
+  if (!failed_.ok()) return failed_;
+  // Compact once the consumed prefix dominates, so the buffer stays bounded
+  // by one frame plus what arrived with it.
+  if (consumed_ > 0 && consumed_ * 2 >= buffer_.size()) {
+    buffer_.erase(0, consumed_);
+    consumed_ = 0;
+  }
+  buffer_.append(static_cast<const char*>(data), size);
+  if (buffered() >= kFrameHeaderBytes) {
+    auto n = DecodeFrameLength(reinterpret_cast<const uint8_t*>(buffer_.data() + consumed_), max_body_bytes_);
+    if (!n.ok()) return failed_ = n.status();
+  }
+  return Status::OK();
+}
+
+bool FrameReader::Next(wire::Envelope* message, Status* status) {
+  *status = failed_;
+  if (!failed_.ok() || buffered() < kFrameHeaderBytes) return false;
+  auto n = DecodeFrameLength(reinterpret_cast<const uint8_t*>(buffer_.data() + consumed_), max_body_bytes_);
+  if (!n.ok()) {
+    *status = failed_ = n.status();
+    return false;
+  }
+  if (buffered() < kFrameHeaderBytes + *n) return false;
+  std::string_view body(buffer_.data() + consumed_ + kFrameHeaderBytes, *n);
+  consumed_ += kFrameHeaderBytes + *n;
+  Status st = DecodeBody(body, message);
+  if (!st.ok()) {
+    *status = failed_ = st;
+    return false;
+  }
+  // The next header, if already here, is checked now rather than after more
+  // bytes pile up behind it.
+  if (buffered() >= kFrameHeaderBytes) {
+    auto next = DecodeFrameLength(reinterpret_cast<const uint8_t*>(buffer_.data() + consumed_), max_body_bytes_);
+    if (!next.ok()) failed_ = next.status();
+  }
+  return true;
+}
+
+std::string DescribeRole(wire::Role role, int32_t rank) {
+  std::string name = role == wire::SERVER ? "server" : role == wire::WORKER ? "worker" : "process";
+  return rank >= 0 ? name + " rank " + std::to_string(rank) : name + " (rank unassigned)";
+}
+
+}  // namespace herd::transport
