@@ -88,6 +88,7 @@ StatusOr<Placement> ResolvePlacement(const std::string& flag_rank, const std::st
   std::string host;
   uint16_t port = 0;
   HERD_RETURN_IF_ERROR(ParseHostPort(p.coordinator, source, &host, &port));
+  if (port == 0) return Status::InvalidArgument(source + ": the coordinator's port cannot be 0");
   return p;
 }
 
@@ -99,8 +100,8 @@ Status ParseHostPort(const std::string& text, const std::string& what, std::stri
   std::string h = text.substr(0, colon);
   if (h.size() >= 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
   auto p = ParseCount(text.substr(colon + 1), what + " port");
-  if (!p.ok() || *p == 0 || *p > 65535) {
-    return Status::InvalidArgument(what + ": port must be 1..65535 in '" + text + "'");
+  if (!p.ok() || *p > 65535) {
+    return Status::InvalidArgument(what + ": port must be 0..65535 in '" + text + "'");
   }
   *host = h;
   *port = static_cast<uint16_t>(*p);

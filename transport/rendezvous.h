@@ -32,7 +32,8 @@ struct Placement {
 StatusOr<Placement> ResolvePlacement(const std::string& flag_rank, const std::string& flag_coordinator,
                                      const std::string& config_coordinator, const EnvLookup& env);
 
-// "host:port" → host and port; "[v6addr]:port" accepted. Errors name `what`.
+// "host:port" → host and port (0 allowed: "any free port" when listening);
+// "[v6addr]:port" accepted. Errors name `what`.
 Status ParseHostPort(const std::string& text, const std::string& what, std::string* host, uint16_t* port);
 
 // The job token: from `token_file` when given, else HERD_JOB_TOKEN, else the

@@ -24,18 +24,15 @@ using Clock = std::chrono::steady_clock;
 std::string UcxError(ucs_status_t status) { return ucs_status_string(status); }
 
 // UCX 1.13 hides posix/sysv shared memory from endpoints that want
-// peer-failure handling unless these are on (openucx/ucx#10016).
+// peer-failure handling unless these are on (openucx/ucx#10016). Only set
+// when those transports may load (UCX warns about unused variables).
 void EnableSharedMemoryErrorHandling() {
-  bool changed = false;
-  for (const char* name : {"UCX_POSIX_ERROR_HANDLING", "UCX_SYSV_ERROR_HANDLING"}) {
-    if (std::getenv(name) == nullptr) {
-      ::setenv(name, "y", 0);
-      changed = true;
-    }
-  }
-  // With UCX_TLS=tcp the shared-memory components are not loaded and UCX
-  // would warn that the variables we set are unused.
-  if (changed) ::setenv("UCX_WARN_UNUSED_ENV_VARS", "n", 0);
+  const char* tls = std::getenv("UCX_TLS");
+  const std::string list = tls != nullptr ? tls : "all";
+  bool shm = false;
+  for (const char* name : {"all", "sm", "shm", "posix", "sysv", "^"}) shm |= list.find(name) != std::string::npos;
+  if (!shm) return;
+  for (const char* name : {"UCX_POSIX_ERROR_HANDLING", "UCX_SYSV_ERROR_HANDLING"}) ::setenv(name, "y", 0);
 }
 
 double SpinSeconds() {

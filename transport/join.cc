@@ -1,0 +1,39 @@
+#include "transport/join.h"
+
+#include <glog/logging.h>
+
+#include <algorithm>
+
+#include "transport/wire.h"
+
+namespace herd::transport {
+
+PeerId MemberPeerId(const CoordinatorClient& client, wire::Role role, int rank) {
+  return role == wire::SERVER ? rank : client.num_servers() + rank;
+}
+
+std::string DescribeMember(const wire::Member& member) {
+  return DescribeRole(member.role(), member.rank()) + " (" + member.host() + ", pid " + std::to_string(member.pid()) +
+         ")";
+}
+
+StatusOr<std::unique_ptr<CoordinatorClient>> JoinJob(const JoinOptions& options, UcxTransport* transport,
+                                                     const std::vector<wire::Role>& connect_to) {
+  JoinOptions with_address = options;
+  with_address.ucx_address = transport->address();
+  HERD_ASSIGN_OR_RETURN(auto client, CoordinatorClient::Join(with_address));
+  const PeerId self = MemberPeerId(*client, client->role(), client->rank());
+  transport->set_self(self);
+  for (size_t i = 0; i < client->members().size(); ++i) {
+    const wire::Member& m = client->members()[i];
+    if (static_cast<PeerId>(i) == self) continue;
+    if (std::find(connect_to.begin(), connect_to.end(), m.role()) == connect_to.end()) continue;
+    HERD_RETURN_IF_ERROR(transport->Connect(static_cast<PeerId>(i), m.ucx_address(), DescribeMember(m)));
+  }
+  HERD_RETURN_IF_ERROR(client->Barrier("herd/ucx-connected"));
+  LOG(INFO) << DescribeRole(client->role(), client->rank()) << ": joined a job of " << client->num_servers()
+            << " servers and " << client->num_workers() << " workers";
+  return client;
+}
+
+}  // namespace herd::transport

@@ -1,0 +1,32 @@
+// Joining a job: the coordinator handshake plus the UCX endpoints that go
+// with it, in the one order that is safe.
+//
+// The caller creates the UcxTransport and its services (so that their
+// handlers exist before any peer can send), then calls JoinJob: it joins
+// with the transport's address, names this process's PeerId (its member
+// index: servers by rank, then workers by rank), connects to every member
+// of the roles in `connect_to`, and waits in a barrier until all processes
+// have done the same, so no message ever reaches a process that does not
+// yet know its sender.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "transport/coordinator_client.h"
+#include "transport/ucx_transport.h"
+
+namespace herd::transport {
+
+StatusOr<std::unique_ptr<CoordinatorClient>> JoinJob(const JoinOptions& options, UcxTransport* transport,
+                                                     const std::vector<wire::Role>& connect_to);
+
+// The PeerId of a member: its index in the membership.
+PeerId MemberPeerId(const CoordinatorClient& client, wire::Role role, int rank);
+
+// "server rank 1 (node7, pid 4242)".
+std::string DescribeMember(const wire::Member& member);
+
+}  // namespace herd::transport
