@@ -46,7 +46,7 @@ def run(sb, tls, lane_needles):
             stats = json.loads(job.stdout(f"server{r}").strip().splitlines()[-1])
             # 3 workers x (32 + 8) pushes per server, all rendezvous.
             assert stats["rendezvous_received"] == 120, stats
-        print(f"[{tls}] ok: lanes {sorted(set(l.split(':', 1)[1].split()[1] for l in lanes))}")
+        print(f"[{tls}] ok: lanes {sorted(set(l.split()[2] for l in lanes))}")
     finally:
         job.kill_all()
 
