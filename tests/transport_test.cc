@@ -1,0 +1,244 @@
+// Control plane units: frame codec and validation, placement from flags and
+// launcher environments, tokens, config hashes; and the coordinator with
+// in-process clients for rank assignment, barriers and all-gathers (the
+// multi-process behaviour is in tests/transport_*_test.py).
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <map>
+#include <thread>
+
+#include "common/config.h"
+#include "common/file_util.h"
+#include "transport/coordinator.h"
+#include "transport/coordinator_client.h"
+#include "transport/rendezvous.h"
+#include "transport/wire.h"
+
+namespace herd::transport {
+namespace {
+
+wire::Envelope ValidHello() {
+  wire::Envelope m;
+  auto* h = m.mutable_hello();
+  h->set_token("t");
+  h->set_role(wire::WORKER);
+  h->set_servers(1);
+  h->set_workers(2);
+  h->set_heartbeat_interval_ms(100);
+  h->set_heartbeat_timeout_ms(1000);
+  h->set_join_timeout_ms(10000);
+  return m;
+}
+
+TEST(Wire, FrameRoundTripAcrossArbitraryChunks) {
+  wire::Envelope a = ValidHello(), b;
+  b.mutable_barrier()->set_name("step/3");
+  const std::string stream = EncodeFrame(a) + EncodeFrame(b);
+  for (size_t chunk : {size_t{1}, size_t{3}, size_t{7}, stream.size()}) {
+    FrameReader reader(1 << 16);
+    std::vector<wire::Envelope> got;
+    for (size_t at = 0; at < stream.size(); at += chunk) {
+      ASSERT_TRUE(reader.Append(stream.data() + at, std::min(chunk, stream.size() - at)).ok());
+      wire::Envelope m;
+      Status st;
+      while (reader.Next(&m, &st)) got.push_back(m);
+      ASSERT_TRUE(st.ok()) << st.message();
+    }
+    ASSERT_EQ(got.size(), 2u);
+    EXPECT_EQ(got[0].hello().token(), "t");
+    EXPECT_EQ(got[1].barrier().name(), "step/3");
+  }
+}
+
+TEST(Wire, OversizedFrameRefusedFromItsHeader) {
+  FrameReader reader(1024);
+  const uint8_t header[4] = {0x01, 0x04, 0x00, 0x00};  // 1025 bytes announced
+  Status st = reader.Append(header, 4);
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("exceeds the bound of 1024"), std::string::npos) << st.message();
+}
+
+TEST(Wire, GarbageAndInvalidMessagesRefused) {
+  wire::Envelope m;
+  EXPECT_NE(DecodeBody("\xff\xff\xff", &m).message().find("does not parse"), std::string::npos);
+  EXPECT_NE(DecodeBody("", &m).message().find("no message body"), std::string::npos);
+  auto expect_bad = [](wire::Envelope e, const std::string& needle) {
+    Status st = ValidateMessage(e);
+    EXPECT_FALSE(st.ok()) << needle;
+    EXPECT_NE(st.message().find(needle), std::string::npos) << st.message();
+  };
+  wire::Envelope h = ValidHello();
+  h.mutable_hello()->set_role(wire::ROLE_UNSET);
+  expect_bad(h, "role");
+  h = ValidHello();
+  h.mutable_hello()->set_rank(-5);
+  expect_bad(h, "rank -5");
+  h = ValidHello();
+  h.mutable_hello()->set_world_size(2);
+  h.mutable_hello()->set_rank(2);
+  expect_bad(h, "not below world_size");
+  h = ValidHello();
+  h.mutable_hello()->set_ucx_address(std::string(kMaxUcxAddressBytes + 1, 'a'));
+  expect_bad(h, "UCX address");
+  h = ValidHello();
+  h.mutable_hello()->set_heartbeat_timeout_ms(50);
+  expect_bad(h, "heartbeat");
+  wire::Envelope b;
+  b.mutable_barrier()->set_name("");
+  expect_bad(b, "name is empty");
+  b.mutable_barrier()->set_name(std::string(300, 'x'));
+  expect_bad(b, "longer than 256");
+  wire::Envelope w;
+  w.mutable_welcome()->set_role(wire::WORKER);
+  w.mutable_welcome()->set_rank(0);
+  w.mutable_welcome()->add_members()->set_role(wire::SERVER);
+  expect_bad(w, "does not include the receiver");
+}
+
+using Env = std::map<std::string, std::string>;
+EnvLookup FakeEnv(Env env) {
+  return [env](const std::string& k) -> std::optional<std::string> {
+    auto it = env.find(k);
+    if (it == env.end()) return std::nullopt;
+    return it->second;
+  };
+}
+
+TEST(Rendezvous, PlacementPrecedence) {
+  auto p = ResolvePlacement("", "", "10.0.0.1:29400", FakeEnv({}));
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->rank, -1);
+  EXPECT_EQ(p->coordinator, "10.0.0.1:29400");
+
+  p = ResolvePlacement("", "", "x:1", FakeEnv({{"RANK", "2"}, {"WORLD_SIZE", "4"}, {"MASTER_ADDR", "node0"},
+                                                {"MASTER_PORT", "1234"}}));
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  EXPECT_EQ(p->rank, 2);
+  EXPECT_EQ(p->world_size, 4);
+  EXPECT_EQ(p->coordinator, "node0:1234");
+  EXPECT_EQ(p->rank_source, "RANK");
+
+  // Slurm beats torchrun variables; flags beat both.
+  p = ResolvePlacement("", "", "x:1", FakeEnv({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"}, {"RANK", "1"}}));
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->rank, 5);
+  EXPECT_EQ(p->world_size, 8);
+  p = ResolvePlacement("3", "h:9", "x:1", FakeEnv({{"SLURM_PROCID", "5"}, {"MASTER_ADDR", "m"}, {"MASTER_PORT", "2"}}));
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->rank, 3);
+  EXPECT_EQ(p->coordinator, "h:9");
+}
+
+TEST(Rendezvous, BadPlacementsNameTheirSource) {
+  auto expect_bad = [](StatusOr<Placement> p, const std::string& needle) {
+    ASSERT_FALSE(p.ok()) << needle;
+    EXPECT_NE(p.status().message().find(needle), std::string::npos) << p.status().message();
+  };
+  expect_bad(ResolvePlacement("x", "", "h:1", FakeEnv({})), "--rank");
+  expect_bad(ResolvePlacement("", "", "h:1", FakeEnv({{"RANK", "4"}, {"WORLD_SIZE", "4"}})), "not below world size");
+  expect_bad(ResolvePlacement("", "", "h:1", FakeEnv({{"MASTER_ADDR", "m"}})), "MASTER_PORT");
+  expect_bad(ResolvePlacement("", "nohost", "h:1", FakeEnv({})), "--coordinator");
+  expect_bad(ResolvePlacement("", "h:0", "h:1", FakeEnv({})), "cannot be 0");
+  expect_bad(ResolvePlacement("", "h:70000", "h:1", FakeEnv({})), "0..65535");
+}
+
+TEST(Rendezvous, TokenFromFileOrEnvironmentNeverEmpty) {
+  const std::string dir = testing::TempDir() + "herd_token_test";
+  ASSERT_TRUE(MakeDirs(dir).ok());
+  const std::string path = JoinPath(dir, "job.token");
+  auto token = CreateJobToken(path);
+  ASSERT_TRUE(token.ok());
+  EXPECT_EQ(token->size(), 64u);
+  struct stat st;
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_EQ(*LoadJobToken(path, FakeEnv({})), *token);
+  EXPECT_EQ(*LoadJobToken("", FakeEnv({{"HERD_JOB_TOKEN_FILE", path}})), *token);
+  EXPECT_EQ(*LoadJobToken("", FakeEnv({{"HERD_JOB_TOKEN", " abc \n"}})), "abc");
+  EXPECT_FALSE(LoadJobToken("", FakeEnv({})).ok());
+  EXPECT_FALSE(LoadJobToken("", FakeEnv({{"HERD_JOB_TOKEN", ""}})).ok());
+  EXPECT_FALSE(LoadJobToken(dir + "/missing", FakeEnv({})).ok());
+}
+
+TEST(Rendezvous, ConfigHashIgnoresSpelledOutDefaults) {
+  auto a = ParseJobConfig("train { steps: 5 }", "a");
+  auto c = ParseJobConfig("train { steps: 6 }", "c");
+  ASSERT_TRUE(a.ok() && c.ok());
+  EXPECT_NE(ConfigHash(*a), ConfigHash(*c));
+  JobConfig d = *a;
+  d.mutable_train()->set_seed(d.train().seed());  // spelled out, same value
+  EXPECT_EQ(ConfigHash(*a), ConfigHash(d));
+}
+
+// The coordinator in a thread and clients in threads of this process.
+TEST(Coordinator, RanksBarriersAndAllGather) {
+  CoordinatorOptions options;
+  options.token = "secret";
+  options.servers = 1;
+  options.workers = 3;
+  options.heartbeat_interval_s = 0.2;
+  options.heartbeat_timeout_s = 5;
+  auto coordinator = Coordinator::Start(options);
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status().message();
+  Status result;
+  std::thread serve([&] { result = (*coordinator)->Run(); });
+  const std::string address = "127.0.0.1:" + std::to_string((*coordinator)->port());
+
+  auto join = [&](wire::Role role, int rank) {
+    JoinOptions o;
+    o.coordinator = address;
+    o.token = "secret";
+    o.role = role;
+    o.rank = rank;
+    o.servers = 1;
+    o.workers = 3;
+    o.heartbeat_interval_s = 0.2;
+    o.heartbeat_timeout_s = 5;
+    o.join_timeout_s = 20;
+    o.ucx_address = "addr-" + std::to_string(role) + "-" + std::to_string(rank);
+    return CoordinatorClient::Join(o);
+  };
+  std::vector<std::thread> threads;
+  std::vector<std::string> failures(4);
+  std::vector<int> ranks(4, -1);
+  std::vector<std::vector<std::string>> gathered(4);
+  // Worker 2 asks for its rank; the others are assigned the remaining ones.
+  const std::vector<std::pair<wire::Role, int>> who = {{wire::SERVER, -1}, {wire::WORKER, 2}, {wire::WORKER, -1},
+                                                       {wire::WORKER, -1}};
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&, i] {
+      auto c = join(who[i].first, who[i].second);
+      if (!c.ok()) {
+        failures[i] = c.status().message();
+        return;
+      }
+      ranks[i] = (*c)->rank();
+      Status st = (*c)->Barrier("b1");
+      if (st.ok() && (*c)->role() == wire::WORKER) st = (*c)->Barrier("w", wire::WORKERS);
+      auto g = (*c)->AllGather("g", "from-" + std::to_string((*c)->role()) + "-" + std::to_string((*c)->rank()));
+      if (!st.ok() || !g.ok()) {
+        failures[i] = st.ok() ? g.status().message() : st.message();
+        return;
+      }
+      gathered[i] = *g;
+      EXPECT_EQ((*c)->members().size(), 4u);
+      EXPECT_EQ((*c)->member(wire::WORKER, 2).ucx_address(), "addr-2-2");
+      failures[i] = (*c)->Leave().ToString();
+    });
+  }
+  for (auto& t : threads) t.join();
+  serve.join();
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(failures[i], "ok") << i;
+  EXPECT_TRUE(result.ok()) << result.message();
+  EXPECT_EQ(ranks[0], 0);
+  EXPECT_EQ(ranks[1], 2);
+  std::vector<int> assigned = {ranks[2], ranks[3]};
+  std::sort(assigned.begin(), assigned.end());
+  EXPECT_EQ(assigned, (std::vector<int>{0, 1}));
+  const std::vector<std::string> expected = {"from-1-0", "from-2-0", "from-2-1", "from-2-2"};
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(gathered[i], expected) << i;
+}
+
+}  // namespace
+}  // namespace herd::transport
