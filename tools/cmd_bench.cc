@@ -90,7 +90,10 @@ int BenchTrain(int argc, char** argv) {
 
 int RunBench(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "train") return BenchTrain(argc - 1, argv + 1);
-  return ReportError(Status::InvalidArgument("usage: herd bench train CONFIG [--set ...] [--steps N] [--warmup K]"));
+  if (argc >= 2 && std::string(argv[1]) == "transport") return RunBenchTransport(argc - 1, argv + 1);
+  return ReportError(Status::InvalidArgument(
+      "usage: herd bench train CONFIG [--set ...] [--steps N] [--warmup K]\n"
+      "       herd bench transport [--sizes B,...] [--concurrency C,...] [--seconds S] [--no-perftest]"));
 }
 
 }  // namespace herd::tools

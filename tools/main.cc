@@ -23,7 +23,7 @@ const Command kCommands[] = {
     {"import", herd::tools::RunImport, "import DIR --out CHECKPOINT   read a HuggingFace directory"},
     {"coordinator", herd::tools::RunCoordinator,
      "coordinator [CONFIG] --listen HOST:PORT [--token-file F]   rendezvous service for multi-process jobs"},
-    {"bench", herd::tools::RunBench, "bench train CONFIG [--set ...] [--steps N]   training throughput (JSON)"},
+    {"bench", herd::tools::RunBench, "bench train CONFIG [--set ...] [--steps N] | bench transport [--sizes ...]   throughput (JSON)"},
     {"version", herd::tools::RunVersion, "version   versions of herd and its libraries (JSON)"},
 };
 

@@ -23,10 +23,12 @@ using Clock = std::chrono::steady_clock;
 
 std::string UcxError(ucs_status_t status) { return ucs_status_string(status); }
 
+}  // namespace
+
 // UCX 1.13 hides posix/sysv shared memory from endpoints that want
 // peer-failure handling unless these are on (openucx/ucx#10016). Only set
 // when those transports may load (UCX warns about unused variables).
-void EnableSharedMemoryErrorHandling() {
+void PrepareUcxEnvironment() {
   const char* tls = std::getenv("UCX_TLS");
   const std::string list = tls != nullptr ? tls : "all";
   bool shm = false;
@@ -34,6 +36,8 @@ void EnableSharedMemoryErrorHandling() {
   if (!shm) return;
   for (const char* name : {"UCX_POSIX_ERROR_HANDLING", "UCX_SYSV_ERROR_HANDLING"}) ::setenv(name, "y", 0);
 }
+
+namespace {
 
 double SpinSeconds() {
   const char* v = std::getenv("HERD_UCX_SPIN_US");
@@ -71,7 +75,7 @@ class UcxTransport::Impl {
   explicit Impl(PeerId self) : self_(self), spin_s_(SpinSeconds()) {}
 
   Status Init(std::string* address) {
-    EnableSharedMemoryErrorHandling();
+    PrepareUcxEnvironment();
     ucp_config_t* config = nullptr;
     ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
     if (st != UCS_OK) return Status::Unavailable("UCX: reading its configuration failed: " + UcxError(st));

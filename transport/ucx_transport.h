@@ -39,6 +39,12 @@ using Completion = std::function<void(const Status&)>;
 
 class UcxTransport;
 
+// Sets UCX_POSIX_ERROR_HANDLING / UCX_SYSV_ERROR_HANDLING to y unless the
+// environment sets them or UCX_TLS rules shared memory out. Create() calls
+// it; benchmarks call it before starting UCX tools, so both pick the same
+// transports.
+void PrepareUcxEnvironment();
+
 // A message's payload as a handler sees it. Exactly one of ReceiveInto or
 // Reject may be called, during the handler; otherwise the payload is dropped.
 class IncomingPayload {
@@ -56,6 +62,12 @@ class IncomingPayload {
 
  private:
   friend class UcxTransport;
+
+// Sets UCX_POSIX_ERROR_HANDLING / UCX_SYSV_ERROR_HANDLING to y unless the
+// environment sets them or UCX_TLS rules shared memory out. Create() calls
+// it; benchmarks call it before starting UCX tools, so both pick the same
+// transports.
+void PrepareUcxEnvironment();
   UcxTransport* transport_ = nullptr;
   void* data_ = nullptr;
   size_t size_ = 0;
