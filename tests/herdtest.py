@@ -77,6 +77,19 @@ def listing(root):
     return sorted(out)
 
 
+def run_scenarios(title, *scenarios):
+    """Runs each scenario(sandbox) in one scratch directory, removed after."""
+    import shutil
+    args = parse_args()
+    sb = Sandbox(args.build)
+    try:
+        for scenario in scenarios:
+            scenario(sb)
+    finally:
+        shutil.rmtree(sb.dir, ignore_errors=True)
+    print(f"{title}: ok")
+
+
 class Job:
     """A multi-process job on loopback: `herd coordinator` plus nodes
     (tests/pushpull_node), each a real process with its output in files."""

@@ -8,7 +8,6 @@
   died within 5 s and exits by itself (no hang, no core dump), and the
   coordinator exits non-zero naming the rank."""
 import os
-import shutil
 import socket
 import struct
 import sys
@@ -139,14 +138,7 @@ def kill_worker(sb):
 
 
 def main():
-    args = herdtest.parse_args()
-    sb = herdtest.Sandbox(args.build)
-    try:
-        refusals(sb)
-        kill_worker(sb)
-    finally:
-        shutil.rmtree(sb.dir, ignore_errors=True)
-    print("transport failures: ok")
+    herdtest.run_scenarios("transport failures", refusals, kill_worker)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,6 @@ pulls everything back after each round and checks every float exactly
 the shared-memory transports; checks that UCX really used them and that
 every large payload took the zero-copy rendezvous path."""
 import json
-import shutil
 import sys
 
 import herdtest
@@ -52,14 +51,8 @@ def run(sb, tls, lane_needles):
 
 
 def main():
-    args = herdtest.parse_args()
-    sb = herdtest.Sandbox(args.build)
-    try:
-        run(sb, "tcp", ["tcp/"])
-        run(sb, "sm", ["sysv/", "posix/"])
-    finally:
-        shutil.rmtree(sb.dir, ignore_errors=True)
-    print("transport loopback: ok")
+    herdtest.run_scenarios("transport loopback", lambda sb: run(sb, "tcp", ["tcp/"]),
+                           lambda sb: run(sb, "sm", ["sysv/", "posix/"]))
 
 
 if __name__ == "__main__":

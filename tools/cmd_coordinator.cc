@@ -29,13 +29,7 @@ int RunCoordinator(int argc, char** argv) {
   if (args.positional().size() == 1) {
     auto config = LoadJobConfig(args.positional()[0], args.GetAll("set"));
     if (!config.ok()) return ReportError(config.status());
-    const auto& c = config->cluster();
-    options.listen = c.coordinator();
-    options.servers = c.servers();
-    options.workers = c.workers();
-    options.heartbeat_interval_s = c.heartbeat_interval_s();
-    options.heartbeat_timeout_s = c.heartbeat_timeout_s();
-    options.max_message_bytes = static_cast<size_t>(c.max_control_message_mb() * (1 << 20));
+    options = transport::CoordinatorOptions::FromConfig(*config);
   } else if (!args.Has("listen")) {
     return ReportError(Status::InvalidArgument("coordinator: --listen HOST:PORT is needed without a CONFIG"));
   } else if (args.Has("set")) {

@@ -521,6 +521,18 @@ class Coordinator::Impl {
   bool finished_ = false;
 };
 
+CoordinatorOptions CoordinatorOptions::FromConfig(const JobConfig& config) {
+  const auto& c = config.cluster();
+  CoordinatorOptions o;
+  o.listen = c.coordinator();
+  o.servers = c.servers();
+  o.workers = c.workers();
+  o.heartbeat_interval_s = c.heartbeat_interval_s();
+  o.heartbeat_timeout_s = c.heartbeat_timeout_s();
+  o.max_message_bytes = MaxControlMessageBytes(config);
+  return o;
+}
+
 StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const CoordinatorOptions& options) {
   if (options.token.empty()) return Status::InvalidArgument("coordinator: the job token is empty");
   auto impl = std::make_unique<Impl>(options);

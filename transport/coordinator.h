@@ -19,6 +19,7 @@
 #include <memory>
 #include <string>
 
+#include "common/config.h"
 #include "common/status.h"
 
 namespace herd::transport {
@@ -35,6 +36,9 @@ struct CoordinatorOptions {
   size_t max_message_bytes = 16u << 20;
   // How long a lost job waits for the remaining members to disconnect.
   double drain_timeout_s = 10.0;
+
+  // Address, shape and timing from the job config; the caller adds the token.
+  static CoordinatorOptions FromConfig(const JobConfig& config);
 };
 
 class Coordinator {

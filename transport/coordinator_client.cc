@@ -28,7 +28,7 @@ JoinOptions JoinOptions::FromConfig(const JobConfig& config) {
   o.heartbeat_interval_s = c.heartbeat_interval_s();
   o.heartbeat_timeout_s = c.heartbeat_timeout_s();
   o.join_timeout_s = c.join_timeout_s();
-  o.max_message_bytes = static_cast<size_t>(c.max_control_message_mb() * (1 << 20));
+  o.max_message_bytes = MaxControlMessageBytes(config);
   o.config_hash = ConfigHash(config);
   return o;
 }

@@ -152,7 +152,8 @@ void PushPullServer::Reply(PeerId client, uint64_t id, const Status& status) {
 
 // ---- PushPullClient ---------------------------------------------------------
 
-PushPullClient::PushPullClient(UcxTransport* transport) : transport_(transport) {
+PushPullClient::PushPullClient(UcxTransport* transport, uint64_t max_piece_bytes)
+    : transport_(transport), max_piece_bytes_(std::max<uint64_t>(max_piece_bytes, 4096) / 4 * 4) {
   transport_->SetHandler(kAmReply, [this](PeerId from, std::string_view header, IncomingPayload& payload) {
     OnReply(from, header, payload);
   });
@@ -162,48 +163,51 @@ PushPullClient::PushPullClient(UcxTransport* transport) : transport_(transport) 
 PushPullClient::~PushPullClient() { transport_->Shutdown(); }
 
 PushPullClient::Ticket PushPullClient::Push(PeerId server, uint64_t offset, const void* data, uint64_t length) {
-  Ticket id;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    id = next_++;
-  }
-  Start(id, server, /*pull=*/false, data, nullptr, offset, length);
-  return id;
+  return Issue(server, /*pull=*/false, data, nullptr, offset, length);
 }
 
 PushPullClient::Ticket PushPullClient::Pull(PeerId server, uint64_t offset, void* dst, uint64_t length) {
-  Ticket id;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    id = next_++;
-  }
-  Start(id, server, /*pull=*/true, nullptr, dst, offset, length);
-  return id;
+  return Issue(server, /*pull=*/true, nullptr, dst, offset, length);
 }
 
-void PushPullClient::Start(Ticket id, PeerId server, bool pull, const void* payload, void* dst, uint64_t offset,
-                           uint64_t length) {
+PushPullClient::Ticket PushPullClient::Issue(PeerId server, bool pull, const void* payload, void* dst,
+                                             uint64_t offset, uint64_t length) {
+  struct Piece {
+    uint64_t id, offset, length;
+    const char* payload;
+  };
+  std::vector<Piece> pieces;
+  Ticket ticket;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    Request& r = requests_[id];
-    r.server = server;
-    r.pull = pull;
-    r.dst = dst;
-    r.offset = offset;
-    r.length = length;
+    ticket = next_ticket_++;
+    TicketState& t = tickets_[ticket];
     if (!failed_all_.ok()) {
-      Settle(r, failed_all_);
-      return;
+      t.status = failed_all_;
+      cv_.notify_all();
+      return ticket;
     }
+    uint64_t at = 0;
+    do {
+      const uint64_t n = std::min(max_piece_bytes_, length - at);
+      const uint64_t id = next_request_++;
+      requests_[id] = Request{ticket, server, pull, pull ? static_cast<char*>(dst) + at : nullptr, offset + at, n};
+      pieces.push_back({id, offset + at, n, pull ? nullptr : static_cast<const char*>(payload) + at});
+      ++t.remaining;
+      at += n;
+    } while (at < length);
   }
-  transport_->Send(server, pull ? kAmPull : kAmPush, Pack(RequestHeader{id, offset, length}), payload,
-                   pull ? 0 : length, [this, id](const Status& sent) {
-                     std::lock_guard<std::mutex> lock(mu_);
-                     auto it = requests_.find(id);
-                     if (it == requests_.end()) return;
-                     it->second.sent = true;
-                     Settle(it->second, sent);
-                   });
+  for (const Piece& p : pieces) {
+    transport_->Send(server, pull ? kAmPull : kAmPush, Pack(RequestHeader{p.id, p.offset, p.length}), p.payload,
+                     pull ? 0 : p.length, [this, id = p.id](const Status& sent) {
+                       std::lock_guard<std::mutex> lock(mu_);
+                       auto it = requests_.find(id);
+                       if (it == requests_.end()) return;
+                       it->second.sent = true;
+                       Settle(id, sent);
+                     });
+  }
+  return ticket;
 }
 
 void PushPullClient::OnReply(PeerId from, std::string_view header, IncomingPayload& payload) {
@@ -216,7 +220,7 @@ void PushPullClient::OnReply(PeerId from, std::string_view header, IncomingPaylo
   std::memcpy(&h, header.data(), sizeof h);
   std::unique_lock<std::mutex> lock(mu_);
   auto it = requests_.find(h.id);
-  if (it == requests_.end() || it->second.server != from || it->second.replied) {
+  if (it == requests_.end() || it->second.server != from || it->second.reply_seen) {
     lock.unlock();
     LOG(WARNING) << "push/pull: dropped a reply to unknown request " << h.id << " from peer " << from;
     payload.Reject();
@@ -224,28 +228,27 @@ void PushPullClient::OnReply(PeerId from, std::string_view header, IncomingPaylo
   }
   Request& r = it->second;
   const std::string what = std::string(r.pull ? "pull of " : "push of ") + Range(r.offset, r.length);
+  r.reply_seen = true;
   if (h.code != 0) {
     std::string text(header.substr(sizeof(ReplyHeader)));
-    r.replied = true;
-    Settle(r, Status::Unavailable(what + " failed at the server: " + text));
+    Settle(h.id, Status::Unavailable(what + " failed at the server: " + text));
     payload.Reject();
     return;
   }
   const uint64_t expected = r.pull ? r.length : 0;
   if (payload.size() != expected) {
-    r.replied = true;
-    Settle(r, Status::Corruption(what + ": reply carries " + std::to_string(payload.size()) + " bytes, expected " +
-                                 std::to_string(expected)));
+    Settle(h.id, Status::Corruption(what + ": reply carries " + std::to_string(payload.size()) +
+                                    " bytes, expected " + std::to_string(expected)));
     payload.Reject();
     return;
   }
   if (!r.pull) {
     r.replied = true;
-    Settle(r, Status::OK());
+    Settle(h.id, Status::OK());
     return;
   }
   void* dst = r.dst;
-  const Ticket id = h.id;
+  const uint64_t id = h.id;
   lock.unlock();
   // Large pulls land straight in the caller's buffer (rendezvous).
   payload.ReceiveInto(dst, [this, id, what](const Status& received) {
@@ -253,50 +256,53 @@ void PushPullClient::OnReply(PeerId from, std::string_view header, IncomingPaylo
     auto it = requests_.find(id);
     if (it == requests_.end()) return;
     it->second.replied = true;
-    Settle(it->second, received.WithContext(what + ": "));
+    Settle(id, received.WithContext(what + ": "));
   });
 }
 
-void PushPullClient::Settle(Request& r, const Status& status) {
-  if (!status.ok() && r.status.ok()) r.status = status;
-  if (!r.done && (!r.status.ok() || (r.sent && r.replied))) {
-    r.done = true;
-    cv_.notify_all();
+void PushPullClient::Settle(uint64_t id, const Status& status) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return;
+  const Request& r = it->second;
+  if (status.ok() && !(r.sent && r.replied)) return;
+  auto t = tickets_.find(r.ticket);
+  if (t != tickets_.end()) {
+    if (!status.ok() && t->second.status.ok()) t->second.status = status;
+    --t->second.remaining;
   }
+  requests_.erase(it);
+  cv_.notify_all();
 }
 
 Status PushPullClient::Wait(Ticket ticket) {
   std::unique_lock<std::mutex> lock(mu_);
-  auto it = requests_.find(ticket);
-  if (it == requests_.end()) return Status::Internal("push/pull: unknown ticket " + std::to_string(ticket));
-  cv_.wait(lock, [&] { return it->second.done; });
+  auto it = tickets_.find(ticket);
+  if (it == tickets_.end()) return Status::Internal("push/pull: unknown ticket " + std::to_string(ticket));
+  cv_.wait(lock, [&] { return it->second.remaining == 0; });
   Status st = it->second.status;
-  requests_.erase(it);
+  tickets_.erase(it);
   return st;
 }
 
 Status PushPullClient::WaitAll() {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] {
-    for (const auto& [id, r] : requests_) {
-      if (!r.done) return false;
-    }
-    return true;
-  });
+  cv_.wait(lock, [&] { return requests_.empty(); });
   Status first;
-  for (const auto& [id, r] : requests_) {
-    if (!r.status.ok() && first.ok()) first = r.status;
+  for (const auto& [ticket, t] : tickets_) {
+    if (!t.status.ok() && first.ok()) first = t.status;
   }
-  requests_.clear();
+  tickets_.clear();
   return first;
 }
 
 void PushPullClient::Fail(PeerId server, const Status& status) {
   std::lock_guard<std::mutex> lock(mu_);
   if (server < 0 && failed_all_.ok()) failed_all_ = status;
-  for (auto& [id, r] : requests_) {
-    if (server < 0 || r.server == server) Settle(r, status);
+  std::vector<uint64_t> doomed;
+  for (const auto& [id, r] : requests_) {
+    if (server < 0 || r.server == server) doomed.push_back(id);
   }
+  for (uint64_t id : doomed) Settle(id, status);
   if (server < 0) transport_->Abort(status);
 }
 

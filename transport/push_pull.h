@@ -80,7 +80,10 @@ class PushPullServer {
 class PushPullClient {
  public:
   using Ticket = uint64_t;
-  explicit PushPullClient(UcxTransport* transport);
+  // Requests longer than `max_piece_bytes` travel as several messages of at
+  // most that size (one ticket still covers them): the server's work per
+  // message stays cache-sized and pieces pipeline.
+  explicit PushPullClient(UcxTransport* transport, uint64_t max_piece_bytes = 4u << 20);
   // Shuts the transport down first (in-flight requests are cancelled).
   ~PushPullClient();
 
@@ -89,33 +92,42 @@ class PushPullClient {
   Ticket Push(PeerId server, uint64_t offset, const void* data, uint64_t length);
   // Reads [offset, offset+length) of `server`'s buffer into dst.
   Ticket Pull(PeerId server, uint64_t offset, void* dst, uint64_t length);
-  // Waits for one request; its error names the server and range.
+  // Waits for one ticket; its error names the server and range.
   Status Wait(Ticket ticket);
-  // Waits for every outstanding request; returns the first error.
+  // Waits for every outstanding ticket; returns the first error.
   Status WaitAll();
   // Fails the outstanding requests to `server` (or to everyone, peer -1):
   // the coordinator reported a death, or the transport an endpoint error.
   void Fail(PeerId server, const Status& status);
 
  private:
+  // One message on the wire and its reply.
   struct Request {
+    Ticket ticket;
     PeerId server;
     bool pull;
     void* dst;
     uint64_t offset, length;
-    bool sent = false, replied = false, done = false;
-    Status status;
+    bool sent = false, reply_seen = false, replied = false;  // replied: data (if any) is in
   };
-  void Start(Ticket id, PeerId server, bool pull, const void* payload, void* dst, uint64_t offset, uint64_t length);
+  struct TicketState {
+    int remaining = 0;  // requests not yet finished
+    Status status;      // the first error
+  };
+  Ticket Issue(PeerId server, bool pull, const void* payload, void* dst, uint64_t offset, uint64_t length);
   void OnReply(PeerId from, std::string_view header, IncomingPayload& payload);
-  // Under mu_: records the first error / a finished half, wakes waiters.
-  void Settle(Request& r, const Status& status);
+  // Under mu_: a finished half of request `id` (or its error); a request
+  // whose both halves are in, or that failed, is retired from its ticket.
+  void Settle(uint64_t id, const Status& status);
 
   UcxTransport* transport_;
+  const uint64_t max_piece_bytes_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::map<Ticket, Request> requests_;
-  Ticket next_ = 1;
+  std::map<uint64_t, Request> requests_;
+  std::map<Ticket, TicketState> tickets_;
+  uint64_t next_request_ = 1;
+  Ticket next_ticket_ = 1;
   Status failed_all_;
 };
 

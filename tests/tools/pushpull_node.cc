@@ -48,6 +48,10 @@ Status RunWorker(const tools::Args& args, const transport::JoinOptions& join) {
   for (const std::string& p : args.GetAll("pieces")) pieces.push_back(std::stoull(p));
   if (pieces.empty()) pieces = {1 << 20, 4 << 20};
 
+  // Buffers first: they must outlive the client, whose destructor stops the
+  // transport (and with it any transfer still writing into them).
+  const uint64_t total = static_cast<uint64_t>(total_bytes);
+  std::vector<float> mine(total / sizeof(float)), result(total / sizeof(float));
   HERD_ASSIGN_OR_RETURN(auto t, transport::UcxTransport::Create(-1));
   auto client = std::make_unique<transport::PushPullClient>(t.get());
   HERD_ASSIGN_OR_RETURN(auto coordinator, transport::JoinJob(join, t.get(), {wire::SERVER}));
@@ -58,8 +62,7 @@ Status RunWorker(const tools::Args& args, const transport::JoinOptions& join) {
                  t->DescribeEndpoint(transport::MemberPeerId(*coordinator, wire::SERVER, 0)).c_str());
   }
   const uint64_t shard = static_cast<uint64_t>(total_bytes) / S;
-  const size_t n = static_cast<size_t>(total_bytes) / sizeof(float);
-  std::vector<float> mine(n), result(n);
+  const size_t n = mine.size();
   for (size_t i = 0; i < n; ++i) mine[i] = static_cast<float>(w + 1) * Base(i);
   HERD_RETURN_IF_ERROR(t->RegisterMemory(mine.data(), total_bytes));
   HERD_RETURN_IF_ERROR(t->RegisterMemory(result.data(), total_bytes));
