@@ -2,7 +2,9 @@
 - strangers sending an oversized frame, garbage, a frame without a message,
   a message before the hello, too much before authenticating: each is
   refused and closed, and the coordinator keeps serving;
-- a wrong job token and a different config are refused with one line;
+- a wrong job token, a different config, a rank out of range and a
+  launcher world size that disagrees with the config are refused with one
+  line each;
 - after all that, a proper job on the same coordinator runs to the end;
 - kill -9 of a worker mid-transfer: every other process is told which rank
   died within 5 s and exits by itself (no hang, no core dump), and the
@@ -81,7 +83,9 @@ def refusals(sb):
 
         for name, extra, env, needle in [
                 ("intruder", [], {"HERD_JOB_TOKEN": "not-the-token"}, "wrong job token"),
-                ("odd", ["--set", "train.seed=99"], None, "config hash")]:
+                ("odd", ["--set", "train.seed=99"], None, "config hash"),
+                ("far", ["--rank", "5"], None, "rank 5 is out of range"),
+                ("torchrun", [], {"RANK": "0", "WORLD_SIZE": "3"}, "the job has 2 (cluster.workers)")]:
             job.start_node(name, "worker", *extra, env=env)
             rc = job.wait(name, 20)
             err = job.stderr(name)
