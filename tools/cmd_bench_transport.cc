@@ -10,6 +10,8 @@
 //   throughput) or "accumulate" (the skeleton's sum: received into scratch,
 //   then added; the sum's memory traffic is part of the figure); --push
 //   picks one, both by default.
+//   Figures are medians over --reps back-to-back pairs (herd, then
+//   ucx_perftest); `ratio` is the median of the pairs' ratios.
 //   MBps = 2^20 bytes per second, as ucx_perftest counts. herd's figure
 //   counts the bytes of pushes and pulls together, with `concurrency`
 //   requests in flight (alternating push and pull); ucx_perftest sends in
@@ -279,20 +281,24 @@ int RunJob(const BenchPlan& plan, bool store) {
       for (long long c : plan.concurrencies) {
         // Interleaved repetitions, medians: this machine's speed drifts, and
         // both sides see the same drift.
-        std::vector<double> ours, theirs;
+        // The ratio is the median of back-to-back pairs, which see the
+        // same machine state far more often than two medians do.
+        std::vector<double> ours, theirs, ratios;
         for (int rep = 0; rep < plan.reps && rc == 0; ++rep) {
           auto mbps = Measure(*client, server, buffer.data(), bytes, c, plan.disjoint, plan.seconds);
           if (!mbps.ok()) rc = ReportError(mbps.status());
           ours.push_back(mbps.ok() ? *mbps : 0);
-          if (plan.perftest) theirs.push_back(RunPerftest(bytes, c));
+          if (!plan.perftest) continue;
+          theirs.push_back(RunPerftest(bytes, c));
+          if (theirs.back() > 0) ratios.push_back(ours.back() / theirs.back());
         }
         if (rc != 0) break;
         const double mbps = Median(ours);
         const double anchor = plan.perftest ? Median(theirs) : -1;
         char anchor_text[64] = "null", ratio_text[64] = "null";
-        if (anchor > 0) {
+        if (anchor > 0 && !ratios.empty()) {
           std::snprintf(anchor_text, sizeof anchor_text, "%.1f", anchor);
-          std::snprintf(ratio_text, sizeof ratio_text, "%.3f", mbps / anchor);
+          std::snprintf(ratio_text, sizeof ratio_text, "%.3f", Median(ratios));
         }
         std::printf(
             "{\"bench\": \"transport\", \"bytes\": %lld, \"concurrency\": %lld, \"push\": \"%s\", "
