@@ -6,10 +6,13 @@
   launcher world size that disagrees with the config are refused with one
   line each;
 - after all that, a proper job on the same coordinator runs to the end;
-- kill -9 of a worker mid-transfer: every other process is told which rank
-  died within 5 s and exits by itself (no hang, no core dump), and the
-  coordinator exits non-zero naming the rank."""
+- kill -9 of a worker, and of a server, mid-transfer: every other process
+  is told which rank died within 5 s and exits by itself (no hang, no core
+  dump), and the coordinator exits non-zero naming the rank;
+- a stopped (silent) worker is declared lost after heartbeat_timeout_s;
+- SIGTERM to the coordinator shuts every process down in order."""
 import os
+import signal
 import socket
 import struct
 import sys
@@ -106,43 +109,94 @@ def refusals(sb):
         job.kill_all()
 
 
-def kill_worker(sb):
-    job = herdtest.Job(sb, config(2, 3))
+def start_busy_job(sb, heartbeat_timeout=5):
+    """2 servers + 3 workers (explicit ranks) pushing slowly: about 2.6 s of
+    transfers per round, so that a failure lands mid-transfer."""
+    job = herdtest.Job(sb, config(2, 3).replace("heartbeat_timeout_s: 5",
+                                                f"heartbeat_timeout_s: {heartbeat_timeout}"))
+    job.start_coordinator()
+    for r in range(2):
+        job.start_node(f"server{r}", "server", "--rank", str(r), "--shard-bytes", str(32 << 20))
+    for r in range(3):
+        job.start_node(f"worker{r}", "worker", "--rank", str(r), "--total-bytes", str(64 << 20),
+                       "--pieces", str(1 << 20), "--slow-ms", "40")
+    deadline = time.time() + 60
+    while not all("joined a job" in job.stderr(f"worker{r}") for r in range(3)):
+        assert time.time() < deadline, "workers did not join"
+        time.sleep(0.05)
+    time.sleep(0.5)
+    return job
+
+
+def expect_all_told(job, names, needle, since, within):
+    """Every process in `names` exits by itself (positive code: no signal,
+    no crash) within `within` s of `since`, with one error line naming the
+    lost process."""
+    for name in names:
+        rc = job.wait(name, max(0.1, since + within - time.time()))
+        err = job.stderr(name)
+        assert rc > 0, f"{name}: exit {rc} (a negative code is a signal: crash?)\n{err}"
+        errors = [l for l in err.splitlines() if l.startswith("herd: error:")]
+        assert len(errors) == 1 and needle in errors[0], f"{name}:\n{err}"
+    return time.time() - since
+
+
+def first_error(job, name):
+    return [l for l in job.stderr(name).splitlines() if l.startswith("herd: error:")][0]
+
+
+def kill_member(victim, needle):
+    def scenario(sb):
+        job = start_busy_job(sb)
+        try:
+            others = [n for n in ["worker0", "worker1", "worker2", "server0", "server1"] if n != victim]
+            job.procs[victim].kill()
+            killed_at = time.time()
+            job.procs[victim].wait()
+            took = expect_all_told(job, others + ["coordinator"], needle, killed_at, 5)
+            assert not [f for f in os.listdir(sb.dir) if f.startswith("core")], "core dump left behind"
+            print(f"kill -9 of {needle}: the other 5 exited within {took:.2f} s; {others[0]} said: "
+                  f"{first_error(job, others[0])}")
+        finally:
+            job.kill_all()
+    return scenario
+
+
+def silent_worker(sb):
+    """A stopped process (SIGSTOP: alive, connected, silent) is declared
+    lost after heartbeat_timeout_s."""
+    job = start_busy_job(sb, heartbeat_timeout=2)
     try:
-        job.start_coordinator()
-        for r in range(2):
-            job.start_node(f"server{r}", "server", "--rank", str(r), "--shard-bytes", str(32 << 20))
-        for r in range(3):
-            job.start_node(f"worker{r}", "worker", "--rank", str(r), "--total-bytes", str(64 << 20),
-                           "--pieces", str(1 << 20), "--slow-ms", "40")
-        deadline = time.time() + 60
-        while not all("joined a job" in job.stderr(f"worker{r}") for r in range(3)):
-            assert time.time() < deadline, "workers did not join"
-            time.sleep(0.05)
-        time.sleep(0.5)  # mid-transfer: 64 pieces at 40 ms each take about 2.6 s
-        victim = job.procs["worker1"]
-        victim.kill()
-        killed_at = time.time()
-        victim.wait()
-        others = ["worker0", "worker2", "server0", "server1"]
-        for name in others + ["coordinator"]:
-            rc = job.wait(name, max(0.1, killed_at + 5 - time.time()))
-            err = job.stderr(name)
-            assert rc > 0, f"{name}: exit {rc} (a negative code is a signal: crash?)\n{err}"
-            errors = [l for l in err.splitlines() if l.startswith("herd: error:")]
-            assert len(errors) == 1 and "worker rank 1" in errors[0], f"{name}:\n{err}"
-        took = time.time() - killed_at
-        print("worker0 said: " + [l for l in job.stderr("worker0").splitlines() if l.startswith("herd: error:")][0])
-        print("coordinator said: " + [l for l in job.stderr("coordinator").splitlines()
-                                      if l.startswith("herd: error:")][0])
-        assert not [f for f in os.listdir(sb.dir) if f.startswith("core")], "core dump left behind"
-        print(f"kill -9 of worker rank 1: all 5 others exited with the rank named within {took:.2f} s")
+        job.procs["worker2"].send_signal(signal.SIGSTOP)
+        stopped_at = time.time()
+        took = expect_all_told(job, ["worker0", "worker1", "server0", "server1", "coordinator"],
+                               "worker rank 2", stopped_at, 2 + 5)
+        assert "silent for 2.0 s" in first_error(job, "coordinator"), job.stderr("coordinator")
+        print(f"SIGSTOP of worker rank 2: declared lost, others out after {took:.2f} s: "
+              f"{first_error(job, 'coordinator')}")
+    finally:
+        job.procs["worker2"].send_signal(signal.SIGCONT)
+        job.kill_all()
+
+
+def terminate_coordinator(sb):
+    """SIGTERM to the coordinator shuts the job down in order."""
+    job = start_busy_job(sb)
+    try:
+        job.procs["coordinator"].terminate()
+        at = time.time()
+        took = expect_all_told(job, ["worker0", "worker1", "worker2", "server0", "server1"],
+                               "shut the job down: terminated (SIGTERM)", at, 5)
+        rc = job.wait("coordinator", 5)
+        assert rc == 1 and "terminated (SIGTERM)" in first_error(job, "coordinator"), job.stderr("coordinator")
+        print(f"SIGTERM to the coordinator: all 5 out after {took:.2f} s: {first_error(job, 'worker0')}")
     finally:
         job.kill_all()
 
 
 def main():
-    herdtest.run_scenarios("transport failures", refusals, kill_worker)
+    herdtest.run_scenarios("transport failures", refusals, kill_member("worker1", "worker rank 1"),
+                           kill_member("server0", "server rank 0"), silent_worker, terminate_coordinator)
 
 
 if __name__ == "__main__":
