@@ -95,7 +95,7 @@ class CoordinatorClient::Impl {
   void OnFailure(std::function<void(const Status&)> handler) {
     std::unique_lock<std::mutex> lock(mu_);
     if (failure_.ok()) {
-      on_failure_ = std::move(handler);
+      on_failure_.push_back(std::move(handler));
       return;
     }
     Status failure = failure_;
@@ -273,17 +273,23 @@ class CoordinatorClient::Impl {
   // Runs on the io thread. The first failure wins; after Leave() nothing
   // counts as one.
   void Fail(const Status& failure) {
-    std::function<void(const Status&)> handler;
+    std::vector<std::function<void(const Status&)>> handlers;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (!failure_.ok() || left_) return;
-      failure_ = failure;
-      handler = std::move(on_failure_);
+      if (failing_ || left_) return;
+      failing_ = true;
+      handlers.swap(on_failure_);
     }
-    cv_.notify_all();
     heartbeat_timer_.cancel();
     conn_->Close();
-    if (handler) handler(failure);
+    // Handlers first (they abort transports), then the waiters: a caller
+    // that sees the failure may start tearing down at once.
+    for (auto& handler : handlers) handler(failure);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      failure_ = failure;
+    }
+    cv_.notify_all();
   }
 
   JoinOptions options_;
@@ -296,13 +302,13 @@ class CoordinatorClient::Impl {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  bool welcomed_ = false, left_ = false, ended_ = false;
+  bool welcomed_ = false, left_ = false, ended_ = false, failing_ = false;
   wire::Welcome welcome_;
   std::vector<wire::Member> members_;
   std::set<std::string> barriers_done_;
   std::map<std::string, std::vector<std::string>> gathered_;
   Status failure_;
-  std::function<void(const Status&)> on_failure_;
+  std::vector<std::function<void(const Status&)>> on_failure_;
 };
 
 StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Join(const JoinOptions& options) {

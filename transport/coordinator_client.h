@@ -63,7 +63,8 @@ class CoordinatorClient {
                                                wire::Scope scope = wire::EVERYONE);
 
   // `handler` runs once, on the client's thread, when the job fails (a peer
-  // lost, the coordinator gone or shutting down). Runs at once if it already has.
+  // lost, the coordinator gone or shutting down); handlers run in the order
+  // added. Runs at once if the job already has failed.
   void OnFailure(std::function<void(const Status&)> handler);
   // OK while the job is healthy; the failure otherwise.
   Status health() const;

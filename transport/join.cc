@@ -22,6 +22,9 @@ StatusOr<std::unique_ptr<CoordinatorClient>> JoinJob(const JoinOptions& options,
   JoinOptions with_address = options;
   with_address.ucx_address = transport->address();
   HERD_ASSIGN_OR_RETURN(auto client, CoordinatorClient::Join(with_address));
+  // A failed job closes its endpoints forcibly: flushing towards a dead
+  // peer would never end.
+  client->OnFailure([transport](const Status& failure) { transport->Abort(failure); });
   const PeerId self = MemberPeerId(*client, client->role(), client->rank());
   transport->set_self(self);
   for (size_t i = 0; i < client->members().size(); ++i) {

@@ -7,7 +7,8 @@
 // index: servers by rank, then workers by rank), connects to every member
 // of the roles in `connect_to`, and waits in a barrier until all processes
 // have done the same, so no message ever reaches a process that does not
-// yet know its sender.
+// yet know its sender. When the job fails, the transport is aborted (its
+// endpoints then close forcibly); it must outlive the returned client.
 #pragma once
 
 #include <memory>
