@@ -89,29 +89,34 @@ void DistributedSampler::NextBatch(int batch_size, int32_t* inputs, int32_t* tar
 
 std::string DistributedSampler::SaveState() const {
   char buf[256];
-  std::snprintf(buf, sizeof(buf), "epoch %lld position %lld tokens %lld seq_len %d world_size %d rank %d\n",
+  std::snprintf(buf, sizeof(buf), "epoch %lld position %lld tokens %lld seq_len %d world_size %d rank %d seed %llu\n",
                 static_cast<long long>(epoch_), static_cast<long long>(position_),
-                static_cast<long long>(file_->size()), seq_len_, world_size_, rank_);
+                static_cast<long long>(file_->size()), seq_len_, world_size_, rank_,
+                static_cast<unsigned long long>(seed_));
   return buf;
 }
 
 Status DistributedSampler::RestoreState(const std::string& state) {
   long long epoch = -1, position = -1, tokens = -1;
+  unsigned long long seed = 0;
   int seq_len = 0, world_size = 0, rank = 0, consumed = 0;
   const bool parsed =
-      std::sscanf(state.c_str(), "epoch %lld position %lld tokens %lld seq_len %d world_size %d rank %d %n", &epoch,
-                  &position, &tokens, &seq_len, &world_size, &rank, &consumed) == 6 &&
+      std::sscanf(state.c_str(), "epoch %lld position %lld tokens %lld seq_len %d world_size %d rank %d seed %llu %n",
+                  &epoch, &position, &tokens, &seq_len, &world_size, &rank, &seed, &consumed) == 7 &&
       static_cast<size_t>(consumed) == state.size();
   if (!parsed) {
     const std::string shown = state.substr(0, std::min<size_t>(state.find('\n'), 80));
     return Status::Corruption("data-loader state is malformed: '" + shown +
-                              "' (expected 'epoch E position P tokens N seq_len T world_size W rank R')");
+                              "' (expected 'epoch E position P tokens N seq_len T world_size W rank R seed S')");
   }
-  if (tokens != file_->size() || seq_len != seq_len_ || world_size != world_size_ || rank != rank_) {
+  // The seed decides every epoch's shuffle: a different one would silently
+  // train on other sequences than the run being resumed.
+  if (tokens != file_->size() || seq_len != seq_len_ || world_size != world_size_ || rank != rank_ || seed != seed_) {
     return Status::FailedPrecondition(
         "data-loader state was saved for " + N(tokens) + " tokens, seq_len " + N(seq_len) + ", " + N(world_size) +
-        " workers, rank " + N(rank) + "; this run has " + N(file_->size()) + " tokens (" + file_->path() +
-        "), seq_len " + N(seq_len_) + ", " + N(world_size_) + " workers, rank " + N(rank_));
+        " workers, rank " + N(rank) + ", seed " + std::to_string(seed) + "; this run has " + N(file_->size()) +
+        " tokens (" + file_->path() + "), seq_len " + N(seq_len_) + ", " + N(world_size_) + " workers, rank " +
+        N(rank_) + ", seed " + std::to_string(seed_));
   }
   if (epoch < 0 || position < 0 || position > per_rank()) {
     return Status::Corruption("data-loader state is out of range: epoch " + N(epoch) + " position " + N(position) +

@@ -52,9 +52,9 @@ class DistributedSampler {
   int64_t per_rank() const { return num_sequences_ / world_size_; }
 
   // One text line: the epoch, the position and what the state was made for
-  // (dataset size, seq_len, world size, rank). RestoreState rejects
-  // malformed text and state made for another dataset size, T, W or rank,
-  // with one line saying which; on error the sampler is unchanged.
+  // (dataset size, seq_len, world size, rank, seed). RestoreState rejects
+  // malformed text and state made for another dataset size, T, W, rank or
+  // seed, with one line saying which; on error the sampler is unchanged.
   std::string SaveState() const;
   Status RestoreState(const std::string& state);
 

@@ -344,15 +344,21 @@ TEST_F(DataSamplerTest, RestoreRejectsOtherRunsAndGarbageAndChangesNothing) {
     EXPECT_EQ(Rows(*s, 1, seq_len), Rows(*twin, 1, seq_len)) << "a failed restore moved the sampler";
   };
   expect(file, T, 3, 1, state,
-         "2 workers, rank 1; this run has 201 tokens (" + file.path() + "), seq_len 4, 3 workers");
+         "2 workers, rank 1, seed 3; this run has 201 tokens (" + file.path() + "), seq_len 4, 3 workers");
   expect(file, T, 2, 0, state, ", 2 workers, rank 0");
   expect(file, T + 1, 2, 1, state, "seq_len 4");
   expect(other_file, T, 2, 1, state, "saved for 201 tokens");
   expect(file, T, 2, 1, "", "malformed");
   expect(file, T, 2, 1, "garbage", "malformed: 'garbage'");
   expect(file, T, 2, 1, state + "extra", "malformed");
-  expect(file, T, 2, 1, "epoch -1 position 0 tokens 201 seq_len 4 world_size 2 rank 1", "out of range");
-  expect(file, T, 2, 1, "epoch 0 position 26 tokens 201 seq_len 4 world_size 2 rank 1", "25 sequences per epoch");
+  expect(file, T, 2, 1, "epoch 0 position 0 tokens 201 seq_len 4 world_size 2 rank 1", "malformed");  // no seed
+  expect(file, T, 2, 1, "epoch -1 position 0 tokens 201 seq_len 4 world_size 2 rank 1 seed 3", "out of range");
+  expect(file, T, 2, 1, "epoch 0 position 26 tokens 201 seq_len 4 world_size 2 rank 1 seed 3",
+         "25 sequences per epoch");
+  auto reseeded = DistributedSampler::Create(file, T, 2, 1, 4);
+  Status st = reseeded->RestoreState(state);
+  EXPECT_NE(st.message().find("seed 3; this run has"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("seed 4"), std::string::npos) << st.message();
   auto s = DistributedSampler::Create(file, T, 2, 1, 3);
   EXPECT_TRUE(s->RestoreState(state).ok());
 }
