@@ -199,6 +199,7 @@ std::vector<Violation> CheckValues(const JobConfig& c) {
   need(m.rope_theta() > 0, "model.rope_theta", "must be > 0");
   need(m.rms_norm_eps() > 0, "model.rms_norm_eps", "must be > 0");
   need(m.initializer_range() >= 0, "model.initializer_range", "must be >= 0");
+  need(m.max_position_embeddings() >= 0, "model.max_position_embeddings", "must be >= 0 (0 = unset)");
 
   const auto& t = c.train();
   need(t.steps() >= 0, "train.steps", "must be >= 0");

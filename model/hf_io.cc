@@ -187,6 +187,11 @@ StatusOr<config::ModelConfig> ParseConfigJson(const std::string& path) {
   m.set_rms_norm_eps(eps);
   m.set_tie_word_embeddings(tied);
   m.set_initializer_range(init_range);
+  if (r.Get("max_position_embeddings") != nullptr) {
+    int max_positions;
+    HERD_RETURN_IF_ERROR(r.PositiveInt("max_position_embeddings", -1, &max_positions));
+    m.set_max_position_embeddings(max_positions);
+  }
 
   // The relations herd checks for any job (divisibility, even head_dim).
   config::JobConfig job;

@@ -354,7 +354,9 @@ TEST_F(HfIoTest, HfRoundTripTiedAndUntiedGqa) {
 
     auto hf = ReadHfDirectory(Path(dir));
     ASSERT_TRUE(hf.ok()) << hf.status().message();
-    EXPECT_EQ(hf->model.SerializeAsString(), SmallModel(tied).SerializeAsString());
+    config::ModelConfig expected = SmallModel(tied);
+    expected.set_max_position_embeddings(64);
+    EXPECT_EQ(hf->model.SerializeAsString(), expected.SerializeAsString());
     ASSERT_EQ(hf->params.size(), w.size());
     EXPECT_EQ(std::memcmp(hf->params.data(), w.data(), w.size() * 4), 0);
   }
@@ -612,8 +614,15 @@ TEST_F(HfIoTest, HfCliExportImportRoundTrip) {
   auto back = LoadCheckpointModel(Path("imported"));
   ASSERT_TRUE(back.ok()) << back.status().message();
   EXPECT_EQ(back->step, 0);
-  EXPECT_EQ(back->config.model().SerializeAsString(), SmallModel(false).SerializeAsString());
+  config::ModelConfig expected_model = SmallModel(false);
+  expected_model.set_max_position_embeddings(48);  // kept from config.json
+  EXPECT_EQ(back->config.model().SerializeAsString(), expected_model.SerializeAsString());
   EXPECT_EQ(back->weights, shard.weights);
+  // Exported again, the imported model keeps its max_position_embeddings
+  // (not the imported job's default train.seq_len).
+  r = RunHerd("export " + Path("imported") + " --out " + Path("hf_again"));
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(json::parse(ReadBytes(Path("hf_again/config.json")))["max_position_embeddings"], 48);
   auto moments = ReadShard(Path("imported/step_00000000/shard_00000.bin"));
   ASSERT_TRUE(moments.ok()) << moments.status().message();
   EXPECT_EQ(moments->m, std::vector<float>(layout.size(), 0.0f));

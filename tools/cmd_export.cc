@@ -1,7 +1,8 @@
 // herd export CHECKPOINT --out DIR
 // CHECKPOINT is a step directory or a checkpoint root (then its latest valid
 // step). Writes a HuggingFace directory: config.json (LlamaForCausalLM,
-// max_position_embeddings = the checkpoint's train.seq_len) and
+// max_position_embeddings = the model's own when it has one, i.e. it was
+// imported, else the checkpoint's train.seq_len) and
 // model.safetensors (fp32).
 #include <cstdio>
 
@@ -26,7 +27,9 @@ int RunExport(int argc, char** argv) {
   auto ckpt = LoadCheckpointModel(path);
   if (!ckpt.ok()) return ReportError(ckpt.status());
   const config::ModelConfig& model = ckpt->config.model();
-  st = WriteHfDirectory(out, model, ckpt->weights.data(), ckpt->config.train().seq_len());
+  const int max_positions = model.max_position_embeddings() > 0 ? model.max_position_embeddings()
+                                                                  : ckpt->config.train().seq_len();
+  st = WriteHfDirectory(out, model, ckpt->weights.data(), max_positions);
   if (!st.ok()) return ReportError(st);
   const ParamLayout layout(LlamaShape::FromConfig(model));
   std::printf("exported step %lld of %s (%lld parameters, %s embeddings) to %s: config.json, model.safetensors\n",
