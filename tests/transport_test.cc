@@ -240,5 +240,32 @@ TEST(Coordinator, RanksBarriersAndAllGather) {
   for (int i = 0; i < 4; ++i) EXPECT_EQ(gathered[i], expected) << i;
 }
 
+// Not everyone arrives: after join_timeout the ones waiting are refused
+// with the count of who came, and Run() reports it.
+TEST(Coordinator, JoinTimeoutRefusesTheWaitingWithWhoIsMissing) {
+  CoordinatorOptions options;
+  options.token = "secret";
+  options.servers = 1;
+  options.workers = 2;
+  options.join_timeout_s = 0.5;
+  auto coordinator = Coordinator::Start(options);
+  ASSERT_TRUE(coordinator.ok());
+  Status result;
+  std::thread serve([&] { result = (*coordinator)->Run(); });
+  JoinOptions o;
+  o.coordinator = "127.0.0.1:" + std::to_string((*coordinator)->port());
+  o.token = "secret";
+  o.role = wire::WORKER;
+  o.servers = 1;
+  o.workers = 2;
+  o.join_timeout_s = 20;
+  auto client = CoordinatorClient::Join(o);
+  serve.join();
+  ASSERT_FALSE(client.ok());
+  EXPECT_NE(client.status().message().find("joined: 0/1 servers, 1/2 workers"), std::string::npos)
+      << client.status().message();
+  EXPECT_NE(result.message().find("timed out after 0.5 s"), std::string::npos) << result.message();
+}
+
 }  // namespace
 }  // namespace herd::transport

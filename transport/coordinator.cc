@@ -107,7 +107,7 @@ class Coordinator::Impl {
     LOG(INFO) << "coordinator listening on " << acceptor_.local_endpoint().address().to_string() << ":" << port();
     Accept();
     ArmHeartbeat();
-    if (servers_ >= 0) ArmJoinTimer(/*seconds=*/-1);
+    if (servers_ >= 0) ArmJoinTimer(options_.join_timeout_s);
     io_.run();
     return failure_;
   }
@@ -457,9 +457,8 @@ class Coordinator::Impl {
     });
   }
 
-  // seconds < 0: the default of 300 s (the shape came from the options).
+  // Everyone must have joined `seconds` after the job's shape became known.
   void ArmJoinTimer(double seconds) {
-    if (seconds < 0) seconds = 300;
     join_timer_.expires_after(ToDuration(seconds));
     join_timer_.async_wait([this, seconds](boost::system::error_code ec) {
       if (ec || formed_ || finished_) return;
@@ -529,6 +528,7 @@ CoordinatorOptions CoordinatorOptions::FromConfig(const JobConfig& config) {
   o.workers = c.workers();
   o.heartbeat_interval_s = c.heartbeat_interval_s();
   o.heartbeat_timeout_s = c.heartbeat_timeout_s();
+  o.join_timeout_s = c.join_timeout_s();
   o.max_message_bytes = MaxControlMessageBytes(config);
   return o;
 }

@@ -33,6 +33,9 @@ struct CoordinatorOptions {
   int workers = -1;
   double heartbeat_interval_s = 1.0;  // used until the first Hello says otherwise
   double heartbeat_timeout_s = 10.0;
+  // With a fixed shape: how long after Run() everyone must have joined
+  // (otherwise the first Hello's join timeout counts from its arrival).
+  double join_timeout_s = 300.0;
   size_t max_message_bytes = 16u << 20;
   // How long a lost job waits for the remaining members to disconnect.
   double drain_timeout_s = 10.0;
