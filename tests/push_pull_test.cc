@@ -1,0 +1,84 @@
+// The push/pull service over real UCX inside one process (two transports,
+// two endpoints): requests with bad ranges are answered with errors that
+// name the range, malformed messages are dropped without harm, and large
+// requests split into pieces still sum exactly. Multi-process behaviour is
+// in tests/transport_*_test.py.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <vector>
+
+#include "transport/push_pull.h"
+
+namespace herd::transport {
+namespace {
+
+constexpr PeerId kServer = 0, kClient = 1;
+
+class PushPullTest : public testing::Test {
+ protected:
+  void SetUp() override {
+    auto s = UcxTransport::Create(kServer);
+    auto c = UcxTransport::Create(kClient);
+    ASSERT_TRUE(s.ok() && c.ok());
+    server_transport_ = std::move(*s);
+    client_transport_ = std::move(*c);
+    shard_ = std::make_unique<AccumulatingShard>(kShardBytes);
+    server_ = std::make_unique<PushPullServer>(server_transport_.get(), shard_.get());
+    // Small pieces so that one request spans several messages.
+    client_ = std::make_unique<PushPullClient>(client_transport_.get(), 64 << 10);
+    ASSERT_TRUE(server_transport_->Connect(kClient, client_transport_->address(), "client").ok());
+    ASSERT_TRUE(client_transport_->Connect(kServer, server_transport_->address(), "server").ok());
+  }
+  void TearDown() override {
+    client_.reset();
+    server_.reset();
+  }
+
+  static constexpr uint64_t kShardBytes = 1 << 20;
+  std::unique_ptr<UcxTransport> server_transport_, client_transport_;
+  std::unique_ptr<AccumulatingShard> shard_;
+  std::unique_ptr<PushPullServer> server_;
+  std::unique_ptr<PushPullClient> client_;
+};
+
+TEST_F(PushPullTest, PiecesSumExactlyAndCompleteOutOfOrder) {
+  std::vector<float> ones(kShardBytes / 4, 1.0f), twos(kShardBytes / 4, 2.0f), back(kShardBytes / 4, 0.0f);
+  auto a = client_->Push(kServer, 0, ones.data(), kShardBytes);
+  auto b = client_->Push(kServer, 0, twos.data(), kShardBytes);
+  ASSERT_TRUE(client_->Wait(b).ok());
+  ASSERT_TRUE(client_->Wait(a).ok());
+  ASSERT_TRUE(client_->Wait(client_->Pull(kServer, 0, back.data(), kShardBytes)).ok());
+  for (float v : back) ASSERT_EQ(v, 3.0f);
+}
+
+TEST_F(PushPullTest, BadRangesAreAnsweredWithErrorsThatNameThem) {
+  std::vector<float> data(1024, 1.0f);
+  auto expect_error = [&](PushPullClient::Ticket t, const std::string& needle) {
+    Status st = client_->Wait(t);
+    ASSERT_FALSE(st.ok()) << needle;
+    EXPECT_NE(st.message().find(needle), std::string::npos) << st.message();
+  };
+  expect_error(client_->Push(kServer, kShardBytes - 8, data.data(), 16), "is outside this server's 1048576 bytes");
+  expect_error(client_->Pull(kServer, kShardBytes, data.data(), 4), "pull of [1048576, 1048580)");
+  expect_error(client_->Push(kServer, 2, data.data(), 8), "not a whole number of float32s");
+  expect_error(client_->Push(kServer, ~0ull - 3, data.data(), 8), "is outside");  // offset + length overflows
+  // The server is unharmed: a good request still works.
+  EXPECT_TRUE(client_->Wait(client_->Push(kServer, 0, data.data(), 4096)).ok());
+}
+
+TEST_F(PushPullTest, MalformedMessagesAreDroppedAndServingGoesOn) {
+  std::vector<float> data(256, 5.0f), back(256, 0.0f);
+  std::atomic<int> sent{0};
+  // Headers of the wrong size, to each of the service's message types.
+  for (uint16_t am : {kAmPush, kAmPull, kAmReply}) {
+    client_transport_->Send(kServer, am, std::string(5, 'x'), data.data(), 16, [&](const Status&) { ++sent; });
+  }
+  server_transport_->Send(kClient, kAmReply, std::string(3, 'y'), nullptr, 0, [&](const Status&) { ++sent; });
+  ASSERT_TRUE(client_->Wait(client_->Push(kServer, 0, data.data(), 1024)).ok());
+  ASSERT_TRUE(client_->Wait(client_->Pull(kServer, 0, back.data(), 1024)).ok());
+  EXPECT_EQ(back, data);
+}
+
+}  // namespace
+}  // namespace herd::transport
