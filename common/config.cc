@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "common/file_util.h"
+#include "common/strings.h"
 
 namespace herd {
 namespace {
@@ -32,14 +33,6 @@ class FirstErrorCollector : public pb::io::ErrorCollector {
   std::string origin_;
   std::string error_;
 };
-
-std::vector<std::string> Split(const std::string& s, char sep) {
-  std::vector<std::string> parts;
-  std::stringstream in(s);
-  std::string part;
-  while (std::getline(in, part, sep)) parts.push_back(part);
-  return parts;
-}
 
 size_t EditDistance(const std::string& a, const std::string& b) {
   std::vector<size_t> row(b.size() + 1);

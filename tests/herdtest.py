@@ -3,9 +3,11 @@ in a scratch directory, write configs and corpora. Not a test itself."""
 import argparse
 import os
 import random
+import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 
 def parse_args():
@@ -79,7 +81,6 @@ def listing(root):
 
 def run_scenarios(title, *scenarios):
     """Runs each scenario(sandbox) in one scratch directory, removed after."""
-    import shutil
     args = parse_args()
     sb = Sandbox(args.build)
     try:
@@ -95,7 +96,6 @@ class Job:
     (tests/pushpull_node), each a real process with its output in files."""
 
     def __init__(self, sb, config_text, token="test-token-0123456789", env=None):
-        import subprocess  # noqa: F401  (already imported; kept for clarity)
         self.sb = sb
         self.config = sb.write("job.textproto", config_text)
         self.node_bin = os.path.join(sb.build, "tests", "pushpull_node")
@@ -110,7 +110,6 @@ class Job:
             os.remove(port_file)
         self._spawn(name, [self.sb.herd, "coordinator", self.config, "--listen", "127.0.0.1:0",
                            "--port-file", port_file, *extra])
-        import time
         deadline = time.time() + 20
         while not os.path.exists(port_file):
             if time.time() > deadline or self.procs[name].poll() is not None:

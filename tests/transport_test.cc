@@ -175,10 +175,9 @@ TEST(Rendezvous, ConfigHashIgnoresSpelledOutDefaults) {
 TEST(Coordinator, RanksBarriersAndAllGather) {
   CoordinatorOptions options;
   options.token = "secret";
-  options.servers = 1;
-  options.workers = 3;
-  options.heartbeat_interval_s = 0.2;
-  options.heartbeat_timeout_s = 5;
+  const JobShape shape{.servers = 1, .workers = 3, .heartbeat_interval_s = 0.2, .heartbeat_timeout_s = 5,
+                       .join_timeout_s = 20};
+  options.job = shape;
   auto coordinator = Coordinator::Start(options);
   ASSERT_TRUE(coordinator.ok()) << coordinator.status().message();
   Status result;
@@ -191,11 +190,7 @@ TEST(Coordinator, RanksBarriersAndAllGather) {
     o.token = "secret";
     o.role = role;
     o.rank = rank;
-    o.servers = 1;
-    o.workers = 3;
-    o.heartbeat_interval_s = 0.2;
-    o.heartbeat_timeout_s = 5;
-    o.join_timeout_s = 20;
+    o.job = shape;
     o.ucx_address = "addr-" + std::to_string(role) + "-" + std::to_string(rank);
     return CoordinatorClient::Join(o);
   };
@@ -245,9 +240,7 @@ TEST(Coordinator, RanksBarriersAndAllGather) {
 TEST(Coordinator, JoinTimeoutRefusesTheWaitingWithWhoIsMissing) {
   CoordinatorOptions options;
   options.token = "secret";
-  options.servers = 1;
-  options.workers = 2;
-  options.join_timeout_s = 0.5;
+  options.job = JobShape{.servers = 1, .workers = 2, .join_timeout_s = 0.5};
   auto coordinator = Coordinator::Start(options);
   ASSERT_TRUE(coordinator.ok());
   Status result;
@@ -256,9 +249,7 @@ TEST(Coordinator, JoinTimeoutRefusesTheWaitingWithWhoIsMissing) {
   o.coordinator = "127.0.0.1:" + std::to_string((*coordinator)->port());
   o.token = "secret";
   o.role = wire::WORKER;
-  o.servers = 1;
-  o.workers = 2;
-  o.join_timeout_s = 20;
+  o.job = JobShape{.servers = 1, .workers = 2, .join_timeout_s = 20};
   auto client = CoordinatorClient::Join(o);
   serve.join();
   ASSERT_FALSE(client.ok());

@@ -37,6 +37,7 @@
 
 #include "common/clock.h"
 #include "common/logging.h"
+#include "common/strings.h"
 #include "tools/args.h"
 #include "tools/commands.h"
 #include "transport/coordinator.h"
@@ -53,21 +54,16 @@ using wire::Role;
 
 StatusOr<std::vector<long long>> ParseList(const Args& args, const std::string& name, std::vector<long long> fallback) {
   if (!args.Has(name)) return fallback;
+  const std::string text = args.Get(name);
+  const Status bad =
+      Status::InvalidArgument("--" + name + ": expected positive integers separated by commas, got '" + text + "'");
+  if (text.empty() || text.back() == ',') return bad;
   std::vector<long long> values;
-  std::string text = args.Get(name);
-  size_t at = 0;
-  while (at <= text.size()) {
-    size_t comma = text.find(',', at);
-    std::string item = text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+  for (const std::string& item : Split(text, ',')) {
     char* end = nullptr;
     long long v = std::strtoll(item.c_str(), &end, 10);
-    if (item.empty() || *end != '\0' || v <= 0) {
-      return Status::InvalidArgument("--" + name + ": expected positive integers separated by commas, got '" + text +
-                                     "'");
-    }
+    if (item.empty() || *end != '\0' || v <= 0) return bad;
     values.push_back(v);
-    if (comma == std::string::npos) break;
-    at = comma + 1;
   }
   return values;
 }
@@ -77,9 +73,7 @@ transport::JoinOptions BenchJoin(const std::string& coordinator, const std::stri
   o.coordinator = coordinator;
   o.token = token;
   o.role = role;
-  o.servers = 1;
-  o.workers = 1;
-  o.join_timeout_s = 60;
+  o.job = transport::JobShape{.servers = 1, .workers = 1, .join_timeout_s = 60};
   return o;
 }
 
@@ -246,8 +240,7 @@ int RunJob(const BenchPlan& plan, bool store) {
   ::setenv("HERD_JOB_TOKEN", token.c_str(), 1);
   transport::CoordinatorOptions co;
   co.token = token;
-  co.servers = 1;
-  co.workers = 1;
+  co.job = transport::JobShape{.servers = 1, .workers = 1};
   auto coordinator = transport::Coordinator::Start(co);
   if (!coordinator.ok()) return ReportError(coordinator.status());
   std::thread serve_coordinator([&] { (void)(*coordinator)->Run(); });

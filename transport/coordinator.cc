@@ -65,10 +65,12 @@ struct Session {
   int rank = -1;  // final rank once the membership is formed
 
   wire::Role role() const { return hello.role(); }
-  std::string Describe() const {
-    if (!admitted) return "connection from " + conn->peer();
-    return DescribeRole(role(), rank >= 0 ? rank : hello.rank()) + " (" + hello.host() + ", pid " +
-           std::to_string(hello.pid()) + ")";
+  // "worker rank 2 (host, pid 7)", with " from IP:PORT" after the rank when
+  // asked; "connection from IP:PORT" before a hello.
+  std::string Describe(bool with_address = false) const {
+    if (!hello.has_role()) return "connection from " + conn->peer();
+    return DescribeRole(role(), rank >= 0 ? rank : hello.rank()) + (with_address ? " from " + conn->peer() : "") +
+           " (" + hello.host() + ", pid " + std::to_string(hello.pid()) + ")";
   }
 };
 using SessionPtr = std::shared_ptr<Session>;
@@ -78,11 +80,14 @@ using SessionPtr = std::shared_ptr<Session>;
 class Coordinator::Impl {
  public:
   explicit Impl(const CoordinatorOptions& options)
-      : options_(options), acceptor_(io_), heartbeat_timer_(io_), join_timer_(io_), drain_timer_(io_) {
-    servers_ = options.servers;
-    workers_ = options.workers;
-    heartbeat_interval_s_ = options.heartbeat_interval_s;
-    heartbeat_timeout_s_ = options.heartbeat_timeout_s;
+      : options_(options),
+        shape_(options.job.value_or(JobShape{})),
+        acceptor_(io_),
+        heartbeat_timer_(io_),
+        join_timer_(io_),
+        drain_timer_(io_) {
+    servers_ = options.job ? shape_.servers : -1;
+    workers_ = options.job ? shape_.workers : -1;
   }
 
   Status Listen() {
@@ -107,7 +112,7 @@ class Coordinator::Impl {
     LOG(INFO) << "coordinator listening on " << acceptor_.local_endpoint().address().to_string() << ":" << port();
     Accept();
     ArmHeartbeat();
-    if (servers_ >= 0) ArmJoinTimer(options_.join_timeout_s);
+    if (options_.job) ArmJoinTimer(shape_.join_timeout_s);
     io_.run();
     return failure_;
   }
@@ -175,16 +180,10 @@ class Coordinator::Impl {
 
   // Refusal: one line to the process, one line in our log, then close.
   void Refuse(const SessionPtr& s, const std::string& reason) {
-    LOG(WARNING) << "coordinator: refused " << DescribeHello(s) << ": " << reason;
+    LOG(WARNING) << "coordinator: refused " << s->Describe(/*with_address=*/true) << ": " << reason;
     wire::Envelope m;
     m.mutable_refused()->set_reason(reason);
     SendAndClose(s, m);
-  }
-
-  std::string DescribeHello(const SessionPtr& s) const {
-    if (!s->hello.has_role()) return "connection from " + s->conn->peer();
-    return DescribeRole(s->hello.role(), s->hello.rank()) + " from " + s->conn->peer() + " (" + s->hello.host() + ", pid " +
-           std::to_string(s->hello.pid()) + ")";
   }
 
   void ProtocolError(const SessionPtr& s, const Status& st) {
@@ -245,12 +244,12 @@ class Coordinator::Impl {
     if (!reference_hash_set_) {
       reference_hash_set_ = true;
       reference_hash_ = h.config_hash();
-      reference_desc_ = DescribeHello(s);
+      reference_desc_ = s->Describe(/*with_address=*/true);
       if (servers_ < 0) {
         servers_ = h.servers();
         workers_ = h.workers();
-        heartbeat_interval_s_ = h.heartbeat_interval_ms() / 1000.0;
-        heartbeat_timeout_s_ = h.heartbeat_timeout_ms() / 1000.0;
+        shape_.heartbeat_interval_s = h.heartbeat_interval_ms() / 1000.0;
+        shape_.heartbeat_timeout_s = h.heartbeat_timeout_ms() / 1000.0;
         ArmJoinTimer(h.join_timeout_ms() / 1000.0);
       }
       LOG(INFO) << "coordinator: job of " << servers_ << " servers and " << workers_ << " workers, config hash "
@@ -288,7 +287,7 @@ class Coordinator::Impl {
       return Refuse(s, "all " + std::to_string(count) + " " + plural + " have already joined");
     }
     s->admitted = true;
-    s->conn->set_max_body_bytes(options_.max_message_bytes);
+    s->conn->set_max_body_bytes(shape_.max_message_bytes);
     pending.push_back(s);
     const int joined = static_cast<int>(pending_[wire::SERVER].size() + pending_[wire::WORKER].size());
     LOG(INFO) << "coordinator: " << s->Describe() << " joined from " << s->conn->peer() << " [" << joined << "/"
@@ -361,7 +360,7 @@ class Coordinator::Impl {
       return ProtocolError(s, Status::Corruption("all-gather '" + g.name() + "' entered by a non-member"));
     }
     // The result must fit in one message: each share gets 1/n of the bound.
-    const size_t share = (options_.max_message_bytes - 1024) / n;
+    const size_t share = (shape_.max_message_bytes - 1024) / n;
     if (g.data().size() > share) {
       return ProtocolError(s, Status::Corruption("all-gather '" + g.name() + "' contribution of " +
                                                  std::to_string(g.data().size()) + " bytes exceeds " +
@@ -430,21 +429,21 @@ class Coordinator::Impl {
   }
 
   void ArmHeartbeat() {
-    heartbeat_timer_.expires_after(ToDuration(heartbeat_interval_s_));
+    heartbeat_timer_.expires_after(ToDuration(shape_.heartbeat_interval_s));
     heartbeat_timer_.async_wait([this](boost::system::error_code ec) {
       if (ec || finished_) return;
       const auto now = Clock::now();
       std::vector<SessionPtr> silent;
       for (auto& [id, s] : sessions_) {
         const double quiet = std::chrono::duration<double>(now - s->last_heard).count();
-        if (quiet > heartbeat_timeout_s_) silent.push_back(s);
+        if (quiet > shape_.heartbeat_timeout_s) silent.push_back(s);
       }
       for (const auto& s : silent) {
         if (s->admitted && !s->left) {
-          Lost(s, "silent for " + Seconds(heartbeat_timeout_s_) + " (cluster.heartbeat_timeout_s)");
+          Lost(s, "silent for " + Seconds(shape_.heartbeat_timeout_s) + " (cluster.heartbeat_timeout_s)");
         } else {
           LOG(WARNING) << "coordinator: closing " << s->Describe() << ": nothing received for "
-                       << Seconds(heartbeat_timeout_s_);
+                       << Seconds(shape_.heartbeat_timeout_s);
           Close(s);
         }
       }
@@ -501,11 +500,11 @@ class Coordinator::Impl {
   }
 
   CoordinatorOptions options_;
+  JobShape shape_;  // the options' or, without one, the first Hello's timing
   asio::io_context io_;
   tcp::acceptor acceptor_;
   asio::steady_timer heartbeat_timer_, join_timer_, drain_timer_;
-  int servers_, workers_;
-  double heartbeat_interval_s_, heartbeat_timeout_s_;
+  int servers_, workers_;  // -1 until the first Hello when the shape is not fixed
   std::map<uint64_t, SessionPtr> sessions_;
   uint64_t next_session_id_ = 1;
   bool reference_hash_set_ = false;
@@ -521,15 +520,9 @@ class Coordinator::Impl {
 };
 
 CoordinatorOptions CoordinatorOptions::FromConfig(const JobConfig& config) {
-  const auto& c = config.cluster();
   CoordinatorOptions o;
-  o.listen = c.coordinator();
-  o.servers = c.servers();
-  o.workers = c.workers();
-  o.heartbeat_interval_s = c.heartbeat_interval_s();
-  o.heartbeat_timeout_s = c.heartbeat_timeout_s();
-  o.join_timeout_s = c.join_timeout_s();
-  o.max_message_bytes = MaxControlMessageBytes(config);
+  o.listen = config.cluster().coordinator();
+  o.job = JobShape::FromConfig(config);
   return o;
 }
 

@@ -19,28 +19,26 @@
 #include <memory>
 #include <string>
 
+#include <optional>
+
 #include "common/config.h"
 #include "common/status.h"
+#include "transport/rendezvous.h"
 
 namespace herd::transport {
 
 struct CoordinatorOptions {
   std::string listen = "127.0.0.1:0";  // HOST:PORT; port 0 picks a free one
   std::string token;                   // the job token every process must present
-  // Fixed job shape, or -1: taken from the first process to join (whose
-  // config hash then binds everyone else).
-  int servers = -1;
-  int workers = -1;
-  double heartbeat_interval_s = 1.0;  // used until the first Hello says otherwise
-  double heartbeat_timeout_s = 10.0;
-  // With a fixed shape: how long after Run() everyone must have joined
-  // (otherwise the first Hello's join timeout counts from its arrival).
-  double join_timeout_s = 300.0;
-  size_t max_message_bytes = 16u << 20;
+  // A fixed job shape (everyone must have joined join_timeout_s after
+  // Run()), or none: the shape and timing of the first process to join,
+  // whose config hash then binds everyone else, with JobShape's defaults
+  // until then.
+  std::optional<JobShape> job;
   // How long a lost job waits for the remaining members to disconnect.
   double drain_timeout_s = 10.0;
 
-  // Address, shape and timing from the job config; the caller adds the token.
+  // Address and fixed shape from the job config; the caller adds the token.
   static CoordinatorOptions FromConfig(const JobConfig& config);
 };
 

@@ -22,13 +22,7 @@ using Clock = std::chrono::steady_clock;
 
 JoinOptions JoinOptions::FromConfig(const JobConfig& config) {
   JoinOptions o;
-  const auto& c = config.cluster();
-  o.servers = c.servers();
-  o.workers = c.workers();
-  o.heartbeat_interval_s = c.heartbeat_interval_s();
-  o.heartbeat_timeout_s = c.heartbeat_timeout_s();
-  o.join_timeout_s = c.join_timeout_s();
-  o.max_message_bytes = MaxControlMessageBytes(config);
+  o.job = JobShape::FromConfig(config);
   o.config_hash = ConfigHash(config);
   return o;
 }
@@ -54,8 +48,8 @@ class CoordinatorClient::Impl {
     thread_ = std::thread([this] { io_.run(); });
     asio::post(io_, [this] { Begin(); });
     std::unique_lock<std::mutex> lock(mu_);
-    const auto deadline = Clock::now() + ToDuration(options_.join_timeout_s +
-                                                                        options_.heartbeat_timeout_s);
+    const auto deadline = Clock::now() + ToDuration(options_.job.join_timeout_s +
+                                                                        options_.job.heartbeat_timeout_s);
     if (!cv_.wait_until(lock, deadline, [this] { return welcomed_ || !failure_.ok(); })) {
       return Status::Unavailable("timed out waiting for the membership from the coordinator at " +
                                  options_.coordinator);
@@ -137,7 +131,7 @@ class CoordinatorClient::Impl {
     std::string host;
     uint16_t port = 0;
     HERD_RETURN_IF_ERROR(ParseHostPort(options_.coordinator, "coordinator", &host, &port));
-    const auto deadline = Clock::now() + ToDuration(options_.join_timeout_s);
+    const auto deadline = Clock::now() + ToDuration(options_.job.join_timeout_s);
     tcp::resolver resolver(io_);
     bool told = false;
     std::string last_error;
@@ -148,7 +142,7 @@ class CoordinatorClient::Impl {
         tcp::socket socket(io_);
         asio::connect(socket, endpoints, ec);
         if (!ec) {
-          conn_ = std::make_shared<FramedConnection>(std::move(socket), options_.max_message_bytes);
+          conn_ = std::make_shared<FramedConnection>(std::move(socket), options_.job.max_message_bytes);
           return Status::OK();
         }
       }
@@ -161,7 +155,7 @@ class CoordinatorClient::Impl {
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
     return Status::Unavailable("cannot reach the coordinator at " + options_.coordinator + " within " +
-                               std::to_string(static_cast<int>(options_.join_timeout_s)) +
+                               std::to_string(static_cast<int>(options_.job.join_timeout_s)) +
                                " s (cluster.join_timeout_s): " + last_error);
   }
 
@@ -189,11 +183,11 @@ class CoordinatorClient::Impl {
     h->set_pid(static_cast<int32_t>(::getpid()));
     h->set_ucx_address(options_.ucx_address);
     h->set_config_hash(options_.config_hash);
-    h->set_servers(options_.servers);
-    h->set_workers(options_.workers);
-    h->set_heartbeat_interval_ms(static_cast<int32_t>(options_.heartbeat_interval_s * 1000));
-    h->set_heartbeat_timeout_ms(static_cast<int32_t>(options_.heartbeat_timeout_s * 1000));
-    h->set_join_timeout_ms(static_cast<int32_t>(options_.join_timeout_s * 1000));
+    h->set_servers(options_.job.servers);
+    h->set_workers(options_.job.workers);
+    h->set_heartbeat_interval_ms(static_cast<int32_t>(options_.job.heartbeat_interval_s * 1000));
+    h->set_heartbeat_timeout_ms(static_cast<int32_t>(options_.job.heartbeat_timeout_s * 1000));
+    h->set_join_timeout_ms(static_cast<int32_t>(options_.job.join_timeout_s * 1000));
     conn_->Send(m);
     Heartbeat();
   }
@@ -203,11 +197,11 @@ class CoordinatorClient::Impl {
   }
 
   void Heartbeat() {
-    heartbeat_timer_.expires_after(ToDuration(options_.heartbeat_interval_s));
+    heartbeat_timer_.expires_after(ToDuration(options_.job.heartbeat_interval_s));
     heartbeat_timer_.async_wait([this](boost::system::error_code ec) {
       if (ec || conn_->closed()) return;
       const double quiet = std::chrono::duration<double>(Clock::now() - last_heard_).count();
-      if (quiet > options_.heartbeat_timeout_s) {
+      if (quiet > options_.job.heartbeat_timeout_s) {
         Fail(Status::Unavailable("the coordinator at " + options_.coordinator + " has been silent for " +
                                  std::to_string(static_cast<int>(quiet)) + " s"));
         return;

@@ -17,6 +17,7 @@
 #include "common/config.h"
 #include "common/status.h"
 #include "proto/wire.pb.h"
+#include "transport/rendezvous.h"
 
 namespace herd::transport {
 
@@ -29,9 +30,7 @@ struct JoinOptions {
   std::string host;     // defaults to this machine's name
   std::string ucx_address;
   uint64_t config_hash = 0;
-  int servers = 0, workers = 1;
-  double heartbeat_interval_s = 1.0, heartbeat_timeout_s = 10.0, join_timeout_s = 300.0;
-  size_t max_message_bytes = 16u << 20;
+  JobShape job;
 
   // Shape, timing and hash from the job config; the caller fills in role,
   // rank, coordinator, token and UCX address.

@@ -85,7 +85,7 @@ void AccumulatingShard::OnPull(PeerId, uint64_t offset, uint64_t, PullReply repl
 // ---- PushPullServer ---------------------------------------------------------
 
 PushPullServer::PushPullServer(UcxTransport* transport, ShardHandler* shard) : transport_(transport), shard_(shard) {
-  auto parse = [this](PeerId from, std::string_view header, RequestHeader* h, const char* what) -> Status {
+  auto parse = [this](std::string_view header, RequestHeader* h, const char* what) -> Status {
     if (header.size() != sizeof(RequestHeader)) {
       return Status::Corruption(std::string(what) + " request header of " + std::to_string(header.size()) +
                                 " bytes (expected " + std::to_string(sizeof(RequestHeader)) + ")");
@@ -96,13 +96,12 @@ PushPullServer::PushPullServer(UcxTransport* transport, ShardHandler* shard) : t
       return Status::InvalidArgument(std::string(what) + " of " + Range(h->offset, h->length) +
                                      " is outside this server's " + std::to_string(size) + " bytes");
     }
-    (void)from;
     return Status::OK();
   };
 
   transport_->SetHandler(kAmPush, [this, parse](PeerId from, std::string_view header, IncomingPayload& payload) {
     RequestHeader h{};
-    Status st = parse(from, header, &h, "push");
+    Status st = parse(header, &h, "push");
     if (st.ok() && payload.size() != h.length) {
       st = Status::Corruption("push of " + Range(h.offset, h.length) + " carries " + std::to_string(payload.size()) +
                               " bytes");
@@ -124,7 +123,7 @@ PushPullServer::PushPullServer(UcxTransport* transport, ShardHandler* shard) : t
 
   transport_->SetHandler(kAmPull, [this, parse](PeerId from, std::string_view header, IncomingPayload& payload) {
     RequestHeader h{};
-    Status st = parse(from, header, &h, "pull");
+    Status st = parse(header, &h, "pull");
     if (st.ok() && payload.size() != 0) st = Status::Corruption("pull request carries a payload");
     if (!st.ok()) {
       payload.Reject();
@@ -183,8 +182,7 @@ PushPullClient::Ticket PushPullClient::Issue(PeerId server, bool pull, const voi
     ticket = next_ticket_++;
     TicketState& t = tickets_[ticket];
     if (!failed_all_.ok()) {
-      t.status = failed_all_;
-      cv_.notify_all();
+      t.status = failed_all_;  // remaining 0: Wait returns it at once
       return ticket;
     }
     uint64_t at = 0;

@@ -10,6 +10,7 @@
 
 #include "common/file_util.h"
 #include "common/rng.h"
+#include "common/strings.h"
 
 namespace herd::transport {
 namespace {
@@ -23,13 +24,6 @@ StatusOr<int> ParseCount(const std::string& text, const std::string& what) {
     return Status::InvalidArgument(what + ": expected a non-negative integer, got '" + text + "'");
   }
   return static_cast<int>(v);
-}
-
-std::string Trim(std::string s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
-  size_t i = 0;
-  while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
-  return s.substr(i);
 }
 
 }  // namespace
@@ -160,6 +154,18 @@ StatusOr<std::string> CreateJobToken(const std::string& path) {
     return Status::IOError(path + ": cannot write the job token: " + std::strerror(errno));
   }
   return token;
+}
+
+JobShape JobShape::FromConfig(const JobConfig& config) {
+  const auto& c = config.cluster();
+  JobShape shape;
+  shape.servers = c.servers();
+  shape.workers = c.workers();
+  shape.heartbeat_interval_s = c.heartbeat_interval_s();
+  shape.heartbeat_timeout_s = c.heartbeat_timeout_s();
+  shape.join_timeout_s = c.join_timeout_s();
+  shape.max_message_bytes = static_cast<size_t>(c.max_control_message_mb() * (1 << 20));
+  return shape;
 }
 
 uint64_t ConfigHash(const JobConfig& config) {

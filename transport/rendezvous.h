@@ -44,6 +44,19 @@ StatusOr<std::string> LoadJobToken(const std::string& token_file, const EnvLooku
 // A fresh random token (64 hex digits), written to `path` with mode 0600.
 StatusOr<std::string> CreateJobToken(const std::string& path);
 
+// The job's shape and timing, as the coordinator and every process use
+// them (one copy of the cluster.* fields and their defaults).
+struct JobShape {
+  int servers = 0;
+  int workers = 1;
+  double heartbeat_interval_s = 1.0;
+  double heartbeat_timeout_s = 10.0;
+  double join_timeout_s = 300.0;
+  size_t max_message_bytes = 16u << 20;  // cluster.max_control_message_mb
+
+  static JobShape FromConfig(const JobConfig& config);
+};
+
 // Hash of the whole config (defaults filled in): equal hashes = same job.
 uint64_t ConfigHash(const JobConfig& config);
 

@@ -10,7 +10,6 @@
 #include <string>
 #include <string_view>
 
-#include "common/config.h"
 #include "common/status.h"
 #include "proto/wire.pb.h"
 
@@ -24,11 +23,6 @@ inline constexpr size_t kMaxNameBytes = 256;
 inline constexpr size_t kMaxUcxAddressBytes = 64 * 1024;
 inline constexpr size_t kMaxReasonBytes = 4096;
 inline constexpr int32_t kMaxRank = 1 << 20;
-
-// cluster.max_control_message_mb in bytes.
-inline size_t MaxControlMessageBytes(const JobConfig& config) {
-  return static_cast<size_t>(config.cluster().max_control_message_mb() * (1 << 20));
-}
 
 // Length prefix + body for `message`.
 std::string EncodeFrame(const wire::Envelope& message);
