@@ -128,6 +128,13 @@ std::string DirName(const std::string& path) {
   return path.substr(0, slash);
 }
 
+std::string BaseName(const std::string& path) {
+  std::string p = path;
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  const size_t slash = p.find_last_of('/');
+  return slash == std::string::npos ? p : p.substr(slash + 1);
+}
+
 std::string JoinPath(const std::string& a, const std::string& b) {
   if (a.empty() || b.starts_with('/')) return b;
   return a.ends_with('/') ? a + b : a + "/" + b;

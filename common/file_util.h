@@ -33,6 +33,8 @@ Status WriteNewDirectory(const std::string& dir, const std::function<Status(cons
 std::vector<std::string> Glob(const std::string& pattern);
 // Directory part of a path ("." when there is none).
 std::string DirName(const std::string& path);
+// Last component of a path ("step_00000010" of "ckpt/step_00000010").
+std::string BaseName(const std::string& path);
 std::string JoinPath(const std::string& a, const std::string& b);
 
 class AtomicFile {

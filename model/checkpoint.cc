@@ -2,10 +2,13 @@
 
 #include <dirent.h>
 #include <glog/logging.h>
+#include <google/protobuf/util/message_differencer.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cinttypes>
+#include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
 
@@ -185,27 +188,21 @@ std::vector<std::string> StepDirsNewestFirst(const std::string& root) {
   return steps;
 }
 
-struct VerifiedStep {
-  std::string dir;
-  Manifest manifest;
-};
+}  // namespace
 
-// The newest step directory whose manifest verifies, with that manifest.
-StatusOr<VerifiedStep> LatestVerified(const std::string& root) {
+StatusOr<VerifiedCheckpoint> LatestVerifiedCheckpoint(const std::string& root) {
   if (!PathExists(root)) return Status::NotFound(root + ": no checkpoint directory");
   for (const std::string& name : StepDirsNewestFirst(root)) {
     std::string step_dir = JoinPath(root, name);
     auto manifest = VerifyCheckpoint(step_dir);
-    if (manifest.ok()) return VerifiedStep{step_dir, std::move(manifest).value()};
+    if (manifest.ok()) return VerifiedCheckpoint{step_dir, std::move(manifest).value()};
     LOG(WARNING) << "skipping " << manifest.status().message();
   }
   return Status::NotFound(root + ": no complete checkpoint (a step_* directory with a valid manifest.json)");
 }
 
-}  // namespace
-
 StatusOr<std::string> LatestCheckpoint(const std::string& root) {
-  HERD_ASSIGN_OR_RETURN(VerifiedStep latest, LatestVerified(root));
+  HERD_ASSIGN_OR_RETURN(VerifiedCheckpoint latest, LatestVerifiedCheckpoint(root));
   return latest.dir;
 }
 
@@ -217,13 +214,13 @@ bool HasCheckpoints(const std::string& root) {
 }
 
 StatusOr<CheckpointModel> LoadCheckpointModel(const std::string& path) {
-  VerifiedStep step;
+  VerifiedCheckpoint step;
   if (PathExists(JoinPath(path, kManifest))) {
     step.dir = path;
     HERD_ASSIGN_OR_RETURN(step.manifest, VerifyCheckpoint(path));
   } else {
     if (!PathExists(path)) return Status::NotFound(path + ": no such checkpoint");
-    auto latest = LatestVerified(path);
+    auto latest = LatestVerifiedCheckpoint(path);
     if (!latest.ok()) {
       // A step directory without manifest is reported as such.
       if (path.find("step_") != std::string::npos) return VerifyCheckpoint(path).status();
@@ -239,42 +236,110 @@ StatusOr<CheckpointModel> LoadCheckpointModel(const std::string& path) {
   HERD_ASSIGN_OR_RETURN(std::string config_text, ReadFile(config_path));
   HERD_ASSIGN_OR_RETURN(out.config, ParseJobConfig(config_text, config_path));
   ParamLayout layout(LlamaShape::FromConfig(out.config.model()));
-  out.weights.assign(layout.size(), 0.0f);
-  std::vector<std::pair<int64_t, int64_t>> ranges;
+  HERD_ASSIGN_OR_RETURN(ShardState all, ReadShardRange(step_dir, manifest, 0, layout.size(), /*with_moments=*/false));
+  out.weights = std::move(all.weights);
+  return out;
+}
+
+StatusOr<ShardState> ReadShardRange(const std::string& step_dir, const Manifest& manifest, int64_t begin, int64_t end,
+                                    bool with_moments) {
+  const size_t n = static_cast<size_t>(end - begin);
+  ShardState out;
+  out.begin = begin;
+  out.end = end;
+  out.step = manifest.step;
+  out.weights.assign(n, 0.0f);
+  if (with_moments) {
+    out.m.assign(n, 0.0f);
+    out.v.assign(n, 0.0f);
+  }
+  std::vector<std::pair<int64_t, int64_t>> covered;
   for (const std::string& part : manifest.parts) {
     if (!part.starts_with("shard_")) continue;
-    HERD_ASSIGN_OR_RETURN(ShardState shard, ReadShard(JoinPath(step_dir, part)));
-    if (shard.end > layout.size()) {
-      return Status::Corruption(JoinPath(step_dir, part) + ": range ends at " + std::to_string(shard.end) +
-                                ", beyond the model's " + std::to_string(layout.size()) + " elements");
+    const std::string path = JoinPath(step_dir, part);
+    HERD_ASSIGN_OR_RETURN(ShardState shard, ReadShard(path));
+    if (shard.step != manifest.step) {
+      return Status::Corruption(path + ": holds step " + std::to_string(shard.step) + " but the manifest says " +
+                                std::to_string(manifest.step));
     }
-    std::copy(shard.weights.begin(), shard.weights.end(), out.weights.begin() + shard.begin);
-    ranges.emplace_back(shard.begin, shard.end);
+    const int64_t lo = std::max(begin, shard.begin), hi = std::min(end, shard.end);
+    if (lo >= hi) continue;
+    const size_t from = static_cast<size_t>(lo - shard.begin), to = static_cast<size_t>(lo - begin);
+    const size_t count = static_cast<size_t>(hi - lo);
+    std::copy_n(shard.weights.begin() + from, count, out.weights.begin() + to);
+    if (with_moments) {
+      std::copy_n(shard.m.begin() + from, count, out.m.begin() + to);
+      std::copy_n(shard.v.begin() + from, count, out.v.begin() + to);
+    }
+    covered.emplace_back(lo, hi);
   }
-  std::sort(ranges.begin(), ranges.end());
-  int64_t covered = 0;
-  for (auto [b, e] : ranges) {
-    if (b != covered) break;
-    covered = e;
+  std::sort(covered.begin(), covered.end());
+  int64_t reached = begin;
+  for (auto [b, e] : covered) {
+    if (b > reached) break;
+    reached = std::max(reached, e);
   }
-  if (covered != layout.size()) {
-    return Status::Corruption(step_dir + ": shards do not tile the parameter space (covered [0, " +
-                              std::to_string(covered) + ") of " + std::to_string(layout.size()) + ")");
+  if (reached < end) {
+    return Status::Corruption(step_dir + ": its shards do not cover [" + std::to_string(reached) + ", " +
+                              std::to_string(end) + ") of the parameter space (a different model shape?)");
   }
   return out;
 }
 
-Status WriteSingleShardCheckpoint(const std::string& step_dir, const config::JobConfig& config,
-                                  const ShardState& shard, const std::string& worker_state) {
+Status BeginCheckpointPart(const std::string& step_dir) {
   HERD_RETURN_IF_ERROR(MakeDirs(step_dir));
-  // A manifest from an earlier run of the same step would vouch for a mix
-  // of old and new parts while we rewrite them: retract it first.
   const std::string manifest_path = JoinPath(step_dir, kManifest);
-  if (PathExists(manifest_path) && ::unlink(manifest_path.c_str()) != 0) {
+  if (::unlink(manifest_path.c_str()) != 0 && errno != ENOENT) {
     return Status::IOError(manifest_path + ": cannot remove the old manifest");
   }
+  return Status::OK();
+}
+
+Status WriteConfigPart(const std::string& step_dir, const config::JobConfig& config) {
+  return WriteFileAtomic(JoinPath(step_dir, kConfigFile), ConfigToText(config));
+}
+
+std::string ConfigFileName() { return kConfigFile; }
+
+bool CheckpointDue(const config::CheckpointConfig& checkpoint, int64_t step, int64_t last_step) {
+  if (checkpoint.dir().empty()) return false;
+  return step == last_step || (checkpoint.every() > 0 && step % checkpoint.every() == 0);
+}
+
+Status CheckWritable(const std::string& dir) {
+  HERD_RETURN_IF_ERROR(MakeDirs(dir).WithContext("checkpoint.dir: "));
+  const std::string probe = JoinPath(dir, ".herd_write_probe." + std::to_string(::getpid()));
+  std::FILE* f = std::fopen(probe.c_str(), "w");
+  if (f == nullptr) return Status::IOError("checkpoint.dir: " + dir + ": not writable");
+  std::fclose(f);
+  ::unlink(probe.c_str());
+  return Status::OK();
+}
+
+Status CheckSameModel(const std::string& step_dir, const config::JobConfig& config) {
+  const std::string path = JoinPath(step_dir, kConfigFile);
+  HERD_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  HERD_ASSIGN_OR_RETURN(config::JobConfig saved, ParseJobConfig(text, path));
+  std::string diff;
+  google::protobuf::util::MessageDifferencer differ;
+  differ.set_message_field_comparison(google::protobuf::util::MessageDifferencer::EQUIVALENT);
+  // Metadata kept for export, not part of the shape: an imported model
+  // continues under a config that does not repeat it.
+  differ.IgnoreField(config::ModelConfig::descriptor()->FindFieldByName("max_position_embeddings"));
+  differ.ReportDifferencesToString(&diff);
+  if (!differ.Compare(saved.model(), config.model())) {
+    while (!diff.empty() && diff.back() == '\n') diff.pop_back();
+    std::replace(diff.begin(), diff.end(), '\n', ';');
+    return Status::FailedPrecondition(step_dir + ": checkpoint was written for a different model (" + diff + ")");
+  }
+  return Status::OK();
+}
+
+Status WriteSingleShardCheckpoint(const std::string& step_dir, const config::JobConfig& config,
+                                  const ShardState& shard, const std::string& worker_state) {
+  HERD_RETURN_IF_ERROR(BeginCheckpointPart(step_dir));
   std::vector<std::string> parts = {kConfigFile, ShardFileName(0)};
-  HERD_RETURN_IF_ERROR(WriteFileAtomic(JoinPath(step_dir, kConfigFile), ConfigToText(config)));
+  HERD_RETURN_IF_ERROR(WriteConfigPart(step_dir, config));
   HERD_RETURN_IF_ERROR(WriteShard(JoinPath(step_dir, ShardFileName(0)), shard));
   if (!worker_state.empty()) {
     HERD_RETURN_IF_ERROR(WriteFileAtomic(JoinPath(step_dir, WorkerFileName(0)), worker_state));

@@ -51,9 +51,44 @@ StatusOr<Manifest> VerifyCheckpoint(const std::string& step_dir);
 // warning), never loaded.
 StatusOr<std::string> LatestCheckpoint(const std::string& root);
 
+struct VerifiedCheckpoint {
+  std::string dir;
+  Manifest manifest;
+};
+// LatestCheckpoint with the verified manifest.
+StatusOr<VerifiedCheckpoint> LatestVerifiedCheckpoint(const std::string& root);
+
 // Whether `root` has a step directory with a manifest — a cheap look (no
 // checksums) for warnings, not a promise that it loads.
 bool HasCheckpoints(const std::string& root);
+
+// Assembles [begin, end) of the flat space from every shard the manifest of
+// `step_dir` lists, whatever number of servers wrote them; weights always,
+// AdamW moments when `with_moments`. Errors name the step directory when
+// the shards leave part of the range uncovered or disagree on the step.
+StatusOr<ShardState> ReadShardRange(const std::string& step_dir, const Manifest& manifest, int64_t begin, int64_t end,
+                                    bool with_moments);
+
+// Multi-process checkpoints: every writer of a part calls BeginCheckpointPart
+// first (creates the step directory and retracts a manifest left there by an
+// earlier run of the same step, which would otherwise vouch for a mix of old
+// and new parts), then writes its part atomically; the committer calls
+// WriteManifest once every part has reported success.
+Status BeginCheckpointPart(const std::string& step_dir);
+// config.textproto: the complete job config.
+Status WriteConfigPart(const std::string& step_dir, const config::JobConfig& config);
+std::string ConfigFileName();  // "config.textproto"
+
+// Whether a checkpoint is written after `step` (1-based count of steps
+// taken): every checkpoint.every steps and at `last_step`; never without
+// checkpoint.dir.
+bool CheckpointDue(const config::CheckpointConfig& checkpoint, int64_t step, int64_t last_step);
+
+// Fails early, before any training, if checkpoints could not be written.
+Status CheckWritable(const std::string& dir);
+
+// A checkpoint only continues the job it came from: same model shape.
+Status CheckSameModel(const std::string& step_dir, const config::JobConfig& config);
 
 // A whole model read back from a checkpoint: its job config and the fp32
 // weights of the full flat space (shards assembled, checked to tile it).

@@ -143,7 +143,7 @@ double LlamaModel<T>::Forward(const T* params, const int32_t* tokens, const int3
 }
 
 template <typename T>
-void LlamaModel<T>::Backward(const T* params, T* grads, double loss_scale) {
+void LlamaModel<T>::Backward(const T* params, T* grads, double loss_scale, const FinalFrom& final_from) {
   Activations& a = *acts_;
   const LlamaShape& s = layout_.shape();
   CHECK(a.has_targets) << "LlamaModel::Backward needs a Forward with targets first";
@@ -176,6 +176,8 @@ void LlamaModel<T>::Backward(const T* params, T* grads, double loss_scale) {
   const T* x_final = a.residual.data() + s.num_layers * a.N * d;
   RmsNormBackward(dres, grads + layout_.final_norm(), dln, x_final, params + layout_.final_norm(),
                   a.lnf_rstd.data(), N, d);
+  // lm_head (when untied) follows the final norm in the flat space.
+  if (final_from) final_from(layout_.final_norm());
 
   for (int l = s.num_layers - 1; l >= 0; --l) {
     const LayerOffsets& w = layout_.layer(l);
@@ -198,8 +200,10 @@ void LlamaModel<T>::Backward(const T* params, T* grads, double loss_scale) {
     MatmulBackward(dln, grads + w.k_proj, a.dk.data(), ln1, params + w.k_proj, N, d, kvd, true);
     MatmulBackward(dln, grads + w.v_proj, a.dv.data(), ln1, params + w.v_proj, N, d, kvd, true);
     RmsNormBackward(dres, grads + w.input_norm, dln, x, params + w.input_norm, ln1_rstd, N, d);
+    if (final_from) final_from(w.input_norm);  // the layer's first tensor
   }
   EmbeddingBackward(grads + layout_.embed(), dres, a.tokens.data(), N, d);
+  if (final_from) final_from(0);
 }
 
 template class LlamaModel<float>;

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -37,7 +38,13 @@ class LlamaModel {
   // grads += d(loss_scale * sum of per-token losses)/d(params), for the last
   // Forward with targets. loss_scale = 1/(B*T_) gives the gradient of the
   // mean; the trainer folds in micro-batches and workers.
-  void Backward(const T* params, T* grads, double loss_scale);
+  //
+  // `final_from(x)`, when given, is called as backward proceeds: every
+  // gradient at flat offset >= x has received this call's contribution (x
+  // falls layer by layer to 0), so a worker can ship those while the rest
+  // of backward runs.
+  using FinalFrom = std::function<void(int64_t offset)>;
+  void Backward(const T* params, T* grads, double loss_scale, const FinalFrom& final_from = nullptr);
 
   // [B*T_, vocab] logits of the last Forward (overwritten by Backward).
   const T* logits() const;

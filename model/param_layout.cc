@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "common/rng.h"
 
@@ -58,8 +59,25 @@ void InitTensor(const TensorSpec& tensor, uint64_t seed, double std, float* data
 }
 
 void InitParameters(const ParamLayout& layout, uint64_t seed, double std, float* params) {
-  std::memset(params, 0, sizeof(float) * layout.size());
-  for (const TensorSpec& t : layout.tensors()) InitTensor(t, seed, std, params + t.offset);
+  InitParameterRange(layout, seed, std, 0, layout.size(), params);
+}
+
+void InitParameterRange(const ParamLayout& layout, uint64_t seed, double std, int64_t begin, int64_t end,
+                        float* out) {
+  std::memset(out, 0, sizeof(float) * (end - begin));
+  std::vector<float> whole;
+  for (const TensorSpec& t : layout.tensors()) {
+    const int64_t lo = std::max(begin, t.offset), hi = std::min(end, t.offset + t.numel);
+    if (lo >= hi) continue;
+    if (lo == t.offset && hi == t.offset + t.numel) {
+      InitTensor(t, seed, std, out + (t.offset - begin));
+      continue;
+    }
+    // A tensor cut by the range: its values depend on the whole stream.
+    whole.resize(t.numel);
+    InitTensor(t, seed, std, whole.data());
+    std::copy(whole.begin() + (lo - t.offset), whole.begin() + (hi - t.offset), out + (lo - begin));
+  }
 }
 
 }  // namespace herd

@@ -62,6 +62,9 @@ class ParamLayout {
 // std), norm weights = 1, padding = 0. The value of a tensor depends only on
 // its name, so any partition of the flat space initialises identically.
 void InitParameters(const ParamLayout& layout, uint64_t seed, double std, float* params);
+// The same values for [begin, end) only (a server's shard): out[0] is
+// element `begin`.
+void InitParameterRange(const ParamLayout& layout, uint64_t seed, double std, int64_t begin, int64_t end, float* out);
 void InitTensor(const TensorSpec& tensor, uint64_t seed, double std, float* data);
 
 }  // namespace herd

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "common/bf16.h"
 #include "common/file_util.h"
 
 namespace herd {
@@ -131,8 +132,6 @@ struct SafetensorsFile::Fd {
 };
 
 bool IsFloatConvertible(const std::string& dtype) { return dtype == "F32" || dtype == "BF16" || dtype == "F16"; }
-
-float Bf16ToFloat(uint16_t bits) { return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16); }
 
 float F16ToFloat(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;

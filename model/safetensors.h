@@ -85,7 +85,6 @@ Status WriteSafetensors(const std::string& path, const std::vector<SafetensorsEn
                         const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
 
 // Exact conversions of one 16-bit value to fp32.
-float Bf16ToFloat(uint16_t bits);  // bf16 = the high 16 bits of an fp32
 float F16ToFloat(uint16_t bits);   // IEEE 754 binary16
 
 }  // namespace herd

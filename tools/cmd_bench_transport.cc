@@ -145,11 +145,13 @@ class StoringShard : public transport::ShardHandler {
  public:
   explicit StoringShard(uint64_t bytes) : bytes_(bytes, 0) {}
   uint64_t size_bytes() const override { return bytes_.size(); }
-  StatusOr<void*> PushTarget(transport::PeerId, uint64_t offset, uint64_t) override { return bytes_.data() + offset; }
-  void OnPushed(transport::PeerId, uint64_t, uint64_t, void*, transport::Completion applied) override {
+  StatusOr<void*> PushTarget(transport::PeerId, uint64_t, uint64_t offset, uint64_t) override {
+    return bytes_.data() + offset;
+  }
+  void OnPushed(transport::PeerId, uint64_t, uint64_t, uint64_t, void*, bool, transport::Completion applied) override {
     applied(Status::OK());
   }
-  void OnPull(transport::PeerId, uint64_t offset, uint64_t, PullReply reply) override {
+  void OnPull(transport::PeerId, uint64_t, uint64_t offset, uint64_t, PullReply reply) override {
     reply(Status::OK(), bytes_.data() + offset);
   }
   char* data() { return bytes_.data(); }

@@ -5,6 +5,7 @@
 #include "common/logging.h"
 #include "tools/args.h"
 #include "tools/commands.h"
+#include "tools/local_job.h"
 #include "worker/trainer.h"
 
 namespace herd::tools {
@@ -18,10 +19,10 @@ int RunLaunch(int argc, char** argv) {
   }
   auto config = LoadJobConfig(args.positional()[0], args.GetAll("set"));
   if (!config.ok()) return ReportError(config.status());
-  if (config->cluster().sync() != config::ClusterConfig::NONE) {
-    return ReportError(Status::InvalidArgument(
-        args.positional()[0] + ": cluster.sync " + config::ClusterConfig::Sync_Name(config->cluster().sync()) +
-        " is not available in this build yet; use sync: NONE with workers: 1"));
+  if (config->cluster().sync() == config::ClusterConfig::ALLREDUCE) {
+    return ReportError(Status::InvalidArgument(args.positional()[0] +
+                                               ": cluster.sync ALLREDUCE is not available in this build yet; use "
+                                               "NONE or PARAMETER_SERVER"));
   }
   if (config->device().kind() != config::DeviceConfig::CPU) {
     return ReportError(Status::InvalidArgument(args.positional()[0] +
@@ -35,6 +36,9 @@ int RunLaunch(int argc, char** argv) {
   auto stop_at = args.GetInt("stop-at", 0, 1);
   if (!stop_at.ok()) return ReportError(stop_at.status());
   options.stop_at_step = *stop_at;
+  if (config->cluster().sync() == config::ClusterConfig::PARAMETER_SERVER) {
+    return RunLocalJob(*config, {args.positional()[0], args.GetAll("set"), options});
+  }
   st = TrainSingleProcess(*config, options);
   if (!st.ok()) return ReportError(st);
   return 0;

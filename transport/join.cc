@@ -18,7 +18,8 @@ std::string DescribeMember(const wire::Member& member) {
 }
 
 StatusOr<std::unique_ptr<CoordinatorClient>> JoinJob(const JoinOptions& options, UcxTransport* transport,
-                                                     const std::vector<wire::Role>& connect_to) {
+                                                     const std::vector<wire::Role>& connect_to,
+                                                     const PrepareFn& prepare) {
   JoinOptions with_address = options;
   with_address.ucx_address = transport->address();
   HERD_ASSIGN_OR_RETURN(auto client, CoordinatorClient::Join(with_address));
@@ -27,6 +28,7 @@ StatusOr<std::unique_ptr<CoordinatorClient>> JoinJob(const JoinOptions& options,
   client->OnFailure([transport](const Status& failure) { transport->Abort(failure); });
   const PeerId self = MemberPeerId(*client, client->role(), client->rank());
   transport->set_self(self);
+  if (prepare) HERD_RETURN_IF_ERROR(prepare(*client));
   for (size_t i = 0; i < client->members().size(); ++i) {
     const wire::Member& m = client->members()[i];
     if (static_cast<PeerId>(i) == self) continue;
@@ -37,6 +39,29 @@ StatusOr<std::unique_ptr<CoordinatorClient>> JoinJob(const JoinOptions& options,
   LOG(INFO) << DescribeRole(client->role(), client->rank()) << ": joined a job of " << client->num_servers()
             << " servers and " << client->num_workers() << " workers";
   return client;
+}
+
+}  // namespace herd::transport
+
+namespace herd::transport {
+
+Status AgreeOn(CoordinatorClient& client, const std::string& name, const std::string& value, const std::string& what) {
+  HERD_ASSIGN_OR_RETURN(std::vector<std::string> all, client.AllGather(name, value));
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (all[i] != value) {
+      return Status::FailedPrecondition(what + " differs: " + DescribeMember(client.members()[i]) + " has '" +
+                                        all[i] + "', this process '" + value + "'");
+    }
+  }
+  return Status::OK();
+}
+
+Status AllSucceeded(CoordinatorClient& client, const std::string& name, const Status& mine) {
+  HERD_ASSIGN_OR_RETURN(std::vector<std::string> all, client.AllGather(name, mine.ok() ? "" : mine.message()));
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (!all[i].empty()) return Status::Aborted(DescribeMember(client.members()[i]) + ": " + all[i]);
+  }
+  return Status::OK();
 }
 
 }  // namespace herd::transport

@@ -11,6 +11,7 @@
 // endpoints then close forcibly); it must outlive the returned client.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -21,8 +22,22 @@
 
 namespace herd::transport {
 
+// `prepare`, when given, runs after the membership is known (rank
+// assigned, all-gathers available) and before any peer can send to us: the
+// place to set up services that depend on this process's rank.
+using PrepareFn = std::function<Status(CoordinatorClient& client)>;
 StatusOr<std::unique_ptr<CoordinatorClient>> JoinJob(const JoinOptions& options, UcxTransport* transport,
-                                                     const std::vector<wire::Role>& connect_to);
+                                                     const std::vector<wire::Role>& connect_to,
+                                                     const PrepareFn& prepare = nullptr);
+
+// Every process contributes `value` under `name`; OK when all agree, else
+// an error naming the first process whose value differs from ours (`what`
+// describes the value in that line).
+Status AgreeOn(CoordinatorClient& client, const std::string& name, const std::string& value, const std::string& what);
+
+// Two-phase commit's vote: everyone reports how its part went; OK when all
+// succeeded, else the first failure, naming its process.
+Status AllSucceeded(CoordinatorClient& client, const std::string& name, const Status& mine);
 
 // The PeerId of a member: its index in the membership.
 PeerId MemberPeerId(const CoordinatorClient& client, wire::Role role, int rank);

@@ -12,9 +12,11 @@ namespace {
 
 static_assert(std::endian::native == std::endian::little, "headers are sent in host order: little-endian only");
 
-// Push and pull requests: the client's request id and the byte range.
+// Push and pull requests: the client's request id, the handler's tag and
+// the byte range.
 struct RequestHeader {
   uint64_t id;
+  uint64_t tag;
   uint64_t offset;
   uint64_t length;
 };
@@ -50,7 +52,7 @@ std::string Range(uint64_t offset, uint64_t length) {
 
 AccumulatingShard::AccumulatingShard(uint64_t size_bytes) : values_(size_bytes / sizeof(float), 0.0f) {}
 
-StatusOr<void*> AccumulatingShard::PushTarget(PeerId, uint64_t offset, uint64_t length) {
+StatusOr<void*> AccumulatingShard::PushTarget(PeerId, uint64_t, uint64_t offset, uint64_t length) {
   if (offset % sizeof(float) != 0 || length % sizeof(float) != 0) {
     return Status::InvalidArgument("push range " + Range(offset, length) + " is not a whole number of float32s");
   }
@@ -67,18 +69,21 @@ StatusOr<void*> AccumulatingShard::PushTarget(PeerId, uint64_t offset, uint64_t 
   return target;
 }
 
-void AccumulatingShard::OnPushed(PeerId, uint64_t offset, uint64_t length, void* target, Completion applied) {
-  const float* in = static_cast<const float*>(target);
-  float* out = values_.data() + offset / sizeof(float);
-  const size_t n = length / sizeof(float);
-  for (size_t i = 0; i < n; ++i) out[i] += in[i];
+void AccumulatingShard::OnPushed(PeerId, uint64_t, uint64_t offset, uint64_t length, void* target, bool ok,
+                                 Completion applied) {
+  if (ok) {
+    const float* in = static_cast<const float*>(target);
+    float* out = values_.data() + offset / sizeof(float);
+    const size_t n = length / sizeof(float);
+    for (size_t i = 0; i < n; ++i) out[i] += in[i];
+  }
   auto it = in_flight_.find(target);
   free_scratch_.push_back(std::move(it->second));
   in_flight_.erase(it);
   applied(Status::OK());
 }
 
-void AccumulatingShard::OnPull(PeerId, uint64_t offset, uint64_t, PullReply reply) {
+void AccumulatingShard::OnPull(PeerId, uint64_t, uint64_t offset, uint64_t, PullReply reply) {
   reply(Status::OK(), reinterpret_cast<const char*>(values_.data()) + offset);
 }
 
@@ -107,7 +112,7 @@ PushPullServer::PushPullServer(UcxTransport* transport, ShardHandler* shard) : t
                               " bytes");
     }
     StatusOr<void*> target = st;
-    if (st.ok()) target = shard_->PushTarget(from, h.offset, h.length);
+    if (st.ok()) target = shard_->PushTarget(from, h.tag, h.offset, h.length);
     if (!target.ok()) {
       payload.Reject();
       if (header.size() == sizeof(RequestHeader)) Reply(from, h.id, target.status());
@@ -115,9 +120,10 @@ PushPullServer::PushPullServer(UcxTransport* transport, ShardHandler* shard) : t
     }
     void* dst = *target;
     payload.ReceiveInto(dst, [this, from, h, dst](const Status& received) {
-      if (!received.ok()) return Reply(from, h.id, received);
-      shard_->OnPushed(from, h.offset, h.length, dst,
-                       [this, from, id = h.id](const Status& applied) { Reply(from, id, applied); });
+      shard_->OnPushed(from, h.tag, h.offset, h.length, dst, received.ok(),
+                       [this, from, id = h.id, received](const Status& applied) {
+                         Reply(from, id, received.ok() ? applied : received);
+                       });
     });
   });
 
@@ -130,7 +136,7 @@ PushPullServer::PushPullServer(UcxTransport* transport, ShardHandler* shard) : t
       if (header.size() == sizeof(RequestHeader)) Reply(from, h.id, st);
       return;
     }
-    shard_->OnPull(from, h.offset, h.length, [this, from, h](const Status& ready, const void* data) {
+    shard_->OnPull(from, h.tag, h.offset, h.length, [this, from, h](const Status& ready, const void* data) {
       if (!ready.ok()) return Reply(from, h.id, ready);
       transport_->Send(from, kAmReply, Pack(ReplyHeader{h.id, 0, 0}), data, h.length, [](const Status& sent) {
         if (!sent.ok()) LOG(WARNING) << "pull reply: " << sent.message();
@@ -161,16 +167,18 @@ PushPullClient::PushPullClient(UcxTransport* transport, uint64_t max_piece_bytes
 
 PushPullClient::~PushPullClient() { transport_->Shutdown(); }
 
-PushPullClient::Ticket PushPullClient::Push(PeerId server, uint64_t offset, const void* data, uint64_t length) {
-  return Issue(server, /*pull=*/false, data, nullptr, offset, length);
+PushPullClient::Ticket PushPullClient::Push(PeerId server, uint64_t offset, const void* data, uint64_t length,
+                                            uint64_t tag) {
+  return Issue(server, /*pull=*/false, data, nullptr, offset, length, tag);
 }
 
-PushPullClient::Ticket PushPullClient::Pull(PeerId server, uint64_t offset, void* dst, uint64_t length) {
-  return Issue(server, /*pull=*/true, nullptr, dst, offset, length);
+PushPullClient::Ticket PushPullClient::Pull(PeerId server, uint64_t offset, void* dst, uint64_t length,
+                                            uint64_t tag) {
+  return Issue(server, /*pull=*/true, nullptr, dst, offset, length, tag);
 }
 
 PushPullClient::Ticket PushPullClient::Issue(PeerId server, bool pull, const void* payload, void* dst,
-                                             uint64_t offset, uint64_t length) {
+                                             uint64_t offset, uint64_t length, uint64_t tag) {
   struct Piece {
     uint64_t id, offset, length;
     const char* payload;
@@ -196,7 +204,7 @@ PushPullClient::Ticket PushPullClient::Issue(PeerId server, bool pull, const voi
     } while (at < length);
   }
   for (const Piece& p : pieces) {
-    transport_->Send(server, pull ? kAmPull : kAmPush, Pack(RequestHeader{p.id, p.offset, p.length}), p.payload,
+    transport_->Send(server, pull ? kAmPull : kAmPush, Pack(RequestHeader{p.id, tag, p.offset, p.length}), p.payload,
                      pull ? 0 : p.length, [this, id = p.id](const Status& sent) {
                        std::lock_guard<std::mutex> lock(mu_);
                        auto it = requests_.find(id);

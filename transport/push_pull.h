@@ -1,7 +1,10 @@
 // The push/pull service, in the manner of ps-lite: a server answers
 // push(range, bytes) and pull(range) on a buffer it owns; a client issues
 // many concurrent requests for different ranges, which complete out of
-// order. Ranges are byte offsets into the server's buffer. Nothing here
+// order. Ranges are byte offsets into the server's buffer; every request
+// also carries a 64-bit tag that the handler interprets (the parameter
+// server: the optimizer step a push belongs to, the weights version a pull
+// wants). Nothing here
 // knows about models: what a push does to the buffer and when a pull may be
 // answered is the ShardHandler's business (issue C's parameter server
 // aggregates and steps AdamW there; AccumulatingShard simply adds).
@@ -38,12 +41,15 @@ class ShardHandler {
   virtual uint64_t size_bytes() const = 0;
   // Where a push of [offset, offset+length) from `client` should land; the
   // range is already checked against size_bytes().
-  virtual StatusOr<void*> PushTarget(PeerId client, uint64_t offset, uint64_t length) = 0;
+  virtual StatusOr<void*> PushTarget(PeerId client, uint64_t tag, uint64_t offset, uint64_t length) = 0;
   // The push's bytes are in `target`; call `applied` once they are applied.
-  virtual void OnPushed(PeerId client, uint64_t offset, uint64_t length, void* target, Completion applied) = 0;
+  // Called exactly once for each target PushTarget handed out (with `ok`
+  // false when the transfer failed: release the target, apply nothing).
+  virtual void OnPushed(PeerId client, uint64_t tag, uint64_t offset, uint64_t length, void* target, bool ok,
+                        Completion applied) = 0;
   // Call `reply` when [offset, offset+length) may be sent; `data` must stay
   // unchanged until the client has it.
-  virtual void OnPull(PeerId client, uint64_t offset, uint64_t length, PullReply reply) = 0;
+  virtual void OnPull(PeerId client, uint64_t tag, uint64_t offset, uint64_t length, PullReply reply) = 0;
 };
 
 // Float32 sums: a push adds its values into the range; a pull returns the
@@ -52,9 +58,10 @@ class AccumulatingShard : public ShardHandler {
  public:
   explicit AccumulatingShard(uint64_t size_bytes);
   uint64_t size_bytes() const override { return values_.size() * sizeof(float); }
-  StatusOr<void*> PushTarget(PeerId client, uint64_t offset, uint64_t length) override;
-  void OnPushed(PeerId client, uint64_t offset, uint64_t length, void* target, Completion applied) override;
-  void OnPull(PeerId client, uint64_t offset, uint64_t length, PullReply reply) override;
+  StatusOr<void*> PushTarget(PeerId client, uint64_t tag, uint64_t offset, uint64_t length) override;
+  void OnPushed(PeerId client, uint64_t tag, uint64_t offset, uint64_t length, void* target, bool ok,
+                Completion applied) override;
+  void OnPull(PeerId client, uint64_t tag, uint64_t offset, uint64_t length, PullReply reply) override;
   float* data() { return values_.data(); }
 
  private:
@@ -89,9 +96,9 @@ class PushPullClient {
 
   // Adds data[0, length) into [offset, offset+length) of `server`'s buffer.
   // `data` must stay valid until the ticket completes.
-  Ticket Push(PeerId server, uint64_t offset, const void* data, uint64_t length);
+  Ticket Push(PeerId server, uint64_t offset, const void* data, uint64_t length, uint64_t tag = 0);
   // Reads [offset, offset+length) of `server`'s buffer into dst.
-  Ticket Pull(PeerId server, uint64_t offset, void* dst, uint64_t length);
+  Ticket Pull(PeerId server, uint64_t offset, void* dst, uint64_t length, uint64_t tag = 0);
   // Waits for one ticket; its error names the server and range.
   Status Wait(Ticket ticket);
   // Waits for every outstanding ticket; returns the first error.
@@ -114,7 +121,8 @@ class PushPullClient {
     int remaining = 0;  // requests not yet finished
     Status status;      // the first error
   };
-  Ticket Issue(PeerId server, bool pull, const void* payload, void* dst, uint64_t offset, uint64_t length);
+  Ticket Issue(PeerId server, bool pull, const void* payload, void* dst, uint64_t offset, uint64_t length,
+               uint64_t tag);
   void OnReply(PeerId from, std::string_view header, IncomingPayload& payload);
   // Under mu_: a finished half of request `id` (or its error); a request
   // whose both halves are in, or that failed, is retired from its ticket.

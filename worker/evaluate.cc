@@ -1,7 +1,10 @@
 #include "worker/evaluate.h"
 
+#include <glog/logging.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <vector>
 
 #include "common/rng.h"
@@ -54,6 +57,30 @@ std::vector<int32_t> Generate(LlamaModel<float>& model, const float* params, std
     tokens.push_back(next);
   }
   return tokens;
+}
+
+double ValidationLoss(LlamaModel<float>& model, const float* params, const TokenFile* val,
+                      const config::JobConfig& config) {
+  if (val == nullptr) return NAN;
+  auto r = EvaluateLoss(model, params, *val, config.train().batch_size(), config.train().seq_len(),
+                        config.log().eval_batches());
+  if (!r.ok()) {
+    LOG(WARNING) << "evaluation skipped: " << r.status().message();
+    return NAN;
+  }
+  return r->loss;
+}
+
+void PrintSample(LlamaModel<float>& model, const float* params, const config::JobConfig& config) {
+  const auto& log = config.log();
+  if (log.sample_tokens() <= 0 || config.model().vocab_size() < 256) return;
+  std::vector<int32_t> prompt;
+  for (unsigned char c : log.sample_prompt()) prompt.push_back(c);
+  std::vector<int32_t> out =
+      Generate(model, params, prompt, log.sample_tokens(), log.sample_temperature(), config.train().seed());
+  std::string text;
+  for (int32_t t : out) text.push_back(static_cast<char>(t & 0xff));
+  std::printf("sample (temperature %.2f):\n%s\n", log.sample_temperature(), text.c_str());
 }
 
 }  // namespace herd

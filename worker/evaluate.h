@@ -8,6 +8,7 @@
 #include "common/status.h"
 #include "data/token_file.h"
 #include "model/llama.h"
+#include "proto/herd.pb.h"
 
 namespace herd {
 
@@ -27,5 +28,15 @@ StatusOr<EvalResult> EvaluateLoss(LlamaModel<float>& model, const float* params,
 // Uses at most the model's max_seq_len most recent tokens as context.
 std::vector<int32_t> Generate(LlamaModel<float>& model, const float* params, std::vector<int32_t> prompt, int count,
                               double temperature, uint64_t seed);
+
+// The training loop's held-out loss (log.eval_batches of train's B x T
+// from `val`); NaN, with a warning, when there is no val file or it is too
+// short.
+double ValidationLoss(LlamaModel<float>& model, const float* params, const TokenFile* val,
+                      const config::JobConfig& config);
+
+// The end-of-training text sample (log.sample_tokens from
+// log.sample_prompt), printed on stdout; nothing for non-byte vocabularies.
+void PrintSample(LlamaModel<float>& model, const float* params, const config::JobConfig& config);
 
 }  // namespace herd

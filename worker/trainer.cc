@@ -1,7 +1,6 @@
 #include "worker/trainer.h"
 
 #include <glog/logging.h>
-#include <google/protobuf/util/message_differencer.h>
 #include <omp.h>
 #include <unistd.h>
 
@@ -21,91 +20,9 @@
 #include "model/llama.h"
 #include "model/optim/adamw.h"
 #include "worker/evaluate.h"
+#include "worker/progress_log.h"
 
 namespace herd {
-namespace {
-
-// Progress lines on stdout and metrics as JSON lines.
-class ProgressLog {
- public:
-  Status Open(const std::string& metrics_path, bool append) {
-    if (metrics_path.empty()) return Status::OK();
-    const std::string dir = DirName(metrics_path);
-    HERD_RETURN_IF_ERROR(MakeDirs(dir).WithContext("log.metrics: "));
-    metrics_ = std::fopen(metrics_path.c_str(), append ? "a" : "w");
-    if (metrics_ == nullptr) return Status::IOError("log.metrics: " + metrics_path + ": cannot open for writing");
-    return Status::OK();
-  }
-  ~ProgressLog() {
-    if (metrics_ != nullptr) std::fclose(metrics_);
-  }
-
-  struct Entry {
-    int64_t step = 0, total_steps = 0;
-    double loss = 0, lr = 0, grad_norm = 0, tokens_per_s = 0, eta_s = 0, elapsed_s = 0;
-    double val_loss = NAN;
-  };
-
-  void Write(const Entry& e) {
-    std::printf("step %6lld/%lld | loss %.4f | lr %.2e | norm %.3f | %8.0f tok/s | eta %s",
-                static_cast<long long>(e.step), static_cast<long long>(e.total_steps), e.loss, e.lr, e.grad_norm,
-                e.tokens_per_s, FormatDuration(e.eta_s).c_str());
-    if (!std::isnan(e.val_loss)) std::printf(" | val %.4f", e.val_loss);
-    std::printf("\n");
-    std::fflush(stdout);
-    if (metrics_ != nullptr) {
-      std::fprintf(metrics_,
-                   "{\"step\": %lld, \"loss\": %.17g, \"lr\": %.17g, \"grad_norm\": %.17g, \"tokens_per_s\": %.6g, "
-                   "\"elapsed_s\": %.6g",
-                   static_cast<long long>(e.step), e.loss, e.lr, e.grad_norm, e.tokens_per_s, e.elapsed_s);
-      if (!std::isnan(e.val_loss)) std::fprintf(metrics_, ", \"val_loss\": %.17g", e.val_loss);
-      std::fprintf(metrics_, "}\n");
-      std::fflush(metrics_);
-    }
-  }
-
- private:
-  std::FILE* metrics_ = nullptr;
-};
-
-// Fails early, before any training, if checkpoints could not be written.
-Status CheckWritable(const std::string& dir) {
-  HERD_RETURN_IF_ERROR(MakeDirs(dir).WithContext("checkpoint.dir: "));
-  const std::string probe = JoinPath(dir, ".herd_write_probe." + std::to_string(::getpid()));
-  std::FILE* f = std::fopen(probe.c_str(), "w");
-  if (f == nullptr) return Status::IOError("checkpoint.dir: " + dir + ": not writable");
-  std::fclose(f);
-  ::unlink(probe.c_str());
-  return Status::OK();
-}
-
-// A checkpoint only continues the job it came from: same model shape.
-Status CheckSameModel(const std::string& step_dir, const config::JobConfig& config) {
-  const std::string path = JoinPath(step_dir, "config.textproto");
-  HERD_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
-  HERD_ASSIGN_OR_RETURN(config::JobConfig saved, ParseJobConfig(text, path));
-  std::string diff;
-  google::protobuf::util::MessageDifferencer differ;
-  differ.set_message_field_comparison(google::protobuf::util::MessageDifferencer::EQUIVALENT);
-  // Metadata kept for export, not part of the shape: an imported model
-  // continues under a config that does not repeat it.
-  differ.IgnoreField(config::ModelConfig::descriptor()->FindFieldByName("max_position_embeddings"));
-  differ.ReportDifferencesToString(&diff);
-  if (!differ.Compare(saved.model(), config.model())) {
-    while (!diff.empty() && diff.back() == '\n') diff.pop_back();
-    std::replace(diff.begin(), diff.end(), '\n', ';');
-    return Status::FailedPrecondition(step_dir + ": checkpoint was written for a different model (" + diff + ")");
-  }
-  return Status::OK();
-}
-
-std::string TokensToText(const std::vector<int32_t>& tokens) {
-  std::string text;
-  for (int32_t t : tokens) text.push_back(static_cast<char>(t & 0xff));
-  return text;
-}
-
-}  // namespace
 
 Status TrainSingleProcess(const config::JobConfig& config, const TrainOptions& options) {
   const auto& train = config.train();
@@ -139,14 +56,11 @@ Status TrainSingleProcess(const config::JobConfig& config, const TrainOptions& o
   if (!ckpt_dir.empty()) HERD_RETURN_IF_ERROR(CheckWritable(ckpt_dir));
   if (options.resume) {
     if (ckpt_dir.empty()) return Status::InvalidArgument("--resume needs checkpoint.dir to be set");
-    HERD_ASSIGN_OR_RETURN(std::string step_dir, LatestCheckpoint(ckpt_dir));
+    HERD_ASSIGN_OR_RETURN(VerifiedCheckpoint ckpt, LatestVerifiedCheckpoint(ckpt_dir));
+    const std::string& step_dir = ckpt.dir;
     HERD_RETURN_IF_ERROR(CheckSameModel(step_dir, config));
-    HERD_ASSIGN_OR_RETURN(state, ReadShard(JoinPath(step_dir, ShardFileName(0))));
-    if (state.begin != 0 || state.end != P) {
-      return Status::FailedPrecondition(step_dir + ": checkpoint holds [" + std::to_string(state.begin) + ", " +
-                                        std::to_string(state.end) + ") but this model has " + std::to_string(P) +
-                                        " elements (different model shape?)");
-    }
+    // Any number of shards (a parameter-server checkpoint too) assembles.
+    HERD_ASSIGN_OR_RETURN(state, ReadShardRange(step_dir, ckpt.manifest, 0, P, /*with_moments=*/true));
     HERD_ASSIGN_OR_RETURN(std::string loader, ReadFile(JoinPath(step_dir, WorkerFileName(0))));
     HERD_RETURN_IF_ERROR(sampler.RestoreState(loader).WithContext(step_dir + ": "));
     std::printf("resumed from %s (step %lld)\n", step_dir.c_str(), static_cast<long long>(state.step));
@@ -186,19 +100,10 @@ Status TrainSingleProcess(const config::JobConfig& config, const TrainOptions& o
     std::fflush(stdout);
     return Status::OK();
   };
-  auto evaluate = [&]() -> double {
-    if (val_file == nullptr) return NAN;
-    auto r = EvaluateLoss(model, state.weights.data(), *val_file, B, T, config.log().eval_batches());
-    if (!r.ok()) {
-      LOG(WARNING) << "evaluation skipped: " << r.status().message();
-      return NAN;
-    }
-    return r->loss;
-  };
 
   Stopwatch run_clock, window_clock;
   int64_t window_tokens = 0;
-  const int64_t stop_at = options.stop_at_step > 0 ? std::min(options.stop_at_step, total_steps) : total_steps;
+  const int64_t stop_at = options.LastStep(total_steps);
   for (int64_t t = state.step; t < stop_at; ++t) {
     std::fill(grads.begin(), grads.end(), 0.0f);
     double loss = 0;
@@ -231,13 +136,12 @@ Status TrainSingleProcess(const config::JobConfig& config, const TrainOptions& o
       e.tokens_per_s = window_s > 0 ? window_tokens / window_s : 0;
       e.elapsed_s = run_clock.Seconds();
       e.eta_s = e.tokens_per_s > 0 ? (total_steps - state.step) * tokens_per_step / e.tokens_per_s : 0;
-      if (eval_now) e.val_loss = evaluate();
+      if (eval_now) e.val_loss = ValidationLoss(model, state.weights.data(), val_file.get(), config);
       log.Write(e);
       window_clock.Reset();
       window_tokens = 0;
     }
-    const int64_t every = config.checkpoint().every();
-    if (!ckpt_dir.empty() && (last || (every > 0 && state.step % every == 0))) {
+    if (CheckpointDue(config.checkpoint(), state.step, stop_at)) {
       HERD_RETURN_IF_ERROR(save_checkpoint(state.step));
     }
   }
@@ -250,13 +154,7 @@ Status TrainSingleProcess(const config::JobConfig& config, const TrainOptions& o
     return Status::OK();
   }
 
-  if (config.log().sample_tokens() > 0 && shape.vocab_size >= 256) {
-    std::vector<int32_t> prompt;
-    for (unsigned char c : config.log().sample_prompt()) prompt.push_back(c);
-    std::vector<int32_t> out = Generate(model, state.weights.data(), prompt, config.log().sample_tokens(),
-                                        config.log().sample_temperature(), train.seed());
-    std::printf("sample (temperature %.2f):\n%s\n", config.log().sample_temperature(), TokensToText(out).c_str());
-  }
+  PrintSample(model, state.weights.data(), config);
   std::printf("done: %lld steps in %s\n", static_cast<long long>(state.step), FormatDuration(run_clock.Seconds()).c_str());
   return Status::OK();
 }

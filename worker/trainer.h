@@ -9,18 +9,11 @@
 
 #include <string>
 
+#include "common/run_options.h"
 #include "common/status.h"
 #include "proto/herd.pb.h"
 
 namespace herd {
-
-struct TrainOptions {
-  // Continue from the newest complete checkpoint in checkpoint.dir.
-  bool resume = false;
-  // Stop after this step (checkpointing there) without changing the
-  // schedule, which still spans train.steps; 0 = run to the end.
-  int64_t stop_at_step = 0;
-};
 
 Status TrainSingleProcess(const config::JobConfig& config, const TrainOptions& options);
 

@@ -1,0 +1,24 @@
+// How a training run starts and stops, beyond its config: shared by the
+// single-process trainer, parameter servers and workers (every process of
+// a job gets the same options from `herd launch`).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+namespace herd {
+
+struct TrainOptions {
+  // Continue from the newest complete checkpoint in checkpoint.dir.
+  bool resume = false;
+  // Stop after this step (checkpointing there) without changing the
+  // schedule, which still spans train.steps; 0 = run to the end.
+  int64_t stop_at_step = 0;
+
+  // The last step this run takes, of `total_steps`.
+  int64_t LastStep(int64_t total_steps) const {
+    return stop_at_step > 0 ? std::min(stop_at_step, total_steps) : total_steps;
+  }
+};
+
+}  // namespace herd

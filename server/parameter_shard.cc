@@ -1,0 +1,316 @@
+#include "server/parameter_shard.h"
+
+#include <glog/logging.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
+#include "common/bf16.h"
+
+namespace herd {
+
+struct ParameterShard::LocalBucket {
+  int64_t begin = 0, end = 0;  // relative to the shard's range
+  std::vector<DecaySegment> segments;
+  int next_rank = 0;                 // contributions 0..next_rank-1 are summed
+  std::vector<void*> pending;        // per worker: landed, not yet summed
+  std::vector<bool> arrived;         // per worker: pushed this step
+  double sum_of_squares = 0;
+  bool done = false;
+};
+
+struct ParameterShard::QueuedPull {
+  uint64_t tag, offset, length;
+  PullReply reply;
+};
+
+namespace {
+
+std::string Bytes(uint64_t offset, uint64_t length) {
+  char text[64];
+  std::snprintf(text, sizeof text, "[%llu, %llu)", static_cast<unsigned long long>(offset),
+                static_cast<unsigned long long>(offset + length));
+  return text;
+}
+
+}  // namespace
+
+ParameterShard::ParameterShard(const ParameterShardOptions& options, ShardState initial)
+    : options_(options),
+      range_(options.plan->shard(options.server)),
+      space_(ServerSpace::For(range_, options.num_workers, options.bf16_wire ? 2 : 4)),
+      wire_bytes_(options.bf16_wire ? 2 : 4),
+      state_(std::move(initial)),
+      acc_(range_.size(), 0.0f),
+      losses_(options.num_workers, 0.0),
+      loss_in_(options.num_workers, false) {
+  CHECK(state_.begin == range_.begin && state_.end == range_.end) << "initial state does not cover the shard";
+  if (options_.bf16_wire) {
+    wire_copy_.resize(range_.size());
+    FloatsToBf16(state_.weights.data(), wire_copy_.data(), range_.size());
+  }
+  report_.version = static_cast<uint64_t>(state_.step);
+  for (const Bucket& b : options_.plan->buckets()) {
+    if (b.server != options_.server) continue;
+    LocalBucket lb;
+    lb.begin = b.range.begin - range_.begin;
+    lb.end = b.range.end - range_.begin;
+    lb.segments = DecaySegments(*options_.layout, b.range.begin, b.range.end);
+    lb.pending.assign(options_.num_workers, nullptr);
+    lb.arrived.assign(options_.num_workers, false);
+    buckets_.push_back(std::move(lb));
+  }
+  std::sort(buckets_.begin(), buckets_.end(), [](const LocalBucket& a, const LocalBucket& b) { return a.begin < b.begin; });
+}
+
+ParameterShard::~ParameterShard() = default;
+
+int ParameterShard::WorkerRank(transport::PeerId client) const {
+  const int r = client - options_.first_worker_peer;
+  return r >= 0 && r < options_.num_workers ? r : -1;
+}
+
+StatusOr<void*> ParameterShard::PushTarget(transport::PeerId client, uint64_t tag, uint64_t offset,
+                                           uint64_t length) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!failed_.ok()) return failed_;
+  const int r = WorkerRank(client);
+  const std::string what = "push of bytes " + Bytes(offset, length);
+  if (r < 0) return Status::InvalidArgument(what + " from peer " + std::to_string(client) + ", not a worker");
+  if (stepping_ || tag != static_cast<uint64_t>(state_.step)) {
+    return Status::FailedPrecondition(what + " from worker " + std::to_string(r) + " is for step " +
+                                      std::to_string(tag) + ", but this server is " +
+                                      (stepping_ ? "stepping " : "at step ") + std::to_string(state_.step));
+  }
+  if (offset >= space_.losses_offset) {
+    if (!options_.collects_losses || offset != space_.losses_offset + sizeof(double) * r ||
+        length != sizeof(double)) {
+      return Status::InvalidArgument(what + " from worker " + std::to_string(r) + " is not its loss slot");
+    }
+    if (loss_in_[r]) return Status::InvalidArgument("worker " + std::to_string(r) + " pushed its loss twice");
+    loss_in_[r] = true;
+    return static_cast<void*>(&losses_[r]);
+  }
+  LocalBucket* found = FindBucket(offset);
+  if (found == nullptr || static_cast<uint64_t>((found->end - found->begin) * wire_bytes_) != length) {
+    return Status::InvalidArgument(what + " is not one of this server's buckets");
+  }
+  LocalBucket& b = *found;
+  if (b.arrived[r]) {
+    return Status::InvalidArgument(what + ": worker " + std::to_string(r) + " pushed this bucket twice in step " +
+                                   std::to_string(tag));
+  }
+  b.arrived[r] = true;
+  // Worker 0's fp32 gradients start the sum: they land in place.
+  if (!options_.bf16_wire && r == 0) return static_cast<void*>(acc_.data() + b.begin);
+  std::unique_ptr<std::vector<char>> scratch;
+  if (!scratch_free_.empty()) {
+    scratch = std::move(scratch_free_.back());
+    scratch_free_.pop_back();
+  } else {
+    scratch = std::make_unique<std::vector<char>>();
+  }
+  scratch->resize(length);
+  void* target = scratch->data();
+  scratch_used_.push_back(std::move(scratch));
+  return target;
+}
+
+ParameterShard::LocalBucket* ParameterShard::FindBucket(uint64_t offset) {
+  auto it = std::lower_bound(buckets_.begin(), buckets_.end(), offset, [this](const LocalBucket& b, uint64_t off) {
+    return static_cast<uint64_t>(b.begin * wire_bytes_) < off;
+  });
+  if (it == buckets_.end() || static_cast<uint64_t>(it->begin * wire_bytes_) != offset) return nullptr;
+  return &*it;
+}
+
+void ParameterShard::ReleaseScratch(void* p) {
+  for (size_t i = 0; i < scratch_used_.size(); ++i) {
+    if (scratch_used_[i]->data() == p) {
+      scratch_free_.push_back(std::move(scratch_used_[i]));
+      scratch_used_.erase(scratch_used_.begin() + i);
+      return;
+    }
+  }
+}
+
+void ParameterShard::Drain(LocalBucket& b) {
+  const int64_t n = b.end - b.begin;
+  float* acc = acc_.data() + b.begin;
+  while (b.next_rank < options_.num_workers && b.pending[b.next_rank] != nullptr) {
+    void* in = b.pending[b.next_rank];
+    if (options_.bf16_wire) {
+      const uint16_t* g = static_cast<const uint16_t*>(in);
+      if (b.next_rank == 0) {
+        Bf16ToFloats(g, acc, n);
+      } else {
+        for (int64_t i = 0; i < n; ++i) acc[i] += Bf16ToFloat(g[i]);
+      }
+    } else {
+      const float* g = static_cast<const float*>(in);
+      for (int64_t i = 0; i < n; ++i) acc[i] += g[i];
+    }
+    ReleaseScratch(in);
+    b.pending[b.next_rank] = nullptr;
+    ++b.next_rank;
+  }
+  if (b.next_rank == options_.num_workers && !b.done) {
+    b.done = true;
+    b.sum_of_squares = SumOfSquares(acc, n);
+    ++buckets_done_;
+  }
+}
+
+void ParameterShard::OnPushed(transport::PeerId client, uint64_t, uint64_t offset, uint64_t, void* target, bool ok,
+                              transport::Completion applied) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int r = WorkerRank(client);
+    if (offset >= space_.losses_offset) {
+      if (ok) ++losses_in_;
+    } else {
+      LocalBucket& b = *FindBucket(offset);  // PushTarget checked it
+      if (!ok) {
+        ReleaseScratch(target);  // the job fails; nothing to sum
+      } else if (target == acc_.data() + b.begin) {
+        b.next_rank = 1;
+        Drain(b);
+      } else {
+        b.pending[r] = target;
+        Drain(b);
+      }
+    }
+    if (GradientsComplete()) cv_.notify_all();
+  }
+  applied(Status::OK());
+}
+
+bool ParameterShard::GradientsComplete() const {
+  return buckets_done_ == static_cast<int>(buckets_.size()) &&
+         (!options_.collects_losses || losses_in_ == options_.num_workers);
+}
+
+StatusOr<double> ParameterShard::WaitForGradients() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return GradientsComplete() || !failed_.ok(); });
+  if (!failed_.ok()) return failed_;
+  double total = 0;
+  for (const LocalBucket& b : buckets_) total += b.sum_of_squares;  // ascending: a fixed order
+  return total;
+}
+
+const void* ParameterShard::Readable(uint64_t tag, uint64_t offset, uint64_t length) const {
+  const uint64_t version = static_cast<uint64_t>(state_.step);
+  if (offset == space_.report_offset) return tag == version && !stepping_ ? &report_ : nullptr;
+  const bool current = (tag == version && !stepping_) || (tag == version + 1 && stepping_ &&
+                                                          offset + length <= updated_bytes_);
+  if (!current) return nullptr;
+  const char* base = options_.bf16_wire ? reinterpret_cast<const char*>(wire_copy_.data())
+                                        : reinterpret_cast<const char*>(state_.weights.data());
+  return base + offset;
+}
+
+void ParameterShard::OnPull(transport::PeerId client, uint64_t tag, uint64_t offset, uint64_t length,
+                            PullReply reply) {
+  const std::string what = "pull of bytes " + Bytes(offset, length);
+  Status error;
+  const void* data = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const uint64_t version = static_cast<uint64_t>(state_.step);
+    if (!failed_.ok()) {
+      error = failed_;
+    } else if (WorkerRank(client) < 0) {
+      error = Status::InvalidArgument(what + " from peer " + std::to_string(client) + ", not a worker");
+    } else if (offset == space_.report_offset ? length != sizeof(StepReport)
+                                              : offset + length > space_.params_bytes || offset % wire_bytes_ != 0 ||
+                                                    length % wire_bytes_ != 0) {
+      error = Status::InvalidArgument(what + " is neither whole parameters nor the step report");
+    } else if (tag != version && tag != version + 1) {
+      error = Status::FailedPrecondition(what + " asks for version " + std::to_string(tag) + ", this server holds " +
+                                         std::to_string(version));
+    } else if (tag == version && stepping_) {
+      error = Status::FailedPrecondition(what + " asks for version " + std::to_string(tag) +
+                                         " while it is being replaced");
+    } else {
+      data = Readable(tag, offset, length);
+      if (data == nullptr) {
+        queued_.push_back({tag, offset, length, std::move(reply)});
+        return;
+      }
+    }
+  }
+  reply(error, data);
+}
+
+ParameterShard::Replies ParameterShard::TakeAnswerable() {
+  Replies out;
+  for (size_t i = 0; i < queued_.size();) {
+    const void* data = Readable(queued_[i].tag, queued_[i].offset, queued_[i].length);
+    if (data == nullptr) {
+      ++i;
+      continue;
+    }
+    out.emplace_back(std::move(queued_[i].reply), data);
+    queued_.erase(queued_.begin() + i);
+  }
+  return out;
+}
+
+void ParameterShard::ApplyStep(double global_norm, double lr, double clip_norm) {
+  const double scale = ClipCoefficient(global_norm, clip_norm);
+  const int64_t step = state_.step + 1;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stepping_ = true;
+    updated_bytes_ = 0;
+  }
+  for (const LocalBucket& b : buckets_) {
+    AdamWStep(b.segments, range_.begin + b.begin, state_.weights.data() + b.begin, acc_.data() + b.begin,
+              state_.m.data() + b.begin, state_.v.data() + b.begin, step, lr, scale, options_.adamw);
+    if (options_.bf16_wire) {
+      FloatsToBf16(state_.weights.data() + b.begin, wire_copy_.data() + b.begin, b.end - b.begin);
+    }
+    Replies replies;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      updated_bytes_ = static_cast<uint64_t>(b.end) * wire_bytes_;
+      if (!queued_.empty()) replies = TakeAnswerable();
+    }
+    for (auto& [reply, data] : replies) reply(Status::OK(), data);
+  }
+  Replies replies;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    double loss_sum = 0;
+    for (double l : losses_) loss_sum += l;  // rank order
+    report_ = {static_cast<uint64_t>(step), global_norm, lr, loss_sum / options_.num_workers};
+    state_.step = step;
+    stepping_ = false;
+    for (LocalBucket& b : buckets_) {
+      b.next_rank = 0;
+      b.done = false;
+      b.sum_of_squares = 0;
+      std::fill(b.arrived.begin(), b.arrived.end(), false);
+    }
+    buckets_done_ = 0;
+    losses_in_ = 0;
+    std::fill(loss_in_.begin(), loss_in_.end(), false);
+    replies = TakeAnswerable();
+  }
+  for (auto& [reply, data] : replies) reply(Status::OK(), data);
+}
+
+void ParameterShard::Fail(const Status& status) {
+  std::vector<QueuedPull> queued;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failed_.ok()) failed_ = status;
+    queued.swap(queued_);
+    cv_.notify_all();
+  }
+  for (QueuedPull& q : queued) q.reply(status, nullptr);
+}
+
+}  // namespace herd

@@ -1,0 +1,120 @@
+// One parameter server's state and its synchronous step: the fp32 master
+// weights, AdamW moments and step count of one range of the flat parameter
+// space (ZeRO-style: no process holds the whole optimizer state).
+//
+// Step t, as seen from here:
+//   1. every worker pushes each bucket of its gradients once, tagged t; the
+//      W contributions to a bucket are summed in worker-rank order (a fixed
+//      order: reruns are bitwise identical) as soon as that order allows;
+//   2. the step thread (WaitForGradients) gets the shard's partial squared
+//      norm, the caller combines the partials of all servers, and ApplyStep
+//      clips and applies AdamW bucket by bucket in ascending order;
+//   3. pulls tagged t+1 wait until their bytes have been updated and are
+//      answered while later buckets are still being stepped.
+//
+// Everything a worker sends is checked before use: who sent it, the step it
+// belongs to, that it is exactly one of this server's buckets, that no
+// worker pushes a bucket twice. A bad push or pull is answered with an
+// error naming it.
+//
+// Threads: the push/pull callbacks run on the transport's progress thread,
+// WaitForGradients/ApplyStep on the server's step thread.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "model/checkpoint.h"
+#include "model/optim/adamw.h"
+#include "sharding/shard_plan.h"
+#include "transport/push_pull.h"
+
+namespace herd {
+
+struct ParameterShardOptions {
+  const ParamLayout* layout = nullptr;
+  const ShardPlan* plan = nullptr;
+  int server = 0;
+  int num_workers = 1;
+  transport::PeerId first_worker_peer = 0;  // worker rank r is this + r
+  bool bf16_wire = false;
+  bool collects_losses = false;             // server 0: the workers' losses
+  AdamWOptions adamw;
+};
+
+class ParameterShard : public transport::ShardHandler {
+ public:
+  // `initial` covers exactly the plan's range for this server.
+  ParameterShard(const ParameterShardOptions& options, ShardState initial);
+  ~ParameterShard() override;
+
+  // transport::ShardHandler, on the progress thread.
+  uint64_t size_bytes() const override { return space_.size; }
+  StatusOr<void*> PushTarget(transport::PeerId client, uint64_t tag, uint64_t offset, uint64_t length) override;
+  void OnPushed(transport::PeerId client, uint64_t tag, uint64_t offset, uint64_t length, void* target, bool ok,
+                transport::Completion applied) override;
+  void OnPull(transport::PeerId client, uint64_t tag, uint64_t offset, uint64_t length, PullReply reply) override;
+
+  // Step thread. Blocks until every bucket (and, on server 0, every loss)
+  // of the current step is in, then returns the shard's squared gradient
+  // norm; or the failure passed to Fail().
+  StatusOr<double> WaitForGradients();
+  // Clips with the global norm, applies AdamW with `lr` and serves the
+  // pulls of the new version as buckets are done.
+  void ApplyStep(double global_norm, double lr, double clip_norm);
+  // Wakes WaitForGradients with `status` and answers later requests with it.
+  void Fail(const Status& status);
+
+  // Between steps (step thread): the shard's weights, moments and step.
+  const ShardState& state() const { return state_; }
+  // Buffers for UCX registration.
+  float* weights() { return state_.weights.data(); }
+  float* gradients() { return acc_.data(); }
+
+ private:
+  struct LocalBucket;
+  struct QueuedPull;
+  using Replies = std::vector<std::pair<PullReply, const void*>>;
+
+  int WorkerRank(transport::PeerId client) const;
+  // The bucket starting at byte `offset` of the space, or null.
+  LocalBucket* FindBucket(uint64_t offset);
+  // Under mu_: adds queued contributions to bucket b in rank order.
+  void Drain(LocalBucket& b);
+  void ReleaseScratch(void* p);
+  bool GradientsComplete() const;
+  // Under mu_: where [offset, offset+length) of the space may be read now,
+  // or null when it must wait.
+  const void* Readable(uint64_t tag, uint64_t offset, uint64_t length) const;
+  // Under mu_: takes the queued pulls that are now answerable.
+  Replies TakeAnswerable();
+
+  const ParameterShardOptions options_;
+  const ParamRange range_;
+  const ServerSpace space_;
+  const int wire_bytes_;
+
+  ShardState state_;                 // weights, m, v, step (= version)
+  std::vector<float> acc_;           // the step's summed gradients
+  std::vector<uint16_t> wire_copy_;  // bf16 weights served to pulls (bf16 wire)
+  std::vector<double> losses_;       // per worker (server 0)
+  StepReport report_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<LocalBucket> buckets_;  // ascending offsets
+  int buckets_done_ = 0;
+  std::vector<bool> loss_in_;
+  int losses_in_ = 0;
+  bool stepping_ = false;
+  uint64_t updated_bytes_ = 0;  // while stepping: [0, this) of the params is the new version
+  std::vector<QueuedPull> queued_;
+  std::vector<std::unique_ptr<std::vector<char>>> scratch_free_;
+  std::vector<std::unique_ptr<std::vector<char>>> scratch_used_;
+  Status failed_;
+};
+
+}  // namespace herd

@@ -1,0 +1,153 @@
+#include "server/server.h"
+
+#include <glog/logging.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <optional>
+
+#include "common/clock.h"
+#include "common/file_util.h"
+#include "model/checkpoint.h"
+#include "model/optim/adamw.h"
+#include "server/parameter_shard.h"
+#include "sharding/shard_plan.h"
+#include "transport/join.h"
+#include "transport/push_pull.h"
+#include "transport/wire.h"
+
+namespace herd {
+namespace {
+
+// The shard's starting state: the newest complete checkpoint when resuming,
+// else the deterministic initialisation.
+StatusOr<ShardState> InitialState(const config::JobConfig& config, const ParamLayout& layout, const ParamRange& range,
+                                  const std::optional<VerifiedCheckpoint>& resume_from) {
+  if (resume_from.has_value()) {
+    HERD_RETURN_IF_ERROR(CheckSameModel(resume_from->dir, config));
+    return ReadShardRange(resume_from->dir, resume_from->manifest, range.begin, range.end, /*with_moments=*/true);
+  }
+  ShardState s;
+  s.begin = range.begin;
+  s.end = range.end;
+  s.weights.resize(range.size());
+  s.m.assign(range.size(), 0.0f);
+  s.v.assign(range.size(), 0.0f);
+  InitParameterRange(layout, config.train().seed(), config.model().initializer_range(), range.begin, range.end,
+                     s.weights.data());
+  return s;
+}
+
+// The combined norm of every server's partial sum of squares, added in
+// server order so that every server computes the same value.
+StatusOr<double> GlobalNorm(transport::CoordinatorClient& client, int64_t step, double partial) {
+  if (client.num_servers() == 1) return std::sqrt(partial);
+  std::string mine(sizeof(double), '\0');
+  std::memcpy(mine.data(), &partial, sizeof partial);
+  HERD_ASSIGN_OR_RETURN(auto all, client.AllGather("herd/norm/" + std::to_string(step), mine, wire::SERVERS));
+  double total = 0;
+  for (const std::string& p : all) {
+    if (p.size() != sizeof(double)) return Status::Corruption("a server sent a malformed partial norm");
+    double x;
+    std::memcpy(&x, p.data(), sizeof x);
+    total += x;
+  }
+  return std::sqrt(total);
+}
+
+// Everything that needs the rank: built during the join.
+struct Served {
+  std::unique_ptr<ShardPlan> plan;
+  std::unique_ptr<ParameterShard> shard;
+  std::unique_ptr<transport::PushPullServer> service;
+};
+
+}  // namespace
+
+Status RunParameterServer(const config::JobConfig& config, const TrainOptions& options,
+                          const transport::JoinOptions& join) {
+  if (config.train().threads() > 0) omp_set_num_threads(config.train().threads());
+  const ParamLayout layout(LlamaShape::FromConfig(config.model()));
+  HERD_ASSIGN_OR_RETURN(ShardPlan plan, ShardPlan::Create(layout, ShardPlanOptions::FromConfig(config.cluster())));
+  const std::string& ckpt_dir = config.checkpoint().dir();
+  if (!ckpt_dir.empty()) HERD_RETURN_IF_ERROR(CheckWritable(ckpt_dir));
+  std::optional<VerifiedCheckpoint> resume_from;
+  if (options.resume) {
+    if (ckpt_dir.empty()) return Status::InvalidArgument("--resume needs checkpoint.dir to be set");
+    HERD_ASSIGN_OR_RETURN(resume_from, LatestVerifiedCheckpoint(ckpt_dir));
+  }
+
+  HERD_ASSIGN_OR_RETURN(auto transport, transport::UcxTransport::Create(-1));
+  Served served;
+  int rank = -1;
+  auto prepare = [&](transport::CoordinatorClient& client) -> Status {
+    rank = client.rank();
+    HERD_RETURN_IF_ERROR(transport::AgreeOn(client, "herd/resume",
+                                            resume_from ? BaseName(resume_from->dir) : std::string("none"),
+                                            "the checkpoint to resume from"));
+    Stopwatch sw;
+    HERD_ASSIGN_OR_RETURN(ShardState state, InitialState(config, layout, plan.shard(rank), resume_from));
+    ParameterShardOptions o;
+    o.layout = &layout;
+    o.plan = &plan;
+    o.server = rank;
+    o.num_workers = client.num_workers();
+    o.first_worker_peer = transport::MemberPeerId(client, wire::WORKER, 0);
+    o.bf16_wire = config.cluster().wire_dtype() == config::ClusterConfig::BF16;
+    o.collects_losses = rank == 0;
+    o.adamw = AdamWOptions::FromConfig(config.optimizer());
+    served.shard = std::make_unique<ParameterShard>(o, std::move(state));
+    HERD_RETURN_IF_ERROR(transport->RegisterMemory(served.shard->weights(), plan.shard(rank).size() * sizeof(float)));
+    HERD_RETURN_IF_ERROR(
+        transport->RegisterMemory(served.shard->gradients(), plan.shard(rank).size() * sizeof(float)));
+    served.service = std::make_unique<transport::PushPullServer>(transport.get(), served.shard.get());
+    LOG(INFO) << "server " << rank << ": [" << plan.shard(rank).begin << ", " << plan.shard(rank).end << ") "
+              << (resume_from ? "loaded from " + resume_from->dir : std::string("initialised")) << " in "
+              << sw.Seconds() << " s";
+    return Status::OK();
+  };
+  HERD_ASSIGN_OR_RETURN(auto client, transport::JoinJob(join, transport.get(), {wire::WORKER}, prepare));
+  // Before the shard goes: the service stops the transport.
+  struct StopFirst {
+    Served& s;
+    ~StopFirst() { s.service.reset(); }
+  } stop_first{served};
+  ParameterShard& shard = *served.shard;
+  client->OnFailure([&shard](const Status& failure) { shard.Fail(failure); });
+  if (rank == 0) LOG(INFO) << "shard plan: " << plan.Describe();
+
+  const auto& opt = config.optimizer();
+  const int64_t total_steps = config.train().steps();
+  const int64_t last = options.LastStep(total_steps);
+  for (int64_t t = shard.state().step; t < last; ++t) {
+    HERD_ASSIGN_OR_RETURN(double partial, shard.WaitForGradients());
+    HERD_ASSIGN_OR_RETURN(double norm, GlobalNorm(*client, t, partial));
+    if (!std::isfinite(norm)) {
+      return Status::FailedPrecondition("step " + std::to_string(t + 1) + ": the gradient norm is " +
+                                        std::to_string(norm) + " (diverged; lower optimizer.lr)");
+    }
+    shard.ApplyStep(norm, LearningRate(opt, total_steps, t), opt.clip_norm());
+    const int64_t step = t + 1;
+    if (CheckpointDue(config.checkpoint(), step, last)) {
+      const std::string step_dir = StepDirName(ckpt_dir, step);
+      Status part = BeginCheckpointPart(step_dir);
+      if (part.ok() && rank == 0) part = WriteConfigPart(step_dir, config);
+      if (part.ok()) part = WriteShard(JoinPath(step_dir, ShardFileName(rank)), shard.state());
+      HERD_RETURN_IF_ERROR(transport::AllSucceeded(*client, "herd/checkpoint/" + std::to_string(step), part)
+                               .WithContext("checkpoint " + step_dir + ": "));
+      if (rank == 0) {
+        std::vector<std::string> parts = {ConfigFileName()};
+        for (int s = 0; s < client->num_servers(); ++s) parts.push_back(ShardFileName(s));
+        for (int w = 0; w < client->num_workers(); ++w) parts.push_back(WorkerFileName(w));
+        part = WriteManifest(step_dir, step, parts);
+      }
+      HERD_RETURN_IF_ERROR(transport::AllSucceeded(*client, "herd/committed/" + std::to_string(step), part)
+                               .WithContext("checkpoint " + step_dir + ": "));
+    }
+  }
+  HERD_RETURN_IF_ERROR(client->Barrier("herd/done"));
+  return client->Leave();
+}
+
+}  // namespace herd

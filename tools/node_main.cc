@@ -1,0 +1,79 @@
+// herd-server and herd-worker: the processes of a multi-process job. Built
+// twice from this file (HERD_NODE_SERVER=1 or 0); `herd launch` starts them
+// on one machine, or start them by hand on several:
+//
+//   herd-server CONFIG [--set path=value ...] [--rank R] [--coordinator HOST:PORT]
+//               [--token-file F] [--resume] [--stop-at STEP]
+//   herd-worker (the same flags)
+//
+// Every process of a job must get the same CONFIG, --set overrides,
+// --resume and --stop-at. Ranks and the coordinator's address come from
+// the flags, Slurm, torchrun's variables, HERD_COORDINATOR or
+// cluster.coordinator; the job token from --token-file, HERD_JOB_TOKEN or
+// HERD_JOB_TOKEN_FILE.
+#include <cstdio>
+
+#include "common/config.h"
+#include "common/logging.h"
+#include "tools/args.h"
+#include "transport/rendezvous.h"
+
+#if HERD_NODE_SERVER
+#include "server/server.h"
+#define HERD_NODE_NAME "herd-server"
+#else
+#include "worker/ps_worker.h"
+#define HERD_NODE_NAME "herd-worker"
+#endif
+
+namespace herd {
+namespace {
+
+constexpr char kUsage[] =
+    "usage: " HERD_NODE_NAME
+    " CONFIG [--set path=value ...] [--rank R] [--coordinator HOST:PORT] [--token-file F] [--resume] "
+    "[--stop-at STEP]";
+
+Status Run(int argc, char** argv) {
+  tools::Args args({"set", "rank", "coordinator", "token-file", "stop-at"}, {"resume"});
+  HERD_RETURN_IF_ERROR(args.Parse(argc, argv));
+  if (args.positional().size() != 1) return Status::InvalidArgument(kUsage);
+  HERD_ASSIGN_OR_RETURN(JobConfig config, LoadJobConfig(args.positional()[0], args.GetAll("set")));
+  if (config.cluster().sync() != config::ClusterConfig::PARAMETER_SERVER) {
+    return Status::InvalidArgument(args.positional()[0] + ": cluster.sync is " +
+                                   config::ClusterConfig::Sync_Name(config.cluster().sync()) + "; " HERD_NODE_NAME
+                                   " runs PARAMETER_SERVER jobs");
+  }
+  if (config.device().kind() != config::DeviceConfig::CPU) {
+    return Status::InvalidArgument(args.positional()[0] + ": device.kind CUDA is not available in this build yet");
+  }
+  const auto env = transport::ProcessEnv();
+  HERD_ASSIGN_OR_RETURN(auto placement, transport::ResolvePlacement(args.Get("rank"), args.Get("coordinator"),
+                                                                    config.cluster().coordinator(), env));
+  HERD_ASSIGN_OR_RETURN(std::string token, transport::LoadJobToken(args.Get("token-file"), env));
+  transport::JoinOptions join = transport::JoinOptions::FromConfig(config);
+  join.coordinator = placement.coordinator;
+  join.rank = placement.rank;
+  join.world_size = placement.world_size;
+  join.token = token;
+  TrainOptions options;
+  options.resume = args.Has("resume");
+  HERD_ASSIGN_OR_RETURN(options.stop_at_step, args.GetInt("stop-at", 0, 1));
+#if HERD_NODE_SERVER
+  join.role = wire::SERVER;
+  return RunParameterServer(config, options, join);
+#else
+  join.role = wire::WORKER;
+  return TrainParameterServerWorker(config, options, join);
+#endif
+}
+
+}  // namespace
+}  // namespace herd
+
+int main(int argc, char** argv) {
+  herd::InitLogging(argv[0]);
+  const herd::Status st = herd::Run(argc, argv);
+  if (!st.ok()) return herd::ReportError(st);
+  return 0;
+}

@@ -1,0 +1,39 @@
+#include "worker/progress_log.h"
+
+#include "common/clock.h"
+#include "common/file_util.h"
+
+namespace herd {
+
+ProgressLog::~ProgressLog() {
+  if (metrics_ != nullptr) std::fclose(metrics_);
+}
+
+Status ProgressLog::Open(const std::string& metrics_path, bool append) {
+  if (metrics_path.empty()) return Status::OK();
+  HERD_RETURN_IF_ERROR(MakeDirs(DirName(metrics_path)).WithContext("log.metrics: "));
+  metrics_ = std::fopen(metrics_path.c_str(), append ? "a" : "w");
+  if (metrics_ == nullptr) return Status::IOError("log.metrics: " + metrics_path + ": cannot open for writing");
+  return Status::OK();
+}
+
+void ProgressLog::Write(const Entry& e) {
+  std::printf("step %6lld/%lld | loss %.4f | lr %.2e | norm %.3f | %8.0f tok/s | eta %s",
+              static_cast<long long>(e.step), static_cast<long long>(e.total_steps), e.loss, e.lr, e.grad_norm,
+              e.tokens_per_s, FormatDuration(e.eta_s).c_str());
+  if (!std::isnan(e.network_wait)) std::printf(" | net %2.0f%%", 100 * e.network_wait);
+  if (!std::isnan(e.val_loss)) std::printf(" | val %.4f", e.val_loss);
+  std::printf("\n");
+  std::fflush(stdout);
+  if (metrics_ == nullptr) return;
+  std::fprintf(metrics_,
+               "{\"step\": %lld, \"loss\": %.17g, \"lr\": %.17g, \"grad_norm\": %.17g, \"tokens_per_s\": %.6g, "
+               "\"elapsed_s\": %.6g",
+               static_cast<long long>(e.step), e.loss, e.lr, e.grad_norm, e.tokens_per_s, e.elapsed_s);
+  if (!std::isnan(e.network_wait)) std::fprintf(metrics_, ", \"network_wait\": %.4f", e.network_wait);
+  if (!std::isnan(e.val_loss)) std::fprintf(metrics_, ", \"val_loss\": %.17g", e.val_loss);
+  std::fprintf(metrics_, "}\n");
+  std::fflush(metrics_);
+}
+
+}  // namespace herd

@@ -1,0 +1,40 @@
+// What a training run shows: a progress line on stdout every log.every
+// steps and, when log.metrics is set, one JSON object per logged step.
+// Shared by the single-process trainer and parameter-server worker 0 so
+// that both modes print and record the same fields.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include "common/status.h"
+
+namespace herd {
+
+class ProgressLog {
+ public:
+  ProgressLog() = default;
+  ~ProgressLog();
+  ProgressLog(const ProgressLog&) = delete;
+  ProgressLog& operator=(const ProgressLog&) = delete;
+
+  // `append` continues an existing metrics file (resume).
+  Status Open(const std::string& metrics_path, bool append);
+
+  struct Entry {
+    int64_t step = 0, total_steps = 0;
+    double loss = 0, lr = 0, grad_norm = 0, tokens_per_s = 0, eta_s = 0, elapsed_s = 0;
+    double val_loss = NAN;
+    // Share of the step time spent waiting for pushes and pulls; NaN in a
+    // single process.
+    double network_wait = NAN;
+  };
+  void Write(const Entry& e);
+
+ private:
+  std::FILE* metrics_ = nullptr;
+};
+
+}  // namespace herd
