@@ -1,0 +1,303 @@
+// Shard plans (tiling, alignment, balance, per-tensor cuts, bucket order),
+// initialisation of a range, reading a checkpoint range across shards
+// written by another number of servers, and the parameter shard's
+// synchronous step driven through its push/pull handler interface.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <random>
+
+#include "common/bf16.h"
+#include "common/file_util.h"
+#include "model/checkpoint.h"
+#include "model/optim/adamw.h"
+#include "server/parameter_shard.h"
+#include "sharding/shard_plan.h"
+
+namespace herd {
+namespace {
+
+LlamaShape SmallShape(bool tied = true) {
+  config::ModelConfig m;
+  m.set_vocab_size(97);
+  m.set_hidden_size(32);
+  m.set_intermediate_size(80);
+  m.set_num_hidden_layers(3);
+  m.set_num_attention_heads(4);
+  m.set_num_key_value_heads(2);
+  m.set_tie_word_embeddings(tied);
+  return LlamaShape::FromConfig(m);
+}
+
+ShardPlan MakePlan(const ParamLayout& layout, int servers, int64_t bucket,
+                   config::ClusterConfig::ShardStrategy strategy = config::ClusterConfig::BALANCED) {
+  ShardPlanOptions o;
+  o.servers = servers;
+  o.bucket_elements = bucket;
+  o.strategy = strategy;
+  auto plan = ShardPlan::Create(layout, o);
+  EXPECT_TRUE(plan.ok()) << plan.status().message();
+  return std::move(plan).value();
+}
+
+void ExpectWellFormed(const ParamLayout& layout, const ShardPlan& plan, int64_t bucket) {
+  int64_t at = 0;
+  for (int s = 0; s < plan.num_servers(); ++s) {
+    const ParamRange& r = plan.shard(s);
+    EXPECT_EQ(r.begin, at);
+    EXPECT_GT(r.size(), 0);
+    EXPECT_EQ(r.begin % ParamLayout::kAlign, 0);
+    at = r.end;
+    for (int64_t x : {r.begin, r.end - 1}) EXPECT_EQ(plan.ServerOf(x), s);
+  }
+  EXPECT_EQ(at, layout.size());
+  // Buckets: in descending order, tiling the space, inside one shard each.
+  int64_t end = layout.size();
+  for (const Bucket& b : plan.buckets()) {
+    EXPECT_EQ(b.range.end, end);
+    EXPECT_GT(b.range.size(), 0);
+    EXPECT_LE(b.range.size(), bucket);
+    EXPECT_EQ(b.range.begin % ParamLayout::kAlign, 0);
+    EXPECT_GE(b.range.begin, plan.shard(b.server).begin);
+    EXPECT_LE(b.range.end, plan.shard(b.server).end);
+    end = b.range.begin;
+  }
+  EXPECT_EQ(end, 0);
+}
+
+TEST(ShardPlan, BalancedTilesAlignedAndEven) {
+  const ParamLayout layout(SmallShape());
+  for (int S : {1, 2, 3, 7}) {
+    for (int64_t bucket : {64, 1000, 1 << 20}) {
+      const ShardPlan plan = MakePlan(layout, S, bucket);
+      ExpectWellFormed(layout, plan, std::max<int64_t>(64, bucket / 64 * 64));
+      for (int s = 0; s < S; ++s) {
+        EXPECT_LE(std::abs(plan.shard(s).size() - layout.size() / S), 64) << "S=" << S << " server " << s;
+      }
+    }
+  }
+}
+
+TEST(ShardPlan, PerTensorCutsOnlyBetweenTensors) {
+  const ParamLayout layout(SmallShape(/*tied=*/false));
+  for (int S : {1, 2, 3, 5}) {
+    const ShardPlan plan = MakePlan(layout, S, 256, config::ClusterConfig::PER_TENSOR);
+    ExpectWellFormed(layout, plan, 256);
+    for (const TensorSpec& t : layout.tensors()) {
+      EXPECT_EQ(plan.ServerOf(t.offset), plan.ServerOf(t.offset + t.numel - 1)) << t.name << " is split";
+    }
+  }
+  ShardPlanOptions o;
+  o.servers = static_cast<int>(layout.tensors().size()) + 1;
+  o.strategy = config::ClusterConfig::PER_TENSOR;
+  EXPECT_FALSE(ShardPlan::Create(layout, o).ok());
+  o.servers = static_cast<int>(layout.size() / 64) + 1;
+  o.strategy = config::ClusterConfig::BALANCED;
+  EXPECT_FALSE(ShardPlan::Create(layout, o).ok());
+}
+
+TEST(ShardPlan, InitialisingARangeEqualsTheSliceOfTheWhole) {
+  const ParamLayout layout(SmallShape(false));
+  std::vector<float> whole(layout.size());
+  InitParameters(layout, 42, 0.02, whole.data());
+  std::mt19937 rng(3);
+  for (int trial = 0; trial < 20; ++trial) {
+    int64_t a = rng() % layout.size(), b = rng() % layout.size();
+    if (a > b) std::swap(a, b);
+    ++b;
+    std::vector<float> part(b - a);
+    InitParameterRange(layout, 42, 0.02, a, b, part.data());
+    ASSERT_EQ(0, std::memcmp(part.data(), whole.data() + a, part.size() * sizeof(float))) << a << ".." << b;
+  }
+}
+
+TEST(ShardPlan, CheckpointRangesAssembleAcrossServerCounts) {
+  const std::string dir = ::testing::TempDir() + "/herd_ckpt_range";
+  ASSERT_TRUE(BeginCheckpointPart(dir).ok());
+  const int64_t P = 3000;
+  std::vector<std::string> parts;
+  for (auto [b, e, i] : {std::tuple{0, 1000, 0}, {1000, 2600, 1}, {2600, 3000, 2}}) {
+    ShardState s;
+    s.begin = b;
+    s.end = e;
+    s.step = 7;
+    for (int64_t x = b; x < e; ++x) {
+      s.weights.push_back(x);
+      s.m.push_back(-x);
+      s.v.push_back(2 * x);
+    }
+    parts.push_back(ShardFileName(i));
+    ASSERT_TRUE(WriteShard(JoinPath(dir, parts.back()), s).ok());
+  }
+  ASSERT_TRUE(WriteManifest(dir, 7, parts).ok());
+  auto manifest = VerifyCheckpoint(dir);
+  ASSERT_TRUE(manifest.ok());
+  auto r = ReadShardRange(dir, *manifest, 900, 2700, true);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->step, 7);
+  for (int64_t x = 900; x < 2700; ++x) {
+    ASSERT_EQ(r->weights[x - 900], x);
+    ASSERT_EQ(r->m[x - 900], -x);
+    ASSERT_EQ(r->v[x - 900], 2 * x);
+  }
+  auto beyond = ReadShardRange(dir, *manifest, 2000, P + 64, false);
+  ASSERT_FALSE(beyond.ok());
+  EXPECT_NE(beyond.status().message().find("do not cover"), std::string::npos) << beyond.status().message();
+}
+
+// The server's step, driven through the handler interface as the push/pull
+// service would: W=2 workers, server 1 of 2.
+class ParameterShardTest : public ::testing::Test {
+ protected:
+  static constexpr int kServers = 2, kWorkers = 2;
+  void Build(bool bf16) {
+    o_.layout = &layout_;
+    o_.plan = &plan_;
+    o_.server = 1;
+    o_.num_workers = kWorkers;
+    o_.first_worker_peer = kServers;
+    o_.bf16_wire = bf16;
+    o_.collects_losses = false;
+    const ParamRange& r = plan_.shard(1);
+    initial_.begin = r.begin;
+    initial_.end = r.end;
+    initial_.weights.resize(r.size());
+    initial_.m.assign(r.size(), 0);
+    initial_.v.assign(r.size(), 0);
+    InitParameterRange(layout_, 1, 0.02, r.begin, r.end, initial_.weights.data());
+    shard_ = std::make_unique<ParameterShard>(o_, initial_);
+  }
+  // Pushes worker w's gradient g (over the shard) bucket by bucket.
+  Status PushAll(int w, const std::vector<float>& g, uint64_t tag) {
+    const ParamRange& r = plan_.shard(1);
+    const int wire = o_.bf16_wire ? 2 : 4;
+    for (const Bucket& b : plan_.buckets()) {
+      if (b.server != 1) continue;
+      const uint64_t off = (b.range.begin - r.begin) * wire, len = b.range.size() * wire;
+      auto target = shard_->PushTarget(kServers + w, tag, off, len);
+      if (!target.ok()) return target.status();
+      const float* src = g.data() + (b.range.begin - r.begin);
+      if (o_.bf16_wire) {
+        FloatsToBf16(src, static_cast<uint16_t*>(*target), b.range.size());
+      } else {
+        std::memcpy(*target, src, len);
+      }
+      Status applied;
+      shard_->OnPushed(kServers + w, tag, off, len, *target, true, [&](const Status& s) { applied = s; });
+      if (!applied.ok()) return applied;
+    }
+    return Status::OK();
+  }
+  std::vector<float> Gradient(int seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> n(0, 0.1f);
+    std::vector<float> g(plan_.shard(1).size());
+    for (float& x : g) x = n(rng);
+    return g;
+  }
+
+  ParamLayout layout_{SmallShape()};
+  ShardPlan plan_ = MakePlan(layout_, kServers, 1000);
+  ParameterShardOptions o_;
+  ShardState initial_;
+  std::unique_ptr<ParameterShard> shard_;
+};
+
+TEST_F(ParameterShardTest, SumsInRankOrderThenStepsLikeAdamW) {
+  Build(false);
+  const auto g0 = Gradient(1), g1 = Gradient(2);
+  // Worker 1 first: its contribution waits for worker 0's.
+  ASSERT_TRUE(PushAll(1, g1, 0).ok());
+  // A pull of the next version waits for the step.
+  bool answered = false;
+  std::vector<float> pulled(plan_.shard(1).size());
+  shard_->OnPull(kServers, 1, 0, pulled.size() * 4, [&](const Status& s, const void* data) {
+    ASSERT_TRUE(s.ok()) << s.message();
+    std::memcpy(pulled.data(), data, pulled.size() * 4);
+    answered = true;
+  });
+  ASSERT_TRUE(PushAll(0, g0, 0).ok());
+  EXPECT_FALSE(answered);
+  auto sumsq = shard_->WaitForGradients();
+  ASSERT_TRUE(sumsq.ok());
+  std::vector<float> sum(g0.size());
+  for (size_t i = 0; i < sum.size(); ++i) sum[i] = g0[i] + g1[i];
+  EXPECT_NEAR(*sumsq, SumOfSquares(sum.data(), sum.size()), 1e-12 * *sumsq);
+  shard_->ApplyStep(/*global_norm=*/2.0, /*lr=*/1e-3, /*clip_norm=*/1.0);
+  ASSERT_TRUE(answered);
+  // The reference: AdamW on the rank-ordered sum, clipped by 1/(2+1e-6).
+  ShardState ref = initial_;
+  const ParamRange& r = plan_.shard(1);
+  AdamWStep(DecaySegments(layout_, r.begin, r.end), r.begin, ref.weights.data(), sum.data(), ref.m.data(),
+            ref.v.data(), 1, 1e-3, ClipCoefficient(2.0, 1.0), o_.adamw);
+  EXPECT_EQ(0, std::memcmp(ref.weights.data(), shard_->state().weights.data(), sum.size() * 4));
+  EXPECT_EQ(0, std::memcmp(ref.weights.data(), pulled.data(), sum.size() * 4));
+  EXPECT_EQ(shard_->state().step, 1);
+}
+
+TEST_F(ParameterShardTest, RefusesBadPushesAndPulls) {
+  Build(false);
+  const ParamRange& r = plan_.shard(1);
+  const uint64_t first = 0, len = plan_.buckets().back().range.size() * 4;
+  auto message = [](const StatusOr<void*>& s) { return s.ok() ? std::string("ok") : s.status().message(); };
+  // From a server, not a worker.
+  EXPECT_NE(message(shard_->PushTarget(0, 0, first, 256)).find("not a worker"), std::string::npos);
+  // For another step.
+  EXPECT_NE(message(shard_->PushTarget(kServers, 5, first, 256)).find("for step 5"), std::string::npos);
+  // Not a bucket: a piece of one, and an offset inside one.
+  EXPECT_NE(message(shard_->PushTarget(kServers, 0, 4, 256)).find("not one of this server's buckets"),
+            std::string::npos);
+  // The loss slot exists on server 0 only.
+  const ServerSpace space = ServerSpace::For(r, kWorkers, 4);
+  EXPECT_NE(message(shard_->PushTarget(kServers, 0, space.losses_offset, 8)).find("loss slot"), std::string::npos);
+  // Twice the same bucket in one step.
+  const Bucket* mine = nullptr;
+  for (const Bucket& b : plan_.buckets()) {
+    if (b.server == 1) mine = &b;
+  }
+  const uint64_t off = (mine->range.begin - r.begin) * 4, n = mine->range.size() * 4;
+  auto t = shard_->PushTarget(kServers + 1, 0, off, n);
+  ASSERT_TRUE(t.ok());
+  EXPECT_NE(message(shard_->PushTarget(kServers + 1, 0, off, n)).find("twice"), std::string::npos);
+  shard_->OnPushed(kServers + 1, 0, off, n, *t, true, [](const Status&) {});
+  // Pulls: a version the server does not hold, and a range that is not whole floats.
+  std::string error;
+  auto capture = [&](const Status& s, const void*) { error = s.message(); };
+  shard_->OnPull(kServers, 7, first, len, capture);
+  EXPECT_NE(error.find("version 7"), std::string::npos) << error;
+  shard_->OnPull(kServers, 0, 2, 8, capture);
+  EXPECT_NE(error.find("neither whole parameters"), std::string::npos) << error;
+  // After a failure everything is answered with it.
+  shard_->Fail(Status::Aborted("worker rank 1 was lost"));
+  EXPECT_FALSE(shard_->WaitForGradients().ok());
+  EXPECT_NE(message(shard_->PushTarget(kServers, 0, off, n)).find("was lost"), std::string::npos);
+}
+
+TEST_F(ParameterShardTest, Bf16WireRoundsPushesAndPulls) {
+  Build(true);
+  const auto g0 = Gradient(3), g1 = Gradient(4);
+  ASSERT_TRUE(PushAll(0, g0, 0).ok());
+  ASSERT_TRUE(PushAll(1, g1, 0).ok());
+  ASSERT_TRUE(shard_->WaitForGradients().ok());
+  shard_->ApplyStep(0.5, 1e-3, 1.0);
+  std::vector<uint16_t> pulled(plan_.shard(1).size());
+  shard_->OnPull(kServers, 1, 0, pulled.size() * 2, [&](const Status& s, const void* data) {
+    ASSERT_TRUE(s.ok());
+    std::memcpy(pulled.data(), data, pulled.size() * 2);
+  });
+  std::vector<float> sum(g0.size());
+  for (size_t i = 0; i < sum.size(); ++i) sum[i] = Bf16ToFloat(FloatToBf16(g0[i])) + Bf16ToFloat(FloatToBf16(g1[i]));
+  ShardState ref = initial_;
+  const ParamRange& r = plan_.shard(1);
+  AdamWStep(DecaySegments(layout_, r.begin, r.end), r.begin, ref.weights.data(), sum.data(), ref.m.data(),
+            ref.v.data(), 1, 1e-3, 1.0, o_.adamw);
+  for (size_t i = 0; i < sum.size(); ++i) {
+    ASSERT_EQ(ref.weights[i], shard_->state().weights[i]) << i;  // fp32 master weights
+    ASSERT_EQ(FloatToBf16(ref.weights[i]), pulled[i]) << i;
+  }
+}
+
+}  // namespace
+}  // namespace herd
