@@ -23,6 +23,7 @@
 #include "common/signals.h"
 #include "common/strings.h"
 #include "data/prepare.h"
+#include "sharding/shard_plan.h"
 #include "transport/coordinator.h"
 #include "transport/rendezvous.h"
 
@@ -200,6 +201,10 @@ int RunLocalJob(const config::JobConfig& config, const LocalJobOptions& options)
     if (auto* c = running.load()) c->Stop(signo == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)");
   });
 
+  // What every process would refuse, refused once here.
+  auto plan = ShardPlan::Create(ParamLayout(LlamaShape::FromConfig(config.model())),
+                                ShardPlanOptions::FromConfig(cluster));
+  if (!plan.ok()) return ReportError(plan.status().WithContext(options.config_path + ": "));
   // Prepared once here: workers would otherwise race to prepare the data.
   Status st = EnsurePrepared(config.data());
   if (!st.ok()) return ReportError(st);
@@ -290,6 +295,13 @@ int RunLocalJob(const config::JobConfig& config, const LocalJobOptions& options)
   coordinator_thread.join();
   running = nullptr;
   if (!st.ok()) return ReportError(st);
+  // Reaping order is not dying order: the coordinator knows who went first.
+  for (const Child& c : children) {
+    if (c.pid == (*coordinator)->first_lost_pid() && c.exit_code.value_or(0) != 0) {
+      first_failure = c.exit_code;
+      first_failed = c.name;
+    }
+  }
   if (first_failure) {
     std::fprintf(stderr, "herd: error: %s failed (exit code %d); the job stopped\n", first_failed.c_str(),
                  *first_failure);

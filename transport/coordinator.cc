@@ -407,6 +407,7 @@ class Coordinator::Impl {
     failure_ = failure;
     LOG(ERROR) << "coordinator: " << failure.message() << "; stopping the job";
     if (lost != nullptr) {
+      first_lost_pid_ = lost->hello.pid();
       wire::Envelope m;
       auto* p = m.mutable_peer_lost();
       p->set_role(lost->role());
@@ -516,6 +517,12 @@ class Coordinator::Impl {
   std::map<std::string, std::set<int>> barriers_;
   std::map<std::string, std::map<int, std::string>> gathers_;
   Status failure_;
+  int64_t first_lost_pid_ = 0;  // read only after Run() has returned
+
+ public:
+  int64_t first_lost_pid() const { return first_lost_pid_; }
+
+ private:
   bool finished_ = false;
 };
 
@@ -535,6 +542,8 @@ StatusOr<std::unique_ptr<Coordinator>> Coordinator::Start(const CoordinatorOptio
 
 Coordinator::Coordinator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Coordinator::~Coordinator() = default;
+int64_t Coordinator::first_lost_pid() const { return impl_->first_lost_pid(); }
+
 uint16_t Coordinator::port() const { return impl_->port(); }
 Status Coordinator::Run() { return impl_->Run(); }
 void Coordinator::Stop(const std::string& reason) { impl_->Stop(reason); }

@@ -57,6 +57,10 @@ class Coordinator {
   // names the lost member (or the join timeout, or Stop's reason) otherwise.
   Status Run();
 
+  // After Run() has returned: the pid its host reported for the first
+  // member lost (the job's first failure), or 0.
+  int64_t first_lost_pid() const;
+
   // From any thread (e.g. a signal watcher): tells every member the job is
   // shut down and makes Run() return Aborted(reason).
   void Stop(const std::string& reason);
