@@ -1,6 +1,9 @@
 #include "common/strings.h"
 
 #include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <sstream>
 
 namespace herd {
@@ -18,6 +21,48 @@ std::string Trim(const std::string& s) {
   while (begin < end && std::isspace(static_cast<unsigned char>(s[begin]))) ++begin;
   while (end > begin && std::isspace(static_cast<unsigned char>(s[end - 1]))) --end;
   return s.substr(begin, end - begin);
+}
+
+int64_t ParseByteSize(const std::string& text) {
+  const std::string t = Trim(text);
+  char* end = nullptr;
+  const double value = std::strtod(t.c_str(), &end);
+  if (end == t.c_str() || !(value >= 0)) return -1;
+  std::string unit = Trim(end);
+  for (char& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  double scale = 1;
+  if (!unit.empty() && unit != "B") {
+    const size_t k = std::string("KMGT").find(unit[0]);
+    const std::string rest = unit.substr(1);
+    if (k == std::string::npos) return -1;
+    if (rest.empty() || rest == "I" || rest == "IB") {
+      scale = std::pow(1024.0, k + 1);  // 8G, 8Gi, 8GiB
+    } else if (rest == "B") {
+      scale = std::pow(1000.0, k + 1);  // 8GB
+    } else {
+      return -1;
+    }
+  }
+  const double bytes = value * scale;
+  if (bytes > 9e18) return -1;
+  return static_cast<int64_t>(std::llround(bytes));
+}
+
+std::string FormatBytes(int64_t bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[32];
+  if (u == 0) {
+    std::snprintf(buf, sizeof buf, "%lld B", static_cast<long long>(bytes));
+  } else {
+    std::snprintf(buf, sizeof buf, "%.1f %s", v, units[u]);
+  }
+  return buf;
 }
 
 }  // namespace herd

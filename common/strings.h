@@ -1,6 +1,7 @@
 // Small string helpers shared across folders.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -12,5 +13,13 @@ std::vector<std::string> Split(const std::string& s, char sep);
 
 // `s` without leading and trailing whitespace.
 std::string Trim(const std::string& s);
+
+// "24GiB", "512MiB", "1.5GB", "4096", "8G" → bytes. Binary suffixes (KiB,
+// MiB, GiB, TiB; K, M, G, T alone mean the same) and decimal ones (KB, MB,
+// GB, TB); a bare number is bytes. -1 when the text is not a size.
+int64_t ParseByteSize(const std::string& text);
+
+// 1536 → "1.5 KiB", 25165824 → "24.0 MiB".
+std::string FormatBytes(int64_t bytes);
 
 }  // namespace herd

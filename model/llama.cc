@@ -53,10 +53,57 @@ struct LlamaModel<T>::Activations {
   }
 };
 
+namespace {
+
+// Element counts of every activation buffer, for the constructor and for
+// memory plans (one formula for both).
+struct ActivationSizes {
+  int64_t tokens, rope, residual, per_layer_d, per_layer_rows, per_layer_qd, per_layer_kvd, probs, per_layer_f,
+      lnf, rows, logits;
+  // Backward scratch (allocated on the first Backward).
+  int64_t d_rows_d, d_rows_qd, d_rows_kvd, d_rows_f, attn_scratch;
+
+  ActivationSizes(const LlamaShape& s, int max_batch, int max_seq_len) {
+    const int64_t N = static_cast<int64_t>(max_batch) * max_seq_len, L = s.num_layers, d = s.hidden_size;
+    tokens = N;
+    rope = static_cast<int64_t>(max_seq_len) * s.head_dim() / 2;
+    residual = (L + 1) * N * d;
+    per_layer_d = L * N * d;
+    per_layer_rows = L * N;
+    per_layer_qd = L * N * s.q_dim();
+    per_layer_kvd = L * N * s.kv_dim();
+    probs = L * max_batch * s.num_heads * static_cast<int64_t>(max_seq_len) * max_seq_len;
+    per_layer_f = L * N * s.intermediate_size;
+    lnf = N * d;
+    rows = N;
+    logits = N * s.vocab_size;
+    d_rows_d = N * d;
+    d_rows_qd = N * s.q_dim();
+    d_rows_kvd = N * s.kv_dim();
+    d_rows_f = N * s.intermediate_size;
+    attn_scratch = AttentionScratchSize(max_seq_len, s.num_heads, s.num_kv_heads);
+  }
+  // Floating-point elements (tokens and targets are int32, counted apart).
+  int64_t FloatElements() const {
+    return 2 * rope + residual + 3 * per_layer_d + 2 * per_layer_rows + 2 * per_layer_qd + 2 * per_layer_kvd +
+           probs + 3 * per_layer_f + lnf + rows + logits + rows + 2 * d_rows_d + 2 * d_rows_qd + 2 * d_rows_kvd +
+           3 * d_rows_f + attn_scratch;
+  }
+};
+
+}  // namespace
+
+template <typename T>
+int64_t LlamaModel<T>::ActivationBytes(const LlamaShape& shape, int max_batch, int max_seq_len) {
+  const ActivationSizes z(shape, max_batch, max_seq_len);
+  return z.FloatElements() * static_cast<int64_t>(sizeof(T)) + 2 * z.tokens * static_cast<int64_t>(sizeof(int32_t));
+}
+
 template <typename T>
 LlamaModel<T>::LlamaModel(const LlamaShape& shape, int max_batch, int max_seq_len)
     : layout_(shape), max_batch_(max_batch), max_seq_len_(max_seq_len), acts_(new Activations) {
   Activations& a = *acts_;
+  const ActivationSizes z(shape, max_batch, max_seq_len);
   a.N = static_cast<int64_t>(max_batch) * max_seq_len;
   a.max_batch = max_batch;
   a.d = shape.hidden_size;
@@ -68,30 +115,29 @@ LlamaModel<T>::LlamaModel(const LlamaShape& shape, int max_batch, int max_seq_le
   a.L = shape.num_layers;
   a.H = shape.num_heads;
   a.KV = shape.num_kv_heads;
-  const int64_t N = a.N, L = a.L;
-  a.tokens.resize(N);
-  a.targets.resize(N);
-  a.rope_cos.resize(static_cast<int64_t>(max_seq_len) * shape.head_dim() / 2);
-  a.rope_sin.resize(a.rope_cos.size());
+  a.tokens.resize(z.tokens);
+  a.targets.resize(z.tokens);
+  a.rope_cos.resize(z.rope);
+  a.rope_sin.resize(z.rope);
   RopeTables(a.rope_cos.data(), a.rope_sin.data(), max_seq_len, shape.head_dim(), shape.rope_theta);
-  a.residual.resize((L + 1) * N * a.d);
-  a.ln1.resize(L * N * a.d);
-  a.ln1_rstd.resize(L * N);
-  a.q.resize(L * N * a.qd);
-  a.k.resize(L * N * a.kvd);
-  a.v_.resize(L * N * a.kvd);
-  a.probs.resize(L * max_batch * a.H * a.tt);
-  a.att.resize(L * N * a.qd);
-  a.residual_mid.resize(L * N * a.d);
-  a.ln2.resize(L * N * a.d);
-  a.ln2_rstd.resize(L * N);
-  a.gate.resize(L * N * a.f);
-  a.up.resize(L * N * a.f);
-  a.act.resize(L * N * a.f);
-  a.lnf.resize(N * a.d);
-  a.lnf_rstd.resize(N);
-  a.logits.resize(N * a.v);
-  a.losses.resize(N);
+  a.residual.resize(z.residual);
+  a.ln1.resize(z.per_layer_d);
+  a.ln1_rstd.resize(z.per_layer_rows);
+  a.q.resize(z.per_layer_qd);
+  a.k.resize(z.per_layer_kvd);
+  a.v_.resize(z.per_layer_kvd);
+  a.probs.resize(z.probs);
+  a.att.resize(z.per_layer_qd);
+  a.residual_mid.resize(z.per_layer_d);
+  a.ln2.resize(z.per_layer_d);
+  a.ln2_rstd.resize(z.per_layer_rows);
+  a.gate.resize(z.per_layer_f);
+  a.up.resize(z.per_layer_f);
+  a.act.resize(z.per_layer_f);
+  a.lnf.resize(z.lnf);
+  a.lnf_rstd.resize(z.rows);
+  a.logits.resize(z.logits);
+  a.losses.resize(z.rows);
 }
 
 template <typename T>
@@ -150,21 +196,21 @@ void LlamaModel<T>::Backward(const T* params, T* grads, double loss_scale, const
   const int B = a.B, T_ = a.Tcur;
   const int64_t N = static_cast<int64_t>(B) * T_, d = a.d, qd = a.qd, kvd = a.kvd, f = a.f;
   const int64_t hd = s.head_dim();
+  const ActivationSizes z(s, max_batch_, max_seq_len_);
   if (a.dresidual.empty()) {  // scratch is allocated on first use only
-    a.dresidual.resize(a.N * d);
-    a.dln.resize(a.N * d);
-    a.datt.resize(a.N * qd);
-    a.dq.resize(a.N * qd);
-    a.dk.resize(a.N * kvd);
-    a.dv.resize(a.N * kvd);
-    a.dact.resize(a.N * f);
-    a.dgate.resize(a.N * f);
-    a.dup.resize(a.N * f);
+    a.dresidual.resize(z.d_rows_d);
+    a.dln.resize(z.d_rows_d);
+    a.datt.resize(z.d_rows_qd);
+    a.dq.resize(z.d_rows_qd);
+    a.dk.resize(z.d_rows_kvd);
+    a.dv.resize(z.d_rows_kvd);
+    a.dact.resize(z.d_rows_f);
+    a.dgate.resize(z.d_rows_f);
+    a.dup.resize(z.d_rows_f);
   }
   // Per-thread scratch: sized for the thread count of this call, which may
   // have grown since the last one.
-  const int64_t scratch = AttentionScratchSize(max_seq_len_, a.H, a.KV);
-  if (static_cast<int64_t>(a.attn_scratch.size()) < scratch) a.attn_scratch.resize(scratch);
+  if (static_cast<int64_t>(a.attn_scratch.size()) < z.attn_scratch) a.attn_scratch.resize(z.attn_scratch);
   T* dres = a.dresidual.data();
   T* dln = a.dln.data();
 

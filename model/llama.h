@@ -49,6 +49,11 @@ class LlamaModel {
   // [B*T_, vocab] logits of the last Forward (overwritten by Backward).
   const T* logits() const;
 
+  // Bytes of every activation and backward scratch buffer a model of this
+  // shape allocates for max_batch x max_seq_len (at the current OpenMP
+  // thread count): the worker's share of a memory plan.
+  static int64_t ActivationBytes(const LlamaShape& shape, int max_batch, int max_seq_len);
+
  private:
   struct Activations;
   ParamLayout layout_;

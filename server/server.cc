@@ -4,14 +4,18 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <optional>
 
 #include "common/clock.h"
 #include "common/file_util.h"
+#include "common/memory.h"
+#include "common/strings.h"
 #include "model/checkpoint.h"
 #include "model/optim/adamw.h"
 #include "server/parameter_shard.h"
+#include "sharding/memory_plan.h"
 #include "sharding/shard_plan.h"
 #include "transport/join.h"
 #include "transport/push_pull.h"
@@ -147,6 +151,11 @@ Status RunParameterServer(const config::JobConfig& config, const TrainOptions& o
     }
   }
   HERD_RETURN_IF_ERROR(client->Barrier("herd/done"));
+  if (auto memory = PlanMemory(config); memory.ok()) {
+    std::printf("peak memory: %s (herd plan: %s)\n", FormatBytes(PeakRssBytes()).c_str(),
+                FormatBytes(memory->processes[rank].total()).c_str());
+    std::fflush(stdout);
+  }
   return client->Leave();
 }
 

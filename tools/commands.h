@@ -13,6 +13,7 @@ int RunImport(int argc, char** argv);
 int RunVersion(int argc, char** argv);
 int RunBench(int argc, char** argv);
 int RunCoordinator(int argc, char** argv);
+int RunPlan(int argc, char** argv);
 // herd bench transport (tools/cmd_bench_transport.cc), dispatched by RunBench.
 int RunBenchTransport(int argc, char** argv);
 

@@ -15,10 +15,12 @@ struct Command {
 };
 
 const Command kCommands[] = {
-    {"launch", herd::tools::RunLaunch, "launch CONFIG [--set path=value ...] [--resume]   train a job"},
+    {"launch", herd::tools::RunLaunch, "launch CONFIG [--set path=value ...] [--resume] [--stop-at STEP]   train a job (one process or PS)"},
     {"eval", herd::tools::RunEval,
      "eval MODEL --data FILE [--seq-len T] [--batch-size B] [--batches N]   held-out loss (JSON)"},
     {"prepare", herd::tools::RunPrepare, "prepare TEXT... --out FILE   tokenize text into a token file"},
+    {"plan", herd::tools::RunPlan,
+     "plan CONFIG [--set ...] [--mem BYTES] [--json]   bytes each process will hold; largest model that fits"},
     {"export", herd::tools::RunExport, "export CHECKPOINT --out DIR   write a HuggingFace directory"},
     {"import", herd::tools::RunImport, "import DIR --out CHECKPOINT   read a HuggingFace directory"},
     {"coordinator", herd::tools::RunCoordinator,

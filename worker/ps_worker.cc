@@ -12,11 +12,14 @@
 #include "common/bf16.h"
 #include "common/clock.h"
 #include "common/file_util.h"
+#include "common/memory.h"
+#include "common/strings.h"
 #include "data/prepare.h"
 #include "data/sampler.h"
 #include "data/token_file.h"
 #include "model/checkpoint.h"
 #include "model/llama.h"
+#include "sharding/memory_plan.h"
 #include "sharding/shard_plan.h"
 #include "transport/join.h"
 #include "transport/push_pull.h"
@@ -290,6 +293,10 @@ Status TrainParameterServerWorker(const config::JobConfig& config, const TrainOp
     } else {
       PrintSample(model, weights.data(), config);
       std::printf("done: %lld steps in %s\n", static_cast<long long>(last), FormatDuration(run_clock.Seconds()).c_str());
+    }
+    if (auto memory = PlanMemory(config); memory.ok()) {
+      std::printf("peak memory: %s (herd plan: %s)\n", FormatBytes(PeakRssBytes()).c_str(),
+                  FormatBytes(memory->processes.back().total()).c_str());
     }
     std::fflush(stdout);
   }

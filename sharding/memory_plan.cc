@@ -1,0 +1,101 @@
+#include "sharding/memory_plan.h"
+
+#include <algorithm>
+
+#include "model/llama.h"
+
+namespace herd {
+
+const ProcessMemory& MemoryPlan::largest() const {
+  return *std::max_element(processes.begin(), processes.end(),
+                           [](const ProcessMemory& a, const ProcessMemory& b) { return a.total() < b.total(); });
+}
+
+StatusOr<MemoryPlan> PlanMemory(const config::JobConfig& config) {
+  const LlamaShape shape = LlamaShape::FromConfig(config.model());
+  const ParamLayout layout(shape);
+  const auto& cluster = config.cluster();
+  const auto& train = config.train();
+  const int64_t P = layout.size(), f32 = sizeof(float);
+  const int W = cluster.workers();
+  const bool bf16 = cluster.wire_dtype() == config::ClusterConfig::BF16;
+  const int wire = bf16 ? 2 : 4;
+  const int64_t activations =
+      LlamaModel<float>::ActivationBytes(shape, train.batch_size(), train.seq_len()) +
+      2 * static_cast<int64_t>(train.batch_size()) * train.seq_len() * static_cast<int64_t>(sizeof(int32_t));
+  MemoryPlan plan;
+  plan.parameters = layout.num_parameters();
+
+  if (cluster.sync() == config::ClusterConfig::PARAMETER_SERVER) {
+    HERD_ASSIGN_OR_RETURN(ShardPlan shards, ShardPlan::Create(layout, ShardPlanOptions::FromConfig(cluster)));
+    for (int s = 0; s < shards.num_servers(); ++s) {
+      ProcessMemory m;
+      m.role = "server";
+      m.rank = s;
+      m.range = shards.shard(s);
+      const int64_t n = m.range.size();
+      int64_t bucket = 0;
+      for (const Bucket& b : shards.buckets()) {
+        if (b.server == s) bucket = std::max(bucket, b.range.size());
+      }
+      m.weights = n * f32;
+      m.optimizer = 2 * n * f32;
+      m.gradients = n * f32;
+      // Worker 0's fp32 gradients land in the accumulator; the others (all
+      // of them with bf16) in a receive buffer each.
+      m.buffers = (bf16 ? n * 2 : 0) + (W - (bf16 ? 0 : 1)) * bucket * wire;
+      m.runtime = kRuntimeBytes;
+      plan.processes.push_back(m);
+    }
+    ProcessMemory w;
+    w.role = "worker";
+    w.range = {0, P};
+    w.weights = P * f32;
+    w.gradients = P * f32;
+    w.activations = activations;
+    w.buffers = bf16 ? P * 2 : 0;
+    w.runtime = kRuntimeBytes;
+    plan.processes.push_back(w);
+    return plan;
+  }
+  ProcessMemory t;
+  t.role = cluster.sync() == config::ClusterConfig::NONE ? "trainer" : "worker";
+  t.range = {0, P};
+  t.weights = P * f32;
+  t.gradients = P * f32;
+  t.optimizer = 2 * P * f32 / (cluster.zero_stage() == 1 ? W : 1);
+  t.activations = activations;
+  t.runtime = kRuntimeBytes;
+  plan.processes.push_back(t);
+  return plan;
+}
+
+StatusOr<config::JobConfig> LargestFitting(const config::JobConfig& config, int64_t bytes) {
+  auto fits = [&](int layers) -> StatusOr<bool> {
+    config::JobConfig c = config;
+    c.mutable_model()->set_num_hidden_layers(layers);
+    HERD_ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(c));
+    return plan.largest().total() <= bytes;
+  };
+  HERD_ASSIGN_OR_RETURN(bool one, fits(1));
+  if (!one) return Status::NotFound("not even one layer of this width fits in " + std::to_string(bytes) + " bytes");
+  // Memory grows with depth: double, then bisect.
+  int lo = 1, hi = 2;
+  for (;;) {
+    HERD_ASSIGN_OR_RETURN(bool ok, fits(hi));
+    if (!ok) break;
+    lo = hi;
+    if (hi > (1 << 20)) break;
+    hi *= 2;
+  }
+  while (hi - lo > 1) {
+    const int mid = lo + (hi - lo) / 2;
+    HERD_ASSIGN_OR_RETURN(bool ok, fits(mid));
+    (ok ? lo : hi) = mid;
+  }
+  config::JobConfig best = config;
+  best.mutable_model()->set_num_hidden_layers(lo);
+  return best;
+}
+
+}  // namespace herd

@@ -1,0 +1,54 @@
+// What each process of a job will hold, in bytes, before it starts: the
+// numbers `herd plan` prints, and the largest model of a config's shape
+// that fits a memory budget per process (like DeepSpeed's memory
+// estimators, but per process of this job's layout).
+//
+//   server   fp32 master weights + AdamW m and v + the gradient
+//            accumulator for its range, plus wire buffers (a bf16 copy of
+//            its weights with bf16 on the wire, and receive buffers for
+//            contributions that arrive out of rank order: one bucket per
+//            worker that cannot land in place);
+//   worker   weights + gradients of the whole model + activations for its
+//            micro-batch and sequence length (+ the bf16 staging buffer);
+//   single / all-reduce: weights + gradients + AdamW state (ZeRO-1: 1/W of
+//            it) + activations.
+// Every process also carries a fixed runtime (libraries, UCX, allocator),
+// kRuntimeBytes, measured on an idle herd-server.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "proto/herd.pb.h"
+#include "sharding/shard_plan.h"
+
+namespace herd {
+
+struct ProcessMemory {
+  std::string role;  // "server", "worker" (each worker alike) or "trainer"
+  int rank = -1;     // servers: their rank; -1: every worker
+  ParamRange range;  // the server's range; the whole space otherwise
+  int64_t weights = 0, optimizer = 0, gradients = 0, activations = 0, buffers = 0, runtime = 0;
+  int64_t total() const { return weights + optimizer + gradients + activations + buffers + runtime; }
+};
+
+struct MemoryPlan {
+  int64_t parameters = 0;
+  std::vector<ProcessMemory> processes;  // servers by rank, then workers
+  // The process needing the most.
+  const ProcessMemory& largest() const;
+};
+
+// Fixed per-process overhead (binary, libraries, UCX, allocator pools).
+inline constexpr int64_t kRuntimeBytes = 20ll << 20;
+
+StatusOr<MemoryPlan> PlanMemory(const config::JobConfig& config);
+
+// The deepest model of the config's width (hidden, intermediate, heads,
+// vocab kept; num_hidden_layers scaled) whose every process fits in
+// `bytes`; NotFound when not even one layer fits.
+StatusOr<config::JobConfig> LargestFitting(const config::JobConfig& config, int64_t bytes);
+
+}  // namespace herd

@@ -1,0 +1,109 @@
+// herd plan CONFIG [--set path=value ...] [--mem BYTES] [--json]
+//
+// Prints what every process of the job will hold (sharding/memory_plan.h)
+// and, with --mem, the deepest model of the config's width that fits that
+// much memory per process.
+#include <cstdio>
+#include <optional>
+
+#include "common/config.h"
+#include "common/logging.h"
+#include "common/strings.h"
+#include "model/param_layout.h"
+#include "sharding/memory_plan.h"
+#include "tools/args.h"
+#include "tools/commands.h"
+
+namespace herd::tools {
+namespace {
+
+std::string Name(const ProcessMemory& p, int workers) {
+  if (p.role == "server") return "server " + std::to_string(p.rank);
+  if (p.role == "worker") return workers > 1 ? "worker (each of " + std::to_string(workers) + ")" : "worker";
+  return p.role;
+}
+
+void PrintJson(const config::JobConfig& config, const MemoryPlan& plan, const config::JobConfig* fit, int64_t mem) {
+  std::printf("{\"parameters\": %lld, \"sync\": \"%s\", \"processes\": [", static_cast<long long>(plan.parameters),
+              config::ClusterConfig::Sync_Name(config.cluster().sync()).c_str());
+  for (size_t i = 0; i < plan.processes.size(); ++i) {
+    const ProcessMemory& p = plan.processes[i];
+    std::printf("%s{\"role\": \"%s\", \"rank\": %d, \"begin\": %lld, \"end\": %lld, \"weights\": %lld, "
+                "\"optimizer\": %lld, \"gradients\": %lld, \"activations\": %lld, \"buffers\": %lld, "
+                "\"runtime\": %lld, \"total\": %lld}",
+                i ? ", " : "", p.role.c_str(), p.rank, static_cast<long long>(p.range.begin),
+                static_cast<long long>(p.range.end), static_cast<long long>(p.weights),
+                static_cast<long long>(p.optimizer), static_cast<long long>(p.gradients),
+                static_cast<long long>(p.activations), static_cast<long long>(p.buffers),
+                static_cast<long long>(p.runtime), static_cast<long long>(p.total()));
+  }
+  std::printf("]");
+  if (fit != nullptr) {
+    const ParamLayout layout(LlamaShape::FromConfig(fit->model()));
+    std::printf(", \"mem\": %lld, \"largest_fitting\": {\"num_hidden_layers\": %d, \"parameters\": %lld}",
+                static_cast<long long>(mem), fit->model().num_hidden_layers(),
+                static_cast<long long>(layout.num_parameters()));
+  }
+  std::printf("}\n");
+}
+
+void PrintTable(const std::string& path, const config::JobConfig& config, const MemoryPlan& plan,
+                const config::JobConfig* fit, int64_t mem) {
+  const auto& cl = config.cluster();
+  std::printf("%s: %.2fM parameters, sync %s", path.c_str(), plan.parameters / 1e6,
+              config::ClusterConfig::Sync_Name(cl.sync()).c_str());
+  if (cl.sync() == config::ClusterConfig::PARAMETER_SERVER) {
+    std::printf(", %d servers (%s), %d workers, wire %s, buckets of %.1f MiB", cl.servers(),
+                config::ClusterConfig::ShardStrategy_Name(cl.shard_strategy()).c_str(), cl.workers(),
+                config::ClusterConfig::WireDType_Name(cl.wire_dtype()).c_str(), cl.bucket_mb());
+  }
+  std::printf("\n%-22s %-24s %11s %11s %11s %11s %11s %11s %11s\n", "process", "range", "weights", "adamw m+v",
+              "gradients", "activations", "buffers", "runtime", "total");
+  for (const ProcessMemory& p : plan.processes) {
+    char range[64];
+    std::snprintf(range, sizeof range, "[%lld, %lld)", static_cast<long long>(p.range.begin),
+                  static_cast<long long>(p.range.end));
+    std::printf("%-22s %-24s %11s %11s %11s %11s %11s %11s %11s\n", Name(p, cl.workers()).c_str(), range,
+                FormatBytes(p.weights).c_str(), FormatBytes(p.optimizer).c_str(), FormatBytes(p.gradients).c_str(),
+                FormatBytes(p.activations).c_str(), FormatBytes(p.buffers).c_str(), FormatBytes(p.runtime).c_str(),
+                FormatBytes(p.total()).c_str());
+  }
+  if (fit != nullptr) {
+    const ParamLayout layout(LlamaShape::FromConfig(fit->model()));
+    std::printf("largest model of this width within %s per process: %d layers, %.2fM parameters\n",
+                FormatBytes(mem).c_str(), fit->model().num_hidden_layers(), layout.num_parameters() / 1e6);
+  }
+}
+
+}  // namespace
+
+int RunPlan(int argc, char** argv) {
+  const char* usage = "usage: herd plan CONFIG [--set path=value ...] [--mem BYTES] [--json]";
+  Args args({"set", "mem"}, {"json"});
+  Status st = args.Parse(argc, argv);
+  if (!st.ok()) return ReportError(st.WithContext("plan: "));
+  if (args.positional().size() != 1) return ReportError(Status::InvalidArgument(usage));
+  auto config = LoadJobConfig(args.positional()[0], args.GetAll("set"));
+  if (!config.ok()) return ReportError(config.status());
+  auto plan = PlanMemory(*config);
+  if (!plan.ok()) return ReportError(plan.status().WithContext(args.positional()[0] + ": "));
+  int64_t mem = 0;
+  std::optional<config::JobConfig> fit;
+  if (args.Has("mem")) {
+    mem = ParseByteSize(args.Get("mem"));
+    if (mem <= 0) {
+      return ReportError(Status::InvalidArgument("--mem " + args.Get("mem") + ": expected a size such as 24GiB"));
+    }
+    auto best = LargestFitting(*config, mem);
+    if (!best.ok()) return ReportError(best.status().WithContext("--mem " + args.Get("mem") + ": "));
+    fit = *best;
+  }
+  if (args.Has("json")) {
+    PrintJson(*config, *plan, fit ? &*fit : nullptr, mem);
+  } else {
+    PrintTable(args.positional()[0], *config, *plan, fit ? &*fit : nullptr, mem);
+  }
+  return 0;
+}
+
+}  // namespace herd::tools
