@@ -48,6 +48,13 @@ int64_t ParseByteSize(const std::string& text) {
   return static_cast<int64_t>(std::llround(bytes));
 }
 
+std::string FormatRange(uint64_t begin, uint64_t end) {
+  char text[64];
+  std::snprintf(text, sizeof text, "[%llu, %llu)", static_cast<unsigned long long>(begin),
+                static_cast<unsigned long long>(end));
+  return text;
+}
+
 std::string FormatBytes(int64_t bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   double v = static_cast<double>(bytes);

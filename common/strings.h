@@ -19,6 +19,9 @@ std::string Trim(const std::string& s);
 // GB, TB); a bare number is bytes. -1 when the text is not a size.
 int64_t ParseByteSize(const std::string& text);
 
+// "[begin, end)" for a range in logs and errors.
+std::string FormatRange(uint64_t begin, uint64_t end);
+
 // 1536 → "1.5 KiB", 25165824 → "24.0 MiB".
 std::string FormatBytes(int64_t bytes);
 

@@ -235,4 +235,15 @@ Status EnsurePrepared(const config::DataConfig& data) {
   return Status::OK();
 }
 
+StatusOr<JobData> OpenJobData(const config::DataConfig& data, int vocab_size) {
+  HERD_RETURN_IF_ERROR(EnsurePrepared(data));
+  HERD_ASSIGN_OR_RETURN(TokenFile train, TokenFile::Open(data.train(), vocab_size));
+  JobData out{std::move(train), nullptr};
+  if (!data.val().empty()) {
+    HERD_ASSIGN_OR_RETURN(TokenFile val, TokenFile::Open(data.val(), vocab_size));
+    out.val = std::make_unique<TokenFile>(std::move(val));
+  }
+  return out;
+}
+
 }  // namespace herd

@@ -17,10 +17,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "common/status.h"
+#include "data/token_file.h"
 #include "proto/herd.pb.h"
 
 namespace herd {
@@ -55,5 +57,13 @@ Status PrepareText(const PrepareOptions& options, PrepareSummary* summary);
 // them with data.val_fraction and prints one line saying so; when there is
 // nothing to prepare from, fails naming data.train.
 Status EnsurePrepared(const config::DataConfig& data);
+
+// A training job's token files: data.train, and data.val when set, opened
+// (after EnsurePrepared) and checked against the vocabulary.
+struct JobData {
+  TokenFile train;
+  std::unique_ptr<TokenFile> val;  // null without data.val
+};
+StatusOr<JobData> OpenJobData(const config::DataConfig& data, int vocab_size);
 
 }  // namespace herd

@@ -7,15 +7,16 @@
 #include <cstring>
 
 #include "common/bf16.h"
+#include "common/strings.h"
 
 namespace herd {
 
 struct ParameterShard::LocalBucket {
   int64_t begin = 0, end = 0;  // relative to the shard's range
   std::vector<DecaySegment> segments;
-  int next_rank = 0;                 // contributions 0..next_rank-1 are summed
-  std::vector<void*> pending;        // per worker: landed, not yet summed
-  std::vector<bool> arrived;         // per worker: pushed this step
+  int next_rank = 0;           // contributions 0..next_rank-1 are summed
+  std::vector<void*> pending;  // per worker: landed, not yet summed
+  std::vector<bool> arrived;   // per worker: pushed this step
   double sum_of_squares = 0;
   bool done = false;
 };
@@ -24,17 +25,6 @@ struct ParameterShard::QueuedPull {
   uint64_t tag, offset, length;
   PullReply reply;
 };
-
-namespace {
-
-std::string Bytes(uint64_t offset, uint64_t length) {
-  char text[64];
-  std::snprintf(text, sizeof text, "[%llu, %llu)", static_cast<unsigned long long>(offset),
-                static_cast<unsigned long long>(offset + length));
-  return text;
-}
-
-}  // namespace
 
 ParameterShard::ParameterShard(const ParameterShardOptions& options, ShardState initial)
     : options_(options),
@@ -61,7 +51,8 @@ ParameterShard::ParameterShard(const ParameterShardOptions& options, ShardState 
     lb.arrived.assign(options_.num_workers, false);
     buckets_.push_back(std::move(lb));
   }
-  std::sort(buckets_.begin(), buckets_.end(), [](const LocalBucket& a, const LocalBucket& b) { return a.begin < b.begin; });
+  std::sort(buckets_.begin(), buckets_.end(),
+            [](const LocalBucket& a, const LocalBucket& b) { return a.begin < b.begin; });
 }
 
 ParameterShard::~ParameterShard() = default;
@@ -71,12 +62,11 @@ int ParameterShard::WorkerRank(transport::PeerId client) const {
   return r >= 0 && r < options_.num_workers ? r : -1;
 }
 
-StatusOr<void*> ParameterShard::PushTarget(transport::PeerId client, uint64_t tag, uint64_t offset,
-                                           uint64_t length) {
+StatusOr<void*> ParameterShard::PushTarget(transport::PeerId client, uint64_t tag, uint64_t offset, uint64_t length) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!failed_.ok()) return failed_;
   const int r = WorkerRank(client);
-  const std::string what = "push of bytes " + Bytes(offset, length);
+  const std::string what = "push of bytes " + FormatRange(offset, offset + length);
   if (r < 0) return Status::InvalidArgument(what + " from peer " + std::to_string(client) + ", not a worker");
   if (stepping_ || tag != static_cast<uint64_t>(state_.step)) {
     return Status::FailedPrecondition(what + " from worker " + std::to_string(r) + " is for step " +
@@ -84,8 +74,7 @@ StatusOr<void*> ParameterShard::PushTarget(transport::PeerId client, uint64_t ta
                                       (stepping_ ? "stepping " : "at step ") + std::to_string(state_.step));
   }
   if (offset >= space_.losses_offset) {
-    if (!options_.collects_losses || offset != space_.losses_offset + sizeof(double) * r ||
-        length != sizeof(double)) {
+    if (!options_.collects_losses || offset != space_.losses_offset + sizeof(double) * r || length != sizeof(double)) {
       return Status::InvalidArgument(what + " from worker " + std::to_string(r) + " is not its loss slot");
     }
     if (loss_in_[r]) return Status::InvalidArgument("worker " + std::to_string(r) + " pushed its loss twice");
@@ -203,17 +192,16 @@ StatusOr<double> ParameterShard::WaitForGradients() {
 const void* ParameterShard::Readable(uint64_t tag, uint64_t offset, uint64_t length) const {
   const uint64_t version = static_cast<uint64_t>(state_.step);
   if (offset == space_.report_offset) return tag == version && !stepping_ ? &report_ : nullptr;
-  const bool current = (tag == version && !stepping_) || (tag == version + 1 && stepping_ &&
-                                                          offset + length <= updated_bytes_);
+  const bool current =
+      (tag == version && !stepping_) || (tag == version + 1 && stepping_ && offset + length <= updated_bytes_);
   if (!current) return nullptr;
   const char* base = options_.bf16_wire ? reinterpret_cast<const char*>(wire_copy_.data())
                                         : reinterpret_cast<const char*>(state_.weights.data());
   return base + offset;
 }
 
-void ParameterShard::OnPull(transport::PeerId client, uint64_t tag, uint64_t offset, uint64_t length,
-                            PullReply reply) {
-  const std::string what = "pull of bytes " + Bytes(offset, length);
+void ParameterShard::OnPull(transport::PeerId client, uint64_t tag, uint64_t offset, uint64_t length, PullReply reply) {
+  const std::string what = "pull of bytes " + FormatRange(offset, offset + length);
   Status error;
   const void* data = nullptr;
   {
@@ -223,16 +211,16 @@ void ParameterShard::OnPull(transport::PeerId client, uint64_t tag, uint64_t off
       error = failed_;
     } else if (WorkerRank(client) < 0) {
       error = Status::InvalidArgument(what + " from peer " + std::to_string(client) + ", not a worker");
-    } else if (offset == space_.report_offset ? length != sizeof(StepReport)
-                                              : offset + length > space_.params_bytes || offset % wire_bytes_ != 0 ||
-                                                    length % wire_bytes_ != 0) {
+    } else if (offset == space_.report_offset
+                   ? length != sizeof(StepReport)
+                   : offset + length > space_.params_bytes || offset % wire_bytes_ != 0 || length % wire_bytes_ != 0) {
       error = Status::InvalidArgument(what + " is neither whole parameters nor the step report");
     } else if (tag != version && tag != version + 1) {
       error = Status::FailedPrecondition(what + " asks for version " + std::to_string(tag) + ", this server holds " +
                                          std::to_string(version));
     } else if (tag == version && stepping_) {
-      error = Status::FailedPrecondition(what + " asks for version " + std::to_string(tag) +
-                                         " while it is being replaced");
+      error =
+          Status::FailedPrecondition(what + " asks for version " + std::to_string(tag) + " while it is being replaced");
     } else {
       data = Readable(tag, offset, length);
       if (data == nullptr) {

@@ -41,7 +41,7 @@ struct ParameterShardOptions {
   int num_workers = 1;
   transport::PeerId first_worker_peer = 0;  // worker rank r is this + r
   bool bf16_wire = false;
-  bool collects_losses = false;             // server 0: the workers' losses
+  bool collects_losses = false;  // server 0: the workers' losses
   AdamWOptions adamw;
 };
 

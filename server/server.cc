@@ -103,8 +103,7 @@ Status RunParameterServer(const config::JobConfig& config, const TrainOptions& o
     o.adamw = AdamWOptions::FromConfig(config.optimizer());
     served.shard = std::make_unique<ParameterShard>(o, std::move(state));
     HERD_RETURN_IF_ERROR(transport->RegisterMemory(served.shard->weights(), plan.shard(rank).size() * sizeof(float)));
-    HERD_RETURN_IF_ERROR(
-        transport->RegisterMemory(served.shard->gradients(), plan.shard(rank).size() * sizeof(float)));
+    HERD_RETURN_IF_ERROR(transport->RegisterMemory(served.shard->gradients(), plan.shard(rank).size() * sizeof(float)));
     served.service = std::make_unique<transport::PushPullServer>(transport.get(), served.shard.get());
     LOG(INFO) << "server " << rank << ": [" << plan.shard(rank).begin << ", " << plan.shard(rank).end << ") "
               << (resume_from ? "loaded from " + resume_from->dir : std::string("initialised")) << " in "

@@ -52,10 +52,10 @@ struct ServerSpace {
 
 // What a server reports about the step that produced weights `version`.
 struct StepReport {
-  uint64_t version = 0;   // optimizer steps applied
-  double grad_norm = 0;   // global, before clipping
+  uint64_t version = 0;  // optimizer steps applied
+  double grad_norm = 0;  // global, before clipping
   double lr = 0;
-  double mean_loss = 0;   // over workers, summed in rank order (server 0)
+  double mean_loss = 0;  // over workers, summed in rank order (server 0)
 };
 static_assert(sizeof(StepReport) == 32);
 

@@ -230,8 +230,8 @@ TEST_F(ParameterShardTest, SumsInRankOrderThenStepsLikeAdamW) {
   // The reference: AdamW on the rank-ordered sum, clipped by 1/(2+1e-6).
   ShardState ref = initial_;
   const ParamRange& r = plan_.shard(1);
-  AdamWStep(DecaySegments(layout_, r.begin, r.end), r.begin, ref.weights.data(), sum.data(), ref.m.data(),
-            ref.v.data(), 1, 1e-3, ClipCoefficient(2.0, 1.0), o_.adamw);
+  AdamWStep(DecaySegments(layout_, r.begin, r.end), r.begin, ref.weights.data(), sum.data(), ref.m.data(), ref.v.data(),
+            1, 1e-3, ClipCoefficient(2.0, 1.0), o_.adamw);
   EXPECT_EQ(0, std::memcmp(ref.weights.data(), shard_->state().weights.data(), sum.size() * 4));
   EXPECT_EQ(0, std::memcmp(ref.weights.data(), pulled.data(), sum.size() * 4));
   EXPECT_EQ(shard_->state().step, 1);
@@ -291,8 +291,8 @@ TEST_F(ParameterShardTest, Bf16WireRoundsPushesAndPulls) {
   for (size_t i = 0; i < sum.size(); ++i) sum[i] = Bf16ToFloat(FloatToBf16(g0[i])) + Bf16ToFloat(FloatToBf16(g1[i]));
   ShardState ref = initial_;
   const ParamRange& r = plan_.shard(1);
-  AdamWStep(DecaySegments(layout_, r.begin, r.end), r.begin, ref.weights.data(), sum.data(), ref.m.data(),
-            ref.v.data(), 1, 1e-3, 1.0, o_.adamw);
+  AdamWStep(DecaySegments(layout_, r.begin, r.end), r.begin, ref.weights.data(), sum.data(), ref.m.data(), ref.v.data(),
+            1, 1e-3, 1.0, o_.adamw);
   for (size_t i = 0; i < sum.size(); ++i) {
     ASSERT_EQ(ref.weights[i], shard_->state().weights[i]) << i;  // fp32 master weights
     ASSERT_EQ(FloatToBf16(ref.weights[i]), pulled[i]) << i;

@@ -28,14 +28,14 @@ void PrintJson(const config::JobConfig& config, const MemoryPlan& plan, const co
               config::ClusterConfig::Sync_Name(config.cluster().sync()).c_str());
   for (size_t i = 0; i < plan.processes.size(); ++i) {
     const ProcessMemory& p = plan.processes[i];
-    std::printf("%s{\"role\": \"%s\", \"rank\": %d, \"begin\": %lld, \"end\": %lld, \"weights\": %lld, "
-                "\"optimizer\": %lld, \"gradients\": %lld, \"activations\": %lld, \"buffers\": %lld, "
-                "\"runtime\": %lld, \"total\": %lld}",
-                i ? ", " : "", p.role.c_str(), p.rank, static_cast<long long>(p.range.begin),
-                static_cast<long long>(p.range.end), static_cast<long long>(p.weights),
-                static_cast<long long>(p.optimizer), static_cast<long long>(p.gradients),
-                static_cast<long long>(p.activations), static_cast<long long>(p.buffers),
-                static_cast<long long>(p.runtime), static_cast<long long>(p.total()));
+    std::printf(
+        "%s{\"role\": \"%s\", \"rank\": %d, \"begin\": %lld, \"end\": %lld, \"weights\": %lld, "
+        "\"optimizer\": %lld, \"gradients\": %lld, \"activations\": %lld, \"buffers\": %lld, "
+        "\"runtime\": %lld, \"total\": %lld}",
+        i ? ", " : "", p.role.c_str(), p.rank, static_cast<long long>(p.range.begin),
+        static_cast<long long>(p.range.end), static_cast<long long>(p.weights), static_cast<long long>(p.optimizer),
+        static_cast<long long>(p.gradients), static_cast<long long>(p.activations), static_cast<long long>(p.buffers),
+        static_cast<long long>(p.runtime), static_cast<long long>(p.total()));
   }
   std::printf("]");
   if (fit != nullptr) {
@@ -60,10 +60,8 @@ void PrintTable(const std::string& path, const config::JobConfig& config, const 
   std::printf("\n%-22s %-24s %11s %11s %11s %11s %11s %11s %11s\n", "process", "range", "weights", "adamw m+v",
               "gradients", "activations", "buffers", "runtime", "total");
   for (const ProcessMemory& p : plan.processes) {
-    char range[64];
-    std::snprintf(range, sizeof range, "[%lld, %lld)", static_cast<long long>(p.range.begin),
-                  static_cast<long long>(p.range.end));
-    std::printf("%-22s %-24s %11s %11s %11s %11s %11s %11s %11s\n", Name(p, cl.workers()).c_str(), range,
+    const std::string range = FormatRange(p.range.begin, p.range.end);
+    std::printf("%-22s %-24s %11s %11s %11s %11s %11s %11s %11s\n", Name(p, cl.workers()).c_str(), range.c_str(),
                 FormatBytes(p.weights).c_str(), FormatBytes(p.optimizer).c_str(), FormatBytes(p.gradients).c_str(),
                 FormatBytes(p.activations).c_str(), FormatBytes(p.buffers).c_str(), FormatBytes(p.runtime).c_str(),
                 FormatBytes(p.total()).c_str());

@@ -33,8 +33,9 @@ namespace herd::tools {
 namespace {
 
 // Placement variables that would contradict the ranks we hand out.
-constexpr const char* kPlacementVars[] = {"SLURM_PROCID", "SLURM_NTASKS", "RANK",           "WORLD_SIZE",
-                                          "MASTER_ADDR",  "MASTER_PORT",  "HERD_COORDINATOR", "HERD_JOB_TOKEN"};
+constexpr const char* kPlacementVars[] = {"SLURM_PROCID",     "SLURM_NTASKS",  "RANK",
+                                          "WORLD_SIZE",       "MASTER_ADDR",   "MASTER_PORT",
+                                          "HERD_COORDINATOR", "HERD_JOB_TOKEN"};
 
 struct Child {
   std::string name;  // "server 0"
@@ -202,8 +203,8 @@ int RunLocalJob(const config::JobConfig& config, const LocalJobOptions& options)
   });
 
   // What every process would refuse, refused once here.
-  auto plan = ShardPlan::Create(ParamLayout(LlamaShape::FromConfig(config.model())),
-                                ShardPlanOptions::FromConfig(cluster));
+  auto plan =
+      ShardPlan::Create(ParamLayout(LlamaShape::FromConfig(config.model())), ShardPlanOptions::FromConfig(cluster));
   if (!plan.ok()) return ReportError(plan.status().WithContext(options.config_path + ": "));
   // Prepared once here: workers would otherwise race to prepare the data.
   Status st = EnsurePrepared(config.data());
@@ -249,7 +250,8 @@ int RunLocalJob(const config::JobConfig& config, const LocalJobOptions& options)
     for (const std::string& o : options.overrides) argv.insert(argv.end(), {"--set", o});
     argv.insert(argv.end(), {"--rank", std::to_string(rank), "--coordinator", address});
     if (options.train.resume) argv.push_back("--resume");
-    if (options.train.stop_at_step > 0) argv.insert(argv.end(), {"--stop-at", std::to_string(options.train.stop_at_step)});
+    if (options.train.stop_at_step > 0)
+      argv.insert(argv.end(), {"--stop-at", std::to_string(options.train.stop_at_step)});
     const int threads = pick_threads ? std::max(1, cores / (server ? S : W)) : 0;
     st = Spawn(binary, argv, ChildEnvironment(*token_file, threads), &c);
   }

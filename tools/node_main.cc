@@ -41,8 +41,8 @@ Status Run(int argc, char** argv) {
   HERD_ASSIGN_OR_RETURN(JobConfig config, LoadJobConfig(args.positional()[0], args.GetAll("set")));
   if (config.cluster().sync() != config::ClusterConfig::PARAMETER_SERVER) {
     return Status::InvalidArgument(args.positional()[0] + ": cluster.sync is " +
-                                   config::ClusterConfig::Sync_Name(config.cluster().sync()) + "; " HERD_NODE_NAME
-                                   " runs PARAMETER_SERVER jobs");
+                                   config::ClusterConfig::Sync_Name(config.cluster().sync()) +
+                                   "; " HERD_NODE_NAME " runs PARAMETER_SERVER jobs");
   }
   if (config.device().kind() != config::DeviceConfig::CPU) {
     return Status::InvalidArgument(args.positional()[0] + ": device.kind CUDA is not available in this build yet");

@@ -7,6 +7,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include "common/strings.h"
+
 namespace herd::transport {
 namespace {
 
@@ -39,13 +41,6 @@ std::string Pack(const T& header, std::string_view tail = {}) {
   return bytes;
 }
 
-std::string Range(uint64_t offset, uint64_t length) {
-  char text[64];
-  std::snprintf(text, sizeof text, "[%llu, %llu)", static_cast<unsigned long long>(offset),
-                static_cast<unsigned long long>(offset + length));
-  return text;
-}
-
 }  // namespace
 
 // ---- AccumulatingShard ------------------------------------------------------
@@ -54,7 +49,8 @@ AccumulatingShard::AccumulatingShard(uint64_t size_bytes) : values_(size_bytes /
 
 StatusOr<void*> AccumulatingShard::PushTarget(PeerId, uint64_t, uint64_t offset, uint64_t length) {
   if (offset % sizeof(float) != 0 || length % sizeof(float) != 0) {
-    return Status::InvalidArgument("push range " + Range(offset, length) + " is not a whole number of float32s");
+    return Status::InvalidArgument("push range " + FormatRange(offset, offset + length) +
+                                   " is not a whole number of float32s");
   }
   std::unique_ptr<std::vector<float>> scratch;
   if (!free_scratch_.empty()) {
@@ -98,7 +94,7 @@ PushPullServer::PushPullServer(UcxTransport* transport, ShardHandler* shard) : t
     std::memcpy(h, header.data(), sizeof(RequestHeader));
     const uint64_t size = shard_->size_bytes();
     if (h->length == 0 || h->offset > size || h->length > size - h->offset) {
-      return Status::InvalidArgument(std::string(what) + " of " + Range(h->offset, h->length) +
+      return Status::InvalidArgument(std::string(what) + " of " + FormatRange(h->offset, h->offset + h->length) +
                                      " is outside this server's " + std::to_string(size) + " bytes");
     }
     return Status::OK();
@@ -108,8 +104,8 @@ PushPullServer::PushPullServer(UcxTransport* transport, ShardHandler* shard) : t
     RequestHeader h{};
     Status st = parse(header, &h, "push");
     if (st.ok() && payload.size() != h.length) {
-      st = Status::Corruption("push of " + Range(h.offset, h.length) + " carries " + std::to_string(payload.size()) +
-                              " bytes");
+      st = Status::Corruption("push of " + FormatRange(h.offset, h.offset + h.length) + " carries " +
+                              std::to_string(payload.size()) + " bytes");
     }
     StatusOr<void*> target = st;
     if (st.ok()) target = shard_->PushTarget(from, h.tag, h.offset, h.length);
@@ -233,7 +229,7 @@ void PushPullClient::OnReply(PeerId from, std::string_view header, IncomingPaylo
     return;
   }
   Request& r = it->second;
-  const std::string what = std::string(r.pull ? "pull of " : "push of ") + Range(r.offset, r.length);
+  const std::string what = std::string(r.pull ? "pull of " : "push of ") + FormatRange(r.offset, r.offset + r.length);
   r.reply_seen = true;
   if (h.code != 0) {
     std::string text(header.substr(sizeof(ReplyHeader)));

@@ -152,13 +152,9 @@ Status TrainParameterServerWorker(const config::JobConfig& config, const TrainOp
   const int B = train.batch_size(), T = train.seq_len(), A = train.grad_accum();
   const bool bf16 = config.cluster().wire_dtype() == config::ClusterConfig::BF16;
 
-  HERD_RETURN_IF_ERROR(EnsurePrepared(config.data()));
-  HERD_ASSIGN_OR_RETURN(TokenFile train_file, TokenFile::Open(config.data().train(), shape.vocab_size));
-  std::unique_ptr<TokenFile> val_file;
-  if (!config.data().val().empty()) {
-    HERD_ASSIGN_OR_RETURN(TokenFile val, TokenFile::Open(config.data().val(), shape.vocab_size));
-    val_file = std::make_unique<TokenFile>(std::move(val));
-  }
+  HERD_ASSIGN_OR_RETURN(JobData data, OpenJobData(config.data(), shape.vocab_size));
+  const TokenFile& train_file = data.train;
+  const std::unique_ptr<TokenFile>& val_file = data.val;
   LlamaModel<float> model(shape, B, T);
   const ParamLayout& layout = model.layout();
   const int64_t P = layout.size();
@@ -207,14 +203,16 @@ Status TrainParameterServerWorker(const config::JobConfig& config, const TrainOp
   ProgressLog log;
   if (leader) {
     HERD_RETURN_IF_ERROR(log.Open(config.log().metrics(), options.resume));
-    if (resume_from) std::printf("resumed from %s (step %lld)\n", resume_from->dir.c_str(), static_cast<long long>(start));
+    if (resume_from)
+      std::printf("resumed from %s (step %lld)\n", resume_from->dir.c_str(), static_cast<long long>(start));
     std::printf("model: %.2fM parameters (%d layers, d=%d, %d heads, %d kv heads, vocab %d) | %d threads per worker\n",
-                layout.num_parameters() / 1e6, shape.num_layers, shape.hidden_size, shape.num_heads,
-                shape.num_kv_heads, shape.vocab_size, omp_get_max_threads());
-    std::printf("parameter servers: %d, workers: %d, wire %s, %zu buckets | batch %d x %d tokens x %d accum x %d "
-                "workers = %lld tokens/step\n",
-                plan.num_servers(), W, bf16 ? "bf16" : "fp32", plan.buckets().size(), B, T, A, W,
-                static_cast<long long>(B) * T * A * W);
+                layout.num_parameters() / 1e6, shape.num_layers, shape.hidden_size, shape.num_heads, shape.num_kv_heads,
+                shape.vocab_size, omp_get_max_threads());
+    std::printf(
+        "parameter servers: %d, workers: %d, wire %s, %zu buckets | batch %d x %d tokens x %d accum x %d "
+        "workers = %lld tokens/step\n",
+        plan.num_servers(), W, bf16 ? "bf16" : "fp32", plan.buckets().size(), B, T, A, W,
+        static_cast<long long>(B) * T * A * W);
     std::fflush(stdout);
   }
 
@@ -240,8 +238,8 @@ Status TrainParameterServerWorker(const config::JobConfig& config, const TrainOp
     }
     loss /= A;
     HERD_RETURN_IF_ERROR(exchange.FinishPushes(rank, &loss).WithContext("step " + std::to_string(t + 1) + ": "));
-    HERD_RETURN_IF_ERROR(
-        exchange.PullWeights(weights.data(), static_cast<uint64_t>(t + 1)).WithContext("step " + std::to_string(t + 1) + ": "));
+    HERD_RETURN_IF_ERROR(exchange.PullWeights(weights.data(), static_cast<uint64_t>(t + 1))
+                             .WithContext("step " + std::to_string(t + 1) + ": "));
     const StepReport& report = exchange.report();
     const int64_t step = t + 1;
     window_tokens += tokens_per_step;
@@ -292,7 +290,8 @@ Status TrainParameterServerWorker(const config::JobConfig& config, const TrainOp
                   static_cast<long long>(total_steps));
     } else {
       PrintSample(model, weights.data(), config);
-      std::printf("done: %lld steps in %s\n", static_cast<long long>(last), FormatDuration(run_clock.Seconds()).c_str());
+      std::printf("done: %lld steps in %s\n", static_cast<long long>(last),
+                  FormatDuration(run_clock.Seconds()).c_str());
     }
     if (auto memory = PlanMemory(config); memory.ok()) {
       std::printf("peak memory: %s (herd plan: %s)\n", FormatBytes(PeakRssBytes()).c_str(),

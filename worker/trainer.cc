@@ -32,13 +32,9 @@ Status TrainSingleProcess(const config::JobConfig& config, const TrainOptions& o
   const int B = train.batch_size(), T = train.seq_len(), A = train.grad_accum();
 
   // Data.
-  HERD_RETURN_IF_ERROR(EnsurePrepared(config.data()));
-  HERD_ASSIGN_OR_RETURN(TokenFile train_file, TokenFile::Open(config.data().train(), shape.vocab_size));
-  std::unique_ptr<TokenFile> val_file;
-  if (!config.data().val().empty()) {
-    HERD_ASSIGN_OR_RETURN(TokenFile val, TokenFile::Open(config.data().val(), shape.vocab_size));
-    val_file = std::make_unique<TokenFile>(std::move(val));
-  }
+  HERD_ASSIGN_OR_RETURN(JobData data, OpenJobData(config.data(), shape.vocab_size));
+  const TokenFile& train_file = data.train;
+  const std::unique_ptr<TokenFile>& val_file = data.val;
   HERD_ASSIGN_OR_RETURN(DistributedSampler sampler,
                         DistributedSampler::Create(train_file, T, /*world_size=*/1, /*rank=*/0, train.seed()));
   HERD_RETURN_IF_ERROR(sampler.CheckBatch(B).WithContext("train.batch_size: "));
