@@ -149,7 +149,8 @@ const T* LlamaModel<T>::logits() const {
 }
 
 template <typename T>
-double LlamaModel<T>::Forward(const T* params, const int32_t* tokens, const int32_t* targets, int B, int T_) {
+double LlamaModel<T>::Forward(const T* params, const int32_t* tokens, const int32_t* targets, int B, int T_,
+                              const NeedUpTo& need) {
   Activations& a = *acts_;
   const LlamaShape& s = layout_.shape();
   const int64_t N = static_cast<int64_t>(B) * T_, d = a.d, qd = a.qd, kvd = a.kvd, f = a.f;
@@ -160,9 +161,13 @@ double LlamaModel<T>::Forward(const T* params, const int32_t* tokens, const int3
   std::copy(tokens, tokens + N, a.tokens.begin());
   if (targets != nullptr) std::copy(targets, targets + N, a.targets.begin());
 
+  // Layer l's tensors end where the next layer's (or the final norm) begin.
+  auto layer_end = [&](int l) { return l + 1 < s.num_layers ? layout_.layer(l + 1).input_norm : layout_.final_norm(); };
+  if (need) need(s.num_layers > 0 ? layout_.layer(0).input_norm : layout_.final_norm());
   EmbeddingForward(a.residual.data(), tokens, params + layout_.embed(), N, d);
   for (int l = 0; l < s.num_layers; ++l) {
     const LayerOffsets& w = layout_.layer(l);
+    if (need) need(layer_end(l));
     const auto [x, x_out, ln1, ln1_rstd, q, k, v, probs, att, mid, ln2, ln2_rstd, gate, up, act] = a.layer(l);
 
     RmsNormForward(ln1, ln1_rstd, x, params + w.input_norm, N, d, s.rms_norm_eps);
@@ -182,6 +187,7 @@ double LlamaModel<T>::Forward(const T* params, const int32_t* tokens, const int3
     AddForward(x_out, x_out, mid, N * d);
   }
   const T* x_final = a.residual.data() + s.num_layers * a.N * d;
+  if (need) need(layout_.size());
   RmsNormForward(a.lnf.data(), a.lnf_rstd.data(), x_final, params + layout_.final_norm(), N, d, s.rms_norm_eps);
   MatmulForward(a.logits.data(), a.lnf.data(), params + layout_.lm_head(), N, d, a.v);
   if (targets == nullptr) return 0.0;

@@ -33,7 +33,14 @@ class LlamaModel {
   // Forward over tokens[B, T_]. With targets, returns the mean cross-entropy
   // and keeps what Backward needs; without, returns 0 and only logits()
   // are meaningful. Token ids must be < vocab_size (checked by the caller).
-  double Forward(const T* params, const int32_t* tokens, const int32_t* targets, int B, int T_);
+  //
+  // `need(end)`, when given, is called before Forward first reads a
+  // parameter below flat offset `end` (end rises layer by layer to the
+  // layout's size): a worker waits there for the weights it is still
+  // pulling, so the first layers compute while the last ones arrive.
+  using NeedUpTo = std::function<void(int64_t end)>;
+  double Forward(const T* params, const int32_t* tokens, const int32_t* targets, int B, int T_,
+                 const NeedUpTo& need = nullptr);
 
   // grads += d(loss_scale * sum of per-token losses)/d(params), for the last
   // Forward with targets. loss_scale = 1/(B*T_) gives the gradient of the

@@ -78,23 +78,51 @@ class ParameterExchange {
     return Timed([&] { return client_->WaitAll(); });
   }
 
-  // Pulls the weights of `version` (forward order) and every server's
-  // report of the step that produced it.
-  Status PullWeights(float* weights, uint64_t version) {
+  // Starts pulling the weights of `version` (forward order, into `weights`)
+  // and every server's report of the step that produced it.
+  void IssuePulls(float* weights, uint64_t version) {
+    weights_ = weights;
+    version_ = version;
+    pulls_.clear();
+    next_pull_ = 0;
+    pull_status_ = Status::OK();
     const auto& buckets = plan_.buckets();
     for (auto it = buckets.rbegin(); it != buckets.rend(); ++it) {
       void* dst = bf16_ ? static_cast<void*>(wire_.data() + it->range.begin) : weights + it->range.begin;
-      client_->Pull(first_server_ + it->server, ByteOffset(*it), dst, it->range.size() * wire_bytes_, version);
+      pulls_.emplace_back(&*it, client_->Pull(first_server_ + it->server, ByteOffset(*it), dst,
+                                              it->range.size() * wire_bytes_, version));
     }
+    report_tickets_.clear();
     for (int s = 0; s < plan_.num_servers(); ++s) {
-      client_->Pull(first_server_ + s, spaces_[s].report_offset, &reports_[s], sizeof(StepReport), version);
+      report_tickets_.push_back(
+          client_->Pull(first_server_ + s, spaces_[s].report_offset, &reports_[s], sizeof(StepReport), version));
     }
-    HERD_RETURN_IF_ERROR(Timed([&] { return client_->WaitAll(); }));
-    if (bf16_) Bf16ToFloats(wire_.data(), weights, static_cast<int64_t>(wire_.size()));
+  }
+  // Blocks until every weight below flat offset `end` has arrived (forward
+  // calls this layer by layer). A failure is kept for FinishPulls.
+  void WaitUpTo(int64_t end) {
+    while (next_pull_ < pulls_.size() && pulls_[next_pull_].first->range.begin < end) {
+      const auto [bucket, ticket] = pulls_[next_pull_++];
+      Status st = Timed([&] { return client_->Wait(ticket); });
+      if (!st.ok() && pull_status_.ok()) pull_status_ = st;
+      if (bf16_ && st.ok()) {
+        Bf16ToFloats(wire_.data() + bucket->range.begin, weights_ + bucket->range.begin, bucket->range.size());
+      }
+    }
+  }
+  // Waits for the rest of the weights and for the reports; checks them.
+  Status FinishPulls() {
+    WaitUpTo(plan_.shard(plan_.num_servers() - 1).end);
+    for (auto ticket : report_tickets_) {
+      Status st = Timed([&] { return client_->Wait(ticket); });
+      if (!st.ok() && pull_status_.ok()) pull_status_ = st;
+    }
+    report_tickets_.clear();
+    HERD_RETURN_IF_ERROR(pull_status_);
     for (int s = 0; s < plan_.num_servers(); ++s) {
-      if (reports_[s].version != version) {
+      if (reports_[s].version != version_) {
         return Status::Corruption("server " + std::to_string(s) + " reported version " +
-                                  std::to_string(reports_[s].version) + ", expected " + std::to_string(version));
+                                  std::to_string(reports_[s].version) + ", expected " + std::to_string(version_));
       }
     }
     return Status::OK();
@@ -129,6 +157,13 @@ class ParameterExchange {
   std::vector<ServerSpace> spaces_;
   std::vector<uint16_t> wire_;  // bf16 staging for pushes and pulls
   std::vector<StepReport> reports_;
+  // Pulls in flight: bucket tickets in forward order, the next to wait for.
+  std::vector<std::pair<const Bucket*, transport::PushPullClient::Ticket>> pulls_;
+  std::vector<transport::PushPullClient::Ticket> report_tickets_;
+  size_t next_pull_ = 0;
+  float* weights_ = nullptr;
+  uint64_t version_ = 0;
+  Status pull_status_;
   const float* grads_ = nullptr;
   uint64_t step_ = 0;
   size_t next_bucket_ = 0;
@@ -216,32 +251,19 @@ Status TrainParameterServerWorker(const config::JobConfig& config, const TrainOp
     std::fflush(stdout);
   }
 
-  HERD_RETURN_IF_ERROR(exchange.PullWeights(weights.data(), start).WithContext("initial weights: "));
-  exchange.TakeWaitSeconds();
   const int64_t tokens_per_step = static_cast<int64_t>(B) * T * A * W;
   const double loss_scale = 1.0 / static_cast<double>(tokens_per_step);
   std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(inputs.size());
   const LlamaModel<float>::FinalFrom push_ready = [&exchange](int64_t offset) { exchange.PushFinalFrom(offset); };
+  const LlamaModel<float>::NeedUpTo wait_pulled = [&exchange](int64_t end) { exchange.WaitUpTo(end); };
 
   Stopwatch run_clock, window_clock;
   int64_t window_tokens = 0;
   double window_wait = 0;
-  for (int64_t t = start; t < last; ++t) {
-    std::fill(grads.begin(), grads.end(), 0.0f);
-    double loss = 0;
-    for (int micro = 0; micro < A; ++micro) {
-      sampler->NextBatch(B, inputs.data(), targets.data());
-      loss += model.Forward(weights.data(), inputs.data(), targets.data(), B, T);
-      const bool last_micro = micro == A - 1;
-      if (last_micro) exchange.BeginPushes(grads.data(), static_cast<uint64_t>(t));
-      model.Backward(weights.data(), grads.data(), loss_scale, last_micro ? push_ready : nullptr);
-    }
-    loss /= A;
-    HERD_RETURN_IF_ERROR(exchange.FinishPushes(rank, &loss).WithContext("step " + std::to_string(t + 1) + ": "));
-    HERD_RETURN_IF_ERROR(exchange.PullWeights(weights.data(), static_cast<uint64_t>(t + 1))
-                             .WithContext("step " + std::to_string(t + 1) + ": "));
+  std::string loader_state;  // the data position after the step to checkpoint
+  // Progress, evaluation and checkpoint of `step`, once its weights are in.
+  auto finish_step = [&](int64_t step) -> Status {
     const StepReport& report = exchange.report();
-    const int64_t step = t + 1;
     window_tokens += tokens_per_step;
     window_wait += exchange.TakeWaitSeconds();
     if (!std::isfinite(report.mean_loss)) {
@@ -251,7 +273,7 @@ Status TrainParameterServerWorker(const config::JobConfig& config, const TrainOp
     }
     const bool is_last = step == last;
     const bool eval_now = is_last || (config.log().eval_every() > 0 && step % config.log().eval_every() == 0);
-    if (leader && (step % config.log().every() == 0 || t == start || is_last || eval_now)) {
+    if (leader && (step % config.log().every() == 0 || step == start + 1 || is_last || eval_now)) {
       ProgressLog::Entry e;
       e.step = step;
       e.total_steps = total_steps;
@@ -269,21 +291,49 @@ Status TrainParameterServerWorker(const config::JobConfig& config, const TrainOp
       window_tokens = 0;
       window_wait = 0;
     }
-    if (CheckpointDue(config.checkpoint(), step, last)) {
-      Stopwatch sw;
-      const std::string step_dir = StepDirName(ckpt_dir, step);
-      Status part = BeginCheckpointPart(step_dir);
-      if (part.ok()) part = WriteFileAtomic(JoinPath(step_dir, WorkerFileName(rank)), sampler->SaveState());
-      HERD_RETURN_IF_ERROR(transport::AllSucceeded(*client, "herd/checkpoint/" + std::to_string(step), part)
-                               .WithContext("checkpoint " + step_dir + ": "));
-      HERD_RETURN_IF_ERROR(transport::AllSucceeded(*client, "herd/committed/" + std::to_string(step), Status::OK())
-                               .WithContext("checkpoint " + step_dir + ": "));
-      if (leader) {
-        std::printf("checkpoint: %s (%.1fs)\n", step_dir.c_str(), sw.Seconds());
-        std::fflush(stdout);
-      }
+    if (!CheckpointDue(config.checkpoint(), step, last)) return Status::OK();
+    Stopwatch sw;
+    const std::string step_dir = StepDirName(ckpt_dir, step);
+    Status part = BeginCheckpointPart(step_dir);
+    if (part.ok()) part = WriteFileAtomic(JoinPath(step_dir, WorkerFileName(rank)), loader_state);
+    HERD_RETURN_IF_ERROR(transport::AllSucceeded(*client, "herd/checkpoint/" + std::to_string(step), part)
+                             .WithContext("checkpoint " + step_dir + ": "));
+    HERD_RETURN_IF_ERROR(transport::AllSucceeded(*client, "herd/committed/" + std::to_string(step), Status::OK())
+                             .WithContext("checkpoint " + step_dir + ": "));
+    if (leader) {
+      std::printf("checkpoint: %s (%.1fs)\n", step_dir.c_str(), sw.Seconds());
+      std::fflush(stdout);
     }
+    return Status::OK();
+  };
+
+  // Pulls run ahead: step t's forward starts on the first layers while the
+  // last ones are still arriving; step t's report is handled once all of
+  // its weights are in (after the first forward of step t+1).
+  exchange.IssuePulls(weights.data(), static_cast<uint64_t>(start));
+  for (int64_t t = start; t < last; ++t) {
+    const std::string at = "step " + std::to_string(t + 1) + ": ";
+    std::fill(grads.begin(), grads.end(), 0.0f);
+    double loss = 0;
+    for (int micro = 0; micro < A; ++micro) {
+      sampler->NextBatch(B, inputs.data(), targets.data());
+      loss += model.Forward(weights.data(), inputs.data(), targets.data(), B, T, micro == 0 ? wait_pulled : nullptr);
+      if (micro == 0) {
+        HERD_RETURN_IF_ERROR(exchange.FinishPulls().WithContext(t == start ? "initial weights: " : at));
+        if (t > start) HERD_RETURN_IF_ERROR(finish_step(t));
+        if (t == start) exchange.TakeWaitSeconds();
+      }
+      const bool last_micro = micro == A - 1;
+      if (last_micro) exchange.BeginPushes(grads.data(), static_cast<uint64_t>(t));
+      model.Backward(weights.data(), grads.data(), loss_scale, last_micro ? push_ready : nullptr);
+    }
+    loss /= A;
+    HERD_RETURN_IF_ERROR(exchange.FinishPushes(rank, &loss).WithContext(at));
+    if (CheckpointDue(config.checkpoint(), t + 1, last)) loader_state = sampler->SaveState();
+    exchange.IssuePulls(weights.data(), static_cast<uint64_t>(t + 1));
   }
+  HERD_RETURN_IF_ERROR(exchange.FinishPulls().WithContext("step " + std::to_string(last) + ": "));
+  if (last > start) HERD_RETURN_IF_ERROR(finish_step(last));
   if (leader) {
     if (last < total_steps) {
       std::printf("stopped at step %lld of %lld (--stop-at); continue with --resume\n", static_cast<long long>(last),
