@@ -14,6 +14,7 @@
 
 #include "common/config.h"
 #include "common/file_util.h"
+#include "common/strings.h"
 #include "model/llama_config.h"
 #include "model/param_layout.h"
 
@@ -316,23 +317,32 @@ Status CheckWritable(const std::string& dir) {
   return Status::OK();
 }
 
-Status CheckSameModel(const std::string& step_dir, const config::JobConfig& config) {
-  const std::string path = JoinPath(step_dir, kConfigFile);
-  HERD_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
-  HERD_ASSIGN_OR_RETURN(config::JobConfig saved, ParseJobConfig(text, path));
+Status CheckSameShape(const config::ModelConfig& found, const config::ModelConfig& expected, const std::string& what) {
   std::string diff;
   google::protobuf::util::MessageDifferencer differ;
   differ.set_message_field_comparison(google::protobuf::util::MessageDifferencer::EQUIVALENT);
   // Metadata kept for export, not part of the shape: an imported model
   // continues under a config that does not repeat it.
   differ.IgnoreField(config::ModelConfig::descriptor()->FindFieldByName("max_position_embeddings"));
+  // How a model was initialised is not part of its shape.
+  differ.IgnoreField(config::ModelConfig::descriptor()->FindFieldByName("initializer_range"));
   differ.ReportDifferencesToString(&diff);
-  if (!differ.Compare(saved.model(), config.model())) {
-    while (!diff.empty() && diff.back() == '\n') diff.pop_back();
-    std::replace(diff.begin(), diff.end(), '\n', ';');
-    return Status::FailedPrecondition(step_dir + ": checkpoint was written for a different model (" + diff + ")");
+  if (!differ.Compare(found, expected)) {
+    std::string changes;
+    for (const std::string& line : Split(diff, '\n')) {
+      if (line.empty() || line.starts_with("ignored:")) continue;
+      changes += (changes.empty() ? "" : "; ") + line;
+    }
+    return Status::FailedPrecondition(what + ": holds a different model (" + changes + ")");
   }
   return Status::OK();
+}
+
+Status CheckSameModel(const std::string& step_dir, const config::JobConfig& config) {
+  const std::string path = JoinPath(step_dir, kConfigFile);
+  HERD_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  HERD_ASSIGN_OR_RETURN(config::JobConfig saved, ParseJobConfig(text, path));
+  return CheckSameShape(saved.model(), config.model(), step_dir);
 }
 
 Status WriteSingleShardCheckpoint(const std::string& step_dir, const config::JobConfig& config,

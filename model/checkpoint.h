@@ -89,6 +89,9 @@ Status CheckWritable(const std::string& dir);
 
 // A checkpoint only continues the job it came from: same model shape.
 Status CheckSameModel(const std::string& step_dir, const config::JobConfig& config);
+// The shape comparison itself (max_position_embeddings, export metadata,
+// aside); the error names `what` and every field that differs.
+Status CheckSameShape(const config::ModelConfig& found, const config::ModelConfig& expected, const std::string& what);
 
 // A whole model read back from a checkpoint: its job config and the fp32
 // weights of the full flat space (shards assembled, checked to tile it).

@@ -1,5 +1,7 @@
 #include "model/hf_io.h"
 
+#include "model/checkpoint.h"
+
 #include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -367,5 +369,43 @@ StatusOr<HfModel> ReadHfDirectory(const std::string& dir) {
 }
 
 bool IsHfDirectory(const std::string& dir) { return PathExists(JoinPath(dir, kConfigJson)); }
+
+StatusOr<LoadedModel> LoadModelWeights(const std::string& path) {
+  LoadedModel out;
+  if (IsHfDirectory(path)) {
+    HERD_ASSIGN_OR_RETURN(HfModel hf, ReadHfDirectory(path));
+    out.model = std::move(hf.model);
+    out.weights = std::move(hf.params);
+    return out;
+  }
+  HERD_ASSIGN_OR_RETURN(CheckpointModel ckpt, LoadCheckpointModel(path));
+  out.model = ckpt.config.model();
+  out.seq_len = ckpt.config.train().seq_len();
+  out.weights = std::move(ckpt.weights);
+  return out;
+}
+
+Status CheckInitFrom(const config::JobConfig& config) {
+  const std::string& path = config.checkpoint().init_from();
+  if (path.empty()) return Status::OK();
+  const std::string what = "checkpoint.init_from " + path;
+  if (IsHfDirectory(path)) {
+    HERD_ASSIGN_OR_RETURN(config::ModelConfig model, ParseConfigJson(JoinPath(path, "config.json")));
+    return CheckSameShape(model, config.model(), what);
+  }
+  std::string step_dir = path;
+  if (!PathExists(JoinPath(path, "manifest.json"))) {
+    if (!PathExists(path)) return Status::NotFound(what + ": no such HuggingFace directory or checkpoint");
+    HERD_ASSIGN_OR_RETURN(step_dir, LatestCheckpoint(path));
+  }
+  return CheckSameModel(step_dir, config).WithContext("checkpoint.init_from: ");
+}
+
+StatusOr<std::vector<float>> LoadInitialWeights(const config::JobConfig& config, int64_t begin, int64_t end) {
+  const std::string& path = config.checkpoint().init_from();
+  HERD_ASSIGN_OR_RETURN(LoadedModel loaded, LoadModelWeights(path));
+  HERD_RETURN_IF_ERROR(CheckSameShape(loaded.model, config.model(), "checkpoint.init_from " + path));
+  return std::vector<float>(loaded.weights.begin() + begin, loaded.weights.begin() + end);
+}
 
 }  // namespace herd

@@ -30,4 +30,23 @@ StatusOr<HfModel> ReadHfDirectory(const std::string& dir);
 // True when `dir` looks like a HuggingFace model directory (has config.json).
 bool IsHfDirectory(const std::string& dir);
 
+// The weights of a model given as a HuggingFace directory or a herd
+// checkpoint (a step directory, or a root: its newest complete step), as
+// `herd eval` and checkpoint.init_from accept it.
+struct LoadedModel {
+  config::ModelConfig model;
+  std::vector<float> weights;  // the whole flat space
+  int seq_len = 0;             // the checkpoint's train.seq_len; 0 for HF
+};
+StatusOr<LoadedModel> LoadModelWeights(const std::string& path);
+
+// checkpoint.init_from's model shape only (config.json, or the
+// checkpoint's config.textproto), checked against `config`: what a
+// launcher verifies once before starting every process.
+Status CheckInitFrom(const config::JobConfig& config);
+
+// checkpoint.init_from's weights for [begin, end) of `config`'s model; an
+// error naming the path when its model has another shape.
+StatusOr<std::vector<float>> LoadInitialWeights(const config::JobConfig& config, int64_t begin, int64_t end);
+
 }  // namespace herd

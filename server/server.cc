@@ -13,6 +13,7 @@
 #include "common/memory.h"
 #include "common/strings.h"
 #include "model/checkpoint.h"
+#include "model/hf_io.h"
 #include "model/optim/adamw.h"
 #include "server/parameter_shard.h"
 #include "sharding/memory_plan.h"
@@ -25,7 +26,8 @@ namespace herd {
 namespace {
 
 // The shard's starting state: the newest complete checkpoint when resuming,
-// else the deterministic initialisation.
+// else checkpoint.init_from's weights, else the deterministic
+// initialisation.
 StatusOr<ShardState> InitialState(const config::JobConfig& config, const ParamLayout& layout, const ParamRange& range,
                                   const std::optional<VerifiedCheckpoint>& resume_from) {
   if (resume_from.has_value()) {
@@ -38,8 +40,12 @@ StatusOr<ShardState> InitialState(const config::JobConfig& config, const ParamLa
   s.weights.resize(range.size());
   s.m.assign(range.size(), 0.0f);
   s.v.assign(range.size(), 0.0f);
-  InitParameterRange(layout, config.train().seed(), config.model().initializer_range(), range.begin, range.end,
-                     s.weights.data());
+  if (!config.checkpoint().init_from().empty()) {
+    HERD_ASSIGN_OR_RETURN(s.weights, LoadInitialWeights(config, range.begin, range.end));
+  } else {
+    InitParameterRange(layout, config.train().seed(), config.model().initializer_range(), range.begin, range.end,
+                       s.weights.data());
+  }
   return s;
 }
 

@@ -113,6 +113,28 @@ def main():
     assert bf16_rel < 2e-2, f"bf16 wire: loss differs by {bf16_rel:.3g} relative"
     assert bf16[-1]["loss"] < bf16[0]["loss"] - 1.0, "bf16 wire: the model did not learn"
 
+    # checkpoint.init_from: the single process's exported model starts a new
+    # run, in one process and in PS mode alike (HF directory and herd
+    # checkpoint both accepted); a model of another shape is refused.
+    init = 'checkpoint {{ dir: "{}" init_from: "{}" }}'
+    for name, batch, cluster, source in (("init_single", 8, "", "single_hf"),
+                                         ("init_ps", 4, ps.format(2, 2, ""), "single_hf"),
+                                         ("init_ps_ckpt", 4, ps.format(2, 2, ""), "single")):
+        text = herdtest.tiny_config("train.bin", steps=5, metrics=name + ".jsonl", extra=cluster)
+        text = text.replace("batch_size: 4", f"batch_size: {batch}").replace('checkpoint { dir: "" every: 0 }', "")
+        sb.run("launch", sb.write(name + ".textproto", text + init.format(name, sb.path(source))))
+    init_single, init_ps, init_ckpt = (metrics(sb.path(n + ".jsonl")) for n in ("init_single", "init_ps",
+                                                                                "init_ps_ckpt"))
+    assert init_single[0]["loss"] < single[0]["loss"] - 1.0, "init_from did not start from the trained model"
+    for r, s in zip(init_ps, init_single):
+        assert abs(r["loss"] - s["loss"]) / s["loss"] < 1e-5, (r, s)
+    assert [m["loss"] for m in init_ps] == [m["loss"] for m in init_ckpt], "HF dir and checkpoint start differ"
+    wrong = herdtest.tiny_config("train.bin", steps=5, extra=ps.format(2, 2, "")).replace("hidden_size: 64",
+                                                                                          "hidden_size: 32")
+    wrong = wrong.replace('checkpoint { dir: "" every: 0 }', init.format("", sb.path("single_hf")))
+    p = sb.run("launch", sb.write("wrong.textproto", wrong), check=False)
+    assert p.returncode != 0 and "init_from" in p.stderr and "hidden_size" in p.stderr, p.stderr[-2000:]
+
     # A missing manifest: that step is skipped, never loaded.
     os.remove(sb.path("ps22_split", "step_00000030", "manifest.json"))
     p = sb.run("launch", job("ps22_split", 4, ps.format(2, 2, "")), "--resume", "--stop-at", "20")

@@ -25,21 +25,11 @@ int RunEval(int argc, char** argv) {
         "usage: herd eval MODEL --data FILE [--seq-len T] [--batch-size B] [--batches N]"));
   }
   const std::string& path = args.positional()[0];
-  config::ModelConfig model_config;
-  std::vector<float> weights;
-  int default_seq_len = 1024;
-  if (IsHfDirectory(path)) {
-    auto hf = ReadHfDirectory(path);
-    if (!hf.ok()) return ReportError(hf.status());
-    model_config = hf->model;
-    weights = std::move(hf->params);
-  } else {
-    auto ckpt = LoadCheckpointModel(path);
-    if (!ckpt.ok()) return ReportError(ckpt.status());
-    model_config = ckpt->config.model();
-    default_seq_len = ckpt->config.train().seq_len();
-    weights = std::move(ckpt->weights);
-  }
+  auto loaded = LoadModelWeights(path);
+  if (!loaded.ok()) return ReportError(loaded.status());
+  const config::ModelConfig& model_config = loaded->model;
+  const std::vector<float>& weights = loaded->weights;
+  const int default_seq_len = loaded->seq_len > 0 ? loaded->seq_len : 1024;
   auto T = args.GetInt("seq-len", default_seq_len, 1);
   auto B = args.GetInt("batch-size", 8, 1);
   auto N = args.GetInt("batches", 0, 0);

@@ -23,6 +23,7 @@
 #include "common/signals.h"
 #include "common/strings.h"
 #include "data/prepare.h"
+#include "model/hf_io.h"
 #include "sharding/shard_plan.h"
 #include "transport/coordinator.h"
 #include "transport/rendezvous.h"
@@ -206,6 +207,9 @@ int RunLocalJob(const config::JobConfig& config, const LocalJobOptions& options)
   auto plan =
       ShardPlan::Create(ParamLayout(LlamaShape::FromConfig(config.model())), ShardPlanOptions::FromConfig(cluster));
   if (!plan.ok()) return ReportError(plan.status().WithContext(options.config_path + ": "));
+  if (!options.train.resume) {
+    if (Status init = CheckInitFrom(config); !init.ok()) return ReportError(init);
+  }
   // Prepared once here: workers would otherwise race to prepare the data.
   Status st = EnsurePrepared(config.data());
   if (!st.ok()) return ReportError(st);

@@ -17,6 +17,7 @@
 #include "data/sampler.h"
 #include "data/token_file.h"
 #include "model/checkpoint.h"
+#include "model/hf_io.h"
 #include "model/llama.h"
 #include "model/optim/adamw.h"
 #include "worker/evaluate.h"
@@ -64,7 +65,12 @@ Status TrainSingleProcess(const config::JobConfig& config, const TrainOptions& o
     state.weights.resize(P);
     state.m.assign(P, 0.0f);
     state.v.assign(P, 0.0f);
-    InitParameters(layout, train.seed(), config.model().initializer_range(), state.weights.data());
+    if (!config.checkpoint().init_from().empty()) {
+      HERD_ASSIGN_OR_RETURN(state.weights, LoadInitialWeights(config, 0, P));
+      std::printf("initial weights from %s\n", config.checkpoint().init_from().c_str());
+    } else {
+      InitParameters(layout, train.seed(), config.model().initializer_range(), state.weights.data());
+    }
     if (!ckpt_dir.empty() && HasCheckpoints(ckpt_dir)) {
       LOG(WARNING) << "checkpoint.dir " << ckpt_dir
                    << " already holds checkpoints; starting from scratch (pass --resume to continue)";
