@@ -151,12 +151,14 @@ TEST(ShardPlan, CheckpointRangesAssembleAcrossServerCounts) {
 // service would: W=2 workers, server 1 of 2.
 class ParameterShardTest : public ::testing::Test {
  protected:
-  static constexpr int kServers = 2, kWorkers = 2;
-  void Build(bool bf16) {
+  static constexpr int kServers = 2;
+  int workers_ = 2;
+  void Build(bool bf16, int workers = 2) {
+    workers_ = workers;
     o_.layout = &layout_;
     o_.plan = &plan_;
     o_.server = 1;
-    o_.num_workers = kWorkers;
+    o_.num_workers = workers_;
     o_.first_worker_peer = kServers;
     o_.bf16_wire = bf16;
     o_.collects_losses = false;
@@ -237,6 +239,20 @@ TEST_F(ParameterShardTest, SumsInRankOrderThenStepsLikeAdamW) {
   EXPECT_EQ(shard_->state().step, 1);
 }
 
+TEST_F(ParameterShardTest, SumIsInWorkerRankOrderWhateverTheArrivalOrder) {
+  Build(false, /*workers=*/3);
+  // Values where float addition is visibly not associative.
+  const size_t n = plan_.shard(1).size();
+  std::vector<float> g0(n, 1.0f), g1(n, 1e8f), g2(n, -1e8f);
+  ASSERT_TRUE(PushAll(2, g2, 0).ok());
+  ASSERT_TRUE(PushAll(1, g1, 0).ok());
+  ASSERT_TRUE(PushAll(0, g0, 0).ok());
+  ASSERT_TRUE(shard_->WaitForGradients().ok());
+  const float expected = (g0[0] + g1[0]) + g2[0];  // 0: the 1 is lost in 1e8
+  ASSERT_NE(expected, g0[0] + (g1[0] + g2[0]));    // 1: arrival order would give this
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(shard_->gradients()[i], expected) << i;
+}
+
 TEST_F(ParameterShardTest, RefusesBadPushesAndPulls) {
   Build(false);
   const ParamRange& r = plan_.shard(1);
@@ -250,7 +266,7 @@ TEST_F(ParameterShardTest, RefusesBadPushesAndPulls) {
   EXPECT_NE(message(shard_->PushTarget(kServers, 0, 4, 256)).find("not one of this server's buckets"),
             std::string::npos);
   // The loss slot exists on server 0 only.
-  const ServerSpace space = ServerSpace::For(r, kWorkers, 4);
+  const ServerSpace space = ServerSpace::For(r, workers_, 4);
   EXPECT_NE(message(shard_->PushTarget(kServers, 0, space.losses_offset, 8)).find("loss slot"), std::string::npos);
   // Twice the same bucket in one step.
   const Bucket* mine = nullptr;
