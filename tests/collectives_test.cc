@@ -1,0 +1,174 @@
+// The UCX ring collectives inside one process: W = 1..5 ranks, each its
+// own UCX worker and thread, buffer sizes of 0, 1, fewer elements than
+// ranks, not divisible by W, and many chunks. Sums of small integers must
+// be exact; sums of random floats bitwise identical on every rank and
+// across reruns; uneven partitions (with empty parts) must work for
+// reduce-scatter and all-gather; several operations may be in flight.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <functional>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "transport/ring_collectives.h"
+
+namespace herd::transport {
+namespace {
+
+class Ring {
+ public:
+  explicit Ring(int W, int64_t chunk_bytes = 256) {
+    std::vector<PeerId> peers;
+    for (int r = 0; r < W; ++r) {
+      auto t = UcxTransport::Create(r);
+      EXPECT_TRUE(t.ok());
+      transports_.push_back(std::move(*t));
+      peers.push_back(r);
+    }
+    for (int r = 0; r < W; ++r) {
+      collectives_.push_back(std::make_unique<RingCollectives>(transports_[r].get(), r, peers, chunk_bytes));
+    }
+    for (int r = 0; r < W; ++r) {
+      for (int p = 0; p < W; ++p) {
+        if (p == r) continue;
+        EXPECT_TRUE(transports_[r]->Connect(p, transports_[p]->address(), "rank " + std::to_string(p)).ok());
+      }
+    }
+  }
+  ~Ring() {
+    collectives_.clear();
+    transports_.clear();
+  }
+  int size() const { return static_cast<int>(collectives_.size()); }
+  Collectives& at(int r) { return *collectives_[r]; }
+  // Runs fn(rank) on one thread per rank.
+  void OnEveryRank(const std::function<void(int)>& fn) {
+    std::vector<std::thread> threads;
+    for (int r = 0; r < size(); ++r) threads.emplace_back(fn, r);
+    for (auto& t : threads) t.join();
+  }
+
+ private:
+  std::vector<std::unique_ptr<UcxTransport>> transports_;
+  std::vector<std::unique_ptr<RingCollectives>> collectives_;
+};
+
+const int64_t kSizes[] = {0, 1, 3, 1000, 4099, 100003};
+
+TEST(RingCollectives, EvenPartitionCoversAndAligns) {
+  for (int64_t n : kSizes) {
+    for (int W = 1; W <= 5; ++W) {
+      for (int64_t align : {1, 16}) {
+        Partition p = EvenPartition(n, W, align);
+        int64_t total = 0;
+        for (int r = 0; r < W; ++r) {
+          if (r + 1 < W && p[r + 1] > 0) {
+            EXPECT_EQ(p[r] % align, 0);
+          }
+          total += p[r];
+        }
+        EXPECT_EQ(total, n);
+      }
+    }
+  }
+}
+
+TEST(RingCollectives, AllReduceSumsExactlyAndIdenticallyOnEveryRank) {
+  for (int W = 1; W <= 5; ++W) {
+    Ring ring(W);
+    for (int64_t n : kSizes) {
+      std::vector<std::vector<float>> ints(W, std::vector<float>(n)), randoms(W, std::vector<float>(n));
+      std::mt19937 rng(n + W);
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      for (int r = 0; r < W; ++r) {
+        for (int64_t i = 0; i < n; ++i) {
+          ints[r][i] = static_cast<float>((i * 7 + r * 13) % 101);
+          randoms[r][i] = normal(rng) * static_cast<float>(1 + i % 5);
+        }
+      }
+      std::vector<std::vector<double>> doubles(W, std::vector<double>(n));
+      for (int r = 0; r < W; ++r) {
+        for (int64_t i = 0; i < n; ++i) doubles[r][i] = 1.0 / (1 + r + i);
+      }
+      ring.OnEveryRank([&](int r) {
+        // Three operations in flight at once.
+        auto a = ring.at(r).AllReduce(ints[r].data(), n, DType::kFloat32);
+        auto b = ring.at(r).AllReduce(randoms[r].data(), n, DType::kFloat32);
+        auto c = ring.at(r).AllReduce(doubles[r].data(), n, DType::kFloat64);
+        EXPECT_TRUE(ring.at(r).Wait(b).ok());
+        EXPECT_TRUE(ring.at(r).Wait(a).ok());
+        EXPECT_TRUE(ring.at(r).Wait(c).ok());
+      });
+      for (int64_t i = 0; i < n; ++i) {
+        float expect = 0;
+        for (int r = 0; r < W; ++r) expect += static_cast<float>((i * 7 + r * 13) % 101);
+        for (int r = 0; r < W; ++r) ASSERT_EQ(ints[r][i], expect) << "W=" << W << " n=" << n << " i=" << i;
+        for (int r = 1; r < W; ++r) {
+          ASSERT_EQ(std::memcmp(&randoms[r][i], &randoms[0][i], 4), 0) << "rank " << r << " differs at " << i;
+          ASSERT_EQ(doubles[r][i], doubles[0][i]);
+        }
+        double sum = 0;
+        for (int r = 0; r < W; ++r) sum += 1.0 / (1 + r + i);
+        ASSERT_NEAR(doubles[0][i], sum, 1e-15 * sum);
+      }
+    }
+  }
+}
+
+TEST(RingCollectives, ReduceScatterAllGatherAndBroadcastWithUnevenParts) {
+  for (int W = 1; W <= 5; ++W) {
+    Ring ring(W, 64);
+    for (int64_t n : kSizes) {
+      // Uneven parts: everything to the last rank but a few elements; some empty.
+      Partition parts(W, 0);
+      parts[W - 1] = n;
+      if (W > 2 && n >= 5) {
+        parts[1] = 5;
+        parts[W - 1] = n - 5;
+      }
+      std::vector<int64_t> begin(W + 1, 0);
+      for (int r = 0; r < W; ++r) begin[r + 1] = begin[r] + parts[r];
+      std::vector<std::vector<float>> data(W, std::vector<float>(n));
+      for (int r = 0; r < W; ++r) {
+        for (int64_t i = 0; i < n; ++i) data[r][i] = static_cast<float>(r + 1) * (i % 17);
+      }
+      ring.OnEveryRank(
+          [&](int r) { EXPECT_TRUE(ring.at(r).Wait(ring.at(r).ReduceScatter(data[r].data(), parts)).ok()); });
+      const float ranks_sum = W * (W + 1) / 2.0f;
+      for (int r = 0; r < W; ++r) {
+        for (int64_t i = begin[r]; i < begin[r + 1]; ++i) ASSERT_EQ(data[r][i], ranks_sum * (i % 17)) << r << " " << i;
+      }
+      // All-gather the reduced parts back: every rank then holds the full sum.
+      ring.OnEveryRank([&](int r) { EXPECT_TRUE(ring.at(r).Wait(ring.at(r).AllGather(data[r].data(), parts)).ok()); });
+      for (int r = 0; r < W; ++r) {
+        for (int64_t i = 0; i < n; ++i) ASSERT_EQ(data[r][i], ranks_sum * (i % 17)) << r << " " << i;
+      }
+      for (int root = 0; root < W; ++root) {
+        for (int r = 0; r < W; ++r) {
+          for (int64_t i = 0; i < n; ++i) data[r][i] = r == root ? static_cast<float>(i + root) : -1.0f;
+        }
+        ring.OnEveryRank(
+            [&](int r) { EXPECT_TRUE(ring.at(r).Wait(ring.at(r).Broadcast(data[r].data(), n, root)).ok()); });
+        for (int r = 0; r < W; ++r) {
+          for (int64_t i = 0; i < n; ++i) ASSERT_EQ(data[r][i], static_cast<float>(i + root)) << root << " " << r;
+        }
+      }
+    }
+  }
+}
+
+TEST(RingCollectives, BadArgumentsAndFailuresAreReported) {
+  Ring ring(3);
+  std::vector<float> x(10);
+  Status st = ring.at(0).Wait(ring.at(0).ReduceScatter(x.data(), {5, 5}));
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("one part per rank"), std::string::npos) << st.message();
+  ring.at(1).Fail(Status::Unavailable("worker rank 2 was lost"));
+  st = ring.at(1).Wait(ring.at(1).AllReduce(x.data(), 10, DType::kFloat32));
+  EXPECT_NE(st.message().find("was lost"), std::string::npos) << st.message();
+}
+
+}  // namespace
+}  // namespace herd::transport

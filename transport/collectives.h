@@ -1,0 +1,54 @@
+// Collectives among the workers of a job, over a buffer: sum all-reduce,
+// reduce-scatter, all-gather and broadcast, in NCCL's manner. Every rank
+// issues the same operations in the same order; each call returns a handle
+// at once and the operation runs in the background (so a worker overlaps
+// it with compute); Wait(handle) blocks until this rank's part is done.
+//
+// Implementations: RingCollectives (ring_collectives.h), a ring over the
+// UCX data plane for CPU buffers; NcclCollectives (nccl_collectives.h) for
+// GPU buffers when CUDA is present.
+//
+// Promises: results are bitwise deterministic and identical on every rank
+// (each part of the sum is added in a fixed ring order); a failure (a lost
+// peer, a malformed message) completes every pending and later operation
+// with an error that says what happened.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "common/status.h"
+
+namespace herd::transport {
+
+enum class DType { kFloat32, kFloat64 };
+
+// How n elements split into parts, one per rank in rank order: counts[r]
+// contiguous elements for rank r (some may be 0).
+using Partition = std::vector<int64_t>;
+// Near-equal parts, each but the last a multiple of `align` elements.
+Partition EvenPartition(int64_t n, int parts, int64_t align = 1);
+
+class Collectives {
+ public:
+  using Handle = uint64_t;
+  virtual ~Collectives() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // data[0, n) summed over all ranks, on every rank.
+  virtual Handle AllReduce(void* data, int64_t n, DType dtype) = 0;
+  // Afterwards rank r's part of data (per `parts`, which must sum to the
+  // buffer's length) holds the sum over ranks; the rest is scratch.
+  virtual Handle ReduceScatter(float* data, const Partition& parts) = 0;
+  // Rank r contributes its part; afterwards every rank holds every part.
+  virtual Handle AllGather(float* data, const Partition& parts) = 0;
+  // root's data[0, n) on every rank.
+  virtual Handle Broadcast(float* data, int64_t n, int root) = 0;
+
+  virtual Status Wait(Handle handle) = 0;
+  // Fails every pending and later operation with `status` (a lost peer).
+  virtual void Fail(const Status& status) = 0;
+};
+
+}  // namespace herd::transport

@@ -1,0 +1,426 @@
+#include "transport/ring_collectives.h"
+
+#include <glog/logging.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+
+namespace herd::transport {
+namespace {
+
+static_assert(std::endian::native == std::endian::little, "headers are sent in host order: little-endian only");
+
+enum Phase : uint8_t { kReduce = 0, kGather = 1, kBroadcast = 2 };
+enum class Kind { kAllReduce, kReduceScatter, kAllGather, kBroadcast };
+
+// Messages kept for operations not yet issued are bounded.
+constexpr int64_t kMaxEarlyBytes = int64_t{2} << 30;
+constexpr uint64_t kMaxSeqAhead = 1 << 20;
+
+int Mod(int64_t a, int w) { return static_cast<int>(((a % w) + w) % w); }
+
+}  // namespace
+
+Partition EvenPartition(int64_t n, int parts, int64_t align) {
+  Partition p(parts, 0);
+  const int64_t units = (n + align - 1) / align;  // aligned blocks, the last maybe short
+  int64_t at = 0;
+  for (int r = 0; r < parts; ++r) {
+    const int64_t blocks = units / parts + (r < units % parts ? 1 : 0);
+    p[r] = std::min(n - at, blocks * align);
+    at += p[r];
+  }
+  return p;
+}
+
+// One chunk on the wire: which operation, which ring step, which chunk of
+// that step's part.
+struct RingCollectives::ChunkHeader {
+  uint64_t seq;
+  uint8_t phase;
+  uint8_t reserved[3];
+  uint32_t step;
+  int64_t chunk;
+};
+
+struct RingCollectives::Op {
+  uint64_t seq = 0;
+  Kind kind = Kind::kAllReduce;
+  char* data = nullptr;
+  DType dtype = DType::kFloat32;
+  int elem = 4;
+  std::vector<int64_t> begin;  // part boundaries in elements, size W+1 (broadcast: 2)
+  int root = 0;
+  int64_t chunk_elems = 0;
+  int64_t recvs_left = 0, sends_left = 0;
+  bool started = false, done = false;
+  Status status;
+  std::vector<std::unique_ptr<std::vector<char>>> scratch;  // reduce chunks being received
+
+  int parts() const { return static_cast<int>(begin.size()) - 1; }
+  int64_t Chunks(int part) const {
+    const int64_t len = begin[part + 1] - begin[part];
+    return (len + chunk_elems - 1) / chunk_elems;
+  }
+  // Elements [first, first+count) of the buffer for chunk c of `part`.
+  std::pair<int64_t, int64_t> ChunkRange(int part, int64_t c) const {
+    const int64_t first = begin[part] + c * chunk_elems;
+    return {first, std::min(chunk_elems, begin[part + 1] - first)};
+  }
+};
+
+struct RingCollectives::Early {
+  ChunkHeader header;
+  std::vector<char> bytes;
+  bool arrived = false;
+  Status status;
+};
+
+RingCollectives::RingCollectives(UcxTransport* transport, int rank, std::vector<PeerId> peers, int64_t chunk_bytes)
+    : transport_(transport), rank_(rank), peers_(std::move(peers)), chunk_bytes_(std::max<int64_t>(chunk_bytes, 64)) {
+  transport_->SetHandler(kAmRing, [this](PeerId from, std::string_view header, IncomingPayload& payload) {
+    OnMessage(from, header, payload);
+  });
+  transport_->OnPeerFailure([this](PeerId peer, const Status& status) {
+    if (peer == peers_[Mod(rank_ - 1, size())] || peer == peers_[Mod(rank_ + 1, size())]) Fail(status);
+  });
+}
+
+RingCollectives::~RingCollectives() { transport_->Shutdown(); }
+
+// ---- issuing ----------------------------------------------------------------
+
+Collectives::Handle RingCollectives::AllReduce(void* data, int64_t n, DType dtype) {
+  auto op = std::make_unique<Op>();
+  op->kind = Kind::kAllReduce;
+  op->data = static_cast<char*>(data);
+  op->dtype = dtype;
+  op->elem = dtype == DType::kFloat64 ? 8 : 4;
+  const Partition parts = EvenPartition(n, size(), 16);
+  op->begin = {0};
+  for (int64_t c : parts) op->begin.push_back(op->begin.back() + c);
+  return Issue(std::move(op));
+}
+
+Collectives::Handle RingCollectives::ReduceScatter(float* data, const Partition& parts) {
+  auto op = std::make_unique<Op>();
+  op->kind = Kind::kReduceScatter;
+  op->data = reinterpret_cast<char*>(data);
+  op->begin = {0};
+  for (int64_t c : parts) op->begin.push_back(op->begin.back() + c);
+  return Issue(std::move(op));
+}
+
+Collectives::Handle RingCollectives::AllGather(float* data, const Partition& parts) {
+  auto op = std::make_unique<Op>();
+  op->kind = Kind::kAllGather;
+  op->data = reinterpret_cast<char*>(data);
+  op->begin = {0};
+  for (int64_t c : parts) op->begin.push_back(op->begin.back() + c);
+  return Issue(std::move(op));
+}
+
+Collectives::Handle RingCollectives::Broadcast(float* data, int64_t n, int root) {
+  auto op = std::make_unique<Op>();
+  op->kind = Kind::kBroadcast;
+  op->data = reinterpret_cast<char*>(data);
+  op->begin = {0, n};
+  op->root = root;
+  return Issue(std::move(op));
+}
+
+Collectives::Handle RingCollectives::Issue(std::unique_ptr<Op> op) {
+  op->chunk_elems = std::max<int64_t>(1, chunk_bytes_ / op->elem);
+  Handle seq;
+  std::lock_guard<std::mutex> lock(mu_);
+  seq = op->seq = next_seq_++;
+  Op* raw = op.get();
+  const bool bad_parts = op->kind != Kind::kBroadcast && op->parts() != size();
+  const bool bad_root = op->kind == Kind::kBroadcast && (op->root < 0 || op->root >= size());
+  ops_[seq] = std::move(op);
+  if (!failed_.ok() || bad_parts || bad_root) {
+    raw->status = !failed_.ok() ? failed_
+                                : Status::InvalidArgument(bad_parts ? "collective: a partition needs one part per rank"
+                                                                    : "collective: broadcast root out of range");
+    raw->done = true;
+    return seq;
+  }
+  if (size() == 1) {
+    raw->done = true;
+    return seq;
+  }
+  transport_->Post([this, seq] {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = ops_.find(seq);
+    if (it != ops_.end() && !it->second->done) Start(*it->second);
+  });
+  return seq;
+}
+
+// ---- the ring (progress thread, under mu_) ------------------------------------
+
+void RingCollectives::Start(Op& op) {
+  const int W = size();
+  auto count = [&](int phase, bool sending) {
+    int64_t total = 0;
+    for (int s = 0; s < W - 1; ++s) {
+      const int part = phase == kReduce ? Mod(rank_ - s - (sending ? 1 : 2), W) : Mod(rank_ - s - (sending ? 0 : 1), W);
+      total += op.Chunks(part);
+    }
+    return total;
+  };
+  if (op.kind == Kind::kBroadcast) {
+    const int d = Mod(rank_ - op.root, W);
+    op.recvs_left = d > 0 ? op.Chunks(0) : 0;
+    op.sends_left = d < W - 1 ? op.Chunks(0) : 0;
+    if (d == 0) {
+      for (int64_t c = 0; c < op.Chunks(0); ++c) SendChunk(op, kBroadcast, 0, c);
+    }
+  } else {
+    const bool reduce = op.kind != Kind::kAllGather, gather = op.kind != Kind::kReduceScatter;
+    op.recvs_left = (reduce ? count(kReduce, false) : 0) + (gather ? count(kGather, false) : 0);
+    op.sends_left = (reduce ? count(kReduce, true) : 0) + (gather ? count(kGather, true) : 0);
+    const int first = reduce ? Mod(rank_ - 1, W) : rank_;
+    for (int64_t c = 0; c < op.Chunks(first); ++c) SendChunk(op, reduce ? kReduce : kGather, 0, c);
+  }
+  op.started = true;
+  TakeEarly(op);
+  Settle(op);
+}
+
+void RingCollectives::TakeEarly(Op& op) {
+  auto it = early_.find(op.seq);
+  if (it == early_.end()) return;
+  auto& list = it->second;
+  for (size_t i = 0; i < list.size();) {
+    std::shared_ptr<Early> e = list[i];
+    if (!e->arrived) {
+      ++i;
+      continue;
+    }
+    list.erase(list.begin() + i);
+    early_bytes_ -= static_cast<int64_t>(e->bytes.size());
+    if (op.done) continue;
+    if (!e->status.ok()) {
+      if (op.status.ok()) op.status = e->status.WithContext("collective: ");
+      continue;
+    }
+    if (ExpectedChunk(op, e->header, e->bytes.size()) < 0) {
+      FailLocked(Status::Corruption(
+          "collective: operation " + std::to_string(op.seq) + ": an unexpected chunk arrived ahead of it (phase " +
+          std::to_string(e->header.phase) + ", step " + std::to_string(e->header.step) + ", chunk " +
+          std::to_string(e->header.chunk) + ", " + std::to_string(e->bytes.size()) + " bytes) rank " +
+          std::to_string(rank_) + " parts " + std::to_string(op.parts()) + " b1 " + std::to_string(op.begin[1]) +
+          " n " + std::to_string(op.begin.back()) + " elem " + std::to_string(op.elem) + " ce " +
+          std::to_string(op.chunk_elems) + " kind " + std::to_string(int(op.kind))));
+      return;
+    }
+    OnChunk(op, e->header.phase, static_cast<int>(e->header.step), e->header.chunk, e->bytes.data());
+  }
+  if (list.empty()) early_.erase(it);
+}
+
+void RingCollectives::SendChunk(Op& op, int phase, int step, int64_t chunk) {
+  const int W = size();
+  const int part = phase == kBroadcast ? 0 : phase == kReduce ? Mod(rank_ - step - 1, W) : Mod(rank_ - step, W);
+  const auto [first, count] = op.ChunkRange(part, chunk);
+  ChunkHeader h{};
+  h.seq = op.seq;
+  h.phase = static_cast<uint8_t>(phase);
+  h.step = static_cast<uint32_t>(step);
+  h.chunk = chunk;
+  std::string header(sizeof h, '\0');
+  std::memcpy(header.data(), &h, sizeof h);
+  const uint64_t seq = op.seq;
+  transport_->Send(peers_[Mod(rank_ + 1, W)], kAmRing, std::move(header), op.data + first * op.elem, count * op.elem,
+                   [this, seq](const Status& sent) {
+                     std::lock_guard<std::mutex> lock(mu_);
+                     auto it = ops_.find(seq);
+                     if (it == ops_.end()) return;
+                     Op& o = *it->second;
+                     --o.sends_left;
+                     if (!sent.ok() && o.status.ok()) o.status = sent.WithContext("collective: ");
+                     Settle(o);
+                   });
+}
+
+void RingCollectives::OnChunk(Op& op, int phase, int step, int64_t chunk, const void* bytes) {
+  const int W = size();
+  if (phase == kBroadcast) {
+    const auto [first, count] = op.ChunkRange(0, chunk);
+    if (bytes != nullptr) std::memcpy(op.data + first * op.elem, bytes, count * op.elem);
+    --op.recvs_left;
+    if (Mod(rank_ - op.root, W) < W - 1) SendChunk(op, kBroadcast, step + 1, chunk);
+    return;
+  }
+  const int part = phase == kReduce ? Mod(rank_ - step - 2, W) : Mod(rank_ - step - 1, W);
+  const auto [first, count] = op.ChunkRange(part, chunk);
+  --op.recvs_left;
+  if (phase == kGather) {
+    if (bytes != nullptr) std::memcpy(op.data + first * op.elem, bytes, count * op.elem);
+    if (step < W - 2) SendChunk(op, kGather, step + 1, chunk);
+    return;
+  }
+  // Reduce: mine += incoming, always in this order (see the header).
+  if (op.dtype == DType::kFloat64) {
+    double* mine = reinterpret_cast<double*>(op.data) + first;
+    const double* in = static_cast<const double*>(bytes);
+    for (int64_t i = 0; i < count; ++i) mine[i] += in[i];
+  } else {
+    float* mine = reinterpret_cast<float*>(op.data) + first;
+    const float* in = static_cast<const float*>(bytes);
+    for (int64_t i = 0; i < count; ++i) mine[i] += in[i];
+  }
+  if (step < W - 2) {
+    SendChunk(op, kReduce, step + 1, chunk);
+  } else if (op.kind == Kind::kAllReduce) {
+    SendChunk(op, kGather, 0, chunk);  // this rank's part is final: gather starts
+  }
+}
+
+int RingCollectives::ExpectedChunk(const Op& op, const ChunkHeader& h, size_t bytes) const {
+  const int W = size();
+  const bool reduce = op.kind == Kind::kAllReduce || op.kind == Kind::kReduceScatter;
+  const bool gather = op.kind == Kind::kAllReduce || op.kind == Kind::kAllGather;
+  const int step = static_cast<int>(h.step);
+  int part = -1;
+  if (h.phase == kBroadcast && op.kind == Kind::kBroadcast && Mod(rank_ - op.root, W) > 0) {
+    part = 0;
+  } else if (step < W - 1 && ((h.phase == kReduce && reduce) || (h.phase == kGather && gather))) {
+    part = h.phase == kReduce ? Mod(rank_ - step - 2, W) : Mod(rank_ - step - 1, W);
+  }
+  if (part < 0 || h.chunk < 0 || h.chunk >= op.Chunks(part) ||
+      bytes != static_cast<size_t>(op.ChunkRange(part, h.chunk).second * op.elem)) {
+    return -1;
+  }
+  return part;
+}
+
+void RingCollectives::OnMessage(PeerId from, std::string_view header, IncomingPayload& payload) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int W = size();
+  auto refuse = [&](const std::string& why) {
+    payload.Reject();
+    FailLocked(Status::Corruption("collective: " + why));
+  };
+  if (W < 2 || from != peers_[Mod(rank_ - 1, W)])
+    return refuse("a ring message from peer " + std::to_string(from) + ", not the left-hand neighbour");
+  if (header.size() != sizeof(ChunkHeader)) return refuse("a ring message with a malformed header");
+  ChunkHeader h;
+  std::memcpy(&h, header.data(), sizeof h);
+  if (!failed_.ok()) return payload.Reject();
+  auto it = ops_.find(h.seq);
+  if (it == ops_.end() || !it->second->started) {
+    // Not started here yet: keep it (bounded) until it is.
+    if ((it == ops_.end() && (h.seq < next_seq_ || h.seq > next_seq_ + kMaxSeqAhead)) || h.phase > kBroadcast ||
+        h.chunk < 0 || static_cast<int>(h.step) >= W ||
+        early_bytes_ + static_cast<int64_t>(payload.size()) > kMaxEarlyBytes) {
+      return refuse("a ring message for operation " + std::to_string(h.seq) + " that cannot be expected");
+    }
+    auto e = std::make_shared<Early>();
+    e->header = h;
+    e->bytes.resize(payload.size());
+    early_bytes_ += static_cast<int64_t>(payload.size());
+    early_[h.seq].push_back(e);
+    payload.ReceiveInto(e->bytes.data(), [this, e](const Status& received) {
+      std::lock_guard<std::mutex> lock(mu_);
+      e->arrived = true;
+      e->status = received;
+      auto op = ops_.find(e->header.seq);
+      if (op != ops_.end() && op->second->started) {
+        TakeEarly(*op->second);
+        Settle(*op->second);
+      }
+    });
+    return;
+  }
+  Op& op = *it->second;
+  if (op.done) return payload.Reject();
+  const int part = ExpectedChunk(op, h, payload.size());
+  const int step = static_cast<int>(h.step);
+  if (part < 0) {
+    return refuse("operation " + std::to_string(h.seq) + ": an unexpected chunk (phase " + std::to_string(h.phase) +
+                  ", step " + std::to_string(step) + ", chunk " + std::to_string(h.chunk) + ", " +
+                  std::to_string(payload.size()) + " bytes)");
+  }
+  const uint64_t seq = op.seq;
+  const int phase = h.phase;
+  const int64_t chunk = h.chunk;
+  if (phase == kReduce) {
+    op.scratch.push_back(std::make_unique<std::vector<char>>(payload.size()));
+    std::vector<char>* buf = op.scratch.back().get();
+    payload.ReceiveInto(buf->data(), [this, seq, phase, step, chunk, buf](const Status& received) {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = ops_.find(seq);
+      if (it == ops_.end()) return;
+      Op& o = *it->second;
+      if (!received.ok()) {
+        if (o.status.ok()) o.status = received.WithContext("collective: ");
+        --o.recvs_left;
+      } else if (!o.done) {
+        OnChunk(o, phase, step, chunk, buf->data());
+      }
+      auto& s = o.scratch;
+      s.erase(std::find_if(s.begin(), s.end(), [buf](const auto& p) { return p.get() == buf; }));
+      Settle(o);
+    });
+    return;
+  }
+  // Gather and broadcast chunks land in place.
+  const auto [first, count] = op.ChunkRange(part, h.chunk);
+  payload.ReceiveInto(op.data + first * op.elem, [this, seq, phase, step, chunk](const Status& received) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = ops_.find(seq);
+    if (it == ops_.end()) return;
+    Op& o = *it->second;
+    if (!received.ok()) {
+      if (o.status.ok()) o.status = received.WithContext("collective: ");
+      --o.recvs_left;
+    } else if (!o.done) {
+      OnChunk(o, phase, step, chunk, nullptr);
+    }
+    Settle(o);
+  });
+}
+
+void RingCollectives::Settle(Op& op) {
+  if (op.done) return;
+  if ((op.recvs_left == 0 && op.sends_left == 0) || !op.status.ok()) {
+    op.done = true;
+    cv_.notify_all();
+  }
+}
+
+// ---- waiting and failing ------------------------------------------------------
+
+Status RingCollectives::Wait(Handle handle) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto it = ops_.find(handle);
+  if (it == ops_.end()) return Status::Internal("collective: unknown handle " + std::to_string(handle));
+  cv_.wait(lock, [&] { return it->second->done; });
+  Status st = it->second->status;
+  // In-flight sends and receives may still name this operation; it goes
+  // once they have completed (or the transport has shut down).
+  if (it->second->recvs_left == 0 && it->second->sends_left == 0) ops_.erase(it);
+  return st;
+}
+
+void RingCollectives::Fail(const Status& status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  FailLocked(status);
+}
+
+void RingCollectives::FailLocked(const Status& status) {
+  if (failed_.ok()) {
+    failed_ = status;
+    LOG(WARNING) << status.message();
+  }
+  for (auto& [seq, op] : ops_) {
+    if (op->status.ok()) op->status = status;
+    op->done = true;
+  }
+  cv_.notify_all();
+}
+
+}  // namespace herd::transport

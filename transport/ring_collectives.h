@@ -1,0 +1,84 @@
+// Collectives for CPU buffers over the UCX data plane: a ring, as in
+// NCCL's and gloo's ring algorithms. All-reduce is a reduce-scatter then an
+// all-gather; each of the W-1 ring steps moves one part of the buffer to
+// the right-hand neighbour, cut into chunks that flow independently, so a
+// chunk is forwarded as soon as it has been reduced while the next ones are
+// still on the wire (several chunks of several operations in flight).
+//
+// Summation order: part k of the sum is accumulated along the ring starting
+// at rank k+1 and ending at rank k, the same on every run; the all-gather
+// then copies that one result everywhere, so every rank holds bitwise the
+// same values. Received gather/broadcast chunks land in place (zero-copy
+// for large chunks); reduce chunks land in a scratch buffer and are added.
+//
+// Every incoming message is checked against the operation it names
+// (sequence, phase, step, chunk, length) before use; one that does not fit
+// fails the operations with a line saying why. Messages for an operation
+// this rank has not issued yet are kept until it is issued.
+#pragma once
+
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "transport/collectives.h"
+#include "transport/ucx_transport.h"
+
+namespace herd::transport {
+
+inline constexpr uint16_t kAmRing = 10;
+
+class RingCollectives : public Collectives {
+ public:
+  // `peers[r]` is rank r's PeerId on `transport` (connected both ways to
+  // this rank's ring neighbours). Registers its handler: construct before
+  // peers may send. `chunk_bytes`: the pipelining grain.
+  RingCollectives(UcxTransport* transport, int rank, std::vector<PeerId> peers, int64_t chunk_bytes = 512 << 10);
+  ~RingCollectives() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return static_cast<int>(peers_.size()); }
+  Handle AllReduce(void* data, int64_t n, DType dtype) override;
+  Handle ReduceScatter(float* data, const Partition& parts) override;
+  Handle AllGather(float* data, const Partition& parts) override;
+  Handle Broadcast(float* data, int64_t n, int root) override;
+  Status Wait(Handle handle) override;
+  void Fail(const Status& status) override;
+
+ private:
+  struct Op;
+  struct Early;
+  struct ChunkHeader;
+  Handle Issue(std::unique_ptr<Op> op);
+  // Progress thread, under mu_.
+  void Start(Op& op);
+  void OnMessage(PeerId from, std::string_view header, IncomingPayload& payload);
+  // A chunk of (phase, step) has arrived: `bytes` holds it for reduce
+  // chunks and early arrivals, null when it landed in place.
+  void OnChunk(Op& op, int phase, int step, int64_t chunk, const void* bytes);
+  void SendChunk(Op& op, int phase, int step, int64_t chunk);
+  // The part a received chunk belongs to, or -1 when `op` expects no such
+  // chunk (wrong phase, step, index or length).
+  int ExpectedChunk(const Op& op, const ChunkHeader& h, size_t bytes) const;
+  // Applies the chunks of `op` that arrived before it started.
+  void TakeEarly(Op& op);
+  void Settle(Op& op);
+  void FailLocked(const Status& status);
+
+  UcxTransport* transport_;
+  const int rank_;
+  const std::vector<PeerId> peers_;
+  const int64_t chunk_bytes_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<uint64_t, std::unique_ptr<Op>> ops_;                    // issued, not yet waited for
+  std::map<uint64_t, std::vector<std::shared_ptr<Early>>> early_;  // messages ahead of their op
+  int64_t early_bytes_ = 0;
+  uint64_t next_seq_ = 0;
+  Status failed_;
+};
+
+}  // namespace herd::transport
