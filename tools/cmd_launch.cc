@@ -19,11 +19,6 @@ int RunLaunch(int argc, char** argv) {
   }
   auto config = LoadJobConfig(args.positional()[0], args.GetAll("set"));
   if (!config.ok()) return ReportError(config.status());
-  if (config->cluster().sync() == config::ClusterConfig::ALLREDUCE) {
-    return ReportError(Status::InvalidArgument(args.positional()[0] +
-                                               ": cluster.sync ALLREDUCE is not available in this build yet; use "
-                                               "NONE or PARAMETER_SERVER"));
-  }
   if (config->device().kind() != config::DeviceConfig::CPU) {
     return ReportError(Status::InvalidArgument(args.positional()[0] +
                                                ": device.kind CUDA is not available in this build yet; use CPU"));
@@ -36,7 +31,7 @@ int RunLaunch(int argc, char** argv) {
   auto stop_at = args.GetInt("stop-at", 0, 1);
   if (!stop_at.ok()) return ReportError(stop_at.status());
   options.stop_at_step = *stop_at;
-  if (config->cluster().sync() == config::ClusterConfig::PARAMETER_SERVER) {
+  if (config->cluster().sync() != config::ClusterConfig::NONE) {
     return RunLocalJob(*config, {args.positional()[0], args.GetAll("set"), options});
   }
   st = TrainSingleProcess(*config, options);

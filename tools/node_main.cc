@@ -22,7 +22,7 @@
 #include "server/server.h"
 #define HERD_NODE_NAME "herd-server"
 #else
-#include "worker/ps_worker.h"
+#include "worker/distributed_worker.h"
 #define HERD_NODE_NAME "herd-worker"
 #endif
 
@@ -39,10 +39,12 @@ Status Run(int argc, char** argv) {
   HERD_RETURN_IF_ERROR(args.Parse(argc, argv));
   if (args.positional().size() != 1) return Status::InvalidArgument(kUsage);
   HERD_ASSIGN_OR_RETURN(JobConfig config, LoadJobConfig(args.positional()[0], args.GetAll("set")));
-  if (config.cluster().sync() != config::ClusterConfig::PARAMETER_SERVER) {
-    return Status::InvalidArgument(args.positional()[0] + ": cluster.sync is " +
-                                   config::ClusterConfig::Sync_Name(config.cluster().sync()) +
-                                   "; " HERD_NODE_NAME " runs PARAMETER_SERVER jobs");
+  const auto sync = config.cluster().sync();
+  if (sync == config::ClusterConfig::NONE || (HERD_NODE_SERVER && sync != config::ClusterConfig::PARAMETER_SERVER)) {
+    return Status::InvalidArgument(
+        args.positional()[0] + ": cluster.sync is " + config::ClusterConfig::Sync_Name(sync) +
+        "; " HERD_NODE_NAME " runs " +
+        (HERD_NODE_SERVER ? "PARAMETER_SERVER jobs" : "PARAMETER_SERVER and ALLREDUCE jobs"));
   }
   if (config.device().kind() != config::DeviceConfig::CPU) {
     return Status::InvalidArgument(args.positional()[0] + ": device.kind CUDA is not available in this build yet");
@@ -64,7 +66,7 @@ Status Run(int argc, char** argv) {
   return RunParameterServer(config, options, join);
 #else
   join.role = wire::WORKER;
-  return TrainParameterServerWorker(config, options, join);
+  return TrainDistributedWorker(config, options, join);
 #endif
 }
 

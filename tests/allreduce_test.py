@@ -1,0 +1,102 @@
+"""All-reduce mode (synchronous DDP over the UCX ring) and ZeRO-1, through
+`herd launch`, against one process on the same global batch and against
+parameter-server mode:
+
+* W=2 and W=3 workers (batch 4 each), zero_stage 0 and 1: losses within
+  1e-5 relative of one process with batch 4W over 30 steps, and of PS mode
+  with the same workers; exported weights within 1e-5;
+* reruns are bitwise identical; stop at 10 and --resume to 30 is bitwise
+  equal to the straight run (DDP and ZeRO-1);
+* a ZeRO-1 checkpoint (one shard per worker) resumes in DDP mode too;
+* kill -9 of a worker stops the job at once, naming it."""
+import json
+import os
+import shutil
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import herdtest  # noqa: E402
+from ps_equivalence_test import files_of, metrics, read_safetensors  # noqa: E402
+from ps_failure_test import kill_mid_run  # noqa: E402
+
+STEPS = 30
+
+
+def main():
+    a = herdtest.parse_args()
+    sb = herdtest.Sandbox(a.build)
+    sb.corpus()
+    sb.run("prepare", "corpus.txt", "--out", "train.bin")
+
+    def job(name, batch, cluster=""):
+        text = herdtest.tiny_config("train.bin", steps=STEPS, ckpt=name, every=10, metrics=name + ".jsonl",
+                                    extra=cluster)
+        return sb.write(name + ".textproto", text.replace("batch_size: 4", f"batch_size: {batch}"))
+
+    def ar(workers, zero):
+        return f"cluster {{ sync: ALLREDUCE workers: {workers} zero_stage: {zero} }}"
+
+    summary = []
+    for W in (2, 3):
+        sb.run("launch", job(f"single{W}", 4 * W))
+        sb.run("launch", job(f"ps{W}", 4, f"cluster {{ sync: PARAMETER_SERVER servers: 2 workers: {W} }}"))
+        single = metrics(sb.path(f"single{W}.jsonl"))
+        ps = metrics(sb.path(f"ps{W}.jsonl"))
+        sb.run("export", sb.path(f"single{W}"), "--out", f"single{W}_hf")
+        ref = read_safetensors(sb.path(f"single{W}_hf", "model.safetensors"))
+        for zero in (0, 1):
+            name = f"ar{W}_z{zero}"
+            sb.run("launch", job(name, 4, ar(W, zero)))
+            run = metrics(sb.path(name + ".jsonl"))
+            assert [m["step"] for m in run] == list(range(1, STEPS + 1)), name
+            rel = max(abs(r["loss"] - s["loss"]) / s["loss"] for r, s in zip(run, single))
+            rel_ps = max(abs(r["loss"] - p["loss"]) / p["loss"] for r, p in zip(run, ps))
+            assert rel < 1e-5, f"{name}: loss differs from one process by {rel:.3g}"
+            assert rel_ps < 1e-5, f"{name}: loss differs from PS mode by {rel_ps:.3g}"
+            assert all(r["lr"] == s["lr"] for r, s in zip(run, single))
+            sb.run("export", sb.path(name), "--out", name + "_hf")
+            mine = read_safetensors(sb.path(name + "_hf", "model.safetensors"))
+            diff = max(max(abs(x - y) for x, y in zip(mine[k][2], ref[k][2])) for k in ref)
+            assert diff < 1e-5, f"{name}: exported weights differ by {diff:.3g}"
+            summary.append(f"W={W} ZeRO-{zero}: loss rel {rel:.2g} (vs PS {rel_ps:.2g}), weights {diff:.2g}")
+
+    # Reruns and resumes, bitwise.
+    key = lambda m: (m["step"], m["loss"], m["grad_norm"], m["lr"])  # noqa: E731
+    for zero in (0, 1):
+        straight = f"ar3_z{zero}"
+        sb.run("launch", job(straight + "_again", 4, ar(3, zero)))
+        sb.run("launch", job(straight + "_split", 4, ar(3, zero)), "--stop-at", "10")
+        p = sb.run("launch", job(straight + "_split", 4, ar(3, zero)), "--resume")
+        assert "resumed from" in p.stdout, p.stdout
+        ref_m = [key(m) for m in metrics(sb.path(straight + ".jsonl"))]
+        for other in (straight + "_again", straight + "_split"):
+            assert [key(m) for m in metrics(sb.path(other + ".jsonl"))] == ref_m, f"{other} differs from {straight}"
+            a_files, b_files = files_of(sb.path(straight), STEPS), files_of(sb.path(other), STEPS)
+            assert sorted(a_files) == sorted(b_files), (sorted(a_files), sorted(b_files))
+            for f in a_files:
+                if f != "manifest.json" and f != "config.textproto":
+                    assert a_files[f] == b_files[f], f"{other}: {f} differs"
+    shards = sorted(f for f in os.listdir(sb.path("ar3_z1", "step_00000030")) if f.startswith("shard_"))
+    assert shards == ["shard_00000.bin", "shard_00001.bin", "shard_00002.bin"], shards
+
+    # A ZeRO-1 checkpoint continues in DDP mode (same trajectory, to rounding).
+    shutil.copytree(sb.path("ar3_z1_split"), sb.path("cross"))
+    for d in ("step_00000020", "step_00000030"):
+        shutil.rmtree(sb.path("cross", d))
+    sb.run("launch", job("cross", 4, ar(3, 0)), "--resume")
+    cross = metrics(sb.path("cross.jsonl"))
+    z1 = metrics(sb.path("ar3_z1.jsonl"))[10:]
+    assert [m["step"] for m in cross] == list(range(11, STEPS + 1)), [m["step"] for m in cross]
+    assert max(abs(c["loss"] - z["loss"]) / z["loss"] for c, z in zip(cross, z1)) < 1e-5
+
+    # A worker killed mid-run stops the job, naming it.
+    stopped_in = kill_mid_run(sb, "worker", 1, "cluster { sync: ALLREDUCE workers: 3 zero_stage: 1 "
+                                               "heartbeat_timeout_s: 5 }")
+
+    print("allreduce: " + "; ".join(summary) + "; reruns and 10+20 resumes bitwise equal; ZeRO-1 -> DDP resume ok; "
+          f"kill -9 of a worker stopped the job in {stopped_in:.1f} s")
+    shutil.rmtree(sb.dir)
+
+
+if __name__ == "__main__":
+    main()

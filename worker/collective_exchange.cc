@@ -1,0 +1,224 @@
+#include "worker/collective_exchange.h"
+
+#include <glog/logging.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/file_util.h"
+#include "model/hf_io.h"
+#include "model/optim/adamw.h"
+
+namespace herd {
+namespace {
+
+using transport::Collectives;
+using transport::DType;
+using transport::Partition;
+
+class CollectiveExchange : public GradientExchange {
+ public:
+  CollectiveExchange(const CollectiveExchangeOptions& o, float* weights, ParamRange owned, std::vector<float> m,
+                     std::vector<float> v, int64_t step, bool broadcast_first)
+      : o_(o),
+        c_(*o.collectives),
+        W_(c_.size()),
+        rank_(c_.rank()),
+        P_(o.layout->size()),
+        owned_(owned),
+        segments_(DecaySegments(*o.layout, owned.begin, owned.end)),
+        adamw_(AdamWOptions::FromConfig(o.config->optimizer())),
+        weights_(weights),
+        m_(std::move(m)),
+        v_(std::move(v)),
+        broadcast_first_(broadcast_first) {
+    report_.version = static_cast<uint64_t>(step);
+  }
+
+  void BeginStep(const float* grads, uint64_t step) override {
+    grads_ = const_cast<float*>(grads);  // reduced in place
+    step_ = step;
+    next_bucket_ = 0;
+    grad_handles_.clear();
+  }
+
+  void FinalFrom(int64_t offset) override {
+    const auto& buckets = o_.plan->buckets();
+    while (next_bucket_ < buckets.size() && buckets[next_bucket_].range.begin >= offset) {
+      const Bucket& b = buckets[next_bucket_++];
+      float* g = grads_ + b.range.begin;
+      grad_handles_.push_back(o_.zero1 ? c_.ReduceScatter(g, OwnerOnly(b))
+                                       : c_.AllReduce(g, b.range.size(), DType::kFloat32));
+    }
+  }
+
+  Status FinishStep(double loss) override {
+    CHECK_EQ(next_bucket_, o_.plan->buckets().size()) << "backward did not finish every bucket";
+    Status st = WaitAll();
+    // The global squared norm: DDP workers all hold the summed gradients;
+    // ZeRO-1 owners each hold their range's.
+    double sums[2] = {o_.zero1 ? SumOfSquares(grads_ + owned_.begin, owned_.size()) : 0.0, loss};
+    if (st.ok()) st = Timed([&] { return c_.Wait(c_.AllReduce(sums, 2, DType::kFloat64)); });
+    HERD_RETURN_IF_ERROR(st.WithContext("all-reduce of step " + std::to_string(step_ + 1) + ": "));
+    const double norm = std::sqrt(o_.zero1 ? sums[0] : SumOfSquares(grads_, P_));
+    const auto& opt = o_.config->optimizer();
+    const double lr = LearningRate(opt, o_.config->train().steps(), static_cast<int64_t>(step_));
+    if (!std::isfinite(norm)) {
+      return Status::FailedPrecondition("step " + std::to_string(step_ + 1) + ": the gradient norm is " +
+                                        std::to_string(norm) + " (diverged; lower optimizer.lr)");
+    }
+    AdamWStep(segments_, owned_.begin, weights_ + owned_.begin, grads_ + owned_.begin, m_.data(), v_.data(),
+              static_cast<int64_t>(step_) + 1, lr, ClipCoefficient(norm, opt.clip_norm()), adamw_);
+    report_ = {step_ + 1, norm, lr, sums[1] / W_};
+    return Status::OK();
+  }
+
+  void IssueWeights(float* weights, uint64_t) override {
+    weights_ = weights;
+    weight_handles_.clear();
+    weight_ends_.clear();
+    next_weight_ = 0;
+    if (first_weights_) {
+      // A fresh start takes worker 0's weights; a resumed one has read them.
+      first_weights_ = false;
+      if (broadcast_first_) {
+        weight_handles_.push_back(c_.Broadcast(weights, P_, 0));
+        weight_ends_.push_back(P_);
+      }
+      return;
+    }
+    if (!o_.zero1) return;  // DDP: every worker has stepped the same weights
+    const auto& buckets = o_.plan->buckets();
+    for (auto it = buckets.rbegin(); it != buckets.rend(); ++it) {
+      weight_handles_.push_back(c_.AllGather(weights + it->range.begin, OwnerOnly(*it)));
+      weight_ends_.push_back(it->range.end);
+    }
+  }
+
+  void WaitUpTo(int64_t end) override {
+    // Handle i brings [weight_ends_[i-1], weight_ends_[i]).
+    while (next_weight_ < weight_handles_.size() && (next_weight_ == 0 || weight_ends_[next_weight_ - 1] < end)) {
+      Status st = Timed([&] { return c_.Wait(weight_handles_[next_weight_]); });
+      if (!st.ok() && weight_status_.ok()) weight_status_ = st;
+      ++next_weight_;
+    }
+  }
+
+  Status FinishWeights() override {
+    WaitUpTo(P_);
+    Status st = weight_status_;
+    weight_status_ = Status::OK();
+    weight_handles_.clear();
+    return st.WithContext("weights: ");
+  }
+
+  const StepReport& report() const override { return report_; }
+
+  double TakeWaitSeconds() override {
+    const double s = wait_s_;
+    wait_s_ = 0;
+    return s;
+  }
+
+  Status WriteCheckpointParts(const std::string& step_dir) override {
+    if (!o_.zero1 && rank_ != 0) return Status::OK();
+    ShardState s;
+    s.begin = owned_.begin;
+    s.end = owned_.end;
+    s.step = static_cast<int64_t>(report_.version);
+    s.weights.assign(weights_ + owned_.begin, weights_ + owned_.end);
+    s.m = m_;
+    s.v = v_;
+    return WriteShard(JoinPath(step_dir, ShardFileName(o_.zero1 ? rank_ : 0)), s);
+  }
+  int shard_files() const override { return o_.zero1 ? W_ : 1; }
+
+ private:
+  // A bucket's partition: all of it to its owner.
+  Partition OwnerOnly(const Bucket& b) const {
+    Partition p(W_, 0);
+    p[b.server] = b.range.size();
+    return p;
+  }
+  Status WaitAll() {
+    Status first;
+    for (Collectives::Handle h : grad_handles_) {
+      Status st = Timed([&] { return c_.Wait(h); });
+      if (!st.ok() && first.ok()) first = st;
+    }
+    grad_handles_.clear();
+    return first;
+  }
+  template <typename F>
+  Status Timed(F&& f) {
+    Stopwatch sw;
+    Status st = f();
+    wait_s_ += sw.Seconds();
+    return st;
+  }
+
+  const CollectiveExchangeOptions o_;
+  Collectives& c_;
+  const int W_, rank_;
+  const int64_t P_;
+  const ParamRange owned_;  // the optimizer's range: all (DDP) or this worker's (ZeRO-1)
+  const std::vector<DecaySegment> segments_;
+  const AdamWOptions adamw_;
+  float* weights_;
+  float* grads_ = nullptr;
+  std::vector<float> m_, v_;  // over owned_
+  bool broadcast_first_, first_weights_ = true;
+  uint64_t step_ = 0;
+  size_t next_bucket_ = 0;
+  std::vector<Collectives::Handle> grad_handles_, weight_handles_;
+  std::vector<int64_t> weight_ends_;
+  size_t next_weight_ = 0;
+  Status weight_status_;
+  StepReport report_;
+  double wait_s_ = 0;
+};
+
+}  // namespace
+
+StatusOr<ShardPlan> CollectivePlan(const ParamLayout& layout, const config::JobConfig& config, int num_workers) {
+  ShardPlanOptions o = ShardPlanOptions::FromConfig(config.cluster());
+  o.servers = config.cluster().zero_stage() == 1 ? num_workers : 1;
+  o.strategy = config::ClusterConfig::BALANCED;
+  return ShardPlan::Create(layout, o);
+}
+
+StatusOr<std::unique_ptr<GradientExchange>> CreateCollectiveExchange(
+    const CollectiveExchangeOptions& o, float* weights, const std::optional<VerifiedCheckpoint>& resume_from) {
+  const int rank = o.collectives->rank();
+  const int64_t P = o.layout->size();
+  const ParamRange owned = o.zero1 ? o.plan->shard(rank) : ParamRange{0, P};
+  std::vector<float> m, v;
+  int64_t step = 0;
+  if (resume_from) {
+    HERD_RETURN_IF_ERROR(CheckSameModel(resume_from->dir, *o.config));
+    HERD_ASSIGN_OR_RETURN(ShardState all, ReadShardRange(resume_from->dir, resume_from->manifest, 0, P, false));
+    std::copy(all.weights.begin(), all.weights.end(), weights);
+    HERD_ASSIGN_OR_RETURN(ShardState mine,
+                          ReadShardRange(resume_from->dir, resume_from->manifest, owned.begin, owned.end, true));
+    m = std::move(mine.m);
+    v = std::move(mine.v);
+    step = resume_from->manifest.step;
+  } else {
+    m.assign(owned.size(), 0.0f);
+    v.assign(owned.size(), 0.0f);
+    if (rank == 0) {
+      if (!o.config->checkpoint().init_from().empty()) {
+        HERD_ASSIGN_OR_RETURN(std::vector<float> init, LoadInitialWeights(*o.config, 0, P));
+        std::copy(init.begin(), init.end(), weights);
+      } else {
+        InitParameters(*o.layout, o.config->train().seed(), o.config->model().initializer_range(), weights);
+      }
+    }
+  }
+  return std::unique_ptr<GradientExchange>(
+      new CollectiveExchange(o, weights, owned, std::move(m), std::move(v), step, /*broadcast_first=*/!resume_from));
+}
+
+}  // namespace herd

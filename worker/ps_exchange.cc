@@ -1,0 +1,175 @@
+#include "worker/ps_exchange.h"
+
+#include <glog/logging.h>
+
+#include "common/bf16.h"
+#include "common/clock.h"
+
+namespace herd {
+namespace {
+
+// Parameter-server mode, the worker's side: gradient buckets pushed to
+// the servers that own them (fp32 or bf16), the loss to server 0, weights
+// pulled bucket by bucket in forward order with every server's step report.
+// The time blocked on the network is counted.
+class ParameterExchange : public GradientExchange {
+ public:
+  ParameterExchange(const ShardPlan& plan, int rank, int num_workers, bool bf16, transport::PushPullClient* client,
+                    transport::PeerId first_server)
+      : plan_(plan),
+        rank_(rank),
+        W_(num_workers),
+        bf16_(bf16),
+        wire_bytes_(bf16 ? 2 : 4),
+        client_(client),
+        first_server_(first_server),
+        reports_(plan.num_servers()) {
+    for (int s = 0; s < plan.num_servers(); ++s) spaces_.push_back(ServerSpace::For(plan.shard(s), W_, wire_bytes_));
+    if (bf16_) wire_.resize(plan.shard(plan.num_servers() - 1).end);
+  }
+
+  uint16_t* wire_buffer() { return wire_.data(); }
+  size_t wire_buffer_bytes() const { return wire_.size() * sizeof(uint16_t); }
+
+  // Starts a step's pushes: buckets go out as backward finishes them.
+  void BeginStep(const float* grads, uint64_t step) override {
+    grads_ = grads;
+    step_ = step;
+    next_bucket_ = 0;
+  }
+  // Backward has finished every gradient at offsets >= `offset`.
+  void FinalFrom(int64_t offset) override {
+    const auto& buckets = plan_.buckets();
+    while (next_bucket_ < buckets.size() && buckets[next_bucket_].range.begin >= offset) {
+      const Bucket& b = buckets[next_bucket_++];
+      const void* data = grads_ + b.range.begin;
+      if (bf16_) {
+        FloatsToBf16(grads_ + b.range.begin, wire_.data() + b.range.begin, b.range.size());
+        data = wire_.data() + b.range.begin;
+      }
+      client_->Push(first_server_ + b.server, ByteOffset(b), data, b.range.size() * wire_bytes_, step_);
+    }
+  }
+  // After backward: this worker's loss to server 0, then waits for every push.
+  Status FinishStep(double loss) override {
+    CHECK_EQ(next_bucket_, plan_.buckets().size()) << "backward did not finish every bucket";
+    loss_ = loss;
+    client_->Push(first_server_, spaces_[0].losses_offset + sizeof(double) * rank_, &loss_, sizeof(double), step_);
+    return Timed([&] { return client_->WaitAll(); });
+  }
+
+  // Starts pulling the weights of `version` (forward order, into `weights`)
+  // and every server's report of the step that produced it.
+  void IssueWeights(float* weights, uint64_t version) override {
+    weights_ = weights;
+    version_ = version;
+    pulls_.clear();
+    next_pull_ = 0;
+    pull_status_ = Status::OK();
+    const auto& buckets = plan_.buckets();
+    for (auto it = buckets.rbegin(); it != buckets.rend(); ++it) {
+      void* dst = bf16_ ? static_cast<void*>(wire_.data() + it->range.begin) : weights + it->range.begin;
+      pulls_.emplace_back(&*it, client_->Pull(first_server_ + it->server, ByteOffset(*it), dst,
+                                              it->range.size() * wire_bytes_, version));
+    }
+    report_tickets_.clear();
+    for (int s = 0; s < plan_.num_servers(); ++s) {
+      report_tickets_.push_back(
+          client_->Pull(first_server_ + s, spaces_[s].report_offset, &reports_[s], sizeof(StepReport), version));
+    }
+  }
+  // Blocks until every weight below flat offset `end` has arrived (forward
+  // calls this layer by layer). A failure is kept for FinishPulls.
+  void WaitUpTo(int64_t end) override {
+    while (next_pull_ < pulls_.size() && pulls_[next_pull_].first->range.begin < end) {
+      const auto [bucket, ticket] = pulls_[next_pull_++];
+      Status st = Timed([&] { return client_->Wait(ticket); });
+      if (!st.ok() && pull_status_.ok()) pull_status_ = st;
+      if (bf16_ && st.ok()) {
+        Bf16ToFloats(wire_.data() + bucket->range.begin, weights_ + bucket->range.begin, bucket->range.size());
+      }
+    }
+  }
+  // Waits for the rest of the weights and for the reports; checks them.
+  Status FinishWeights() override {
+    WaitUpTo(plan_.shard(plan_.num_servers() - 1).end);
+    for (auto ticket : report_tickets_) {
+      Status st = Timed([&] { return client_->Wait(ticket); });
+      if (!st.ok() && pull_status_.ok()) pull_status_ = st;
+    }
+    report_tickets_.clear();
+    HERD_RETURN_IF_ERROR(pull_status_);
+    for (int s = 0; s < plan_.num_servers(); ++s) {
+      if (reports_[s].version != version_) {
+        return Status::Corruption("server " + std::to_string(s) + " reported version " +
+                                  std::to_string(reports_[s].version) + ", expected " + std::to_string(version_));
+      }
+    }
+    return Status::OK();
+  }
+  const StepReport& report() const override { return reports_[0]; }
+  Status WriteCheckpointParts(const std::string&) override { return Status::OK(); }
+  int shard_files() const override { return 0; }
+
+  // Seconds blocked on pushes and pulls since the last call.
+  double TakeWaitSeconds() override {
+    const double s = wait_s_;
+    wait_s_ = 0;
+    return s;
+  }
+
+ private:
+  uint64_t ByteOffset(const Bucket& b) const {
+    return static_cast<uint64_t>(b.range.begin - plan_.shard(b.server).begin) * wire_bytes_;
+  }
+  template <typename F>
+  Status Timed(F&& f) {
+    Stopwatch sw;
+    Status st = f();
+    wait_s_ += sw.Seconds();
+    return st;
+  }
+
+  const ShardPlan& plan_;
+  const int rank_;
+  const int W_;
+  const bool bf16_;
+  const int wire_bytes_;
+  transport::PushPullClient* client_;
+  const transport::PeerId first_server_;
+  std::vector<ServerSpace> spaces_;
+  std::vector<uint16_t> wire_;  // bf16 staging for pushes and pulls
+  std::vector<StepReport> reports_;
+  // Pulls in flight: bucket tickets in forward order, the next to wait for.
+  std::vector<std::pair<const Bucket*, transport::PushPullClient::Ticket>> pulls_;
+  std::vector<transport::PushPullClient::Ticket> report_tickets_;
+  size_t next_pull_ = 0;
+  float* weights_ = nullptr;
+  uint64_t version_ = 0;
+  Status pull_status_;
+  const float* grads_ = nullptr;
+  double loss_ = 0;
+  uint64_t step_ = 0;
+  size_t next_bucket_ = 0;
+  double wait_s_ = 0;
+};
+
+}  // namespace
+
+// The largest bucket in the wire dtype: pushes and pulls travel whole.
+uint64_t LargestBucketBytes(const ShardPlan& plan, int wire_bytes) {
+  int64_t largest = 0;
+  for (const Bucket& b : plan.buckets()) largest = std::max(largest, b.range.size());
+  return static_cast<uint64_t>(largest) * wire_bytes;
+}
+
+StatusOr<std::unique_ptr<GradientExchange>> CreateParameterExchange(const ShardPlan& plan, int rank, int num_workers,
+                                                                    bool bf16, transport::UcxTransport* transport,
+                                                                    transport::PushPullClient* client,
+                                                                    transport::PeerId first_server) {
+  auto exchange = std::make_unique<ParameterExchange>(plan, rank, num_workers, bf16, client, first_server);
+  if (bf16) HERD_RETURN_IF_ERROR(transport->RegisterMemory(exchange->wire_buffer(), exchange->wire_buffer_bytes()));
+  return std::unique_ptr<GradientExchange>(std::move(exchange));
+}
+
+}  // namespace herd
