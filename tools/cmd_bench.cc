@@ -91,6 +91,7 @@ int BenchTrain(int argc, char** argv) {
 int RunBench(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "train") return BenchTrain(argc - 1, argv + 1);
   if (argc >= 2 && std::string(argv[1]) == "transport") return RunBenchTransport(argc - 1, argv + 1);
+  if (argc >= 2 && std::string(argv[1]) == "allreduce") return RunBenchAllReduce(argc - 1, argv + 1);
   return ReportError(Status::InvalidArgument(
       "usage: herd bench train CONFIG [--set ...] [--steps N] [--warmup K]\n"
       "       herd bench transport [--sizes B,...] [--concurrency C,...] [--seconds S] [--no-perftest]"));

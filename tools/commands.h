@@ -16,5 +16,7 @@ int RunCoordinator(int argc, char** argv);
 int RunPlan(int argc, char** argv);
 // herd bench transport (tools/cmd_bench_transport.cc), dispatched by RunBench.
 int RunBenchTransport(int argc, char** argv);
+// herd bench allreduce (tools/cmd_bench_allreduce.cc): one rank of the ring benchmark.
+int RunBenchAllReduce(int argc, char** argv);
 
 }  // namespace herd::tools

@@ -17,6 +17,9 @@ enum class Kind { kAllReduce, kReduceScatter, kAllGather, kBroadcast };
 // Messages kept for operations not yet issued are bounded.
 constexpr int64_t kMaxEarlyBytes = int64_t{2} << 30;
 constexpr uint64_t kMaxSeqAhead = 1 << 20;
+// Chunk buffers kept for reuse: allocating a fresh one per chunk costs page
+// faults (and, above malloc's mmap threshold, an mmap/munmap pair).
+constexpr size_t kMaxPooledBuffers = 256;
 
 int Mod(int64_t a, int w) { return static_cast<int>(((a % w) + w) % w); }
 
@@ -56,7 +59,7 @@ struct RingCollectives::Op {
   int64_t recvs_left = 0, sends_left = 0;
   bool started = false, done = false;
   Status status;
-  std::vector<std::unique_ptr<std::vector<char>>> scratch;  // reduce chunks being received
+  std::vector<std::unique_ptr<char[]>> scratch;  // reduce chunks being received
 
   int parts() const { return static_cast<int>(begin.size()) - 1; }
   int64_t Chunks(int part) const {
@@ -72,7 +75,8 @@ struct RingCollectives::Op {
 
 struct RingCollectives::Early {
   ChunkHeader header;
-  std::vector<char> bytes;
+  std::unique_ptr<char[]> bytes;  // from the pool
+  size_t size = 0;
   bool arrived = false;
   Status status;
 };
@@ -150,6 +154,7 @@ Collectives::Handle RingCollectives::Issue(std::unique_ptr<Op> op) {
     raw->done = true;
     return seq;
   }
+  transport_->AddBusy(1);  // until Settle finishes it
   transport_->Post([this, seq] {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = ops_.find(seq);
@@ -200,25 +205,39 @@ void RingCollectives::TakeEarly(Op& op) {
       continue;
     }
     list.erase(list.begin() + i);
-    early_bytes_ -= static_cast<int64_t>(e->bytes.size());
+    early_bytes_ -= static_cast<int64_t>(e->size);
+    // Back to the pool once applied (or dropped).
+    struct Recycle {
+      RingCollectives* self;
+      std::unique_ptr<char[]>& bytes;
+      ~Recycle() { self->ReturnBuffer(std::move(bytes)); }
+    } recycle{this, e->bytes};
     if (op.done) continue;
     if (!e->status.ok()) {
       if (op.status.ok()) op.status = e->status.WithContext("collective: ");
       continue;
     }
-    if (ExpectedChunk(op, e->header, e->bytes.size()) < 0) {
+    if (ExpectedChunk(op, e->header, e->size) < 0) {
       FailLocked(Status::Corruption(
           "collective: operation " + std::to_string(op.seq) + ": an unexpected chunk arrived ahead of it (phase " +
           std::to_string(e->header.phase) + ", step " + std::to_string(e->header.step) + ", chunk " +
-          std::to_string(e->header.chunk) + ", " + std::to_string(e->bytes.size()) + " bytes) rank " +
-          std::to_string(rank_) + " parts " + std::to_string(op.parts()) + " b1 " + std::to_string(op.begin[1]) +
-          " n " + std::to_string(op.begin.back()) + " elem " + std::to_string(op.elem) + " ce " +
-          std::to_string(op.chunk_elems) + " kind " + std::to_string(int(op.kind))));
+          std::to_string(e->header.chunk) + ", " + std::to_string(e->size) + " bytes)"));
       return;
     }
-    OnChunk(op, e->header.phase, static_cast<int>(e->header.step), e->header.chunk, e->bytes.data());
+    OnChunk(op, e->header.phase, static_cast<int>(e->header.step), e->header.chunk, e->bytes.get());
   }
   if (list.empty()) early_.erase(it);
+}
+
+std::unique_ptr<char[]> RingCollectives::TakeBuffer() {
+  if (pool_.empty()) return std::unique_ptr<char[]>(new char[chunk_bytes_]);  // uninitialised: overwritten
+  std::unique_ptr<char[]> b = std::move(pool_.back());
+  pool_.pop_back();
+  return b;
+}
+
+void RingCollectives::ReturnBuffer(std::unique_ptr<char[]> buffer) {
+  if (buffer != nullptr && pool_.size() < kMaxPooledBuffers) pool_.push_back(std::move(buffer));
 }
 
 void RingCollectives::SendChunk(Op& op, int phase, int step, int64_t chunk) {
@@ -320,10 +339,11 @@ void RingCollectives::OnMessage(PeerId from, std::string_view header, IncomingPa
     }
     auto e = std::make_shared<Early>();
     e->header = h;
-    e->bytes.resize(payload.size());
+    e->bytes = TakeBuffer();
+    e->size = payload.size();
     early_bytes_ += static_cast<int64_t>(payload.size());
     early_[h.seq].push_back(e);
-    payload.ReceiveInto(e->bytes.data(), [this, e](const Status& received) {
+    payload.ReceiveInto(e->bytes.get(), [this, e](const Status& received) {
       std::lock_guard<std::mutex> lock(mu_);
       e->arrived = true;
       e->status = received;
@@ -348,9 +368,9 @@ void RingCollectives::OnMessage(PeerId from, std::string_view header, IncomingPa
   const int phase = h.phase;
   const int64_t chunk = h.chunk;
   if (phase == kReduce) {
-    op.scratch.push_back(std::make_unique<std::vector<char>>(payload.size()));
-    std::vector<char>* buf = op.scratch.back().get();
-    payload.ReceiveInto(buf->data(), [this, seq, phase, step, chunk, buf](const Status& received) {
+    op.scratch.push_back(TakeBuffer());
+    char* buf = op.scratch.back().get();
+    payload.ReceiveInto(buf, [this, seq, phase, step, chunk, buf](const Status& received) {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = ops_.find(seq);
       if (it == ops_.end()) return;
@@ -359,10 +379,12 @@ void RingCollectives::OnMessage(PeerId from, std::string_view header, IncomingPa
         if (o.status.ok()) o.status = received.WithContext("collective: ");
         --o.recvs_left;
       } else if (!o.done) {
-        OnChunk(o, phase, step, chunk, buf->data());
+        OnChunk(o, phase, step, chunk, buf);
       }
       auto& s = o.scratch;
-      s.erase(std::find_if(s.begin(), s.end(), [buf](const auto& p) { return p.get() == buf; }));
+      auto used = std::find_if(s.begin(), s.end(), [buf](const auto& p) { return p.get() == buf; });
+      ReturnBuffer(std::move(*used));
+      s.erase(used);
       Settle(o);
     });
     return;
@@ -388,6 +410,7 @@ void RingCollectives::Settle(Op& op) {
   if (op.done) return;
   if ((op.recvs_left == 0 && op.sends_left == 0) || !op.status.ok()) {
     op.done = true;
+    transport_->AddBusy(-1);
     cv_.notify_all();
   }
 }
@@ -418,6 +441,7 @@ void RingCollectives::FailLocked(const Status& status) {
   }
   for (auto& [seq, op] : ops_) {
     if (op->status.ok()) op->status = status;
+    if (!op->done && size() > 1) transport_->AddBusy(-1);
     op->done = true;
   }
   cv_.notify_all();

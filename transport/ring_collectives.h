@@ -64,6 +64,9 @@ class RingCollectives : public Collectives {
   int ExpectedChunk(const Op& op, const ChunkHeader& h, size_t bytes) const;
   // Applies the chunks of `op` that arrived before it started.
   void TakeEarly(Op& op);
+  // Chunk-sized receive buffers, pooled (under mu_).
+  std::unique_ptr<char[]> TakeBuffer();
+  void ReturnBuffer(std::unique_ptr<char[]> buffer);
   void Settle(Op& op);
   void FailLocked(const Status& status);
 
@@ -77,6 +80,7 @@ class RingCollectives : public Collectives {
   std::map<uint64_t, std::unique_ptr<Op>> ops_;                    // issued, not yet waited for
   std::map<uint64_t, std::vector<std::shared_ptr<Early>>> early_;  // messages ahead of their op
   int64_t early_bytes_ = 0;
+  std::vector<std::unique_ptr<char[]>> pool_;
   uint64_t next_seq_ = 0;
   Status failed_;
 };

@@ -120,6 +120,12 @@ class UcxTransport {
   // Runs `fn` on the progress thread.
   void Post(std::function<void()> fn);
 
+  // While the count is above zero the progress thread polls without
+  // sleeping: a service (the collectives' ring) raises it for the duration
+  // of an operation, whose chunks arrive at gaps longer than the idle spin,
+  // so that each one is not delayed by a wake-up from epoll.
+  void AddBusy(int delta);
+
   // Fails every later Send with `status`; in-flight operations complete
   // with errors as UCX cancels them at close.
   void Abort(const Status& status);
