@@ -18,5 +18,7 @@ int RunPlan(int argc, char** argv);
 int RunBenchTransport(int argc, char** argv);
 // herd bench allreduce (tools/cmd_bench_allreduce.cc): one rank of the ring benchmark.
 int RunBenchAllReduce(int argc, char** argv);
+// herd bench compare (tools/cmd_bench_compare.cc): PS vs all-reduce vs ZeRO-1 on one job.
+int RunBenchCompare(int argc, char** argv);
 
 }  // namespace herd::tools

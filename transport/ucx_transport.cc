@@ -226,6 +226,7 @@ class UcxTransport::Impl {
         completions_.emplace_back(std::move(done), refuse);
         return;
       }
+      stats_.bytes_sent += size;
       auto* op = new SendOp{this, std::string(sizeof(PeerId), '\0') + header, std::move(done), it->second->name};
       std::memcpy(op->header.data(), &self_, sizeof(PeerId));
       ucp_request_param_t p{};
@@ -467,7 +468,12 @@ class UcxTransport::Impl {
         last_active = now;
         continue;
       }
-      if (busy_.load(std::memory_order_relaxed) > 0) continue;  // a service awaits traffic: keep polling
+      if (busy_.load(std::memory_order_relaxed) > 0) {
+        // A service awaits traffic: keep polling, but let other threads
+        // (other ranks on the same cores) run in between.
+        std::this_thread::yield();
+        continue;
+      }
       if (std::chrono::duration<double>(now - last_active).count() < spin_s_) continue;
       sleeping_ = true;
       if (HasPosted() || stop_) {

@@ -80,6 +80,7 @@ struct UcxStats {
   uint64_t rendezvous_received = 0;   // payloads placed zero-copy into the handler's buffer
   uint64_t eager_bytes_copied = 0;    // bytes of eager payloads copied out
   uint64_t malformed_dropped = 0;     // messages with an unknown sender or short header
+  uint64_t bytes_sent = 0;            // payload bytes handed to UCX for sending
 };
 
 class UcxTransport {

@@ -245,10 +245,14 @@ Status TrainDistributedWorker(const config::JobConfig& config, const TrainOption
       std::printf("done: %lld steps in %s\n", static_cast<long long>(last),
                   FormatDuration(run_clock.Seconds()).c_str());
     }
-    if (auto memory = PlanMemory(config); memory.ok()) {
-      std::printf("peak memory: %s (herd plan: %s)\n", FormatBytes(PeakRssBytes()).c_str(),
-                  FormatBytes(memory->processes.back().total()).c_str());
-    }
+    std::fflush(stdout);
+  }
+  // Every worker: what it cost, for `herd bench compare` and curious users.
+  if (auto memory = PlanMemory(config); memory.ok()) {
+    const double steps = std::max<int64_t>(1, last - start);
+    std::printf("peak memory: %s (herd plan: %s); sent %.2f MiB per step\n", FormatBytes(PeakRssBytes()).c_str(),
+                FormatBytes(memory->processes.back().total()).c_str(),
+                transport->stats().bytes_sent / steps / (1 << 20));
     std::fflush(stdout);
   }
   HERD_RETURN_IF_ERROR(client->Barrier("herd/done"));
