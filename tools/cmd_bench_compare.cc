@@ -145,8 +145,8 @@ int RunBenchCompare(int argc, char** argv) {
   std::vector<ModeResult> results;
   for (const char* mode : {"ps", "allreduce", "allreduce_zero1"}) {
     std::fprintf(stderr, "bench compare: running %s ...\n", mode);
-    auto r = RunMode(self, args.positional()[0], args.GetAll("set"), mode, static_cast<int>(*servers), *steps,
-                     *warmup, dir);
+    auto r =
+        RunMode(self, args.positional()[0], args.GetAll("set"), mode, static_cast<int>(*servers), *steps, *warmup, dir);
     if (!r.ok()) {
       std::system(("rm -rf " + Quote(dir)).c_str());
       return ReportError(r.status());
@@ -165,8 +165,8 @@ int RunBenchCompare(int argc, char** argv) {
     }
     return 0;
   }
-  std::printf("%-18s %8s %8s %10s %11s %12s %14s %14s\n", "mode", "servers", "workers", "step", "tokens/s",
-              "comm wait", "sent/worker", "peak memory");
+  std::printf("%-18s %8s %8s %10s %11s %12s %14s %14s\n", "mode", "servers", "workers", "step", "tokens/s", "comm wait",
+              "sent/worker", "peak memory");
   for (const ModeResult& r : results) {
     std::string peak = "worker " + FormatBytes(static_cast<int64_t>(r.worker_peak));
     if (r.servers > 0) peak += ", server " + FormatBytes(static_cast<int64_t>(r.server_peak));

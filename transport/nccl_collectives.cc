@@ -1,0 +1,176 @@
+#include "transport/nccl_collectives.h"
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "transport/wire.h"
+
+namespace herd::transport {
+namespace {
+
+std::string CudaError(cudaError_t e) { return std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e); }
+std::string NcclError(ncclResult_t r) { return ncclGetErrorString(r); }
+
+}  // namespace
+
+class NcclCollectives::Impl {
+ public:
+  Impl(int rank, int size) : rank_(rank), size_(size) {}
+  ~Impl() {
+    for (auto& [h, e] : events_) cudaEventDestroy(e);
+    if (comm_ != nullptr) ncclCommDestroy(comm_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+
+  Status Init(const ncclUniqueId& id) {
+    cudaError_t e = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
+    if (e != cudaSuccess) return Status::Unavailable("NCCL: cudaStreamCreate: " + CudaError(e));
+    ncclResult_t r = ncclCommInitRank(&comm_, size_, id, rank_);
+    if (r != ncclSuccess) return Status::Unavailable("NCCL: ncclCommInitRank: " + NcclError(r));
+    return Status::OK();
+  }
+
+  // Records an event after what was just enqueued; the handle names it.
+  Handle Record(ncclResult_t enqueued, const char* what) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Handle h = next_++;
+    if (enqueued != ncclSuccess && failed_.ok())
+      failed_ = Status::Unavailable(std::string("NCCL: ") + what + ": " + NcclError(enqueued));
+    cudaEvent_t ev = nullptr;
+    if (cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) == cudaSuccess) {
+      cudaEventRecord(ev, stream_);
+      events_[h] = ev;
+    }
+    return h;
+  }
+
+  Status Wait(Handle h) {
+    cudaEvent_t ev = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = events_.find(h);
+      if (it == events_.end()) return failed_.ok() ? Status::Internal("NCCL: unknown handle") : failed_;
+      ev = it->second;
+      events_.erase(it);
+    }
+    // Poll rather than block: a peer's death leaves the kernel waiting
+    // forever, and only the communicator's async error (or our abort) says so.
+    for (;;) {
+      const cudaError_t q = cudaEventQuery(ev);
+      if (q == cudaSuccess) break;
+      if (q != cudaErrorNotReady) {
+        cudaEventDestroy(ev);
+        return Status::Unavailable("NCCL: " + CudaError(q));
+      }
+      ncclResult_t async = ncclSuccess;
+      ncclCommGetAsyncError(comm_, &async);
+      if (async != ncclSuccess && async != ncclInProgress) {
+        cudaEventDestroy(ev);
+        return Status::Unavailable("NCCL: " + NcclError(async));
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!failed_.ok()) {
+          ncclCommAbort(comm_);
+          comm_ = nullptr;
+          cudaEventDestroy(ev);
+          return failed_;
+        }
+      }
+    }
+    cudaEventDestroy(ev);
+    std::lock_guard<std::mutex> lock(mu_);
+    return failed_;
+  }
+
+  void Fail(const Status& st) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failed_.ok()) failed_ = st;
+  }
+
+  const int rank_, size_;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  std::mutex mu_;
+  std::map<Handle, cudaEvent_t> events_;
+  Handle next_ = 1;
+  Status failed_;
+};
+
+int NcclCollectives::DeviceCount() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
+  return n;
+}
+
+StatusOr<std::unique_ptr<NcclCollectives>> NcclCollectives::Create(CoordinatorClient& client) {
+  if (DeviceCount() == 0) return Status::Unavailable("NCCL: no CUDA device is visible");
+  ncclUniqueId id{};
+  if (client.rank() == 0) {
+    ncclResult_t r = ncclGetUniqueId(&id);
+    if (r != ncclSuccess) return Status::Unavailable("NCCL: ncclGetUniqueId: " + NcclError(r));
+  }
+  std::string mine(reinterpret_cast<const char*>(&id), sizeof id);
+  HERD_ASSIGN_OR_RETURN(auto all, client.AllGather("herd/nccl-id", client.rank() == 0 ? mine : "", wire::WORKERS));
+  const int first_worker = client.role() == wire::WORKER ? client.num_servers() : 0;
+  const std::string& root = all[first_worker];
+  if (root.size() != sizeof id) return Status::Corruption("NCCL: worker 0 sent a malformed unique id");
+  std::memcpy(&id, root.data(), sizeof id);
+  auto impl = std::make_unique<Impl>(client.rank(), client.num_workers());
+  HERD_RETURN_IF_ERROR(impl->Init(id));
+  return std::unique_ptr<NcclCollectives>(new NcclCollectives(std::move(impl)));
+}
+
+NcclCollectives::NcclCollectives(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+NcclCollectives::~NcclCollectives() = default;
+int NcclCollectives::rank() const { return impl_->rank_; }
+int NcclCollectives::size() const { return impl_->size_; }
+
+Collectives::Handle NcclCollectives::AllReduce(void* data, int64_t n, DType dtype) {
+  const ncclDataType_t t = dtype == DType::kFloat64 ? ncclFloat64 : ncclFloat32;
+  return impl_->Record(ncclAllReduce(data, data, n, t, ncclSum, impl_->comm_, impl_->stream_), "all-reduce");
+}
+
+Collectives::Handle NcclCollectives::ReduceScatter(float* data, const Partition& parts) {
+  if (static_cast<int>(parts.size()) != size()) {
+    impl_->Fail(Status::InvalidArgument("collective: a partition needs one part per rank"));
+    return impl_->Record(ncclSuccess, "reduce-scatter");
+  }
+  ncclResult_t r = ncclGroupStart();
+  int64_t at = 0;
+  for (int p = 0; p < size() && r == ncclSuccess; ++p) {
+    if (parts[p] > 0)
+      r = ncclReduce(data + at, data + at, parts[p], ncclFloat32, ncclSum, p, impl_->comm_, impl_->stream_);
+    at += parts[p];
+  }
+  const ncclResult_t end = ncclGroupEnd();
+  return impl_->Record(r != ncclSuccess ? r : end, "reduce-scatter");
+}
+
+Collectives::Handle NcclCollectives::AllGather(float* data, const Partition& parts) {
+  if (static_cast<int>(parts.size()) != size()) {
+    impl_->Fail(Status::InvalidArgument("collective: a partition needs one part per rank"));
+    return impl_->Record(ncclSuccess, "all-gather");
+  }
+  ncclResult_t r = ncclGroupStart();
+  int64_t at = 0;
+  for (int p = 0; p < size() && r == ncclSuccess; ++p) {
+    if (parts[p] > 0) r = ncclBroadcast(data + at, data + at, parts[p], ncclFloat32, p, impl_->comm_, impl_->stream_);
+    at += parts[p];
+  }
+  const ncclResult_t end = ncclGroupEnd();
+  return impl_->Record(r != ncclSuccess ? r : end, "all-gather");
+}
+
+Collectives::Handle NcclCollectives::Broadcast(float* data, int64_t n, int root) {
+  return impl_->Record(ncclBroadcast(data, data, n, ncclFloat32, root, impl_->comm_, impl_->stream_), "broadcast");
+}
+
+Status NcclCollectives::Wait(Handle handle) { return impl_->Wait(handle); }
+void NcclCollectives::Fail(const Status& status) { impl_->Fail(status); }
+
+}  // namespace herd::transport

@@ -1,0 +1,44 @@
+// Collectives for GPU buffers through NCCL (built when a CUDA toolkit is
+// found). Every rank's operations run in order on one CUDA stream; a
+// handle is an event recorded after the operation, and Wait synchronises
+// on it and checks the communicator for asynchronous errors.
+//
+// All-reduce and broadcast are NCCL's. Reduce-scatter and all-gather over
+// a Partition of arbitrary (possibly empty) parts are grouped ncclReduce /
+// ncclBroadcast calls, one per part, rooted at the part's rank: herd's
+// ZeRO-1 gives each bucket to one owner, which NCCL's equal-count
+// ncclReduceScatter / ncclAllGather cannot express.
+#pragma once
+
+#include <memory>
+
+#include "transport/collectives.h"
+#include "transport/coordinator_client.h"
+
+namespace herd::transport {
+
+class NcclCollectives : public Collectives {
+ public:
+  // Rank 0 creates the NCCL unique id; it reaches the others through the
+  // coordinator's all-gather (scope WORKERS). Uses the current CUDA device.
+  static StatusOr<std::unique_ptr<NcclCollectives>> Create(CoordinatorClient& client);
+  // The number of CUDA devices visible (0 without a GPU or a driver).
+  static int DeviceCount();
+  ~NcclCollectives() override;
+
+  int rank() const override;
+  int size() const override;
+  Handle AllReduce(void* data, int64_t n, DType dtype) override;
+  Handle ReduceScatter(float* data, const Partition& parts) override;
+  Handle AllGather(float* data, const Partition& parts) override;
+  Handle Broadcast(float* data, int64_t n, int root) override;
+  Status Wait(Handle handle) override;
+  void Fail(const Status& status) override;
+
+ private:
+  class Impl;
+  explicit NcclCollectives(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace herd::transport
