@@ -127,7 +127,10 @@ int RunBenchCompare(int argc, char** argv) {
   Status st = args.Parse(argc, argv);
   if (!st.ok()) return ReportError(st.WithContext("bench compare: "));
   if (args.positional().size() != 1) return ReportError(Status::InvalidArgument(usage));
-  auto config = LoadJobConfig(args.positional()[0], args.GetAll("set"));
+  // Validated as an all-reduce job: the config's own sync mode is replaced.
+  std::vector<std::string> as_allreduce = args.GetAll("set");
+  as_allreduce.insert(as_allreduce.end(), {"cluster.sync=ALLREDUCE", "cluster.servers=0"});
+  auto config = LoadJobConfig(args.positional()[0], as_allreduce);
   if (!config.ok()) return ReportError(config.status());
   auto steps = args.GetInt("steps", 12, 3);
   auto warmup = args.GetInt("warmup", 2, 0);
