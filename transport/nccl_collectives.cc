@@ -135,35 +135,33 @@ Collectives::Handle NcclCollectives::AllReduce(void* data, int64_t n, DType dtyp
   return impl_->Record(ncclAllReduce(data, data, n, t, ncclSum, impl_->comm_, impl_->stream_), "all-reduce");
 }
 
-Collectives::Handle NcclCollectives::ReduceScatter(float* data, const Partition& parts) {
+// One NCCL call per non-empty part, rooted at the part's rank, as a group.
+template <typename PerPart>
+Collectives::Handle NcclCollectives::Grouped(const Partition& parts, const char* what, PerPart per_part) {
   if (static_cast<int>(parts.size()) != size()) {
     impl_->Fail(Status::InvalidArgument("collective: a partition needs one part per rank"));
-    return impl_->Record(ncclSuccess, "reduce-scatter");
+    return impl_->Record(ncclSuccess, what);
   }
   ncclResult_t r = ncclGroupStart();
   int64_t at = 0;
   for (int p = 0; p < size() && r == ncclSuccess; ++p) {
-    if (parts[p] > 0)
-      r = ncclReduce(data + at, data + at, parts[p], ncclFloat32, ncclSum, p, impl_->comm_, impl_->stream_);
+    if (parts[p] > 0) r = per_part(at, parts[p], p);
     at += parts[p];
   }
   const ncclResult_t end = ncclGroupEnd();
-  return impl_->Record(r != ncclSuccess ? r : end, "reduce-scatter");
+  return impl_->Record(r != ncclSuccess ? r : end, what);
+}
+
+Collectives::Handle NcclCollectives::ReduceScatter(float* data, const Partition& parts) {
+  return Grouped(parts, "reduce-scatter", [&](int64_t at, int64_t n, int root) {
+    return ncclReduce(data + at, data + at, n, ncclFloat32, ncclSum, root, impl_->comm_, impl_->stream_);
+  });
 }
 
 Collectives::Handle NcclCollectives::AllGather(float* data, const Partition& parts) {
-  if (static_cast<int>(parts.size()) != size()) {
-    impl_->Fail(Status::InvalidArgument("collective: a partition needs one part per rank"));
-    return impl_->Record(ncclSuccess, "all-gather");
-  }
-  ncclResult_t r = ncclGroupStart();
-  int64_t at = 0;
-  for (int p = 0; p < size() && r == ncclSuccess; ++p) {
-    if (parts[p] > 0) r = ncclBroadcast(data + at, data + at, parts[p], ncclFloat32, p, impl_->comm_, impl_->stream_);
-    at += parts[p];
-  }
-  const ncclResult_t end = ncclGroupEnd();
-  return impl_->Record(r != ncclSuccess ? r : end, "all-gather");
+  return Grouped(parts, "all-gather", [&](int64_t at, int64_t n, int root) {
+    return ncclBroadcast(data + at, data + at, n, ncclFloat32, root, impl_->comm_, impl_->stream_);
+  });
 }
 
 Collectives::Handle NcclCollectives::Broadcast(float* data, int64_t n, int root) {

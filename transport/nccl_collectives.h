@@ -38,6 +38,8 @@ class NcclCollectives : public Collectives {
  private:
   class Impl;
   explicit NcclCollectives(std::unique_ptr<Impl> impl);
+  template <typename PerPart>
+  Handle Grouped(const Partition& parts, const char* what, PerPart per_part);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -95,41 +95,36 @@ RingCollectives::~RingCollectives() { transport_->Shutdown(); }
 
 // ---- issuing ----------------------------------------------------------------
 
-Collectives::Handle RingCollectives::AllReduce(void* data, int64_t n, DType dtype) {
-  auto op = std::make_unique<Op>();
-  op->kind = Kind::kAllReduce;
+namespace {
+
+// An operation over `data` cut into `parts` (one per rank).
+std::unique_ptr<RingCollectives::Op> NewOp(Kind kind, void* data, const Partition& parts, int elem = 4) {
+  auto op = std::make_unique<RingCollectives::Op>();
+  op->kind = kind;
   op->data = static_cast<char*>(data);
-  op->dtype = dtype;
-  op->elem = dtype == DType::kFloat64 ? 8 : 4;
-  const Partition parts = EvenPartition(n, size(), 16);
+  op->elem = elem;
+  op->dtype = elem == 8 ? DType::kFloat64 : DType::kFloat32;
   op->begin = {0};
   for (int64_t c : parts) op->begin.push_back(op->begin.back() + c);
-  return Issue(std::move(op));
+  return op;
+}
+
+}  // namespace
+
+Collectives::Handle RingCollectives::AllReduce(void* data, int64_t n, DType dtype) {
+  return Issue(NewOp(Kind::kAllReduce, data, EvenPartition(n, size(), 16), dtype == DType::kFloat64 ? 8 : 4));
 }
 
 Collectives::Handle RingCollectives::ReduceScatter(float* data, const Partition& parts) {
-  auto op = std::make_unique<Op>();
-  op->kind = Kind::kReduceScatter;
-  op->data = reinterpret_cast<char*>(data);
-  op->begin = {0};
-  for (int64_t c : parts) op->begin.push_back(op->begin.back() + c);
-  return Issue(std::move(op));
+  return Issue(NewOp(Kind::kReduceScatter, data, parts));
 }
 
 Collectives::Handle RingCollectives::AllGather(float* data, const Partition& parts) {
-  auto op = std::make_unique<Op>();
-  op->kind = Kind::kAllGather;
-  op->data = reinterpret_cast<char*>(data);
-  op->begin = {0};
-  for (int64_t c : parts) op->begin.push_back(op->begin.back() + c);
-  return Issue(std::move(op));
+  return Issue(NewOp(Kind::kAllGather, data, parts));
 }
 
 Collectives::Handle RingCollectives::Broadcast(float* data, int64_t n, int root) {
-  auto op = std::make_unique<Op>();
-  op->kind = Kind::kBroadcast;
-  op->data = reinterpret_cast<char*>(data);
-  op->begin = {0, n};
+  auto op = NewOp(Kind::kBroadcast, data, {n});
   op->root = root;
   return Issue(std::move(op));
 }

@@ -47,8 +47,10 @@ class RingCollectives : public Collectives {
   Status Wait(Handle handle) override;
   void Fail(const Status& status) override;
 
+ public:
+  struct Op;  // an operation in flight (ring_collectives.cc)
+
  private:
-  struct Op;
   struct Early;
   struct ChunkHeader;
   Handle Issue(std::unique_ptr<Op> op);

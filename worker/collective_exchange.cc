@@ -60,7 +60,7 @@ class CollectiveExchange : public GradientExchange {
     // The global squared norm: DDP workers all hold the summed gradients;
     // ZeRO-1 owners each hold their range's.
     double sums[2] = {o_.zero1 ? SumOfSquares(grads_ + owned_.begin, owned_.size()) : 0.0, loss};
-    if (st.ok()) st = Timed([&] { return c_.Wait(c_.AllReduce(sums, 2, DType::kFloat64)); });
+    if (st.ok()) st = wait_.Timed([&] { return c_.Wait(c_.AllReduce(sums, 2, DType::kFloat64)); });
     HERD_RETURN_IF_ERROR(st.WithContext("all-reduce of step " + std::to_string(step_ + 1) + ": "));
     const double norm = std::sqrt(o_.zero1 ? sums[0] : SumOfSquares(grads_, P_));
     const auto& opt = o_.config->optimizer();
@@ -100,7 +100,7 @@ class CollectiveExchange : public GradientExchange {
   void WaitUpTo(int64_t end) override {
     // Handle i brings [weight_ends_[i-1], weight_ends_[i]).
     while (next_weight_ < weight_handles_.size() && (next_weight_ == 0 || weight_ends_[next_weight_ - 1] < end)) {
-      Status st = Timed([&] { return c_.Wait(weight_handles_[next_weight_]); });
+      Status st = wait_.Timed([&] { return c_.Wait(weight_handles_[next_weight_]); });
       if (!st.ok() && weight_status_.ok()) weight_status_ = st;
       ++next_weight_;
     }
@@ -116,11 +116,7 @@ class CollectiveExchange : public GradientExchange {
 
   const StepReport& report() const override { return report_; }
 
-  double TakeWaitSeconds() override {
-    const double s = wait_s_;
-    wait_s_ = 0;
-    return s;
-  }
+  double TakeWaitSeconds() override { return wait_.Take(); }
 
   Status WriteCheckpointParts(const std::string& step_dir) override {
     if (!o_.zero1 && rank_ != 0) return Status::OK();
@@ -145,18 +141,11 @@ class CollectiveExchange : public GradientExchange {
   Status WaitAll() {
     Status first;
     for (Collectives::Handle h : grad_handles_) {
-      Status st = Timed([&] { return c_.Wait(h); });
+      Status st = wait_.Timed([&] { return c_.Wait(h); });
       if (!st.ok() && first.ok()) first = st;
     }
     grad_handles_.clear();
     return first;
-  }
-  template <typename F>
-  Status Timed(F&& f) {
-    Stopwatch sw;
-    Status st = f();
-    wait_s_ += sw.Seconds();
-    return st;
   }
 
   const CollectiveExchangeOptions o_;
@@ -177,7 +166,7 @@ class CollectiveExchange : public GradientExchange {
   size_t next_weight_ = 0;
   Status weight_status_;
   StepReport report_;
-  double wait_s_ = 0;
+  WaitClock wait_;
 };
 
 }  // namespace

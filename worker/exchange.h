@@ -13,10 +13,32 @@
 #include <cstdint>
 #include <string>
 
+#include "common/clock.h"
 #include "common/status.h"
 #include "sharding/shard_plan.h"
 
 namespace herd {
+
+// Time blocked on communication: the "waiting on the network" figures.
+class WaitClock {
+ public:
+  template <typename F>
+  Status Timed(F&& wait) {
+    Stopwatch sw;
+    Status st = wait();
+    seconds_ += sw.Seconds();
+    return st;
+  }
+  // Seconds since the last call.
+  double Take() {
+    const double s = seconds_;
+    seconds_ = 0;
+    return s;
+  }
+
+ private:
+  double seconds_ = 0;
+};
 
 class GradientExchange {
  public:

@@ -55,7 +55,7 @@ class ParameterExchange : public GradientExchange {
     CHECK_EQ(next_bucket_, plan_.buckets().size()) << "backward did not finish every bucket";
     loss_ = loss;
     client_->Push(first_server_, spaces_[0].losses_offset + sizeof(double) * rank_, &loss_, sizeof(double), step_);
-    return Timed([&] { return client_->WaitAll(); });
+    return wait_.Timed([&] { return client_->WaitAll(); });
   }
 
   // Starts pulling the weights of `version` (forward order, into `weights`)
@@ -83,7 +83,7 @@ class ParameterExchange : public GradientExchange {
   void WaitUpTo(int64_t end) override {
     while (next_pull_ < pulls_.size() && pulls_[next_pull_].first->range.begin < end) {
       const auto [bucket, ticket] = pulls_[next_pull_++];
-      Status st = Timed([&] { return client_->Wait(ticket); });
+      Status st = wait_.Timed([&] { return client_->Wait(ticket); });
       if (!st.ok() && pull_status_.ok()) pull_status_ = st;
       if (bf16_ && st.ok()) {
         Bf16ToFloats(wire_.data() + bucket->range.begin, weights_ + bucket->range.begin, bucket->range.size());
@@ -94,7 +94,7 @@ class ParameterExchange : public GradientExchange {
   Status FinishWeights() override {
     WaitUpTo(plan_.shard(plan_.num_servers() - 1).end);
     for (auto ticket : report_tickets_) {
-      Status st = Timed([&] { return client_->Wait(ticket); });
+      Status st = wait_.Timed([&] { return client_->Wait(ticket); });
       if (!st.ok() && pull_status_.ok()) pull_status_ = st;
     }
     report_tickets_.clear();
@@ -112,22 +112,11 @@ class ParameterExchange : public GradientExchange {
   int shard_files() const override { return 0; }
 
   // Seconds blocked on pushes and pulls since the last call.
-  double TakeWaitSeconds() override {
-    const double s = wait_s_;
-    wait_s_ = 0;
-    return s;
-  }
+  double TakeWaitSeconds() override { return wait_.Take(); }
 
  private:
   uint64_t ByteOffset(const Bucket& b) const {
     return static_cast<uint64_t>(b.range.begin - plan_.shard(b.server).begin) * wire_bytes_;
-  }
-  template <typename F>
-  Status Timed(F&& f) {
-    Stopwatch sw;
-    Status st = f();
-    wait_s_ += sw.Seconds();
-    return st;
   }
 
   const ShardPlan& plan_;
@@ -151,7 +140,7 @@ class ParameterExchange : public GradientExchange {
   double loss_ = 0;
   uint64_t step_ = 0;
   size_t next_bucket_ = 0;
-  double wait_s_ = 0;
+  WaitClock wait_;
 };
 
 }  // namespace
