@@ -1,6 +1,11 @@
 #include <gtest/gtest.h>
 
+#include <dirent.h>
+
+#include <string>
+
 #include "common/config.h"
+#include "sharding/memory_plan.h"
 
 namespace herd {
 namespace {
@@ -55,6 +60,24 @@ TEST(ConfigTest, OverrideErrorsNameTheAssignment) {
   ASSERT_FALSE(value.ok());
   EXPECT_NE(value.status().message().find("--set model.num_key_value_heads=3"), std::string::npos)
       << value.status().message();
+}
+
+TEST(ConfigTest, EveryShippedConfigLoadsAndPlans) {
+  const std::string dir = std::string(HERD_SOURCE_DIR) + "/configs";
+  DIR* d = ::opendir(dir.c_str());
+  ASSERT_NE(d, nullptr) << dir;
+  int n = 0;
+  while (dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (!name.ends_with(".textproto")) continue;
+    auto c = LoadJobConfig(dir + "/" + name, {});
+    ASSERT_TRUE(c.ok()) << c.status().message();
+    auto plan = PlanMemory(*c);
+    ASSERT_TRUE(plan.ok()) << name << ": " << plan.status().message();
+    ++n;
+  }
+  ::closedir(d);
+  EXPECT_GE(n, 4);
 }
 
 }  // namespace

@@ -210,8 +210,9 @@ int RunLocalJob(const config::JobConfig& config, const LocalJobOptions& options)
   if (!options.train.resume) {
     if (Status init = CheckInitFrom(config); !init.ok()) return ReportError(init);
   }
-  // Prepared once here: workers would otherwise race to prepare the data.
-  Status st = EnsurePrepared(config.data());
+  // Prepared once here (workers would otherwise race to prepare it), and
+  // opened: a missing or bad file is one line, before anything starts.
+  Status st = OpenJobData(config.data(), config.model().vocab_size()).status();
   if (!st.ok()) return ReportError(st);
   const std::string bin_dir = ThisBinaryDir();
   for (const char* name : {"herd-server", "herd-worker"}) {
@@ -293,6 +294,9 @@ int RunLocalJob(const config::JobConfig& config, const LocalJobOptions& options)
       if (*c.exit_code != 0 && !first_failure) {
         first_failure = c.exit_code;
         first_failed = c.name;
+        // Tell everyone now: a process that failed before the job formed
+        // leaves the others waiting for it otherwise.
+        (*coordinator)->Stop(c.name + " exited with code " + std::to_string(*c.exit_code));
       }
     }
   }
