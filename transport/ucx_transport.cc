@@ -240,6 +240,10 @@ class UcxTransport::Impl {
     });
   }
 
+  void AddBusy(int delta) {
+    if (busy_.fetch_add(delta) == 0 && delta > 0) Post([] {});  // wakes a sleeping thread
+  }
+
   void Post(std::function<void()> fn) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -499,10 +503,7 @@ class UcxTransport::Impl {
   int worker_efd_ = -1, wake_fd_ = -1, epoll_fd_ = -1;
   std::thread thread_;
   std::atomic<bool> stop_{false}, sleeping_{false}, shut_down_{false};
- public:
-  std::atomic<int> busy_{0};
-
- private:
+  std::atomic<int> busy_{0};  // services awaiting traffic (AddBusy)
   std::mutex mu_;
   std::vector<std::function<void()>> posted_;
   // Progress-thread state.
@@ -551,9 +552,7 @@ void UcxTransport::Send(PeerId to, uint16_t am_id, std::string header, const voi
   impl_->Send(to, am_id, std::move(header), payload, size, std::move(done));
 }
 void UcxTransport::Post(std::function<void()> fn) { impl_->Post(std::move(fn)); }
-void UcxTransport::AddBusy(int delta) {
-  if (impl_->busy_.fetch_add(delta) == 0 && delta > 0) impl_->Post([] {});  // wake a sleeping thread
-}
+void UcxTransport::AddBusy(int delta) { impl_->AddBusy(delta); }
 void UcxTransport::Abort(const Status& status) { impl_->Abort(status); }
 void UcxTransport::Shutdown() { impl_->Shutdown(); }
 Status UcxTransport::RegisterMemory(void* base, size_t size) { return impl_->RegisterMemory(base, size); }
