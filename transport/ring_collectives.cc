@@ -362,31 +362,17 @@ void RingCollectives::OnMessage(PeerId from, std::string_view header, IncomingPa
   const uint64_t seq = op.seq;
   const int phase = h.phase;
   const int64_t chunk = h.chunk;
+  // Reduce chunks land in a pooled buffer and are added; gather and
+  // broadcast chunks land in place.
+  char* buf = nullptr;
+  void* dst;
   if (phase == kReduce) {
     op.scratch.push_back(TakeBuffer());
-    char* buf = op.scratch.back().get();
-    payload.ReceiveInto(buf, [this, seq, phase, step, chunk, buf](const Status& received) {
-      std::lock_guard<std::mutex> lock(mu_);
-      auto it = ops_.find(seq);
-      if (it == ops_.end()) return;
-      Op& o = *it->second;
-      if (!received.ok()) {
-        if (o.status.ok()) o.status = received.WithContext("collective: ");
-        --o.recvs_left;
-      } else if (!o.done) {
-        OnChunk(o, phase, step, chunk, buf);
-      }
-      auto& s = o.scratch;
-      auto used = std::find_if(s.begin(), s.end(), [buf](const auto& p) { return p.get() == buf; });
-      ReturnBuffer(std::move(*used));
-      s.erase(used);
-      Settle(o);
-    });
-    return;
+    dst = buf = op.scratch.back().get();
+  } else {
+    dst = op.data + op.ChunkRange(part, chunk).first * op.elem;
   }
-  // Gather and broadcast chunks land in place.
-  const auto [first, count] = op.ChunkRange(part, h.chunk);
-  payload.ReceiveInto(op.data + first * op.elem, [this, seq, phase, step, chunk](const Status& received) {
+  payload.ReceiveInto(dst, [this, seq, phase, step, chunk, buf](const Status& received) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = ops_.find(seq);
     if (it == ops_.end()) return;
@@ -395,7 +381,13 @@ void RingCollectives::OnMessage(PeerId from, std::string_view header, IncomingPa
       if (o.status.ok()) o.status = received.WithContext("collective: ");
       --o.recvs_left;
     } else if (!o.done) {
-      OnChunk(o, phase, step, chunk, nullptr);
+      OnChunk(o, phase, step, chunk, buf);
+    }
+    if (buf != nullptr) {
+      auto& s = o.scratch;
+      auto used = std::find_if(s.begin(), s.end(), [buf](const auto& p) { return p.get() == buf; });
+      ReturnBuffer(std::move(*used));
+      s.erase(used);
     }
     Settle(o);
   });
