@@ -159,6 +159,52 @@ TEST(RingCollectives, ReduceScatterAllGatherAndBroadcastWithUnevenParts) {
   }
 }
 
+// Ring messages are checked before use: a chunk from a peer that is not
+// the left-hand neighbour, or one whose header or length does not fit the
+// operation, fails the operation with a line saying so.
+TEST(RingCollectives, MalformedMessagesFailTheOperation) {
+  struct Case {
+    PeerId from;        // 0 = rank 0 (rank 1's left neighbour); 2 = an outsider
+    size_t header_bytes;
+    uint64_t seq;
+    uint32_t step;
+    size_t payload_bytes;
+    const char* expect;
+  };
+  const Case cases[] = {
+      {2, 24, 0, 0, 64, "not the left-hand neighbour"},
+      {0, 7, 0, 0, 64, "malformed header"},
+      {0, 24, 0, 0, 12, "unexpected chunk"},           // wrong length for the op's chunk
+      {0, 24, 0, 5, 64, "unexpected chunk"},           // no such step
+      {0, 24, 999999999, 0, 64, "cannot be expected"},  // an operation far in the future
+  };
+  for (const Case& c : cases) {
+    // Two real ranks (0 and 1) and an outsider transport (PeerId 2) that
+    // rank 1 also knows.
+    std::vector<std::unique_ptr<UcxTransport>> t;
+    for (PeerId p = 0; p < 3; ++p) t.push_back(std::move(UcxTransport::Create(p).value()));
+    RingCollectives rank1(t[1].get(), 1, {0, 1}, 64);
+    ASSERT_TRUE(t[1]->Connect(0, t[0]->address(), "rank 0").ok());
+    ASSERT_TRUE(t[1]->Connect(2, t[2]->address(), "outsider").ok());
+    ASSERT_TRUE(t[0]->Connect(1, t[1]->address(), "rank 1").ok());
+    ASSERT_TRUE(t[2]->Connect(1, t[1]->address(), "rank 1").ok());
+    std::vector<float> data(32, 1.0f);
+    auto handle = rank1.AllReduce(data.data(), 32, DType::kFloat32);  // op 0: 16 floats per part
+    std::string header(c.header_bytes, '\0');
+    if (c.header_bytes == 24) {
+      std::memcpy(header.data(), &c.seq, 8);
+      std::memcpy(header.data() + 12, &c.step, 4);
+    }
+    std::vector<char> payload(c.payload_bytes, 0);
+    t[c.from]->Send(1, kAmRing, header, payload.data(), payload.size(), [](const Status&) {});
+    Status st = rank1.Wait(handle);
+    ASSERT_FALSE(st.ok()) << c.expect;
+    EXPECT_NE(st.message().find(c.expect), std::string::npos) << st.message();
+    t[0]->Shutdown();
+    t[2]->Shutdown();
+  }
+}
+
 TEST(RingCollectives, BadArgumentsAndFailuresAreReported) {
   Ring ring(3);
   std::vector<float> x(10);

@@ -537,6 +537,12 @@ StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::Create(PeerId self) {
   std::unique_ptr<UcxTransport> t(new UcxTransport());
   t->impl_ = std::make_unique<Impl>(self);
   HERD_RETURN_IF_ERROR(t->impl_->Init(&t->address_));
+  // Every id a peer might use gets a handler that drops the message until a
+  // service claims it: UCX 1.13 crashes on a message for an id it has no
+  // callback for, and nothing a peer sends may crash us.
+  for (uint16_t id = 0; id < kAmIdLimit; ++id) {
+    t->SetHandler(id, [](PeerId, std::string_view, IncomingPayload& payload) { payload.Reject(); });
+  }
   return t;
 }
 

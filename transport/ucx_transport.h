@@ -83,6 +83,10 @@ struct UcxStats {
   uint64_t bytes_sent = 0;            // payload bytes handed to UCX for sending
 };
 
+// Active-message ids services may use: [0, kAmIdLimit). Messages for ids
+// without a service are dropped.
+inline constexpr uint16_t kAmIdLimit = 64;
+
 class UcxTransport {
  public:
   using Handler = std::function<void(PeerId from, std::string_view header, IncomingPayload& payload)>;
