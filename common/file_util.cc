@@ -128,6 +128,32 @@ std::string DirName(const std::string& path) {
   return path.substr(0, slash);
 }
 
+std::string ThisExecutable() {
+  char path[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", path, sizeof path - 1);
+  if (n <= 0) return "";
+  path[n] = '\0';
+  return path;
+}
+
+Status TempDir::Create(const std::string& prefix) {
+  std::string tmpl = "/tmp/" + prefix + "-XXXXXX";
+  if (::mkdtemp(tmpl.data()) == nullptr) return Status::IOError("cannot create a temporary directory " + tmpl);
+  path_ = tmpl;
+  return Status::OK();
+}
+
+TempDir::~TempDir() {
+  if (path_.empty()) return;
+  if (DIR* d = ::opendir(path_.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      if (e->d_type != DT_DIR) ::unlink(JoinPath(path_, e->d_name).c_str());
+    }
+    ::closedir(d);
+  }
+  ::rmdir(path_.c_str());
+}
+
 std::string BaseName(const std::string& path) {
   std::string p = path;
   while (p.size() > 1 && p.back() == '/') p.pop_back();

@@ -31,6 +31,25 @@ bool PathExists(const std::string& path);
 Status WriteNewDirectory(const std::string& dir, const std::function<Status(const std::string& tmp)>& fill);
 // Sorted matches of a glob pattern (no error when nothing matches).
 std::vector<std::string> Glob(const std::string& pattern);
+// The running program's path (/proc/self/exe); "" when unknown.
+std::string ThisExecutable();
+
+// A private (0700) scratch directory under /tmp, removed with the files in
+// it (not subdirectories) when the object goes.
+class TempDir {
+ public:
+  TempDir() = default;
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  // `prefix`: "herd-job" gives /tmp/herd-job-XXXXXX.
+  Status Create(const std::string& prefix);
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
 // Directory part of a path ("." when there is none).
 std::string DirName(const std::string& path);
 // Last component of a path ("step_00000010" of "ckpt/step_00000010").

@@ -80,8 +80,11 @@ Status WriteShard(const std::string& path, const ShardState& shard) {
   return file.Commit();
 }
 
-StatusOr<ShardState> ReadShard(const std::string& path) {
-  HERD_ASSIGN_OR_RETURN(std::string data, ReadFile(path));
+namespace {
+
+// The fixed header of `data` (a whole shard file or its first bytes),
+// validated.
+StatusOr<ShardHeader> ParseShardHeader(const std::string& path, std::string_view data) {
   if (data.size() < sizeof(ShardHeader)) {
     return Status::Corruption(path + ": " + std::to_string(data.size()) + " bytes is shorter than a shard header");
   }
@@ -98,6 +101,24 @@ StatusOr<ShardState> ReadShard(const std::string& path) {
     return Status::Corruption(path + ": invalid range [" + std::to_string(h.begin) + ", " + std::to_string(h.end) +
                               ") or step " + std::to_string(h.step));
   }
+  return h;
+}
+
+// Only the header: which range a shard holds, without reading its arrays.
+StatusOr<ShardHeader> ReadShardHeader(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return Status::NotFound(path + ": cannot open");
+  std::string head(sizeof(ShardHeader), '\0');
+  head.resize(std::fread(head.data(), 1, head.size(), f));
+  std::fclose(f);
+  return ParseShardHeader(path, head);
+}
+
+}  // namespace
+
+StatusOr<ShardState> ReadShard(const std::string& path) {
+  HERD_ASSIGN_OR_RETURN(std::string data, ReadFile(path));
+  HERD_ASSIGN_OR_RETURN(ShardHeader h, ParseShardHeader(path, data));
   const size_t n = static_cast<size_t>(h.end - h.begin);
   const size_t expected = sizeof(ShardHeader) + 3 * n * sizeof(float);
   if (data.size() != expected) {
@@ -119,6 +140,13 @@ StatusOr<ShardState> ReadShard(const std::string& path) {
   std::memcpy(s.m.data(), payload + n * sizeof(float), n * sizeof(float));
   std::memcpy(s.v.data(), payload + 2 * n * sizeof(float), n * sizeof(float));
   return s;
+}
+
+std::vector<std::string> CheckpointParts(int shards, int workers) {
+  std::vector<std::string> parts = {kConfigFile};
+  for (int s = 0; s < shards; ++s) parts.push_back(ShardFileName(s));
+  for (int w = 0; w < workers; ++w) parts.push_back(WorkerFileName(w));
+  return parts;
 }
 
 Status WriteManifest(const std::string& step_dir, int64_t step, const std::vector<std::string>& parts) {
@@ -258,6 +286,9 @@ StatusOr<ShardState> ReadShardRange(const std::string& step_dir, const Manifest&
   for (const std::string& part : manifest.parts) {
     if (!part.starts_with("shard_")) continue;
     const std::string path = JoinPath(step_dir, part);
+    // Shards outside the range are not read (a server reads only its own).
+    HERD_ASSIGN_OR_RETURN(ShardHeader header, ReadShardHeader(path));
+    if (header.end <= begin || header.begin >= end) continue;
     HERD_ASSIGN_OR_RETURN(ShardState shard, ReadShard(path));
     if (shard.step != manifest.step) {
       return Status::Corruption(path + ": holds step " + std::to_string(shard.step) + " but the manifest says " +
@@ -299,8 +330,6 @@ Status BeginCheckpointPart(const std::string& step_dir) {
 Status WriteConfigPart(const std::string& step_dir, const config::JobConfig& config) {
   return WriteFileAtomic(JoinPath(step_dir, kConfigFile), ConfigToText(config));
 }
-
-std::string ConfigFileName() { return kConfigFile; }
 
 bool CheckpointDue(const config::CheckpointConfig& checkpoint, int64_t step, int64_t last_step) {
   if (checkpoint.dir().empty()) return false;

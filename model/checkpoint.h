@@ -35,6 +35,10 @@ Status WriteShard(const std::string& path, const ShardState& shard);
 // Validates magic, version, sizes and CRC; errors name the file.
 StatusOr<ShardState> ReadShard(const std::string& path);
 
+// The parts of a complete checkpoint written by `shards` shard files and
+// `workers` data positions: config, shards, worker states.
+std::vector<std::string> CheckpointParts(int shards, int workers);
+
 // Writes manifest.json listing `parts` (file names inside step_dir) with
 // their sizes and CRCs. Call only when every part has been written.
 Status WriteManifest(const std::string& step_dir, int64_t step, const std::vector<std::string>& parts);
@@ -77,7 +81,6 @@ StatusOr<ShardState> ReadShardRange(const std::string& step_dir, const Manifest&
 Status BeginCheckpointPart(const std::string& step_dir);
 // config.textproto: the complete job config.
 Status WriteConfigPart(const std::string& step_dir, const config::JobConfig& config);
-std::string ConfigFileName();  // "config.textproto"
 
 // Whether a checkpoint is written after `step` (1-based count of steps
 // taken): every checkpoint.every steps and at `last_step`; never without

@@ -146,10 +146,7 @@ Status RunParameterServer(const config::JobConfig& config, const TrainOptions& o
       HERD_RETURN_IF_ERROR(transport::AllSucceeded(*client, "herd/checkpoint/" + std::to_string(step), part)
                                .WithContext("checkpoint " + step_dir + ": "));
       if (rank == 0) {
-        std::vector<std::string> parts = {ConfigFileName()};
-        for (int s = 0; s < client->num_servers(); ++s) parts.push_back(ShardFileName(s));
-        for (int w = 0; w < client->num_workers(); ++w) parts.push_back(WorkerFileName(w));
-        part = WriteManifest(step_dir, step, parts);
+        part = WriteManifest(step_dir, step, CheckpointParts(client->num_servers(), client->num_workers()));
       }
       HERD_RETURN_IF_ERROR(transport::AllSucceeded(*client, "herd/committed/" + std::to_string(step), part)
                                .WithContext("checkpoint " + step_dir + ": "));

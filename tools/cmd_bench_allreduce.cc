@@ -46,12 +46,9 @@ Status BenchAllReduce(int argc, char** argv) {
   JobConfig config;
   config.mutable_cluster()->set_sync(config::ClusterConfig::ALLREDUCE);
   config.mutable_cluster()->set_workers(static_cast<int>(world));
-  HERD_ASSIGN_OR_RETURN(std::string token, transport::LoadJobToken("", transport::ProcessEnv()));
-  transport::JoinOptions join = transport::JoinOptions::FromConfig(config);
-  join.coordinator = args.Get("coordinator");
-  join.rank = static_cast<int>(rank);
-  join.token = token;
-  join.role = wire::WORKER;
+  HERD_ASSIGN_OR_RETURN(transport::JoinOptions join,
+                        transport::JoinOptions::ForProcess(config, wire::WORKER, std::to_string(rank),
+                                                           args.Get("coordinator"), ""));
 
   const int64_t largest = *std::max_element(sizes.begin(), sizes.end());
   std::vector<float> buffer(largest / 4, 1.0f);

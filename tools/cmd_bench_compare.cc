@@ -8,13 +8,11 @@
 // memory of the largest worker and server. Medians over the steps after
 // the warm-up. --json: one JSON line per mode.
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
@@ -49,13 +47,6 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-double ParseSize(const std::string& number, const std::string& unit) {
-  static const std::map<std::string, double> units = {
-      {"B", 1}, {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
-  auto it = units.find(unit);
-  return std::atof(number.c_str()) * (it == units.end() ? 1 : it->second);
-}
-
 StatusOr<ModeResult> RunMode(const std::string& herd, const std::string& config_path,
                              const std::vector<std::string>& overrides, const std::string& mode, int servers,
                              int64_t steps, int64_t warmup, const std::string& dir) {
@@ -85,7 +76,7 @@ StatusOr<ModeResult> RunMode(const std::string& herd, const std::string& config_
     output += line;
     std::cmatch m;
     if (!std::regex_search(line, m, peak)) continue;
-    const double bytes = ParseSize(m[3].str(), m[4].str());
+    const double bytes = static_cast<double>(ParseByteSize(m[3].str() + m[4].str()));
     if (m[1].str() == "server") {
       r.server_peak = std::max(r.server_peak, bytes);
     } else {
@@ -138,25 +129,18 @@ int RunBenchCompare(int argc, char** argv) {
   for (const auto* v : {&steps, &warmup, &servers}) {
     if (!v->ok()) return ReportError(v->status());
   }
-  char self[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
-  if (n <= 0) return ReportError(Status::IOError("cannot find the herd binary (/proc/self/exe)"));
-  self[n] = '\0';
-  char tmpl[] = "/tmp/herd-compare-XXXXXX";
-  if (::mkdtemp(tmpl) == nullptr) return ReportError(Status::IOError("cannot create a temporary directory"));
-  const std::string dir = tmpl;
+  const std::string self = ThisExecutable();
+  if (self.empty()) return ReportError(Status::IOError("cannot find the herd binary (/proc/self/exe)"));
+  TempDir scratch;  // the runs' metrics files
+  if (Status made = scratch.Create("herd-compare"); !made.ok()) return ReportError(made);
   std::vector<ModeResult> results;
   for (const char* mode : {"ps", "allreduce", "allreduce_zero1"}) {
     std::fprintf(stderr, "bench compare: running %s ...\n", mode);
-    auto r =
-        RunMode(self, args.positional()[0], args.GetAll("set"), mode, static_cast<int>(*servers), *steps, *warmup, dir);
-    if (!r.ok()) {
-      std::system(("rm -rf " + Quote(dir)).c_str());
-      return ReportError(r.status());
-    }
+    auto r = RunMode(self, args.positional()[0], args.GetAll("set"), mode, static_cast<int>(*servers), *steps,
+                     *warmup, scratch.path());
+    if (!r.ok()) return ReportError(r.status());
     results.push_back(*r);
   }
-  std::system(("rm -rf " + Quote(dir)).c_str());
   if (args.Has("json")) {
     for (const ModeResult& r : results) {
       std::printf(

@@ -46,34 +46,6 @@ struct Child {
   std::optional<int> exit_code;
 };
 
-std::string ThisBinaryDir() {
-  char path[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", path, sizeof path - 1);
-  if (n <= 0) return ".";
-  path[n] = '\0';
-  return DirName(path);
-}
-
-// A private directory holding the job token; removed when the job ends.
-class TokenDir {
- public:
-  StatusOr<std::string> Create() {
-    char tmpl[] = "/tmp/herd-job-XXXXXX";
-    if (::mkdtemp(tmpl) == nullptr) return Status::IOError("cannot create a temporary directory for the job token");
-    dir_ = tmpl;
-    path_ = JoinPath(dir_, "token");
-    HERD_RETURN_IF_ERROR(transport::CreateJobToken(path_).status());
-    return path_;
-  }
-  ~TokenDir() {
-    if (!path_.empty()) ::unlink(path_.c_str());
-    if (!dir_.empty()) ::rmdir(dir_.c_str());
-  }
-
- private:
-  std::string dir_, path_;
-};
-
 std::vector<std::string> ChildEnvironment(const std::string& token_file, int threads) {
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
@@ -214,16 +186,17 @@ int RunLocalJob(const config::JobConfig& config, const LocalJobOptions& options)
   // opened: a missing or bad file is one line, before anything starts.
   Status st = OpenJobData(config.data(), config.model().vocab_size()).status();
   if (!st.ok()) return ReportError(st);
-  const std::string bin_dir = ThisBinaryDir();
+  const std::string bin_dir = DirName(ThisExecutable());
   for (const char* name : {"herd-server", "herd-worker"}) {
     if (::access(JoinPath(bin_dir, name).c_str(), X_OK) != 0) {
       return ReportError(Status::NotFound(JoinPath(bin_dir, name) + ": not found (it is built beside herd)"));
     }
   }
-  TokenDir token_dir;
-  auto token_file = token_dir.Create();
-  if (!token_file.ok()) return ReportError(token_file.status());
-  auto token = ReadFile(*token_file);
+  // The job token, in a private directory removed when the job ends.
+  TempDir token_dir;
+  if (Status made = token_dir.Create("herd-job"); !made.ok()) return ReportError(made);
+  const std::string token_file = JoinPath(token_dir.path(), "token");
+  auto token = transport::CreateJobToken(token_file);
   if (!token.ok()) return ReportError(token.status());
 
   transport::CoordinatorOptions coordinator_options = transport::CoordinatorOptions::FromConfig(config);
@@ -258,7 +231,7 @@ int RunLocalJob(const config::JobConfig& config, const LocalJobOptions& options)
     if (options.train.stop_at_step > 0)
       argv.insert(argv.end(), {"--stop-at", std::to_string(options.train.stop_at_step)});
     const int threads = pick_threads ? std::max(1, cores / (server ? S : W)) : 0;
-    st = Spawn(binary, argv, ChildEnvironment(*token_file, threads), &c);
+    st = Spawn(binary, argv, ChildEnvironment(token_file, threads), &c);
   }
   LogForwarder forwarder(&children);
   if (!st.ok()) (*coordinator)->Stop(st.message());

@@ -49,23 +49,16 @@ Status Run(int argc, char** argv) {
   if (config.device().kind() != config::DeviceConfig::CPU) {
     return Status::InvalidArgument(args.positional()[0] + ": device.kind CUDA is not available in this build yet");
   }
-  const auto env = transport::ProcessEnv();
-  HERD_ASSIGN_OR_RETURN(auto placement, transport::ResolvePlacement(args.Get("rank"), args.Get("coordinator"),
-                                                                    config.cluster().coordinator(), env));
-  HERD_ASSIGN_OR_RETURN(std::string token, transport::LoadJobToken(args.Get("token-file"), env));
-  transport::JoinOptions join = transport::JoinOptions::FromConfig(config);
-  join.coordinator = placement.coordinator;
-  join.rank = placement.rank;
-  join.world_size = placement.world_size;
-  join.token = token;
+  HERD_ASSIGN_OR_RETURN(
+      transport::JoinOptions join,
+      transport::JoinOptions::ForProcess(config, HERD_NODE_SERVER ? wire::SERVER : wire::WORKER, args.Get("rank"),
+                                         args.Get("coordinator"), args.Get("token-file")));
   TrainOptions options;
   options.resume = args.Has("resume");
   HERD_ASSIGN_OR_RETURN(options.stop_at_step, args.GetInt("stop-at", 0, 1));
 #if HERD_NODE_SERVER
-  join.role = wire::SERVER;
   return RunParameterServer(config, options, join);
 #else
-  join.role = wire::WORKER;
   return TrainDistributedWorker(config, options, join);
 #endif
 }

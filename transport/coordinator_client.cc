@@ -27,6 +27,20 @@ JoinOptions JoinOptions::FromConfig(const JobConfig& config) {
   return o;
 }
 
+StatusOr<JoinOptions> JoinOptions::ForProcess(const JobConfig& config, wire::Role role, const std::string& flag_rank,
+                                              const std::string& flag_coordinator, const std::string& token_file) {
+  const auto env = ProcessEnv();
+  HERD_ASSIGN_OR_RETURN(Placement placement,
+                        ResolvePlacement(flag_rank, flag_coordinator, config.cluster().coordinator(), env));
+  JoinOptions o = FromConfig(config);
+  HERD_ASSIGN_OR_RETURN(o.token, LoadJobToken(token_file, env));
+  o.role = role;
+  o.coordinator = placement.coordinator;
+  o.rank = placement.rank;
+  o.world_size = placement.world_size;
+  return o;
+}
+
 class CoordinatorClient::Impl {
  public:
   explicit Impl(const JoinOptions& options)

@@ -35,6 +35,12 @@ struct JoinOptions {
   // Shape, timing and hash from the job config; the caller fills in role,
   // rank, coordinator, token and UCX address.
   static JoinOptions FromConfig(const JobConfig& config);
+  // Everything a process started by hand or by a launcher needs: FromConfig
+  // plus its rank and the coordinator (flags, Slurm, torchrun's variables,
+  // HERD_COORDINATOR, the config; see ResolvePlacement) and the job token
+  // (--token-file or the environment).
+  static StatusOr<JoinOptions> ForProcess(const JobConfig& config, wire::Role role, const std::string& flag_rank,
+                                          const std::string& flag_coordinator, const std::string& token_file);
 };
 
 class CoordinatorClient {

@@ -187,10 +187,13 @@ StatusOr<std::unique_ptr<GradientExchange>> CreateCollectiveExchange(
   int64_t step = 0;
   if (resume_from) {
     HERD_RETURN_IF_ERROR(CheckSameModel(resume_from->dir, *o.config));
-    HERD_ASSIGN_OR_RETURN(ShardState all, ReadShardRange(resume_from->dir, resume_from->manifest, 0, P, false));
-    std::copy(all.weights.begin(), all.weights.end(), weights);
     HERD_ASSIGN_OR_RETURN(ShardState mine,
                           ReadShardRange(resume_from->dir, resume_from->manifest, owned.begin, owned.end, true));
+    std::copy(mine.weights.begin(), mine.weights.end(), weights + owned.begin);
+    if (owned.size() < P) {  // ZeRO-1: the other workers' weights too
+      HERD_ASSIGN_OR_RETURN(ShardState all, ReadShardRange(resume_from->dir, resume_from->manifest, 0, P, false));
+      std::copy(all.weights.begin(), all.weights.end(), weights);
+    }
     m = std::move(mine.m);
     v = std::move(mine.v);
     step = resume_from->manifest.step;

@@ -194,12 +194,7 @@ Status TrainDistributedWorker(const config::JobConfig& config, const TrainOption
     HERD_RETURN_IF_ERROR(transport::AllSucceeded(*client, "herd/checkpoint/" + std::to_string(step), part)
                              .WithContext("checkpoint " + step_dir + ": "));
     Status committed;
-    if (commits) {
-      std::vector<std::string> parts = {ConfigFileName()};
-      for (int s = 0; s < exchange->shard_files(); ++s) parts.push_back(ShardFileName(s));
-      for (int w = 0; w < W; ++w) parts.push_back(WorkerFileName(w));
-      committed = WriteManifest(step_dir, step, parts);
-    }
+    if (commits) committed = WriteManifest(step_dir, step, CheckpointParts(exchange->shard_files(), W));
     HERD_RETURN_IF_ERROR(transport::AllSucceeded(*client, "herd/committed/" + std::to_string(step), committed)
                              .WithContext("checkpoint " + step_dir + ": "));
     if (leader) {

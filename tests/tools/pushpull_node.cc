@@ -134,20 +134,12 @@ int main(int argc, char** argv) {
   if (!st.ok()) return ReportError(st);
   auto config = LoadJobConfig(args.Get("config"), args.GetAll("set"));
   if (!config.ok()) return ReportError(config.status());
-  const auto env = transport::ProcessEnv();
-  auto placement =
-      transport::ResolvePlacement(args.Get("rank"), args.Get("coordinator"), config->cluster().coordinator(), env);
-  if (!placement.ok()) return ReportError(placement.status());
-  auto token = transport::LoadJobToken("", env);
-  if (!token.ok()) return ReportError(token.status());
-  transport::JoinOptions join = transport::JoinOptions::FromConfig(*config);
-  join.coordinator = placement->coordinator;
-  join.rank = placement->rank;
-  join.world_size = placement->world_size;
-  join.token = *token;
   const std::string role = args.Get("role");
-  join.role = role == "server" ? wire::SERVER : wire::WORKER;
   if (role != "server" && role != "worker") return ReportError(Status::InvalidArgument("--role server|worker"));
+  auto joined = transport::JoinOptions::ForProcess(*config, role == "server" ? wire::SERVER : wire::WORKER,
+                                                   args.Get("rank"), args.Get("coordinator"), "");
+  if (!joined.ok()) return ReportError(joined.status());
+  const transport::JoinOptions& join = *joined;
   st = role == "server" ? RunServer(args, join) : RunWorker(args, join);
   if (!st.ok()) return ReportError(st);
   return 0;
