@@ -1,0 +1,128 @@
+// Helpers of the CUDA tests: device buffers filled from host vectors, the
+// comparison metric, and the skip when there is no device.
+//
+// The same tests run on a GPU (herd_tests; skipped, and reported as
+// skipped, without one) and on the emulated device (herd_cuda_emu_tests,
+// always), so the kernels' arithmetic is checked on every machine and
+// their behaviour on real hardware wherever a GPU is present.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "model/cuda/check.h"
+#include "model/cuda/device_compat.h"
+
+namespace herd::cuda::testing {
+
+inline bool HaveDevice() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+}
+
+#define HERD_REQUIRE_DEVICE() \
+  if (!::herd::cuda::testing::HaveDevice()) GTEST_SKIP() << "no CUDA device"
+
+inline float ToHost(float x) { return x; }
+inline float ToHost(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T>
+T FromHost(float x);
+template <>
+inline float FromHost<float>(float x) {
+  return x;
+}
+template <>
+inline __nv_bfloat16 FromHost<__nv_bfloat16>(float x) {
+  return __float2bfloat16(x);
+}
+
+// A device array of T, filled from and read back as float (or as its own
+// type for exact copies).
+template <typename T>
+class DeviceArray {
+ public:
+  explicit DeviceArray(int64_t n) : n_(n) {
+    HERD_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&ptr_), std::max<int64_t>(n, 1) * sizeof(T)));
+  }
+  explicit DeviceArray(const std::vector<float>& values) : DeviceArray(static_cast<int64_t>(values.size())) {
+    Upload(values);
+  }
+  ~DeviceArray() { cudaFree(ptr_); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+
+  T* get() { return ptr_; }
+  const T* get() const { return ptr_; }
+  void Upload(const std::vector<float>& values) {
+    std::vector<T> staged(values.size());
+    for (size_t i = 0; i < values.size(); ++i) staged[i] = FromHost<T>(values[i]);
+    HERD_CUDA_CHECK(cudaMemcpy(ptr_, staged.data(), staged.size() * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  std::vector<float> Download() const {
+    std::vector<T> staged(n_);
+    HERD_CUDA_CHECK(cudaDeviceSynchronize());
+    HERD_CUDA_CHECK(cudaMemcpy(staged.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
+    std::vector<float> out(n_);
+    for (int64_t i = 0; i < n_; ++i) out[i] = ToHost(staged[i]);
+    return out;
+  }
+  std::vector<T> Raw() const {
+    std::vector<T> out(n_);
+    HERD_CUDA_CHECK(cudaDeviceSynchronize());
+    HERD_CUDA_CHECK(cudaMemcpy(out.data(), ptr_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
+    return out;
+  }
+
+ private:
+  T* ptr_ = nullptr;
+  int64_t n_;
+};
+
+inline std::vector<float> Random(int64_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// Values as the compute dtype stores them (so that a reference fed with
+// them sees the device's inputs exactly).
+template <typename T>
+std::vector<float> Rounded(std::vector<float> v) {
+  for (float& x : v) x = ToHost(FromHost<T>(x));
+  return v;
+}
+
+template <typename From>
+std::vector<double> ToDouble(const std::vector<From>& v) {
+  return std::vector<double>(v.begin(), v.end());
+}
+
+// max |got - want| / max |want|: relative to the tensor's scale, so that
+// elements near zero do not dominate (llm.c's and PyTorch's habit for
+// whole-tensor checks).
+inline double RelativeError(const std::vector<float>& got, const std::vector<double>& want) {
+  EXPECT_EQ(got.size(), want.size());
+  double worst = 0, scale = 0;
+  for (size_t i = 0; i < want.size() && i < got.size(); ++i) {
+    if (!std::isfinite(got[i])) return INFINITY;
+    worst = std::max(worst, std::fabs(got[i] - want[i]));
+    scale = std::max(scale, std::fabs(want[i]));
+  }
+  return scale > 0 ? worst / scale : worst;
+}
+
+#define EXPECT_CLOSE(got, want, tol, what)                                                       \
+  do {                                                                                           \
+    const double herd_rel = ::herd::cuda::testing::RelativeError((got), (want));                 \
+    EXPECT_LE(herd_rel, (tol)) << what << ": relative error " << herd_rel << " above " << (tol); \
+  } while (0)
+
+}  // namespace herd::cuda::testing
