@@ -1,0 +1,304 @@
+#include "model/cuda/llama_cuda.h"
+
+#include <string>
+#include <vector>
+
+#include "model/cpu/ops.h"
+#include "model/cuda/check.h"
+#include "model/cuda/kernels.h"
+#include "model/cuda/matmul.h"
+
+namespace herd::cuda {
+
+namespace {
+
+// Element counts of every device buffer, for the constructor and for
+// memory plans (one table for both).
+struct Sizes {
+  int64_t N, rope, residual, per_layer_d, per_layer_rows, per_layer_qd, per_layer_kvd, lse, per_layer_f, logits;
+  int64_t rms_scratch, attn_scratch;
+  Sizes(const LlamaShape& s, int max_batch, int max_seq_len) {
+    N = static_cast<int64_t>(max_batch) * max_seq_len;
+    const int64_t L = s.num_layers, d = s.hidden_size;
+    rope = static_cast<int64_t>(max_seq_len) * s.head_dim() / 2;
+    residual = (L + 1) * N * d;
+    per_layer_d = L * N * d;
+    per_layer_rows = L * N;
+    per_layer_qd = L * N * s.q_dim();
+    per_layer_kvd = L * N * s.kv_dim();
+    lse = L * AttentionScratchFloats(max_batch, max_seq_len, s.num_heads);
+    per_layer_f = L * N * s.intermediate_size;
+    logits = N * s.vocab_size;
+    rms_scratch = RmsNormScratchFloats(N, d);
+    attn_scratch = AttentionScratchFloats(max_batch, max_seq_len, s.num_heads);
+  }
+  // Elements of the compute dtype, of fp32, of int32.
+  int64_t ComputeElements(const LlamaShape& s) const {
+    return residual + 3 * per_layer_d + 2 * per_layer_qd + 2 * per_layer_kvd + 3 * per_layer_f + N * s.hidden_size +
+           logits +
+           // backward: dres, dln, datt, dq, dk, dv, dact, dgate, dup
+           2 * N * s.hidden_size + 2 * N * s.q_dim() + 2 * N * s.kv_dim() + 3 * N * s.intermediate_size;
+  }
+  int64_t FloatElements() const { return 2 * rope + 2 * per_layer_rows + lse + 3 * N + rms_scratch + attn_scratch; }
+  int64_t IntElements() const { return 5 * N + 1; }  // tokens, targets, embedding groups
+};
+
+}  // namespace
+
+template <typename T>
+struct CudaLlamaModel<T>::Buffers {
+  std::vector<void*> owned;
+  template <typename U>
+  U* Alloc(int64_t n) {
+    void* p = nullptr;
+    HERD_CUDA_CHECK(cudaMalloc(&p, static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(U)));
+    owned.push_back(p);
+    return static_cast<U*>(p);
+  }
+  ~Buffers() {
+    for (void* p : owned) cudaFree(p);
+  }
+
+  Matmul matmul;
+  int64_t N = 0, d = 0, qd = 0, kvd = 0, f = 0, V = 0, lse_stride = 0;
+  int32_t *tokens, *targets, *group_tokens, *group_starts, *group_positions;
+  int64_t groups = 0;
+  float *rope_cos, *rope_sin;
+  T* residual;                 // [L+1, N, d]: input of layer l; [L] = final
+  T *ln1, *ln2, *mid;          // [L, N, d]
+  float *ln1_rstd, *ln2_rstd;  // [L, N]
+  T *q, *k, *v, *att;          // [L, N, qd|kvd] (q, k after RoPE)
+  float* lse;                  // [L, B, H, T]
+  T *gate, *up, *act;          // [L, N, f]
+  T* lnf;                      // [N, d]
+  float* lnf_rstd;             // [N]
+  T* logits;                   // [N, V] (dlogits in place in backward)
+  float *losses, *ce_lse;      // [N]
+  T *dres, *dln, *datt, *dq, *dk, *dv, *dact, *dgate, *dup;
+  float *rms_scratch, *attn_scratch;
+  std::vector<float> host_losses;
+  int B = 0, Tcur = 0;
+  bool has_targets = false;
+
+  struct Layer {
+    T *x, *x_out, *ln1, *q, *k, *v, *att, *mid, *ln2, *gate, *up, *act;
+    float *ln1_rstd, *ln2_rstd, *lse;
+  };
+  Layer layer(int64_t l) {
+    return {residual + l * N * d, residual + (l + 1) * N * d,
+            ln1 + l * N * d,      q + l * N * qd,
+            k + l * N * kvd,      v + l * N * kvd,
+            att + l * N * qd,     mid + l * N * d,
+            ln2 + l * N * d,      gate + l * N * f,
+            up + l * N * f,       act + l * N * f,
+            ln1_rstd + l * N,     ln2_rstd + l * N,
+            lse + l * lse_stride};
+  }
+};
+
+template <typename T>
+std::string CudaLlamaModel<T>::CheckShape(const LlamaShape& shape) {
+  if (!AttentionHeadDimSupported(shape.head_dim())) {
+    return "head_dim " + std::to_string(shape.head_dim()) +
+           " (hidden_size / num_attention_heads) is not one the CUDA attention kernels are built for (32, 64, 128)";
+  }
+  return "";
+}
+
+template <typename T>
+int64_t CudaLlamaModel<T>::ActivationBytes(const LlamaShape& shape, int max_batch, int max_seq_len) {
+  const Sizes z(shape, max_batch, max_seq_len);
+  return z.ComputeElements(shape) * static_cast<int64_t>(sizeof(T)) + z.FloatElements() * 4 + z.IntElements() * 4;
+}
+
+template <typename T>
+CudaLlamaModel<T>::CudaLlamaModel(const LlamaShape& shape, int max_batch, int max_seq_len, cudaStream_t stream)
+    : layout_(shape), max_batch_(max_batch), max_seq_len_(max_seq_len), stream_(stream), b_(new Buffers) {
+  const std::string why = CheckShape(shape);
+  CHECK(why.empty()) << why;
+  Buffers& b = *b_;
+  const Sizes z(shape, max_batch, max_seq_len);
+  b.N = z.N;
+  b.d = shape.hidden_size;
+  b.qd = shape.q_dim();
+  b.kvd = shape.kv_dim();
+  b.f = shape.intermediate_size;
+  b.V = shape.vocab_size;
+  b.lse_stride = z.attn_scratch;
+  b.tokens = b.template Alloc<int32_t>(b.N);
+  b.targets = b.template Alloc<int32_t>(b.N);
+  b.group_tokens = b.template Alloc<int32_t>(b.N);
+  b.group_starts = b.template Alloc<int32_t>(b.N + 1);
+  b.group_positions = b.template Alloc<int32_t>(b.N);
+  b.rope_cos = b.template Alloc<float>(z.rope);
+  b.rope_sin = b.template Alloc<float>(z.rope);
+  b.residual = b.template Alloc<T>(z.residual);
+  b.ln1 = b.template Alloc<T>(z.per_layer_d);
+  b.ln2 = b.template Alloc<T>(z.per_layer_d);
+  b.mid = b.template Alloc<T>(z.per_layer_d);
+  b.ln1_rstd = b.template Alloc<float>(z.per_layer_rows);
+  b.ln2_rstd = b.template Alloc<float>(z.per_layer_rows);
+  b.q = b.template Alloc<T>(z.per_layer_qd);
+  b.att = b.template Alloc<T>(z.per_layer_qd);
+  b.k = b.template Alloc<T>(z.per_layer_kvd);
+  b.v = b.template Alloc<T>(z.per_layer_kvd);
+  b.lse = b.template Alloc<float>(z.lse);
+  b.gate = b.template Alloc<T>(z.per_layer_f);
+  b.up = b.template Alloc<T>(z.per_layer_f);
+  b.act = b.template Alloc<T>(z.per_layer_f);
+  b.lnf = b.template Alloc<T>(b.N * b.d);
+  b.lnf_rstd = b.template Alloc<float>(b.N);
+  b.logits = b.template Alloc<T>(z.logits);
+  b.losses = b.template Alloc<float>(b.N);
+  b.ce_lse = b.template Alloc<float>(b.N);
+  b.dres = b.template Alloc<T>(b.N * b.d);
+  b.dln = b.template Alloc<T>(b.N * b.d);
+  b.datt = b.template Alloc<T>(b.N * b.qd);
+  b.dq = b.template Alloc<T>(b.N * b.qd);
+  b.dk = b.template Alloc<T>(b.N * b.kvd);
+  b.dv = b.template Alloc<T>(b.N * b.kvd);
+  b.dact = b.template Alloc<T>(b.N * b.f);
+  b.dgate = b.template Alloc<T>(b.N * b.f);
+  b.dup = b.template Alloc<T>(b.N * b.f);
+  b.rms_scratch = b.template Alloc<float>(z.rms_scratch);
+  b.attn_scratch = b.template Alloc<float>(z.attn_scratch);
+  b.host_losses.resize(b.N);
+  // The CPU's fp32 tables, so both devices rotate by the same angles.
+  std::vector<float> cos(z.rope), sin(z.rope);
+  cpu::RopeTables(cos.data(), sin.data(), max_seq_len, shape.head_dim(), shape.rope_theta);
+  HERD_CUDA_CHECK(cudaMemcpy(b.rope_cos, cos.data(), cos.size() * 4, cudaMemcpyHostToDevice));
+  HERD_CUDA_CHECK(cudaMemcpy(b.rope_sin, sin.data(), sin.size() * 4, cudaMemcpyHostToDevice));
+}
+
+template <typename T>
+CudaLlamaModel<T>::~CudaLlamaModel() {
+  cudaStreamSynchronize(stream_);  // no kernel may outlive its buffers
+}
+
+template <typename T>
+const T* CudaLlamaModel<T>::logits() const {
+  return b_->logits;
+}
+
+template <typename T>
+double CudaLlamaModel<T>::Forward(const T* params, const int32_t* host_tokens, const int32_t* host_targets, int B,
+                                  int T_, const NeedUpTo& need) {
+  Buffers& b = *b_;
+  const LlamaShape& s = layout_.shape();
+  CHECK(B <= max_batch_ && T_ <= max_seq_len_)
+      << "CudaLlamaModel::Forward: " << B << "x" << T_ << " exceeds " << max_batch_ << "x" << max_seq_len_;
+  const int64_t N = static_cast<int64_t>(B) * T_, d = b.d, qd = b.qd, kvd = b.kvd, f = b.f;
+  const int64_t hd = s.head_dim(), H = s.num_heads, KV = s.num_kv_heads;
+  const float eps = static_cast<float>(s.rms_norm_eps);
+  cudaStream_t st = stream_;
+  b.B = B;
+  b.Tcur = T_;
+  b.has_targets = host_targets != nullptr;
+  HERD_CUDA_CHECK(cudaMemcpyAsync(b.tokens, host_tokens, N * 4, cudaMemcpyHostToDevice, st));
+  if (host_targets != nullptr) {
+    HERD_CUDA_CHECK(cudaMemcpyAsync(b.targets, host_targets, N * 4, cudaMemcpyHostToDevice, st));
+    // The embedding backward's grouping, made now while the host is free.
+    const EmbeddingGroups g = EmbeddingGroups::Build(host_tokens, N);
+    b.groups = static_cast<int64_t>(g.tokens.size());
+    HERD_CUDA_CHECK(cudaMemcpyAsync(b.group_tokens, g.tokens.data(), b.groups * 4, cudaMemcpyHostToDevice, st));
+    HERD_CUDA_CHECK(cudaMemcpyAsync(b.group_starts, g.starts.data(), (b.groups + 1) * 4, cudaMemcpyHostToDevice, st));
+    HERD_CUDA_CHECK(cudaMemcpyAsync(b.group_positions, g.positions.data(), N * 4, cudaMemcpyHostToDevice, st));
+    HERD_CUDA_CHECK(cudaStreamSynchronize(st));  // the host vectors above die here
+  }
+
+  auto layer_end = [&](int l) { return l + 1 < s.num_layers ? layout_.layer(l + 1).input_norm : layout_.final_norm(); };
+  if (need) need(s.num_layers > 0 ? layout_.layer(0).input_norm : layout_.final_norm());
+  EmbeddingForward(b.residual, b.tokens, params + layout_.embed(), N, d, st);
+  for (int l = 0; l < s.num_layers; ++l) {
+    const LayerOffsets& w = layout_.layer(l);
+    if (need) need(layer_end(l));
+    const auto a = b.layer(l);
+    RmsNormForward(a.ln1, a.ln1_rstd, a.x, params + w.input_norm, N, d, eps, st);
+    b.matmul.Forward(a.q, a.ln1, params + w.q_proj, N, d, qd, static_cast<const T*>(nullptr), st);
+    b.matmul.Forward(a.k, a.ln1, params + w.k_proj, N, d, kvd, static_cast<const T*>(nullptr), st);
+    b.matmul.Forward(a.v, a.ln1, params + w.v_proj, N, d, kvd, static_cast<const T*>(nullptr), st);
+    RopeForward(a.q, b.rope_cos, b.rope_sin, B, T_, H, hd, st);
+    RopeForward(a.k, b.rope_cos, b.rope_sin, B, T_, KV, hd, st);
+    AttentionForward(a.att, a.lse, a.q, a.k, a.v, B, T_, H, KV, hd, st);
+    b.matmul.Forward(a.mid, a.att, params + w.o_proj, N, qd, d, static_cast<const T*>(a.x), st);  // + residual
+    RmsNormForward(a.ln2, a.ln2_rstd, a.mid, params + w.post_norm, N, d, eps, st);
+    b.matmul.Forward(a.gate, a.ln2, params + w.gate_proj, N, d, f, static_cast<const T*>(nullptr), st);
+    b.matmul.Forward(a.up, a.ln2, params + w.up_proj, N, d, f, static_cast<const T*>(nullptr), st);
+    SwigluForward(a.act, a.gate, a.up, N * f, st);
+    b.matmul.Forward(a.x_out, a.act, params + w.down_proj, N, f, d, static_cast<const T*>(a.mid), st);
+  }
+  const T* x_final = b.residual + s.num_layers * b.N * d;
+  if (need) need(layout_.size());
+  RmsNormForward(b.lnf, b.lnf_rstd, x_final, params + layout_.final_norm(), N, d, eps, st);
+  b.matmul.Forward(b.logits, b.lnf, params + layout_.lm_head(), N, d, b.V, static_cast<const T*>(nullptr), st);
+  HERD_CUDA_CHECK_LAUNCH();
+  if (host_targets == nullptr) return 0.0;
+  CrossEntropyForward(b.losses, b.ce_lse, b.logits, b.targets, N, b.V, st);
+  HERD_CUDA_CHECK(cudaMemcpyAsync(b.host_losses.data(), b.losses, N * 4, cudaMemcpyDeviceToHost, st));
+  HERD_CUDA_CHECK(cudaStreamSynchronize(st));
+  double total = 0;  // in order, as the CPU model sums
+  for (int64_t i = 0; i < N; ++i) total += b.host_losses[i];
+  return N > 0 ? total / static_cast<double>(N) : 0.0;
+}
+
+template <typename T>
+void CudaLlamaModel<T>::Backward(const T* params, float* grads, double loss_scale, const FinalFrom& final_from) {
+  Buffers& b = *b_;
+  const LlamaShape& s = layout_.shape();
+  CHECK(b.has_targets) << "CudaLlamaModel::Backward needs a Forward with targets first";
+  const int B = b.B, T_ = b.Tcur;
+  const int64_t N = static_cast<int64_t>(B) * T_, d = b.d, qd = b.qd, kvd = b.kvd, f = b.f;
+  const int64_t hd = s.head_dim(), H = s.num_heads, KV = s.num_kv_heads;
+  cudaStream_t st = stream_;
+  Matmul& mm = b.matmul;
+
+  // Loss -> logits (in place) -> lm_head -> final norm.
+  CrossEntropyBackward(b.logits, b.ce_lse, b.targets, N, b.V, static_cast<float>(loss_scale), st);
+  mm.BackwardInput(b.dln, b.logits, params + layout_.lm_head(), N, d, b.V, false, st);
+  mm.BackwardWeight(grads + layout_.lm_head(), b.logits, b.lnf, N, d, b.V, st);
+  HERD_CUDA_CHECK(cudaMemsetAsync(b.dres, 0, N * d * sizeof(T), st));
+  const T* x_final = b.residual + s.num_layers * b.N * d;
+  RmsNormBackward(b.dres, grads + layout_.final_norm(), b.dln, x_final, params + layout_.final_norm(), b.lnf_rstd, N, d,
+                  b.rms_scratch, st);
+  if (final_from) final_from(layout_.final_norm());  // lm_head (untied) follows the final norm
+
+  for (int l = s.num_layers - 1; l >= 0; --l) {
+    const LayerOffsets& w = layout_.layer(l);
+    const auto a = b.layer(l);
+    // MLP branch: dres is d(layer output) = d(mid) through the skip.
+    mm.BackwardInput(b.dact, b.dres, params + w.down_proj, N, f, d, false, st);
+    mm.BackwardWeight(grads + w.down_proj, b.dres, a.act, N, f, d, st);
+    SwigluBackward(b.dgate, b.dup, b.dact, a.gate, a.up, N * f, st);
+    mm.BackwardInput(b.dln, b.dgate, params + w.gate_proj, N, d, f, false, st);
+    mm.BackwardWeight(grads + w.gate_proj, b.dgate, a.ln2, N, d, f, st);
+    mm.BackwardInput(b.dln, b.dup, params + w.up_proj, N, d, f, true, st);
+    mm.BackwardWeight(grads + w.up_proj, b.dup, a.ln2, N, d, f, st);
+    RmsNormBackward(b.dres, grads + w.post_norm, b.dln, a.mid, params + w.post_norm, a.ln2_rstd, N, d, b.rms_scratch,
+                    st);
+
+    // Attention branch: dres is now d(mid) = d(layer input) through the skip.
+    mm.BackwardInput(b.datt, b.dres, params + w.o_proj, N, qd, d, false, st);
+    mm.BackwardWeight(grads + w.o_proj, b.dres, a.att, N, qd, d, st);
+    AttentionBackward(b.dq, b.dk, b.dv, b.datt, a.att, a.lse, a.q, a.k, a.v, B, T_, H, KV, hd, b.attn_scratch, st);
+    RopeBackward(b.dq, b.rope_cos, b.rope_sin, B, T_, H, hd, st);
+    RopeBackward(b.dk, b.rope_cos, b.rope_sin, B, T_, KV, hd, st);
+    mm.BackwardInput(b.dln, b.dq, params + w.q_proj, N, d, qd, false, st);
+    mm.BackwardWeight(grads + w.q_proj, b.dq, a.ln1, N, d, qd, st);
+    mm.BackwardInput(b.dln, b.dk, params + w.k_proj, N, d, kvd, true, st);
+    mm.BackwardWeight(grads + w.k_proj, b.dk, a.ln1, N, d, kvd, st);
+    mm.BackwardInput(b.dln, b.dv, params + w.v_proj, N, d, kvd, true, st);
+    mm.BackwardWeight(grads + w.v_proj, b.dv, a.ln1, N, d, kvd, st);
+    RmsNormBackward(b.dres, grads + w.input_norm, b.dln, a.x, params + w.input_norm, a.ln1_rstd, N, d, b.rms_scratch,
+                    st);
+    if (final_from) final_from(w.input_norm);  // the layer's first tensor
+  }
+  EmbeddingBackward(grads + layout_.embed(), b.dres, b.group_tokens, b.group_starts, b.group_positions, b.groups, d,
+                    st);
+  HERD_CUDA_CHECK_LAUNCH();
+  if (final_from) final_from(0);
+}
+
+template class CudaLlamaModel<float>;
+template class CudaLlamaModel<__nv_bfloat16>;
+
+}  // namespace herd::cuda

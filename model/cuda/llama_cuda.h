@@ -1,0 +1,73 @@
+// The Llama model on a CUDA device: model/llama.h's forward and backward
+// over the flat parameter space, with every activation in a named device
+// buffer and the kernels of model/cuda/kernels.h.
+//
+// Parameters are a device buffer of the compute dtype T (float for parity
+// with the CPU, __nv_bfloat16 by default on GPUs); gradients are a device
+// fp32 buffer of the same layout, accumulated (+=) like the CPU model's.
+// Token ids arrive from the host. Everything runs in order on the model's
+// stream; Forward returns after the losses are on the host.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+#include "model/cuda/device_compat.h"
+#include "model/llama_config.h"
+#include "model/param_layout.h"
+
+namespace herd::cuda {
+
+template <typename T>
+class CudaLlamaModel {
+ public:
+  // Device activations for up to max_batch sequences of max_seq_len. The
+  // shape's head_dim must be one AttentionHeadDimSupported accepts (checked
+  // by CheckShape before construction).
+  CudaLlamaModel(const LlamaShape& shape, int max_batch, int max_seq_len, cudaStream_t stream);
+  ~CudaLlamaModel();
+  CudaLlamaModel(const CudaLlamaModel&) = delete;
+  CudaLlamaModel& operator=(const CudaLlamaModel&) = delete;
+
+  // Why this model cannot run the shape, or "" if it can.
+  static std::string CheckShape(const LlamaShape& shape);
+
+  const ParamLayout& layout() const { return layout_; }
+  cudaStream_t stream() const { return stream_; }
+
+  // Forward over host tokens[B, T_]; with host targets returns the mean
+  // cross-entropy (summed in order in double, as the CPU model does).
+  // `need(end)` is called before the first kernel that reads parameters
+  // below flat offset `end` is enqueued: the caller makes them present in
+  // stream order (e.g. enqueues their copy onto this stream).
+  using NeedUpTo = std::function<void(int64_t end)>;
+  double Forward(const T* params, const int32_t* host_tokens, const int32_t* host_targets, int B, int T_,
+                 const NeedUpTo& need = nullptr);
+
+  // grads += d(loss_scale * sum of per-token losses)/d(params) for the last
+  // Forward with targets. `final_from(x)` is called once the kernels that
+  // finish every gradient at offset >= x are enqueued: work enqueued on the
+  // stream after the call sees them final.
+  using FinalFrom = std::function<void(int64_t offset)>;
+  void Backward(const T* params, float* grads, double loss_scale, const FinalFrom& final_from = nullptr);
+
+  // Device [B*T_, vocab] logits of the last Forward (overwritten by Backward).
+  const T* logits() const;
+
+  // Device bytes of the activations and backward scratch for max_batch x
+  // max_seq_len (a worker's share of a memory plan).
+  static int64_t ActivationBytes(const LlamaShape& shape, int max_batch, int max_seq_len);
+
+ private:
+  struct Buffers;
+  ParamLayout layout_;
+  int max_batch_, max_seq_len_;
+  cudaStream_t stream_;
+  std::unique_ptr<Buffers> b_;
+};
+
+extern template class CudaLlamaModel<float>;
+extern template class CudaLlamaModel<__nv_bfloat16>;
+
+}  // namespace herd::cuda
