@@ -194,6 +194,9 @@ std::vector<Violation> CheckValues(const JobConfig& c) {
   need(m.initializer_range() >= 0, "model.initializer_range", "must be >= 0");
   need(m.max_position_embeddings() >= 0, "model.max_position_embeddings", "must be >= 0 (0 = unset)");
 
+  need(c.device().kind() == config::DeviceConfig::CUDA || c.device().dtype() == config::DeviceConfig::FP32,
+       "device.dtype", "BF16 needs device.kind CUDA (CPU workers compute in fp32)");
+
   const auto& t = c.train();
   need(t.steps() >= 0, "train.steps", "must be >= 0");
   need(t.batch_size() > 0, "train.batch_size", "must be > 0");

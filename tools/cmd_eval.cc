@@ -9,7 +9,7 @@
 #include "data/token_file.h"
 #include "model/checkpoint.h"
 #include "model/hf_io.h"
-#include "model/llama.h"
+#include "model/model.h"
 #include "tools/args.h"
 #include "tools/commands.h"
 #include "worker/evaluate.h"
@@ -40,8 +40,8 @@ int RunEval(int argc, char** argv) {
   if (*threads > 0) omp_set_num_threads(static_cast<int>(*threads));
   auto file = TokenFile::Open(args.Get("data"), model_config.vocab_size());
   if (!file.ok()) return ReportError(file.status());
-  LlamaModel<float> model(LlamaShape::FromConfig(model_config), static_cast<int>(*B), static_cast<int>(*T));
-  auto result = EvaluateLoss(model, weights.data(), *file, static_cast<int>(*B), static_cast<int>(*T), *N);
+  auto model = NewCpuModel(LlamaShape::FromConfig(model_config), static_cast<int>(*B), static_cast<int>(*T));
+  auto result = EvaluateLoss(*model, weights.data(), *file, static_cast<int>(*B), static_cast<int>(*T), *N);
   if (!result.ok()) return ReportError(result.status());
   std::printf("{\"loss\": %.9g, \"tokens\": %lld}\n", result->loss, static_cast<long long>(result->tokens));
   return 0;

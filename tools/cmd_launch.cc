@@ -6,6 +6,7 @@
 #include "tools/args.h"
 #include "tools/commands.h"
 #include "tools/local_job.h"
+#include "worker/model_factory.h"
 #include "worker/trainer.h"
 
 namespace herd::tools {
@@ -19,9 +20,9 @@ int RunLaunch(int argc, char** argv) {
   }
   auto config = LoadJobConfig(args.positional()[0], args.GetAll("set"));
   if (!config.ok()) return ReportError(config.status());
-  if (config->device().kind() != config::DeviceConfig::CPU) {
+  if (config->device().kind() == config::DeviceConfig::CUDA && !BuiltWithCuda()) {
     return ReportError(Status::InvalidArgument(args.positional()[0] +
-                                               ": device.kind CUDA is not available in this build yet; use CPU"));
+                                               ": device.kind CUDA, but this herd was built without CUDA; use CPU"));
   }
   if (config->data().train().empty()) {
     return ReportError(Status::InvalidArgument(args.positional()[0] + ": data.train is not set"));

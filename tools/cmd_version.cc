@@ -11,6 +11,7 @@
 #endif
 
 #include "tools/commands.h"
+#include "worker/model_factory.h"
 
 namespace herd::tools {
 
@@ -22,8 +23,12 @@ int RunVersion(int, char**) {
   std::snprintf(nccl, sizeof(nccl), "\"%d.%d.%d\"", NCCL_MAJOR, NCCL_MINOR, NCCL_PATCH);
 #endif
   // openblas_get_config() names the build (version, target, threading).
-  std::printf("{\"version\": \"%s\", \"cuda\": %s, \"nccl\": %s, \"ucx\": \"%s\", \"blas\": \"%s\"}\n", HERD_VERSION,
-              cuda, nccl, ucp_get_version_string(), openblas_get_config());
+  // cuda_devices: what this process sees now (0 without CUDA, a driver or
+  // a device); the tests that need a GPU read it.
+  std::printf(
+      "{\"version\": \"%s\", \"cuda\": %s, \"nccl\": %s, \"cuda_devices\": %d, \"ucx\": \"%s\", \"blas\": "
+      "\"%s\"}\n",
+      HERD_VERSION, cuda, nccl, CudaDeviceCount(), ucp_get_version_string(), openblas_get_config());
   return 0;
 }
 

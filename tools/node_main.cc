@@ -46,9 +46,8 @@ Status Run(int argc, char** argv) {
         "; " HERD_NODE_NAME " runs " +
         (HERD_NODE_SERVER ? "PARAMETER_SERVER jobs" : "PARAMETER_SERVER and ALLREDUCE jobs"));
   }
-  if (config.device().kind() != config::DeviceConfig::CPU) {
-    return Status::InvalidArgument(args.positional()[0] + ": device.kind CUDA is not available in this build yet");
-  }
+  // device.kind concerns workers only (servers hold fp32 state on the CPU);
+  // a worker that cannot make its model says why when it joins.
   HERD_ASSIGN_OR_RETURN(
       transport::JoinOptions join,
       transport::JoinOptions::ForProcess(config, HERD_NODE_SERVER ? wire::SERVER : wire::WORKER, args.Get("rank"),

@@ -109,6 +109,8 @@ int NcclCollectives::DeviceCount() {
 
 StatusOr<std::unique_ptr<NcclCollectives>> NcclCollectives::Create(CoordinatorClient& client) {
   if (DeviceCount() == 0) return Status::Unavailable("NCCL: no CUDA device is visible");
+  std::string why;
+  if (!NcclAvailable(&why)) return Status::Unavailable(why);
   ncclUniqueId id{};
   if (client.rank() == 0) {
     ncclResult_t r = ncclGetUniqueId(&id);

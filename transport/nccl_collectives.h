@@ -11,11 +11,15 @@
 #pragma once
 
 #include <memory>
+#include <string>
 
 #include "transport/collectives.h"
 #include "transport/coordinator_client.h"
 
 namespace herd::transport {
+
+// Whether libnccl can be opened (transport/nccl_loader.cc); `why` if not.
+bool NcclAvailable(std::string* why);
 
 class NcclCollectives : public Collectives {
  public:

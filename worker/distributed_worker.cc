@@ -18,7 +18,6 @@
 #include "data/sampler.h"
 #include "data/token_file.h"
 #include "model/checkpoint.h"
-#include "model/llama.h"
 #include "sharding/memory_plan.h"
 #include "sharding/shard_plan.h"
 #include "transport/join.h"
@@ -27,6 +26,7 @@
 #include "transport/wire.h"
 #include "worker/collective_exchange.h"
 #include "worker/evaluate.h"
+#include "worker/model_factory.h"
 #include "worker/progress_log.h"
 #include "worker/ps_exchange.h"
 
@@ -45,8 +45,8 @@ Status TrainDistributedWorker(const config::JobConfig& config, const TrainOption
   HERD_ASSIGN_OR_RETURN(JobData data, OpenJobData(config.data(), shape.vocab_size));
   const TokenFile& train_file = data.train;
   const std::unique_ptr<TokenFile>& val_file = data.val;
-  LlamaModel<float> model(shape, B, T);
-  const ParamLayout& layout = model.layout();
+  const ParamLayout layout(shape);
+  std::unique_ptr<Model> model;  // made once the rank (and so the GPU) is known
   const int64_t P = layout.size();
   HERD_ASSIGN_OR_RETURN(ShardPlan plan, ps ? ShardPlan::Create(layout, ShardPlanOptions::FromConfig(cluster))
                                            : CollectivePlan(layout, config, cluster.workers()));
@@ -80,6 +80,7 @@ Status TrainDistributedWorker(const config::JobConfig& config, const TrainOption
     HERD_RETURN_IF_ERROR(transport::AgreeOn(client, "herd/resume",
                                             resume_from ? BaseName(resume_from->dir) : std::string("none"),
                                             "the checkpoint to resume from"));
+    HERD_ASSIGN_OR_RETURN(model, CreateModel(config, B, T, LocalRank(rank)));
     HERD_ASSIGN_OR_RETURN(sampler, DistributedSampler::Create(train_file, T, W, rank, train.seed()));
     HERD_RETURN_IF_ERROR(sampler->CheckBatch(B).WithContext("train.batch_size: "));
     if (resume_from) {
@@ -129,9 +130,9 @@ Status TrainDistributedWorker(const config::JobConfig& config, const TrainOption
     HERD_RETURN_IF_ERROR(log.Open(config.log().metrics(), options.resume));
     if (resume_from)
       std::printf("resumed from %s (step %lld)\n", resume_from->dir.c_str(), static_cast<long long>(start));
-    std::printf("model: %.2fM parameters (%d layers, d=%d, %d heads, %d kv heads, vocab %d) | %d threads per worker\n",
+    std::printf("model: %.2fM parameters (%d layers, d=%d, %d heads, %d kv heads, vocab %d) | worker 0 on %s\n",
                 layout.num_parameters() / 1e6, shape.num_layers, shape.hidden_size, shape.num_heads, shape.num_kv_heads,
-                shape.vocab_size, omp_get_max_threads());
+                shape.vocab_size, model->Describe().c_str());
     if (ps) {
       std::printf("parameter servers: %d, workers: %d, wire %s", plan.num_servers(), W, bf16 ? "bf16" : "fp32");
     } else {
@@ -145,8 +146,8 @@ Status TrainDistributedWorker(const config::JobConfig& config, const TrainOption
   const int64_t tokens_per_step = static_cast<int64_t>(B) * T * A * W;
   const double loss_scale = 1.0 / static_cast<double>(tokens_per_step);
   std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(inputs.size());
-  const LlamaModel<float>::FinalFrom push_ready = [&exchange](int64_t offset) { exchange->FinalFrom(offset); };
-  const LlamaModel<float>::NeedUpTo wait_pulled = [&exchange](int64_t end) { exchange->WaitUpTo(end); };
+  const Model::FinalFrom push_ready = [&exchange](int64_t offset) { exchange->FinalFrom(offset); };
+  const Model::NeedUpTo wait_pulled = [&exchange](int64_t end) { exchange->WaitUpTo(end); };
 
   Stopwatch run_clock, window_clock;
   int64_t window_tokens = 0;
@@ -176,7 +177,7 @@ Status TrainDistributedWorker(const config::JobConfig& config, const TrainOption
       e.network_wait = window_s > 0 ? window_wait / window_s : 0;
       e.elapsed_s = run_clock.Seconds();
       e.eta_s = e.tokens_per_s > 0 ? (total_steps - step) * tokens_per_step / e.tokens_per_s : 0;
-      if (eval_now) e.val_loss = ValidationLoss(model, weights.data(), val_file.get(), config);
+      if (eval_now) e.val_loss = ValidationLoss(*model, weights.data(), val_file.get(), config);
       log.Write(e);
       window_clock.Reset();
       window_tokens = 0;
@@ -214,7 +215,7 @@ Status TrainDistributedWorker(const config::JobConfig& config, const TrainOption
     double loss = 0;
     for (int micro = 0; micro < A; ++micro) {
       sampler->NextBatch(B, inputs.data(), targets.data());
-      loss += model.Forward(weights.data(), inputs.data(), targets.data(), B, T, micro == 0 ? wait_pulled : nullptr);
+      loss += model->Forward(weights.data(), inputs.data(), targets.data(), B, T, micro == 0 ? wait_pulled : nullptr);
       if (micro == 0) {
         HERD_RETURN_IF_ERROR(exchange->FinishWeights().WithContext(t == start ? "initial weights: " : at));
         if (t > start) HERD_RETURN_IF_ERROR(finish_step(t));
@@ -222,7 +223,7 @@ Status TrainDistributedWorker(const config::JobConfig& config, const TrainOption
       }
       const bool last_micro = micro == A - 1;
       if (last_micro) exchange->BeginStep(grads.data(), static_cast<uint64_t>(t));
-      model.Backward(weights.data(), grads.data(), loss_scale, last_micro ? push_ready : nullptr);
+      model->Backward(weights.data(), grads.data(), loss_scale, last_micro ? push_ready : nullptr);
     }
     loss /= A;
     HERD_RETURN_IF_ERROR(exchange->FinishStep(loss).WithContext(at));
@@ -236,7 +237,7 @@ Status TrainDistributedWorker(const config::JobConfig& config, const TrainOption
       std::printf("stopped at step %lld of %lld (--stop-at); continue with --resume\n", static_cast<long long>(last),
                   static_cast<long long>(total_steps));
     } else {
-      PrintSample(model, weights.data(), config);
+      PrintSample(*model, weights.data(), config);
       std::printf("done: %lld steps in %s\n", static_cast<long long>(last),
                   FormatDuration(run_clock.Seconds()).c_str());
     }

@@ -12,8 +12,8 @@
 
 namespace herd {
 
-StatusOr<EvalResult> EvaluateLoss(LlamaModel<float>& model, const float* params, const TokenFile& file, int B,
-                                  int T, int64_t batches) {
+StatusOr<EvalResult> EvaluateLoss(Model& model, const float* params, const TokenFile& file, int B, int T,
+                                  int64_t batches) {
   HERD_ASSIGN_OR_RETURN(EvalReader reader, EvalReader::Create(file, T, B, std::max<int64_t>(batches, 0)));
   std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(inputs.size());
   double total = 0;
@@ -27,7 +27,7 @@ StatusOr<EvalResult> EvaluateLoss(LlamaModel<float>& model, const float* params,
   return r;
 }
 
-std::vector<int32_t> Generate(LlamaModel<float>& model, const float* params, std::vector<int32_t> tokens, int count,
+std::vector<int32_t> Generate(Model& model, const float* params, std::vector<int32_t> tokens, int count,
                               double temperature, uint64_t seed) {
   Rng rng(seed);
   const int V = model.shape().vocab_size;
@@ -59,8 +59,7 @@ std::vector<int32_t> Generate(LlamaModel<float>& model, const float* params, std
   return tokens;
 }
 
-double ValidationLoss(LlamaModel<float>& model, const float* params, const TokenFile* val,
-                      const config::JobConfig& config) {
+double ValidationLoss(Model& model, const float* params, const TokenFile* val, const config::JobConfig& config) {
   if (val == nullptr) return NAN;
   auto r = EvaluateLoss(model, params, *val, config.train().batch_size(), config.train().seq_len(),
                         config.log().eval_batches());
@@ -71,7 +70,7 @@ double ValidationLoss(LlamaModel<float>& model, const float* params, const Token
   return r->loss;
 }
 
-void PrintSample(LlamaModel<float>& model, const float* params, const config::JobConfig& config) {
+void PrintSample(Model& model, const float* params, const config::JobConfig& config) {
   const auto& log = config.log();
   if (log.sample_tokens() <= 0 || config.model().vocab_size() < 256) return;
   std::vector<int32_t> prompt;

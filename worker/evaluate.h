@@ -1,4 +1,4 @@
-// Held-out loss and text generation with a CPU Llama: used at the end of
+// Held-out loss and text generation with a Llama on any device: used at the end of
 // training, every log.eval_every steps, and by `herd eval`.
 #pragma once
 
@@ -7,7 +7,7 @@
 
 #include "common/status.h"
 #include "data/token_file.h"
-#include "model/llama.h"
+#include "model/model.h"
 #include "proto/herd.pb.h"
 
 namespace herd {
@@ -20,23 +20,22 @@ struct EvalResult {
 // Mean loss over the first batches*B windows of T+1 tokens of `file`, in
 // order, non-overlapping (window w starts at token w*T). batches <= 0 means
 // every full batch the file holds. The model must fit B x T.
-StatusOr<EvalResult> EvaluateLoss(LlamaModel<float>& model, const float* params, const TokenFile& file, int B,
-                                  int T, int64_t batches);
+StatusOr<EvalResult> EvaluateLoss(Model& model, const float* params, const TokenFile& file, int B, int T,
+                                  int64_t batches);
 
 // Continues `prompt` (token ids) by `count` tokens: greedy when temperature
 // is 0, else sampling from softmax(logits / temperature) with a seeded RNG.
 // Uses at most the model's max_seq_len most recent tokens as context.
-std::vector<int32_t> Generate(LlamaModel<float>& model, const float* params, std::vector<int32_t> prompt, int count,
+std::vector<int32_t> Generate(Model& model, const float* params, std::vector<int32_t> prompt, int count,
                               double temperature, uint64_t seed);
 
 // The training loop's held-out loss (log.eval_batches of train's B x T
 // from `val`); NaN, with a warning, when there is no val file or it is too
 // short.
-double ValidationLoss(LlamaModel<float>& model, const float* params, const TokenFile* val,
-                      const config::JobConfig& config);
+double ValidationLoss(Model& model, const float* params, const TokenFile* val, const config::JobConfig& config);
 
 // The end-of-training text sample (log.sample_tokens from
 // log.sample_prompt), printed on stdout; nothing for non-byte vocabularies.
-void PrintSample(LlamaModel<float>& model, const float* params, const config::JobConfig& config);
+void PrintSample(Model& model, const float* params, const config::JobConfig& config);
 
 }  // namespace herd

@@ -18,9 +18,9 @@
 #include "data/token_file.h"
 #include "model/checkpoint.h"
 #include "model/hf_io.h"
-#include "model/llama.h"
 #include "model/optim/adamw.h"
 #include "worker/evaluate.h"
+#include "worker/model_factory.h"
 #include "worker/progress_log.h"
 
 namespace herd {
@@ -41,8 +41,8 @@ Status TrainSingleProcess(const config::JobConfig& config, const TrainOptions& o
   HERD_RETURN_IF_ERROR(sampler.CheckBatch(B).WithContext("train.batch_size: "));
 
   // Model state: weights, gradients, AdamW moments over the flat space.
-  LlamaModel<float> model(shape, B, T);
-  const ParamLayout& layout = model.layout();
+  HERD_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, CreateModel(config, B, T, LocalRank(0)));
+  const ParamLayout& layout = model->layout();
   const int64_t P = layout.size();
   ShardState state;
   state.begin = 0;
@@ -79,9 +79,9 @@ Status TrainSingleProcess(const config::JobConfig& config, const TrainOptions& o
 
   ProgressLog log;
   HERD_RETURN_IF_ERROR(log.Open(config.log().metrics(), options.resume));
-  std::printf("model: %.2fM parameters (%d layers, d=%d, %d heads, %d kv heads, vocab %d) | %d threads\n",
-              layout.num_parameters() / 1e6, shape.num_layers, shape.hidden_size, shape.num_heads,
-              shape.num_kv_heads, shape.vocab_size, omp_get_max_threads());
+  std::printf("model: %.2fM parameters (%d layers, d=%d, %d heads, %d kv heads, vocab %d) | %s\n",
+              layout.num_parameters() / 1e6, shape.num_layers, shape.hidden_size, shape.num_heads, shape.num_kv_heads,
+              shape.vocab_size, model->Describe().c_str());
   std::printf("data: %s (%lld tokens) | batch %d x %d tokens x %d accum = %lld tokens/step\n",
               config.data().train().c_str(), static_cast<long long>(train_file.size()), B, T, A,
               static_cast<long long>(B) * T * A);
@@ -111,8 +111,8 @@ Status TrainSingleProcess(const config::JobConfig& config, const TrainOptions& o
     double loss = 0;
     for (int micro = 0; micro < A; ++micro) {
       sampler.NextBatch(B, inputs.data(), targets.data());
-      loss += model.Forward(state.weights.data(), inputs.data(), targets.data(), B, T);
-      model.Backward(state.weights.data(), grads.data(), loss_scale);
+      loss += model->Forward(state.weights.data(), inputs.data(), targets.data(), B, T);
+      model->Backward(state.weights.data(), grads.data(), loss_scale);
     }
     loss /= A;
     const double lr = LearningRate(opt, total_steps, t);
@@ -138,7 +138,7 @@ Status TrainSingleProcess(const config::JobConfig& config, const TrainOptions& o
       e.tokens_per_s = window_s > 0 ? window_tokens / window_s : 0;
       e.elapsed_s = run_clock.Seconds();
       e.eta_s = e.tokens_per_s > 0 ? (total_steps - state.step) * tokens_per_step / e.tokens_per_s : 0;
-      if (eval_now) e.val_loss = ValidationLoss(model, state.weights.data(), val_file.get(), config);
+      if (eval_now) e.val_loss = ValidationLoss(*model, state.weights.data(), val_file.get(), config);
       log.Write(e);
       window_clock.Reset();
       window_tokens = 0;
@@ -156,8 +156,9 @@ Status TrainSingleProcess(const config::JobConfig& config, const TrainOptions& o
     return Status::OK();
   }
 
-  PrintSample(model, state.weights.data(), config);
-  std::printf("done: %lld steps in %s\n", static_cast<long long>(state.step), FormatDuration(run_clock.Seconds()).c_str());
+  PrintSample(*model, state.weights.data(), config);
+  std::printf("done: %lld steps in %s\n", static_cast<long long>(state.step),
+              FormatDuration(run_clock.Seconds()).c_str());
   return Status::OK();
 }
 

@@ -11,6 +11,8 @@
 // This is the straightforward FMA formulation: one thread per row, fp32
 // arithmetic for every compute dtype. It is exact and O(T) in memory; a
 // tensor-core (mma) version for bf16 is the next step for speed.
+#include <glog/logging.h>
+
 #include "model/cuda/device_math.cuh"
 #include "model/cuda/kernels.h"
 
@@ -234,7 +236,9 @@ void Backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const float* lse
 
 }  // namespace
 
-bool AttentionHeadDimSupported(int64_t head_dim) { return head_dim == 32 || head_dim == 64 || head_dim == 128; }
+bool AttentionHeadDimSupported(int64_t head_dim) {
+  return head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128;
+}
 
 int64_t AttentionScratchFloats(int64_t B, int64_t T_, int64_t H) { return B * H * T_; }
 
@@ -244,12 +248,16 @@ void AttentionForward(T* out, float* lse, const T* q, const T* k, const T* v, in
   if (B * T_ == 0) return;
   const Dims d = MakeDims(T_, H, KV, head_dim);
   switch (head_dim) {
+    case 16:
+      return Forward<T, 16>(out, lse, q, k, v, B, d, stream);
     case 32:
       return Forward<T, 32>(out, lse, q, k, v, B, d, stream);
     case 64:
       return Forward<T, 64>(out, lse, q, k, v, B, d, stream);
     case 128:
       return Forward<T, 128>(out, lse, q, k, v, B, d, stream);
+    default:
+      LOG(FATAL) << "AttentionForward: head_dim " << head_dim << " has no kernel (AttentionHeadDimSupported)";
   }
 }
 
@@ -260,12 +268,16 @@ void AttentionBackward(T* dq, T* dk, T* dv, const T* dout, const T* out, const f
   if (B * T_ == 0) return;
   const Dims d = MakeDims(T_, H, KV, head_dim);
   switch (head_dim) {
+    case 16:
+      return Backward<T, 16>(dq, dk, dv, dout, out, lse, q, k, v, B, d, scratch, stream);
     case 32:
       return Backward<T, 32>(dq, dk, dv, dout, out, lse, q, k, v, B, d, scratch, stream);
     case 64:
       return Backward<T, 64>(dq, dk, dv, dout, out, lse, q, k, v, B, d, scratch, stream);
     case 128:
       return Backward<T, 128>(dq, dk, dv, dout, out, lse, q, k, v, B, d, scratch, stream);
+    default:
+      LOG(FATAL) << "AttentionBackward: head_dim " << head_dim << " has no kernel (AttentionHeadDimSupported)";
   }
 }
 

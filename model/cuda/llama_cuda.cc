@@ -100,7 +100,7 @@ template <typename T>
 std::string CudaLlamaModel<T>::CheckShape(const LlamaShape& shape) {
   if (!AttentionHeadDimSupported(shape.head_dim())) {
     return "head_dim " + std::to_string(shape.head_dim()) +
-           " (hidden_size / num_attention_heads) is not one the CUDA attention kernels are built for (32, 64, 128)";
+           " (hidden_size / num_attention_heads) is not one the CUDA attention kernels are built for (16, 32, 64, 128)";
   }
   return "";
 }

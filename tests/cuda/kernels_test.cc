@@ -148,6 +148,7 @@ TYPED_TEST(KernelTest, Attention) {
   const bool bf16_mode = std::is_same_v<TypeParam, bf16>;
   CheckAttention(2, 70, 4, 2, 32, this->Tol(5e-3), this->Tol(1e-2), bf16_mode);
   CheckAttention(1, 33, 3, 1, 64, this->Tol(5e-3), this->Tol(1e-2), bf16_mode);
+  CheckAttention(1, 65, 4, 4, 16, this->Tol(5e-3), this->Tol(1e-2), bf16_mode);
 }
 
 TYPED_TEST(KernelTest, SwigluAndAdd) {

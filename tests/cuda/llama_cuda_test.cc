@@ -116,9 +116,9 @@ TEST(CudaLlamaModel, Bf16MatchesTheCpuModel) {
 
 TEST(CudaLlamaModel, RefusesAHeadDimWithoutKernels) {
   LlamaShape s = SmallShape(true);
-  s.num_heads = 4;  // head_dim 16
+  s.num_heads = 8;  // head_dim 8
   s.num_kv_heads = 2;
-  EXPECT_NE(CudaLlamaModel<float>::CheckShape(s).find("head_dim 16"), std::string::npos);
+  EXPECT_NE(CudaLlamaModel<float>::CheckShape(s).find("head_dim 8"), std::string::npos);
   EXPECT_EQ(CudaLlamaModel<float>::CheckShape(SmallShape(true)), "");
 }
 

@@ -3,7 +3,10 @@
 // it, with the same shape checks (a layout that does not fit the operation
 // is CUBLAS_STATUS_INVALID_VALUE, as on a GPU), accumulated in double. Only
 // what herd uses is accepted: host-pointer fp32 scalars, the default
-// epilogue, fp32 or bf16 matrices; anything else is NOT_SUPPORTED.
+// epilogue, fp32 or bf16 matrices; anything else is NOT_SUPPORTED. The
+// product itself is OpenBLAS's dgemm on double copies of the operands
+// (exact for fp32 and bf16 inputs), so emulated training runs stay fast.
+#include <cblas.h>
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 
@@ -159,19 +162,25 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t computeDesc
   uint64_t m, n, k;
   if (!Shapes(d, a, b, c, dd, &m, &n, &k)) return CUBLAS_STATUS_INVALID_VALUE;
   const double al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
-  std::vector<double> row_of_a(k);
-  for (uint64_t i = 0; i < m; ++i) {
+  // op(A) [m, k] and op(B) [k, n] as dense column-major doubles.
+  std::vector<double> a_op(m * k), b_op(k * n), d_out(m * n);
+  for (uint64_t p = 0; p < k; ++p)
+    for (uint64_t i = 0; i < m; ++i)
+      a_op[i + p * m] = Load(A, a.type, d.transa == CUBLAS_OP_N ? i + p * a.ld : p + i * a.ld);
+  for (uint64_t j = 0; j < n; ++j)
     for (uint64_t p = 0; p < k; ++p)
-      row_of_a[p] = Load(A, a.type, d.transa == CUBLAS_OP_N ? i + p * a.ld : p + i * a.ld);
-    for (uint64_t j = 0; j < n; ++j) {
-      double sum = 0;
-      for (uint64_t p = 0; p < k; ++p)
-        sum += row_of_a[p] * Load(B, b.type, d.transb == CUBLAS_OP_N ? p + j * b.ld : j + p * b.ld);
+      b_op[p + j * k] = Load(B, b.type, d.transb == CUBLAS_OP_N ? p + j * b.ld : j + p * b.ld);
+  if (k > 0) {
+    cblas_dgemm(CblasColMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
+                static_cast<int>(k), al, a_op.data(), static_cast<int>(m), b_op.data(), static_cast<int>(k), 0.0,
+                d_out.data(), static_cast<int>(m));
+  }
+  for (uint64_t j = 0; j < n; ++j)
+    for (uint64_t i = 0; i < m; ++i) {
       // beta == 0 must not read C (it may be uninitialised, as on a GPU).
       const double prior = be == 0 ? 0.0 : be * Load(C, c.type, i + j * c.ld);
-      Store(D, dd.type, i + j * dd.ld, al * sum + prior);
+      Store(D, dd.type, i + j * dd.ld, d_out[i + j * m] + prior);
     }
-  }
   return CUBLAS_STATUS_SUCCESS;
 }
 

@@ -281,6 +281,16 @@ cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
   *free = *total = size_t{1} << 34;
   return cudaSuccess;
 }
+cudaError_t cudaHostRegister(void*, size_t, unsigned int) { return cudaSuccess; }
+cudaError_t cudaHostUnregister(void*) { return cudaSuccess; }
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp* prop, int device) {
+  if (device != 0) return cudaErrorInvalidDevice;
+  *prop = cudaDeviceProp{};
+  std::strncpy(prop->name, "emulated device", sizeof(prop->name) - 1);
+  prop->multiProcessorCount = 1;
+  prop->major = 9;
+  return cudaSuccess;
+}
 cudaError_t cudaFuncSetAttribute(const void*, enum cudaFuncAttribute, int) { return cudaSuccess; }
 
 }  // extern "C"

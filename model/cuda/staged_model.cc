@@ -1,0 +1,201 @@
+#include "model/cuda/staged_model.h"
+
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "model/cuda/check.h"
+#include "model/cuda/cublaslt_loader.h"
+#include "model/cuda/kernels.h"
+#include "model/cuda/llama_cuda.h"
+
+namespace herd::cuda {
+
+int DeviceCount() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();  // "no driver" is an answer here, not an error
+    return 0;
+  }
+  return count;
+}
+
+namespace {
+
+template <typename T>
+class StagedCudaModel final : public Model {
+ public:
+  StagedCudaModel(const LlamaShape& shape, int max_batch, int max_seq_len, int device, std::string name)
+      : max_batch_(max_batch), max_seq_len_(max_seq_len), name_(std::move(name)) {
+    HERD_CUDA_CHECK(cudaSetDevice(device));
+    HERD_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
+    HERD_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
+    model_ = std::make_unique<CudaLlamaModel<T>>(shape, max_batch, max_seq_len, compute_);
+    const int64_t P = model_->layout().size();
+    HERD_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&params_), P * sizeof(T)));
+    HERD_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&grads_), P * sizeof(float)));
+    if constexpr (!std::is_same_v<T, float>) HERD_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&params_f32_), P * 4));
+    HERD_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&grad_staging_), P * sizeof(float)));
+  }
+
+  ~StagedCudaModel() override {
+    cudaStreamSynchronize(compute_);
+    cudaStreamSynchronize(copy_);
+    model_.reset();
+    for (const void* p : registered_) cudaHostUnregister(const_cast<void*>(p));
+    for (cudaEvent_t e : event_pool_) cudaEventDestroy(e);
+    cudaFree(params_);
+    cudaFree(grads_);
+    cudaFree(params_f32_);
+    cudaFreeHost(grad_staging_);
+    cudaStreamDestroy(compute_);
+    cudaStreamDestroy(copy_);
+  }
+
+  const ParamLayout& layout() const override { return model_->layout(); }
+  int max_batch() const override { return max_batch_; }
+  int max_seq_len() const override { return max_seq_len_; }
+  std::string Describe() const override { return name_; }
+
+  double Forward(const float* params, const int32_t* tokens, const int32_t* targets, int B, int T_,
+                 const NeedUpTo& need) override {
+    Register(params);
+    int64_t uploaded = 0;
+    float* landing;
+    if constexpr (std::is_same_v<T, float>)
+      landing = params_;
+    else
+      landing = params_f32_;
+    auto upload = [&](int64_t end) {
+      if (need) need(end);  // the caller's [0, end) is in host memory now
+      if (end <= uploaded) return;
+      const int64_t n = end - uploaded;
+      HERD_CUDA_CHECK(
+          cudaMemcpyAsync(landing + uploaded, params + uploaded, n * sizeof(float), cudaMemcpyHostToDevice, copy_));
+      cudaEvent_t copied = NextEvent();
+      HERD_CUDA_CHECK(cudaEventRecord(copied, copy_));
+      HERD_CUDA_CHECK(cudaStreamWaitEvent(compute_, copied, 0));
+      if constexpr (!std::is_same_v<T, float>) Convert(params_ + uploaded, landing + uploaded, n, compute_);
+      uploaded = end;
+    };
+    events_used_ = 0;
+    return model_->Forward(params_, tokens, targets, B, T_, upload);
+  }
+
+  void Backward(const float* params, float* grads, double loss_scale, const FinalFrom& final_from) override {
+    (void)params;  // the device copy of the last Forward's weights is used
+    Register(grads);
+    const int64_t P = model_->layout().size();
+    HERD_CUDA_CHECK(cudaMemsetAsync(grads_, 0, P * sizeof(float), compute_));
+    struct Range {
+      int64_t begin, end;
+      cudaEvent_t copied;
+    };
+    std::deque<Range> in_flight;
+    int64_t staged_from = P;
+    events_used_ = 0;
+    auto stage = [&](int64_t from) {
+      if (from >= staged_from) return;
+      cudaEvent_t ready = NextEvent(), copied = NextEvent();
+      HERD_CUDA_CHECK(cudaEventRecord(ready, compute_));
+      HERD_CUDA_CHECK(cudaStreamWaitEvent(copy_, ready, 0));
+      HERD_CUDA_CHECK(cudaMemcpyAsync(grad_staging_ + from, grads_ + from, (staged_from - from) * sizeof(float),
+                                      cudaMemcpyDeviceToHost, copy_));
+      HERD_CUDA_CHECK(cudaEventRecord(copied, copy_));
+      in_flight.push_back({from, staged_from, copied});
+      staged_from = from;
+    };
+    // Every kernel is enqueued before the first wait below, so the device
+    // computes the early layers' gradients while the host adds and ships
+    // the late ones.
+    model_->Backward(params_, grads_, loss_scale, stage);
+    for (const Range& r : in_flight) {
+      HERD_CUDA_CHECK(cudaEventSynchronize(r.copied));
+#pragma omp parallel for simd schedule(static)
+      for (int64_t i = r.begin; i < r.end; ++i) grads[i] += grad_staging_[i];
+      if (final_from) final_from(r.begin);
+    }
+  }
+
+  const float* logits() override {
+    const int64_t n = static_cast<int64_t>(max_batch_) * max_seq_len_ * model_->layout().shape().vocab_size;
+    std::vector<T> raw(n);
+    HERD_CUDA_CHECK(cudaStreamSynchronize(compute_));
+    HERD_CUDA_CHECK(cudaMemcpy(raw.data(), model_->logits(), n * sizeof(T), cudaMemcpyDeviceToHost));
+    host_logits_.resize(n);
+    for (int64_t i = 0; i < n; ++i) {
+      if constexpr (std::is_same_v<T, float>)
+        host_logits_[i] = raw[i];
+      else
+        host_logits_[i] = __bfloat162float(raw[i]);
+    }
+    return host_logits_.data();
+  }
+
+ private:
+  // Page-locks a caller's buffer (the whole flat space) once.
+  void Register(const float* p) {
+    for (const void* r : registered_)
+      if (r == p) return;
+    const size_t bytes = model_->layout().size() * sizeof(float);
+    if (cudaHostRegister(const_cast<float*>(p), bytes, cudaHostRegisterDefault) == cudaSuccess) {
+      registered_.push_back(p);
+    } else {
+      (void)cudaGetLastError();  // copies from pageable memory still work, only slower
+    }
+  }
+  // Events are reused call after call (creating one per range would cost
+  // a driver call each).
+  cudaEvent_t NextEvent() {
+    if (events_used_ == event_pool_.size()) {
+      cudaEvent_t e;
+      HERD_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      event_pool_.push_back(e);
+    }
+    return event_pool_[events_used_++];
+  }
+
+  const int max_batch_, max_seq_len_;
+  const std::string name_;
+  cudaStream_t compute_ = nullptr, copy_ = nullptr;
+  std::unique_ptr<CudaLlamaModel<T>> model_;
+  T* params_ = nullptr;
+  float* params_f32_ = nullptr;  // bf16 mode: fp32 weights land here, then are converted
+  float* grads_ = nullptr;
+  float* grad_staging_ = nullptr;
+  std::vector<const void*> registered_;
+  std::vector<cudaEvent_t> event_pool_;
+  size_t events_used_ = 0;
+  std::vector<float> host_logits_;
+};
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Model>> NewStagedCudaModel(const LlamaShape& shape, int max_batch, int max_seq_len,
+                                                    config::DeviceConfig::DType dtype, int device) {
+  const int count = DeviceCount();
+  if (count == 0) return Status::FailedPrecondition("device.kind CUDA: no CUDA device is visible to this process");
+  if (device < 0 || device >= count) {
+    return Status::InvalidArgument("CUDA device " + std::to_string(device) + " does not exist (this process sees " +
+                                   std::to_string(count) + ")");
+  }
+#if !defined(HERD_CUDA_EMULATION)
+  std::string missing;
+  if (!CublasLtAvailable(&missing)) return Status::FailedPrecondition("device.kind CUDA: " + missing);
+#endif
+  const std::string why = CudaLlamaModel<float>::CheckShape(shape);
+  if (!why.empty()) return Status::InvalidArgument("model: " + why);
+  cudaDeviceProp prop{};
+  std::string gpu = "device";
+  if (cudaGetDeviceProperties(&prop, device) == cudaSuccess) gpu = prop.name;
+  const bool bf16 = dtype == config::DeviceConfig::BF16;
+  const std::string name = "cuda:" + std::to_string(device) + " " + gpu + ", " + (bf16 ? "bf16" : "fp32");
+  std::unique_ptr<Model> model;
+  if (bf16)
+    model = std::make_unique<StagedCudaModel<__nv_bfloat16>>(shape, max_batch, max_seq_len, device, name);
+  else
+    model = std::make_unique<StagedCudaModel<float>>(shape, max_batch, max_seq_len, device, name);
+  return model;
+}
+
+}  // namespace herd::cuda

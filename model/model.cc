@@ -1,0 +1,38 @@
+#include "model/model.h"
+
+#include <omp.h>
+
+#include "model/llama.h"
+
+namespace herd {
+
+namespace {
+
+class CpuModel final : public Model {
+ public:
+  CpuModel(const LlamaShape& shape, int max_batch, int max_seq_len) : model_(shape, max_batch, max_seq_len) {}
+
+  const ParamLayout& layout() const override { return model_.layout(); }
+  int max_batch() const override { return model_.max_batch(); }
+  int max_seq_len() const override { return model_.max_seq_len(); }
+  std::string Describe() const override { return "cpu (" + std::to_string(omp_get_max_threads()) + " threads)"; }
+  double Forward(const float* params, const int32_t* tokens, const int32_t* targets, int B, int T,
+                 const NeedUpTo& need) override {
+    return model_.Forward(params, tokens, targets, B, T, need);
+  }
+  void Backward(const float* params, float* grads, double loss_scale, const FinalFrom& final_from) override {
+    model_.Backward(params, grads, loss_scale, final_from);
+  }
+  const float* logits() override { return model_.logits(); }
+
+ private:
+  LlamaModel<float> model_;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> NewCpuModel(const LlamaShape& shape, int max_batch, int max_seq_len) {
+  return std::make_unique<CpuModel>(shape, max_batch, max_seq_len);
+}
+
+}  // namespace herd

@@ -1,0 +1,50 @@
+// What trainers, workers and evaluators drive: the Llama forward and
+// backward over *host* flat buffers (weights in, fp32 gradients out), on
+// whatever device computes them. The CPU model computes in place; a CUDA
+// model (model/cuda/staged_model.h) stages weights in and gradients out
+// through page-locked memory, range by range, so the hooks below keep
+// their meaning and a parameter-server worker overlaps its pulls and
+// pushes with the device's work.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "model/llama_config.h"
+#include "model/param_layout.h"
+
+namespace herd {
+
+class Model {
+ public:
+  using NeedUpTo = std::function<void(int64_t end)>;
+  using FinalFrom = std::function<void(int64_t offset)>;
+
+  virtual ~Model() = default;
+
+  virtual const ParamLayout& layout() const = 0;
+  const LlamaShape& shape() const { return layout().shape(); }
+  virtual int max_batch() const = 0;
+  virtual int max_seq_len() const = 0;
+  // "cpu (8 threads)", "cuda:0 NVIDIA H100 80GB HBM3, bf16", ...
+  virtual std::string Describe() const = 0;
+
+  // LlamaModel::Forward's contract: the mean cross-entropy with targets
+  // (0 without); need(end) before parameters below `end` are read.
+  virtual double Forward(const float* params, const int32_t* tokens, const int32_t* targets, int B, int T,
+                         const NeedUpTo& need = nullptr) = 0;
+  // LlamaModel::Backward's contract: grads += d(loss_scale * sum of
+  // losses)/d(params); final_from(x) once every gradient at offset >= x
+  // holds this call's contribution *in host memory*.
+  virtual void Backward(const float* params, float* grads, double loss_scale,
+                        const FinalFrom& final_from = nullptr) = 0;
+  // Host [B*T, vocab] logits of the last Forward (before any Backward).
+  virtual const float* logits() = 0;
+};
+
+// The CPU model (LlamaModel<float>, OpenMP threads).
+std::unique_ptr<Model> NewCpuModel(const LlamaShape& shape, int max_batch, int max_seq_len);
+
+}  // namespace herd

@@ -1,0 +1,26 @@
+// The model a job's config asks for (device.kind, device.dtype): the CPU
+// model, or a CUDA one where this build has CUDA and the process sees a
+// device. Workers on one machine share its GPUs round-robin by local rank.
+#pragma once
+
+#include <memory>
+
+#include "common/status.h"
+#include "model/model.h"
+#include "proto/herd.pb.h"
+
+namespace herd {
+
+StatusOr<std::unique_ptr<Model>> CreateModel(const config::JobConfig& config, int max_batch, int max_seq_len,
+                                             int local_rank);
+
+// The local rank for device selection: LOCAL_RANK (torchrun) or
+// SLURM_LOCALID when set, else the global rank (one machine).
+int LocalRank(int rank);
+
+// Whether this build can run CUDA workers, and how many devices this
+// process sees (0 without CUDA in the build, a driver or a device).
+bool BuiltWithCuda();
+int CudaDeviceCount();
+
+}  // namespace herd
