@@ -37,9 +37,12 @@ class Model {
                          const NeedUpTo& need = nullptr) = 0;
   // LlamaModel::Backward's contract: grads += d(loss_scale * sum of
   // losses)/d(params); final_from(x) once every gradient at offset >= x
-  // holds this call's contribution *in host memory*.
-  virtual void Backward(const float* params, float* grads, double loss_scale,
-                        const FinalFrom& final_from = nullptr) = 0;
+  // holds this call's contribution *in host memory*. With
+  // last_micro_batch false a device model may keep the contribution on the
+  // device and deliver it with the next call's: callers read `grads` only
+  // after a call with last_micro_batch true (the step's last micro-batch).
+  virtual void Backward(const float* params, float* grads, double loss_scale, const FinalFrom& final_from = nullptr,
+                        bool last_micro_batch = true) = 0;
   // Host [B*T, vocab] logits of the last Forward (before any Backward).
   virtual const float* logits() = 0;
 };

@@ -5,7 +5,10 @@ process training the same job (the tiny config, 20 steps, global batch 8):
 * the same run twice: bitwise identical metrics;
 * parameter-server mode, 2 CPU servers and 2 GPU workers (batch 4 each,
   sharing the device): within 1e-4 of the CPU run;
-* all-reduce mode, 2 GPU workers over the UCX ring: within 1e-4;
+* all-reduce mode, 2 GPU workers over the UCX ring (cluster.nccl false):
+  within 1e-4;
+* all-reduce mode, 1 GPU worker with NCCL, DDP and ZeRO-1 (gradients
+  reduced on the device, then staged to the host optimizer): within 1e-4;
 * bf16 compute: within 2e-2 relative, and it learns.
 
 With the real build it needs a CUDA device (`herd version` reports
@@ -59,12 +62,15 @@ def main():
     sb.run("launch", job("gpu", device=gpu))
     sb.run("launch", job("gpu_again", device=gpu))
     sb.run("launch", job("ps", 4, gpu, "cluster { sync: PARAMETER_SERVER servers: 2 workers: 2 }"))
-    sb.run("launch", job("ring", 4, gpu, "cluster { sync: ALLREDUCE workers: 2 }"))
+    sb.run("launch", job("ring", 4, gpu, "cluster { sync: ALLREDUCE workers: 2 nccl: false }"))
+    p = sb.run("launch", job("nccl", 8, gpu, "cluster { sync: ALLREDUCE workers: 1 }"))
+    assert "gradients by NCCL" in p.stdout, p.stdout
+    sb.run("launch", job("nccl_zero1", 8, gpu, "cluster { sync: ALLREDUCE workers: 1 zero_stage: 1 }"))
     sb.run("launch", job("bf16", device="device { kind: CUDA dtype: BF16 }"))
 
     cpu = losses(sb.path("cpu.jsonl"))
     figures = {}
-    for name in ("gpu", "ps", "ring"):
+    for name in ("gpu", "ps", "ring", "nccl", "nccl_zero1"):
         figures[name] = worst_relative(losses(sb.path(name + ".jsonl")), cpu)
         assert figures[name] < 1e-4, f"{name}: losses differ from the CPU run by {figures[name]:.3g} relative"
     def trajectory(name):

@@ -131,6 +131,7 @@ NcclCollectives::NcclCollectives(std::unique_ptr<Impl> impl) : impl_(std::move(i
 NcclCollectives::~NcclCollectives() = default;
 int NcclCollectives::rank() const { return impl_->rank_; }
 int NcclCollectives::size() const { return impl_->size_; }
+cudaStream_t NcclCollectives::stream() const { return impl_->stream_; }
 
 Collectives::Handle NcclCollectives::AllReduce(void* data, int64_t n, DType dtype) {
   const ncclDataType_t t = dtype == DType::kFloat64 ? ncclFloat64 : ncclFloat32;

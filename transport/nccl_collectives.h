@@ -10,6 +10,8 @@
 // ncclReduceScatter / ncclAllGather cannot express.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <memory>
 #include <string>
 
@@ -38,6 +40,11 @@ class NcclCollectives : public Collectives {
   Handle Broadcast(float* data, int64_t n, int root) override;
   Status Wait(Handle handle) override;
   void Fail(const Status& status) override;
+
+  // The stream every operation runs on, in issue order: a caller orders
+  // them after other device work with cudaStreamWaitEvent on it, and
+  // follows them with an event recorded on it.
+  cudaStream_t stream() const;
 
  private:
   class Impl;

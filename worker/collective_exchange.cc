@@ -45,6 +45,7 @@ class CollectiveExchange : public GradientExchange {
   }
 
   void FinalFrom(int64_t offset) override {
+    if (o_.device_reduction != nullptr) return;  // reduced before they reached us
     const auto& buckets = o_.plan->buckets();
     while (next_bucket_ < buckets.size() && buckets[next_bucket_].range.begin >= offset) {
       const Bucket& b = buckets[next_bucket_++];
@@ -55,8 +56,13 @@ class CollectiveExchange : public GradientExchange {
   }
 
   Status FinishStep(double loss) override {
-    CHECK_EQ(next_bucket_, o_.plan->buckets().size()) << "backward did not finish every bucket";
-    Status st = WaitAll();
+    Status st;
+    if (o_.device_reduction != nullptr) {
+      st = wait_.Timed([&] { return o_.device_reduction->FinishStep(); });
+    } else {
+      CHECK_EQ(next_bucket_, o_.plan->buckets().size()) << "backward did not finish every bucket";
+      st = WaitAll();
+    }
     // The global squared norm: DDP workers all hold the summed gradients;
     // ZeRO-1 owners each hold their range's.
     double sums[2] = {o_.zero1 ? SumOfSquares(grads_ + owned_.begin, owned_.size()) : 0.0, loss};

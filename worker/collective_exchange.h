@@ -31,6 +31,16 @@
 
 namespace herd {
 
+// Gradients that reach host memory already reduced across the workers
+// (CUDA workers: NCCL on the device, worker/nccl_gradients.h). The exchange
+// then sends no gradient itself and only waits for the step's reductions.
+class DeviceGradientReduction {
+ public:
+  virtual ~DeviceGradientReduction() = default;
+  // Waits for every reduction of the step; the first failure, if any.
+  virtual Status FinishStep() = 0;
+};
+
 struct CollectiveExchangeOptions {
   const config::JobConfig* config = nullptr;
   const ParamLayout* layout = nullptr;
@@ -38,6 +48,9 @@ struct CollectiveExchangeOptions {
   const ShardPlan* plan = nullptr;
   bool zero1 = false;
   transport::Collectives* collectives = nullptr;
+  // Set when gradients arrive reduced (then `collectives` carries only the
+  // norms, the losses and the weights).
+  DeviceGradientReduction* device_reduction = nullptr;
 };
 
 // Plans for the mode: one shard (DDP) or one per worker (ZeRO-1).

@@ -27,6 +27,7 @@
 #include "worker/collective_exchange.h"
 #include "worker/evaluate.h"
 #include "worker/model_factory.h"
+#include "worker/nccl_gradients.h"
 #include "worker/progress_log.h"
 #include "worker/ps_exchange.h"
 
@@ -46,7 +47,8 @@ Status TrainDistributedWorker(const config::JobConfig& config, const TrainOption
   const TokenFile& train_file = data.train;
   const std::unique_ptr<TokenFile>& val_file = data.val;
   const ParamLayout layout(shape);
-  std::unique_ptr<Model> model;  // made once the rank (and so the GPU) is known
+  std::unique_ptr<Model> model;                               // made once the rank (and so the GPU) is known
+  std::unique_ptr<DeviceGradientReduction> device_reduction;  // CUDA workers in all-reduce mode: NCCL
   const int64_t P = layout.size();
   HERD_ASSIGN_OR_RETURN(ShardPlan plan, ps ? ShardPlan::Create(layout, ShardPlanOptions::FromConfig(cluster))
                                            : CollectivePlan(layout, config, cluster.workers()));
@@ -81,6 +83,10 @@ Status TrainDistributedWorker(const config::JobConfig& config, const TrainOption
                                             resume_from ? BaseName(resume_from->dir) : std::string("none"),
                                             "the checkpoint to resume from"));
     HERD_ASSIGN_OR_RETURN(model, CreateModel(config, B, T, LocalRank(rank)));
+    if (!ps && config.device().kind() == config::DeviceConfig::CUDA && cluster.nccl() && BuiltWithNccl()) {
+      HERD_ASSIGN_OR_RETURN(device_reduction,
+                            ReduceGradientsWithNccl(client, *model, cluster.zero_stage() == 1 ? &plan : nullptr));
+    }
     HERD_ASSIGN_OR_RETURN(sampler, DistributedSampler::Create(train_file, T, W, rank, train.seed()));
     HERD_RETURN_IF_ERROR(sampler->CheckBatch(B).WithContext("train.batch_size: "));
     if (resume_from) {
@@ -118,6 +124,7 @@ Status TrainDistributedWorker(const config::JobConfig& config, const TrainOption
     o.plan = &plan;
     o.zero1 = cluster.zero_stage() == 1;
     o.collectives = rc;
+    o.device_reduction = device_reduction.get();
     HERD_ASSIGN_OR_RETURN(exchange, CreateCollectiveExchange(o, weights.data(), resume_from));
   }
 
@@ -136,7 +143,9 @@ Status TrainDistributedWorker(const config::JobConfig& config, const TrainOption
     if (ps) {
       std::printf("parameter servers: %d, workers: %d, wire %s", plan.num_servers(), W, bf16 ? "bf16" : "fp32");
     } else {
-      std::printf("all-reduce (UCX ring) among %d workers%s", W, cluster.zero_stage() == 1 ? ", ZeRO-1" : "");
+      std::printf("all-reduce (%s) among %d workers%s",
+                  device_reduction ? "gradients by NCCL, the rest by UCX ring" : "UCX ring", W,
+                  cluster.zero_stage() == 1 ? ", ZeRO-1" : "");
     }
     std::printf(", %zu buckets | batch %d x %d tokens x %d accum x %d workers = %lld tokens/step\n",
                 plan.buckets().size(), B, T, A, W, static_cast<long long>(B) * T * A * W);
@@ -223,7 +232,7 @@ Status TrainDistributedWorker(const config::JobConfig& config, const TrainOption
       }
       const bool last_micro = micro == A - 1;
       if (last_micro) exchange->BeginStep(grads.data(), static_cast<uint64_t>(t));
-      model->Backward(weights.data(), grads.data(), loss_scale, last_micro ? push_ready : nullptr);
+      model->Backward(weights.data(), grads.data(), loss_scale, last_micro ? push_ready : nullptr, last_micro);
     }
     loss /= A;
     HERD_RETURN_IF_ERROR(exchange->FinishStep(loss).WithContext(at));

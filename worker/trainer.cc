@@ -112,7 +112,7 @@ Status TrainSingleProcess(const config::JobConfig& config, const TrainOptions& o
     for (int micro = 0; micro < A; ++micro) {
       sampler.NextBatch(B, inputs.data(), targets.data());
       loss += model->Forward(state.weights.data(), inputs.data(), targets.data(), B, T);
-      model->Backward(state.weights.data(), grads.data(), loss_scale);
+      model->Backward(state.weights.data(), grads.data(), loss_scale, nullptr, micro == A - 1);
     }
     loss /= A;
     const double lr = LearningRate(opt, total_steps, t);

@@ -23,7 +23,7 @@ int DeviceCount() {
 namespace {
 
 template <typename T>
-class StagedCudaModel final : public Model {
+class StagedCudaModel final : public StagedCudaModelBase {
  public:
   StagedCudaModel(const LlamaShape& shape, int max_batch, int max_seq_len, int device, std::string name)
       : max_batch_(max_batch), max_seq_len_(max_seq_len), name_(std::move(name)) {
@@ -60,6 +60,11 @@ class StagedCudaModel final : public Model {
   double Forward(const float* params, const int32_t* tokens, const int32_t* targets, int B, int T_,
                  const NeedUpTo& need) override {
     Register(params);
+    // The device keeps the last weights: a micro-batch after the first, or
+    // an evaluation of unchanged weights, uploads nothing.
+    const bool upload_all = upload_due_ || need != nullptr || params != uploaded_from_;
+    upload_due_ = false;
+    uploaded_from_ = params;
     int64_t uploaded = 0;
     float* landing;
     if constexpr (std::is_same_v<T, float>)
@@ -68,7 +73,7 @@ class StagedCudaModel final : public Model {
       landing = params_f32_;
     auto upload = [&](int64_t end) {
       if (need) need(end);  // the caller's [0, end) is in host memory now
-      if (end <= uploaded) return;
+      if (!upload_all || end <= uploaded) return;
       const int64_t n = end - uploaded;
       HERD_CUDA_CHECK(
           cudaMemcpyAsync(landing + uploaded, params + uploaded, n * sizeof(float), cudaMemcpyHostToDevice, copy_));
@@ -82,11 +87,21 @@ class StagedCudaModel final : public Model {
     return model_->Forward(params_, tokens, targets, B, T_, upload);
   }
 
-  void Backward(const float* params, float* grads, double loss_scale, const FinalFrom& final_from) override {
+  void Backward(const float* params, float* grads, double loss_scale, const FinalFrom& final_from,
+                bool last_micro_batch) override {
     (void)params;  // the device copy of the last Forward's weights is used
-    Register(grads);
     const int64_t P = model_->layout().size();
-    HERD_CUDA_CHECK(cudaMemsetAsync(grads_, 0, P * sizeof(float), compute_));
+    // Micro-batches accumulate on the device; the step's last one ships
+    // the sum (reduced across workers first, when a reducer is attached).
+    if (!device_grads_pending_) HERD_CUDA_CHECK(cudaMemsetAsync(grads_, 0, P * sizeof(float), compute_));
+    device_grads_pending_ = true;
+    if (!last_micro_batch) {
+      model_->Backward(params_, grads_, loss_scale);
+      return;
+    }
+    device_grads_pending_ = false;
+    upload_due_ = true;  // the caller now steps the weights
+    Register(grads);
     struct Range {
       int64_t begin, end;
       cudaEvent_t copied;
@@ -98,6 +113,7 @@ class StagedCudaModel final : public Model {
       if (from >= staged_from) return;
       cudaEvent_t ready = NextEvent(), copied = NextEvent();
       HERD_CUDA_CHECK(cudaEventRecord(ready, compute_));
+      if (reducer_) ready = reducer_(grads_, from, staged_from, ready);
       HERD_CUDA_CHECK(cudaStreamWaitEvent(copy_, ready, 0));
       HERD_CUDA_CHECK(cudaMemcpyAsync(grad_staging_ + from, grads_ + from, (staged_from - from) * sizeof(float),
                                       cudaMemcpyDeviceToHost, copy_));
@@ -116,6 +132,8 @@ class StagedCudaModel final : public Model {
       if (final_from) final_from(r.begin);
     }
   }
+
+  void SetGradientReducer(GradientReducer reducer) override { reducer_ = std::move(reducer); }
 
   const float* logits() override {
     const int64_t n = static_cast<int64_t>(max_batch_) * max_seq_len_ * model_->layout().shape().vocab_size;
@@ -167,9 +185,19 @@ class StagedCudaModel final : public Model {
   std::vector<cudaEvent_t> event_pool_;
   size_t events_used_ = 0;
   std::vector<float> host_logits_;
+  GradientReducer reducer_;
+  bool device_grads_pending_ = false, upload_due_ = true;
+  const float* uploaded_from_ = nullptr;
 };
 
 }  // namespace
+
+Status AttachGradientReducer(Model& model, GradientReducer reducer) {
+  auto* staged = dynamic_cast<StagedCudaModelBase*>(&model);
+  if (staged == nullptr) return Status::InvalidArgument("gradients are reduced on the device only for CUDA models");
+  staged->SetGradientReducer(std::move(reducer));
+  return Status::OK();
+}
 
 StatusOr<std::unique_ptr<Model>> NewStagedCudaModel(const LlamaShape& shape, int max_batch, int max_seq_len,
                                                     config::DeviceConfig::DType dtype, int device) {

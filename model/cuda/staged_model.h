@@ -12,18 +12,40 @@
 // caller's buffers are page-locked in place (cudaHostRegister) on first
 // use, so the copies are DMA transfers without an extra host copy.
 //
+// Micro-batches of one step accumulate in device memory; the sum is staged
+// out once, with the step's last micro-batch.
+//
 // Debian's UCX has no CUDA support, so this host staging is the path for
 // parameter-server mode; with a CUDA-aware UCX the device buffers could be
 // handed to UCX directly (not done: UCX_MEMTYPE detection is future work).
 #pragma once
 
+#include <functional>
 #include <memory>
 
 #include "common/status.h"
+#include "model/cuda/device_compat.h"
 #include "model/model.h"
 #include "proto/herd.pb.h"
 
 namespace herd::cuda {
+
+// Reduces device gradients [begin, end) across workers (e.g. NCCL) once
+// `ready` (an event on the compute stream) has happened; returns an event
+// after which the reduced range may be copied out.
+using GradientReducer = std::function<cudaEvent_t(float* device_grads, int64_t begin, int64_t end, cudaEvent_t ready)>;
+
+// The staged model's own interface beyond Model (see AttachGradientReducer).
+class StagedCudaModelBase : public Model {
+ public:
+  virtual void SetGradientReducer(GradientReducer reducer) = 0;
+};
+
+// From now on, each range of the step's summed gradients is reduced on the
+// device before it is copied to the host, so the host receives the
+// reduced gradients (all-reduce mode over NCCL: ZeRO-Offload's layout,
+// with the optimizer on the host). `model` must be a CUDA model.
+Status AttachGradientReducer(Model& model, GradientReducer reducer);
 
 // Number of CUDA devices this process sees (0 without a driver or device).
 int DeviceCount();

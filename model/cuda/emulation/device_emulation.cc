@@ -274,6 +274,7 @@ cudaError_t cudaGetDevice(int* device) {
 }
 cudaError_t cudaGetLastError(void) { return cudaSuccess; }
 cudaError_t cudaPeekAtLastError(void) { return cudaSuccess; }
+const char* cudaGetErrorName(cudaError_t error) { return error == cudaSuccess ? "cudaSuccess" : "cudaErrorUnknown"; }
 const char* cudaGetErrorString(cudaError_t error) {
   return error == cudaSuccess ? "no error" : "error in the emulated device";
 }

@@ -1,0 +1,29 @@
+// All-reduce mode with CUDA workers: each range of the step's gradients is
+// reduced by NCCL on the device as soon as backward has finished it (on
+// NCCL's stream, overlapping the rest of backward), then staged to the host
+// already reduced, where the optimizer runs (ZeRO-Offload's split: device
+// compute and communication, host optimizer). DDP all-reduces; ZeRO-1
+// reduces each range's pieces to their owners only. The norms, losses and
+// ZeRO-1's weight all-gather stay on the UCX ring over host memory.
+#pragma once
+
+#include <memory>
+
+#include "common/status.h"
+#include "model/model.h"
+#include "sharding/shard_plan.h"
+#include "transport/coordinator_client.h"
+#include "worker/collective_exchange.h"
+
+namespace herd {
+
+// Whether this build reduces CUDA workers' gradients with NCCL.
+bool BuiltWithNccl();
+
+// Creates the NCCL communicator among the job's workers (every worker calls
+// it, after its CUDA model exists) and attaches the reduction to `model`.
+// `owners` is the ZeRO-1 plan (one shard per worker), or null for DDP.
+StatusOr<std::unique_ptr<DeviceGradientReduction>> ReduceGradientsWithNccl(transport::CoordinatorClient& client,
+                                                                           Model& model, const ShardPlan* owners);
+
+}  // namespace herd
