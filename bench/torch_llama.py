@@ -55,10 +55,11 @@ def init_params(s, seed=0, std=0.02, dtype=torch.float32):
     return params
 
 
-def rope_tables(s, T, dtype):
+def rope_tables(s, T, dtype, device=None):
     # HF LlamaRotaryEmbedding arithmetic, in the working precision.
-    inv_freq = 1.0 / (s.rope_theta ** (torch.arange(0, s.head_dim, 2, dtype=torch.int64).to(dtype) / s.head_dim))
-    t = torch.arange(T, dtype=dtype)
+    inv_freq = 1.0 / (s.rope_theta ** (torch.arange(0, s.head_dim, 2, dtype=torch.int64, device=device).to(dtype)
+                                       / s.head_dim))
+    t = torch.arange(T, dtype=dtype, device=device)
     freqs = torch.outer(t, inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos(), emb.sin()
@@ -78,9 +79,12 @@ def forward(s, params, tokens):
     """tokens [B, T] (long) -> logits [B, T, V]."""
     B, T = tokens.shape
     H, KV, hd = s.num_attention_heads, s.num_key_value_heads, s.head_dim
-    dtype = params["model.embed_tokens.weight"].dtype
-    cos, sin = rope_tables(s, T, dtype)
-    mask = torch.full((T, T), float("-inf"), dtype=dtype).triu(1)
+    dtype, device = params["model.embed_tokens.weight"].dtype, tokens.device
+    cos, sin = rope_tables(s, T, dtype, device)
+    # PyTorch >= 2.0 has fused (flash) attention; 1.13 (Debian's, the parity
+    # tests') spells the same maths out with an explicit causal mask.
+    fused_attention = hasattr(torch.nn.functional, "scaled_dot_product_attention")
+    mask = None if fused_attention else torch.full((T, T), float("-inf"), dtype=dtype, device=device).triu(1)
     x = params["model.embed_tokens.weight"][tokens]
     for l in range(s.num_hidden_layers):
         p = f"model.layers.{l}."
@@ -93,9 +97,12 @@ def forward(s, params, tokens):
         if KV != H:
             k = k.repeat_interleave(H // KV, dim=1)
             v = v.repeat_interleave(H // KV, dim=1)
-        att = (q @ k.transpose(-1, -2)) / math.sqrt(hd) + mask
-        att = torch.softmax(att, dim=-1)
-        o = (att @ v).transpose(1, 2).reshape(B, T, H * hd)
+        if fused_attention:
+            o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            att = (q @ k.transpose(-1, -2)) / math.sqrt(hd) + mask
+            o = torch.softmax(att, dim=-1) @ v
+        o = o.transpose(1, 2).reshape(B, T, H * hd)
         x = x + o @ params[p + "self_attn.o_proj.weight"].t()
         h = rms_norm(x, params[p + "post_attention_layernorm.weight"], s.rms_norm_eps)
         a = torch.nn.functional.silu(h @ params[p + "mlp.gate_proj.weight"].t()) * (h @ params[p + "mlp.up_proj.weight"].t())
@@ -112,12 +119,13 @@ def loss_fn(s, params, inputs, targets):
     return torch.nn.functional.cross_entropy(logits.reshape(-1, s.vocab_size), targets.reshape(-1))
 
 
-def make_optimizer(params, lr, betas, eps, weight_decay):
-    """torch.optim.AdamW with weight decay on 2-D tensors only (herd's rule)."""
+def make_optimizer(params, lr, betas, eps, weight_decay, **options):
+    """torch.optim.AdamW with weight decay on 2-D tensors only (herd's rule);
+    `options` go to AdamW (e.g. fused=True on CUDA)."""
     decay = [p for p in params.values() if p.dim() == 2]
     no_decay = [p for p in params.values() if p.dim() != 2]
     return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=betas, eps=eps)
+                              {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=betas, eps=eps, **options)
 
 
 def lr_at(step, lr, min_lr, warmup, total):

@@ -72,4 +72,10 @@ std::string FormatBytes(int64_t bytes) {
   return buf;
 }
 
+std::string ShellQuote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
 }  // namespace herd

@@ -25,4 +25,7 @@ std::string FormatRange(uint64_t begin, uint64_t end);
 // 1536 → "1.5 KiB", 25165824 → "24.0 MiB".
 std::string FormatBytes(int64_t bytes);
 
+// `s` as one word for /bin/sh (single-quoted), for commands run by popen.
+std::string ShellQuote(const std::string& s);
+
 }  // namespace herd

@@ -9,7 +9,9 @@ process training the same job (the tiny config, 20 steps, global batch 8):
   within 1e-4;
 * all-reduce mode, 1 GPU worker with NCCL, DDP and ZeRO-1 (gradients
   reduced on the device, then staged to the host optimizer): within 1e-4;
-* bf16 compute: within 2e-2 relative, and it learns.
+* bf16 compute: within 2e-2 relative, and it learns;
+* `herd bench gpu` on a tiny shape prints herd's line (tokens_per_s, mfu),
+  PyTorch's (on the CPU for the emulated device) and the ratios.
 
 With the real build it needs a CUDA device (`herd version` reports
 cuda_devices) and exits 77, reported as skipped, without one. With
@@ -81,6 +83,19 @@ def main():
     figures["bf16"] = worst_relative(bf16, cpu)
     assert figures["bf16"] < 2e-2, f"bf16: losses differ from the CPU run by {figures['bf16']:.3g} relative"
     assert bf16[-1] < bf16[0] - 1.0, "bf16: the model did not learn"
+    # The GPU benchmark's plumbing on a tiny shape (its figures mean nothing here).
+    shape = ["--set", "model.vocab_size=256", "--set", "model.hidden_size=64", "--set", "model.intermediate_size=160",
+             "--set", "model.num_hidden_layers=2", "--set", "model.num_attention_heads=4",
+             "--set", "model.num_key_value_heads=2", "--set", "train.batch_size=2", "--set", "train.seq_len=64"]
+    python, torch_device = ("/usr/bin/python3", "cpu") if emulated else ("python3", "cuda")
+    p = sb.run("bench", "gpu", *shape, "--steps", "2", "--warmup", "1", "--python", python,
+               "--torch-device", torch_device, "--torch-modes", "eager")
+    lines = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+    ours, theirs, summary = lines[0], lines[1], lines[-1]
+    assert ours["impl"] == "herd" and ours["tokens_per_s"] > 0 and ours["mfu"] > 0, ours
+    assert ours["parameters"] == theirs["parameters"] and ours["flops_per_token"] == theirs["flops_per_token"], lines
+    assert theirs["impl"] == "pytorch_eager" and theirs["tokens_per_s"] > 0, theirs
+    assert summary["vs_pytorch_eager"] > 0, summary
     print(("emulated device" if emulated else version.get("version")) + ": " +
           ", ".join(f"{k} {v:.2g}" for k, v in figures.items()))
     print("gpu_train: ok")

@@ -35,12 +35,6 @@ struct ModeResult {
   double worker_peak = 0, server_peak = 0;  // bytes
 };
 
-std::string Quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
 double Median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -63,8 +57,8 @@ StatusOr<ModeResult> RunMode(const std::string& herd, const std::string& config_
     sets.insert(sets.end(), {"cluster.sync=ALLREDUCE", "cluster.servers=0",
                              std::string("cluster.zero_stage=") + (mode == "allreduce_zero1" ? "1" : "0")});
   }
-  std::string cmd = Quote(herd) + " launch " + Quote(config_path);
-  for (const std::string& s : sets) cmd += " --set " + Quote(s);
+  std::string cmd = ShellQuote(herd) + " launch " + ShellQuote(config_path);
+  for (const std::string& s : sets) cmd += " --set " + ShellQuote(s);
   cmd += " 2>&1";
   std::FILE* out = ::popen(cmd.c_str(), "r");
   if (out == nullptr) return Status::IOError("cannot run " + herd);

@@ -20,5 +20,7 @@ int RunBenchTransport(int argc, char** argv);
 int RunBenchAllReduce(int argc, char** argv);
 // herd bench compare (tools/cmd_bench_compare.cc): PS vs all-reduce vs ZeRO-1 on one job.
 int RunBenchCompare(int argc, char** argv);
+// herd bench gpu (tools/cmd_bench_gpu.cc): one GPU, herd next to PyTorch.
+int RunBenchGpu(int argc, char** argv);
 
 }  // namespace herd::tools

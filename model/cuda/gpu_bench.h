@@ -1,0 +1,38 @@
+// The GPU training step of `herd bench gpu`, everything resident on one
+// device as llm.c and a PyTorch training loop keep it: fp32 master
+// weights, AdamW moments and gradients in device memory, the compute copy
+// in the compute dtype, forward + backward + global-norm clipping + AdamW
+// (the AdamW and norm kernels of model/cuda/kernels.h) per step, on
+// synthetic tokens. No CUDA type appears here, so tools/ can call it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+#include "model/llama_config.h"
+#include "proto/herd.pb.h"
+
+namespace herd::cuda {
+
+struct GpuBenchOptions {
+  LlamaShape shape;
+  int batch = 8, seq_len = 1024, steps = 20, warmup = 5;
+  bool bf16 = true;
+  uint64_t seed = 0;
+  double init_std = 0.02;
+  config::OptimizerConfig optimizer;
+  int device = 0;
+};
+
+struct GpuBenchResult {
+  std::string device_name;
+  double median_step_s = 0, mean_step_s = 0;
+  double loss_first = 0, loss_last = 0;
+  int64_t parameters = 0;    // without padding; tied embeddings once
+  int64_t device_bytes = 0;  // allocated by the run: state + activations
+};
+
+StatusOr<GpuBenchResult> RunGpuTrainBench(const GpuBenchOptions& options);
+
+}  // namespace herd::cuda
