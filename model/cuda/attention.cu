@@ -8,11 +8,13 @@
 // thread per key row, walking the group's query heads, then queries, in
 // order), instead of FlashAttention-2's atomic dq accumulation.
 //
-// This is the straightforward FMA formulation: one thread per row, fp32
-// arithmetic for every compute dtype. It is exact and O(T) in memory; a
-// tensor-core (mma) version for bf16 is the next step for speed.
+// These kernels are the straightforward FMA formulation: one thread per
+// row, fp32 arithmetic for every compute dtype. They serve fp32 mode (exact
+// parity with the CPU) and head dimensions without a tensor-core kernel;
+// bf16 with head_dim 64 or 128 goes to attention_tc.cu.
 #include <glog/logging.h>
 
+#include "model/cuda/attention_tc.h"
 #include "model/cuda/device_math.cuh"
 #include "model/cuda/kernels.h"
 
@@ -246,6 +248,10 @@ template <typename T>
 void AttentionForward(T* out, float* lse, const T* q, const T* k, const T* v, int64_t B, int64_t T_, int64_t H,
                       int64_t KV, int64_t head_dim, cudaStream_t stream) {
   if (B * T_ == 0) return;
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (TensorCoreAttentionSupports(head_dim))
+      return TensorCoreAttentionForward(out, lse, q, k, v, B, T_, H, KV, head_dim, stream);
+  }
   const Dims d = MakeDims(T_, H, KV, head_dim);
   switch (head_dim) {
     case 16:
@@ -266,6 +272,15 @@ void AttentionBackward(T* dq, T* dk, T* dv, const T* dout, const T* out, const f
                        const T* v, int64_t B, int64_t T_, int64_t H, int64_t KV, int64_t head_dim, float* scratch,
                        cudaStream_t stream) {
   if (B * T_ == 0) return;
+  if constexpr (std::is_same_v<T, bf16>) {
+    if (TensorCoreAttentionSupports(head_dim)) {
+      const int64_t rows = B * T_ * H;
+      const Dims d = MakeDims(T_, H, KV, head_dim);
+      auto* delta_kernel = head_dim == 64 ? &FlashDeltaKernel<T, 64> : &FlashDeltaKernel<T, 128>;
+      HERD_LAUNCH(delta_kernel, GridFor(rows, 8), 256, 0, stream, scratch, dout, out, rows, d);
+      return TensorCoreAttentionBackward(dq, dk, dv, dout, lse, scratch, q, k, v, B, T_, H, KV, head_dim, stream);
+    }
+  }
   const Dims d = MakeDims(T_, H, KV, head_dim);
   switch (head_dim) {
     case 16:

@@ -149,6 +149,10 @@ TYPED_TEST(KernelTest, Attention) {
   CheckAttention(2, 70, 4, 2, 32, this->Tol(5e-3), this->Tol(1e-2), bf16_mode);
   CheckAttention(1, 33, 3, 1, 64, this->Tol(5e-3), this->Tol(1e-2), bf16_mode);
   CheckAttention(1, 65, 4, 4, 16, this->Tol(5e-3), this->Tol(1e-2), bf16_mode);
+  // bf16 takes the tensor-core kernels here (head_dim 64 and 128): several
+  // 64-row tiles, a ragged last one, and a group of two.
+  CheckAttention(1, 130, 2, 1, 128, this->Tol(5e-3), this->Tol(1e-2), bf16_mode);
+  CheckAttention(2, 100, 4, 2, 64, this->Tol(5e-3), this->Tol(1e-2), bf16_mode);
 }
 
 TYPED_TEST(KernelTest, SwigluAndAdd) {

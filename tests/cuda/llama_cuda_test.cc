@@ -17,13 +17,13 @@ namespace {
 
 using namespace ::herd::cuda::testing;  // NOLINT
 
-LlamaShape SmallShape(bool tied) {
+LlamaShape SmallShape(bool tied, int heads = 2) {
   LlamaShape s;
   s.vocab_size = 96;
   s.hidden_size = 64;
   s.intermediate_size = 160;
   s.num_layers = 2;
-  s.num_heads = 2;  // head_dim 32
+  s.num_heads = heads;  // head_dim 64 / heads
   s.num_kv_heads = 1;
   s.tie_word_embeddings = tied;
   return s;
@@ -34,8 +34,8 @@ struct Tolerances {
 };
 
 template <typename T>
-void CheckModel(bool tied, const Tolerances& tol) {
-  const LlamaShape shape = SmallShape(tied);
+void CheckModel(bool tied, const Tolerances& tol, int heads = 2) {
+  const LlamaShape shape = SmallShape(tied, heads);
   const int B = 2, T_ = 37;
   const int64_t N = B * T_;
   const ParamLayout layout(shape);
@@ -112,6 +112,11 @@ TEST(CudaLlamaModel, Bf16MatchesTheCpuModel) {
   HERD_REQUIRE_DEVICE();
   // Measured on the emulated device: logits 1.6e-2, worst gradient 2.4e-2.
   CheckModel<__nv_bfloat16>(/*tied=*/false, {1e-2, 3e-2, 5e-2});
+}
+
+TEST(CudaLlamaModel, Bf16WithTensorCoreAttentionMatchesTheCpuModel) {
+  HERD_REQUIRE_DEVICE();
+  CheckModel<__nv_bfloat16>(/*tied=*/true, {1e-2, 3e-2, 5e-2}, /*heads=*/1);  // head_dim 64
 }
 
 TEST(CudaLlamaModel, RefusesAHeadDimWithoutKernels) {
