@@ -4,6 +4,8 @@
 // without CUDA and finds the libraries where GPU machines keep them.
 #pragma once
 
+#include <glog/logging.h>
+
 #include <initializer_list>
 #include <mutex>
 #include <string>
@@ -23,6 +25,15 @@ class DynamicLibrary {
   // missing: see error()).
   void* Symbol(const char* name);
   const std::string& error();
+  // The function `name` as type F; stops the process with error() when the
+  // library or the symbol is missing (callers check Available() first where
+  // that must be a clean error instead).
+  template <typename F>
+  F Function(const char* name) {
+    void* symbol = Symbol(name);
+    LOG_IF(FATAL, symbol == nullptr) << error();
+    return reinterpret_cast<F>(symbol);
+  }
 
  private:
   void Open();

@@ -3,7 +3,6 @@
 // defined here and forward to libnccl.so.<major>, looked for on the
 // loader's path, then under /usr/local/cuda and the build machine's
 // toolkit. NcclAvailable() lets NcclCollectives::Create refuse cleanly.
-#include <glog/logging.h>
 #include <nccl.h>
 
 #include <string>
@@ -23,21 +22,14 @@ DynamicLibrary& Library() {
   return lib;
 }
 
-template <typename F>
-F Resolve(const char* name) {
-  void* symbol = Library().Symbol(name);
-  LOG_IF(FATAL, symbol == nullptr) << Library().error();
-  return reinterpret_cast<F>(symbol);
-}
-
 }  // namespace
 
 bool NcclAvailable(std::string* why) { return Library().Available(why); }
 
 }  // namespace herd::transport
 
-#define HERD_FORWARD(name, ...)                                              \
-  static const auto fn = ::herd::transport::Resolve<decltype(&name)>(#name); \
+#define HERD_FORWARD(name, ...)                                                         \
+  static const auto fn = ::herd::transport::Library().Function<decltype(&name)>(#name); \
   return fn(__VA_ARGS__)
 
 extern "C" {

@@ -14,6 +14,7 @@
 // bf16 with head_dim 64 or 128 goes to attention_tc.cu.
 #include <glog/logging.h>
 
+#include "model/cuda/attention_dims.h"
 #include "model/cuda/attention_tc.h"
 #include "model/cuda/device_math.cuh"
 #include "model/cuda/kernels.h"
@@ -24,11 +25,6 @@ namespace {
 
 constexpr int kRowsPerBlock = 64;  // query rows (forward, dq) or key rows (dk/dv) per block
 constexpr int kTile = 32;          // rows of the streamed operand per shared-memory tile
-
-struct Dims {
-  int64_t T, H, KV, group;  // group = H / KV
-  float scale;
-};
 
 // Row `row` of head `head` in a [B, T, heads, HD] tensor, as fp32.
 template <int HD, typename T>
@@ -59,7 +55,7 @@ __device__ __forceinline__ float Dot(const float* a, const float* b) {
 // grid (query tiles, H, B); a thread per query row.
 template <typename T, int HD>
 __global__ void __launch_bounds__(kRowsPerBlock)
-    FlashForwardKernel(T* out, float* lse, const T* q, const T* k, const T* v, Dims d) {
+    FlashForwardKernel(T* out, float* lse, const T* q, const T* k, const T* v, AttentionDims d) {
   __shared__ float ks[kTile][HD];
   __shared__ float vs[kTile][HD];
   const int64_t b = blockIdx.z, h = blockIdx.y, kvh = h / d.group;
@@ -105,7 +101,7 @@ __global__ void __launch_bounds__(kRowsPerBlock)
 
 // delta[b, h, i] = sum_c dout * out: a warp per (b, i, h) row.
 template <typename T, int HD>
-__global__ void FlashDeltaKernel(float* delta, const T* dout, const T* out, int64_t rows, Dims d) {
+__global__ void FlashDeltaKernel(float* delta, const T* dout, const T* out, int64_t rows, AttentionDims d) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;  // (b*T + i)*H + h
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;
@@ -120,7 +116,7 @@ __global__ void FlashDeltaKernel(float* delta, const T* dout, const T* out, int6
 template <typename T, int HD>
 __global__ void __launch_bounds__(kRowsPerBlock)
     FlashBackwardQueryKernel(T* dq, const T* dout, const float* lse, const float* delta, const T* q, const T* k,
-                             const T* v, Dims d) {
+                             const T* v, AttentionDims d) {
   __shared__ float ks[kTile][HD];
   __shared__ float vs[kTile][HD];
   const int64_t b = blockIdx.z, h = blockIdx.y, kvh = h / d.group;
@@ -161,7 +157,7 @@ __global__ void __launch_bounds__(kRowsPerBlock)
 template <typename T, int HD>
 __global__ void __launch_bounds__(kRowsPerBlock)
     FlashBackwardKeyValueKernel(T* dk, T* dv, const T* dout, const float* lse, const float* delta, const T* q,
-                                const T* k, const T* v, Dims d) {
+                                const T* k, const T* v, AttentionDims d) {
   __shared__ float qs[kTile][HD];
   __shared__ float dos[kTile][HD];
   __shared__ float Ls[kTile], Ds[kTile];
@@ -211,12 +207,9 @@ __global__ void __launch_bounds__(kRowsPerBlock)
   }
 }
 
-Dims MakeDims(int64_t T_, int64_t H, int64_t KV, int64_t head_dim) {
-  return Dims{T_, H, KV, H / KV, static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)))};
-}
-
 template <typename T, int HD>
-void Forward(T* out, float* lse, const T* q, const T* k, const T* v, int64_t B, const Dims& d, cudaStream_t stream) {
+void Forward(T* out, float* lse, const T* q, const T* k, const T* v, int64_t B, const AttentionDims& d,
+             cudaStream_t stream) {
   const dim3 grid(GridFor(d.T, kRowsPerBlock), static_cast<unsigned>(d.H), static_cast<unsigned>(B));
   auto* kernel = &FlashForwardKernel<T, HD>;
   HERD_LAUNCH(kernel, grid, kRowsPerBlock, 0, stream, out, lse, q, k, v, d);
@@ -224,7 +217,7 @@ void Forward(T* out, float* lse, const T* q, const T* k, const T* v, int64_t B, 
 
 template <typename T, int HD>
 void Backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const float* lse, const T* q, const T* k, const T* v,
-              int64_t B, const Dims& d, float* delta, cudaStream_t stream) {
+              int64_t B, const AttentionDims& d, float* delta, cudaStream_t stream) {
   const int64_t rows = B * d.T * d.H;
   auto* delta_kernel = &FlashDeltaKernel<T, HD>;
   HERD_LAUNCH(delta_kernel, GridFor(rows, 8), 256, 0, stream, delta, dout, out, rows, d);
@@ -252,7 +245,7 @@ void AttentionForward(T* out, float* lse, const T* q, const T* k, const T* v, in
     if (TensorCoreAttentionSupports(head_dim))
       return TensorCoreAttentionForward(out, lse, q, k, v, B, T_, H, KV, head_dim, stream);
   }
-  const Dims d = MakeDims(T_, H, KV, head_dim);
+  const AttentionDims d = AttentionDims::Make(T_, H, KV, head_dim);
   switch (head_dim) {
     case 16:
       return Forward<T, 16>(out, lse, q, k, v, B, d, stream);
@@ -275,13 +268,13 @@ void AttentionBackward(T* dq, T* dk, T* dv, const T* dout, const T* out, const f
   if constexpr (std::is_same_v<T, bf16>) {
     if (TensorCoreAttentionSupports(head_dim)) {
       const int64_t rows = B * T_ * H;
-      const Dims d = MakeDims(T_, H, KV, head_dim);
+      const AttentionDims d = AttentionDims::Make(T_, H, KV, head_dim);
       auto* delta_kernel = head_dim == 64 ? &FlashDeltaKernel<T, 64> : &FlashDeltaKernel<T, 128>;
       HERD_LAUNCH(delta_kernel, GridFor(rows, 8), 256, 0, stream, scratch, dout, out, rows, d);
       return TensorCoreAttentionBackward(dq, dk, dv, dout, lse, scratch, q, k, v, B, T_, H, KV, head_dim, stream);
     }
   }
-  const Dims d = MakeDims(T_, H, KV, head_dim);
+  const AttentionDims d = AttentionDims::Make(T_, H, KV, head_dim);
   switch (head_dim) {
     case 16:
       return Backward<T, 16>(dq, dk, dv, dout, out, lse, q, k, v, B, d, scratch, stream);

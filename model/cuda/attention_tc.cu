@@ -13,6 +13,7 @@
 // separate kernels, each output row owned by one warp, sums in fixed order.
 #include <glog/logging.h>
 
+#include "model/cuda/attention_dims.h"
 #include "model/cuda/attention_tc.h"
 #include "model/cuda/device_math.cuh"
 
@@ -31,11 +32,6 @@ using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major>;
 using FragBRow = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major>;
 using FragBCol = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major>;
 using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
-
-struct Dims {
-  int64_t T, H, KV, group;
-  float scale;
-};
 
 // Rows [first, first + kTile) of one head of a [B, T, heads, HD] tensor
 // into shared memory as bf16 (zeros past T).
@@ -95,7 +91,7 @@ struct ForwardSmem {
 // grid (query blocks of 64, H, B), 128 threads.
 template <int HD>
 __global__ void __launch_bounds__(kThreads)
-    TcForwardKernel(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, Dims d) {
+    TcForwardKernel(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, AttentionDims d) {
   using S = ForwardSmem<HD>;
   HERD_DYNAMIC_SHARED(unsigned char, smem);
   bf16* qs = reinterpret_cast<bf16*>(smem);
@@ -207,7 +203,7 @@ __device__ __forceinline__ void StoreRows(bf16* dst, FragC* acc, float* scratch,
 template <int HD>
 __global__ void __launch_bounds__(kThreads)
     TcBackwardQueryKernel(bf16* dq, const bf16* dout, const float* lse, const float* delta, const bf16* q,
-                          const bf16* k, const bf16* v, Dims d) {
+                          const bf16* k, const bf16* v, AttentionDims d) {
   using S = BackwardSmem<HD>;
   HERD_DYNAMIC_SHARED(unsigned char, smem);
   bf16* qs = reinterpret_cast<bf16*>(smem);
@@ -264,7 +260,7 @@ __global__ void __launch_bounds__(kThreads)
 template <int HD>
 __global__ void __launch_bounds__(kThreads)
     TcBackwardKeyValueKernel(bf16* dk, bf16* dv, const bf16* dout, const float* lse, const float* delta, const bf16* q,
-                             const bf16* k, const bf16* v, Dims d) {
+                             const bf16* k, const bf16* v, AttentionDims d) {
   using S = BackwardSmem<HD>;
   HERD_DYNAMIC_SHARED(unsigned char, smem);
   bf16* ks = reinterpret_cast<bf16*>(smem);
@@ -337,7 +333,7 @@ void AllowSharedMemory(Kernel kernel, size_t bytes) {
 }
 
 template <int HD>
-void Forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, const Dims& d,
+void Forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B, const AttentionDims& d,
              cudaStream_t stream) {
   auto* kernel = &TcForwardKernel<HD>;
   const size_t smem = ForwardSmem<HD>::kBytes;
@@ -348,7 +344,7 @@ void Forward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
 
 template <int HD>
 void Backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const float* lse, const float* delta, const bf16* q,
-              const bf16* k, const bf16* v, int64_t B, const Dims& d, cudaStream_t stream) {
+              const bf16* k, const bf16* v, int64_t B, const AttentionDims& d, cudaStream_t stream) {
   const size_t smem = BackwardSmem<HD>::kBytes;
   auto* query_kernel = &TcBackwardQueryKernel<HD>;
   AllowSharedMemory(query_kernel, smem);
@@ -360,17 +356,13 @@ void Backward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const float* lse, 
   HERD_LAUNCH(kv_kernel, kgrid, kThreads, smem, stream, dk, dv, dout, lse, delta, q, k, v, d);
 }
 
-Dims MakeDims(int64_t T_, int64_t H, int64_t KV, int64_t head_dim) {
-  return Dims{T_, H, KV, H / KV, static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)))};
-}
-
 }  // namespace
 
 bool TensorCoreAttentionSupports(int64_t head_dim) { return head_dim == 64 || head_dim == 128; }
 
 void TensorCoreAttentionForward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B,
                                 int64_t T_, int64_t H, int64_t KV, int64_t head_dim, cudaStream_t stream) {
-  const Dims d = MakeDims(T_, H, KV, head_dim);
+  const AttentionDims d = AttentionDims::Make(T_, H, KV, head_dim);
   if (head_dim == 64) return Forward<64>(out, lse, q, k, v, B, d, stream);
   if (head_dim == 128) return Forward<128>(out, lse, q, k, v, B, d, stream);
   LOG(FATAL) << "tensor-core attention: head_dim " << head_dim;
@@ -379,7 +371,7 @@ void TensorCoreAttentionForward(bf16* out, float* lse, const bf16* q, const bf16
 void TensorCoreAttentionBackward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const float* lse, const float* delta,
                                  const bf16* q, const bf16* k, const bf16* v, int64_t B, int64_t T_, int64_t H,
                                  int64_t KV, int64_t head_dim, cudaStream_t stream) {
-  const Dims d = MakeDims(T_, H, KV, head_dim);
+  const AttentionDims d = AttentionDims::Make(T_, H, KV, head_dim);
   if (head_dim == 64) return Backward<64>(dq, dk, dv, dout, lse, delta, q, k, v, B, d, stream);
   if (head_dim == 128) return Backward<128>(dq, dk, dv, dout, lse, delta, q, k, v, B, d, stream);
   LOG(FATAL) << "tensor-core attention: head_dim " << head_dim;

@@ -1,7 +1,6 @@
 #include "model/cuda/cublaslt_loader.h"
 
 #include <cublasLt.h>
-#include <glog/logging.h>
 
 #include "common/dynamic_library.h"
 
@@ -18,13 +17,6 @@ DynamicLibrary& Library() {
   return lib;
 }
 
-template <typename F>
-F Resolve(const char* name) {
-  void* symbol = Library().Symbol(name);
-  LOG_IF(FATAL, symbol == nullptr) << Library().error();
-  return reinterpret_cast<F>(symbol);
-}
-
 }  // namespace
 
 bool CublasLtAvailable(std::string* why) { return Library().Available(why); }
@@ -32,8 +24,8 @@ bool CublasLtAvailable(std::string* why) { return Library().Available(why); }
 }  // namespace herd::cuda
 
 // Each forwarder resolves its function once.
-#define HERD_FORWARD(name, ...)                                         \
-  static const auto fn = ::herd::cuda::Resolve<decltype(&name)>(#name); \
+#define HERD_FORWARD(name, ...)                                                    \
+  static const auto fn = ::herd::cuda::Library().Function<decltype(&name)>(#name); \
   return fn(__VA_ARGS__)
 
 extern "C" {
