@@ -1,6 +1,9 @@
 """CUDA workers end to end through `herd launch` (issue E), against one CPU
 process training the same job (the tiny config, 20 steps, global batch 8):
 
+* configs/tiny.textproto (the default job: d128, 4 layers, batch 8 x 128
+  on the fortunes corpus) for 20 steps on the GPU in fp32: every step's
+  loss within 1e-4 relative of the CPU's;
 * one process on the GPU in fp32: every step's loss within 1e-4 relative;
 * the same run twice: bitwise identical metrics;
 * parameter-server mode, 2 CPU servers and 2 GPU workers (batch 4 each,
@@ -59,6 +62,13 @@ def main():
         text = herdtest.tiny_config("train.bin", steps=STEPS, metrics=name + ".jsonl", extra=device + "\n" + cluster)
         return sb.write(name + ".textproto", text.replace("batch_size: 4", f"batch_size: {batch}"))
 
+    # The default job, 20 steps, CPU and GPU.
+    tiny = os.path.abspath(os.path.join(a.source, "configs", "tiny.textproto"))
+    short = ["--set", "train.steps=20", "--set", "log.every=1", "--set", "checkpoint.dir=", "--set",
+             "log.eval_every=0", "--set", "log.sample_tokens=0", "--set", "data.val="]
+    sb.run("launch", tiny, *short, "--set", "log.metrics=tiny_cpu.jsonl")
+    sb.run("launch", tiny, *short, "--set", "log.metrics=tiny_gpu.jsonl", "--set", "device.kind=CUDA")
+
     gpu = "device { kind: CUDA dtype: FP32 }"
     sb.run("launch", job("cpu"))
     sb.run("launch", job("gpu", device=gpu))
@@ -70,8 +80,9 @@ def main():
     sb.run("launch", job("nccl_zero1", 8, gpu, "cluster { sync: ALLREDUCE workers: 1 zero_stage: 1 }"))
     sb.run("launch", job("bf16", device="device { kind: CUDA dtype: BF16 }"))
 
+    figures = {"tiny": worst_relative(losses(sb.path("tiny_gpu.jsonl")), losses(sb.path("tiny_cpu.jsonl")))}
+    assert figures["tiny"] < 1e-4, f"configs/tiny.textproto: GPU losses differ by {figures['tiny']:.3g} relative"
     cpu = losses(sb.path("cpu.jsonl"))
-    figures = {}
     for name in ("gpu", "ps", "ring", "nccl", "nccl_zero1"):
         figures[name] = worst_relative(losses(sb.path(name + ".jsonl")), cpu)
         assert figures[name] < 1e-4, f"{name}: losses differ from the CPU run by {figures[name]:.3g} relative"
