@@ -5,7 +5,8 @@ process training the same job (the tiny config, 20 steps, global batch 8):
   on the fortunes corpus) for 20 steps on the GPU in fp32: every step's
   loss within 1e-4 relative of the CPU's;
 * one process on the GPU in fp32: every step's loss within 1e-4 relative;
-* the same run twice: bitwise identical metrics;
+* the same run twice, and one stopped at step 10 and resumed: bitwise
+  identical metrics;
 * parameter-server mode, 2 CPU servers and 2 GPU workers (batch 4 each,
   sharing the device): within 1e-4 of the CPU run;
 * all-reduce mode, 2 GPU workers over the UCX ring (cluster.nccl false):
@@ -58,8 +59,9 @@ def main():
     sb.corpus()
     sb.run("prepare", "corpus.txt", "--out", "train.bin")
 
-    def job(name, batch=8, device="", cluster=""):
-        text = herdtest.tiny_config("train.bin", steps=STEPS, metrics=name + ".jsonl", extra=device + "\n" + cluster)
+    def job(name, batch=8, device="", cluster="", ckpt=""):
+        text = herdtest.tiny_config("train.bin", steps=STEPS, metrics=name + ".jsonl", ckpt=ckpt, every=10 if ckpt else 0,
+                                    extra=device + "\n" + cluster)
         return sb.write(name + ".textproto", text.replace("batch_size: 4", f"batch_size: {batch}"))
 
     # The default job, 20 steps, CPU and GPU.
@@ -73,6 +75,9 @@ def main():
     sb.run("launch", job("cpu"))
     sb.run("launch", job("gpu", device=gpu))
     sb.run("launch", job("gpu_again", device=gpu))
+    sb.run("launch", job("gpu_split", device=gpu, ckpt="gpu_split"), "--stop-at", "10")
+    p = sb.run("launch", job("gpu_split", device=gpu, ckpt="gpu_split"), "--resume")
+    assert "resumed from" in p.stdout, p.stdout
     sb.run("launch", job("ps", 4, gpu, "cluster { sync: PARAMETER_SERVER servers: 2 workers: 2 }"))
     sb.run("launch", job("ring", 4, gpu, "cluster { sync: ALLREDUCE workers: 2 nccl: false }"))
     p = sb.run("launch", job("nccl", 8, gpu, "cluster { sync: ALLREDUCE workers: 1 }"))
@@ -90,6 +95,7 @@ def main():
         with open(sb.path(name + ".jsonl")) as f:
             return [{k: m[k] for k in ("step", "loss", "lr", "grad_norm")} for m in map(json.loads, f)]
     assert trajectory("gpu") == trajectory("gpu_again"), "a rerun on the GPU differs"
+    assert trajectory("gpu") == trajectory("gpu_split"), "stop at 10 and --resume on the GPU differs from the straight run"
     bf16 = losses(sb.path("bf16.jsonl"))
     figures["bf16"] = worst_relative(bf16, cpu)
     assert figures["bf16"] < 2e-2, f"bf16: losses differ from the CPU run by {figures['bf16']:.3g} relative"

@@ -6,8 +6,6 @@ namespace herd::cuda {
 
 namespace {
 
-constexpr size_t kWorkspaceBytes = 32 << 20;  // what cuBLAS asks for on Hopper
-
 template <typename T>
 constexpr cudaDataType DataType();
 template <>

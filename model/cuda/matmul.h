@@ -19,6 +19,9 @@ namespace herd::cuda {
 
 class Matmul {
  public:
+  // cuBLASLt's workspace (what it asks for on Hopper), allocated per Matmul.
+  static constexpr size_t kWorkspaceBytes = 32 << 20;
+
   Matmul();
   ~Matmul();
   Matmul(const Matmul&) = delete;

@@ -4,10 +4,12 @@
 #include <string>
 #include <vector>
 
+#include "common/strings.h"
 #include "model/cuda/check.h"
 #include "model/cuda/cublaslt_loader.h"
 #include "model/cuda/kernels.h"
 #include "model/cuda/llama_cuda.h"
+#include "model/cuda/matmul.h"
 
 namespace herd::cuda {
 
@@ -199,6 +201,17 @@ Status AttachGradientReducer(Model& model, GradientReducer reducer) {
   return Status::OK();
 }
 
+int64_t StagedCudaModelDeviceBytes(const LlamaShape& shape, int max_batch, int max_seq_len,
+                                   config::DeviceConfig::DType dtype) {
+  const bool bf16 = dtype == config::DeviceConfig::BF16;
+  const int64_t P = ParamLayout(shape).size();
+  const int64_t activations = bf16 ? CudaLlamaModel<__nv_bfloat16>::ActivationBytes(shape, max_batch, max_seq_len)
+                                   : CudaLlamaModel<float>::ActivationBytes(shape, max_batch, max_seq_len);
+  // weights in the compute dtype, fp32 gradients, bf16's fp32 landing
+  // buffer, cuBLASLt's workspace.
+  return activations + P * ((bf16 ? 2 : 4) + 4 + (bf16 ? 4 : 0)) + Matmul::kWorkspaceBytes;
+}
+
 StatusOr<std::unique_ptr<Model>> NewStagedCudaModel(const LlamaShape& shape, int max_batch, int max_seq_len,
                                                     config::DeviceConfig::DType dtype, int device) {
   const int count = DeviceCount();
@@ -218,6 +231,15 @@ StatusOr<std::unique_ptr<Model>> NewStagedCudaModel(const LlamaShape& shape, int
   if (cudaGetDeviceProperties(&prop, device) == cudaSuccess) gpu = prop.name;
   const bool bf16 = dtype == config::DeviceConfig::BF16;
   const std::string name = "cuda:" + std::to_string(device) + " " + gpu + ", " + (bf16 ? "bf16" : "fp32");
+  // Out of device memory is a clear error here, not an abort mid-allocation.
+  const int64_t needed = StagedCudaModelDeviceBytes(shape, max_batch, max_seq_len, dtype);
+  size_t free_bytes = 0, total_bytes = 0;
+  HERD_CUDA_CHECK(cudaSetDevice(device));
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess && needed > static_cast<int64_t>(free_bytes)) {
+    return Status::FailedPrecondition("device.kind CUDA: the model needs " + FormatBytes(needed) + " on " + name +
+                                      ", which has " + FormatBytes(static_cast<int64_t>(free_bytes)) +
+                                      " free; lower train.batch_size or train.seq_len");
+  }
   std::unique_ptr<Model> model;
   if (bf16)
     model = std::make_unique<StagedCudaModel<__nv_bfloat16>>(shape, max_batch, max_seq_len, device, name);

@@ -4,11 +4,13 @@
 // the same bf16-rounded weights; activations are rounded to bf16 at every
 // layer boundary on the device only, so the bounds are looser and stated
 // per quantity below.
+#include "model/cuda/llama_cuda.h"
+
 #include <gtest/gtest.h>
 
 #include <numeric>
 
-#include "model/cuda/llama_cuda.h"
+#include "model/cuda/staged_model.h"
 #include "model/llama.h"
 #include "tests/cuda/device_test_util.h"
 
@@ -62,8 +64,8 @@ void CheckModel(bool tied, const Tolerances& tol, int heads = 2) {
     DeviceArray<T> d_params(params);
     DeviceArray<float> d_grads(std::vector<float>(P, 0.0f));
     std::vector<int64_t> needs, finals;
-    const double gpu_loss = gpu.Forward(d_params.get(), tokens.data(), targets.data(), B, T_,
-                                        [&](int64_t end) { needs.push_back(end); });
+    const double gpu_loss =
+        gpu.Forward(d_params.get(), tokens.data(), targets.data(), B, T_, [&](int64_t end) { needs.push_back(end); });
     std::vector<T> raw_logits(N * shape.vocab_size);
     HERD_CUDA_CHECK(cudaMemcpy(raw_logits.data(), gpu.logits(), raw_logits.size() * sizeof(T), cudaMemcpyDeviceToHost));
     std::vector<float> gpu_logits(raw_logits.size());
@@ -117,6 +119,16 @@ TEST(CudaLlamaModel, Bf16MatchesTheCpuModel) {
 TEST(CudaLlamaModel, Bf16WithTensorCoreAttentionMatchesTheCpuModel) {
   HERD_REQUIRE_DEVICE();
   CheckModel<__nv_bfloat16>(/*tied=*/true, {1e-2, 3e-2, 5e-2}, /*heads=*/1);  // head_dim 64
+}
+
+TEST(StagedCudaModel, TooLargeForTheDeviceIsOneClearError) {
+  HERD_REQUIRE_DEVICE();
+  LlamaShape s = SmallShape(true);
+  s.vocab_size = 50000;  // 1024 x 4096 tokens of logits alone: 800+ GB
+  auto model = NewStagedCudaModel(s, 1024, 4096, config::DeviceConfig::BF16, 0);
+  ASSERT_FALSE(model.ok());
+  EXPECT_NE(model.status().message().find("the model needs"), std::string::npos) << model.status().message();
+  EXPECT_NE(model.status().message().find("free; lower train.batch_size"), std::string::npos);
 }
 
 TEST(CudaLlamaModel, RefusesAHeadDimWithoutKernels) {
