@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "model/cuda/device_memory.h"
 #include "model/llama.h"
 
 namespace herd {
@@ -25,6 +26,14 @@ StatusOr<MemoryPlan> PlanMemory(const config::JobConfig& config) {
       2 * static_cast<int64_t>(train.batch_size()) * train.seq_len() * static_cast<int64_t>(sizeof(int32_t));
   MemoryPlan plan;
   plan.parameters = layout.num_parameters();
+  // A CUDA worker: activations on the GPU, a page-locked gradient staging
+  // buffer on the host.
+  const bool gpu = config.device().kind() == config::DeviceConfig::CUDA;
+  const int64_t gpu_bytes = gpu ? cuda::GpuWorkerDeviceBytes(shape, train.batch_size(), train.seq_len(),
+                                                             config.device().dtype() == config::DeviceConfig::BF16)
+                                : 0;
+  const int64_t host_activations = gpu ? 0 : activations;
+  const int64_t staging = gpu ? P * f32 : 0;
 
   if (cluster.sync() == config::ClusterConfig::PARAMETER_SERVER) {
     HERD_ASSIGN_OR_RETURN(ShardPlan shards, ShardPlan::Create(layout, ShardPlanOptions::FromConfig(cluster)));
@@ -52,8 +61,9 @@ StatusOr<MemoryPlan> PlanMemory(const config::JobConfig& config) {
     w.range = {0, P};
     w.weights = P * f32;
     w.gradients = P * f32;
-    w.activations = activations;
-    w.buffers = bf16 ? P * 2 : 0;
+    w.activations = host_activations;
+    w.buffers = (bf16 ? P * 2 : 0) + staging;
+    w.device = gpu_bytes;
     w.runtime = kRuntimeBytes;
     plan.processes.push_back(w);
     return plan;
@@ -64,18 +74,23 @@ StatusOr<MemoryPlan> PlanMemory(const config::JobConfig& config) {
   t.weights = P * f32;
   t.gradients = P * f32;
   t.optimizer = 2 * P * f32 / (cluster.zero_stage() == 1 ? W : 1);
-  t.activations = activations;
+  t.activations = host_activations;
+  t.buffers = staging;
+  t.device = gpu_bytes;
   t.runtime = kRuntimeBytes;
   plan.processes.push_back(t);
   return plan;
 }
 
-StatusOr<config::JobConfig> LargestFitting(const config::JobConfig& config, int64_t bytes) {
+StatusOr<config::JobConfig> LargestFitting(const config::JobConfig& config, int64_t bytes, int64_t gpu_bytes) {
   auto fits = [&](int layers) -> StatusOr<bool> {
     config::JobConfig c = config;
     c.mutable_model()->set_num_hidden_layers(layers);
     HERD_ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(c));
-    return plan.largest().total() <= bytes;
+    for (const ProcessMemory& p : plan.processes) {
+      if (p.total() > bytes || (gpu_bytes > 0 && p.device > gpu_bytes)) return false;
+    }
+    return true;
   };
   HERD_ASSIGN_OR_RETURN(bool one, fits(1));
   if (!one) return Status::NotFound("not even one layer of this width fits in " + std::to_string(bytes) + " bytes");

@@ -12,6 +12,10 @@
 //            micro-batch and sequence length (+ the bf16 staging buffer);
 //   single / all-reduce: weights + gradients + AdamW state (ZeRO-1: 1/W of
 //            it) + activations.
+// CUDA workers (device.kind CUDA) hold their activations, a compute copy of
+// the weights and the gradients on the GPU (`device`, see
+// model/cuda/device_memory.h) and a page-locked gradient staging buffer on
+// the host (in `buffers`).
 // Every process also carries a fixed runtime (libraries, UCX, allocator),
 // kRuntimeBytes, measured on an idle herd-server.
 #pragma once
@@ -31,6 +35,7 @@ struct ProcessMemory {
   int rank = -1;     // servers: their rank; -1: every worker
   ParamRange range;  // the server's range; the whole space otherwise
   int64_t weights = 0, optimizer = 0, gradients = 0, activations = 0, buffers = 0, runtime = 0;
+  int64_t device = 0;  // GPU bytes (CUDA workers), not part of total()
   int64_t total() const { return weights + optimizer + gradients + activations + buffers + runtime; }
 };
 
@@ -48,7 +53,8 @@ StatusOr<MemoryPlan> PlanMemory(const config::JobConfig& config);
 
 // The deepest model of the config's width (hidden, intermediate, heads,
 // vocab kept; num_hidden_layers scaled) whose every process fits in
-// `bytes`; NotFound when not even one layer fits.
-StatusOr<config::JobConfig> LargestFitting(const config::JobConfig& config, int64_t bytes);
+// `bytes` of host memory and, when gpu_bytes > 0, every GPU worker in
+// `gpu_bytes` of device memory; NotFound when not even one layer fits.
+StatusOr<config::JobConfig> LargestFitting(const config::JobConfig& config, int64_t bytes, int64_t gpu_bytes = 0);
 
 }  // namespace herd

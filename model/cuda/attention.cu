@@ -235,8 +235,6 @@ bool AttentionHeadDimSupported(int64_t head_dim) {
   return head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128;
 }
 
-int64_t AttentionScratchFloats(int64_t B, int64_t T_, int64_t H) { return B * H * T_; }
-
 template <typename T>
 void AttentionForward(T* out, float* lse, const T* q, const T* k, const T* v, int64_t B, int64_t T_, int64_t H,
                       int64_t KV, int64_t head_dim, cudaStream_t stream) {

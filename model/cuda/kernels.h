@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "model/cuda/device_compat.h"
+#include "model/cuda/device_memory.h"
 
 namespace herd::cuda {
 
@@ -43,11 +44,10 @@ template <typename T>
 void RmsNormForward(T* out, float* rstd, const T* in, const T* weight, int64_t N, int64_t C, float eps,
                     cudaStream_t stream);
 // din += (the residual stream sums its branches); dweight += over rows.
-// `scratch` holds RmsNormScratchFloats(N, C) floats.
+// `scratch` holds RmsNormScratchFloats(N, C) floats (device_memory.h).
 template <typename T>
 void RmsNormBackward(T* din, float* dweight, const T* dout, const T* in, const T* weight, const float* rstd, int64_t N,
                      int64_t C, float* scratch, cudaStream_t stream);
-int64_t RmsNormScratchFloats(int64_t N, int64_t C);
 
 // ---- RoPE, in place on x[B, T, heads, hd] (HF rotate-half); tables are
 // fp32 [T, hd/2] as cpu::RopeTables makes them. Backward rotates by -angle.
@@ -66,13 +66,13 @@ bool AttentionHeadDimSupported(int64_t head_dim);
 template <typename T>
 void AttentionForward(T* out, float* lse, const T* q, const T* k, const T* v, int64_t B, int64_t T_, int64_t H,
                       int64_t KV, int64_t head_dim, cudaStream_t stream);
-// dq, dk, dv overwritten; `scratch` holds AttentionScratchFloats floats.
+// dq, dk, dv overwritten; `scratch` holds AttentionScratchFloats floats
+// (device_memory.h).
 // dk/dv sum the H/KV query heads of a group in head order.
 template <typename T>
 void AttentionBackward(T* dq, T* dk, T* dv, const T* dout, const T* out, const float* lse, const T* q, const T* k,
                        const T* v, int64_t B, int64_t T_, int64_t H, int64_t KV, int64_t head_dim, float* scratch,
                        cudaStream_t stream);
-int64_t AttentionScratchFloats(int64_t B, int64_t T_, int64_t H);
 
 // ---- SwiGLU and the residual add, elementwise over n.
 template <typename T>

@@ -5,45 +5,11 @@
 
 #include "model/cpu/ops.h"
 #include "model/cuda/check.h"
+#include "model/cuda/device_memory.h"
 #include "model/cuda/kernels.h"
 #include "model/cuda/matmul.h"
 
 namespace herd::cuda {
-
-namespace {
-
-// Element counts of every device buffer, for the constructor and for
-// memory plans (one table for both).
-struct Sizes {
-  int64_t N, rope, residual, per_layer_d, per_layer_rows, per_layer_qd, per_layer_kvd, lse, per_layer_f, logits;
-  int64_t rms_scratch, attn_scratch;
-  Sizes(const LlamaShape& s, int max_batch, int max_seq_len) {
-    N = static_cast<int64_t>(max_batch) * max_seq_len;
-    const int64_t L = s.num_layers, d = s.hidden_size;
-    rope = static_cast<int64_t>(max_seq_len) * s.head_dim() / 2;
-    residual = (L + 1) * N * d;
-    per_layer_d = L * N * d;
-    per_layer_rows = L * N;
-    per_layer_qd = L * N * s.q_dim();
-    per_layer_kvd = L * N * s.kv_dim();
-    lse = L * AttentionScratchFloats(max_batch, max_seq_len, s.num_heads);
-    per_layer_f = L * N * s.intermediate_size;
-    logits = N * s.vocab_size;
-    rms_scratch = RmsNormScratchFloats(N, d);
-    attn_scratch = AttentionScratchFloats(max_batch, max_seq_len, s.num_heads);
-  }
-  // Elements of the compute dtype, of fp32, of int32.
-  int64_t ComputeElements(const LlamaShape& s) const {
-    return residual + 3 * per_layer_d + 2 * per_layer_qd + 2 * per_layer_kvd + 3 * per_layer_f + N * s.hidden_size +
-           logits +
-           // backward: dres, dln, datt, dq, dk, dv, dact, dgate, dup
-           2 * N * s.hidden_size + 2 * N * s.q_dim() + 2 * N * s.kv_dim() + 3 * N * s.intermediate_size;
-  }
-  int64_t FloatElements() const { return 2 * rope + 2 * per_layer_rows + lse + 3 * N + rms_scratch + attn_scratch; }
-  int64_t IntElements() const { return 5 * N + 1; }  // tokens, targets, embedding groups
-};
-
-}  // namespace
 
 template <typename T>
 struct CudaLlamaModel<T>::Buffers {
@@ -107,8 +73,7 @@ std::string CudaLlamaModel<T>::CheckShape(const LlamaShape& shape) {
 
 template <typename T>
 int64_t CudaLlamaModel<T>::ActivationBytes(const LlamaShape& shape, int max_batch, int max_seq_len) {
-  const Sizes z(shape, max_batch, max_seq_len);
-  return z.ComputeElements(shape) * static_cast<int64_t>(sizeof(T)) + z.FloatElements() * 4 + z.IntElements() * 4;
+  return CudaActivationBytes(shape, max_batch, max_seq_len, sizeof(T) == 2);
 }
 
 template <typename T>
@@ -117,7 +82,7 @@ CudaLlamaModel<T>::CudaLlamaModel(const LlamaShape& shape, int max_batch, int ma
   const std::string why = CheckShape(shape);
   CHECK(why.empty()) << why;
   Buffers& b = *b_;
-  const Sizes z(shape, max_batch, max_seq_len);
+  const CudaActivationSizes z(shape, max_batch, max_seq_len);
   b.N = z.N;
   b.d = shape.hidden_size;
   b.qd = shape.q_dim();

@@ -14,13 +14,14 @@
 #include <tuple>
 
 #include "model/cuda/device_compat.h"
+#include "model/cuda/device_memory.h"
 
 namespace herd::cuda {
 
 class Matmul {
  public:
-  // cuBLASLt's workspace (what it asks for on Hopper), allocated per Matmul.
-  static constexpr size_t kWorkspaceBytes = 32 << 20;
+  // cuBLASLt's workspace, allocated per Matmul (device_memory.h).
+  static constexpr size_t kWorkspaceBytes = kCublasWorkspaceBytes;
 
   Matmul();
   ~Matmul();

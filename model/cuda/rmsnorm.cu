@@ -9,7 +9,6 @@ namespace herd::cuda {
 namespace {
 
 constexpr int kRowsPerBlock = 8;  // warps per block, a row each
-constexpr int kPartitions = 128;  // row partitions of the weight gradient
 constexpr int kThreads = 256;
 
 template <typename T>
@@ -71,11 +70,9 @@ __global__ void RmsNormWeightSumKernel(float* dweight, const float* partial, int
   dweight[c] += sum;
 }
 
-int Partitions(int64_t N) { return static_cast<int>(N < kPartitions ? N : kPartitions); }
+int Partitions(int64_t N) { return static_cast<int>(N < kRmsNormPartitions ? N : kRmsNormPartitions); }
 
 }  // namespace
-
-int64_t RmsNormScratchFloats(int64_t N, int64_t C) { return static_cast<int64_t>(Partitions(N)) * C; }
 
 template <typename T>
 void RmsNormForward(T* out, float* rstd, const T* in, const T* weight, int64_t N, int64_t C, float eps,

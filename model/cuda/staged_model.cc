@@ -7,9 +7,9 @@
 #include "common/strings.h"
 #include "model/cuda/check.h"
 #include "model/cuda/cublaslt_loader.h"
+#include "model/cuda/device_memory.h"
 #include "model/cuda/kernels.h"
 #include "model/cuda/llama_cuda.h"
-#include "model/cuda/matmul.h"
 
 namespace herd::cuda {
 
@@ -86,6 +86,7 @@ class StagedCudaModel final : public StagedCudaModelBase {
       uploaded = end;
     };
     events_used_ = 0;
+    last_rows_ = static_cast<int64_t>(B) * T_;
     return model_->Forward(params_, tokens, targets, B, T_, upload);
   }
 
@@ -138,7 +139,7 @@ class StagedCudaModel final : public StagedCudaModelBase {
   void SetGradientReducer(GradientReducer reducer) override { reducer_ = std::move(reducer); }
 
   const float* logits() override {
-    const int64_t n = static_cast<int64_t>(max_batch_) * max_seq_len_ * model_->layout().shape().vocab_size;
+    const int64_t n = last_rows_ * model_->layout().shape().vocab_size;
     std::vector<T> raw(n);
     HERD_CUDA_CHECK(cudaStreamSynchronize(compute_));
     HERD_CUDA_CHECK(cudaMemcpy(raw.data(), model_->logits(), n * sizeof(T), cudaMemcpyDeviceToHost));
@@ -190,6 +191,7 @@ class StagedCudaModel final : public StagedCudaModelBase {
   GradientReducer reducer_;
   bool device_grads_pending_ = false, upload_due_ = true;
   const float* uploaded_from_ = nullptr;
+  int64_t last_rows_ = 0;  // B*T of the last Forward
 };
 
 }  // namespace
@@ -199,17 +201,6 @@ Status AttachGradientReducer(Model& model, GradientReducer reducer) {
   if (staged == nullptr) return Status::InvalidArgument("gradients are reduced on the device only for CUDA models");
   staged->SetGradientReducer(std::move(reducer));
   return Status::OK();
-}
-
-int64_t StagedCudaModelDeviceBytes(const LlamaShape& shape, int max_batch, int max_seq_len,
-                                   config::DeviceConfig::DType dtype) {
-  const bool bf16 = dtype == config::DeviceConfig::BF16;
-  const int64_t P = ParamLayout(shape).size();
-  const int64_t activations = bf16 ? CudaLlamaModel<__nv_bfloat16>::ActivationBytes(shape, max_batch, max_seq_len)
-                                   : CudaLlamaModel<float>::ActivationBytes(shape, max_batch, max_seq_len);
-  // weights in the compute dtype, fp32 gradients, bf16's fp32 landing
-  // buffer, cuBLASLt's workspace.
-  return activations + P * ((bf16 ? 2 : 4) + 4 + (bf16 ? 4 : 0)) + Matmul::kWorkspaceBytes;
 }
 
 StatusOr<std::unique_ptr<Model>> NewStagedCudaModel(const LlamaShape& shape, int max_batch, int max_seq_len,
@@ -232,7 +223,7 @@ StatusOr<std::unique_ptr<Model>> NewStagedCudaModel(const LlamaShape& shape, int
   const bool bf16 = dtype == config::DeviceConfig::BF16;
   const std::string name = "cuda:" + std::to_string(device) + " " + gpu + ", " + (bf16 ? "bf16" : "fp32");
   // Out of device memory is a clear error here, not an abort mid-allocation.
-  const int64_t needed = StagedCudaModelDeviceBytes(shape, max_batch, max_seq_len, dtype);
+  const int64_t needed = GpuWorkerDeviceBytes(shape, max_batch, max_seq_len, bf16);
   size_t free_bytes = 0, total_bytes = 0;
   HERD_CUDA_CHECK(cudaSetDevice(device));
   if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess && needed > static_cast<int64_t>(free_bytes)) {

@@ -50,11 +50,6 @@ Status AttachGradientReducer(Model& model, GradientReducer reducer);
 // Number of CUDA devices this process sees (0 without a driver or device).
 int DeviceCount();
 
-// Device bytes NewStagedCudaModel allocates (activations, weights,
-// gradients, staging, cuBLASLt workspace): a GPU worker's memory plan.
-int64_t StagedCudaModelDeviceBytes(const LlamaShape& shape, int max_batch, int max_seq_len,
-                                   config::DeviceConfig::DType dtype);
-
 // A model on device `device` (an index < DeviceCount()) computing in
 // `dtype`; an error names the device problem or the unsupported shape.
 StatusOr<std::unique_ptr<Model>> NewStagedCudaModel(const LlamaShape& shape, int max_batch, int max_seq_len,

@@ -10,6 +10,7 @@
 
 #include <numeric>
 
+#include "model/cuda/device_memory.h"
 #include "model/cuda/staged_model.h"
 #include "model/llama.h"
 #include "tests/cuda/device_test_util.h"
@@ -129,6 +130,29 @@ TEST(StagedCudaModel, TooLargeForTheDeviceIsOneClearError) {
   ASSERT_FALSE(model.ok());
   EXPECT_NE(model.status().message().find("the model needs"), std::string::npos) << model.status().message();
   EXPECT_NE(model.status().message().find("free; lower train.batch_size"), std::string::npos);
+}
+
+// What the model allocates on the device is what `herd plan` says
+// (model/cuda/device_memory.h), as the CPU processes' plan is checked
+// against their peak RSS.
+TEST(StagedCudaModel, AllocatesWhatThePlanSays) {
+  HERD_REQUIRE_DEVICE();
+  for (const bool bf16 : {false, true}) {
+    const LlamaShape s = SmallShape(false, 1);
+    size_t before = 0, after = 0, total = 0;
+    HERD_CUDA_CHECK(cudaMemGetInfo(&before, &total));
+    auto model = NewStagedCudaModel(s, 3, 70, bf16 ? config::DeviceConfig::BF16 : config::DeviceConfig::FP32, 0);
+    ASSERT_TRUE(model.ok()) << model.status().message();
+    HERD_CUDA_CHECK(cudaMemGetInfo(&after, &total));
+    const double used = static_cast<double>(before) - static_cast<double>(after);
+    const double planned = static_cast<double>(GpuWorkerDeviceBytes(s, 3, 70, bf16));
+#if defined(HERD_CUDA_EMULATION)
+    const double slack = 64 * 256;  // cudaMalloc's rounding, per buffer
+#else
+    const double slack = 64 << 20;  // the driver's page granularity and context
+#endif
+    EXPECT_NEAR(used, planned, slack) << (bf16 ? "bf16" : "fp32") << ": allocated " << used << ", planned " << planned;
+  }
 }
 
 TEST(CudaLlamaModel, RefusesAHeadDimWithoutKernels) {

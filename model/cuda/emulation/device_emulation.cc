@@ -8,6 +8,7 @@
 #include <boost/context/stack_context.hpp>
 #include <cstdlib>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 namespace herd_emu {
@@ -200,12 +201,31 @@ void* DynamicShared() { return block_run->dynamic_shared.data(); }
 // completes before it returns, so streams and events need no state.
 namespace {
 
-cudaError_t AllocatePoisoned(void** ptr, size_t size) {
+constexpr size_t kEmulatedDeviceBytes = size_t{16} << 30;
+
+// Device allocations, so that cudaMemGetInfo reports what is in use (the
+// memory-plan tests compare it with the plan).
+struct DeviceHeap {
+  std::mutex mu;
+  std::unordered_map<void*, size_t> sizes;
+  size_t in_use = 0;
+};
+DeviceHeap& Heap() {
+  static DeviceHeap heap;
+  return heap;
+}
+
+cudaError_t AllocatePoisoned(void** ptr, size_t size, bool device) {
   // 256-byte aligned like cudaMalloc; 0xff bytes read as NaN floats.
   const size_t rounded = (std::max<size_t>(size, 1) + 255) / 256 * 256;
   *ptr = std::aligned_alloc(256, rounded);
   if (*ptr == nullptr) return cudaErrorMemoryAllocation;
   std::memset(*ptr, 0xff, rounded);
+  if (device) {
+    std::lock_guard<std::mutex> lock(Heap().mu);
+    Heap().sizes[*ptr] = rounded;
+    Heap().in_use += rounded;
+  }
   return cudaSuccess;
 }
 
@@ -213,12 +233,20 @@ cudaError_t AllocatePoisoned(void** ptr, size_t size) {
 
 extern "C" {
 
-cudaError_t cudaMalloc(void** devPtr, size_t size) { return AllocatePoisoned(devPtr, size); }
+cudaError_t cudaMalloc(void** devPtr, size_t size) { return AllocatePoisoned(devPtr, size, /*device=*/true); }
 cudaError_t cudaFree(void* devPtr) {
+  if (devPtr == nullptr) return cudaSuccess;
+  {
+    std::lock_guard<std::mutex> lock(Heap().mu);
+    auto it = Heap().sizes.find(devPtr);
+    if (it == Heap().sizes.end()) return cudaErrorInvalidValue;
+    Heap().in_use -= it->second;
+    Heap().sizes.erase(it);
+  }
   std::free(devPtr);
   return cudaSuccess;
 }
-cudaError_t cudaMallocHost(void** ptr, size_t size) { return AllocatePoisoned(ptr, size); }
+cudaError_t cudaMallocHost(void** ptr, size_t size) { return AllocatePoisoned(ptr, size, /*device=*/false); }
 cudaError_t cudaFreeHost(void* ptr) {
   std::free(ptr);
   return cudaSuccess;
@@ -279,7 +307,9 @@ const char* cudaGetErrorString(cudaError_t error) {
   return error == cudaSuccess ? "no error" : "error in the emulated device";
 }
 cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
-  *free = *total = size_t{1} << 34;
+  std::lock_guard<std::mutex> lock(Heap().mu);
+  *total = kEmulatedDeviceBytes;
+  *free = kEmulatedDeviceBytes - std::min(Heap().in_use, kEmulatedDeviceBytes);
   return cudaSuccess;
 }
 cudaError_t cudaHostRegister(void*, size_t, unsigned int) { return cudaSuccess; }

@@ -1,0 +1,51 @@
+#include "model/cuda/device_memory.h"
+
+#include "model/param_layout.h"
+
+namespace herd::cuda {
+
+int64_t RmsNormScratchFloats(int64_t N, int64_t C) { return (N < kRmsNormPartitions ? N : kRmsNormPartitions) * C; }
+
+int64_t AttentionScratchFloats(int64_t B, int64_t T_, int64_t H) { return B * H * T_; }
+
+CudaActivationSizes::CudaActivationSizes(const LlamaShape& s, int max_batch, int max_seq_len) {
+  N = static_cast<int64_t>(max_batch) * max_seq_len;
+  const int64_t L = s.num_layers, d = s.hidden_size;
+  rope = static_cast<int64_t>(max_seq_len) * s.head_dim() / 2;
+  residual = (L + 1) * N * d;
+  per_layer_d = L * N * d;
+  per_layer_rows = L * N;
+  per_layer_qd = L * N * s.q_dim();
+  per_layer_kvd = L * N * s.kv_dim();
+  lse = L * AttentionScratchFloats(max_batch, max_seq_len, s.num_heads);
+  per_layer_f = L * N * s.intermediate_size;
+  logits = N * s.vocab_size;
+  rms_scratch = RmsNormScratchFloats(N, d);
+  attn_scratch = AttentionScratchFloats(max_batch, max_seq_len, s.num_heads);
+}
+
+int64_t CudaActivationSizes::ComputeElements(const LlamaShape& s) const {
+  return residual + 3 * per_layer_d + 2 * per_layer_qd + 2 * per_layer_kvd + 3 * per_layer_f + N * s.hidden_size +
+         logits +
+         // backward: dres, dln, datt, dq, dk, dv, dact, dgate, dup
+         2 * N * s.hidden_size + 2 * N * s.q_dim() + 2 * N * s.kv_dim() + 3 * N * s.intermediate_size;
+}
+
+int64_t CudaActivationSizes::FloatElements() const {
+  return 2 * rope + 2 * per_layer_rows + lse + 3 * N + rms_scratch + attn_scratch;
+}
+
+int64_t CudaActivationSizes::IntElements() const { return 5 * N + 1; }  // tokens, targets, embedding groups
+
+int64_t CudaActivationBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16) {
+  const CudaActivationSizes z(shape, max_batch, max_seq_len);
+  return z.ComputeElements(shape) * (bf16 ? 2 : 4) + z.FloatElements() * 4 + z.IntElements() * 4;
+}
+
+int64_t GpuWorkerDeviceBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16) {
+  const int64_t P = ParamLayout(shape).size();
+  return CudaActivationBytes(shape, max_batch, max_seq_len, bf16) + P * ((bf16 ? 2 : 4) + 4 + (bf16 ? 4 : 0)) +
+         kCublasWorkspaceBytes;
+}
+
+}  // namespace herd::cuda

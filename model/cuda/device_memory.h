@@ -1,0 +1,44 @@
+// What a CUDA worker allocates on its GPU, in bytes, computed without CUDA
+// (this file is part of herd_model, so `herd plan` answers on any
+// machine). model/cuda/ allocates from these same tables: the model's
+// buffers (llama_cuda.cc), the kernels' scratch (rmsnorm.cu, attention.cu)
+// and the staged model's state (staged_model.cc).
+#pragma once
+
+#include <cstdint>
+
+#include "model/llama_config.h"
+
+namespace herd::cuda {
+
+// Row partitions of RMSNorm's weight gradient (rmsnorm.cu).
+inline constexpr int kRmsNormPartitions = 128;
+// cuBLASLt's workspace per Matmul (what it asks for on Hopper).
+inline constexpr int64_t kCublasWorkspaceBytes = 32ll << 20;
+
+// Scratch floats of RmsNormBackward for N rows of C channels.
+int64_t RmsNormScratchFloats(int64_t N, int64_t C);
+// Scratch floats of AttentionBackward (one per query row and head).
+int64_t AttentionScratchFloats(int64_t B, int64_t T_, int64_t H);
+
+// Element counts of every buffer of CudaLlamaModel for max_batch x
+// max_seq_len tokens.
+struct CudaActivationSizes {
+  int64_t N, rope, residual, per_layer_d, per_layer_rows, per_layer_qd, per_layer_kvd, lse, per_layer_f, logits;
+  int64_t rms_scratch, attn_scratch;
+  CudaActivationSizes(const LlamaShape& s, int max_batch, int max_seq_len);
+  // Elements of the compute dtype, of fp32, of int32.
+  int64_t ComputeElements(const LlamaShape& s) const;
+  int64_t FloatElements() const;
+  int64_t IntElements() const;
+};
+
+// CudaLlamaModel's device bytes (activations and backward scratch).
+int64_t CudaActivationBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16);
+
+// Everything a GPU worker's model holds on the device: activations,
+// weights in the compute dtype, fp32 gradients, bf16 mode's fp32 landing
+// buffer for weights, cuBLASLt's workspace.
+int64_t GpuWorkerDeviceBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16);
+
+}  // namespace herd::cuda
