@@ -74,7 +74,7 @@ class UcxTransport::Impl {
 
   explicit Impl(PeerId self) : self_(self), spin_s_(SpinSeconds()) {}
 
-  Status Init(std::string* address) {
+  Status Init(std::string* address, bool* cuda_memory) {
     PrepareUcxEnvironment();
     ucp_config_t* config = nullptr;
     ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
@@ -85,6 +85,10 @@ class UcxTransport::Impl {
     st = ucp_init(&params, config, &context_);
     ucp_config_release(config);
     if (st != UCS_OK) return Status::Unavailable("UCX: ucp_init failed: " + UcxError(st) + " (check UCX_TLS)");
+    ucp_context_attr_t attr{};
+    attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+    *cuda_memory = ucp_context_query(context_, &attr) == UCS_OK &&
+                   (attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA)) != 0;
     ucp_worker_params_t wp{};
     wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
     wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;  // only the progress thread calls in
@@ -536,7 +540,7 @@ void IncomingPayload::Reject() {
 StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::Create(PeerId self) {
   std::unique_ptr<UcxTransport> t(new UcxTransport());
   t->impl_ = std::make_unique<Impl>(self);
-  HERD_RETURN_IF_ERROR(t->impl_->Init(&t->address_));
+  HERD_RETURN_IF_ERROR(t->impl_->Init(&t->address_, &t->cuda_memory_));
   // Every id a peer might use gets a handler that drops the message until a
   // service claims it: UCX 1.13 crashes on a message for an id it has no
   // callback for, and nothing a peer sends may crash us.

@@ -101,6 +101,10 @@ class UcxTransport {
 
   // This worker's address, to publish through the coordinator.
   const std::string& address() const { return address_; }
+  // Whether this UCX can move CUDA device memory itself (a build with its
+  // cuda_copy/cuda_ipc transports). Debian's cannot; GPU workers then stage
+  // through page-locked host memory.
+  bool cuda_memory() const { return cuda_memory_; }
   // Our PeerId; may be set once the coordinator has assigned ranks, before
   // any message is sent.
   void set_self(PeerId self);
@@ -152,6 +156,7 @@ class UcxTransport {
   UcxTransport() = default;
   std::unique_ptr<Impl> impl_;
   std::string address_;
+  bool cuda_memory_ = false;
 };
 
 }  // namespace herd::transport

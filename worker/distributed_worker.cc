@@ -140,6 +140,13 @@ Status TrainDistributedWorker(const config::JobConfig& config, const TrainOption
     std::printf("model: %.2fM parameters (%d layers, d=%d, %d heads, %d kv heads, vocab %d) | worker 0 on %s\n",
                 layout.num_parameters() / 1e6, shape.num_layers, shape.hidden_size, shape.num_heads, shape.num_kv_heads,
                 shape.vocab_size, model->Describe().c_str());
+    if (ps && config.device().kind() == config::DeviceConfig::CUDA) {
+      // Device pointers could go to a CUDA-aware UCX directly; herd does not
+      // do that yet, so say which case this is.
+      std::printf("GPU workers push and pull through page-locked host memory (%s)\n",
+                  transport->cuda_memory() ? "this UCX could move CUDA memory itself; direct transfers are not used yet"
+                                           : "this UCX has no CUDA memory support");
+    }
     if (ps) {
       std::printf("parameter servers: %d, workers: %d, wire %s", plan.num_servers(), W, bf16 ? "bf16" : "fp32");
     } else {
