@@ -78,6 +78,14 @@ StatusOr<MemoryPlan> PlanMemory(const config::JobConfig& config) {
   t.buffers = staging;
   t.device = gpu_bytes;
   t.runtime = kRuntimeBytes;
+  if (gpu && t.role == "trainer") {
+    // One process on a GPU keeps the whole step there (cuda::DeviceTrainer);
+    // the host holds the state only to load and checkpoint it.
+    t.gradients = 0;
+    t.buffers = 0;
+    t.device = cuda::DeviceTrainerDeviceBytes(shape, train.batch_size(), train.seq_len(),
+                                              config.device().dtype() == config::DeviceConfig::BF16);
+  }
   plan.processes.push_back(t);
   return plan;
 }

@@ -15,7 +15,9 @@
 // CUDA workers (device.kind CUDA) hold their activations, a compute copy of
 // the weights and the gradients on the GPU (`device`, see
 // model/cuda/device_memory.h) and a page-locked gradient staging buffer on
-// the host (in `buffers`).
+// the host (in `buffers`); one process on a GPU keeps weights, AdamW state
+// and gradients on the device too (cuda::DeviceTrainer) and only its state
+// on the host.
 // Every process also carries a fixed runtime (libraries, UCX, allocator),
 // kRuntimeBytes, measured on an idle herd-server.
 #pragma once

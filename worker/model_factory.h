@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "common/status.h"
+#include "model/cuda/device_trainer.h"
 #include "model/model.h"
 #include "proto/herd.pb.h"
 
@@ -13,6 +14,10 @@ namespace herd {
 
 StatusOr<std::unique_ptr<Model>> CreateModel(const config::JobConfig& config, int max_batch, int max_seq_len,
                                              int local_rank);
+
+// The single-process trainer's GPU engine for device.kind CUDA: weights,
+// AdamW state and gradients resident on the device (null for CPU jobs).
+StatusOr<std::unique_ptr<cuda::DeviceTrainer>> CreateDeviceTrainer(const config::JobConfig& config, int local_rank);
 
 // The local rank for device selection: LOCAL_RANK (torchrun) or
 // SLURM_LOCALID when set, else the global rank (one machine).

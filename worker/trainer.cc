@@ -17,6 +17,7 @@
 #include "data/sampler.h"
 #include "data/token_file.h"
 #include "model/checkpoint.h"
+#include "model/cuda/device_trainer.h"
 #include "model/hf_io.h"
 #include "model/optim/adamw.h"
 #include "worker/evaluate.h"
@@ -41,13 +42,20 @@ Status TrainSingleProcess(const config::JobConfig& config, const TrainOptions& o
   HERD_RETURN_IF_ERROR(sampler.CheckBatch(B).WithContext("train.batch_size: "));
 
   // Model state: weights, gradients, AdamW moments over the flat space.
-  HERD_ASSIGN_OR_RETURN(std::unique_ptr<Model> model, CreateModel(config, B, T, LocalRank(0)));
-  const ParamLayout& layout = model->layout();
+  // On a GPU the whole step runs there (cuda::DeviceTrainer: weights, AdamW
+  // state and gradients resident); on the CPU, LlamaModel and model/optim.
+  HERD_ASSIGN_OR_RETURN(std::unique_ptr<cuda::DeviceTrainer> gpu, CreateDeviceTrainer(config, LocalRank(0)));
+  std::unique_ptr<Model> cpu_model;
+  if (!gpu) {
+    HERD_ASSIGN_OR_RETURN(cpu_model, CreateModel(config, B, T, 0));
+  }
+  Model& model = gpu ? gpu->evaluator() : *cpu_model;
+  const ParamLayout& layout = model.layout();
   const int64_t P = layout.size();
   ShardState state;
   state.begin = 0;
   state.end = P;
-  std::vector<float> grads(P, 0.0f);
+  std::vector<float> grads(gpu ? 0 : P, 0.0f);  // the GPU keeps its own
 
   const std::string& ckpt_dir = config.checkpoint().dir();
   if (!ckpt_dir.empty()) HERD_RETURN_IF_ERROR(CheckWritable(ckpt_dir));
@@ -81,7 +89,7 @@ Status TrainSingleProcess(const config::JobConfig& config, const TrainOptions& o
   HERD_RETURN_IF_ERROR(log.Open(config.log().metrics(), options.resume));
   std::printf("model: %.2fM parameters (%d layers, d=%d, %d heads, %d kv heads, vocab %d) | %s\n",
               layout.num_parameters() / 1e6, shape.num_layers, shape.hidden_size, shape.num_heads, shape.num_kv_heads,
-              shape.vocab_size, model->Describe().c_str());
+              shape.vocab_size, model.Describe().c_str());
   std::printf("data: %s (%lld tokens) | batch %d x %d tokens x %d accum = %lld tokens/step\n",
               config.data().train().c_str(), static_cast<long long>(train_file.size()), B, T, A,
               static_cast<long long>(B) * T * A);
@@ -92,11 +100,19 @@ Status TrainSingleProcess(const config::JobConfig& config, const TrainOptions& o
   const int64_t total_steps = train.steps();
   const int64_t tokens_per_step = static_cast<int64_t>(B) * T * A;
   const double loss_scale = 1.0 / static_cast<double>(tokens_per_step);
-  std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(inputs.size());
+  // One micro-batch's tokens per slot (the GPU step takes all at once).
+  std::vector<std::vector<int32_t>> inputs(A, std::vector<int32_t>(static_cast<size_t>(B) * T)), targets = inputs;
+  std::vector<const int32_t*> input_ptrs, target_ptrs;
+  for (int a = 0; a < A; ++a) {
+    input_ptrs.push_back(inputs[a].data());
+    target_ptrs.push_back(targets[a].data());
+  }
+  if (gpu) gpu->SetState(state.weights.data(), state.m.data(), state.v.data());
 
   auto save_checkpoint = [&](int64_t step) -> Status {
     const std::string step_dir = StepDirName(ckpt_dir, step);
     Stopwatch sw;
+    if (gpu) gpu->GetState(state.weights.data(), state.m.data(), state.v.data());
     HERD_RETURN_IF_ERROR(WriteSingleShardCheckpoint(step_dir, config, state, sampler.SaveState()));
     std::printf("checkpoint: %s (%.1fs)\n", step_dir.c_str(), sw.Seconds());
     std::fflush(stdout);
@@ -107,17 +123,21 @@ Status TrainSingleProcess(const config::JobConfig& config, const TrainOptions& o
   int64_t window_tokens = 0;
   const int64_t stop_at = options.LastStep(total_steps);
   for (int64_t t = state.step; t < stop_at; ++t) {
-    std::fill(grads.begin(), grads.end(), 0.0f);
-    double loss = 0;
-    for (int micro = 0; micro < A; ++micro) {
-      sampler.NextBatch(B, inputs.data(), targets.data());
-      loss += model->Forward(state.weights.data(), inputs.data(), targets.data(), B, T);
-      model->Backward(state.weights.data(), grads.data(), loss_scale, nullptr, micro == A - 1);
+    for (int micro = 0; micro < A; ++micro) sampler.NextBatch(B, inputs[micro].data(), targets[micro].data());
+    double loss = 0, lr = 0, norm = 0;
+    if (gpu) {
+      loss = gpu->Step(input_ptrs, target_ptrs, t, &norm, &lr);
+    } else {
+      std::fill(grads.begin(), grads.end(), 0.0f);
+      for (int micro = 0; micro < A; ++micro) {
+        loss += model.Forward(state.weights.data(), inputs[micro].data(), targets[micro].data(), B, T);
+        model.Backward(state.weights.data(), grads.data(), loss_scale);
+      }
+      loss /= A;
+      lr = LearningRate(opt, total_steps, t);
+      norm = ClipAndAdamWStep(segments, 0, P, state.weights.data(), grads.data(), state.m.data(), state.v.data(), t + 1,
+                              lr, opt.clip_norm(), adamw);
     }
-    loss /= A;
-    const double lr = LearningRate(opt, total_steps, t);
-    const double norm = ClipAndAdamWStep(segments, 0, P, state.weights.data(), grads.data(), state.m.data(),
-                                         state.v.data(), t + 1, lr, opt.clip_norm(), adamw);
     state.step = t + 1;
     window_tokens += tokens_per_step;
     if (!std::isfinite(loss)) {
@@ -138,7 +158,7 @@ Status TrainSingleProcess(const config::JobConfig& config, const TrainOptions& o
       e.tokens_per_s = window_s > 0 ? window_tokens / window_s : 0;
       e.elapsed_s = run_clock.Seconds();
       e.eta_s = e.tokens_per_s > 0 ? (total_steps - state.step) * tokens_per_step / e.tokens_per_s : 0;
-      if (eval_now) e.val_loss = ValidationLoss(*model, state.weights.data(), val_file.get(), config);
+      if (eval_now) e.val_loss = ValidationLoss(model, state.weights.data(), val_file.get(), config);
       log.Write(e);
       window_clock.Reset();
       window_tokens = 0;
@@ -156,7 +176,7 @@ Status TrainSingleProcess(const config::JobConfig& config, const TrainOptions& o
     return Status::OK();
   }
 
-  PrintSample(*model, state.weights.data(), config);
+  PrintSample(model, state.weights.data(), config);
   std::printf("done: %lld steps in %s\n", static_cast<long long>(state.step),
               FormatDuration(run_clock.Seconds()).c_str());
   return Status::OK();

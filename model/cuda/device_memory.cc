@@ -48,4 +48,12 @@ int64_t GpuWorkerDeviceBytes(const LlamaShape& shape, int max_batch, int max_seq
          kCublasWorkspaceBytes;
 }
 
+int64_t SumOfSquaresChunks(int64_t n) { return (n + kSumOfSquaresChunk - 1) / kSumOfSquaresChunk; }
+
+int64_t DeviceTrainerDeviceBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16) {
+  const int64_t P = ParamLayout(shape).size();
+  return CudaActivationBytes(shape, max_batch, max_seq_len, bf16) + P * (4 * 4 + (bf16 ? 2 : 0)) +
+         SumOfSquaresChunks(P) * 8 + kCublasWorkspaceBytes;
+}
+
 }  // namespace herd::cuda

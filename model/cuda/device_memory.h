@@ -13,6 +13,8 @@ namespace herd::cuda {
 
 // Row partitions of RMSNorm's weight gradient (rmsnorm.cu).
 inline constexpr int kRmsNormPartitions = 128;
+// Elements per partial sum of the gradient norm (model/optim's chunk).
+inline constexpr int64_t kSumOfSquaresChunk = 4096;
 // cuBLASLt's workspace per Matmul (what it asks for on Hopper).
 inline constexpr int64_t kCublasWorkspaceBytes = 32ll << 20;
 
@@ -40,5 +42,14 @@ int64_t CudaActivationBytes(const LlamaShape& shape, int max_batch, int max_seq_
 // weights in the compute dtype, fp32 gradients, bf16 mode's fp32 landing
 // buffer for weights, cuBLASLt's workspace.
 int64_t GpuWorkerDeviceBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16);
+
+// Everything the single-process GPU trainer (device_trainer.h) holds on the
+// device: activations, fp32 master weights, gradients and AdamW m and v,
+// the bf16 compute copy, the norm's partial sums, cuBLASLt's workspace.
+int64_t DeviceTrainerDeviceBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16);
+
+// Chunks of the gradient norm's partial sums over n elements (4096 each,
+// as model/optim's SumOfSquares).
+int64_t SumOfSquaresChunks(int64_t n);
 
 }  // namespace herd::cuda

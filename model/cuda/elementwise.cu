@@ -93,12 +93,10 @@ __global__ void AdamWKernel(float* params, const float* grads, float* m, float* 
   params[i] = p - s.step_size * (mi / (sqrtf(vi) / s.bc2_sqrt + s.eps));
 }
 
-constexpr int64_t kSquaresChunk = 4096;
-
 __global__ void SumOfSquaresKernel(double* partial, const float* x, int64_t n) {
   __shared__ double shared[32];
-  const int64_t lo = static_cast<int64_t>(blockIdx.x) * kSquaresChunk;
-  const int64_t hi = lo + kSquaresChunk < n ? lo + kSquaresChunk : n;
+  const int64_t lo = static_cast<int64_t>(blockIdx.x) * kSumOfSquaresChunk;
+  const int64_t hi = lo + kSumOfSquaresChunk < n ? lo + kSumOfSquaresChunk : n;
   double s = 0;
   for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) s += static_cast<double>(x[i]) * x[i];
   s = BlockSum(s, shared);
@@ -184,8 +182,6 @@ void AdamW(float* params, const float* grads, float* m, float* v, int64_t n, con
            cudaStream_t stream) {
   if (n > 0) HERD_LAUNCH(AdamWKernel, GridFor(n, kThreads), kThreads, 0, stream, params, grads, m, v, n, s);
 }
-
-int64_t SumOfSquaresChunks(int64_t n) { return (n + kSquaresChunk - 1) / kSquaresChunk; }
 
 void SumOfSquaresPartials(double* partial, const float* x, int64_t n, cudaStream_t stream) {
   const int64_t chunks = SumOfSquaresChunks(n);

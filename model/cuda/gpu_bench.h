@@ -1,9 +1,7 @@
-// The GPU training step of `herd bench gpu`, everything resident on one
-// device as llm.c and a PyTorch training loop keep it: fp32 master
-// weights, AdamW moments and gradients in device memory, the compute copy
-// in the compute dtype, forward + backward + global-norm clipping + AdamW
-// (the AdamW and norm kernels of model/cuda/kernels.h) per step, on
-// synthetic tokens. No CUDA type appears here, so tools/ can call it.
+// `herd bench gpu`'s measurement: the single-process GPU trainer's step
+// (device_trainer.h: everything resident on the device) on synthetic
+// tokens, timed step by step. No CUDA type appears here, so tools/ can
+// call it.
 #pragma once
 
 #include <cstdint>

@@ -108,6 +108,5 @@ void AdamW(float* params, const float* grads, float* m, float* v, int64_t n, con
 // Partial sums of squares in double over fixed 4096-element chunks of x:
 // partial[c] for c < SumOfSquaresChunks(n); the caller adds them in order.
 void SumOfSquaresPartials(double* partial, const float* x, int64_t n, cudaStream_t stream);
-int64_t SumOfSquaresChunks(int64_t n);
 
 }  // namespace herd::cuda

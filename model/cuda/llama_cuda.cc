@@ -146,6 +146,21 @@ const T* CudaLlamaModel<T>::logits() const {
 }
 
 template <typename T>
+void CudaLlamaModel<T>::LogitsToHost(std::vector<float>* out) const {
+  const int64_t n = static_cast<int64_t>(b_->B) * b_->Tcur * b_->V;
+  std::vector<T> raw(n);
+  HERD_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  HERD_CUDA_CHECK(cudaMemcpy(raw.data(), b_->logits, n * sizeof(T), cudaMemcpyDeviceToHost));
+  out->resize(n);
+  for (int64_t i = 0; i < n; ++i) {
+    if constexpr (std::is_same_v<T, float>)
+      (*out)[i] = raw[i];
+    else
+      (*out)[i] = __bfloat162float(raw[i]);
+  }
+}
+
+template <typename T>
 double CudaLlamaModel<T>::Forward(const T* params, const int32_t* host_tokens, const int32_t* host_targets, int B,
                                   int T_, const NeedUpTo& need) {
   Buffers& b = *b_;

@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "model/cuda/device_compat.h"
 #include "model/llama_config.h"
@@ -54,6 +56,8 @@ class CudaLlamaModel {
 
   // Device [B*T_, vocab] logits of the last Forward (overwritten by Backward).
   const T* logits() const;
+  // The last Forward's logits as fp32 on the host (waits for the stream).
+  void LogitsToHost(std::vector<float>* out) const;
 
   // Device bytes of the activations and backward scratch for max_batch x
   // max_seq_len (a worker's share of a memory plan).

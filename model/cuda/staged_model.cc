@@ -86,7 +86,6 @@ class StagedCudaModel final : public StagedCudaModelBase {
       uploaded = end;
     };
     events_used_ = 0;
-    last_rows_ = static_cast<int64_t>(B) * T_;
     return model_->Forward(params_, tokens, targets, B, T_, upload);
   }
 
@@ -139,17 +138,7 @@ class StagedCudaModel final : public StagedCudaModelBase {
   void SetGradientReducer(GradientReducer reducer) override { reducer_ = std::move(reducer); }
 
   const float* logits() override {
-    const int64_t n = last_rows_ * model_->layout().shape().vocab_size;
-    std::vector<T> raw(n);
-    HERD_CUDA_CHECK(cudaStreamSynchronize(compute_));
-    HERD_CUDA_CHECK(cudaMemcpy(raw.data(), model_->logits(), n * sizeof(T), cudaMemcpyDeviceToHost));
-    host_logits_.resize(n);
-    for (int64_t i = 0; i < n; ++i) {
-      if constexpr (std::is_same_v<T, float>)
-        host_logits_[i] = raw[i];
-      else
-        host_logits_[i] = __bfloat162float(raw[i]);
-    }
+    model_->LogitsToHost(&host_logits_);
     return host_logits_.data();
   }
 
@@ -191,7 +180,6 @@ class StagedCudaModel final : public StagedCudaModelBase {
   GradientReducer reducer_;
   bool device_grads_pending_ = false, upload_due_ = true;
   const float* uploaded_from_ = nullptr;
-  int64_t last_rows_ = 0;  // B*T of the last Forward
 };
 
 }  // namespace
@@ -203,8 +191,7 @@ Status AttachGradientReducer(Model& model, GradientReducer reducer) {
   return Status::OK();
 }
 
-StatusOr<std::unique_ptr<Model>> NewStagedCudaModel(const LlamaShape& shape, int max_batch, int max_seq_len,
-                                                    config::DeviceConfig::DType dtype, int device) {
+StatusOr<std::string> PrepareDevice(const LlamaShape& shape, int device, bool bf16, int64_t needed_bytes) {
   const int count = DeviceCount();
   if (count == 0) return Status::FailedPrecondition("device.kind CUDA: no CUDA device is visible to this process");
   if (device < 0 || device >= count) {
@@ -220,17 +207,23 @@ StatusOr<std::unique_ptr<Model>> NewStagedCudaModel(const LlamaShape& shape, int
   cudaDeviceProp prop{};
   std::string gpu = "device";
   if (cudaGetDeviceProperties(&prop, device) == cudaSuccess) gpu = prop.name;
-  const bool bf16 = dtype == config::DeviceConfig::BF16;
   const std::string name = "cuda:" + std::to_string(device) + " " + gpu + ", " + (bf16 ? "bf16" : "fp32");
   // Out of device memory is a clear error here, not an abort mid-allocation.
-  const int64_t needed = GpuWorkerDeviceBytes(shape, max_batch, max_seq_len, bf16);
   size_t free_bytes = 0, total_bytes = 0;
   HERD_CUDA_CHECK(cudaSetDevice(device));
-  if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess && needed > static_cast<int64_t>(free_bytes)) {
-    return Status::FailedPrecondition("device.kind CUDA: the model needs " + FormatBytes(needed) + " on " + name +
+  if (cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess && needed_bytes > static_cast<int64_t>(free_bytes)) {
+    return Status::FailedPrecondition("device.kind CUDA: the model needs " + FormatBytes(needed_bytes) + " on " + name +
                                       ", which has " + FormatBytes(static_cast<int64_t>(free_bytes)) +
                                       " free; lower train.batch_size or train.seq_len");
   }
+  return name;
+}
+
+StatusOr<std::unique_ptr<Model>> NewStagedCudaModel(const LlamaShape& shape, int max_batch, int max_seq_len,
+                                                    config::DeviceConfig::DType dtype, int device) {
+  const bool bf16 = dtype == config::DeviceConfig::BF16;
+  HERD_ASSIGN_OR_RETURN(const std::string name,
+                        PrepareDevice(shape, device, bf16, GpuWorkerDeviceBytes(shape, max_batch, max_seq_len, bf16)));
   std::unique_ptr<Model> model;
   if (bf16)
     model = std::make_unique<StagedCudaModel<__nv_bfloat16>>(shape, max_batch, max_seq_len, device, name);

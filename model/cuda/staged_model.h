@@ -22,6 +22,7 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "common/status.h"
 #include "model/cuda/device_compat.h"
@@ -49,6 +50,11 @@ Status AttachGradientReducer(Model& model, GradientReducer reducer);
 
 // Number of CUDA devices this process sees (0 without a driver or device).
 int DeviceCount();
+
+// Checks that `device` can run the shape with `needed_bytes` free (device
+// present, cuBLASLt loadable, attention kernels for the head dimension,
+// memory), makes it current, and names it ("cuda:0 NVIDIA H100 ..., bf16").
+StatusOr<std::string> PrepareDevice(const LlamaShape& shape, int device, bool bf16, int64_t needed_bytes);
 
 // A model on device `device` (an index < DeviceCount()) computing in
 // `dtype`; an error names the device problem or the unsupported shape.

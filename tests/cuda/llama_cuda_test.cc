@@ -11,6 +11,7 @@
 #include <numeric>
 
 #include "model/cuda/device_memory.h"
+#include "model/cuda/device_trainer.h"
 #include "model/cuda/staged_model.h"
 #include "model/llama.h"
 #include "tests/cuda/device_test_util.h"
@@ -153,6 +154,26 @@ TEST(StagedCudaModel, AllocatesWhatThePlanSays) {
 #endif
     EXPECT_NEAR(used, planned, slack) << (bf16 ? "bf16" : "fp32") << ": allocated " << used << ", planned " << planned;
   }
+}
+
+TEST(DeviceTrainer, AllocatesWhatThePlanSays) {
+  HERD_REQUIRE_DEVICE();
+  size_t before = 0, after = 0, total = 0;
+  HERD_CUDA_CHECK(cudaMemGetInfo(&before, &total));
+  DeviceTrainer::Options o;
+  o.shape = SmallShape(true, 1);
+  o.batch = 2;
+  o.seq_len = 50;
+  auto trainer = DeviceTrainer::Create(o);
+  ASSERT_TRUE(trainer.ok()) << trainer.status().message();
+  HERD_CUDA_CHECK(cudaMemGetInfo(&after, &total));
+  const double used = static_cast<double>(before) - static_cast<double>(after);
+  const double planned = static_cast<double>(DeviceTrainerDeviceBytes(o.shape, 2, 50, true));
+#if defined(HERD_CUDA_EMULATION)
+  EXPECT_NEAR(used, planned, 64 * 256);
+#else
+  EXPECT_NEAR(used, planned, 64 << 20);
+#endif
 }
 
 TEST(CudaLlamaModel, RefusesAHeadDimWithoutKernels) {

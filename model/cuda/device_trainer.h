@@ -1,0 +1,54 @@
+// One process training on one GPU with everything resident there, as llm.c
+// and a PyTorch training loop do: fp32 master weights, AdamW moments and
+// gradients in device memory, the compute copy in the compute dtype, and a
+// step = forward/backward over the micro-batches + global-norm clipping +
+// AdamW (model/optim's formula, on the device). The single-process trainer
+// uses it for device.kind CUDA, and `herd bench gpu` times it. No CUDA type
+// appears here, so callers need no CUDA headers.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "common/status.h"
+#include "model/llama_config.h"
+#include "model/model.h"
+#include "proto/herd.pb.h"
+
+namespace herd::cuda {
+
+class DeviceTrainer {
+ public:
+  struct Options {
+    LlamaShape shape;
+    int batch = 8, seq_len = 1024;
+    bool bf16 = true;
+    config::OptimizerConfig optimizer;
+    int64_t total_steps = 1;  // for the learning-rate schedule
+    int device = 0;
+  };
+  // Errors: no device, cuBLASLt missing, a shape without kernels, or not
+  // enough device memory (one line each, before anything is allocated).
+  static StatusOr<std::unique_ptr<DeviceTrainer>> Create(const Options& options);
+  virtual ~DeviceTrainer() = default;
+
+  // The optimizer state over the whole flat space (host arrays of
+  // layout().size() floats); GetState's m and v may be null.
+  virtual void SetState(const float* weights, const float* m, const float* v) = 0;
+  virtual void GetState(float* weights, float* m, float* v) = 0;
+
+  // Step `step_index` (0-based) over micro-batches of host tokens
+  // (inputs[a], targets[a]: batch x seq_len each): returns the mean loss
+  // and sets the gradient norm before clipping and the learning rate.
+  virtual double Step(const std::vector<const int32_t*>& inputs, const std::vector<const int32_t*>& targets,
+                      int64_t step_index, double* grad_norm, double* lr) = 0;
+
+  // The current weights as a Model for evaluation and sampling: its
+  // Forward ignores `params` (the weights live on the device) and it has
+  // no Backward.
+  virtual Model& evaluator() = 0;
+  virtual std::string Describe() const = 0;
+};
+
+}  // namespace herd::cuda
