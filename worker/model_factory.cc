@@ -27,15 +27,29 @@ int LocalRank(int rank) {
   return rank;
 }
 
-StatusOr<std::unique_ptr<cuda::DeviceTrainer>> CreateDeviceTrainer(const config::JobConfig& config, int local_rank) {
-  if (config.device().kind() == config::DeviceConfig::CPU) return std::unique_ptr<cuda::DeviceTrainer>();
-#if HERD_HAVE_CUDA_MODEL
+namespace {
+
+// The device a CUDA job's process uses: local rank modulo the devices it
+// sees; one line when there is none, or no CUDA in this build.
+StatusOr<int> PickDevice(int local_rank) {
+  if (!BuiltWithCuda()) {
+    return Status::InvalidArgument(
+        "device.kind is CUDA but this herd was built without CUDA (no toolkit was found at configure time)");
+  }
   const int devices = CudaDeviceCount();
   if (devices == 0) {
     return Status::FailedPrecondition(
-        "device.kind is CUDA but this process sees no CUDA device (driver, "
-        "CUDA_VISIBLE_DEVICES?)");
+        "device.kind is CUDA but this process sees no CUDA device (driver, CUDA_VISIBLE_DEVICES?)");
   }
+  return local_rank % devices;
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<cuda::DeviceTrainer>> CreateDeviceTrainer(const config::JobConfig& config, int local_rank) {
+  if (config.device().kind() == config::DeviceConfig::CPU) return std::unique_ptr<cuda::DeviceTrainer>();
+  HERD_ASSIGN_OR_RETURN(const int device, PickDevice(local_rank));
+#if HERD_HAVE_CUDA_MODEL
   cuda::DeviceTrainer::Options o;
   o.shape = LlamaShape::FromConfig(config.model());
   o.batch = config.train().batch_size();
@@ -43,13 +57,11 @@ StatusOr<std::unique_ptr<cuda::DeviceTrainer>> CreateDeviceTrainer(const config:
   o.bf16 = config.device().dtype() == config::DeviceConfig::BF16;
   o.optimizer = config.optimizer();
   o.total_steps = config.train().steps();
-  o.device = local_rank % devices;
+  o.device = device;
   return cuda::DeviceTrainer::Create(o);
 #else
-  (void)local_rank;
-  return Status::InvalidArgument(
-      "device.kind is CUDA but this herd was built without CUDA (no toolkit was found at "
-      "configure time)");
+  (void)device;
+  return std::unique_ptr<cuda::DeviceTrainer>();  // not reached: PickDevice refused
 #endif
 }
 
@@ -57,19 +69,12 @@ StatusOr<std::unique_ptr<Model>> CreateModel(const config::JobConfig& config, in
                                              int local_rank) {
   const LlamaShape shape = LlamaShape::FromConfig(config.model());
   if (config.device().kind() == config::DeviceConfig::CPU) return NewCpuModel(shape, max_batch, max_seq_len);
+  HERD_ASSIGN_OR_RETURN(const int device, PickDevice(local_rank));
 #if HERD_HAVE_CUDA_MODEL
-  const int devices = CudaDeviceCount();
-  if (devices == 0) {
-    return Status::FailedPrecondition(
-        "device.kind is CUDA but this process sees no CUDA device (driver, "
-        "CUDA_VISIBLE_DEVICES?)");
-  }
-  return cuda::NewStagedCudaModel(shape, max_batch, max_seq_len, config.device().dtype(), local_rank % devices);
+  return cuda::NewStagedCudaModel(shape, max_batch, max_seq_len, config.device().dtype(), device);
 #else
-  (void)local_rank;
-  return Status::InvalidArgument(
-      "device.kind is CUDA but this herd was built without CUDA (no toolkit was found at "
-      "configure time)");
+  (void)device;
+  return std::unique_ptr<Model>();  // not reached: PickDevice refused
 #endif
 }
 
