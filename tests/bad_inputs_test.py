@@ -1,6 +1,7 @@
 """Every bad input gives one clear 'herd: error:' line naming what and where,
 a non-zero exit code, and leaves nothing half-written behind. Real
 processes, real files."""
+import json
 import os
 import stat
 import struct
@@ -67,6 +68,12 @@ def main():
     expect_error(sb, ["launch", heads], "heads.textproto:", "num_key_value_heads", "divisible")
     expect_error(sb, ["launch", cfg, "--set", "optimizer.lrr=1"], "--set optimizer.lrr=1", "lr")
     expect_error(sb, ["launch", "nope.textproto"], "nope.textproto")
+    # Device: bf16 on the CPU; a GPU job where there is no GPU (or no CUDA).
+    expect_error(sb, ["launch", cfg, "--set", "device.dtype=BF16"], "device.dtype", "CUDA")
+    version = json.loads(sb.run("version").stdout)
+    if version["cuda_devices"] == 0:
+        expect_error(sb, ["launch", cfg, "--set", "device.kind=CUDA"], "device.kind CUDA",
+                     "no CUDA device" if version["cuda"] else "without CUDA", files_before=herdtest.listing(sb.dir))
 
     # Unwritable checkpoint directory: refused before training starts.
     os.makedirs(sb.path("locked"))

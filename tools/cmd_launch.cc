@@ -24,6 +24,12 @@ int RunLaunch(int argc, char** argv) {
     return ReportError(Status::InvalidArgument(args.positional()[0] +
                                                ": device.kind CUDA, but this herd was built without CUDA; use CPU"));
   }
+  // Every process of a launch runs here: no GPU is one line before any starts.
+  if (config->device().kind() == config::DeviceConfig::CUDA && CudaDeviceCount() == 0) {
+    return ReportError(Status::FailedPrecondition(
+        args.positional()[0] + ": device.kind CUDA, but this machine shows no CUDA device (driver, "
+                               "CUDA_VISIBLE_DEVICES?)"));
+  }
   if (config->data().train().empty()) {
     return ReportError(Status::InvalidArgument(args.positional()[0] + ": data.train is not set"));
   }
