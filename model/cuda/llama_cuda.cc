@@ -43,6 +43,7 @@ struct CudaLlamaModel<T>::Buffers {
   T *dres, *dln, *datt, *dq, *dk, *dv, *dact, *dgate, *dup;
   float *rms_scratch, *attn_scratch;
   std::vector<float> host_losses;
+  EmbeddingGroups host_groups;  // the last Forward's, read by its copies
   int B = 0, Tcur = 0;
   bool has_targets = false;
 
@@ -178,12 +179,14 @@ double CudaLlamaModel<T>::Forward(const T* params, const int32_t* host_tokens, c
   if (host_targets != nullptr) {
     HERD_CUDA_CHECK(cudaMemcpyAsync(b.targets, host_targets, N * 4, cudaMemcpyHostToDevice, st));
     // The embedding backward's grouping, made now while the host is free.
-    const EmbeddingGroups g = EmbeddingGroups::Build(host_tokens, N);
+    // Kept in the model until the next Forward, which starts only after
+    // this one's losses came back, so no copy can still be reading them.
+    b.host_groups = EmbeddingGroups::Build(host_tokens, N);
+    const EmbeddingGroups& g = b.host_groups;
     b.groups = static_cast<int64_t>(g.tokens.size());
     HERD_CUDA_CHECK(cudaMemcpyAsync(b.group_tokens, g.tokens.data(), b.groups * 4, cudaMemcpyHostToDevice, st));
     HERD_CUDA_CHECK(cudaMemcpyAsync(b.group_starts, g.starts.data(), (b.groups + 1) * 4, cudaMemcpyHostToDevice, st));
     HERD_CUDA_CHECK(cudaMemcpyAsync(b.group_positions, g.positions.data(), N * 4, cudaMemcpyHostToDevice, st));
-    HERD_CUDA_CHECK(cudaStreamSynchronize(st));  // the host vectors above die here
   }
 
   auto layer_end = [&](int l) { return l + 1 < s.num_layers ? layout_.layer(l + 1).input_norm : layout_.final_norm(); };
