@@ -47,8 +47,6 @@ Status TrainDistributedWorker(const config::JobConfig& config, const TrainOption
   const TokenFile& train_file = data.train;
   const std::unique_ptr<TokenFile>& val_file = data.val;
   const ParamLayout layout(shape);
-  std::unique_ptr<Model> model;                               // made once the rank (and so the GPU) is known
-  std::unique_ptr<DeviceGradientReduction> device_reduction;  // CUDA workers in all-reduce mode: NCCL
   const int64_t P = layout.size();
   HERD_ASSIGN_OR_RETURN(ShardPlan plan, ps ? ShardPlan::Create(layout, ShardPlanOptions::FromConfig(cluster))
                                            : CollectivePlan(layout, config, cluster.workers()));
@@ -62,6 +60,10 @@ Status TrainDistributedWorker(const config::JobConfig& config, const TrainOption
   if (!ckpt_dir.empty()) HERD_RETURN_IF_ERROR(CheckWritable(ckpt_dir));
   // Buffers before the transport: they must outlive it.
   std::vector<float> weights(P), grads(P);
+  // Made once the rank (and so the GPU) is known; after the buffers, so
+  // that a GPU model (which page-locks them) goes first.
+  std::unique_ptr<Model> model;
+  std::unique_ptr<DeviceGradientReduction> device_reduction;  // CUDA workers in all-reduce mode: NCCL
 
   HERD_ASSIGN_OR_RETURN(auto transport, transport::UcxTransport::Create(-1));
   // The data plane's services, registered before any peer can send.
