@@ -27,6 +27,7 @@ constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr int kRows = 16 * kWarps;  // rows a block owns
 constexpr int kTile = 64;           // rows of the streamed operand per tile
+static_assert(kRows == kTile, "the backward's shared-memory layout sizes own rows and tiles alike");
 
 using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major>;
 using FragBRow = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major>;
@@ -180,6 +181,23 @@ struct BackwardSmem {
   static constexpr int kScratch = HD > kTile ? HD : kTile;
   static constexpr size_t kBytes = 4 * kTile * HD * sizeof(bf16) + 2 * kWarps * 16 * kScratch * sizeof(float) +
                                    kWarps * 16 * kTile * sizeof(bf16) + 2 * kTile * sizeof(float);
+
+  // The layout, carved from the block's dynamic shared memory.
+  bf16 *own_a, *own_b;    // the block's own rows of two operands [kTile, HD]
+  bf16 *tile_a, *tile_b;  // the two streamed operands' tile
+  float *s, *dp;          // per warp [16, kScratch] fp32 scratch
+  bf16* p;                // per warp [16, kTile] bf16 operand
+  float* stats;           // the streamed rows' lse [kTile], then delta [kTile]
+  __device__ explicit BackwardSmem(unsigned char* smem) {
+    own_a = reinterpret_cast<bf16*>(smem);
+    own_b = own_a + kTile * HD;
+    tile_a = own_b + kTile * HD;
+    tile_b = tile_a + kTile * HD;
+    s = reinterpret_cast<float*>(tile_b + kTile * HD);
+    dp = s + kWarps * 16 * kScratch;
+    p = reinterpret_cast<bf16*>(dp + kWarps * 16 * kScratch);
+    stats = reinterpret_cast<float*>(p + kWarps * 16 * kTile);
+  }
 };
 
 // Writes acc[n] * factor (16 x HD) as bf16 rows of a [B, T, heads, HD]
@@ -206,14 +224,10 @@ __global__ void __launch_bounds__(kThreads)
                           const bf16* k, const bf16* v, AttentionDims d) {
   using S = BackwardSmem<HD>;
   HERD_DYNAMIC_SHARED(unsigned char, smem);
-  bf16* qs = reinterpret_cast<bf16*>(smem);
-  bf16* dos = qs + kTile * HD;
-  bf16* ks = dos + kTile * HD;
-  bf16* vs = ks + kTile * HD;
-  float* s_scratch = reinterpret_cast<float*>(vs + kTile * HD);
-  float* dp_scratch = s_scratch + kWarps * 16 * S::kScratch;
-  bf16* ds_tile = reinterpret_cast<bf16*>(dp_scratch + kWarps * 16 * S::kScratch);
-  float* stats = reinterpret_cast<float*>(ds_tile + kWarps * 16 * kTile);  // lse[kRows], delta[kRows]
+  const S m(smem);
+  bf16 *qs = m.own_a, *dos = m.own_b, *ks = m.tile_a, *vs = m.tile_b;
+  float *s_scratch = m.s, *dp_scratch = m.dp, *stats = m.stats;  // stats: the block's rows here (kRows = kTile)
+  bf16* ds_tile = m.p;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 2, half = lane % 2;
   const int64_t b = blockIdx.z, h = blockIdx.y, kvh = h / d.group;
@@ -263,14 +277,10 @@ __global__ void __launch_bounds__(kThreads)
                              const bf16* k, const bf16* v, AttentionDims d) {
   using S = BackwardSmem<HD>;
   HERD_DYNAMIC_SHARED(unsigned char, smem);
-  bf16* ks = reinterpret_cast<bf16*>(smem);
-  bf16* vs = ks + kTile * HD;
-  bf16* qs = vs + kTile * HD;
-  bf16* dos = qs + kTile * HD;
-  float* s_scratch = reinterpret_cast<float*>(dos + kTile * HD);
-  float* dp_scratch = s_scratch + kWarps * 16 * S::kScratch;
-  bf16* p_tile = reinterpret_cast<bf16*>(dp_scratch + kWarps * 16 * S::kScratch);
-  float* stats = reinterpret_cast<float*>(p_tile + kWarps * 16 * kTile);  // lse[kTile], delta[kTile]
+  const S m(smem);
+  bf16 *ks = m.own_a, *vs = m.own_b, *qs = m.tile_a, *dos = m.tile_b;
+  float *s_scratch = m.s, *dp_scratch = m.dp, *stats = m.stats;
+  bf16* p_tile = m.p;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 2, half = lane % 2;
   const int64_t b = blockIdx.z, kvh = blockIdx.y;
