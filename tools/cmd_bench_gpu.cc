@@ -76,15 +76,12 @@ int RunBenchGpu(int argc, char** argv) {
   return ReportError(Status::FailedPrecondition("bench gpu: this herd was built without CUDA"));
 #else
   cuda::GpuBenchOptions o;
-  o.shape = LlamaShape::FromConfig(m);
-  o.batch = B;
-  o.seq_len = T;
+  o.trainer = cuda::DeviceTrainer::Options::FromConfig(*config, /*device=*/0);
+  o.trainer.bf16 = bf16;  // --fp32, whatever the config's device.dtype
   o.steps = static_cast<int>(*steps);
   o.warmup = static_cast<int>(*warmup);
-  o.bf16 = bf16;
   o.seed = train.seed();
   o.init_std = m.initializer_range();
-  o.optimizer = config->optimizer();
   std::fprintf(stderr, "bench gpu: herd, %d x %d tokens, %s, %lld + %lld steps\n", B, T, bf16 ? "bf16" : "fp32",
                static_cast<long long>(*warmup), static_cast<long long>(*steps));
   auto r = cuda::RunGpuTrainBench(o);

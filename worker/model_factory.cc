@@ -50,15 +50,7 @@ StatusOr<std::unique_ptr<cuda::DeviceTrainer>> CreateDeviceTrainer(const config:
   if (config.device().kind() == config::DeviceConfig::CPU) return std::unique_ptr<cuda::DeviceTrainer>();
   HERD_ASSIGN_OR_RETURN(const int device, PickDevice(local_rank));
 #if HERD_HAVE_CUDA_MODEL
-  cuda::DeviceTrainer::Options o;
-  o.shape = LlamaShape::FromConfig(config.model());
-  o.batch = config.train().batch_size();
-  o.seq_len = config.train().seq_len();
-  o.bf16 = config.device().dtype() == config::DeviceConfig::BF16;
-  o.optimizer = config.optimizer();
-  o.total_steps = config.train().steps();
-  o.device = device;
-  return cuda::DeviceTrainer::Create(o);
+  return cuda::DeviceTrainer::Create(cuda::DeviceTrainer::Options::FromConfig(config, device));
 #else
   (void)device;
   return std::unique_ptr<cuda::DeviceTrainer>();  // not reached: PickDevice refused

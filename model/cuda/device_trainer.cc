@@ -82,21 +82,11 @@ class ResidentTrainer final : public DeviceTrainer {
     for (double p : host_partials_) squares += p;
     const double norm = std::sqrt(squares);
     const double rate = LearningRate(o_.optimizer, o_.total_steps, step_index);
-    // model/optim/adamw.cc's scalars, formed in double and rounded once.
-    const AdamWOptions w = AdamWOptions::FromConfig(o_.optimizer);
-    const double t = static_cast<double>(step_index + 1);
-    const double bc1 = 1.0 - std::pow(w.beta1, t), bc2 = 1.0 - std::pow(w.beta2, t);
+    const AdamWScalars k = MakeAdamWScalars(AdamWOptions::FromConfig(o_.optimizer), step_index + 1, rate,
+                                            ClipCoefficient(norm, o_.optimizer.clip_norm()));
     for (const DecaySegment& s : runs_) {
-      const AdamWScalars k{static_cast<float>(w.beta1),
-                           static_cast<float>(1.0 - w.beta1),
-                           static_cast<float>(w.beta2),
-                           static_cast<float>(1.0 - w.beta2),
-                           static_cast<float>(rate / bc1),
-                           static_cast<float>(std::sqrt(bc2)),
-                           static_cast<float>(w.eps),
-                           s.decay ? static_cast<float>(1.0 - rate * w.weight_decay) : 1.0f,
-                           static_cast<float>(ClipCoefficient(norm, o_.optimizer.clip_norm()))};
-      AdamW(master_ + s.begin, grads_ + s.begin, m_ + s.begin, v_ + s.begin, s.end - s.begin, k, stream_);
+      AdamW(master_ + s.begin, grads_ + s.begin, m_ + s.begin, v_ + s.begin, s.end - s.begin, k, k.DecayFor(s.decay),
+            stream_);
     }
     HERD_CUDA_CHECK_LAUNCH();
     compute_stale_ = true;

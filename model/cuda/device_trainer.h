@@ -27,6 +27,20 @@ class DeviceTrainer {
     config::OptimizerConfig optimizer;
     int64_t total_steps = 1;  // for the learning-rate schedule
     int device = 0;
+
+    // A job's model, train.batch_size x seq_len, device.dtype, optimizer
+    // and train.steps, on `device`.
+    static Options FromConfig(const config::JobConfig& config, int device) {
+      Options o;
+      o.shape = LlamaShape::FromConfig(config.model());
+      o.batch = config.train().batch_size();
+      o.seq_len = config.train().seq_len();
+      o.bf16 = config.device().dtype() == config::DeviceConfig::BF16;
+      o.optimizer = config.optimizer();
+      o.total_steps = config.train().steps();
+      o.device = device;
+      return o;
+    }
   };
   // Errors: no device, cuBLASLt missing, a shape without kernels, or not
   // enough device memory (one line each, before anything is allocated).

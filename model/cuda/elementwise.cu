@@ -81,11 +81,12 @@ __global__ void ConvertKernel(To* out, const From* in, int64_t n) {
 }
 
 // ---- AdamW, model/optim/adamw.cc's element math.
-__global__ void AdamWKernel(float* params, const float* grads, float* m, float* v, int64_t n, AdamWScalars s) {
+__global__ void AdamWKernel(float* params, const float* grads, float* m, float* v, int64_t n, AdamWScalars s,
+                            float decay) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const float g = grads[i] * s.grad_scale;
-  const float p = params[i] * s.decay;
+  const float p = params[i] * decay;
   const float mi = m[i] * s.beta1 + g * s.one_minus_beta1;
   const float vi = v[i] * s.beta2 + (g * g) * s.one_minus_beta2;
   m[i] = mi;
@@ -137,22 +138,25 @@ void EmbeddingBackward(float* dtable, const T* dout, const int32_t* group_tokens
               group_positions, C);
 }
 
+template <typename T, bool kInverse>
+void Rope(T* x, const float* cos, const float* sin, int64_t B, int64_t T_, int64_t heads, int64_t head_dim,
+          cudaStream_t stream) {
+  const int64_t half = head_dim / 2, pairs = B * T_ * heads * half;
+  if (pairs == 0) return;
+  auto* kernel = &RopeKernel<T, kInverse>;
+  HERD_LAUNCH(kernel, GridFor(pairs, kThreads), kThreads, 0, stream, x, cos, sin, T_, heads, half, pairs);
+}
+
 template <typename T>
 void RopeForward(T* x, const float* cos, const float* sin, int64_t B, int64_t T_, int64_t heads, int64_t head_dim,
                  cudaStream_t stream) {
-  const int64_t half = head_dim / 2, pairs = B * T_ * heads * half;
-  if (pairs == 0) return;
-  auto* kernel = &RopeKernel<T, false>;
-  HERD_LAUNCH(kernel, GridFor(pairs, kThreads), kThreads, 0, stream, x, cos, sin, T_, heads, half, pairs);
+  Rope<T, false>(x, cos, sin, B, T_, heads, head_dim, stream);
 }
 
 template <typename T>
 void RopeBackward(T* dx, const float* cos, const float* sin, int64_t B, int64_t T_, int64_t heads, int64_t head_dim,
                   cudaStream_t stream) {
-  const int64_t half = head_dim / 2, pairs = B * T_ * heads * half;
-  if (pairs == 0) return;
-  auto* kernel = &RopeKernel<T, true>;
-  HERD_LAUNCH(kernel, GridFor(pairs, kThreads), kThreads, 0, stream, dx, cos, sin, T_, heads, half, pairs);
+  Rope<T, true>(dx, cos, sin, B, T_, heads, head_dim, stream);
 }
 
 template <typename T>
@@ -178,9 +182,9 @@ void Convert(To* out, const From* in, int64_t n, cudaStream_t stream) {
   HERD_LAUNCH(kernel, GridFor(n, kThreads), kThreads, 0, stream, out, in, n);
 }
 
-void AdamW(float* params, const float* grads, float* m, float* v, int64_t n, const AdamWScalars& s,
+void AdamW(float* params, const float* grads, float* m, float* v, int64_t n, const AdamWScalars& s, float decay,
            cudaStream_t stream) {
-  if (n > 0) HERD_LAUNCH(AdamWKernel, GridFor(n, kThreads), kThreads, 0, stream, params, grads, m, v, n, s);
+  if (n > 0) HERD_LAUNCH(AdamWKernel, GridFor(n, kThreads), kThreads, 0, stream, params, grads, m, v, n, s, decay);
 }
 
 void SumOfSquaresPartials(double* partial, const float* x, int64_t n, cudaStream_t stream) {

@@ -13,20 +13,14 @@
 namespace herd::cuda {
 
 StatusOr<GpuBenchResult> RunGpuTrainBench(const GpuBenchOptions& o) {
-  DeviceTrainer::Options t;
-  t.shape = o.shape;
-  t.batch = o.batch;
-  t.seq_len = o.seq_len;
-  t.bf16 = o.bf16;
-  t.optimizer = o.optimizer;
+  DeviceTrainer::Options t = o.trainer;
   t.total_steps = o.warmup + o.steps;
-  t.device = o.device;
   size_t free_before = 0, free_after = 0, total = 0;
-  HERD_CUDA_CHECK(cudaSetDevice(o.device));
+  HERD_CUDA_CHECK(cudaSetDevice(t.device));
   HERD_CUDA_CHECK(cudaMemGetInfo(&free_before, &total));
   HERD_ASSIGN_OR_RETURN(std::unique_ptr<DeviceTrainer> trainer, DeviceTrainer::Create(t));
 
-  const ParamLayout layout(o.shape);
+  const ParamLayout layout(t.shape);
   const int64_t P = layout.size();
   GpuBenchResult result;
   result.parameters = layout.num_parameters();
@@ -36,14 +30,14 @@ StatusOr<GpuBenchResult> RunGpuTrainBench(const GpuBenchOptions& o) {
     InitParameters(layout, o.seed, o.init_std, weights.data());
     trainer->SetState(weights.data(), zeros.data(), zeros.data());
   }
-  const int N = o.batch * o.seq_len;
+  const int N = t.batch * t.seq_len;
   Rng rng(o.seed);
   std::vector<int32_t> inputs(N), targets(N);
   std::vector<double> step_s;
   for (int s = 0; s < o.warmup + o.steps; ++s) {
     for (int i = 0; i < N; ++i) {
-      inputs[i] = static_cast<int32_t>(rng.Below(o.shape.vocab_size));
-      targets[i] = static_cast<int32_t>(rng.Below(o.shape.vocab_size));
+      inputs[i] = static_cast<int32_t>(rng.Below(t.shape.vocab_size));
+      targets[i] = static_cast<int32_t>(rng.Below(t.shape.vocab_size));
     }
     // Step returns with the norm on the host (a synchronisation) but the
     // optimizer still running; the clock covers whole steps back to back.

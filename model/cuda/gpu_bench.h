@@ -8,19 +8,17 @@
 #include <string>
 
 #include "common/status.h"
+#include "model/cuda/device_trainer.h"
 #include "model/llama_config.h"
 #include "proto/herd.pb.h"
 
 namespace herd::cuda {
 
 struct GpuBenchOptions {
-  LlamaShape shape;
-  int batch = 8, seq_len = 1024, steps = 20, warmup = 5;
-  bool bf16 = true;
+  DeviceTrainer::Options trainer;  // total_steps is set to warmup + steps
+  int steps = 20, warmup = 5;
   uint64_t seed = 0;
   double init_std = 0.02;
-  config::OptimizerConfig optimizer;
-  int device = 0;
 };
 
 struct GpuBenchResult {

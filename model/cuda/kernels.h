@@ -17,6 +17,7 @@
 
 #include "model/cuda/device_compat.h"
 #include "model/cuda/device_memory.h"
+#include "model/optim/adamw.h"
 
 namespace herd::cuda {
 
@@ -97,13 +98,10 @@ void CrossEntropyBackward(T* logits, const float* lse, const int32_t* targets, i
 template <typename From, typename To>
 void Convert(To* out, const From* in, int64_t n, cudaStream_t stream);
 
-// ---- optimizer (all-reduce mode): AdamW on [0, n) with model/optim's
-// formula (torch.optim.AdamW), one decay factor for the whole range (call
-// per DecaySegment), gradients scaled by grad_scale as read.
-struct AdamWScalars {
-  float beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, bc2_sqrt, eps, decay, grad_scale;
-};
-void AdamW(float* params, const float* grads, float* m, float* v, int64_t n, const AdamWScalars& s,
+// ---- optimizer: AdamW on [0, n) with model/optim's scalars and element
+// math (torch.optim.AdamW), the weight-decay factor `decay` for the whole
+// range (call per DecaySegment), gradients scaled by grad_scale as read.
+void AdamW(float* params, const float* grads, float* m, float* v, int64_t n, const AdamWScalars& s, float decay,
            cudaStream_t stream);
 // Partial sums of squares in double over fixed 4096-element chunks of x:
 // partial[c] for c < SumOfSquaresChunks(n); the caller adds them in order.

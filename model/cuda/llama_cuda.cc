@@ -73,11 +73,6 @@ std::string CudaLlamaModel<T>::CheckShape(const LlamaShape& shape) {
 }
 
 template <typename T>
-int64_t CudaLlamaModel<T>::ActivationBytes(const LlamaShape& shape, int max_batch, int max_seq_len) {
-  return CudaActivationBytes(shape, max_batch, max_seq_len, sizeof(T) == 2);
-}
-
-template <typename T>
 CudaLlamaModel<T>::CudaLlamaModel(const LlamaShape& shape, int max_batch, int max_seq_len, cudaStream_t stream)
     : layout_(shape), max_batch_(max_batch), max_seq_len_(max_seq_len), stream_(stream), b_(new Buffers) {
   const std::string why = CheckShape(shape);

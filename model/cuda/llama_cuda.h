@@ -59,10 +59,6 @@ class CudaLlamaModel {
   // The last Forward's logits as fp32 on the host (waits for the stream).
   void LogitsToHost(std::vector<float>* out) const;
 
-  // Device bytes of the activations and backward scratch for max_batch x
-  // max_seq_len (a worker's share of a memory plan).
-  static int64_t ActivationBytes(const LlamaShape& shape, int max_batch, int max_seq_len);
-
  private:
   struct Buffers;
   ParamLayout layout_;

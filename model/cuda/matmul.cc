@@ -28,7 +28,7 @@ struct Matmul::Plan {
 
 Matmul::Matmul() {
   HERD_CUBLAS_CHECK(cublasLtCreate(&handle_));
-  HERD_CUDA_CHECK(cudaMalloc(&workspace_, kWorkspaceBytes));
+  HERD_CUDA_CHECK(cudaMalloc(&workspace_, kCublasWorkspaceBytes));
 }
 
 Matmul::~Matmul() {
@@ -59,7 +59,7 @@ const Matmul::Plan& Matmul::PlanFor(const Problem& p) {
   HERD_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->c, p.cd_type, p.m, p.n, p.ldc));
   cublasLtMatmulPreference_t pref;
   HERD_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  const uint64_t workspace = kWorkspaceBytes;
+  const uint64_t workspace = kCublasWorkspaceBytes;
   HERD_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace,
                                                          sizeof(workspace)));
   cublasLtMatmulHeuristicResult_t result;
@@ -79,7 +79,7 @@ void Matmul::Run(const Problem& p, const void* A, const void* B, float beta, con
   const Plan& plan = PlanFor(p);
   const float alpha = 1.0f;
   HERD_CUBLAS_CHECK(cublasLtMatmul(handle_, plan.desc, &alpha, A, plan.a, B, plan.b, &beta, C, plan.c, D, plan.c,
-                                   &plan.algo, workspace_, kWorkspaceBytes, stream));
+                                   &plan.algo, workspace_, kCublasWorkspaceBytes, stream));
 }
 
 // Row-major X[r, c] is column-major X^T[c, r] with ld c; every product below

@@ -20,9 +20,6 @@ namespace herd::cuda {
 
 class Matmul {
  public:
-  // cuBLASLt's workspace, allocated per Matmul (device_memory.h).
-  static constexpr size_t kWorkspaceBytes = kCublasWorkspaceBytes;
-
   Matmul();
   ~Matmul();
   Matmul(const Matmul&) = delete;

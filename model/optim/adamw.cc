@@ -19,20 +19,31 @@ std::vector<DecaySegment> DecaySegments(const ParamLayout& layout, int64_t begin
   return segments;
 }
 
+AdamWScalars MakeAdamWScalars(const AdamWOptions& o, int64_t step, double lr, double grad_scale) {
+  const double bc1 = 1.0 - std::pow(o.beta1, static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(o.beta2, static_cast<double>(step));
+  AdamWScalars k;
+  k.beta1 = static_cast<float>(o.beta1);
+  k.one_minus_beta1 = static_cast<float>(1.0 - o.beta1);
+  k.beta2 = static_cast<float>(o.beta2);
+  k.one_minus_beta2 = static_cast<float>(1.0 - o.beta2);
+  k.step_size = static_cast<float>(lr / bc1);
+  k.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  k.eps = static_cast<float>(o.eps);
+  k.grad_scale = static_cast<float>(grad_scale);
+  k.decay = static_cast<float>(1.0 - lr * o.weight_decay);
+  return k;
+}
+
 void AdamWStep(const std::vector<DecaySegment>& segments, int64_t range_begin, float* params, const float* grads,
                float* m, float* v, int64_t step, double lr, double grad_scale, const AdamWOptions& o) {
   // Scalars are formed in double and rounded once, then the element math
   // runs in float in PyTorch's order of operations.
-  const double bc1 = 1.0 - std::pow(o.beta1, static_cast<double>(step));
-  const double bc2 = 1.0 - std::pow(o.beta2, static_cast<double>(step));
-  const float b1 = static_cast<float>(o.beta1), one_minus_b1 = static_cast<float>(1.0 - o.beta1);
-  const float b2 = static_cast<float>(o.beta2), one_minus_b2 = static_cast<float>(1.0 - o.beta2);
-  const float step_size = static_cast<float>(lr / bc1);
-  const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-  const float eps = static_cast<float>(o.eps);
-  const float scale = static_cast<float>(grad_scale);
+  const AdamWScalars k = MakeAdamWScalars(o, step, lr, grad_scale);
+  const float b1 = k.beta1, one_minus_b1 = k.one_minus_beta1, b2 = k.beta2, one_minus_b2 = k.one_minus_beta2;
+  const float step_size = k.step_size, bc2_sqrt = k.bc2_sqrt, eps = k.eps, scale = k.grad_scale;
   for (const DecaySegment& seg : segments) {
-    const float decay = seg.decay ? static_cast<float>(1.0 - lr * o.weight_decay) : 1.0f;
+    const float decay = k.DecayFor(seg.decay);
     const int64_t lo = seg.begin - range_begin, hi = seg.end - range_begin;
 #pragma omp parallel for simd schedule(static)
     for (int64_t i = lo; i < hi; ++i) {

@@ -27,6 +27,15 @@ struct DecaySegment {
 };
 std::vector<DecaySegment> DecaySegments(const ParamLayout& layout, int64_t begin, int64_t end);
 
+// The float scalars of one AdamW step, formed in double and rounded once
+// (PyTorch's order): what AdamWStep and the GPU's AdamW kernel both use.
+struct AdamWScalars {
+  float beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, bc2_sqrt, eps, grad_scale;
+  float decay;  // the weight-decay factor of decayed tensors (the others': 1)
+  float DecayFor(bool decay_segment) const { return decay_segment ? decay : 1.0f; }
+};
+AdamWScalars MakeAdamWScalars(const AdamWOptions& options, int64_t step, double lr, double grad_scale);
+
 // One AdamW step over the range the segments cover. `params`, `grads`, `m`,
 // `v` point at the element `range_begin` of the flat space; `step` counts
 // steps including this one (1 on the first); gradients are multiplied by

@@ -233,19 +233,10 @@ TEST(OptimizerKernels, AdamWAndSumOfSquaresMatchTheCpu) {
   const AdamWOptions o{0.9, 0.95, 1e-8, 0.1};
   const int64_t step = 3;
   const double lr = 1e-3, grad_scale = 0.7;
-  const double bc1 = 1 - std::pow(o.beta1, step), bc2 = 1 - std::pow(o.beta2, step);
-  const AdamWScalars s{0.9f,
-                       static_cast<float>(1 - o.beta1),
-                       0.95f,
-                       static_cast<float>(1 - o.beta2),
-                       static_cast<float>(lr / bc1),
-                       static_cast<float>(std::sqrt(bc2)),
-                       1e-8f,
-                       static_cast<float>(1 - lr * o.weight_decay),
-                       static_cast<float>(grad_scale)};
+  const AdamWScalars s = MakeAdamWScalars(o, step, lr, grad_scale);
   DeviceArray<float> d_p(params), d_g(grads), d_m(m), d_v(v);
   DeviceArray<double> d_partial(SumOfSquaresChunks(n));
-  AdamW(d_p.get(), d_g.get(), d_m.get(), d_v.get(), n, s, nullptr);
+  AdamW(d_p.get(), d_g.get(), d_m.get(), d_v.get(), n, s, s.DecayFor(true), nullptr);  // one decayed segment
   SumOfSquaresPartials(d_partial.get(), d_g.get(), n, nullptr);
   double squares = 0;
   for (double partial : d_partial.Raw()) squares += partial;
