@@ -5,6 +5,7 @@
 #include <google/protobuf/text_format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <map>
 #include <memory>
@@ -165,9 +166,29 @@ struct Violation {
   std::string message;
 };
 
+// Every floating-point field of `msg` that holds inf or NaN (a typo such as
+// lr=inf would otherwise train, diverge and write files first).
+void NonFiniteFields(const pb::Message& msg, const std::string& prefix, std::vector<Violation>* v) {
+  const pb::Descriptor* d = msg.GetDescriptor();
+  const pb::Reflection* r = msg.GetReflection();
+  for (int i = 0; i < d->field_count(); ++i) {
+    const pb::FieldDescriptor* f = d->field(i);
+    if (f->is_repeated()) continue;
+    const std::string path = prefix + f->name();
+    if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE) {
+      if (r->HasField(msg, f)) NonFiniteFields(r->GetMessage(msg, f), path + ".", v);
+    } else if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_DOUBLE ||
+               f->cpp_type() == pb::FieldDescriptor::CPPTYPE_FLOAT) {
+      const double x = f->cpp_type() == pb::FieldDescriptor::CPPTYPE_DOUBLE ? r->GetDouble(msg, f) : r->GetFloat(msg, f);
+      if (!std::isfinite(x)) v->push_back({path, "must be a finite number, got " + std::to_string(x)});
+    }
+  }
+}
+
 std::vector<Violation> CheckValues(const JobConfig& c) {
   std::vector<Violation> v;
-  auto need = [&v](bool ok, const char* field, const std::string& msg) {
+  NonFiniteFields(c, "", &v);
+  auto need = [&v](bool ok, const std::string& field, const std::string& msg) {
     if (!ok) v.push_back({field, msg});
   };
   const auto& m = c.model();
@@ -193,16 +214,20 @@ std::vector<Violation> CheckValues(const JobConfig& c) {
   need(m.rms_norm_eps() > 0, "model.rms_norm_eps", "must be > 0");
   need(m.initializer_range() >= 0, "model.initializer_range", "must be >= 0");
   need(m.max_position_embeddings() >= 0, "model.max_position_embeddings", "must be >= 0 (0 = unset)");
-
   need(c.device().kind() == config::DeviceConfig::CUDA || c.device().dtype() == config::DeviceConfig::FP32,
        "device.dtype", "BF16 needs device.kind CUDA (CPU workers compute in fp32)");
 
   const auto& t = c.train();
-  need(t.steps() >= 0, "train.steps", "must be >= 0");
+  need(t.steps() > 0, "train.steps", "must be > 0");
   need(t.batch_size() > 0, "train.batch_size", "must be > 0");
   need(t.seq_len() > 0, "train.seq_len", "must be > 0");
   need(t.grad_accum() > 0, "train.grad_accum", "must be > 0");
-  need(t.threads() >= 0, "train.threads", "must be >= 0 (0 = all cores)");
+  need(t.threads() >= 0 && t.threads() <= kMaxThreads, "train.threads",
+       "must be between 0 (all cores) and " + std::to_string(kMaxThreads));
+  if (m.max_position_embeddings() > 0) {
+    need(t.seq_len() <= m.max_position_embeddings(), "train.seq_len",
+         "must be <= model.max_position_embeddings (" + std::to_string(m.max_position_embeddings()) + ")");
+  }
 
   const auto& o = c.optimizer();
   need(o.lr() >= 0, "optimizer.lr", "must be >= 0");
@@ -279,7 +304,7 @@ StatusOr<JobConfig> ParseWithLocations(const std::string& text, const std::strin
 }  // namespace
 
 StatusOr<JobConfig> LoadJobConfig(const std::string& path, const std::vector<std::string>& overrides) {
-  auto text = ReadFile(path);
+  auto text = ReadFile(path, kMaxConfigBytes);
   if (!text.ok()) return text.status().WithContext("config: ");
   return ParseWithLocations(*text, path, overrides);
 }

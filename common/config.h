@@ -6,6 +6,7 @@
 // "FILE: model.x (default N): ..." for a default that does not fit the rest.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,13 @@
 namespace herd {
 
 using config::JobConfig;
+
+// Compute threads per process beyond which OpenMP runtimes fail (libgomp
+// crashes creating 100,000): train.threads and --threads stop here.
+inline constexpr int kMaxThreads = 1024;
+// A config file larger than this is not a config (e.g. /dev/zero, a
+// token file given by mistake).
+inline constexpr int64_t kMaxConfigBytes = 4ll << 20;
 
 // Loads `path`, applies `overrides` ("a.b.c=value", in order) and validates.
 StatusOr<JobConfig> LoadJobConfig(const std::string& path, const std::vector<std::string>& overrides);

@@ -17,19 +17,35 @@ std::string ErrnoText() { return std::strerror(errno); }
 
 }  // namespace
 
-StatusOr<std::string> ReadFile(const std::string& path) {
+StatusOr<std::string> ReadFile(const std::string& path, int64_t max_bytes) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (f == nullptr) {
     if (errno == ENOENT) return Status::NotFound(path + ": no such file");
     return Status::IOError(path + ": cannot open: " + ErrnoText());
   }
+  // A device or pipe (/dev/zero, a FIFO) would be read without end.
+  struct stat st;
+  if (::fstat(::fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+    std::fclose(f);
+    return Status::InvalidArgument(path + ": not a regular file");
+  }
+  if (st.st_size > max_bytes) {
+    std::fclose(f);
+    return Status::InvalidArgument(path + ": " + std::to_string(st.st_size) + " bytes, more than the " +
+                                   std::to_string(max_bytes) + " expected of this file");
+  }
   std::string data;
   char buf[1 << 16];
   size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) data.append(buf, n);
+  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0 && static_cast<int64_t>(data.size()) <= max_bytes) {
+    data.append(buf, n);
+  }
   bool failed = std::ferror(f);
   std::fclose(f);
   if (failed) return Status::IOError(path + ": read failed: " + ErrnoText());
+  if (static_cast<int64_t>(data.size()) > max_bytes) {
+    return Status::InvalidArgument(path + ": grew beyond " + std::to_string(max_bytes) + " bytes while being read");
+  }
   return data;
 }
 
@@ -83,22 +99,16 @@ std::vector<std::string> Glob(const std::string& pattern) {
   return out;  // glob() sorts by default
 }
 
-namespace {
-
-// Best-effort removal of a directory and the plain files directly in it.
-void RemoveFlatDir(const std::string& dir) {
+Status RemoveFlatDirectory(const std::string& dir) {
   if (DIR* d = ::opendir(dir.c_str())) {
     while (dirent* e = ::readdir(d)) {
-      if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) {
-        ::unlink(JoinPath(dir, e->d_name).c_str());
-      }
+      if (e->d_type != DT_DIR) ::unlink(JoinPath(dir, e->d_name).c_str());
     }
     ::closedir(d);
   }
-  ::rmdir(dir.c_str());
+  if (::rmdir(dir.c_str()) != 0) return Status::IOError(dir + ": cannot remove: " + ErrnoText());
+  return Status::OK();
 }
-
-}  // namespace
 
 Status WriteNewDirectory(const std::string& dir, const std::function<Status(const std::string& tmp)>& fill) {
   const std::string parent = DirName(dir);
@@ -113,7 +123,7 @@ Status WriteNewDirectory(const std::string& dir, const std::function<Status(cons
     st = Status::IOError(dir + ": cannot rename the finished directory into place: " + ErrnoText());
   }
   if (!st.ok()) {
-    RemoveFlatDir(tmp);
+    (void)RemoveFlatDirectory(tmp);
     std::string msg = st.message();
     for (size_t pos; (pos = msg.find(tmp)) != std::string::npos;) msg.replace(pos, tmp.size(), dir);
     return Status::IOError(msg);
@@ -144,14 +154,7 @@ Status TempDir::Create(const std::string& prefix) {
 }
 
 TempDir::~TempDir() {
-  if (path_.empty()) return;
-  if (DIR* d = ::opendir(path_.c_str())) {
-    while (dirent* e = ::readdir(d)) {
-      if (e->d_type != DT_DIR) ::unlink(JoinPath(path_, e->d_name).c_str());
-    }
-    ::closedir(d);
-  }
-  ::rmdir(path_.c_str());
+  if (!path_.empty()) (void)RemoveFlatDirectory(path_);
 }
 
 std::string BaseName(const std::string& path) {

@@ -18,7 +18,9 @@
 
 namespace herd {
 
-StatusOr<std::string> ReadFile(const std::string& path);
+// The whole of a regular file (anything else, e.g. /dev/zero or a FIFO, is
+// refused), of at most `max_bytes`.
+StatusOr<std::string> ReadFile(const std::string& path, int64_t max_bytes = INT64_MAX);
 Status WriteFileAtomic(const std::string& path, std::string_view data);
 // mkdir -p; the error names the path that could not be created.
 Status MakeDirs(const std::string& path);
@@ -29,6 +31,9 @@ bool PathExists(const std::string& path);
 // `dir` and the parent fsynced. On any failure the sibling is removed,
 // nothing appears at `dir`, and the error names `dir`, not the sibling.
 Status WriteNewDirectory(const std::string& dir, const std::function<Status(const std::string& tmp)>& fill);
+// Removes `dir` with the plain files directly in it; fails, naming `dir`,
+// when something else (a subdirectory) keeps it from going.
+Status RemoveFlatDirectory(const std::string& dir);
 // Sorted matches of a glob pattern (no error when nothing matches).
 std::vector<std::string> Glob(const std::string& pattern);
 // The running program's path (/proc/self/exe); "" when unknown.

@@ -11,6 +11,9 @@ namespace herd {
 struct TrainOptions {
   // Continue from the newest complete checkpoint in checkpoint.dir.
   bool resume = false;
+  // A fresh run into a checkpoint.dir that holds checkpoints removes them
+  // (otherwise it is refused).
+  bool overwrite = false;
   // Stop after this step (checkpointing there) without changing the
   // schedule, which still spans train.steps; 0 = run to the end.
   int64_t stop_at_step = 0;

@@ -53,9 +53,10 @@ Status PrepareText(const PrepareOptions& options, PrepareSummary* summary);
 
 // For `herd launch`: nothing when data.train exists. Otherwise, when
 // data.prepare_from names text files (glob patterns; directories among the
-// matches are skipped), prepares data.train (and data.val when set) from
-// them with data.val_fraction and prints one line saying so; when there is
-// nothing to prepare from, fails naming data.train.
+// matches are skipped) and data.val (when set) does not exist either,
+// prepares data.train (and data.val) from them with data.val_fraction and
+// prints one line saying so; fails naming data.train when there is nothing
+// to prepare from, or when data.val exists (it is never replaced).
 Status EnsurePrepared(const config::DataConfig& data);
 
 // A training job's token files: data.train, and data.val when set, opened

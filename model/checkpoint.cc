@@ -346,23 +346,42 @@ Status CheckWritable(const std::string& dir) {
   return Status::OK();
 }
 
+namespace {
+
+// "modified: a.b: x -> y" lines of a MessageDifferencer report, joined.
+std::string Changes(const std::string& report) {
+  std::string changes;
+  for (const std::string& line : Split(report, '\n')) {
+    if (line.empty() || line.starts_with("ignored:")) continue;
+    changes += (changes.empty() ? "" : "; ") + line;
+  }
+  return changes;
+}
+
+const google::protobuf::FieldDescriptor* Field(const google::protobuf::Descriptor* d, const char* name) {
+  const google::protobuf::FieldDescriptor* f = d->FindFieldByName(name);
+  CHECK(f != nullptr) << d->name() << " has no field " << name;
+  return f;
+}
+
+// What is not part of a model's shape: metadata kept for export (an
+// imported model continues under a config that does not repeat it), and
+// how the model was initialised.
+void IgnoreNonShapeFields(google::protobuf::util::MessageDifferencer* differ) {
+  differ->IgnoreField(Field(config::ModelConfig::descriptor(), "max_position_embeddings"));
+  differ->IgnoreField(Field(config::ModelConfig::descriptor(), "initializer_range"));
+}
+
+}  // namespace
+
 Status CheckSameShape(const config::ModelConfig& found, const config::ModelConfig& expected, const std::string& what) {
   std::string diff;
   google::protobuf::util::MessageDifferencer differ;
   differ.set_message_field_comparison(google::protobuf::util::MessageDifferencer::EQUIVALENT);
-  // Metadata kept for export, not part of the shape: an imported model
-  // continues under a config that does not repeat it.
-  differ.IgnoreField(config::ModelConfig::descriptor()->FindFieldByName("max_position_embeddings"));
-  // How a model was initialised is not part of its shape.
-  differ.IgnoreField(config::ModelConfig::descriptor()->FindFieldByName("initializer_range"));
+  IgnoreNonShapeFields(&differ);
   differ.ReportDifferencesToString(&diff);
   if (!differ.Compare(found, expected)) {
-    std::string changes;
-    for (const std::string& line : Split(diff, '\n')) {
-      if (line.empty() || line.starts_with("ignored:")) continue;
-      changes += (changes.empty() ? "" : "; ") + line;
-    }
-    return Status::FailedPrecondition(what + ": holds a different model (" + changes + ")");
+    return Status::FailedPrecondition(what + ": holds a different model (" + Changes(diff) + ")");
   }
   return Status::OK();
 }
@@ -372,6 +391,52 @@ Status CheckSameModel(const std::string& step_dir, const config::JobConfig& conf
   HERD_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
   HERD_ASSIGN_OR_RETURN(config::JobConfig saved, ParseJobConfig(text, path));
   return CheckSameShape(saved.model(), config.model(), step_dir);
+}
+
+constexpr const char* kResumableFields[] = {"train.steps",     "train.threads",      "checkpoint.dir", "checkpoint.every",
+                                        "checkpoint.init_from", "data.val",      "data.prepare_from",
+                                        "data.val_fraction", "log",             "cluster",        "device"};
+
+Status CheckSameRun(const std::string& step_dir, const config::JobConfig& config) {
+  const std::string path = JoinPath(step_dir, kConfigFile);
+  HERD_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  HERD_ASSIGN_OR_RETURN(config::JobConfig saved, ParseJobConfig(text, path));
+  HERD_RETURN_IF_ERROR(CheckSameShape(saved.model(), config.model(), step_dir));
+  std::string diff;
+  google::protobuf::util::MessageDifferencer differ;
+  differ.set_message_field_comparison(google::protobuf::util::MessageDifferencer::EQUIVALENT);
+  IgnoreNonShapeFields(&differ);
+  std::string resumable;
+  for (const char* name : kResumableFields) {
+    const google::protobuf::Descriptor* d = config::JobConfig::descriptor();
+    const std::vector<std::string> parts = Split(name, '.');
+    for (size_t i = 0; i + 1 < parts.size(); ++i) d = Field(d, parts[i].c_str())->message_type();
+    differ.IgnoreField(Field(d, parts.back().c_str()));
+    resumable += (resumable.empty() ? "" : ", ") + std::string(name) + (parts.size() == 1 ? ".*" : "");
+  }
+  differ.ReportDifferencesToString(&diff);
+  if (!differ.Compare(saved, config)) {
+    return Status::InvalidArgument("--resume: " + step_dir + " was written by a run with other settings (" +
+                                      Changes(diff) + "); a resume may change only " + resumable +
+                                      " (train with the new settings in another checkpoint.dir)");
+  }
+  return Status::OK();
+}
+
+Status CheckFreshRun(const std::string& root, bool overwrite) {
+  if (root.empty() || !PathExists(root)) return Status::OK();
+  const std::vector<std::string> steps = StepDirsNewestFirst(root);
+  if (steps.empty()) return Status::OK();
+  if (!overwrite) {
+    return Status::InvalidArgument("checkpoint.dir " + root + " already holds checkpoints (newest: " + steps.front() +
+                                      "); pass --resume to continue them, or --overwrite to delete them and start over");
+  }
+  for (const std::string& name : steps) {
+    HERD_RETURN_IF_ERROR(RemoveFlatDirectory(JoinPath(root, name)).WithContext("--overwrite: "));
+  }
+  std::printf("--overwrite: removed %zu checkpoint(s) from %s\n", steps.size(), root.c_str());
+  std::fflush(stdout);
+  return Status::OK();
 }
 
 Status WriteSingleShardCheckpoint(const std::string& step_dir, const config::JobConfig& config,

@@ -90,8 +90,21 @@ bool CheckpointDue(const config::CheckpointConfig& checkpoint, int64_t step, int
 // Fails early, before any training, if checkpoints could not be written.
 Status CheckWritable(const std::string& dir);
 
-// A checkpoint only continues the job it came from: same model shape.
+// A checkpoint's weights start a new run (checkpoint.init_from) only into
+// the same model shape.
 Status CheckSameModel(const std::string& step_dir, const config::JobConfig& config);
+
+// A checkpoint only continues the run it came from: the same model shape
+// and the same config, but for what --resume may change (the run's length
+// train.steps, train.threads, log.*, checkpoint.dir/every/init_from,
+// data.val/prepare_from/val_fraction, cluster.*, device.*); the error
+// names each field that differs.
+Status CheckSameRun(const std::string& step_dir, const config::JobConfig& config);
+
+// A fresh run (no --resume) into `root`: refused when it already holds
+// step directories, unless `overwrite`, which removes them first (they
+// would otherwise be mistaken for this run's on a later --resume).
+Status CheckFreshRun(const std::string& root, bool overwrite);
 // The shape comparison itself (max_position_embeddings, export metadata,
 // aside); the error names `what` and every field that differs.
 Status CheckSameShape(const config::ModelConfig& found, const config::ModelConfig& expected, const std::string& what);

@@ -31,7 +31,7 @@ namespace {
 StatusOr<ShardState> InitialState(const config::JobConfig& config, const ParamLayout& layout, const ParamRange& range,
                                   const std::optional<VerifiedCheckpoint>& resume_from) {
   if (resume_from.has_value()) {
-    HERD_RETURN_IF_ERROR(CheckSameModel(resume_from->dir, config));
+    HERD_RETURN_IF_ERROR(CheckSameRun(resume_from->dir, config));
     return ReadShardRange(resume_from->dir, resume_from->manifest, range.begin, range.end, /*with_moments=*/true);
   }
   ShardState s;

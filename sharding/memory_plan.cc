@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "common/memory.h"
 #include "model/cuda/device_memory.h"
 #include "model/llama.h"
 
@@ -10,6 +11,17 @@ namespace herd {
 const ProcessMemory& MemoryPlan::largest() const {
   return *std::max_element(processes.begin(), processes.end(),
                            [](const ProcessMemory& a, const ProcessMemory& b) { return a.total() < b.total(); });
+}
+
+int64_t MemoryPlan::JobTotal(int workers) const {
+  int64_t total = 0;
+  for (const ProcessMemory& p : processes) total += p.role == "worker" ? workers * p.total() : p.total();
+  return total;
+}
+
+Status CheckJobFitsHere(const config::JobConfig& config, const std::string& what) {
+  HERD_ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(config));
+  return CheckFitsInMemory(plan.JobTotal(config.cluster().workers()), what);
 }
 
 StatusOr<MemoryPlan> PlanMemory(const config::JobConfig& config) {

@@ -46,12 +46,20 @@ struct MemoryPlan {
   std::vector<ProcessMemory> processes;  // servers by rank, then workers
   // The process needing the most.
   const ProcessMemory& largest() const;
+  // Every process of the job together, each of `workers` workers counted:
+  // what one machine needs to run the whole job (`herd launch`).
+  int64_t JobTotal(int workers) const;
 };
 
 // Fixed per-process overhead (binary, libraries, UCX, allocator pools).
 inline constexpr int64_t kRuntimeBytes = 20ll << 20;
 
 StatusOr<MemoryPlan> PlanMemory(const config::JobConfig& config);
+
+// Before anything is allocated or started: the whole job's plan
+// (JobTotal) against this machine's available memory (common/memory.h);
+// one line naming `what` and both figures when it does not fit.
+Status CheckJobFitsHere(const config::JobConfig& config, const std::string& what);
 
 // The deepest model of the config's width (hidden, intermediate, heads,
 // vocab kept; num_hidden_layers scaled) whose every process fits in

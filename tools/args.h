@@ -3,6 +3,9 @@
 // options are errors that name the option.
 #pragma once
 
+#include <cerrno>
+#include <cstdlib>
+#include <limits>
 #include <map>
 #include <set>
 #include <string>
@@ -62,14 +65,19 @@ class Args {
     return it == values_.end() ? std::vector<std::string>{} : it->second;
   }
   // Integer option with a range check; the error names the option.
-  StatusOr<long long> GetInt(const std::string& name, long long fallback, long long min_value) const {
+  StatusOr<long long> GetInt(const std::string& name, long long fallback, long long min_value,
+                             long long max_value = std::numeric_limits<long long>::max()) const {
     if (!Has(name)) return fallback;
     std::string s = Get(name);
     char* end = nullptr;
+    errno = 0;
     long long v = std::strtoll(s.c_str(), &end, 10);
     if (s.empty() || *end != '\0') return Status::InvalidArgument("--" + name + ": expected an integer, got '" + s + "'");
     if (v < min_value) {
       return Status::InvalidArgument("--" + name + ": must be >= " + std::to_string(min_value) + ", got " + s);
+    }
+    if (v > max_value || errno == ERANGE) {
+      return Status::InvalidArgument("--" + name + ": must be <= " + std::to_string(max_value) + ", got " + s);
     }
     return v;
   }

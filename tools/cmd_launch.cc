@@ -1,4 +1,4 @@
-// herd launch CONFIG [--set path=value ...] [--resume] [--stop-at STEP]
+// herd launch CONFIG [--set path=value ...] [--resume | --overwrite] [--stop-at STEP]
 #include <cstdio>
 
 #include "common/config.h"
@@ -12,11 +12,11 @@
 namespace herd::tools {
 
 int RunLaunch(int argc, char** argv) {
-  Args args({"set", "stop-at"}, {"resume"});
+  Args args({"set", "stop-at"}, {"resume", "overwrite"});
   Status st = args.Parse(argc, argv);
   if (!st.ok()) return ReportError(st.WithContext("launch: "));
   if (args.positional().size() != 1) {
-    return ReportError(Status::InvalidArgument("usage: herd launch CONFIG [--set path=value ...] [--resume]"));
+    return ReportError(Status::InvalidArgument("usage: herd launch CONFIG [--set path=value ...] [--resume | --overwrite] [--stop-at STEP]"));
   }
   auto config = LoadJobConfig(args.positional()[0], args.GetAll("set"));
   if (!config.ok()) return ReportError(config.status());
@@ -35,6 +35,11 @@ int RunLaunch(int argc, char** argv) {
   }
   TrainOptions options;
   options.resume = args.Has("resume");
+  options.overwrite = args.Has("overwrite");
+  if (options.resume && options.overwrite) {
+    return ReportError(Status::InvalidArgument("launch: --resume continues checkpoints and --overwrite deletes them: "
+                                               "pass one of them"));
+  }
   auto stop_at = args.GetInt("stop-at", 0, 1);
   if (!stop_at.ok()) return ReportError(stop_at.status());
   options.stop_at_step = *stop_at;

@@ -15,7 +15,7 @@ struct Command {
 };
 
 const Command kCommands[] = {
-    {"launch", herd::tools::RunLaunch, "launch CONFIG [--set path=value ...] [--resume] [--stop-at STEP]   train a job (one process or PS)"},
+    {"launch", herd::tools::RunLaunch, "launch CONFIG [--set path=value ...] [--resume | --overwrite] [--stop-at STEP]   train a job"},
     {"eval", herd::tools::RunEval,
      "eval MODEL --data FILE [--seq-len T] [--batch-size B] [--batches N]   held-out loss (JSON)"},
     {"prepare", herd::tools::RunPrepare, "prepare TEXT... --out FILE   tokenize text into a token file"},

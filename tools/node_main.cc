@@ -3,7 +3,7 @@
 // on one machine, or start them by hand on several:
 //
 //   herd-server CONFIG [--set path=value ...] [--rank R] [--coordinator HOST:PORT]
-//               [--token-file F] [--resume] [--stop-at STEP]
+//               [--token-file F] [--resume | --overwrite] [--stop-at STEP]
 //   herd-worker (the same flags)
 //
 // Every process of a job must get the same CONFIG, --set overrides,
@@ -15,6 +15,7 @@
 
 #include "common/config.h"
 #include "common/logging.h"
+#include "model/checkpoint.h"
 #include "tools/args.h"
 #include "transport/rendezvous.h"
 
@@ -31,11 +32,11 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: " HERD_NODE_NAME
-    " CONFIG [--set path=value ...] [--rank R] [--coordinator HOST:PORT] [--token-file F] [--resume] "
+    " CONFIG [--set path=value ...] [--rank R] [--coordinator HOST:PORT] [--token-file F] [--resume | --overwrite] "
     "[--stop-at STEP]";
 
 Status Run(int argc, char** argv) {
-  tools::Args args({"set", "rank", "coordinator", "token-file", "stop-at"}, {"resume"});
+  tools::Args args({"set", "rank", "coordinator", "token-file", "stop-at"}, {"resume", "overwrite"});
   HERD_RETURN_IF_ERROR(args.Parse(argc, argv));
   if (args.positional().size() != 1) return Status::InvalidArgument(kUsage);
   HERD_ASSIGN_OR_RETURN(JobConfig config, LoadJobConfig(args.positional()[0], args.GetAll("set")));
@@ -54,7 +55,21 @@ Status Run(int argc, char** argv) {
                                          args.Get("coordinator"), args.Get("token-file")));
   TrainOptions options;
   options.resume = args.Has("resume");
+  options.overwrite = args.Has("overwrite");
   HERD_ASSIGN_OR_RETURN(options.stop_at_step, args.GetInt("stop-at", 0, 1));
+  if (!options.resume) {
+    // Checkpoints already there would pass for this run's on a later
+    // --resume. With --overwrite, the process that commits checkpoints
+    // (server 0; worker 0 without servers) removes them, so it must know
+    // its rank before joining.
+    const bool committer = (HERD_NODE_SERVER || sync == config::ClusterConfig::ALLREDUCE) && join.rank == 0;
+    if (options.overwrite && join.rank < 0) {
+      return Status::InvalidArgument("--overwrite needs the process's rank (--rank, SLURM_PROCID or RANK)");
+    }
+    if (!options.overwrite || committer) {
+      HERD_RETURN_IF_ERROR(CheckFreshRun(config.checkpoint().dir(), options.overwrite));
+    }
+  }
 #if HERD_NODE_SERVER
   return RunParameterServer(config, options, join);
 #else

@@ -192,7 +192,7 @@ StatusOr<std::unique_ptr<GradientExchange>> CreateCollectiveExchange(
   std::vector<float> m, v;
   int64_t step = 0;
   if (resume_from) {
-    HERD_RETURN_IF_ERROR(CheckSameModel(resume_from->dir, *o.config));
+    HERD_RETURN_IF_ERROR(CheckSameRun(resume_from->dir, *o.config));
     HERD_ASSIGN_OR_RETURN(ShardState mine,
                           ReadShardRange(resume_from->dir, resume_from->manifest, owned.begin, owned.end, true));
     std::copy(mine.weights.begin(), mine.weights.end(), weights + owned.begin);

@@ -55,7 +55,7 @@ Status TrainDistributedWorker(const config::JobConfig& config, const TrainOption
   if (options.resume) {
     if (ckpt_dir.empty()) return Status::InvalidArgument("--resume needs checkpoint.dir to be set");
     HERD_ASSIGN_OR_RETURN(resume_from, LatestVerifiedCheckpoint(ckpt_dir));
-    HERD_RETURN_IF_ERROR(CheckSameModel(resume_from->dir, config));
+    HERD_RETURN_IF_ERROR(CheckSameRun(resume_from->dir, config));
   }
   if (!ckpt_dir.empty()) HERD_RETURN_IF_ERROR(CheckWritable(ckpt_dir));
   // Buffers before the transport: they must outlive it.
@@ -196,7 +196,7 @@ Status TrainDistributedWorker(const config::JobConfig& config, const TrainOption
       e.elapsed_s = run_clock.Seconds();
       e.eta_s = e.tokens_per_s > 0 ? (total_steps - step) * tokens_per_step / e.tokens_per_s : 0;
       if (eval_now) e.val_loss = ValidationLoss(*model, weights.data(), val_file.get(), config);
-      log.Write(e);
+      HERD_RETURN_IF_ERROR(log.Write(e));
       window_clock.Reset();
       window_tokens = 0;
       window_wait = 0;
@@ -250,6 +250,7 @@ Status TrainDistributedWorker(const config::JobConfig& config, const TrainOption
   }
   HERD_RETURN_IF_ERROR(exchange->FinishWeights().WithContext("step " + std::to_string(last) + ": "));
   if (last > start) HERD_RETURN_IF_ERROR(finish_step(last));
+  HERD_RETURN_IF_ERROR(log.Close());
   if (leader) {
     if (last < total_steps) {
       std::printf("stopped at step %lld of %lld (--stop-at); continue with --resume\n", static_cast<long long>(last),

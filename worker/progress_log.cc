@@ -1,5 +1,8 @@
 #include "worker/progress_log.h"
 
+#include <cerrno>
+#include <cstring>
+
 #include "common/clock.h"
 #include "common/file_util.h"
 
@@ -11,13 +14,25 @@ ProgressLog::~ProgressLog() {
 
 Status ProgressLog::Open(const std::string& metrics_path, bool append) {
   if (metrics_path.empty()) return Status::OK();
+  path_ = metrics_path;
   HERD_RETURN_IF_ERROR(MakeDirs(DirName(metrics_path)).WithContext("log.metrics: "));
+  // A fresh run starts the file anew, but only over an earlier run's
+  // metrics: anything else there is not herd's to replace.
+  if (std::FILE* existing = append ? nullptr : std::fopen(metrics_path.c_str(), "rb")) {
+    char head[16] = {};
+    const size_t n = std::fread(head, 1, sizeof head - 1, existing);
+    std::fclose(existing);
+    if (n > 0 && std::strncmp(head, "{\"step\": ", 9) != 0) {
+      return Status::InvalidArgument("log.metrics: " + metrics_path +
+                                     " exists and is not a herd metrics file; it is not overwritten");
+    }
+  }
   metrics_ = std::fopen(metrics_path.c_str(), append ? "a" : "w");
   if (metrics_ == nullptr) return Status::IOError("log.metrics: " + metrics_path + ": cannot open for writing");
   return Status::OK();
 }
 
-void ProgressLog::Write(const Entry& e) {
+Status ProgressLog::Write(const Entry& e) {
   std::printf("step %6lld/%lld | loss %.4f | lr %.2e | norm %.3f | %8.0f tok/s | eta %s",
               static_cast<long long>(e.step), static_cast<long long>(e.total_steps), e.loss, e.lr, e.grad_norm,
               e.tokens_per_s, FormatDuration(e.eta_s).c_str());
@@ -25,7 +40,7 @@ void ProgressLog::Write(const Entry& e) {
   if (!std::isnan(e.val_loss)) std::printf(" | val %.4f", e.val_loss);
   std::printf("\n");
   std::fflush(stdout);
-  if (metrics_ == nullptr) return;
+  if (metrics_ == nullptr) return Status::OK();
   std::fprintf(metrics_,
                "{\"step\": %lld, \"loss\": %.17g, \"lr\": %.17g, \"grad_norm\": %.17g, \"tokens_per_s\": %.6g, "
                "\"elapsed_s\": %.6g",
@@ -33,7 +48,19 @@ void ProgressLog::Write(const Entry& e) {
   if (!std::isnan(e.network_wait)) std::fprintf(metrics_, ", \"network_wait\": %.4f", e.network_wait);
   if (!std::isnan(e.val_loss)) std::fprintf(metrics_, ", \"val_loss\": %.17g", e.val_loss);
   std::fprintf(metrics_, "}\n");
-  std::fflush(metrics_);
+  if (std::fflush(metrics_) != 0 || std::ferror(metrics_)) {
+    return Status::IOError("log.metrics: " + path_ + ": write failed: " + std::strerror(errno));
+  }
+  return Status::OK();
+}
+
+Status ProgressLog::Close() {
+  if (metrics_ == nullptr) return Status::OK();
+  const bool failed = std::ferror(metrics_) != 0;
+  const bool closed = std::fclose(metrics_) == 0;
+  metrics_ = nullptr;
+  if (failed || !closed) return Status::IOError("log.metrics: " + path_ + ": write failed: " + std::strerror(errno));
+  return Status::OK();
 }
 
 }  // namespace herd

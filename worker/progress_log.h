@@ -31,9 +31,14 @@ class ProgressLog {
     // single process.
     double network_wait = NAN;
   };
-  void Write(const Entry& e);
+  // Prints the progress line and appends the metrics record; a failed
+  // write of the record (a full disk) is an error naming the file.
+  Status Write(const Entry& e);
+  // Closes the metrics file, reporting a write that failed on the way.
+  Status Close();
 
  private:
+  std::string path_;
   std::FILE* metrics_ = nullptr;
 };
 

@@ -20,6 +20,7 @@
 #include "model/cuda/device_trainer.h"
 #include "model/hf_io.h"
 #include "model/optim/adamw.h"
+#include "sharding/memory_plan.h"
 #include "worker/evaluate.h"
 #include "worker/model_factory.h"
 #include "worker/progress_log.h"
@@ -32,6 +33,11 @@ Status TrainSingleProcess(const config::JobConfig& config, const TrainOptions& o
   if (train.threads() > 0) omp_set_num_threads(train.threads());
   const LlamaShape shape = LlamaShape::FromConfig(config.model());
   const int B = train.batch_size(), T = train.seq_len(), A = train.grad_accum();
+  // Refusals before anything is prepared, allocated or written.
+  HERD_RETURN_IF_ERROR(CheckJobFitsHere(config, "this job (herd plan)"));
+  const std::string& ckpt_dir = config.checkpoint().dir();
+  if (!ckpt_dir.empty()) HERD_RETURN_IF_ERROR(CheckWritable(ckpt_dir));
+  if (!options.resume) HERD_RETURN_IF_ERROR(CheckFreshRun(ckpt_dir, options.overwrite));
 
   // Data.
   HERD_ASSIGN_OR_RETURN(JobData data, OpenJobData(config.data(), shape.vocab_size));
@@ -57,13 +63,11 @@ Status TrainSingleProcess(const config::JobConfig& config, const TrainOptions& o
   state.end = P;
   std::vector<float> grads(gpu ? 0 : P, 0.0f);  // the GPU keeps its own
 
-  const std::string& ckpt_dir = config.checkpoint().dir();
-  if (!ckpt_dir.empty()) HERD_RETURN_IF_ERROR(CheckWritable(ckpt_dir));
   if (options.resume) {
     if (ckpt_dir.empty()) return Status::InvalidArgument("--resume needs checkpoint.dir to be set");
     HERD_ASSIGN_OR_RETURN(VerifiedCheckpoint ckpt, LatestVerifiedCheckpoint(ckpt_dir));
     const std::string& step_dir = ckpt.dir;
-    HERD_RETURN_IF_ERROR(CheckSameModel(step_dir, config));
+    HERD_RETURN_IF_ERROR(CheckSameRun(step_dir, config));
     // Any number of shards (a parameter-server checkpoint too) assembles.
     HERD_ASSIGN_OR_RETURN(state, ReadShardRange(step_dir, ckpt.manifest, 0, P, /*with_moments=*/true));
     HERD_ASSIGN_OR_RETURN(std::string loader, ReadFile(JoinPath(step_dir, WorkerFileName(0))));
@@ -78,10 +82,6 @@ Status TrainSingleProcess(const config::JobConfig& config, const TrainOptions& o
       std::printf("initial weights from %s\n", config.checkpoint().init_from().c_str());
     } else {
       InitParameters(layout, train.seed(), config.model().initializer_range(), state.weights.data());
-    }
-    if (!ckpt_dir.empty() && HasCheckpoints(ckpt_dir)) {
-      LOG(WARNING) << "checkpoint.dir " << ckpt_dir
-                   << " already holds checkpoints; starting from scratch (pass --resume to continue)";
     }
   }
 
@@ -159,7 +159,7 @@ Status TrainSingleProcess(const config::JobConfig& config, const TrainOptions& o
       e.elapsed_s = run_clock.Seconds();
       e.eta_s = e.tokens_per_s > 0 ? (total_steps - state.step) * tokens_per_step / e.tokens_per_s : 0;
       if (eval_now) e.val_loss = ValidationLoss(model, state.weights.data(), val_file.get(), config);
-      log.Write(e);
+      HERD_RETURN_IF_ERROR(log.Write(e));
       window_clock.Reset();
       window_tokens = 0;
     }
@@ -168,8 +168,9 @@ Status TrainSingleProcess(const config::JobConfig& config, const TrainOptions& o
     }
   }
   if (!ckpt_dir.empty() && !PathExists(StepDirName(ckpt_dir, state.step))) {
-    HERD_RETURN_IF_ERROR(save_checkpoint(state.step));  // e.g. steps: 0, or resumed at the end
+    HERD_RETURN_IF_ERROR(save_checkpoint(state.step));  // resumed at the end
   }
+  HERD_RETURN_IF_ERROR(log.Close());
   if (state.step < total_steps) {
     std::printf("stopped at step %lld of %lld (--stop-at); continue with --resume\n",
                 static_cast<long long>(state.step), static_cast<long long>(total_steps));
