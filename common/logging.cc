@@ -20,7 +20,11 @@ void InitLogging(const char* argv0) {
 int ReportError(const Status& status) {
   std::fprintf(stderr, "herd: error: %s\n", status.message().c_str());
   std::fflush(stderr);
-  return status.code() == Status::Code::kInvalidArgument ? 2 : 1;
+  switch (status.code()) {
+    case Status::Code::kInvalidArgument: return kExitBadInput;
+    case Status::Code::kAborted: return kExitStoppedByJob;
+    default: return kExitFailure;
+  }
 }
 
 std::string FormatDuration(double seconds) {

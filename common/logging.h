@@ -12,6 +12,13 @@ namespace herd {
 // process in glog's program name.
 void InitLogging(const char* argv0);
 
+// Exit codes of every herd program.
+inline constexpr int kExitFailure = 1;
+inline constexpr int kExitBadInput = 2;  // Status::InvalidArgument
+// Status::Aborted: the process stopped because another process of its job
+// failed or the job was stopped; a launcher looks past these for the cause.
+inline constexpr int kExitStoppedByJob = 3;
+
 // Prints "herd: error: <message>" to stderr and returns the exit code to use.
 int ReportError(const Status& status);
 

@@ -116,12 +116,9 @@ Status RunParameterServer(const config::JobConfig& config, const TrainOptions& o
               << sw.Seconds() << " s";
     return Status::OK();
   };
+  // Goes first: its failure handler (below) reaches into the shard and the
+  // service, which `served` then takes down in order (service, shard).
   HERD_ASSIGN_OR_RETURN(auto client, transport::JoinJob(join, transport.get(), {wire::WORKER}, prepare));
-  // Before the shard goes: the service stops the transport.
-  struct StopFirst {
-    Served& s;
-    ~StopFirst() { s.service.reset(); }
-  } stop_first{served};
   ParameterShard& shard = *served.shard;
   client->OnFailure([&shard](const Status& failure) { shard.Fail(failure); });
   if (rank == 0) LOG(INFO) << "shard plan: " << plan.Describe();

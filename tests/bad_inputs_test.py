@@ -11,16 +11,25 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import herdtest  # noqa: E402
 
 
-def expect_error(sb, args, *needles, files_before=None):
+def expect_error(sb, args, *needles, files_before=None, unchanged=None, code=None):
+    """One 'herd: error:' line holding every needle, a non-zero exit (`code`
+    when given); with files_before/unchanged, the sandbox's file list (and
+    every file's bytes) as before."""
     p = sb.run(*args, check=False)
     errors = [l for l in p.stderr.splitlines() if l.startswith("herd: error:")]
     assert p.returncode != 0, f"{args}: exit code 0\n{p.stdout}{p.stderr}"
     assert len(errors) == 1, f"{args}: expected one error line, got:\n{p.stderr}"
     for n in needles:
         assert n in errors[0], f"{args}: '{n}' not in: {errors[0]}"
+    if code is not None:
+        assert p.returncode == code, f"{args}: exit code {p.returncode}, expected {code}\n{p.stderr}"
     if files_before is not None:
         after = herdtest.listing(sb.dir)
         assert after == files_before, f"{args}: left files behind: {sorted(set(after) - set(files_before))}"
+    if unchanged is not None:
+        after = herdtest.snapshot(sb.dir)
+        changed = sorted(k for k in set(after) | set(unchanged) if after.get(k) != unchanged.get(k))
+        assert not changed, f"{args}: files written, changed or removed: {changed}"
     print(f"ok  {' '.join(args)[:60]:60s} -> {errors[0]}")
 
 
@@ -85,6 +94,76 @@ def main():
         cfg = job("good.bin", name="ro.textproto", ckpt="locked/ckpt")
     before = herdtest.listing(sb.dir)
     expect_error(sb, ["launch", cfg], "checkpoint.dir", files_before=before)
+
+    # Values that would train something else than meant, or nothing:
+    # refused before any file is written.
+    cfg = job("good.bin", name="values.textproto", ckpt="values_ckpt", metrics="values.jsonl")
+    snap = herdtest.snapshot(sb.dir)
+    expect_error(sb, ["launch", cfg, "--set", "train.steps=0"], "train.steps", "> 0", unchanged=snap, code=2)
+    expect_error(sb, ["launch", cfg, "--set", "optimizer.lr=inf"], "optimizer.lr", "finite", unchanged=snap, code=2)
+    expect_error(sb, ["launch", cfg, "--set", "optimizer.eps=nan"], "optimizer.eps", "finite", unchanged=snap)
+    expect_error(sb, ["launch", cfg, "--set", "model.max_position_embeddings=16"], "train.seq_len",
+                 "max_position_embeddings (16)", unchanged=snap, code=2)
+    # Beyond what the machine can: refused in one line, not a crash.
+    expect_error(sb, ["launch", cfg, "--set", "train.threads=100000"], "train.threads", "1024", unchanged=snap)
+    expect_error(sb, ["eval", "model", "--data", "good.bin", "--threads", "100000"], "--threads", "1024")
+    expect_error(sb, ["eval", "model", "--data", "good.bin", "--seq-len", "1000000", "--batch-size", "1000"],
+                 "--seq-len 1000000", "memory", "available", code=2)
+    expect_error(sb, ["launch", cfg, "--set", "model.num_hidden_layers=100000", "--set", "model.hidden_size=4096",
+                      "--set", "model.intermediate_size=16384"], "memory", "available", unchanged=snap, code=2)
+    expect_error(sb, ["launch", "/dev/zero"], "/dev/zero", "not a regular file", code=2)
+    big = sb.write("big.textproto", "# " + "x" * (5 << 20) + "\n")
+    expect_error(sb, ["launch", big], "big.textproto", "bytes", code=2)
+    os.remove(big)
+
+    # --resume continues only the run that wrote the checkpoint; a fresh run
+    # does not mix its checkpoints with another run's.
+    run = job("good.bin", name="run.textproto", ckpt="run_ckpt", metrics="run.jsonl")
+    sb.run("launch", run)
+    snap = herdtest.snapshot(sb.dir)
+    expect_error(sb, ["launch", run, "--set", "optimizer.lr=1e-3", "--resume"], "--resume", "run_ckpt/step_00000002",
+                 "optimizer.lr", unchanged=snap, code=2)
+    expect_error(sb, ["launch", run, "--set", "train.seed=8", "--set", "train.batch_size=2", "--resume"], "train.seed",
+                 "train.batch_size", unchanged=snap, code=2)
+    expect_error(sb, ["launch", run], "run_ckpt", "already holds checkpoints", "--resume", "--overwrite",
+                 unchanged=snap, code=2)
+    expect_error(sb, ["launch", run, "--resume", "--overwrite"], "--resume", "--overwrite", unchanged=snap, code=2)
+    # What a resume may change (README lists it): the run's length, logging.
+    p = sb.run("launch", run, "--set", "train.steps=3", "--set", "log.every=5", "--resume")
+    assert "resumed from" in p.stdout, p.stdout
+    p = sb.run("launch", run, "--overwrite")
+    assert "removed 2 checkpoint(s)" in p.stdout, p.stdout
+    assert sorted(os.listdir(sb.path("run_ckpt"))) == ["step_00000002"], os.listdir(sb.path("run_ckpt"))
+    print("ok  resume of another run's checkpoint, fresh run into checkpoints: refused; --overwrite starts over")
+
+    # A file that is not herd's is never replaced: a mistyped data.train
+    # (with data.prepare_from set) must not re-prepare an existing data.val,
+    # and log.metrics must not replace a file that holds something else.
+    with open(sb.path("myval.u16"), "wb") as f:
+        f.write(struct.pack("<100H", *range(100)))
+    sb.write("notes.txt", "my notes\n")
+    typo = job("typo.u16", name="typo_data.textproto")
+    notes = job("good.bin", name="notes.textproto", metrics="notes.txt")
+    snap = herdtest.snapshot(sb.dir)
+    expect_error(sb, ["launch", typo, "--set", "data.val=myval.u16", "--set", "data.prepare_from=corpus.txt"],
+                 "typo.u16", "myval.u16", "both", unchanged=snap)
+    expect_error(sb, ["launch", notes], "log.metrics", "notes.txt", unchanged=snap)
+
+    # A full disk: metrics, checkpoints and exports each fail in one line,
+    # leaving no half-written file.
+    with herdtest.small_tmpfs(sb.path("full"), "1m") as full:
+        if full is None:
+            print("skip full-disk cases: cannot mount a tmpfs here (not root)")
+        else:
+            herdtest.fill(full)
+            for what, kw in (("log.metrics", dict(metrics="full/m.jsonl")), ("checkpoint", dict(ckpt="full/ckpt"))):
+                before = herdtest.listing(full)
+                cfg = job("good.bin", name="full.textproto", **kw)
+                expect_error(sb, ["launch", cfg], "No space left on device")
+                left = [f for f in herdtest.listing(full) if f not in before and not f.endswith(".jsonl")]
+                assert not any(".tmp." in f for f in left), f"{what}: half-written files left: {left}"
+            expect_error(sb, ["export", "model", "--out", "full/hf"], "No space left on device")
+            assert not os.path.exists(sb.path("full", "hf")), os.listdir(full)
 
     # prepare: missing input, unwritable output.
     before = herdtest.listing(sb.dir)

@@ -1,6 +1,8 @@
 """Helpers for the script tests (tests/*_test.py): run the real herd binary
 in a scratch directory, write configs and corpora. Not a test itself."""
 import argparse
+import contextlib
+import hashlib
 import os
 import random
 import shutil
@@ -77,6 +79,42 @@ def listing(root):
         for f in files:
             out.append(os.path.relpath(os.path.join(d, f), root))
     return sorted(out)
+
+
+def snapshot(root):
+    """Every file under root with its MD5: what must not change."""
+    out = {}
+    for rel in listing(root):
+        with open(os.path.join(root, rel), "rb") as f:
+            out[rel] = hashlib.md5(f.read()).hexdigest()
+    return out
+
+
+@contextlib.contextmanager
+def small_tmpfs(path, size):
+    """A tmpfs of `size` at `path` (a full disk on demand), or None where
+    mounting is not allowed (not root); unmounted afterwards."""
+    os.makedirs(path, exist_ok=True)
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path], capture_output=True, text=True)
+    if p.returncode != 0:
+        yield None
+        return
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", path], capture_output=True)
+
+
+def fill(path):
+    """Fills the file system holding `path` with one file, until ENOSPC."""
+    fd = os.open(os.path.join(path, "filler"), os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(fd, b"\0" * 4096) > 0:
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def run_scenarios(title, *scenarios):

@@ -188,7 +188,8 @@ def terminate_coordinator(sb):
         took = expect_all_told(job, ["worker0", "worker1", "worker2", "server0", "server1"],
                                "shut the job down: terminated (SIGTERM)", at, 5)
         rc = job.wait("coordinator", 5)
-        assert rc == 1 and "terminated (SIGTERM)" in first_error(job, "coordinator"), job.stderr("coordinator")
+        assert rc == 128 + signal.SIGTERM and "terminated (SIGTERM)" in first_error(job, "coordinator"), \
+            job.stderr("coordinator")
         print(f"SIGTERM to the coordinator: all 5 out after {took:.2f} s: {first_error(job, 'worker0')}")
     finally:
         job.kill_all()

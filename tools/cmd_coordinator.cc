@@ -43,19 +43,25 @@ int RunCoordinator(int argc, char** argv) {
   // Blocks SIGINT/SIGTERM before the coordinator's threads exist; a signal
   // then shuts the job down in order (every process is told).
   std::atomic<transport::Coordinator*> running{nullptr};
-  SignalWatcher signals([&running](int signo) {
+  std::atomic<int> stopped_by{0};
+  SignalWatcher signals([&running, &stopped_by](int signo) {
+    stopped_by = signo;
     if (auto* c = running.load()) c->Stop(signo == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)");
   });
   auto coordinator = transport::Coordinator::Start(options);
   if (!coordinator.ok()) return ReportError(coordinator.status());
   running = coordinator->get();
+  if (stopped_by != 0) (*coordinator)->Stop("stopped by a signal while starting");
   if (args.Has("port-file")) {
     st = WriteFileAtomic(args.Get("port-file"), std::to_string((*coordinator)->port()) + "\n");
     if (!st.ok()) return ReportError(st);
   }
   st = (*coordinator)->Run();
   running = nullptr;
-  if (!st.ok()) return ReportError(st);
+  if (!st.ok()) {
+    const int code = ReportError(st);
+    return stopped_by != 0 ? 128 + stopped_by : code;  // as shells expect of a signalled program
+  }
   return 0;
 }
 

@@ -2,7 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,8 +12,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <optional>
+#include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -23,10 +26,13 @@
 #include "common/signals.h"
 #include "common/strings.h"
 #include "data/prepare.h"
+#include "model/checkpoint.h"
 #include "model/hf_io.h"
+#include "sharding/memory_plan.h"
 #include "sharding/shard_plan.h"
 #include "transport/coordinator.h"
 #include "transport/rendezvous.h"
+#include "transport/ucx_transport.h"
 
 extern char** environ;
 
@@ -43,7 +49,12 @@ struct Child {
   pid_t pid = -1;
   int out_fd = -1, err_fd = -1;
   std::string out_partial, err_partial;
+  // Its own "herd: error: ..." line, which the launcher's last line quotes
+  // (written by the forwarder, read after it has joined).
+  std::string error_line;
   std::optional<int> exit_code;
+  int exit_order = -1;  // 0 for the first to exit, ...
+  bool killed_after_grace = false;  // by the launcher: a consequence, not a cause
 };
 
 std::vector<std::string> ChildEnvironment(const std::string& token_file, int threads) {
@@ -60,68 +71,101 @@ std::vector<std::string> ChildEnvironment(const std::string& token_file, int thr
   return env;
 }
 
+// Starts a child that cannot outlive the launcher: the kernel SIGKILLs it
+// when the launcher dies (PR_SET_PDEATHSIG), however the launcher dies. It
+// runs in a process group of its own, so a terminal's Ctrl-C reaches the
+// launcher alone, which then stops the job in order. Between fork and exec
+// the child calls only async-signal-safe functions (the launcher has
+// threads).
 Status Spawn(const std::string& binary, const std::vector<std::string>& argv, const std::vector<std::string>& env,
              Child* child) {
   int out[2], err[2];
-  if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0) return Status::IOError("pipe: out of descriptors");
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, out[1], 1);
-  posix_spawn_file_actions_adddup2(&actions, err[1], 2);
-  // The launcher blocks SIGINT/SIGTERM for its signal watcher; children
-  // start with default signal handling.
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  sigset_t none, defaults;
-  sigemptyset(&none);
-  sigemptyset(&defaults);
-  sigaddset(&defaults, SIGINT);
-  sigaddset(&defaults, SIGTERM);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setsigdefault(&attr, &defaults);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  if (::pipe2(out, O_CLOEXEC) != 0) return Status::IOError("pipe: " + std::string(std::strerror(errno)));
+  if (::pipe2(err, O_CLOEXEC) != 0) {
+    ::close(out[0]);
+    ::close(out[1]);
+    return Status::IOError("pipe: " + std::string(std::strerror(errno)));
+  }
+  const int devnull = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   std::vector<char*> cargv, cenv;
   for (const std::string& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
   cargv.push_back(nullptr);
   for (const std::string& e : env) cenv.push_back(const_cast<char*>(e.c_str()));
   cenv.push_back(nullptr);
-  const int rc = ::posix_spawn(&child->pid, binary.c_str(), &actions, &attr, cargv.data(), cenv.data());
-  posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attr);
+  const pid_t launcher = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != launcher) ::_exit(127);  // the launcher died before prctl
+    ::setpgid(0, 0);
+    if (devnull >= 0) ::dup2(devnull, 0);
+    ::dup2(out[1], 1);
+    ::dup2(err[1], 2);
+    // The launcher blocks SIGINT/SIGTERM for its signal watcher; the child
+    // starts with them deliverable and at their defaults.
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    ::sigaction(SIGINT, &dfl, nullptr);
+    ::sigaction(SIGTERM, &dfl, nullptr);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::execve(binary.c_str(), cargv.data(), cenv.data());
+    ::_exit(127);
+  }
+  const int fork_errno = errno;
+  if (devnull >= 0) ::close(devnull);
   ::close(out[1]);
   ::close(err[1]);
-  if (rc != 0) {
+  if (pid < 0) {
     ::close(out[0]);
     ::close(err[0]);
-    return Status::IOError(binary + ": cannot start: " + std::strerror(rc));
+    return Status::IOError(binary + ": cannot start: " + std::strerror(fork_errno));
   }
+  child->pid = pid;
   child->out_fd = out[0];
   child->err_fd = err[0];
   return Status::OK();
 }
 
 // Forwards every child's stdout and stderr, line by line, with its name.
+// A child's "herd: error:" line is kept for the launcher's last line, not
+// forwarded; once the job is failing (`quiet`), the other processes'
+// stderr (what they say while stopping because of it) is dropped too, so
+// that a failure reads as one line.
 class LogForwarder {
  public:
-  explicit LogForwarder(std::vector<Child>* children) : children_(children) {
+  LogForwarder(std::vector<Child>* children, std::atomic<bool>* quiet) : children_(children), quiet_(quiet) {
     thread_ = std::thread([this] { Run(); });
   }
   // Returns once every pipe has reached end of file.
   void Join() { thread_.join(); }
 
  private:
-  void Emit(const std::string& name, std::string* partial, const char* data, size_t n, std::FILE* to, bool flush_all) {
+  void Line(Child* c, std::string_view line, bool is_err) {
+    constexpr std::string_view kError = "herd: error: ";
+    if (is_err && line.starts_with(kError)) {
+      c->error_line = std::string(line.substr(kError.size()));
+      *quiet_ = true;
+      return;
+    }
+    if (is_err && *quiet_) return;
+    std::FILE* to = is_err ? stderr : stdout;
+    std::fprintf(to, "%s: %.*s\n", c->name.c_str(), static_cast<int>(line.size()), line.data());
+  }
+
+  void Emit(Child* c, std::string* partial, const char* data, size_t n, bool is_err, bool flush_all) {
     partial->append(data, n);
     size_t start = 0;
     for (size_t nl; (nl = partial->find('\n', start)) != std::string::npos; start = nl + 1) {
-      std::fprintf(to, "%s: %.*s\n", name.c_str(), static_cast<int>(nl - start), partial->data() + start);
+      Line(c, std::string_view(*partial).substr(start, nl - start), is_err);
     }
     partial->erase(0, start);
     if (flush_all && !partial->empty()) {
-      std::fprintf(to, "%s: %s\n", name.c_str(), partial->c_str());
+      Line(c, *partial, is_err);
       partial->clear();
     }
-    std::fflush(to);
+    std::fflush(is_err ? stderr : stdout);
   }
 
   void Run() {
@@ -148,9 +192,9 @@ class LogForwarder {
         int& fd = is_err ? c->err_fd : c->out_fd;
         std::string* partial = is_err ? &c->err_partial : &c->out_partial;
         if (n > 0) {
-          Emit(c->name, partial, buf, n, is_err ? stderr : stdout, false);
+          Emit(c, partial, buf, n, is_err, false);
         } else if (n == 0 || errno != EINTR) {
-          Emit(c->name, partial, nullptr, 0, is_err ? stderr : stdout, true);
+          Emit(c, partial, nullptr, 0, is_err, true);
           ::close(fd);
           fd = -1;
         }
@@ -159,8 +203,40 @@ class LogForwarder {
   }
 
   std::vector<Child>* children_;
+  std::atomic<bool>* quiet_;
   std::thread thread_;
 };
+
+// How long processes have to stop in order after SIGINT/SIGTERM.
+constexpr double kStopGraceSeconds = 5;
+
+std::string SignalName(int signo) {
+  switch (signo) {
+    case SIGINT: return "SIGINT";
+    case SIGTERM: return "SIGTERM";
+    case SIGKILL: return "SIGKILL";
+    case SIGSEGV: return "SIGSEGV";
+    case SIGABRT: return "SIGABRT";
+    case SIGBUS: return "SIGBUS";
+    default: return "signal " + std::to_string(signo);
+  }
+}
+
+// The process whose failure stopped the job: of those that failed on their
+// own (not with kExitStoppedByJob, the code of processes that stopped
+// because of another, nor after the launcher was told to stop, the
+// `stop_order`-th exit on), the one the coordinator saw lost first, else
+// the first to exit. Null when every failure was a consequence.
+const Child* RootCause(const std::vector<Child>& children, int64_t first_lost_pid, int stop_order) {
+  const Child* root = nullptr;
+  for (const Child& c : children) {
+    if (!c.exit_code || *c.exit_code == 0 || *c.exit_code == kExitStoppedByJob || c.killed_after_grace) continue;
+    if (c.exit_order >= stop_order) continue;
+    if (c.pid == first_lost_pid) return &c;
+    if (root == nullptr || c.exit_order < root->exit_order) root = &c;
+  }
+  return root;
+}
 
 }  // namespace
 
@@ -169,22 +245,33 @@ int RunLocalJob(const config::JobConfig& config, const LocalJobOptions& options)
   const int S = cluster.servers(), W = cluster.workers();
   // Stop signals become an orderly shutdown; set up before any thread.
   std::atomic<transport::Coordinator*> running{nullptr};
-  std::atomic<bool> interrupted{false};
+  std::atomic<int> stopped_by{0};
+  auto stop_reason = [](int signo) { return signo == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)"; };
   SignalWatcher signals([&](int signo) {
-    interrupted = true;
-    if (auto* c = running.load()) c->Stop(signo == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)");
+    if (stopped_by == 0) stopped_by = signo;
+    if (auto* c = running.load()) c->Stop(stop_reason(signo));
   });
 
-  // What every process would refuse, refused once here.
+  // What every process would refuse, refused once here, before anything is
+  // written or started.
   auto plan =
       ShardPlan::Create(ParamLayout(LlamaShape::FromConfig(config.model())), ShardPlanOptions::FromConfig(cluster));
   if (!plan.ok()) return ReportError(plan.status().WithContext(options.config_path + ": "));
+  Status st = CheckJobFitsHere(config, options.config_path + ": the job's " + std::to_string(S) + " servers and " +
+                                           std::to_string(W) + " workers (herd plan)");
+  if (!st.ok()) return ReportError(st);
   if (!options.train.resume) {
     if (Status init = CheckInitFrom(config); !init.ok()) return ReportError(init);
+    if (!config.checkpoint().dir().empty()) {
+      if (Status w = CheckWritable(config.checkpoint().dir()); !w.ok()) return ReportError(w);
+    }
+    if (Status fresh = CheckFreshRun(config.checkpoint().dir(), options.train.overwrite); !fresh.ok()) {
+      return ReportError(fresh);
+    }
   }
   // Prepared once here (workers would otherwise race to prepare it), and
   // opened: a missing or bad file is one line, before anything starts.
-  Status st = OpenJobData(config.data(), config.model().vocab_size()).status();
+  st = OpenJobData(config.data(), config.model().vocab_size()).status();
   if (!st.ok()) return ReportError(st);
   const std::string bin_dir = DirName(ThisExecutable());
   for (const char* name : {"herd-server", "herd-worker"}) {
@@ -192,19 +279,35 @@ int RunLocalJob(const config::JobConfig& config, const LocalJobOptions& options)
       return ReportError(Status::NotFound(JoinPath(bin_dir, name) + ": not found (it is built beside herd)"));
     }
   }
-  // The job token, in a private directory removed when the job ends.
+  if (const int stale = transport::RemoveStaleUcxShmFiles(); stale > 0) {
+    std::printf("launch: removed %d stale UCX shared-memory file(s) of processes that no longer exist\n", stale);
+  }
+  // The job token, in a private directory; removed once every process has
+  // joined (nobody needs it after that), and in any case when the job ends.
   TempDir token_dir;
   if (Status made = token_dir.Create("herd-job"); !made.ok()) return ReportError(made);
   const std::string token_file = JoinPath(token_dir.path(), "token");
   auto token = transport::CreateJobToken(token_file);
   if (!token.ok()) return ReportError(token.status());
 
+  std::vector<Child> children(S + W);
+  // Pids the coordinator may report lost; only these are ever signalled.
+  std::mutex spawned_mu;
+  std::set<pid_t> spawned;
   transport::CoordinatorOptions coordinator_options = transport::CoordinatorOptions::FromConfig(config);
   coordinator_options.listen = "127.0.0.1:0";
   coordinator_options.token = std::string(Trim(*token));
+  coordinator_options.on_formed = [&token_file] { ::unlink(token_file.c_str()); };
+  // A process declared lost for silence (stopped, hung) is killed now
+  // rather than after the grace period.
+  coordinator_options.on_silent = [&](int64_t pid) {
+    std::lock_guard<std::mutex> lock(spawned_mu);
+    if (spawned.count(static_cast<pid_t>(pid))) ::kill(static_cast<pid_t>(pid), SIGKILL);
+  };
   auto coordinator = transport::Coordinator::Start(coordinator_options);
   if (!coordinator.ok()) return ReportError(coordinator.status());
   running = coordinator->get();
+  if (stopped_by != 0) (*coordinator)->Stop(stop_reason(stopped_by));
   Status coordinator_result;
   std::thread coordinator_thread([&] { coordinator_result = (*coordinator)->Run(); });
   const std::string address = "127.0.0.1:" + std::to_string((*coordinator)->port());
@@ -217,8 +320,8 @@ int RunLocalJob(const config::JobConfig& config, const LocalJobOptions& options)
                            : "threads from the config/OMP_NUM_THREADS");
   std::fflush(stdout);
 
-  std::vector<Child> children(S + W);
-  for (int i = 0; i < S + W && st.ok(); ++i) {
+  // A stop signal ends the spawning at once.
+  for (int i = 0; i < S + W && st.ok() && stopped_by == 0; ++i) {
     const bool server = i < S;
     const int rank = server ? i : i - S;
     Child& c = children[i];
@@ -231,30 +334,43 @@ int RunLocalJob(const config::JobConfig& config, const LocalJobOptions& options)
     if (options.train.stop_at_step > 0)
       argv.insert(argv.end(), {"--stop-at", std::to_string(options.train.stop_at_step)});
     const int threads = pick_threads ? std::max(1, cores / (server ? S : W)) : 0;
+    std::lock_guard<std::mutex> lock(spawned_mu);
     st = Spawn(binary, argv, ChildEnvironment(token_file, threads), &c);
+    if (st.ok()) spawned.insert(c.pid);
   }
-  LogForwarder forwarder(&children);
+  std::atomic<bool> quiet{false};
+  LogForwarder forwarder(&children, &quiet);
   if (!st.ok()) (*coordinator)->Stop(st.message());
+  if (stopped_by != 0) (*coordinator)->Stop(stop_reason(stopped_by));
 
   // Reap; after the first failure the others have the coordinator's
-  // PeerLost to stop on their own, then a grace period before SIGKILL.
+  // PeerLost or Shutdown to stop on their own, then a grace period before
+  // SIGKILL (shorter after a stop signal: whoever has not joined yet never
+  // hears the coordinator's Shutdown).
   std::optional<int> first_failure;
-  std::string first_failed;
   Stopwatch since_failure;
   bool grace_started = false;
-  const double grace_s = cluster.heartbeat_timeout_s() + 10;
+  double grace_s = cluster.heartbeat_timeout_s() + 10;
+  int exits = 0;
+  int stop_order = S + W;  // exits from here on followed a stop signal
   for (size_t alive = std::count_if(children.begin(), children.end(), [](const Child& c) { return c.pid > 0; });
        alive > 0;) {
     int status = 0;
+    if (stopped_by != 0 && stop_order == S + W) stop_order = exits;
     const pid_t pid = ::waitpid(-1, &status, WNOHANG);
     if (pid <= 0) {
-      if ((first_failure || interrupted) && !grace_started) {
+      if ((first_failure || stopped_by != 0) && !grace_started) {
         grace_started = true;
+        quiet = true;
         since_failure.Reset();
+        if (!first_failure) grace_s = kStopGraceSeconds;
       }
       if (grace_started && since_failure.Seconds() > grace_s) {
         for (Child& c : children) {
-          if (c.pid > 0 && !c.exit_code) ::kill(c.pid, SIGKILL);
+          if (c.pid > 0 && !c.exit_code && !c.killed_after_grace) {
+            ::kill(c.pid, SIGKILL);
+            c.killed_after_grace = true;
+          }
         }
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -263,10 +379,11 @@ int RunLocalJob(const config::JobConfig& config, const LocalJobOptions& options)
     for (Child& c : children) {
       if (c.pid != pid) continue;
       c.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      c.exit_order = exits++;
       --alive;
       if (*c.exit_code != 0 && !first_failure) {
         first_failure = c.exit_code;
-        first_failed = c.name;
+        quiet = true;
         // Tell everyone now: a process that failed before the job formed
         // leaves the others waiting for it otherwise.
         (*coordinator)->Stop(c.name + " exited with code " + std::to_string(*c.exit_code));
@@ -274,20 +391,45 @@ int RunLocalJob(const config::JobConfig& config, const LocalJobOptions& options)
     }
   }
   forwarder.Join();
-  if (first_failure || !st.ok()) (*coordinator)->Stop("the job's processes have exited");
+  (*coordinator)->Stop("the job's processes have exited");
   coordinator_thread.join();
   running = nullptr;
   if (!st.ok()) return ReportError(st);
-  // Reaping order is not dying order: the coordinator knows who went first.
+  // The launcher's last line names the cause: the process that failed on its
+  // own (reaping order is not dying order: the coordinator knows who went
+  // first), with its own message.
+  if (stopped_by != 0 && stop_order == S + W) stop_order = exits;
+  const Child* root = RootCause(children, (*coordinator)->first_lost_pid(), stop_order);
+  // A crash is never hidden behind the cause, even while the job stopped.
   for (const Child& c : children) {
-    if (c.pid == (*coordinator)->first_lost_pid() && c.exit_code.value_or(0) != 0) {
-      first_failure = c.exit_code;
-      first_failed = c.name;
-    }
+    const int code = c.exit_code.value_or(0);
+    if (&c == root || c.killed_after_grace || code <= 128) continue;
+    const int signo = code - 128;
+    if (signo == SIGKILL || signo == SIGTERM || signo == SIGINT) continue;
+    std::fprintf(stderr, "launch: %s crashed (%s)%s\n", c.name.c_str(), SignalName(signo).c_str(),
+                 c.error_line.empty() ? "" : (": " + c.error_line).c_str());
+  }
+  if (stopped_by != 0 && root == nullptr) {
+    std::fprintf(stderr, "herd: error: %s; the job stopped\n", stop_reason(stopped_by));
+    return 128 + stopped_by;
+  }
+  if (root != nullptr) {
+    const int code = *root->exit_code;
+    // A process that said nothing (killed, stopped) is described by what the
+    // coordinator saw of it, else by how it died.
+    const bool lost_first = root->pid == (*coordinator)->first_lost_pid() && !coordinator_result.ok();
+    std::string what = !root->error_line.empty() ? root->error_line
+                       : lost_first              ? coordinator_result.message()
+                       : code > 128              ? "killed by " + SignalName(code - 128)
+                                                 : "no message";
+    std::fprintf(stderr, "herd: error: %s failed (exit code %d): %s; the job stopped\n", root->name.c_str(), code,
+                 what.c_str());
+    return stopped_by != 0 ? 128 + stopped_by : code;
   }
   if (first_failure) {
-    std::fprintf(stderr, "herd: error: %s failed (exit code %d); the job stopped\n", first_failed.c_str(),
-                 *first_failure);
+    // Every process stopped because of something outside them all.
+    std::fprintf(stderr, "herd: error: %s; the job stopped\n",
+                 coordinator_result.ok() ? "the job's processes stopped" : coordinator_result.message().c_str());
     return *first_failure;
   }
   if (!coordinator_result.ok()) return ReportError(coordinator_result);

@@ -1,12 +1,18 @@
 // `herd launch` for multi-process jobs on this machine (torchrun
-// --standalone's role): a coordinator in this process on a free loopback
-// port, a fresh job token in a private temporary file, then
-// cluster.servers herd-server and cluster.workers herd-worker processes
-// (found beside this binary) with explicit ranks. Their output is forwarded
-// line by line with a "server 0: " / "worker 1: " prefix. The job's exit
-// code is the first failing process's (1 when only the coordinator saw a
-// failure); processes still running some time after a failure are killed.
-// SIGINT/SIGTERM shut the job down in order through the coordinator.
+// --standalone's role): a coordinator on a thread of this process on a
+// free loopback port, a fresh job token in a private temporary file
+// (removed once everyone has joined), then cluster.servers herd-server and
+// cluster.workers herd-worker processes (found beside this binary) with
+// explicit ranks, once the whole job's memory plan fits this machine.
+//
+// Children never outlive the launcher (the kernel kills them when it
+// dies) and sit in process groups of their own, so that SIGINT/SIGTERM
+// reach the launcher alone: it stops spawning, shuts the job down in
+// order through the coordinator, kills what remains after a grace period
+// and exits 130/143. A process the coordinator declares lost is killed at
+// once. Output is forwarded line by line with a "server 0: " / "worker 1: "
+// prefix; the last line names the process whose failure stopped the job,
+// with its own message, and the exit code is that process's.
 #pragma once
 
 #include <string>

@@ -18,6 +18,7 @@
 #include "model/checkpoint.h"
 #include "tools/args.h"
 #include "transport/rendezvous.h"
+#include "transport/ucx_transport.h"
 
 #if HERD_NODE_SERVER
 #include "server/server.h"
@@ -70,6 +71,7 @@ Status Run(int argc, char** argv) {
       HERD_RETURN_IF_ERROR(CheckFreshRun(config.checkpoint().dir(), options.overwrite));
     }
   }
+  transport::RemoveStaleUcxShmFiles();
 #if HERD_NODE_SERVER
   return RunParameterServer(config, options, join);
 #else

@@ -75,6 +75,47 @@ struct Session {
 };
 using SessionPtr = std::shared_ptr<Session>;
 
+// Warnings about connections that are refused or closed before they joined:
+// per peer address, the first kBurst of each kWindow are logged and the
+// rest only counted (reported with the next line logged), so that a flood
+// of bad connections cannot flood the log.
+class WarningLimiter {
+ public:
+  static constexpr int kBurst = 20;
+  static constexpr std::chrono::seconds kWindow{10};
+
+  void Warn(const std::string& peer, const std::string& message) {
+    const std::string address = peer.substr(0, peer.rfind(':'));
+    const auto now = Clock::now();
+    if (entries_.size() > 4096) entries_.clear();  // bounded, whatever the flood
+    auto [it, fresh] = entries_.try_emplace(address);
+    Entry& e = it->second;
+    if (fresh || now - e.window_start >= kWindow) {
+      e.window_start = now;
+      e.logged = 0;
+    }
+    if (e.logged >= kBurst) {
+      ++e.held_back;
+      return;
+    }
+    ++e.logged;
+    if (e.held_back > 0) {
+      LOG(WARNING) << message << " (and " << e.held_back << " more from " << address << " not logged)";
+      e.held_back = 0;
+    } else {
+      LOG(WARNING) << message;
+    }
+  }
+
+ private:
+  struct Entry {
+    Clock::time_point window_start;
+    int logged = 0;
+    int64_t held_back = 0;
+  };
+  std::map<std::string, Entry> entries_;
+};
+
 }  // namespace
 
 class Coordinator::Impl {
@@ -114,6 +155,11 @@ class Coordinator::Impl {
     ArmHeartbeat();
     if (options_.job) ArmJoinTimer(shape_.join_timeout_s);
     io_.run();
+    // Finish() stopped the loop, maybe with messages still queued (the
+    // Shutdown that Stop sends everyone): they get a moment to be written,
+    // or a process that joined just then hears nothing and waits.
+    io_.restart();
+    io_.run_for(std::chrono::milliseconds(500));
     return failure_;
   }
 
@@ -180,7 +226,7 @@ class Coordinator::Impl {
 
   // Refusal: one line to the process, one line in our log, then close.
   void Refuse(const SessionPtr& s, const std::string& reason) {
-    LOG(WARNING) << "coordinator: refused " << s->Describe(/*with_address=*/true) << ": " << reason;
+    warnings_.Warn(s->conn->peer(), "coordinator: refused " + s->Describe(/*with_address=*/true) + ": " + reason);
     wire::Envelope m;
     m.mutable_refused()->set_reason(reason);
     SendAndClose(s, m);
@@ -191,7 +237,7 @@ class Coordinator::Impl {
       Lost(s, "protocol violation: " + st.message());
       return;
     }
-    LOG(WARNING) << "coordinator: closing " << s->Describe() << ": " << st.message();
+    warnings_.Warn(s->conn->peer(), "coordinator: closing " + s->Describe() + ": " + st.message());
     wire::Envelope m;
     m.mutable_refused()->set_reason(st.message());
     SendAndClose(s, m);
@@ -236,7 +282,12 @@ class Coordinator::Impl {
 
   void Hello(const SessionPtr& s, const wire::Hello& h) {
     s->hello = h;
-    if (!failure_.ok()) return Refuse(s, "the job has already failed: " + failure_.message());
+    if (!failure_.ok()) {
+      // Too late to join: told like every member, so it stops as one.
+      wire::Envelope m;
+      m.mutable_shutdown()->set_reason(failure_.message());
+      return SendAndClose(s, m);
+    }
     if (!TokensEqual(h.token(), options_.token)) {
       return Refuse(s, "wrong job token (the token comes from --token-file, HERD_JOB_TOKEN or HERD_JOB_TOKEN_FILE)");
     }
@@ -325,6 +376,7 @@ class Coordinator::Impl {
     }
     formed_ = true;
     join_timer_.cancel();
+    if (options_.on_formed) options_.on_formed();
     LOG(INFO) << "coordinator: all " << members_.size() << " processes joined; membership sent";
     for (const auto& s : members_) {
       wire::Envelope m;
@@ -441,10 +493,11 @@ class Coordinator::Impl {
       }
       for (const auto& s : silent) {
         if (s->admitted && !s->left) {
+          if (options_.on_silent) options_.on_silent(s->hello.pid());
           Lost(s, "silent for " + Seconds(shape_.heartbeat_timeout_s) + " (cluster.heartbeat_timeout_s)");
         } else {
-          LOG(WARNING) << "coordinator: closing " << s->Describe() << ": nothing received for "
-                       << Seconds(shape_.heartbeat_timeout_s);
+          warnings_.Warn(s->conn->peer(), "coordinator: closing " + s->Describe() + ": nothing received for " +
+                                              Seconds(shape_.heartbeat_timeout_s));
           Close(s);
         }
       }
@@ -518,6 +571,7 @@ class Coordinator::Impl {
   std::map<std::string, std::map<int, std::string>> gathers_;
   Status failure_;
   int64_t first_lost_pid_ = 0;  // read only after Run() has returned
+  WarningLimiter warnings_;
 
  public:
   int64_t first_lost_pid() const { return first_lost_pid_; }

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -37,6 +38,11 @@ struct CoordinatorOptions {
   std::optional<JobShape> job;
   // How long a lost job waits for the remaining members to disconnect.
   double drain_timeout_s = 10.0;
+  // Called on the coordinator's thread when every process has joined, and
+  // with the pid its host reported when a member is declared lost for
+  // silence (stopped or hung: a launcher kills it then rather than wait).
+  std::function<void()> on_formed;
+  std::function<void(int64_t pid)> on_silent;
 
   // Address and fixed shape from the job config; the caller adds the token.
   static CoordinatorOptions FromConfig(const JobConfig& config);

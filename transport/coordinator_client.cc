@@ -265,7 +265,7 @@ class CoordinatorClient::Impl {
       }
       case wire::Envelope::kPeerLost: {
         const auto& p = m.peer_lost();
-        return Fail(Status::Unavailable(
+        return Fail(Status::Aborted(
             !p.reason().empty() ? p.reason()
                                 : DescribeRole(p.role(), p.rank()) + " (" + p.host() + ", pid " +
                                       std::to_string(p.pid()) + ") was lost"));

@@ -33,7 +33,10 @@ StatusOr<std::unique_ptr<CoordinatorClient>> JoinJob(const JoinOptions& options,
     const wire::Member& m = client->members()[i];
     if (static_cast<PeerId>(i) == self) continue;
     if (std::find(connect_to.begin(), connect_to.end(), m.role()) == connect_to.end()) continue;
-    HERD_RETURN_IF_ERROR(transport->Connect(static_cast<PeerId>(i), m.ucx_address(), DescribeMember(m)));
+    Status connected = transport->Connect(static_cast<PeerId>(i), m.ucx_address(), DescribeMember(m));
+    // A peer that stopped because the job was stopped cannot be reached:
+    // that is the job's failure, not this process's.
+    if (!connected.ok()) return client->health().ok() ? connected : client->health();
   }
   HERD_RETURN_IF_ERROR(client->Barrier("herd/ucx-connected"));
   LOG(INFO) << DescribeRole(client->role(), client->rank()) << ": joined a job of " << client->num_servers()
@@ -58,6 +61,7 @@ Status AgreeOn(CoordinatorClient& client, const std::string& name, const std::st
 
 Status AllSucceeded(CoordinatorClient& client, const std::string& name, const Status& mine) {
   HERD_ASSIGN_OR_RETURN(std::vector<std::string> all, client.AllGather(name, mine.ok() ? "" : mine.message()));
+  if (!mine.ok()) return mine;  // this process's own failure, not a consequence
   for (size_t i = 0; i < all.size(); ++i) {
     if (!all[i].empty()) return Status::Aborted(DescribeMember(client.members()[i]) + ": " + all[i]);
   }

@@ -1,18 +1,25 @@
 #include "transport/ucx_transport.h"
 
+#include <dirent.h>
 #include <glog/logging.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/stat.h>
 #include <ucp/api/ucp.h>
+#include <ucs/config/global_opts.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
+#include <fstream>
 #include <future>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <vector>
 
@@ -28,7 +35,63 @@ std::string UcxError(ucs_status_t status) { return ucs_status_string(status); }
 // UCX 1.13 hides posix/sysv shared memory from endpoints that want
 // peer-failure handling unless these are on (openucx/ucx#10016). Only set
 // when those transports may load (UCX warns about unused variables).
+int RemoveStaleUcxShmFiles(double min_age_s) {
+  constexpr char kDir[] = "/dev/shm";
+  constexpr char kPrefix[] = "ucx_shm_posix_";
+  struct Candidate {
+    std::string path;
+    ino_t inode;
+  };
+  std::vector<Candidate> candidates;
+  const time_t now = ::time(nullptr);
+  if (DIR* d = ::opendir(kDir)) {
+    while (dirent* e = ::readdir(d)) {
+      if (std::strncmp(e->d_name, kPrefix, sizeof kPrefix - 1) != 0) continue;
+      const std::string path = std::string(kDir) + "/" + e->d_name;
+      struct stat st;
+      if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) continue;
+      if (static_cast<double>(now - st.st_mtime) < min_age_s) continue;
+      candidates.push_back({path, st.st_ino});
+    }
+    ::closedir(d);
+  }
+  if (candidates.empty()) return 0;
+  // What live processes hold: open descriptors (by inode) and mappings (by
+  // name, for segments shared by path).
+  std::set<ino_t> open_inodes;
+  std::set<std::string> mapped;
+  if (DIR* proc = ::opendir("/proc")) {
+    while (dirent* p = ::readdir(proc)) {
+      if (!std::isdigit(static_cast<unsigned char>(p->d_name[0]))) continue;
+      const std::string fd_dir = std::string("/proc/") + p->d_name + "/fd";
+      if (DIR* fds = ::opendir(fd_dir.c_str())) {
+        while (dirent* f = ::readdir(fds)) {
+          struct stat st;
+          if (f->d_name[0] != '.' && ::stat((fd_dir + "/" + f->d_name).c_str(), &st) == 0) open_inodes.insert(st.st_ino);
+        }
+        ::closedir(fds);
+      }
+      std::ifstream maps(std::string("/proc/") + p->d_name + "/maps");
+      for (std::string line; std::getline(maps, line);) {
+        const size_t at = line.find("/dev/shm/ucx_shm_posix_");
+        if (at != std::string::npos) mapped.insert(line.substr(at, line.find(' ', at) - at));
+      }
+    }
+    ::closedir(proc);
+  }
+  int removed = 0;
+  for (const Candidate& c : candidates) {
+    if (open_inodes.count(c.inode) || mapped.count(c.path)) continue;
+    if (::unlink(c.path.c_str()) == 0) ++removed;
+  }
+  return removed;
+}
+
 void PrepareUcxEnvironment() {
+  // herd turns every UCX failure it meets into its own one-line error;
+  // UCX's log lines (several per failed endpoint) only bury that line. UCX
+  // read UCX_LOG_LEVEL when it was loaded, so the level is set directly.
+  if (std::getenv("UCX_LOG_LEVEL") == nullptr) ucs_global_opts.log_component.log_level = UCS_LOG_LEVEL_FATAL;
   const char* tls = std::getenv("UCX_TLS");
   const std::string list = tls != nullptr ? tls : "all";
   bool shm = false;

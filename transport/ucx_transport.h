@@ -40,10 +40,18 @@ using Completion = std::function<void(const Status&)>;
 class UcxTransport;
 
 // Sets UCX_POSIX_ERROR_HANDLING / UCX_SYSV_ERROR_HANDLING to y unless the
-// environment sets them or UCX_TLS rules shared memory out. Create() calls
-// it; benchmarks call it before starting UCX tools, so both pick the same
-// transports.
+// environment sets them or UCX_TLS rules shared memory out, and
+// UCX_LOG_LEVEL to fatal unless set (herd reports UCX failures itself).
+// Create() calls it; benchmarks call it before starting UCX tools, so both
+// pick the same transports.
 void PrepareUcxEnvironment();
+
+// UCX's posix shared-memory transport names a file /dev/shm/ucx_shm_posix_*
+// between creating a segment and sharing it through /proc; a process killed
+// in that window leaves the file (and its memory) behind. Removes such files
+// of this user that no live process has open or mapped and that are older
+// than `min_age_s`; returns how many went. Launchers call it at start.
+int RemoveStaleUcxShmFiles(double min_age_s = 30);
 
 // A message's payload as a handler sees it. Exactly one of ReceiveInto or
 // Reject may be called, during the handler; otherwise the payload is dropped.
@@ -62,12 +70,6 @@ class IncomingPayload {
 
  private:
   friend class UcxTransport;
-
-// Sets UCX_POSIX_ERROR_HANDLING / UCX_SYSV_ERROR_HANDLING to y unless the
-// environment sets them or UCX_TLS rules shared memory out. Create() calls
-// it; benchmarks call it before starting UCX tools, so both pick the same
-// transports.
-void PrepareUcxEnvironment();
   UcxTransport* transport_ = nullptr;
   void* data_ = nullptr;
   size_t size_ = 0;

@@ -66,7 +66,12 @@ Status TrainDistributedWorker(const config::JobConfig& config, const TrainOption
   std::unique_ptr<DeviceGradientReduction> device_reduction;  // CUDA workers in all-reduce mode: NCCL
 
   HERD_ASSIGN_OR_RETURN(auto transport, transport::UcxTransport::Create(-1));
-  // The data plane's services, registered before any peer can send.
+  // Made after the join; declared here so that it goes after the services
+  // below (whose completions reach into it) and before the transport.
+  std::unique_ptr<GradientExchange> exchange;
+  // The data plane's services, registered before any peer can send; they
+  // go after the coordinator client (declared later), whose failure
+  // handlers reach into them, and before the exchange and the transport.
   std::unique_ptr<transport::PushPullClient> pushpull;
   std::unique_ptr<transport::RingCollectives> ring;
   if (ps)
@@ -100,18 +105,8 @@ Status TrainDistributedWorker(const config::JobConfig& config, const TrainOption
   };
   HERD_ASSIGN_OR_RETURN(auto client,
                         transport::JoinJob(join, transport.get(), {ps ? wire::SERVER : wire::WORKER}, prepare));
-  // Stops the transport (its services first) before the buffers go.
-  struct StopFirst {
-    std::unique_ptr<transport::PushPullClient>& pushpull;
-    std::unique_ptr<transport::RingCollectives>& ring;
-    ~StopFirst() {
-      pushpull.reset();
-      ring.reset();
-    }
-  } stop_first{pushpull, ring};
   HERD_RETURN_IF_ERROR(transport->RegisterMemory(weights.data(), P * sizeof(float)));
   HERD_RETURN_IF_ERROR(transport->RegisterMemory(grads.data(), P * sizeof(float)));
-  std::unique_ptr<GradientExchange> exchange;
   if (ps) {
     transport::PushPullClient* pp = pushpull.get();
     client->OnFailure([pp](const Status& failure) { pp->Fail(-1, failure); });
