@@ -7,7 +7,9 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <cstring>
 
 namespace herd {
@@ -147,10 +149,35 @@ std::string ThisExecutable() {
 }
 
 Status TempDir::Create(const std::string& prefix) {
-  std::string tmpl = "/tmp/" + prefix + "-XXXXXX";
+  std::string tmpl = "/tmp/" + prefix + "-" + std::to_string(::getpid()) + "-XXXXXX";
   if (::mkdtemp(tmpl.data()) == nullptr) return Status::IOError("cannot create a temporary directory " + tmpl);
   path_ = tmpl;
   return Status::OK();
+}
+
+int TempDir::RemoveStale(const std::string& prefix) {
+  int removed = 0;
+  const std::string start = prefix + "-";
+  DIR* d = ::opendir("/tmp");
+  if (d == nullptr) return 0;
+  while (dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (!name.starts_with(start)) continue;
+    const std::string rest = name.substr(start.size());
+    const size_t dash = rest.find('-');
+    if (dash == 0 || dash == std::string::npos ||
+        !std::all_of(rest.begin(), rest.begin() + dash, [](char c) { return c >= '0' && c <= '9'; })) {
+      continue;
+    }
+    const pid_t pid = static_cast<pid_t>(std::stol(rest.substr(0, dash)));
+    const std::string path = "/tmp/" + name;
+    struct stat st;
+    if (::lstat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid()) continue;
+    if (::kill(pid, 0) == 0 || errno != ESRCH) continue;  // its maker lives (or is not ours to judge)
+    if (RemoveFlatDirectory(path).ok()) ++removed;
+  }
+  ::closedir(d);
+  return removed;
 }
 
 TempDir::~TempDir() {

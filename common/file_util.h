@@ -47,8 +47,12 @@ class TempDir {
   ~TempDir();
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;
-  // `prefix`: "herd-job" gives /tmp/herd-job-XXXXXX.
+  // `prefix`: "herd-job" gives /tmp/herd-job-PID-XXXXXX (PID: this
+  // process's, so that RemoveStale can tell a dead maker's directory).
   Status Create(const std::string& prefix);
+  // Removes this user's /tmp/PREFIX-PID-* directories whose process is gone
+  // (killed before it could clean up); returns how many.
+  static int RemoveStale(const std::string& prefix);
   const std::string& path() const { return path_; }
 
  private:

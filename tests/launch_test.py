@@ -186,10 +186,15 @@ def interrupt_and_kill(sb):
     launch.wait_for("step", 120)
     children = [pid for pid in processes_of(marker) if pid != launch.p.pid]
     assert len(children) == 4, children
+    token_dir = os.path.dirname(token_file_of(children[0]))
     launch.p.kill()
     launch.wait(10)
     assert wait_gone(marker, 5), f"children outlived a SIGKILLed launcher: {processes_of(marker)}"
-    print("ok  SIGKILL of the launcher: its 4 children died with it")
+    # What the killed launcher could not clean up, the next one does.
+    assert os.path.isdir(token_dir), token_dir
+    sb.run("launch", ps_config(sb, "after_kill", steps=2))
+    assert not os.path.exists(token_dir), f"{token_dir} of a killed launcher left behind"
+    print("ok  SIGKILL of the launcher: its 4 children died with it; the next launch removed its token directory")
 
 
 def root_cause(sb):

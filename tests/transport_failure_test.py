@@ -97,6 +97,15 @@ def refusals(sb):
             print(f"{name}: {errors[0]}")
         log = job.stderr("coordinator")
         assert "wrong job token" in log and "config hash" in log and "exceeds the bound" in log, log
+        # A flood of refused connections from one address: the log holds a
+        # bounded number of lines, with counts, not one line each.
+        for _ in range(150):
+            poke(addr, frame(b"\xff" * 12), "does not parse")
+        time.sleep(0.2)
+        log = job.stderr("coordinator")
+        refused = [l for l in log.splitlines() if "coordinator: refused" in l or "coordinator: closing" in l]
+        assert len(refused) <= 25, f"{len(refused)} warning lines for 159 refused connections"
+        print(f"159 refused connections from one address: {len(refused)} warning lines")
 
         # The coordinator kept serving: the real workers complete the job.
         for r in range(2):

@@ -284,6 +284,7 @@ int RunLocalJob(const config::JobConfig& config, const LocalJobOptions& options)
   }
   // The job token, in a private directory; removed once every process has
   // joined (nobody needs it after that), and in any case when the job ends.
+  TempDir::RemoveStale("herd-job");  // of launchers that were killed
   TempDir token_dir;
   if (Status made = token_dir.Create("herd-job"); !made.ok()) return ReportError(made);
   const std::string token_file = JoinPath(token_dir.path(), "token");
