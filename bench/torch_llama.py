@@ -12,8 +12,12 @@ import torch
 
 
 class Shape:
+    """rope_scaling: None, or HF's "llama3" dict (factor, low_freq_factor,
+    high_freq_factor, original_max_position_embeddings)."""
+
     def __init__(self, vocab_size, hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
-                 num_key_value_heads, rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=True, **_):
+                 num_key_value_heads, rope_theta=10000.0, rms_norm_eps=1e-5, tie_word_embeddings=True,
+                 rope_scaling=None, **_):
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
@@ -21,6 +25,7 @@ class Shape:
         self.num_attention_heads = num_attention_heads
         self.num_key_value_heads = num_key_value_heads
         self.rope_theta = rope_theta
+        self.rope_scaling = rope_scaling
         self.rms_norm_eps = rms_norm_eps
         self.tie_word_embeddings = tie_word_embeddings
         self.head_dim = hidden_size // num_attention_heads
@@ -55,10 +60,34 @@ def init_params(s, seed=0, std=0.02, dtype=torch.float32):
     return params
 
 
-def rope_tables(s, T, dtype, device=None):
+def llama3_inv_freq(inv_freq, rope_scaling):
+    """transformers' _compute_llama3_parameters (Llama 3.1's RoPE scaling)."""
+    factor = rope_scaling["factor"]
+    low_freq_factor = rope_scaling["low_freq_factor"]
+    high_freq_factor = rope_scaling["high_freq_factor"]
+    old_context_len = rope_scaling["original_max_position_embeddings"]
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    inv_freq_llama = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth_factor = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed_inv_freq = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama
+    is_medium_freq = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(is_medium_freq, smoothed_inv_freq, inv_freq_llama)
+
+
+def rope_inv_freq(s, dtype, device=None):
     # HF LlamaRotaryEmbedding arithmetic, in the working precision.
-    inv_freq = 1.0 / (s.rope_theta ** (torch.arange(0, s.head_dim, 2, dtype=torch.int64, device=device).to(dtype)
-                                       / s.head_dim))
+    f = 1.0 / (s.rope_theta ** (torch.arange(0, s.head_dim, 2, dtype=torch.int64, device=device).to(dtype)
+                                / s.head_dim))
+    if s.rope_scaling is not None:
+        assert s.rope_scaling.get("rope_type", s.rope_scaling.get("type")) == "llama3", s.rope_scaling
+        f = llama3_inv_freq(f, s.rope_scaling)
+    return f
+
+
+def rope_tables(s, T, dtype, device=None):
+    inv_freq = rope_inv_freq(s, dtype, device)
     t = torch.arange(T, dtype=dtype, device=device)
     freqs = torch.outer(t, inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)

@@ -214,6 +214,23 @@ std::vector<Violation> CheckValues(const JobConfig& c) {
   need(m.rms_norm_eps() > 0, "model.rms_norm_eps", "must be > 0");
   need(m.initializer_range() >= 0, "model.initializer_range", "must be >= 0");
   need(m.max_position_embeddings() >= 0, "model.max_position_embeddings", "must be >= 0 (0 = unset)");
+  if (m.has_rope_scaling()) {
+    const auto& rs = m.rope_scaling();
+    if (rs.rope_type() == config::RopeScaling::LLAMA3) {
+      need(rs.factor() > 0, "model.rope_scaling.factor", "must be > 0 for rope_type LLAMA3");
+      need(rs.low_freq_factor() > 0, "model.rope_scaling.low_freq_factor", "must be > 0 for rope_type LLAMA3");
+      need(rs.high_freq_factor() > rs.low_freq_factor(), "model.rope_scaling.high_freq_factor",
+           "must be > low_freq_factor for rope_type LLAMA3");
+      need(rs.original_max_position_embeddings() > 0, "model.rope_scaling.original_max_position_embeddings",
+           "must be > 0 for rope_type LLAMA3");
+    } else {
+      need(!rs.has_factor() && !rs.has_low_freq_factor() && !rs.has_high_freq_factor() &&
+               !rs.has_original_max_position_embeddings(),
+           "model.rope_scaling.rope_type",
+           "LLAMA3 is needed for factor, low_freq_factor, high_freq_factor and original_max_position_embeddings");
+    }
+  }
+
   need(c.device().kind() == config::DeviceConfig::CUDA || c.device().dtype() == config::DeviceConfig::FP32,
        "device.dtype", "BF16 needs device.kind CUDA (CPU workers compute in fp32)");
 

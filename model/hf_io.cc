@@ -11,6 +11,7 @@
 #include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 
 #include "common/config.h"
@@ -27,6 +28,16 @@ constexpr char kConfigJson[] = "config.json";
 constexpr char kWeights[] = "model.safetensors";
 constexpr char kIndex[] = "model.safetensors.index.json";
 
+// The relations herd checks for any job's model (divisibility, even
+// head_dim, RoPE scaling). A job's other settings are no part of a model
+// directory: train.seq_len is kept within max_position_embeddings.
+Status ValidateModel(const config::ModelConfig& model) {
+  config::JobConfig job;
+  *job.mutable_model() = model;
+  job.mutable_train()->set_seq_len(1);
+  return ValidateJobConfig(job);
+}
+
 // ---------------------------------------------------------------- writing
 
 nlohmann::ordered_json ConfigJson(const config::ModelConfig& m, int max_position_embeddings) {
@@ -41,7 +52,23 @@ nlohmann::ordered_json ConfigJson(const config::ModelConfig& m, int max_position
   j["num_key_value_heads"] = s.num_kv_heads;
   j["head_dim"] = s.head_dim();
   j["vocab_size"] = s.vocab_size;
+  // RoPE in both forms: transformers 4.x reads rope_theta and rope_scaling,
+  // 5.x rope_parameters.
+  nlohmann::ordered_json scaling = nullptr;
+  if (m.rope_scaling().rope_type() == config::RopeScaling::LLAMA3) {
+    const config::RopeScaling& rs = m.rope_scaling();
+    scaling = {{"rope_type", "llama3"},
+               {"factor", rs.factor()},
+               {"low_freq_factor", rs.low_freq_factor()},
+               {"high_freq_factor", rs.high_freq_factor()},
+               {"original_max_position_embeddings", rs.original_max_position_embeddings()}};
+  }
+  nlohmann::ordered_json rope = {{"rope_type", "default"}};
+  if (!scaling.is_null()) rope = scaling;
+  rope["rope_theta"] = s.rope_theta;
   j["rope_theta"] = s.rope_theta;
+  j["rope_scaling"] = scaling;
+  j["rope_parameters"] = rope;
   j["rms_norm_eps"] = s.rms_norm_eps;
   j["tie_word_embeddings"] = s.tie_word_embeddings;
   j["hidden_act"] = "silu";
@@ -49,8 +76,7 @@ nlohmann::ordered_json ConfigJson(const config::ModelConfig& m, int max_position
   j["initializer_range"] = m.initializer_range();
   j["attention_bias"] = false;
   j["mlp_bias"] = false;
-  j["rope_scaling"] = nullptr;
-  j["torch_dtype"] = "float32";
+  j["dtype"] = "float32";
   return j;
 }
 
@@ -70,15 +96,17 @@ Status WriteHfFiles(const std::string& dir, const config::ModelConfig& model, co
 // Reads config.json keys with type checks; every error names the file and key.
 class ConfigReader {
  public:
-  ConfigReader(const std::string& path, const json& j) : path_(path), j_(j) {}
+  // `prefix` names the object `j` within the file ("rope_parameters.").
+  ConfigReader(const std::string& path, const json& j, const std::string& prefix = "")
+      : path_(path), j_(j), prefix_(prefix) {}
 
   // The value of `key`, or nullptr when absent or null.
-  const json* Get(const char* key) const {
+  const json* Get(const std::string& key) const {
     auto it = j_.find(key);
     return it == j_.end() || it->is_null() ? nullptr : &*it;
   }
-  Status Error(const char* key, const std::string& what) const {
-    return Status::InvalidArgument(path_ + ": \"" + key + "\" " + what);
+  Status Error(const std::string& key, const std::string& what) const {
+    return Status::InvalidArgument(path_ + ": \"" + prefix_ + key + "\" " + what);
   }
   static std::string Shown(const json& v) {
     std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
@@ -86,10 +114,10 @@ class ConfigReader {
   }
 
   // A positive int32; `fallback` < 0 means the key is required.
-  Status PositiveInt(const char* key, int fallback, int* out) const {
+  Status PositiveInt(const std::string& key, int fallback, int* out) const {
     const json* v = Get(key);
     if (v == nullptr) {
-      if (fallback < 0) return Status::InvalidArgument(path_ + ": missing required key \"" + key + "\"");
+      if (fallback < 0) return Status::InvalidArgument(path_ + ": missing required key \"" + prefix_ + key + "\"");
       *out = fallback;
       return Status::OK();
     }
@@ -100,7 +128,7 @@ class ConfigReader {
     *out = v->get<int>();
     return Status::OK();
   }
-  Status PositiveNumber(const char* key, double fallback, double* out) const {
+  Status PositiveNumber(const std::string& key, double fallback, double* out) const {
     const json* v = Get(key);
     if (v == nullptr) {
       *out = fallback;
@@ -112,7 +140,7 @@ class ConfigReader {
     *out = v->get<double>();
     return Status::OK();
   }
-  Status Bool(const char* key, bool fallback, bool* out) const {
+  Status Bool(const std::string& key, bool fallback, bool* out) const {
     const json* v = Get(key);
     if (v == nullptr) {
       *out = fallback;
@@ -123,10 +151,122 @@ class ConfigReader {
     return Status::OK();
   }
 
+  // Every key of the object, in file order.
+  std::vector<std::string> Keys() const {
+    std::vector<std::string> keys;
+    for (auto it = j_.begin(); it != j_.end(); ++it) keys.push_back(it.key());
+    return keys;
+  }
+
  private:
   const std::string& path_;
   const json& j_;
+  const std::string prefix_;
 };
+
+// A RoPE dict (4.x's "rope_scaling", 5.x's "rope_parameters").
+struct RopeDict {
+  std::optional<double> theta;  // its "rope_theta", when present
+  config::RopeScaling scaling;  // rope_type DEFAULT: plain RoPE
+};
+
+StatusOr<RopeDict> ParseRopeDict(const ConfigReader& r) {
+  RopeDict out;
+  std::string type = "default", type_key = "rope_type";
+  for (const char* key : {"type", "rope_type"}) {  // transformers prefers rope_type
+    if (const json* t = r.Get(key)) {
+      if (!t->is_string()) return r.Error(key, "must be a string, got " + r.Shown(*t));
+      type = t->get<std::string>();
+      type_key = key;
+    }
+  }
+  std::set<std::string> known = {"type", "rope_type", "rope_theta", "partial_rotary_factor"};
+  if (type == "llama3") {
+    known.insert({"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"});
+  } else if (type != "default") {
+    return r.Error(type_key, "\"" + type + "\" is not supported (herd implements \"default\" and \"llama3\")");
+  }
+  for (const std::string& key : r.Keys()) {
+    if (!known.count(key)) return r.Error(key, "is not supported with rope_type \"" + type + "\"");
+  }
+  if (r.Get("rope_theta") != nullptr) {
+    double theta;
+    HERD_RETURN_IF_ERROR(r.PositiveNumber("rope_theta", 0, &theta));
+    out.theta = theta;
+  }
+  if (const json* p = r.Get("partial_rotary_factor"); p != nullptr && !(p->is_number() && p->get<double>() == 1.0)) {
+    return r.Error("partial_rotary_factor", r.Shown(*p) + " is not supported (herd rotates the whole head)");
+  }
+  if (type == "llama3") {
+    config::RopeScaling& rs = out.scaling;
+    double factor, low, high;
+    int original;
+    for (const char* key : {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}) {
+      if (r.Get(key) == nullptr) return r.Error(key, "is required with rope_type \"llama3\"");
+    }
+    HERD_RETURN_IF_ERROR(r.PositiveNumber("factor", 0, &factor));
+    HERD_RETURN_IF_ERROR(r.PositiveNumber("low_freq_factor", 0, &low));
+    HERD_RETURN_IF_ERROR(r.PositiveNumber("high_freq_factor", 0, &high));
+    HERD_RETURN_IF_ERROR(r.PositiveInt("original_max_position_embeddings", -1, &original));
+    if (!(high > low)) {
+      return r.Error("high_freq_factor", "must be greater than low_freq_factor, got " + r.Shown(high) +
+                                             " <= " + r.Shown(low));
+    }
+    rs.set_rope_type(config::RopeScaling::LLAMA3);
+    rs.set_factor(factor);
+    rs.set_low_freq_factor(low);
+    rs.set_high_freq_factor(high);
+    rs.set_original_max_position_embeddings(original);
+  }
+  return out;
+}
+
+// rope_theta and the RoPE scaling, from either form of config.json:
+// transformers 4.x writes "rope_theta" and "rope_scaling" (null, or a dict
+// with "rope_type"), 5.x "rope_parameters" ({"rope_theta", "rope_type",
+// ...}). Where both forms are present they must agree, so that every
+// version of transformers reads the model herd reads.
+Status ParseRope(const std::string& path, const json& j, config::ModelConfig* m) {
+  ConfigReader r(path, j);
+  std::vector<std::pair<std::string, RopeDict>> dicts;
+  for (const char* key : {"rope_scaling", "rope_parameters"}) {
+    const json* d = r.Get(key);
+    if (d == nullptr) continue;
+    if (!d->is_object()) return r.Error(key, "must be an object or null, got " + r.Shown(*d));
+    if (d->empty()) continue;  // transformers: {} is no scaling
+    HERD_ASSIGN_OR_RETURN(RopeDict parsed, ParseRopeDict(ConfigReader(path, *d, std::string(key) + ".")));
+    dicts.emplace_back(key, std::move(parsed));
+  }
+  if (dicts.size() == 2 &&
+      dicts[0].second.scaling.SerializeAsString() != dicts[1].second.scaling.SerializeAsString()) {
+    return r.Error("rope_scaling", "and \"rope_parameters\" describe different RoPE (" +
+                                       r.Shown(*r.Get("rope_scaling")) + " vs " + r.Shown(*r.Get("rope_parameters")) +
+                                       ")");
+  }
+  double theta = 10000.0;  // LlamaConfig's default
+  std::string theta_from;
+  if (r.Get("rope_theta") != nullptr) {
+    HERD_RETURN_IF_ERROR(r.PositiveNumber("rope_theta", 0, &theta));
+    theta_from = "rope_theta";
+  }
+  for (const auto& [key, dict] : dicts) {
+    if (!dict.theta) continue;
+    if (!theta_from.empty() && *dict.theta != theta) {
+      return Status::InvalidArgument(path + ": \"" + theta_from + "\" " + r.Shown(theta) + " and \"" + key +
+                                     ".rope_theta\" " + r.Shown(*dict.theta) + " disagree");
+    }
+    theta = *dict.theta;
+    theta_from = key + ".rope_theta";
+  }
+  if (const json* p = r.Get("partial_rotary_factor"); p != nullptr && !(p->is_number() && p->get<double>() == 1.0)) {
+    return r.Error("partial_rotary_factor", r.Shown(*p) + " is not supported (herd rotates the whole head)");
+  }
+  m->set_rope_theta(theta);
+  if (!dicts.empty() && dicts[0].second.scaling.rope_type() != config::RopeScaling::DEFAULT) {
+    *m->mutable_rope_scaling() = dicts[0].second.scaling;
+  }
+  return Status::OK();
+}
 
 // config.json -> ModelConfig. Absent optional keys take HF LlamaConfig's
 // defaults, so that a directory means to herd what it means to transformers.
@@ -160,8 +300,7 @@ StatusOr<config::ModelConfig> ParseConfigJson(const std::string& path) {
   HERD_RETURN_IF_ERROR(r.PositiveInt("num_hidden_layers", -1, &layers));
   HERD_RETURN_IF_ERROR(r.PositiveInt("num_attention_heads", -1, &heads));
   HERD_RETURN_IF_ERROR(r.PositiveInt("num_key_value_heads", heads, &kv_heads));
-  double rope_theta, eps, init_range;
-  HERD_RETURN_IF_ERROR(r.PositiveNumber("rope_theta", 10000.0, &rope_theta));
+  double eps, init_range;
   HERD_RETURN_IF_ERROR(r.PositiveNumber("rms_norm_eps", 1e-6, &eps));
   HERD_RETURN_IF_ERROR(r.PositiveNumber("initializer_range", 0.02, &init_range));
   bool tied, attention_bias, mlp_bias;
@@ -176,16 +315,19 @@ StatusOr<config::ModelConfig> ParseConfigJson(const std::string& path) {
       return r.Error("hidden_act", r.Shown(*act) + " is not supported (expected \"silu\")");
     }
   }
-  if (const json* scaling = r.Get("rope_scaling")) {
-    return r.Error("rope_scaling", r.Shown(*scaling) + " is not supported (herd implements plain RoPE; expected null)");
+  if (const json* p = r.Get("attention_dropout"); p != nullptr && !(p->is_number() && p->get<double>() == 0.0)) {
+    return r.Error("attention_dropout", r.Shown(*p) + " is not supported (herd's Llama has no dropout; expected 0)");
   }
+  if (const json* q = r.Get("quantization_config")) {
+    return r.Error("quantization_config", r.Shown(*q) + " is not supported (herd reads F32, BF16 or F16 weights)");
+  }
+  HERD_RETURN_IF_ERROR(ParseRope(path, j, &m));
   m.set_vocab_size(vocab);
   m.set_hidden_size(hidden);
   m.set_intermediate_size(inter);
   m.set_num_hidden_layers(layers);
   m.set_num_attention_heads(heads);
   m.set_num_key_value_heads(kv_heads);
-  m.set_rope_theta(rope_theta);
   m.set_rms_norm_eps(eps);
   m.set_tie_word_embeddings(tied);
   m.set_initializer_range(init_range);
@@ -195,10 +337,7 @@ StatusOr<config::ModelConfig> ParseConfigJson(const std::string& path) {
     m.set_max_position_embeddings(max_positions);
   }
 
-  // The relations herd checks for any job (divisibility, even head_dim).
-  config::JobConfig job;
-  *job.mutable_model() = m;
-  Status st = ValidateJobConfig(job);
+  Status st = ValidateModel(m);
   if (!st.ok()) {
     std::string msg = st.message();
     if (msg.starts_with("model.")) msg = msg.substr(6);
@@ -304,9 +443,7 @@ Status WriteHfDirectory(const std::string& dir_in, const config::ModelConfig& mo
     return Status::InvalidArgument(dir + ": max_position_embeddings must be > 0, got " +
                                    std::to_string(max_position_embeddings));
   }
-  config::JobConfig job;
-  *job.mutable_model() = model;
-  HERD_RETURN_IF_ERROR(ValidateJobConfig(job).WithContext(dir + ": cannot export an invalid model: "));
+  HERD_RETURN_IF_ERROR(ValidateModel(model).WithContext(dir + ": cannot export an invalid model: "));
 
   struct stat st;
   if (::stat(dir.c_str(), &st) == 0) {

@@ -119,7 +119,8 @@ LlamaModel<T>::LlamaModel(const LlamaShape& shape, int max_batch, int max_seq_le
   a.targets.resize(z.tokens);
   a.rope_cos.resize(z.rope);
   a.rope_sin.resize(z.rope);
-  RopeTables(a.rope_cos.data(), a.rope_sin.data(), max_seq_len, shape.head_dim(), shape.rope_theta);
+  RopeTables(a.rope_cos.data(), a.rope_sin.data(), max_seq_len, shape.head_dim(), shape.rope_theta,
+             shape.rope_scaling);
   a.residual.resize(z.residual);
   a.ln1.resize(z.per_layer_d);
   a.ln1_rstd.resize(z.per_layer_rows);

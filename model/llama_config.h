@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "model/rope_scaling.h"
 #include "proto/herd.pb.h"
 
 namespace herd {
@@ -15,6 +16,7 @@ struct LlamaShape {
   int num_heads = 0;
   int num_kv_heads = 0;
   double rope_theta = 10000.0;
+  RopeScaling rope_scaling;  // unset: plain RoPE
   double rms_norm_eps = 1e-5;
   bool tie_word_embeddings = true;
 
@@ -31,6 +33,12 @@ struct LlamaShape {
     s.num_heads = m.num_attention_heads();
     s.num_kv_heads = m.num_key_value_heads();
     s.rope_theta = m.rope_theta();
+    if (m.rope_scaling().rope_type() == config::RopeScaling::LLAMA3) {
+      s.rope_scaling.factor = m.rope_scaling().factor();
+      s.rope_scaling.low_freq_factor = m.rope_scaling().low_freq_factor();
+      s.rope_scaling.high_freq_factor = m.rope_scaling().high_freq_factor();
+      s.rope_scaling.original_max_position_embeddings = m.rope_scaling().original_max_position_embeddings();
+    }
     s.rms_norm_eps = m.rms_norm_eps();
     s.tie_word_embeddings = m.tie_word_embeddings();
     return s;

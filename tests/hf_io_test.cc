@@ -1,6 +1,7 @@
 // safetensors reading/writing and HuggingFace directory interop: round trips,
 // 16-bit conversions, and that every bad input gives one line naming the
 // file (and tensor/key) and leaves nothing behind.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/resource.h>
@@ -16,11 +17,14 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <numbers>
 #include <set>
 #include <nlohmann/json.hpp>
 
+#include "common/config.h"
 #include "common/file_util.h"
 #include "model/checkpoint.h"
+#include "model/cpu/ops.h"
 #include "model/hf_io.h"
 #include "model/param_layout.h"
 #include "model/safetensors.h"
@@ -30,6 +34,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+using ::testing::HasSubstr;
 
 // A fresh directory per test, removed at the end.
 class TempDirTest : public ::testing::Test {
@@ -345,7 +350,9 @@ TEST_F(HfIoTest, HfRoundTripTiedAndUntiedGqa) {
     EXPECT_EQ(c["rope_theta"].get<double>(), 500000.0);
     EXPECT_EQ(c["hidden_act"], "silu");
     EXPECT_TRUE(c["rope_scaling"].is_null());
-    EXPECT_EQ(c["torch_dtype"], "float32");
+    EXPECT_EQ(c["rope_parameters"], json({{"rope_type", "default"}, {"rope_theta", 500000.0}}));
+    EXPECT_EQ(c["dtype"], "float32");
+    EXPECT_FALSE(c.contains("torch_dtype"));  // transformers 4.56+ warns that it is deprecated
 
     auto f = SafetensorsFile::Open(Path(dir + "/model.safetensors"));
     ASSERT_TRUE(f.ok());
@@ -482,8 +489,8 @@ TEST_F(HfIoTest, HfConfigValidation) {
       {[](json& j) { j["rms_norm_eps"] = "tiny"; }, {"\"rms_norm_eps\"", "positive number"}},
       {[](json& j) { j["tie_word_embeddings"] = 1; }, {"\"tie_word_embeddings\"", "true or false"}},
       {[](json& j) { j["hidden_act"] = "gelu"; }, {"\"hidden_act\"", "gelu", "silu"}},
-      {[](json& j) { j["rope_scaling"] = {{"type", "llama3"}, {"factor", 8.0}}; },
-       {"\"rope_scaling\"", "llama3", "not supported"}},
+      {[](json& j) { j["rope_scaling"] = {{"type", "yarn"}, {"factor", 8.0}}; },
+       {"\"rope_scaling.type\"", "yarn", "not supported"}},
       {[](json& j) { j["attention_bias"] = true; }, {"\"attention_bias\"", "not supported"}},
       {[](json& j) { j["mlp_bias"] = true; }, {"\"mlp_bias\"", "not supported"}},
       {[](json& j) { j["head_dim"] = 8; }, {"\"head_dim\"", "8", "4"}},
@@ -505,7 +512,8 @@ TEST_F(HfIoTest, HfConfigValidation) {
   WriteBytes(cfg, original);
   EditConfig(Path("m"), [](json& j) {
     for (const char* k : {"model_type", "num_key_value_heads", "rope_theta", "rms_norm_eps", "head_dim",
-                          "attention_bias", "mlp_bias", "rope_scaling", "hidden_act", "initializer_range"}) {
+                          "attention_bias", "mlp_bias", "rope_scaling", "rope_parameters", "hidden_act",
+                          "initializer_range"}) {
       j.erase(k);
     }
   });
@@ -516,6 +524,289 @@ TEST_F(HfIoTest, HfConfigValidation) {
   ASSERT_TRUE(hf.ok()) << hf.status().message();
   EXPECT_EQ(hf->model.rope_theta(), 10000.0);
   EXPECT_EQ(hf->model.rms_norm_eps(), 1e-6);
+}
+
+// ------------------------------------------------------------------ RoPE in config.json
+
+config::RopeScaling Llama31Scaling() {
+  config::RopeScaling rs;
+  rs.set_rope_type(config::RopeScaling::LLAMA3);
+  rs.set_factor(8.0);
+  rs.set_low_freq_factor(1.0);
+  rs.set_high_freq_factor(4.0);
+  rs.set_original_max_position_embeddings(8192);
+  return rs;
+}
+
+// Both forms of config.json (transformers 4.x: rope_theta + rope_scaling;
+// 5.x: rope_parameters), as the two versions' save_pretrained write them,
+// give one ModelConfig.
+TEST_F(HfIoTest, HfConfigReadsBothRopeForms) {
+  WriteModel("m", true);
+  const std::string original = ReadBytes(Path("m/config.json"));
+  const json llama3 = {{"rope_type", "llama3"},
+                       {"factor", 8.0},
+                       {"low_freq_factor", 1.0},
+                       {"high_freq_factor", 4.0},
+                       {"original_max_position_embeddings", 8192}};
+  json llama3_5x = llama3;
+  llama3_5x["rope_theta"] = 500000.0;
+  json legacy = llama3;  // transformers < 4.43 spelt rope_type "type"
+  legacy.erase("rope_type");
+  legacy["type"] = "llama3";
+  struct Case {
+    const char* name;
+    std::function<void(json&)> edit;
+    double theta;
+    bool scaled;
+  };
+  const std::vector<Case> cases = {
+      {"5.x default", [](json& j) { j["rope_parameters"] = {{"rope_theta", 500000.0}, {"rope_type", "default"}}; },
+       500000.0, false},
+      {"5.x theta only", [](json& j) { j["rope_parameters"] = {{"rope_theta", 250000.0}}; }, 250000.0, false},
+      {"5.x llama3", [&](json& j) { j["rope_parameters"] = llama3_5x; }, 500000.0, true},
+      {"4.x default", [](json& j) { j["rope_theta"] = 500000.0; j["rope_scaling"] = nullptr; }, 500000.0, false},
+      {"4.x llama3", [&](json& j) { j["rope_theta"] = 500000.0; j["rope_scaling"] = llama3; }, 500000.0, true},
+      {"4.x legacy type", [&](json& j) { j["rope_theta"] = 500000.0; j["rope_scaling"] = legacy; }, 500000.0, true},
+      {"4.x empty scaling", [](json& j) { j["rope_theta"] = 500000.0; j["rope_scaling"] = json::object(); },
+       500000.0, false},
+      {"both forms",
+       [&](json& j) {
+         j["rope_theta"] = 500000.0;
+         j["rope_scaling"] = llama3;
+         j["rope_parameters"] = llama3_5x;
+       },
+       500000.0, true},
+      {"neither", [](json&) {}, 10000.0, false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    WriteBytes(Path("m/config.json"), original);
+    EditConfig(Path("m"), [&](json& j) {
+      for (const char* k : {"rope_theta", "rope_scaling", "rope_parameters"}) j.erase(k);
+      c.edit(j);
+    });
+    auto hf = ReadHfDirectory(Path("m"));
+    ASSERT_TRUE(hf.ok()) << hf.status().message();
+    EXPECT_EQ(hf->model.rope_theta(), c.theta);
+    EXPECT_EQ(hf->model.has_rope_scaling(), c.scaled);
+    if (c.scaled) EXPECT_EQ(hf->model.rope_scaling().SerializeAsString(), Llama31Scaling().SerializeAsString());
+  }
+}
+
+// Every key that changes the model in a way herd does not implement: one
+// line naming config.json and the key.
+TEST_F(HfIoTest, HfConfigRefusesWhatHerdDoesNotImplement) {
+  WriteModel("m", true);
+  const std::string original = ReadBytes(Path("m/config.json"));
+  const std::string cfg = Path("m/config.json");
+  const json llama3 = {{"rope_type", "llama3"},
+                       {"factor", 8.0},
+                       {"low_freq_factor", 1.0},
+                       {"high_freq_factor", 4.0},
+                       {"original_max_position_embeddings", 8192}};
+  auto without = [&](const char* key) {
+    json d = llama3;
+    d.erase(key);
+    return d;
+  };
+  auto with = [&](const char* key, const json& value) {
+    json d = llama3;
+    d[key] = value;
+    return d;
+  };
+  struct Case {
+    std::function<void(json&)> edit;
+    std::vector<std::string> needles;
+  };
+  const std::vector<Case> cases = {
+      {[](json& j) { j["rope_parameters"] = {{"rope_type", "linear"}, {"factor", 2.0}, {"rope_theta", 1e4}}; },
+       {"\"rope_parameters.rope_type\"", "\"linear\" is not supported"}},
+      {[](json& j) { j["rope_parameters"] = {{"rope_type", "dynamic"}, {"factor", 2.0}}; },
+       {"\"rope_parameters.rope_type\"", "dynamic"}},
+      {[](json& j) { j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}}; },
+       {"\"rope_scaling.rope_type\"", "yarn"}},
+      {[](json& j) { j["rope_scaling"] = {{"rope_type", "longrope"}}; }, {"\"rope_scaling.rope_type\"", "longrope"}},
+      {[](json& j) { j["rope_scaling"] = {{"rope_type", 3}}; }, {"\"rope_scaling.rope_type\"", "string"}},
+      {[](json& j) { j["rope_scaling"] = "llama3"; }, {"\"rope_scaling\"", "object"}},
+      {[&](json& j) { j["rope_scaling"] = without("low_freq_factor"); },
+       {"\"rope_scaling.low_freq_factor\"", "required", "llama3"}},
+      {[&](json& j) { j["rope_parameters"] = without("original_max_position_embeddings"); },
+       {"\"rope_parameters.original_max_position_embeddings\"", "required"}},
+      {[&](json& j) { j["rope_parameters"] = with("attention_factor", 0.5); },
+       {"\"rope_parameters.attention_factor\"", "not supported with rope_type \"llama3\""}},
+      {[&](json& j) { j["rope_parameters"] = with("factor", -8.0); }, {"\"rope_parameters.factor\"", "positive"}},
+      {[&](json& j) { j["rope_parameters"] = with("high_freq_factor", 1.0); },
+       {"\"rope_parameters.high_freq_factor\"", "greater than low_freq_factor"}},
+      {[&](json& j) { j["rope_parameters"] = with("original_max_position_embeddings", 8192.5); },
+       {"\"rope_parameters.original_max_position_embeddings\"", "positive integer"}},
+      {[](json& j) { j["rope_parameters"] = {{"rope_type", "default"}, {"factor", 8.0}}; },
+       {"\"rope_parameters.factor\"", "not supported with rope_type \"default\""}},
+      {[](json& j) { j["rope_parameters"] = {{"full_attention", {{"rope_type", "default"}}}}; },
+       {"\"rope_parameters.full_attention\""}},
+      {[](json& j) { j["rope_parameters"] = {{"rope_type", "default"}, {"partial_rotary_factor", 0.5}}; },
+       {"\"rope_parameters.partial_rotary_factor\"", "0.5"}},
+      {[](json& j) { j["partial_rotary_factor"] = 0.25; }, {"\"partial_rotary_factor\"", "0.25"}},
+      // The two forms disagree: transformers 4.x and 5.x would read different models.
+      {[](json& j) { j["rope_theta"] = 10000.0; j["rope_parameters"] = {{"rope_theta", 500000.0}}; },
+       {"\"rope_theta\" 10000.0", "\"rope_parameters.rope_theta\" 500000.0", "disagree"}},
+      {[&](json& j) { j["rope_scaling"] = llama3; j["rope_parameters"] = with("factor", 32.0); },
+       {"\"rope_scaling\" and \"rope_parameters\"", "32.0"}},
+      {[](json& j) { j["rope_scaling"] = {{"rope_theta", 1e4}}; j["rope_parameters"] = {{"rope_theta", 5e5}}; },
+       {"\"rope_scaling.rope_theta\" 10000.0", "\"rope_parameters.rope_theta\" 500000.0"}},
+      {[](json& j) { j["attention_dropout"] = 0.1; }, {"\"attention_dropout\"", "0.1", "dropout"}},
+      {[](json& j) { j["quantization_config"] = {{"quant_method", "gptq"}}; }, {"\"quantization_config\"", "gptq"}},
+      {[](json& j) { j["head_dim"] = 8; }, {"\"head_dim\"", "8", "4"}},
+      {[](json& j) { j["attention_bias"] = true; }, {"\"attention_bias\""}},
+      {[](json& j) { j["mlp_bias"] = true; }, {"\"mlp_bias\""}},
+      {[](json& j) { j["hidden_act"] = "gelu_pytorch_tanh"; }, {"\"hidden_act\"", "gelu_pytorch_tanh"}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.needles[0]);
+    WriteBytes(cfg, original);
+    EditConfig(Path("m"), [&](json& j) {
+      for (const char* k : {"rope_theta", "rope_scaling", "rope_parameters"}) j.erase(k);
+      c.edit(j);
+    });
+    Status st = ReadHfDirectory(Path("m")).status();
+    ASSERT_FALSE(st.ok());
+    EXPECT_EQ(st.message().find('\n'), std::string::npos) << st.message();
+    EXPECT_THAT(st.message(), HasSubstr(cfg + ": "));
+    for (const std::string& n : c.needles) EXPECT_THAT(st.message(), HasSubstr(n));
+  }
+  // Keys that do not change the model pass.
+  WriteBytes(cfg, original);
+  EditConfig(Path("m"), [](json& j) {
+    j["attention_dropout"] = 0.0;
+    j["pretraining_tp"] = 1;
+    j["use_cache"] = true;
+    j["partial_rotary_factor"] = 1.0;
+    j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 500000.0}, {"partial_rotary_factor", 1.0}};
+    j["transformers_version"] = "5.23.0";
+    j["bos_token_id"] = 1;
+    j["pad_token_id"] = nullptr;
+    j["dtype"] = "bfloat16";
+  });
+  auto hf = ReadHfDirectory(Path("m"));
+  ASSERT_TRUE(hf.ok()) << hf.status().message();
+}
+
+// Export writes both forms; import reads the model back, scaling included.
+TEST_F(HfIoTest, HfLlama3ScalingRoundTrip) {
+  config::ModelConfig model = SmallModel(false);
+  *model.mutable_rope_scaling() = Llama31Scaling();
+  const ParamLayout layout(LlamaShape::FromConfig(model));
+  std::vector<float> w = ExactWeights(layout);
+  ASSERT_TRUE(WriteHfDirectory(Path("m"), model, w.data(), 64).ok());
+  json c = json::parse(ReadBytes(Path("m/config.json")));
+  const json llama3 = {{"rope_type", "llama3"},
+                       {"factor", 8.0},
+                       {"low_freq_factor", 1.0},
+                       {"high_freq_factor", 4.0},
+                       {"original_max_position_embeddings", 8192}};
+  EXPECT_EQ(c["rope_theta"].get<double>(), 500000.0);
+  EXPECT_EQ(c["rope_scaling"], llama3);
+  json with_theta = llama3;
+  with_theta["rope_theta"] = 500000.0;
+  EXPECT_EQ(c["rope_parameters"], with_theta);
+  auto hf = ReadHfDirectory(Path("m"));
+  ASSERT_TRUE(hf.ok()) << hf.status().message();
+  model.set_max_position_embeddings(64);  // kept from config.json
+  EXPECT_EQ(hf->model.SerializeAsString(), model.SerializeAsString());
+  EXPECT_EQ(hf->params, w);
+
+  // Only the 5.x form, or only the 4.x one: the same model.
+  for (const char* drop : {"rope_scaling", "rope_parameters"}) {
+    SCOPED_TRACE(drop);
+    ASSERT_TRUE(WriteHfDirectory(Path("m"), model, w.data(), 64).ok());
+    EditConfig(Path("m"), [&](json& j) {
+      j.erase(drop);
+      if (std::string(drop) == "rope_scaling") j.erase("rope_theta");
+    });
+    hf = ReadHfDirectory(Path("m"));
+    ASSERT_TRUE(hf.ok()) << hf.status().message();
+    EXPECT_EQ(hf->model.SerializeAsString(), model.SerializeAsString());
+  }
+}
+
+TEST(RopeScalingConfig, Validation) {
+  config::JobConfig job;
+  *job.mutable_model()->mutable_rope_scaling() = Llama31Scaling();
+  EXPECT_TRUE(ValidateJobConfig(job).ok());
+  struct Case {
+    std::function<void(config::RopeScaling&)> edit;
+    std::string needle;
+  };
+  const std::vector<Case> cases = {
+      {[](config::RopeScaling& r) { r.set_factor(0); }, "model.rope_scaling.factor"},
+      {[](config::RopeScaling& r) { r.set_low_freq_factor(-1); }, "model.rope_scaling.low_freq_factor"},
+      {[](config::RopeScaling& r) { r.set_high_freq_factor(1); }, "model.rope_scaling.high_freq_factor"},
+      {[](config::RopeScaling& r) { r.set_original_max_position_embeddings(0); },
+       "model.rope_scaling.original_max_position_embeddings"},
+      {[](config::RopeScaling& r) { r.set_rope_type(config::RopeScaling::DEFAULT); }, "model.rope_scaling.rope_type"},
+  };
+  for (const Case& c : cases) {
+    config::JobConfig bad = job;
+    c.edit(*bad.mutable_model()->mutable_rope_scaling());
+    Status st = ValidateJobConfig(bad);
+    ASSERT_FALSE(st.ok()) << c.needle;
+    EXPECT_THAT(st.message(), HasSubstr(c.needle));
+  }
+  job.mutable_model()->mutable_rope_scaling()->Clear();  // DEFAULT, nothing else: plain RoPE
+  EXPECT_TRUE(ValidateJobConfig(job).ok());
+}
+
+// The llama3 tables against transformers' formula evaluated in double
+// precision: wavelen = 2π/inv_freq; inv_freq/factor above
+// original_max/low_freq_factor, unchanged below original_max/high_freq_factor,
+// smooth interpolation between.
+template <typename T>
+void CheckLlama3Tables(double tolerance) {
+  const int64_t hd = 16, half = hd / 2, len = 300;
+  const double theta = 500000.0;
+  RopeScaling s;
+  s.factor = 8.0;
+  s.low_freq_factor = 1.0;
+  s.high_freq_factor = 4.0;
+  s.original_max_position_embeddings = 64;  // wavelengths 6.3, 32.6, 169, ...: all three bands
+  std::vector<T> cos(len * half), sin(len * half), plain_cos(len * half), plain_sin(len * half);
+  cpu::RopeTables(cos.data(), sin.data(), len, hd, theta, s);
+  cpu::RopeTables(plain_cos.data(), plain_sin.data(), len, hd, theta);
+  int bands[3] = {0, 0, 0};
+  for (int64_t i = 0; i < half; ++i) {
+    const double inv_freq = std::pow(theta, -2.0 * i / hd);
+    const double wavelen = 2 * std::numbers::pi / inv_freq;
+    const double low_wavelen = 64 / 1.0, high_wavelen = 64 / 4.0;
+    double expected;
+    if (wavelen < high_wavelen) {
+      expected = inv_freq;
+      ++bands[0];
+    } else if (wavelen > low_wavelen) {
+      expected = inv_freq / 8.0;
+      ++bands[2];
+    } else {
+      const double smooth = (64 / wavelen - 1.0) / (4.0 - 1.0);
+      expected = (1 - smooth) * inv_freq / 8.0 + smooth * inv_freq;
+      ++bands[1];
+    }
+    for (int64_t t = 0; t < len; ++t) {
+      ASSERT_NEAR(cos[t * half + i], std::cos(t * expected), tolerance) << "i=" << i << " t=" << t;
+      ASSERT_NEAR(sin[t * half + i], std::sin(t * expected), tolerance) << "i=" << i << " t=" << t;
+      if (wavelen < high_wavelen) {  // the kept band is the plain table, bit for bit
+        ASSERT_EQ(cos[t * half + i], plain_cos[t * half + i]);
+        ASSERT_EQ(sin[t * half + i], plain_sin[t * half + i]);
+      }
+    }
+  }
+  EXPECT_EQ(bands[0], 1);
+  EXPECT_EQ(bands[1], 1);
+  EXPECT_EQ(bands[2], 6);
+}
+
+TEST(RopeTables, Llama3ScalingMatchesTransformersFormula) {
+  CheckLlama3Tables<double>(1e-12);
+  // fp32: the angle t * inv_freq (t < 300) carries float32 rounding.
+  CheckLlama3Tables<float>(5e-5);
 }
 
 // Runs `fn` with writes beyond `bytes` failing (EFBIG), as on a full disk.

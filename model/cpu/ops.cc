@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numbers>
 
 #include "model/cpu/vec_math.h"
 
@@ -128,14 +129,36 @@ void MatmulBackward(T* din, T* dweight, const T* dout, const T* in, const T* wei
 
 // ---------------------------------------------------------------- RoPE
 
+namespace {
+
+// transformers' _compute_llama3_parameters for one frequency, operation for
+// operation in the working precision (torch evaluates `scalar / tensor` as
+// tensor.reciprocal() * scalar).
 template <typename T>
-void RopeTables(T* cos, T* sin, int64_t T_, int64_t head_dim, double theta) {
+T Llama3InvFreq(T inv_freq, const RopeScaling& s) {
+  const T factor = static_cast<T>(s.factor);
+  const T low_freq_wavelen = static_cast<T>(s.original_max_position_embeddings / s.low_freq_factor);
+  const T high_freq_wavelen = static_cast<T>(s.original_max_position_embeddings / s.high_freq_factor);
+  const T wavelen = (T(1) / inv_freq) * static_cast<T>(2 * std::numbers::pi);
+  const T scaled = wavelen > low_freq_wavelen ? inv_freq / factor : inv_freq;
+  if (wavelen < high_freq_wavelen || wavelen > low_freq_wavelen) return scaled;
+  const T smooth = ((T(1) / wavelen) * static_cast<T>(s.original_max_position_embeddings) -
+                    static_cast<T>(s.low_freq_factor)) /
+                   static_cast<T>(s.high_freq_factor - s.low_freq_factor);
+  return (T(1) - smooth) * scaled / factor + smooth * scaled;
+}
+
+}  // namespace
+
+template <typename T>
+void RopeTables(T* cos, T* sin, int64_t T_, int64_t head_dim, double theta, const RopeScaling& scaling) {
   // Same arithmetic as HF's LlamaRotaryEmbedding in the working precision:
   // inv_freq = 1 / theta^(2i/hd), angle = t * inv_freq, then cos/sin.
   const int64_t half = head_dim / 2;
   for (int64_t i = 0; i < half; ++i) {
     T exponent = static_cast<T>(2 * i) / static_cast<T>(head_dim);
     T inv_freq = T(1) / std::pow(static_cast<T>(theta), exponent);
+    if (scaling.llama3()) inv_freq = Llama3InvFreq(inv_freq, scaling);
     for (int64_t t = 0; t < T_; ++t) {
       T angle = static_cast<T>(t) * inv_freq;
       cos[t * half + i] = static_cast<T>(std::cos(static_cast<double>(angle)));
@@ -347,7 +370,7 @@ void CrossEntropyBackward(T* dlogits, const T* logits, const int32_t* targets, i
   template void RmsNormBackward<T>(T*, T*, const T*, const T*, const T*, const T*, int64_t, int64_t);              \
   template void MatmulForward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t);                               \
   template void MatmulBackward<T>(T*, T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, bool);          \
-  template void RopeTables<T>(T*, T*, int64_t, int64_t, double);                                                   \
+  template void RopeTables<T>(T*, T*, int64_t, int64_t, double, const RopeScaling&);                               \
   template void RopeForward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t);                        \
   template void RopeBackward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t);                       \
   template void AttentionForward<T>(T*, T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t,      \

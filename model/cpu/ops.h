@@ -13,6 +13,8 @@
 
 #include <cstdint>
 
+#include "model/rope_scaling.h"
+
 namespace herd::cpu {
 
 // out[i, :] = table[tokens[i], :] for i < N; table is [vocab, C].
@@ -40,9 +42,10 @@ void MatmulBackward(T* din, T* dweight, const T* dout, const T* in, const T* wei
                     int64_t Cout, bool accumulate_din = false);
 
 // Rotary tables for positions [0, T): cos/sin[t, hd/2], HF's inv_freq =
-// theta^(-2i/hd).
+// theta^(-2i/hd), rescaled as transformers' "llama3" rope type does when
+// `scaling` is set.
 template <typename T>
-void RopeTables(T* cos, T* sin, int64_t T_, int64_t head_dim, double theta);
+void RopeTables(T* cos, T* sin, int64_t T_, int64_t head_dim, double theta, const RopeScaling& scaling = {});
 // In place on x[B, T, heads, hd], HF rotate-half convention:
 // x1 = x[..., :hd/2], x2 = x[..., hd/2:]; out = (x1 c - x2 s, x2 c + x1 s).
 template <typename T>

@@ -126,7 +126,7 @@ CudaLlamaModel<T>::CudaLlamaModel(const LlamaShape& shape, int max_batch, int ma
   b.host_losses.resize(b.N);
   // The CPU's fp32 tables, so both devices rotate by the same angles.
   std::vector<float> cos(z.rope), sin(z.rope);
-  cpu::RopeTables(cos.data(), sin.data(), max_seq_len, shape.head_dim(), shape.rope_theta);
+  cpu::RopeTables(cos.data(), sin.data(), max_seq_len, shape.head_dim(), shape.rope_theta, shape.rope_scaling);
   HERD_CUDA_CHECK(cudaMemcpy(b.rope_cos, cos.data(), cos.size() * 4, cudaMemcpyHostToDevice));
   HERD_CUDA_CHECK(cudaMemcpy(b.rope_sin, sin.data(), sin.size() * 4, cudaMemcpyHostToDevice));
 }
