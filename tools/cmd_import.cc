@@ -39,6 +39,10 @@ Status Import(const std::string& hf_dir, std::string out, int64_t step) {
 
   config::JobConfig job;
   *job.mutable_model() = hf.model;
+  // The checkpoint's config is a complete job: its train.seq_len (a
+  // default here) stays within the model's positions.
+  const int max_positions = hf.model.max_position_embeddings();
+  if (max_positions > 0 && job.train().seq_len() > max_positions) job.mutable_train()->set_seq_len(max_positions);
   HERD_RETURN_IF_ERROR(ValidateJobConfig(job).WithContext(hf_dir + ": "));
   const ParamLayout layout(LlamaShape::FromConfig(hf.model));
   ShardState shard;

@@ -197,11 +197,18 @@ class UcxTransport::Impl {
     if (!thread_.joinable()) return;
     RunOnThread([this] {
       std::vector<void*> closing;
+      // After a failure of the job, endpoints may be anywhere in their
+      // wire-up with peers that are gone or going; closing them then trips
+      // UCX 1.13's assertions (ucp_ep_close_nbx on an endpoint that
+      // receives a wire-up reply). Nothing is left to flush: the process
+      // is about to exit, which releases them all.
+      if (!aborted_.ok()) stuck_ = true;
       for (auto& [id, peer] : peers_) {
+        if (stuck_) break;
         if (peer->ep == nullptr) continue;
         ucp_request_param_t p{};
         p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-        p.flags = (!peer->failure.ok() || !aborted_.ok()) ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+        p.flags = !peer->failure.ok() ? UCP_EP_CLOSE_FLAG_FORCE : 0;
         ucs_status_ptr_t r = ucp_ep_close_nbx(peer->ep, &p);
         peer->ep = nullptr;
         if (UCS_PTR_IS_PTR(r)) closing.push_back(r);
@@ -218,7 +225,7 @@ class UcxTransport::Impl {
         }
         ucp_request_free(r);
       }
-      if (stuck_) LOG(WARNING) << "UCX: endpoints did not close within 2 s; leaving them to process exit";
+      if (stuck_ && aborted_.ok()) LOG(WARNING) << "UCX: endpoints did not close within 2 s; leaving them to process exit";
       // Completions of cancelled operations belong to a service being torn down.
       completions_.clear();
       for (auto& slot : slots_) slot->handler = nullptr;
@@ -585,7 +592,9 @@ class UcxTransport::Impl {
   };
   std::map<uintptr_t, Region> regions_;
   Status aborted_;
-  bool stuck_ = false;  // an endpoint would not close: do not destroy the worker
+  // The job failed, or an endpoint would not close: endpoints and the
+  // worker are left to the process's exit.
+  bool stuck_ = false;
   UcxStats stats_;
 };
 
