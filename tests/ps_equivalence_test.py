@@ -4,6 +4,10 @@
   train 30 steps with losses within 1e-5 relative of one process on the
   same global batch (batch 8), and their exported HF directories match the
   single process's (same config.json, every tensor within 1e-5);
+* their gradient norms match the single process's within what the
+  arithmetic guarantees (derived at GRADIENT NORMS below: the rounding
+  bound where both runs are in the same state, plus the weights' drift
+  times the norm's sensitivity to it along the run);
 * the same PS run twice is bitwise identical (metrics and shard files);
 * stop at step 10, --resume to 30: bitwise equal to the uninterrupted run;
 * a step directory whose manifest is missing is never loaded;
@@ -18,6 +22,49 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import herdtest  # noqa: E402
 
 STEPS = 30
+
+# GRADIENT NORMS. With W=2 each step's N = 8 x 32 = 256 tokens are split
+# over two workers: every gradient element is the same sum of per-token
+# terms c_n as in one process, added in another order (one BLAS reduction
+# over 256 tokens there; two over 128 and the server's add here; the
+# RMSNorm weights and embedding rows likewise). With OpenBLAS's Haswell
+# and Zen sgemm kernels (the AVX2 machines) a row's result also depends on
+# how many rows the call has, so the c_n themselves differ by an ulp or so;
+# its SkylakeX kernels (AVX-512) give the same rows whatever the split.
+#
+# Same state (step 1: same weights, zero moments, same batch). Rounding
+# alone: |‖g_ps‖ - ‖g‖| <= ‖g_ps - g‖ <= 2 γ_N ‖Σ_n |c_n|‖ = 2 γ_N R ‖g‖,
+# γ_N = N u / (1 - N u), u = 2^-24. R, how much the terms cancel, grows as
+# the model learns: 1.8-9.0 over the 30 steps of this run (2.4 at step 1,
+# 5.8 at the trained weights of the init_from runs; float64, PyTorch
+# reference). R <= 10 gives SAME_STATE = 3.1e-4. The AVX2 kernels' per-row
+# differences are outside that bound; measured, the same-state difference
+# is no larger with them than with SkylakeX's (<= 1.1e-7 on both).
+#
+# Later steps compare norms taken at different weights. Each step's
+# rounding differences, which Adam's m / sqrt(v) carries into the weights
+# (most where v is small), add up to a drift ‖Δw‖ of 1.3e-6 after step 1
+# and 2.6-2.8e-6 after step 30 (‖w‖ = 20), the same with either kernel set.
+# To first order |Δ‖g_t‖| <= ‖∇_w ‖g_t‖‖ ‖Δw‖, and the sensitivity
+# S_t = ‖∇_w ‖g_t‖‖ / ‖g_t‖ (float64 Hessian-vector products) is 0.8-13 at
+# most steps but 61 at step 9 and 307 at step 29. There a capital letter
+# opens a sequence (no newline before it) through an embedding row that
+# has barely trained ('J': rms 0.022, so 1 / rms = 45 in the first
+# RMSNorm's backward); that row's gradient is the batch's largest (0.26 of
+# 0.60) and hangs on the first layer's MLP weights. So at every step the
+# norms agree within SAME_STATE + S_MAX ‖Δw‖, with ‖Δw‖ measured on the
+# exported weights (it grew at every step, with either kernel set): about
+# 1.1e-3. Where a run lands inside that depends on the drift's direction,
+# which the BLAS kernels decide: at step 29, 3.0e-5 with the Haswell/Zen
+# kernels (over the 1e-5 this test used to ask at every step), 7.6e-7
+# with SkylakeX's. The loss is better conditioned (its sensitivity is
+# ‖g_t‖: |ΔL_t| / L_t <= ‖g_t‖ ‖Δw‖ / L_t <= 7.4e-7), hence 1e-5 at every
+# step. S_MAX and R belong to this model, data and seed: change those and
+# measure them again.
+TOKENS = 8 * 32
+GAMMA = TOKENS * 2.0 ** -24 / (1 - TOKENS * 2.0 ** -24)
+SAME_STATE = 2 * GAMMA * 10  # R <= 10
+S_MAX = 310.0
 
 
 def metrics(path):
@@ -71,6 +118,7 @@ def main():
 
     single = metrics(sb.path("single.jsonl"))
     assert [m["step"] for m in single] == list(range(1, STEPS + 1))
+    sb.run("export", sb.path("single"), "--out", "single_hf")
     worst = {}
     for name in ("ps22", "ps31"):
         run = metrics(sb.path(name + ".jsonl"))
@@ -78,22 +126,34 @@ def main():
         rel = max(abs(r["loss"] - s["loss"]) / abs(s["loss"]) for r, s in zip(run, single))
         assert rel < 1e-5, f"{name}: loss differs from the single process by {rel:.3g} relative"
         assert all(r["lr"] == s["lr"] for r, s in zip(run, single)), name
-        norm = max(abs(r["grad_norm"] - s["grad_norm"]) / s["grad_norm"] for r, s in zip(run, single))
-        assert norm < 1e-5, f"{name}: gradient norm differs by {norm:.3g} relative"
         # Export of the PS checkpoint = the single process's HF directory.
         sb.run("export", sb.path(name), "--out", name + "_hf")
-        if name == "ps22":
-            sb.run("export", sb.path("single"), "--out", "single_hf")
         with open(sb.path(name + "_hf", "config.json")) as f, open(sb.path("single_hf", "config.json")) as g:
             assert json.load(f) == json.load(g), f"{name}: exported config.json differs"
         mine, ref = (read_safetensors(sb.path(d, "model.safetensors")) for d in (name + "_hf", "single_hf"))
         assert mine.keys() == ref.keys(), name
-        diff = 0.0
+        diff = drift2 = 0.0
         for k in ref:
             assert mine[k][:2] == ref[k][:2], k
             diff = max(diff, max(abs(x - y) for x, y in zip(mine[k][2], ref[k][2])))
+            drift2 += sum((x - y) ** 2 for x, y in zip(mine[k][2], ref[k][2]))
         assert diff < 1e-5, f"{name}: exported weights differ by up to {diff:.3g}"
-        worst[name] = (rel, diff)
+        # Gradient norms: see GRADIENT NORMS at the top.
+        norm = [abs(r["grad_norm"] - s["grad_norm"]) / s["grad_norm"] for r, s in zip(run, single)]
+        t = max(range(STEPS), key=norm.__getitem__)
+        if name == "ps31":
+            # One worker with the whole batch computes the single process's
+            # gradients bit for bit: the same run, but for the grouping of
+            # the sum of squares (in double) over 3 servers.
+            assert norm[t] < 1e-5, f"{name}: gradient norm differs by {norm[t]:.3g} relative at step {t + 1}"
+        else:
+            assert norm[0] < SAME_STATE, f"{name}: step 1 gradient norm differs by {norm[0]:.3g} relative"
+            bound = SAME_STATE + S_MAX * drift2 ** 0.5
+            assert norm[t] < bound, (f"{name}: gradient norm differs by {norm[t]:.3g} relative at step {t + 1}, "
+                                     f"beyond {bound:.3g} for a weight drift of {drift2 ** 0.5:.3g}")
+        worst[name] = (rel, diff, norm[t], t + 1)
+        if name == "ps22":
+            worst["bound"] = (drift2 ** 0.5, bound)
 
     # Reruns and resumes are bitwise identical.
     key = lambda m: (m["step"], m["loss"], m["grad_norm"], m["lr"])  # noqa: E731
@@ -128,6 +188,10 @@ def main():
     assert init_single[0]["loss"] < single[0]["loss"] - 1.0, "init_from did not start from the trained model"
     for r, s in zip(init_ps, init_single):
         assert abs(r["loss"] - s["loss"]) / s["loss"] < 1e-5, (r, s)
+    # Step 1 from the same trained weights: the same state, a norm within
+    # rounding (GRADIENT NORMS).
+    init_norm = abs(init_ps[0]["grad_norm"] - init_single[0]["grad_norm"]) / init_single[0]["grad_norm"]
+    assert init_norm < SAME_STATE, f"init_from: step 1 gradient norm differs by {init_norm:.3g} relative"
     assert [m["loss"] for m in init_ps] == [m["loss"] for m in init_ckpt], "HF dir and checkpoint start differ"
     wrong = herdtest.tiny_config("train.bin", steps=5, extra=ps.format(2, 2, "")).replace("hidden_size: 64",
                                                                                           "hidden_size: 32")
@@ -146,9 +210,10 @@ def main():
     p = sb.run("launch", job("ps22_split", 4, ps.format(2, 2, "")), "--resume", check=False)
     assert p.returncode != 0 and "no complete checkpoint" in p.stderr, p.stderr
 
-    print("ps_equivalence: S=2 W=2 loss rel %.2g, weights %.2g; S=3 W=1 loss rel %.2g, weights %.2g; "
+    print("ps_equivalence: S=2 W=2 loss rel %.2g, weights %.2g, grad norm %.2g (step %d; drift %.2g, bound %.2g); "
+          "S=3 W=1 loss rel %.2g, weights %.2g, grad norm %.2g (step %d); init_from grad norm %.2g; "
           "bf16 wire loss rel %.2g; rerun and 10+20 resume bitwise equal" %
-          (worst["ps22"] + worst["ps31"] + (bf16_rel,)))
+          (worst["ps22"] + worst["bound"] + worst["ps31"] + (init_norm, bf16_rel)))
     shutil.rmtree(sb.dir)
 
 
