@@ -81,6 +81,26 @@ def listing(root):
     return sorted(out)
 
 
+def ensure_venv(build, name, *packages):
+    """BUILD/NAME, a venv on top of Debian's python3 (and its torch) with
+    `packages` from PyPI, made once; exits 77 (skipped) where PyPI cannot be
+    reached. Returns its python."""
+    venv = os.path.join(build, name)
+    py = os.path.join(venv, "bin", "python")
+    ok = os.path.join(venv, ".herd_ok")
+    if os.path.exists(ok):
+        return py
+    try:
+        subprocess.run(["/usr/bin/python3", "-m", "venv", "--system-site-packages", venv], check=True,
+                       capture_output=True)
+        subprocess.run([py, "-m", "pip", "install", "-q", *packages], check=True, capture_output=True, timeout=900)
+    except (subprocess.SubprocessError, OSError) as e:
+        print(f"SKIPPED: cannot install {' '.join(packages)} into {venv}: {e}")
+        sys.exit(77)
+    open(ok, "w").close()
+    return py
+
+
 def snapshot(root):
     """Every file under root with its MD5: what must not change."""
     out = {}

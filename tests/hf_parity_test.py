@@ -15,28 +15,10 @@ import herdtest  # noqa: E402
 TRANSFORMERS = "transformers==4.44.2"
 
 
-def ensure_venv(build):
-    venv = os.path.join(build, "pyenv")
-    py = os.path.join(venv, "bin", "python")
-    ok = os.path.join(venv, ".herd_ok")
-    if os.path.exists(ok):
-        return py
-    try:
-        subprocess.run(["/usr/bin/python3", "-m", "venv", "--system-site-packages", venv], check=True,
-                       capture_output=True)
-        subprocess.run([py, "-m", "pip", "install", "-q", TRANSFORMERS, "safetensors"], check=True,
-                       capture_output=True, timeout=600)
-    except (subprocess.SubprocessError, OSError) as e:
-        print(f"SKIPPED: cannot install {TRANSFORMERS} into {venv}: {e}")
-        sys.exit(77)
-    open(ok, "w").close()
-    return py
-
-
 def main():
     a = herdtest.parse_args()
     if os.environ.get("HERD_HF_PARITY_CHILD") != "1":
-        py = ensure_venv(a.build)
+        py = herdtest.ensure_venv(a.build, "pyenv", TRANSFORMERS, "safetensors")
         env = dict(os.environ, HERD_HF_PARITY_CHILD="1")
         sys.exit(subprocess.run([py, __file__, "--build", a.build, "--source", a.source], env=env).returncode)
 

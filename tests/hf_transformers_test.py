@@ -54,24 +54,6 @@ B, T, BATCHES = 2, 64, 2
 
 # ---------------------------------------------------------------- venvs
 
-def ensure_venv(build, v):
-    venv = os.path.join(build, f"venv-transformers{v}")
-    py = os.path.join(venv, "bin", "python")
-    ok = os.path.join(venv, ".herd_ok")
-    if os.path.exists(ok):
-        return py
-    try:
-        subprocess.run(["/usr/bin/python3", "-m", "venv", "--system-site-packages", venv], check=True,
-                       capture_output=True)
-        subprocess.run([py, "-m", "pip", "install", "-q", VERSIONS[v], SAFETENSORS], check=True,
-                       capture_output=True, timeout=900)
-    except (subprocess.SubprocessError, OSError) as e:
-        print(f"SKIPPED: cannot install {VERSIONS[v]} into {venv}: {e}")
-        sys.exit(77)
-    open(ok, "w").close()
-    return py
-
-
 def child(py, *args):
     """This script's transformers side, run in a venv; returns its JSON."""
     p = subprocess.run([py, __file__, "--child", *args], capture_output=True, text=True)
@@ -219,7 +201,7 @@ def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         return child_main(sys.argv[2:])
     a = herdtest.parse_args()
-    pys = {v: ensure_venv(a.build, v) for v in VERSIONS}
+    pys = {v: herdtest.ensure_venv(a.build, f"venv-transformers{v}", VERSIONS[v], SAFETENSORS) for v in VERSIONS}
 
     import torch
     import torch_llama
