@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/strings.h"
 #include "transport/ring_collectives.h"
 
 namespace herd::transport {
@@ -175,7 +176,10 @@ TEST(RingCollectives, MalformedMessagesFailTheOperation) {
       {2, 24, 0, 0, 64, "not the left-hand neighbour"},
       {0, 7, 0, 0, 64, "malformed header"},
       {0, 24, 0, 0, 12, "unexpected chunk"},           // wrong length for the op's chunk
-      {0, 24, 0, 5, 64, "unexpected chunk"},           // no such step
+      // No such step: refused either way, as a chunk of the running operation
+      // or, when it comes before the operation has started on the progress
+      // thread, as one that cannot be kept for it.
+      {0, 24, 0, 5, 64, "unexpected chunk|cannot be expected"},
       {0, 24, 999999999, 0, 64, "cannot be expected"},  // an operation far in the future
   };
   for (const Case& c : cases) {
@@ -199,7 +203,9 @@ TEST(RingCollectives, MalformedMessagesFailTheOperation) {
     t[c.from]->Send(1, kAmRing, header, payload.data(), payload.size(), [](const Status&) {});
     Status st = rank1.Wait(handle);
     ASSERT_FALSE(st.ok()) << c.expect;
-    EXPECT_NE(st.message().find(c.expect), std::string::npos) << st.message();
+    bool named = false;
+    for (const std::string& alternative : Split(c.expect, '|')) named |= st.message().find(alternative) != std::string::npos;
+    EXPECT_TRUE(named) << st.message() << " (expected " << c.expect << ")";
     t[0]->Shutdown();
     t[2]->Shutdown();
   }
