@@ -1,0 +1,123 @@
+#!/usr/bin/python3
+"""Records what a set of reference jobs computed, so that a change meant to
+leave the arithmetic alone (a refactor) can be checked bitwise: run it with
+the build from before the change and with the build after, on the same
+machine, then compare.
+
+    scripts/trajectories.py record --build BUILD --out DIR
+    scripts/trajectories.py compare DIR_BEFORE DIR_AFTER
+
+The jobs (the tiny test model on a synthetic corpus, 30 steps unless said):
+  single         one process on the CPU, and again stopped at 10 + --resume
+  ps22           parameter-server mode, 2 servers, 2 workers
+  ddp2           all-reduce, 2 workers
+  zero1_3        all-reduce with ZeRO-1, 3 workers
+  gpu_single     one process on the emulated GPU (BUILD/emulated), 6 steps
+  gpu_ps         2 CPU servers + 2 emulated GPU workers, 6 steps
+For each job DIR/JOB/ holds metrics.jsonl without its timing fields
+(tokens_per_s, elapsed_s, network_wait: they differ from run to run) and
+every shard, worker-state and manifest file of its checkpoints. `compare`
+prints one JSON line per job and file set, and exits 1 when any differs.
+Jobs whose binaries are missing (no emulated build) are skipped, and said so.
+"""
+import argparse
+import filecmp
+import json
+import os
+import shutil
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+import herdtest  # noqa: E402
+
+TIMING = ("tokens_per_s", "elapsed_s", "network_wait")
+
+
+def jobs():
+    ps = "cluster { sync: PARAMETER_SERVER servers: 2 workers: 2 }"
+    ddp = "cluster { sync: ALLREDUCE workers: 2 }"
+    zero1 = "cluster { sync: ALLREDUCE workers: 3 zero_stage: 1 }"
+    gpu = "device { kind: CUDA dtype: FP32 }"
+    # name: (binary dir under BUILD, steps, batch per worker, extra config, split resume)
+    return {
+        "single": ("", 30, 8, "", True),
+        "ps22": ("", 30, 4, ps, False),
+        "ddp2": ("", 30, 4, ddp, False),
+        "zero1_3": ("", 30, 4, zero1, False),
+        "gpu_single": ("emulated", 6, 8, gpu, False),
+        "gpu_ps": ("emulated", 6, 4, gpu + "\n" + ps, False),
+    }
+
+
+def record(build, out):
+    os.makedirs(out, exist_ok=True)
+    for name, (sub, steps, batch, extra, split) in jobs().items():
+        sb = herdtest.Sandbox(os.path.join(build, sub) if sub else build)
+        if not os.path.exists(sb.herd):
+            print(json.dumps({"job": name, "skipped": f"{sb.herd} not built"}))
+            continue
+        try:
+            sb.corpus()
+            sb.run("prepare", "corpus.txt", "--out", "train.bin")
+            runs = [("straight", [])] + ([("split", ["--stop-at", "10"]), ("split", ["--resume"])] if split else [])
+            for run, args in runs:
+                text = herdtest.tiny_config("train.bin", steps=steps, ckpt=run, every=10, metrics=run + ".jsonl",
+                                            extra=extra)
+                cfg = sb.write(run + ".textproto", text.replace("batch_size: 4", f"batch_size: {batch}"))
+                sb.run("launch", cfg, *args)
+            for run in sorted({r for r, _ in runs}):
+                dest = os.path.join(out, name, run)
+                os.makedirs(dest, exist_ok=True)
+                with open(sb.path(run + ".jsonl")) as f, open(os.path.join(dest, "metrics.jsonl"), "w") as g:
+                    for line in f:
+                        m = json.loads(line)
+                        for k in TIMING:
+                            m.pop(k, None)
+                        g.write(json.dumps(m, sort_keys=True) + "\n")
+                for step in sorted(os.listdir(sb.path(run))):
+                    for part in sorted(os.listdir(sb.path(run, step))):
+                        if part.startswith(("shard_", "worker_")) or part == "manifest.json":
+                            os.makedirs(os.path.join(dest, step), exist_ok=True)
+                            shutil.copy(sb.path(run, step, part), os.path.join(dest, step, part))
+            print(json.dumps({"job": name, "recorded": os.path.join(out, name)}))
+        finally:
+            shutil.rmtree(sb.dir, ignore_errors=True)
+
+
+def compare(a, b):
+    same = True
+    for name in jobs():
+        da, db = os.path.join(a, name), os.path.join(b, name)
+        if not (os.path.isdir(da) and os.path.isdir(db)):
+            print(json.dumps({"job": name, "compared": False, "why": "not recorded in both"}))
+            continue
+        files = sorted(os.path.relpath(os.path.join(d, f), da) for d, _, fs in os.walk(da) for f in fs)
+        other = sorted(os.path.relpath(os.path.join(d, f), db) for d, _, fs in os.walk(db) for f in fs)
+        differ = sorted(set(files) ^ set(other))
+        differ += [f for f in set(files) & set(other)
+                   if not filecmp.cmp(os.path.join(da, f), os.path.join(db, f), shallow=False)]
+        print(json.dumps({"job": name, "files": len(files), "identical": not differ, "differ": sorted(differ)}))
+        same &= not differ
+    return same
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("record")
+    r.add_argument("--build", required=True)
+    r.add_argument("--out", required=True)
+    c = sub.add_parser("compare")
+    c.add_argument("before")
+    c.add_argument("after")
+    a = ap.parse_args()
+    if a.command == "record":
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        record(os.path.abspath(a.build), os.path.abspath(a.out))
+        return 0
+    return 0 if compare(a.before, a.after) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
