@@ -57,9 +57,9 @@ std::string WorkerFileName(int worker_rank) {
   return name;
 }
 
-Status WriteShard(const std::string& path, const ShardState& shard) {
+Status WriteShard(const std::string& path, const ShardView& shard) {
   const size_t n = static_cast<size_t>(shard.end - shard.begin);
-  if (shard.end < shard.begin || shard.weights.size() != n || shard.m.size() != n || shard.v.size() != n) {
+  if (shard.end < shard.begin || (n > 0 && (shard.weights == nullptr || shard.m == nullptr || shard.v == nullptr))) {
     return Status::Internal(path + ": shard arrays do not match its range");
   }
   ShardHeader h{};
@@ -68,15 +68,15 @@ Status WriteShard(const std::string& path, const ShardState& shard) {
   h.begin = shard.begin;
   h.end = shard.end;
   h.step = shard.step;
-  uint32_t crc = Crc32(shard.weights.data(), n * sizeof(float));
-  crc = Crc32(shard.m.data(), n * sizeof(float), crc);
-  h.payload_crc = Crc32(shard.v.data(), n * sizeof(float), crc);
+  uint32_t crc = Crc32(shard.weights, n * sizeof(float));
+  crc = Crc32(shard.m, n * sizeof(float), crc);
+  h.payload_crc = Crc32(shard.v, n * sizeof(float), crc);
   AtomicFile file;
   HERD_RETURN_IF_ERROR(file.Open(path));
   HERD_RETURN_IF_ERROR(file.Append(&h, sizeof(h)));
-  HERD_RETURN_IF_ERROR(file.Append(shard.weights.data(), n * sizeof(float)));
-  HERD_RETURN_IF_ERROR(file.Append(shard.m.data(), n * sizeof(float)));
-  HERD_RETURN_IF_ERROR(file.Append(shard.v.data(), n * sizeof(float)));
+  HERD_RETURN_IF_ERROR(file.Append(shard.weights, n * sizeof(float)));
+  HERD_RETURN_IF_ERROR(file.Append(shard.m, n * sizeof(float)));
+  HERD_RETURN_IF_ERROR(file.Append(shard.v, n * sizeof(float)));
   return file.Commit();
 }
 
@@ -440,7 +440,7 @@ Status CheckFreshRun(const std::string& root, bool overwrite) {
 }
 
 Status WriteSingleShardCheckpoint(const std::string& step_dir, const config::JobConfig& config,
-                                  const ShardState& shard, const std::string& worker_state) {
+                                  const ShardView& shard, const std::string& worker_state) {
   HERD_RETURN_IF_ERROR(BeginCheckpointPart(step_dir));
   std::vector<std::string> parts = {kConfigFile, ShardFileName(0)};
   HERD_RETURN_IF_ERROR(WriteConfigPart(step_dir, config));

@@ -21,17 +21,26 @@
 
 namespace herd {
 
-struct ShardState {
+// What a shard file holds: a range of the flat parameter space with its
+// fp32 weights, AdamW moments and optimizer step, borrowed (ShardView) or
+// owned (ShardState).
+struct ShardView {
   int64_t begin = 0, end = 0;  // range of the flat parameter space
   int64_t step = 0;            // optimizer steps taken
-  std::vector<float> weights, m, v;  // each end - begin long
+  const float *weights = nullptr, *m = nullptr, *v = nullptr;  // each end - begin long
+};
+struct ShardState {
+  int64_t begin = 0, end = 0;
+  int64_t step = 0;
+  std::vector<float> weights, m, v;
+  ShardView view() const { return {begin, end, step, weights.data(), m.data(), v.data()}; }
 };
 
 std::string StepDirName(const std::string& root, int64_t step);
 std::string ShardFileName(int shard_index);   // "shard_00000.bin"
 std::string WorkerFileName(int worker_rank);  // "worker_00000.state"
 
-Status WriteShard(const std::string& path, const ShardState& shard);
+Status WriteShard(const std::string& path, const ShardView& shard);
 // Validates magic, version, sizes and CRC; errors name the file.
 StatusOr<ShardState> ReadShard(const std::string& path);
 
@@ -123,6 +132,6 @@ StatusOr<CheckpointModel> LoadCheckpointModel(const std::string& path);
 // space, optional worker state, manifest) — the single-process trainer's
 // and `herd import`'s way to save.
 Status WriteSingleShardCheckpoint(const std::string& step_dir, const config::JobConfig& config,
-                                  const ShardState& shard, const std::string& worker_state);
+                                  const ShardView& shard, const std::string& worker_state);
 
 }  // namespace herd

@@ -14,6 +14,13 @@
 
 namespace herd {
 
+// A range [begin, end) of the flat parameter space: what shards, buckets,
+// collective chunks and optimizer state are made of.
+struct ParamRange {
+  int64_t begin = 0, end = 0;
+  int64_t size() const { return end - begin; }
+};
+
 struct TensorSpec {
   std::string name;             // e.g. "model.layers.0.self_attn.q_proj.weight"
   std::vector<int64_t> shape;   // row-major, HF/PyTorch order ([out, in] for linears)

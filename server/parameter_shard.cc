@@ -13,7 +13,6 @@ namespace herd {
 
 struct ParameterShard::LocalBucket {
   int64_t begin = 0, end = 0;  // relative to the shard's range
-  std::vector<DecaySegment> segments;
   int next_rank = 0;           // contributions 0..next_rank-1 are summed
   std::vector<void*> pending;  // per worker: landed, not yet summed
   std::vector<bool> arrived;   // per worker: pushed this step
@@ -26,27 +25,27 @@ struct ParameterShard::QueuedPull {
   PullReply reply;
 };
 
-ParameterShard::ParameterShard(const ParameterShardOptions& options, ShardState initial)
+ParameterShard::ParameterShard(const ParameterShardOptions& options, std::unique_ptr<OptimizerShard> optimizer)
     : options_(options),
       range_(options.plan->shard(options.server)),
       space_(ServerSpace::For(range_, options.num_workers, options.bf16_wire ? 2 : 4)),
       wire_bytes_(options.bf16_wire ? 2 : 4),
-      state_(std::move(initial)),
+      optimizer_(std::move(optimizer)),
       acc_(range_.size(), 0.0f),
       losses_(options.num_workers, 0.0),
       loss_in_(options.num_workers, false) {
-  CHECK(state_.begin == range_.begin && state_.end == range_.end) << "initial state does not cover the shard";
+  CHECK(optimizer_->range().begin == range_.begin && optimizer_->range().end == range_.end)
+      << "the optimizer state does not cover the shard";
   if (options_.bf16_wire) {
     wire_copy_.resize(range_.size());
-    FloatsToBf16(state_.weights.data(), wire_copy_.data(), range_.size());
+    FloatsToBf16(optimizer_->weights(), wire_copy_.data(), range_.size());
   }
-  report_.version = static_cast<uint64_t>(state_.step);
+  report_.version = static_cast<uint64_t>(optimizer_->step());
   for (const Bucket& b : options_.plan->buckets()) {
     if (b.server != options_.server) continue;
     LocalBucket lb;
     lb.begin = b.range.begin - range_.begin;
     lb.end = b.range.end - range_.begin;
-    lb.segments = DecaySegments(*options_.layout, b.range.begin, b.range.end);
     lb.pending.assign(options_.num_workers, nullptr);
     lb.arrived.assign(options_.num_workers, false);
     buckets_.push_back(std::move(lb));
@@ -68,10 +67,10 @@ StatusOr<void*> ParameterShard::PushTarget(transport::PeerId client, uint64_t ta
   const int r = WorkerRank(client);
   const std::string what = "push of bytes " + FormatRange(offset, offset + length);
   if (r < 0) return Status::InvalidArgument(what + " from peer " + std::to_string(client) + ", not a worker");
-  if (stepping_ || tag != static_cast<uint64_t>(state_.step)) {
+  if (stepping_ || tag != static_cast<uint64_t>(optimizer_->step())) {
     return Status::FailedPrecondition(what + " from worker " + std::to_string(r) + " is for step " +
                                       std::to_string(tag) + ", but this server is " +
-                                      (stepping_ ? "stepping " : "at step ") + std::to_string(state_.step));
+                                      (stepping_ ? "stepping " : "at step ") + std::to_string(optimizer_->step()));
   }
   if (offset >= space_.losses_offset) {
     if (!options_.collects_losses || offset != space_.losses_offset + sizeof(double) * r || length != sizeof(double)) {
@@ -190,13 +189,13 @@ StatusOr<double> ParameterShard::WaitForGradients() {
 }
 
 const void* ParameterShard::Readable(uint64_t tag, uint64_t offset, uint64_t length) const {
-  const uint64_t version = static_cast<uint64_t>(state_.step);
+  const uint64_t version = static_cast<uint64_t>(optimizer_->step());
   if (offset == space_.report_offset) return tag == version && !stepping_ ? &report_ : nullptr;
   const bool current =
       (tag == version && !stepping_) || (tag == version + 1 && stepping_ && offset + length <= updated_bytes_);
   if (!current) return nullptr;
   const char* base = options_.bf16_wire ? reinterpret_cast<const char*>(wire_copy_.data())
-                                        : reinterpret_cast<const char*>(state_.weights.data());
+                                        : reinterpret_cast<const char*>(optimizer_->weights());
   return base + offset;
 }
 
@@ -206,7 +205,7 @@ void ParameterShard::OnPull(transport::PeerId client, uint64_t tag, uint64_t off
   const void* data = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    const uint64_t version = static_cast<uint64_t>(state_.step);
+    const uint64_t version = static_cast<uint64_t>(optimizer_->step());
     if (!failed_.ok()) {
       error = failed_;
     } else if (WorkerRank(client) < 0) {
@@ -246,19 +245,16 @@ ParameterShard::Replies ParameterShard::TakeAnswerable() {
   return out;
 }
 
-void ParameterShard::ApplyStep(double global_norm, double lr, double clip_norm) {
-  const double scale = ClipCoefficient(global_norm, clip_norm);
-  const int64_t step = state_.step + 1;
+void ParameterShard::ApplyStep(const OptimizerShard::Scalars& step) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stepping_ = true;
     updated_bytes_ = 0;
   }
   for (const LocalBucket& b : buckets_) {
-    AdamWStep(b.segments, range_.begin + b.begin, state_.weights.data() + b.begin, acc_.data() + b.begin,
-              state_.m.data() + b.begin, state_.v.data() + b.begin, step, lr, scale, options_.adamw);
+    optimizer_->Apply(step, {range_.begin + b.begin, range_.begin + b.end}, acc_.data() + b.begin);
     if (options_.bf16_wire) {
-      FloatsToBf16(state_.weights.data() + b.begin, wire_copy_.data() + b.begin, b.end - b.begin);
+      FloatsToBf16(optimizer_->weights() + b.begin, wire_copy_.data() + b.begin, b.end - b.begin);
     }
     Replies replies;
     {
@@ -273,8 +269,8 @@ void ParameterShard::ApplyStep(double global_norm, double lr, double clip_norm) 
     std::lock_guard<std::mutex> lock(mu_);
     double loss_sum = 0;
     for (double l : losses_) loss_sum += l;  // rank order
-    report_ = {static_cast<uint64_t>(step), global_norm, lr, loss_sum / options_.num_workers};
-    state_.step = step;
+    report_ = {static_cast<uint64_t>(step.step), step.global_norm, step.lr, loss_sum / options_.num_workers};
+    optimizer_->EndStep();
     stepping_ = false;
     for (LocalBucket& b : buckets_) {
       b.next_rank = 0;

@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "model/checkpoint.h"
-#include "model/optim/adamw.h"
+#include "model/optim/optimizer_shard.h"
 #include "sharding/shard_plan.h"
 #include "transport/push_pull.h"
 
@@ -42,13 +42,12 @@ struct ParameterShardOptions {
   transport::PeerId first_worker_peer = 0;  // worker rank r is this + r
   bool bf16_wire = false;
   bool collects_losses = false;  // server 0: the workers' losses
-  AdamWOptions adamw;
 };
 
 class ParameterShard : public transport::ShardHandler {
  public:
-  // `initial` covers exactly the plan's range for this server.
-  ParameterShard(const ParameterShardOptions& options, ShardState initial);
+  // `optimizer` covers exactly the plan's range for this server.
+  ParameterShard(const ParameterShardOptions& options, std::unique_ptr<OptimizerShard> optimizer);
   ~ParameterShard() override;
 
   // transport::ShardHandler, on the progress thread.
@@ -62,16 +61,17 @@ class ParameterShard : public transport::ShardHandler {
   // of the current step is in, then returns the shard's squared gradient
   // norm; or the failure passed to Fail().
   StatusOr<double> WaitForGradients();
-  // Clips with the global norm, applies AdamW with `lr` and serves the
-  // pulls of the new version as buckets are done.
-  void ApplyStep(double global_norm, double lr, double clip_norm);
+  // Applies the optimizer's step (`step`: its BeginStep with the global
+  // norm) bucket by bucket, serving the pulls of the new version as
+  // buckets are done.
+  void ApplyStep(const OptimizerShard::Scalars& step);
   // Wakes WaitForGradients with `status` and answers later requests with it.
   void Fail(const Status& status);
 
   // Between steps (step thread): the shard's weights, moments and step.
-  const ShardState& state() const { return state_; }
+  const OptimizerShard& optimizer() const { return *optimizer_; }
   // Buffers for UCX registration.
-  float* weights() { return state_.weights.data(); }
+  float* weights() { return optimizer_->weights(); }
   float* gradients() { return acc_.data(); }
 
  private:
@@ -97,7 +97,8 @@ class ParameterShard : public transport::ShardHandler {
   const ServerSpace space_;
   const int wire_bytes_;
 
-  ShardState state_;                 // weights, m, v, step (= version)
+  // Weights, m, v and step (= version); the step changes under mu_.
+  const std::unique_ptr<OptimizerShard> optimizer_;
   std::vector<float> acc_;           // the step's summed gradients
   std::vector<uint16_t> wire_copy_;  // bf16 weights served to pulls (bf16 wire)
   std::vector<double> losses_;       // per worker (server 0)

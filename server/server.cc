@@ -13,8 +13,7 @@
 #include "common/memory.h"
 #include "common/strings.h"
 #include "model/checkpoint.h"
-#include "model/hf_io.h"
-#include "model/optim/adamw.h"
+#include "model/optim/optimizer_shard.h"
 #include "server/parameter_shard.h"
 #include "sharding/memory_plan.h"
 #include "sharding/shard_plan.h"
@@ -24,30 +23,6 @@
 
 namespace herd {
 namespace {
-
-// The shard's starting state: the newest complete checkpoint when resuming,
-// else checkpoint.init_from's weights, else the deterministic
-// initialisation.
-StatusOr<ShardState> InitialState(const config::JobConfig& config, const ParamLayout& layout, const ParamRange& range,
-                                  const std::optional<VerifiedCheckpoint>& resume_from) {
-  if (resume_from.has_value()) {
-    HERD_RETURN_IF_ERROR(CheckSameRun(resume_from->dir, config));
-    return ReadShardRange(resume_from->dir, resume_from->manifest, range.begin, range.end, /*with_moments=*/true);
-  }
-  ShardState s;
-  s.begin = range.begin;
-  s.end = range.end;
-  s.weights.resize(range.size());
-  s.m.assign(range.size(), 0.0f);
-  s.v.assign(range.size(), 0.0f);
-  if (!config.checkpoint().init_from().empty()) {
-    HERD_ASSIGN_OR_RETURN(s.weights, LoadInitialWeights(config, range.begin, range.end));
-  } else {
-    InitParameterRange(layout, config.train().seed(), config.model().initializer_range(), range.begin, range.end,
-                       s.weights.data());
-  }
-  return s;
-}
 
 // The combined norm of every server's partial sum of squares, added in
 // server order so that every server computes the same value.
@@ -97,7 +72,9 @@ Status RunParameterServer(const config::JobConfig& config, const TrainOptions& o
                                             resume_from ? BaseName(resume_from->dir) : std::string("none"),
                                             "the checkpoint to resume from"));
     Stopwatch sw;
-    HERD_ASSIGN_OR_RETURN(ShardState state, InitialState(config, layout, plan.shard(rank), resume_from));
+    if (resume_from) HERD_RETURN_IF_ERROR(CheckSameRun(resume_from->dir, config));
+    HERD_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerShard> optimizer,
+                          OptimizerShard::InitOrResume(config, layout, plan.shard(rank), resume_from));
     ParameterShardOptions o;
     o.layout = &layout;
     o.plan = &plan;
@@ -106,8 +83,7 @@ Status RunParameterServer(const config::JobConfig& config, const TrainOptions& o
     o.first_worker_peer = transport::MemberPeerId(client, wire::WORKER, 0);
     o.bf16_wire = config.cluster().wire_dtype() == config::ClusterConfig::BF16;
     o.collects_losses = rank == 0;
-    o.adamw = AdamWOptions::FromConfig(config.optimizer());
-    served.shard = std::make_unique<ParameterShard>(o, std::move(state));
+    served.shard = std::make_unique<ParameterShard>(o, std::move(optimizer));
     HERD_RETURN_IF_ERROR(transport->RegisterMemory(served.shard->weights(), plan.shard(rank).size() * sizeof(float)));
     HERD_RETURN_IF_ERROR(transport->RegisterMemory(served.shard->gradients(), plan.shard(rank).size() * sizeof(float)));
     served.service = std::make_unique<transport::PushPullServer>(transport.get(), served.shard.get());
@@ -123,23 +99,21 @@ Status RunParameterServer(const config::JobConfig& config, const TrainOptions& o
   client->OnFailure([&shard](const Status& failure) { shard.Fail(failure); });
   if (rank == 0) LOG(INFO) << "shard plan: " << plan.Describe();
 
-  const auto& opt = config.optimizer();
-  const int64_t total_steps = config.train().steps();
-  const int64_t last = options.LastStep(total_steps);
-  for (int64_t t = shard.state().step; t < last; ++t) {
+  const int64_t last = options.LastStep(config.train().steps());
+  for (int64_t t = shard.optimizer().step(); t < last; ++t) {
     HERD_ASSIGN_OR_RETURN(double partial, shard.WaitForGradients());
     HERD_ASSIGN_OR_RETURN(double norm, GlobalNorm(*client, t, partial));
     if (!std::isfinite(norm)) {
       return Status::FailedPrecondition("step " + std::to_string(t + 1) + ": the gradient norm is " +
                                         std::to_string(norm) + " (diverged; lower optimizer.lr)");
     }
-    shard.ApplyStep(norm, LearningRate(opt, total_steps, t), opt.clip_norm());
+    shard.ApplyStep(shard.optimizer().BeginStep(norm));
     const int64_t step = t + 1;
     if (CheckpointDue(config.checkpoint(), step, last)) {
       const std::string step_dir = StepDirName(ckpt_dir, step);
       Status part = BeginCheckpointPart(step_dir);
       if (part.ok() && rank == 0) part = WriteConfigPart(step_dir, config);
-      if (part.ok()) part = WriteShard(JoinPath(step_dir, ShardFileName(rank)), shard.state());
+      if (part.ok()) part = shard.optimizer().Save(JoinPath(step_dir, ShardFileName(rank)));
       HERD_RETURN_IF_ERROR(transport::AllSucceeded(*client, "herd/checkpoint/" + std::to_string(step), part)
                                .WithContext("checkpoint " + step_dir + ": "));
       if (rank == 0) {

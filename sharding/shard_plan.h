@@ -20,11 +20,6 @@
 
 namespace herd {
 
-struct ParamRange {
-  int64_t begin = 0, end = 0;
-  int64_t size() const { return end - begin; }
-};
-
 struct Bucket {
   int server = 0;
   ParamRange range;  // absolute offsets in the flat space

@@ -892,7 +892,7 @@ TEST_F(HfIoTest, HfCliExportImportRoundTrip) {
   InitParameters(layout, 11, 0.02, shard.weights.data());
   shard.m.assign(layout.size(), 0.1f);
   shard.v.assign(layout.size(), 0.2f);
-  ASSERT_TRUE(WriteSingleShardCheckpoint(StepDirName(Path("ckpt"), 5), job, shard, "").ok());
+  ASSERT_TRUE(WriteSingleShardCheckpoint(StepDirName(Path("ckpt"), 5), job, shard.view(), "").ok());
 
   // The root: its latest step is exported.
   RunResult r = RunHerd("export " + Path("ckpt") + " --out " + Path("hf"));

@@ -129,7 +129,7 @@ TEST(ShardPlan, CheckpointRangesAssembleAcrossServerCounts) {
       s.v.push_back(2 * x);
     }
     parts.push_back(ShardFileName(i));
-    ASSERT_TRUE(WriteShard(JoinPath(dir, parts.back()), s).ok());
+    ASSERT_TRUE(WriteShard(JoinPath(dir, parts.back()), s.view()).ok());
   }
   ASSERT_TRUE(WriteManifest(dir, 7, parts).ok());
   auto manifest = VerifyCheckpoint(dir);
@@ -169,7 +169,9 @@ class ParameterShardTest : public ::testing::Test {
     initial_.m.assign(r.size(), 0);
     initial_.v.assign(r.size(), 0);
     InitParameterRange(layout_, 1, 0.02, r.begin, r.end, initial_.weights.data());
-    shard_ = std::make_unique<ParameterShard>(o_, initial_);
+    config::OptimizerConfig adamw;  // the defaults: betas 0.9/0.95, eps 1e-8, no decay
+    shard_ = std::make_unique<ParameterShard>(
+        o_, std::make_unique<OptimizerShard>(layout_, adamw, /*total_steps=*/100, initial_));
   }
   // Pushes worker w's gradient g (over the shard) bucket by bucket.
   Status PushAll(int w, const std::vector<float>& g, uint64_t tag) {
@@ -227,16 +229,16 @@ TEST_F(ParameterShardTest, SumsInRankOrderThenStepsLikeAdamW) {
   std::vector<float> sum(g0.size());
   for (size_t i = 0; i < sum.size(); ++i) sum[i] = g0[i] + g1[i];
   EXPECT_NEAR(*sumsq, SumOfSquares(sum.data(), sum.size()), 1e-12 * *sumsq);
-  shard_->ApplyStep(/*global_norm=*/2.0, /*lr=*/1e-3, /*clip_norm=*/1.0);
+  shard_->ApplyStep({/*step=*/1, /*lr=*/1e-3, /*grad_scale=*/ClipCoefficient(2.0, 1.0), /*global_norm=*/2.0});
   ASSERT_TRUE(answered);
   // The reference: AdamW on the rank-ordered sum, clipped by 1/(2+1e-6).
   ShardState ref = initial_;
   const ParamRange& r = plan_.shard(1);
   AdamWStep(DecaySegments(layout_, r.begin, r.end), r.begin, ref.weights.data(), sum.data(), ref.m.data(), ref.v.data(),
-            1, 1e-3, ClipCoefficient(2.0, 1.0), o_.adamw);
-  EXPECT_EQ(0, std::memcmp(ref.weights.data(), shard_->state().weights.data(), sum.size() * 4));
+            1, 1e-3, ClipCoefficient(2.0, 1.0), AdamWOptions{});
+  EXPECT_EQ(0, std::memcmp(ref.weights.data(), shard_->optimizer().weights(), sum.size() * 4));
   EXPECT_EQ(0, std::memcmp(ref.weights.data(), pulled.data(), sum.size() * 4));
-  EXPECT_EQ(shard_->state().step, 1);
+  EXPECT_EQ(shard_->optimizer().step(), 1);
 }
 
 TEST_F(ParameterShardTest, SumIsInWorkerRankOrderWhateverTheArrivalOrder) {
@@ -297,7 +299,7 @@ TEST_F(ParameterShardTest, Bf16WireRoundsPushesAndPulls) {
   ASSERT_TRUE(PushAll(0, g0, 0).ok());
   ASSERT_TRUE(PushAll(1, g1, 0).ok());
   ASSERT_TRUE(shard_->WaitForGradients().ok());
-  shard_->ApplyStep(0.5, 1e-3, 1.0);
+  shard_->ApplyStep({/*step=*/1, /*lr=*/1e-3, /*grad_scale=*/ClipCoefficient(0.5, 1.0), /*global_norm=*/0.5});
   std::vector<uint16_t> pulled(plan_.shard(1).size());
   shard_->OnPull(kServers, 1, 0, pulled.size() * 2, [&](const Status& s, const void* data) {
     ASSERT_TRUE(s.ok());
@@ -308,9 +310,9 @@ TEST_F(ParameterShardTest, Bf16WireRoundsPushesAndPulls) {
   ShardState ref = initial_;
   const ParamRange& r = plan_.shard(1);
   AdamWStep(DecaySegments(layout_, r.begin, r.end), r.begin, ref.weights.data(), sum.data(), ref.m.data(), ref.v.data(),
-            1, 1e-3, 1.0, o_.adamw);
+            1, 1e-3, 1.0, AdamWOptions{});
   for (size_t i = 0; i < sum.size(); ++i) {
-    ASSERT_EQ(ref.weights[i], shard_->state().weights[i]) << i;  // fp32 master weights
+    ASSERT_EQ(ref.weights[i], shard_->optimizer().weights()[i]) << i;  // fp32 master weights
     ASSERT_EQ(FloatToBf16(ref.weights[i]), pulled[i]) << i;
   }
 }

@@ -9,7 +9,7 @@
 #include "common/clock.h"
 #include "common/file_util.h"
 #include "model/hf_io.h"
-#include "model/optim/adamw.h"
+#include "model/optim/optimizer_shard.h"
 
 namespace herd {
 namespace {
@@ -20,21 +20,18 @@ using transport::Partition;
 
 class CollectiveExchange : public GradientExchange {
  public:
-  CollectiveExchange(const CollectiveExchangeOptions& o, float* weights, ParamRange owned, std::vector<float> m,
-                     std::vector<float> v, int64_t step, bool broadcast_first)
+  CollectiveExchange(const CollectiveExchangeOptions& o, float* weights, std::unique_ptr<OptimizerShard> optimizer,
+                     bool broadcast_first)
       : o_(o),
         c_(*o.collectives),
         W_(c_.size()),
         rank_(c_.rank()),
         P_(o.layout->size()),
-        owned_(owned),
-        segments_(DecaySegments(*o.layout, owned.begin, owned.end)),
-        adamw_(AdamWOptions::FromConfig(o.config->optimizer())),
+        owned_(optimizer->range()),
+        optimizer_(std::move(optimizer)),
         weights_(weights),
-        m_(std::move(m)),
-        v_(std::move(v)),
         broadcast_first_(broadcast_first) {
-    report_.version = static_cast<uint64_t>(step);
+    report_.version = static_cast<uint64_t>(optimizer_->step());
   }
 
   void BeginStep(const float* grads, uint64_t step) override {
@@ -69,15 +66,13 @@ class CollectiveExchange : public GradientExchange {
     if (st.ok()) st = wait_.Timed([&] { return c_.Wait(c_.AllReduce(sums, 2, DType::kFloat64)); });
     HERD_RETURN_IF_ERROR(st.WithContext("all-reduce of step " + std::to_string(step_ + 1) + ": "));
     const double norm = std::sqrt(o_.zero1 ? sums[0] : SumOfSquares(grads_, P_));
-    const auto& opt = o_.config->optimizer();
-    const double lr = LearningRate(opt, o_.config->train().steps(), static_cast<int64_t>(step_));
     if (!std::isfinite(norm)) {
       return Status::FailedPrecondition("step " + std::to_string(step_ + 1) + ": the gradient norm is " +
                                         std::to_string(norm) + " (diverged; lower optimizer.lr)");
     }
-    AdamWStep(segments_, owned_.begin, weights_ + owned_.begin, grads_ + owned_.begin, m_.data(), v_.data(),
-              static_cast<int64_t>(step_) + 1, lr, ClipCoefficient(norm, opt.clip_norm()), adamw_);
-    report_ = {step_ + 1, norm, lr, sums[1] / W_};
+    CHECK_EQ(static_cast<uint64_t>(optimizer_->step()), step_) << "the exchange and the optimizer disagree on the step";
+    const OptimizerShard::Scalars s = optimizer_->Step(grads_ + owned_.begin, norm);
+    report_ = {step_ + 1, norm, s.lr, sums[1] / W_};
     return Status::OK();
   }
 
@@ -126,14 +121,7 @@ class CollectiveExchange : public GradientExchange {
 
   Status WriteCheckpointParts(const std::string& step_dir) override {
     if (!o_.zero1 && rank_ != 0) return Status::OK();
-    ShardState s;
-    s.begin = owned_.begin;
-    s.end = owned_.end;
-    s.step = static_cast<int64_t>(report_.version);
-    s.weights.assign(weights_ + owned_.begin, weights_ + owned_.end);
-    s.m = m_;
-    s.v = v_;
-    return WriteShard(JoinPath(step_dir, ShardFileName(o_.zero1 ? rank_ : 0)), s);
+    return optimizer_->Save(JoinPath(step_dir, ShardFileName(o_.zero1 ? rank_ : 0)));
   }
   int shard_files() const override { return o_.zero1 ? W_ : 1; }
 
@@ -159,11 +147,10 @@ class CollectiveExchange : public GradientExchange {
   const int W_, rank_;
   const int64_t P_;
   const ParamRange owned_;  // the optimizer's range: all (DDP) or this worker's (ZeRO-1)
-  const std::vector<DecaySegment> segments_;
-  const AdamWOptions adamw_;
+  // Its master weights are [owned_) of the worker's weights (attached).
+  const std::unique_ptr<OptimizerShard> optimizer_;
   float* weights_;
   float* grads_ = nullptr;
-  std::vector<float> m_, v_;  // over owned_
   bool broadcast_first_, first_weights_ = true;
   uint64_t step_ = 0;
   size_t next_bucket_ = 0;
@@ -189,34 +176,25 @@ StatusOr<std::unique_ptr<GradientExchange>> CreateCollectiveExchange(
   const int rank = o.collectives->rank();
   const int64_t P = o.layout->size();
   const ParamRange owned = o.zero1 ? o.plan->shard(rank) : ParamRange{0, P};
-  std::vector<float> m, v;
-  int64_t step = 0;
-  if (resume_from) {
-    HERD_RETURN_IF_ERROR(CheckSameRun(resume_from->dir, *o.config));
-    HERD_ASSIGN_OR_RETURN(ShardState mine,
-                          ReadShardRange(resume_from->dir, resume_from->manifest, owned.begin, owned.end, true));
-    std::copy(mine.weights.begin(), mine.weights.end(), weights + owned.begin);
-    if (owned.size() < P) {  // ZeRO-1: the other workers' weights too
-      HERD_ASSIGN_OR_RETURN(ShardState all, ReadShardRange(resume_from->dir, resume_from->manifest, 0, P, false));
-      std::copy(all.weights.begin(), all.weights.end(), weights);
-    }
-    m = std::move(mine.m);
-    v = std::move(mine.v);
-    step = resume_from->manifest.step;
-  } else {
-    m.assign(owned.size(), 0.0f);
-    v.assign(owned.size(), 0.0f);
-    if (rank == 0) {
-      if (!o.config->checkpoint().init_from().empty()) {
-        HERD_ASSIGN_OR_RETURN(std::vector<float> init, LoadInitialWeights(*o.config, 0, P));
-        std::copy(init.begin(), init.end(), weights);
-      } else {
-        InitParameters(*o.layout, o.config->train().seed(), o.config->model().initializer_range(), weights);
-      }
+  if (resume_from) HERD_RETURN_IF_ERROR(CheckSameRun(resume_from->dir, *o.config));
+  HERD_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerShard> optimizer,
+                        OptimizerShard::InitOrResume(*o.config, *o.layout, owned, resume_from));
+  if (resume_from && owned.size() < P) {
+    // ZeRO-1: the model needs the other workers' weights too.
+    HERD_ASSIGN_OR_RETURN(ShardState all, ReadShardRange(resume_from->dir, resume_from->manifest, 0, P, false));
+    std::copy(all.weights.begin(), all.weights.end(), weights);
+  } else if (!resume_from && rank == 0) {
+    // A fresh start broadcasts worker 0's whole model.
+    if (!o.config->checkpoint().init_from().empty()) {
+      HERD_ASSIGN_OR_RETURN(std::vector<float> init, LoadInitialWeights(*o.config, 0, P));
+      std::copy(init.begin(), init.end(), weights);
+    } else {
+      InitParameters(*o.layout, o.config->train().seed(), o.config->model().initializer_range(), weights);
     }
   }
+  optimizer->AttachWeights(weights);
   return std::unique_ptr<GradientExchange>(
-      new CollectiveExchange(o, weights, owned, std::move(m), std::move(v), step, /*broadcast_first=*/!resume_from));
+      new CollectiveExchange(o, weights, std::move(optimizer), /*broadcast_first=*/!resume_from));
 }
 
 }  // namespace herd

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "common/clock.h"
@@ -20,6 +21,7 @@
 #include "model/cuda/device_trainer.h"
 #include "model/hf_io.h"
 #include "model/optim/adamw.h"
+#include "model/optim/optimizer_shard.h"
 #include "sharding/memory_plan.h"
 #include "worker/evaluate.h"
 #include "worker/model_factory.h"
@@ -29,7 +31,6 @@ namespace herd {
 
 Status TrainSingleProcess(const config::JobConfig& config, const TrainOptions& options) {
   const auto& train = config.train();
-  const auto& opt = config.optimizer();
   if (train.threads() > 0) omp_set_num_threads(train.threads());
   const LlamaShape shape = LlamaShape::FromConfig(config.model());
   const int B = train.batch_size(), T = train.seq_len(), A = train.grad_accum();
@@ -58,31 +59,25 @@ Status TrainSingleProcess(const config::JobConfig& config, const TrainOptions& o
   Model& model = gpu ? gpu->evaluator() : *cpu_model;
   const ParamLayout& layout = model.layout();
   const int64_t P = layout.size();
-  ShardState state;
-  state.begin = 0;
-  state.end = P;
   std::vector<float> grads(gpu ? 0 : P, 0.0f);  // the GPU keeps its own
 
+  std::optional<VerifiedCheckpoint> resume_from;
   if (options.resume) {
     if (ckpt_dir.empty()) return Status::InvalidArgument("--resume needs checkpoint.dir to be set");
-    HERD_ASSIGN_OR_RETURN(VerifiedCheckpoint ckpt, LatestVerifiedCheckpoint(ckpt_dir));
-    const std::string& step_dir = ckpt.dir;
-    HERD_RETURN_IF_ERROR(CheckSameRun(step_dir, config));
-    // Any number of shards (a parameter-server checkpoint too) assembles.
-    HERD_ASSIGN_OR_RETURN(state, ReadShardRange(step_dir, ckpt.manifest, 0, P, /*with_moments=*/true));
-    HERD_ASSIGN_OR_RETURN(std::string loader, ReadFile(JoinPath(step_dir, WorkerFileName(0))));
-    HERD_RETURN_IF_ERROR(sampler.RestoreState(loader).WithContext(step_dir + ": "));
-    std::printf("resumed from %s (step %lld)\n", step_dir.c_str(), static_cast<long long>(state.step));
-  } else {
-    state.weights.resize(P);
-    state.m.assign(P, 0.0f);
-    state.v.assign(P, 0.0f);
-    if (!config.checkpoint().init_from().empty()) {
-      HERD_ASSIGN_OR_RETURN(state.weights, LoadInitialWeights(config, 0, P));
-      std::printf("initial weights from %s\n", config.checkpoint().init_from().c_str());
-    } else {
-      InitParameters(layout, train.seed(), config.model().initializer_range(), state.weights.data());
-    }
+    HERD_ASSIGN_OR_RETURN(resume_from, LatestVerifiedCheckpoint(ckpt_dir));
+    HERD_RETURN_IF_ERROR(CheckSameRun(resume_from->dir, config));
+  }
+  // The whole space's optimizer state; any number of shards (a
+  // parameter-server checkpoint too) assembles into it.
+  HERD_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerShard> optimizer,
+                        OptimizerShard::InitOrResume(config, layout, {0, P}, resume_from));
+  if (resume_from) {
+    HERD_ASSIGN_OR_RETURN(std::string loader, ReadFile(JoinPath(resume_from->dir, WorkerFileName(0))));
+    HERD_RETURN_IF_ERROR(sampler.RestoreState(loader).WithContext(resume_from->dir + ": "));
+    std::printf("resumed from %s (step %lld)\n", resume_from->dir.c_str(),
+                static_cast<long long>(optimizer->step()));
+  } else if (!config.checkpoint().init_from().empty()) {
+    std::printf("initial weights from %s\n", config.checkpoint().init_from().c_str());
   }
 
   ProgressLog log;
@@ -95,8 +90,6 @@ Status TrainSingleProcess(const config::JobConfig& config, const TrainOptions& o
               static_cast<long long>(B) * T * A);
   std::fflush(stdout);
 
-  const std::vector<DecaySegment> segments = DecaySegments(layout, 0, P);
-  const AdamWOptions adamw = AdamWOptions::FromConfig(opt);
   const int64_t total_steps = train.steps();
   const int64_t tokens_per_step = static_cast<int64_t>(B) * T * A;
   const double loss_scale = 1.0 / static_cast<double>(tokens_per_step);
@@ -107,13 +100,14 @@ Status TrainSingleProcess(const config::JobConfig& config, const TrainOptions& o
     input_ptrs.push_back(inputs[a].data());
     target_ptrs.push_back(targets[a].data());
   }
-  if (gpu) gpu->SetState(state.weights.data(), state.m.data(), state.v.data());
+  OptimizerShard& state = *optimizer;
+  if (gpu) gpu->SetState(state.weights(), state.m(), state.v());
 
   auto save_checkpoint = [&](int64_t step) -> Status {
     const std::string step_dir = StepDirName(ckpt_dir, step);
     Stopwatch sw;
-    if (gpu) gpu->GetState(state.weights.data(), state.m.data(), state.v.data());
-    HERD_RETURN_IF_ERROR(WriteSingleShardCheckpoint(step_dir, config, state, sampler.SaveState()));
+    if (gpu) gpu->GetState(state.weights(), state.m(), state.v());
+    HERD_RETURN_IF_ERROR(WriteSingleShardCheckpoint(step_dir, config, state.view(), sampler.SaveState()));
     std::printf("checkpoint: %s (%.1fs)\n", step_dir.c_str(), sw.Seconds());
     std::fflush(stdout);
     return Status::OK();
@@ -122,34 +116,34 @@ Status TrainSingleProcess(const config::JobConfig& config, const TrainOptions& o
   Stopwatch run_clock, window_clock;
   int64_t window_tokens = 0;
   const int64_t stop_at = options.LastStep(total_steps);
-  for (int64_t t = state.step; t < stop_at; ++t) {
+  for (int64_t t = state.step(); t < stop_at; ++t) {
     for (int micro = 0; micro < A; ++micro) sampler.NextBatch(B, inputs[micro].data(), targets[micro].data());
     double loss = 0, lr = 0, norm = 0;
     if (gpu) {
       loss = gpu->Step(input_ptrs, target_ptrs, t, &norm, &lr);
+      state.EndStep();  // the device holds the state until a checkpoint asks for it
     } else {
       std::fill(grads.begin(), grads.end(), 0.0f);
       for (int micro = 0; micro < A; ++micro) {
-        loss += model.Forward(state.weights.data(), inputs[micro].data(), targets[micro].data(), B, T);
-        model.Backward(state.weights.data(), grads.data(), loss_scale);
+        loss += model.Forward(state.weights(), inputs[micro].data(), targets[micro].data(), B, T);
+        model.Backward(state.weights(), grads.data(), loss_scale);
       }
       loss /= A;
-      lr = LearningRate(opt, total_steps, t);
-      norm = ClipAndAdamWStep(segments, 0, P, state.weights.data(), grads.data(), state.m.data(), state.v.data(), t + 1,
-                              lr, opt.clip_norm(), adamw);
+      norm = std::sqrt(SumOfSquares(grads.data(), P));
+      lr = state.Step(grads.data(), norm).lr;
     }
-    state.step = t + 1;
+    const int64_t step = state.step();
     window_tokens += tokens_per_step;
     if (!std::isfinite(loss)) {
       return Status::FailedPrecondition("step " + std::to_string(t + 1) + ": loss is " + std::to_string(loss) +
                                         " (diverged; lower optimizer.lr or raise warmup_steps)");
     }
 
-    const bool last = state.step == stop_at;
-    const bool eval_now = last || (config.log().eval_every() > 0 && state.step % config.log().eval_every() == 0);
-    if (state.step % config.log().every() == 0 || t == 0 || last || eval_now) {
+    const bool last = step == stop_at;
+    const bool eval_now = last || (config.log().eval_every() > 0 && step % config.log().eval_every() == 0);
+    if (step % config.log().every() == 0 || t == 0 || last || eval_now) {
       ProgressLog::Entry e;
-      e.step = state.step;
+      e.step = step;
       e.total_steps = total_steps;
       e.loss = loss;
       e.lr = lr;
@@ -157,28 +151,28 @@ Status TrainSingleProcess(const config::JobConfig& config, const TrainOptions& o
       const double window_s = window_clock.Seconds();
       e.tokens_per_s = window_s > 0 ? window_tokens / window_s : 0;
       e.elapsed_s = run_clock.Seconds();
-      e.eta_s = e.tokens_per_s > 0 ? (total_steps - state.step) * tokens_per_step / e.tokens_per_s : 0;
-      if (eval_now) e.val_loss = ValidationLoss(model, state.weights.data(), val_file.get(), config);
+      e.eta_s = e.tokens_per_s > 0 ? (total_steps - step) * tokens_per_step / e.tokens_per_s : 0;
+      if (eval_now) e.val_loss = ValidationLoss(model, state.weights(), val_file.get(), config);
       HERD_RETURN_IF_ERROR(log.Write(e));
       window_clock.Reset();
       window_tokens = 0;
     }
-    if (CheckpointDue(config.checkpoint(), state.step, stop_at)) {
-      HERD_RETURN_IF_ERROR(save_checkpoint(state.step));
+    if (CheckpointDue(config.checkpoint(), step, stop_at)) {
+      HERD_RETURN_IF_ERROR(save_checkpoint(step));
     }
   }
-  if (!ckpt_dir.empty() && !PathExists(StepDirName(ckpt_dir, state.step))) {
-    HERD_RETURN_IF_ERROR(save_checkpoint(state.step));  // resumed at the end
+  if (!ckpt_dir.empty() && !PathExists(StepDirName(ckpt_dir, state.step()))) {
+    HERD_RETURN_IF_ERROR(save_checkpoint(state.step()));  // resumed at the end
   }
   HERD_RETURN_IF_ERROR(log.Close());
-  if (state.step < total_steps) {
+  if (state.step() < total_steps) {
     std::printf("stopped at step %lld of %lld (--stop-at); continue with --resume\n",
-                static_cast<long long>(state.step), static_cast<long long>(total_steps));
+                static_cast<long long>(state.step()), static_cast<long long>(total_steps));
     return Status::OK();
   }
 
-  PrintSample(model, state.weights.data(), config);
-  std::printf("done: %lld steps in %s\n", static_cast<long long>(state.step),
+  PrintSample(model, state.weights(), config);
+  std::printf("done: %lld steps in %s\n", static_cast<long long>(state.step()),
               FormatDuration(run_clock.Seconds()).c_str());
   return Status::OK();
 }

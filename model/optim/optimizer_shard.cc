@@ -1,0 +1,99 @@
+#include "model/optim/optimizer_shard.h"
+
+#include <glog/logging.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "model/hf_io.h"
+
+namespace herd {
+
+OptimizerShard::OptimizerShard(const ParamLayout& layout, const config::OptimizerConfig& optimizer,
+                               int64_t total_steps, ShardState state)
+    : range_{state.begin, state.end},
+      segments_(DecaySegments(layout, state.begin, state.end)),
+      adamw_(AdamWOptions::FromConfig(optimizer)),
+      schedule_(optimizer),
+      total_steps_(total_steps),
+      own_weights_(std::move(state.weights)),
+      weights_(own_weights_.data()),
+      m_(std::move(state.m)),
+      v_(std::move(state.v)),
+      step_(state.step) {
+  CHECK(static_cast<int64_t>(own_weights_.size()) == range_.size() && static_cast<int64_t>(m_.size()) == range_.size() &&
+        static_cast<int64_t>(v_.size()) == range_.size())
+      << "optimizer state does not cover [" << range_.begin << ", " << range_.end << ")";
+}
+
+StatusOr<std::unique_ptr<OptimizerShard>> OptimizerShard::InitOrResume(
+    const config::JobConfig& config, const ParamLayout& layout, ParamRange range,
+    const std::optional<VerifiedCheckpoint>& resume_from) {
+  ShardState state;
+  if (resume_from.has_value()) {
+    HERD_ASSIGN_OR_RETURN(state, ReadShardRange(resume_from->dir, resume_from->manifest, range.begin, range.end,
+                                                /*with_moments=*/true));
+  } else {
+    state.begin = range.begin;
+    state.end = range.end;
+    if (!config.checkpoint().init_from().empty()) {
+      HERD_ASSIGN_OR_RETURN(state.weights, LoadInitialWeights(config, range.begin, range.end));
+    } else {
+      state.weights.resize(range.size());
+      InitParameterRange(layout, config.train().seed(), config.model().initializer_range(), range.begin, range.end,
+                         state.weights.data());
+    }
+    state.m.assign(range.size(), 0.0f);
+    state.v.assign(range.size(), 0.0f);
+  }
+  return std::make_unique<OptimizerShard>(layout, config.optimizer(), config.train().steps(), std::move(state));
+}
+
+void OptimizerShard::AttachWeights(float* space) {
+  float* mine = space + range_.begin;
+  if (mine != weights_) std::memcpy(mine, weights_, static_cast<size_t>(size()) * sizeof(float));
+  weights_ = mine;
+  own_weights_.clear();
+  own_weights_.shrink_to_fit();
+}
+
+void OptimizerShard::SetState(const float* m, const float* v, int64_t step) {
+  std::copy(m, m + size(), m_.begin());
+  std::copy(v, v + size(), v_.begin());
+  step_ = step;
+}
+
+OptimizerShard::Scalars OptimizerShard::BeginStep(double global_norm) const {
+  Scalars s;
+  s.step = step_ + 1;
+  s.lr = LearningRate(schedule_, total_steps_, step_);
+  s.grad_scale = ClipCoefficient(global_norm, schedule_.clip_norm());
+  s.global_norm = global_norm;
+  return s;
+}
+
+void OptimizerShard::Apply(const Scalars& s, ParamRange sub, const float* grads) {
+  // The decay segments of [sub.begin, sub.end): AdamW is elementwise, so
+  // stepping a range in pieces gives the bits of stepping it at once.
+  std::vector<DecaySegment> pieces;
+  for (const DecaySegment& seg : segments_) {
+    const int64_t lo = std::max(seg.begin, sub.begin), hi = std::min(seg.end, sub.end);
+    if (lo < hi) pieces.push_back({lo, hi, seg.decay});
+  }
+  const int64_t at = sub.begin - range_.begin;
+  AdamWStep(pieces, sub.begin, weights_ + at, grads, m_.data() + at, v_.data() + at, s.step, s.lr, s.grad_scale,
+            adamw_);
+}
+
+OptimizerShard::Scalars OptimizerShard::Step(const float* grads, double global_norm) {
+  const Scalars s = BeginStep(global_norm);
+  Apply(s, range_, grads);
+  EndStep();
+  return s;
+}
+
+Status OptimizerShard::Save(const std::string& path) const {
+  return WriteShard(path, view());
+}
+
+}  // namespace herd

@@ -1,0 +1,102 @@
+// One range [begin, end) of the flat parameter space and everything the
+// optimizer keeps for it: the fp32 master weights, AdamW's m and v, the
+// number of steps taken, which elements take weight decay, and the
+// learning-rate schedule. The same object serves one process (the whole
+// space), a parameter server (its shard), a ZeRO-1 owner (its range) and a
+// DDP worker (the whole space); the GPU-resident trainer keeps its working
+// copy on the device and this one to load and checkpoint it.
+//
+// The weights are this object's own, or, where a worker's model computes
+// on the master weights in place (DDP, ZeRO-1), [begin, end) of the
+// caller's buffer of the whole space (AttachWeights).
+//
+// A step: BeginStep(global_norm) fixes the step's learning rate and
+// clipping coefficient; Apply(sub, grads) steps any sub-range (a server
+// steps bucket by bucket and serves pulls in between); EndStep() counts
+// the step. Step() does the three over the whole range.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "model/checkpoint.h"
+#include "model/optim/adamw.h"
+#include "model/param_layout.h"
+#include "proto/herd.pb.h"
+
+namespace herd {
+
+class OptimizerShard {
+ public:
+  // Fresh: checkpoint.init_from's weights, else the deterministic
+  // initialisation (a function of seed and tensor name only, so every
+  // partition starts from the same model), and zero moments. Resumed: the
+  // range assembled from the checkpoint's shards, whatever number of
+  // processes wrote them. The caller has checked that the checkpoint
+  // continues this run (CheckSameRun).
+  static StatusOr<std::unique_ptr<OptimizerShard>> InitOrResume(const config::JobConfig& config,
+                                                                const ParamLayout& layout, ParamRange range,
+                                                                const std::optional<VerifiedCheckpoint>& resume_from);
+  // From a given state (its range, weights, moments and step);
+  // `total_steps` is the schedule's length (train.steps).
+  OptimizerShard(const ParamLayout& layout, const config::OptimizerConfig& optimizer, int64_t total_steps,
+                 ShardState state);
+
+  OptimizerShard(const OptimizerShard&) = delete;
+  OptimizerShard& operator=(const OptimizerShard&) = delete;
+
+  ParamRange range() const { return range_; }
+  int64_t size() const { return range_.size(); }
+  // Steps taken; the next step is step() + 1.
+  int64_t step() const { return step_; }
+  // [begin, end) of the master weights (element 0 is element `begin` of the
+  // flat space).
+  float* weights() { return weights_; }
+  const float* weights() const { return weights_; }
+  float* m() { return m_.data(); }
+  float* v() { return v_.data(); }
+
+  // From now on the master weights are [begin, end) of `space` (the whole
+  // flat space, which must outlive this object); they are copied there.
+  void AttachWeights(float* space);
+  // Replaces the moments and step, e.g. with a GPU trainer's (GetState).
+  // `m` and `v` hold size() elements.
+  void SetState(const float* m, const float* v, int64_t step);
+
+  struct Scalars {
+    int64_t step = 0;          // the step being taken (1-based)
+    double lr = 0;             // the schedule's rate for it
+    double grad_scale = 1;     // the clipping coefficient
+    double global_norm = 0;    // before clipping
+  };
+  Scalars BeginStep(double global_norm) const;
+  // AdamW on [sub.begin, sub.end) ⊆ range(); `grads` points at element
+  // sub.begin of the flat space.
+  void Apply(const Scalars& s, ParamRange sub, const float* grads);
+  void EndStep() { ++step_; }
+  // The whole range at once; returns the step's scalars.
+  Scalars Step(const float* grads, double global_norm);
+
+  // Weights, moments and step as one shard file (model/checkpoint.h's
+  // format), written atomically.
+  Status Save(const std::string& path) const;
+  ShardView view() const { return {range_.begin, range_.end, step_, weights_, m_.data(), v_.data()}; }
+
+ private:
+  const ParamRange range_;
+  const std::vector<DecaySegment> segments_;  // over range_
+  const AdamWOptions adamw_;
+  const config::OptimizerConfig schedule_;
+  const int64_t total_steps_;
+
+  std::vector<float> own_weights_;  // empty once attached
+  float* weights_ = nullptr;        // own_weights_, or the attached space + begin
+  std::vector<float> m_, v_;
+  int64_t step_ = 0;
+};
+
+}  // namespace herd

@@ -1,0 +1,168 @@
+// OptimizerShard: one range of the flat space with its AdamW state, the same
+// object for one process, a server, a ZeRO-1 owner and a DDP worker. The
+// properties the modes rely on, asserted bitwise.
+#include "model/optim/optimizer_shard.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "common/file_util.h"
+#include "model/checkpoint.h"
+#include "model/llama_config.h"
+
+namespace herd {
+namespace {
+
+config::JobConfig SmallJob() {
+  config::JobConfig c;
+  auto* m = c.mutable_model();
+  m->set_vocab_size(97);
+  m->set_hidden_size(32);
+  m->set_intermediate_size(80);
+  m->set_num_hidden_layers(2);
+  m->set_num_attention_heads(4);
+  m->set_num_key_value_heads(2);
+  c.mutable_train()->set_steps(50);
+  c.mutable_train()->set_seed(5);
+  auto* o = c.mutable_optimizer();
+  o->set_lr(1e-2);
+  o->set_min_lr(1e-3);
+  o->set_warmup_steps(3);
+  o->set_weight_decay(0.1);  // decayed and undecayed tensors differ
+  o->set_clip_norm(1.0);
+  return c;
+}
+
+std::vector<float> Gradients(int64_t n, int seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0, 0.3f);
+  std::vector<float> g(n);
+  for (float& x : g) x = d(rng);
+  return g;
+}
+
+bool Same(const float* a, const float* b, int64_t n) { return std::memcmp(a, b, n * sizeof(float)) == 0; }
+
+class OptimizerShardTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_TRUE(dir_.Create("herd-optimizer-test").ok()); }
+  std::unique_ptr<OptimizerShard> Fresh(ParamRange r) {
+    auto s = OptimizerShard::InitOrResume(job_, layout_, r, std::nullopt);
+    EXPECT_TRUE(s.ok()) << s.status().message();
+    return std::move(s).value();
+  }
+
+  config::JobConfig job_ = SmallJob();
+  ParamLayout layout_{LlamaShape::FromConfig(job_.model())};
+  int64_t P_ = layout_.size();
+  TempDir dir_;
+};
+
+TEST_F(OptimizerShardTest, FreshStartIsTheDeterministicInitialisationWhateverTheRange) {
+  std::vector<float> all(P_);
+  InitParameters(layout_, 5, job_.model().initializer_range(), all.data());
+  auto whole = Fresh({0, P_});
+  EXPECT_TRUE(Same(whole->weights(), all.data(), P_));
+  auto part = Fresh({64, 640});
+  EXPECT_TRUE(Same(part->weights(), all.data() + 64, 576));
+  EXPECT_EQ(part->step(), 0);
+  for (int64_t i = 0; i < part->size(); ++i) ASSERT_EQ(part->m()[i], 0.0f);
+}
+
+TEST_F(OptimizerShardTest, StepIsClipAndAdamWAndFollowsTheSchedule) {
+  auto s = Fresh({0, P_});
+  std::vector<float> w(s->weights(), s->weights() + P_), m(P_, 0), v(P_, 0);
+  const auto segments = DecaySegments(layout_, 0, P_);
+  for (int t = 0; t < 5; ++t) {
+    const auto g = Gradients(P_, t);
+    const double norm = std::sqrt(SumOfSquares(g.data(), P_));
+    const OptimizerShard::Scalars k = s->Step(g.data(), norm);
+    const double lr = LearningRate(job_.optimizer(), 50, t);
+    EXPECT_EQ(k.lr, lr);
+    EXPECT_EQ(k.step, t + 1);
+    ClipAndAdamWStep(segments, 0, P_, w.data(), g.data(), m.data(), v.data(), t + 1, lr, 1.0,
+                     AdamWOptions::FromConfig(job_.optimizer()));
+    ASSERT_TRUE(Same(s->weights(), w.data(), P_)) << "step " << t + 1;
+    ASSERT_TRUE(Same(s->m(), m.data(), P_) && Same(s->v(), v.data(), P_)) << "step " << t + 1;
+  }
+  EXPECT_EQ(s->step(), 5);
+}
+
+// A server steps bucket by bucket, a ZeRO-1 owner its range, a process the
+// whole space: the pieces give the bits of the whole.
+TEST_F(OptimizerShardTest, SteppingInPiecesEqualsSteppingAtOnce) {
+  auto whole = Fresh({0, P_});
+  auto left = Fresh({0, 1024}), right = Fresh({1024, P_});
+  auto pieces = Fresh({0, P_});
+  for (int t = 0; t < 3; ++t) {
+    const auto g = Gradients(P_, 10 + t);
+    const double norm = 2.5;  // clipping on
+    whole->Step(g.data(), norm);
+    left->Step(g.data(), norm);
+    right->Step(g.data() + 1024, norm);
+    const OptimizerShard::Scalars k = pieces->BeginStep(norm);
+    for (int64_t b = P_; b > 0; b -= 333) {  // buckets in backward order, odd sizes
+      const int64_t lo = std::max<int64_t>(0, b - 333);
+      pieces->Apply(k, {lo, b}, g.data() + lo);
+    }
+    pieces->EndStep();
+  }
+  EXPECT_TRUE(Same(whole->weights(), left->weights(), 1024));
+  EXPECT_TRUE(Same(whole->weights() + 1024, right->weights(), P_ - 1024));
+  EXPECT_TRUE(Same(whole->weights(), pieces->weights(), P_));
+  EXPECT_TRUE(Same(whole->v(), pieces->v(), P_));
+}
+
+// A DDP or ZeRO-1 worker's master weights are its model's buffer.
+TEST_F(OptimizerShardTest, AttachedWeightsAreSteppedInThePlace) {
+  auto own = Fresh({128, 512});
+  auto attached = Fresh({128, 512});
+  std::vector<float> space(P_, -1.0f);
+  attached->AttachWeights(space.data());
+  EXPECT_TRUE(Same(space.data() + 128, own->weights(), 384));
+  EXPECT_EQ(space[127], -1.0f);
+  EXPECT_EQ(space[512], -1.0f);
+  const auto g = Gradients(384, 3);
+  own->Step(g.data(), 0.5);
+  attached->Step(g.data(), 0.5);
+  EXPECT_EQ(attached->weights(), space.data() + 128);
+  EXPECT_TRUE(Same(space.data() + 128, own->weights(), 384));
+}
+
+// Saved by any number of shards, resumed on any other partition.
+TEST_F(OptimizerShardTest, SavedShardsResumeOnAnyPartition) {
+  const int64_t cut = 704;  // 64-aligned
+  auto a = Fresh({0, cut}), b = Fresh({cut, P_});
+  for (int t = 0; t < 4; ++t) {
+    const auto g = Gradients(P_, 20 + t);
+    a->Step(g.data(), 1.5);
+    b->Step(g.data() + cut, 1.5);
+  }
+  config::JobConfig job = job_;
+  const std::string step_dir = StepDirName(dir_.path(), 4);
+  ASSERT_TRUE(BeginCheckpointPart(step_dir).ok());
+  ASSERT_TRUE(WriteConfigPart(step_dir, job).ok());
+  ASSERT_TRUE(a->Save(JoinPath(step_dir, ShardFileName(0))).ok());
+  ASSERT_TRUE(b->Save(JoinPath(step_dir, ShardFileName(1))).ok());
+  ASSERT_TRUE(WriteManifest(step_dir, 4, CheckpointParts(2, 0)).ok());
+  auto ckpt = LatestVerifiedCheckpoint(dir_.path());
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status().message();
+  auto whole = OptimizerShard::InitOrResume(job, layout_, {0, P_}, *ckpt);
+  ASSERT_TRUE(whole.ok()) << whole.status().message();
+  EXPECT_EQ((*whole)->step(), 4);
+  EXPECT_TRUE(Same((*whole)->weights(), a->weights(), cut));
+  EXPECT_TRUE(Same((*whole)->weights() + cut, b->weights(), P_ - cut));
+  EXPECT_TRUE(Same((*whole)->m() + cut, b->m(), P_ - cut));
+  // And the next step continues where the pieces would have.
+  const auto g = Gradients(P_, 99);
+  (*whole)->Step(g.data(), 1.5);
+  b->Step(g.data() + cut, 1.5);
+  EXPECT_TRUE(Same((*whole)->weights() + cut, b->weights(), P_ - cut));
+}
+
+}  // namespace
+}  // namespace herd
