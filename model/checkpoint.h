@@ -8,8 +8,9 @@
 // Promise: every file is written atomically (temp name, fsync, rename); a
 // step directory without a manifest, or whose parts do not match the
 // manifest, is never loaded. The manifest is written by whoever commits the
-// checkpoint (the trainer alone; later the coordinator) only after every
-// part reported success.
+// checkpoint (the single process; server 0, or worker 0 without servers,
+// after the two-phase vote of transport/join.h's CommitCheckpoint) only
+// after every part reported success.
 #pragma once
 
 #include <cstdint>

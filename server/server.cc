@@ -111,16 +111,11 @@ Status RunParameterServer(const config::JobConfig& config, const TrainOptions& o
     const int64_t step = t + 1;
     if (CheckpointDue(config.checkpoint(), step, last)) {
       const std::string step_dir = StepDirName(ckpt_dir, step);
-      Status part = BeginCheckpointPart(step_dir);
-      if (part.ok() && rank == 0) part = WriteConfigPart(step_dir, config);
-      if (part.ok()) part = shard.optimizer().Save(JoinPath(step_dir, ShardFileName(rank)));
-      HERD_RETURN_IF_ERROR(transport::AllSucceeded(*client, "herd/checkpoint/" + std::to_string(step), part)
-                               .WithContext("checkpoint " + step_dir + ": "));
-      if (rank == 0) {
-        part = WriteManifest(step_dir, step, CheckpointParts(client->num_servers(), client->num_workers()));
-      }
-      HERD_RETURN_IF_ERROR(transport::AllSucceeded(*client, "herd/committed/" + std::to_string(step), part)
-                               .WithContext("checkpoint " + step_dir + ": "));
+      // Server 0 commits: the servers hold the optimizer state.
+      HERD_RETURN_IF_ERROR(transport::CommitCheckpoint(
+          *client, step_dir, step, config, /*committer=*/rank == 0,
+          CheckpointParts(client->num_servers(), client->num_workers()),
+          [&] { return shard.optimizer().Save(JoinPath(step_dir, ShardFileName(rank))); }));
     }
   }
   HERD_RETURN_IF_ERROR(client->Barrier("herd/done"));

@@ -66,7 +66,7 @@ class ShardPlan {
   const std::vector<Bucket>& buckets() const { return buckets_; }
   // The server owning element `offset`.
   int ServerOf(int64_t offset) const;
-  // "server 0 [0, 412160) 1.6 MiB; server 1 ..." for logs.
+  // "server 0 [0, 412160) 0.41M elements in 2 buckets; server 1 ..." for logs.
   std::string Describe() const;
 
  private:

@@ -1,4 +1,4 @@
-"""CUDA workers end to end through `herd launch` (issue E), against one CPU
+"""CUDA workers end to end through `herd launch`, against one CPU
 process training the same job (the tiny config, 20 steps, global batch 8):
 
 * configs/tiny.textproto (the default job: d128, 4 layers, batch 8 x 128

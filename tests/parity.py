@@ -21,7 +21,7 @@ B, T, STEPS = 2, 9, 5
 # near-zero gradient elements (m / sqrt(v) ~ sign(g)) does not amplify
 # float32 rounding noise past the tolerance over 5 steps.
 OPT = dict(lr=1e-3, min_lr=1e-4, warmup=2, clip=0.5, wd=0.1, beta1=0.9, beta2=0.95, eps=1e-8)
-# Tolerances of issue A: logits, gradients and weights after 5 steps
+# Tolerances: logits, gradients and weights after 5 steps
 # relative to the tensor's largest magnitude; loss relative to its value.
 TOL = dict(logits=1e-5, loss=1e-6, grad=1e-5, weights=1e-5)
 

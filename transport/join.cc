@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "model/checkpoint.h"
 #include "transport/wire.h"
 
 namespace herd::transport {
@@ -44,9 +45,6 @@ StatusOr<std::unique_ptr<CoordinatorClient>> JoinJob(const JoinOptions& options,
   return client;
 }
 
-}  // namespace herd::transport
-
-namespace herd::transport {
 
 Status AgreeOn(CoordinatorClient& client, const std::string& name, const std::string& value, const std::string& what) {
   HERD_ASSIGN_OR_RETURN(std::vector<std::string> all, client.AllGather(name, value));
@@ -66,6 +64,19 @@ Status AllSucceeded(CoordinatorClient& client, const std::string& name, const St
     if (!all[i].empty()) return Status::Aborted(DescribeMember(client.members()[i]) + ": " + all[i]);
   }
   return Status::OK();
+}
+
+Status CommitCheckpoint(CoordinatorClient& client, const std::string& step_dir, int64_t step,
+                        const config::JobConfig& config, bool committer, const std::vector<std::string>& parts,
+                        const std::function<Status()>& write_parts) {
+  Status part = BeginCheckpointPart(step_dir);
+  if (part.ok() && committer) part = WriteConfigPart(step_dir, config);
+  if (part.ok()) part = write_parts();
+  const std::string where = "checkpoint " + step_dir + ": ";
+  HERD_RETURN_IF_ERROR(AllSucceeded(client, "herd/checkpoint/" + std::to_string(step), part).WithContext(where));
+  Status committed;
+  if (committer) committed = WriteManifest(step_dir, step, parts);
+  return AllSucceeded(client, "herd/committed/" + std::to_string(step), committed).WithContext(where);
 }
 
 }  // namespace herd::transport

@@ -6,7 +6,7 @@
 // server: the optimizer step a push belongs to, the weights version a pull
 // wants). Nothing here
 // knows about models: what a push does to the buffer and when a pull may be
-// answered is the ShardHandler's business (issue C's parameter server
+// answered is the ShardHandler's business (server/parameter_shard
 // aggregates and steps AdamW there; AccumulatingShard simply adds).
 //
 // Every request header and range that arrives is validated before use; a

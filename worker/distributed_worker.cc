@@ -201,16 +201,11 @@ Status TrainDistributedWorker(const config::JobConfig& config, const TrainOption
     const std::string step_dir = StepDirName(ckpt_dir, step);
     // Worker 0 commits unless servers hold the optimizer (they commit then).
     const bool commits = leader && exchange->shard_files() > 0;
-    Status part = BeginCheckpointPart(step_dir);
-    if (part.ok()) part = WriteFileAtomic(JoinPath(step_dir, WorkerFileName(rank)), loader_state);
-    if (part.ok()) part = exchange->WriteCheckpointParts(step_dir);
-    if (part.ok() && commits) part = WriteConfigPart(step_dir, config);
-    HERD_RETURN_IF_ERROR(transport::AllSucceeded(*client, "herd/checkpoint/" + std::to_string(step), part)
-                             .WithContext("checkpoint " + step_dir + ": "));
-    Status committed;
-    if (commits) committed = WriteManifest(step_dir, step, CheckpointParts(exchange->shard_files(), W));
-    HERD_RETURN_IF_ERROR(transport::AllSucceeded(*client, "herd/committed/" + std::to_string(step), committed)
-                             .WithContext("checkpoint " + step_dir + ": "));
+    HERD_RETURN_IF_ERROR(transport::CommitCheckpoint(
+        *client, step_dir, step, config, commits, CheckpointParts(exchange->shard_files(), W), [&] {
+          Status part = WriteFileAtomic(JoinPath(step_dir, WorkerFileName(rank)), loader_state);
+          return part.ok() ? exchange->WriteCheckpointParts(step_dir) : part;
+        }));
     if (leader) {
       std::printf("checkpoint: %s (%.1fs)\n", step_dir.c_str(), sw.Seconds());
       std::fflush(stdout);

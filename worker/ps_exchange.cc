@@ -79,7 +79,7 @@ class ParameterExchange : public GradientExchange {
     }
   }
   // Blocks until every weight below flat offset `end` has arrived (forward
-  // calls this layer by layer). A failure is kept for FinishPulls.
+  // calls this layer by layer). A failure is kept for FinishWeights.
   void WaitUpTo(int64_t end) override {
     while (next_pull_ < pulls_.size() && pulls_[next_pull_].first->range.begin < end) {
       const auto [bucket, ticket] = pulls_[next_pull_++];

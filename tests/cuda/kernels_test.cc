@@ -1,6 +1,6 @@
 // Every CUDA kernel against model/cpu's implementation (run in double, the
 // reference), in both compute dtypes. fp32: 1e-4 relative to the tensor's
-// largest element, as issue E asks. bf16: the reference is fed the same
+// largest element. bf16: the reference is fed the same
 // bf16-rounded inputs and the tolerance is stated per tensor below (bf16
 // keeps 8 significant bits, 3.9e-3 relative per rounding; outputs that
 // pass through several rounded intermediates get more).
