@@ -3,6 +3,7 @@
 #include <glog/logging.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -11,6 +12,7 @@
 #include "common/clock.h"
 #include "common/file_util.h"
 #include "common/memory.h"
+#include "common/run_summary.h"
 #include "common/strings.h"
 #include "model/checkpoint.h"
 #include "model/optim/optimizer_shard.h"
@@ -99,8 +101,8 @@ Status RunParameterServer(const config::JobConfig& config, const TrainOptions& o
   client->OnFailure([&shard](const Status& failure) { shard.Fail(failure); });
   if (rank == 0) LOG(INFO) << "shard plan: " << plan.Describe();
 
-  const int64_t last = options.LastStep(config.train().steps());
-  for (int64_t t = shard.optimizer().step(); t < last; ++t) {
+  const int64_t start = shard.optimizer().step(), last = options.LastStep(config.train().steps());
+  for (int64_t t = start; t < last; ++t) {
     HERD_ASSIGN_OR_RETURN(double partial, shard.WaitForGradients());
     HERD_ASSIGN_OR_RETURN(double norm, GlobalNorm(*client, t, partial));
     if (!std::isfinite(norm)) {
@@ -120,9 +122,12 @@ Status RunParameterServer(const config::JobConfig& config, const TrainOptions& o
   }
   HERD_RETURN_IF_ERROR(client->Barrier("herd/done"));
   if (auto memory = PlanMemory(config); memory.ok()) {
-    std::printf("peak memory: %s (herd plan: %s)\n", FormatBytes(PeakRssBytes()).c_str(),
-                FormatBytes(memory->processes[rank].total()).c_str());
+    RunSummary summary{"server", rank, last - start, PeakRssBytes(), memory->processes[rank].total(),
+                       transport->stats().bytes_sent / static_cast<double>(std::max<int64_t>(1, last - start))};
+    std::printf("peak memory: %s (herd plan: %s)\n", FormatBytes(summary.peak_rss_bytes).c_str(),
+                FormatBytes(summary.plan_bytes).c_str());
     std::fflush(stdout);
+    HERD_RETURN_IF_ERROR(WriteRunSummary(config.log().summary_dir(), summary));
   }
   return client->Leave();
 }

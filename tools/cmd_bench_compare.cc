@@ -14,7 +14,6 @@
 #include <cstdlib>
 #include <fstream>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <string>
 #include <vector>
 
@@ -57,6 +56,8 @@ StatusOr<ModeResult> RunMode(const std::string& herd, const std::string& config_
     sets.insert(sets.end(), {"cluster.sync=ALLREDUCE", "cluster.servers=0",
                              std::string("cluster.zero_stage=") + (mode == "allreduce_zero1" ? "1" : "0")});
   }
+  const std::string summaries = JoinPath(dir, mode + "_summaries");
+  sets.push_back("log.summary_dir=" + summaries);
   std::string cmd = ShellQuote(herd) + " launch " + ShellQuote(config_path);
   for (const std::string& s : sets) cmd += " --set " + ShellQuote(s);
   cmd += " 2>&1";
@@ -64,26 +65,29 @@ StatusOr<ModeResult> RunMode(const std::string& herd, const std::string& config_
   if (out == nullptr) return Status::IOError("cannot run " + herd);
   std::string output;
   char line[4096];
-  const std::regex peak(R"(^(server|worker) (\d+): peak memory: ([\d.]+) (\w+)(?:.*sent ([\d.]+) MiB per step)?)");
-  std::vector<double> sent;
-  while (std::fgets(line, sizeof line, out) != nullptr) {
-    output += line;
-    std::cmatch m;
-    if (!std::regex_search(line, m, peak)) continue;
-    const double bytes = static_cast<double>(ParseByteSize(m[3].str() + m[4].str()));
-    if (m[1].str() == "server") {
-      r.server_peak = std::max(r.server_peak, bytes);
-    } else {
-      r.worker_peak = std::max(r.worker_peak, bytes);
-      r.workers = std::max(r.workers, std::atoi(m[2].str().c_str()) + 1);
-      if (m[5].matched) sent.push_back(std::atof(m[5].str().c_str()));
-    }
-  }
+  while (std::fgets(line, sizeof line, out) != nullptr) output += line;
   const int rc = ::pclose(out);
   if (rc != 0) {
     const size_t tail = output.size() > 2000 ? output.size() - 2000 : 0;
     return Status::Internal(mode + ": herd launch failed (" + std::to_string(WEXITSTATUS(rc)) + "):\n" +
                             output.substr(tail));
+  }
+  // Every process's end-of-run summary (log.summary_dir).
+  std::vector<double> sent;
+  for (const std::string& path : Glob(JoinPath(summaries, "*.json"))) {
+    HERD_ASSIGN_OR_RETURN(std::string text, ReadFile(path, 1 << 16));
+    const nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
+    if (!j.is_object() || !j.contains("role") || !j.contains("peak_rss_bytes")) {
+      return Status::Corruption(path + ": not a run summary");
+    }
+    const double peak = j.value("peak_rss_bytes", 0.0);
+    if (j.value("role", "") == "server") {
+      r.server_peak = std::max(r.server_peak, peak);
+    } else {
+      r.worker_peak = std::max(r.worker_peak, peak);
+      ++r.workers;
+      sent.push_back(j.value("bytes_sent_per_step", 0.0) / (1 << 20));
+    }
   }
   r.servers = mode == "ps" ? servers : 0;
   r.sent_mib_per_step = Median(sent);

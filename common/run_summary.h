@@ -1,0 +1,27 @@
+// What a process of a job reports about itself at the end of a run, for
+// programs (`herd bench compare`, tests) rather than people: with
+// log.summary_dir set, each server and worker writes DIR/ROLE_RRRRR.json
+// (e.g. worker_00001.json), one JSON object, atomically. People read the
+// "peak memory: ..." line the same process prints.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+
+namespace herd {
+
+struct RunSummary {
+  std::string role;  // "server" or "worker"
+  int rank = 0;
+  int64_t steps = 0;                 // steps this run took
+  int64_t peak_rss_bytes = 0;        // PeakRssBytes() at the end
+  int64_t plan_bytes = 0;            // what `herd plan` predicted for it
+  double bytes_sent_per_step = 0;    // over the data plane
+};
+
+// Writes `s` into `dir` (created if missing); nothing when `dir` is empty.
+Status WriteRunSummary(const std::string& dir, const RunSummary& s);
+
+}  // namespace herd
