@@ -8,13 +8,12 @@
 #include <cstdint>
 
 #include "model/llama_config.h"
+#include "model/optim/sum_of_squares_chunk.h"
 
 namespace herd::cuda {
 
 // Row partitions of RMSNorm's weight gradient (rmsnorm.cu).
 inline constexpr int kRmsNormPartitions = 128;
-// Elements per partial sum of the gradient norm (model/optim's chunk).
-inline constexpr int64_t kSumOfSquaresChunk = 4096;
 // cuBLASLt's workspace per Matmul (what it asks for on Hopper).
 inline constexpr int64_t kCublasWorkspaceBytes = 32ll << 20;
 
@@ -48,8 +47,8 @@ int64_t GpuWorkerDeviceBytes(const LlamaShape& shape, int max_batch, int max_seq
 // the bf16 compute copy, the norm's partial sums, cuBLASLt's workspace.
 int64_t DeviceTrainerDeviceBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16);
 
-// Chunks of the gradient norm's partial sums over n elements (4096 each,
-// as model/optim's SumOfSquares).
+// Chunks of the gradient norm's partial sums over n elements
+// (kSumOfSquaresChunk each, as model/optim's SumOfSquares).
 int64_t SumOfSquaresChunks(int64_t n);
 
 }  // namespace herd::cuda

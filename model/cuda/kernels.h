@@ -103,8 +103,9 @@ void Convert(To* out, const From* in, int64_t n, cudaStream_t stream);
 // range (call per DecaySegment), gradients scaled by grad_scale as read.
 void AdamW(float* params, const float* grads, float* m, float* v, int64_t n, const AdamWScalars& s, float decay,
            cudaStream_t stream);
-// Partial sums of squares in double over fixed 4096-element chunks of x:
-// partial[c] for c < SumOfSquaresChunks(n); the caller adds them in order.
+// Partial sums of squares in double over fixed kSumOfSquaresChunk-element
+// chunks of x: partial[c] for c < SumOfSquaresChunks(n); the caller adds
+// them in order.
 void SumOfSquaresPartials(double* partial, const float* x, int64_t n, cudaStream_t stream);
 
 }  // namespace herd::cuda

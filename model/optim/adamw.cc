@@ -78,7 +78,7 @@ double LearningRate(const config::OptimizerConfig& o, int64_t total_steps, int64
 }
 
 double SumOfSquares(const float* x, int64_t n) {
-  constexpr int64_t kChunk = 4096;
+  constexpr int64_t kChunk = kSumOfSquaresChunk;
   const int64_t chunks = (n + kChunk - 1) / kChunk;
   std::vector<double> partial(chunks);
 #pragma omp parallel for schedule(static)

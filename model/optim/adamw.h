@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "model/optim/sum_of_squares_chunk.h"
 #include "model/param_layout.h"
 #include "proto/herd.pb.h"
 
@@ -54,7 +55,8 @@ double ClipAndAdamWStep(const std::vector<DecaySegment>& segments, int64_t range
 // to min_lr at the last step. `t` is the 0-based step index.
 double LearningRate(const config::OptimizerConfig& o, int64_t total_steps, int64_t t);
 
-// Sum of squares in double, over fixed 4096-element chunks summed in order:
+// Sum of squares in double, over fixed kSumOfSquaresChunk-element chunks
+// summed in order (sum_of_squares_chunk.h, shared with the GPU's norm):
 // the result does not depend on the thread count, and partial sums over
 // chunk-aligned ranges add up to the same total.
 double SumOfSquares(const float* x, int64_t n);
