@@ -43,6 +43,64 @@ struct LlamaModel<T>::Activations {
   struct Layer {
     T *x, *x_out, *ln1, *ln1_rstd, *q, *k, *v, *probs, *att, *mid, *ln2, *ln2_rstd, *gate, *up, *act;
   };
+  // Every floating-point buffer above with its element count for
+  // max_batch x max_seq_len tokens: the one list that sizes the allocation
+  // (the constructor; backward's scratch on the first Backward, grown when
+  // the thread count grows) and the memory plan (ActivationBytes), as
+  // llm.c's fill_in_activation_sizes. tokens and targets: N int32 each.
+  struct Buffer {
+    std::vector<T> Activations::*member;
+    int64_t elements;
+    bool backward_scratch;
+  };
+  static std::vector<Buffer> Table(const LlamaShape& s, int max_batch, int max_seq_len) {
+    const int64_t N = static_cast<int64_t>(max_batch) * max_seq_len, L = s.num_layers, d = s.hidden_size;
+    const int64_t qd = s.q_dim(), kvd = s.kv_dim(), f = s.intermediate_size;
+    const int64_t probs_elements = L * max_batch * s.num_heads * static_cast<int64_t>(max_seq_len) * max_seq_len;
+    const int64_t rope_elements = static_cast<int64_t>(max_seq_len) * s.head_dim() / 2;
+    using A = Activations;
+    return {
+        {&A::rope_cos, rope_elements, false},
+        {&A::rope_sin, rope_elements, false},
+        {&A::residual, (L + 1) * N * d, false},
+        {&A::ln1, L * N * d, false},
+        {&A::ln1_rstd, L * N, false},
+        {&A::q, L * N * qd, false},
+        {&A::k, L * N * kvd, false},
+        {&A::v_, L * N * kvd, false},
+        {&A::probs, probs_elements, false},
+        {&A::att, L * N * qd, false},
+        {&A::residual_mid, L * N * d, false},
+        {&A::ln2, L * N * d, false},
+        {&A::ln2_rstd, L * N, false},
+        {&A::gate, L * N * f, false},
+        {&A::up, L * N * f, false},
+        {&A::act, L * N * f, false},
+        {&A::lnf, N * d, false},
+        {&A::lnf_rstd, N, false},
+        {&A::logits, N * s.vocab_size, false},
+        {&A::losses, N, false},
+        {&A::dresidual, N * d, true},
+        {&A::dln, N * d, true},
+        {&A::datt, N * qd, true},
+        {&A::dq, N * qd, true},
+        {&A::dk, N * kvd, true},
+        {&A::dv, N * kvd, true},
+        {&A::dact, N * f, true},
+        {&A::dgate, N * f, true},
+        {&A::dup, N * f, true},
+        {&A::attn_scratch, AttentionScratchSize(max_seq_len, s.num_heads, s.num_kv_heads), true},
+    };
+  }
+  // Sizes every buffer of the table that `backward_scratch` selects (grows,
+  // never shrinks).
+  void Allocate(const LlamaShape& s, int max_batch, int max_seq_len, bool backward_scratch) {
+    for (const Buffer& b : Table(s, max_batch, max_seq_len)) {
+      std::vector<T>& v = this->*b.member;
+      if (b.backward_scratch == backward_scratch && static_cast<int64_t>(v.size()) < b.elements) v.resize(b.elements);
+    }
+  }
+
   Layer layer(int64_t l) {
     return {residual.data() + l * N * d,      residual.data() + (l + 1) * N * d, ln1.data() + l * N * d,
             ln1_rstd.data() + l * N,          q.data() + l * N * qd,             k.data() + l * N * kvd,
@@ -53,57 +111,19 @@ struct LlamaModel<T>::Activations {
   }
 };
 
-namespace {
-
-// Element counts of every activation buffer, for the constructor and for
-// memory plans (one formula for both).
-struct ActivationSizes {
-  int64_t tokens, rope, residual, per_layer_d, per_layer_rows, per_layer_qd, per_layer_kvd, probs, per_layer_f,
-      lnf, rows, logits;
-  // Backward scratch (allocated on the first Backward).
-  int64_t d_rows_d, d_rows_qd, d_rows_kvd, d_rows_f, attn_scratch;
-
-  ActivationSizes(const LlamaShape& s, int max_batch, int max_seq_len) {
-    const int64_t N = static_cast<int64_t>(max_batch) * max_seq_len, L = s.num_layers, d = s.hidden_size;
-    tokens = N;
-    rope = static_cast<int64_t>(max_seq_len) * s.head_dim() / 2;
-    residual = (L + 1) * N * d;
-    per_layer_d = L * N * d;
-    per_layer_rows = L * N;
-    per_layer_qd = L * N * s.q_dim();
-    per_layer_kvd = L * N * s.kv_dim();
-    probs = L * max_batch * s.num_heads * static_cast<int64_t>(max_seq_len) * max_seq_len;
-    per_layer_f = L * N * s.intermediate_size;
-    lnf = N * d;
-    rows = N;
-    logits = N * s.vocab_size;
-    d_rows_d = N * d;
-    d_rows_qd = N * s.q_dim();
-    d_rows_kvd = N * s.kv_dim();
-    d_rows_f = N * s.intermediate_size;
-    attn_scratch = AttentionScratchSize(max_seq_len, s.num_heads, s.num_kv_heads);
-  }
-  // Floating-point elements (tokens and targets are int32, counted apart).
-  int64_t FloatElements() const {
-    return 2 * rope + residual + 3 * per_layer_d + 2 * per_layer_rows + 2 * per_layer_qd + 2 * per_layer_kvd +
-           probs + 3 * per_layer_f + lnf + rows + logits + rows + 2 * d_rows_d + 2 * d_rows_qd + 2 * d_rows_kvd +
-           3 * d_rows_f + attn_scratch;
-  }
-};
-
-}  // namespace
 
 template <typename T>
 int64_t LlamaModel<T>::ActivationBytes(const LlamaShape& shape, int max_batch, int max_seq_len) {
-  const ActivationSizes z(shape, max_batch, max_seq_len);
-  return z.FloatElements() * static_cast<int64_t>(sizeof(T)) + 2 * z.tokens * static_cast<int64_t>(sizeof(int32_t));
+  int64_t floats = 0;
+  for (const auto& b : Activations::Table(shape, max_batch, max_seq_len)) floats += b.elements;
+  const int64_t tokens = static_cast<int64_t>(max_batch) * max_seq_len;
+  return floats * static_cast<int64_t>(sizeof(T)) + 2 * tokens * static_cast<int64_t>(sizeof(int32_t));
 }
 
 template <typename T>
 LlamaModel<T>::LlamaModel(const LlamaShape& shape, int max_batch, int max_seq_len)
     : layout_(shape), max_batch_(max_batch), max_seq_len_(max_seq_len), acts_(new Activations) {
   Activations& a = *acts_;
-  const ActivationSizes z(shape, max_batch, max_seq_len);
   a.N = static_cast<int64_t>(max_batch) * max_seq_len;
   a.max_batch = max_batch;
   a.d = shape.hidden_size;
@@ -115,30 +135,11 @@ LlamaModel<T>::LlamaModel(const LlamaShape& shape, int max_batch, int max_seq_le
   a.L = shape.num_layers;
   a.H = shape.num_heads;
   a.KV = shape.num_kv_heads;
-  a.tokens.resize(z.tokens);
-  a.targets.resize(z.tokens);
-  a.rope_cos.resize(z.rope);
-  a.rope_sin.resize(z.rope);
+  a.tokens.resize(a.N);
+  a.targets.resize(a.N);
+  a.Allocate(shape, max_batch, max_seq_len, /*backward_scratch=*/false);
   RopeTables(a.rope_cos.data(), a.rope_sin.data(), max_seq_len, shape.head_dim(), shape.rope_theta,
              shape.rope_scaling);
-  a.residual.resize(z.residual);
-  a.ln1.resize(z.per_layer_d);
-  a.ln1_rstd.resize(z.per_layer_rows);
-  a.q.resize(z.per_layer_qd);
-  a.k.resize(z.per_layer_kvd);
-  a.v_.resize(z.per_layer_kvd);
-  a.probs.resize(z.probs);
-  a.att.resize(z.per_layer_qd);
-  a.residual_mid.resize(z.per_layer_d);
-  a.ln2.resize(z.per_layer_d);
-  a.ln2_rstd.resize(z.per_layer_rows);
-  a.gate.resize(z.per_layer_f);
-  a.up.resize(z.per_layer_f);
-  a.act.resize(z.per_layer_f);
-  a.lnf.resize(z.lnf);
-  a.lnf_rstd.resize(z.rows);
-  a.logits.resize(z.logits);
-  a.losses.resize(z.rows);
 }
 
 template <typename T>
@@ -203,21 +204,9 @@ void LlamaModel<T>::Backward(const T* params, T* grads, double loss_scale, const
   const int B = a.B, T_ = a.Tcur;
   const int64_t N = static_cast<int64_t>(B) * T_, d = a.d, qd = a.qd, kvd = a.kvd, f = a.f;
   const int64_t hd = s.head_dim();
-  const ActivationSizes z(s, max_batch_, max_seq_len_);
-  if (a.dresidual.empty()) {  // scratch is allocated on first use only
-    a.dresidual.resize(z.d_rows_d);
-    a.dln.resize(z.d_rows_d);
-    a.datt.resize(z.d_rows_qd);
-    a.dq.resize(z.d_rows_qd);
-    a.dk.resize(z.d_rows_kvd);
-    a.dv.resize(z.d_rows_kvd);
-    a.dact.resize(z.d_rows_f);
-    a.dgate.resize(z.d_rows_f);
-    a.dup.resize(z.d_rows_f);
-  }
-  // Per-thread scratch: sized for the thread count of this call, which may
-  // have grown since the last one.
-  if (static_cast<int64_t>(a.attn_scratch.size()) < z.attn_scratch) a.attn_scratch.resize(z.attn_scratch);
+  // Scratch on first use; the attention scratch is per thread and grows
+  // with this call's thread count.
+  a.Allocate(s, max_batch_, max_seq_len_, /*backward_scratch=*/true);
   T* dres = a.dresidual.data();
   T* dln = a.dln.data();
 
