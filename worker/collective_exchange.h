@@ -16,7 +16,7 @@
 // broadcast; on resume every worker reads what it needs from the
 // checkpoint. Checkpoints: DDP worker 0 writes the one shard; under ZeRO-1
 // each worker writes its own range, so `--resume` works with either, and
-// with PS checkpoints, at any worker count.
+// with PS checkpoints, of the same number of workers.
 #pragma once
 
 #include <memory>

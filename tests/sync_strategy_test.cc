@@ -1,0 +1,279 @@
+// The sync strategies on their own, every process of a job in one test
+// process, each with its own UCX worker and thread, over the real
+// transport: all-reduce (worker/collective_exchange, DDP and ZeRO-1 over
+// the ring) and parameter servers (worker/ps_exchange against
+// server/parameter_shard). One step must leave every worker with the
+// weights one process gets by stepping the summed gradients, the same
+// report (global norm, lr, mean loss) everywhere, and the weights of every
+// owner (ZeRO-1) or server must reach every worker.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "model/optim/optimizer_shard.h"
+#include "server/parameter_shard.h"
+#include "transport/push_pull.h"
+#include "transport/ring_collectives.h"
+#include "worker/collective_exchange.h"
+#include "worker/ps_exchange.h"
+
+namespace herd {
+namespace {
+
+using transport::PeerId;
+using transport::RingCollectives;
+using transport::UcxTransport;
+
+config::JobConfig SmallJob(int workers, int zero_stage) {
+  config::JobConfig c;
+  auto* m = c.mutable_model();
+  m->set_vocab_size(61);
+  m->set_hidden_size(32);
+  m->set_intermediate_size(64);
+  m->set_num_hidden_layers(2);
+  m->set_num_attention_heads(4);
+  m->set_num_key_value_heads(2);
+  c.mutable_train()->set_steps(20);
+  c.mutable_train()->set_seed(3);
+  c.mutable_optimizer()->set_lr(1e-2);
+  c.mutable_optimizer()->set_weight_decay(0.1);
+  c.mutable_optimizer()->set_clip_norm(1.0);
+  auto* cl = c.mutable_cluster();
+  cl->set_sync(config::ClusterConfig::ALLREDUCE);
+  cl->set_workers(workers);
+  cl->set_zero_stage(zero_stage);
+  cl->set_bucket_mb(0.004);  // ~1000 floats: several buckets
+  return c;
+}
+
+// Gradients whose sums over workers are exact in fp32 (multiples of 2^-10
+// below 2^8), so any summation order gives the same bits.
+std::vector<float> Gradient(int64_t n, int worker) {
+  std::vector<float> g(n);
+  for (int64_t i = 0; i < n; ++i) g[i] = static_cast<float>(((i * 7 + worker * 13) % 41) - 20) / 1024.0f;
+  return g;
+}
+
+void RunOneStep(int W, int zero_stage) {
+  const config::JobConfig job = SmallJob(W, zero_stage);
+  const ParamLayout layout(LlamaShape::FromConfig(job.model()));
+  const int64_t P = layout.size();
+  auto plan = CollectivePlan(layout, job, W);
+  ASSERT_TRUE(plan.ok()) << plan.status().message();
+  ASSERT_GT(plan->buckets().size(), 2u);
+
+  std::vector<std::unique_ptr<UcxTransport>> transports;
+  std::vector<PeerId> peers;
+  for (int r = 0; r < W; ++r) {
+    transports.push_back(std::move(UcxTransport::Create(r).value()));
+    peers.push_back(r);
+  }
+  std::vector<std::unique_ptr<RingCollectives>> rings;
+  for (int r = 0; r < W; ++r) rings.push_back(std::make_unique<RingCollectives>(transports[r].get(), r, peers));
+  for (int r = 0; r < W; ++r) {
+    for (int p = 0; p < W; ++p) {
+      if (p != r) ASSERT_TRUE(transports[r]->Connect(p, transports[p]->address(), "rank " + std::to_string(p)).ok());
+    }
+  }
+
+  std::vector<std::vector<float>> weights(W, std::vector<float>(P, -7.0f)), grads(W);
+  std::vector<StepReport> reports(W);
+  std::vector<Status> results(W);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < W; ++r) {
+    threads.emplace_back([&, r] {
+      CollectiveExchangeOptions o;
+      o.config = &job;
+      o.layout = &layout;
+      o.plan = &*plan;
+      o.zero1 = zero_stage == 1;
+      o.collectives = rings[r].get();
+      auto exchange = CreateCollectiveExchange(o, weights[r].data(), std::nullopt);
+      if (!exchange.ok()) {
+        results[r] = exchange.status();
+        return;
+      }
+      GradientExchange& x = **exchange;
+      x.IssueWeights(weights[r].data(), 0);  // worker 0's initial weights to all
+      results[r] = x.FinishWeights();
+      if (!results[r].ok()) return;
+      grads[r] = Gradient(P, r);
+      x.BeginStep(grads[r].data(), 0);
+      x.FinalFrom(0);  // backward done: every bucket may go
+      results[r] = x.FinishStep(/*loss=*/1.0 + r);
+      if (!results[r].ok()) return;
+      x.IssueWeights(weights[r].data(), 1);
+      results[r] = x.FinishWeights();
+      reports[r] = x.report();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < W; ++r) ASSERT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r].message();
+
+  // One process with the summed gradients, from the same initial weights.
+  auto reference = OptimizerShard::InitOrResume(job, layout, {0, P}, std::nullopt);
+  ASSERT_TRUE(reference.ok());
+  std::vector<float> sum(P, 0.0f);
+  for (int r = 0; r < W; ++r) {
+    const auto g = Gradient(P, r);
+    for (int64_t i = 0; i < P; ++i) sum[i] += g[i];
+  }
+  const double norm = std::sqrt(SumOfSquares(sum.data(), P));
+  const OptimizerShard::Scalars k = (*reference)->Step(sum.data(), norm);
+  for (int r = 0; r < W; ++r) {
+    EXPECT_EQ(0, std::memcmp(weights[r].data(), (*reference)->weights(), P * sizeof(float)))
+        << "rank " << r << " of " << W << (zero_stage ? ", ZeRO-1" : ", DDP");
+    EXPECT_EQ(reports[r].version, 1u);
+    EXPECT_EQ(reports[r].lr, k.lr);
+    // DDP norms every gradient in one sum, ZeRO-1 adds owners' partials:
+    // equal to rounding.
+    EXPECT_NEAR(reports[r].grad_norm, norm, 1e-12 * norm);
+    EXPECT_EQ(reports[r].mean_loss, (W + 1) / 2.0);  // mean of 1, 2, ..., W
+  }
+  rings.clear();
+  transports.clear();
+}
+
+TEST(CollectiveSync, DdpStepEqualsOneProcessOnTheSummedGradients) {
+  RunOneStep(2, 0);
+  RunOneStep(3, 0);
+}
+
+TEST(CollectiveSync, Zero1StepEqualsOneProcessAndGathersEveryRange) {
+  RunOneStep(2, 1);
+  RunOneStep(3, 1);
+}
+
+// S servers (PeerIds 0..S-1) and W workers (S..S+W-1).
+void RunOneParameterServerStep(int S, int W) {
+  config::JobConfig job = SmallJob(W, 0);
+  job.mutable_cluster()->set_sync(config::ClusterConfig::PARAMETER_SERVER);
+  job.mutable_cluster()->set_servers(S);
+  const ParamLayout layout(LlamaShape::FromConfig(job.model()));
+  const int64_t P = layout.size();
+  auto plan = ShardPlan::Create(layout, ShardPlanOptions::FromConfig(job.cluster()));
+  ASSERT_TRUE(plan.ok()) << plan.status().message();
+
+  std::vector<std::unique_ptr<UcxTransport>> transports;
+  for (int p = 0; p < S + W; ++p) transports.push_back(std::move(UcxTransport::Create(p).value()));
+  std::vector<std::unique_ptr<ParameterShard>> shards;
+  std::vector<std::unique_ptr<transport::PushPullServer>> services;
+  for (int s = 0; s < S; ++s) {
+    auto optimizer = OptimizerShard::InitOrResume(job, layout, plan->shard(s), std::nullopt);
+    ASSERT_TRUE(optimizer.ok());
+    ParameterShardOptions o;
+    o.layout = &layout;
+    o.plan = &*plan;
+    o.server = s;
+    o.num_workers = W;
+    o.first_worker_peer = S;
+    o.collects_losses = s == 0;
+    shards.push_back(std::make_unique<ParameterShard>(o, std::move(*optimizer)));
+    services.push_back(std::make_unique<transport::PushPullServer>(transports[s].get(), shards[s].get()));
+  }
+  std::vector<std::unique_ptr<transport::PushPullClient>> clients;
+  for (int w = 0; w < W; ++w) {
+    clients.push_back(std::make_unique<transport::PushPullClient>(transports[S + w].get(), LargestBucketBytes(*plan, 4)));
+  }
+  for (int a = 0; a < S + W; ++a) {
+    for (int b = 0; b < S + W; ++b) {
+      if (a != b && (a < S) != (b < S)) {
+        ASSERT_TRUE(transports[a]->Connect(b, transports[b]->address(), "peer " + std::to_string(b)).ok());
+      }
+    }
+  }
+
+  // The servers' step: partial norms combined in server order.
+  std::vector<double> partials(S);
+  std::vector<std::thread> server_threads;
+  std::vector<Status> server_results(S);
+  std::mutex mu;
+  std::condition_variable cv;
+  int partials_in = 0;
+  for (int s = 0; s < S; ++s) {
+    server_threads.emplace_back([&, s] {
+      auto partial = shards[s]->WaitForGradients();
+      if (!partial.ok()) {
+        server_results[s] = partial.status();
+        return;
+      }
+      double total = 0;
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        partials[s] = *partial;
+        ++partials_in;
+        cv.notify_all();
+        cv.wait(lock, [&] { return partials_in == S; });
+        for (double p : partials) total += p;
+      }
+      shards[s]->ApplyStep(shards[s]->optimizer().BeginStep(std::sqrt(total)));
+    });
+  }
+  std::vector<std::vector<float>> weights(W, std::vector<float>(P, -7.0f)), grads(W);
+  std::vector<StepReport> reports(W);
+  std::vector<Status> results(W);
+  std::vector<std::thread> worker_threads;
+  for (int w = 0; w < W; ++w) {
+    worker_threads.emplace_back([&, w] {
+      auto exchange = CreateParameterExchange(*plan, w, W, /*bf16=*/false, transports[S + w].get(),
+                                              clients[w].get(), /*first_server=*/0);
+      if (!exchange.ok()) {
+        results[w] = exchange.status();
+        return;
+      }
+      GradientExchange& x = **exchange;
+      x.IssueWeights(weights[w].data(), 0);
+      results[w] = x.FinishWeights();
+      if (!results[w].ok()) return;
+      grads[w] = Gradient(P, w);
+      x.BeginStep(grads[w].data(), 0);
+      x.FinalFrom(0);
+      results[w] = x.FinishStep(/*loss=*/1.0 + w);
+      if (!results[w].ok()) return;
+      x.IssueWeights(weights[w].data(), 1);
+      results[w] = x.FinishWeights();
+      reports[w] = x.report();
+    });
+  }
+  for (auto& t : worker_threads) t.join();
+  for (auto& t : server_threads) t.join();
+  for (int s = 0; s < S; ++s) ASSERT_TRUE(server_results[s].ok()) << server_results[s].message();
+  for (int w = 0; w < W; ++w) ASSERT_TRUE(results[w].ok()) << "worker " << w << ": " << results[w].message();
+
+  auto reference = OptimizerShard::InitOrResume(job, layout, {0, P}, std::nullopt);
+  ASSERT_TRUE(reference.ok());
+  std::vector<float> sum(P, 0.0f);
+  for (int w = 0; w < W; ++w) {
+    const auto g = Gradient(P, w);
+    for (int64_t i = 0; i < P; ++i) sum[i] += g[i];
+  }
+  const double norm = std::sqrt(SumOfSquares(sum.data(), P));
+  const OptimizerShard::Scalars k = (*reference)->Step(sum.data(), norm);
+  for (int w = 0; w < W; ++w) {
+    EXPECT_EQ(0, std::memcmp(weights[w].data(), (*reference)->weights(), P * sizeof(float)))
+        << "worker " << w << " of " << W << " with " << S << " servers";
+    EXPECT_EQ(reports[w].version, 1u);
+    EXPECT_EQ(reports[w].lr, k.lr);
+    EXPECT_NEAR(reports[w].grad_norm, norm, 1e-12 * norm);
+    EXPECT_EQ(reports[w].mean_loss, (W + 1) / 2.0);
+  }
+  clients.clear();
+  services.clear();
+  shards.clear();
+  transports.clear();
+}
+
+TEST(ParameterServerSync, StepEqualsOneProcessOnTheSummedGradients) {
+  RunOneParameterServerStep(1, 2);
+  RunOneParameterServerStep(2, 2);
+  RunOneParameterServerStep(3, 1);
+}
+
+}  // namespace
+}  // namespace herd
