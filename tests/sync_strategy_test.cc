@@ -11,8 +11,10 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -60,6 +62,75 @@ std::vector<float> Gradient(int64_t n, int worker) {
   return g;
 }
 
+// The workers of a job in one test process: their buffers, and one step
+// each through a sync strategy on a thread of its own (worker 0's or the
+// servers' initial weights in, the worker's gradients out, the next
+// weights in).
+struct Workers {
+  Workers(int W, int64_t P) : weights(W, std::vector<float>(P, -7.0f)), reports(W), results(W) {
+    for (int w = 0; w < W; ++w) grads.push_back(Gradient(P, w));
+  }
+  using Make = std::function<StatusOr<std::unique_ptr<GradientExchange>>(int worker, float* weights)>;
+  // Starts the workers; Join() waits for them.
+  void Start(const Make& make) {
+    for (size_t w = 0; w < weights.size(); ++w) {
+      threads.emplace_back([this, make, w] { results[w] = Step(make(w, weights[w].data()), w); });
+    }
+  }
+  void Join() {
+    for (auto& t : threads) t.join();
+  }
+  Status Step(StatusOr<std::unique_ptr<GradientExchange>> made, size_t w) {
+    HERD_RETURN_IF_ERROR(made.status());
+    GradientExchange& x = **made;
+    x.IssueWeights(weights[w].data(), 0);
+    HERD_RETURN_IF_ERROR(x.FinishWeights());
+    x.BeginStep(grads[w].data(), 0);
+    x.FinalFrom(0);  // backward done: every bucket may go
+    HERD_RETURN_IF_ERROR(x.FinishStep(/*loss=*/1.0 + w));
+    x.IssueWeights(weights[w].data(), 1);
+    HERD_RETURN_IF_ERROR(x.FinishWeights());
+    reports[w] = x.report();
+    return Status::OK();
+  }
+
+  std::vector<std::vector<float>> weights, grads;
+  std::vector<StepReport> reports;
+  std::vector<Status> results;
+  std::vector<std::thread> threads;
+};
+
+// What one process gets from the same initial weights by stepping the
+// workers' summed gradients; every worker must hold it, bitwise, with the
+// same report. `what` names the job in failures.
+void ExpectOneProcessStep(const config::JobConfig& job, const ParamLayout& layout, const Workers& workers,
+                          const std::string& what) {
+  const int64_t P = layout.size();
+  const int W = static_cast<int>(workers.weights.size());
+  const auto& weights = workers.weights;
+  const auto& reports = workers.reports;
+  for (int w = 0; w < W; ++w) ASSERT_TRUE(workers.results[w].ok()) << "worker " << w << ": " << workers.results[w].message();
+  auto reference = OptimizerShard::InitOrResume(job, layout, {0, P}, std::nullopt);
+  ASSERT_TRUE(reference.ok());
+  std::vector<float> sum(P, 0.0f);
+  for (int w = 0; w < W; ++w) {
+    const auto g = Gradient(P, w);
+    for (int64_t i = 0; i < P; ++i) sum[i] += g[i];
+  }
+  const double norm = std::sqrt(SumOfSquares(sum.data(), P));
+  const OptimizerShard::Scalars k = (*reference)->Step(sum.data(), norm);
+  for (int w = 0; w < W; ++w) {
+    EXPECT_EQ(0, std::memcmp(weights[w].data(), (*reference)->weights(), P * sizeof(float)))
+        << "worker " << w << ", " << what;
+    EXPECT_EQ(reports[w].version, 1u);
+    EXPECT_EQ(reports[w].lr, k.lr);
+    // One sum of every gradient's square, or the owners' partials added:
+    // equal to rounding.
+    EXPECT_NEAR(reports[w].grad_norm, norm, 1e-12 * norm);
+    EXPECT_EQ(reports[w].mean_loss, (W + 1) / 2.0);  // mean of 1, 2, ..., W
+  }
+}
+
 void RunOneStep(int W, int zero_stage) {
   const config::JobConfig job = SmallJob(W, zero_stage);
   const ParamLayout layout(LlamaShape::FromConfig(job.model()));
@@ -78,64 +149,23 @@ void RunOneStep(int W, int zero_stage) {
   for (int r = 0; r < W; ++r) rings.push_back(std::make_unique<RingCollectives>(transports[r].get(), r, peers));
   for (int r = 0; r < W; ++r) {
     for (int p = 0; p < W; ++p) {
-      if (p != r) ASSERT_TRUE(transports[r]->Connect(p, transports[p]->address(), "rank " + std::to_string(p)).ok());
+      if (p == r) continue;
+      ASSERT_TRUE(transports[r]->Connect(p, transports[p]->address(), "rank " + std::to_string(p)).ok());
     }
   }
 
-  std::vector<std::vector<float>> weights(W, std::vector<float>(P, -7.0f)), grads(W);
-  std::vector<StepReport> reports(W);
-  std::vector<Status> results(W);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < W; ++r) {
-    threads.emplace_back([&, r] {
-      CollectiveExchangeOptions o;
-      o.config = &job;
-      o.layout = &layout;
-      o.plan = &*plan;
-      o.zero1 = zero_stage == 1;
-      o.collectives = rings[r].get();
-      auto exchange = CreateCollectiveExchange(o, weights[r].data(), std::nullopt);
-      if (!exchange.ok()) {
-        results[r] = exchange.status();
-        return;
-      }
-      GradientExchange& x = **exchange;
-      x.IssueWeights(weights[r].data(), 0);  // worker 0's initial weights to all
-      results[r] = x.FinishWeights();
-      if (!results[r].ok()) return;
-      grads[r] = Gradient(P, r);
-      x.BeginStep(grads[r].data(), 0);
-      x.FinalFrom(0);  // backward done: every bucket may go
-      results[r] = x.FinishStep(/*loss=*/1.0 + r);
-      if (!results[r].ok()) return;
-      x.IssueWeights(weights[r].data(), 1);
-      results[r] = x.FinishWeights();
-      reports[r] = x.report();
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < W; ++r) ASSERT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r].message();
-
-  // One process with the summed gradients, from the same initial weights.
-  auto reference = OptimizerShard::InitOrResume(job, layout, {0, P}, std::nullopt);
-  ASSERT_TRUE(reference.ok());
-  std::vector<float> sum(P, 0.0f);
-  for (int r = 0; r < W; ++r) {
-    const auto g = Gradient(P, r);
-    for (int64_t i = 0; i < P; ++i) sum[i] += g[i];
-  }
-  const double norm = std::sqrt(SumOfSquares(sum.data(), P));
-  const OptimizerShard::Scalars k = (*reference)->Step(sum.data(), norm);
-  for (int r = 0; r < W; ++r) {
-    EXPECT_EQ(0, std::memcmp(weights[r].data(), (*reference)->weights(), P * sizeof(float)))
-        << "rank " << r << " of " << W << (zero_stage ? ", ZeRO-1" : ", DDP");
-    EXPECT_EQ(reports[r].version, 1u);
-    EXPECT_EQ(reports[r].lr, k.lr);
-    // DDP norms every gradient in one sum, ZeRO-1 adds owners' partials:
-    // equal to rounding.
-    EXPECT_NEAR(reports[r].grad_norm, norm, 1e-12 * norm);
-    EXPECT_EQ(reports[r].mean_loss, (W + 1) / 2.0);  // mean of 1, 2, ..., W
-  }
+  Workers workers(W, P);
+  workers.Start([&](int r, float* weights) {
+    CollectiveExchangeOptions o;
+    o.config = &job;
+    o.layout = &layout;
+    o.plan = &*plan;
+    o.zero1 = zero_stage == 1;
+    o.collectives = rings[r].get();
+    return CreateCollectiveExchange(o, weights, std::nullopt);
+  });
+  workers.Join();
+  ExpectOneProcessStep(job, layout, workers, std::to_string(W) + (zero_stage ? " ZeRO-1" : " DDP"));
   rings.clear();
   transports.clear();
 }
@@ -215,54 +245,15 @@ void RunOneParameterServerStep(int S, int W) {
       shards[s]->ApplyStep(shards[s]->optimizer().BeginStep(std::sqrt(total)));
     });
   }
-  std::vector<std::vector<float>> weights(W, std::vector<float>(P, -7.0f)), grads(W);
-  std::vector<StepReport> reports(W);
-  std::vector<Status> results(W);
-  std::vector<std::thread> worker_threads;
-  for (int w = 0; w < W; ++w) {
-    worker_threads.emplace_back([&, w] {
-      auto exchange = CreateParameterExchange(*plan, w, W, /*bf16=*/false, transports[S + w].get(),
-                                              clients[w].get(), /*first_server=*/0);
-      if (!exchange.ok()) {
-        results[w] = exchange.status();
-        return;
-      }
-      GradientExchange& x = **exchange;
-      x.IssueWeights(weights[w].data(), 0);
-      results[w] = x.FinishWeights();
-      if (!results[w].ok()) return;
-      grads[w] = Gradient(P, w);
-      x.BeginStep(grads[w].data(), 0);
-      x.FinalFrom(0);
-      results[w] = x.FinishStep(/*loss=*/1.0 + w);
-      if (!results[w].ok()) return;
-      x.IssueWeights(weights[w].data(), 1);
-      results[w] = x.FinishWeights();
-      reports[w] = x.report();
-    });
-  }
-  for (auto& t : worker_threads) t.join();
+  Workers workers(W, P);
+  workers.Start([&](int w, float*) {
+    return CreateParameterExchange(*plan, w, W, /*bf16=*/false, transports[S + w].get(), clients[w].get(),
+                                   /*first_server=*/0);
+  });
+  workers.Join();
   for (auto& t : server_threads) t.join();
   for (int s = 0; s < S; ++s) ASSERT_TRUE(server_results[s].ok()) << server_results[s].message();
-  for (int w = 0; w < W; ++w) ASSERT_TRUE(results[w].ok()) << "worker " << w << ": " << results[w].message();
-
-  auto reference = OptimizerShard::InitOrResume(job, layout, {0, P}, std::nullopt);
-  ASSERT_TRUE(reference.ok());
-  std::vector<float> sum(P, 0.0f);
-  for (int w = 0; w < W; ++w) {
-    const auto g = Gradient(P, w);
-    for (int64_t i = 0; i < P; ++i) sum[i] += g[i];
-  }
-  const double norm = std::sqrt(SumOfSquares(sum.data(), P));
-  const OptimizerShard::Scalars k = (*reference)->Step(sum.data(), norm);
-  for (int w = 0; w < W; ++w) {
-    EXPECT_EQ(0, std::memcmp(weights[w].data(), (*reference)->weights(), P * sizeof(float)))
-        << "worker " << w << " of " << W << " with " << S << " servers";
-    EXPECT_EQ(reports[w].version, 1u);
-    EXPECT_EQ(reports[w].lr, k.lr);
-    EXPECT_NEAR(reports[w].grad_norm, norm, 1e-12 * norm);
-    EXPECT_EQ(reports[w].mean_loss, (W + 1) / 2.0);
-  }
+  ExpectOneProcessStep(job, layout, workers, std::to_string(S) + " servers");
   clients.clear();
   services.clear();
   shards.clear();
