@@ -1,10 +1,8 @@
 #include "common/memory.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <fstream>
 #include <limits>
-#include <sstream>
 
 #include "common/file_util.h"
 #include "common/strings.h"
@@ -12,7 +10,7 @@
 namespace herd {
 namespace {
 
-// A number from a one-value cgroup file; nullopt for "max" or no file.
+// A number from a one-value cgroup file; false for "max" or no file.
 bool ReadCgroupValue(const std::string& path, int64_t* value) {
   std::ifstream f(path);
   std::string text;
@@ -63,12 +61,6 @@ bool CgroupRoom(int64_t* room) {
   return false;
 }
 
-std::string GiB(int64_t bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.1f GiB", static_cast<double>(bytes) / (1 << 30));
-  return buf;
-}
-
 }  // namespace
 
 AvailableMemory AvailableMemoryBytes() {
@@ -92,8 +84,8 @@ AvailableMemory AvailableMemoryBytes() {
 Status CheckFitsInMemory(int64_t needed, const std::string& what) {
   const AvailableMemory available = AvailableMemoryBytes();
   if (available.source.empty() || needed <= available.bytes) return Status::OK();
-  return Status::InvalidArgument(what + " needs " + GiB(needed) + " of memory; this machine has " +
-                                   GiB(available.bytes) + " available (" + available.source + ")");
+  return Status::InvalidArgument(what + " needs " + FormatBytes(needed) + " of memory; this machine has " +
+                                 FormatBytes(available.bytes) + " available (" + available.source + ")");
 }
 
 }  // namespace herd

@@ -1,10 +1,15 @@
 #include "common/run_summary.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "common/file_util.h"
+#include "common/memory.h"
+#include "common/strings.h"
 
 namespace herd {
+
+namespace {
 
 Status WriteRunSummary(const std::string& dir, const RunSummary& s) {
   if (dir.empty()) return Status::OK();
@@ -18,6 +23,20 @@ Status WriteRunSummary(const std::string& dir, const RunSummary& s) {
                 s.role.c_str(), s.rank, static_cast<long long>(s.steps), static_cast<long long>(s.peak_rss_bytes),
                 static_cast<long long>(s.plan_bytes), s.bytes_sent_per_step);
   return WriteFileAtomic(JoinPath(dir, name), json).WithContext("log.summary_dir: ");
+}
+
+}  // namespace
+
+Status ReportRunSummary(const std::string& role, int rank, int64_t steps, int64_t plan_bytes, uint64_t bytes_sent,
+                        const std::string& dir) {
+  const RunSummary s{role, rank, steps, PeakRssBytes(), plan_bytes,
+                     static_cast<double>(bytes_sent) / static_cast<double>(std::max<int64_t>(1, steps))};
+  std::printf("peak memory: %s (herd plan: %s)", FormatBytes(s.peak_rss_bytes).c_str(),
+              FormatBytes(s.plan_bytes).c_str());
+  if (role == "worker") std::printf("; sent %.2f MiB per step", s.bytes_sent_per_step / (1 << 20));
+  std::printf("\n");
+  std::fflush(stdout);
+  return WriteRunSummary(dir, s);
 }
 
 }  // namespace herd

@@ -21,7 +21,11 @@ struct RunSummary {
   double bytes_sent_per_step = 0;    // over the data plane
 };
 
-// Writes `s` into `dir` (created if missing); nothing when `dir` is empty.
-Status WriteRunSummary(const std::string& dir, const RunSummary& s);
+// The end of a run of `steps` steps that sent `bytes_sent` over the data
+// plane: prints "peak memory: X (herd plan: Y)" for people (workers add
+// "; sent Z MiB per step") and writes the summary into `dir` (created if
+// missing; nothing when `dir` is empty).
+Status ReportRunSummary(const std::string& role, int rank, int64_t steps, int64_t plan_bytes, uint64_t bytes_sent,
+                        const std::string& dir);
 
 }  // namespace herd

@@ -261,9 +261,7 @@ StatusOr<CheckpointModel> LoadCheckpointModel(const std::string& path) {
   const Manifest& manifest = step.manifest;
   CheckpointModel out;
   out.step = manifest.step;
-  const std::string config_path = JoinPath(step_dir, kConfigFile);
-  HERD_ASSIGN_OR_RETURN(std::string config_text, ReadFile(config_path));
-  HERD_ASSIGN_OR_RETURN(out.config, ParseJobConfig(config_text, config_path));
+  HERD_ASSIGN_OR_RETURN(out.config, ReadCheckpointConfig(step_dir));
   ParamLayout layout(LlamaShape::FromConfig(out.config.model()));
   HERD_ASSIGN_OR_RETURN(ShardState all, ReadShardRange(step_dir, manifest, 0, layout.size(), /*with_moments=*/false));
   out.weights = std::move(all.weights);
@@ -386,21 +384,24 @@ Status CheckSameShape(const config::ModelConfig& found, const config::ModelConfi
   return Status::OK();
 }
 
-Status CheckSameModel(const std::string& step_dir, const config::JobConfig& config) {
+StatusOr<config::JobConfig> ReadCheckpointConfig(const std::string& step_dir) {
   const std::string path = JoinPath(step_dir, kConfigFile);
-  HERD_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
-  HERD_ASSIGN_OR_RETURN(config::JobConfig saved, ParseJobConfig(text, path));
+  HERD_ASSIGN_OR_RETURN(std::string text, ReadFile(path, kMaxConfigBytes));
+  return ParseJobConfig(text, path);
+}
+
+Status CheckSameModel(const std::string& step_dir, const config::JobConfig& config) {
+  HERD_ASSIGN_OR_RETURN(config::JobConfig saved, ReadCheckpointConfig(step_dir));
   return CheckSameShape(saved.model(), config.model(), step_dir);
 }
 
-constexpr const char* kResumableFields[] = {"train.steps",     "train.threads",      "checkpoint.dir", "checkpoint.every",
-                                        "checkpoint.init_from", "data.val",      "data.prepare_from",
-                                        "data.val_fraction", "log",             "cluster",        "device"};
+// What --resume may change (README lists the same); "log" stands for log.*.
+constexpr const char* kResumableFields[] = {
+    "train.steps", "train.threads", "checkpoint.dir", "checkpoint.every", "checkpoint.init_from", "data.val",
+    "data.prepare_from", "data.val_fraction", "log", "cluster", "device"};
 
 Status CheckSameRun(const std::string& step_dir, const config::JobConfig& config) {
-  const std::string path = JoinPath(step_dir, kConfigFile);
-  HERD_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
-  HERD_ASSIGN_OR_RETURN(config::JobConfig saved, ParseJobConfig(text, path));
+  HERD_ASSIGN_OR_RETURN(config::JobConfig saved, ReadCheckpointConfig(step_dir));
   HERD_RETURN_IF_ERROR(CheckSameShape(saved.model(), config.model(), step_dir));
   std::string diff;
   google::protobuf::util::MessageDifferencer differ;
@@ -417,8 +418,8 @@ Status CheckSameRun(const std::string& step_dir, const config::JobConfig& config
   differ.ReportDifferencesToString(&diff);
   if (!differ.Compare(saved, config)) {
     return Status::InvalidArgument("--resume: " + step_dir + " was written by a run with other settings (" +
-                                      Changes(diff) + "); a resume may change only " + resumable +
-                                      " (train with the new settings in another checkpoint.dir)");
+                                   Changes(diff) + "); a resume may change only " + resumable +
+                                   " (train with the new settings in another checkpoint.dir)");
   }
   return Status::OK();
 }
@@ -428,8 +429,9 @@ Status CheckFreshRun(const std::string& root, bool overwrite) {
   const std::vector<std::string> steps = StepDirsNewestFirst(root);
   if (steps.empty()) return Status::OK();
   if (!overwrite) {
-    return Status::InvalidArgument("checkpoint.dir " + root + " already holds checkpoints (newest: " + steps.front() +
-                                      "); pass --resume to continue them, or --overwrite to delete them and start over");
+    return Status::InvalidArgument("checkpoint.dir " + root + " already holds checkpoints (newest: " +
+                                   steps.front() +
+                                   "); pass --resume to continue them, or --overwrite to delete them and start over");
   }
   for (const std::string& name : steps) {
     HERD_RETURN_IF_ERROR(RemoveFlatDirectory(JoinPath(root, name)).WithContext("--overwrite: "));

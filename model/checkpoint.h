@@ -100,6 +100,9 @@ bool CheckpointDue(const config::CheckpointConfig& checkpoint, int64_t step, int
 // Fails early, before any training, if checkpoints could not be written.
 Status CheckWritable(const std::string& dir);
 
+// The job config a step directory was written with (config.textproto).
+StatusOr<config::JobConfig> ReadCheckpointConfig(const std::string& step_dir);
+
 // A checkpoint's weights start a new run (checkpoint.init_from) only into
 // the same model shape.
 Status CheckSameModel(const std::string& step_dir, const config::JobConfig& config);

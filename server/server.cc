@@ -3,7 +3,6 @@
 #include <glog/logging.h>
 #include <omp.h>
 
-#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -11,9 +10,7 @@
 
 #include "common/clock.h"
 #include "common/file_util.h"
-#include "common/memory.h"
 #include "common/run_summary.h"
-#include "common/strings.h"
 #include "model/checkpoint.h"
 #include "model/optim/optimizer_shard.h"
 #include "server/parameter_shard.h"
@@ -122,12 +119,8 @@ Status RunParameterServer(const config::JobConfig& config, const TrainOptions& o
   }
   HERD_RETURN_IF_ERROR(client->Barrier("herd/done"));
   if (auto memory = PlanMemory(config); memory.ok()) {
-    RunSummary summary{"server", rank, last - start, PeakRssBytes(), memory->processes[rank].total(),
-                       transport->stats().bytes_sent / static_cast<double>(std::max<int64_t>(1, last - start))};
-    std::printf("peak memory: %s (herd plan: %s)\n", FormatBytes(summary.peak_rss_bytes).c_str(),
-                FormatBytes(summary.plan_bytes).c_str());
-    std::fflush(stdout);
-    HERD_RETURN_IF_ERROR(WriteRunSummary(config.log().summary_dir(), summary));
+    HERD_RETURN_IF_ERROR(ReportRunSummary("server", rank, last - start, memory->processes[rank].total(),
+                                          transport->stats().bytes_sent, config.log().summary_dir()));
   }
   return client->Leave();
 }

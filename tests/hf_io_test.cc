@@ -591,7 +591,9 @@ TEST_F(HfIoTest, HfConfigReadsBothRopeForms) {
     ASSERT_TRUE(hf.ok()) << hf.status().message();
     EXPECT_EQ(hf->model.rope_theta(), c.theta);
     EXPECT_EQ(hf->model.has_rope_scaling(), c.scaled);
-    if (c.scaled) EXPECT_EQ(hf->model.rope_scaling().SerializeAsString(), Llama31Scaling().SerializeAsString());
+    if (c.scaled) {
+      EXPECT_EQ(hf->model.rope_scaling().SerializeAsString(), Llama31Scaling().SerializeAsString());
+    }
   }
 }
 

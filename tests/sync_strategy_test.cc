@@ -109,7 +109,9 @@ void ExpectOneProcessStep(const config::JobConfig& job, const ParamLayout& layou
   const int W = static_cast<int>(workers.weights.size());
   const auto& weights = workers.weights;
   const auto& reports = workers.reports;
-  for (int w = 0; w < W; ++w) ASSERT_TRUE(workers.results[w].ok()) << "worker " << w << ": " << workers.results[w].message();
+  for (int w = 0; w < W; ++w) {
+    ASSERT_TRUE(workers.results[w].ok()) << "worker " << w << ": " << workers.results[w].message();
+  }
   auto reference = OptimizerShard::InitOrResume(job, layout, {0, P}, std::nullopt);
   ASSERT_TRUE(reference.ok());
   std::vector<float> sum(P, 0.0f);
@@ -209,7 +211,8 @@ void RunOneParameterServerStep(int S, int W) {
   }
   std::vector<std::unique_ptr<transport::PushPullClient>> clients;
   for (int w = 0; w < W; ++w) {
-    clients.push_back(std::make_unique<transport::PushPullClient>(transports[S + w].get(), LargestBucketBytes(*plan, 4)));
+    clients.push_back(
+        std::make_unique<transport::PushPullClient>(transports[S + w].get(), LargestBucketBytes(*plan, 4)));
   }
   for (int a = 0; a < S + W; ++a) {
     for (int b = 0; b < S + W; ++b) {

@@ -342,7 +342,6 @@ int RunLocalJob(const config::JobConfig& config, const LocalJobOptions& options)
   std::atomic<bool> quiet{false};
   LogForwarder forwarder(&children, &quiet);
   if (!st.ok()) (*coordinator)->Stop(st.message());
-  if (stopped_by != 0) (*coordinator)->Stop(stop_reason(stopped_by));
 
   // Reap; after the first failure the others have the coordinator's
   // PeerLost or Shutdown to stop on their own, then a grace period before
@@ -353,11 +352,11 @@ int RunLocalJob(const config::JobConfig& config, const LocalJobOptions& options)
   bool grace_started = false;
   double grace_s = cluster.heartbeat_timeout_s() + 10;
   int exits = 0;
-  int stop_order = S + W;  // exits from here on followed a stop signal
+  int stop_order = S + W;  // the exits from this one on followed a stop signal
   for (size_t alive = std::count_if(children.begin(), children.end(), [](const Child& c) { return c.pid > 0; });
        alive > 0;) {
     int status = 0;
-    if (stopped_by != 0 && stop_order == S + W) stop_order = exits;
+    if (stopped_by != 0) stop_order = std::min(stop_order, exits);
     const pid_t pid = ::waitpid(-1, &status, WNOHANG);
     if (pid <= 0) {
       if ((first_failure || stopped_by != 0) && !grace_started) {
@@ -399,7 +398,6 @@ int RunLocalJob(const config::JobConfig& config, const LocalJobOptions& options)
   // The launcher's last line names the cause: the process that failed on its
   // own (reaping order is not dying order: the coordinator knows who went
   // first), with its own message.
-  if (stopped_by != 0 && stop_order == S + W) stop_order = exits;
   const Child* root = RootCause(children, (*coordinator)->first_lost_pid(), stop_order);
   // A crash is never hidden behind the cause, even while the job stopped.
   for (const Child& c : children) {

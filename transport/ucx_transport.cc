@@ -191,41 +191,22 @@ class UcxTransport::Impl {
     if (context_ != nullptr) ucp_cleanup(context_);
   }
 
-  // Closes every endpoint (flushing when healthy, forcibly after a failure)
-  // and stops the progress thread. No handler or completion runs afterwards.
+  // Closes every endpoint (flushing towards healthy peers; after a failure
+  // of the job, leaves them to the process's exit) and stops the progress
+  // thread. No handler or completion runs afterwards.
   void Shutdown() {
     if (!thread_.joinable()) return;
     RunOnThread([this] {
-      std::vector<void*> closing;
       // After a failure of the job, endpoints may be anywhere in their
       // wire-up with peers that are gone or going; closing them then trips
       // UCX 1.13's assertions (ucp_ep_close_nbx on an endpoint that
       // receives a wire-up reply). Nothing is left to flush: the process
       // is about to exit, which releases them all.
-      if (!aborted_.ok()) stuck_ = true;
-      for (auto& [id, peer] : peers_) {
-        if (stuck_) break;
-        if (peer->ep == nullptr) continue;
-        ucp_request_param_t p{};
-        p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-        p.flags = !peer->failure.ok() ? UCP_EP_CLOSE_FLAG_FORCE : 0;
-        ucs_status_ptr_t r = ucp_ep_close_nbx(peer->ep, &p);
-        peer->ep = nullptr;
-        if (UCS_PTR_IS_PTR(r)) closing.push_back(r);
+      if (aborted_.ok()) {
+        CloseEndpoints();
+      } else {
+        stuck_ = true;
       }
-      const auto deadline = Clock::now() + std::chrono::seconds(2);
-      for (void* r : closing) {
-        while (ucp_request_check_status(r) == UCS_INPROGRESS && Clock::now() < deadline) ucp_worker_progress(worker_);
-        if (ucp_request_check_status(r) == UCS_INPROGRESS) {
-          // A flush towards a peer that died unnoticed never ends, and UCX
-          // asserts when a worker is destroyed under it: leave the worker
-          // to the process's exit instead.
-          stuck_ = true;
-          continue;
-        }
-        ucp_request_free(r);
-      }
-      if (stuck_ && aborted_.ok()) LOG(WARNING) << "UCX: endpoints did not close within 2 s; leaving them to process exit";
       // Completions of cancelled operations belong to a service being torn down.
       completions_.clear();
       for (auto& slot : slots_) slot->handler = nullptr;
@@ -235,6 +216,34 @@ class UcxTransport::Impl {
     stop_ = true;
     Wake();
     thread_.join();
+  }
+
+  // Closes every endpoint (flushing towards healthy peers) within 2 s;
+  // progress thread.
+  void CloseEndpoints() {
+    std::vector<void*> closing;
+    for (auto& [id, peer] : peers_) {
+      if (peer->ep == nullptr) continue;
+      ucp_request_param_t p{};
+      p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+      p.flags = !peer->failure.ok() ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+      ucs_status_ptr_t r = ucp_ep_close_nbx(peer->ep, &p);
+      peer->ep = nullptr;
+      if (UCS_PTR_IS_PTR(r)) closing.push_back(r);
+    }
+    const auto deadline = Clock::now() + std::chrono::seconds(2);
+    for (void* r : closing) {
+      while (ucp_request_check_status(r) == UCS_INPROGRESS && Clock::now() < deadline) ucp_worker_progress(worker_);
+      if (ucp_request_check_status(r) == UCS_INPROGRESS) {
+        // A flush towards a peer that died unnoticed never ends, and UCX
+        // asserts when a worker is destroyed under it: leave the worker
+        // to the process's exit instead.
+        stuck_ = true;
+        continue;
+      }
+      ucp_request_free(r);
+    }
+    if (stuck_) LOG(WARNING) << "UCX: endpoints did not close within 2 s; leaving them to process exit";
   }
 
   void SetHandler(UcxTransport* owner, uint16_t am_id, Handler handler) {

@@ -176,7 +176,6 @@ StatusOr<std::unique_ptr<GradientExchange>> CreateCollectiveExchange(
   const int rank = o.collectives->rank();
   const int64_t P = o.layout->size();
   const ParamRange owned = o.zero1 ? o.plan->shard(rank) : ParamRange{0, P};
-  if (resume_from) HERD_RETURN_IF_ERROR(CheckSameRun(resume_from->dir, *o.config));
   HERD_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerShard> optimizer,
                         OptimizerShard::InitOrResume(*o.config, *o.layout, owned, resume_from));
   if (resume_from && owned.size() < P) {

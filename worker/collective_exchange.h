@@ -57,7 +57,8 @@ struct CollectiveExchangeOptions {
 StatusOr<ShardPlan> CollectivePlan(const ParamLayout& layout, const config::JobConfig& config, int num_workers);
 
 // Loads or initialises this worker's state into `weights` (the full flat
-// space) and its optimizer moments.
+// space) and its optimizer moments; `resume_from` continues this run (the
+// caller has checked it with CheckSameRun).
 StatusOr<std::unique_ptr<GradientExchange>> CreateCollectiveExchange(
     const CollectiveExchangeOptions& options, float* weights, const std::optional<VerifiedCheckpoint>& resume_from);
 

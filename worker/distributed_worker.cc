@@ -12,7 +12,6 @@
 #include "common/bf16.h"
 #include "common/clock.h"
 #include "common/file_util.h"
-#include "common/memory.h"
 #include "common/run_summary.h"
 #include "common/strings.h"
 #include "data/prepare.h"
@@ -255,12 +254,8 @@ Status TrainDistributedWorker(const config::JobConfig& config, const TrainOption
   }
   // Every worker: what it cost, for `herd bench compare` and curious users.
   if (auto memory = PlanMemory(config); memory.ok()) {
-    RunSummary summary{"worker", rank, last - start, PeakRssBytes(), memory->processes.back().total(),
-                       transport->stats().bytes_sent / static_cast<double>(std::max<int64_t>(1, last - start))};
-    std::printf("peak memory: %s (herd plan: %s); sent %.2f MiB per step\n", FormatBytes(summary.peak_rss_bytes).c_str(),
-                FormatBytes(summary.plan_bytes).c_str(), summary.bytes_sent_per_step / (1 << 20));
-    std::fflush(stdout);
-    HERD_RETURN_IF_ERROR(WriteRunSummary(config.log().summary_dir(), summary));
+    HERD_RETURN_IF_ERROR(ReportRunSummary("worker", rank, last - start, memory->processes.back().total(),
+                                          transport->stats().bytes_sent, config.log().summary_dir()));
   }
   HERD_RETURN_IF_ERROR(client->Barrier("herd/done"));
   return client->Leave();

@@ -21,8 +21,8 @@ OptimizerShard::OptimizerShard(const ParamLayout& layout, const config::Optimize
       m_(std::move(state.m)),
       v_(std::move(state.v)),
       step_(state.step) {
-  CHECK(static_cast<int64_t>(own_weights_.size()) == range_.size() && static_cast<int64_t>(m_.size()) == range_.size() &&
-        static_cast<int64_t>(v_.size()) == range_.size())
+  const auto n = static_cast<size_t>(range_.size());
+  CHECK(own_weights_.size() == n && m_.size() == n && v_.size() == n)
       << "optimizer state does not cover [" << range_.begin << ", " << range_.end << ")";
 }
 
@@ -55,12 +55,6 @@ void OptimizerShard::AttachWeights(float* space) {
   weights_ = mine;
   own_weights_.clear();
   own_weights_.shrink_to_fit();
-}
-
-void OptimizerShard::SetState(const float* m, const float* v, int64_t step) {
-  std::copy(m, m + size(), m_.begin());
-  std::copy(v, v + size(), v_.begin());
-  step_ = step;
 }
 
 OptimizerShard::Scalars OptimizerShard::BeginStep(double global_norm) const {

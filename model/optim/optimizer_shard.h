@@ -63,9 +63,6 @@ class OptimizerShard {
   // From now on the master weights are [begin, end) of `space` (the whole
   // flat space, which must outlive this object); they are copied there.
   void AttachWeights(float* space);
-  // Replaces the moments and step, e.g. with a GPU trainer's (GetState).
-  // `m` and `v` hold size() elements.
-  void SetState(const float* m, const float* v, int64_t step);
 
   struct Scalars {
     int64_t step = 0;          // the step being taken (1-based)
