@@ -17,6 +17,7 @@
 #include "sharding/memory_plan.h"
 #include "sharding/shard_plan.h"
 #include "transport/join.h"
+#include "transport/node_runtime.h"
 #include "transport/push_pull.h"
 #include "transport/wire.h"
 
@@ -40,13 +41,6 @@ StatusOr<double> GlobalNorm(transport::CoordinatorClient& client, int64_t step, 
   return std::sqrt(total);
 }
 
-// Everything that needs the rank: built during the join.
-struct Served {
-  std::unique_ptr<ShardPlan> plan;
-  std::unique_ptr<ParameterShard> shard;
-  std::unique_ptr<transport::PushPullServer> service;
-};
-
 }  // namespace
 
 Status RunParameterServer(const config::JobConfig& config, const TrainOptions& options,
@@ -62,10 +56,14 @@ Status RunParameterServer(const config::JobConfig& config, const TrainOptions& o
     HERD_ASSIGN_OR_RETURN(resume_from, LatestVerifiedCheckpoint(ckpt_dir));
   }
 
-  HERD_ASSIGN_OR_RETURN(auto transport, transport::UcxTransport::Create(-1));
-  Served served;
+  // The service reaches into the shard: it is declared before the runtime,
+  // which stops the service before the shard goes.
+  std::unique_ptr<ParameterShard> shard_holder;
   int rank = -1;
-  auto prepare = [&](transport::CoordinatorClient& client) -> Status {
+  transport::NodeRuntime::Options ro;
+  ro.join = join;
+  ro.connect_to = {wire::WORKER};
+  auto prepare = [&](transport::NodeRuntime& rt, transport::CoordinatorClient& client) -> Status {
     rank = client.rank();
     HERD_RETURN_IF_ERROR(transport::AgreeOn(client, "herd/resume",
                                             resume_from ? BaseName(resume_from->dir) : std::string("none"),
@@ -82,19 +80,19 @@ Status RunParameterServer(const config::JobConfig& config, const TrainOptions& o
     o.first_worker_peer = transport::MemberPeerId(client, wire::WORKER, 0);
     o.bf16_wire = config.cluster().wire_dtype() == config::ClusterConfig::BF16;
     o.collects_losses = rank == 0;
-    served.shard = std::make_unique<ParameterShard>(o, std::move(optimizer));
-    HERD_RETURN_IF_ERROR(transport->RegisterMemory(served.shard->weights(), plan.shard(rank).size() * sizeof(float)));
-    HERD_RETURN_IF_ERROR(transport->RegisterMemory(served.shard->gradients(), plan.shard(rank).size() * sizeof(float)));
-    served.service = std::make_unique<transport::PushPullServer>(transport.get(), served.shard.get());
+    shard_holder = std::make_unique<ParameterShard>(o, std::move(optimizer));
+    const uint64_t bytes = plan.shard(rank).size() * sizeof(float);
+    HERD_RETURN_IF_ERROR(rt.transport().RegisterMemory(shard_holder->weights(), bytes));
+    HERD_RETURN_IF_ERROR(rt.transport().RegisterMemory(shard_holder->gradients(), bytes));
+    rt.Serve(shard_holder.get());
     LOG(INFO) << "server " << rank << ": [" << plan.shard(rank).begin << ", " << plan.shard(rank).end << ") "
               << (resume_from ? "loaded from " + resume_from->dir : std::string("initialised")) << " in "
               << sw.Seconds() << " s";
     return Status::OK();
   };
-  // Goes first: its failure handler (below) reaches into the shard and the
-  // service, which `served` then takes down in order (service, shard).
-  HERD_ASSIGN_OR_RETURN(auto client, transport::JoinJob(join, transport.get(), {wire::WORKER}, prepare));
-  ParameterShard& shard = *served.shard;
+  HERD_ASSIGN_OR_RETURN(std::unique_ptr<transport::NodeRuntime> runtime, transport::NodeRuntime::Join(ro, prepare));
+  transport::CoordinatorClient* client = &runtime->client();
+  ParameterShard& shard = *shard_holder;
   client->OnFailure([&shard](const Status& failure) { shard.Fail(failure); });
   if (rank == 0) LOG(INFO) << "shard plan: " << plan.Describe();
 
@@ -102,10 +100,7 @@ Status RunParameterServer(const config::JobConfig& config, const TrainOptions& o
   for (int64_t t = start; t < last; ++t) {
     HERD_ASSIGN_OR_RETURN(double partial, shard.WaitForGradients());
     HERD_ASSIGN_OR_RETURN(double norm, GlobalNorm(*client, t, partial));
-    if (!std::isfinite(norm)) {
-      return Status::FailedPrecondition("step " + std::to_string(t + 1) + ": the gradient norm is " +
-                                        std::to_string(norm) + " (diverged; lower optimizer.lr)");
-    }
+    HERD_RETURN_IF_ERROR(CheckNotDiverged("gradient norm", norm).WithContext("step " + std::to_string(t + 1) + ": "));
     shard.ApplyStep(shard.optimizer().BeginStep(norm));
     const int64_t step = t + 1;
     if (CheckpointDue(config.checkpoint(), step, last)) {
@@ -120,7 +115,7 @@ Status RunParameterServer(const config::JobConfig& config, const TrainOptions& o
   HERD_RETURN_IF_ERROR(client->Barrier("herd/done"));
   if (auto memory = PlanMemory(config); memory.ok()) {
     HERD_RETURN_IF_ERROR(ReportRunSummary("server", rank, last - start, memory->processes[rank].total(),
-                                          transport->stats().bytes_sent, config.log().summary_dir()));
+                                          runtime->transport().stats().bytes_sent, config.log().summary_dir()));
   }
   return client->Leave();
 }

@@ -5,7 +5,8 @@ parameter-server mode:
 * W=2 and W=3 workers (batch 4 each), zero_stage 0 and 1: losses within
   1e-5 relative of one process with batch 4W over 30 steps, and of PS mode
   with the same workers; exported weights within 1e-5;
-* reruns are bitwise identical; stop at 10 and --resume to 30 is bitwise
+* reruns are bitwise identical, also when evaluating every 4 steps
+  (evaluation must not touch training); stop at 10 and --resume to 30 is bitwise
   equal to the straight run (DDP and ZeRO-1);
 * a ZeRO-1 checkpoint (one shard per worker) resumes in DDP mode too;
 * kill -9 of a worker stops the job at once, naming it."""
@@ -27,10 +28,11 @@ def main():
     sb = herdtest.Sandbox(a.build)
     sb.corpus()
     sb.run("prepare", "corpus.txt", "--out", "train.bin")
+    sb.run("prepare", "corpus.txt", "--out", "val.bin")
 
-    def job(name, batch, cluster=""):
+    def job(name, batch, cluster="", **kw):
         text = herdtest.tiny_config("train.bin", steps=STEPS, ckpt=name, every=10, metrics=name + ".jsonl",
-                                    extra=cluster)
+                                    extra=cluster, **kw)
         return sb.write(name + ".textproto", text.replace("batch_size: 4", f"batch_size: {batch}"))
 
     def ar(workers, zero):
@@ -64,7 +66,7 @@ def main():
     key = lambda m: (m["step"], m["loss"], m["grad_norm"], m["lr"])  # noqa: E731
     for zero in (0, 1):
         straight = f"ar3_z{zero}"
-        sb.run("launch", job(straight + "_again", 4, ar(3, zero)))
+        sb.run("launch", job(straight + "_again", 4, ar(3, zero), val="val.bin", eval_every=4))
         sb.run("launch", job(straight + "_split", 4, ar(3, zero)), "--stop-at", "10")
         p = sb.run("launch", job(straight + "_split", 4, ar(3, zero)), "--resume")
         assert "resumed from" in p.stdout, p.stdout

@@ -59,7 +59,7 @@ class Sandbox:
         return self.write(name, "".join(out))
 
 
-def tiny_config(train, val="", steps=20, ckpt="", every=0, metrics="", extra=""):
+def tiny_config(train, val="", steps=20, ckpt="", every=0, metrics="", extra="", eval_every=0):
     return f"""
 model {{ vocab_size: 256 hidden_size: 64 intermediate_size: 160 num_hidden_layers: 2
         num_attention_heads: 4 num_key_value_heads: 2 }}
@@ -67,7 +67,7 @@ train {{ steps: {steps} batch_size: 4 seq_len: 32 seed: 7 }}
 optimizer {{ lr: 3e-3 min_lr: 3e-4 warmup_steps: 5 weight_decay: 0.1 clip_norm: 1.0 }}
 data {{ train: "{train}" val: "{val}" }}
 checkpoint {{ dir: "{ckpt}" every: {every} }}
-log {{ every: 1 metrics: "{metrics}" sample_tokens: 0 }}
+log {{ every: 1 metrics: "{metrics}" sample_tokens: 0 {f"eval_every: {eval_every} eval_batches: 2" if eval_every else ""} }}
 {extra}
 """
 

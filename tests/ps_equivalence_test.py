@@ -8,7 +8,9 @@
   arithmetic guarantees (derived at GRADIENT NORMS below: the rounding
   bound where both runs are in the same state, plus the weights' drift
   times the norm's sensitivity to it along the run);
-* the same PS run twice is bitwise identical (metrics and shard files);
+* the same PS run twice is bitwise identical (metrics and shard files),
+  the second one evaluating every 4 steps (evaluation, which runs while
+  the next weights arrive, must not touch training);
 * stop at step 10, --resume to 30: bitwise equal to the uninterrupted run;
 * a step directory whose manifest is missing is never loaded;
 * bf16 on the wire trains close to fp32."""
@@ -98,6 +100,7 @@ def main():
     sb = herdtest.Sandbox(a.build)
     sb.corpus()
     sb.run("prepare", "corpus.txt", "--out", "train.bin")
+    sb.run("prepare", "corpus.txt", "--out", "val.bin")
 
     def job(name, batch, cluster="", **kw):
         text = herdtest.tiny_config("train.bin", steps=STEPS, ckpt=name, every=10, metrics=name + ".jsonl",
@@ -107,7 +110,7 @@ def main():
     ps = "cluster {{ sync: PARAMETER_SERVER servers: {} workers: {} {} }}"
     sb.run("launch", job("single", 8))
     sb.run("launch", job("ps22", 4, ps.format(2, 2, "")))
-    sb.run("launch", job("ps22_again", 4, ps.format(2, 2, "")))
+    sb.run("launch", job("ps22_again", 4, ps.format(2, 2, ""), val="val.bin", eval_every=4))
     sb.run("launch", job("ps31", 8, ps.format(3, 1, "")))
     p = sb.run("launch", job("ps22_split", 4, ps.format(2, 2, "")), "--stop-at", "10")
     assert "stopped at step 10" in p.stdout, p.stdout

@@ -1,17 +1,19 @@
 // The sync strategies on their own, every process of a job in one test
 // process, each with its own UCX worker and thread, over the real
-// transport: all-reduce (worker/collective_exchange, DDP and ZeRO-1 over
-// the ring) and parameter servers (worker/ps_exchange against
+// transport: one process (worker/local_sync), all-reduce (worker/collective_sync, DDP and ZeRO-1 over
+// the ring) and parameter servers (worker/parameter_server_sync against
 // server/parameter_shard). One step must leave every worker with the
 // weights one process gets by stepping the summed gradients, the same
 // report (global norm, lr, mean loss) everywhere, and the weights of every
 // owner (ZeRO-1) or server must reach every worker.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -22,12 +24,14 @@
 #include "server/parameter_shard.h"
 #include "transport/push_pull.h"
 #include "transport/ring_collectives.h"
-#include "worker/collective_exchange.h"
-#include "worker/ps_exchange.h"
+#include "worker/collective_sync.h"
+#include "worker/local_sync.h"
+#include "worker/parameter_server_sync.h"
 
 namespace herd {
 namespace {
 
+using ::testing::HasSubstr;
 using transport::PeerId;
 using transport::RingCollectives;
 using transport::UcxTransport;
@@ -70,7 +74,7 @@ struct Workers {
   Workers(int W, int64_t P) : weights(W, std::vector<float>(P, -7.0f)), reports(W), results(W) {
     for (int w = 0; w < W; ++w) grads.push_back(Gradient(P, w));
   }
-  using Make = std::function<StatusOr<std::unique_ptr<GradientExchange>>(int worker, float* weights)>;
+  using Make = std::function<StatusOr<std::unique_ptr<SyncStrategy>>(int worker, float* weights)>;
   // Starts the workers; Join() waits for them.
   void Start(const Make& make) {
     for (size_t w = 0; w < weights.size(); ++w) {
@@ -80,9 +84,9 @@ struct Workers {
   void Join() {
     for (auto& t : threads) t.join();
   }
-  Status Step(StatusOr<std::unique_ptr<GradientExchange>> made, size_t w) {
+  Status Step(StatusOr<std::unique_ptr<SyncStrategy>> made, size_t w) {
     HERD_RETURN_IF_ERROR(made.status());
-    GradientExchange& x = **made;
+    SyncStrategy& x = **made;
     x.IssueWeights(weights[w].data(), 0);
     HERD_RETURN_IF_ERROR(x.FinishWeights());
     x.BeginStep(grads[w].data(), 0);
@@ -158,18 +162,47 @@ void RunOneStep(int W, int zero_stage) {
 
   Workers workers(W, P);
   workers.Start([&](int r, float* weights) {
-    CollectiveExchangeOptions o;
+    CollectiveSyncOptions o;
     o.config = &job;
     o.layout = &layout;
     o.plan = &*plan;
     o.zero1 = zero_stage == 1;
     o.collectives = rings[r].get();
-    return CreateCollectiveExchange(o, weights, std::nullopt);
+    return CreateCollectiveSync(o, weights, std::nullopt);
   });
   workers.Join();
   ExpectOneProcessStep(job, layout, workers, std::to_string(W) + (zero_stage ? " ZeRO-1" : " DDP"));
   rings.clear();
   transports.clear();
+}
+
+TEST(LocalSync, StepsTheLoopsWeightsInPlaceAsOneProcessDoes) {
+  const config::JobConfig job = SmallJob(1, 0);
+  const ParamLayout layout(LlamaShape::FromConfig(job.model()));
+  Workers workers(1, layout.size());
+  workers.Start([&](int, float* weights) -> StatusOr<std::unique_ptr<SyncStrategy>> {
+    HERD_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerShard> optimizer,
+                          OptimizerShard::InitOrResume(job, layout, {0, layout.size()}, std::nullopt));
+    return CreateLocalSync(std::move(optimizer), weights);
+  });
+  workers.Join();
+  ExpectOneProcessStep(job, layout, workers, "one process");
+}
+
+TEST(LocalSync, ANonFiniteGradientNormIsDivergenceWithAdvice) {
+  const config::JobConfig job = SmallJob(1, 0);
+  const ParamLayout layout(LlamaShape::FromConfig(job.model()));
+  const int64_t P = layout.size();
+  std::vector<float> weights(P), grads(P, 0.0f);
+  auto optimizer = OptimizerShard::InitOrResume(job, layout, {0, P}, std::nullopt);
+  ASSERT_TRUE(optimizer.ok());
+  auto local = CreateLocalSync(std::move(*optimizer), weights.data());
+  grads[P / 2] = std::numeric_limits<float>::infinity();
+  local->BeginStep(grads.data(), 0);
+  local->FinalFrom(0);
+  const Status st = local->FinishStep(1.0);
+  EXPECT_THAT(st.message(), HasSubstr("gradient norm is inf"));
+  EXPECT_THAT(st.message(), HasSubstr("lower optimizer.lr"));
 }
 
 TEST(CollectiveSync, DdpStepEqualsOneProcessOnTheSummedGradients) {
@@ -250,7 +283,7 @@ void RunOneParameterServerStep(int S, int W) {
   }
   Workers workers(W, P);
   workers.Start([&](int w, float*) {
-    return CreateParameterExchange(*plan, w, W, /*bf16=*/false, transports[S + w].get(), clients[w].get(),
+    return CreateParameterServerSync(*plan, w, W, /*bf16=*/false, transports[S + w].get(), clients[w].get(),
                                    /*first_server=*/0);
   });
   workers.Join();

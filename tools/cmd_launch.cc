@@ -3,11 +3,13 @@
 
 #include "common/config.h"
 #include "common/logging.h"
+#include "model/checkpoint.h"
+#include "sharding/memory_plan.h"
 #include "tools/args.h"
 #include "tools/commands.h"
 #include "tools/local_job.h"
 #include "worker/model_factory.h"
-#include "worker/trainer.h"
+#include "worker/worker.h"
 
 namespace herd::tools {
 
@@ -46,7 +48,11 @@ int RunLaunch(int argc, char** argv) {
   if (config->cluster().sync() != config::ClusterConfig::NONE) {
     return RunLocalJob(*config, {args.positional()[0], args.GetAll("set"), options});
   }
-  st = TrainSingleProcess(*config, options);
+  // One process: the job is this one; the checks a launch makes of every
+  // job, before anything is prepared, allocated or written.
+  st = CheckJobFitsHere(*config, "this job (herd plan)");
+  if (st.ok() && !options.resume) st = CheckFreshRun(config->checkpoint().dir(), options.overwrite);
+  if (st.ok()) st = RunWorker(*config, options, /*join=*/nullptr);
   if (!st.ok()) return ReportError(st);
   return 0;
 }

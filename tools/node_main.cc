@@ -24,7 +24,7 @@
 #include "server/server.h"
 #define HERD_NODE_NAME "herd-server"
 #else
-#include "worker/distributed_worker.h"
+#include "worker/worker.h"
 #define HERD_NODE_NAME "herd-worker"
 #endif
 
@@ -75,7 +75,7 @@ Status Run(int argc, char** argv) {
 #if HERD_NODE_SERVER
   return RunParameterServer(config, options, join);
 #else
-  return TrainDistributedWorker(config, options, join);
+  return RunWorker(config, options, &join);
 #endif
 }
 

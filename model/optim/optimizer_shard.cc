@@ -3,6 +3,7 @@
 #include <glog/logging.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "model/hf_io.h"
@@ -55,6 +56,12 @@ void OptimizerShard::AttachWeights(float* space) {
   weights_ = mine;
   own_weights_.clear();
   own_weights_.shrink_to_fit();
+}
+
+Status CheckNotDiverged(const char* what, double value) {
+  if (std::isfinite(value)) return Status::OK();
+  return Status::FailedPrecondition(std::string("the ") + what + " is " + std::to_string(value) +
+                                    " (diverged; lower optimizer.lr or raise optimizer.warmup_steps)");
 }
 
 OptimizerShard::Scalars OptimizerShard::BeginStep(double global_norm) const {

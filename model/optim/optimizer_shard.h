@@ -30,6 +30,11 @@
 
 namespace herd {
 
+// The one divergence check: a step whose loss or gradient norm (`what`) is
+// not finite stops training with one line that says what to change (the
+// caller names the step); OK otherwise.
+Status CheckNotDiverged(const char* what, double value);
+
 class OptimizerShard {
  public:
   // Fresh: checkpoint.init_from's weights, else the deterministic

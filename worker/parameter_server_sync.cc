@@ -1,4 +1,4 @@
-#include "worker/ps_exchange.h"
+#include "worker/parameter_server_sync.h"
 
 #include <glog/logging.h>
 
@@ -12,9 +12,9 @@ namespace {
 // the servers that own them (fp32 or bf16), the loss to server 0, weights
 // pulled bucket by bucket in forward order with every server's step report.
 // The time blocked on the network is counted.
-class ParameterExchange : public GradientExchange {
+class ParameterServerSync : public SyncStrategy {
  public:
-  ParameterExchange(const ShardPlan& plan, int rank, int num_workers, bool bf16, transport::PushPullClient* client,
+  ParameterServerSync(const ShardPlan& plan, int rank, int num_workers, bool bf16, transport::PushPullClient* client,
                     transport::PeerId first_server)
       : plan_(plan),
         rank_(rank),
@@ -32,7 +32,7 @@ class ParameterExchange : public GradientExchange {
   size_t wire_buffer_bytes() const { return wire_.size() * sizeof(uint16_t); }
 
   // Starts a step's pushes: buckets go out as backward finishes them.
-  void BeginStep(const float* grads, uint64_t step) override {
+  void BeginStep(float* grads, uint64_t step) override {
     grads_ = grads;
     step_ = step;
     next_bucket_ = 0;
@@ -136,7 +136,7 @@ class ParameterExchange : public GradientExchange {
   float* weights_ = nullptr;
   uint64_t version_ = 0;
   Status pull_status_;
-  const float* grads_ = nullptr;
+  float* grads_ = nullptr;
   double loss_ = 0;
   uint64_t step_ = 0;
   size_t next_bucket_ = 0;
@@ -152,13 +152,13 @@ uint64_t LargestBucketBytes(const ShardPlan& plan, int wire_bytes) {
   return static_cast<uint64_t>(largest) * wire_bytes;
 }
 
-StatusOr<std::unique_ptr<GradientExchange>> CreateParameterExchange(const ShardPlan& plan, int rank, int num_workers,
+StatusOr<std::unique_ptr<SyncStrategy>> CreateParameterServerSync(const ShardPlan& plan, int rank, int num_workers,
                                                                     bool bf16, transport::UcxTransport* transport,
                                                                     transport::PushPullClient* client,
                                                                     transport::PeerId first_server) {
-  auto exchange = std::make_unique<ParameterExchange>(plan, rank, num_workers, bf16, client, first_server);
-  if (bf16) HERD_RETURN_IF_ERROR(transport->RegisterMemory(exchange->wire_buffer(), exchange->wire_buffer_bytes()));
-  return std::unique_ptr<GradientExchange>(std::move(exchange));
+  auto strategy = std::make_unique<ParameterServerSync>(plan, rank, num_workers, bf16, client, first_server);
+  if (bf16) HERD_RETURN_IF_ERROR(transport->RegisterMemory(strategy->wire_buffer(), strategy->wire_buffer_bytes()));
+  return std::unique_ptr<SyncStrategy>(std::move(strategy));
 }
 
 }  // namespace herd

@@ -1,4 +1,4 @@
-// The worker's side of parameter-server mode (see worker/exchange.h):
+// The worker's side of parameter-server mode (see worker/sync_strategy.h):
 // gradient buckets pushed to the servers that own them as backward
 // finishes them (fp32 or bf16 on the wire), this worker's loss to server 0,
 // the next weights pulled bucket by bucket in forward order together with
@@ -11,13 +11,13 @@
 #include "common/status.h"
 #include "sharding/shard_plan.h"
 #include "transport/push_pull.h"
-#include "worker/exchange.h"
+#include "worker/sync_strategy.h"
 
 namespace herd {
 
 // `client` talks to the servers, server s being PeerId first_server + s;
 // bf16 staging memory is registered with `transport`.
-StatusOr<std::unique_ptr<GradientExchange>> CreateParameterExchange(const ShardPlan& plan, int rank, int num_workers,
+StatusOr<std::unique_ptr<SyncStrategy>> CreateParameterServerSync(const ShardPlan& plan, int rank, int num_workers,
                                                                     bool bf16, transport::UcxTransport* transport,
                                                                     transport::PushPullClient* client,
                                                                     transport::PeerId first_server);

@@ -1,4 +1,4 @@
-// The worker's side of all-reduce mode (see worker/exchange.h): synchronous
+// The worker's side of all-reduce mode (see worker/sync_strategy.h): synchronous
 // data parallelism among the workers alone, over Collectives.
 //
 //   zero_stage 0 (DDP): every gradient bucket is all-reduced as backward
@@ -27,12 +27,12 @@
 #include "proto/herd.pb.h"
 #include "sharding/shard_plan.h"
 #include "transport/collectives.h"
-#include "worker/exchange.h"
+#include "worker/sync_strategy.h"
 
 namespace herd {
 
 // Gradients that reach host memory already reduced across the workers
-// (CUDA workers: NCCL on the device, worker/nccl_gradients.h). The exchange
+// (CUDA workers: NCCL on the device, worker/nccl_gradients.h). The strategy
 // then sends no gradient itself and only waits for the step's reductions.
 class DeviceGradientReduction {
  public:
@@ -41,7 +41,7 @@ class DeviceGradientReduction {
   virtual Status FinishStep() = 0;
 };
 
-struct CollectiveExchangeOptions {
+struct CollectiveSyncOptions {
   const config::JobConfig* config = nullptr;
   const ParamLayout* layout = nullptr;
   // Buckets (and, for ZeRO-1, owners: one shard per worker).
@@ -59,7 +59,7 @@ StatusOr<ShardPlan> CollectivePlan(const ParamLayout& layout, const config::JobC
 // Loads or initialises this worker's state into `weights` (the full flat
 // space) and its optimizer moments; `resume_from` continues this run (the
 // caller has checked it with CheckSameRun).
-StatusOr<std::unique_ptr<GradientExchange>> CreateCollectiveExchange(
-    const CollectiveExchangeOptions& options, float* weights, const std::optional<VerifiedCheckpoint>& resume_from);
+StatusOr<std::unique_ptr<SyncStrategy>> CreateCollectiveSync(
+    const CollectiveSyncOptions& options, float* weights, const std::optional<VerifiedCheckpoint>& resume_from);
 
 }  // namespace herd

@@ -1,4 +1,4 @@
-#include "worker/collective_exchange.h"
+#include "worker/collective_sync.h"
 
 #include <glog/logging.h>
 
@@ -18,9 +18,9 @@ using transport::Collectives;
 using transport::DType;
 using transport::Partition;
 
-class CollectiveExchange : public GradientExchange {
+class CollectiveSync : public SyncStrategy {
  public:
-  CollectiveExchange(const CollectiveExchangeOptions& o, float* weights, std::unique_ptr<OptimizerShard> optimizer,
+  CollectiveSync(const CollectiveSyncOptions& o, float* weights, std::unique_ptr<OptimizerShard> optimizer,
                      bool broadcast_first)
       : o_(o),
         c_(*o.collectives),
@@ -34,8 +34,8 @@ class CollectiveExchange : public GradientExchange {
     report_.version = static_cast<uint64_t>(optimizer_->step());
   }
 
-  void BeginStep(const float* grads, uint64_t step) override {
-    grads_ = const_cast<float*>(grads);  // reduced in place
+  void BeginStep(float* grads, uint64_t step) override {
+    grads_ = grads;  // reduced in place
     step_ = step;
     next_bucket_ = 0;
     grad_handles_.clear();
@@ -66,11 +66,8 @@ class CollectiveExchange : public GradientExchange {
     if (st.ok()) st = wait_.Timed([&] { return c_.Wait(c_.AllReduce(sums, 2, DType::kFloat64)); });
     HERD_RETURN_IF_ERROR(st.WithContext("all-reduce of step " + std::to_string(step_ + 1) + ": "));
     const double norm = std::sqrt(o_.zero1 ? sums[0] : SumOfSquares(grads_, P_));
-    if (!std::isfinite(norm)) {
-      return Status::FailedPrecondition("step " + std::to_string(step_ + 1) + ": the gradient norm is " +
-                                        std::to_string(norm) + " (diverged; lower optimizer.lr)");
-    }
-    CHECK_EQ(static_cast<uint64_t>(optimizer_->step()), step_) << "the exchange and the optimizer disagree on the step";
+    HERD_RETURN_IF_ERROR(CheckNotDiverged("gradient norm", norm));
+    CHECK_EQ(static_cast<uint64_t>(optimizer_->step()), step_) << "the strategy and the optimizer disagree on the step";
     const OptimizerShard::Scalars s = optimizer_->Step(grads_ + owned_.begin, norm);
     report_ = {step_ + 1, norm, s.lr, sums[1] / W_};
     return Status::OK();
@@ -142,7 +139,7 @@ class CollectiveExchange : public GradientExchange {
     return first;
   }
 
-  const CollectiveExchangeOptions o_;
+  const CollectiveSyncOptions o_;
   Collectives& c_;
   const int W_, rank_;
   const int64_t P_;
@@ -171,8 +168,8 @@ StatusOr<ShardPlan> CollectivePlan(const ParamLayout& layout, const config::JobC
   return ShardPlan::Create(layout, o);
 }
 
-StatusOr<std::unique_ptr<GradientExchange>> CreateCollectiveExchange(
-    const CollectiveExchangeOptions& o, float* weights, const std::optional<VerifiedCheckpoint>& resume_from) {
+StatusOr<std::unique_ptr<SyncStrategy>> CreateCollectiveSync(
+    const CollectiveSyncOptions& o, float* weights, const std::optional<VerifiedCheckpoint>& resume_from) {
   const int rank = o.collectives->rank();
   const int64_t P = o.layout->size();
   const ParamRange owned = o.zero1 ? o.plan->shard(rank) : ParamRange{0, P};
@@ -192,8 +189,8 @@ StatusOr<std::unique_ptr<GradientExchange>> CreateCollectiveExchange(
     }
   }
   optimizer->AttachWeights(weights);
-  return std::unique_ptr<GradientExchange>(
-      new CollectiveExchange(o, weights, std::move(optimizer), /*broadcast_first=*/!resume_from));
+  return std::unique_ptr<SyncStrategy>(
+      new CollectiveSync(o, weights, std::move(optimizer), /*broadcast_first=*/!resume_from));
 }
 
 }  // namespace herd

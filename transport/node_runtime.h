@@ -1,0 +1,71 @@
+// One process's place in a job: its UCX transport, the data-plane services
+// on that transport and its coordinator client, held as members in the
+// order they are made. They go in the reverse order: the client first (its
+// failure handler reaches into the services), then the services (each
+// shuts the transport down as it goes, so no completion runs afterwards),
+// the transport last.
+//
+// Whatever the services reach into — registered buffers, a ShardHandler, a
+// sync strategy whose pulls land in its own memory — belongs to the caller
+// and must be declared before the NodeRuntime, so that it outlives every
+// transfer.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "common/status.h"
+#include "transport/coordinator_client.h"
+#include "transport/join.h"
+#include "transport/push_pull.h"
+#include "transport/ring_collectives.h"
+#include "transport/ucx_transport.h"
+
+namespace herd::transport {
+
+class NodeRuntime {
+ public:
+  struct Options {
+    JoinOptions join;
+    // The roles this process sends to (JoinJob's connect_to).
+    std::vector<wire::Role> connect_to;
+    // > 0: a push/pull client whose requests travel in pieces of at most
+    // this many bytes (a worker of a parameter-server job).
+    uint64_t push_pull_piece_bytes = 0;
+  };
+  // Runs once the membership is known and before any peer can send: the
+  // place to make what depends on the rank and to start the rank's
+  // services (StartRing, Serve).
+  using PrepareFn = std::function<Status(NodeRuntime& runtime, CoordinatorClient& client)>;
+
+  // Creates the transport (and the push/pull client), joins the job
+  // (transport/join.h's JoinJob) and, from then on, fails every service
+  // when the job fails.
+  static StatusOr<std::unique_ptr<NodeRuntime>> Join(const Options& options, const PrepareFn& prepare);
+
+  NodeRuntime(const NodeRuntime&) = delete;
+  NodeRuntime& operator=(const NodeRuntime&) = delete;
+
+  // In prepare: a ring among the job's workers (all-reduce mode).
+  void StartRing(CoordinatorClient& client);
+  // In prepare: answers the workers' pushes and pulls with `shard`.
+  void Serve(ShardHandler* shard);
+
+  UcxTransport& transport() { return *transport_; }
+  CoordinatorClient& client() { return *client_; }
+  // Null unless asked for (Options) or started (StartRing).
+  PushPullClient* push_pull() { return push_pull_.get(); }
+  RingCollectives* ring() { return ring_.get(); }
+
+ private:
+  NodeRuntime() = default;
+
+  std::unique_ptr<UcxTransport> transport_;
+  std::unique_ptr<PushPullClient> push_pull_;
+  std::unique_ptr<PushPullServer> served_;
+  std::unique_ptr<RingCollectives> ring_;
+  std::unique_ptr<CoordinatorClient> client_;
+};
+
+}  // namespace herd::transport

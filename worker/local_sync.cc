@@ -1,0 +1,75 @@
+#include "worker/local_sync.h"
+
+#include <cmath>
+
+#include "common/file_util.h"
+
+namespace herd {
+namespace {
+
+class LocalSync : public SyncStrategy {
+ public:
+  explicit LocalSync(std::unique_ptr<OptimizerShard> optimizer) : optimizer_(std::move(optimizer)) {
+    report_.version = static_cast<uint64_t>(optimizer_->step());
+  }
+
+  void BeginStep(float* grads, uint64_t step) override {
+    grads_ = grads;
+    step_ = step;
+  }
+  void FinalFrom(int64_t) override {}
+  Status FinishStep(double loss) override {
+    const double norm = std::sqrt(SumOfSquares(grads_, optimizer_->size()));
+    HERD_RETURN_IF_ERROR(CheckNotDiverged("gradient norm", norm));
+    const OptimizerShard::Scalars s = optimizer_->Step(grads_, norm);
+    report_ = {step_ + 1, norm, s.lr, loss};
+    return Status::OK();
+  }
+  // The loop's weights are the optimizer's: stepped in place.
+  void IssueWeights(float*, uint64_t) override {}
+  void WaitUpTo(int64_t) override {}
+  Status FinishWeights() override { return Status::OK(); }
+  const StepReport& report() const override { return report_; }
+  double TakeWaitSeconds() override { return 0; }
+  Status WriteCheckpointParts(const std::string& step_dir) override {
+    return optimizer_->Save(JoinPath(step_dir, ShardFileName(0)));
+  }
+  int shard_files() const override { return 1; }
+
+ private:
+  const std::unique_ptr<OptimizerShard> optimizer_;
+  float* grads_ = nullptr;
+  uint64_t step_ = 0;
+  StepReport report_;
+};
+
+}  // namespace
+
+std::unique_ptr<SyncStrategy> CreateLocalSync(std::unique_ptr<OptimizerShard> optimizer, float* weights) {
+  optimizer->AttachWeights(weights);
+  return std::make_unique<LocalSync>(std::move(optimizer));
+}
+
+DeviceResidentSync::DeviceResidentSync(std::unique_ptr<cuda::DeviceTrainer> device,
+                                       std::unique_ptr<OptimizerShard> optimizer, float* weights)
+    : device_(std::move(device)), optimizer_(std::move(optimizer)) {
+  optimizer_->AttachWeights(weights);
+  report_.version = static_cast<uint64_t>(optimizer_->step());
+  device_->SetState(optimizer_->weights(), optimizer_->m(), optimizer_->v());
+}
+
+StatusOr<double> DeviceResidentSync::ComputeStep(const std::vector<const int32_t*>& inputs,
+                                                 const std::vector<const int32_t*>& targets, uint64_t step) {
+  double norm = 0, lr = 0;
+  const double loss = device_->Step(inputs, targets, static_cast<int64_t>(step), &norm, &lr);
+  optimizer_->EndStep();  // the device holds the state until a checkpoint asks for it
+  report_ = {step + 1, norm, lr, loss};
+  return loss;
+}
+
+Status DeviceResidentSync::WriteCheckpointParts(const std::string& step_dir) {
+  device_->GetState(optimizer_->weights(), optimizer_->m(), optimizer_->v());
+  return optimizer_->Save(JoinPath(step_dir, ShardFileName(0)));
+}
+
+}  // namespace herd

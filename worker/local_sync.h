@@ -1,0 +1,57 @@
+// The one-process strategies (see worker/sync_strategy.h): nothing to
+// exchange, the optimizer over the whole flat space.
+//
+//   Local: AdamW on the CPU over the summed micro-batch gradients; its
+//     master weights are the loop's weights (attached), stepped in place.
+//   DeviceResident: the whole step on one GPU (cuda::DeviceTrainer: fp32
+//     master weights, AdamW state and gradients resident there, as llm.c
+//     keeps them); the OptimizerShard holds the state on the host only to
+//     load it and to checkpoint it.
+#pragma once
+
+#include <memory>
+
+#include "model/cuda/device_trainer.h"
+#include "model/model.h"
+#include "model/optim/optimizer_shard.h"
+#include "worker/sync_strategy.h"
+
+namespace herd {
+
+// `optimizer` covers the whole space; its weights move into `weights`.
+std::unique_ptr<SyncStrategy> CreateLocalSync(std::unique_ptr<OptimizerShard> optimizer, float* weights);
+
+class DeviceResidentSync : public SyncStrategy {
+ public:
+  // Loads the optimizer's state (the whole space) onto the device; its
+  // host copy of the weights moves into `weights`.
+  DeviceResidentSync(std::unique_ptr<cuda::DeviceTrainer> device, std::unique_ptr<OptimizerShard> optimizer,
+                     float* weights);
+
+  // The device's current weights, for evaluation and sampling (its
+  // Forward ignores the weights it is given).
+  Model& evaluator() { return device_->evaluator(); }
+  std::string Describe() const { return device_->Describe(); }
+
+  bool computes_step() const override { return true; }
+  StatusOr<double> ComputeStep(const std::vector<const int32_t*>& inputs, const std::vector<const int32_t*>& targets,
+                               uint64_t step) override;
+  void BeginStep(float*, uint64_t) override {}
+  void FinalFrom(int64_t) override {}
+  Status FinishStep(double) override { return Status::OK(); }
+  void IssueWeights(float*, uint64_t) override {}
+  void WaitUpTo(int64_t) override {}
+  Status FinishWeights() override { return Status::OK(); }
+  const StepReport& report() const override { return report_; }
+  double TakeWaitSeconds() override { return 0; }
+  // Brings the state back from the device first.
+  Status WriteCheckpointParts(const std::string& step_dir) override;
+  int shard_files() const override { return 1; }
+
+ private:
+  const std::unique_ptr<cuda::DeviceTrainer> device_;
+  const std::unique_ptr<OptimizerShard> optimizer_;
+  StepReport report_;
+};
+
+}  // namespace herd

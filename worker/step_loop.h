@@ -1,0 +1,88 @@
+// The training step, written once for every mode (DESIGN.md "One training
+// step"). Each step: this worker's micro-batches (its own disjoint
+// sequences of the global batch), forward and backward on them, and the
+// SyncStrategy (worker/sync_strategy.h) that turns the gradients into the
+// next weights — by itself (one process), through parameter servers, or by
+// all-reduce among the workers. Then one epilogue for every mode: the
+// divergence check, the progress line and metrics, evaluation, and the
+// checkpoint commit.
+//
+// Overlap: during the last backward each gradient bucket leaves as soon as
+// backward has finished it; the next weights arrive bucket by bucket in
+// forward order while the next forward runs, which waits only for its
+// layer's. So step t's epilogue runs once all of version t is in, after
+// step t+1's first forward — or before it when the epilogue evaluates
+// (evaluation reuses the model's activations, which backward needs).
+//
+// Promises: the loss and gradient norm reported are global (the mean over
+// workers, the norm of the summed gradient); the same config gives
+// bitwise-identical runs (for a given thread count); a run resumed from a
+// step-K checkpoint continues exactly as the uninterrupted one; a
+// checkpoint is committed only once every part of it is written. Worker 0
+// prints progress, evaluates and samples; every worker writes its
+// data-loader position into each checkpoint.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/clock.h"
+#include "common/run_options.h"
+#include "common/status.h"
+#include "data/sampler.h"
+#include "data/token_file.h"
+#include "model/model.h"
+#include "proto/herd.pb.h"
+#include "transport/coordinator_client.h"
+#include "worker/progress_log.h"
+#include "worker/sync_strategy.h"
+
+namespace herd {
+
+// What the loop drives; the caller (worker/worker.cc) owns every part and
+// keeps it alive for the loop's life.
+struct StepLoopParts {
+  const config::JobConfig* config = nullptr;
+  TrainOptions options;
+  Model* model = nullptr;  // forward, backward, evaluation and sampling
+  SyncStrategy* strategy = nullptr;
+  DistributedSampler* sampler = nullptr;  // this worker's sequences
+  const TokenFile* val = nullptr;         // held-out data, or null
+  // The whole flat space: the weights the model computes on, and its
+  // gradients (null when the strategy computes the step itself).
+  float* weights = nullptr;
+  float* grads = nullptr;
+  int rank = 0, num_workers = 1;
+  // Null for one process: nobody to wait for or vote with.
+  transport::CoordinatorClient* client = nullptr;
+};
+
+class StepLoop {
+ public:
+  explicit StepLoop(const StepLoopParts& parts);
+
+  // Takes the steps after `start` (steps already taken) up to the run's
+  // last step (options.LastStep), then prints how the run ended.
+  Status Run(int64_t start);
+
+ private:
+  // Step `step` (1-based) is done and its weights are in.
+  Status Epilogue(int64_t step);
+  bool EvaluatesAt(int64_t step) const;
+  Status CommitCheckpoint(int64_t step);
+
+  const StepLoopParts p_;
+  const config::JobConfig& config_;
+  SyncStrategy& strategy_;
+  const bool leader_;
+  const int64_t total_steps_, last_step_, tokens_per_step_;
+
+  int64_t start_ = 0;
+  ProgressLog log_;
+  Stopwatch run_clock_, window_clock_;
+  int64_t window_tokens_ = 0;
+  double window_wait_ = 0;
+  std::string loader_state_;  // the data position after the step to checkpoint
+};
+
+}  // namespace herd

@@ -1,0 +1,89 @@
+// How a worker's gradients become the next weights: the one thing that
+// differs between the modes. worker/step_loop.cc drives every strategy
+// through the same calls, step t:
+//
+//   BeginStep(grads, t); FinalFrom(x) as backward finishes the gradients at
+//   offsets >= x (each bucket that is ready may leave at once); FinishStep(
+//   loss) waits for them and, where the optimizer runs on this worker,
+//   steps it; IssueWeights(weights, t+1) starts bringing the weights of
+//   version t+1 into `weights`; WaitUpTo(end) as the next forward reaches
+//   each layer; FinishWeights() before anything else reads the weights or
+//   the step's report.
+//
+// The strategies: Local (one process: AdamW over the whole space), Device
+// Resident (one process, the whole step on one GPU), ParameterServer
+// (worker/parameter_server_sync.h) and Collective (DDP and ZeRO-1 over the
+// UCX ring or NCCL, worker/collective_sync.h).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/status.h"
+#include "sharding/shard_plan.h"
+
+namespace herd {
+
+// Time blocked on communication: the "waiting on the network" figures.
+class WaitClock {
+ public:
+  template <typename F>
+  Status Timed(F&& wait) {
+    Stopwatch sw;
+    Status st = wait();
+    seconds_ += sw.Seconds();
+    return st;
+  }
+  // Seconds since the last call.
+  double Take() {
+    const double s = seconds_;
+    seconds_ = 0;
+    return s;
+  }
+
+ private:
+  double seconds_ = 0;
+};
+
+class SyncStrategy {
+ public:
+  virtual ~SyncStrategy() = default;
+
+  // `grads` (the whole flat space) may be reduced in place; it stays valid
+  // until FinishStep returns.
+  virtual void BeginStep(float* grads, uint64_t step) = 0;
+  virtual void FinalFrom(int64_t offset) = 0;
+  // `loss`: this worker's mean loss for the step.
+  virtual Status FinishStep(double loss) = 0;
+
+  virtual void IssueWeights(float* weights, uint64_t version) = 0;
+  virtual void WaitUpTo(int64_t end) = 0;
+  virtual Status FinishWeights() = 0;
+  // The step that produced the current weights: global norm, lr, mean loss.
+  virtual const StepReport& report() const = 0;
+
+  // Seconds blocked on communication since the last call.
+  virtual double TakeWaitSeconds() = 0;
+
+  // A strategy that computes the whole step itself (DeviceResident: the
+  // forward, backward and optimizer on one GPU) takes the step's
+  // micro-batches here, in place of the loop's forward and backward, and
+  // returns the mean loss; FinishStep follows as for every strategy.
+  virtual bool computes_step() const { return false; }
+  virtual StatusOr<double> ComputeStep(const std::vector<const int32_t*>& /*inputs*/,
+                                       const std::vector<const int32_t*>& /*targets*/, uint64_t /*step*/) {
+    return Status::Internal("this sync strategy does not compute steps");
+  }
+
+  // Checkpoint of step `step` (after FinishWeights): writes this worker's
+  // optimizer parts, if it holds any, into step_dir. `shard_files()` is how
+  // many shard_*.bin the workers write in all (0 in parameter-server mode:
+  // the servers write them and server 0 commits; otherwise worker 0
+  // commits).
+  virtual Status WriteCheckpointParts(const std::string& step_dir) = 0;
+  virtual int shard_files() const = 0;
+};
+
+}  // namespace herd

@@ -1,0 +1,236 @@
+#include "worker/worker.h"
+
+#include <omp.h>
+
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "common/file_util.h"
+#include "common/run_summary.h"
+#include "data/prepare.h"
+#include "data/sampler.h"
+#include "model/checkpoint.h"
+#include "model/optim/optimizer_shard.h"
+#include "sharding/memory_plan.h"
+#include "sharding/shard_plan.h"
+#include "transport/join.h"
+#include "transport/node_runtime.h"
+#include "transport/wire.h"
+#include "worker/collective_sync.h"
+#include "worker/local_sync.h"
+#include "worker/model_factory.h"
+#include "worker/nccl_gradients.h"
+#include "worker/parameter_server_sync.h"
+#include "worker/step_loop.h"
+
+namespace herd {
+namespace {
+
+using config::ClusterConfig;
+
+// A worker's parts in the order they are made; they go in the reverse
+// order. The buffers come first: a GPU model page-locks them and the
+// transport registers them, and both must let go before they are freed.
+// The runtime comes last, so it goes first: nothing it runs afterwards can
+// reach into the strategy, the sampler or the buffers.
+struct Worker {
+  std::vector<float> weights, grads;
+  std::unique_ptr<Model> model;  // none when a DeviceResident strategy has its own
+  std::unique_ptr<DeviceGradientReduction> device_reduction;  // CUDA workers in all-reduce mode: NCCL
+  std::optional<DistributedSampler> sampler;
+  std::unique_ptr<SyncStrategy> strategy;
+  std::unique_ptr<transport::NodeRuntime> runtime;
+};
+
+// The lines a run starts with, from worker 0.
+void PrintRunHeader(const config::JobConfig& config, const ParamLayout& layout, const std::string& device,
+                    int64_t train_tokens, const ShardPlan* plan, int num_workers, bool nccl,
+                    const transport::UcxTransport* transport) {
+  const LlamaShape& shape = layout.shape();
+  const auto& train = config.train();
+  const auto& cluster = config.cluster();
+  std::printf("model: %.2fM parameters (%d layers, d=%d, %d heads, %d kv heads, vocab %d) | %s%s\n",
+              layout.num_parameters() / 1e6, shape.num_layers, shape.hidden_size, shape.num_heads, shape.num_kv_heads,
+              shape.vocab_size, transport ? "worker 0 on " : "", device.c_str());
+  const long long tokens = static_cast<long long>(train.batch_size()) * train.seq_len() * train.grad_accum();
+  if (transport == nullptr) {
+    std::printf("data: %s (%lld tokens) | batch %d x %d tokens x %d accum = %lld tokens/step\n",
+                config.data().train().c_str(), static_cast<long long>(train_tokens), train.batch_size(),
+                train.seq_len(), train.grad_accum(), tokens);
+  } else {
+    const bool ps = cluster.sync() == ClusterConfig::PARAMETER_SERVER;
+    if (ps && config.device().kind() == config::DeviceConfig::CUDA) {
+      // Device pointers could go to a CUDA-aware UCX directly; herd does not
+      // do that yet, so say which case this is.
+      std::printf("GPU workers push and pull through page-locked host memory (%s)\n",
+                  transport->cuda_memory()
+                      ? "this UCX could move CUDA memory itself; direct transfers are not used yet"
+                      : "this UCX has no CUDA memory support");
+    }
+    if (ps) {
+      std::printf("parameter servers: %d, workers: %d, wire %s", plan->num_servers(), num_workers,
+                  cluster.wire_dtype() == ClusterConfig::BF16 ? "bf16" : "fp32");
+    } else {
+      std::printf("all-reduce (%s) among %d workers%s", nccl ? "gradients by NCCL, the rest by UCX ring" : "UCX ring",
+                  num_workers, cluster.zero_stage() == 1 ? ", ZeRO-1" : "");
+    }
+    std::printf(", %zu buckets | batch %d x %d tokens x %d accum x %d workers = %lld tokens/step\n",
+                plan->buckets().size(), train.batch_size(), train.seq_len(), train.grad_accum(), num_workers,
+                tokens * num_workers);
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+Status RunWorker(const config::JobConfig& config, const TrainOptions& options, const transport::JoinOptions* join) {
+  const auto& train = config.train();
+  if (train.threads() > 0) omp_set_num_threads(train.threads());
+  const LlamaShape shape = LlamaShape::FromConfig(config.model());
+  const int B = train.batch_size(), T = train.seq_len();
+  const auto& cluster = config.cluster();
+  const bool in_job = join != nullptr;
+  const bool ps = in_job && cluster.sync() == ClusterConfig::PARAMETER_SERVER;
+  const bool collective = in_job && cluster.sync() == ClusterConfig::ALLREDUCE;
+  const bool on_gpu = config.device().kind() == config::DeviceConfig::CUDA;
+  // One process on a GPU runs the whole step there.
+  const bool device_resident = !in_job && on_gpu;
+
+  HERD_ASSIGN_OR_RETURN(JobData data, OpenJobData(config.data(), shape.vocab_size));
+  const ParamLayout layout(shape);
+  const int64_t P = layout.size();
+  std::optional<ShardPlan> plan;
+  if (ps) {
+    HERD_ASSIGN_OR_RETURN(plan, ShardPlan::Create(layout, ShardPlanOptions::FromConfig(cluster)));
+  } else if (collective) {
+    HERD_ASSIGN_OR_RETURN(plan, CollectivePlan(layout, config, cluster.workers()));
+  }
+  const std::string& ckpt_dir = config.checkpoint().dir();
+  if (!ckpt_dir.empty()) HERD_RETURN_IF_ERROR(CheckWritable(ckpt_dir));
+  std::optional<VerifiedCheckpoint> resume_from;
+  if (options.resume) {
+    if (ckpt_dir.empty()) return Status::InvalidArgument("--resume needs checkpoint.dir to be set");
+    HERD_ASSIGN_OR_RETURN(resume_from, LatestVerifiedCheckpoint(ckpt_dir));
+    HERD_RETURN_IF_ERROR(CheckSameRun(resume_from->dir, config));
+  }
+
+  Worker w;
+  w.weights.resize(P);
+  if (!device_resident) w.grads.resize(P);
+  Model* model = nullptr;
+  std::string device;
+  int rank = 0, num_workers = 1;
+  // What depends on the rank; in a job, before any peer can send to us.
+  auto prepare = [&](transport::CoordinatorClient* client) -> Status {
+    if (client != nullptr) {
+      rank = client->rank();
+      num_workers = client->num_workers();
+      HERD_RETURN_IF_ERROR(transport::AgreeOn(*client, "herd/resume",
+                                              resume_from ? BaseName(resume_from->dir) : std::string("none"),
+                                              "the checkpoint to resume from"));
+    }
+    HERD_ASSIGN_OR_RETURN(w.sampler, DistributedSampler::Create(data.train, T, num_workers, rank, train.seed()));
+    HERD_RETURN_IF_ERROR(w.sampler->CheckBatch(B).WithContext("train.batch_size: "));
+    if (resume_from) {
+      const std::string path = JoinPath(resume_from->dir, WorkerFileName(rank));
+      HERD_ASSIGN_OR_RETURN(std::string loader, ReadFile(path));
+      HERD_RETURN_IF_ERROR(w.sampler->RestoreState(loader).WithContext(path + ": "));
+    }
+    if (device_resident) {
+      HERD_ASSIGN_OR_RETURN(std::unique_ptr<cuda::DeviceTrainer> gpu, CreateDeviceTrainer(config, LocalRank(0)));
+      HERD_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerShard> optimizer,
+                            OptimizerShard::InitOrResume(config, layout, {0, P}, resume_from));
+      auto strategy = std::make_unique<DeviceResidentSync>(std::move(gpu), std::move(optimizer), w.weights.data());
+      model = &strategy->evaluator();
+      device = strategy->Describe();
+      w.strategy = std::move(strategy);
+      return Status::OK();
+    }
+    HERD_ASSIGN_OR_RETURN(w.model, CreateModel(config, B, T, LocalRank(rank)));
+    model = w.model.get();
+    device = model->Describe();
+    if (collective && on_gpu && cluster.nccl() && BuiltWithNccl()) {
+      HERD_ASSIGN_OR_RETURN(w.device_reduction,
+                            ReduceGradientsWithNccl(*client, *model, cluster.zero_stage() == 1 ? &*plan : nullptr));
+    }
+    if (!in_job) {
+      // The whole space's optimizer state; any number of shards (a
+      // parameter-server checkpoint too) assembles into it.
+      HERD_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerShard> optimizer,
+                            OptimizerShard::InitOrResume(config, layout, {0, P}, resume_from));
+      w.strategy = CreateLocalSync(std::move(optimizer), w.weights.data());
+    }
+    return Status::OK();
+  };
+  if (!in_job) {
+    HERD_RETURN_IF_ERROR(prepare(nullptr));
+  } else {
+    transport::NodeRuntime::Options o;
+    o.join = *join;
+    o.connect_to = {ps ? wire::SERVER : wire::WORKER};
+    const bool bf16 = ps && cluster.wire_dtype() == ClusterConfig::BF16;
+    if (ps) o.push_pull_piece_bytes = LargestBucketBytes(*plan, bf16 ? 2 : 4);
+    HERD_ASSIGN_OR_RETURN(w.runtime,
+                          transport::NodeRuntime::Join(o, [&](transport::NodeRuntime& rt, transport::CoordinatorClient& c) {
+                            if (collective) rt.StartRing(c);
+                            return prepare(&c);
+                          }));
+    transport::NodeRuntime& rt = *w.runtime;
+    HERD_RETURN_IF_ERROR(rt.transport().RegisterMemory(w.weights.data(), P * sizeof(float)));
+    HERD_RETURN_IF_ERROR(rt.transport().RegisterMemory(w.grads.data(), P * sizeof(float)));
+    if (ps) {
+      HERD_ASSIGN_OR_RETURN(w.strategy,
+                            CreateParameterServerSync(*plan, rank, num_workers, bf16, &rt.transport(), rt.push_pull(),
+                                                      transport::MemberPeerId(rt.client(), wire::SERVER, 0)));
+    } else {
+      CollectiveSyncOptions c;
+      c.config = &config;
+      c.layout = &layout;
+      c.plan = &*plan;
+      c.zero1 = cluster.zero_stage() == 1;
+      c.collectives = rt.ring();
+      c.device_reduction = w.device_reduction.get();
+      HERD_ASSIGN_OR_RETURN(w.strategy, CreateCollectiveSync(c, w.weights.data(), resume_from));
+    }
+  }
+
+  const int64_t start = resume_from ? resume_from->manifest.step : 0;
+  if (rank == 0) {
+    if (resume_from) {
+      std::printf("resumed from %s (step %lld)\n", resume_from->dir.c_str(), static_cast<long long>(start));
+    } else if (!config.checkpoint().init_from().empty()) {
+      std::printf("initial weights from %s\n", config.checkpoint().init_from().c_str());
+    }
+    PrintRunHeader(config, layout, device, data.train.size(), plan ? &*plan : nullptr, num_workers,
+                   w.device_reduction != nullptr, w.runtime ? &w.runtime->transport() : nullptr);
+  }
+  StepLoopParts parts;
+  parts.config = &config;
+  parts.options = options;
+  parts.model = model;
+  parts.strategy = w.strategy.get();
+  parts.sampler = &*w.sampler;
+  parts.val = data.val.get();
+  parts.weights = w.weights.data();
+  parts.grads = device_resident ? nullptr : w.grads.data();
+  parts.rank = rank;
+  parts.num_workers = num_workers;
+  parts.client = in_job ? &w.runtime->client() : nullptr;
+  HERD_RETURN_IF_ERROR(StepLoop(parts).Run(start));
+  if (!in_job) return Status::OK();
+
+  // Every worker of a job: what it cost, for `herd bench compare` and
+  // curious users.
+  transport::NodeRuntime& rt = *w.runtime;
+  if (auto memory = PlanMemory(config); memory.ok()) {
+    HERD_RETURN_IF_ERROR(ReportRunSummary("worker", rank, options.LastStep(train.steps()) - start,
+                                          memory->processes.back().total(), rt.transport().stats().bytes_sent,
+                                          config.log().summary_dir()));
+  }
+  HERD_RETURN_IF_ERROR(rt.client().Barrier("herd/done"));
+  return rt.client().Leave();
+}
+
+}  // namespace herd
