@@ -21,14 +21,13 @@ struct ParameterShard::LocalBucket {
 };
 
 struct ParameterShard::QueuedPull {
-  uint64_t tag, offset, length;
+  transport::Request pull;
   PullReply reply;
 };
 
 ParameterShard::ParameterShard(const ParameterShardOptions& options, std::unique_ptr<OptimizerShard> optimizer)
     : options_(options),
       range_(options.plan->shard(options.server)),
-      space_(ServerSpace::For(range_, options.num_workers, options.bf16_wire ? 2 : 4)),
       wire_bytes_(options.bf16_wire ? 2 : 4),
       optimizer_(std::move(optimizer)),
       acc_(range_.size(), 0.0f),
@@ -61,33 +60,46 @@ int ParameterShard::WorkerRank(transport::PeerId client) const {
   return r >= 0 && r < options_.num_workers ? r : -1;
 }
 
-StatusOr<void*> ParameterShard::PushTarget(transport::PeerId client, uint64_t tag, uint64_t offset, uint64_t length) {
+uint64_t ParameterShard::size_bytes(transport::RequestKind kind) const {
+  switch (kind) {
+    case transport::RequestKind::kGradients:
+    case transport::RequestKind::kWeights:
+      return static_cast<uint64_t>(range_.size()) * wire_bytes_;
+    case transport::RequestKind::kLoss:
+      return options_.collects_losses ? sizeof(double) : 0;
+    case transport::RequestKind::kReport:
+      return sizeof(StepReport);
+  }
+  return 0;
+}
+
+StatusOr<void*> ParameterShard::PushTarget(const transport::Request& push) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!failed_.ok()) return failed_;
-  const int r = WorkerRank(client);
-  const std::string what = "push of bytes " + FormatRange(offset, offset + length);
-  if (r < 0) return Status::InvalidArgument(what + " from peer " + std::to_string(client) + ", not a worker");
-  if (stepping_ || tag != static_cast<uint64_t>(optimizer_->step())) {
+  const int r = WorkerRank(push.client);
+  const std::string what = push.Describe();
+  if (r < 0) return Status::InvalidArgument(what + " from peer " + std::to_string(push.client) + ", not a worker");
+  if (stepping_ || push.tag != static_cast<uint64_t>(optimizer_->step())) {
     return Status::FailedPrecondition(what + " from worker " + std::to_string(r) + " is for step " +
-                                      std::to_string(tag) + ", but this server is " +
+                                      std::to_string(push.tag) + ", but this server is " +
                                       (stepping_ ? "stepping " : "at step ") + std::to_string(optimizer_->step()));
   }
-  if (offset >= space_.losses_offset) {
-    if (!options_.collects_losses || offset != space_.losses_offset + sizeof(double) * r || length != sizeof(double)) {
-      return Status::InvalidArgument(what + " from worker " + std::to_string(r) + " is not its loss slot");
+  if (push.kind == transport::RequestKind::kLoss) {
+    if (push.offset != 0 || push.length != sizeof(double)) {
+      return Status::InvalidArgument(what + " from worker " + std::to_string(r) + " is not one double");
     }
     if (loss_in_[r]) return Status::InvalidArgument("worker " + std::to_string(r) + " pushed its loss twice");
     loss_in_[r] = true;
     return static_cast<void*>(&losses_[r]);
   }
-  LocalBucket* found = FindBucket(offset);
-  if (found == nullptr || static_cast<uint64_t>((found->end - found->begin) * wire_bytes_) != length) {
+  LocalBucket* found = FindBucket(push.offset);
+  if (found == nullptr || static_cast<uint64_t>((found->end - found->begin) * wire_bytes_) != push.length) {
     return Status::InvalidArgument(what + " is not one of this server's buckets");
   }
   LocalBucket& b = *found;
   if (b.arrived[r]) {
     return Status::InvalidArgument(what + ": worker " + std::to_string(r) + " pushed this bucket twice in step " +
-                                   std::to_string(tag));
+                                   std::to_string(push.tag));
   }
   b.arrived[r] = true;
   // Worker 0's fp32 gradients start the sum: they land in place.
@@ -99,7 +111,7 @@ StatusOr<void*> ParameterShard::PushTarget(transport::PeerId client, uint64_t ta
   } else {
     scratch = std::make_unique<std::vector<char>>();
   }
-  scratch->resize(length);
+  scratch->resize(push.length);
   void* target = scratch->data();
   scratch_used_.push_back(std::move(scratch));
   return target;
@@ -150,15 +162,15 @@ void ParameterShard::Drain(LocalBucket& b) {
   }
 }
 
-void ParameterShard::OnPushed(transport::PeerId client, uint64_t, uint64_t offset, uint64_t, void* target, bool ok,
+void ParameterShard::OnPushed(const transport::Request& push, void* target, bool ok,
                               transport::Completion applied) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    const int r = WorkerRank(client);
-    if (offset >= space_.losses_offset) {
+    const int r = WorkerRank(push.client);
+    if (push.kind == transport::RequestKind::kLoss) {
       if (ok) ++losses_in_;
     } else {
-      LocalBucket& b = *FindBucket(offset);  // PushTarget checked it
+      LocalBucket& b = *FindBucket(push.offset);  // PushTarget checked it
       if (!ok) {
         ReleaseScratch(target);  // the job fails; nothing to sum
       } else if (target == acc_.data() + b.begin) {
@@ -188,42 +200,42 @@ StatusOr<double> ParameterShard::WaitForGradients() {
   return total;
 }
 
-const void* ParameterShard::Readable(uint64_t tag, uint64_t offset, uint64_t length) const {
+const void* ParameterShard::Readable(const transport::Request& pull) const {
   const uint64_t version = static_cast<uint64_t>(optimizer_->step());
-  if (offset == space_.report_offset) return tag == version && !stepping_ ? &report_ : nullptr;
-  const bool current =
-      (tag == version && !stepping_) || (tag == version + 1 && stepping_ && offset + length <= updated_bytes_);
+  if (pull.kind == transport::RequestKind::kReport) return pull.tag == version && !stepping_ ? &report_ : nullptr;
+  const bool current = (pull.tag == version && !stepping_) ||
+                       (pull.tag == version + 1 && stepping_ && pull.offset + pull.length <= updated_bytes_);
   if (!current) return nullptr;
   const char* base = options_.bf16_wire ? reinterpret_cast<const char*>(wire_copy_.data())
                                         : reinterpret_cast<const char*>(optimizer_->weights());
-  return base + offset;
+  return base + pull.offset;
 }
 
-void ParameterShard::OnPull(transport::PeerId client, uint64_t tag, uint64_t offset, uint64_t length, PullReply reply) {
-  const std::string what = "pull of bytes " + FormatRange(offset, offset + length);
+void ParameterShard::OnPull(const transport::Request& pull, PullReply reply) {
+  const std::string what = pull.Describe();
   Status error;
   const void* data = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
     const uint64_t version = static_cast<uint64_t>(optimizer_->step());
+    const bool report = pull.kind == transport::RequestKind::kReport;
     if (!failed_.ok()) {
       error = failed_;
-    } else if (WorkerRank(client) < 0) {
-      error = Status::InvalidArgument(what + " from peer " + std::to_string(client) + ", not a worker");
-    } else if (offset == space_.report_offset
-                   ? length != sizeof(StepReport)
-                   : offset + length > space_.params_bytes || offset % wire_bytes_ != 0 || length % wire_bytes_ != 0) {
-      error = Status::InvalidArgument(what + " is neither whole parameters nor the step report");
-    } else if (tag != version && tag != version + 1) {
-      error = Status::FailedPrecondition(what + " asks for version " + std::to_string(tag) + ", this server holds " +
-                                         std::to_string(version));
-    } else if (tag == version && stepping_) {
-      error =
-          Status::FailedPrecondition(what + " asks for version " + std::to_string(tag) + " while it is being replaced");
+    } else if (WorkerRank(pull.client) < 0) {
+      error = Status::InvalidArgument(what + " from peer " + std::to_string(pull.client) + ", not a worker");
+    } else if (report ? pull.offset != 0 || pull.length != sizeof(StepReport)
+                      : pull.offset % wire_bytes_ != 0 || pull.length % wire_bytes_ != 0) {
+      error = Status::InvalidArgument(what + (report ? " is not the whole step report" : " is not whole parameters"));
+    } else if (pull.tag != version && pull.tag != version + 1) {
+      error = Status::FailedPrecondition(what + " asks for version " + std::to_string(pull.tag) +
+                                         ", this server holds " + std::to_string(version));
+    } else if (pull.tag == version && stepping_) {
+      error = Status::FailedPrecondition(what + " asks for version " + std::to_string(pull.tag) +
+                                         " while it is being replaced");
     } else {
-      data = Readable(tag, offset, length);
+      data = Readable(pull);
       if (data == nullptr) {
-        queued_.push_back({tag, offset, length, std::move(reply)});
+        queued_.push_back({pull, std::move(reply)});
         return;
       }
     }
@@ -234,7 +246,7 @@ void ParameterShard::OnPull(transport::PeerId client, uint64_t tag, uint64_t off
 ParameterShard::Replies ParameterShard::TakeAnswerable() {
   Replies out;
   for (size_t i = 0; i < queued_.size();) {
-    const void* data = Readable(queued_[i].tag, queued_[i].offset, queued_[i].length);
+    const void* data = Readable(queued_[i].pull);
     if (data == nullptr) {
       ++i;
       continue;

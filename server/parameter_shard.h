@@ -50,12 +50,13 @@ class ParameterShard : public transport::ShardHandler {
   ParameterShard(const ParameterShardOptions& options, std::unique_ptr<OptimizerShard> optimizer);
   ~ParameterShard() override;
 
-  // transport::ShardHandler, on the progress thread.
-  uint64_t size_bytes() const override { return space_.size; }
-  StatusOr<void*> PushTarget(transport::PeerId client, uint64_t tag, uint64_t offset, uint64_t length) override;
-  void OnPushed(transport::PeerId client, uint64_t tag, uint64_t offset, uint64_t length, void* target, bool ok,
-                transport::Completion applied) override;
-  void OnPull(transport::PeerId client, uint64_t tag, uint64_t offset, uint64_t length, PullReply reply) override;
+  // transport::ShardHandler, on the progress thread. Gradients and weights
+  // address the shard's parameters in the wire dtype; a loss push (server
+  // 0 only) is one double; a report pull is one StepReport.
+  uint64_t size_bytes(transport::RequestKind kind) const override;
+  StatusOr<void*> PushTarget(const transport::Request& push) override;
+  void OnPushed(const transport::Request& push, void* target, bool ok, transport::Completion applied) override;
+  void OnPull(const transport::Request& pull, PullReply reply) override;
 
   // Step thread. Blocks until every bucket (and, on server 0, every loss)
   // of the current step is in, then returns the shard's squared gradient
@@ -86,15 +87,14 @@ class ParameterShard : public transport::ShardHandler {
   void Drain(LocalBucket& b);
   void ReleaseScratch(void* p);
   bool GradientsComplete() const;
-  // Under mu_: where [offset, offset+length) of the space may be read now,
-  // or null when it must wait.
-  const void* Readable(uint64_t tag, uint64_t offset, uint64_t length) const;
+  // Under mu_: where the pulled bytes may be read now, or null when the
+  // pull must wait.
+  const void* Readable(const transport::Request& pull) const;
   // Under mu_: takes the queued pulls that are now answerable.
   Replies TakeAnswerable();
 
   const ParameterShardOptions options_;
   const ParamRange range_;
-  const ServerSpace space_;
   const int wire_bytes_;
 
   // Weights, m, v and step (= version); the step changes under mu_.

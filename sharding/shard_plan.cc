@@ -93,15 +93,6 @@ StatusOr<ShardPlan> ShardPlan::Create(const ParamLayout& layout, const ShardPlan
   return plan;
 }
 
-ServerSpace ServerSpace::For(const ParamRange& shard, int workers, int wire_bytes) {
-  ServerSpace s;
-  s.params_bytes = static_cast<uint64_t>(shard.size()) * wire_bytes;
-  s.losses_offset = (s.params_bytes + 63) / 64 * 64;
-  s.report_offset = s.losses_offset + (static_cast<uint64_t>(workers) * sizeof(double) + 63) / 64 * 64;
-  s.size = s.report_offset + sizeof(StepReport);
-  return s;
-}
-
 int ShardPlan::ServerOf(int64_t offset) const {
   auto it = std::upper_bound(shards_.begin(), shards_.end(), offset,
                              [](int64_t x, const ParamRange& r) { return x < r.end; });

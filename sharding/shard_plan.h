@@ -34,18 +34,8 @@ struct ShardPlanOptions {
   static ShardPlanOptions FromConfig(const config::ClusterConfig& cluster);
 };
 
-// A server's push/pull byte space, which workers and servers must agree on:
-//   [0, params_bytes)          its range of parameters in the wire dtype
-//                              (pushes: gradients; pulls: weights)
-//   [losses_offset, +8*W)      one double per worker: its step's mean loss
-//                              (pushed to server 0 only)
-//   [report_offset, +32)       the StepReport of the last step (pulls)
-struct ServerSpace {
-  uint64_t params_bytes = 0, losses_offset = 0, report_offset = 0, size = 0;
-  static ServerSpace For(const ParamRange& shard, int workers, int wire_bytes);
-};
-
-// What a server reports about the step that produced weights `version`.
+// What a server reports about the step that produced weights `version`
+// (pulled as a report request, transport/push_pull.h).
 struct StepReport {
   uint64_t version = 0;  // optimizer steps applied
   double grad_norm = 0;  // global, before clipping

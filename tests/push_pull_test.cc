@@ -13,6 +13,9 @@
 namespace herd::transport {
 namespace {
 
+constexpr RequestKind kGradients = RequestKind::kGradients;
+constexpr RequestKind kWeights = RequestKind::kWeights;
+
 constexpr PeerId kServer = 0, kClient = 1;
 
 class PushPullTest : public testing::Test {
@@ -44,11 +47,11 @@ class PushPullTest : public testing::Test {
 
 TEST_F(PushPullTest, PiecesSumExactlyAndCompleteOutOfOrder) {
   std::vector<float> ones(kShardBytes / 4, 1.0f), twos(kShardBytes / 4, 2.0f), back(kShardBytes / 4, 0.0f);
-  auto a = client_->Push(kServer, 0, ones.data(), kShardBytes);
-  auto b = client_->Push(kServer, 0, twos.data(), kShardBytes);
+  auto a = client_->Push(kServer, kGradients, 0, ones.data(), kShardBytes);
+  auto b = client_->Push(kServer, kGradients, 0, twos.data(), kShardBytes);
   ASSERT_TRUE(client_->Wait(b).ok());
   ASSERT_TRUE(client_->Wait(a).ok());
-  ASSERT_TRUE(client_->Wait(client_->Pull(kServer, 0, back.data(), kShardBytes)).ok());
+  ASSERT_TRUE(client_->Wait(client_->Pull(kServer, kWeights, 0, back.data(), kShardBytes)).ok());
   for (float v : back) ASSERT_EQ(v, 3.0f);
 }
 
@@ -59,12 +62,18 @@ TEST_F(PushPullTest, BadRangesAreAnsweredWithErrorsThatNameThem) {
     ASSERT_FALSE(st.ok()) << needle;
     EXPECT_NE(st.message().find(needle), std::string::npos) << st.message();
   };
-  expect_error(client_->Push(kServer, kShardBytes - 8, data.data(), 16), "is outside this server's 1048576 bytes");
-  expect_error(client_->Pull(kServer, kShardBytes, data.data(), 4), "pull of [1048576, 1048580)");
-  expect_error(client_->Push(kServer, 2, data.data(), 8), "not a whole number of float32s");
-  expect_error(client_->Push(kServer, ~0ull - 3, data.data(), 8), "is outside");  // offset + length overflows
+  expect_error(client_->Push(kServer, kGradients, kShardBytes - 8, data.data(), 16),
+               "is outside this server's 1048576 bytes");
+  expect_error(client_->Pull(kServer, kWeights, kShardBytes, data.data(), 4), "pull of [1048576, 1048580)");
+  expect_error(client_->Push(kServer, kGradients, 2, data.data(), 8), "not a whole number of float32s");
+  expect_error(client_->Push(kServer, kGradients, ~0ull - 3, data.data(), 8), "is outside");  // offset + length overflows
+  // Kinds the handler does not take are refused by kind, whatever the range.
+  expect_error(client_->Push(kServer, RequestKind::kLoss, 0, data.data(), 8),
+               "push of loss [0, 8): this server takes no such requests");
+  expect_error(client_->Pull(kServer, RequestKind::kReport, 0, data.data(), 32),
+               "pull of report [0, 32): this server takes no such requests");
   // The server is unharmed: a good request still works.
-  EXPECT_TRUE(client_->Wait(client_->Push(kServer, 0, data.data(), 4096)).ok());
+  EXPECT_TRUE(client_->Wait(client_->Push(kServer, kGradients, 0, data.data(), 4096)).ok());
 }
 
 TEST_F(PushPullTest, MalformedMessagesAreDroppedAndServingGoesOn) {
@@ -75,8 +84,17 @@ TEST_F(PushPullTest, MalformedMessagesAreDroppedAndServingGoesOn) {
     client_transport_->Send(kServer, am, std::string(5, 'x'), data.data(), 16, [&](const Status&) { ++sent; });
   }
   server_transport_->Send(kClient, kAmReply, std::string(3, 'y'), nullptr, 0, [&](const Status&) { ++sent; });
-  ASSERT_TRUE(client_->Wait(client_->Push(kServer, 0, data.data(), 1024)).ok());
-  ASSERT_TRUE(client_->Wait(client_->Pull(kServer, 0, back.data(), 1024)).ok());
+  // Whole headers of kinds that do not exist or travel the other way
+  // (uint64 id, tag, offset, length; uint32 kind, reserved).
+  for (uint32_t kind : {0u, 9u, static_cast<uint32_t>(RequestKind::kWeights)}) {
+    std::string header(40, '\0');
+    const uint64_t fields[4] = {~0ull, 0, 0, 16};
+    std::memcpy(header.data(), fields, sizeof fields);
+    std::memcpy(header.data() + 32, &kind, sizeof kind);
+    client_transport_->Send(kServer, kAmPush, header, data.data(), 16, [&](const Status&) { ++sent; });
+  }
+  ASSERT_TRUE(client_->Wait(client_->Push(kServer, kGradients, 0, data.data(), 1024)).ok());
+  ASSERT_TRUE(client_->Wait(client_->Pull(kServer, kWeights, 0, back.data(), 1024)).ok());
   EXPECT_EQ(back, data);
 }
 

@@ -147,6 +147,13 @@ TEST(ShardPlan, CheckpointRangesAssembleAcrossServerCounts) {
   EXPECT_NE(beyond.status().message().find("do not cover"), std::string::npos) << beyond.status().message();
 }
 
+transport::Request Gradients(transport::PeerId client, uint64_t step, uint64_t offset, uint64_t length) {
+  return {client, transport::RequestKind::kGradients, step, offset, length};
+}
+transport::Request Weights(transport::PeerId client, uint64_t version, uint64_t offset, uint64_t length) {
+  return {client, transport::RequestKind::kWeights, version, offset, length};
+}
+
 // The server's step, driven through the handler interface as the push/pull
 // service would: W=2 workers, server 1 of 2.
 class ParameterShardTest : public ::testing::Test {
@@ -180,7 +187,8 @@ class ParameterShardTest : public ::testing::Test {
     for (const Bucket& b : plan_.buckets()) {
       if (b.server != 1) continue;
       const uint64_t off = (b.range.begin - r.begin) * wire, len = b.range.size() * wire;
-      auto target = shard_->PushTarget(kServers + w, tag, off, len);
+      const transport::Request push = Gradients(kServers + w, tag, off, len);
+      auto target = shard_->PushTarget(push);
       if (!target.ok()) return target.status();
       const float* src = g.data() + (b.range.begin - r.begin);
       if (o_.bf16_wire) {
@@ -189,7 +197,7 @@ class ParameterShardTest : public ::testing::Test {
         std::memcpy(*target, src, len);
       }
       Status applied;
-      shard_->OnPushed(kServers + w, tag, off, len, *target, true, [&](const Status& s) { applied = s; });
+      shard_->OnPushed(push, *target, true, [&](const Status& s) { applied = s; });
       if (!applied.ok()) return applied;
     }
     return Status::OK();
@@ -217,7 +225,7 @@ TEST_F(ParameterShardTest, SumsInRankOrderThenStepsLikeAdamW) {
   // A pull of the next version waits for the step.
   bool answered = false;
   std::vector<float> pulled(plan_.shard(1).size());
-  shard_->OnPull(kServers, 1, 0, pulled.size() * 4, [&](const Status& s, const void* data) {
+  shard_->OnPull(Weights(kServers, 1, 0, pulled.size() * 4), [&](const Status& s, const void* data) {
     ASSERT_TRUE(s.ok()) << s.message();
     std::memcpy(pulled.data(), data, pulled.size() * 4);
     answered = true;
@@ -261,36 +269,52 @@ TEST_F(ParameterShardTest, RefusesBadPushesAndPulls) {
   const uint64_t first = 0, len = plan_.buckets().back().range.size() * 4;
   auto message = [](const StatusOr<void*>& s) { return s.ok() ? std::string("ok") : s.status().message(); };
   // From a server, not a worker.
-  EXPECT_NE(message(shard_->PushTarget(0, 0, first, 256)).find("not a worker"), std::string::npos);
+  EXPECT_NE(message(shard_->PushTarget(Gradients(0, 0, first, 256))).find("not a worker"), std::string::npos);
   // For another step.
-  EXPECT_NE(message(shard_->PushTarget(kServers, 5, first, 256)).find("for step 5"), std::string::npos);
+  EXPECT_NE(message(shard_->PushTarget(Gradients(kServers, 5, first, 256))).find("for step 5"), std::string::npos);
   // Not a bucket: a piece of one, and an offset inside one.
-  EXPECT_NE(message(shard_->PushTarget(kServers, 0, 4, 256)).find("not one of this server's buckets"),
+  EXPECT_NE(message(shard_->PushTarget(Gradients(kServers, 0, 4, 256))).find("not one of this server's buckets"),
             std::string::npos);
-  // The loss slot exists on server 0 only.
-  const ServerSpace space = ServerSpace::For(r, workers_, 4);
-  EXPECT_NE(message(shard_->PushTarget(kServers, 0, space.losses_offset, 8)).find("loss slot"), std::string::npos);
+  // Losses go to server 0 only; a loss is one double.
+  EXPECT_EQ(shard_->size_bytes(transport::RequestKind::kLoss), 0u);
+  {
+    ParameterShardOptions zero = o_;
+    zero.server = 0;
+    zero.collects_losses = true;
+    const ParamRange& r0 = plan_.shard(0);
+    ShardState s0{r0.begin, r0.end, 0, std::vector<float>(r0.size()), std::vector<float>(r0.size()),
+                  std::vector<float>(r0.size())};
+    ParameterShard server0(zero, std::make_unique<OptimizerShard>(layout_, config::OptimizerConfig(), 100, s0));
+    EXPECT_EQ(server0.size_bytes(transport::RequestKind::kLoss), sizeof(double));
+    const transport::Request half{kServers, transport::RequestKind::kLoss, 0, 0, 4};
+    EXPECT_NE(message(server0.PushTarget(half)).find("not one double"), std::string::npos);
+    const transport::Request loss{kServers, transport::RequestKind::kLoss, 0, 0, sizeof(double)};
+    ASSERT_TRUE(server0.PushTarget(loss).ok());
+    EXPECT_NE(message(server0.PushTarget(loss)).find("loss twice"), std::string::npos);
+  }
   // Twice the same bucket in one step.
   const Bucket* mine = nullptr;
   for (const Bucket& b : plan_.buckets()) {
     if (b.server == 1) mine = &b;
   }
   const uint64_t off = (mine->range.begin - r.begin) * 4, n = mine->range.size() * 4;
-  auto t = shard_->PushTarget(kServers + 1, 0, off, n);
+  auto t = shard_->PushTarget(Gradients(kServers + 1, 0, off, n));
   ASSERT_TRUE(t.ok());
-  EXPECT_NE(message(shard_->PushTarget(kServers + 1, 0, off, n)).find("twice"), std::string::npos);
-  shard_->OnPushed(kServers + 1, 0, off, n, *t, true, [](const Status&) {});
+  EXPECT_NE(message(shard_->PushTarget(Gradients(kServers + 1, 0, off, n))).find("twice"), std::string::npos);
+  shard_->OnPushed(Gradients(kServers + 1, 0, off, n), *t, true, [](const Status&) {});
   // Pulls: a version the server does not hold, and a range that is not whole floats.
   std::string error;
   auto capture = [&](const Status& s, const void*) { error = s.message(); };
-  shard_->OnPull(kServers, 7, first, len, capture);
+  shard_->OnPull(Weights(kServers, 7, first, len), capture);
   EXPECT_NE(error.find("version 7"), std::string::npos) << error;
-  shard_->OnPull(kServers, 0, 2, 8, capture);
-  EXPECT_NE(error.find("neither whole parameters"), std::string::npos) << error;
+  shard_->OnPull(Weights(kServers, 0, 2, 8), capture);
+  EXPECT_NE(error.find("not whole parameters"), std::string::npos) << error;
+  shard_->OnPull({kServers, transport::RequestKind::kReport, 0, 0, 8}, capture);
+  EXPECT_NE(error.find("not the whole step report"), std::string::npos) << error;
   // After a failure everything is answered with it.
   shard_->Fail(Status::Aborted("worker rank 1 was lost"));
   EXPECT_FALSE(shard_->WaitForGradients().ok());
-  EXPECT_NE(message(shard_->PushTarget(kServers, 0, off, n)).find("was lost"), std::string::npos);
+  EXPECT_NE(message(shard_->PushTarget(Gradients(kServers, 0, off, n))).find("was lost"), std::string::npos);
 }
 
 TEST_F(ParameterShardTest, Bf16WireRoundsPushesAndPulls) {
@@ -301,7 +325,7 @@ TEST_F(ParameterShardTest, Bf16WireRoundsPushesAndPulls) {
   ASSERT_TRUE(shard_->WaitForGradients().ok());
   shard_->ApplyStep({/*step=*/1, /*lr=*/1e-3, /*grad_scale=*/ClipCoefficient(0.5, 1.0), /*global_norm=*/0.5});
   std::vector<uint16_t> pulled(plan_.shard(1).size());
-  shard_->OnPull(kServers, 1, 0, pulled.size() * 2, [&](const Status& s, const void* data) {
+  shard_->OnPull(Weights(kServers, 1, 0, pulled.size() * 2), [&](const Status& s, const void* data) {
     ASSERT_TRUE(s.ok());
     std::memcpy(pulled.data(), data, pulled.size() * 2);
   });

@@ -283,7 +283,7 @@ void RunOneParameterServerStep(int S, int W) {
   }
   Workers workers(W, P);
   workers.Start([&](int w, float*) {
-    return CreateParameterServerSync(*plan, w, W, /*bf16=*/false, transports[S + w].get(), clients[w].get(),
+    return CreateParameterServerSync(*plan, /*bf16=*/false, transports[S + w].get(), clients[w].get(),
                                    /*first_server=*/0);
   });
   workers.Join();

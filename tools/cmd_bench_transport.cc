@@ -144,15 +144,16 @@ double RunPerftest(long long bytes, long long concurrency) {
 class StoringShard : public transport::ShardHandler {
  public:
   explicit StoringShard(uint64_t bytes) : bytes_(bytes, 0) {}
-  uint64_t size_bytes() const override { return bytes_.size(); }
-  StatusOr<void*> PushTarget(transport::PeerId, uint64_t, uint64_t offset, uint64_t) override {
-    return bytes_.data() + offset;
+  uint64_t size_bytes(transport::RequestKind kind) const override {
+    const bool bytes = kind == transport::RequestKind::kGradients || kind == transport::RequestKind::kWeights;
+    return bytes ? bytes_.size() : 0;
   }
-  void OnPushed(transport::PeerId, uint64_t, uint64_t, uint64_t, void*, bool, transport::Completion applied) override {
+  StatusOr<void*> PushTarget(const transport::Request& push) override { return bytes_.data() + push.offset; }
+  void OnPushed(const transport::Request&, void*, bool, transport::Completion applied) override {
     applied(Status::OK());
   }
-  void OnPull(transport::PeerId, uint64_t, uint64_t offset, uint64_t, PullReply reply) override {
-    reply(Status::OK(), bytes_.data() + offset);
+  void OnPull(const transport::Request& pull, PullReply reply) override {
+    reply(Status::OK(), bytes_.data() + pull.offset);
   }
   char* data() { return bytes_.data(); }
 
@@ -192,8 +193,9 @@ StatusOr<double> Measure(transport::PushPullClient& client, transport::PeerId se
   long long issued = 0;
   auto issue = [&] {
     const uint64_t offset = disjoint ? static_cast<uint64_t>((issued / 2) % concurrency) * bytes : 0;
-    in_flight.push_back(issued % 2 == 0 ? client.Push(server, offset, buffer + offset, bytes)
-                                        : client.Pull(server, offset, buffer + offset, bytes));
+    in_flight.push_back(
+        issued % 2 == 0 ? client.Push(server, transport::RequestKind::kGradients, offset, buffer + offset, bytes)
+                        : client.Pull(server, transport::RequestKind::kWeights, offset, buffer + offset, bytes));
     ++issued;
   };
   // Warm-up: registration caches, connection set-up.

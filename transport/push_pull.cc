@@ -14,14 +14,17 @@ namespace {
 
 static_assert(std::endian::native == std::endian::little, "headers are sent in host order: little-endian only");
 
-// Push and pull requests: the client's request id, the handler's tag and
-// the byte range.
+// Push and pull requests: the client's request id, the handler's tag, the
+// byte range and the request's kind.
 struct RequestHeader {
   uint64_t id;
   uint64_t tag;
   uint64_t offset;
   uint64_t length;
+  uint32_t kind;  // a RequestKind
+  uint32_t reserved;
 };
+static_assert(sizeof(RequestHeader) == 40);
 
 // Replies: the request id and a status; an error's text follows the fixed
 // part (bounded), a pull's data is the payload.
@@ -43,13 +46,39 @@ std::string Pack(const T& header, std::string_view tail = {}) {
 
 }  // namespace
 
+const char* RequestKindName(RequestKind kind) {
+  switch (kind) {
+    case RequestKind::kGradients:
+      return "gradients";
+    case RequestKind::kWeights:
+      return "weights";
+    case RequestKind::kLoss:
+      return "loss";
+    case RequestKind::kReport:
+      return "report";
+  }
+  return "unknown";
+}
+
+bool IsPush(RequestKind kind) { return kind == RequestKind::kGradients || kind == RequestKind::kLoss; }
+
+std::string Request::Describe() const {
+  return std::string(IsPush(kind) ? "push of " : "pull of ") + RequestKindName(kind) + " " +
+         FormatRange(offset, offset + length);
+}
+
 // ---- AccumulatingShard ------------------------------------------------------
 
 AccumulatingShard::AccumulatingShard(uint64_t size_bytes) : values_(size_bytes / sizeof(float), 0.0f) {}
 
-StatusOr<void*> AccumulatingShard::PushTarget(PeerId, uint64_t, uint64_t offset, uint64_t length) {
-  if (offset % sizeof(float) != 0 || length % sizeof(float) != 0) {
-    return Status::InvalidArgument("push range " + FormatRange(offset, offset + length) +
+uint64_t AccumulatingShard::size_bytes(RequestKind kind) const {
+  const bool floats = kind == RequestKind::kGradients || kind == RequestKind::kWeights;
+  return floats ? values_.size() * sizeof(float) : 0;
+}
+
+StatusOr<void*> AccumulatingShard::PushTarget(const Request& push) {
+  if (push.offset % sizeof(float) != 0 || push.length % sizeof(float) != 0) {
+    return Status::InvalidArgument("push range " + FormatRange(push.offset, push.offset + push.length) +
                                    " is not a whole number of float32s");
   }
   std::unique_ptr<std::vector<float>> scratch;
@@ -59,18 +88,17 @@ StatusOr<void*> AccumulatingShard::PushTarget(PeerId, uint64_t, uint64_t offset,
   } else {
     scratch = std::make_unique<std::vector<float>>();
   }
-  scratch->resize(length / sizeof(float));
+  scratch->resize(push.length / sizeof(float));
   void* target = scratch->data();
   in_flight_[target] = std::move(scratch);
   return target;
 }
 
-void AccumulatingShard::OnPushed(PeerId, uint64_t, uint64_t offset, uint64_t length, void* target, bool ok,
-                                 Completion applied) {
+void AccumulatingShard::OnPushed(const Request& push, void* target, bool ok, Completion applied) {
   if (ok) {
     const float* in = static_cast<const float*>(target);
-    float* out = values_.data() + offset / sizeof(float);
-    const size_t n = length / sizeof(float);
+    float* out = values_.data() + push.offset / sizeof(float);
+    const size_t n = push.length / sizeof(float);
     for (size_t i = 0; i < n; ++i) out[i] += in[i];
   }
   auto it = in_flight_.find(target);
@@ -79,60 +107,71 @@ void AccumulatingShard::OnPushed(PeerId, uint64_t, uint64_t offset, uint64_t len
   applied(Status::OK());
 }
 
-void AccumulatingShard::OnPull(PeerId, uint64_t, uint64_t offset, uint64_t, PullReply reply) {
-  reply(Status::OK(), reinterpret_cast<const char*>(values_.data()) + offset);
+void AccumulatingShard::OnPull(const Request& pull, PullReply reply) {
+  reply(Status::OK(), reinterpret_cast<const char*>(values_.data()) + pull.offset);
 }
 
 // ---- PushPullServer ---------------------------------------------------------
 
 PushPullServer::PushPullServer(UcxTransport* transport, ShardHandler* shard) : transport_(transport), shard_(shard) {
-  auto parse = [this](std::string_view header, RequestHeader* h, const char* what) -> Status {
+  // The header's request, checked: a known kind that travels this way, and
+  // a non-empty range inside the handler's space for that kind.
+  auto parse = [this](PeerId from, std::string_view header, bool push, RequestHeader* h, Request* r) -> Status {
+    const char* what = push ? "push" : "pull";
     if (header.size() != sizeof(RequestHeader)) {
       return Status::Corruption(std::string(what) + " request header of " + std::to_string(header.size()) +
                                 " bytes (expected " + std::to_string(sizeof(RequestHeader)) + ")");
     }
     std::memcpy(h, header.data(), sizeof(RequestHeader));
-    const uint64_t size = shard_->size_bytes();
+    const auto kind = static_cast<RequestKind>(h->kind);
+    if (h->kind < 1 || h->kind > 4 || IsPush(kind) != push) {
+      return Status::InvalidArgument(std::string(what) + " request of kind " + std::to_string(h->kind) +
+                                     ", which is not a " + what + " kind");
+    }
+    *r = Request{from, kind, h->tag, h->offset, h->length};
+    const uint64_t size = shard_->size_bytes(kind);
+    if (size == 0) return Status::InvalidArgument(r->Describe() + ": this server takes no such requests");
     if (h->length == 0 || h->offset > size || h->length > size - h->offset) {
       return Status::InvalidArgument(std::string(what) + " of " + FormatRange(h->offset, h->offset + h->length) +
-                                     " is outside this server's " + std::to_string(size) + " bytes");
+                                     " is outside this server's " + std::to_string(size) + " bytes of " +
+                                     RequestKindName(kind));
     }
     return Status::OK();
   };
 
   transport_->SetHandler(kAmPush, [this, parse](PeerId from, std::string_view header, IncomingPayload& payload) {
     RequestHeader h{};
-    Status st = parse(header, &h, "push");
+    Request r;
+    Status st = parse(from, header, /*push=*/true, &h, &r);
     if (st.ok() && payload.size() != h.length) {
-      st = Status::Corruption("push of " + FormatRange(h.offset, h.offset + h.length) + " carries " +
-                              std::to_string(payload.size()) + " bytes");
+      st = Status::Corruption(r.Describe() + " carries " + std::to_string(payload.size()) + " bytes");
     }
     StatusOr<void*> target = st;
-    if (st.ok()) target = shard_->PushTarget(from, h.tag, h.offset, h.length);
+    if (st.ok()) target = shard_->PushTarget(r);
     if (!target.ok()) {
       payload.Reject();
       if (header.size() == sizeof(RequestHeader)) Reply(from, h.id, target.status());
       return;
     }
     void* dst = *target;
-    payload.ReceiveInto(dst, [this, from, h, dst](const Status& received) {
-      shard_->OnPushed(from, h.tag, h.offset, h.length, dst, received.ok(),
-                       [this, from, id = h.id, received](const Status& applied) {
-                         Reply(from, id, received.ok() ? applied : received);
-                       });
+    payload.ReceiveInto(dst, [this, from, r, id = h.id, dst](const Status& received) {
+      shard_->OnPushed(r, dst, received.ok(), [this, from, id, received](const Status& applied) {
+        Reply(from, id, received.ok() ? applied : received);
+      });
     });
   });
 
   transport_->SetHandler(kAmPull, [this, parse](PeerId from, std::string_view header, IncomingPayload& payload) {
     RequestHeader h{};
-    Status st = parse(header, &h, "pull");
+    Request r;
+    Status st = parse(from, header, /*push=*/false, &h, &r);
     if (st.ok() && payload.size() != 0) st = Status::Corruption("pull request carries a payload");
     if (!st.ok()) {
       payload.Reject();
       if (header.size() == sizeof(RequestHeader)) Reply(from, h.id, st);
       return;
     }
-    shard_->OnPull(from, h.tag, h.offset, h.length, [this, from, h](const Status& ready, const void* data) {
+    shard_->OnPull(r, [this, from, h](const Status& ready, const void* data) {
       if (!ready.ok()) return Reply(from, h.id, ready);
       transport_->Send(from, kAmReply, Pack(ReplyHeader{h.id, 0, 0}), data, h.length, [](const Status& sent) {
         if (!sent.ok()) LOG(WARNING) << "pull reply: " << sent.message();
@@ -163,18 +202,21 @@ PushPullClient::PushPullClient(UcxTransport* transport, uint64_t max_piece_bytes
 
 PushPullClient::~PushPullClient() { transport_->Shutdown(); }
 
-PushPullClient::Ticket PushPullClient::Push(PeerId server, uint64_t offset, const void* data, uint64_t length,
-                                            uint64_t tag) {
-  return Issue(server, /*pull=*/false, data, nullptr, offset, length, tag);
+PushPullClient::Ticket PushPullClient::Push(PeerId server, RequestKind kind, uint64_t offset, const void* data,
+                                            uint64_t length, uint64_t tag) {
+  CHECK(IsPush(kind)) << RequestKindName(kind) << " is not pushed";
+  return Issue(server, kind, data, nullptr, offset, length, tag);
 }
 
-PushPullClient::Ticket PushPullClient::Pull(PeerId server, uint64_t offset, void* dst, uint64_t length,
-                                            uint64_t tag) {
-  return Issue(server, /*pull=*/true, nullptr, dst, offset, length, tag);
+PushPullClient::Ticket PushPullClient::Pull(PeerId server, RequestKind kind, uint64_t offset, void* dst,
+                                            uint64_t length, uint64_t tag) {
+  CHECK(!IsPush(kind)) << RequestKindName(kind) << " is not pulled";
+  return Issue(server, kind, nullptr, dst, offset, length, tag);
 }
 
-PushPullClient::Ticket PushPullClient::Issue(PeerId server, bool pull, const void* payload, void* dst,
+PushPullClient::Ticket PushPullClient::Issue(PeerId server, RequestKind kind, const void* payload, void* dst,
                                              uint64_t offset, uint64_t length, uint64_t tag) {
+  const bool pull = !IsPush(kind);
   struct Piece {
     uint64_t id, offset, length;
     const char* payload;
@@ -193,14 +235,15 @@ PushPullClient::Ticket PushPullClient::Issue(PeerId server, bool pull, const voi
     do {
       const uint64_t n = std::min(max_piece_bytes_, length - at);
       const uint64_t id = next_request_++;
-      requests_[id] = Request{ticket, server, pull, pull ? static_cast<char*>(dst) + at : nullptr, offset + at, n};
+      requests_[id] = InFlight{ticket, server, kind, pull ? static_cast<char*>(dst) + at : nullptr, offset + at, n};
       pieces.push_back({id, offset + at, n, pull ? nullptr : static_cast<const char*>(payload) + at});
       ++t.remaining;
       at += n;
     } while (at < length);
   }
   for (const Piece& p : pieces) {
-    transport_->Send(server, pull ? kAmPull : kAmPush, Pack(RequestHeader{p.id, tag, p.offset, p.length}), p.payload,
+    const RequestHeader header{p.id, tag, p.offset, p.length, static_cast<uint32_t>(kind), 0};
+    transport_->Send(server, pull ? kAmPull : kAmPush, Pack(header), p.payload,
                      pull ? 0 : p.length, [this, id = p.id](const Status& sent) {
                        std::lock_guard<std::mutex> lock(mu_);
                        auto it = requests_.find(id);
@@ -228,8 +271,8 @@ void PushPullClient::OnReply(PeerId from, std::string_view header, IncomingPaylo
     payload.Reject();
     return;
   }
-  Request& r = it->second;
-  const std::string what = std::string(r.pull ? "pull of " : "push of ") + FormatRange(r.offset, r.offset + r.length);
+  InFlight& r = it->second;
+  const std::string what = Request{from, r.kind, 0, r.offset, r.length}.Describe();
   r.reply_seen = true;
   if (h.code != 0) {
     std::string text(header.substr(sizeof(ReplyHeader)));
@@ -237,14 +280,14 @@ void PushPullClient::OnReply(PeerId from, std::string_view header, IncomingPaylo
     payload.Reject();
     return;
   }
-  const uint64_t expected = r.pull ? r.length : 0;
+  const uint64_t expected = r.pull() ? r.length : 0;
   if (payload.size() != expected) {
     Settle(h.id, Status::Corruption(what + ": reply carries " + std::to_string(payload.size()) +
                                     " bytes, expected " + std::to_string(expected)));
     payload.Reject();
     return;
   }
-  if (!r.pull) {
+  if (!r.pull()) {
     r.replied = true;
     Settle(h.id, Status::OK());
     return;
@@ -265,7 +308,7 @@ void PushPullClient::OnReply(PeerId from, std::string_view header, IncomingPaylo
 void PushPullClient::Settle(uint64_t id, const Status& status) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return;
-  const Request& r = it->second;
+  const InFlight& r = it->second;
   if (status.ok() && !(r.sent && r.replied)) return;
   auto t = tickets_.find(r.ticket);
   if (t != tickets_.end()) {

@@ -1,13 +1,14 @@
 // The push/pull service, in the manner of ps-lite: a server answers
-// push(range, bytes) and pull(range) on a buffer it owns; a client issues
-// many concurrent requests for different ranges, which complete out of
-// order. Ranges are byte offsets into the server's buffer; every request
-// also carries a 64-bit tag that the handler interprets (the parameter
-// server: the optimizer step a push belongs to, the weights version a pull
-// wants). Nothing here
-// knows about models: what a push does to the buffer and when a pull may be
-// answered is the ShardHandler's business (server/parameter_shard
-// aggregates and steps AdamW there; AccumulatingShard simply adds).
+// pushes and pulls of byte ranges; a client issues many concurrent
+// requests, which complete out of order. Every request carries typed
+// metadata in its header (ps-lite's request meta): its kind (gradients,
+// weights, a loss, a step report), a 64-bit tag that the handler
+// interprets (the parameter server: the optimizer step a push belongs to,
+// the weights version a pull wants) and a byte range within what its kind
+// addresses. Nothing here knows about models: what a push does and when a
+// pull may be answered is the ShardHandler's business (server/
+// parameter_shard aggregates and steps AdamW there; AccumulatingShard
+// simply adds).
 //
 // Every request header and range that arrives is validated before use; a
 // bad one is answered with an error that names it, never trusted.
@@ -18,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "common/status.h"
@@ -30,6 +32,30 @@ inline constexpr uint16_t kAmPush = 1;
 inline constexpr uint16_t kAmPull = 2;
 inline constexpr uint16_t kAmReply = 3;
 
+// What a request is about. Each kind has its own byte space at the
+// server: parameters only ever share theirs with parameters.
+enum class RequestKind : uint32_t {
+  kGradients = 1,  // push: gradients of the server's parameter range
+  kWeights = 2,    // pull: weights of the server's parameter range
+  kLoss = 3,       // push: a worker's mean loss of the step (one double)
+  kReport = 4,     // pull: the server's report on the step that produced `tag`
+};
+// "gradients", "weights", "loss", "report".
+const char* RequestKindName(RequestKind kind);
+// Whether `kind` travels as a push (else as a pull).
+bool IsPush(RequestKind kind);
+
+// One request as the handler sees it, validated: a known kind in the right
+// direction, and a non-empty range within the handler's size_bytes(kind).
+struct Request {
+  PeerId client = 0;
+  RequestKind kind = RequestKind::kGradients;
+  uint64_t tag = 0;
+  uint64_t offset = 0, length = 0;  // bytes within the kind's space
+  // "push of gradients [0, 4096)".
+  std::string Describe() const;
+};
+
 // What a server does with pushes and pulls. Runs on the transport's
 // progress thread: must not block (hand long work to another thread and
 // call the completion from there via UcxTransport::Post).
@@ -38,30 +64,29 @@ class ShardHandler {
   // Sent after a pull's data, or an error instead.
   using PullReply = std::function<void(const Status& status, const void* data)>;
   virtual ~ShardHandler() = default;
-  virtual uint64_t size_bytes() const = 0;
-  // Where a push of [offset, offset+length) from `client` should land; the
-  // range is already checked against size_bytes().
-  virtual StatusOr<void*> PushTarget(PeerId client, uint64_t tag, uint64_t offset, uint64_t length) = 0;
+  // The bytes requests of `kind` address; 0 for a kind it does not take.
+  virtual uint64_t size_bytes(RequestKind kind) const = 0;
+  // Where a push's bytes should land.
+  virtual StatusOr<void*> PushTarget(const Request& push) = 0;
   // The push's bytes are in `target`; call `applied` once they are applied.
   // Called exactly once for each target PushTarget handed out (with `ok`
   // false when the transfer failed: release the target, apply nothing).
-  virtual void OnPushed(PeerId client, uint64_t tag, uint64_t offset, uint64_t length, void* target, bool ok,
-                        Completion applied) = 0;
-  // Call `reply` when [offset, offset+length) may be sent; `data` must stay
+  virtual void OnPushed(const Request& push, void* target, bool ok, Completion applied) = 0;
+  // Call `reply` when the pulled bytes may be sent; `data` must stay
   // unchanged until the client has it.
-  virtual void OnPull(PeerId client, uint64_t tag, uint64_t offset, uint64_t length, PullReply reply) = 0;
+  virtual void OnPull(const Request& pull, PullReply reply) = 0;
 };
 
-// Float32 sums: a push adds its values into the range; a pull returns the
-// range. Pushes land in a scratch buffer first (they are sums, not copies).
+// Float32 sums: a push of gradients adds its values into the range; a pull
+// of weights returns the range (no other kinds). Pushes land in a scratch
+// buffer first (they are sums, not copies).
 class AccumulatingShard : public ShardHandler {
  public:
   explicit AccumulatingShard(uint64_t size_bytes);
-  uint64_t size_bytes() const override { return values_.size() * sizeof(float); }
-  StatusOr<void*> PushTarget(PeerId client, uint64_t tag, uint64_t offset, uint64_t length) override;
-  void OnPushed(PeerId client, uint64_t tag, uint64_t offset, uint64_t length, void* target, bool ok,
-                Completion applied) override;
-  void OnPull(PeerId client, uint64_t tag, uint64_t offset, uint64_t length, PullReply reply) override;
+  uint64_t size_bytes(RequestKind kind) const override;
+  StatusOr<void*> PushTarget(const Request& push) override;
+  void OnPushed(const Request& push, void* target, bool ok, Completion applied) override;
+  void OnPull(const Request& pull, PullReply reply) override;
   float* data() { return values_.data(); }
 
  private:
@@ -94,11 +119,13 @@ class PushPullClient {
   // Shuts the transport down first (in-flight requests are cancelled).
   ~PushPullClient();
 
-  // Adds data[0, length) into [offset, offset+length) of `server`'s buffer.
-  // `data` must stay valid until the ticket completes.
-  Ticket Push(PeerId server, uint64_t offset, const void* data, uint64_t length, uint64_t tag = 0);
-  // Reads [offset, offset+length) of `server`'s buffer into dst.
-  Ticket Pull(PeerId server, uint64_t offset, void* dst, uint64_t length, uint64_t tag = 0);
+  // Sends data[0, length) to [offset, offset+length) of `server`'s space
+  // of `kind` (a push kind). `data` must stay valid until the ticket
+  // completes.
+  Ticket Push(PeerId server, RequestKind kind, uint64_t offset, const void* data, uint64_t length, uint64_t tag = 0);
+  // Reads [offset, offset+length) of `server`'s space of `kind` (a pull
+  // kind) into dst.
+  Ticket Pull(PeerId server, RequestKind kind, uint64_t offset, void* dst, uint64_t length, uint64_t tag = 0);
   // Waits for one ticket; its error names the server and range.
   Status Wait(Ticket ticket);
   // Waits for every outstanding ticket; returns the first error.
@@ -109,19 +136,20 @@ class PushPullClient {
 
  private:
   // One message on the wire and its reply.
-  struct Request {
+  struct InFlight {
     Ticket ticket;
     PeerId server;
-    bool pull;
-    void* dst;
+    RequestKind kind;
+    void* dst;  // pulls
     uint64_t offset, length;
     bool sent = false, reply_seen = false, replied = false;  // replied: data (if any) is in
+    bool pull() const { return !IsPush(kind); }
   };
   struct TicketState {
     int remaining = 0;  // requests not yet finished
     Status status;      // the first error
   };
-  Ticket Issue(PeerId server, bool pull, const void* payload, void* dst, uint64_t offset, uint64_t length,
+  Ticket Issue(PeerId server, RequestKind kind, const void* payload, void* dst, uint64_t offset, uint64_t length,
                uint64_t tag);
   void OnReply(PeerId from, std::string_view header, IncomingPayload& payload);
   // Under mu_: a finished half of request `id` (or its error); a request
@@ -132,7 +160,7 @@ class PushPullClient {
   const uint64_t max_piece_bytes_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::map<uint64_t, Request> requests_;
+  std::map<uint64_t, InFlight> requests_;
   std::map<Ticket, TicketState> tickets_;
   uint64_t next_request_ = 1;
   Ticket next_ticket_ = 1;

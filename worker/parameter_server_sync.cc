@@ -14,17 +14,14 @@ namespace {
 // The time blocked on the network is counted.
 class ParameterServerSync : public SyncStrategy {
  public:
-  ParameterServerSync(const ShardPlan& plan, int rank, int num_workers, bool bf16, transport::PushPullClient* client,
+  ParameterServerSync(const ShardPlan& plan, bool bf16, transport::PushPullClient* client,
                     transport::PeerId first_server)
       : plan_(plan),
-        rank_(rank),
-        W_(num_workers),
         bf16_(bf16),
         wire_bytes_(bf16 ? 2 : 4),
         client_(client),
         first_server_(first_server),
         reports_(plan.num_servers()) {
-    for (int s = 0; s < plan.num_servers(); ++s) spaces_.push_back(ServerSpace::For(plan.shard(s), W_, wire_bytes_));
     if (bf16_) wire_.resize(plan.shard(plan.num_servers() - 1).end);
   }
 
@@ -47,14 +44,15 @@ class ParameterServerSync : public SyncStrategy {
         FloatsToBf16(grads_ + b.range.begin, wire_.data() + b.range.begin, b.range.size());
         data = wire_.data() + b.range.begin;
       }
-      client_->Push(first_server_ + b.server, ByteOffset(b), data, b.range.size() * wire_bytes_, step_);
+      client_->Push(first_server_ + b.server, transport::RequestKind::kGradients, ByteOffset(b), data,
+                    b.range.size() * wire_bytes_, step_);
     }
   }
   // After backward: this worker's loss to server 0, then waits for every push.
   Status FinishStep(double loss) override {
     CHECK_EQ(next_bucket_, plan_.buckets().size()) << "backward did not finish every bucket";
     loss_ = loss;
-    client_->Push(first_server_, spaces_[0].losses_offset + sizeof(double) * rank_, &loss_, sizeof(double), step_);
+    client_->Push(first_server_, transport::RequestKind::kLoss, 0, &loss_, sizeof(double), step_);
     return wait_.Timed([&] { return client_->WaitAll(); });
   }
 
@@ -69,13 +67,13 @@ class ParameterServerSync : public SyncStrategy {
     const auto& buckets = plan_.buckets();
     for (auto it = buckets.rbegin(); it != buckets.rend(); ++it) {
       void* dst = bf16_ ? static_cast<void*>(wire_.data() + it->range.begin) : weights + it->range.begin;
-      pulls_.emplace_back(&*it, client_->Pull(first_server_ + it->server, ByteOffset(*it), dst,
-                                              it->range.size() * wire_bytes_, version));
+      pulls_.emplace_back(&*it, client_->Pull(first_server_ + it->server, transport::RequestKind::kWeights,
+                                              ByteOffset(*it), dst, it->range.size() * wire_bytes_, version));
     }
     report_tickets_.clear();
     for (int s = 0; s < plan_.num_servers(); ++s) {
       report_tickets_.push_back(
-          client_->Pull(first_server_ + s, spaces_[s].report_offset, &reports_[s], sizeof(StepReport), version));
+          client_->Pull(first_server_ + s, transport::RequestKind::kReport, 0, &reports_[s], sizeof(StepReport), version));
     }
   }
   // Blocks until every weight below flat offset `end` has arrived (forward
@@ -120,13 +118,10 @@ class ParameterServerSync : public SyncStrategy {
   }
 
   const ShardPlan& plan_;
-  const int rank_;
-  const int W_;
   const bool bf16_;
   const int wire_bytes_;
   transport::PushPullClient* client_;
   const transport::PeerId first_server_;
-  std::vector<ServerSpace> spaces_;
   std::vector<uint16_t> wire_;  // bf16 staging for pushes and pulls
   std::vector<StepReport> reports_;
   // Pulls in flight: bucket tickets in forward order, the next to wait for.
@@ -152,11 +147,11 @@ uint64_t LargestBucketBytes(const ShardPlan& plan, int wire_bytes) {
   return static_cast<uint64_t>(largest) * wire_bytes;
 }
 
-StatusOr<std::unique_ptr<SyncStrategy>> CreateParameterServerSync(const ShardPlan& plan, int rank, int num_workers,
+StatusOr<std::unique_ptr<SyncStrategy>> CreateParameterServerSync(const ShardPlan& plan,
                                                                     bool bf16, transport::UcxTransport* transport,
                                                                     transport::PushPullClient* client,
                                                                     transport::PeerId first_server) {
-  auto strategy = std::make_unique<ParameterServerSync>(plan, rank, num_workers, bf16, client, first_server);
+  auto strategy = std::make_unique<ParameterServerSync>(plan, bf16, client, first_server);
   if (bf16) HERD_RETURN_IF_ERROR(transport->RegisterMemory(strategy->wire_buffer(), strategy->wire_buffer_bytes()));
   return std::unique_ptr<SyncStrategy>(std::move(strategy));
 }

@@ -17,7 +17,7 @@ namespace herd {
 
 // `client` talks to the servers, server s being PeerId first_server + s;
 // bf16 staging memory is registered with `transport`.
-StatusOr<std::unique_ptr<SyncStrategy>> CreateParameterServerSync(const ShardPlan& plan, int rank, int num_workers,
+StatusOr<std::unique_ptr<SyncStrategy>> CreateParameterServerSync(const ShardPlan& plan,
                                                                     bool bf16, transport::UcxTransport* transport,
                                                                     transport::PushPullClient* client,
                                                                     transport::PeerId first_server);

@@ -182,7 +182,7 @@ Status RunWorker(const config::JobConfig& config, const TrainOptions& options, c
     HERD_RETURN_IF_ERROR(rt.transport().RegisterMemory(w.grads.data(), P * sizeof(float)));
     if (ps) {
       HERD_ASSIGN_OR_RETURN(w.strategy,
-                            CreateParameterServerSync(*plan, rank, num_workers, bf16, &rt.transport(), rt.push_pull(),
+                            CreateParameterServerSync(*plan, bf16, &rt.transport(), rt.push_pull(),
                                                       transport::MemberPeerId(rt.client(), wire::SERVER, 0)));
     } else {
       CollectiveSyncOptions c;

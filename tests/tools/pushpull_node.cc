@@ -74,7 +74,7 @@ Status RunWorker(const tools::Args& args, const transport::JoinOptions& join) {
     std::deque<transport::PushPullClient::Ticket> in_flight;
     for (uint64_t off = 0; off < static_cast<uint64_t>(total_bytes); off += piece) {
       const PeerId server = transport::MemberPeerId(*coordinator, wire::SERVER, off / shard);
-      in_flight.push_back(client->Push(server, off % shard, reinterpret_cast<const char*>(mine.data()) + off, piece));
+      in_flight.push_back(client->Push(server, transport::RequestKind::kGradients, off % shard, reinterpret_cast<const char*>(mine.data()) + off, piece));
       if (static_cast<long long>(in_flight.size()) >= concurrency) {
         HERD_RETURN_IF_ERROR(client->Wait(in_flight.front()));
         in_flight.pop_front();
@@ -89,7 +89,7 @@ Status RunWorker(const tools::Args& args, const transport::JoinOptions& join) {
       for (long long c = 0; c < concurrency && end > 0; ++c) {
         end -= piece;
         const PeerId server = transport::MemberPeerId(*coordinator, wire::SERVER, end / shard);
-        client->Pull(server, end % shard, reinterpret_cast<char*>(result.data()) + end, piece);
+        client->Pull(server, transport::RequestKind::kWeights, end % shard, reinterpret_cast<char*>(result.data()) + end, piece);
       }
       HERD_RETURN_IF_ERROR(client->WaitAll());
     }
