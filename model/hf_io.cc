@@ -1,6 +1,7 @@
 #include "model/hf_io.h"
 
-#include "model/checkpoint.h"
+#include "model/checkpoint_load.h"
+#include "model/checkpoint_run.h"
 
 #include <dirent.h>
 #include <sys/stat.h>

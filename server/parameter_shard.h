@@ -27,7 +27,6 @@
 #include <mutex>
 #include <vector>
 
-#include "model/checkpoint.h"
 #include "model/optim/optimizer_shard.h"
 #include "sharding/shard_plan.h"
 #include "transport/push_pull.h"

@@ -11,11 +11,14 @@
 #include "common/clock.h"
 #include "common/file_util.h"
 #include "common/run_summary.h"
-#include "model/checkpoint.h"
+#include "model/checkpoint_format.h"
+#include "model/checkpoint_load.h"
+#include "model/checkpoint_run.h"
 #include "model/optim/optimizer_shard.h"
 #include "server/parameter_shard.h"
 #include "sharding/memory_plan.h"
 #include "sharding/shard_plan.h"
+#include "transport/checkpoint_commit.h"
 #include "transport/join.h"
 #include "transport/node_runtime.h"
 #include "transport/push_pull.h"
@@ -107,7 +110,7 @@ Status RunParameterServer(const config::JobConfig& config, const TrainOptions& o
       const std::string step_dir = StepDirName(ckpt_dir, step);
       // Server 0 commits: the servers hold the optimizer state.
       HERD_RETURN_IF_ERROR(transport::CommitCheckpoint(
-          *client, step_dir, step, config, /*committer=*/rank == 0,
+          client, step_dir, step, config, /*committer=*/rank == 0,
           CheckpointParts(client->num_servers(), client->num_workers()),
           [&] { return shard.optimizer().Save(JoinPath(step_dir, ShardFileName(rank))); }));
     }

@@ -24,7 +24,9 @@
 
 #include "common/config.h"
 #include "common/file_util.h"
-#include "model/checkpoint.h"
+#include "model/checkpoint_commit.h"
+#include "model/checkpoint_format.h"
+#include "model/checkpoint_load.h"
 #include "model/cpu/ops.h"
 #include "model/hf_io.h"
 #include "model/param_layout.h"
@@ -894,7 +896,7 @@ TEST_F(HfIoTest, HfCliExportImportRoundTrip) {
   InitParameters(layout, 11, 0.02, shard.weights.data());
   shard.m.assign(layout.size(), 0.1f);
   shard.v.assign(layout.size(), 0.2f);
-  ASSERT_TRUE(WriteSingleShardCheckpoint(StepDirName(Path("ckpt"), 5), job, shard.view(), "").ok());
+  ASSERT_TRUE(WriteSingleShardCheckpoint(StepDirName(Path("ckpt"), 5), job, shard.view()).ok());
 
   // The root: its latest step is exported.
   RunResult r = RunHerd("export " + Path("ckpt") + " --out " + Path("hf"));

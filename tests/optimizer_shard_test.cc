@@ -11,7 +11,9 @@
 #include <vector>
 
 #include "common/file_util.h"
-#include "model/checkpoint.h"
+#include "model/checkpoint_commit.h"
+#include "model/checkpoint_format.h"
+#include "model/checkpoint_load.h"
 #include "model/llama_config.h"
 
 namespace herd {

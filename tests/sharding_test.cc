@@ -11,7 +11,9 @@
 
 #include "common/bf16.h"
 #include "common/file_util.h"
-#include "model/checkpoint.h"
+#include "model/checkpoint_commit.h"
+#include "model/checkpoint_format.h"
+#include "model/checkpoint_load.h"
 #include "model/optim/adamw.h"
 #include "server/parameter_shard.h"
 #include "sharding/shard_plan.h"

@@ -9,7 +9,6 @@
 #include "common/logging.h"
 #include "common/memory.h"
 #include "data/token_file.h"
-#include "model/checkpoint.h"
 #include "model/hf_io.h"
 #include "model/llama.h"
 #include "model/model.h"

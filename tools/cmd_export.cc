@@ -7,7 +7,7 @@
 #include <cstdio>
 
 #include "common/logging.h"
-#include "model/checkpoint.h"
+#include "model/checkpoint_load.h"
 #include "model/hf_io.h"
 #include "model/param_layout.h"
 #include "tools/args.h"

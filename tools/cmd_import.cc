@@ -17,7 +17,8 @@
 #include "common/config.h"
 #include "common/file_util.h"
 #include "common/logging.h"
-#include "model/checkpoint.h"
+#include "model/checkpoint_commit.h"
+#include "model/checkpoint_format.h"
 #include "model/hf_io.h"
 #include "model/param_layout.h"
 #include "tools/args.h"
@@ -54,7 +55,7 @@ Status Import(const std::string& hf_dir, std::string out, int64_t step) {
   shard.v.assign(layout.size(), 0.0f);
 
   HERD_RETURN_IF_ERROR(WriteNewDirectory(out, [&](const std::string& tmp) {
-    return WriteSingleShardCheckpoint(tmp, job, shard.view(), /*worker_state=*/"");
+    return WriteSingleShardCheckpoint(tmp, job, shard.view());
   }));
   std::printf("imported %s (%lld parameters, %s embeddings) into checkpoint %s at step %lld\n", hf_dir.c_str(),
               static_cast<long long>(layout.num_parameters()), hf.model.tie_word_embeddings() ? "tied" : "untied",

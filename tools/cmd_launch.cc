@@ -3,7 +3,7 @@
 
 #include "common/config.h"
 #include "common/logging.h"
-#include "model/checkpoint.h"
+#include "model/checkpoint_run.h"
 #include "sharding/memory_plan.h"
 #include "tools/args.h"
 #include "tools/commands.h"

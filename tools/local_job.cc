@@ -26,7 +26,7 @@
 #include "common/signals.h"
 #include "common/strings.h"
 #include "data/prepare.h"
-#include "model/checkpoint.h"
+#include "model/checkpoint_run.h"
 #include "model/hf_io.h"
 #include "sharding/memory_plan.h"
 #include "sharding/shard_plan.h"

@@ -15,7 +15,7 @@
 
 #include "common/config.h"
 #include "common/logging.h"
-#include "model/checkpoint.h"
+#include "model/checkpoint_run.h"
 #include "tools/args.h"
 #include "transport/rendezvous.h"
 #include "transport/ucx_transport.h"

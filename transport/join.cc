@@ -4,7 +4,6 @@
 
 #include <algorithm>
 
-#include "model/checkpoint.h"
 #include "transport/wire.h"
 
 namespace herd::transport {
@@ -45,7 +44,6 @@ StatusOr<std::unique_ptr<CoordinatorClient>> JoinJob(const JoinOptions& options,
   return client;
 }
 
-
 Status AgreeOn(CoordinatorClient& client, const std::string& name, const std::string& value, const std::string& what) {
   HERD_ASSIGN_OR_RETURN(std::vector<std::string> all, client.AllGather(name, value));
   for (size_t i = 0; i < all.size(); ++i) {
@@ -55,28 +53,6 @@ Status AgreeOn(CoordinatorClient& client, const std::string& name, const std::st
     }
   }
   return Status::OK();
-}
-
-Status AllSucceeded(CoordinatorClient& client, const std::string& name, const Status& mine) {
-  HERD_ASSIGN_OR_RETURN(std::vector<std::string> all, client.AllGather(name, mine.ok() ? "" : mine.message()));
-  if (!mine.ok()) return mine;  // this process's own failure, not a consequence
-  for (size_t i = 0; i < all.size(); ++i) {
-    if (!all[i].empty()) return Status::Aborted(DescribeMember(client.members()[i]) + ": " + all[i]);
-  }
-  return Status::OK();
-}
-
-Status CommitCheckpoint(CoordinatorClient& client, const std::string& step_dir, int64_t step,
-                        const config::JobConfig& config, bool committer, const std::vector<std::string>& parts,
-                        const std::function<Status()>& write_parts) {
-  Status part = BeginCheckpointPart(step_dir);
-  if (part.ok() && committer) part = WriteConfigPart(step_dir, config);
-  if (part.ok()) part = write_parts();
-  const std::string where = "checkpoint " + step_dir + ": ";
-  HERD_RETURN_IF_ERROR(AllSucceeded(client, "herd/checkpoint/" + std::to_string(step), part).WithContext(where));
-  Status committed;
-  if (committer) committed = WriteManifest(step_dir, step, parts);
-  return AllSucceeded(client, "herd/committed/" + std::to_string(step), committed).WithContext(where);
 }
 
 }  // namespace herd::transport

@@ -35,22 +35,6 @@ StatusOr<std::unique_ptr<CoordinatorClient>> JoinJob(const JoinOptions& options,
 // describes the value in that line).
 Status AgreeOn(CoordinatorClient& client, const std::string& name, const std::string& value, const std::string& what);
 
-// Two-phase commit's vote: everyone reports how its part went; OK when all
-// succeeded, else the first failure, naming its process.
-Status AllSucceeded(CoordinatorClient& client, const std::string& name, const Status& mine);
-
-// A checkpoint written by several processes, committed in two phases: each
-// creates the step directory and writes its parts (`write_parts`; the
-// committer also the job's config), everyone votes through the
-// coordinator, and only when every part succeeded does the committer write
-// the manifest listing `parts`; a second vote tells everyone whether it
-// did. A step directory without a manifest is never loaded, so a failure
-// anywhere leaves no checkpoint that could be. Errors name the step
-// directory and the first process that failed (this one's own first).
-Status CommitCheckpoint(CoordinatorClient& client, const std::string& step_dir, int64_t step,
-                        const config::JobConfig& config, bool committer, const std::vector<std::string>& parts,
-                        const std::function<Status()>& write_parts);
-
 // The PeerId of a member: its index in the membership.
 PeerId MemberPeerId(const CoordinatorClient& client, wire::Role role, int rank);
 

@@ -8,6 +8,8 @@
 
 #include "common/clock.h"
 #include "common/file_util.h"
+#include "model/checkpoint_format.h"
+#include "model/checkpoint_load.h"
 #include "model/hf_io.h"
 #include "model/optim/optimizer_shard.h"
 

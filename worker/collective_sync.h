@@ -23,7 +23,7 @@
 #include <optional>
 
 #include "common/status.h"
-#include "model/checkpoint.h"
+#include "model/checkpoint_load.h"
 #include "proto/herd.pb.h"
 #include "sharding/shard_plan.h"
 #include "transport/collectives.h"

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "common/file_util.h"
+#include "model/checkpoint_format.h"
 
 namespace herd {
 namespace {

@@ -6,9 +6,10 @@
 
 #include "common/file_util.h"
 #include "common/strings.h"
-#include "model/checkpoint.h"
+#include "model/checkpoint_format.h"
+#include "model/checkpoint_run.h"
 #include "model/optim/optimizer_shard.h"
-#include "transport/join.h"
+#include "transport/checkpoint_commit.h"
 #include "worker/evaluate.h"
 
 namespace herd {
@@ -137,16 +138,9 @@ Status StepLoop::CommitCheckpoint(int64_t step) {
     Status part = WriteFileAtomic(JoinPath(step_dir, WorkerFileName(p_.rank)), loader_state_);
     return part.ok() ? strategy_.WriteCheckpointParts(step_dir) : part;
   };
-  if (p_.client == nullptr) {
-    HERD_RETURN_IF_ERROR(BeginCheckpointPart(step_dir));
-    HERD_RETURN_IF_ERROR(WriteConfigPart(step_dir, config_));
-    HERD_RETURN_IF_ERROR(write_parts());
-    HERD_RETURN_IF_ERROR(WriteManifest(step_dir, step, parts));
-  } else {
-    // Worker 0 commits unless servers hold the optimizer (they commit then).
-    HERD_RETURN_IF_ERROR(transport::CommitCheckpoint(*p_.client, step_dir, step, config_, leader_ && shards > 0, parts,
-                                                     write_parts));
-  }
+  // Worker 0 commits unless servers hold the optimizer (they commit then).
+  HERD_RETURN_IF_ERROR(
+      transport::CommitCheckpoint(p_.client, step_dir, step, config_, leader_ && shards > 0, parts, write_parts));
   if (leader_) {
     std::printf("checkpoint: %s (%.1fs)\n", step_dir.c_str(), sw.Seconds());
     std::fflush(stdout);

@@ -23,7 +23,8 @@
 #include <vector>
 
 #include "common/status.h"
-#include "model/checkpoint.h"
+#include "model/checkpoint_format.h"
+#include "model/checkpoint_load.h"
 #include "model/optim/adamw.h"
 #include "model/param_layout.h"
 #include "proto/herd.pb.h"
@@ -83,8 +84,8 @@ class OptimizerShard {
   // The whole range at once; returns the step's scalars.
   Scalars Step(const float* grads, double global_norm);
 
-  // Weights, moments and step as one shard file (model/checkpoint.h's
-  // format), written atomically.
+  // Weights, moments and step as one shard file
+  // (model/checkpoint_format.h), written atomically.
   Status Save(const std::string& path) const;
   ShardView view() const { return {range_.begin, range_.end, step_, weights_, m_.data(), v_.data()}; }
 

@@ -1,0 +1,211 @@
+#include "model/checkpoint_format.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <string_view>
+
+#include "common/config.h"
+#include "common/file_util.h"
+
+namespace herd {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr char kShardMagic[8] = {'H', 'E', 'R', 'D', 'S', 'H', 'R', 'D'};
+constexpr uint32_t kShardVersion = 1;
+constexpr char kManifest[] = "manifest.json";
+constexpr char kConfigFile[] = "config.textproto";
+
+// Fixed-size little-endian header in front of a shard's three arrays.
+struct ShardHeader {
+  char magic[8];
+  uint32_t version;
+  uint32_t payload_crc;  // CRC-32 of weights, m, v
+  int64_t begin, end, step;
+};
+static_assert(sizeof(ShardHeader) == 40);
+
+// The fixed header of `data` (a whole shard file or its first bytes),
+// validated.
+StatusOr<ShardHeader> ParseShardHeader(const std::string& path, std::string_view data) {
+  if (data.size() < sizeof(ShardHeader)) {
+    return Status::Corruption(path + ": " + std::to_string(data.size()) + " bytes is shorter than a shard header");
+  }
+  ShardHeader h;
+  std::memcpy(&h, data.data(), sizeof(h));
+  if (std::memcmp(h.magic, kShardMagic, sizeof(kShardMagic)) != 0) {
+    return Status::Corruption(path + ": not a herd shard (bad magic)");
+  }
+  if (h.version != kShardVersion) {
+    return Status::Corruption(path + ": shard version " + std::to_string(h.version) + ", expected " +
+                              std::to_string(kShardVersion));
+  }
+  if (h.begin < 0 || h.end < h.begin || h.step < 0 || (h.end - h.begin) > (int64_t{1} << 40)) {
+    return Status::Corruption(path + ": invalid range [" + std::to_string(h.begin) + ", " + std::to_string(h.end) +
+                              ") or step " + std::to_string(h.step));
+  }
+  return h;
+}
+
+}  // namespace
+
+std::string StepDirName(const std::string& root, int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "step_%08" PRId64, step);
+  return JoinPath(root, name);
+}
+
+std::string ShardFileName(int shard_index) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "shard_%05d.bin", shard_index);
+  return name;
+}
+
+std::string WorkerFileName(int worker_rank) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "worker_%05d.state", worker_rank);
+  return name;
+}
+
+Status WriteShard(const std::string& path, const ShardView& shard) {
+  const size_t n = static_cast<size_t>(shard.end - shard.begin);
+  if (shard.end < shard.begin || (n > 0 && (shard.weights == nullptr || shard.m == nullptr || shard.v == nullptr))) {
+    return Status::Internal(path + ": shard arrays do not match its range");
+  }
+  ShardHeader h{};
+  std::memcpy(h.magic, kShardMagic, sizeof(kShardMagic));
+  h.version = kShardVersion;
+  h.begin = shard.begin;
+  h.end = shard.end;
+  h.step = shard.step;
+  uint32_t crc = Crc32(shard.weights, n * sizeof(float));
+  crc = Crc32(shard.m, n * sizeof(float), crc);
+  h.payload_crc = Crc32(shard.v, n * sizeof(float), crc);
+  AtomicFile file;
+  HERD_RETURN_IF_ERROR(file.Open(path));
+  HERD_RETURN_IF_ERROR(file.Append(&h, sizeof(h)));
+  HERD_RETURN_IF_ERROR(file.Append(shard.weights, n * sizeof(float)));
+  HERD_RETURN_IF_ERROR(file.Append(shard.m, n * sizeof(float)));
+  HERD_RETURN_IF_ERROR(file.Append(shard.v, n * sizeof(float)));
+  return file.Commit();
+}
+
+StatusOr<ShardState> ReadShard(const std::string& path) {
+  HERD_ASSIGN_OR_RETURN(std::string data, ReadFile(path));
+  HERD_ASSIGN_OR_RETURN(ShardHeader h, ParseShardHeader(path, data));
+  const size_t n = static_cast<size_t>(h.end - h.begin);
+  const size_t expected = sizeof(ShardHeader) + 3 * n * sizeof(float);
+  if (data.size() != expected) {
+    return Status::Corruption(path + ": range of " + std::to_string(n) + " elements needs " +
+                              std::to_string(expected) + " bytes, file has " + std::to_string(data.size()));
+  }
+  const char* payload = data.data() + sizeof(ShardHeader);
+  if (Crc32(payload, 3 * n * sizeof(float)) != h.payload_crc) {
+    return Status::Corruption(path + ": checksum mismatch (file is damaged)");
+  }
+  ShardState s;
+  s.begin = h.begin;
+  s.end = h.end;
+  s.step = h.step;
+  s.weights.resize(n);
+  s.m.resize(n);
+  s.v.resize(n);
+  std::memcpy(s.weights.data(), payload, n * sizeof(float));
+  std::memcpy(s.m.data(), payload + n * sizeof(float), n * sizeof(float));
+  std::memcpy(s.v.data(), payload + 2 * n * sizeof(float), n * sizeof(float));
+  return s;
+}
+
+StatusOr<ShardExtent> ReadShardExtent(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return Status::NotFound(path + ": cannot open");
+  std::string head(sizeof(ShardHeader), '\0');
+  head.resize(std::fread(head.data(), 1, head.size(), f));
+  std::fclose(f);
+  HERD_ASSIGN_OR_RETURN(ShardHeader h, ParseShardHeader(path, head));
+  return ShardExtent{h.begin, h.end, h.step};
+}
+
+Status WriteConfigPart(const std::string& step_dir, const config::JobConfig& config) {
+  return WriteFileAtomic(JoinPath(step_dir, kConfigFile), ConfigToText(config));
+}
+
+StatusOr<config::JobConfig> ReadCheckpointConfig(const std::string& step_dir) {
+  const std::string path = JoinPath(step_dir, kConfigFile);
+  HERD_ASSIGN_OR_RETURN(std::string text, ReadFile(path, kMaxConfigBytes));
+  return ParseJobConfig(text, path);
+}
+
+std::vector<std::string> CheckpointParts(int shards, int workers) {
+  std::vector<std::string> parts = {kConfigFile};
+  for (int s = 0; s < shards; ++s) parts.push_back(ShardFileName(s));
+  for (int w = 0; w < workers; ++w) parts.push_back(WorkerFileName(w));
+  return parts;
+}
+
+Status WriteManifest(const std::string& step_dir, int64_t step, const std::vector<std::string>& parts) {
+  json manifest;
+  manifest["format"] = "herd-checkpoint";
+  manifest["version"] = 1;
+  manifest["step"] = step;
+  json list = json::array();
+  for (const std::string& part : parts) {
+    HERD_ASSIGN_OR_RETURN(std::string data, ReadFile(JoinPath(step_dir, part)));
+    list.push_back({{"file", part}, {"bytes", data.size()}, {"crc32", Crc32(data.data(), data.size())}});
+  }
+  manifest["parts"] = list;
+  return WriteFileAtomic(JoinPath(step_dir, kManifest), manifest.dump(2) + "\n");
+}
+
+StatusOr<Manifest> VerifyCheckpoint(const std::string& step_dir) {
+  const std::string path = JoinPath(step_dir, kManifest);
+  auto text = ReadFile(path);
+  if (!text.ok()) {
+    if (text.status().code() == Status::Code::kNotFound) {
+      return Status::NotFound(step_dir + ": no manifest.json: the checkpoint is incomplete and is not loaded");
+    }
+    return text.status();
+  }
+  json m = json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (m.is_discarded() || !m.is_object()) return Status::Corruption(path + ": not valid JSON");
+  if (m.value("format", "") != "herd-checkpoint" || !m.contains("step") || !m["step"].is_number_integer() ||
+      !m.contains("parts") || !m["parts"].is_array()) {
+    return Status::Corruption(path + ": not a herd manifest (needs format, step, parts)");
+  }
+  Manifest out;
+  out.step = m["step"].get<int64_t>();
+  for (const json& part : m["parts"]) {
+    if (!part.is_object() || !part.contains("file") || !part["file"].is_string() || !part.contains("bytes") ||
+        !part["bytes"].is_number_unsigned() || !part.contains("crc32") || !part["crc32"].is_number_unsigned()) {
+      return Status::Corruption(path + ": malformed part entry");
+    }
+    const std::string file = part["file"].get<std::string>();
+    if (file.empty() || file.find('/') != std::string::npos || file.starts_with(".")) {
+      return Status::Corruption(path + ": part name '" + file + "' is not a plain file name");
+    }
+    HERD_ASSIGN_OR_RETURN(std::string data, ReadFile(JoinPath(step_dir, file)));
+    if (data.size() != part["bytes"].get<uint64_t>() || Crc32(data.data(), data.size()) != part["crc32"].get<uint32_t>()) {
+      return Status::Corruption(JoinPath(step_dir, file) + ": does not match the manifest (size or checksum)");
+    }
+    out.parts.push_back(file);
+  }
+  return out;
+}
+
+bool HasManifest(const std::string& step_dir) { return PathExists(JoinPath(step_dir, kManifest)); }
+
+Status RemoveManifest(const std::string& step_dir) {
+  const std::string manifest_path = JoinPath(step_dir, kManifest);
+  if (::unlink(manifest_path.c_str()) != 0 && errno != ENOENT) {
+    return Status::IOError(manifest_path + ": cannot remove the old manifest");
+  }
+  return Status::OK();
+}
+
+}  // namespace herd

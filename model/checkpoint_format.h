@@ -1,0 +1,85 @@
+// The checkpoint's on-disk format: one directory per step,
+// ROOT/step_NNNNNNNN/, holding
+//   config.textproto   the complete job config (model shape included)
+//   shard_NNNNN.bin    a range [begin, end) of the flat parameter space:
+//                      a 40-byte little-endian header (magic "HERDSHRD",
+//                      version 1, CRC-32 of the payload, begin, end, step),
+//                      then fp32 weights, AdamW m and v, each end - begin long
+//   worker_NNNNN.state a worker's data-loader position (text)
+//   manifest.json      written last: format, version, step and every part's
+//                      file name, size and CRC-32
+//
+// Promise: every file is written atomically (temp name, fsync, rename); a
+// step directory without a manifest, or whose parts do not match the
+// manifest, is never loaded. The manifest is written only once every part
+// has been written successfully, by whoever commits the checkpoint:
+// model/checkpoint_commit.h for one process, transport/checkpoint_commit.h
+// for several.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "proto/herd.pb.h"
+
+namespace herd {
+
+// What a shard file holds: a range of the flat parameter space with its
+// fp32 weights, AdamW moments and optimizer step, borrowed (ShardView) or
+// owned (ShardState).
+struct ShardView {
+  int64_t begin = 0, end = 0;  // range of the flat parameter space
+  int64_t step = 0;            // optimizer steps taken
+  const float *weights = nullptr, *m = nullptr, *v = nullptr;  // each end - begin long
+};
+struct ShardState {
+  int64_t begin = 0, end = 0;
+  int64_t step = 0;
+  std::vector<float> weights, m, v;
+  ShardView view() const { return {begin, end, step, weights.data(), m.data(), v.data()}; }
+};
+
+std::string StepDirName(const std::string& root, int64_t step);
+std::string ShardFileName(int shard_index);   // "shard_00000.bin"
+std::string WorkerFileName(int worker_rank);  // "worker_00000.state"
+
+Status WriteShard(const std::string& path, const ShardView& shard);
+// Validates magic, version, sizes and CRC; errors name the file.
+StatusOr<ShardState> ReadShard(const std::string& path);
+
+// Which range and step a shard file holds, from its validated header alone
+// (its arrays are neither read nor checked).
+struct ShardExtent {
+  int64_t begin = 0, end = 0;
+  int64_t step = 0;
+};
+StatusOr<ShardExtent> ReadShardExtent(const std::string& path);
+
+// config.textproto: the complete job config.
+Status WriteConfigPart(const std::string& step_dir, const config::JobConfig& config);
+// The job config a step directory was written with.
+StatusOr<config::JobConfig> ReadCheckpointConfig(const std::string& step_dir);
+
+// The parts of a complete checkpoint written by `shards` shard files and
+// `workers` data positions: config, shards, worker states.
+std::vector<std::string> CheckpointParts(int shards, int workers);
+
+// Writes manifest.json listing `parts` (file names inside step_dir) with
+// their sizes and CRCs. Call only when every part has been written.
+Status WriteManifest(const std::string& step_dir, int64_t step, const std::vector<std::string>& parts);
+
+struct Manifest {
+  int64_t step = 0;
+  std::vector<std::string> parts;
+};
+// Reads the manifest and checks every part's size and CRC.
+StatusOr<Manifest> VerifyCheckpoint(const std::string& step_dir);
+
+// Whether step_dir has a manifest — a look, not a verification.
+bool HasManifest(const std::string& step_dir);
+// Removes step_dir's manifest, if any: the step is then incomplete again.
+Status RemoveManifest(const std::string& step_dir);
+
+}  // namespace herd

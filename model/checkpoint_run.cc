@@ -1,0 +1,123 @@
+#include "model/checkpoint_run.h"
+
+#include <glog/logging.h>
+#include <google/protobuf/util/message_differencer.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <vector>
+
+#include "common/file_util.h"
+#include "common/strings.h"
+#include "model/checkpoint_format.h"
+#include "model/checkpoint_load.h"
+
+namespace herd {
+
+bool CheckpointDue(const config::CheckpointConfig& checkpoint, int64_t step, int64_t last_step) {
+  if (checkpoint.dir().empty()) return false;
+  return step == last_step || (checkpoint.every() > 0 && step % checkpoint.every() == 0);
+}
+
+Status CheckWritable(const std::string& dir) {
+  HERD_RETURN_IF_ERROR(MakeDirs(dir).WithContext("checkpoint.dir: "));
+  const std::string probe = JoinPath(dir, ".herd_write_probe." + std::to_string(::getpid()));
+  std::FILE* f = std::fopen(probe.c_str(), "w");
+  if (f == nullptr) return Status::IOError("checkpoint.dir: " + dir + ": not writable");
+  std::fclose(f);
+  ::unlink(probe.c_str());
+  return Status::OK();
+}
+
+namespace {
+
+// "modified: a.b: x -> y" lines of a MessageDifferencer report, joined.
+std::string Changes(const std::string& report) {
+  std::string changes;
+  for (const std::string& line : Split(report, '\n')) {
+    if (line.empty() || line.starts_with("ignored:")) continue;
+    changes += (changes.empty() ? "" : "; ") + line;
+  }
+  return changes;
+}
+
+const google::protobuf::FieldDescriptor* Field(const google::protobuf::Descriptor* d, const char* name) {
+  const google::protobuf::FieldDescriptor* f = d->FindFieldByName(name);
+  CHECK(f != nullptr) << d->name() << " has no field " << name;
+  return f;
+}
+
+// What is not part of a model's shape: metadata kept for export (an
+// imported model continues under a config that does not repeat it), and
+// how the model was initialised.
+void IgnoreNonShapeFields(google::protobuf::util::MessageDifferencer* differ) {
+  differ->IgnoreField(Field(config::ModelConfig::descriptor(), "max_position_embeddings"));
+  differ->IgnoreField(Field(config::ModelConfig::descriptor(), "initializer_range"));
+}
+
+}  // namespace
+
+Status CheckSameShape(const config::ModelConfig& found, const config::ModelConfig& expected, const std::string& what) {
+  std::string diff;
+  google::protobuf::util::MessageDifferencer differ;
+  differ.set_message_field_comparison(google::protobuf::util::MessageDifferencer::EQUIVALENT);
+  IgnoreNonShapeFields(&differ);
+  differ.ReportDifferencesToString(&diff);
+  if (!differ.Compare(found, expected)) {
+    return Status::FailedPrecondition(what + ": holds a different model (" + Changes(diff) + ")");
+  }
+  return Status::OK();
+}
+
+Status CheckSameModel(const std::string& step_dir, const config::JobConfig& config) {
+  HERD_ASSIGN_OR_RETURN(config::JobConfig saved, ReadCheckpointConfig(step_dir));
+  return CheckSameShape(saved.model(), config.model(), step_dir);
+}
+
+// What --resume may change (README lists the same); "log" stands for log.*.
+constexpr const char* kResumableFields[] = {
+    "train.steps", "train.threads", "checkpoint.dir", "checkpoint.every", "checkpoint.init_from", "data.val",
+    "data.prepare_from", "data.val_fraction", "log", "cluster", "device"};
+
+Status CheckSameRun(const std::string& step_dir, const config::JobConfig& config) {
+  HERD_ASSIGN_OR_RETURN(config::JobConfig saved, ReadCheckpointConfig(step_dir));
+  HERD_RETURN_IF_ERROR(CheckSameShape(saved.model(), config.model(), step_dir));
+  std::string diff;
+  google::protobuf::util::MessageDifferencer differ;
+  differ.set_message_field_comparison(google::protobuf::util::MessageDifferencer::EQUIVALENT);
+  IgnoreNonShapeFields(&differ);
+  std::string resumable;
+  for (const char* name : kResumableFields) {
+    const google::protobuf::Descriptor* d = config::JobConfig::descriptor();
+    const std::vector<std::string> parts = Split(name, '.');
+    for (size_t i = 0; i + 1 < parts.size(); ++i) d = Field(d, parts[i].c_str())->message_type();
+    differ.IgnoreField(Field(d, parts.back().c_str()));
+    resumable += (resumable.empty() ? "" : ", ") + std::string(name) + (parts.size() == 1 ? ".*" : "");
+  }
+  differ.ReportDifferencesToString(&diff);
+  if (!differ.Compare(saved, config)) {
+    return Status::InvalidArgument("--resume: " + step_dir + " was written by a run with other settings (" +
+                                   Changes(diff) + "); a resume may change only " + resumable +
+                                   " (train with the new settings in another checkpoint.dir)");
+  }
+  return Status::OK();
+}
+
+Status CheckFreshRun(const std::string& root, bool overwrite) {
+  if (root.empty() || !PathExists(root)) return Status::OK();
+  const std::vector<std::string> steps = StepDirsNewestFirst(root);
+  if (steps.empty()) return Status::OK();
+  if (!overwrite) {
+    return Status::InvalidArgument("checkpoint.dir " + root + " already holds checkpoints (newest: " +
+                                   steps.front() +
+                                   "); pass --resume to continue them, or --overwrite to delete them and start over");
+  }
+  for (const std::string& name : steps) {
+    HERD_RETURN_IF_ERROR(RemoveFlatDirectory(JoinPath(root, name)).WithContext("--overwrite: "));
+  }
+  std::printf("--overwrite: removed %zu checkpoint(s) from %s\n", steps.size(), root.c_str());
+  std::fflush(stdout);
+  return Status::OK();
+}
+
+}  // namespace herd

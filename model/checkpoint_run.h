@@ -1,0 +1,42 @@
+// A run and its checkpoints: when it writes one, whether it can write any,
+// and whether a checkpoint (or a checkpoint.dir) may start or continue it.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+#include "proto/herd.pb.h"
+
+namespace herd {
+
+// Whether a checkpoint is written after `step` (1-based count of steps
+// taken): every checkpoint.every steps and at `last_step`; never without
+// checkpoint.dir.
+bool CheckpointDue(const config::CheckpointConfig& checkpoint, int64_t step, int64_t last_step);
+
+// Fails early, before any training, if checkpoints could not be written.
+Status CheckWritable(const std::string& dir);
+
+// The model-shape comparison of the checks below (max_position_embeddings,
+// export metadata, aside); the error names `what` and every field that
+// differs.
+Status CheckSameShape(const config::ModelConfig& found, const config::ModelConfig& expected, const std::string& what);
+
+// A checkpoint's weights start a new run (checkpoint.init_from) only into
+// the same model shape.
+Status CheckSameModel(const std::string& step_dir, const config::JobConfig& config);
+
+// A checkpoint only continues the run it came from: the same model shape
+// and the same config, but for what --resume may change (the run's length
+// train.steps, train.threads, log.*, checkpoint.dir/every/init_from,
+// data.val/prepare_from/val_fraction, cluster.*, device.*); the error
+// names each field that differs.
+Status CheckSameRun(const std::string& step_dir, const config::JobConfig& config);
+
+// A fresh run (no --resume) into `root`: refused when it already holds
+// step directories, unless `overwrite`, which removes them first (they
+// would otherwise be mistaken for this run's on a later --resume).
+Status CheckFreshRun(const std::string& root, bool overwrite);
+
+}  // namespace herd

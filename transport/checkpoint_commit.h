@@ -1,0 +1,35 @@
+// The two-phase commit of a checkpoint (its format and promise:
+// model/checkpoint_format.h). Every process of a job writes its own parts;
+// the coordinator collects a vote; only when every part succeeded does the
+// committer write the manifest that makes the step loadable.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "proto/herd.pb.h"
+#include "transport/coordinator_client.h"
+
+namespace herd::transport {
+
+// Commits the checkpoint of `step` in `step_dir`. Each process creates the
+// step directory and writes its parts (`write_parts`; the committer also
+// the job's config), everyone votes through the coordinator, and only when
+// every part succeeded does the committer write the manifest listing
+// `parts`; a second vote tells everyone whether it did. A step directory
+// without a manifest is never loaded, so a failure anywhere leaves no
+// checkpoint that could be. Errors name the step directory and the first
+// process that failed (this one's own first).
+//
+// With no `client` the job is this one process: it writes every part and
+// the manifest itself, without votes, whatever `committer` says, and
+// returns its first error as it is (model/checkpoint_commit.h's
+// CommitOneProcessCheckpoint).
+Status CommitCheckpoint(CoordinatorClient* client, const std::string& step_dir, int64_t step,
+                        const config::JobConfig& config, bool committer, const std::vector<std::string>& parts,
+                        const std::function<Status()>& write_parts);
+
+}  // namespace herd::transport
