@@ -103,6 +103,16 @@ Status CheckSameRun(const std::string& step_dir, const config::JobConfig& config
   return Status::OK();
 }
 
+StatusOr<std::optional<VerifiedCheckpoint>> ResumePoint(const config::JobConfig& config, bool resume) {
+  const std::string& dir = config.checkpoint().dir();
+  if (!dir.empty()) HERD_RETURN_IF_ERROR(CheckWritable(dir));
+  if (!resume) return std::optional<VerifiedCheckpoint>();
+  if (dir.empty()) return Status::InvalidArgument("--resume needs checkpoint.dir to be set");
+  HERD_ASSIGN_OR_RETURN(VerifiedCheckpoint latest, LatestVerifiedCheckpoint(dir));
+  HERD_RETURN_IF_ERROR(CheckSameRun(latest.dir, config));
+  return std::optional<VerifiedCheckpoint>(std::move(latest));
+}
+
 Status CheckFreshRun(const std::string& root, bool overwrite) {
   if (root.empty() || !PathExists(root)) return Status::OK();
   const std::vector<std::string> steps = StepDirsNewestFirst(root);

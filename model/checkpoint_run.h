@@ -3,9 +3,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "common/status.h"
+#include "model/checkpoint_load.h"
 #include "proto/herd.pb.h"
 
 namespace herd {
@@ -33,6 +35,12 @@ Status CheckSameModel(const std::string& step_dir, const config::JobConfig& conf
 // data.val/prepare_from/val_fraction, cluster.*, device.*); the error
 // names each field that differs.
 Status CheckSameRun(const std::string& step_dir, const config::JobConfig& config);
+
+// Where a process of a run starts: with `resume`, the newest complete
+// checkpoint in checkpoint.dir, checked to continue this run
+// (CheckSameRun); without, none. Either way it first makes sure that
+// checkpoints can be written (CheckWritable), before any training.
+StatusOr<std::optional<VerifiedCheckpoint>> ResumePoint(const config::JobConfig& config, bool resume);
 
 // A fresh run (no --resume) into `root`: refused when it already holds
 // step directories, unless `overwrite`, which removes them first (they

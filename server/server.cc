@@ -51,13 +51,8 @@ Status RunParameterServer(const config::JobConfig& config, const TrainOptions& o
   if (config.train().threads() > 0) omp_set_num_threads(config.train().threads());
   const ParamLayout layout(LlamaShape::FromConfig(config.model()));
   HERD_ASSIGN_OR_RETURN(ShardPlan plan, ShardPlan::Create(layout, ShardPlanOptions::FromConfig(config.cluster())));
+  HERD_ASSIGN_OR_RETURN(const std::optional<VerifiedCheckpoint> resume_from, ResumePoint(config, options.resume));
   const std::string& ckpt_dir = config.checkpoint().dir();
-  if (!ckpt_dir.empty()) HERD_RETURN_IF_ERROR(CheckWritable(ckpt_dir));
-  std::optional<VerifiedCheckpoint> resume_from;
-  if (options.resume) {
-    if (ckpt_dir.empty()) return Status::InvalidArgument("--resume needs checkpoint.dir to be set");
-    HERD_ASSIGN_OR_RETURN(resume_from, LatestVerifiedCheckpoint(ckpt_dir));
-  }
 
   // The service reaches into the shard: it is declared before the runtime,
   // which stops the service before the shard goes.
@@ -72,7 +67,6 @@ Status RunParameterServer(const config::JobConfig& config, const TrainOptions& o
                                             resume_from ? BaseName(resume_from->dir) : std::string("none"),
                                             "the checkpoint to resume from"));
     Stopwatch sw;
-    if (resume_from) HERD_RETURN_IF_ERROR(CheckSameRun(resume_from->dir, config));
     HERD_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerShard> optimizer,
                           OptimizerShard::InitOrResume(config, layout, plan.shard(rank), resume_from));
     ParameterShardOptions o;

@@ -109,14 +109,7 @@ Status RunWorker(const config::JobConfig& config, const TrainOptions& options, c
   } else if (collective) {
     HERD_ASSIGN_OR_RETURN(plan, CollectivePlan(layout, config, cluster.workers()));
   }
-  const std::string& ckpt_dir = config.checkpoint().dir();
-  if (!ckpt_dir.empty()) HERD_RETURN_IF_ERROR(CheckWritable(ckpt_dir));
-  std::optional<VerifiedCheckpoint> resume_from;
-  if (options.resume) {
-    if (ckpt_dir.empty()) return Status::InvalidArgument("--resume needs checkpoint.dir to be set");
-    HERD_ASSIGN_OR_RETURN(resume_from, LatestVerifiedCheckpoint(ckpt_dir));
-    HERD_RETURN_IF_ERROR(CheckSameRun(resume_from->dir, config));
-  }
+  HERD_ASSIGN_OR_RETURN(const std::optional<VerifiedCheckpoint> resume_from, ResumePoint(config, options.resume));
 
   Worker w;
   w.weights.resize(P);
