@@ -1,7 +1,7 @@
 // herd bench gpu [CONFIG] [--set path=value ...] [--steps N] [--warmup K] [--fp32]
 //                [--peak-tflops 989] [--python python3] [--torch-modes eager,compile|none]
 //                [--torch-device cuda]
-//   Single-GPU training throughput: herd's CUDA step (model/cuda/gpu_bench.h,
+//   Single-GPU training throughput: herd's CUDA step (cuda::DeviceTrainer,
 //   everything resident on the device) on synthetic tokens, then the same
 //   model in plain PyTorch (bench/torch_train.py: eager and torch.compile,
 //   bf16 autocast) on the same GPU in the same run. One JSON line per
@@ -11,6 +11,8 @@
 //   3 kv heads, ffn 1536, vocab 49152, tied) at batch 8 x 1024 tokens.
 #include <sys/wait.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -23,7 +25,11 @@
 #include "tools/args.h"
 #include "tools/commands.h"
 #if HERD_HAVE_CUDA
-#include "model/cuda/gpu_bench.h"
+#include "common/clock.h"
+#include "common/rng.h"
+#include "model/cuda/device_trainer.h"
+#include "model/cuda/staged_model.h"
+#include "model/param_layout.h"
 #endif
 
 namespace herd::tools {
@@ -36,6 +42,66 @@ train { batch_size: 8 seq_len: 1024 seed: 0 }
 optimizer { lr: 3e-4 min_lr: 3e-5 warmup_steps: 5 weight_decay: 0.1 beta1: 0.9 beta2: 0.95 clip_norm: 1.0 }
 device { kind: CUDA dtype: BF16 }
 )";
+
+#if HERD_HAVE_CUDA
+struct GpuBenchResult {
+  std::string device_name;
+  double median_step_s = 0;
+  double loss_first = 0, loss_last = 0;
+  int64_t parameters = 0;    // without padding; tied embeddings once
+  int64_t device_bytes = 0;  // allocated by the run: state + activations
+};
+
+// herd's side of the measurement: `warmup` + `steps` whole steps of the
+// device-resident trainer on synthetic tokens, each timed to the device's
+// end (`trainer.total_steps` becomes their number).
+StatusOr<GpuBenchResult> TimeDeviceSteps(cuda::DeviceTrainer::Options trainer, int steps, int warmup, uint64_t seed,
+                                         double init_std) {
+  trainer.total_steps = warmup + steps;
+  if (trainer.device >= cuda::DeviceCount()) {
+    return Status::FailedPrecondition("bench gpu: this process sees no CUDA device " + std::to_string(trainer.device) +
+                                      " (driver, CUDA_VISIBLE_DEVICES?)");
+  }
+  const int64_t free_before = cuda::DeviceFreeBytes(trainer.device);
+  HERD_ASSIGN_OR_RETURN(std::unique_ptr<cuda::DeviceTrainer> device, cuda::DeviceTrainer::Create(trainer));
+  const ParamLayout layout(trainer.shape);
+  const int64_t P = layout.size();
+  GpuBenchResult result;
+  result.parameters = layout.num_parameters();
+  result.device_name = device->Describe();
+  {
+    std::vector<float> weights(P), zeros(P, 0.0f);
+    InitParameters(layout, seed, init_std, weights.data());
+    device->SetState(weights.data(), zeros.data(), zeros.data());
+  }
+  const int N = trainer.batch * trainer.seq_len;
+  Rng rng(seed);
+  std::vector<int32_t> inputs(N), targets(N);
+  std::vector<double> step_s;
+  for (int s = 0; s < warmup + steps; ++s) {
+    for (int i = 0; i < N; ++i) {
+      inputs[i] = static_cast<int32_t>(rng.Below(trainer.shape.vocab_size));
+      targets[i] = static_cast<int32_t>(rng.Below(trainer.shape.vocab_size));
+    }
+    Stopwatch clock;
+    double norm = 0, lr = 0;
+    const double loss = device->Step({inputs.data()}, {targets.data()}, s, &norm, &lr);
+    if (s == 0) {
+      result.device_bytes = free_before - cuda::DeviceFreeBytes(trainer.device);
+      result.loss_first = loss;
+    }
+    device->Synchronize();  // the clock covers whole steps, back to back
+    if (s >= warmup) step_s.push_back(clock.Seconds());
+    result.loss_last = loss;
+    if (!std::isfinite(loss)) {
+      return Status::FailedPrecondition("bench gpu: the loss is not finite at step " + std::to_string(s + 1));
+    }
+  }
+  std::sort(step_s.begin(), step_s.end());
+  result.median_step_s = step_s.empty() ? 0 : step_s[step_s.size() / 2];
+  return result;
+}
+#endif
 
 // bench/torch_train.py from an installed tree (share/herd/bench) or the
 // source tree this herd was built from.
@@ -75,16 +141,12 @@ int RunBenchGpu(int argc, char** argv) {
   (void)flops_per_token_attention;
   return ReportError(Status::FailedPrecondition("bench gpu: this herd was built without CUDA"));
 #else
-  cuda::GpuBenchOptions o;
-  o.trainer = cuda::DeviceTrainer::Options::FromConfig(*config, /*device=*/0);
-  o.trainer.bf16 = bf16;  // --fp32, whatever the config's device.dtype
-  o.steps = static_cast<int>(*steps);
-  o.warmup = static_cast<int>(*warmup);
-  o.seed = train.seed();
-  o.init_std = m.initializer_range();
+  cuda::DeviceTrainer::Options trainer = cuda::DeviceTrainer::Options::FromConfig(*config, /*device=*/0);
+  trainer.bf16 = bf16;  // --fp32, whatever the config's device.dtype
   std::fprintf(stderr, "bench gpu: herd, %d x %d tokens, %s, %lld + %lld steps\n", B, T, bf16 ? "bf16" : "fp32",
                static_cast<long long>(*warmup), static_cast<long long>(*steps));
-  auto r = cuda::RunGpuTrainBench(o);
+  auto r = TimeDeviceSteps(trainer, static_cast<int>(*steps), static_cast<int>(*warmup), train.seed(),
+                           m.initializer_range());
   if (!r.ok()) return ReportError(r.status());
   const double flops_per_token = 6.0 * static_cast<double>(r->parameters) + flops_per_token_attention;
   const double herd_tps = B * T / r->median_step_s;

@@ -95,6 +95,7 @@ class ResidentTrainer final : public DeviceTrainer {
     return loss;
   }
 
+  void Synchronize() override { HERD_CUDA_CHECK(cudaDeviceSynchronize()); }
   Model& evaluator() override { return evaluator_; }
   std::string Describe() const override { return name_; }
 

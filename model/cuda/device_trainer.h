@@ -58,6 +58,10 @@ class DeviceTrainer {
   virtual double Step(const std::vector<const int32_t*>& inputs, const std::vector<const int32_t*>& targets,
                       int64_t step_index, double* grad_norm, double* lr) = 0;
 
+  // Waits until the device has done everything issued so far (Step returns
+  // with the norm on the host while the optimizer still runs there).
+  virtual void Synchronize() = 0;
+
   // The current weights as a Model for evaluation and sampling: its
   // Forward ignores `params` (the weights live on the device) and it has
   // no Backward.

@@ -22,6 +22,13 @@ int DeviceCount() {
   return count;
 }
 
+int64_t DeviceFreeBytes(int device) {
+  size_t free_bytes = 0, total_bytes = 0;
+  HERD_CUDA_CHECK(cudaSetDevice(device));
+  HERD_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return static_cast<int64_t>(free_bytes);
+}
+
 namespace {
 
 template <typename T>

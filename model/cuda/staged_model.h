@@ -51,6 +51,9 @@ Status AttachGradientReducer(Model& model, GradientReducer reducer);
 // Number of CUDA devices this process sees (0 without a driver or device).
 int DeviceCount();
 
+// Makes `device` current and returns its free memory in bytes.
+int64_t DeviceFreeBytes(int device);
+
 // Checks that `device` can run the shape with `needed_bytes` free (device
 // present, cuBLASLt loadable, attention kernels for the head dimension,
 // memory), makes it current, and names it ("cuda:0 NVIDIA H100 ..., bf16").
