@@ -124,7 +124,9 @@ PushPullServer::PushPullServer(UcxTransport* transport, ShardHandler* shard) : t
     }
     std::memcpy(h, header.data(), sizeof(RequestHeader));
     const auto kind = static_cast<RequestKind>(h->kind);
-    if (h->kind < 1 || h->kind > 4 || IsPush(kind) != push) {
+    const bool known = h->kind >= static_cast<uint32_t>(RequestKind::kGradients) &&
+                       h->kind <= static_cast<uint32_t>(RequestKind::kReport);
+    if (!known || IsPush(kind) != push) {
       return Status::InvalidArgument(std::string(what) + " request of kind " + std::to_string(h->kind) +
                                      ", which is not a " + what + " kind");
     }

@@ -31,7 +31,6 @@ class DeviceResidentSync : public SyncStrategy {
   // The device's current weights, for evaluation and sampling (its
   // Forward ignores the weights it is given).
   Model& evaluator() { return device_->evaluator(); }
-  std::string Describe() const { return device_->Describe(); }
 
   bool computes_step() const override { return true; }
   StatusOr<double> ComputeStep(const std::vector<const int32_t*>& inputs, const std::vector<const int32_t*>& targets,

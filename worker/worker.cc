@@ -115,7 +115,6 @@ Status RunWorker(const config::JobConfig& config, const TrainOptions& options, c
   w.weights.resize(P);
   if (!device_resident) w.grads.resize(P);
   Model* model = nullptr;
-  std::string device;
   int rank = 0, num_workers = 1;
   // What depends on the rank; in a job, before any peer can send to us.
   auto prepare = [&](transport::CoordinatorClient* client) -> Status {
@@ -139,13 +138,11 @@ Status RunWorker(const config::JobConfig& config, const TrainOptions& options, c
                             OptimizerShard::InitOrResume(config, layout, {0, P}, resume_from));
       auto strategy = std::make_unique<DeviceResidentSync>(std::move(gpu), std::move(optimizer), w.weights.data());
       model = &strategy->evaluator();
-      device = strategy->Describe();
       w.strategy = std::move(strategy);
       return Status::OK();
     }
     HERD_ASSIGN_OR_RETURN(w.model, CreateModel(config, B, T, LocalRank(rank)));
     model = w.model.get();
-    device = model->Describe();
     if (collective && on_gpu && cluster.nccl() && BuiltWithNccl()) {
       HERD_ASSIGN_OR_RETURN(w.device_reduction,
                             ReduceGradientsWithNccl(*client, *model, cluster.zero_stage() == 1 ? &*plan : nullptr));
@@ -198,7 +195,7 @@ Status RunWorker(const config::JobConfig& config, const TrainOptions& options, c
     } else if (!config.checkpoint().init_from().empty()) {
       std::printf("initial weights from %s\n", config.checkpoint().init_from().c_str());
     }
-    PrintRunHeader(config, layout, device, data.train.size(), plan ? &*plan : nullptr, num_workers,
+    PrintRunHeader(config, layout, model->Describe(), data.train.size(), plan ? &*plan : nullptr, num_workers,
                    w.device_reduction != nullptr, w.runtime ? &w.runtime->transport() : nullptr);
   }
   StepLoopParts parts;
