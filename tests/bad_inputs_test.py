@@ -105,10 +105,9 @@ def main():
     expect_error(sb, ["launch", cfg, "--set", "model.max_position_embeddings=16"], "train.seq_len",
                  "max_position_embeddings (16)", unchanged=snap, code=2)
     # A run that diverges stops in one line with the same advice in every
-    # mode (the one check, model/optim's CheckNotDiverged). Parameter-server
-    # mode is left out until a server that stops on divergence is sure to
-    # exit cleanly (one run in several segfaulted while stopping).
-    for mode in ("", "cluster { sync: ALLREDUCE workers: 2 zero_stage: 1 }"):
+    # mode (the one check, model/optim's CheckNotDiverged).
+    for mode in ("", "cluster { sync: PARAMETER_SERVER servers: 2 workers: 2 }",
+                 "cluster { sync: ALLREDUCE workers: 2 zero_stage: 1 }"):
         text = herdtest.tiny_config("good.bin", steps=5, extra=mode)
         wild = sb.write("diverges.textproto", text.replace("lr: 3e-3", "lr: 1e30").replace("clip_norm: 1.0", ""))
         expect_error(sb, ["launch", wild], "step 2: the gradient norm is", "diverged; lower optimizer.lr")

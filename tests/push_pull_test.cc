@@ -5,7 +5,10 @@
 // in tests/transport_*_test.py.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
+#include <future>
+#include <thread>
 #include <vector>
 
 #include "transport/push_pull.h"
@@ -96,6 +99,25 @@ TEST_F(PushPullTest, MalformedMessagesAreDroppedAndServingGoesOn) {
   ASSERT_TRUE(client_->Wait(client_->Push(kServer, kGradients, 0, data.data(), 1024)).ok());
   ASSERT_TRUE(client_->Wait(client_->Pull(kServer, kWeights, 0, back.data(), 1024)).ok());
   EXPECT_EQ(back, data);
+}
+
+// A send that reaches the progress thread only after Shutdown has closed
+// the endpoints (a server answering queued pulls with its failure while
+// it stops) is dropped: it must not run on a closed endpoint, and no
+// completion runs after Shutdown.
+TEST_F(PushPullTest, SendQueuedBehindShutdownIsDropped) {
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  client_transport_->Post([released] { released.wait(); });  // holds the progress thread
+  std::thread stopper([&] { client_transport_->Shutdown(); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // its close is now queued
+  std::vector<float> data(4, 1.0f);
+  bool completed = false;
+  client_transport_->Send(kServer, kAmPush, std::string(40, '\0'), data.data(), 16,
+                          [&](const Status&) { completed = true; });
+  release.set_value();
+  stopper.join();
+  EXPECT_FALSE(completed);
 }
 
 }  // namespace

@@ -207,7 +207,9 @@ class UcxTransport::Impl {
       } else {
         stuck_ = true;
       }
-      // Completions of cancelled operations belong to a service being torn down.
+      // Completions of cancelled operations belong to a service being torn
+      // down; so do sends posted before Shutdown that run after this.
+      closed_ = true;
       completions_.clear();
       for (auto& slot : slots_) slot->handler = nullptr;
       on_peer_failure_ = nullptr;
@@ -300,6 +302,7 @@ class UcxTransport::Impl {
       return;
     }
     Post([this, to, am_id, header = std::move(header), payload, size, done = std::move(done)]() mutable {
+      if (closed_) return;  // the endpoints are gone
       auto it = peers_.find(to);
       Status refuse = !aborted_.ok()             ? aborted_
                       : it == peers_.end()        ? Status::Internal("UCX: send to unknown peer " + std::to_string(to))
@@ -604,6 +607,7 @@ class UcxTransport::Impl {
   // The job failed, or an endpoint would not close: endpoints and the
   // worker are left to the process's exit.
   bool stuck_ = false;
+  bool closed_ = false;  // Shutdown has closed the endpoints
   UcxStats stats_;
 };
 
