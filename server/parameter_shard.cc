@@ -298,6 +298,19 @@ void ParameterShard::ApplyStep(const OptimizerShard::Scalars& step) {
   for (auto& [reply, data] : replies) reply(Status::OK(), data);
 }
 
+Status ParameterShard::ServeSteps(int64_t last, const StepHooks& hooks) {
+  while (optimizer_->step() < last) {
+    const int64_t step = optimizer_->step() + 1;
+    const std::string at = "step " + std::to_string(step) + ": ";
+    HERD_ASSIGN_OR_RETURN(const double partial, WaitForGradients());
+    HERD_ASSIGN_OR_RETURN(const double norm, hooks.global_norm(step, partial));
+    HERD_RETURN_IF_ERROR(CheckNotDiverged("gradient norm", norm).WithContext(at));
+    ApplyStep(optimizer_->BeginStep(norm));
+    if (hooks.after_step) HERD_RETURN_IF_ERROR(hooks.after_step(step));
+  }
+  return Status::OK();
+}
+
 void ParameterShard::Fail(const Status& status) {
   std::vector<QueuedPull> queued;
   {

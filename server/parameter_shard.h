@@ -6,9 +6,9 @@
 //   1. every worker pushes each bucket of its gradients once, tagged t; the
 //      W contributions to a bucket are summed in worker-rank order (a fixed
 //      order: reruns are bitwise identical) as soon as that order allows;
-//   2. the step thread (WaitForGradients) gets the shard's partial squared
-//      norm, the caller combines the partials of all servers, and ApplyStep
-//      clips and applies AdamW bucket by bucket in ascending order;
+//   2. the step thread (ServeSteps) gets the shard's partial squared norm,
+//      combines the partials of all servers into the global norm, checks
+//      it, and clips and applies AdamW bucket by bucket in ascending order;
 //   3. pulls tagged t+1 wait until their bytes have been updated and are
 //      answered while later buckets are still being stepped.
 //
@@ -18,11 +18,12 @@
 // error naming it.
 //
 // Threads: the push/pull callbacks run on the transport's progress thread,
-// WaitForGradients/ApplyStep on the server's step thread.
+// ServeSteps (or WaitForGradients/ApplyStep) on the server's step thread.
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -57,6 +58,22 @@ class ParameterShard : public transport::ShardHandler {
   void OnPushed(const transport::Request& push, void* target, bool ok, transport::Completion applied) override;
   void OnPull(const transport::Request& pull, PullReply reply) override;
 
+  // What a server does around its steps.
+  struct StepHooks {
+    // The global norm of step `step` (1-based) from this shard's squared
+    // partial norm: every server's partial combined, the same value on
+    // every server.
+    std::function<StatusOr<double>(int64_t step, double partial)> global_norm;
+    // After step `step` is applied (checkpoints); may be empty.
+    std::function<Status(int64_t step)> after_step;
+  };
+  // Step thread: the server's half of every step until the version reaches
+  // `last` — wait for the gradients, combine the norm, stop on divergence,
+  // apply (items 1-3 above), then `after_step`. The workers' pushes drive
+  // it; a failure ends it with that failure.
+  Status ServeSteps(int64_t last, const StepHooks& hooks);
+
+  // The parts of ServeSteps, for tests that drive one step by hand.
   // Step thread. Blocks until every bucket (and, on server 0, every loss)
   // of the current step is in, then returns the shard's squared gradient
   // norm; or the failure passed to Fail().

@@ -93,22 +93,20 @@ Status RunParameterServer(const config::JobConfig& config, const TrainOptions& o
   client->OnFailure([&shard](const Status& failure) { shard.Fail(failure); });
   if (rank == 0) LOG(INFO) << "shard plan: " << plan.Describe();
 
+  // The workers' pushes drive the shard's steps; a checkpoint follows each
+  // step the schedule names.
   const int64_t start = shard.optimizer().step(), last = options.LastStep(config.train().steps());
-  for (int64_t t = start; t < last; ++t) {
-    HERD_ASSIGN_OR_RETURN(double partial, shard.WaitForGradients());
-    HERD_ASSIGN_OR_RETURN(double norm, GlobalNorm(*client, t, partial));
-    HERD_RETURN_IF_ERROR(CheckNotDiverged("gradient norm", norm).WithContext("step " + std::to_string(t + 1) + ": "));
-    shard.ApplyStep(shard.optimizer().BeginStep(norm));
-    const int64_t step = t + 1;
-    if (CheckpointDue(config.checkpoint(), step, last)) {
-      const std::string step_dir = StepDirName(ckpt_dir, step);
-      // Server 0 commits: the servers hold the optimizer state.
-      HERD_RETURN_IF_ERROR(transport::CommitCheckpoint(
-          client, step_dir, step, config, /*committer=*/rank == 0,
-          CheckpointParts(client->num_servers(), client->num_workers()),
-          [&] { return shard.optimizer().Save(JoinPath(step_dir, ShardFileName(rank))); }));
-    }
-  }
+  ParameterShard::StepHooks hooks;
+  hooks.global_norm = [client](int64_t step, double partial) { return GlobalNorm(*client, step, partial); };
+  hooks.after_step = [&](int64_t step) -> Status {
+    if (!CheckpointDue(config.checkpoint(), step, last)) return Status::OK();
+    const std::string step_dir = StepDirName(ckpt_dir, step);
+    // Server 0 commits: the servers hold the optimizer state.
+    return transport::CommitCheckpoint(client, step_dir, step, config, /*committer=*/rank == 0,
+                                       CheckpointParts(client->num_servers(), client->num_workers()),
+                                       [&] { return shard.optimizer().Save(JoinPath(step_dir, ShardFileName(rank))); });
+  };
+  HERD_RETURN_IF_ERROR(shard.ServeSteps(last, hooks));
   HERD_RETURN_IF_ERROR(client->Barrier("herd/done"));
   if (auto memory = PlanMemory(config); memory.ok()) {
     HERD_RETURN_IF_ERROR(ReportRunSummary("server", rank, last - start, memory->processes[rank].total(),

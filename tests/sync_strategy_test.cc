@@ -264,21 +264,18 @@ void RunOneParameterServerStep(int S, int W) {
   int partials_in = 0;
   for (int s = 0; s < S; ++s) {
     server_threads.emplace_back([&, s] {
-      auto partial = shards[s]->WaitForGradients();
-      if (!partial.ok()) {
-        server_results[s] = partial.status();
-        return;
-      }
-      double total = 0;
-      {
+      ParameterShard::StepHooks hooks;
+      hooks.global_norm = [&, s](int64_t, double partial) -> StatusOr<double> {
         std::unique_lock<std::mutex> lock(mu);
-        partials[s] = *partial;
+        partials[s] = partial;
         ++partials_in;
         cv.notify_all();
         cv.wait(lock, [&] { return partials_in == S; });
+        double total = 0;
         for (double p : partials) total += p;
-      }
-      shards[s]->ApplyStep(shards[s]->optimizer().BeginStep(std::sqrt(total)));
+        return std::sqrt(total);
+      };
+      server_results[s] = shards[s]->ServeSteps(/*last=*/1, hooks);
     });
   }
   Workers workers(W, P);
