@@ -11,6 +11,7 @@
 #include "common/strings.h"
 #include "model/checkpoint_format.h"
 #include "model/checkpoint_load.h"
+#include "model/hf_io.h"
 
 namespace herd {
 
@@ -128,6 +129,14 @@ Status CheckFreshRun(const std::string& root, bool overwrite) {
   std::printf("--overwrite: removed %zu checkpoint(s) from %s\n", steps.size(), root.c_str());
   std::fflush(stdout);
   return Status::OK();
+}
+
+Status CheckRunCanStart(const config::JobConfig& config, const TrainOptions& options) {
+  if (options.resume) return Status::OK();
+  HERD_RETURN_IF_ERROR(CheckInitFrom(config));
+  const std::string& dir = config.checkpoint().dir();
+  if (!dir.empty()) HERD_RETURN_IF_ERROR(CheckWritable(dir));
+  return CheckFreshRun(dir, options.overwrite);
 }
 
 }  // namespace herd

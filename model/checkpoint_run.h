@@ -7,6 +7,7 @@
 #include <string>
 
 #include "common/status.h"
+#include "common/run_options.h"
 #include "model/checkpoint_load.h"
 #include "proto/herd.pb.h"
 
@@ -46,5 +47,12 @@ StatusOr<std::optional<VerifiedCheckpoint>> ResumePoint(const config::JobConfig&
 // step directories, unless `overwrite`, which removes them first (they
 // would otherwise be mistaken for this run's on a later --resume).
 Status CheckFreshRun(const std::string& root, bool overwrite);
+
+// What a launcher checks once, before any process of a run starts or
+// anything is written. A fresh run: checkpoint.init_from has this model's
+// shape, checkpoint.dir can be written and holds no checkpoints
+// (CheckFreshRun; --overwrite removes them). A resume's checks are
+// ResumePoint's, which every process makes.
+Status CheckRunCanStart(const config::JobConfig& config, const TrainOptions& options);
 
 }  // namespace herd

@@ -51,7 +51,7 @@ int RunLaunch(int argc, char** argv) {
   // One process: the job is this one; the checks a launch makes of every
   // job, before anything is prepared, allocated or written.
   st = CheckJobFitsHere(*config, "this job (herd plan)");
-  if (st.ok() && !options.resume) st = CheckFreshRun(config->checkpoint().dir(), options.overwrite);
+  if (st.ok()) st = CheckRunCanStart(*config, options);
   if (st.ok()) st = RunWorker(*config, options, /*join=*/nullptr);
   if (!st.ok()) return ReportError(st);
   return 0;

@@ -70,7 +70,8 @@ void PrintTable(const std::string& path, const config::JobConfig& config, const 
               "gradients", "activations", "buffers", "runtime", "total", gpu ? "         gpu" : "");
   for (const ProcessMemory& p : plan.processes) {
     const std::string range = FormatRange(p.range.begin, p.range.end);
-    const std::string device = !gpu ? "" : p.device > 0 ? " " + FormatBytes(p.device) : " -";
+    std::string device;
+    if (gpu) device.append(" ").append(p.device > 0 ? FormatBytes(p.device) : "-");
     std::printf("%-22s %-24s %11s %11s %11s %11s %11s %11s %11s%12s\n", Name(p, cl.workers()).c_str(), range.c_str(),
                 FormatBytes(p.weights).c_str(), FormatBytes(p.optimizer).c_str(), FormatBytes(p.gradients).c_str(),
                 FormatBytes(p.activations).c_str(), FormatBytes(p.buffers).c_str(), FormatBytes(p.runtime).c_str(),

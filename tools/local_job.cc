@@ -27,7 +27,6 @@
 #include "common/strings.h"
 #include "data/prepare.h"
 #include "model/checkpoint_run.h"
-#include "model/hf_io.h"
 #include "sharding/memory_plan.h"
 #include "sharding/shard_plan.h"
 #include "transport/coordinator.h"
@@ -260,15 +259,8 @@ int RunLocalJob(const config::JobConfig& config, const LocalJobOptions& options)
   Status st = CheckJobFitsHere(config, options.config_path + ": the job's " + std::to_string(S) + " servers and " +
                                            std::to_string(W) + " workers (herd plan)");
   if (!st.ok()) return ReportError(st);
-  if (!options.train.resume) {
-    if (Status init = CheckInitFrom(config); !init.ok()) return ReportError(init);
-    if (!config.checkpoint().dir().empty()) {
-      if (Status w = CheckWritable(config.checkpoint().dir()); !w.ok()) return ReportError(w);
-    }
-    if (Status fresh = CheckFreshRun(config.checkpoint().dir(), options.train.overwrite); !fresh.ok()) {
-      return ReportError(fresh);
-    }
-  }
+  st = CheckRunCanStart(config, options.train);
+  if (!st.ok()) return ReportError(st);
   // Prepared once here (workers would otherwise race to prepare it), and
   // opened: a missing or bad file is one line, before anything starts.
   st = OpenJobData(config.data(), config.model().vocab_size()).status();

@@ -64,6 +64,8 @@ class StepLoop {
   // Takes the steps after `start` (steps already taken) up to the run's
   // last step (options.LastStep), then prints how the run ended.
   Status Run(int64_t start);
+  // The run's last step (options.LastStep of train.steps).
+  int64_t last_step() const { return last_step_; }
 
  private:
   // Step `step` (1-based) is done and its weights are in.

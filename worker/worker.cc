@@ -210,14 +210,15 @@ Status RunWorker(const config::JobConfig& config, const TrainOptions& options, c
   parts.rank = rank;
   parts.num_workers = num_workers;
   parts.client = in_job ? &w.runtime->client() : nullptr;
-  HERD_RETURN_IF_ERROR(StepLoop(parts).Run(start));
+  StepLoop loop(parts);
+  HERD_RETURN_IF_ERROR(loop.Run(start));
   if (!in_job) return Status::OK();
 
   // Every worker of a job: what it cost, for `herd bench compare` and
   // curious users.
   transport::NodeRuntime& rt = *w.runtime;
   if (auto memory = PlanMemory(config); memory.ok()) {
-    HERD_RETURN_IF_ERROR(ReportRunSummary("worker", rank, options.LastStep(train.steps()) - start,
+    HERD_RETURN_IF_ERROR(ReportRunSummary("worker", rank, loop.last_step() - start,
                                           memory->processes.back().total(), rt.transport().stats().bytes_sent,
                                           config.log().summary_dir()));
   }
