@@ -1,0 +1,245 @@
+"""Parameter server against ring all-reduce where the network sets the pace:
+the same job on emulated nodes (scripts/netlab.py: one namespace per node,
+links capped with tbf in both directions), in BytePS's layout — W worker
+nodes and, for PS, S = W CPU-only server nodes — at several link rates.
+
+For each rate and mode (ps, allreduce, allreduce_zero1) it starts the job
+by hand, the way a cluster does: a coordinator on its own node, then every
+server and worker with --rank and --coordinator inside its node. It prints
+one JSON line per rate and mode: step time, tokens/s, the share of the step
+workers spent waiting on communication, bytes each node's link carried per
+step in each direction (the kernel's counters, not herd's), and peak memory
+per process; then the theory check: bytes per worker link per step each
+way against BytePS's prediction (PS: M, the gradient bytes; ring: 2(n-1)/n
+M), and the communication time per step (step time minus the same job's
+compute-only step time, one worker with no peers, measured in this run).
+
+    sudo /usr/bin/python3 bench/lab_compare.py [--build build] [--workers 2]
+        [--rates 0.5gbit,1gbit,2.5gbit,10gbit] [--modes ps,allreduce,allreduce_zero1]
+        [--steps 8] [--warmup 2] [--set path=value ...]
+
+Needs root (network namespaces). The default job is configs/llama20m.textproto
+at batch 1 x 64 tokens per worker, so that communication, not compute,
+dominates at the lower rates.
+"""
+import argparse
+import glob
+import json
+import os
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import netlab  # noqa: E402
+
+PORT = 29400
+
+
+def job_sets(args, mode, workdir, steps):
+    sets = [f"train.steps={steps}", "log.every=1", f"log.metrics={workdir}/metrics.jsonl", "log.sample_tokens=0",
+            "log.eval_every=0", "data.val=", "data.prepare_from=", f"data.train={workdir}/../train.bin",
+            "checkpoint.dir=", f"log.summary_dir={workdir}/summaries", "train.threads=1",
+            f"cluster.workers={args.workers}", "cluster.coordinator=", "cluster.heartbeat_timeout_s=60"]
+    if mode == "ps":
+        sets += ["cluster.sync=PARAMETER_SERVER", f"cluster.servers={args.workers}", "cluster.zero_stage=0"]
+    elif mode == "single":
+        sets += ["cluster.sync=NONE", "cluster.servers=0", "cluster.workers=1"]
+    else:
+        sets += ["cluster.sync=ALLREDUCE", "cluster.servers=0",
+                 f"cluster.zero_stage={1 if mode == 'allreduce_zero1' else 0}"]
+    return sets + list(args.set)
+
+
+def with_sets(argv, sets):
+    for s in sets:
+        argv += ["--set", s]
+    return argv
+
+
+def run_mode(args, mode, rate, scratch):
+    """One job on a fresh lab; returns its figures."""
+    workdir = os.path.join(scratch, f"{mode}_{rate}")
+    os.makedirs(workdir)
+    sets = job_sets(args, mode, workdir, args.steps)
+    W = args.workers
+    S = W if mode == "ps" else 0
+    token = os.path.join(workdir, "job.token")
+    with open(os.open(token, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+        f.write(secrets.token_hex(16))
+    herd = os.path.join(args.build, "herd")
+    # node 0: coordinator; 1..W: workers; W+1..W+S: servers.
+    with netlab.Lab(nodes=1 + W + S, rate=rate) as lab:
+        coord = lab.address(0)
+        logs = []
+
+        def start(node, argv, name):
+            log = open(os.path.join(workdir, name + ".log"), "w")
+            logs.append(log)
+            # UCX cannot tell the namespaces apart from one host (they share
+            # the boot id it checks) and would move bytes through shared
+            # memory, around the links: TCP between nodes.
+            return lab.popen(node, argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                             env=dict(os.environ, OMP_NUM_THREADS="1", UCX_TLS="tcp"))
+
+        procs = [start(0, with_sets([herd, "coordinator", args.config, "--listen", f"{coord}:{PORT}",
+                                     "--token-file", token], sets), "coordinator")]
+        time.sleep(0.3)
+        common = ["--coordinator", f"{coord}:{PORT}", "--token-file", token]
+        for r in range(S):
+            procs.append(start(1 + W + r, with_sets([herd + "-server", args.config, "--rank", str(r)] + common, sets),
+                               f"server{r}"))
+        for r in range(W):
+            procs.append(start(1 + r, with_sets([herd + "-worker", args.config, "--rank", str(r)] + common, sets),
+                               f"worker{r}"))
+        # Link counters when worker 0 has logged step `warmup + 1` and the
+        # last step: at those moments the step's traffic is done and the
+        # next step's has not begun (its first bytes wait for backward).
+        marks = {args.warmup + 1: None, args.steps: None}
+        metrics = os.path.join(workdir, "metrics.jsonl")
+        deadline = time.time() + args.timeout
+        while any(m is None for m in marks.values()):
+            rows = count_lines(metrics)
+            for step in marks:
+                if marks[step] is None and rows >= step:
+                    marks[step] = [lab.counters(i) for i in range(lab.nodes)]
+            failed = [p for p in procs if p.poll() not in (None, 0)]
+            if failed or time.time() > deadline:
+                for log in logs:
+                    log.flush()
+                raise SystemExit(f"{mode} at {rate}: " + ("a process failed" if failed else "timed out") +
+                                 "\n" + log_tails(workdir))
+            time.sleep(0.002)
+        for p in procs:
+            if p.wait(timeout=60) != 0:
+                raise SystemExit(f"{mode} at {rate}: a process exited {p.returncode}\n" + log_tails(workdir))
+        for log in logs:
+            log.close()
+    n = args.steps - args.warmup - 1
+    before, after = marks[args.warmup + 1], marks[args.steps]
+    per_step = [{"tx": (a["tx_bytes"] - b["tx_bytes"]) / n, "rx": (a["rx_bytes"] - b["rx_bytes"]) / n}
+                for a, b in zip(after, before)]
+    return figures(args, mode, rate, workdir, W, S, per_step)
+
+
+def count_lines(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read().count(b"\n")
+    except FileNotFoundError:
+        return 0
+
+
+def log_tails(workdir):
+    out = ""
+    for name in sorted(os.listdir(workdir)):
+        if name.endswith(".log"):
+            with open(os.path.join(workdir, name)) as f:
+                out += f"--- {name}\n" + "".join(f.readlines()[-5:])
+    return out
+
+
+def metrics_rows(workdir):
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def step_times(rows, warmup):
+    return [rows[i]["elapsed_s"] - rows[i - 1]["elapsed_s"] for i in range(warmup + 1, len(rows))]
+
+
+def figures(args, mode, rate, workdir, W, S, per_step):
+    rows = metrics_rows(workdir)
+    peaks = {}
+    for name in sorted(os.listdir(os.path.join(workdir, "summaries"))):
+        with open(os.path.join(workdir, "summaries", name)) as f:
+            s = json.load(f)
+        peaks[f"{s['role']}{s['rank']}"] = round(s["peak_rss_bytes"] / 2**20, 1)
+    later = rows[args.warmup + 1:]
+    return {
+        "bench": "lab_compare", "config": os.path.basename(args.config), "mode": mode, "rate": rate,
+        "servers": S, "workers": W,
+        "step_s": round(statistics.median(step_times(rows, args.warmup)), 4),
+        "tokens_per_s": round(statistics.median(r["tokens_per_s"] for r in later), 1),
+        "comm_wait_share": round(statistics.median(r.get("network_wait", 0) for r in later), 3),
+        # per node, per step (the whole run over its steps: the first pull included)
+        "worker_link_MB": [{"tx": round(p["tx"] / 1e6, 2), "rx": round(p["rx"] / 1e6, 2)} for p in per_step[1:1 + W]],
+        "server_link_MB": [{"tx": round(p["tx"] / 1e6, 2), "rx": round(p["rx"] / 1e6, 2)}
+                           for p in per_step[1 + W:1 + W + S]],
+        "peak_MiB": peaks,
+    }
+
+
+def compute_only_step(args, scratch):
+    """One worker, no peers, same per-worker batch: the step's compute."""
+    workdir = os.path.join(scratch, "single")
+    os.makedirs(workdir)
+    sets = job_sets(args, "single", workdir, args.steps)
+    p = subprocess.run(with_sets([os.path.join(args.build, "herd"), "launch", args.config], sets), cwd=ROOT,
+                       capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    if p.returncode != 0:
+        raise SystemExit(f"single process failed:\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
+    return statistics.median(step_times(metrics_rows(workdir), args.warmup))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--config", default=os.path.join(ROOT, "configs/llama20m.textproto"))
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--rates", default="0.5gbit,1gbit,2.5gbit,10gbit")
+    ap.add_argument("--modes", default="ps,allreduce,allreduce_zero1")
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=600, help="seconds one job may take")
+    ap.add_argument("--set", action="append", default=["train.batch_size=1", "train.seq_len=64"],
+                    help="config override for every run (default: batch 1 x 64 tokens per worker)")
+    args = ap.parse_args()
+    args.config = os.path.abspath(args.config)
+    scratch = tempfile.mkdtemp(prefix="herd_lab_compare_")
+    # The fortunes that data.prepare_from names in the config; herd prepare
+    # skips their binary index files.
+    texts = sorted(glob.glob("/usr/share/games/fortunes/*"))
+    if not texts:
+        raise SystemExit("lab_compare: no text in /usr/share/games/fortunes (apt install fortunes)")
+    subprocess.run([os.path.join(args.build, "herd"), "prepare", *texts, "--out", os.path.join(scratch, "train.bin")],
+                   check=True, capture_output=True)
+
+    plan = subprocess.run(with_sets([os.path.join(args.build, "herd"), "plan", args.config, "--json"], args.set),
+                          capture_output=True, text=True, check=True)
+    M = json.loads(plan.stdout)["parameters"] * 4  # fp32 gradient bytes
+    compute_s = compute_only_step(args, scratch)
+    W = args.workers
+    for rate in args.rates.split(","):
+        B = netlab.parse_rate(rate) / 8  # bytes/s per link and direction
+        by_mode = {}
+        for mode in args.modes.split(","):
+            r = run_mode(args, mode, rate, scratch)
+            r["compute_only_step_s"] = round(compute_s, 4)
+            r["comm_s"] = round(max(0.0, r["step_s"] - compute_s), 4)
+            print(json.dumps(r), flush=True)
+            by_mode[mode] = r
+        # BytePS (OSDI'20): with S = W CPU servers a worker's link carries M
+        # each way per step; ring all-reduce carries 2(n-1)/n M.
+        for mode, predicted in (("ps", M), ("allreduce", 2 * (W - 1) / W * M)):
+            if mode not in by_mode:
+                continue
+            r = by_mode[mode]
+            links = r["worker_link_MB"]
+            each_way = statistics.mean(max(l["tx"], l["rx"]) for l in links) * 1e6
+            print(json.dumps({"bench": "lab_theory", "mode": mode, "rate": rate, "workers": W, "M_MB": round(M / 1e6, 2),
+                              "worker_link_MB_each_way": round(each_way / 1e6, 2),
+                              "predicted_MB_each_way": round(predicted / 1e6, 2),
+                              "bytes_ratio": round(each_way / predicted, 3),
+                              "comm_s": r["comm_s"], "predicted_comm_s": round(predicted / B, 4),
+                              "time_ratio": round(r["comm_s"] / (predicted / B), 3)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
