@@ -17,7 +17,8 @@ struct ParameterShard::LocalBucket {
   std::vector<void*> pending;  // per worker: landed, not yet summed
   std::vector<bool> arrived;   // per worker: pushed this step
   double sum_of_squares = 0;
-  bool done = false;
+  bool done = false;     // every contribution summed
+  bool applied = false;  // stepped: pulls of the next version may read it
 };
 
 struct ParameterShard::QueuedPull {
@@ -79,7 +80,9 @@ StatusOr<void*> ParameterShard::PushTarget(const transport::Request& push) {
   const int r = WorkerRank(push.client);
   const std::string what = push.Describe();
   if (r < 0) return Status::InvalidArgument(what + " from peer " + std::to_string(push.client) + ", not a worker");
-  if (stepping_ || push.tag != static_cast<uint64_t>(optimizer_->step())) {
+  // Streaming, pushes of a step go on arriving while its first buckets are
+  // stepped; otherwise every push of the step is in before stepping.
+  if ((stepping_ && !options_.stream_updates) || push.tag != static_cast<uint64_t>(optimizer_->step())) {
     return Status::FailedPrecondition(what + " from worker " + std::to_string(r) + " is for step " +
                                       std::to_string(push.tag) + ", but this server is " +
                                       (stepping_ ? "stepping " : "at step ") + std::to_string(optimizer_->step()));
@@ -181,7 +184,8 @@ void ParameterShard::OnPushed(const transport::Request& push, void* target, bool
         Drain(b);
       }
     }
-    if (GradientsComplete()) cv_.notify_all();
+    // Streaming, the step thread takes each bucket as its sum completes.
+    if (options_.stream_updates || GradientsComplete()) cv_.notify_all();
   }
   applied(Status::OK());
 }
@@ -203,8 +207,8 @@ StatusOr<double> ParameterShard::WaitForGradients() {
 const void* ParameterShard::Readable(const transport::Request& pull) const {
   const uint64_t version = static_cast<uint64_t>(optimizer_->step());
   if (pull.kind == transport::RequestKind::kReport) return pull.tag == version && !stepping_ ? &report_ : nullptr;
-  const bool current = (pull.tag == version && !stepping_) ||
-                       (pull.tag == version + 1 && stepping_ && pull.offset + pull.length <= updated_bytes_);
+  const bool current =
+      (pull.tag == version && !stepping_) || (pull.tag == version + 1 && stepping_ && Applied(pull.offset, pull.length));
   if (!current) return nullptr;
   const char* base = options_.bf16_wire ? reinterpret_cast<const char*>(wire_copy_.data())
                                         : reinterpret_cast<const char*>(optimizer_->weights());
@@ -257,25 +261,40 @@ ParameterShard::Replies ParameterShard::TakeAnswerable() {
   return out;
 }
 
-void ParameterShard::ApplyStep(const OptimizerShard::Scalars& step) {
+bool ParameterShard::Applied(uint64_t offset, uint64_t length) const {
+  // The buckets overlapping [offset, offset + length): from the last one
+  // that starts at or before offset.
+  auto it = std::upper_bound(buckets_.begin(), buckets_.end(), offset, [this](uint64_t off, const LocalBucket& b) {
+    return off < static_cast<uint64_t>(b.begin * wire_bytes_);
+  });
+  if (it != buckets_.begin()) --it;
+  for (; it != buckets_.end() && static_cast<uint64_t>(it->begin * wire_bytes_) < offset + length; ++it) {
+    if (!it->applied) return false;
+  }
+  return true;
+}
+
+void ParameterShard::ApplyBucket(LocalBucket& b, const OptimizerShard::Scalars& step) {
+  optimizer_->Apply(step, {range_.begin + b.begin, range_.begin + b.end}, acc_.data() + b.begin);
+  if (options_.bf16_wire) {
+    FloatsToBf16(optimizer_->weights() + b.begin, wire_copy_.data() + b.begin, b.end - b.begin);
+  }
+  Replies replies;
   {
     std::lock_guard<std::mutex> lock(mu_);
     stepping_ = true;
-    updated_bytes_ = 0;
+    b.applied = true;
+    if (!queued_.empty()) replies = TakeAnswerable();
   }
-  for (const LocalBucket& b : buckets_) {
-    optimizer_->Apply(step, {range_.begin + b.begin, range_.begin + b.end}, acc_.data() + b.begin);
-    if (options_.bf16_wire) {
-      FloatsToBf16(optimizer_->weights() + b.begin, wire_copy_.data() + b.begin, b.end - b.begin);
-    }
-    Replies replies;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      updated_bytes_ = static_cast<uint64_t>(b.end) * wire_bytes_;
-      if (!queued_.empty()) replies = TakeAnswerable();
-    }
-    for (auto& [reply, data] : replies) reply(Status::OK(), data);
-  }
+  for (auto& [reply, data] : replies) reply(Status::OK(), data);
+}
+
+void ParameterShard::ApplyStep(const OptimizerShard::Scalars& step) {
+  for (LocalBucket& b : buckets_) ApplyBucket(b, step);
+  FinishStep(step);
+}
+
+void ParameterShard::FinishStep(const OptimizerShard::Scalars& step) {
   Replies replies;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -287,6 +306,7 @@ void ParameterShard::ApplyStep(const OptimizerShard::Scalars& step) {
     for (LocalBucket& b : buckets_) {
       b.next_rank = 0;
       b.done = false;
+      b.applied = false;
       b.sum_of_squares = 0;
       std::fill(b.arrived.begin(), b.arrived.end(), false);
     }
@@ -298,14 +318,43 @@ void ParameterShard::ApplyStep(const OptimizerShard::Scalars& step) {
   for (auto& [reply, data] : replies) reply(Status::OK(), data);
 }
 
+StatusOr<ParameterShard::LocalBucket*> ParameterShard::WaitForSummedBucket() {
+  std::unique_lock<std::mutex> lock(mu_);
+  LocalBucket* found = nullptr;
+  cv_.wait(lock, [&] {
+    for (LocalBucket& b : buckets_) {
+      if (b.done && !b.applied) found = &b;
+    }
+    return found != nullptr || !failed_.ok();
+  });
+  if (!failed_.ok()) return failed_;
+  return found;
+}
+
 Status ParameterShard::ServeSteps(int64_t last, const StepHooks& hooks) {
   while (optimizer_->step() < last) {
     const int64_t step = optimizer_->step() + 1;
     const std::string at = "step " + std::to_string(step) + ": ";
+    OptimizerShard::Scalars scalars;
+    if (options_.stream_updates) {
+      // Without clipping the norm does not enter the update: each bucket
+      // is stepped as soon as its sum is complete, and its pulls answered,
+      // while the workers are still pushing the others.
+      scalars = optimizer_->BeginStep(/*global_norm=*/0);
+      for (size_t n = 0; n < buckets_.size(); ++n) {
+        HERD_ASSIGN_OR_RETURN(LocalBucket * b, WaitForSummedBucket());
+        ApplyBucket(*b, scalars);
+      }
+    }
     HERD_ASSIGN_OR_RETURN(const double partial, WaitForGradients());
     HERD_ASSIGN_OR_RETURN(const double norm, hooks.global_norm(step, partial));
     HERD_RETURN_IF_ERROR(CheckNotDiverged("gradient norm", norm).WithContext(at));
-    ApplyStep(optimizer_->BeginStep(norm));
+    if (options_.stream_updates) {
+      scalars.global_norm = norm;  // for the step's report
+      FinishStep(scalars);
+    } else {
+      ApplyStep(optimizer_->BeginStep(norm));
+    }
     if (hooks.after_step) HERD_RETURN_IF_ERROR(hooks.after_step(step));
   }
   return Status::OK();

@@ -8,9 +8,11 @@
 //      order: reruns are bitwise identical) as soon as that order allows;
 //   2. the step thread (ServeSteps) gets the shard's partial squared norm,
 //      combines the partials of all servers into the global norm, checks
-//      it, and clips and applies AdamW bucket by bucket in ascending order;
-//   3. pulls tagged t+1 wait until their bytes have been updated and are
-//      answered while later buckets are still being stepped.
+//      it, and clips and applies AdamW bucket by bucket in ascending order
+//      (with stream_updates, each bucket as soon as its sum is complete,
+//      before the norm is known);
+//   3. pulls tagged t+1 wait until their bucket has been stepped and are
+//      answered while other buckets are still being stepped.
 //
 // Everything a worker sends is checked before use: who sent it, the step it
 // belongs to, that it is exactly one of this server's buckets, that no
@@ -42,6 +44,11 @@ struct ParameterShardOptions {
   transport::PeerId first_worker_peer = 0;  // worker rank r is this + r
   bool bf16_wire = false;
   bool collects_losses = false;  // server 0: the workers' losses
+  // No clipping (optimizer.clip_norm 0): the global norm does not enter
+  // the update, so each bucket is stepped as soon as its sum is complete
+  // and the workers' pulls of it overlap their remaining pushes (BytePS's
+  // pipelining). The arithmetic is the same as stepping after the norm.
+  bool stream_updates = false;
 };
 
 class ParameterShard : public transport::ShardHandler {
@@ -79,8 +86,8 @@ class ParameterShard : public transport::ShardHandler {
   // norm; or the failure passed to Fail().
   StatusOr<double> WaitForGradients();
   // Applies the optimizer's step (`step`: its BeginStep with the global
-  // norm) bucket by bucket, serving the pulls of the new version as
-  // buckets are done.
+  // norm) bucket by bucket in ascending order, serving the pulls of the
+  // new version as buckets are done.
   void ApplyStep(const OptimizerShard::Scalars& step);
   // Wakes WaitForGradients with `status` and answers later requests with it.
   void Fail(const Status& status);
@@ -97,6 +104,15 @@ class ParameterShard : public transport::ShardHandler {
   using Replies = std::vector<std::pair<PullReply, const void*>>;
 
   int WorkerRank(transport::PeerId client) const;
+  // Under mu_: whether every bucket overlapping the byte range is stepped.
+  bool Applied(uint64_t offset, uint64_t length) const;
+  // Step thread: AdamW on one bucket, then the pulls it makes answerable.
+  void ApplyBucket(LocalBucket& b, const OptimizerShard::Scalars& step);
+  // Step thread: counts the step, publishes its report, readies the next.
+  void FinishStep(const OptimizerShard::Scalars& step);
+  // Step thread: a bucket whose sum is complete and that is not stepped
+  // yet (streaming); or the failure.
+  StatusOr<LocalBucket*> WaitForSummedBucket();
   // The bucket starting at byte `offset` of the space, or null.
   LocalBucket* FindBucket(uint64_t offset);
   // Under mu_: adds queued contributions to bucket b in rank order.
@@ -126,8 +142,7 @@ class ParameterShard : public transport::ShardHandler {
   int buckets_done_ = 0;
   std::vector<bool> loss_in_;
   int losses_in_ = 0;
-  bool stepping_ = false;
-  uint64_t updated_bytes_ = 0;  // while stepping: [0, this) of the params is the new version
+  bool stepping_ = false;  // a bucket of the step is stepped; the step is not finished
   std::vector<QueuedPull> queued_;
   std::vector<std::unique_ptr<std::vector<char>>> scratch_free_;
   std::vector<std::unique_ptr<std::vector<char>>> scratch_used_;

@@ -14,6 +14,7 @@
 #include "model/checkpoint_format.h"
 #include "model/checkpoint_load.h"
 #include "model/checkpoint_run.h"
+#include "model/optim/adamw.h"
 #include "model/optim/optimizer_shard.h"
 #include "server/parameter_shard.h"
 #include "sharding/memory_plan.h"
@@ -77,6 +78,7 @@ Status RunParameterServer(const config::JobConfig& config, const TrainOptions& o
     o.first_worker_peer = transport::MemberPeerId(client, wire::WORKER, 0);
     o.bf16_wire = config.cluster().wire_dtype() == config::ClusterConfig::BF16;
     o.collects_losses = rank == 0;
+    o.stream_updates = !ClipsGradients(config.optimizer().clip_norm());
     shard_holder = std::make_unique<ParameterShard>(o, std::move(optimizer));
     const uint64_t bytes = plan.shard(rank).size() * sizeof(float);
     HERD_RETURN_IF_ERROR(rt.transport().RegisterMemory(shard_holder->weights(), bytes));

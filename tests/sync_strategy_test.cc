@@ -215,11 +215,14 @@ TEST(CollectiveSync, Zero1StepEqualsOneProcessAndGathersEveryRange) {
   RunOneStep(3, 1);
 }
 
-// S servers (PeerIds 0..S-1) and W workers (S..S+W-1).
-void RunOneParameterServerStep(int S, int W) {
+// S servers (PeerIds 0..S-1) and W workers (S..S+W-1). `stream`: without
+// clipping, servers step buckets as their sums complete and workers pull
+// each bucket right after pushing it.
+void RunOneParameterServerStep(int S, int W, bool stream = false) {
   config::JobConfig job = SmallJob(W, 0);
   job.mutable_cluster()->set_sync(config::ClusterConfig::PARAMETER_SERVER);
   job.mutable_cluster()->set_servers(S);
+  if (stream) job.mutable_optimizer()->set_clip_norm(0);
   const ParamLayout layout(LlamaShape::FromConfig(job.model()));
   const int64_t P = layout.size();
   auto plan = ShardPlan::Create(layout, ShardPlanOptions::FromConfig(job.cluster()));
@@ -239,6 +242,7 @@ void RunOneParameterServerStep(int S, int W) {
     o.num_workers = W;
     o.first_worker_peer = S;
     o.collects_losses = s == 0;
+    o.stream_updates = stream;
     shards.push_back(std::make_unique<ParameterShard>(o, std::move(*optimizer)));
     services.push_back(std::make_unique<transport::PushPullServer>(transports[s].get(), shards[s].get()));
   }
@@ -280,13 +284,13 @@ void RunOneParameterServerStep(int S, int W) {
   }
   Workers workers(W, P);
   workers.Start([&](int w, float*) {
-    return CreateParameterServerSync(*plan, /*bf16=*/false, transports[S + w].get(), clients[w].get(),
+    return CreateParameterServerSync(*plan, /*bf16=*/false, stream, transports[S + w].get(), clients[w].get(),
                                    /*first_server=*/0);
   });
   workers.Join();
   for (auto& t : server_threads) t.join();
   for (int s = 0; s < S; ++s) ASSERT_TRUE(server_results[s].ok()) << server_results[s].message();
-  ExpectOneProcessStep(job, layout, workers, std::to_string(S) + " servers");
+  ExpectOneProcessStep(job, layout, workers, std::to_string(S) + " servers" + (stream ? ", streamed" : ""));
   clients.clear();
   services.clear();
   shards.clear();
@@ -297,6 +301,11 @@ TEST(ParameterServerSync, StepEqualsOneProcessOnTheSummedGradients) {
   RunOneParameterServerStep(1, 2);
   RunOneParameterServerStep(2, 2);
   RunOneParameterServerStep(3, 1);
+}
+
+TEST(ParameterServerSync, StreamedStepWithoutClippingEqualsOneProcess) {
+  RunOneParameterServerStep(1, 2, /*stream=*/true);
+  RunOneParameterServerStep(2, 3, /*stream=*/true);
 }
 
 }  // namespace

@@ -195,7 +195,9 @@ void PushPullServer::Reply(PeerId client, uint64_t id, const Status& status) {
 // ---- PushPullClient ---------------------------------------------------------
 
 PushPullClient::PushPullClient(UcxTransport* transport, uint64_t max_piece_bytes)
-    : transport_(transport), max_piece_bytes_(std::max<uint64_t>(max_piece_bytes, 4096) / 4 * 4) {
+    : transport_(transport),
+      max_piece_bytes_(std::max<uint64_t>(max_piece_bytes, 4096) / 4 * 4),
+      push_window_bytes_(2 * max_piece_bytes_) {
   transport_->SetHandler(kAmReply, [this](PeerId from, std::string_view header, IncomingPayload& payload) {
     OnReply(from, header, payload);
   });
@@ -219,11 +221,7 @@ PushPullClient::Ticket PushPullClient::Pull(PeerId server, RequestKind kind, uin
 PushPullClient::Ticket PushPullClient::Issue(PeerId server, RequestKind kind, const void* payload, void* dst,
                                              uint64_t offset, uint64_t length, uint64_t tag) {
   const bool pull = !IsPush(kind);
-  struct Piece {
-    uint64_t id, offset, length;
-    const char* payload;
-  };
-  std::vector<Piece> pieces;
+  std::vector<Outgoing> out;
   Ticket ticket;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -238,23 +236,58 @@ PushPullClient::Ticket PushPullClient::Issue(PeerId server, RequestKind kind, co
       const uint64_t n = std::min(max_piece_bytes_, length - at);
       const uint64_t id = next_request_++;
       requests_[id] = InFlight{ticket, server, kind, pull ? static_cast<char*>(dst) + at : nullptr, offset + at, n};
-      pieces.push_back({id, offset + at, n, pull ? nullptr : static_cast<const char*>(payload) + at});
+      const RequestHeader header{id, tag, offset + at, n, static_cast<uint32_t>(kind), 0};
+      Outgoing o{id, server, pull ? kAmPull : kAmPush, Pack(header),
+                 pull ? nullptr : static_cast<const char*>(payload) + at, pull ? 0 : n};
+      if (pull) {
+        out.push_back(std::move(o));
+      } else {
+        windows_[server].waiting.push_back(std::move(o));
+      }
       ++t.remaining;
       at += n;
     } while (at < length);
+    if (!pull) out = TakeSendable(server);
   }
-  for (const Piece& p : pieces) {
-    const RequestHeader header{p.id, tag, p.offset, p.length, static_cast<uint32_t>(kind), 0};
-    transport_->Send(server, pull ? kAmPull : kAmPush, Pack(header), p.payload,
-                     pull ? 0 : p.length, [this, id = p.id](const Status& sent) {
-                       std::lock_guard<std::mutex> lock(mu_);
-                       auto it = requests_.find(id);
-                       if (it == requests_.end()) return;
-                       it->second.sent = true;
-                       Settle(id, sent);
+  SendAll(std::move(out));
+  return ticket;
+}
+
+std::vector<PushPullClient::Outgoing> PushPullClient::TakeSendable(PeerId server) {
+  std::vector<Outgoing> out;
+  PushWindow& w = windows_[server];
+  // One piece always goes, whatever its size: the window never stalls.
+  while (!w.waiting.empty() && (w.in_flight == 0 || w.in_flight + w.waiting.front().size <= push_window_bytes_)) {
+    if (requests_.count(w.waiting.front().id)) {  // not failed meanwhile
+      w.in_flight += w.waiting.front().size;
+      out.push_back(std::move(w.waiting.front()));
+    }
+    w.waiting.pop_front();
+  }
+  return out;
+}
+
+void PushPullClient::SendAll(std::vector<Outgoing> out) {
+  for (Outgoing& o : out) {
+    const bool push = o.am_id == kAmPush;
+    transport_->Send(o.server, o.am_id, std::move(o.header), o.payload, o.size,
+                     [this, id = o.id, server = o.server, size = o.size, push](const Status& sent) {
+                       std::vector<Outgoing> next;
+                       {
+                         std::lock_guard<std::mutex> lock(mu_);
+                         if (push) {
+                           windows_[server].in_flight -= size;
+                           next = TakeSendable(server);
+                         }
+                         auto it = requests_.find(id);
+                         if (it != requests_.end()) {
+                           it->second.sent = true;
+                           Settle(id, sent);
+                         }
+                       }
+                       SendAll(std::move(next));
                      });
   }
-  return ticket;
 }
 
 void PushPullClient::OnReply(PeerId from, std::string_view header, IncomingPayload& payload) {
@@ -350,6 +383,9 @@ void PushPullClient::Fail(PeerId server, const Status& status) {
     if (server < 0 || r.server == server) doomed.push_back(id);
   }
   for (uint64_t id : doomed) Settle(id, status);
+  for (auto& [peer, window] : windows_) {
+    if (server < 0 || peer == server) window.waiting.clear();  // their requests just failed
+  }
   if (server < 0) transport_->Abort(status);
 }
 

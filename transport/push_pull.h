@@ -16,6 +16,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -114,7 +115,13 @@ class PushPullClient {
   using Ticket = uint64_t;
   // Requests longer than `max_piece_bytes` travel as several messages of at
   // most that size (one ticket still covers them): the server's work per
-  // message stays cache-sized and pieces pipeline.
+  // message stays cache-sized and pieces pipeline. At most two pieces of
+  // pushes are on their way to one server at a time; later pushes wait
+  // their turn, in order. Over a byte stream (TCP) whatever this process
+  // sends to a server queues behind the pushes already handed over,
+  // including its part of a rendezvous that lets a pull's answer start;
+  // the window keeps that queue short, so that pulls answered while
+  // pushes go on flow back at once and the link carries both directions.
   explicit PushPullClient(UcxTransport* transport, uint64_t max_piece_bytes = 4u << 20);
   // Shuts the transport down first (in-flight requests are cancelled).
   ~PushPullClient();
@@ -149,8 +156,28 @@ class PushPullClient {
     int remaining = 0;  // requests not yet finished
     Status status;      // the first error
   };
+  // A message ready to go: its header, payload and size.
+  struct Outgoing {
+    uint64_t id;
+    PeerId server;
+    uint16_t am_id;
+    std::string header;
+    const char* payload;
+    uint64_t size;
+  };
+  // Pushes to one server: bytes handed to the transport and not yet sent,
+  // and those waiting for room.
+  struct PushWindow {
+    uint64_t in_flight = 0;
+    std::deque<Outgoing> waiting;
+  };
   Ticket Issue(PeerId server, RequestKind kind, const void* payload, void* dst, uint64_t offset, uint64_t length,
                uint64_t tag);
+  // Under mu_: the waiting pushes to `server` that now fit its window,
+  // counted as in flight.
+  std::vector<Outgoing> TakeSendable(PeerId server);
+  // Hands messages to the transport (not under mu_).
+  void SendAll(std::vector<Outgoing> out);
   void OnReply(PeerId from, std::string_view header, IncomingPayload& payload);
   // Under mu_: a finished half of request `id` (or its error); a request
   // whose both halves are in, or that failed, is retired from its ticket.
@@ -158,10 +185,12 @@ class PushPullClient {
 
   UcxTransport* transport_;
   const uint64_t max_piece_bytes_;
+  const uint64_t push_window_bytes_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::map<uint64_t, InFlight> requests_;
   std::map<Ticket, TicketState> tickets_;
+  std::map<PeerId, PushWindow> windows_;
   uint64_t next_request_ = 1;
   Ticket next_ticket_ = 1;
   Status failed_all_;

@@ -14,15 +14,17 @@ namespace {
 // The time blocked on the network is counted.
 class ParameterServerSync : public SyncStrategy {
  public:
-  ParameterServerSync(const ShardPlan& plan, bool bf16, transport::PushPullClient* client,
-                    transport::PeerId first_server)
+  ParameterServerSync(const ShardPlan& plan, bool bf16, bool stream, transport::PushPullClient* client,
+                      transport::PeerId first_server)
       : plan_(plan),
         bf16_(bf16),
+        stream_(stream),
         wire_bytes_(bf16 ? 2 : 4),
         client_(client),
         first_server_(first_server),
         reports_(plan.num_servers()) {
     if (bf16_) wire_.resize(plan.shard(plan.num_servers() - 1).end);
+    early_pulls_.resize(plan.buckets().size());
   }
 
   uint16_t* wire_buffer() { return wire_.data(); }
@@ -44,16 +46,30 @@ class ParameterServerSync : public SyncStrategy {
         FloatsToBf16(grads_ + b.range.begin, wire_.data() + b.range.begin, b.range.size());
         data = wire_.data() + b.range.begin;
       }
-      client_->Push(first_server_ + b.server, transport::RequestKind::kGradients, ByteOffset(b), data,
-                    b.range.size() * wire_bytes_, step_);
+      push_tickets_.push_back(client_->Push(first_server_ + b.server, transport::RequestKind::kGradients,
+                                            ByteOffset(b), data, b.range.size() * wire_bytes_, step_));
+      // bf16: the pull lands where the push left from; its answer needs
+      // every worker's push of this bucket, ours included, to have landed.
+      if (stream_) {
+        early_pulls_[next_bucket_ - 1] = PullBucket(b, step_ + 1);
+        early_version_ = static_cast<int64_t>(step_ + 1);
+      }
     }
   }
   // After backward: this worker's loss to server 0, then waits for every push.
   Status FinishStep(double loss) override {
     CHECK_EQ(next_bucket_, plan_.buckets().size()) << "backward did not finish every bucket";
     loss_ = loss;
-    client_->Push(first_server_, transport::RequestKind::kLoss, 0, &loss_, sizeof(double), step_);
-    return wait_.Timed([&] { return client_->WaitAll(); });
+    push_tickets_.push_back(client_->Push(first_server_, transport::RequestKind::kLoss, 0, &loss_, sizeof(double), step_));
+    return wait_.Timed([&] {
+      Status first;
+      for (auto ticket : push_tickets_) {
+        Status st = client_->Wait(ticket);
+        if (!st.ok() && first.ok()) first = st;
+      }
+      push_tickets_.clear();
+      return first;
+    });
   }
 
   // Starts pulling the weights of `version` (forward order, into `weights`)
@@ -64,11 +80,12 @@ class ParameterServerSync : public SyncStrategy {
     pulls_.clear();
     next_pull_ = 0;
     pull_status_ = Status::OK();
+    // Buckets are listed in backward order; forward waits in reverse.
     const auto& buckets = plan_.buckets();
-    for (auto it = buckets.rbegin(); it != buckets.rend(); ++it) {
-      void* dst = bf16_ ? static_cast<void*>(wire_.data() + it->range.begin) : weights + it->range.begin;
-      pulls_.emplace_back(&*it, client_->Pull(first_server_ + it->server, transport::RequestKind::kWeights,
-                                              ByteOffset(*it), dst, it->range.size() * wire_bytes_, version));
+    const bool issued = early_version_ == static_cast<int64_t>(version);
+    early_version_ = -1;
+    for (size_t i = buckets.size(); i-- > 0;) {
+      pulls_.emplace_back(&buckets[i], issued ? early_pulls_[i] : PullBucket(buckets[i], version));
     }
     report_tickets_.clear();
     for (int s = 0; s < plan_.num_servers(); ++s) {
@@ -113,12 +130,19 @@ class ParameterServerSync : public SyncStrategy {
   double TakeWaitSeconds() override { return wait_.Take(); }
 
  private:
+  transport::PushPullClient::Ticket PullBucket(const Bucket& b, uint64_t version) {
+    void* dst = bf16_ ? static_cast<void*>(wire_.data() + b.range.begin) : weights_ + b.range.begin;
+    return client_->Pull(first_server_ + b.server, transport::RequestKind::kWeights, ByteOffset(b), dst,
+                         b.range.size() * wire_bytes_, version);
+  }
+
   uint64_t ByteOffset(const Bucket& b) const {
     return static_cast<uint64_t>(b.range.begin - plan_.shard(b.server).begin) * wire_bytes_;
   }
 
   const ShardPlan& plan_;
   const bool bf16_;
+  const bool stream_;
   const int wire_bytes_;
   transport::PushPullClient* client_;
   const transport::PeerId first_server_;
@@ -127,6 +151,10 @@ class ParameterServerSync : public SyncStrategy {
   // Pulls in flight: bucket tickets in forward order, the next to wait for.
   std::vector<std::pair<const Bucket*, transport::PushPullClient::Ticket>> pulls_;
   std::vector<transport::PushPullClient::Ticket> report_tickets_;
+  std::vector<transport::PushPullClient::Ticket> push_tickets_;
+  // Streaming: per bucket (backward order), its pull of early_version_.
+  std::vector<transport::PushPullClient::Ticket> early_pulls_;
+  int64_t early_version_ = -1;  // none issued
   size_t next_pull_ = 0;
   float* weights_ = nullptr;
   uint64_t version_ = 0;
@@ -147,11 +175,11 @@ uint64_t LargestBucketBytes(const ShardPlan& plan, int wire_bytes) {
   return static_cast<uint64_t>(largest) * wire_bytes;
 }
 
-StatusOr<std::unique_ptr<SyncStrategy>> CreateParameterServerSync(const ShardPlan& plan,
-                                                                    bool bf16, transport::UcxTransport* transport,
+StatusOr<std::unique_ptr<SyncStrategy>> CreateParameterServerSync(const ShardPlan& plan, bool bf16, bool stream,
+                                                                    transport::UcxTransport* transport,
                                                                     transport::PushPullClient* client,
                                                                     transport::PeerId first_server) {
-  auto strategy = std::make_unique<ParameterServerSync>(plan, bf16, client, first_server);
+  auto strategy = std::make_unique<ParameterServerSync>(plan, bf16, stream, client, first_server);
   if (bf16) HERD_RETURN_IF_ERROR(transport->RegisterMemory(strategy->wire_buffer(), strategy->wire_buffer_bytes()));
   return std::unique_ptr<SyncStrategy>(std::move(strategy));
 }

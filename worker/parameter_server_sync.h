@@ -2,7 +2,11 @@
 // gradient buckets pushed to the servers that own them as backward
 // finishes them (fp32 or bf16 on the wire), this worker's loss to server 0,
 // the next weights pulled bucket by bucket in forward order together with
-// every server's step report.
+// every server's step report. With `stream` (the servers step each bucket
+// as soon as its sum is complete: no clipping), each bucket's pull is
+// issued right after its push, so that the link carries gradients out and
+// weights in at once; backward no longer reads a bucket's weights once its
+// gradients are final, so the pull may land while backward goes on.
 #pragma once
 
 #include <cstdint>
@@ -17,8 +21,8 @@ namespace herd {
 
 // `client` talks to the servers, server s being PeerId first_server + s;
 // bf16 staging memory is registered with `transport`.
-StatusOr<std::unique_ptr<SyncStrategy>> CreateParameterServerSync(const ShardPlan& plan,
-                                                                    bool bf16, transport::UcxTransport* transport,
+StatusOr<std::unique_ptr<SyncStrategy>> CreateParameterServerSync(const ShardPlan& plan, bool bf16, bool stream,
+                                                                    transport::UcxTransport* transport,
                                                                     transport::PushPullClient* client,
                                                                     transport::PeerId first_server);
 

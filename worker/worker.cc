@@ -14,6 +14,7 @@
 #include "model/checkpoint_format.h"
 #include "model/checkpoint_load.h"
 #include "model/checkpoint_run.h"
+#include "model/optim/adamw.h"
 #include "model/optim/optimizer_shard.h"
 #include "sharding/memory_plan.h"
 #include "sharding/shard_plan.h"
@@ -174,7 +175,8 @@ Status RunWorker(const config::JobConfig& config, const TrainOptions& options, c
     HERD_RETURN_IF_ERROR(rt.transport().RegisterMemory(w.grads.data(), P * sizeof(float)));
     if (ps) {
       HERD_ASSIGN_OR_RETURN(w.strategy,
-                            CreateParameterServerSync(*plan, bf16, &rt.transport(), rt.push_pull(),
+                            CreateParameterServerSync(*plan, bf16, !ClipsGradients(config.optimizer().clip_norm()),
+                                                      &rt.transport(), rt.push_pull(),
                                                       transport::MemberPeerId(rt.client(), wire::SERVER, 0)));
     } else {
       CollectiveSyncOptions c;

@@ -64,5 +64,8 @@ double SumOfSquares(const float* x, int64_t n);
 // PyTorch's clip_grad_norm_ coefficient: min(1, clip / (norm + 1e-6));
 // 1 when clip_norm is 0 (disabled).
 double ClipCoefficient(double global_norm, double clip_norm);
+// Whether the update depends on the global norm at all: without clipping
+// (clip_norm 0) a range can be stepped before the whole gradient is known.
+inline bool ClipsGradients(double clip_norm) { return clip_norm > 0; }
 
 }  // namespace herd
