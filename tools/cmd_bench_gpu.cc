@@ -27,9 +27,9 @@
 #if HERD_HAVE_CUDA
 #include "common/clock.h"
 #include "common/rng.h"
-#include "model/cuda/device_trainer.h"
 #include "model/cuda/staged_model.h"
 #include "model/param_layout.h"
+#include "worker/cuda/device_trainer.h"
 #endif
 
 namespace herd::tools {

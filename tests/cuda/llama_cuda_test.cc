@@ -11,10 +11,10 @@
 #include <numeric>
 
 #include "model/cuda/device_memory.h"
-#include "model/cuda/device_trainer.h"
 #include "model/cuda/staged_model.h"
 #include "model/llama.h"
 #include "tests/cuda/device_test_util.h"
+#include "worker/cuda/device_trainer.h"
 
 namespace herd::cuda {
 namespace {

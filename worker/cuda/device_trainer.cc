@@ -1,4 +1,4 @@
-#include "model/cuda/device_trainer.h"
+#include "worker/cuda/device_trainer.h"
 
 #include <cmath>
 #include <string>

@@ -3,8 +3,10 @@
 // gradients in device memory, the compute copy in the compute dtype, and a
 // step = forward/backward over the micro-batches + global-norm clipping +
 // AdamW (model/optim's formula, on the device). The single-process trainer
-// uses it for device.kind CUDA, and `herd bench gpu` times it. No CUDA type
-// appears here, so callers need no CUDA headers.
+// (DeviceResidentSync, worker/local_sync.h) uses it for device.kind CUDA,
+// and `herd bench gpu` times it. No CUDA type appears here, so callers need
+// no CUDA headers, and builds without CUDA include this header without
+// compiling device_trainer.cc.
 #pragma once
 
 #include <cstdint>
