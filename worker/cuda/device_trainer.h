@@ -16,6 +16,7 @@
 #include "common/status.h"
 #include "model/llama_config.h"
 #include "model/model.h"
+#include "model/optim/adamw.h"
 #include "proto/herd.pb.h"
 
 namespace herd::cuda {
@@ -26,8 +27,7 @@ class DeviceTrainer {
     LlamaShape shape;
     int batch = 8, seq_len = 1024;
     bool bf16 = true;
-    config::OptimizerConfig optimizer;
-    int64_t total_steps = 1;  // for the learning-rate schedule
+    OptimizerOptions optimizer;
     int device = 0;
 
     // A job's model, train.batch_size x seq_len, device.dtype, optimizer
@@ -38,8 +38,7 @@ class DeviceTrainer {
       o.batch = config.train().batch_size();
       o.seq_len = config.train().seq_len();
       o.bf16 = config.device().dtype() == config::DeviceConfig::BF16;
-      o.optimizer = config.optimizer();
-      o.total_steps = config.train().steps();
+      o.optimizer = OptimizerOptions::FromConfig(config.optimizer(), config.train().steps());
       o.device = device;
       return o;
     }
