@@ -79,15 +79,16 @@ TEST_F(OptimizerShardTest, StepIsClipAndAdamWAndFollowsTheSchedule) {
   auto s = Fresh({0, P_});
   std::vector<float> w(s->weights(), s->weights() + P_), m(P_, 0), v(P_, 0);
   const auto segments = DecaySegments(layout_, 0, P_);
+  const OptimizerOptions options = OptimizerOptions::FromConfig(job_.optimizer(), 50);
   for (int t = 0; t < 5; ++t) {
     const auto g = Gradients(P_, t);
     const double norm = std::sqrt(SumOfSquares(g.data(), P_));
     const OptimizerShard::Scalars k = s->Step(g.data(), norm);
-    const double lr = LearningRate(job_.optimizer(), 50, t);
+    const double lr = LearningRate(options.schedule, t);
     EXPECT_EQ(k.lr, lr);
     EXPECT_EQ(k.step, t + 1);
     ClipAndAdamWStep(segments, 0, P_, w.data(), g.data(), m.data(), v.data(), t + 1, lr, 1.0,
-                     AdamWOptions::FromConfig(job_.optimizer()));
+                     options.adamw);
     ASSERT_TRUE(Same(s->weights(), w.data(), P_)) << "step " << t + 1;
     ASSERT_TRUE(Same(s->m(), m.data(), P_) && Same(s->v(), v.data(), P_)) << "step " << t + 1;
   }

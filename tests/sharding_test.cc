@@ -178,9 +178,9 @@ class ParameterShardTest : public ::testing::Test {
     initial_.m.assign(r.size(), 0);
     initial_.v.assign(r.size(), 0);
     InitParameterRange(layout_, 1, 0.02, r.begin, r.end, initial_.weights.data());
-    config::OptimizerConfig adamw;  // the defaults: betas 0.9/0.95, eps 1e-8, no decay
-    shard_ = std::make_unique<ParameterShard>(
-        o_, std::make_unique<OptimizerShard>(layout_, adamw, /*total_steps=*/100, initial_));
+    OptimizerOptions options;  // the defaults: betas 0.9/0.95, eps 1e-8, no decay
+    options.schedule.total_steps = 100;
+    shard_ = std::make_unique<ParameterShard>(o_, std::make_unique<OptimizerShard>(layout_, options, initial_));
   }
   // Pushes worker w's gradient g (over the shard) bucket by bucket.
   Status PushAll(int w, const std::vector<float>& g, uint64_t tag) {
@@ -286,7 +286,7 @@ TEST_F(ParameterShardTest, RefusesBadPushesAndPulls) {
     const ParamRange& r0 = plan_.shard(0);
     ShardState s0{r0.begin, r0.end, 0, std::vector<float>(r0.size()), std::vector<float>(r0.size()),
                   std::vector<float>(r0.size())};
-    ParameterShard server0(zero, std::make_unique<OptimizerShard>(layout_, config::OptimizerConfig(), 100, s0));
+    ParameterShard server0(zero, std::make_unique<OptimizerShard>(layout_, OptimizerOptions(), s0));
     EXPECT_EQ(server0.size_bytes(transport::RequestKind::kLoss), sizeof(double));
     const transport::Request half{kServers, transport::RequestKind::kLoss, 0, 0, 4};
     EXPECT_NE(message(server0.PushTarget(half)).find("not one double"), std::string::npos);

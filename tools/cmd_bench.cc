@@ -46,10 +46,10 @@ int BenchTrain(int argc, char** argv) {
   std::vector<int32_t> tokens(static_cast<size_t>(B) * (T + 1));
   std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(inputs.size());
   const auto segments = DecaySegments(layout, 0, P);
-  const AdamWOptions adamw = AdamWOptions::FromConfig(config->optimizer());
 
   double forward_s = 0, backward_s = 0, optimizer_s = 0, total_s = 0;
   const int64_t total_steps = *steps + *warmup;
+  const OptimizerOptions optimizer = OptimizerOptions::FromConfig(config->optimizer(), total_steps);
   for (int64_t t = 0; t < total_steps; ++t) {
     const bool timed = t >= *warmup;
     Stopwatch step_clock;
@@ -69,7 +69,7 @@ int BenchTrain(int argc, char** argv) {
     }
     Stopwatch sw;
     ClipAndAdamWStep(segments, 0, P, params.data(), grads.data(), m.data(), v.data(), t + 1,
-                     LearningRate(config->optimizer(), total_steps, t), config->optimizer().clip_norm(), adamw);
+                     LearningRate(optimizer.schedule, t), optimizer.clip_norm, optimizer.adamw);
     if (timed) {
       optimizer_s += sw.Seconds();
       total_s += step_clock.Seconds();

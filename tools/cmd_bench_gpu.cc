@@ -27,9 +27,9 @@
 #if HERD_HAVE_CUDA
 #include "common/clock.h"
 #include "common/rng.h"
-#include "model/cuda/device_trainer.h"
 #include "model/cuda/staged_model.h"
 #include "model/param_layout.h"
+#include "worker/cuda/device_trainer.h"
 #endif
 
 namespace herd::tools {
@@ -54,10 +54,10 @@ struct GpuBenchResult {
 
 // herd's side of the measurement: `warmup` + `steps` whole steps of the
 // device-resident trainer on synthetic tokens, each timed to the device's
-// end (`trainer.total_steps` becomes their number).
+// end (the schedule's total_steps becomes their number).
 StatusOr<GpuBenchResult> TimeDeviceSteps(cuda::DeviceTrainer::Options trainer, int steps, int warmup, uint64_t seed,
                                          double init_std) {
-  trainer.total_steps = warmup + steps;
+  trainer.optimizer.schedule.total_steps = warmup + steps;
   if (trainer.device >= cuda::DeviceCount()) {
     return Status::FailedPrecondition("bench gpu: this process sees no CUDA device " + std::to_string(trainer.device) +
                                       " (driver, CUDA_VISIBLE_DEVICES?)");

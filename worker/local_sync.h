@@ -11,9 +11,9 @@
 
 #include <memory>
 
-#include "model/cuda/device_trainer.h"
 #include "model/model.h"
 #include "model/optim/optimizer_shard.h"
+#include "worker/cuda/device_trainer.h"
 #include "worker/sync_strategy.h"
 
 namespace herd {

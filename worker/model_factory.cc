@@ -63,7 +63,8 @@ StatusOr<std::unique_ptr<Model>> CreateModel(const config::JobConfig& config, in
   if (config.device().kind() == config::DeviceConfig::CPU) return NewCpuModel(shape, max_batch, max_seq_len);
   HERD_ASSIGN_OR_RETURN(const int device, PickDevice(local_rank));
 #if HERD_HAVE_CUDA_MODEL
-  return cuda::NewStagedCudaModel(shape, max_batch, max_seq_len, config.device().dtype(), device);
+  return cuda::NewStagedCudaModel(shape, max_batch, max_seq_len, config.device().dtype() == config::DeviceConfig::BF16,
+                                  device);
 #else
   (void)device;
   return std::unique_ptr<Model>();  // not reached: PickDevice refused

@@ -6,9 +6,9 @@
 #include <memory>
 
 #include "common/status.h"
-#include "model/cuda/device_trainer.h"
 #include "model/model.h"
 #include "proto/herd.pb.h"
+#include "worker/cuda/device_trainer.h"
 
 namespace herd {
 

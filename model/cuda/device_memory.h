@@ -42,9 +42,10 @@ int64_t CudaActivationBytes(const LlamaShape& shape, int max_batch, int max_seq_
 // buffer for weights, cuBLASLt's workspace.
 int64_t GpuWorkerDeviceBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16);
 
-// Everything the single-process GPU trainer (device_trainer.h) holds on the
-// device: activations, fp32 master weights, gradients and AdamW m and v,
-// the bf16 compute copy, the norm's partial sums, cuBLASLt's workspace.
+// Everything the single-process GPU trainer (worker/cuda/device_trainer.h)
+// holds on the device: activations, fp32 master weights, gradients and
+// AdamW m and v, the bf16 compute copy, the norm's partial sums, cuBLASLt's
+// workspace.
 int64_t DeviceTrainerDeviceBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16);
 
 // Chunks of the gradient norm's partial sums over n elements

@@ -226,9 +226,8 @@ StatusOr<std::string> PrepareDevice(const LlamaShape& shape, int device, bool bf
   return name;
 }
 
-StatusOr<std::unique_ptr<Model>> NewStagedCudaModel(const LlamaShape& shape, int max_batch, int max_seq_len,
-                                                    config::DeviceConfig::DType dtype, int device) {
-  const bool bf16 = dtype == config::DeviceConfig::BF16;
+StatusOr<std::unique_ptr<Model>> NewStagedCudaModel(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16,
+                                                    int device) {
   HERD_ASSIGN_OR_RETURN(const std::string name,
                         PrepareDevice(shape, device, bf16, GpuWorkerDeviceBytes(shape, max_batch, max_seq_len, bf16)));
   std::unique_ptr<Model> model;

@@ -27,7 +27,6 @@
 #include "common/status.h"
 #include "model/cuda/device_compat.h"
 #include "model/model.h"
-#include "proto/herd.pb.h"
 
 namespace herd::cuda {
 
@@ -59,9 +58,9 @@ int64_t DeviceFreeBytes(int device);
 // memory), makes it current, and names it ("cuda:0 NVIDIA H100 ..., bf16").
 StatusOr<std::string> PrepareDevice(const LlamaShape& shape, int device, bool bf16, int64_t needed_bytes);
 
-// A model on device `device` (an index < DeviceCount()) computing in
-// `dtype`; an error names the device problem or the unsupported shape.
-StatusOr<std::unique_ptr<Model>> NewStagedCudaModel(const LlamaShape& shape, int max_batch, int max_seq_len,
-                                                    config::DeviceConfig::DType dtype, int device);
+// A model on device `device` (an index < DeviceCount()) computing in bf16
+// or fp32; an error names the device problem or the unsupported shape.
+StatusOr<std::unique_ptr<Model>> NewStagedCudaModel(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16,
+                                                    int device);
 
 }  // namespace herd::cuda

@@ -3,7 +3,17 @@
 #include <algorithm>
 #include <cmath>
 
+#include "proto/herd.pb.h"
+
 namespace herd {
+
+OptimizerOptions OptimizerOptions::FromConfig(const config::OptimizerConfig& o, int64_t total_steps) {
+  OptimizerOptions options;
+  options.adamw = {o.beta1(), o.beta2(), o.eps(), o.weight_decay()};
+  options.schedule = {o.lr(), o.min_lr(), o.warmup_steps(), total_steps};
+  options.clip_norm = o.clip_norm();
+  return options;
+}
 
 std::vector<DecaySegment> DecaySegments(const ParamLayout& layout, int64_t begin, int64_t end) {
   std::vector<DecaySegment> segments;
@@ -66,15 +76,15 @@ double ClipAndAdamWStep(const std::vector<DecaySegment>& segments, int64_t range
   return norm;
 }
 
-double LearningRate(const config::OptimizerConfig& o, int64_t total_steps, int64_t t) {
-  const int64_t warmup = o.warmup_steps();
-  if (t < warmup) return o.lr() * static_cast<double>(t + 1) / static_cast<double>(warmup);
-  const int64_t decay_steps = total_steps - warmup;
-  if (decay_steps <= 1) return o.lr();
+double LearningRate(const LrSchedule& s, int64_t t) {
+  const int64_t warmup = s.warmup_steps;
+  if (t < warmup) return s.lr * static_cast<double>(t + 1) / static_cast<double>(warmup);
+  const int64_t decay_steps = s.total_steps - warmup;
+  if (decay_steps <= 1) return s.lr;
   double ratio = static_cast<double>(t - warmup) / static_cast<double>(decay_steps - 1);
   ratio = std::clamp(ratio, 0.0, 1.0);
   const double coeff = 0.5 * (1.0 + std::cos(M_PI * ratio));
-  return o.min_lr() + coeff * (o.lr() - o.min_lr());
+  return s.min_lr + coeff * (s.lr - s.min_lr);
 }
 
 double SumOfSquares(const float* x, int64_t n) {

@@ -10,15 +10,38 @@
 
 #include "model/optim/sum_of_squares_chunk.h"
 #include "model/param_layout.h"
-#include "proto/herd.pb.h"
 
 namespace herd {
 
+namespace config {
+class OptimizerConfig;
+}
+
+// The defaults of AdamWOptions, LrSchedule (except total_steps) and
+// OptimizerOptions are the job config's (proto/herd.proto).
 struct AdamWOptions {
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.0;
-  static AdamWOptions FromConfig(const config::OptimizerConfig& o) {
-    return {o.beta1(), o.beta2(), o.eps(), o.weight_decay()};
-  }
+};
+
+// Linear warm-up to `lr` over warmup_steps, then cosine decay to min_lr at
+// the last of total_steps (LearningRate).
+struct LrSchedule {
+  double lr = 3e-4, min_lr = 0.0;
+  int64_t warmup_steps = 0;
+  int64_t total_steps = 1;
+};
+
+// Everything an optimizer step reads from the job: AdamW's constants, the
+// schedule and the clipping bound.
+struct OptimizerOptions {
+  AdamWOptions adamw;
+  LrSchedule schedule;
+  double clip_norm = 1.0;  // the global norm's bound; 0 disables clipping
+
+  // The job's optimizer block, with a schedule of `total_steps` steps
+  // (train.steps). Defined in adamw.cc, so that this header does not need
+  // the config's generated code.
+  static OptimizerOptions FromConfig(const config::OptimizerConfig& optimizer, int64_t total_steps);
 };
 
 // Which elements of [begin, end) take weight decay (2-D tensors only).
@@ -53,7 +76,7 @@ double ClipAndAdamWStep(const std::vector<DecaySegment>& segments, int64_t range
 
 // Linear warm-up to `lr` over warmup_steps ((t+1)/warmup), then cosine decay
 // to min_lr at the last step. `t` is the 0-based step index.
-double LearningRate(const config::OptimizerConfig& o, int64_t total_steps, int64_t t);
+double LearningRate(const LrSchedule& schedule, int64_t t);
 
 // Sum of squares in double, over fixed kSumOfSquaresChunk-element chunks
 // summed in order (sum_of_squares_chunk.h, shared with the GPU's norm):

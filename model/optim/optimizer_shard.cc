@@ -10,13 +10,10 @@
 
 namespace herd {
 
-OptimizerShard::OptimizerShard(const ParamLayout& layout, const config::OptimizerConfig& optimizer,
-                               int64_t total_steps, ShardState state)
+OptimizerShard::OptimizerShard(const ParamLayout& layout, const OptimizerOptions& options, ShardState state)
     : range_{state.begin, state.end},
       segments_(DecaySegments(layout, state.begin, state.end)),
-      adamw_(AdamWOptions::FromConfig(optimizer)),
-      schedule_(optimizer),
-      total_steps_(total_steps),
+      options_(options),
       own_weights_(std::move(state.weights)),
       weights_(own_weights_.data()),
       m_(std::move(state.m)),
@@ -47,7 +44,8 @@ StatusOr<std::unique_ptr<OptimizerShard>> OptimizerShard::InitOrResume(
     state.m.assign(range.size(), 0.0f);
     state.v.assign(range.size(), 0.0f);
   }
-  return std::make_unique<OptimizerShard>(layout, config.optimizer(), config.train().steps(), std::move(state));
+  const OptimizerOptions options = OptimizerOptions::FromConfig(config.optimizer(), config.train().steps());
+  return std::make_unique<OptimizerShard>(layout, options, std::move(state));
 }
 
 void OptimizerShard::AttachWeights(float* space) {
@@ -67,8 +65,8 @@ Status CheckNotDiverged(const char* what, double value) {
 OptimizerShard::Scalars OptimizerShard::BeginStep(double global_norm) const {
   Scalars s;
   s.step = step_ + 1;
-  s.lr = LearningRate(schedule_, total_steps_, step_);
-  s.grad_scale = ClipCoefficient(global_norm, schedule_.clip_norm());
+  s.lr = LearningRate(options_.schedule, step_);
+  s.grad_scale = ClipCoefficient(global_norm, options_.clip_norm);
   s.global_norm = global_norm;
   return s;
 }
@@ -83,7 +81,7 @@ void OptimizerShard::Apply(const Scalars& s, ParamRange sub, const float* grads)
   }
   const int64_t at = sub.begin - range_.begin;
   AdamWStep(pieces, sub.begin, weights_ + at, grads, m_.data() + at, v_.data() + at, s.step, s.lr, s.grad_scale,
-            adamw_);
+            options_.adamw);
 }
 
 OptimizerShard::Scalars OptimizerShard::Step(const float* grads, double global_norm) {

@@ -47,10 +47,8 @@ class OptimizerShard {
   static StatusOr<std::unique_ptr<OptimizerShard>> InitOrResume(const config::JobConfig& config,
                                                                 const ParamLayout& layout, ParamRange range,
                                                                 const std::optional<VerifiedCheckpoint>& resume_from);
-  // From a given state (its range, weights, moments and step);
-  // `total_steps` is the schedule's length (train.steps).
-  OptimizerShard(const ParamLayout& layout, const config::OptimizerConfig& optimizer, int64_t total_steps,
-                 ShardState state);
+  // From a given state (its range, weights, moments and step).
+  OptimizerShard(const ParamLayout& layout, const OptimizerOptions& options, ShardState state);
 
   OptimizerShard(const OptimizerShard&) = delete;
   OptimizerShard& operator=(const OptimizerShard&) = delete;
@@ -92,9 +90,7 @@ class OptimizerShard {
  private:
   const ParamRange range_;
   const std::vector<DecaySegment> segments_;  // over range_
-  const AdamWOptions adamw_;
-  const config::OptimizerConfig schedule_;
-  const int64_t total_steps_;
+  const OptimizerOptions options_;
 
   std::vector<float> own_weights_;  // empty once attached
   float* weights_ = nullptr;        // own_weights_, or the attached space + begin

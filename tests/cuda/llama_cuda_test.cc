@@ -11,10 +11,10 @@
 #include <numeric>
 
 #include "model/cuda/device_memory.h"
-#include "model/cuda/device_trainer.h"
 #include "model/cuda/staged_model.h"
 #include "model/llama.h"
 #include "tests/cuda/device_test_util.h"
+#include "worker/cuda/device_trainer.h"
 
 namespace herd::cuda {
 namespace {
@@ -127,7 +127,7 @@ TEST(StagedCudaModel, TooLargeForTheDeviceIsOneClearError) {
   HERD_REQUIRE_DEVICE();
   LlamaShape s = SmallShape(true);
   s.vocab_size = 50000;  // 1024 x 4096 tokens of logits alone: 800+ GB
-  auto model = NewStagedCudaModel(s, 1024, 4096, config::DeviceConfig::BF16, 0);
+  auto model = NewStagedCudaModel(s, 1024, 4096, /*bf16=*/true, 0);
   ASSERT_FALSE(model.ok());
   EXPECT_NE(model.status().message().find("the model needs"), std::string::npos) << model.status().message();
   EXPECT_NE(model.status().message().find("free; lower train.batch_size"), std::string::npos);
@@ -142,7 +142,7 @@ TEST(StagedCudaModel, AllocatesWhatThePlanSays) {
     const LlamaShape s = SmallShape(false, 1);
     size_t before = 0, after = 0, total = 0;
     HERD_CUDA_CHECK(cudaMemGetInfo(&before, &total));
-    auto model = NewStagedCudaModel(s, 3, 70, bf16 ? config::DeviceConfig::BF16 : config::DeviceConfig::FP32, 0);
+    auto model = NewStagedCudaModel(s, 3, 70, bf16, 0);
     ASSERT_TRUE(model.ok()) << model.status().message();
     HERD_CUDA_CHECK(cudaMemGetInfo(&after, &total));
     const double used = static_cast<double>(before) - static_cast<double>(after);

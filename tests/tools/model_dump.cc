@@ -83,7 +83,7 @@ int main(int argc, char** argv) {
 
   // K AdamW steps, exactly the trainer's step.
   const auto segments = DecaySegments(layout, 0, P);
-  const AdamWOptions adamw = AdamWOptions::FromConfig(opt);
+  const OptimizerOptions options = OptimizerOptions::FromConfig(opt, K);
   std::vector<float> losses, norms;
   for (int k = 0; k < K; ++k) {
     load_batch(k);
@@ -91,8 +91,8 @@ int main(int argc, char** argv) {
     losses.push_back(static_cast<float>(model.Forward(params.data(), inputs.data(), targets.data(), B, T)));
     model.Backward(params.data(), grads.data(), 1.0 / (B * T));
     norms.push_back(static_cast<float>(ClipAndAdamWStep(segments, 0, P, params.data(), grads.data(), m.data(),
-                                                        v.data(), k + 1, LearningRate(opt, K, k), opt.clip_norm(),
-                                                        adamw)));
+                                                        v.data(), k + 1, LearningRate(options.schedule, k),
+                                                        options.clip_norm, options.adamw)));
   }
   add("losses", {K}, losses);
   add("grad_norms", {K}, norms);

@@ -1,4 +1,4 @@
-#include "model/cuda/device_trainer.h"
+#include "worker/cuda/device_trainer.h"
 
 #include <cmath>
 #include <string>
@@ -81,9 +81,9 @@ class ResidentTrainer final : public DeviceTrainer {
     double squares = 0;
     for (double p : host_partials_) squares += p;
     const double norm = std::sqrt(squares);
-    const double rate = LearningRate(o_.optimizer, o_.total_steps, step_index);
-    const AdamWScalars k = MakeAdamWScalars(AdamWOptions::FromConfig(o_.optimizer), step_index + 1, rate,
-                                            ClipCoefficient(norm, o_.optimizer.clip_norm()));
+    const double rate = LearningRate(o_.optimizer.schedule, step_index);
+    const AdamWScalars k = MakeAdamWScalars(o_.optimizer.adamw, step_index + 1, rate,
+                                            ClipCoefficient(norm, o_.optimizer.clip_norm));
     for (const DecaySegment& s : runs_) {
       AdamW(master_ + s.begin, grads_ + s.begin, m_ + s.begin, v_ + s.begin, s.end - s.begin, k, k.DecayFor(s.decay),
             stream_);

@@ -3,8 +3,10 @@
 // gradients in device memory, the compute copy in the compute dtype, and a
 // step = forward/backward over the micro-batches + global-norm clipping +
 // AdamW (model/optim's formula, on the device). The single-process trainer
-// uses it for device.kind CUDA, and `herd bench gpu` times it. No CUDA type
-// appears here, so callers need no CUDA headers.
+// (DeviceResidentSync, worker/local_sync.h) uses it for device.kind CUDA,
+// and `herd bench gpu` times it. No CUDA type appears here, so callers need
+// no CUDA headers, and builds without CUDA include this header without
+// compiling device_trainer.cc.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +16,7 @@
 #include "common/status.h"
 #include "model/llama_config.h"
 #include "model/model.h"
+#include "model/optim/adamw.h"
 #include "proto/herd.pb.h"
 
 namespace herd::cuda {
@@ -24,8 +27,7 @@ class DeviceTrainer {
     LlamaShape shape;
     int batch = 8, seq_len = 1024;
     bool bf16 = true;
-    config::OptimizerConfig optimizer;
-    int64_t total_steps = 1;  // for the learning-rate schedule
+    OptimizerOptions optimizer;
     int device = 0;
 
     // A job's model, train.batch_size x seq_len, device.dtype, optimizer
@@ -36,8 +38,7 @@ class DeviceTrainer {
       o.batch = config.train().batch_size();
       o.seq_len = config.train().seq_len();
       o.bf16 = config.device().dtype() == config::DeviceConfig::BF16;
-      o.optimizer = config.optimizer();
-      o.total_steps = config.train().steps();
+      o.optimizer = OptimizerOptions::FromConfig(config.optimizer(), config.train().steps());
       o.device = device;
       return o;
     }
