@@ -20,7 +20,12 @@ compute-only step time, one worker with no peers, measured in this run).
 
 Needs root (network namespaces). The default job is configs/llama20m.textproto
 at batch 1 x 64 tokens per worker, so that communication, not compute,
-dominates at the lower rates.
+dominates at the lower rates; without clipping (optimizer.clip_norm 0), so
+that parameter servers stream updates (each bucket stepped and pulled as
+soon as its sum is complete, as BytePS does; with clipping every pull
+waits for the global norm, i.e. for every push), and with 1 MiB buckets,
+so that over TCP a pull's answer does not wait long behind pushes. Pass
+--set optimizer.clip_norm=1 to see the clipped protocol.
 """
 import argparse
 import glob
@@ -163,7 +168,7 @@ def figures(args, mode, rate, workdir, W, S, per_step):
     later = rows[args.warmup + 1:]
     return {
         "bench": "lab_compare", "config": os.path.basename(args.config), "mode": mode, "rate": rate,
-        "servers": S, "workers": W,
+        "servers": S, "workers": W, "sets": args.set,
         "step_s": round(statistics.median(step_times(rows, args.warmup)), 4),
         "tokens_per_s": round(statistics.median(r["tokens_per_s"] for r in later), 1),
         "comm_wait_share": round(statistics.median(r.get("network_wait", 0) for r in later), 3),
@@ -197,9 +202,9 @@ def main():
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=600, help="seconds one job may take")
-    ap.add_argument("--set", action="append", default=["train.batch_size=1", "train.seq_len=64"],
-                    help="config override for every run (default: batch 1 x 64 tokens per worker)")
+    ap.add_argument("--set", action="append", default=[], help="config override for every run")
     args = ap.parse_args()
+    args.set = ["train.batch_size=1", "train.seq_len=64", "optimizer.clip_norm=0", "cluster.bucket_mb=1"] + args.set
     args.config = os.path.abspath(args.config)
     scratch = tempfile.mkdtemp(prefix="herd_lab_compare_")
     # The fortunes that data.prepare_from names in the config; herd prepare

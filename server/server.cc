@@ -108,7 +108,7 @@ Status RunParameterServer(const config::JobConfig& config, const TrainOptions& o
                                        CheckpointParts(client->num_servers(), client->num_workers()),
                                        [&] { return shard.optimizer().Save(JoinPath(step_dir, ShardFileName(rank))); });
   };
-  HERD_RETURN_IF_ERROR(shard.ServeSteps(last, hooks));
+  HERD_RETURN_IF_ERROR(client->Explain(shard.ServeSteps(last, hooks)));
   HERD_RETURN_IF_ERROR(client->Barrier("herd/done"));
   if (auto memory = PlanMemory(config); memory.ok()) {
     HERD_RETURN_IF_ERROR(ReportRunSummary("server", rank, last - start, memory->processes[rank].total(),

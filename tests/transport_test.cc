@@ -2,6 +2,7 @@
 // launcher environments, tokens, config hashes; and the coordinator with
 // in-process clients for rank assignment, barriers and all-gathers (the
 // multi-process behaviour is in tests/transport_*_test.py).
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
@@ -17,6 +18,8 @@
 
 namespace herd::transport {
 namespace {
+
+using ::testing::HasSubstr;
 
 wire::Envelope ValidHello() {
   wire::Envelope m;
@@ -233,6 +236,45 @@ TEST(Coordinator, RanksBarriersAndAllGather) {
   EXPECT_EQ(assigned, (std::vector<int>{0, 1}));
   const std::vector<std::string> expected = {"from-1-0", "from-2-0", "from-2-1", "from-2-2"};
   for (int i = 0; i < 4; ++i) EXPECT_EQ(gathered[i], expected) << i;
+}
+
+// A data-plane error is reported as the coordinator's word on the job when
+// that word comes (another process's end is the cause), as itself when it
+// does not, and any other error at once.
+TEST(Coordinator, ExplainPrefersTheJobsFailureToAnEchoOfIt) {
+  CoordinatorOptions options;
+  options.token = "secret";
+  const JobShape shape{.servers = 1, .workers = 1, .heartbeat_interval_s = 0.2, .heartbeat_timeout_s = 5,
+                       .join_timeout_s = 20};
+  options.job = shape;
+  auto coordinator = Coordinator::Start(options);
+  ASSERT_TRUE(coordinator.ok()) << coordinator.status().message();
+  Status ran;
+  std::thread serve([&] { ran = (*coordinator)->Run(); });
+  auto join = [&](wire::Role role) {
+    JoinOptions o;
+    o.coordinator = "127.0.0.1:" + std::to_string((*coordinator)->port());
+    o.token = "secret";
+    o.role = role;
+    o.job = shape;
+    o.ucx_address = "addr";
+    return CoordinatorClient::Join(o);
+  };
+  StatusOr<std::unique_ptr<CoordinatorClient>> server = Status::Internal("not joined");
+  std::thread joining([&] { server = join(wire::SERVER); });
+  auto worker = join(wire::WORKER);
+  joining.join();
+  ASSERT_TRUE(server.ok() && worker.ok());
+
+  const Status bad_input = Status::InvalidArgument("step 3: bad input");
+  EXPECT_EQ((*worker)->Explain(bad_input, 30).message(), bad_input.message());  // at once
+  const Status echo = Status::Unavailable("UCX send to server rank 0: rejected by remote peer");
+  EXPECT_EQ((*worker)->Explain(echo, 0.1).message(), echo.message());  // the job is healthy
+  server->reset();  // the server dies without a goodbye
+  EXPECT_THAT((*worker)->Explain(echo, 10).message(), HasSubstr("server rank 0"));
+  EXPECT_THAT((*worker)->Explain(echo, 10).message(), HasSubstr("was lost"));
+  worker->reset();
+  serve.join();
 }
 
 // Not everyone arrives: after join_timeout the ones waiting are refused

@@ -347,6 +347,17 @@ StatusOr<std::vector<std::string>> CoordinatorClient::AllGather(const std::strin
 }
 void CoordinatorClient::OnFailure(std::function<void(const Status&)> handler) { impl_->OnFailure(std::move(handler)); }
 Status CoordinatorClient::health() const { return impl_->health(); }
+
+Status CoordinatorClient::Explain(const Status& local, double wait_s) const {
+  if (local.code() != Status::Code::kUnavailable) return local;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait_s);
+  for (;;) {
+    Status job = health();
+    if (!job.ok()) return job;
+    if (std::chrono::steady_clock::now() >= deadline) return local;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
 Status CoordinatorClient::Leave() { return impl_->Leave(); }
 
 }  // namespace herd::transport

@@ -73,6 +73,13 @@ class CoordinatorClient {
   void OnFailure(std::function<void(const Status&)> handler);
   // OK while the job is healthy; the failure otherwise.
   Status health() const;
+  // What a process that fails with `local` should say. A data-plane
+  // failure (Unavailable: a send rejected, a peer unreachable) is most
+  // often the echo of another process's end, whose endpoints closed as it
+  // stopped; the coordinator's word on the job names the cause, so it is
+  // awaited for up to `wait_s` and returned when it comes. Any other
+  // error, or no word in time: `local`.
+  Status Explain(const Status& local, double wait_s = 2.0) const;
 
   // Orderly goodbye: the coordinator will not treat our disconnection as a
   // failure. Waits (briefly) until the coordinator has seen it.

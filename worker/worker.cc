@@ -213,8 +213,8 @@ Status RunWorker(const config::JobConfig& config, const TrainOptions& options, c
   parts.num_workers = num_workers;
   parts.client = in_job ? &w.runtime->client() : nullptr;
   StepLoop loop(parts);
-  HERD_RETURN_IF_ERROR(loop.Run(start));
-  if (!in_job) return Status::OK();
+  if (!in_job) return loop.Run(start);
+  HERD_RETURN_IF_ERROR(w.runtime->client().Explain(loop.Run(start)));
 
   // Every worker of a job: what it cost, for `herd bench compare` and
   // curious users.

@@ -67,43 +67,48 @@ Status RunWorker(const tools::Args& args, const transport::JoinOptions& join) {
   HERD_RETURN_IF_ERROR(t->RegisterMemory(mine.data(), total_bytes));
   HERD_RETURN_IF_ERROR(t->RegisterMemory(result.data(), total_bytes));
 
-  for (size_t round = 0; round < pieces.size(); ++round) {
-    const uint64_t piece = pieces[round];
-    if (shard % piece != 0) return Status::InvalidArgument("piece size must divide each server's shard");
-    // Push everything, at most `concurrency` requests in flight.
-    std::deque<transport::PushPullClient::Ticket> in_flight;
-    for (uint64_t off = 0; off < static_cast<uint64_t>(total_bytes); off += piece) {
-      const PeerId server = transport::MemberPeerId(*coordinator, wire::SERVER, off / shard);
-      in_flight.push_back(client->Push(server, transport::RequestKind::kGradients, off % shard, reinterpret_cast<const char*>(mine.data()) + off, piece));
-      if (static_cast<long long>(in_flight.size()) >= concurrency) {
-        HERD_RETURN_IF_ERROR(client->Wait(in_flight.front()));
-        in_flight.pop_front();
-      }
-      if (slow_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(slow_ms));
-    }
-    HERD_RETURN_IF_ERROR(client->WaitAll());
-    HERD_RETURN_IF_ERROR(coordinator->Barrier("pushed/" + std::to_string(round), wire::WORKERS));
-    // Pull it back, last piece first, in batches that complete out of order.
-    std::fill(result.begin(), result.end(), -1.0f);
-    for (uint64_t end = total_bytes; end > 0;) {
-      for (long long c = 0; c < concurrency && end > 0; ++c) {
-        end -= piece;
-        const PeerId server = transport::MemberPeerId(*coordinator, wire::SERVER, end / shard);
-        client->Pull(server, transport::RequestKind::kWeights, end % shard, reinterpret_cast<char*>(result.data()) + end, piece);
+  // A transfer that fails because another process ended reports that end.
+  auto rounds = [&]() -> Status {
+    for (size_t round = 0; round < pieces.size(); ++round) {
+      const uint64_t piece = pieces[round];
+      if (shard % piece != 0) return Status::InvalidArgument("piece size must divide each server's shard");
+      // Push everything, at most `concurrency` requests in flight.
+      std::deque<transport::PushPullClient::Ticket> in_flight;
+      for (uint64_t off = 0; off < static_cast<uint64_t>(total_bytes); off += piece) {
+        const PeerId server = transport::MemberPeerId(*coordinator, wire::SERVER, off / shard);
+        in_flight.push_back(client->Push(server, transport::RequestKind::kGradients, off % shard, reinterpret_cast<const char*>(mine.data()) + off, piece));
+        if (static_cast<long long>(in_flight.size()) >= concurrency) {
+          HERD_RETURN_IF_ERROR(client->Wait(in_flight.front()));
+          in_flight.pop_front();
+        }
+        if (slow_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(slow_ms));
       }
       HERD_RETURN_IF_ERROR(client->WaitAll());
-    }
-    const float factor = static_cast<float>((round + 1) * W * (W + 1) / 2);
-    for (size_t i = 0; i < n; ++i) {
-      if (result[i] != factor * Base(i)) {
-        return Status::Corruption("round " + std::to_string(round) + ": value " + std::to_string(i) + " is " +
-                                  std::to_string(result[i]) + ", expected " + std::to_string(factor * Base(i)));
+      HERD_RETURN_IF_ERROR(coordinator->Barrier("pushed/" + std::to_string(round), wire::WORKERS));
+      // Pull it back, last piece first, in batches that complete out of order.
+      std::fill(result.begin(), result.end(), -1.0f);
+      for (uint64_t end = total_bytes; end > 0;) {
+        for (long long c = 0; c < concurrency && end > 0; ++c) {
+          end -= piece;
+          const PeerId server = transport::MemberPeerId(*coordinator, wire::SERVER, end / shard);
+          client->Pull(server, transport::RequestKind::kWeights, end % shard, reinterpret_cast<char*>(result.data()) + end, piece);
+        }
+        HERD_RETURN_IF_ERROR(client->WaitAll());
       }
+      const float factor = static_cast<float>((round + 1) * W * (W + 1) / 2);
+      for (size_t i = 0; i < n; ++i) {
+        if (result[i] != factor * Base(i)) {
+          return Status::Corruption("round " + std::to_string(round) + ": value " + std::to_string(i) + " is " +
+                                    std::to_string(result[i]) + ", expected " + std::to_string(factor * Base(i)));
+        }
+      }
+      HERD_RETURN_IF_ERROR(coordinator->Barrier("checked/" + std::to_string(round), wire::WORKERS));
+      std::fprintf(stderr, "worker %d: round %zu (%llu-byte pieces): all %zu values exact\n", w, round,
+                   static_cast<unsigned long long>(piece), n);
     }
-    HERD_RETURN_IF_ERROR(coordinator->Barrier("checked/" + std::to_string(round), wire::WORKERS));
-    std::fprintf(stderr, "worker %d: round %zu (%llu-byte pieces): all %zu values exact\n", w, round,
-                 static_cast<unsigned long long>(piece), n);
-  }
+    return Status::OK();
+  };
+  HERD_RETURN_IF_ERROR(coordinator->Explain(rounds()));
   HERD_RETURN_IF_ERROR(coordinator->Barrier("done"));
   PrintStats("worker", w, *t);
   return coordinator->Leave();
