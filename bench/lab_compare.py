@@ -8,11 +8,12 @@ by hand, the way a cluster does: a coordinator on its own node, then every
 server and worker with --rank and --coordinator inside its node. It prints
 one JSON line per rate and mode: step time, tokens/s, the share of the step
 workers spent waiting on communication, bytes each node's link carried per
-step in each direction (the kernel's counters, not herd's), and peak memory
-per process; then the theory check: bytes per worker link per step each
-way against BytePS's prediction (PS: M, the gradient bytes; ring: 2(n-1)/n
-M), and the communication time per step (step time minus the same job's
-compute-only step time, one worker with no peers, measured in this run).
+step in each direction (the kernel's counters, not herd's) with the packets
+its rate limiters dropped, and peak memory per process; then the theory
+check: bytes per worker link per step each way against BytePS's
+prediction (PS: M, the gradient bytes; ring: 2(n-1)/n M), and the
+communication time per step: the step time at the rate minus the same
+layout's step time on uncapped links, measured in this run.
 
     sudo /usr/bin/python3 bench/lab_compare.py [--build build] [--workers 2]
         [--rates 0.5gbit,1gbit,2.5gbit,10gbit] [--modes ps,allreduce,allreduce_zero1]
@@ -53,8 +54,6 @@ def job_sets(args, mode, workdir, steps):
             f"cluster.workers={args.workers}", "cluster.coordinator=", "cluster.heartbeat_timeout_s=60"]
     if mode == "ps":
         sets += ["cluster.sync=PARAMETER_SERVER", f"cluster.servers={args.workers}", "cluster.zero_stage=0"]
-    elif mode == "single":
-        sets += ["cluster.sync=NONE", "cluster.servers=0", "cluster.workers=1"]
     else:
         sets += ["cluster.sync=ALLREDUCE", "cluster.servers=0",
                  f"cluster.zero_stage={1 if mode == 'allreduce_zero1' else 0}"]
@@ -127,7 +126,7 @@ def run_mode(args, mode, rate, scratch):
             log.close()
     n = args.steps - args.warmup - 1
     before, after = marks[args.warmup + 1], marks[args.steps]
-    per_step = [{"tx": (a["tx_bytes"] - b["tx_bytes"]) / n, "rx": (a["rx_bytes"] - b["rx_bytes"]) / n}
+    per_step = [{k: (a[k] - b[k]) / n for k in ("tx_bytes", "rx_bytes", "tx_drops", "rx_drops")}
                 for a, b in zip(after, before)]
     return figures(args, mode, rate, workdir, W, S, per_step)
 
@@ -158,6 +157,12 @@ def step_times(rows, warmup):
     return [rows[i]["elapsed_s"] - rows[i - 1]["elapsed_s"] for i in range(warmup + 1, len(rows))]
 
 
+def link(p):
+    """A node's link per step: MB each way, packets the rate limiter dropped each way."""
+    return {"tx": round(p["tx_bytes"] / 1e6, 2), "rx": round(p["rx_bytes"] / 1e6, 2),
+            "tx_drops": round(p["tx_drops"], 1), "rx_drops": round(p["rx_drops"], 1)}
+
+
 def figures(args, mode, rate, workdir, W, S, per_step):
     rows = metrics_rows(workdir)
     peaks = {}
@@ -173,23 +178,10 @@ def figures(args, mode, rate, workdir, W, S, per_step):
         "tokens_per_s": round(statistics.median(r["tokens_per_s"] for r in later), 1),
         "comm_wait_share": round(statistics.median(r.get("network_wait", 0) for r in later), 3),
         # per node, per step (the whole run over its steps: the first pull included)
-        "worker_link_MB": [{"tx": round(p["tx"] / 1e6, 2), "rx": round(p["rx"] / 1e6, 2)} for p in per_step[1:1 + W]],
-        "server_link_MB": [{"tx": round(p["tx"] / 1e6, 2), "rx": round(p["rx"] / 1e6, 2)}
-                           for p in per_step[1 + W:1 + W + S]],
+        "worker_link_MB": [link(p) for p in per_step[1:1 + W]],
+        "server_link_MB": [link(p) for p in per_step[1 + W:1 + W + S]],
         "peak_MiB": peaks,
     }
-
-
-def compute_only_step(args, scratch):
-    """One worker, no peers, same per-worker batch: the step's compute."""
-    workdir = os.path.join(scratch, "single")
-    os.makedirs(workdir)
-    sets = job_sets(args, "single", workdir, args.steps)
-    p = subprocess.run(with_sets([os.path.join(args.build, "herd"), "launch", args.config], sets), cwd=ROOT,
-                       capture_output=True, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    if p.returncode != 0:
-        raise SystemExit(f"single process failed:\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
-    return statistics.median(step_times(metrics_rows(workdir), args.warmup))
 
 
 def main():
@@ -218,15 +210,24 @@ def main():
     plan = subprocess.run(with_sets([os.path.join(args.build, "herd"), "plan", args.config, "--json"], args.set),
                           capture_output=True, text=True, check=True)
     M = json.loads(plan.stdout)["parameters"] * 4  # fp32 gradient bytes
-    compute_s = compute_only_step(args, scratch)
     W = args.workers
+    modes = args.modes.split(",")
+    # The same layout with uncapped links: its step is the compute, the
+    # servers' work and the CPU the processes take from each other on this
+    # machine; what a capped link adds to it is communication.
+    uncapped = {}
+    for mode in modes:
+        r = run_mode(args, mode, None, scratch)
+        r["rate"] = "uncapped"
+        print(json.dumps(r), flush=True)
+        uncapped[mode] = r["step_s"]
     for rate in args.rates.split(","):
         B = netlab.parse_rate(rate) / 8  # bytes/s per link and direction
         by_mode = {}
-        for mode in args.modes.split(","):
+        for mode in modes:
             r = run_mode(args, mode, rate, scratch)
-            r["compute_only_step_s"] = round(compute_s, 4)
-            r["comm_s"] = round(max(0.0, r["step_s"] - compute_s), 4)
+            r["uncapped_step_s"] = uncapped[mode]
+            r["comm_s"] = round(max(0.0, r["step_s"] - uncapped[mode]), 4)
             print(json.dumps(r), flush=True)
             by_mode[mode] = r
         # BytePS (OSDI'20): with S = W CPU servers a worker's link carries M

@@ -258,10 +258,17 @@ class Lab:
         _ip("link", "set", _node_names(self.owner, i)["host_veth"], "up" if up else "down")
 
     def counters(self, i):
-        """Bytes node i has sent and received on its link."""
+        """Bytes node i has sent and received on its link, and packets its
+        link's rate limiters dropped going out of and into the node."""
         out = _ip("-s", "-j", "link", "show", "eth0", netns=self.netns(i)).stdout
         stats = json.loads(out)[0]["stats64"]
-        return {"tx_bytes": stats["tx"]["bytes"], "rx_bytes": stats["rx"]["bytes"]}
+        c = {"tx_bytes": stats["tx"]["bytes"], "rx_bytes": stats["rx"]["bytes"], "tx_drops": 0, "rx_drops": 0}
+        if self.rate is not None:
+            n = _node_names(self.owner, i)
+            for key, dev, netns in (("tx_drops", "eth0", n["netns"]), ("rx_drops", n["host_veth"], None)):
+                qdiscs = json.loads(_ip("tc", "-s", "-j", "qdisc", "show", "dev", dev, netns=netns).stdout)
+                c[key] = sum(q.get("drops", 0) for q in qdiscs)
+        return c
 
 
 def leftovers(owner=None):
