@@ -27,8 +27,11 @@ std::string Name(const ProcessMemory& p, int workers) {
 
 void PrintJson(const config::JobConfig& config, const MemoryPlan& plan, const config::JobConfig* fit, int64_t mem,
                int64_t gpu_mem) {
-  std::printf("{\"parameters\": %lld, \"sync\": \"%s\", \"processes\": [", static_cast<long long>(plan.parameters),
-              config::ClusterConfig::Sync_Name(config.cluster().sync()).c_str());
+  // The job's process counts, for scripts that start it (examples/slurm).
+  const bool job = config.cluster().sync() != config::ClusterConfig::NONE;
+  std::printf("{\"parameters\": %lld, \"sync\": \"%s\", \"servers\": %d, \"workers\": %d, \"processes\": [",
+              static_cast<long long>(plan.parameters), config::ClusterConfig::Sync_Name(config.cluster().sync()).c_str(),
+              job ? config.cluster().servers() : 0, job ? config.cluster().workers() : 1);
   for (size_t i = 0; i < plan.processes.size(); ++i) {
     const ProcessMemory& p = plan.processes[i];
     std::printf(

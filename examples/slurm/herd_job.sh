@@ -1,0 +1,70 @@
+#!/bin/bash
+# Starts one herd job inside a Slurm allocation: the coordinator here (the
+# batch script's node), then the servers and the workers as two job steps
+# (srun), each process taking its rank from SLURM_PROCID and the step's
+# size from SLURM_NTASKS; GPU workers pick their device from SLURM_LOCALID.
+# Called by herd_ps.sbatch and herd_allreduce.sbatch; see them for use.
+#
+#   herd_job.sh CONFIG [--set path=value ...] [--resume | --overwrite] [--stop-at STEP]
+#
+# HERD_BIN: the directory holding herd, herd-server and herd-worker
+# (default: where `herd` is on PATH). The job token lives in the submit
+# directory (a filesystem every node sees), readable by you alone, and is
+# removed when the job ends. Exits with the first failing process's code.
+set -euo pipefail
+
+CONFIG=${1:?usage: herd_job.sh CONFIG [--set path=value ...] [--resume | --overwrite] [--stop-at STEP]}
+shift
+BIN=${HERD_BIN:-$(dirname "$(command -v herd)")}
+# The coordinator takes the config and its overrides; every process takes all.
+COORD_ARGS=()
+args=("$@")
+for ((i = 0; i < ${#args[@]}; i++)); do
+  if [[ ${args[i]} == --set ]]; then COORD_ARGS+=(--set "${args[i + 1]}"); fi
+done
+
+# How many of each the job has: the config's, as herd reads it.
+read -r SERVERS WORKERS < <("$BIN/herd" plan "$CONFIG" "${COORD_ARGS[@]}" --json |
+  python3 -c 'import json, sys; d = json.load(sys.stdin); print(d["servers"], d["workers"])')
+if [[ $WORKERS -lt 1 ]]; then echo "herd_job.sh: $CONFIG has no workers (cluster.sync NONE? use herd launch)" >&2; exit 2; fi
+
+RUN_DIR=${SLURM_SUBMIT_DIR:-$PWD}
+TOKEN="$RUN_DIR/.herd-${SLURM_JOB_ID:-$$}.token"
+PORT_FILE="$RUN_DIR/.herd-${SLURM_JOB_ID:-$$}.port"
+(umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$TOKEN")
+PIDS=()
+cleanup() {
+  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -f "$TOKEN" "$PORT_FILE"
+}
+trap cleanup EXIT
+trap 'exit 143' TERM
+trap 'exit 130' INT
+
+# One coordinator per job, on this node, on a port the kernel picks.
+"$BIN/herd" coordinator "$CONFIG" "${COORD_ARGS[@]}" --listen 0.0.0.0:0 --token-file "$TOKEN" \
+  --port-file "$PORT_FILE" &
+PIDS+=($!)
+for _ in $(seq 100); do [[ -s $PORT_FILE ]] && break; sleep 0.1; done
+[[ -s $PORT_FILE ]] || { echo "herd_job.sh: the coordinator did not start" >&2; exit 1; }
+export HERD_COORDINATOR="$(hostname):$(cat "$PORT_FILE")"
+export HERD_JOB_TOKEN_FILE="$TOKEN"
+
+# Steps share the allocation's CPUs (--overlap): servers, then workers.
+if [[ $SERVERS -gt 0 ]]; then
+  srun --overlap --kill-on-bad-exit=0 --ntasks="$SERVERS" "$BIN/herd-server" "$CONFIG" "$@" &
+  PIDS+=($!)
+fi
+srun --overlap --kill-on-bad-exit=0 --ntasks="$WORKERS" "$BIN/herd-worker" "$CONFIG" "$@" &
+PIDS+=($!)
+
+# The coordinator tells every process when one fails, so all steps end;
+# the first non-zero exit is the job's.
+rc=0
+for pid in "${PIDS[@]:1}"; do
+  if ! wait "$pid"; then st=$?; [[ $rc -ne 0 ]] || rc=$st; fi
+done
+wait "${PIDS[0]}" || { st=$?; [[ $rc -ne 0 ]] || rc=$st; }
+PIDS=()
+exit "$rc"
