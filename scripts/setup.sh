@@ -10,7 +10,7 @@ PACKAGES="build-essential cmake ninja-build pkg-config git
   libboost-dev libboost-system-dev libboost-context-dev libopenblas-openmp-dev libgtest-dev
   nlohmann-json3-dev zlib1g-dev clang libclang-rt-14-dev
   python3 python3-torch python3-numpy python3-venv python3-pip
-  fortunes fortunes-min iproute2"
+  fortunes fortunes-min iproute2 slurmctld slurmd slurm-client munge"
 
 missing=""
 for p in $PACKAGES; do
