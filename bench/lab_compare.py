@@ -85,9 +85,9 @@ def run_mode(args, mode, rate, scratch):
         def start(node, argv, name):
             log = open(os.path.join(workdir, name + ".log"), "w")
             logs.append(log)
-            # UCX cannot tell the namespaces apart from one host (they share
-            # the boot id it checks) and would move bytes through shared
-            # memory, around the links: TCP between nodes.
+            # UCX takes the namespaces for one host (even with host names of
+            # their own) and would move bytes through shared memory, around
+            # the links: TCP between nodes.
             return lab.popen(node, argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
                              env=dict(os.environ, OMP_NUM_THREADS="1", UCX_TLS="tcp"))
 

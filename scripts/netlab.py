@@ -235,11 +235,17 @@ class Lab:
         return _node_names(self.owner, i)["netns"]
 
     def describe(self):
-        return [{"node": i, "netns": self.netns(i), "address": self.address(i)} for i in range(self.nodes)]
+        return [{"node": i, "netns": self.netns(i), "address": self.address(i), "hostname": self.hostname(i)}
+                for i in range(self.nodes)]
+
+    def hostname(self, i):
+        return f"node{i}"
 
     def command(self, i, argv):
-        """argv run on node i."""
-        return ["ip", "netns", "exec", self.netns(i)] + list(argv)
+        """argv run on node i, under the node's own host name (a UTS
+        namespace of its own), as on a machine of its own."""
+        return (["ip", "netns", "exec", self.netns(i), "unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"',
+                 self.hostname(i)] + list(argv))
 
     def popen(self, i, argv, **kwargs):
         """Starts argv on node i; the lab kills it when it closes."""
