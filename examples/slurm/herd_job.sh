@@ -8,7 +8,10 @@
 #   herd_job.sh CONFIG [--set path=value ...] [--resume | --overwrite] [--stop-at STEP]
 #
 # HERD_BIN: the directory holding herd, herd-server and herd-worker
-# (default: where `herd` is on PATH). The job token lives in the submit
+# (default: where `herd` is on PATH). HERD_SERVERS_PER_NODE and
+# HERD_WORKERS_PER_NODE place each step (srun --ntasks-per-node), e.g. one
+# worker per GPU on GPU nodes; HERD_SERVER_NODES and HERD_WORKER_NODES
+# (srun --nodelist) put servers on CPU nodes of their own, BytePS's layout. The job token lives in the submit
 # directory (a filesystem every node sees), readable by you alone, and is
 # removed when the job ends. Exits with the first failing process's code.
 set -euo pipefail
@@ -52,11 +55,17 @@ export HERD_COORDINATOR="$(hostname):$(cat "$PORT_FILE")"
 export HERD_JOB_TOKEN_FILE="$TOKEN"
 
 # Steps share the allocation's CPUs (--overlap): servers, then workers.
+place() {  # PER_NODE NODES: srun's placement options
+  [[ -z $1 ]] || printf -- '--ntasks-per-node=%s\n' "$1"
+  [[ -z $2 ]] || printf -- '--nodelist=%s\n' "$2"
+}
+mapfile -t SERVER_PLACE < <(place "${HERD_SERVERS_PER_NODE:-}" "${HERD_SERVER_NODES:-}")
+mapfile -t WORKER_PLACE < <(place "${HERD_WORKERS_PER_NODE:-}" "${HERD_WORKER_NODES:-}")
 if [[ $SERVERS -gt 0 ]]; then
-  srun --overlap --kill-on-bad-exit=0 --ntasks="$SERVERS" "$BIN/herd-server" "$CONFIG" "$@" &
+  srun --overlap --kill-on-bad-exit=0 --ntasks="$SERVERS" "${SERVER_PLACE[@]}" "$BIN/herd-server" "$CONFIG" "$@" &
   PIDS+=($!)
 fi
-srun --overlap --kill-on-bad-exit=0 --ntasks="$WORKERS" "$BIN/herd-worker" "$CONFIG" "$@" &
+srun --overlap --kill-on-bad-exit=0 --ntasks="$WORKERS" "${WORKER_PLACE[@]}" "$BIN/herd-worker" "$CONFIG" "$@" &
 PIDS+=($!)
 
 # The coordinator tells every process when one fails, so all steps end;
