@@ -3,6 +3,7 @@
 // in-process clients for rank assignment, barriers and all-gathers (the
 // multi-process behaviour is in tests/transport_*_test.py).
 #include <gmock/gmock.h>
+#include <glog/logging.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
@@ -175,27 +176,52 @@ TEST(Rendezvous, ConfigHashIgnoresSpelledOutDefaults) {
 }
 
 // The coordinator in a thread and clients in threads of this process.
-TEST(Coordinator, RanksBarriersAndAllGather) {
-  CoordinatorOptions options;
-  options.token = "secret";
-  const JobShape shape{.servers = 1, .workers = 3, .heartbeat_interval_s = 0.2, .heartbeat_timeout_s = 5,
-                       .join_timeout_s = 20};
-  options.job = shape;
-  auto coordinator = Coordinator::Start(options);
-  ASSERT_TRUE(coordinator.ok()) << coordinator.status().message();
-  Status result;
-  std::thread serve([&] { result = (*coordinator)->Run(); });
-  const std::string address = "127.0.0.1:" + std::to_string((*coordinator)->port());
-
-  auto join = [&](wire::Role role, int rank) {
+// A coordinator for `shape` (token "secret") serving on a thread of its
+// own; Join makes an in-process client of it. Finish waits for Run()'s end.
+class TestCoordinator {
+ public:
+  explicit TestCoordinator(const JobShape& shape) : shape_(shape) {
+    CoordinatorOptions options;
+    options.token = "secret";
+    options.job = shape;
+    auto started = Coordinator::Start(options);
+    CHECK(started.ok()) << started.status().message();
+    coordinator_ = std::move(*started);
+    serve_ = std::thread([this] { result_ = coordinator_->Run(); });
+  }
+  ~TestCoordinator() {
+    if (serve_.joinable()) serve_.join();
+  }
+  // `shape`: what the client believes the job is (default: the coordinator's).
+  StatusOr<std::unique_ptr<CoordinatorClient>> Join(wire::Role role, int rank = -1,
+                                                    const std::string& ucx_address = "addr",
+                                                    const JobShape* shape = nullptr) {
     JoinOptions o;
-    o.coordinator = address;
+    o.coordinator = "127.0.0.1:" + std::to_string(coordinator_->port());
     o.token = "secret";
     o.role = role;
     o.rank = rank;
-    o.job = shape;
-    o.ucx_address = "addr-" + std::to_string(role) + "-" + std::to_string(rank);
+    o.job = shape != nullptr ? *shape : shape_;
+    o.ucx_address = ucx_address;
     return CoordinatorClient::Join(o);
+  }
+  Status Finish() {
+    serve_.join();
+    return result_;
+  }
+
+ private:
+  const JobShape shape_;
+  std::unique_ptr<Coordinator> coordinator_;
+  Status result_;
+  std::thread serve_;
+};
+
+TEST(Coordinator, RanksBarriersAndAllGather) {
+  TestCoordinator coordinator(JobShape{.servers = 1, .workers = 3, .heartbeat_interval_s = 0.2,
+                                       .heartbeat_timeout_s = 5, .join_timeout_s = 20});
+  auto join = [&](wire::Role role, int rank) {
+    return coordinator.Join(role, rank, "addr-" + std::to_string(role) + "-" + std::to_string(rank));
   };
   std::vector<std::thread> threads;
   std::vector<std::string> failures(4);
@@ -226,7 +252,7 @@ TEST(Coordinator, RanksBarriersAndAllGather) {
     });
   }
   for (auto& t : threads) t.join();
-  serve.join();
+  const Status result = coordinator.Finish();
   for (int i = 0; i < 4; ++i) EXPECT_EQ(failures[i], "ok") << i;
   EXPECT_TRUE(result.ok()) << result.message();
   EXPECT_EQ(ranks[0], 0);
@@ -242,27 +268,11 @@ TEST(Coordinator, RanksBarriersAndAllGather) {
 // that word comes (another process's end is the cause), as itself when it
 // does not, and any other error at once.
 TEST(Coordinator, ExplainPrefersTheJobsFailureToAnEchoOfIt) {
-  CoordinatorOptions options;
-  options.token = "secret";
-  const JobShape shape{.servers = 1, .workers = 1, .heartbeat_interval_s = 0.2, .heartbeat_timeout_s = 5,
-                       .join_timeout_s = 20};
-  options.job = shape;
-  auto coordinator = Coordinator::Start(options);
-  ASSERT_TRUE(coordinator.ok()) << coordinator.status().message();
-  Status ran;
-  std::thread serve([&] { ran = (*coordinator)->Run(); });
-  auto join = [&](wire::Role role) {
-    JoinOptions o;
-    o.coordinator = "127.0.0.1:" + std::to_string((*coordinator)->port());
-    o.token = "secret";
-    o.role = role;
-    o.job = shape;
-    o.ucx_address = "addr";
-    return CoordinatorClient::Join(o);
-  };
+  TestCoordinator coordinator(JobShape{.servers = 1, .workers = 1, .heartbeat_interval_s = 0.2,
+                                       .heartbeat_timeout_s = 5, .join_timeout_s = 20});
   StatusOr<std::unique_ptr<CoordinatorClient>> server = Status::Internal("not joined");
-  std::thread joining([&] { server = join(wire::SERVER); });
-  auto worker = join(wire::WORKER);
+  std::thread joining([&] { server = coordinator.Join(wire::SERVER); });
+  auto worker = coordinator.Join(wire::WORKER);
   joining.join();
   ASSERT_TRUE(server.ok() && worker.ok());
 
@@ -274,26 +284,15 @@ TEST(Coordinator, ExplainPrefersTheJobsFailureToAnEchoOfIt) {
   EXPECT_THAT((*worker)->Explain(echo, 10).message(), HasSubstr("server rank 0"));
   EXPECT_THAT((*worker)->Explain(echo, 10).message(), HasSubstr("was lost"));
   worker->reset();
-  serve.join();
 }
 
 // Not everyone arrives: after join_timeout the ones waiting are refused
 // with the count of who came, and Run() reports it.
 TEST(Coordinator, JoinTimeoutRefusesTheWaitingWithWhoIsMissing) {
-  CoordinatorOptions options;
-  options.token = "secret";
-  options.job = JobShape{.servers = 1, .workers = 2, .join_timeout_s = 0.5};
-  auto coordinator = Coordinator::Start(options);
-  ASSERT_TRUE(coordinator.ok());
-  Status result;
-  std::thread serve([&] { result = (*coordinator)->Run(); });
-  JoinOptions o;
-  o.coordinator = "127.0.0.1:" + std::to_string((*coordinator)->port());
-  o.token = "secret";
-  o.role = wire::WORKER;
-  o.job = JobShape{.servers = 1, .workers = 2, .join_timeout_s = 20};
-  auto client = CoordinatorClient::Join(o);
-  serve.join();
+  TestCoordinator coordinator(JobShape{.servers = 1, .workers = 2, .join_timeout_s = 0.5});
+  const JobShape patient{.servers = 1, .workers = 2, .join_timeout_s = 20};
+  auto client = coordinator.Join(wire::WORKER, -1, "addr", &patient);
+  const Status result = coordinator.Finish();
   ASSERT_FALSE(client.ok());
   EXPECT_NE(client.status().message().find("joined: 0/1 servers, 1/2 workers"), std::string::npos)
       << client.status().message();
