@@ -66,11 +66,19 @@ def parse_rate(rate):
 
 def _tbf(dev, rate, netns=None, change=False):
     bits = parse_rate(rate)
-    # The bucket holds 4 ms at the rate (at least 64 KiB, one GSO segment):
-    # smaller buckets throttle below the rate, larger ones let bursts through.
-    burst = max(64 << 10, int(bits / 8 * 0.004))
-    _ip("tc", "qdisc", "replace" if change else "add", "dev", dev, "root", "tbf", "rate", f"{int(bits)}bit",
-        "burst", str(burst), "latency", "100ms", netns=netns)
+    # The bucket holds 4 ms at the rate, and at least 256 KiB: more than the
+    # largest packet a veth queues (a 64 KiB GSO segment plus headers). A
+    # packet larger than the bucket never leaves, and stalls the link for
+    # good when a rate change shrinks the bucket under packets queued before.
+    burst = max(256 << 10, int(bits / 8 * 0.004))
+    # `change` alters the limiter in place: its queue and child stay.
+    _ip("tc", "qdisc", "change" if change else "add", "dev", dev, "root", "handle", "1:", "tbf", "rate",
+        f"{int(bits)}bit", "burst", str(burst), "latency", "100ms", netns=netns)
+    if not change:
+        # Behind the limiter, priority bands by the packets' TOS, as a NIC's
+        # default queue has: low-delay traffic (herd's control messages)
+        # goes first instead of waiting, and being dropped, behind bulk data.
+        _ip("tc", "qdisc", "add", "dev", dev, "parent", "1:1", "handle", "10:", "pfifo_fast", netns=netns)
 
 
 def _names(owner):

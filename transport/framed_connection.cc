@@ -1,5 +1,9 @@
 #include "transport/framed_connection.h"
 
+#include <netinet/in.h>
+#include <netinet/ip.h>
+#include <sys/socket.h>
+
 namespace herd::transport {
 
 namespace asio = boost::asio;
@@ -11,6 +15,13 @@ FramedConnection::FramedConnection(Socket socket, size_t max_body_bytes)
   auto remote = socket_.remote_endpoint(ec);
   peer_ = ec ? "unknown peer" : remote.address().to_string() + ":" + std::to_string(remote.port());
   socket_.set_option(tcp::no_delay(true), ec);
+  // Control messages, heartbeats above all, must not queue behind a link's
+  // bulk data (a congested link would otherwise starve them until the job
+  // declares a healthy process lost): marked low-delay, which priority
+  // queues serve first (Linux's default pfifo_fast, DSCP-aware switches).
+  // Best effort: a socket that refuses the mark works unmarked.
+  const int tos = IPTOS_LOWDELAY;
+  ::setsockopt(socket_.native_handle(), IPPROTO_IP, IP_TOS, &tos, sizeof tos);
 }
 
 void FramedConnection::Start(MessageHandler on_message, EndHandler on_end) {
