@@ -111,19 +111,29 @@ Status DistributedSampler::RestoreState(const std::string& state) {
   }
   // The seed decides every epoch's shuffle: a different one would silently
   // train on other sequences than the run being resumed.
-  if (tokens != file_->size() || seq_len != seq_len_ || world_size != world_size_ || rank != rank_ || seed != seed_) {
-    return Status::FailedPrecondition(
-        "data-loader state was saved for " + N(tokens) + " tokens, seq_len " + N(seq_len) + ", " + N(world_size) +
-        " workers, rank " + N(rank) + ", seed " + std::to_string(seed) + "; this run has " + N(file_->size()) +
-        " tokens (" + file_->path() + "), seq_len " + N(seq_len_) + ", " + N(world_size_) + " workers, rank " +
-        N(rank_) + ", seed " + std::to_string(seed_));
+  if (tokens != file_->size() || seq_len != seq_len_ || seed != seed_) {
+    return Status::FailedPrecondition("data-loader state was saved for " + N(tokens) + " tokens, seq_len " +
+                                      N(seq_len) + ", seed " + std::to_string(seed) + "; this run has " +
+                                      N(file_->size()) + " tokens (" + file_->path() + "), seq_len " + N(seq_len_) +
+                                      ", seed " + std::to_string(seed_));
   }
-  if (epoch < 0 || position < 0 || position > per_rank()) {
+  if (world_size < 1 || rank < 0 || rank >= world_size || epoch < 0 || position < 0 ||
+      position > num_sequences_ / world_size) {
     return Status::Corruption("data-loader state is out of range: epoch " + N(epoch) + " position " + N(position) +
-                              " (each rank has " + N(per_rank()) + " sequences per epoch)");
+                              " of rank " + N(rank) + " of " + N(world_size));
+  }
+  // Every rank is at the same position, so the state is the epoch's global
+  // one: position x world_size sequences taken, whatever the number of
+  // workers that took them. Another number of workers continues from there.
+  const int64_t taken = position * world_size;
+  if (taken % world_size_ != 0) {
+    return Status::FailedPrecondition("data-loader state: " + N(taken) + " sequences of epoch " + N(epoch) +
+                                      " were taken by " + N(world_size) + " workers; " + N(world_size_) +
+                                      " workers cannot split that position evenly (keep the global batch, "
+                                      "train.batch_size x train.grad_accum x workers, the same)");
   }
   epoch_ = epoch;
-  position_ = position;
+  position_ = taken / world_size_;
   Shuffle();
   return Status::OK();
 }

@@ -52,9 +52,13 @@ class DistributedSampler {
   int64_t per_rank() const { return num_sequences_ / world_size_; }
 
   // One text line: the epoch, the position and what the state was made for
-  // (dataset size, seq_len, world size, rank, seed). RestoreState rejects
-  // malformed text and state made for another dataset size, T, W, rank or
-  // seed, with one line saying which; on error the sampler is unchanged.
+  // (dataset size, seq_len, world size, rank, seed). Every rank takes the
+  // same number of sequences, so the state says where the whole epoch is
+  // (position x world size sequences taken): RestoreState accepts any
+  // rank's state, of any world size that leaves a position this one can
+  // split evenly. It rejects malformed text and state made for another
+  // dataset size, T or seed, with one line saying which; on error the
+  // sampler is unchanged.
   std::string SaveState() const;
   Status RestoreState(const std::string& state);
 

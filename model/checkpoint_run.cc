@@ -80,9 +80,31 @@ constexpr const char* kResumableFields[] = {
     "train.steps", "train.threads", "checkpoint.dir", "checkpoint.every", "checkpoint.init_from", "data.val",
     "data.prepare_from", "data.val_fraction", "log", "cluster", "device"};
 
+namespace {
+
+int64_t WorkersOf(const config::JobConfig& c) {
+  return c.cluster().sync() == config::ClusterConfig::NONE ? 1 : c.cluster().workers();
+}
+
+// Sequences per step: train.batch_size x train.grad_accum x workers.
+int64_t GlobalBatch(const config::JobConfig& c) {
+  return int64_t{c.train().batch_size()} * c.train().grad_accum() * WorkersOf(c);
+}
+
+std::string DescribeGlobalBatch(const config::JobConfig& c) {
+  return std::to_string(GlobalBatch(c)) + " sequences per step (train.batch_size " +
+         std::to_string(c.train().batch_size()) + " x train.grad_accum " + std::to_string(c.train().grad_accum()) +
+         " x " + std::to_string(WorkersOf(c)) + " worker(s))";
+}
+
+}  // namespace
+
 Status CheckSameRun(const std::string& step_dir, const config::JobConfig& config) {
   HERD_ASSIGN_OR_RETURN(config::JobConfig saved, ReadCheckpointConfig(step_dir));
   HERD_RETURN_IF_ERROR(CheckSameShape(saved.model(), config.model(), step_dir));
+  config::JobConfig resumed = config;
+  resumed.mutable_train()->set_batch_size(saved.train().batch_size());
+  resumed.mutable_train()->set_grad_accum(saved.train().grad_accum());
   std::string diff;
   google::protobuf::util::MessageDifferencer differ;
   differ.set_message_field_comparison(google::protobuf::util::MessageDifferencer::EQUIVALENT);
@@ -95,11 +117,27 @@ Status CheckSameRun(const std::string& step_dir, const config::JobConfig& config
     differ.IgnoreField(Field(d, parts.back().c_str()));
     resumable += (resumable.empty() ? "" : ", ") + std::string(name) + (parts.size() == 1 ? ".*" : "");
   }
+  resumable += ", and train.batch_size and train.grad_accum with the same global batch";
   differ.ReportDifferencesToString(&diff);
-  if (!differ.Compare(saved, config)) {
+  if (!differ.Compare(saved, resumed)) {
+    diff.clear();
+    differ.Compare(saved, config);  // the message names the split too
     return Status::InvalidArgument("--resume: " + step_dir + " was written by a run with other settings (" +
                                    Changes(diff) + "); a resume may change only " + resumable +
                                    " (train with the new settings in another checkpoint.dir)");
+  }
+  // Any number of processes continues the run as long as each step takes
+  // the same sequences: the global batch, not its split, is the run's.
+  if (GlobalBatch(saved) != GlobalBatch(config)) {
+    const int64_t per_worker = GlobalBatch(saved) / (int64_t{config.train().grad_accum()} * WorkersOf(config));
+    const bool splits = per_worker * config.train().grad_accum() * WorkersOf(config) == GlobalBatch(saved);
+    return Status::InvalidArgument(
+        "--resume: " + step_dir + " was written with a global batch of " + DescribeGlobalBatch(saved) +
+        "; this run has " + DescribeGlobalBatch(config) + ": a resume keeps the global batch (" +
+        (splits ? "set train.batch_size=" + std::to_string(per_worker)
+                : "choose train.batch_size, train.grad_accum and workers whose product is " +
+                      std::to_string(GlobalBatch(saved))) +
+        ")");
   }
   return Status::OK();
 }

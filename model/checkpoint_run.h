@@ -33,8 +33,10 @@ Status CheckSameModel(const std::string& step_dir, const config::JobConfig& conf
 // A checkpoint only continues the run it came from: the same model shape
 // and the same config, but for what --resume may change (the run's length
 // train.steps, train.threads, log.*, checkpoint.dir/every/init_from,
-// data.val/prepare_from/val_fraction, cluster.*, device.*); the error
-// names each field that differs.
+// data.val/prepare_from/val_fraction, cluster.*, device.*, and how the
+// global batch is split: train.batch_size and train.grad_accum, as long as
+// batch_size x grad_accum x workers stays the same); the error names each
+// field that differs, or the global batch and what to set.
 Status CheckSameRun(const std::string& step_dir, const config::JobConfig& config);
 
 // Where a process of a run starts: with `resume`, the newest complete

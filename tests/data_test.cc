@@ -343,24 +343,67 @@ TEST_F(DataSamplerTest, RestoreRejectsOtherRunsAndGarbageAndChangesNothing) {
     EXPECT_EQ(st.message().find('\n'), std::string::npos) << st.message();
     EXPECT_EQ(Rows(*s, 1, seq_len), Rows(*twin, 1, seq_len)) << "a failed restore moved the sampler";
   };
-  expect(file, T, 3, 1, state,
-         "2 workers, rank 1, seed 3; this run has 201 tokens (" + file.path() + "), seq_len 4, 3 workers");
-  expect(file, T, 2, 0, state, ", 2 workers, rank 0");
-  expect(file, T + 1, 2, 1, state, "seq_len 4");
+  // 2 workers took 4 sequences: 3 cannot split that position.
+  expect(file, T, 3, 1, state, "4 sequences of epoch 0 were taken by 2 workers; 3 workers cannot split");
+  expect(file, T + 1, 2, 1, state, "seq_len 4, seed 3; this run has 201 tokens (" + file.path() + "), seq_len 5");
   expect(other_file, T, 2, 1, state, "saved for 201 tokens");
   expect(file, T, 2, 1, "", "malformed");
   expect(file, T, 2, 1, "garbage", "malformed: 'garbage'");
   expect(file, T, 2, 1, state + "extra", "malformed");
   expect(file, T, 2, 1, "epoch 0 position 0 tokens 201 seq_len 4 world_size 2 rank 1", "malformed");  // no seed
   expect(file, T, 2, 1, "epoch -1 position 0 tokens 201 seq_len 4 world_size 2 rank 1 seed 3", "out of range");
-  expect(file, T, 2, 1, "epoch 0 position 26 tokens 201 seq_len 4 world_size 2 rank 1 seed 3",
-         "25 sequences per epoch");
+  expect(file, T, 2, 1, "epoch 0 position 26 tokens 201 seq_len 4 world_size 2 rank 1 seed 3", "out of range");
+  expect(file, T, 2, 1, "epoch 0 position 1 tokens 201 seq_len 4 world_size 2 rank 2 seed 3", "out of range");
   auto reseeded = DistributedSampler::Create(file, T, 2, 1, 4);
   Status st = reseeded->RestoreState(state);
   EXPECT_NE(st.message().find("seed 3; this run has"), std::string::npos) << st.message();
   EXPECT_NE(st.message().find("seed 4"), std::string::npos) << st.message();
   auto s = DistributedSampler::Create(file, T, 2, 1, 3);
   EXPECT_TRUE(s->RestoreState(state).ok());
+  auto four = DistributedSampler::Create(file, T, 4, 3, 3);  // any rank of a count that splits it
+  EXPECT_TRUE(four->RestoreState(state).ok());
+  EXPECT_EQ(four->position(), 1);
+}
+
+// The state is the epoch's global position: a run that changes its number
+// of workers (keeping the global batch) goes on taking exactly the
+// sequences one process would, none skipped and none repeated, across
+// epochs.
+TEST_F(DataSamplerTest, AnotherWorkerCountContinuesTheGlobalOrder) {
+  const int T = 3, G = 12;
+  const TokenFile& file = Counting(101 * T + 1);  // 101 sequences: 8 steps an epoch, 5 dropped
+  for (const auto& [w1, w2] : std::vector<std::pair<int, int>>{{2, 3}, {3, 1}, {1, 4}, {4, 2}}) {
+    for (int stop : {3, 8, 11}) {  // mid-epoch, at the boundary, in epoch 1
+      SCOPED_TRACE("W " + std::to_string(w1) + " -> " + std::to_string(w2) + " after " + std::to_string(stop));
+      auto single = DistributedSampler::Create(file, T, 1, 0, 11);
+      auto make = [&](int W) {
+        std::vector<DistributedSampler> ranks;
+        for (int r = 0; r < W; ++r) ranks.push_back(*DistributedSampler::Create(file, T, W, r, 11));
+        return ranks;
+      };
+      std::vector<DistributedSampler> ranks = make(w1);
+      std::map<int64_t, std::multiset<int64_t>> taken;  // per epoch: every sequence taken
+      for (int step = 0; step < 24; ++step) {
+        if (step == stop) {
+          const std::string state = ranks[w1 - 1].SaveState();  // any rank's
+          ranks = make(w2);
+          for (auto& s : ranks) ASSERT_TRUE(s.RestoreState(state).ok());
+        }
+        const int W = static_cast<int>(ranks.size());
+        std::multiset<int64_t> together;
+        for (auto& s : ranks) {
+          for (int64_t q : Rows(s, G / W, T)) together.insert(q);
+        }
+        ASSERT_EQ(Multiset(Rows(*single, G, T)), together) << "step " << step;
+        taken[ranks[0].epoch()].insert(together.begin(), together.end());
+      }
+      for (const auto& [epoch, seqs] : taken) {
+        EXPECT_EQ(std::set<int64_t>(seqs.begin(), seqs.end()).size(), seqs.size())
+            << "a sequence taken twice in epoch " << epoch;
+        EXPECT_EQ(seqs.size(), 96u) << "epoch " << epoch << ": sequences skipped";
+      }
+    }
+  }
 }
 
 TEST_F(DataSamplerTest, TooSmallDatasetIsAClearError) {

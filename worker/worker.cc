@@ -129,7 +129,9 @@ Status RunWorker(const config::JobConfig& config, const TrainOptions& options, c
     HERD_ASSIGN_OR_RETURN(w.sampler, DistributedSampler::Create(data.train, T, num_workers, rank, train.seed()));
     HERD_RETURN_IF_ERROR(w.sampler->CheckBatch(B).WithContext("train.batch_size: "));
     if (resume_from) {
-      const std::string path = JoinPath(resume_from->dir, WorkerFileName(rank));
+      // Every worker's state holds the same global position: worker 0's
+      // serves any number of workers now.
+      const std::string path = JoinPath(resume_from->dir, WorkerFileName(0));
       HERD_ASSIGN_OR_RETURN(std::string loader, ReadFile(path));
       HERD_RETURN_IF_ERROR(w.sampler->RestoreState(loader).WithContext(path + ": "));
     }
