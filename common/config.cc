@@ -342,6 +342,10 @@ Status ValidateJobConfig(const JobConfig& config) {
   return Status::InvalidArgument(violations.front().field + ": " + violations.front().message);
 }
 
+int NumWorkers(const JobConfig& config) {
+  return config.cluster().sync() == config::ClusterConfig::NONE ? 1 : config.cluster().workers();
+}
+
 std::string ConfigToText(const JobConfig& config) {
   // Fill every default in so that the text is a complete record of the job.
   JobConfig full = config;

@@ -42,4 +42,7 @@ Status ValidateJobConfig(const JobConfig& config);
 // checkpoints.
 std::string ConfigToText(const JobConfig& config);
 
+// The job's workers: cluster.workers, or 1 for one process (sync NONE).
+int NumWorkers(const JobConfig& config);
+
 }  // namespace herd

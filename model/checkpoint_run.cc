@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "common/config.h"
 #include "common/file_util.h"
 #include "common/strings.h"
 #include "model/checkpoint_format.h"
@@ -82,19 +83,15 @@ constexpr const char* kResumableFields[] = {
 
 namespace {
 
-int64_t WorkersOf(const config::JobConfig& c) {
-  return c.cluster().sync() == config::ClusterConfig::NONE ? 1 : c.cluster().workers();
-}
-
 // Sequences per step: train.batch_size x train.grad_accum x workers.
 int64_t GlobalBatch(const config::JobConfig& c) {
-  return int64_t{c.train().batch_size()} * c.train().grad_accum() * WorkersOf(c);
+  return int64_t{c.train().batch_size()} * c.train().grad_accum() * NumWorkers(c);
 }
 
 std::string DescribeGlobalBatch(const config::JobConfig& c) {
   return std::to_string(GlobalBatch(c)) + " sequences per step (train.batch_size " +
          std::to_string(c.train().batch_size()) + " x train.grad_accum " + std::to_string(c.train().grad_accum()) +
-         " x " + std::to_string(WorkersOf(c)) + " worker(s))";
+         " x " + std::to_string(NumWorkers(c)) + " worker(s))";
 }
 
 }  // namespace
@@ -129,12 +126,12 @@ Status CheckSameRun(const std::string& step_dir, const config::JobConfig& config
   // Any number of processes continues the run as long as each step takes
   // the same sequences: the global batch, not its split, is the run's.
   if (GlobalBatch(saved) != GlobalBatch(config)) {
-    const int64_t per_worker = GlobalBatch(saved) / (int64_t{config.train().grad_accum()} * WorkersOf(config));
-    const bool splits = per_worker * config.train().grad_accum() * WorkersOf(config) == GlobalBatch(saved);
+    const int64_t split = int64_t{config.train().grad_accum()} * NumWorkers(config);
+    const bool splits = GlobalBatch(saved) % split == 0;
     return Status::InvalidArgument(
         "--resume: " + step_dir + " was written with a global batch of " + DescribeGlobalBatch(saved) +
         "; this run has " + DescribeGlobalBatch(config) + ": a resume keeps the global batch (" +
-        (splits ? "set train.batch_size=" + std::to_string(per_worker)
+        (splits ? "set train.batch_size=" + std::to_string(GlobalBatch(saved) / split)
                 : "choose train.batch_size, train.grad_accum and workers whose product is " +
                       std::to_string(GlobalBatch(saved))) +
         ")");

@@ -26,8 +26,7 @@ STEPS = 30
 def main():
     a = herdtest.parse_args()
     sb = herdtest.Sandbox(a.build)
-    sb.corpus()
-    sb.run("prepare", "corpus.txt", "--out", "train.bin")
+    sb.training_data()
     sb.run("prepare", "corpus.txt", "--out", "val.bin")
 
     def job(name, batch, cluster="", **kw):

@@ -56,8 +56,7 @@ def main():
     if version["cuda_devices"] == 0:
         print("skipped: no CUDA device visible")
         sys.exit(77)
-    sb.corpus()
-    sb.run("prepare", "corpus.txt", "--out", "train.bin")
+    sb.training_data()
 
     def job(name, batch=8, device="", cluster="", ckpt=""):
         text = herdtest.tiny_config("train.bin", steps=STEPS, metrics=name + ".jsonl", ckpt=ckpt, every=10 if ckpt else 0,

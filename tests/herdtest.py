@@ -45,6 +45,12 @@ class Sandbox:
             f.write(text)
         return self.path(name)
 
+    def training_data(self):
+        """corpus.txt and its tokens, train.bin: what most jobs train on."""
+        self.corpus()
+        self.run("prepare", "corpus.txt", "--out", "train.bin")
+        return self.path("train.bin")
+
     def corpus(self, name="corpus.txt", n_bytes=200_000, seed=0):
         """Pseudo-English text: enough structure for a model to learn."""
         rng = random.Random(seed)

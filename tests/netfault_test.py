@@ -123,8 +123,7 @@ def link_down(sb, lab, victim, needle, cfg_name):
 def main():
     a = herdtest.parse_args()
     sb = herdtest.Sandbox(a.build)
-    sb.corpus()
-    sb.run("prepare", "corpus.txt", "--out", "train.bin")
+    sb.training_data()
     try:
         lab = netlab.Lab(nodes=len(NODES), rate="1gbit")
         lab.create()

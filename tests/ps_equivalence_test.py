@@ -102,8 +102,7 @@ def files_of(root, step):
 def main():
     a = herdtest.parse_args()
     sb = herdtest.Sandbox(a.build)
-    sb.corpus()
-    sb.run("prepare", "corpus.txt", "--out", "train.bin")
+    sb.training_data()
     sb.run("prepare", "corpus.txt", "--out", "val.bin")
 
     def job(name, batch, cluster="", clip=True, **kw):

@@ -62,8 +62,7 @@ def kill_mid_run(sb, role, rank,
 def main():
     a = herdtest.parse_args()
     sb = herdtest.Sandbox(a.build)
-    sb.corpus()
-    sb.run("prepare", "corpus.txt", "--out", "train.bin")
+    sb.training_data()
     try:
         t_server = kill_mid_run(sb, "server", 1)
         t_worker = kill_mid_run(sb, "worker", 0)

@@ -37,8 +37,7 @@ def losses(path):
 def main():
     a = herdtest.parse_args()
     sb = herdtest.Sandbox(a.build)
-    sb.corpus()
-    sb.run("prepare", "corpus.txt", "--out", "train.bin")
+    sb.training_data()
 
     def config(shape, name):
         batch, cluster = SHAPES[shape]

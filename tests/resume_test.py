@@ -24,8 +24,7 @@ def shard_bytes(ckpt_root, step):
 def main():
     a = herdtest.parse_args()
     sb = herdtest.Sandbox(a.build)
-    sb.corpus()
-    sb.run("prepare", "corpus.txt", "--out", "train.bin")
+    sb.training_data()
 
     def job(name, **kw):
         return sb.write(name + ".textproto", herdtest.tiny_config("train.bin", steps=20, ckpt=name, every=10,

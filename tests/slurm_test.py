@@ -164,8 +164,7 @@ def main():
         print(f"skipped: not installed: {', '.join(missing)} (apt install slurmctld slurmd slurm-client munge)")
         sys.exit(77)
     sb = herdtest.Sandbox(a.build)
-    sb.corpus()
-    sb.run("prepare", "corpus.txt", "--out", "train.bin")
+    sb.training_data()
     cluster = Cluster(tempfile.mkdtemp(prefix="herd_slurm_"))
     env = {"HERD_BIN": os.path.abspath(a.build)}
     try:

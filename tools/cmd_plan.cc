@@ -28,10 +28,10 @@ std::string Name(const ProcessMemory& p, int workers) {
 void PrintJson(const config::JobConfig& config, const MemoryPlan& plan, const config::JobConfig* fit, int64_t mem,
                int64_t gpu_mem) {
   // The job's process counts, for scripts that start it (examples/slurm).
-  const bool job = config.cluster().sync() != config::ClusterConfig::NONE;
   std::printf("{\"parameters\": %lld, \"sync\": \"%s\", \"servers\": %d, \"workers\": %d, \"processes\": [",
               static_cast<long long>(plan.parameters), config::ClusterConfig::Sync_Name(config.cluster().sync()).c_str(),
-              job ? config.cluster().servers() : 0, job ? config.cluster().workers() : 1);
+              config.cluster().sync() == config::ClusterConfig::NONE ? 0 : config.cluster().servers(),
+              NumWorkers(config));
   for (size_t i = 0; i < plan.processes.size(); ++i) {
     const ProcessMemory& p = plan.processes[i];
     std::printf(
