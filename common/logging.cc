@@ -20,9 +20,14 @@ void InitLogging(const char* argv0) {
 int ReportError(const Status& status) {
   std::fprintf(stderr, "herd: error: %s\n", status.message().c_str());
   std::fflush(stderr);
+  return ExitCode(status);
+}
+
+int ExitCode(const Status& status) {
   switch (status.code()) {
     case Status::Code::kInvalidArgument: return kExitBadInput;
-    case Status::Code::kAborted: return kExitStoppedByJob;
+    case Status::Code::kAborted:
+    case Status::Code::kCancelled: return kExitStoppedByJob;
     default: return kExitFailure;
   }
 }

@@ -11,6 +11,10 @@ namespace herd {
 struct TrainOptions {
   // Continue from the newest complete checkpoint in checkpoint.dir.
   bool resume = false;
+  // With `resume`: when checkpoint.dir holds no complete checkpoint yet,
+  // start the run from the beginning instead of failing (a process that is
+  // started again after a failure does not know whether one was written).
+  bool start_if_none = false;
   // A fresh run into a checkpoint.dir that holds checkpoints removes them
   // (otherwise it is refused).
   bool overwrite = false;

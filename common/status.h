@@ -22,7 +22,8 @@ class Status {
     kFailedPrecondition,
     kInternal,
     kUnavailable,  // a peer or the coordinator is gone
-    kAborted,      // the job was stopped (by a failure elsewhere or a signal)
+    kAborted,      // the job was stopped by a failure elsewhere
+    kCancelled,    // the job was shut down on purpose (a signal, an operator): nothing to retry
   };
 
   Status() = default;
@@ -35,6 +36,7 @@ class Status {
   static Status Internal(std::string msg) { return Status(Code::kInternal, std::move(msg)); }
   static Status Unavailable(std::string msg) { return Status(Code::kUnavailable, std::move(msg)); }
   static Status Aborted(std::string msg) { return Status(Code::kAborted, std::move(msg)); }
+  static Status Cancelled(std::string msg) { return Status(Code::kCancelled, std::move(msg)); }
 
   bool ok() const { return code_ == Code::kOk; }
   Code code() const { return code_; }

@@ -139,12 +139,16 @@ Status CheckSameRun(const std::string& step_dir, const config::JobConfig& config
   return Status::OK();
 }
 
-StatusOr<std::optional<VerifiedCheckpoint>> ResumePoint(const config::JobConfig& config, bool resume) {
+StatusOr<std::optional<VerifiedCheckpoint>> ResumePoint(const config::JobConfig& config, const TrainOptions& options) {
   const std::string& dir = config.checkpoint().dir();
   if (!dir.empty()) HERD_RETURN_IF_ERROR(CheckWritable(dir));
-  if (!resume) return std::optional<VerifiedCheckpoint>();
+  if (!options.resume || (dir.empty() && options.start_if_none)) return std::optional<VerifiedCheckpoint>();
   if (dir.empty()) return Status::InvalidArgument("--resume needs checkpoint.dir to be set");
-  HERD_ASSIGN_OR_RETURN(VerifiedCheckpoint latest, LatestVerifiedCheckpoint(dir));
+  StatusOr<VerifiedCheckpoint> found = LatestVerifiedCheckpoint(dir);
+  if (!found.ok() && found.status().code() == Status::Code::kNotFound && options.start_if_none) {
+    return std::optional<VerifiedCheckpoint>();
+  }
+  HERD_ASSIGN_OR_RETURN(VerifiedCheckpoint latest, std::move(found));
   HERD_RETURN_IF_ERROR(CheckSameRun(latest.dir, config));
   return std::optional<VerifiedCheckpoint>(std::move(latest));
 }

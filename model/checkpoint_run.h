@@ -39,11 +39,12 @@ Status CheckSameModel(const std::string& step_dir, const config::JobConfig& conf
 // field that differs, or the global batch and what to set.
 Status CheckSameRun(const std::string& step_dir, const config::JobConfig& config);
 
-// Where a process of a run starts: with `resume`, the newest complete
+// Where a process of a run starts: with options.resume, the newest complete
 // checkpoint in checkpoint.dir, checked to continue this run
-// (CheckSameRun); without, none. Either way it first makes sure that
-// checkpoints can be written (CheckWritable), before any training.
-StatusOr<std::optional<VerifiedCheckpoint>> ResumePoint(const config::JobConfig& config, bool resume);
+// (CheckSameRun), or none when there is none and options.start_if_none;
+// without, none. Either way it first makes sure that checkpoints can be
+// written (CheckWritable), before any training.
+StatusOr<std::optional<VerifiedCheckpoint>> ResumePoint(const config::JobConfig& config, const TrainOptions& options);
 
 // A fresh run (no --resume) into `root`: refused when it already holds
 // step directories, unless `overwrite`, which removes them first (they

@@ -52,7 +52,7 @@ Status RunParameterServer(const config::JobConfig& config, const TrainOptions& o
   if (config.train().threads() > 0) omp_set_num_threads(config.train().threads());
   const ParamLayout layout(LlamaShape::FromConfig(config.model()));
   HERD_ASSIGN_OR_RETURN(ShardPlan plan, ShardPlan::Create(layout, ShardPlanOptions::FromConfig(config.cluster())));
-  HERD_ASSIGN_OR_RETURN(const std::optional<VerifiedCheckpoint> resume_from, ResumePoint(config, options.resume));
+  HERD_ASSIGN_OR_RETURN(const std::optional<VerifiedCheckpoint> resume_from, ResumePoint(config, options));
   const std::string& ckpt_dir = config.checkpoint().dir();
 
   // The service reaches into the shard: it is declared before the runtime,

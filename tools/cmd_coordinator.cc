@@ -1,9 +1,11 @@
-// herd coordinator [CONFIG] --listen HOST:PORT [--token-file F] [--set ...]
+// herd coordinator [CONFIG] --listen HOST:PORT [--token-file F] [--set ...] [--max-restarts N]
 //   The rendezvous service alone (herd launch runs one inside itself). With
 //   CONFIG the job's shape and timing come from it; without, from the first
 //   process to join, whose config hash then binds everyone else. The job
 //   token comes from --token-file, HERD_JOB_TOKEN or HERD_JOB_TOKEN_FILE.
-//   Exits 0 when every process has left, 1 when one was lost.
+//   Exits 0 when every process has left, 1 when one was lost (with
+//   --max-restarts N, the first N losses instead restart the job: everyone
+//   is let go and the job forms again from the processes that rejoin).
 #include <atomic>
 #include <cstdio>
 #include <string>
@@ -20,8 +22,10 @@
 namespace herd::tools {
 
 int RunCoordinator(int argc, char** argv) {
-  const char* usage = "usage: herd coordinator [CONFIG] --listen HOST:PORT [--token-file F] [--port-file F] [--set ...]";
-  Args args({"listen", "token-file", "port-file", "set"}, {});
+  const char* usage =
+      "usage: herd coordinator [CONFIG] --listen HOST:PORT [--token-file F] [--port-file F] [--set ...] "
+      "[--max-restarts N]";
+  Args args({"listen", "token-file", "port-file", "set", "max-restarts"}, {});
   Status st = args.Parse(argc, argv);
   if (!st.ok()) return ReportError(st.WithContext("coordinator: "));
   if (args.positional().size() > 1) return ReportError(Status::InvalidArgument(usage));
@@ -36,6 +40,9 @@ int RunCoordinator(int argc, char** argv) {
     return ReportError(Status::InvalidArgument("coordinator: --set needs a CONFIG"));
   }
   if (args.Has("listen")) options.listen = args.Get("listen");
+  auto max_restarts = args.GetInt("max-restarts", 0, 0);
+  if (!max_restarts.ok()) return ReportError(max_restarts.status().WithContext("coordinator: "));
+  options.max_restarts = static_cast<int>(*max_restarts);
   auto token = transport::LoadJobToken(args.Get("token-file"), transport::ProcessEnv());
   if (!token.ok()) return ReportError(token.status().WithContext("coordinator: "));
   options.token = *token;

@@ -1,4 +1,4 @@
-// herd launch CONFIG [--set path=value ...] [--resume | --overwrite] [--stop-at STEP]
+// herd launch CONFIG [--set path=value ...] [--resume | --overwrite] [--stop-at STEP] [--max-restarts N]
 #include <cstdio>
 
 #include "common/config.h"
@@ -14,11 +14,12 @@
 namespace herd::tools {
 
 int RunLaunch(int argc, char** argv) {
-  Args args({"set", "stop-at"}, {"resume", "overwrite"});
+  Args args({"set", "stop-at", "max-restarts"}, {"resume", "overwrite"});
   Status st = args.Parse(argc, argv);
   if (!st.ok()) return ReportError(st.WithContext("launch: "));
   if (args.positional().size() != 1) {
-    return ReportError(Status::InvalidArgument("usage: herd launch CONFIG [--set path=value ...] [--resume | --overwrite] [--stop-at STEP]"));
+    return ReportError(Status::InvalidArgument("usage: herd launch CONFIG [--set path=value ...] [--resume | --overwrite] [--stop-at STEP] "
+                                               "[--max-restarts N]"));
   }
   auto config = LoadJobConfig(args.positional()[0], args.GetAll("set"));
   if (!config.ok()) return ReportError(config.status());
@@ -45,8 +46,15 @@ int RunLaunch(int argc, char** argv) {
   auto stop_at = args.GetInt("stop-at", 0, 1);
   if (!stop_at.ok()) return ReportError(stop_at.status());
   options.stop_at_step = *stop_at;
+  auto max_restarts = args.GetInt("max-restarts", 0, 0);
+  if (!max_restarts.ok()) return ReportError(max_restarts.status());
   if (config->cluster().sync() != config::ClusterConfig::NONE) {
-    return RunLocalJob(*config, {args.positional()[0], args.GetAll("set"), options});
+    return RunLocalJob(*config, {args.positional()[0], args.GetAll("set"), options, static_cast<int>(*max_restarts)});
+  }
+  if (*max_restarts > 0) {
+    // Nothing outside the one process could start it again.
+    return ReportError(Status::InvalidArgument(
+        "launch: --max-restarts needs a job of several processes (cluster.sync); one process restarts with --resume"));
   }
   // One process: the job is this one; the checks a launch makes of every
   // job, before anything is prepared, allocated or written.

@@ -237,40 +237,106 @@ const Child* RootCause(const std::vector<Child>& children, int64_t first_lost_pi
   return root;
 }
 
-}  // namespace
+// How one start of the job's processes ended.
+struct Outcome {
+  int exit_code = 0;  // 0: the job finished
+  // What stopped the job, for "herd: error: <cause>; the job stopped".
+  std::string cause;
+  bool setup_error = false;  // the job could not be started: the cause alone
+  bool formed = false;     // every process had joined
+  bool stopped = false;    // by SIGINT/SIGTERM to the launcher
+  bool bad_input = false;  // the cause is a process's bad input (exit code 2): it would recur
+};
 
-int RunLocalJob(const config::JobConfig& config, const LocalJobOptions& options) {
-  const auto& cluster = config.cluster();
-  const int S = cluster.servers(), W = cluster.workers();
+// The launcher's state across restarts: the signal watcher and where the
+// coordinator of the running attempt is, for it.
+class LocalJob {
+ public:
+  LocalJob(const config::JobConfig& config, const LocalJobOptions& options)
+      : config_(config), options_(options), signals_([this](int signo) {
+          if (stopped_by_ == 0) stopped_by_ = signo;
+          if (auto* c = running_.load()) c->Stop(StopReason(signo));
+        }) {}
+
+  int Run();
+
+ private:
+  static const char* StopReason(int signo) {
+    return signo == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)";
+  }
+  // Starts the coordinator and every process once, and reaps them.
+  Outcome Attempt(const TrainOptions& train);
+
+  const config::JobConfig& config_;
+  const LocalJobOptions& options_;
+  std::string bin_dir_;
+  std::atomic<transport::Coordinator*> running_{nullptr};
+  std::atomic<int> stopped_by_{0};
   // Stop signals become an orderly shutdown; set up before any thread.
-  std::atomic<transport::Coordinator*> running{nullptr};
-  std::atomic<int> stopped_by{0};
-  auto stop_reason = [](int signo) { return signo == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)"; };
-  SignalWatcher signals([&](int signo) {
-    if (stopped_by == 0) stopped_by = signo;
-    if (auto* c = running.load()) c->Stop(stop_reason(signo));
-  });
+  SignalWatcher signals_;
+};
 
+int LocalJob::Run() {
+  const auto& cluster = config_.cluster();
+  const int S = cluster.servers(), W = cluster.workers();
   // What every process would refuse, refused once here, before anything is
   // written or started.
   auto plan =
-      ShardPlan::Create(ParamLayout(LlamaShape::FromConfig(config.model())), ShardPlanOptions::FromConfig(cluster));
-  if (!plan.ok()) return ReportError(plan.status().WithContext(options.config_path + ": "));
-  Status st = CheckJobFitsHere(config, options.config_path + ": the job's " + std::to_string(S) + " servers and " +
-                                           std::to_string(W) + " workers (herd plan)");
+      ShardPlan::Create(ParamLayout(LlamaShape::FromConfig(config_.model())), ShardPlanOptions::FromConfig(cluster));
+  if (!plan.ok()) return ReportError(plan.status().WithContext(options_.config_path + ": "));
+  Status st = CheckJobFitsHere(config_, options_.config_path + ": the job's " + std::to_string(S) + " servers and " +
+                                            std::to_string(W) + " workers (herd plan)");
   if (!st.ok()) return ReportError(st);
-  st = CheckRunCanStart(config, options.train);
+  st = CheckRunCanStart(config_, options_.train);
   if (!st.ok()) return ReportError(st);
   // Prepared once here (workers would otherwise race to prepare it), and
   // opened: a missing or bad file is one line, before anything starts.
-  st = OpenJobData(config.data(), config.model().vocab_size()).status();
+  st = OpenJobData(config_.data(), config_.model().vocab_size()).status();
   if (!st.ok()) return ReportError(st);
-  const std::string bin_dir = DirName(ThisExecutable());
+  bin_dir_ = DirName(ThisExecutable());
   for (const char* name : {"herd-server", "herd-worker"}) {
-    if (::access(JoinPath(bin_dir, name).c_str(), X_OK) != 0) {
-      return ReportError(Status::NotFound(JoinPath(bin_dir, name) + ": not found (it is built beside herd)"));
+    if (::access(JoinPath(bin_dir_, name).c_str(), X_OK) != 0) {
+      return ReportError(Status::NotFound(JoinPath(bin_dir_, name) + ": not found (it is built beside herd)"));
     }
   }
+  TrainOptions train = options_.train;
+  for (int restarts = 0;; ++restarts) {
+    const Outcome out = Attempt(train);
+    if (out.exit_code == 0) return 0;
+    // A failure before every process had joined is a setup problem, and a
+    // bad input fails the same way again: neither is retried.
+    if (restarts >= options_.max_restarts || !out.formed || out.stopped || out.bad_input) {
+      std::fprintf(stderr, "herd: error: %s%s\n", out.cause.c_str(), out.setup_error ? "" : "; the job stopped");
+      return out.exit_code;
+    }
+    // The newest complete checkpoint, else the start (the failed attempt's
+    // unfinished step directories are removed then).
+    const std::string& dir = config_.checkpoint().dir();
+    auto latest = dir.empty() ? StatusOr<VerifiedCheckpoint>(Status::NotFound("")) : LatestVerifiedCheckpoint(dir);
+    train.resume = latest.ok();
+    train.overwrite = !latest.ok();
+    const std::string from =
+        latest.ok() ? "resuming from " + latest->dir + " (step " + std::to_string(latest->manifest.step) + ")"
+                    : std::string("starting over (no complete checkpoint yet)");
+    std::printf("launch: restart %d of %d after %s; %s\n", restarts + 1, options_.max_restarts, out.cause.c_str(),
+                from.c_str());
+    std::fflush(stdout);
+    if (!train.resume) {
+      if (Status fresh = CheckFreshRun(dir, /*overwrite=*/true); !fresh.ok()) return ReportError(fresh);
+    }
+  }
+}
+
+Outcome LocalJob::Attempt(const TrainOptions& train) {
+  const auto& cluster = config_.cluster();
+  const int S = cluster.servers(), W = cluster.workers();
+  Outcome out;
+  auto fail = [&out](const Status& st) {
+    out.cause = st.message();
+    out.setup_error = true;
+    out.exit_code = ExitCode(st);
+    return out;
+  };
   if (const int stale = transport::RemoveStaleUcxShmFiles(); stale > 0) {
     std::printf("launch: removed %d stale UCX shared-memory file(s) of processes that no longer exist\n", stale);
   }
@@ -278,19 +344,23 @@ int RunLocalJob(const config::JobConfig& config, const LocalJobOptions& options)
   // joined (nobody needs it after that), and in any case when the job ends.
   TempDir::RemoveStale("herd-job");  // of launchers that were killed
   TempDir token_dir;
-  if (Status made = token_dir.Create("herd-job"); !made.ok()) return ReportError(made);
+  if (Status made = token_dir.Create("herd-job"); !made.ok()) return fail(made);
   const std::string token_file = JoinPath(token_dir.path(), "token");
   auto token = transport::CreateJobToken(token_file);
-  if (!token.ok()) return ReportError(token.status());
+  if (!token.ok()) return fail(token.status());
 
   std::vector<Child> children(S + W);
   // Pids the coordinator may report lost; only these are ever signalled.
   std::mutex spawned_mu;
   std::set<pid_t> spawned;
-  transport::CoordinatorOptions coordinator_options = transport::CoordinatorOptions::FromConfig(config);
+  std::atomic<bool> formed{false};
+  transport::CoordinatorOptions coordinator_options = transport::CoordinatorOptions::FromConfig(config_);
   coordinator_options.listen = "127.0.0.1:0";
   coordinator_options.token = std::string(Trim(*token));
-  coordinator_options.on_formed = [&token_file] { ::unlink(token_file.c_str()); };
+  coordinator_options.on_formed = [&token_file, &formed] {
+    ::unlink(token_file.c_str());
+    formed = true;
+  };
   // A process declared lost for silence (stopped, hung) is killed now
   // rather than after the grace period.
   coordinator_options.on_silent = [&](int64_t pid) {
@@ -298,34 +368,34 @@ int RunLocalJob(const config::JobConfig& config, const LocalJobOptions& options)
     if (spawned.count(static_cast<pid_t>(pid))) ::kill(static_cast<pid_t>(pid), SIGKILL);
   };
   auto coordinator = transport::Coordinator::Start(coordinator_options);
-  if (!coordinator.ok()) return ReportError(coordinator.status());
-  running = coordinator->get();
-  if (stopped_by != 0) (*coordinator)->Stop(stop_reason(stopped_by));
+  if (!coordinator.ok()) return fail(coordinator.status());
+  running_ = coordinator->get();
+  if (stopped_by_ != 0) (*coordinator)->Stop(StopReason(stopped_by_));
   Status coordinator_result;
   std::thread coordinator_thread([&] { coordinator_result = (*coordinator)->Run(); });
   const std::string address = "127.0.0.1:" + std::to_string((*coordinator)->port());
 
   // Threads: workers share the cores; servers work while workers wait.
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  const bool pick_threads = config.train().threads() == 0 && std::getenv("OMP_NUM_THREADS") == nullptr;
+  const bool pick_threads = config_.train().threads() == 0 && std::getenv("OMP_NUM_THREADS") == nullptr;
   std::printf("launch: coordinator on %s, %d servers, %d workers (%s)\n", address.c_str(), S, W,
               pick_threads ? (std::to_string(std::max(1, cores / W)) + " threads per worker").c_str()
                            : "threads from the config/OMP_NUM_THREADS");
   std::fflush(stdout);
 
   // A stop signal ends the spawning at once.
-  for (int i = 0; i < S + W && st.ok() && stopped_by == 0; ++i) {
+  Status st;
+  for (int i = 0; i < S + W && st.ok() && stopped_by_ == 0; ++i) {
     const bool server = i < S;
     const int rank = server ? i : i - S;
     Child& c = children[i];
     c.name = (server ? "server " : "worker ") + std::to_string(rank);
-    const std::string binary = JoinPath(bin_dir, server ? "herd-server" : "herd-worker");
-    std::vector<std::string> argv = {binary, options.config_path};
-    for (const std::string& o : options.overrides) argv.insert(argv.end(), {"--set", o});
+    const std::string binary = JoinPath(bin_dir_, server ? "herd-server" : "herd-worker");
+    std::vector<std::string> argv = {binary, options_.config_path};
+    for (const std::string& o : options_.overrides) argv.insert(argv.end(), {"--set", o});
     argv.insert(argv.end(), {"--rank", std::to_string(rank), "--coordinator", address});
-    if (options.train.resume) argv.push_back("--resume");
-    if (options.train.stop_at_step > 0)
-      argv.insert(argv.end(), {"--stop-at", std::to_string(options.train.stop_at_step)});
+    if (train.resume) argv.push_back("--resume");
+    if (train.stop_at_step > 0) argv.insert(argv.end(), {"--stop-at", std::to_string(train.stop_at_step)});
     const int threads = pick_threads ? std::max(1, cores / (server ? S : W)) : 0;
     std::lock_guard<std::mutex> lock(spawned_mu);
     st = Spawn(binary, argv, ChildEnvironment(token_file, threads), &c);
@@ -348,10 +418,10 @@ int RunLocalJob(const config::JobConfig& config, const LocalJobOptions& options)
   for (size_t alive = std::count_if(children.begin(), children.end(), [](const Child& c) { return c.pid > 0; });
        alive > 0;) {
     int status = 0;
-    if (stopped_by != 0) stop_order = std::min(stop_order, exits);
+    if (stopped_by_ != 0) stop_order = std::min(stop_order, exits);
     const pid_t pid = ::waitpid(-1, &status, WNOHANG);
     if (pid <= 0) {
-      if ((first_failure || stopped_by != 0) && !grace_started) {
+      if ((first_failure || stopped_by_ != 0) && !grace_started) {
         grace_started = true;
         quiet = true;
         since_failure.Reset();
@@ -385,8 +455,10 @@ int RunLocalJob(const config::JobConfig& config, const LocalJobOptions& options)
   forwarder.Join();
   (*coordinator)->Stop("the job's processes have exited");
   coordinator_thread.join();
-  running = nullptr;
-  if (!st.ok()) return ReportError(st);
+  running_ = nullptr;
+  out.formed = formed;
+  out.stopped = stopped_by_ != 0;
+  if (!st.ok()) return fail(st);
   // The launcher's last line names the cause: the process that failed on its
   // own (reaping order is not dying order: the coordinator knows who went
   // first), with its own message.
@@ -400,9 +472,10 @@ int RunLocalJob(const config::JobConfig& config, const LocalJobOptions& options)
     std::fprintf(stderr, "launch: %s crashed (%s)%s\n", c.name.c_str(), SignalName(signo).c_str(),
                  c.error_line.empty() ? "" : (": " + c.error_line).c_str());
   }
-  if (stopped_by != 0 && root == nullptr) {
-    std::fprintf(stderr, "herd: error: %s; the job stopped\n", stop_reason(stopped_by));
-    return 128 + stopped_by;
+  if (stopped_by_ != 0 && root == nullptr) {
+    out.cause = StopReason(stopped_by_);
+    out.exit_code = 128 + stopped_by_;
+    return out;
   }
   if (root != nullptr) {
     const int code = *root->exit_code;
@@ -413,18 +486,25 @@ int RunLocalJob(const config::JobConfig& config, const LocalJobOptions& options)
                        : lost_first              ? coordinator_result.message()
                        : code > 128              ? "killed by " + SignalName(code - 128)
                                                  : "no message";
-    std::fprintf(stderr, "herd: error: %s failed (exit code %d): %s; the job stopped\n", root->name.c_str(), code,
-                 what.c_str());
-    return stopped_by != 0 ? 128 + stopped_by : code;
+    out.cause = root->name + " failed (exit code " + std::to_string(code) + "): " + what;
+    out.exit_code = stopped_by_ != 0 ? 128 + stopped_by_ : code;
+    out.bad_input = code == kExitBadInput;
+    return out;
   }
   if (first_failure) {
     // Every process stopped because of something outside them all.
-    std::fprintf(stderr, "herd: error: %s; the job stopped\n",
-                 coordinator_result.ok() ? "the job's processes stopped" : coordinator_result.message().c_str());
-    return *first_failure;
+    out.cause = coordinator_result.ok() ? std::string("the job's processes stopped") : coordinator_result.message();
+    out.exit_code = *first_failure;
+    return out;
   }
-  if (!coordinator_result.ok()) return ReportError(coordinator_result);
-  return 0;
+  if (!coordinator_result.ok()) return fail(coordinator_result);
+  return out;
+}
+
+}  // namespace
+
+int RunLocalJob(const config::JobConfig& config, const LocalJobOptions& options) {
+  return LocalJob(config, options).Run();
 }
 
 }  // namespace herd::tools

@@ -12,7 +12,9 @@
 // and exits 130/143. A process the coordinator declares lost is killed at
 // once. Output is forwarded line by line with a "server 0: " / "worker 1: "
 // prefix; the last line names the process whose failure stopped the job,
-// with its own message, and the exit code is that process's.
+// with its own message, and the exit code is that process's. With
+// max_restarts, a failure instead stops every process and starts the job
+// again from the newest complete checkpoint, with one line saying why.
 #pragma once
 
 #include <string>
@@ -28,6 +30,11 @@ struct LocalJobOptions {
   std::string config_path;
   std::vector<std::string> overrides;  // --set, passed on to every process
   TrainOptions train;
+  // After a failure of a job that had started (every process joined), the
+  // job is started again this many times at most, from the newest
+  // complete checkpoint; a process's bad input (exit code 2) is not
+  // retried.
+  int max_restarts = 0;
 };
 
 // Returns the exit code for the launcher.

@@ -3,7 +3,8 @@
 // on one machine, or start them by hand on several:
 //
 //   herd-server CONFIG [--set path=value ...] [--rank R] [--coordinator HOST:PORT]
-//               [--token-file F] [--resume | --overwrite] [--stop-at STEP]
+//               [--token-file F] [--resume | --resume-if-any | --overwrite] [--stop-at STEP]
+//               [--max-restarts N]
 //   herd-worker (the same flags)
 //
 // Every process of a job must get the same CONFIG, --set overrides,
@@ -11,9 +12,25 @@
 // the flags, Slurm, torchrun's variables, HERD_COORDINATOR or
 // cluster.coordinator; the job token from --token-file, HERD_JOB_TOKEN or
 // HERD_JOB_TOKEN_FILE.
+//
+// With --max-restarts N, a process whose job fails (a peer or the
+// coordinator lost, an error of its own other than bad input) starts
+// itself again, up to N times: it executes itself anew with
+// --resume-if-any, rejoins the coordinator (waiting up to
+// cluster.join_timeout_s for it to come back) and continues from the
+// newest complete checkpoint. A job shut down on purpose is not restarted.
+#include <fcntl.h>
+#include <linux/close_range.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
 
 #include "common/config.h"
+#include "common/file_util.h"
 #include "common/logging.h"
 #include "model/checkpoint_run.h"
 #include "tools/args.h"
@@ -33,13 +50,47 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: " HERD_NODE_NAME
-    " CONFIG [--set path=value ...] [--rank R] [--coordinator HOST:PORT] [--token-file F] [--resume | --overwrite] "
-    "[--stop-at STEP]";
+    " CONFIG [--set path=value ...] [--rank R] [--coordinator HOST:PORT] [--token-file F] "
+    "[--resume | --resume-if-any | --overwrite] [--stop-at STEP] [--max-restarts N]";
 
-Status Run(int argc, char** argv) {
-  tools::Args args({"set", "rank", "coordinator", "token-file", "stop-at"}, {"resume", "overwrite"});
+// This process's command line for its next start: one restart fewer, and
+// --resume-if-any in place of --resume / --overwrite.
+std::vector<std::string> RestartArgv(int argc, char** argv, long long restarts_left) {
+  std::vector<std::string> out = {argv[0]};
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--resume" || a == "--overwrite" || a == "--resume-if-any" || a.rfind("--max-restarts=", 0) == 0) continue;
+    if (a == "--max-restarts") {
+      ++i;
+      continue;
+    }
+    out.push_back(a);
+  }
+  out.insert(out.end(), {"--resume-if-any", "--max-restarts", std::to_string(restarts_left)});
+  return out;
+}
+
+// Executes this program anew; returns only when that fails. Whatever this
+// process holds open (sockets, UCX's files) closes on the way.
+Status ExecAgain(const std::vector<std::string>& argv) {
+  std::fflush(nullptr);
+  if (::syscall(SYS_close_range, 3u, ~0u, CLOSE_RANGE_CLOEXEC) != 0) {
+    for (int fd = 3; fd < 65536; ++fd) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+  }
+  std::vector<char*> cargv;
+  for (const std::string& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+  cargv.push_back(nullptr);
+  const std::string self = ThisExecutable();
+  ::execv(self.c_str(), cargv.data());
+  return Status::IOError(self + ": cannot start again: " + std::strerror(errno));
+}
+
+Status Run(int argc, char** argv, long long* max_restarts) {
+  tools::Args args({"set", "rank", "coordinator", "token-file", "stop-at", "max-restarts"},
+                   {"resume", "resume-if-any", "overwrite"});
   HERD_RETURN_IF_ERROR(args.Parse(argc, argv));
   if (args.positional().size() != 1) return Status::InvalidArgument(kUsage);
+  HERD_ASSIGN_OR_RETURN(*max_restarts, args.GetInt("max-restarts", 0, 0));
   HERD_ASSIGN_OR_RETURN(JobConfig config, LoadJobConfig(args.positional()[0], args.GetAll("set")));
   const auto sync = config.cluster().sync();
   if (sync == config::ClusterConfig::NONE || (HERD_NODE_SERVER && sync != config::ClusterConfig::PARAMETER_SERVER)) {
@@ -55,8 +106,12 @@ Status Run(int argc, char** argv) {
       transport::JoinOptions::ForProcess(config, HERD_NODE_SERVER ? wire::SERVER : wire::WORKER, args.Get("rank"),
                                          args.Get("coordinator"), args.Get("token-file")));
   TrainOptions options;
-  options.resume = args.Has("resume");
+  options.resume = args.Has("resume") || args.Has("resume-if-any");
+  options.start_if_none = args.Has("resume-if-any");
   options.overwrite = args.Has("overwrite");
+  if (options.resume && options.overwrite) {
+    return Status::InvalidArgument("--resume continues checkpoints and --overwrite deletes them: pass one of them");
+  }
   HERD_ASSIGN_OR_RETURN(options.stop_at_step, args.GetInt("stop-at", 0, 1));
   if (!options.resume) {
     // Checkpoints already there would pass for this run's on a later
@@ -84,7 +139,14 @@ Status Run(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   herd::InitLogging(argv[0]);
-  const herd::Status st = herd::Run(argc, argv);
-  if (!st.ok()) return herd::ReportError(st);
-  return 0;
+  long long max_restarts = 0;
+  herd::Status st = herd::Run(argc, argv, &max_restarts);
+  if (st.ok()) return 0;
+  const bool retry = st.code() != herd::Status::Code::kInvalidArgument && st.code() != herd::Status::Code::kCancelled;
+  if (max_restarts > 0 && retry) {
+    std::printf(HERD_NODE_NAME ": restart after: %s; %lld restart%s left after this one\n", st.message().c_str(),
+                max_restarts - 1, max_restarts == 2 ? "" : "s");
+    st = herd::ExecAgain(herd::RestartArgv(argc, argv, max_restarts - 1));
+  }
+  return herd::ReportError(st);
 }

@@ -301,7 +301,8 @@ class Coordinator::Impl {
         workers_ = h.workers();
         shape_.heartbeat_interval_s = h.heartbeat_interval_ms() / 1000.0;
         shape_.heartbeat_timeout_s = h.heartbeat_timeout_ms() / 1000.0;
-        ArmJoinTimer(h.join_timeout_ms() / 1000.0);
+        shape_.join_timeout_s = h.join_timeout_ms() / 1000.0;
+        ArmJoinTimer(shape_.join_timeout_s);
       }
       LOG(INFO) << "coordinator: job of " << servers_ << " servers and " << workers_ << " workers, config hash "
                 << Hex64(reference_hash_);
@@ -445,8 +446,45 @@ class Coordinator::Impl {
       return;
     }
     s->left = true;  // it cannot be lost twice
-    Fail(Status::Unavailable(who + " was lost: " + reason), s);
+    const Status failure = Status::Unavailable(who + " was lost: " + reason);
+    if (restarts_ < options_.max_restarts && failure_.ok()) {
+      Restart(failure, s);
+    } else {
+      Fail(failure, s);
+    }
     Close(s);
+  }
+
+  // Tells every member who was lost, lets them go and waits for the job to
+  // form again: the same shape and config hash, ranks assigned afresh.
+  void Restart(const Status& failure, const SessionPtr& lost) {
+    ++restarts_;
+    LOG(WARNING) << "coordinator: " << failure.message() << "; restart " << restarts_ << " of "
+                 << options_.max_restarts << ": waiting for the job's processes to join again";
+    if (first_lost_pid_ == 0) first_lost_pid_ = lost->hello.pid();
+    formed_ = false;  // first: the members closed below do not finish the job
+    const wire::Envelope m = PeerLostMessage(failure, lost);
+    for (const auto& s : Snapshot()) {
+      if (s == lost || !s->admitted) continue;
+      s->left = true;  // its going is expected now
+      SendAndClose(s, m);
+    }
+    pending_.clear();
+    members_.clear();
+    barriers_.clear();
+    gathers_.clear();
+    ArmJoinTimer(shape_.join_timeout_s);
+  }
+
+  static wire::Envelope PeerLostMessage(const Status& failure, const SessionPtr& lost) {
+    wire::Envelope m;
+    auto* p = m.mutable_peer_lost();
+    p->set_role(lost->role());
+    p->set_rank(lost->rank);
+    p->set_host(lost->hello.host());
+    p->set_pid(lost->hello.pid());
+    p->set_reason(failure.message().substr(0, kMaxReasonBytes));
+    return m;
   }
 
   // Records the job's first failure, tells every live member who was lost,
@@ -459,14 +497,8 @@ class Coordinator::Impl {
     failure_ = failure;
     LOG(ERROR) << "coordinator: " << failure.message() << "; stopping the job";
     if (lost != nullptr) {
-      first_lost_pid_ = lost->hello.pid();
-      wire::Envelope m;
-      auto* p = m.mutable_peer_lost();
-      p->set_role(lost->role());
-      p->set_rank(lost->rank);
-      p->set_host(lost->hello.host());
-      p->set_pid(lost->hello.pid());
-      p->set_reason(failure.message().substr(0, kMaxReasonBytes));
+      if (first_lost_pid_ == 0) first_lost_pid_ = lost->hello.pid();
+      const wire::Envelope m = PeerLostMessage(failure, lost);
       for (auto& [id, other] : sessions_) {
         if (other != lost && other->admitted && !other->left) Send(other, m);
       }
@@ -571,6 +603,7 @@ class Coordinator::Impl {
   std::map<std::string, std::map<int, std::string>> gathers_;
   Status failure_;
   int64_t first_lost_pid_ = 0;  // read only after Run() has returned
+  int restarts_ = 0;
   WarningLimiter warnings_;
 
  public:

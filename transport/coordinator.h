@@ -9,7 +9,8 @@
 // barriers and small all-gathers, exchanges heartbeats, and, when a member
 // is lost (connection closed without Leave, protocol violation, or silence
 // beyond heartbeat_timeout), tells every other member which role and rank
-// it was. A connection that sends an oversized or garbage message is closed
+// it was, and then ends the job or (max_restarts) waits for it to form
+// again. A connection that sends an oversized or garbage message is closed
 // with a logged reason; the coordinator keeps serving everyone else.
 //
 // Single-threaded: one Boost.Asio io_context runs everything.
@@ -38,6 +39,11 @@ struct CoordinatorOptions {
   std::optional<JobShape> job;
   // How long a lost job waits for the remaining members to disconnect.
   double drain_timeout_s = 10.0;
+  // A member lost after the job has formed ends the job, or, this many
+  // times, restarts it: every member is told who was lost and let go, and
+  // the job forms anew from whoever joins next (processes started with
+  // --max-restarts rejoin by themselves), with the same config hash.
+  int max_restarts = 0;
   // Called on the coordinator's thread when every process has joined, and
   // with the pid its host reported when a member is declared lost for
   // silence (stopped or hung: a launcher kills it then rather than wait).

@@ -271,7 +271,7 @@ class CoordinatorClient::Impl {
                                       std::to_string(p.pid()) + ") was lost"));
       }
       case wire::Envelope::kShutdown:
-        return Fail(Status::Aborted(from + " shut the job down: " + m.shutdown().reason()));
+        return Fail(Status::Cancelled(from + " shut the job down: " + m.shutdown().reason()));
       default:
         return Fail(Status::Corruption(from + " sent an unexpected message (type " + std::to_string(m.body_case()) +
                                        ")"));

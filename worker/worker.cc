@@ -110,7 +110,7 @@ Status RunWorker(const config::JobConfig& config, const TrainOptions& options, c
   } else if (collective) {
     HERD_ASSIGN_OR_RETURN(plan, CollectivePlan(layout, config, cluster.workers()));
   }
-  HERD_ASSIGN_OR_RETURN(const std::optional<VerifiedCheckpoint> resume_from, ResumePoint(config, options.resume));
+  HERD_ASSIGN_OR_RETURN(const std::optional<VerifiedCheckpoint> resume_from, ResumePoint(config, options));
 
   Worker w;
   w.weights.resize(P);
@@ -205,6 +205,7 @@ Status RunWorker(const config::JobConfig& config, const TrainOptions& options, c
   StepLoopParts parts;
   parts.config = &config;
   parts.options = options;
+  parts.options.resume = resume_from.has_value();  // a run that starts afresh starts its metrics afresh
   parts.model = model;
   parts.strategy = w.strategy.get();
   parts.sampler = &*w.sampler;

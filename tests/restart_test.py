@@ -1,0 +1,175 @@
+"""Restarts by themselves: 10 trials of a parameter-server job (S=2 W=2,
+fp32 on the wire, a checkpoint every 25 steps) in which a process is
+killed with SIGKILL at a random step. Every trial finishes all its steps
+through --max-restarts, and its final checkpoint is byte for byte the
+uninterrupted run's: a restart resumes from the newest complete
+checkpoint, and resume is bit-exact.
+
+* `herd launch --max-restarts 2` (6 trials): a random server or worker is
+  killed; the launcher stops the job and starts it again.
+* A job started by hand (4 trials): `herd coordinator --max-restarts 2`
+  and herd-server/herd-worker processes with --max-restarts 2. The
+  coordinator itself is killed (2 trials) or a server (2 trials); this
+  test plays the part of the supervisor (systemd, a Slurm script) that
+  starts the killed process again, with --resume-if-any. The survivors
+  start themselves again and rejoin."""
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import herdtest  # noqa: E402
+
+STEPS, EVERY = 600, 25
+TOKEN = "restart-test-token-0123456789"
+
+
+def final_checkpoint(workdir):
+    return herdtest.snapshot(os.path.join(workdir, "ckpt", f"step_{STEPS:08d}"))
+
+
+def children(ppid):
+    """(pid, cmdline) of the processes whose parent is ppid."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read().split(b"\0")
+        except OSError:
+            continue
+        if int(stat[stat.rindex(")") + 2:].split()[1]) == ppid:
+            out.append((int(entry), [c.decode() for c in cmd if c]))
+    return out
+
+
+def step_of(line):
+    """The step of a progress line ('... step    12/600 | ...'), else -1."""
+    at = line.find("step ")
+    if at < 0 or "/" not in line[at:]:
+        return -1
+    try:
+        return int(line[at + 5:].split("/")[0])
+    except ValueError:
+        return -1
+
+
+def launch_trial(sb, workdir, rng, name):
+    victim = rng.choice(["herd-server", "herd-worker"])
+    rank = rng.randrange(2)
+    at = rng.randrange(30, 400)
+    p = subprocess.Popen([sb.herd, "launch", "job.textproto", "--max-restarts", "2"], cwd=workdir,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=dict(os.environ, OMP_NUM_THREADS="1"))
+    killed = False
+    out = []
+    for line in p.stdout:
+        out.append(line)
+        if not killed and line.startswith("worker 0: ") and step_of(line) >= at:
+            for pid, cmd in children(p.pid):
+                if cmd and cmd[0].endswith(victim) and cmd[cmd.index("--rank") + 1] == str(rank):
+                    os.kill(pid, signal.SIGKILL)
+                    killed = True
+    err = p.stderr.read()
+    assert p.wait(timeout=120) == 0, f"{name}: launch exited {p.returncode}:\n{err[-3000:]}"
+    restarts = [l for l in out if l.startswith("launch: restart 1 of 2 after ")]
+    assert killed and len(restarts) == 1, f"{name}: killed={killed}, restart lines {restarts}\n{''.join(out)[-3000:]}"
+    return f"{victim} {rank} killed at step {at}: " + restarts[0].strip()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def by_hand_trial(sb, workdir, rng, name, victim):
+    port = free_port()
+    addr = f"127.0.0.1:{port}"
+    env = dict(os.environ, HERD_JOB_TOKEN=TOKEN, OMP_NUM_THREADS="1")
+    procs = {}
+
+    def start(key, argv):
+        out = open(os.path.join(workdir, key + ".out"), "a")
+        procs[key] = subprocess.Popen(argv, cwd=workdir, stdout=out, stderr=subprocess.STDOUT, env=env)
+
+    def coordinator():
+        start("coordinator", [sb.herd, "coordinator", "job.textproto", "--listen", addr, "--max-restarts", "2"])
+
+    def node(role, rank, *extra):
+        binary = os.path.join(sb.build, "herd-" + role)
+        start(f"{role}{rank}", [binary, "job.textproto", "--rank", str(rank), "--coordinator", addr, "--max-restarts", "2",
+                                *extra])
+
+    coordinator()
+    for r in range(2):
+        node("server", r)
+        node("worker", r)
+    at = rng.randrange(30, 400)
+    deadline = time.time() + 60
+    log = os.path.join(workdir, "worker0.out")
+    while max([step_of(l) for l in open(log)] + [-1]) < at:
+        assert time.time() < deadline, f"{name}: no step {at} within 60 s:\n" + open(log).read()[-3000:]
+        time.sleep(0.01)
+    key = "coordinator" if victim == "coordinator" else f"server{rng.randrange(2)}"
+    procs[key].kill()
+    procs[key].wait()
+    # The supervisor's part: start the killed process again.
+    if key == "coordinator":
+        coordinator()
+    else:
+        node("server", int(key[-1]), "--resume-if-any")
+    for k, p in procs.items():
+        assert p.wait(timeout=120) == 0, f"{name}: {k} exited {p.returncode}:\n" + \
+            open(os.path.join(workdir, k + ".out")).read()[-3000:]
+    lines = [l.strip() for k in procs for l in open(os.path.join(workdir, k + ".out")) if ": restart after: " in l]
+    assert lines, f"{name}: no process restarted"
+    return f"{key} killed at step {at}: {len(lines)} process restarts, e.g. '{lines[0]}'"
+
+
+def main():
+    a = herdtest.parse_args()
+    sb = herdtest.Sandbox(a.build)
+    sb.training_data()
+    cluster = "cluster { sync: PARAMETER_SERVER servers: 2 workers: 2 }"
+
+    # Every run in a directory of its own with the same config text, so
+    # that the checkpoints' copies of the config are identical too.
+    text = herdtest.tiny_config(sb.path("train.bin"), steps=STEPS, ckpt="ckpt", every=EVERY, metrics="metrics.jsonl",
+                                extra=cluster)
+
+    def workdir(name):
+        os.makedirs(sb.path(name))
+        sb.write(os.path.join(name, "job.textproto"), text)
+        return sb.path(name)
+
+    straight = workdir("straight")
+    subprocess.run([sb.herd, "launch", "job.textproto"], cwd=straight, check=True, capture_output=True,
+                   env=dict(os.environ, OMP_NUM_THREADS="1"))
+    want = final_checkpoint(straight)
+    rng = random.Random(1234)
+    plan = ["launch"] * 6 + ["coordinator", "server", "coordinator", "server"]
+    for i, kind in enumerate(plan):
+        name = f"trial{i}"
+        d = workdir(name)
+        if kind == "launch":
+            what = launch_trial(sb, d, rng, name)
+        else:
+            what = by_hand_trial(sb, d, rng, name, kind)
+        got = final_checkpoint(d)
+        assert got == want, f"{name}: final checkpoint differs from the uninterrupted run's: " + \
+            str({k: (got.get(k), want.get(k)) for k in set(got) | set(want) if got.get(k) != want.get(k)})
+        print(f"ok  {name}: {what}; step {STEPS} checkpoint ({len(got)} files) identical to the uninterrupted run's")
+    shutil.rmtree(sb.dir)
+
+
+if __name__ == "__main__":
+    main()
