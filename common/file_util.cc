@@ -249,6 +249,51 @@ void AtomicFile::Abandon() {
   }
 }
 
+namespace {
+
+// Writes all of data[0, size) to fd; false with errno set on failure.
+bool WriteAll(int fd, const char* data, size_t size) {
+  while (size > 0) {
+    const ssize_t n = ::write(fd, data, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+}  // namespace
+
+Status WriteAlignedFileAtomic(const std::string& path, const void* data, size_t size) {
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  const size_t padded = (size + kDirectIoAlignment - 1) / kDirectIoAlignment * kDirectIoAlignment;
+  const char* bytes = static_cast<const char*>(data);
+  auto fail = [&](int fd, const std::string& what) {
+    const std::string err = ErrnoText();
+    if (fd >= 0) ::close(fd);
+    ::unlink(tmp.c_str());
+    return Status::IOError(path + ": " + what + ": " + err);
+  };
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_DIRECT, 0666);
+  bool direct = fd >= 0;
+  // Whole aligned blocks go directly; the file is then cut to its size.
+  if (direct && !(WriteAll(fd, bytes, padded) && ::ftruncate(fd, static_cast<off_t>(size)) == 0)) {
+    if (errno != EINVAL) return fail(fd, "write failed");
+    ::close(fd);  // O_DIRECT refused at the first write: an ordinary one below
+    direct = false;
+  }
+  if (!direct) {
+    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
+    if (fd < 0) return fail(fd, "cannot write (" + DirName(path) + ")");
+    if (!WriteAll(fd, bytes, size)) return fail(fd, "write failed");
+  }
+  if (::fsync(fd) != 0) return fail(fd, "write failed");
+  if (::close(fd) != 0) return fail(-1, "write failed");
+  if (::rename(tmp.c_str(), path.c_str()) != 0) return fail(-1, "rename failed");
+  return FsyncDir(DirName(path));
+}
+
 uint32_t Crc32(const void* data, size_t size, uint32_t crc) {
   const auto* p = static_cast<const Bytef*>(data);
   while (size > 0) {  // zlib takes uInt lengths
@@ -258,6 +303,10 @@ uint32_t Crc32(const void* data, size_t size, uint32_t crc) {
     size -= chunk;
   }
   return crc;
+}
+
+uint32_t Crc32Combine(uint32_t crc_a, uint32_t crc_b, uint64_t size_b) {
+  return static_cast<uint32_t>(::crc32_combine64(crc_a, crc_b, static_cast<z_off64_t>(size_b)));
 }
 
 }  // namespace herd

@@ -18,6 +18,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -46,6 +48,26 @@ std::string ShardFileName(int shard_index);   // "shard_00000.bin"
 std::string WorkerFileName(int worker_rank);  // "worker_00000.state"
 
 Status WriteShard(const std::string& path, const ShardView& shard);
+
+// A shard file's bytes in memory: a snapshot of a shard that changes
+// meanwhile, written later (on another thread) as WriteShard would have
+// written it then, without another copy of its arrays and straight to the
+// disk where the file system allows (WriteAlignedFileAtomic). One image
+// serves every checkpoint of a shard: its memory is taken once.
+class ShardImage {
+ public:
+  // Copies the arrays; the checksum is left to Write.
+  void Capture(const ShardView& shard);
+  // The last capture, as a shard file.
+  Status Write(const std::string& path);
+
+ private:
+  struct Free {
+    void operator()(char* p) const { std::free(p); }
+  };
+  size_t size_ = 0, capacity_ = 0;
+  std::unique_ptr<char, Free> bytes_;  // aligned for direct writes
+};
 // Validates magic, version, sizes and CRC; errors name the file.
 StatusOr<ShardState> ReadShard(const std::string& path);
 

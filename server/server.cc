@@ -96,19 +96,33 @@ Status RunParameterServer(const config::JobConfig& config, const TrainOptions& o
   if (rank == 0) LOG(INFO) << "shard plan: " << plan.Describe();
 
   // The workers' pushes drive the shard's steps; a checkpoint follows each
-  // step the schedule names.
+  // step the schedule names, written in the background from a snapshot
+  // (checkpoint.background) or in place while the workers wait.
   const int64_t start = shard.optimizer().step(), last = options.LastStep(config.train().steps());
+  // Declared after the runtime, so they go first: the commits vote through
+  // the client, and write the snapshot, which outlives them.
+  ShardImage snapshot;
+  transport::BackgroundCommit background;
   ParameterShard::StepHooks hooks;
   hooks.global_norm = [client](int64_t step, double partial) { return GlobalNorm(*client, step, partial); };
   hooks.after_step = [&](int64_t step) -> Status {
     if (!CheckpointDue(config.checkpoint(), step, last)) return Status::OK();
     const std::string step_dir = StepDirName(ckpt_dir, step);
     // Server 0 commits: the servers hold the optimizer state.
-    return transport::CommitCheckpoint(client, step_dir, step, config, /*committer=*/rank == 0,
-                                       CheckpointParts(client->num_servers(), client->num_workers()),
-                                       [&] { return shard.optimizer().Save(JoinPath(step_dir, ShardFileName(rank))); });
+    const std::string path = JoinPath(step_dir, ShardFileName(rank));
+    auto commit = [client, step_dir, step, &config, rank](const std::function<Status()>& write) {
+      return transport::CommitCheckpoint(client, step_dir, step, config, /*committer=*/rank == 0,
+                                         CheckpointParts(client->num_servers(), client->num_workers()), write);
+    };
+    if (!config.checkpoint().background()) return commit([&] { return WriteShard(path, shard.optimizer().view()); });
+    HERD_RETURN_IF_ERROR(background.Wait());  // the previous checkpoint first
+    snapshot.Capture(shard.optimizer().view());
+    background.Start([commit, &snapshot, path] { return commit([&] { return snapshot.Write(path); }); });
+    return Status::OK();
   };
-  HERD_RETURN_IF_ERROR(client->Explain(shard.ServeSteps(last, hooks)));
+  Status served = shard.ServeSteps(last, hooks);
+  Status written = background.Wait();
+  HERD_RETURN_IF_ERROR(client->Explain(served.ok() ? written : served));
   HERD_RETURN_IF_ERROR(client->Barrier("herd/done"));
   if (auto memory = PlanMemory(config); memory.ok()) {
     HERD_RETURN_IF_ERROR(ReportRunSummary("server", rank, last - start, memory->processes[rank].total(),

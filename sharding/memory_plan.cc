@@ -65,6 +65,8 @@ StatusOr<MemoryPlan> PlanMemory(const config::JobConfig& config) {
       // Worker 0's fp32 gradients land in the accumulator; the others (all
       // of them with bf16) in a receive buffer each.
       m.buffers = (bf16 ? n * 2 : 0) + (W - (bf16 ? 0 : 1)) * bucket * wire;
+      // A background checkpoint's snapshot of weights, m and v.
+      if (!config.checkpoint().dir().empty() && config.checkpoint().background()) m.buffers += 3 * n * f32;
       m.runtime = kRuntimeBytes;
       plan.processes.push_back(m);
     }

@@ -1,5 +1,13 @@
 #include "transport/checkpoint_commit.h"
 
+#include <glog/logging.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
 #include "model/checkpoint_commit.h"
 #include "model/checkpoint_format.h"
 #include "transport/join.h"
@@ -32,6 +40,27 @@ Status CommitCheckpoint(CoordinatorClient* client, const std::string& step_dir, 
   Status committed;
   if (committer) committed = WriteManifest(step_dir, step, parts);
   return AllSucceeded(*client, "herd/committed/" + std::to_string(step), committed).WithContext(where);
+}
+
+BackgroundCommit::~BackgroundCommit() { Wait(); }
+
+void BackgroundCommit::Start(std::function<Status()> commit) {
+  CHECK(!thread_.joinable()) << "a checkpoint commit is already in progress";
+  thread_ = std::thread([this, commit = std::move(commit)] {
+    // Copying, checksumming and writing take cores only when training
+    // leaves one idle (SCHED_IDLE), so that they do not slow the step.
+    sched_param none{};
+    none.sched_priority = 0;
+    if (::sched_setscheduler(static_cast<pid_t>(::syscall(SYS_gettid)), SCHED_IDLE, &none) != 0) {
+      LOG(WARNING) << "checkpoint writer: cannot lower its priority: " << std::strerror(errno);
+    }
+    result_ = commit();
+  });
+}
+
+Status BackgroundCommit::Wait() {
+  if (thread_.joinable()) thread_.join();
+  return result_;
 }
 
 }  // namespace herd::transport

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/status.h"
@@ -31,5 +32,30 @@ namespace herd::transport {
 Status CommitCheckpoint(CoordinatorClient* client, const std::string& step_dir, int64_t step,
                         const config::JobConfig& config, bool committer, const std::vector<std::string>& parts,
                         const std::function<Status()>& write_parts);
+
+// Checkpoint commits on a thread of their own, one at a time, so that
+// training goes on while a checkpoint is written. Whatever a commit reads
+// must stay as it was until it ends: the caller hands it a snapshot.
+// Destroying it waits for the commit in progress; it must go before the
+// CoordinatorClient its commits vote through.
+class BackgroundCommit {
+ public:
+  BackgroundCommit() = default;
+  ~BackgroundCommit();
+  BackgroundCommit(const BackgroundCommit&) = delete;
+  BackgroundCommit& operator=(const BackgroundCommit&) = delete;
+
+  // Starts `commit` (a CommitCheckpoint call) on the thread. REQUIRES: no
+  // commit in progress (Wait first: a checkpoint never overtakes the one
+  // before it).
+  void Start(std::function<Status()> commit);
+  // Waits for the commit in progress, if any; returns how the last one
+  // ended (OK when none has run).
+  Status Wait();
+
+ private:
+  std::thread thread_;
+  Status result_;  // written by thread_, read after joining it
+};
 
 }  // namespace herd::transport

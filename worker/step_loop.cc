@@ -81,6 +81,7 @@ Status StepLoop::Run(int64_t start) {
   }
   HERD_RETURN_IF_ERROR(strategy_.FinishWeights().WithContext("step " + std::to_string(last_step_) + ": "));
   if (last_step_ > start) HERD_RETURN_IF_ERROR(Epilogue(last_step_));
+  HERD_RETURN_IF_ERROR(background_.Wait());
   HERD_RETURN_IF_ERROR(log_.Close());
 
   if (!leader_) return Status::OK();
@@ -130,21 +131,28 @@ Status StepLoop::Epilogue(int64_t step) {
 }
 
 Status StepLoop::CommitCheckpoint(int64_t step) {
-  Stopwatch sw;
   const std::string step_dir = StepDirName(config_.checkpoint().dir(), step);
   const int shards = strategy_.shard_files();
   const std::vector<std::string> parts = CheckpointParts(shards, p_.num_workers);
-  auto write_parts = [&] {
-    Status part = WriteFileAtomic(JoinPath(step_dir, WorkerFileName(p_.rank)), loader_state_);
-    return part.ok() ? strategy_.WriteCheckpointParts(step_dir) : part;
-  };
   // Worker 0 commits unless servers hold the optimizer (they commit then).
-  HERD_RETURN_IF_ERROR(
-      transport::CommitCheckpoint(p_.client, step_dir, step, config_, leader_ && shards > 0, parts, write_parts));
-  if (leader_) {
-    std::printf("checkpoint: %s (%.1fs)\n", step_dir.c_str(), sw.Seconds());
-    std::fflush(stdout);
-  }
+  auto commit = [this, step_dir, step, parts, shards, loader = loader_state_] {
+    Stopwatch sw;
+    auto write_parts = [&] {
+      Status part = WriteFileAtomic(JoinPath(step_dir, WorkerFileName(p_.rank)), loader);
+      return part.ok() ? strategy_.WriteCheckpointParts(step_dir) : part;
+    };
+    HERD_RETURN_IF_ERROR(
+        transport::CommitCheckpoint(p_.client, step_dir, step, config_, leader_ && shards > 0, parts, write_parts));
+    if (leader_) {
+      std::printf("checkpoint: %s (%.1fs)\n", step_dir.c_str(), sw.Seconds());
+      std::fflush(stdout);
+    }
+    return Status::OK();
+  };
+  // Only the data position is written here when servers hold the rest.
+  if (shards > 0 || p_.client == nullptr || !config_.checkpoint().background()) return commit();
+  HERD_RETURN_IF_ERROR(background_.Wait());  // the previous checkpoint first
+  background_.Start(commit);
   return Status::OK();
 }
 

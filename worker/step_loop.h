@@ -20,7 +20,8 @@
 // step-K checkpoint continues exactly as the uninterrupted one; a
 // checkpoint is committed only once every part of it is written. Worker 0
 // prints progress, evaluates and samples; every worker writes its
-// data-loader position into each checkpoint.
+// data-loader position into each checkpoint (in parameter-server mode with
+// checkpoint.background, on a thread of its own while training goes on).
 #pragma once
 
 #include <cstdint>
@@ -33,6 +34,7 @@
 #include "data/token_file.h"
 #include "model/model.h"
 #include "proto/herd.pb.h"
+#include "transport/checkpoint_commit.h"
 #include "transport/coordinator_client.h"
 #include "worker/progress_log.h"
 #include "worker/sync_strategy.h"
@@ -85,6 +87,9 @@ class StepLoop {
   int64_t window_tokens_ = 0;
   double window_wait_ = 0;
   std::string loader_state_;  // the data position after the step to checkpoint
+  // Checkpoints whose parts here are only the data position (the servers
+  // hold the optimizer state) are committed in the background.
+  transport::BackgroundCommit background_;
 };
 
 }  // namespace herd

@@ -1,0 +1,96 @@
+"""What checkpoints cost a parameter-server job's training: the ~20M
+config (configs/llama20m.textproto) in PS mode on this machine, run three
+times in one invocation — without checkpoints (the anchor), with a
+checkpoint every K steps written in place (checkpoint.background: false:
+every process waits for it), and the same written in the background
+(servers write a snapshot of their range while training goes on).
+
+One JSON line per variant: the mean step time over the measured steps
+(checkpoint steps included: the mean is what a run pays), its ratio to
+the anchor, and how many checkpoints were written. The variants run in
+turn --repeat times (A B C A B C ...), and the median of each is
+reported, so that a machine whose speed drifts affects all alike.
+
+    python3 bench/checkpoint_overhead.py [--build build] [--steps 40] [--warmup 4]
+        [--every 5] [--layout 2x2] [--repeat 3] [--set path=value ...]
+
+Use Debian's /usr/bin/python3.
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+
+def run(herd, config, sets, workdir, steps):
+    metrics = os.path.join(workdir, "metrics.jsonl")
+    if os.path.exists(metrics):
+        os.remove(metrics)
+    cmd = [herd, "launch", config, "--set", f"train.steps={steps}", "--set", "log.every=1",
+           "--set", f"log.metrics={metrics}", "--set", "log.sample_tokens=0", "--set", "log.eval_every=0",
+           "--set", "data.val="]
+    for s in sets:
+        cmd += ["--set", s]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.stderr.write(p.stdout[-3000:] + p.stderr[-3000:])
+        raise SystemExit(f"herd launch failed ({p.returncode}): {' '.join(cmd)}")
+    with open(metrics) as f:
+        rows = [json.loads(line) for line in f]
+    return rows, p.stdout.count("checkpoint: ")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--config", default="configs/llama20m.textproto")
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--warmup", type=int, default=4)
+    ap.add_argument("--every", type=int, default=5)
+    ap.add_argument("--layout", default="2x2", help="SxW: servers x workers")
+    ap.add_argument("--global-batch", type=int, default=8, help="sequences per step over all workers")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--set", action="append", default=[])
+    a = ap.parse_args()
+    herd = os.path.join(a.build, "herd")
+    servers, workers = (int(x) for x in a.layout.split("x"))
+    base = ["cluster.sync=PARAMETER_SERVER", f"cluster.servers={servers}", f"cluster.workers={workers}",
+            f"train.batch_size={a.global_batch // workers}", *a.set]
+    workdir = tempfile.mkdtemp(prefix="herd_bench_ckpt_")
+    ckpt = os.path.join(workdir, "ckpt")
+    variants = [
+        ("no_checkpoints", ["checkpoint.dir="]),
+        ("in_place", [f"checkpoint.dir={ckpt}", f"checkpoint.every={a.every}", "checkpoint.background=false"]),
+        ("background", [f"checkpoint.dir={ckpt}", f"checkpoint.every={a.every}", "checkpoint.background=true"]),
+    ]
+    measured = a.steps - a.warmup
+    times = {name: [] for name, _ in variants}
+    written = {}
+    try:
+        for _ in range(a.repeat):
+            for name, sets in variants:
+                shutil.rmtree(ckpt, ignore_errors=True)
+                rows, written[name] = run(herd, a.config, base + sets, workdir, a.steps)
+                by_step = {r["step"]: r["elapsed_s"] for r in rows}
+                times[name].append((by_step[a.steps] - by_step[a.warmup]) / measured)
+        anchor = statistics.median(times["no_checkpoints"])
+        for name, _ in variants:
+            step_s = statistics.median(times[name])
+            print(json.dumps({"bench": "checkpoint_overhead", "variant": name, "layout": a.layout,
+                              "every": a.every if name != "no_checkpoints" else 0, "checkpoints": written[name],
+                              "measured_steps": measured, "runs": a.repeat, "step_s": round(step_s, 4),
+                              "step_s_runs": [round(t, 4) for t in times[name]],
+                              "vs_no_checkpoints": round(step_s / anchor, 4)}), flush=True)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
