@@ -15,6 +15,10 @@ struct TrainOptions {
   // start the run from the beginning instead of failing (a process that is
   // started again after a failure does not know whether one was written).
   bool start_if_none = false;
+  // With `resume`: the checkpoint's global batch (sequences per step) may
+  // differ from this run's; the data goes on right after the last sequence
+  // it took.
+  bool allow_global_batch_change = false;
   // A fresh run into a checkpoint.dir that holds checkpoints removes them
   // (otherwise it is refused).
   bool overwrite = false;

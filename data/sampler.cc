@@ -72,42 +72,50 @@ void DistributedSampler::Shuffle() {
 void DistributedSampler::NextBatch(int batch_size, int32_t* inputs, int32_t* targets) {
   CHECK(batch_size >= 1 && batch_size <= per_rank()) << "DistributedSampler::NextBatch(" << batch_size << ") on "
                                                      << per_rank() << " sequences per rank: call CheckBatch first";
-  // Every rank and the W = 1 sampler with batch W * B cross the epoch
-  // boundary at the same step: (position + B) * W > n for all of them.
-  if (position_ + batch_size > per_rank()) {
+  // Every rank crosses the epoch boundary at the same step.
+  const int64_t step = int64_t{batch_size} * world_size_;
+  if (taken_ + step > per_rank() * world_size_) {
     ++epoch_;
-    position_ = 0;
+    taken_ = 0;
     Shuffle();
   }
   const int64_t T = seq_len_;
   for (int b = 0; b < batch_size; ++b) {
-    const int64_t seq = order_[(position_ + b) * world_size_ + rank_];
+    const int64_t seq = order_[taken_ + int64_t{b} * world_size_ + rank_];
     ReadWindow(*file_, seq * T, seq_len_, inputs + b * T, targets + b * T);
   }
-  position_ += batch_size;
+  taken_ += step;
 }
 
 std::string DistributedSampler::SaveState() const {
   char buf[256];
-  std::snprintf(buf, sizeof(buf), "epoch %lld position %lld tokens %lld seq_len %d world_size %d rank %d seed %llu\n",
-                static_cast<long long>(epoch_), static_cast<long long>(position_),
-                static_cast<long long>(file_->size()), seq_len_, world_size_, rank_,
-                static_cast<unsigned long long>(seed_));
+  std::snprintf(buf, sizeof(buf), "epoch %lld taken %lld tokens %lld seq_len %d seed %llu\n",
+                static_cast<long long>(epoch_), static_cast<long long>(taken_),
+                static_cast<long long>(file_->size()), seq_len_, static_cast<unsigned long long>(seed_));
   return buf;
 }
 
 Status DistributedSampler::RestoreState(const std::string& state) {
-  long long epoch = -1, position = -1, tokens = -1;
+  long long epoch = -1, taken = -1, position = -1, tokens = -1;
   unsigned long long seed = 0;
-  int seq_len = 0, world_size = 0, rank = 0, consumed = 0;
-  const bool parsed =
-      std::sscanf(state.c_str(), "epoch %lld position %lld tokens %lld seq_len %d world_size %d rank %d seed %llu %n",
-                  &epoch, &position, &tokens, &seq_len, &world_size, &rank, &seed, &consumed) == 7 &&
-      static_cast<size_t>(consumed) == state.size();
+  int seq_len = 0, world_size = 1, rank = 0, consumed = 0;
+  auto read = [&](int fields, const char* format, auto*... out) {
+    consumed = 0;
+    return std::sscanf(state.c_str(), format, out..., &consumed) == fields &&
+           static_cast<size_t>(consumed) == state.size();
+  };
+  bool parsed = read(5, "epoch %lld taken %lld tokens %lld seq_len %d seed %llu %n", &epoch, &taken, &tokens,
+                     &seq_len, &seed);
+  if (!parsed) {
+    // The older form: one rank's position, and the world size behind it.
+    parsed = read(7, "epoch %lld position %lld tokens %lld seq_len %d world_size %d rank %d seed %llu %n", &epoch,
+                  &position, &tokens, &seq_len, &world_size, &rank, &seed);
+    if (parsed && world_size >= 1 && rank >= 0 && rank < world_size && position >= 0) taken = position * world_size;
+  }
   if (!parsed) {
     const std::string shown = state.substr(0, std::min<size_t>(state.find('\n'), 80));
     return Status::Corruption("data-loader state is malformed: '" + shown +
-                              "' (expected 'epoch E position P tokens N seq_len T world_size W rank R seed S')");
+                              "' (expected 'epoch E taken G tokens N seq_len T seed S')");
   }
   // The seed decides every epoch's shuffle: a different one would silently
   // train on other sequences than the run being resumed.
@@ -117,23 +125,12 @@ Status DistributedSampler::RestoreState(const std::string& state) {
                                       N(file_->size()) + " tokens (" + file_->path() + "), seq_len " + N(seq_len_) +
                                       ", seed " + std::to_string(seed_));
   }
-  if (world_size < 1 || rank < 0 || rank >= world_size || epoch < 0 || position < 0 ||
-      position > num_sequences_ / world_size) {
-    return Status::Corruption("data-loader state is out of range: epoch " + N(epoch) + " position " + N(position) +
-                              " of rank " + N(rank) + " of " + N(world_size));
-  }
-  // Every rank is at the same position, so the state is the epoch's global
-  // one: position x world_size sequences taken, whatever the number of
-  // workers that took them. Another number of workers continues from there.
-  const int64_t taken = position * world_size;
-  if (taken % world_size_ != 0) {
-    return Status::FailedPrecondition("data-loader state: " + N(taken) + " sequences of epoch " + N(epoch) +
-                                      " were taken by " + N(world_size) + " workers; " + N(world_size_) +
-                                      " workers cannot split that position evenly (keep the global batch, "
-                                      "train.batch_size x train.grad_accum x workers, the same)");
+  if (epoch < 0 || taken < 0 || taken > num_sequences_) {
+    return Status::Corruption("data-loader state is out of range: epoch " + N(epoch) + ", " + N(taken) +
+                              " sequences taken of " + N(num_sequences_));
   }
   epoch_ = epoch;
-  position_ = taken / world_size_;
+  taken_ = taken;
   Shuffle();
   return Status::OK();
 }

@@ -6,9 +6,11 @@
 // The token file is cut into n = (size - 1) / T sequences of T + 1 tokens
 // starting every T tokens (sequence i = tokens [i*T, i*T + T + 1); inputs
 // are its first T tokens, targets its last T). Epoch e orders them by a
-// Fisher-Yates permutation drawn from (seed, e); rank r of W owns positions
-// r, r + W, r + 2W, ... of it (floor(n / W) sequences) and takes them B at
-// a time, dropping a tail shorter than B before moving to epoch e + 1.
+// Fisher-Yates permutation drawn from (seed, e); a step of all W ranks
+// takes the next W x B positions of it, rank r the positions r, r + W,
+// r + 2W, ... among them (so each rank owns floor(n / W) sequences of an
+// epoch), and a step that would go past floor(n / W) x W moves to epoch
+// e + 1 first.
 //
 // Promise (what makes the distributed modes match one process): at every
 // step, across epoch boundaries too, the union over ranks of the rank
@@ -45,20 +47,21 @@ class DistributedSampler {
   void NextBatch(int batch_size, int32_t* inputs, int32_t* targets);
 
   int64_t epoch() const { return epoch_; }
-  // Sequences this rank has taken in the current epoch.
-  int64_t position() const { return position_; }
+  // Sequences every rank together has taken in the current epoch.
+  int64_t taken() const { return taken_; }
   int64_t num_sequences() const { return num_sequences_; }
   // Sequences rank r owns per epoch: floor(n / W).
   int64_t per_rank() const { return num_sequences_ / world_size_; }
 
-  // One text line: the epoch, the position and what the state was made for
-  // (dataset size, seq_len, world size, rank, seed). Every rank takes the
-  // same number of sequences, so the state says where the whole epoch is
-  // (position x world size sequences taken): RestoreState accepts any
-  // rank's state, of any world size that leaves a position this one can
-  // split evenly. It rejects malformed text and state made for another
-  // dataset size, T or seed, with one line saying which; on error the
-  // sampler is unchanged.
+  // One text line: the epoch, the sequences all ranks have taken in it,
+  // and what the state was made for (dataset size, seq_len, seed). Every
+  // rank's state is the same, so any rank's state restores any rank of any
+  // world size and batch size: the next step takes the positions after
+  // those taken, whatever the number of workers and the batch (no sequence
+  // skipped or repeated). RestoreState also reads the older form (a rank's
+  // position and the world size it was made for). It rejects malformed
+  // text and state made for another dataset size, T or seed, with one line
+  // saying which; on error the sampler is unchanged.
   std::string SaveState() const;
   Status RestoreState(const std::string& state);
 
@@ -70,7 +73,7 @@ class DistributedSampler {
   int seq_len_, world_size_, rank_;
   uint64_t seed_;
   int64_t num_sequences_;
-  int64_t epoch_ = 0, position_ = 0;
+  int64_t epoch_ = 0, taken_ = 0;
   std::vector<int64_t> order_;  // the current epoch's permutation of [0, n)
 };
 

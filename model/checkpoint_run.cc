@@ -96,7 +96,7 @@ std::string DescribeGlobalBatch(const config::JobConfig& c) {
 
 }  // namespace
 
-Status CheckSameRun(const std::string& step_dir, const config::JobConfig& config) {
+Status CheckSameRun(const std::string& step_dir, const config::JobConfig& config, bool new_global_batch) {
   HERD_ASSIGN_OR_RETURN(config::JobConfig saved, ReadCheckpointConfig(step_dir));
   HERD_RETURN_IF_ERROR(CheckSameShape(saved.model(), config.model(), step_dir));
   config::JobConfig resumed = config;
@@ -125,7 +125,9 @@ Status CheckSameRun(const std::string& step_dir, const config::JobConfig& config
   }
   // Any number of processes continues the run as long as each step takes
   // the same sequences: the global batch, not its split, is the run's.
-  if (GlobalBatch(saved) != GlobalBatch(config)) {
+  // Another global batch is another run's schedule of data (the data goes on
+  // right after the last sequence taken): only when asked for.
+  if (GlobalBatch(saved) != GlobalBatch(config) && !new_global_batch) {
     const int64_t split = int64_t{config.train().grad_accum()} * NumWorkers(config);
     const bool splits = GlobalBatch(saved) % split == 0;
     return Status::InvalidArgument(
@@ -134,7 +136,7 @@ Status CheckSameRun(const std::string& step_dir, const config::JobConfig& config
         (splits ? "set train.batch_size=" + std::to_string(GlobalBatch(saved) / split)
                 : "choose train.batch_size, train.grad_accum and workers whose product is " +
                       std::to_string(GlobalBatch(saved))) +
-        ")");
+        "; or pass --allow-global-batch-change to go on with the new one)");
   }
   return Status::OK();
 }
@@ -149,7 +151,7 @@ StatusOr<std::optional<VerifiedCheckpoint>> ResumePoint(const config::JobConfig&
     return std::optional<VerifiedCheckpoint>();
   }
   HERD_ASSIGN_OR_RETURN(VerifiedCheckpoint latest, std::move(found));
-  HERD_RETURN_IF_ERROR(CheckSameRun(latest.dir, config));
+  HERD_RETURN_IF_ERROR(CheckSameRun(latest.dir, config, options.allow_global_batch_change));
   return std::optional<VerifiedCheckpoint>(std::move(latest));
 }
 

@@ -35,9 +35,10 @@ Status CheckSameModel(const std::string& step_dir, const config::JobConfig& conf
 // train.steps, train.threads, log.*, checkpoint.dir/every/init_from,
 // data.val/prepare_from/val_fraction, cluster.*, device.*, and how the
 // global batch is split: train.batch_size and train.grad_accum, as long as
-// batch_size x grad_accum x workers stays the same); the error names each
-// field that differs, or the global batch and what to set.
-Status CheckSameRun(const std::string& step_dir, const config::JobConfig& config);
+// batch_size x grad_accum x workers stays the same, or with
+// `new_global_batch` whatever it becomes); the error names each field that
+// differs, or the global batch and what to set.
+Status CheckSameRun(const std::string& step_dir, const config::JobConfig& config, bool new_global_batch = false);
 
 // Where a process of a run starts: with options.resume, the newest complete
 // checkpoint in checkpoint.dir, checked to continue this run

@@ -316,7 +316,7 @@ TEST_F(DataSamplerTest, SaveAndRestoreContinueIdentically) {
       auto b = DistributedSampler::Create(file, T, W, r, 9);
       ASSERT_TRUE(b->RestoreState(state).ok());
       EXPECT_EQ(b->epoch(), a->epoch());
-      EXPECT_EQ(b->position(), a->position());
+      EXPECT_EQ(b->taken(), a->taken());
       for (int i = 0; i < 20; ++i) ASSERT_EQ(Rows(*a, B, T), Rows(*b, B, T)) << "step " << stop + i;
       EXPECT_EQ(b->SaveState(), a->SaveState());
     }
@@ -343,13 +343,15 @@ TEST_F(DataSamplerTest, RestoreRejectsOtherRunsAndGarbageAndChangesNothing) {
     EXPECT_EQ(st.message().find('\n'), std::string::npos) << st.message();
     EXPECT_EQ(Rows(*s, 1, seq_len), Rows(*twin, 1, seq_len)) << "a failed restore moved the sampler";
   };
-  // 2 workers took 4 sequences: 3 cannot split that position.
-  expect(file, T, 3, 1, state, "4 sequences of epoch 0 were taken by 2 workers; 3 workers cannot split");
   expect(file, T + 1, 2, 1, state, "seq_len 4, seed 3; this run has 201 tokens (" + file.path() + "), seq_len 5");
   expect(other_file, T, 2, 1, state, "saved for 201 tokens");
   expect(file, T, 2, 1, "", "malformed");
   expect(file, T, 2, 1, "garbage", "malformed: 'garbage'");
   expect(file, T, 2, 1, state + "extra", "malformed");
+  expect(file, T, 2, 1, "epoch 0 taken 0 tokens 201 seq_len 4", "malformed");  // no seed
+  expect(file, T, 2, 1, "epoch -1 taken 0 tokens 201 seq_len 4 seed 3", "out of range");
+  expect(file, T, 2, 1, "epoch 0 taken 51 tokens 201 seq_len 4 seed 3", "out of range");
+  // The older form: a rank's position and its world size.
   expect(file, T, 2, 1, "epoch 0 position 0 tokens 201 seq_len 4 world_size 2 rank 1", "malformed");  // no seed
   expect(file, T, 2, 1, "epoch -1 position 0 tokens 201 seq_len 4 world_size 2 rank 1 seed 3", "out of range");
   expect(file, T, 2, 1, "epoch 0 position 26 tokens 201 seq_len 4 world_size 2 rank 1 seed 3", "out of range");
@@ -360,9 +362,12 @@ TEST_F(DataSamplerTest, RestoreRejectsOtherRunsAndGarbageAndChangesNothing) {
   EXPECT_NE(st.message().find("seed 4"), std::string::npos) << st.message();
   auto s = DistributedSampler::Create(file, T, 2, 1, 3);
   EXPECT_TRUE(s->RestoreState(state).ok());
-  auto four = DistributedSampler::Create(file, T, 4, 3, 3);  // any rank of a count that splits it
-  EXPECT_TRUE(four->RestoreState(state).ok());
-  EXPECT_EQ(four->position(), 1);
+  auto three = DistributedSampler::Create(file, T, 3, 2, 3);  // any rank of any count
+  EXPECT_TRUE(three->RestoreState(state).ok());
+  EXPECT_EQ(three->taken(), 4);
+  auto old_form = DistributedSampler::Create(file, T, 3, 2, 3);
+  EXPECT_TRUE(old_form->RestoreState("epoch 0 position 2 tokens 201 seq_len 4 world_size 2 rank 1 seed 3").ok());
+  EXPECT_EQ(old_form->taken(), 4);
 }
 
 // The state is the epoch's global position: a run that changes its number
@@ -401,6 +406,53 @@ TEST_F(DataSamplerTest, AnotherWorkerCountContinuesTheGlobalOrder) {
         EXPECT_EQ(std::set<int64_t>(seqs.begin(), seqs.end()).size(), seqs.size())
             << "a sequence taken twice in epoch " << epoch;
         EXPECT_EQ(seqs.size(), 96u) << "epoch " << epoch << ": sequences skipped";
+      }
+    }
+  }
+}
+
+// Another global batch too (--allow-global-batch-change): the workers,
+// however many and with whatever batch, take the positions right after
+// the ones taken before the change; across the change and the epochs that
+// follow, every step is exactly what one process takes with that global
+// batch, and no sequence is skipped or taken twice in an epoch.
+TEST_F(DataSamplerTest, AnotherGlobalBatchContinuesRightAfterTheLastSequence) {
+  const int T = 3;
+  const TokenFile& file = Counting(96 * T + 1);  // 96 sequences: every world size here divides them
+  struct Split {
+    int W, B;
+  };
+  for (const auto& [before, after] : std::vector<std::pair<Split, Split>>{
+           {{3, 4}, {2, 3}}, {{4, 2}, {3, 6}}, {{2, 6}, {4, 5}}, {{1, 12}, {8, 1}}, {{6, 1}, {1, 7}}}) {
+    for (int stop : {3, 8, 13}) {
+      SCOPED_TRACE("W x B " + std::to_string(before.W) + "x" + std::to_string(before.B) + " -> " +
+                   std::to_string(after.W) + "x" + std::to_string(after.B) + " after step " + std::to_string(stop));
+      auto single = DistributedSampler::Create(file, T, 1, 0, 5);
+      auto make = [&](int W) {
+        std::vector<DistributedSampler> ranks;
+        for (int r = 0; r < W; ++r) ranks.push_back(*DistributedSampler::Create(file, T, W, r, 5));
+        return ranks;
+      };
+      std::vector<DistributedSampler> ranks = make(before.W);
+      Split split = before;
+      std::map<int64_t, std::multiset<int64_t>> taken;  // per epoch
+      for (int step = 0; step < 30; ++step) {
+        if (step == stop) {
+          const std::string state = ranks.back().SaveState();
+          ranks = make(after.W);
+          for (auto& s : ranks) ASSERT_TRUE(s.RestoreState(state).ok());
+          split = after;
+        }
+        std::multiset<int64_t> together;
+        for (auto& s : ranks) {
+          for (int64_t q : Rows(s, split.B, T)) together.insert(q);
+        }
+        ASSERT_EQ(Multiset(Rows(*single, split.W * split.B, T)), together) << "step " << step;
+        taken[ranks[0].epoch()].insert(together.begin(), together.end());
+      }
+      for (const auto& [epoch, seqs] : taken) {
+        EXPECT_EQ(std::set<int64_t>(seqs.begin(), seqs.end()).size(), seqs.size())
+            << "a sequence taken twice in epoch " << epoch;
       }
     }
   }

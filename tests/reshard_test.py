@@ -6,7 +6,9 @@ pairs has losses within 1e-5 relative of the target shape's uninterrupted
 run: the optimizer state is reassembled from however many shards wrote
 it, and the data position is global, so each step takes the same
 sequences (tests/data_test.cc counts them). A resume that changes the
-global batch is refused in one line that says what to set."""
+global batch is refused in one line that says what to set, and with
+--allow-global-batch-change goes on with the new one (tests/data_test.cc
+shows the data then continues right after the last sequence taken)."""
 import json
 import os
 import shutil
@@ -75,6 +77,12 @@ def main():
     for needle in ("global batch of 12 sequences per step", "8 sequences per step", "set train.batch_size=12"):
         assert needle in lines[0], lines[0]
     print(f"ok  another global batch on resume: {lines[0]}")
+    p = sb.run("launch", cfg, "--set", "train.batch_size=8", "--set", f"train.steps={STEPS + 10}", "--resume",
+               "--allow-global-batch-change")
+    got = losses(sb.path(name + ".jsonl"))
+    assert f"resumed from {name}_ckpt/step_{STEPS:08d}" in p.stdout and len(got) == STEPS + 10, p.stdout[-2000:]
+    print(f"ok  with --allow-global-batch-change the run goes on at 8 sequences per step from step {STEPS} "
+          f"to {STEPS + 10}")
     shutil.rmtree(sb.dir)
 
 

@@ -1,4 +1,5 @@
-// herd launch CONFIG [--set path=value ...] [--resume | --overwrite] [--stop-at STEP] [--max-restarts N]
+// herd launch CONFIG [--set path=value ...] [--resume [--allow-global-batch-change] | --overwrite]
+//             [--stop-at STEP] [--max-restarts N]
 #include <cstdio>
 
 #include "common/config.h"
@@ -14,12 +15,12 @@
 namespace herd::tools {
 
 int RunLaunch(int argc, char** argv) {
-  Args args({"set", "stop-at", "max-restarts"}, {"resume", "overwrite"});
+  Args args({"set", "stop-at", "max-restarts"}, {"resume", "overwrite", "allow-global-batch-change"});
   Status st = args.Parse(argc, argv);
   if (!st.ok()) return ReportError(st.WithContext("launch: "));
   if (args.positional().size() != 1) {
-    return ReportError(Status::InvalidArgument("usage: herd launch CONFIG [--set path=value ...] [--resume | --overwrite] [--stop-at STEP] "
-                                               "[--max-restarts N]"));
+    return ReportError(Status::InvalidArgument("usage: herd launch CONFIG [--set path=value ...] [--resume [--allow-global-batch-change] | "
+                                               "--overwrite] [--stop-at STEP] [--max-restarts N]"));
   }
   auto config = LoadJobConfig(args.positional()[0], args.GetAll("set"));
   if (!config.ok()) return ReportError(config.status());
@@ -39,6 +40,7 @@ int RunLaunch(int argc, char** argv) {
   TrainOptions options;
   options.resume = args.Has("resume");
   options.overwrite = args.Has("overwrite");
+  options.allow_global_batch_change = args.Has("allow-global-batch-change");
   if (options.resume && options.overwrite) {
     return ReportError(Status::InvalidArgument("launch: --resume continues checkpoints and --overwrite deletes them: "
                                                "pass one of them"));

@@ -395,6 +395,7 @@ Outcome LocalJob::Attempt(const TrainOptions& train) {
     for (const std::string& o : options_.overrides) argv.insert(argv.end(), {"--set", o});
     argv.insert(argv.end(), {"--rank", std::to_string(rank), "--coordinator", address});
     if (train.resume) argv.push_back("--resume");
+    if (train.resume && train.allow_global_batch_change) argv.push_back("--allow-global-batch-change");
     if (train.stop_at_step > 0) argv.insert(argv.end(), {"--stop-at", std::to_string(train.stop_at_step)});
     const int threads = pick_threads ? std::max(1, cores / (server ? S : W)) : 0;
     std::lock_guard<std::mutex> lock(spawned_mu);

@@ -3,8 +3,8 @@
 // on one machine, or start them by hand on several:
 //
 //   herd-server CONFIG [--set path=value ...] [--rank R] [--coordinator HOST:PORT]
-//               [--token-file F] [--resume | --resume-if-any | --overwrite] [--stop-at STEP]
-//               [--max-restarts N]
+//               [--token-file F] [--resume | --resume-if-any | --overwrite]
+//               [--allow-global-batch-change] [--stop-at STEP] [--max-restarts N]
 //   herd-worker (the same flags)
 //
 // Every process of a job must get the same CONFIG, --set overrides,
@@ -51,7 +51,7 @@ namespace {
 constexpr char kUsage[] =
     "usage: " HERD_NODE_NAME
     " CONFIG [--set path=value ...] [--rank R] [--coordinator HOST:PORT] [--token-file F] "
-    "[--resume | --resume-if-any | --overwrite] [--stop-at STEP] [--max-restarts N]";
+    "[--resume | --resume-if-any | --overwrite] [--allow-global-batch-change] [--stop-at STEP] [--max-restarts N]";
 
 // This process's command line for its next start: one restart fewer, and
 // --resume-if-any in place of --resume / --overwrite.
@@ -87,7 +87,7 @@ Status ExecAgain(const std::vector<std::string>& argv) {
 
 Status Run(int argc, char** argv, long long* max_restarts) {
   tools::Args args({"set", "rank", "coordinator", "token-file", "stop-at", "max-restarts"},
-                   {"resume", "resume-if-any", "overwrite"});
+                   {"resume", "resume-if-any", "overwrite", "allow-global-batch-change"});
   HERD_RETURN_IF_ERROR(args.Parse(argc, argv));
   if (args.positional().size() != 1) return Status::InvalidArgument(kUsage);
   HERD_ASSIGN_OR_RETURN(*max_restarts, args.GetInt("max-restarts", 0, 0));
@@ -108,6 +108,7 @@ Status Run(int argc, char** argv, long long* max_restarts) {
   TrainOptions options;
   options.resume = args.Has("resume") || args.Has("resume-if-any");
   options.start_if_none = args.Has("resume-if-any");
+  options.allow_global_batch_change = args.Has("allow-global-batch-change");
   options.overwrite = args.Has("overwrite");
   if (options.resume && options.overwrite) {
     return Status::InvalidArgument("--resume continues checkpoints and --overwrite deletes them: pass one of them");
