@@ -70,8 +70,14 @@ void DistributedSampler::Shuffle() {
 }
 
 void DistributedSampler::NextBatch(int batch_size, int32_t* inputs, int32_t* targets) {
+  NextBatches(batch_size, {rank_}, inputs, targets);
+}
+
+void DistributedSampler::NextBatches(int batch_size, const std::vector<int>& ranks, int32_t* inputs,
+                                     int32_t* targets) {
   CHECK(batch_size >= 1 && batch_size <= per_rank()) << "DistributedSampler::NextBatch(" << batch_size << ") on "
                                                      << per_rank() << " sequences per rank: call CheckBatch first";
+  for (int r : ranks) CHECK(r >= 0 && r < world_size_) << "rank " << r << " of " << world_size_;
   // Every rank crosses the epoch boundary at the same step.
   const int64_t step = int64_t{batch_size} * world_size_;
   if (taken_ + step > per_rank() * world_size_) {
@@ -80,9 +86,12 @@ void DistributedSampler::NextBatch(int batch_size, int32_t* inputs, int32_t* tar
     Shuffle();
   }
   const int64_t T = seq_len_;
-  for (int b = 0; b < batch_size; ++b) {
-    const int64_t seq = order_[taken_ + int64_t{b} * world_size_ + rank_];
-    ReadWindow(*file_, seq * T, seq_len_, inputs + b * T, targets + b * T);
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    for (int b = 0; b < batch_size; ++b) {
+      const int64_t seq = order_[taken_ + int64_t{b} * world_size_ + ranks[i]];
+      const int64_t row = (static_cast<int64_t>(i) * batch_size + b) * T;
+      ReadWindow(*file_, seq * T, seq_len_, inputs + row, targets + row);
+    }
   }
   taken_ += step;
 }

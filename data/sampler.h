@@ -45,6 +45,12 @@ class DistributedSampler {
   // batch_size sequences are left in this one. batch_size must have passed
   // CheckBatch (checked: a violation aborts).
   void NextBatch(int batch_size, int32_t* inputs, int32_t* targets);
+  // What the samplers of `ranks` (ranks of this sampler's world size, each
+  // at most once) take at this step, one after the other: rank ranks[i]'s
+  // rows at inputs + i * batch_size * T. It advances as NextBatch does, so
+  // one process can take the shares of several ranks (a worker that stands
+  // in for lost ones).
+  void NextBatches(int batch_size, const std::vector<int>& ranks, int32_t* inputs, int32_t* targets);
 
   int64_t epoch() const { return epoch_; }
   // Sequences every rank together has taken in the current epoch.

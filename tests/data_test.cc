@@ -458,6 +458,29 @@ TEST_F(DataSamplerTest, AnotherGlobalBatchContinuesRightAfterTheLastSequence) {
   }
 }
 
+// One sampler taking the shares of several ranks takes what their own
+// samplers would, step after step and across epochs.
+TEST_F(DataSamplerTest, OneSamplerTakesTheSharesOfSeveralRanks) {
+  const int T = 3, W = 4, B = 2;
+  const TokenFile& file = Counting(50 * T + 1);  // 12 per rank: 6 steps an epoch
+  std::vector<DistributedSampler> ranks;
+  for (int r = 0; r < W; ++r) ranks.push_back(*DistributedSampler::Create(file, T, W, r, 3));
+  auto standing_in = DistributedSampler::Create(file, T, W, 0, 3);
+  const std::vector<int> shares = {1, 3, 0};
+  std::vector<int32_t> in(shares.size() * B * T), tg(in.size());
+  for (int step = 0; step < 14; ++step) {
+    standing_in->NextBatches(B, shares, in.data(), tg.data());
+    std::vector<std::vector<int64_t>> own(W);
+    for (int r = 0; r < W; ++r) own[r] = Rows(ranks[r], B, T);
+    for (size_t i = 0; i < shares.size(); ++i) {
+      for (int b = 0; b < B; ++b) {
+        EXPECT_EQ(in[(i * B + b) * T] / T, own[shares[i]][b]) << "step " << step << ", share of rank " << shares[i];
+      }
+    }
+    EXPECT_EQ(standing_in->SaveState(), ranks[0].SaveState());
+  }
+}
+
 TEST_F(DataSamplerTest, TooSmallDatasetIsAClearError) {
   const int T = 8;
   const TokenFile& file = Counting(5 * T + 1);  // 5 sequences
