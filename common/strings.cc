@@ -78,4 +78,38 @@ std::string ShellQuote(const std::string& s) {
   return q + "'";
 }
 
+std::string PrintableUtf8(const std::string& bytes) {
+  static constexpr char kReplacement[] = "\xEF\xBF\xBD";
+  std::string out;
+  out.reserve(bytes.size());
+  const auto* p = reinterpret_cast<const unsigned char*>(bytes.data());
+  const size_t n = bytes.size();
+  auto continuation = [&](size_t i, unsigned char lo = 0x80, unsigned char hi = 0xBF) {
+    return i < n && p[i] >= lo && p[i] <= hi;
+  };
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = p[i];
+    size_t len = 0;  // of a well-formed sequence starting here; 0: none
+    if (c < 0x80) {
+      len = (c >= 0x20 && c != 0x7F) || c == '\t' || c == '\n' || c == '\r' ? 1 : 0;
+    } else if (c >= 0xC2 && c <= 0xDF) {
+      len = continuation(i + 1) ? 2 : 0;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      const unsigned char lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
+      len = continuation(i + 1, lo, hi) && continuation(i + 2) ? 3 : 0;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      const unsigned char lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
+      len = continuation(i + 1, lo, hi) && continuation(i + 2) && continuation(i + 3) ? 4 : 0;
+    }
+    if (len == 0) {
+      out += kReplacement;
+      ++i;
+    } else {
+      out.append(bytes, i, len);
+      i += len;
+    }
+  }
+  return out;
+}
+
 }  // namespace herd

@@ -28,4 +28,10 @@ std::string FormatBytes(int64_t bytes);
 // `s` as one word for /bin/sh (single-quoted), for commands run by popen.
 std::string ShellQuote(const std::string& s);
 
+// Bytes (a byte-level model's text) as valid UTF-8 that is safe to print:
+// well-formed sequences (RFC 3629: no overlong forms, surrogates or code
+// points above U+10FFFF) are kept, and every other byte, and every control
+// character but tab, newline and carriage return, becomes U+FFFD.
+std::string PrintableUtf8(const std::string& bytes);
+
 }  // namespace herd

@@ -1,7 +1,9 @@
 #!/bin/sh
 # Installs what herd needs on Debian 12 (when missing), then configures and
-# builds into build/. Safe to rerun: installs nothing that is present and
-# rebuilds incrementally. Set HERD_BUILD_DIR to build elsewhere.
+# builds herd, herd-server and herd-worker into build/ (the tests, the
+# fuzzer and the emulated-device binaries are built by scripts/test.sh).
+# Safe to rerun: installs nothing that is present and rebuilds
+# incrementally. Set HERD_BUILD_DIR to build elsewhere.
 set -eu
 cd "$(dirname "$0")/.."
 
@@ -30,4 +32,4 @@ BUILD="${HERD_BUILD_DIR:-build}"
 if [ ! -f "$BUILD/build.ninja" ]; then
   cmake -G Ninja -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=Release
 fi
-ninja -C "$BUILD"
+ninja -C "$BUILD" herd herd-server herd-worker

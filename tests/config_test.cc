@@ -5,10 +5,31 @@
 #include <string>
 
 #include "common/config.h"
+#include "common/strings.h"
 #include "sharding/memory_plan.h"
 
 namespace herd {
 namespace {
+
+// What a byte-level model samples is printed as valid UTF-8, whatever the
+// bytes: well-formed text unchanged, everything else one U+FFFD per byte.
+TEST(StringsTest, PrintableUtf8KeepsTextAndReplacesTheRest) {
+  const std::string ok = "plain, tab\tnewline\n, caf\xC3\xA9, \xE2\x82\xAC, \xF0\x9F\x98\x80";
+  EXPECT_EQ(PrintableUtf8(ok), ok);
+  const std::string r = "\xEF\xBF\xBD";
+  EXPECT_EQ(PrintableUtf8(std::string("a\0b", 3)), "a" + r + "b");          // NUL
+  EXPECT_EQ(PrintableUtf8("\x1B[31m"), r + "[31m");                         // ESC
+  EXPECT_EQ(PrintableUtf8("\xC3"), r);                                      // cut short
+  EXPECT_EQ(PrintableUtf8("\xC0\xAF"), r + r);                              // overlong
+  EXPECT_EQ(PrintableUtf8("\xED\xA0\x80"), r + r + r);                      // surrogate
+  EXPECT_EQ(PrintableUtf8("\xF4\x90\x80\x80"), r + r + r + r);              // above U+10FFFF
+  EXPECT_EQ(PrintableUtf8("\xFFok\x80"), r + "ok" + r);
+  // Every byte string comes out as UTF-8 that Python, say, decodes.
+  std::string all;
+  for (int i = 0; i < 256; ++i) all.push_back(static_cast<char>(i));
+  const std::string out = PrintableUtf8(all + all);
+  EXPECT_EQ(PrintableUtf8(out), out) << "the output is not itself well-formed";
+}
 
 TEST(ConfigTest, DefaultsAreValid) {
   auto c = ParseJobConfig("", "empty");

@@ -14,7 +14,10 @@ processes, real signals, real files.
 * a SIGSTOPped worker is killed as soon as the coordinator declares it lost;
 * the token file is gone once every process has joined; stale UCX
   shared-memory files of dead processes are removed at start, live ones
-  kept.
+  kept;
+* the text sample at the end of a run is valid UTF-8 whatever bytes the
+  model samples (an untrained byte-level model samples any byte), so a
+  program reading herd's output as text does not break on it.
 """
 import glob
 import os
@@ -276,12 +279,24 @@ def token_and_shm(sb):
                     os.remove(path)
 
 
+def sample_is_utf8(sb):
+    cfg = sb.write("sample.textproto", herdtest.tiny_config("train.bin", steps=2))
+    p = subprocess.run([sb.herd, "launch", cfg, "--set", "log.sample_tokens=400", "--set",
+                        "log.sample_temperature=2"], cwd=sb.dir, capture_output=True)
+    assert p.returncode == 0, p.stderr[-2000:]
+    text = p.stdout.decode("utf-8")  # strict: raises on anything invalid
+    sample = text[text.index("sample (temperature"):]
+    assert "\ufffd" in sample, "the sample had no byte to replace: nothing was checked"
+    print(f"ok  the text sample is valid UTF-8 ({sample.count(chr(0xFFFD))} bytes replaced by U+FFFD)")
+
+
 def main():
     a = herdtest.parse_args()
     sb = herdtest.Sandbox(a.build)
     try:
         sb.corpus()
         sb.run("prepare", "corpus.txt", "--out", "train.bin")
+        sample_is_utf8(sb)
         too_big(sb)
         fresh_run_into_checkpoints(sb)
         token_and_shm(sb)

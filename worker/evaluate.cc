@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/rng.h"
+#include "common/strings.h"
 #include "data/sampler.h"
 
 namespace herd {
@@ -79,7 +80,8 @@ void PrintSample(Model& model, const float* params, const config::JobConfig& con
       Generate(model, params, prompt, log.sample_tokens(), log.sample_temperature(), config.train().seed());
   std::string text;
   for (int32_t t : out) text.push_back(static_cast<char>(t & 0xff));
-  std::printf("sample (temperature %.2f):\n%s\n", log.sample_temperature(), text.c_str());
+  // A byte-level model may emit any bytes: what is printed is valid UTF-8.
+  std::printf("sample (temperature %.2f):\n%s\n", log.sample_temperature(), PrintableUtf8(text).c_str());
 }
 
 }  // namespace herd
