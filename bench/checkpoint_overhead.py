@@ -17,34 +17,18 @@ reported, so that a machine whose speed drifts affects all alike.
 Use Debian's /usr/bin/python3.
 """
 import argparse
+import glob
 import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-
-
-def run(herd, config, sets, workdir, steps):
-    metrics = os.path.join(workdir, "metrics.jsonl")
-    if os.path.exists(metrics):
-        os.remove(metrics)
-    cmd = [herd, "launch", config, "--set", f"train.steps={steps}", "--set", "log.every=1",
-           "--set", f"log.metrics={metrics}", "--set", "log.sample_tokens=0", "--set", "log.eval_every=0",
-           "--set", "data.val="]
-    for s in sets:
-        cmd += ["--set", s]
-    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-    if p.returncode != 0:
-        sys.stderr.write(p.stdout[-3000:] + p.stderr[-3000:])
-        raise SystemExit(f"herd launch failed ({p.returncode}): {' '.join(cmd)}")
-    with open(metrics) as f:
-        rows = [json.loads(line) for line in f]
-    return rows, p.stdout.count("checkpoint: ")
+sys.path.insert(0, HERE)
+from ps_throughput import run  # noqa: E402  (one way to launch a measured run)
 
 
 def main():
@@ -77,7 +61,8 @@ def main():
         for _ in range(a.repeat):
             for name, sets in variants:
                 shutil.rmtree(ckpt, ignore_errors=True)
-                rows, written[name] = run(herd, a.config, base + sets, workdir, a.steps)
+                rows = run(herd, a.config, base + sets, workdir, a.steps)
+                written[name] = len(glob.glob(os.path.join(ckpt, "step_*")))
                 by_step = {r["step"]: r["elapsed_s"] for r in rows}
                 times[name].append((by_step[a.steps] - by_step[a.warmup]) / measured)
         anchor = statistics.median(times["no_checkpoints"])

@@ -1,11 +1,9 @@
 #include "transport/checkpoint_commit.h"
 
 #include <glog/logging.h>
+#include <pthread.h>
 #include <sched.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <cstring>
 
 #include "model/checkpoint_commit.h"
@@ -47,19 +45,24 @@ BackgroundCommit::~BackgroundCommit() { Wait(); }
 void BackgroundCommit::Start(std::function<Status()> commit) {
   CHECK(!thread_.joinable()) << "a checkpoint commit is already in progress";
   thread_ = std::thread([this, commit = std::move(commit)] {
-    // Copying, checksumming and writing take cores only when training
-    // leaves one idle (SCHED_IDLE), so that they do not slow the step.
-    sched_param none{};
-    none.sched_priority = 0;
-    if (::sched_setscheduler(static_cast<pid_t>(::syscall(SYS_gettid)), SCHED_IDLE, &none) != 0) {
-      LOG(WARNING) << "checkpoint writer: cannot lower its priority: " << std::strerror(errno);
+    // Checksumming and writing take cores only when training leaves one
+    // idle (SCHED_IDLE), so that they do not slow the step.
+    const sched_param none{};
+    if (const int err = ::pthread_setschedparam(::pthread_self(), SCHED_IDLE, &none); err != 0) {
+      LOG(WARNING) << "checkpoint writer: cannot lower its priority: " << std::strerror(err);
     }
     result_ = commit();
   });
 }
 
 Status BackgroundCommit::Wait() {
-  if (thread_.joinable()) thread_.join();
+  if (!thread_.joinable()) return result_;
+  // Training waits for it now: it runs as any thread does, or it could
+  // starve behind other work on the cores. (The handle stays valid until
+  // the join, whether or not the thread has ended.)
+  const sched_param none{};
+  ::pthread_setschedparam(thread_.native_handle(), SCHED_OTHER, &none);
+  thread_.join();
   return result_;
 }
 

@@ -49,8 +49,9 @@ class BackgroundCommit {
   // commit in progress (Wait first: a checkpoint never overtakes the one
   // before it).
   void Start(std::function<Status()> commit);
-  // Waits for the commit in progress, if any; returns how the last one
-  // ended (OK when none has run).
+  // Waits for the commit in progress, if any, raising it from idle to
+  // normal priority meanwhile; returns how the last one ended (OK when none
+  // has run).
   Status Wait();
 
  private:
