@@ -196,12 +196,30 @@ std::string JoinPath(const std::string& a, const std::string& b) {
   return a.ends_with('/') ? a + b : a + "/" + b;
 }
 
+namespace {
+
+// Where a file is written before it replaces `path`.
+std::string TempPathFor(const std::string& path) { return path + ".tmp." + std::to_string(::getpid()); }
+
+// Renames the written and fsynced `tmp` over `path` and makes the rename
+// durable; `tmp` is removed when the rename fails.
+Status Publish(const std::string& tmp, const std::string& path) {
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string err = ErrnoText();
+    ::unlink(tmp.c_str());
+    return Status::IOError(path + ": rename failed: " + err);
+  }
+  return FsyncDir(DirName(path));
+}
+
+}  // namespace
+
 AtomicFile::~AtomicFile() { Abandon(); }
 
 Status AtomicFile::Open(const std::string& path) {
   Abandon();
   path_ = path;
-  tmp_path_ = path + ".tmp." + std::to_string(::getpid());
+  tmp_path_ = TempPathFor(path);
   file_ = std::fopen(tmp_path_.c_str(), "wb");
   if (file_ == nullptr) {
     return Status::IOError(path + ": cannot write (" + DirName(path) + "): " + ErrnoText());
@@ -229,13 +247,9 @@ Status AtomicFile::Commit() {
     ::unlink(tmp_path_.c_str());
     return Status::IOError(path_ + ": write failed: " + err);
   }
-  if (::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
-    err = ErrnoText();
-    ::unlink(tmp_path_.c_str());
-    return Status::IOError(path_ + ": rename failed: " + err);
-  }
+  const std::string tmp = std::move(tmp_path_);
   tmp_path_.clear();
-  return FsyncDir(DirName(path_));
+  return Publish(tmp, path_);
 }
 
 void AtomicFile::Abandon() {
@@ -266,7 +280,7 @@ bool WriteAll(int fd, const char* data, size_t size) {
 }  // namespace
 
 Status WriteAlignedFileAtomic(const std::string& path, const void* data, size_t size) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  const std::string tmp = TempPathFor(path);
   const size_t padded = (size + kDirectIoAlignment - 1) / kDirectIoAlignment * kDirectIoAlignment;
   const char* bytes = static_cast<const char*>(data);
   auto fail = [&](int fd, const std::string& what) {
@@ -290,8 +304,7 @@ Status WriteAlignedFileAtomic(const std::string& path, const void* data, size_t 
   }
   if (::fsync(fd) != 0) return fail(fd, "write failed");
   if (::close(fd) != 0) return fail(-1, "write failed");
-  if (::rename(tmp.c_str(), path.c_str()) != 0) return fail(-1, "rename failed");
-  return FsyncDir(DirName(path));
+  return Publish(tmp, path);
 }
 
 uint32_t Crc32(const void* data, size_t size, uint32_t crc) {

@@ -68,6 +68,7 @@ class ShardImage {
   size_t size_ = 0, capacity_ = 0;
   std::unique_ptr<char, Free> bytes_;  // aligned for direct writes
 };
+
 // Validates magic, version, sizes and CRC; errors name the file.
 StatusOr<ShardState> ReadShard(const std::string& path);
 

@@ -122,13 +122,7 @@ Status RunParameterServer(const config::JobConfig& config, const TrainOptions& o
   };
   Status served = shard.ServeSteps(last, hooks);
   Status written = background.Wait();
-  if (Status st = client->Explain(served.ok() ? written : served); !st.ok()) {
-    // Transfers may be in flight to and from peers that are still going:
-    // UCX's endpoints are left to the process's exit (UCX 1.13 asserts when
-    // one is destroyed under them).
-    runtime->transport().Abort(st);
-    return st;
-  }
+  HERD_RETURN_IF_ERROR(runtime->Conclude(served.ok() ? written : served));
   HERD_RETURN_IF_ERROR(client->Barrier("herd/done"));
   if (auto memory = PlanMemory(config); memory.ok()) {
     HERD_RETURN_IF_ERROR(ReportRunSummary("server", rank, last - start, memory->processes[rank].total(),

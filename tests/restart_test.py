@@ -13,6 +13,7 @@ checkpoint, and resume is bit-exact.
   test plays the part of the supervisor (systemd, a Slurm script) that
   starts the killed process again, with --resume-if-any. The survivors
   start themselves again and rejoin."""
+import json
 import os
 import random
 import shutil
@@ -51,35 +52,40 @@ def children(ppid):
     return out
 
 
-def step_of(line):
-    """The step of a progress line ('... step    12/600 | ...'), else -1."""
-    at = line.find("step ")
-    if at < 0 or "/" not in line[at:]:
-        return -1
-    try:
-        return int(line[at + 5:].split("/")[0])
-    except ValueError:
-        return -1
+def wait_for_step(workdir, at, name):
+    """Returns once the run's metrics (worker 0's JSON lines) reach step `at`."""
+    metrics = os.path.join(workdir, "metrics.jsonl")
+    deadline = time.time() + 60
+    while True:
+        steps = []
+        if os.path.exists(metrics):
+            for line in open(metrics):
+                try:
+                    steps.append(json.loads(line)["step"])
+                except ValueError:
+                    pass  # a line still being written
+        if max(steps, default=-1) >= at:
+            return
+        assert time.time() < deadline, f"{name}: no step {at} within 60 s"
+        time.sleep(0.01)
 
 
 def launch_trial(sb, workdir, rng, name):
     victim = rng.choice(["herd-server", "herd-worker"])
     rank = rng.randrange(2)
     at = rng.randrange(30, 400)
-    p = subprocess.Popen([sb.herd, "launch", "job.textproto", "--max-restarts", "2"], cwd=workdir,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=dict(os.environ, OMP_NUM_THREADS="1"))
+    out_path, err_path = os.path.join(workdir, "launch.out"), os.path.join(workdir, "launch.err")
+    with open(out_path, "w") as out_file, open(err_path, "w") as err_file:
+        p = subprocess.Popen([sb.herd, "launch", "job.textproto", "--max-restarts", "2"], cwd=workdir,
+                             stdout=out_file, stderr=err_file, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    wait_for_step(workdir, at, name)
     killed = False
-    out = []
-    for line in p.stdout:
-        out.append(line)
-        if not killed and line.startswith("worker 0: ") and step_of(line) >= at:
-            for pid, cmd in children(p.pid):
-                if cmd and cmd[0].endswith(victim) and cmd[cmd.index("--rank") + 1] == str(rank):
-                    os.kill(pid, signal.SIGKILL)
-                    killed = True
-    err = p.stderr.read()
-    assert p.wait(timeout=120) == 0, f"{name}: launch exited {p.returncode}:\n{err[-3000:]}"
+    for pid, cmd in children(p.pid):
+        if cmd and cmd[0].endswith(victim) and cmd[cmd.index("--rank") + 1] == str(rank):
+            os.kill(pid, signal.SIGKILL)
+            killed = True
+    assert p.wait(timeout=120) == 0, f"{name}: launch exited {p.returncode}:\n{open(err_path).read()[-3000:]}"
+    out = open(out_path).readlines()
     restarts = [l for l in out if l.startswith("launch: restart 1 of 2 after ")]
     assert killed and len(restarts) == 1, f"{name}: killed={killed}, restart lines {restarts}\n{''.join(out)[-3000:]}"
     return f"{victim} {rank} killed at step {at}: " + restarts[0].strip()
@@ -114,11 +120,7 @@ def by_hand_trial(sb, workdir, rng, name, victim):
         node("server", r)
         node("worker", r)
     at = rng.randrange(30, 400)
-    deadline = time.time() + 60
-    log = os.path.join(workdir, "worker0.out")
-    while max([step_of(l) for l in open(log)] + [-1]) < at:
-        assert time.time() < deadline, f"{name}: no step {at} within 60 s:\n" + open(log).read()[-3000:]
-        time.sleep(0.01)
+    wait_for_step(workdir, at, name)
     key = "coordinator" if victim == "coordinator" else f"server{rng.randrange(2)}"
     procs[key].kill()
     procs[key].wait()

@@ -29,4 +29,10 @@ void NodeRuntime::StartRing(CoordinatorClient& client) {
 
 void NodeRuntime::Serve(ShardHandler* shard) { served_ = std::make_unique<PushPullServer>(transport_.get(), shard); }
 
+Status NodeRuntime::Conclude(const Status& local) {
+  Status st = client_->Explain(local);
+  if (!st.ok()) transport_->Abort(st);
+  return st;
+}
+
 }  // namespace herd::transport

@@ -52,6 +52,13 @@ class NodeRuntime {
   // In prepare: answers the workers' pushes and pulls with `shard`.
   void Serve(ShardHandler* shard);
 
+  // What this process's run ends with: `local` as the coordinator explains
+  // it (CoordinatorClient::Explain). On a failure the transport is aborted
+  // first, so that its endpoints are left to the process's exit: transfers
+  // may still be in flight to and from peers that go on, and UCX 1.13
+  // asserts when an endpoint is destroyed under one.
+  Status Conclude(const Status& local);
+
   UcxTransport& transport() { return *transport_; }
   CoordinatorClient& client() { return *client_; }
   // Null unless asked for (Options) or started (StartRing).

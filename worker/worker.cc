@@ -217,11 +217,7 @@ Status RunWorker(const config::JobConfig& config, const TrainOptions& options, c
   parts.client = in_job ? &w.runtime->client() : nullptr;
   StepLoop loop(parts);
   if (!in_job) return loop.Run(start);
-  if (Status st = w.runtime->client().Explain(loop.Run(start)); !st.ok()) {
-    // As on a server: transfers may be in flight; the endpoints go with the process.
-    w.runtime->transport().Abort(st);
-    return st;
-  }
+  HERD_RETURN_IF_ERROR(w.runtime->Conclude(loop.Run(start)));
 
   // Every worker of a job: what it cost, for `herd bench compare` and
   // curious users.
