@@ -290,6 +290,10 @@ std::vector<Violation> CheckValues(const JobConfig& c) {
   if (cl.zero_stage() == 1) {
     need(cl.sync() == config::ClusterConfig::ALLREDUCE, "cluster.zero_stage", "ZeRO-1 applies to sync ALLREDUCE only");
   }
+  if (cl.elastic()) {
+    need(cl.sync() == config::ClusterConfig::PARAMETER_SERVER, "cluster.elastic",
+         "elastic workers need sync PARAMETER_SERVER (there the servers hold all the state)");
+  }
   return v;
 }
 

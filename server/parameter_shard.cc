@@ -13,9 +13,10 @@ namespace herd {
 
 struct ParameterShard::LocalBucket {
   int64_t begin = 0, end = 0;  // relative to the shard's range
-  int next_rank = 0;           // contributions 0..next_rank-1 are summed
-  std::vector<void*> pending;  // per worker: landed, not yet summed
-  std::vector<bool> arrived;   // per worker: pushed this step
+  int next_share = 0;          // the contributions of shares 0..next_share-1 are summed
+  std::vector<void*> pending;  // per share: landed, not yet summed
+  std::vector<bool> arrived;   // per share: landed this step
+  std::vector<int> landing;    // per share: transfers under way this step
   double sum_of_squares = 0;
   bool done = false;     // every contribution summed
   bool applied = false;  // stepped: pulls of the next version may read it
@@ -48,6 +49,7 @@ ParameterShard::ParameterShard(const ParameterShardOptions& options, std::unique
     lb.end = b.range.end - range_.begin;
     lb.pending.assign(options_.num_workers, nullptr);
     lb.arrived.assign(options_.num_workers, false);
+    lb.landing.assign(options_.num_workers, 0);
     buckets_.push_back(std::move(lb));
   }
   std::sort(buckets_.begin(), buckets_.end(),
@@ -80,33 +82,57 @@ StatusOr<void*> ParameterShard::PushTarget(const transport::Request& push) {
   const int r = WorkerRank(push.client);
   const std::string what = push.Describe();
   if (r < 0) return Status::InvalidArgument(what + " from peer " + std::to_string(push.client) + ", not a worker");
+  const std::string from = " from worker " + std::to_string(r);
+  const uint64_t step = transport::TagStep(push.tag);
+  const int share = transport::TagShare(push.tag);
+  if (share >= options_.num_workers || (!options_.elastic && share != r)) {
+    return Status::InvalidArgument(what + from + " is for the share of rank " + std::to_string(share) +
+                                   (options_.elastic ? ", beyond the job's " + std::to_string(options_.num_workers)
+                                                     : ", not its own"));
+  }
+  const uint64_t current = static_cast<uint64_t>(optimizer_->step());
+  // Elastic: a worker that takes over a lost one's share computes it again,
+  // and the share may be in already (every share of a step being stepped
+  // is); such bytes are received and dropped, never added twice.
+  if (options_.elastic && (step < current || (step == current && stepping_))) return Discard(push.length);
   // Streaming, pushes of a step go on arriving while its first buckets are
   // stepped; otherwise every push of the step is in before stepping.
-  if ((stepping_ && !options_.stream_updates) || push.tag != static_cast<uint64_t>(optimizer_->step())) {
-    return Status::FailedPrecondition(what + " from worker " + std::to_string(r) + " is for step " +
-                                      std::to_string(push.tag) + ", but this server is " +
-                                      (stepping_ ? "stepping " : "at step ") + std::to_string(optimizer_->step()));
+  if ((stepping_ && !options_.stream_updates) || step != current) {
+    return Status::FailedPrecondition(what + from + " is for step " + std::to_string(step) + ", but this server is " +
+                                      (stepping_ ? "stepping " : "at step ") + std::to_string(current));
   }
   if (push.kind == transport::RequestKind::kLoss) {
     if (push.offset != 0 || push.length != sizeof(double)) {
-      return Status::InvalidArgument(what + " from worker " + std::to_string(r) + " is not one double");
+      return Status::InvalidArgument(what + from + " is not one double");
     }
-    if (loss_in_[r]) return Status::InvalidArgument("worker " + std::to_string(r) + " pushed its loss twice");
-    loss_in_[r] = true;
-    return static_cast<void*>(&losses_[r]);
+    if (loss_in_[share]) {
+      if (options_.elastic) return Discard(push.length);
+      return Status::InvalidArgument("worker " + std::to_string(r) + " pushed its loss twice");
+    }
+    loss_in_[share] = true;
+    return static_cast<void*>(&losses_[share]);
   }
   LocalBucket* found = FindBucket(push.offset);
   if (found == nullptr || static_cast<uint64_t>((found->end - found->begin) * wire_bytes_) != push.length) {
     return Status::InvalidArgument(what + " is not one of this server's buckets");
   }
   LocalBucket& b = *found;
-  if (b.arrived[r]) {
-    return Status::InvalidArgument(what + ": worker " + std::to_string(r) + " pushed this bucket twice in step " +
-                                   std::to_string(push.tag));
+  if (b.arrived[share] || b.landing[share] > 0) {
+    if (!options_.elastic) {
+      return Status::InvalidArgument(what + from + " pushed this bucket twice in step " + std::to_string(step));
+    }
+    // Elastic: another copy of the share may still be lost on the way (its
+    // sender gone); this one lands too, and the first in counts.
+    if (b.arrived[share]) return Discard(push.length);
   }
-  b.arrived[r] = true;
-  // Worker 0's fp32 gradients start the sum: they land in place.
-  if (!options_.bf16_wire && r == 0) return static_cast<void*>(acc_.data() + b.begin);
+  ++b.landing[share];
+  // Worker 0's fp32 gradients start the sum: they land in place (not in an
+  // elastic job, where a copy that fails half-way must not touch the sum).
+  if (!options_.bf16_wire && !options_.elastic && share == 0) return static_cast<void*>(acc_.data() + b.begin);
+  return TakeScratch(push.length);
+}
+
+void* ParameterShard::TakeScratch(uint64_t bytes) {
   std::unique_ptr<std::vector<char>> scratch;
   if (!scratch_free_.empty()) {
     scratch = std::move(scratch_free_.back());
@@ -114,9 +140,16 @@ StatusOr<void*> ParameterShard::PushTarget(const transport::Request& push) {
   } else {
     scratch = std::make_unique<std::vector<char>>();
   }
-  scratch->resize(push.length);
+  scratch->resize(bytes);
   void* target = scratch->data();
   scratch_used_.push_back(std::move(scratch));
+  return target;
+}
+
+void* ParameterShard::Discard(uint64_t bytes) {
+  void* target = TakeScratch(bytes);
+  discards_.insert(target);
+  ++discarded_;
   return target;
 }
 
@@ -141,24 +174,28 @@ void ParameterShard::ReleaseScratch(void* p) {
 void ParameterShard::Drain(LocalBucket& b) {
   const int64_t n = b.end - b.begin;
   float* acc = acc_.data() + b.begin;
-  while (b.next_rank < options_.num_workers && b.pending[b.next_rank] != nullptr) {
-    void* in = b.pending[b.next_rank];
+  while (b.next_share < options_.num_workers && b.pending[b.next_share] != nullptr) {
+    void* in = b.pending[b.next_share];
     if (options_.bf16_wire) {
       const uint16_t* g = static_cast<const uint16_t*>(in);
-      if (b.next_rank == 0) {
+      if (b.next_share == 0) {
         Bf16ToFloats(g, acc, n);
       } else {
         for (int64_t i = 0; i < n; ++i) acc[i] += Bf16ToFloat(g[i]);
       }
     } else {
       const float* g = static_cast<const float*>(in);
-      for (int64_t i = 0; i < n; ++i) acc[i] += g[i];
+      if (b.next_share == 0) {
+        std::memcpy(acc, g, n * sizeof(float));  // share 0 landed in scratch (elastic): it starts the sum
+      } else {
+        for (int64_t i = 0; i < n; ++i) acc[i] += g[i];
+      }
     }
     ReleaseScratch(in);
-    b.pending[b.next_rank] = nullptr;
-    ++b.next_rank;
+    b.pending[b.next_share] = nullptr;
+    ++b.next_share;
   }
-  if (b.next_rank == options_.num_workers && !b.done) {
+  if (b.next_share == options_.num_workers && !b.done) {
     b.done = true;
     b.sum_of_squares = SumOfSquares(acc, n);
     ++buckets_done_;
@@ -169,19 +206,33 @@ void ParameterShard::OnPushed(const transport::Request& push, void* target, bool
                               transport::Completion applied) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    const int r = WorkerRank(push.client);
-    if (push.kind == transport::RequestKind::kLoss) {
-      if (ok) ++losses_in_;
+    const int share = transport::TagShare(push.tag);
+    if (discards_.erase(target) > 0) {
+      ReleaseScratch(target);
+    } else if (push.kind == transport::RequestKind::kLoss) {
+      if (ok) {
+        ++losses_in_;
+      } else {
+        loss_in_[share] = false;  // it may come again
+      }
     } else {
       LocalBucket& b = *FindBucket(push.offset);  // PushTarget checked it
-      if (!ok) {
-        ReleaseScratch(target);  // the job fails; nothing to sum
-      } else if (target == acc_.data() + b.begin) {
-        b.next_rank = 1;
-        Drain(b);
+      const bool in_place = target == acc_.data() + b.begin;
+      if (transport::TagStep(push.tag) != static_cast<uint64_t>(optimizer_->step())) {
+        ReleaseScratch(target);  // a second copy of a share, landing after its step
       } else {
-        b.pending[r] = target;
-        Drain(b);
+        --b.landing[share];
+        if (!ok || b.arrived[share]) {
+          if (!in_place) ReleaseScratch(target);  // failed (nothing to sum), or a second copy
+        } else {
+          b.arrived[share] = true;
+          if (in_place) {
+            b.next_share = 1;
+          } else {
+            b.pending[share] = target;
+          }
+          Drain(b);
+        }
       }
     }
     // Streaming, the step thread takes each bucket as its sum completes.
@@ -299,16 +350,17 @@ void ParameterShard::FinishStep(const OptimizerShard::Scalars& step) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     double loss_sum = 0;
-    for (double l : losses_) loss_sum += l;  // rank order
+    for (double l : losses_) loss_sum += l;  // share order
     report_ = {static_cast<uint64_t>(step.step), step.global_norm, step.lr, loss_sum / options_.num_workers};
     optimizer_->EndStep();
     stepping_ = false;
     for (LocalBucket& b : buckets_) {
-      b.next_rank = 0;
+      b.next_share = 0;
       b.done = false;
       b.applied = false;
       b.sum_of_squares = 0;
       std::fill(b.arrived.begin(), b.arrived.end(), false);
+      std::fill(b.landing.begin(), b.landing.end(), 0);
     }
     buckets_done_ = 0;
     losses_in_ = 0;

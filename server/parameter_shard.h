@@ -3,9 +3,11 @@
 // space (ZeRO-style: no process holds the whole optimizer state).
 //
 // Step t, as seen from here:
-//   1. every worker pushes each bucket of its gradients once, tagged t; the
-//      W contributions to a bucket are summed in worker-rank order (a fixed
-//      order: reruns are bitwise identical) as soon as that order allows;
+//   1. each of the W shares of the global batch (a worker's sequences;
+//      transport::PushTag) arrives once per bucket, tagged with step t and
+//      the share; the W contributions to a bucket are summed in share
+//      order (a fixed order: reruns are bitwise identical, and so is a run
+//      whose shares moved to other workers) as soon as that order allows;
 //   2. the step thread (ServeSteps) gets the shard's partial squared norm,
 //      combines the partials of all servers into the global norm, checks
 //      it, and clips and applies AdamW bucket by bucket in ascending order
@@ -16,7 +18,8 @@
 //
 // Everything a worker sends is checked before use: who sent it, the step it
 // belongs to, that it is exactly one of this server's buckets, that no
-// worker pushes a bucket twice. A bad push or pull is answered with an
+// share of a bucket is added twice, and (unless elastic) that a worker
+// pushes only its own share. A bad push or pull is answered with an
 // error naming it.
 //
 // Threads: the push/pull callbacks run on the transport's progress thread,
@@ -28,6 +31,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <vector>
 
 #include "model/optim/optimizer_shard.h"
@@ -40,7 +44,7 @@ struct ParameterShardOptions {
   const ParamLayout* layout = nullptr;
   const ShardPlan* plan = nullptr;
   int server = 0;
-  int num_workers = 1;
+  int num_workers = 1;                      // the shares of the global batch: cluster.workers
   transport::PeerId first_worker_peer = 0;  // worker rank r is this + r
   bool bf16_wire = false;
   bool collects_losses = false;  // server 0: the workers' losses
@@ -49,6 +53,13 @@ struct ParameterShardOptions {
   // and the workers' pulls of it overlap their remaining pushes (BytePS's
   // pipelining). The arithmetic is the same as stepping after the norm.
   bool stream_updates = false;
+  // cluster.elastic: any worker may push any share (num_workers shares, the
+  // job's configured worker count), and a share that is in already, or of
+  // a step that is over, is received and dropped (a worker that takes over
+  // a lost one's share computes it again). Needs stream_updates false: no
+  // bucket is stepped before every share of every bucket of every server
+  // is in, so a worker redoing a share still finds the step's weights.
+  bool elastic = false;
 };
 
 class ParameterShard : public transport::ShardHandler {
@@ -117,6 +128,10 @@ class ParameterShard : public transport::ShardHandler {
   LocalBucket* FindBucket(uint64_t offset);
   // Under mu_: adds queued contributions to bucket b in rank order.
   void Drain(LocalBucket& b);
+  // Under mu_: a scratch buffer for a push to land in; one whose bytes are
+  // dropped when it has.
+  void* TakeScratch(uint64_t bytes);
+  void* Discard(uint64_t bytes);
   void ReleaseScratch(void* p);
   bool GradientsComplete() const;
   // Under mu_: where the pulled bytes may be read now, or null when the
@@ -146,6 +161,8 @@ class ParameterShard : public transport::ShardHandler {
   std::vector<QueuedPull> queued_;
   std::vector<std::unique_ptr<std::vector<char>>> scratch_free_;
   std::vector<std::unique_ptr<std::vector<char>>> scratch_used_;
+  std::set<void*> discards_;  // scratch buffers whose pushes are dropped
+  int64_t discarded_ = 0;     // pushes dropped (elastic)
   Status failed_;
 };
 

@@ -78,7 +78,8 @@ Status RunParameterServer(const config::JobConfig& config, const TrainOptions& o
     o.first_worker_peer = transport::MemberPeerId(client, wire::WORKER, 0);
     o.bf16_wire = config.cluster().wire_dtype() == config::ClusterConfig::BF16;
     o.collects_losses = rank == 0;
-    o.stream_updates = !ClipsGradients(config.optimizer().clip_norm());
+    o.elastic = config.cluster().elastic();
+    o.stream_updates = !ClipsGradients(config.optimizer().clip_norm()) && !o.elastic;
     shard_holder = std::make_unique<ParameterShard>(o, std::move(optimizer));
     const uint64_t bytes = plan.shard(rank).size() * sizeof(float);
     HERD_RETURN_IF_ERROR(rt.transport().RegisterMemory(shard_holder->weights(), bytes));
@@ -93,6 +94,10 @@ Status RunParameterServer(const config::JobConfig& config, const TrainOptions& o
   transport::CoordinatorClient* client = &runtime->client();
   ParameterShard& shard = *shard_holder;
   client->OnFailure([&shard](const Status& failure) { shard.Fail(failure); });
+  client->OnMembershipChange([rank](const transport::MembershipChange& change) {
+    LOG(WARNING) << "server " << rank << ": " << transport::DescribeMember(change.lost) << " was lost ("
+                 << change.reason << "); the job goes on with " << change.live_workers.size() << " workers";
+  });
   if (rank == 0) LOG(INFO) << "shard plan: " << plan.Describe();
 
   // The workers' pushes drive the shard's steps; a checkpoint follows each

@@ -149,8 +149,13 @@ TEST(ShardPlan, CheckpointRangesAssembleAcrossServerCounts) {
   EXPECT_NE(beyond.status().message().find("do not cover"), std::string::npos) << beyond.status().message();
 }
 
-transport::Request Gradients(transport::PeerId client, uint64_t step, uint64_t offset, uint64_t length) {
-  return {client, transport::RequestKind::kGradients, step, offset, length};
+// A push of gradients of step `step`, of the share of rank `share` (by
+// default the pushing worker's own).
+transport::Request Gradients(transport::PeerId client, uint64_t step, uint64_t offset, uint64_t length,
+                             int share = -1) {
+  const int own = std::max(0, client - 2);  // workers' peers follow the two servers'
+  return {client, transport::RequestKind::kGradients, transport::PushTag(step, share < 0 ? own : share), offset,
+          length};
 }
 transport::Request Weights(transport::PeerId client, uint64_t version, uint64_t offset, uint64_t length) {
   return {client, transport::RequestKind::kWeights, version, offset, length};
@@ -162,8 +167,9 @@ class ParameterShardTest : public ::testing::Test {
  protected:
   static constexpr int kServers = 2;
   int workers_ = 2;
-  void Build(bool bf16, int workers = 2) {
+  void Build(bool bf16, int workers = 2, bool elastic = false) {
     workers_ = workers;
+    o_.elastic = elastic;
     o_.layout = &layout_;
     o_.plan = &plan_;
     o_.server = 1;
@@ -182,14 +188,16 @@ class ParameterShardTest : public ::testing::Test {
     options.schedule.total_steps = 100;
     shard_ = std::make_unique<ParameterShard>(o_, std::make_unique<OptimizerShard>(layout_, options, initial_));
   }
-  // Pushes worker w's gradient g (over the shard) bucket by bucket.
-  Status PushAll(int w, const std::vector<float>& g, uint64_t tag) {
+  // Pushes share `share`'s gradient g (over the shard) bucket by bucket,
+  // from worker w (by default the share's own).
+  Status PushAll(int share, const std::vector<float>& g, uint64_t step, int w = -1) {
+    if (w < 0) w = share;
     const ParamRange& r = plan_.shard(1);
     const int wire = o_.bf16_wire ? 2 : 4;
     for (const Bucket& b : plan_.buckets()) {
       if (b.server != 1) continue;
       const uint64_t off = (b.range.begin - r.begin) * wire, len = b.range.size() * wire;
-      const transport::Request push = Gradients(kServers + w, tag, off, len);
+      const transport::Request push = Gradients(kServers + w, step, off, len, share);
       auto target = shard_->PushTarget(push);
       if (!target.ok()) return target.status();
       const float* src = g.data() + (b.range.begin - r.begin);
@@ -341,6 +349,55 @@ TEST_F(ParameterShardTest, Bf16WireRoundsPushesAndPulls) {
     ASSERT_EQ(ref.weights[i], shard_->optimizer().weights()[i]) << i;  // fp32 master weights
     ASSERT_EQ(FloatToBf16(ref.weights[i]), pulled[i]) << i;
   }
+}
+
+// Elastic: any worker may push any share; a share that is in already, or
+// of a step that is over, is received and dropped; a copy that failed on
+// the way may come again. The sum is the one the shares' own workers give.
+TEST_F(ParameterShardTest, ElasticSharesMoveBetweenWorkersAndAreAddedOnce) {
+  const size_t n = plan_.shard(1).size();
+  const auto g0 = Gradient(5), g1 = Gradient(6), g2 = Gradient(7);
+  Build(false, /*workers=*/3);
+  ASSERT_TRUE(PushAll(0, g0, 0).ok());
+  ASSERT_TRUE(PushAll(1, g1, 0).ok());
+  ASSERT_TRUE(PushAll(2, g2, 0).ok());
+  ASSERT_TRUE(shard_->WaitForGradients().ok());
+  const std::vector<float> reference(shard_->gradients(), shard_->gradients() + n);
+  auto message = [](const StatusOr<void*>& s) { return s.ok() ? std::string("ok") : s.status().message(); };
+  // Not elastic: a worker pushes its own share only.
+  Build(false, 3);
+  const Bucket* mine = nullptr;
+  for (const Bucket& b : plan_.buckets()) {
+    if (b.server == 1) mine = &b;
+  }
+  const uint64_t off = (mine->range.begin - plan_.shard(1).begin) * 4, len = mine->range.size() * 4;
+  EXPECT_NE(message(shard_->PushTarget(Gradients(kServers, 0, off, len, /*share=*/2))).find("not its own"),
+            std::string::npos);
+
+  Build(false, 3, /*elastic=*/true);
+  EXPECT_NE(message(shard_->PushTarget(Gradients(kServers, 0, off, len, /*share=*/3))).find("beyond"),
+            std::string::npos);
+  // Share 2's copy of the last bucket fails on its way (its worker died).
+  auto lost = shard_->PushTarget(Gradients(kServers + 2, 0, off, len, 2));
+  ASSERT_TRUE(lost.ok());
+  shard_->OnPushed(Gradients(kServers + 2, 0, off, len, 2), *lost, /*ok=*/false, [](const Status&) {});
+  // Worker 0 computes shares 0 and 2; worker 1 pushes share 1 twice.
+  ASSERT_TRUE(PushAll(2, g2, 0, /*w=*/0).ok());
+  ASSERT_TRUE(PushAll(1, g1, 0).ok());
+  ASSERT_TRUE(PushAll(1, std::vector<float>(n, 1e9f), 0).ok());  // dropped: the share is in
+  ASSERT_TRUE(PushAll(0, g0, 0).ok());
+  ASSERT_TRUE(shard_->WaitForGradients().ok());
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(shard_->gradients()[i], reference[i]) << i;
+  shard_->ApplyStep({1, 1e-3, 1.0, 0.5});
+  // A share of step 0 after the step: dropped, not an error.
+  ASSERT_TRUE(PushAll(2, g2, 0, 1).ok());
+  EXPECT_EQ(shard_->optimizer().step(), 1);
+  // The next step's sum starts afresh.
+  ASSERT_TRUE(PushAll(1, g1, 1).ok());
+  ASSERT_TRUE(PushAll(2, g2, 1).ok());
+  ASSERT_TRUE(PushAll(0, g0, 1).ok());
+  ASSERT_TRUE(shard_->WaitForGradients().ok());
+  for (size_t i = 0; i < n; ++i) ASSERT_EQ(shard_->gradients()[i], reference[i]) << i;
 }
 
 }  // namespace

@@ -284,8 +284,12 @@ void RunOneParameterServerStep(int S, int W, bool stream = false) {
   }
   Workers workers(W, P);
   workers.Start([&](int w, float*) {
-    return CreateParameterServerSync(*plan, /*bf16=*/false, stream, transports[S + w].get(), clients[w].get(),
-                                   /*first_server=*/0);
+    ParameterServerSyncOptions o;
+    o.plan = &*plan;
+    o.stream = stream;
+    o.rank = w;
+    o.first_server = 0;
+    return CreateParameterServerSync(o, transports[S + w].get(), clients[w].get());
   });
   workers.Join();
   for (auto& t : server_threads) t.join();

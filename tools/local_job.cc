@@ -54,6 +54,7 @@ struct Child {
   std::optional<int> exit_code;
   int exit_order = -1;  // 0 for the first to exit, ...
   bool killed_after_grace = false;  // by the launcher: a consequence, not a cause
+  bool dropped = false;             // a worker an elastic job went on without
 };
 
 std::vector<std::string> ChildEnvironment(const std::string& token_file, int threads) {
@@ -230,6 +231,7 @@ const Child* RootCause(const std::vector<Child>& children, int64_t first_lost_pi
   const Child* root = nullptr;
   for (const Child& c : children) {
     if (!c.exit_code || *c.exit_code == 0 || *c.exit_code == kExitStoppedByJob || c.killed_after_grace) continue;
+    if (c.dropped && c.pid != first_lost_pid) continue;
     if (c.exit_order >= stop_order) continue;
     if (c.pid == first_lost_pid) return &c;
     if (root == nullptr || c.exit_order < root->exit_order) root = &c;
@@ -416,6 +418,15 @@ Outcome LocalJob::Attempt(const TrainOptions& train) {
   double grace_s = cluster.heartbeat_timeout_s() + 10;
   int exits = 0;
   int stop_order = S + W;  // the exits from this one on followed a stop signal
+  // An elastic job that has formed goes on without a failed worker while
+  // another runs (the coordinator ends it when its last worker is lost).
+  auto goes_on_without = [&](const Child& c) {
+    if (!cluster.elastic() || !formed || &c < &children[S]) return false;
+    for (int i = S; i < S + W; ++i) {
+      if (&children[i] != &c && children[i].pid > 0 && !children[i].exit_code) return true;
+    }
+    return false;
+  };
   for (size_t alive = std::count_if(children.begin(), children.end(), [](const Child& c) { return c.pid > 0; });
        alive > 0;) {
     int status = 0;
@@ -444,7 +455,13 @@ Outcome LocalJob::Attempt(const TrainOptions& train) {
       c.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
       c.exit_order = exits++;
       --alive;
-      if (*c.exit_code != 0 && !first_failure) {
+      if (*c.exit_code != 0 && !first_failure && goes_on_without(c)) {
+        c.dropped = true;
+        std::printf("launch: %s exited (%s); the job goes on without it (cluster.elastic)\n", c.name.c_str(),
+                    *c.exit_code > 128 ? ("killed by " + SignalName(*c.exit_code - 128)).c_str()
+                                       : ("exit code " + std::to_string(*c.exit_code)).c_str());
+        std::fflush(stdout);
+      } else if (*c.exit_code != 0 && !first_failure) {
         first_failure = c.exit_code;
         quiet = true;
         // Tell everyone now: a process that failed before the job formed

@@ -302,6 +302,7 @@ class Coordinator::Impl {
         shape_.heartbeat_interval_s = h.heartbeat_interval_ms() / 1000.0;
         shape_.heartbeat_timeout_s = h.heartbeat_timeout_ms() / 1000.0;
         shape_.join_timeout_s = h.join_timeout_ms() / 1000.0;
+        shape_.elastic = h.elastic();
         ArmJoinTimer(shape_.join_timeout_s);
       }
       LOG(INFO) << "coordinator: job of " << servers_ << " servers and " << workers_ << " workers, config hash "
@@ -396,15 +397,35 @@ class Coordinator::Impl {
                                                  wire::Scope_Name(b.scope()) + " entered by a non-member"));
     }
     const std::string key = wire::Scope_Name(b.scope()) + "/" + b.name();
-    auto& arrived = barriers_[key];
-    arrived.insert(MemberIndex(s));
-    if (static_cast<int>(arrived.size()) < ScopeSize(b.scope(), servers_, workers_)) return;
-    barriers_.erase(key);
-    wire::Envelope m;
-    *m.mutable_barrier() = b;
-    for (const auto& member : members_) {
-      if (InScope(b.scope(), member->role())) Send(member, m);
+    auto& pending = barriers_[key];
+    pending.barrier = b;
+    pending.arrived.insert(MemberIndex(s));
+    MaybeCompleteBarrier(key);
+  }
+
+  // The live members of `scope` (an elastic job's lost workers excluded).
+  int LiveInScope(wire::Scope scope) const {
+    int n = ScopeSize(scope, servers_, workers_);
+    for (int index : lost_members_) n -= InScope(scope, members_[index]->role()) ? 1 : 0;
+    return n;
+  }
+
+  void SendToLiveInScope(wire::Scope scope, const wire::Envelope& m) {
+    for (size_t i = 0; i < members_.size(); ++i) {
+      if (InScope(scope, members_[i]->role()) && !lost_members_.count(static_cast<int>(i))) Send(members_[i], m);
     }
+  }
+
+  void MaybeCompleteBarrier(const std::string& key) {
+    auto it = barriers_.find(key);
+    const wire::Scope scope = it->second.barrier.scope();
+    int arrived = 0;
+    for (int index : it->second.arrived) arrived += lost_members_.count(index) ? 0 : 1;
+    if (arrived < LiveInScope(scope)) return;
+    wire::Envelope m;
+    *m.mutable_barrier() = it->second.barrier;
+    barriers_.erase(it);
+    SendToLiveInScope(scope, m);
   }
 
   void AllGather(const SessionPtr& s, const wire::AllGather& g) {
@@ -421,16 +442,32 @@ class Coordinator::Impl {
                                                  std::to_string(n) + ")"));
     }
     const std::string key = wire::Scope_Name(g.scope()) + "/" + g.name();
-    auto& parts = gathers_[key];
-    parts[MemberIndex(s)] = g.data();
-    if (static_cast<int>(parts.size()) < n) return;
+    auto& pending = gathers_[key];
+    pending.name = g.name();
+    pending.scope = g.scope();
+    pending.parts[MemberIndex(s)] = g.data();
+    MaybeCompleteGather(key);
+  }
+
+  // Complete once every live member of the scope has contributed; a lost
+  // member's share is empty (scope order is kept).
+  void MaybeCompleteGather(const std::string& key) {
+    auto it = gathers_.find(key);
+    PendingGather& pending = it->second;
+    int arrived = 0;
+    for (const auto& [index, data] : pending.parts) arrived += lost_members_.count(index) ? 0 : 1;
+    if (arrived < LiveInScope(pending.scope)) return;
     wire::Envelope m;
-    m.mutable_all_gather_result()->set_name(g.name());
-    for (auto& [index, data] : parts) m.mutable_all_gather_result()->add_data(std::move(data));
-    gathers_.erase(key);
-    for (const auto& member : members_) {
-      if (InScope(g.scope(), member->role())) Send(member, m);
+    m.mutable_all_gather_result()->set_name(pending.name);
+    for (size_t i = 0; i < members_.size(); ++i) {
+      if (!InScope(pending.scope, members_[i]->role())) continue;
+      auto part = pending.parts.find(static_cast<int>(i));
+      const bool counted = part != pending.parts.end() && !lost_members_.count(static_cast<int>(i));
+      m.mutable_all_gather_result()->add_data(counted ? std::move(part->second) : std::string());
     }
+    const wire::Scope scope = pending.scope;
+    gathers_.erase(it);
+    SendToLiveInScope(scope, m);
   }
 
   // ---- liveness ------------------------------------------------------------
@@ -447,6 +484,11 @@ class Coordinator::Impl {
     }
     s->left = true;  // it cannot be lost twice
     const Status failure = Status::Unavailable(who + " was lost: " + reason);
+    if (shape_.elastic && failure_.ok() && s->role() == wire::WORKER && LiveInScope(wire::WORKERS) > 1) {
+      WorkerLost(s, reason);
+      Close(s);
+      return;
+    }
     if (restarts_ < options_.max_restarts && failure_.ok()) {
       Restart(failure, s);
     } else {
@@ -471,9 +513,39 @@ class Coordinator::Impl {
     }
     pending_.clear();
     members_.clear();
+    lost_members_.clear();
+    membership_epoch_ = 0;
     barriers_.clear();
     gathers_.clear();
     ArmJoinTimer(shape_.join_timeout_s);
+  }
+
+  // An elastic job goes on without a lost worker: the others are told,
+  // and barriers and all-gathers that waited only for it complete.
+  void WorkerLost(const SessionPtr& lost, const std::string& reason) {
+    lost_members_.insert(MemberIndex(lost));
+    ++membership_epoch_;
+    wire::Envelope m;
+    auto* c = m.mutable_membership_changed();
+    c->set_epoch(membership_epoch_);
+    auto* who = c->mutable_lost();
+    who->set_role(lost->role());
+    who->set_rank(lost->rank);
+    who->set_host(lost->hello.host());
+    who->set_pid(lost->hello.pid());
+    c->set_reason(reason.substr(0, kMaxReasonBytes));
+    for (int r = 0; r < workers_; ++r) {
+      if (!lost_members_.count(servers_ + r)) c->add_live_workers(r);
+    }
+    LOG(WARNING) << "coordinator: " << lost->Describe() << " was lost: " << reason << "; the job goes on with "
+                 << c->live_workers_size() << " workers (cluster.elastic)";
+    SendToLiveInScope(wire::EVERYONE, m);
+    std::vector<std::string> keys;
+    for (const auto& [key, pending] : barriers_) keys.push_back(key);
+    for (const auto& key : keys) MaybeCompleteBarrier(key);
+    keys.clear();
+    for (const auto& [key, pending] : gathers_) keys.push_back(key);
+    for (const auto& key : keys) MaybeCompleteGather(key);
   }
 
   static wire::Envelope PeerLostMessage(const Status& failure, const SessionPtr& lost) {
@@ -599,8 +671,19 @@ class Coordinator::Impl {
   std::map<int, std::vector<SessionPtr>> pending_;  // by role, in arrival order
   bool formed_ = false;
   std::vector<SessionPtr> members_;  // by member index: servers then workers
-  std::map<std::string, std::set<int>> barriers_;
-  std::map<std::string, std::map<int, std::string>> gathers_;
+  std::set<int> lost_members_;       // member indices of the workers an elastic job lost
+  int membership_epoch_ = 0;         // changes so far (MembershipChanged)
+  struct PendingBarrier {
+    wire::Barrier barrier;
+    std::set<int> arrived;  // member indices
+  };
+  struct PendingGather {
+    std::string name;
+    wire::Scope scope = wire::EVERYONE;
+    std::map<int, std::string> parts;  // by member index
+  };
+  std::map<std::string, PendingBarrier> barriers_;  // by scope/name
+  std::map<std::string, PendingGather> gathers_;
   Status failure_;
   int64_t first_lost_pid_ = 0;  // read only after Run() has returned
   int restarts_ = 0;

@@ -135,6 +135,16 @@ class CoordinatorClient::Impl {
     return Status::OK();
   }
 
+  void OnMembershipChange(std::function<void(const MembershipChange&)> handler) {
+    MembershipChange latest;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      on_membership_change_.push_back(handler);
+      latest = latest_change_;
+    }
+    if (latest.epoch > 0) handler(latest);
+  }
+
   const wire::Welcome& welcome() const { return welcome_; }
   const std::vector<wire::Member>& members() const { return members_; }
 
@@ -202,6 +212,7 @@ class CoordinatorClient::Impl {
     h->set_heartbeat_interval_ms(static_cast<int32_t>(options_.job.heartbeat_interval_s * 1000));
     h->set_heartbeat_timeout_ms(static_cast<int32_t>(options_.job.heartbeat_timeout_s * 1000));
     h->set_join_timeout_ms(static_cast<int32_t>(options_.job.join_timeout_s * 1000));
+    h->set_elastic(options_.job.elastic);
     conn_->Send(m);
     Heartbeat();
   }
@@ -272,11 +283,44 @@ class CoordinatorClient::Impl {
       }
       case wire::Envelope::kShutdown:
         return Fail(Status::Cancelled(from + " shut the job down: " + m.shutdown().reason()));
+      case wire::Envelope::kMembershipChanged:
+        return MembershipChanged(m.membership_changed(), from);
       default:
         return Fail(Status::Corruption(from + " sent an unexpected message (type " + std::to_string(m.body_case()) +
                                        ")"));
     }
   }
+
+  // Runs on the io thread: checks the change against what this process
+  // knows (a newer epoch, workers of the job), then tells the handlers.
+  void MembershipChanged(const wire::MembershipChanged& c, const std::string& from) {
+    MembershipChange change;
+    std::vector<std::function<void(const MembershipChange&)>> handlers;
+    bool invalid = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      int workers = 0;
+      for (const auto& member : members_) workers += member.role() == wire::WORKER;
+      bool valid = welcomed_ && c.epoch() == latest_change_.epoch + 1 && c.lost().rank() < workers;
+      for (int r : c.live_workers()) valid = valid && r < workers;
+      if (!valid) {
+        invalid = true;
+      } else {
+        change.epoch = c.epoch();
+        change.lost = c.lost();
+        change.reason = c.reason();
+        change.live_workers.assign(c.live_workers().begin(), c.live_workers().end());
+        latest_change_ = change;
+        handlers = on_membership_change_;
+      }
+    }
+    if (invalid) {
+      return Fail(Status::Corruption(from + " sent a membership change (epoch " + std::to_string(c.epoch()) +
+                                     ") that does not follow the job's membership"));
+    }
+    for (auto& handler : handlers) handler(change);
+  }
+
 
   // Runs on the io thread. The first failure wins; after Leave() nothing
   // counts as one.
@@ -317,6 +361,8 @@ class CoordinatorClient::Impl {
   std::map<std::string, std::vector<std::string>> gathered_;
   Status failure_;
   std::vector<std::function<void(const Status&)>> on_failure_;
+  MembershipChange latest_change_;  // epoch 0: none yet
+  std::vector<std::function<void(const MembershipChange&)>> on_membership_change_;
 };
 
 StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Join(const JoinOptions& options) {
@@ -347,6 +393,9 @@ StatusOr<std::vector<std::string>> CoordinatorClient::AllGather(const std::strin
 }
 void CoordinatorClient::OnFailure(std::function<void(const Status&)> handler) { impl_->OnFailure(std::move(handler)); }
 Status CoordinatorClient::health() const { return impl_->health(); }
+void CoordinatorClient::OnMembershipChange(std::function<void(const MembershipChange&)> handler) {
+  impl_->OnMembershipChange(std::move(handler));
+}
 
 Status CoordinatorClient::Explain(const Status& local, double wait_s) const {
   if (local.code() != Status::Code::kUnavailable) return local;

@@ -43,6 +43,14 @@ struct JoinOptions {
                                           const std::string& flag_coordinator, const std::string& token_file);
 };
 
+// An elastic job went on without a lost worker (wire::MembershipChanged).
+struct MembershipChange {
+  int epoch = 0;  // 1 for the job's first change, then 2, 3, ...
+  wire::Member lost;
+  std::string reason;
+  std::vector<int> live_workers;  // ascending ranks
+};
+
 class CoordinatorClient {
  public:
   static StatusOr<std::unique_ptr<CoordinatorClient>> Join(const JoinOptions& options);
@@ -71,6 +79,11 @@ class CoordinatorClient {
   // lost, the coordinator gone or shutting down); handlers run in the order
   // added. Runs at once if the job already has failed.
   void OnFailure(std::function<void(const Status&)> handler);
+  // `handler` runs on the client's thread for each change of an elastic
+  // job's membership, in epoch order; at once with the latest change if
+  // there has been one. Barriers and all-gathers complete with the live
+  // members from then on (a lost member's all-gather share is empty).
+  void OnMembershipChange(std::function<void(const MembershipChange&)> handler);
   // OK while the job is healthy; the failure otherwise.
   Status health() const;
   // What a process that fails with `local` should say. A data-plane

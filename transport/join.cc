@@ -26,6 +26,18 @@ StatusOr<std::unique_ptr<CoordinatorClient>> JoinJob(const JoinOptions& options,
   // A failed job closes its endpoints forcibly: flushing towards a dead
   // peer would never end.
   client->OnFailure([transport](const Status& failure) { transport->Abort(failure); });
+  // An elastic job goes on without a lost worker: its endpoint is closed
+  // at once, so that nothing is left pending towards it until shutdown.
+  CoordinatorClient* c = client.get();
+  client->OnMembershipChange([transport, c](const MembershipChange& change) {
+    const Status gone = Status::Unavailable(DescribeMember(change.lost) + " was lost: " + change.reason);
+    for (int rank = 0; rank < c->num_workers(); ++rank) {
+      const auto& live = change.live_workers;
+      if (std::find(live.begin(), live.end(), rank) == live.end()) {
+        transport->Disconnect(MemberPeerId(*c, wire::WORKER, rank), gone);
+      }
+    }
+  });
   const PeerId self = MemberPeerId(*client, client->role(), client->rank());
   transport->set_self(self);
   if (prepare) HERD_RETURN_IF_ERROR(prepare(*client));

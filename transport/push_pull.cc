@@ -364,6 +364,24 @@ Status PushPullClient::Wait(Ticket ticket) {
   return st;
 }
 
+std::optional<Status> PushPullClient::WaitUnless(Ticket ticket, const std::function<bool()>& interrupted) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto it = tickets_.find(ticket);
+  if (it == tickets_.end()) return Status::Internal("push/pull: unknown ticket " + std::to_string(ticket));
+  cv_.wait(lock, [&] { return it->second.remaining == 0 || interrupted(); });
+  if (it->second.remaining != 0) return std::nullopt;
+  Status st = it->second.status;
+  tickets_.erase(it);
+  return st;
+}
+
+void PushPullClient::Wake() {
+  // Under the lock: a waiter is either before its check (and sees what
+  // changed) or asleep (and is woken), never in between.
+  std::lock_guard<std::mutex> lock(mu_);
+  cv_.notify_all();
+}
+
 Status PushPullClient::WaitAll() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return requests_.empty(); });

@@ -17,9 +17,11 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,6 +47,18 @@ enum class RequestKind : uint32_t {
 const char* RequestKindName(RequestKind kind);
 // Whether `kind` travels as a push (else as a pull).
 bool IsPush(RequestKind kind);
+
+// The parameter server's tags. A push of gradients or a loss names the
+// optimizer step it belongs to (low 48 bits) and the share of the global
+// batch it was computed on (the bits above: the rank whose sequences they
+// are; in an elastic job a worker may compute the shares of lost ones). A
+// pull's tag is the weights version it wants.
+inline constexpr int kTagStepBits = 48;
+inline constexpr uint64_t PushTag(uint64_t step, int share) {
+  return step | (static_cast<uint64_t>(share) << kTagStepBits);
+}
+inline constexpr uint64_t TagStep(uint64_t tag) { return tag & ((uint64_t{1} << kTagStepBits) - 1); }
+inline constexpr int TagShare(uint64_t tag) { return static_cast<int>(tag >> kTagStepBits); }
 
 // One request as the handler sees it, validated: a known kind in the right
 // direction, and a non-empty range within the handler's size_bytes(kind).
@@ -135,6 +149,13 @@ class PushPullClient {
   Ticket Pull(PeerId server, RequestKind kind, uint64_t offset, void* dst, uint64_t length, uint64_t tag = 0);
   // Waits for one ticket; its error names the server and range.
   Status Wait(Ticket ticket);
+  // Like Wait, but gives up (nullopt; the ticket stays valid) as soon as
+  // `interrupted` returns true. It is checked when the wait begins, as
+  // requests complete, and after each Wake().
+  std::optional<Status> WaitUnless(Ticket ticket, const std::function<bool()>& interrupted);
+  // Has the waiters in WaitUnless check their `interrupted` again: call it
+  // after changing what it reads.
+  void Wake();
   // Waits for every outstanding ticket; returns the first error.
   Status WaitAll();
   // Fails the outstanding requests to `server` (or to everyone, peer -1):

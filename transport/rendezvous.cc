@@ -165,6 +165,7 @@ JobShape JobShape::FromConfig(const JobConfig& config) {
   shape.heartbeat_timeout_s = c.heartbeat_timeout_s();
   shape.join_timeout_s = c.join_timeout_s();
   shape.max_message_bytes = static_cast<size_t>(c.max_control_message_mb() * (1 << 20));
+  shape.elastic = c.elastic();
   return shape;
 }
 

@@ -53,6 +53,7 @@ struct JobShape {
   double heartbeat_timeout_s = 10.0;
   double join_timeout_s = 300.0;
   size_t max_message_bytes = 16u << 20;  // cluster.max_control_message_mb
+  bool elastic = false;                   // cluster.elastic: a lost worker does not end the job
 
   static JobShape FromConfig(const JobConfig& config);
 };

@@ -358,6 +358,18 @@ class UcxTransport::Impl {
     });
   }
 
+  void Disconnect(PeerId id, const Status& why) {
+    Post([this, id, why] {
+      auto it = peers_.find(id);
+      if (closed_ || it == peers_.end() || it->second->ep == nullptr) return;
+      it->second->failure = why;
+      // Forcibly: the peer is gone, so nothing towards it can be flushed;
+      // UCX completes its pending operations with errors.
+      failed_eps_.push_back(it->second->ep);
+      it->second->ep = nullptr;
+    });
+  }
+
   std::string DescribeEndpoint(PeerId id) {
     std::string text;
     RunOnThread([&] {
@@ -649,6 +661,7 @@ void UcxTransport::Send(PeerId to, uint16_t am_id, std::string header, const voi
 void UcxTransport::Post(std::function<void()> fn) { impl_->Post(std::move(fn)); }
 void UcxTransport::AddBusy(int delta) { impl_->AddBusy(delta); }
 void UcxTransport::Abort(const Status& status) { impl_->Abort(status); }
+void UcxTransport::Disconnect(PeerId peer, const Status& why) { impl_->Disconnect(peer, why); }
 void UcxTransport::Shutdown() { impl_->Shutdown(); }
 Status UcxTransport::RegisterMemory(void* base, size_t size) { return impl_->RegisterMemory(base, size); }
 std::string UcxTransport::DescribeEndpoint(PeerId peer) { return impl_->DescribeEndpoint(peer); }

@@ -141,6 +141,11 @@ class UcxTransport {
   // with errors as UCX cancels them at close.
   void Abort(const Status& status);
 
+  // Forgets `peer`, which is known to be gone (an elastic job lost it):
+  // its endpoint closes forcibly, operations towards it complete with
+  // errors, and later sends to it fail with `why`.
+  void Disconnect(PeerId peer, const Status& why);
+
   // Closes every endpoint (flushing when healthy, forcibly after a failure
   // or Abort) and stops the progress thread; afterwards no handler or
   // completion runs, so buffers lent to the transport may be freed. The

@@ -122,6 +122,24 @@ Status ValidateMessage(const wire::Envelope& m) {
     case E::kShutdown:
       if (m.shutdown().reason().size() > kMaxReasonBytes) return Bad("shutdown: reason too long");
       return Status::OK();
+    case E::kMembershipChanged: {
+      const auto& c = m.membership_changed();
+      if (c.epoch() <= 0) return Bad("membership change: epoch must be >= 1");
+      if (c.lost().role() != wire::WORKER) return Bad("membership change: only a worker can be lost");
+      HERD_RETURN_IF_ERROR(CheckRank(c.lost().rank(), false));
+      if (c.lost().host().size() > kMaxHostBytes || c.reason().size() > kMaxReasonBytes) {
+        return Bad("membership change: field too long");
+      }
+      if (c.live_workers_size() == 0) return Bad("membership change: no live workers");
+      for (int i = 0; i < c.live_workers_size(); ++i) {
+        HERD_RETURN_IF_ERROR(CheckRank(c.live_workers(i), false));
+        if (i > 0 && c.live_workers(i) <= c.live_workers(i - 1)) {
+          return Bad("membership change: live workers not in ascending order");
+        }
+        if (c.live_workers(i) == c.lost().rank()) return Bad("membership change: the lost worker is listed as live");
+      }
+      return Status::OK();
+    }
   }
   return Bad("unknown message type");
 }

@@ -14,21 +14,35 @@ namespace {
 // The time blocked on the network is counted.
 class ParameterServerSync : public SyncStrategy {
  public:
-  ParameterServerSync(const ShardPlan& plan, bool bf16, bool stream, transport::PushPullClient* client,
-                      transport::PeerId first_server)
-      : plan_(plan),
-        bf16_(bf16),
-        stream_(stream),
-        wire_bytes_(bf16 ? 2 : 4),
+  ParameterServerSync(const ParameterServerSyncOptions& o, transport::PushPullClient* client)
+      : plan_(*o.plan),
+        bf16_(o.bf16),
+        stream_(o.stream),
+        wire_bytes_(o.bf16 ? 2 : 4),
         client_(client),
-        first_server_(first_server),
-        reports_(plan.num_servers()) {
-    if (bf16_) wire_.resize(plan.shard(plan.num_servers() - 1).end);
-    early_pulls_.resize(plan.buckets().size());
+        first_server_(o.first_server),
+        reports_(plan_.num_servers()),
+        share_(o.rank) {
+    if (bf16_) {
+      wire_.resize(plan_.shard(plan_.num_servers() - 1).end);
+      // Elastic: a worker redoing a lost one's share pushes while the
+      // weights it waits for may be landing; they must not share a buffer.
+      if (o.elastic) push_wire_.resize(wire_.size());
+    }
+    early_pulls_.resize(plan_.buckets().size());
   }
 
-  uint16_t* wire_buffer() { return wire_.data(); }
-  size_t wire_buffer_bytes() const { return wire_.size() * sizeof(uint16_t); }
+  // The bf16 staging buffers, for registration.
+  std::vector<std::pair<void*, size_t>> wire_buffers() {
+    std::vector<std::pair<void*, size_t>> out;
+    for (auto* v : {&wire_, &push_wire_}) {
+      if (!v->empty()) out.emplace_back(v->data(), v->size() * sizeof(uint16_t));
+    }
+    return out;
+  }
+  uint16_t* push_wire() { return push_wire_.empty() ? wire_.data() : push_wire_.data(); }
+
+  void SetShare(int share) override { share_ = share; }
 
   // Starts a step's pushes: buckets go out as backward finishes them.
   void BeginStep(float* grads, uint64_t step) override {
@@ -43,11 +57,12 @@ class ParameterServerSync : public SyncStrategy {
       const Bucket& b = buckets[next_bucket_++];
       const void* data = grads_ + b.range.begin;
       if (bf16_) {
-        FloatsToBf16(grads_ + b.range.begin, wire_.data() + b.range.begin, b.range.size());
-        data = wire_.data() + b.range.begin;
+        FloatsToBf16(grads_ + b.range.begin, push_wire() + b.range.begin, b.range.size());
+        data = push_wire() + b.range.begin;
       }
       push_tickets_.push_back(client_->Push(first_server_ + b.server, transport::RequestKind::kGradients,
-                                            ByteOffset(b), data, b.range.size() * wire_bytes_, step_));
+                                            ByteOffset(b), data, b.range.size() * wire_bytes_,
+                                            transport::PushTag(step_, share_)));
       // bf16: the pull lands where the push left from; its answer needs
       // every worker's push of this bucket, ours included, to have landed.
       if (stream_) {
@@ -60,7 +75,8 @@ class ParameterServerSync : public SyncStrategy {
   Status FinishStep(double loss) override {
     CHECK_EQ(next_bucket_, plan_.buckets().size()) << "backward did not finish every bucket";
     loss_ = loss;
-    push_tickets_.push_back(client_->Push(first_server_, transport::RequestKind::kLoss, 0, &loss_, sizeof(double), step_));
+    push_tickets_.push_back(client_->Push(first_server_, transport::RequestKind::kLoss, 0, &loss_, sizeof(double),
+                                          transport::PushTag(step_, share_)));
     return wait_.Timed([&] {
       Status first;
       for (auto ticket : push_tickets_) {
@@ -88,6 +104,7 @@ class ParameterServerSync : public SyncStrategy {
       pulls_.emplace_back(&buckets[i], issued ? early_pulls_[i] : PullBucket(buckets[i], version));
     }
     report_tickets_.clear();
+    next_report_ = 0;
     for (int s = 0; s < plan_.num_servers(); ++s) {
       report_tickets_.push_back(
           client_->Pull(first_server_ + s, transport::RequestKind::kReport, 0, &reports_[s], sizeof(StepReport), version));
@@ -95,24 +112,17 @@ class ParameterServerSync : public SyncStrategy {
   }
   // Blocks until every weight below flat offset `end` has arrived (forward
   // calls this layer by layer). A failure is kept for FinishWeights.
-  void WaitUpTo(int64_t end) override {
-    while (next_pull_ < pulls_.size() && pulls_[next_pull_].first->range.begin < end) {
-      const auto [bucket, ticket] = pulls_[next_pull_++];
-      Status st = wait_.Timed([&] { return client_->Wait(ticket); });
-      if (!st.ok() && pull_status_.ok()) pull_status_ = st;
-      if (bf16_ && st.ok()) {
-        Bf16ToFloats(wire_.data() + bucket->range.begin, weights_ + bucket->range.begin, bucket->range.size());
-      }
-    }
-  }
+  void WaitUpTo(int64_t end) override { WaitPulls(end, nullptr); }
   // Waits for the rest of the weights and for the reports; checks them.
-  Status FinishWeights() override {
-    WaitUpTo(plan_.shard(plan_.num_servers() - 1).end);
-    for (auto ticket : report_tickets_) {
-      Status st = wait_.Timed([&] { return client_->Wait(ticket); });
-      if (!st.ok() && pull_status_.ok()) pull_status_ = st;
+  Status FinishWeights() override { return FinishWeightsUnless(nullptr).status(); }
+  StatusOr<bool> FinishWeightsUnless(const std::function<bool()>& interrupted) override {
+    if (!WaitPulls(plan_.shard(plan_.num_servers() - 1).end, interrupted)) return false;
+    while (next_report_ < report_tickets_.size()) {
+      const std::optional<Status> st = Wait(report_tickets_[next_report_], interrupted);
+      if (!st) return false;
+      ++next_report_;
+      if (!st->ok() && pull_status_.ok()) pull_status_ = *st;
     }
-    report_tickets_.clear();
     HERD_RETURN_IF_ERROR(pull_status_);
     for (int s = 0; s < plan_.num_servers(); ++s) {
       if (reports_[s].version != version_) {
@@ -120,8 +130,9 @@ class ParameterServerSync : public SyncStrategy {
                                   std::to_string(reports_[s].version) + ", expected " + std::to_string(version_));
       }
     }
-    return Status::OK();
+    return true;
   }
+  void Wake() override { client_->Wake(); }
   const StepReport& report() const override { return reports_[0]; }
   Status WriteCheckpointParts(const std::string&) override { return Status::OK(); }
   int shard_files() const override { return 0; }
@@ -130,6 +141,33 @@ class ParameterServerSync : public SyncStrategy {
   double TakeWaitSeconds() override { return wait_.Take(); }
 
  private:
+  // One ticket, its time counted as waiting; nullopt when interrupted.
+  std::optional<Status> Wait(transport::PushPullClient::Ticket ticket, const std::function<bool()>& interrupted) {
+    std::optional<Status> st;
+    wait_.Timed([&] {
+      st = interrupted ? client_->WaitUnless(ticket, interrupted) : client_->Wait(ticket);
+      return Status::OK();
+    });
+    return st;
+  }
+
+  // The pulls of weights below flat offset `end`, in forward order; false
+  // when interrupted first (what is in stays in). Failures are kept for
+  // FinishWeights.
+  bool WaitPulls(int64_t end, const std::function<bool()>& interrupted) {
+    while (next_pull_ < pulls_.size() && pulls_[next_pull_].first->range.begin < end) {
+      const auto [bucket, ticket] = pulls_[next_pull_];
+      const std::optional<Status> st = Wait(ticket, interrupted);
+      if (!st) return false;
+      ++next_pull_;
+      if (!st->ok() && pull_status_.ok()) pull_status_ = *st;
+      if (bf16_ && st->ok()) {
+        Bf16ToFloats(wire_.data() + bucket->range.begin, weights_ + bucket->range.begin, bucket->range.size());
+      }
+    }
+    return true;
+  }
+
   transport::PushPullClient::Ticket PullBucket(const Bucket& b, uint64_t version) {
     void* dst = bf16_ ? static_cast<void*>(wire_.data() + b.range.begin) : weights_ + b.range.begin;
     return client_->Pull(first_server_ + b.server, transport::RequestKind::kWeights, ByteOffset(b), dst,
@@ -146,11 +184,13 @@ class ParameterServerSync : public SyncStrategy {
   const int wire_bytes_;
   transport::PushPullClient* client_;
   const transport::PeerId first_server_;
-  std::vector<uint16_t> wire_;  // bf16 staging for pushes and pulls
+  std::vector<uint16_t> wire_;       // bf16 staging for pulls (and pushes, unless push_wire_)
+  std::vector<uint16_t> push_wire_;  // bf16 staging for pushes in an elastic job
   std::vector<StepReport> reports_;
   // Pulls in flight: bucket tickets in forward order, the next to wait for.
   std::vector<std::pair<const Bucket*, transport::PushPullClient::Ticket>> pulls_;
   std::vector<transport::PushPullClient::Ticket> report_tickets_;
+  size_t next_report_ = 0;
   std::vector<transport::PushPullClient::Ticket> push_tickets_;
   // Streaming: per bucket (backward order), its pull of early_version_.
   std::vector<transport::PushPullClient::Ticket> early_pulls_;
@@ -163,6 +203,7 @@ class ParameterServerSync : public SyncStrategy {
   double loss_ = 0;
   uint64_t step_ = 0;
   size_t next_bucket_ = 0;
+  int share_;  // whose sequences the step's gradients are (SetShare)
   WaitClock wait_;
 };
 
@@ -175,12 +216,11 @@ uint64_t LargestBucketBytes(const ShardPlan& plan, int wire_bytes) {
   return static_cast<uint64_t>(largest) * wire_bytes;
 }
 
-StatusOr<std::unique_ptr<SyncStrategy>> CreateParameterServerSync(const ShardPlan& plan, bool bf16, bool stream,
+StatusOr<std::unique_ptr<SyncStrategy>> CreateParameterServerSync(const ParameterServerSyncOptions& options,
                                                                     transport::UcxTransport* transport,
-                                                                    transport::PushPullClient* client,
-                                                                    transport::PeerId first_server) {
-  auto strategy = std::make_unique<ParameterServerSync>(plan, bf16, stream, client, first_server);
-  if (bf16) HERD_RETURN_IF_ERROR(transport->RegisterMemory(strategy->wire_buffer(), strategy->wire_buffer_bytes()));
+                                                                    transport::PushPullClient* client) {
+  auto strategy = std::make_unique<ParameterServerSync>(options, client);
+  for (auto [base, bytes] : strategy->wire_buffers()) HERD_RETURN_IF_ERROR(transport->RegisterMemory(base, bytes));
   return std::unique_ptr<SyncStrategy>(std::move(strategy));
 }
 

@@ -19,12 +19,20 @@
 
 namespace herd {
 
-// `client` talks to the servers, server s being PeerId first_server + s;
-// bf16 staging memory is registered with `transport`.
-StatusOr<std::unique_ptr<SyncStrategy>> CreateParameterServerSync(const ShardPlan& plan, bool bf16, bool stream,
+struct ParameterServerSyncOptions {
+  const ShardPlan* plan = nullptr;
+  bool bf16 = false;    // cluster.wire_dtype BF16
+  bool stream = false;  // the servers step each bucket as its sum completes
+  bool elastic = false;  // cluster.elastic: this worker may compute other ranks' shares
+  int rank = 0;          // this worker's: the share it computes unless told otherwise (SetShare)
+  transport::PeerId first_server = 0;  // server s is PeerId first_server + s
+};
+
+// `client` talks to the servers; bf16 staging memory is registered with
+// `transport`.
+StatusOr<std::unique_ptr<SyncStrategy>> CreateParameterServerSync(const ParameterServerSyncOptions& options,
                                                                     transport::UcxTransport* transport,
-                                                                    transport::PushPullClient* client,
-                                                                    transport::PeerId first_server);
+                                                                    transport::PushPullClient* client);
 
 // The largest bucket in the wire dtype: pushes and pulls travel whole.
 uint64_t LargestBucketBytes(const ShardPlan& plan, int wire_bytes);

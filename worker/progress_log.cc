@@ -1,6 +1,7 @@
 #include "worker/progress_log.h"
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "common/clock.h"
@@ -32,7 +33,26 @@ Status ProgressLog::Open(const std::string& metrics_path, bool append) {
   return Status::OK();
 }
 
+Status ProgressLog::TakeOver(const std::string& metrics_path) {
+  if (metrics_path.empty()) return Status::OK();
+  std::string text;
+  if (PathExists(metrics_path)) {
+    HERD_ASSIGN_OR_RETURN(text, ReadFile(metrics_path));
+  }
+  HERD_RETURN_IF_ERROR(Open(metrics_path, /*append=*/true));
+  if (!text.empty() && text.back() != '\n') std::fputc('\n', metrics_);
+  const size_t end = text.rfind('\n');
+  if (end != std::string::npos) {
+    const size_t begin = text.rfind('\n', end == 0 ? 0 : end - 1);
+    const std::string last = text.substr(begin == std::string::npos ? 0 : begin + 1);
+    static constexpr char kStep[] = "{\"step\": ";
+    if (last.compare(0, sizeof kStep - 1, kStep) == 0) recorded_through_ = std::atoll(last.c_str() + sizeof kStep - 1);
+  }
+  return Status::OK();
+}
+
 Status ProgressLog::Write(const Entry& e) {
+  if (e.step <= recorded_through_) return Status::OK();
   std::printf("step %6lld/%lld | loss %.4f | lr %.2e | norm %.3f | %8.0f tok/s | eta %s",
               static_cast<long long>(e.step), static_cast<long long>(e.total_steps), e.loss, e.lr, e.grad_norm,
               e.tokens_per_s, FormatDuration(e.eta_s).c_str());

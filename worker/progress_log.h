@@ -22,6 +22,10 @@ class ProgressLog {
 
   // `append` continues an existing metrics file (resume).
   Status Open(const std::string& metrics_path, bool append);
+  // Continues the metrics file of a leader that was lost mid-run (an
+  // elastic job): a line it left half-written is ended, and the steps it
+  // recorded are not recorded again.
+  Status TakeOver(const std::string& metrics_path);
 
   struct Entry {
     int64_t step = 0, total_steps = 0;
@@ -40,6 +44,7 @@ class ProgressLog {
  private:
   std::string path_;
   std::FILE* metrics_ = nullptr;
+  int64_t recorded_through_ = 0;  // steps up to this one are in the file already
 };
 
 }  // namespace herd

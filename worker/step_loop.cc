@@ -12,13 +12,15 @@
 #include "transport/checkpoint_commit.h"
 #include "worker/evaluate.h"
 
+#include <glog/logging.h>
+
 namespace herd {
 
 StepLoop::StepLoop(const StepLoopParts& parts)
     : p_(parts),
       config_(*parts.config),
       strategy_(*parts.strategy),
-      leader_(parts.rank == 0),
+      leader_(parts.shares != nullptr ? parts.shares->leader() == parts.rank : parts.rank == 0),
       total_steps_(config_.train().steps()),
       last_step_(parts.options.LastStep(total_steps_)),
       tokens_per_step_(static_cast<int64_t>(config_.train().batch_size()) * config_.train().seq_len() *
@@ -26,60 +28,61 @@ StepLoop::StepLoop(const StepLoopParts& parts)
 
 Status StepLoop::Run(int64_t start) {
   const int B = config_.train().batch_size(), T = config_.train().seq_len(), A = config_.train().grad_accum();
-  const int64_t P = p_.model->layout().size();
-  const double loss_scale = 1.0 / static_cast<double>(tokens_per_step_);
   start_ = start;
   if (leader_) HERD_RETURN_IF_ERROR(log_.Open(config_.log().metrics(), p_.options.resume));
   // A step's micro-batches are all drawn before its first forward (a
-  // strategy that computes the step takes them at once).
-  std::vector<std::vector<int32_t>> inputs(A, std::vector<int32_t>(static_cast<size_t>(B) * T)), targets = inputs;
-  std::vector<const int32_t*> input_ptrs, target_ptrs;
-  for (int a = 0; a < A; ++a) {
-    input_ptrs.push_back(inputs[a].data());
-    target_ptrs.push_back(targets[a].data());
-  }
-  const Model::FinalFrom push_ready = [this](int64_t offset) { strategy_.FinalFrom(offset); };
+  // strategy that computes the step takes them at once); an elastic
+  // worker's micro-batch a holds each of its shares' rows one after the
+  // other.
+  const int max_shares = p_.shares != nullptr ? p_.num_workers : 1;
+  inputs_.assign(A, std::vector<int32_t>(static_cast<size_t>(max_shares) * B * T));
+  targets_ = inputs_;
   const Model::NeedUpTo wait_pulled = [this](int64_t end) { strategy_.WaitUpTo(end); };
 
   strategy_.IssueWeights(p_.weights, static_cast<uint64_t>(start));
   for (int64_t t = start; t < last_step_; ++t) {
     const std::string at = "step " + std::to_string(t + 1) + ": ";
-    for (int a = 0; a < A; ++a) p_.sampler->NextBatch(B, inputs[a].data(), targets[a].data());
     // Version t of the weights is all in: step t's epilogue (none before
     // the run's first step).
     bool settled = false;
     auto settle = [&]() -> Status {
       if (settled) return Status::OK();
       settled = true;
-      HERD_RETURN_IF_ERROR(strategy_.FinishWeights().WithContext(t == start ? "initial weights: " : at));
+      HERD_RETURN_IF_ERROR(AwaitWeights(t).WithContext(t == start ? "initial weights: " : at));
       if (t == start) {
         strategy_.TakeWaitSeconds();  // the first pull is not a step's
         return Status::OK();
       }
       return Epilogue(t);
     };
+    // Elastic: which shares this worker computes is settled at the step
+    // boundary, after the weights (and any share taken over) are in.
+    if (p_.shares != nullptr) HERD_RETURN_IF_ERROR(settle());
+    const std::vector<int> shares = p_.shares != nullptr ? p_.shares->Mine() : std::vector<int>{p_.rank};
+    if (p_.shares != nullptr) drawn_from_ = p_.sampler->SaveState();
+    Draw(*p_.sampler, shares);
     if (strategy_.computes_step() || EvaluatesAt(t)) HERD_RETURN_IF_ERROR(settle());
 
-    double loss = 0;
     if (strategy_.computes_step()) {
-      HERD_ASSIGN_OR_RETURN(loss, strategy_.ComputeStep(input_ptrs, target_ptrs, static_cast<uint64_t>(t)));
-    } else {
-      std::fill(p_.grads, p_.grads + P, 0.0f);
-      for (int micro = 0; micro < A; ++micro) {
-        loss += p_.model->Forward(p_.weights, inputs[micro].data(), targets[micro].data(), B, T,
-                                  micro == 0 ? wait_pulled : nullptr);
-        if (micro == 0) HERD_RETURN_IF_ERROR(settle());
-        const bool last_micro = micro == A - 1;
-        if (last_micro) strategy_.BeginStep(p_.grads, static_cast<uint64_t>(t));
-        p_.model->Backward(p_.weights, p_.grads, loss_scale, last_micro ? push_ready : nullptr, last_micro);
+      std::vector<const int32_t*> input_ptrs, target_ptrs;
+      for (int a = 0; a < A; ++a) {
+        input_ptrs.push_back(inputs_[a].data());
+        target_ptrs.push_back(targets_[a].data());
       }
-      loss /= A;
+      HERD_ASSIGN_OR_RETURN(const double loss, strategy_.ComputeStep(input_ptrs, target_ptrs, static_cast<uint64_t>(t)));
+      HERD_RETURN_IF_ERROR(strategy_.FinishStep(loss).WithContext(at));
+    } else {
+      for (size_t i = 0; i < shares.size(); ++i) {
+        // The first forward waits for the weights layer by layer, and the
+        // previous step's epilogue runs once they are all in.
+        HERD_RETURN_IF_ERROR(ComputeShare(t, shares[i], i, settled ? nullptr : &wait_pulled, settle).WithContext(at));
+      }
     }
-    HERD_RETURN_IF_ERROR(strategy_.FinishStep(loss).WithContext(at));
+    computed_ = shares;
     if (CheckpointDue(config_.checkpoint(), t + 1, last_step_)) loader_state_ = p_.sampler->SaveState();
     strategy_.IssueWeights(p_.weights, static_cast<uint64_t>(t + 1));
   }
-  HERD_RETURN_IF_ERROR(strategy_.FinishWeights().WithContext("step " + std::to_string(last_step_) + ": "));
+  HERD_RETURN_IF_ERROR(AwaitWeights(last_step_).WithContext("step " + std::to_string(last_step_) + ": "));
   if (last_step_ > start) HERD_RETURN_IF_ERROR(Epilogue(last_step_));
   HERD_RETURN_IF_ERROR(background_.Wait());
   HERD_RETURN_IF_ERROR(log_.Close());
@@ -97,6 +100,90 @@ Status StepLoop::Run(int64_t start) {
   return Status::OK();
 }
 
+void StepLoop::Draw(DistributedSampler& sampler, const std::vector<int>& shares) {
+  const int B = config_.train().batch_size();
+  for (size_t a = 0; a < inputs_.size(); ++a) {
+    if (p_.shares != nullptr) {
+      sampler.NextBatches(B, shares, inputs_[a].data(), targets_[a].data());
+    } else {
+      sampler.NextBatch(B, inputs_[a].data(), targets_[a].data());
+    }
+  }
+}
+
+Status StepLoop::ComputeShare(int64_t t, int share, size_t slot, const Model::NeedUpTo* wait,
+                              const std::function<Status()>& settle) {
+  const int B = config_.train().batch_size(), T = config_.train().seq_len(), A = config_.train().grad_accum();
+  const int64_t P = p_.model->layout().size();
+  const double loss_scale = 1.0 / static_cast<double>(tokens_per_step_);
+  const size_t rows = static_cast<size_t>(B) * T * slot;
+  const Model::FinalFrom push_ready = [this](int64_t offset) { strategy_.FinalFrom(offset); };
+  strategy_.SetShare(share);
+  std::fill(p_.grads, p_.grads + P, 0.0f);
+  double loss = 0;
+  for (int micro = 0; micro < A; ++micro) {
+    loss += p_.model->Forward(p_.weights, inputs_[micro].data() + rows, targets_[micro].data() + rows, B, T,
+                              micro == 0 && wait != nullptr ? *wait : nullptr);
+    if (micro == 0) HERD_RETURN_IF_ERROR(settle());
+    const bool last_micro = micro == A - 1;
+    if (last_micro) strategy_.BeginStep(p_.grads, static_cast<uint64_t>(t));
+    p_.model->Backward(p_.weights, p_.grads, loss_scale, last_micro ? push_ready : nullptr, last_micro);
+  }
+  return strategy_.FinishStep(loss / A);
+}
+
+Status StepLoop::AwaitWeights(int64_t version) {
+  if (p_.shares == nullptr) return strategy_.FinishWeights();
+  for (;;) {
+    const int seen = p_.shares->epoch();
+    // Workers lost while the step that makes `version` was under way (before
+    // this wait or during it): this worker computes the lost shares the
+    // membership now gives it (the servers drop any that turn out to be in
+    // already).
+    if (version > start_) HERD_RETURN_IF_ERROR(TakeOverShares(version - 1));
+    HERD_ASSIGN_OR_RETURN(const bool in, strategy_.FinishWeightsUnless([&] { return p_.shares->epoch() != seen; }));
+    if (in) break;
+  }
+  NoteMembership(version);
+  return Status::OK();
+}
+
+Status StepLoop::TakeOverShares(int64_t t) {
+  std::vector<int> todo;
+  for (int share : p_.shares->Mine()) {
+    if (std::find(computed_.begin(), computed_.end(), share) == computed_.end()) todo.push_back(share);
+  }
+  if (todo.empty()) return Status::OK();
+  // The step's sequences of those shares: drawn from where the step's
+  // were, by a copy of the sampler (this one has moved on).
+  DistributedSampler replay = *p_.sampler;
+  HERD_RETURN_IF_ERROR(replay.RestoreState(drawn_from_));
+  Draw(replay, todo);
+  const auto none = [] { return Status::OK(); };
+  for (size_t i = 0; i < todo.size(); ++i) HERD_RETURN_IF_ERROR(ComputeShare(t, todo[i], i, nullptr, none));
+  computed_.insert(computed_.end(), todo.begin(), todo.end());
+  return Status::OK();
+}
+
+void StepLoop::NoteMembership(int64_t step) {
+  const std::vector<transport::MembershipChange> changes = p_.shares->ChangesSince(reported_epoch_);
+  if (changes.empty()) return;
+  reported_epoch_ = changes.back().epoch;
+  if (p_.shares->leader() != p_.rank) return;
+  if (!leader_) {
+    // The leader was lost: this worker prints and records progress now.
+    leader_ = true;
+    Status opened = log_.TakeOver(config_.log().metrics());
+    if (opened.ok() && held_line_.step > 0) opened = log_.Write(held_line_);
+    if (!opened.ok()) LOG(WARNING) << opened.message();
+  }
+  for (const auto& c : changes) {
+    std::printf("worker %d lost at step %lld: continuing with %zu (%s)\n", c.lost.rank(),
+                static_cast<long long>(step), c.live_workers.size(), c.reason.c_str());
+  }
+  std::fflush(stdout);
+}
+
 bool StepLoop::EvaluatesAt(int64_t step) const {
   return step == last_step_ || (config_.log().eval_every() > 0 && step % config_.log().eval_every() == 0);
 }
@@ -108,7 +195,11 @@ Status StepLoop::Epilogue(int64_t step) {
   HERD_RETURN_IF_ERROR(CheckNotDiverged("loss", report.mean_loss).WithContext("step " + std::to_string(step) + ": "));
 
   const bool evaluates = EvaluatesAt(step);
-  if (leader_ && (step % config_.log().every() == 0 || step == start_ + 1 || step == last_step_ || evaluates)) {
+  const bool logs = step % config_.log().every() == 0 || step == start_ + 1 || step == last_step_ || evaluates;
+  if (logs) {
+    // Every worker makes the line; the leader writes it. One taking over
+    // from a lost leader writes the line it holds (the step the leader may
+    // not have lived to record) and reports the rate since then.
     ProgressLog::Entry e;
     e.step = step;
     e.total_steps = total_steps_;
@@ -120,8 +211,12 @@ Status StepLoop::Epilogue(int64_t step) {
     if (p_.client != nullptr) e.network_wait = window_s > 0 ? window_wait_ / window_s : 0;
     e.elapsed_s = run_clock_.Seconds();
     e.eta_s = e.tokens_per_s > 0 ? (total_steps_ - step) * tokens_per_step_ / e.tokens_per_s : 0;
-    if (evaluates) e.val_loss = ValidationLoss(*p_.model, p_.weights, p_.val, config_);
-    HERD_RETURN_IF_ERROR(log_.Write(e));
+    if (leader_) {
+      if (evaluates) e.val_loss = ValidationLoss(*p_.model, p_.weights, p_.val, config_);
+      HERD_RETURN_IF_ERROR(log_.Write(e));
+    } else {
+      held_line_ = e;
+    }
     window_clock_.Reset();
     window_tokens_ = 0;
     window_wait_ = 0;
@@ -135,15 +230,23 @@ Status StepLoop::CommitCheckpoint(int64_t step) {
   const int shards = strategy_.shard_files();
   const std::vector<std::string> parts = CheckpointParts(shards, p_.num_workers);
   // Worker 0 commits unless servers hold the optimizer (they commit then).
-  auto commit = [this, step_dir, step, parts, shards, loader = loader_state_] {
+  // Every worker's data position is the same (a global one): in an elastic
+  // job each live worker writes every rank's file, so that none is missing
+  // whoever was lost.
+  std::vector<int> positions{p_.rank};
+  if (p_.shares != nullptr) {
+    positions.clear();
+    for (int r = 0; r < p_.num_workers; ++r) positions.push_back(r);
+  }
+  auto commit = [this, step_dir, step, parts, shards, positions, leader = leader_, loader = loader_state_] {
     Stopwatch sw;
     auto write_parts = [&] {
-      Status part = WriteFileAtomic(JoinPath(step_dir, WorkerFileName(p_.rank)), loader);
-      return part.ok() ? strategy_.WriteCheckpointParts(step_dir) : part;
+      for (int r : positions) HERD_RETURN_IF_ERROR(WriteFileAtomic(JoinPath(step_dir, WorkerFileName(r)), loader));
+      return strategy_.WriteCheckpointParts(step_dir);
     };
     HERD_RETURN_IF_ERROR(
-        transport::CommitCheckpoint(p_.client, step_dir, step, config_, leader_ && shards > 0, parts, write_parts));
-    if (leader_) {
+        transport::CommitCheckpoint(p_.client, step_dir, step, config_, leader && shards > 0, parts, write_parts));
+    if (leader) {
       std::printf("checkpoint: %s (%.1fs)\n", step_dir.c_str(), sw.Seconds());
       std::fflush(stdout);
     }

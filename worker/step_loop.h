@@ -25,7 +25,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "common/clock.h"
 #include "common/run_options.h"
@@ -36,6 +38,7 @@
 #include "proto/herd.pb.h"
 #include "transport/checkpoint_commit.h"
 #include "transport/coordinator_client.h"
+#include "worker/elastic_shares.h"
 #include "worker/progress_log.h"
 #include "worker/sync_strategy.h"
 
@@ -57,6 +60,9 @@ struct StepLoopParts {
   int rank = 0, num_workers = 1;
   // Null for one process: nobody to wait for or vote with.
   transport::CoordinatorClient* client = nullptr;
+  // An elastic parameter-server job (cluster.elastic): which shares of the
+  // global batch this worker computes, as workers are lost; else null.
+  const ElasticShares* shares = nullptr;
 };
 
 class StepLoop {
@@ -70,6 +76,20 @@ class StepLoop {
   int64_t last_step() const { return last_step_; }
 
  private:
+  // Draws the step's micro-batches of `shares` from `sampler`.
+  void Draw(DistributedSampler& sampler, const std::vector<int>& shares);
+  // Forward and backward of one share of step t (0-based) on the rows at
+  // `slot` of the drawn micro-batches, its gradients pushed as backward
+  // finishes them; `wait` (or null) lets the first forward wait for the
+  // weights layer by layer, and `settle` runs after it.
+  Status ComputeShare(int64_t t, int share, size_t slot, const Model::NeedUpTo* wait,
+                      const std::function<Status()>& settle);
+  // Waits until all of weights `version` are in. Elastic: a worker lost
+  // meanwhile has this worker compute its part of the lost shares of the
+  // step that makes `version`, and the progress line says who was lost.
+  Status AwaitWeights(int64_t version);
+  Status TakeOverShares(int64_t t);
+  void NoteMembership(int64_t step);
   // Step `step` (1-based) is done and its weights are in.
   Status Epilogue(int64_t step);
   bool EvaluatesAt(int64_t step) const;
@@ -78,7 +98,7 @@ class StepLoop {
   const StepLoopParts p_;
   const config::JobConfig& config_;
   SyncStrategy& strategy_;
-  const bool leader_;
+  bool leader_;  // prints progress and evaluates (elastic: the lowest live rank)
   const int64_t total_steps_, last_step_, tokens_per_step_;
 
   int64_t start_ = 0;
@@ -87,6 +107,12 @@ class StepLoop {
   int64_t window_tokens_ = 0;
   double window_wait_ = 0;
   std::string loader_state_;  // the data position after the step to checkpoint
+  // The step's micro-batches: [grad_accum][shares x batch x seq_len].
+  std::vector<std::vector<int32_t>> inputs_, targets_;
+  std::vector<int> computed_;  // the shares this worker computed of the step in flight
+  std::string drawn_from_;     // elastic: the data position the step in flight was drawn from
+  int reported_epoch_ = 0;     // elastic: the membership changes told so far
+  ProgressLog::Entry held_line_;  // a follower's latest progress line (step 0: none)
   // Checkpoints whose parts here are only the data position (the servers
   // hold the optimizer state) are committed in the background.
   transport::BackgroundCommit background_;

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -58,9 +59,24 @@ class SyncStrategy {
   // `loss`: this worker's mean loss for the step.
   virtual Status FinishStep(double loss) = 0;
 
+  // Whose sequences the next BeginStep..FinishStep's gradients are: the
+  // share of the global batch of rank `share`. Each worker computes its
+  // own rank's share; in an elastic parameter-server job a worker also
+  // computes the shares of lost ones.
+  virtual void SetShare(int /*share*/) {}
+
   virtual void IssueWeights(float* weights, uint64_t version) = 0;
   virtual void WaitUpTo(int64_t end) = 0;
   virtual Status FinishWeights() = 0;
+  // FinishWeights that gives up (false: not all in yet; call it again) as
+  // soon as `interrupted` returns true, checked as transfers complete and
+  // after each Wake(): an elastic job's worker stops waiting to take over a
+  // lost worker's share.
+  virtual StatusOr<bool> FinishWeightsUnless(const std::function<bool()>& /*interrupted*/) {
+    HERD_RETURN_IF_ERROR(FinishWeights());
+    return true;
+  }
+  virtual void Wake() {}
   // The step that produced the current weights: global norm, lr, mean loss.
   virtual const StepReport& report() const = 0;
 

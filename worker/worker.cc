@@ -22,6 +22,7 @@
 #include "transport/node_runtime.h"
 #include "transport/wire.h"
 #include "worker/collective_sync.h"
+#include "worker/elastic_shares.h"
 #include "worker/local_sync.h"
 #include "worker/model_factory.h"
 #include "worker/nccl_gradients.h"
@@ -43,6 +44,7 @@ struct Worker {
   std::unique_ptr<Model> model;  // none when a DeviceResident strategy has its own
   std::unique_ptr<DeviceGradientReduction> device_reduction;  // CUDA workers in all-reduce mode: NCCL
   std::optional<DistributedSampler> sampler;
+  std::optional<ElasticShares> shares;  // cluster.elastic
   std::unique_ptr<SyncStrategy> strategy;
   std::unique_ptr<transport::NodeRuntime> runtime;
 };
@@ -176,10 +178,21 @@ Status RunWorker(const config::JobConfig& config, const TrainOptions& options, c
     HERD_RETURN_IF_ERROR(rt.transport().RegisterMemory(w.weights.data(), P * sizeof(float)));
     HERD_RETURN_IF_ERROR(rt.transport().RegisterMemory(w.grads.data(), P * sizeof(float)));
     if (ps) {
-      HERD_ASSIGN_OR_RETURN(w.strategy,
-                            CreateParameterServerSync(*plan, bf16, !ClipsGradients(config.optimizer().clip_norm()),
-                                                      &rt.transport(), rt.push_pull(),
-                                                      transport::MemberPeerId(rt.client(), wire::SERVER, 0)));
+      ParameterServerSyncOptions po;
+      po.plan = &*plan;
+      po.bf16 = bf16;
+      po.elastic = cluster.elastic();
+      po.stream = !ClipsGradients(config.optimizer().clip_norm()) && !po.elastic;  // as the servers do
+      po.rank = rank;
+      po.first_server = transport::MemberPeerId(rt.client(), wire::SERVER, 0);
+      HERD_ASSIGN_OR_RETURN(w.strategy, CreateParameterServerSync(po, &rt.transport(), rt.push_pull()));
+      if (po.elastic) {
+        w.shares.emplace(num_workers, rank);
+        rt.client().OnMembershipChange([&w](const transport::MembershipChange& change) {
+          w.shares->Apply(change);
+          w.strategy->Wake();  // a worker waiting for weights may have shares to take over
+        });
+      }
     } else {
       CollectiveSyncOptions c;
       c.config = &config;
@@ -215,6 +228,7 @@ Status RunWorker(const config::JobConfig& config, const TrainOptions& options, c
   parts.rank = rank;
   parts.num_workers = num_workers;
   parts.client = in_job ? &w.runtime->client() : nullptr;
+  parts.shares = w.shares ? &*w.shares : nullptr;
   StepLoop loop(parts);
   if (!in_job) return loop.Run(start);
   HERD_RETURN_IF_ERROR(w.runtime->Conclude(loop.Run(start)));
