@@ -5,7 +5,9 @@ import contextlib
 import hashlib
 import os
 import random
+import json
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -214,3 +216,48 @@ class Job:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def child_processes(ppid):
+    """(pid, argv) of the live processes whose parent is `ppid`."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read().split(b"\0")
+        except OSError:
+            continue
+        if int(stat[stat.rindex(")") + 2:].split()[1]) == ppid:
+            out.append((int(entry), [c.decode() for c in cmd if c]))
+    return out
+
+
+def metrics_rows(path):
+    """The complete JSON lines of a metrics file (none while it is absent)."""
+    rows = []
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                try:
+                    rows.append(json.loads(line))
+                except ValueError:
+                    pass  # a line still being written
+    return rows
+
+
+def wait_for_step(metrics, at, name, timeout=60):
+    """Returns once the metrics file `metrics` reaches step `at`."""
+    deadline = time.time() + timeout
+    while max((r["step"] for r in metrics_rows(metrics)), default=-1) < at:
+        assert time.time() < deadline, f"{name}: no step {at} within {timeout} s"
+        time.sleep(0.01)

@@ -13,15 +13,12 @@ checkpoint, and resume is bit-exact.
   test plays the part of the supervisor (systemd, a Slurm script) that
   starts the killed process again, with --resume-if-any. The survivors
   start themselves again and rejoin."""
-import json
 import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import herdtest  # noqa: E402
@@ -34,42 +31,6 @@ def final_checkpoint(workdir):
     return herdtest.snapshot(os.path.join(workdir, "ckpt", f"step_{STEPS:08d}"))
 
 
-def children(ppid):
-    """(pid, cmdline) of the processes whose parent is ppid."""
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmd = f.read().split(b"\0")
-        except OSError:
-            continue
-        if int(stat[stat.rindex(")") + 2:].split()[1]) == ppid:
-            out.append((int(entry), [c.decode() for c in cmd if c]))
-    return out
-
-
-def wait_for_step(workdir, at, name):
-    """Returns once the run's metrics (worker 0's JSON lines) reach step `at`."""
-    metrics = os.path.join(workdir, "metrics.jsonl")
-    deadline = time.time() + 60
-    while True:
-        steps = []
-        if os.path.exists(metrics):
-            for line in open(metrics):
-                try:
-                    steps.append(json.loads(line)["step"])
-                except ValueError:
-                    pass  # a line still being written
-        if max(steps, default=-1) >= at:
-            return
-        assert time.time() < deadline, f"{name}: no step {at} within 60 s"
-        time.sleep(0.01)
-
-
 def launch_trial(sb, workdir, rng, name):
     victim = rng.choice(["herd-server", "herd-worker"])
     rank = rng.randrange(2)
@@ -78,9 +39,9 @@ def launch_trial(sb, workdir, rng, name):
     with open(out_path, "w") as out_file, open(err_path, "w") as err_file:
         p = subprocess.Popen([sb.herd, "launch", "job.textproto", "--max-restarts", "2"], cwd=workdir,
                              stdout=out_file, stderr=err_file, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    wait_for_step(workdir, at, name)
+    herdtest.wait_for_step(os.path.join(workdir, "metrics.jsonl"), at, name)
     killed = False
-    for pid, cmd in children(p.pid):
+    for pid, cmd in herdtest.child_processes(p.pid):
         if cmd and cmd[0].endswith(victim) and cmd[cmd.index("--rank") + 1] == str(rank):
             os.kill(pid, signal.SIGKILL)
             killed = True
@@ -91,14 +52,8 @@ def launch_trial(sb, workdir, rng, name):
     return f"{victim} {rank} killed at step {at}: " + restarts[0].strip()
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def by_hand_trial(sb, workdir, rng, name, victim):
-    port = free_port()
+    port = herdtest.free_port()
     addr = f"127.0.0.1:{port}"
     env = dict(os.environ, HERD_JOB_TOKEN=TOKEN, OMP_NUM_THREADS="1")
     procs = {}
@@ -120,7 +75,7 @@ def by_hand_trial(sb, workdir, rng, name, victim):
         node("server", r)
         node("worker", r)
     at = rng.randrange(30, 400)
-    wait_for_step(workdir, at, name)
+    herdtest.wait_for_step(os.path.join(workdir, "metrics.jsonl"), at, name)
     key = "coordinator" if victim == "coordinator" else f"server{rng.randrange(2)}"
     procs[key].kill()
     procs[key].wait()

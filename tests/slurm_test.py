@@ -28,12 +28,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLES = os.path.join(HERE, "..", "examples", "slurm")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Cluster:
     """munged, slurmctld and slurmd on this host, in `root`."""
 
@@ -59,8 +53,8 @@ class Cluster:
         with open(self.conf, "w") as f:
             f.write(f"""ClusterName=herdtest
 SlurmctldHost={host}(127.0.0.1)
-SlurmctldPort={free_port()}
-SlurmdPort={free_port()}
+SlurmctldPort={herdtest.free_port()}
+SlurmdPort={herdtest.free_port()}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
