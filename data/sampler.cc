@@ -96,13 +96,19 @@ void DistributedSampler::NextBatches(int batch_size, const std::vector<int>& ran
   taken_ += step;
 }
 
-std::string DistributedSampler::SaveState() const {
+std::string SamplerStateLine(int64_t epoch, int64_t taken, int64_t tokens, int seq_len, uint64_t seed) {
   char buf[256];
   std::snprintf(buf, sizeof(buf), "epoch %lld taken %lld tokens %lld seq_len %d seed %llu\n",
-                static_cast<long long>(epoch_), static_cast<long long>(taken_),
-                static_cast<long long>(file_->size()), seq_len_, static_cast<unsigned long long>(seed_));
+                static_cast<long long>(epoch), static_cast<long long>(taken), static_cast<long long>(tokens), seq_len,
+                static_cast<unsigned long long>(seed));
   return buf;
 }
+
+std::string DistributedSampler::SaveState() const {
+  return SamplerStateLine(epoch_, taken_, file_->size(), seq_len_, seed_);
+}
+
+int64_t DistributedSampler::file_tokens() const { return file_->size(); }
 
 Status DistributedSampler::RestoreState(const std::string& state) {
   long long epoch = -1, taken = -1, position = -1, tokens = -1;

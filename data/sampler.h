@@ -70,6 +70,8 @@ class DistributedSampler {
   // saying which; on error the sampler is unchanged.
   std::string SaveState() const;
   Status RestoreState(const std::string& state);
+  // The training file's size in tokens: what a state is valid for.
+  int64_t file_tokens() const;
 
  private:
   DistributedSampler(const TokenFile& file, int seq_len, int world_size, int rank, uint64_t seed);
@@ -82,6 +84,12 @@ class DistributedSampler {
   int64_t epoch_ = 0, taken_ = 0;
   std::vector<int64_t> order_;  // the current epoch's permutation of [0, n)
 };
+
+// The line SaveState writes for a sampler at `epoch` with `taken`
+// sequences taken in it, over a `tokens`-token file: what a process that
+// only knows the position (a parameter server writing the workers' data
+// files of an elastic job) writes into a checkpoint.
+std::string SamplerStateLine(int64_t epoch, int64_t taken, int64_t tokens, int seq_len, uint64_t seed);
 
 // Evaluation windows in file order, for `herd eval` and held-out loss:
 // row j of batch b is the window that starts at token (b * B + j) * T

@@ -33,7 +33,7 @@ ParameterShard::ParameterShard(const ParameterShardOptions& options, std::unique
       wire_bytes_(options.bf16_wire ? 2 : 4),
       optimizer_(std::move(optimizer)),
       acc_(range_.size(), 0.0f),
-      losses_(options.num_workers, 0.0),
+      losses_(options.num_workers),
       loss_in_(options.num_workers, false) {
   CHECK(optimizer_->range().begin == range_.begin && optimizer_->range().end == range_.end)
       << "the optimizer state does not cover the shard";
@@ -69,7 +69,7 @@ uint64_t ParameterShard::size_bytes(transport::RequestKind kind) const {
     case transport::RequestKind::kWeights:
       return static_cast<uint64_t>(range_.size()) * wire_bytes_;
     case transport::RequestKind::kLoss:
-      return options_.collects_losses ? sizeof(double) : 0;
+      return options_.collects_losses ? sizeof(ShareLoss) : 0;
     case transport::RequestKind::kReport:
       return sizeof(StepReport);
   }
@@ -102,8 +102,8 @@ StatusOr<void*> ParameterShard::PushTarget(const transport::Request& push) {
                                       (stepping_ ? "stepping " : "at step ") + std::to_string(current));
   }
   if (push.kind == transport::RequestKind::kLoss) {
-    if (push.offset != 0 || push.length != sizeof(double)) {
-      return Status::InvalidArgument(what + from + " is not one double");
+    if (push.offset != 0 || push.length != sizeof(ShareLoss)) {
+      return Status::InvalidArgument(what + from + " is not one share's loss and data position");
     }
     if (loss_in_[share]) {
       if (options_.elastic) return Discard(push.length);
@@ -250,6 +250,19 @@ StatusOr<double> ParameterShard::WaitForGradients() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [this] { return GradientsComplete() || !failed_.ok(); });
   if (!failed_.ok()) return failed_;
+  for (int share = 1; options_.collects_losses && share < options_.num_workers; ++share) {
+    const DataPosition& a = losses_[0].data;
+    const DataPosition& b = losses_[share].data;
+    if (!(a == b)) {
+      auto where = [](const DataPosition& p) {
+        return "epoch " + std::to_string(p.epoch) + " taken " + std::to_string(p.taken) + " of " +
+               std::to_string(p.tokens) + " tokens";
+      };
+      return Status::Corruption("step " + std::to_string(optimizer_->step() + 1) + ": share " +
+                                std::to_string(share) + " was drawn up to " + where(b) + ", share 0 up to " +
+                                where(a) + ": the workers do not agree on the data order");
+    }
+  }
   double total = 0;
   for (const LocalBucket& b : buckets_) total += b.sum_of_squares;  // ascending: a fixed order
   return total;
@@ -257,7 +270,9 @@ StatusOr<double> ParameterShard::WaitForGradients() {
 
 const void* ParameterShard::Readable(const transport::Request& pull) const {
   const uint64_t version = static_cast<uint64_t>(optimizer_->step());
-  if (pull.kind == transport::RequestKind::kReport) return pull.tag == version && !stepping_ ? &report_ : nullptr;
+  if (pull.kind == transport::RequestKind::kReport) {
+    return (pull.tag == version || pull.tag == transport::kLatestReport) && !stepping_ ? &report_ : nullptr;
+  }
   const bool current =
       (pull.tag == version && !stepping_) || (pull.tag == version + 1 && stepping_ && Applied(pull.offset, pull.length));
   if (!current) return nullptr;
@@ -274,6 +289,8 @@ void ParameterShard::OnPull(const transport::Request& pull, PullReply reply) {
     std::lock_guard<std::mutex> lock(mu_);
     const uint64_t version = static_cast<uint64_t>(optimizer_->step());
     const bool report = pull.kind == transport::RequestKind::kReport;
+    // The newest report is answered now, or when the step under way ends.
+    const bool latest = report && pull.tag == transport::kLatestReport;
     if (!failed_.ok()) {
       error = failed_;
     } else if (WorkerRank(pull.client) < 0) {
@@ -281,10 +298,10 @@ void ParameterShard::OnPull(const transport::Request& pull, PullReply reply) {
     } else if (report ? pull.offset != 0 || pull.length != sizeof(StepReport)
                       : pull.offset % wire_bytes_ != 0 || pull.length % wire_bytes_ != 0) {
       error = Status::InvalidArgument(what + (report ? " is not the whole step report" : " is not whole parameters"));
-    } else if (pull.tag != version && pull.tag != version + 1) {
+    } else if (!latest && pull.tag != version && pull.tag != version + 1) {
       error = Status::FailedPrecondition(what + " asks for version " + std::to_string(pull.tag) +
                                          ", this server holds " + std::to_string(version));
-    } else if (pull.tag == version && stepping_) {
+    } else if (!latest && pull.tag == version && stepping_) {
       error = Status::FailedPrecondition(what + " asks for version " + std::to_string(pull.tag) +
                                          " while it is being replaced");
     } else {
@@ -350,8 +367,9 @@ void ParameterShard::FinishStep(const OptimizerShard::Scalars& step) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     double loss_sum = 0;
-    for (double l : losses_) loss_sum += l;  // share order
-    report_ = {static_cast<uint64_t>(step.step), step.global_norm, step.lr, loss_sum / options_.num_workers};
+    for (const ShareLoss& l : losses_) loss_sum += l.loss;  // share order
+    report_ = {static_cast<uint64_t>(step.step), step.global_norm, step.lr, loss_sum / options_.num_workers,
+               losses_[0].data, membership_epoch_};
     optimizer_->EndStep();
     stepping_ = false;
     for (LocalBucket& b : buckets_) {
@@ -410,6 +428,16 @@ Status ParameterShard::ServeSteps(int64_t last, const StepHooks& hooks) {
     if (hooks.after_step) HERD_RETURN_IF_ERROR(hooks.after_step(step));
   }
   return Status::OK();
+}
+
+void ParameterShard::SetMembershipEpoch(int64_t epoch) {
+  std::lock_guard<std::mutex> lock(mu_);
+  membership_epoch_ = std::max(membership_epoch_, epoch);
+}
+
+StepReport ParameterShard::report() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return report_;
 }
 
 void ParameterShard::Fail(const Status& status) {

@@ -18,9 +18,10 @@
 //
 // Everything a worker sends is checked before use: who sent it, the step it
 // belongs to, that it is exactly one of this server's buckets, that no
-// share of a bucket is added twice, and (unless elastic) that a worker
-// pushes only its own share. A bad push or pull is answered with an
-// error naming it.
+// share of a bucket is added twice, (unless elastic) that a worker pushes
+// only its own share, and that every share of a step was drawn from the
+// same data position. A bad push or pull is answered with an error naming
+// it.
 //
 // Threads: the push/pull callbacks run on the transport's progress thread,
 // ServeSteps (or WaitForGradients/ApplyStep) on the server's step thread.
@@ -70,7 +71,8 @@ class ParameterShard : public transport::ShardHandler {
 
   // transport::ShardHandler, on the progress thread. Gradients and weights
   // address the shard's parameters in the wire dtype; a loss push (server
-  // 0 only) is one double; a report pull is one StepReport.
+  // 0 only) is one ShareLoss; a report pull is one StepReport (its tag the
+  // version, or kLatestReport for the newest).
   uint64_t size_bytes(transport::RequestKind kind) const override;
   StatusOr<void*> PushTarget(const transport::Request& push) override;
   void OnPushed(const transport::Request& push, void* target, bool ok, transport::Completion applied) override;
@@ -102,6 +104,13 @@ class ParameterShard : public transport::ShardHandler {
   void ApplyStep(const OptimizerShard::Scalars& step);
   // Wakes WaitForGradients with `status` and answers later requests with it.
   void Fail(const Status& status);
+  // Any thread (elastic): the membership changes seen so far, stamped on
+  // the reports of the steps finished from now on.
+  void SetMembershipEpoch(int64_t epoch);
+
+  // The report of the latest step (its data position: what the workers'
+  // data files of a checkpoint hold).
+  StepReport report() const;
 
   // Between steps (step thread): the shard's weights, moments and step.
   const OptimizerShard& optimizer() const { return *optimizer_; }
@@ -148,7 +157,7 @@ class ParameterShard : public transport::ShardHandler {
   const std::unique_ptr<OptimizerShard> optimizer_;
   std::vector<float> acc_;           // the step's summed gradients
   std::vector<uint16_t> wire_copy_;  // bf16 weights served to pulls (bf16 wire)
-  std::vector<double> losses_;       // per worker (server 0)
+  std::vector<ShareLoss> losses_;    // per share (server 0)
   StepReport report_;
 
   mutable std::mutex mu_;
@@ -164,6 +173,7 @@ class ParameterShard : public transport::ShardHandler {
   std::set<void*> discards_;  // scratch buffers whose pushes are dropped
   int64_t discarded_ = 0;     // pushes dropped (elastic)
   Status failed_;
+  int64_t membership_epoch_ = 0;
 };
 
 }  // namespace herd

@@ -11,6 +11,7 @@
 #include "common/clock.h"
 #include "common/file_util.h"
 #include "common/run_summary.h"
+#include "data/sampler.h"
 #include "model/checkpoint_format.h"
 #include "model/checkpoint_load.h"
 #include "model/checkpoint_run.h"
@@ -94,7 +95,8 @@ Status RunParameterServer(const config::JobConfig& config, const TrainOptions& o
   transport::CoordinatorClient* client = &runtime->client();
   ParameterShard& shard = *shard_holder;
   client->OnFailure([&shard](const Status& failure) { shard.Fail(failure); });
-  client->OnMembershipChange([rank](const transport::MembershipChange& change) {
+  client->OnMembershipChange([rank, &shard](const transport::MembershipChange& change) {
+    shard.SetMembershipEpoch(change.epoch);
     LOG(WARNING) << "server " << rank << ": " << transport::DescribeMember(change.lost) << " was lost ("
                  << change.reason << "); the job goes on with " << change.live_workers.size() << " workers";
   });
@@ -110,14 +112,39 @@ Status RunParameterServer(const config::JobConfig& config, const TrainOptions& o
   transport::BackgroundCommit background;
   ParameterShard::StepHooks hooks;
   hooks.global_norm = [client](int64_t step, double partial) { return GlobalNorm(*client, step, partial); };
+  const bool elastic = config.cluster().elastic();
   hooks.after_step = [&](int64_t step) -> Status {
     if (!CheckpointDue(config.checkpoint(), step, last)) return Status::OK();
     const std::string step_dir = StepDirName(ckpt_dir, step);
-    // Server 0 commits: the servers hold the optimizer state.
+    // Server 0 commits: the servers hold the optimizer state. In an elastic
+    // job the workers come and go, so the servers alone vote, and server 0
+    // writes every worker's data file: the step's data position (the same
+    // for every rank), which the workers' loss pushes brought it.
     const std::string path = JoinPath(step_dir, ShardFileName(rank));
-    auto commit = [client, step_dir, step, &config, rank](const std::function<Status()>& write) {
-      return transport::CommitCheckpoint(client, step_dir, step, config, /*committer=*/rank == 0,
-                                         CheckpointParts(client->num_servers(), client->num_workers()), write);
+    std::string data_position;
+    if (elastic && rank == 0) {
+      const DataPosition& d = shard.report().data;
+      data_position = SamplerStateLine(d.epoch, d.taken, d.tokens, config.train().seq_len(), config.train().seed());
+    }
+    auto commit = [client, step_dir, step, &config, rank, elastic, data_position](const std::function<Status()>& write) {
+      Stopwatch sw;
+      auto write_parts = [&]() -> Status {
+        HERD_RETURN_IF_ERROR(write());
+        if (data_position.empty()) return Status::OK();
+        for (int r = 0; r < client->num_workers(); ++r) {
+          HERD_RETURN_IF_ERROR(WriteFileAtomic(JoinPath(step_dir, WorkerFileName(r)), data_position));
+        }
+        return Status::OK();
+      };
+      HERD_RETURN_IF_ERROR(transport::CommitCheckpoint(
+          client, step_dir, step, config, /*committer=*/rank == 0,
+          CheckpointParts(client->num_servers(), client->num_workers()), write_parts,
+          elastic ? wire::SERVERS : wire::EVERYONE));
+      if (elastic && rank == 0) {
+        std::printf("checkpoint: %s (%.1fs)\n", step_dir.c_str(), sw.Seconds());
+        std::fflush(stdout);
+      }
+      return Status::OK();
     };
     if (!config.checkpoint().background()) return commit([&] { return WriteShard(path, shard.optimizer().view()); });
     HERD_RETURN_IF_ERROR(background.Wait());  // the previous checkpoint first

@@ -34,6 +34,24 @@ struct ShardPlanOptions {
   static ShardPlanOptions FromConfig(const config::ClusterConfig& cluster);
 };
 
+// Where the training data stands after a step's draw (data/sampler.h's
+// global position): the same for every share of the step, whoever drew it.
+struct DataPosition {
+  int64_t epoch = 0, taken = 0;
+  int64_t tokens = 0;  // the size of the training file it is a position in
+  bool operator==(const DataPosition& o) const {
+    return epoch == o.epoch && taken == o.taken && tokens == o.tokens;
+  }
+};
+
+// What a worker pushes to server 0 for each share it computed of a step (a
+// loss push, transport/push_pull.h).
+struct ShareLoss {
+  double loss = 0;  // the share's mean loss
+  DataPosition data;
+};
+static_assert(sizeof(ShareLoss) == 32);
+
 // What a server reports about the step that produced weights `version`
 // (pulled as a report request, transport/push_pull.h).
 struct StepReport {
@@ -41,8 +59,13 @@ struct StepReport {
   double grad_norm = 0;  // global, before clipping
   double lr = 0;
   double mean_loss = 0;  // over workers, summed in rank order (server 0)
+  DataPosition data;     // after the step's draw (server 0)
+  // Server 0, in an elastic job: the membership changes it had seen when the
+  // step was done. The next step's shares are dealt by the membership of
+  // this epoch, so a worker that joined later starts a step later.
+  int64_t membership_epoch = 0;
 };
-static_assert(sizeof(StepReport) == 32);
+static_assert(sizeof(StepReport) == 64);
 
 class ShardPlan {
  public:

@@ -285,7 +285,7 @@ TEST_F(ParameterShardTest, RefusesBadPushesAndPulls) {
   // Not a bucket: a piece of one, and an offset inside one.
   EXPECT_NE(message(shard_->PushTarget(Gradients(kServers, 0, 4, 256))).find("not one of this server's buckets"),
             std::string::npos);
-  // Losses go to server 0 only; a loss is one double.
+  // Losses go to server 0 only; a loss push is one ShareLoss.
   EXPECT_EQ(shard_->size_bytes(transport::RequestKind::kLoss), 0u);
   {
     ParameterShardOptions zero = o_;
@@ -295,10 +295,10 @@ TEST_F(ParameterShardTest, RefusesBadPushesAndPulls) {
     ShardState s0{r0.begin, r0.end, 0, std::vector<float>(r0.size()), std::vector<float>(r0.size()),
                   std::vector<float>(r0.size())};
     ParameterShard server0(zero, std::make_unique<OptimizerShard>(layout_, OptimizerOptions(), s0));
-    EXPECT_EQ(server0.size_bytes(transport::RequestKind::kLoss), sizeof(double));
+    EXPECT_EQ(server0.size_bytes(transport::RequestKind::kLoss), sizeof(ShareLoss));
     const transport::Request half{kServers, transport::RequestKind::kLoss, 0, 0, 4};
-    EXPECT_NE(message(server0.PushTarget(half)).find("not one double"), std::string::npos);
-    const transport::Request loss{kServers, transport::RequestKind::kLoss, 0, 0, sizeof(double)};
+    EXPECT_NE(message(server0.PushTarget(half)).find("not one share's loss"), std::string::npos);
+    const transport::Request loss{kServers, transport::RequestKind::kLoss, 0, 0, sizeof(ShareLoss)};
     ASSERT_TRUE(server0.PushTarget(loss).ok());
     EXPECT_NE(message(server0.PushTarget(loss)).find("loss twice"), std::string::npos);
   }

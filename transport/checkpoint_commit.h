@@ -28,10 +28,11 @@ namespace herd::transport {
 // With no `client` the job is this one process: it writes every part and
 // the manifest itself, without votes, whatever `committer` says, and
 // returns its first error as it is (model/checkpoint_commit.h's
-// CommitOneProcessCheckpoint).
+// CommitOneProcessCheckpoint). `voters`: the processes that write parts and
+// vote (an elastic job's servers write the workers' parts too).
 Status CommitCheckpoint(CoordinatorClient* client, const std::string& step_dir, int64_t step,
                         const config::JobConfig& config, bool committer, const std::vector<std::string>& parts,
-                        const std::function<Status()>& write_parts);
+                        const std::function<Status()>& write_parts, wire::Scope voters = wire::EVERYONE);
 
 // Checkpoint commits on a thread of their own, one at a time, so that
 // training goes on while a checkpoint is written. Whatever a commit reads

@@ -40,8 +40,8 @@ inline constexpr uint16_t kAmReply = 3;
 enum class RequestKind : uint32_t {
   kGradients = 1,  // push: gradients of the server's parameter range
   kWeights = 2,    // pull: weights of the server's parameter range
-  kLoss = 3,       // push: a worker's mean loss of the step (one double)
-  kReport = 4,     // pull: the server's report on the step that produced `tag`
+  kLoss = 3,       // push: a worker's loss of one share of the step and the data position (ShareLoss)
+  kReport = 4,     // pull: the server's report on the step that produced `tag` (kLatestReport: the newest)
 };
 // "gradients", "weights", "loss", "report".
 const char* RequestKindName(RequestKind kind);
@@ -59,6 +59,9 @@ inline constexpr uint64_t PushTag(uint64_t step, int share) {
 }
 inline constexpr uint64_t TagStep(uint64_t tag) { return tag & ((uint64_t{1} << kTagStepBits) - 1); }
 inline constexpr int TagShare(uint64_t tag) { return static_cast<int>(tag >> kTagStepBits); }
+// A report pull with this tag asks for the newest report, whatever its
+// version (a worker joining an elastic job learns where the job stands).
+inline constexpr uint64_t kLatestReport = ~uint64_t{0};
 
 // One request as the handler sees it, validated: a known kind in the right
 // direction, and a non-empty range within the handler's size_bytes(kind).

@@ -71,7 +71,7 @@ class CollectiveSync : public SyncStrategy {
     HERD_RETURN_IF_ERROR(CheckNotDiverged("gradient norm", norm));
     CHECK_EQ(static_cast<uint64_t>(optimizer_->step()), step_) << "the strategy and the optimizer disagree on the step";
     const OptimizerShard::Scalars s = optimizer_->Step(grads_ + owned_.begin, norm);
-    report_ = {step_ + 1, norm, s.lr, sums[1] / W_};
+    report_ = {step_ + 1, norm, s.lr, sums[1] / W_, {}, 0};
     return Status::OK();
   }
 

@@ -43,6 +43,7 @@ class ParameterServerSync : public SyncStrategy {
   uint16_t* push_wire() { return push_wire_.empty() ? wire_.data() : push_wire_.data(); }
 
   void SetShare(int share) override { share_ = share; }
+  void SetDrawnTo(const DataPosition& data) override { loss_.data = data; }
 
   // Starts a step's pushes: buckets go out as backward finishes them.
   void BeginStep(float* grads, uint64_t step) override {
@@ -74,8 +75,8 @@ class ParameterServerSync : public SyncStrategy {
   // After backward: this worker's loss to server 0, then waits for every push.
   Status FinishStep(double loss) override {
     CHECK_EQ(next_bucket_, plan_.buckets().size()) << "backward did not finish every bucket";
-    loss_ = loss;
-    push_tickets_.push_back(client_->Push(first_server_, transport::RequestKind::kLoss, 0, &loss_, sizeof(double),
+    loss_.loss = loss;
+    push_tickets_.push_back(client_->Push(first_server_, transport::RequestKind::kLoss, 0, &loss_, sizeof(loss_),
                                           transport::PushTag(step_, share_)));
     return wait_.Timed([&] {
       Status first;
@@ -200,7 +201,7 @@ class ParameterServerSync : public SyncStrategy {
   uint64_t version_ = 0;
   Status pull_status_;
   float* grads_ = nullptr;
-  double loss_ = 0;
+  ShareLoss loss_;  // pushed to server 0: the share's loss and the step's data position
   uint64_t step_ = 0;
   size_t next_bucket_ = 0;
   int share_;  // whose sequences the step's gradients are (SetShare)

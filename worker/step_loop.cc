@@ -15,6 +15,13 @@
 #include <glog/logging.h>
 
 namespace herd {
+namespace {
+
+DataPosition PositionOf(const DistributedSampler& sampler) {
+  return {sampler.epoch(), sampler.taken(), sampler.file_tokens()};
+}
+
+}  // namespace
 
 StepLoop::StepLoop(const StepLoopParts& parts)
     : p_(parts),
@@ -61,6 +68,7 @@ Status StepLoop::Run(int64_t start) {
     const std::vector<int> shares = p_.shares != nullptr ? p_.shares->Mine() : std::vector<int>{p_.rank};
     if (p_.shares != nullptr) drawn_from_ = p_.sampler->SaveState();
     Draw(*p_.sampler, shares);
+    strategy_.SetDrawnTo(PositionOf(*p_.sampler));
     if (strategy_.computes_step() || EvaluatesAt(t)) HERD_RETURN_IF_ERROR(settle());
 
     if (strategy_.computes_step()) {
@@ -159,6 +167,7 @@ Status StepLoop::TakeOverShares(int64_t t) {
   DistributedSampler replay = *p_.sampler;
   HERD_RETURN_IF_ERROR(replay.RestoreState(drawn_from_));
   Draw(replay, todo);
+  strategy_.SetDrawnTo(PositionOf(replay));
   const auto none = [] { return Status::OK(); };
   for (size_t i = 0; i < todo.size(); ++i) HERD_RETURN_IF_ERROR(ComputeShare(t, todo[i], i, nullptr, none));
   computed_.insert(computed_.end(), todo.begin(), todo.end());
@@ -221,7 +230,10 @@ Status StepLoop::Epilogue(int64_t step) {
     window_tokens_ = 0;
     window_wait_ = 0;
   }
-  if (CheckpointDue(config_.checkpoint(), step, last_step_)) HERD_RETURN_IF_ERROR(CommitCheckpoint(step));
+  // An elastic job's servers write its checkpoints, the data position too.
+  if (CheckpointDue(config_.checkpoint(), step, last_step_) && p_.shares == nullptr) {
+    HERD_RETURN_IF_ERROR(CommitCheckpoint(step));
+  }
   return Status::OK();
 }
 
@@ -230,18 +242,10 @@ Status StepLoop::CommitCheckpoint(int64_t step) {
   const int shards = strategy_.shard_files();
   const std::vector<std::string> parts = CheckpointParts(shards, p_.num_workers);
   // Worker 0 commits unless servers hold the optimizer (they commit then).
-  // Every worker's data position is the same (a global one): in an elastic
-  // job each live worker writes every rank's file, so that none is missing
-  // whoever was lost.
-  std::vector<int> positions{p_.rank};
-  if (p_.shares != nullptr) {
-    positions.clear();
-    for (int r = 0; r < p_.num_workers; ++r) positions.push_back(r);
-  }
-  auto commit = [this, step_dir, step, parts, shards, positions, leader = leader_, loader = loader_state_] {
+  auto commit = [this, step_dir, step, parts, shards, leader = leader_, loader = loader_state_] {
     Stopwatch sw;
     auto write_parts = [&] {
-      for (int r : positions) HERD_RETURN_IF_ERROR(WriteFileAtomic(JoinPath(step_dir, WorkerFileName(r)), loader));
+      HERD_RETURN_IF_ERROR(WriteFileAtomic(JoinPath(step_dir, WorkerFileName(p_.rank)), loader));
       return strategy_.WriteCheckpointParts(step_dir);
     };
     HERD_RETURN_IF_ERROR(

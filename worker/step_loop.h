@@ -21,7 +21,9 @@
 // checkpoint is committed only once every part of it is written. Worker 0
 // prints progress, evaluates and samples; every worker writes its
 // data-loader position into each checkpoint (in parameter-server mode with
-// checkpoint.background, on a thread of its own while training goes on).
+// checkpoint.background, on a thread of its own while training goes on;
+// in an elastic job the servers write it, from the position the workers
+// report with their losses).
 #pragma once
 
 #include <cstdint>

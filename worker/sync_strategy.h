@@ -64,6 +64,11 @@ class SyncStrategy {
   // own rank's share; in an elastic parameter-server job a worker also
   // computes the shares of lost ones.
   virtual void SetShare(int /*share*/) {}
+  // The data position after the step's draw, which a parameter-server
+  // worker reports with each share's loss (sharding/shard_plan.h's
+  // ShareLoss): where a worker that joins later starts, and what server 0
+  // writes as the workers' data files of an elastic job's checkpoints.
+  virtual void SetDrawnTo(const DataPosition& /*data*/) {}
 
   virtual void IssueWeights(float* weights, uint64_t version) = 0;
   virtual void WaitUpTo(int64_t end) = 0;
