@@ -19,18 +19,20 @@ Status WriteRunSummary(const std::string& dir, const RunSummary& s) {
   char json[512];
   std::snprintf(json, sizeof json,
                 "{\"role\": \"%s\", \"rank\": %d, \"steps\": %lld, \"peak_rss_bytes\": %lld, \"plan_bytes\": %lld, "
-                "\"bytes_sent_per_step\": %.17g}\n",
+                "\"bytes_sent_per_step\": %.17g, \"shares_computed\": %lld, \"pushes_dropped\": %lld}\n",
                 s.role.c_str(), s.rank, static_cast<long long>(s.steps), static_cast<long long>(s.peak_rss_bytes),
-                static_cast<long long>(s.plan_bytes), s.bytes_sent_per_step);
+                static_cast<long long>(s.plan_bytes), s.bytes_sent_per_step, static_cast<long long>(s.shares_computed),
+                static_cast<long long>(s.pushes_dropped));
   return WriteFileAtomic(JoinPath(dir, name), json).WithContext("log.summary_dir: ");
 }
 
 }  // namespace
 
-Status ReportRunSummary(const std::string& role, int rank, int64_t steps, int64_t plan_bytes, uint64_t bytes_sent,
-                        const std::string& dir) {
-  const RunSummary s{role, rank, steps, PeakRssBytes(), plan_bytes,
-                     static_cast<double>(bytes_sent) / static_cast<double>(std::max<int64_t>(1, steps))};
+Status ReportRunSummary(const RunSummary& run, uint64_t bytes_sent, const std::string& dir) {
+  RunSummary s = run;
+  s.peak_rss_bytes = PeakRssBytes();
+  s.bytes_sent_per_step = static_cast<double>(bytes_sent) / static_cast<double>(std::max<int64_t>(1, s.steps));
+  const std::string& role = s.role;
   std::printf("peak memory: %s (herd plan: %s)", FormatBytes(s.peak_rss_bytes).c_str(),
               FormatBytes(s.plan_bytes).c_str());
   if (role == "worker") std::printf("; sent %.2f MiB per step", s.bytes_sent_per_step / (1 << 20));

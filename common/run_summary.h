@@ -19,13 +19,18 @@ struct RunSummary {
   int64_t peak_rss_bytes = 0;        // PeakRssBytes() at the end
   int64_t plan_bytes = 0;            // what `herd plan` predicted for it
   double bytes_sent_per_step = 0;    // over the data plane
+  // An elastic job's (cluster.elastic): a worker's shares of the global
+  // batch computed, its own and those it took over; a server's pushes
+  // dropped because their share was in already (a lost worker's copy).
+  int64_t shares_computed = 0;
+  int64_t pushes_dropped = 0;
 };
 
-// The end of a run of `steps` steps that sent `bytes_sent` over the data
-// plane: prints "peak memory: X (herd plan: Y)" for people (workers add
-// "; sent Z MiB per step") and writes the summary into `dir` (created if
-// missing; nothing when `dir` is empty).
-Status ReportRunSummary(const std::string& role, int rank, int64_t steps, int64_t plan_bytes, uint64_t bytes_sent,
-                        const std::string& dir);
+// The end of a run (`run`: role, rank, steps, plan_bytes and the elastic
+// counts) that sent `bytes_sent` over the data plane: prints "peak memory:
+// X (herd plan: Y)" for people (workers add "; sent Z MiB per step") and
+// writes the summary into `dir` (created if missing; nothing when `dir` is
+// empty).
+Status ReportRunSummary(const RunSummary& run, uint64_t bytes_sent, const std::string& dir);
 
 }  // namespace herd

@@ -220,10 +220,12 @@ void ParameterShard::OnPushed(const transport::Request& push, void* target, bool
       const bool in_place = target == acc_.data() + b.begin;
       if (transport::TagStep(push.tag) != static_cast<uint64_t>(optimizer_->step())) {
         ReleaseScratch(target);  // a second copy of a share, landing after its step
+        ++discarded_;
       } else {
         --b.landing[share];
         if (!ok || b.arrived[share]) {
           if (!in_place) ReleaseScratch(target);  // failed (nothing to sum), or a second copy
+          if (ok) ++discarded_;
         } else {
           b.arrived[share] = true;
           if (in_place) {
@@ -433,6 +435,11 @@ Status ParameterShard::ServeSteps(int64_t last, const StepHooks& hooks) {
 void ParameterShard::SetMembershipEpoch(int64_t epoch) {
   std::lock_guard<std::mutex> lock(mu_);
   membership_epoch_ = std::max(membership_epoch_, epoch);
+}
+
+int64_t ParameterShard::pushes_dropped() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return discarded_;
 }
 
 StepReport ParameterShard::report() const {

@@ -111,6 +111,9 @@ class ParameterShard : public transport::ShardHandler {
   // The report of the latest step (its data position: what the workers'
   // data files of a checkpoint hold).
   StepReport report() const;
+  // Elastic: pushes dropped because their share of the step was in
+  // already (or the step done): copies from a worker that took over.
+  int64_t pushes_dropped() const;
 
   // Between steps (step thread): the shard's weights, moments and step.
   const OptimizerShard& optimizer() const { return *optimizer_; }
@@ -171,7 +174,7 @@ class ParameterShard : public transport::ShardHandler {
   std::vector<std::unique_ptr<std::vector<char>>> scratch_free_;
   std::vector<std::unique_ptr<std::vector<char>>> scratch_used_;
   std::set<void*> discards_;  // scratch buffers whose pushes are dropped
-  int64_t discarded_ = 0;     // pushes dropped (elastic)
+  int64_t discarded_ = 0;     // pushes dropped (elastic), on arrival or on landing
   Status failed_;
   int64_t membership_epoch_ = 0;
 };

@@ -97,8 +97,11 @@ Status RunParameterServer(const config::JobConfig& config, const TrainOptions& o
   client->OnFailure([&shard](const Status& failure) { shard.Fail(failure); });
   client->OnMembershipChange([rank, &shard](const transport::MembershipChange& change) {
     shard.SetMembershipEpoch(change.epoch);
-    LOG(WARNING) << "server " << rank << ": " << transport::DescribeMember(change.lost) << " was lost ("
-                 << change.reason << "); the job goes on with " << change.live_workers.size() << " workers";
+    LOG_IF(INFO, change.joined) << "server " << rank << ": " << transport::DescribeMember(change.member)
+                                << " joined; the job goes on with " << change.live_workers.size() << " workers";
+    LOG_IF(WARNING, !change.joined) << "server " << rank << ": " << transport::DescribeMember(change.member)
+                                    << " was lost (" << change.reason << "); the job goes on with "
+                                    << change.live_workers.size() << " workers";
   });
   if (rank == 0) LOG(INFO) << "shard plan: " << plan.Describe();
 
@@ -157,8 +160,13 @@ Status RunParameterServer(const config::JobConfig& config, const TrainOptions& o
   HERD_RETURN_IF_ERROR(runtime->Conclude(served.ok() ? written : served));
   HERD_RETURN_IF_ERROR(client->Barrier("herd/done"));
   if (auto memory = PlanMemory(config); memory.ok()) {
-    HERD_RETURN_IF_ERROR(ReportRunSummary("server", rank, last - start, memory->processes[rank].total(),
-                                          runtime->transport().stats().bytes_sent, config.log().summary_dir()));
+    RunSummary run;
+    run.role = "server";
+    run.rank = rank;
+    run.steps = last - start;
+    run.plan_bytes = memory->processes[rank].total();
+    run.pushes_dropped = shard.pushes_dropped();
+    HERD_RETURN_IF_ERROR(ReportRunSummary(run, runtime->transport().stats().bytes_sent, config.log().summary_dir()));
   }
   return client->Leave();
 }

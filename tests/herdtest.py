@@ -255,6 +255,11 @@ def metrics_rows(path):
     return rows
 
 
+def last_step(metrics):
+    """The newest step in a metrics file (0 while it has none)."""
+    return max((r["step"] for r in metrics_rows(metrics)), default=0)
+
+
 def wait_for_step(metrics, at, name, timeout=60):
     """Returns once the metrics file `metrics` reaches step `at`."""
     deadline = time.time() + timeout

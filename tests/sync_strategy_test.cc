@@ -25,6 +25,7 @@
 #include "transport/push_pull.h"
 #include "transport/ring_collectives.h"
 #include "worker/collective_sync.h"
+#include "worker/elastic_shares.h"
 #include "worker/local_sync.h"
 #include "worker/parameter_server_sync.h"
 
@@ -313,4 +314,44 @@ TEST(ParameterServerSync, StreamedStepWithoutClippingEqualsOneProcess) {
 }
 
 }  // namespace
+// Elastic shares: a loss counts at once (its shares go to the live workers
+// in turn), a join only for steps dealt at its epoch or later, so that
+// every worker deals a step alike whenever it heard of the join; the
+// longest-serving live worker leads.
+TEST(ElasticShares, LossesCountAtOnceJoinsFromTheirEpoch) {
+  transport::WelcomedMembership founding{0, {0, 1, 2}, {0, 0, 0}};
+  ElasticShares w0(3, 0, founding), w2(3, 2, founding);
+  auto change = [](int epoch, bool joined, int rank, std::vector<int> live) {
+    transport::MembershipChange c;
+    c.epoch = epoch;
+    c.joined = joined;
+    c.member.set_role(wire::WORKER);
+    c.member.set_rank(rank);
+    c.live_workers = std::move(live);
+    return c;
+  };
+  for (ElasticShares* w : {&w0, &w2}) {
+    w->Apply(change(1, false, 0, {1, 2}));  // worker 0 lost
+    w->Apply(change(2, true, 0, {0, 1, 2}));  // a worker joins as rank 0
+  }
+  EXPECT_EQ(w2.Mine(0), (std::vector<int>{2}));
+  EXPECT_EQ(w2.Mine(1), (std::vector<int>{2}));     // share 0 goes to worker 1
+  EXPECT_EQ(w2.Mine(2), (std::vector<int>{2}));
+  EXPECT_EQ(w0.Mine(1), (std::vector<int>{}));      // lost, and not yet back
+  EXPECT_EQ(w0.Mine(2), (std::vector<int>{0}));
+  EXPECT_EQ(w2.leader(), 1);                        // there since the start
+  EXPECT_EQ(w2.epoch(), 2);
+
+  // The joiner's own view, from its welcome: the same deals.
+  ElasticShares joiner(3, 0, transport::WelcomedMembership{2, {0, 1, 2}, {2, 0, 0}});
+  EXPECT_EQ(joiner.joined_at(), 2);
+  EXPECT_EQ(joiner.Mine(2), (std::vector<int>{0}));
+  EXPECT_EQ(joiner.leader(), 1);
+  joiner.Apply(change(3, false, 1, {0, 2}));
+  EXPECT_EQ(joiner.Mine(2), (std::vector<int>{0, 1}));  // orphan 1 goes to the first live worker
+  EXPECT_EQ(joiner.leader(), 2);
+  EXPECT_TRUE(joiner.AwaitEpoch(3, [] { return Status::OK(); }).ok());
+  EXPECT_EQ(joiner.AwaitEpoch(4, [] { return Status::Aborted("job over"); }).message(), "job over");
+}
+
 }  // namespace herd

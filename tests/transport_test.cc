@@ -7,7 +7,9 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <chrono>
 #include <map>
+#include <mutex>
 #include <thread>
 
 #include "common/config.h"
@@ -98,6 +100,24 @@ TEST(Wire, GarbageAndInvalidMessagesRefused) {
   w.mutable_welcome()->set_rank(0);
   w.mutable_welcome()->add_members()->set_role(wire::SERVER);
   expect_bad(w, "does not include the receiver");
+  wire::Envelope c;
+  auto* change = c.mutable_membership_changed();
+  change->set_epoch(2);
+  change->mutable_joined()->set_role(wire::WORKER);
+  change->mutable_joined()->set_rank(1);
+  change->mutable_joined()->set_ucx_address("addr");
+  change->add_live_workers(0);
+  expect_bad(c, "the joined worker is not listed as live");
+  change->add_live_workers(1);
+  EXPECT_TRUE(ValidateMessage(c).ok()) << ValidateMessage(c).message();
+  *change->mutable_lost() = change->joined();
+  expect_bad(c, "neither or both");
+  change->clear_lost();
+  change->mutable_joined()->clear_ucx_address();
+  expect_bad(c, "no UCX address");
+  wire::Envelope ack;
+  ack.mutable_membership_ack()->set_epoch(0);
+  expect_bad(ack, "epoch must be >= 1");
 }
 
 using Env = std::map<std::string, std::string>;
@@ -205,6 +225,18 @@ class TestCoordinator {
     o.ucx_address = ucx_address;
     return CoordinatorClient::Join(o);
   }
+  // A worker joining the job under way (--join).
+  StatusOr<std::unique_ptr<CoordinatorClient>> JoinRunning(int rank = -1, const std::string& ucx_address = "addr") {
+    JoinOptions o;
+    o.coordinator = "127.0.0.1:" + std::to_string(coordinator_->port());
+    o.token = "secret";
+    o.role = wire::WORKER;
+    o.rank = rank;
+    o.job = shape_;
+    o.ucx_address = ucx_address;
+    o.join = true;
+    return CoordinatorClient::Join(o);
+  }
   Status Finish() {
     serve_.join();
     return result_;
@@ -297,6 +329,101 @@ TEST(Coordinator, JoinTimeoutRefusesTheWaitingWithWhoIsMissing) {
   EXPECT_NE(client.status().message().find("joined: 0/1 servers, 1/2 workers"), std::string::npos)
       << client.status().message();
   EXPECT_NE(result.message().find("timed out after 0.5 s"), std::string::npos) << result.message();
+}
+
+// The members of a job, joined at once (servers then workers).
+std::vector<std::unique_ptr<CoordinatorClient>> FormJob(TestCoordinator& coordinator, int servers, int workers) {
+  std::vector<StatusOr<std::unique_ptr<CoordinatorClient>>> joined;
+  for (int i = 0; i < servers + workers; ++i) joined.emplace_back(Status::Internal("not joined"));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < servers + workers; ++i) {
+    threads.emplace_back([&, i] {
+      const bool server = i < servers;
+      const int rank = server ? i : i - servers;
+      joined[i] = coordinator.Join(server ? wire::SERVER : wire::WORKER, rank,
+                                   std::string(server ? "server-" : "worker-") + std::to_string(rank));
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::vector<std::unique_ptr<CoordinatorClient>> out;
+  for (auto& j : joined) {
+    CHECK(j.ok()) << j.status().message();
+    out.push_back(std::move(*j));
+  }
+  return out;
+}
+
+// An elastic job: a worker joins only in place of a lost one, takes its
+// rank, and is welcomed once every member has heard of it (and has acted:
+// the members' handlers ran before the welcome); it then takes part in
+// barriers like any member.
+TEST(Coordinator, AWorkerJoinsAnElasticJobInPlaceOfALostOne) {
+  TestCoordinator coordinator(JobShape{.servers = 1, .workers = 2, .heartbeat_interval_s = 0.2,
+                                       .heartbeat_timeout_s = 5, .join_timeout_s = 20, .elastic = true});
+  auto members = FormJob(coordinator, 1, 2);
+  std::mutex mu;
+  std::vector<MembershipChange> seen;  // by the server
+  members[0]->OnMembershipChange([&](const MembershipChange& c) {
+    std::lock_guard<std::mutex> lock(mu);
+    seen.push_back(c);
+  });
+  auto refused = coordinator.JoinRunning();
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), HasSubstr("has all its 2 workers"));
+
+  members[2].reset();  // worker 1 dies
+  for (int i = 0; i < 500; ++i) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!seen.empty()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  auto late = coordinator.Join(wire::WORKER);
+  ASSERT_FALSE(late.ok());
+  EXPECT_THAT(late.status().message(), HasSubstr("with --join"));
+  auto taken = coordinator.JoinRunning(0);
+  ASSERT_FALSE(taken.ok());
+  EXPECT_THAT(taken.status().message(), HasSubstr("worker rank 0 is not a lost one; a worker joins in place of a lost one (lost ranks: 1)"));
+
+  auto joiner = coordinator.JoinRunning(-1, "new-worker-1");
+  ASSERT_TRUE(joiner.ok()) << joiner.status().message();
+  EXPECT_EQ((*joiner)->rank(), 1);
+  const WelcomedMembership w = (*joiner)->welcomed_membership();
+  EXPECT_EQ(w.epoch, 2);
+  EXPECT_EQ(w.live_workers, (std::vector<int>{0, 1}));
+  EXPECT_EQ(w.joined_at, (std::vector<int>{0, 2}));
+  {
+    std::lock_guard<std::mutex> lock(mu);  // acknowledged before the welcome
+    ASSERT_EQ(seen.size(), 2u);
+    EXPECT_FALSE(seen[0].joined);
+    EXPECT_EQ(seen[0].member.rank(), 1);
+    EXPECT_TRUE(seen[1].joined);
+    EXPECT_EQ(seen[1].epoch, 2);
+    EXPECT_EQ(seen[1].member.ucx_address(), "new-worker-1");
+    EXPECT_EQ(seen[1].live_workers, (std::vector<int>{0, 1}));
+  }
+  members[2] = std::move(*joiner);
+  std::vector<std::thread> threads;
+  std::vector<std::string> results(3);
+  for (int i = 0; i < 3; ++i) {
+    threads.emplace_back([&, i] {
+      Status st = members[i]->Barrier("after-join");
+      results[i] = (st.ok() ? members[i]->Leave() : st).ToString();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(results[i], "ok") << i;
+  EXPECT_TRUE(coordinator.Finish().ok());
+}
+
+TEST(Coordinator, JoiningAJobThatIsNotElasticIsRefused) {
+  TestCoordinator coordinator(JobShape{.servers = 1, .workers = 1, .heartbeat_interval_s = 0.2,
+                                       .heartbeat_timeout_s = 5, .join_timeout_s = 20});
+  auto members = FormJob(coordinator, 1, 1);
+  auto refused = coordinator.JoinRunning();
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), HasSubstr("the job is not elastic (cluster.elastic)"));
+  for (auto& m : members) EXPECT_TRUE(m->Leave().ok());
+  EXPECT_TRUE(coordinator.Finish().ok());
 }
 
 }  // namespace

@@ -45,8 +45,11 @@ constexpr const char* kPlacementVars[] = {"SLURM_PROCID",     "SLURM_NTASKS",  "
 
 struct Child {
   std::string name;  // "server 0"
+  bool worker = false;
   pid_t pid = -1;
-  int out_fd = -1, err_fd = -1;
+  // Read by the forwarder while the reaper may start a child in a free
+  // slot (an elastic job's replacement worker).
+  std::atomic<int> out_fd{-1}, err_fd{-1};
   std::string out_partial, err_partial;
   // Its own "herd: error: ..." line, which the launcher's last line quotes
   // (written by the forwarder, read after it has joined).
@@ -55,6 +58,7 @@ struct Child {
   int exit_order = -1;  // 0 for the first to exit, ...
   bool killed_after_grace = false;  // by the launcher: a consequence, not a cause
   bool dropped = false;             // a worker an elastic job went on without
+  bool replaced = false;            // ... and another has been started to join in its place
 };
 
 std::vector<std::string> ChildEnvironment(const std::string& token_file, int threads) {
@@ -136,10 +140,25 @@ Status Spawn(const std::string& binary, const std::vector<std::string>& argv, co
 class LogForwarder {
  public:
   LogForwarder(std::vector<Child>* children, std::atomic<bool>* quiet) : children_(children), quiet_(quiet) {
+    if (::pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0) wake_[0] = wake_[1] = -1;
     thread_ = std::thread([this] { Run(); });
   }
-  // Returns once every pipe has reached end of file.
-  void Join() { thread_.join(); }
+  ~LogForwarder() {
+    for (int fd : wake_) {
+      if (fd >= 0) ::close(fd);
+    }
+  }
+  // A child was started in a free slot: its pipes are read from now on.
+  void Wake() {
+    if (wake_[1] >= 0) (void)!::write(wake_[1], "w", 1);
+  }
+  // Once no child is started any more: returns when every pipe has
+  // reached end of file.
+  void Join() {
+    done_ = true;
+    Wake();
+    thread_.join();
+  }
 
  private:
   void Line(Child* c, std::string_view line, bool is_err) {
@@ -182,14 +201,21 @@ class LogForwarder {
           owners.emplace_back(&c, true);
         }
       }
-      if (fds.empty()) return;
+      const size_t children_fds = fds.size();
+      if (children_fds == 0 && (done_ || wake_[0] < 0)) return;
+      if (wake_[0] >= 0) fds.push_back({wake_[0], POLLIN, 0});
       if (::poll(fds.data(), fds.size(), -1) < 0) continue;
-      for (size_t i = 0; i < fds.size(); ++i) {
+      if (fds.size() > children_fds && fds.back().revents != 0) {
+        char drain[64];
+        while (::read(wake_[0], drain, sizeof drain) > 0) {
+        }
+      }
+      for (size_t i = 0; i < children_fds; ++i) {
         if (fds[i].revents == 0) continue;
         auto [c, is_err] = owners[i];
         char buf[65536];
         const ssize_t n = ::read(fds[i].fd, buf, sizeof buf);
-        int& fd = is_err ? c->err_fd : c->out_fd;
+        std::atomic<int>& fd = is_err ? c->err_fd : c->out_fd;
         std::string* partial = is_err ? &c->err_partial : &c->out_partial;
         if (n > 0) {
           Emit(c, partial, buf, n, is_err, false);
@@ -204,6 +230,8 @@ class LogForwarder {
 
   std::vector<Child>* children_;
   std::atomic<bool>* quiet_;
+  int wake_[2] = {-1, -1};
+  std::atomic<bool> done_{false};
   std::thread thread_;
 };
 
@@ -248,6 +276,7 @@ struct Outcome {
   bool formed = false;     // every process had joined
   bool stopped = false;    // by SIGINT/SIGTERM to the launcher
   bool bad_input = false;  // the cause is a process's bad input (exit code 2): it would recur
+  int replaced = 0;        // elastic: workers started to join in place of lost ones (restarts spent)
 };
 
 // The launcher's state across restarts: the signal watcher and where the
@@ -266,8 +295,10 @@ class LocalJob {
   static const char* StopReason(int signo) {
     return signo == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)";
   }
-  // Starts the coordinator and every process once, and reaps them.
-  Outcome Attempt(const TrainOptions& train);
+  // Starts the coordinator and every process once, and reaps them; in an
+  // elastic job, starts up to `replacements` workers with --join in place
+  // of lost ones.
+  Outcome Attempt(const TrainOptions& train, int replacements);
 
   const config::JobConfig& config_;
   const LocalJobOptions& options_;
@@ -303,7 +334,8 @@ int LocalJob::Run() {
   }
   TrainOptions train = options_.train;
   for (int restarts = 0;; ++restarts) {
-    const Outcome out = Attempt(train);
+    const Outcome out = Attempt(train, options_.max_restarts - restarts);
+    restarts += out.replaced;
     if (out.exit_code == 0) return 0;
     // A failure before every process had joined is a setup problem, and a
     // bad input fails the same way again: neither is retried.
@@ -329,7 +361,7 @@ int LocalJob::Run() {
   }
 }
 
-Outcome LocalJob::Attempt(const TrainOptions& train) {
+Outcome LocalJob::Attempt(const TrainOptions& train, int replacements) {
   const auto& cluster = config_.cluster();
   const int S = cluster.servers(), W = cluster.workers();
   Outcome out;
@@ -351,17 +383,26 @@ Outcome LocalJob::Attempt(const TrainOptions& train) {
   auto token = transport::CreateJobToken(token_file);
   if (!token.ok()) return fail(token.status());
 
-  std::vector<Child> children(S + W);
+  // Slots for every process, and for the workers an elastic job may start
+  // in place of lost ones (they never move: the forwarder reads them).
+  const bool replaces = cluster.elastic() && replacements > 0;
+  std::vector<Child> children(S + W + (replaces ? replacements : 0));
   // Pids the coordinator may report lost; only these are ever signalled.
   std::mutex spawned_mu;
   std::set<pid_t> spawned;
+  std::set<pid_t> dropped_by_job;  // GUARDED_BY(spawned_mu): workers the elastic job went on without
   std::atomic<bool> formed{false};
   transport::CoordinatorOptions coordinator_options = transport::CoordinatorOptions::FromConfig(config_);
   coordinator_options.listen = "127.0.0.1:0";
   coordinator_options.token = std::string(Trim(*token));
-  coordinator_options.on_formed = [&token_file, &formed] {
-    ::unlink(token_file.c_str());
+  // A worker that joins later needs the token too.
+  coordinator_options.on_formed = [&token_file, &formed, replaces] {
+    if (!replaces) ::unlink(token_file.c_str());
     formed = true;
+  };
+  coordinator_options.on_worker_dropped = [&](int64_t pid) {
+    std::lock_guard<std::mutex> lock(spawned_mu);
+    dropped_by_job.insert(static_cast<pid_t>(pid));
   };
   // A process declared lost for silence (stopped, hung) is killed now
   // rather than after the grace period.
@@ -385,25 +426,31 @@ Outcome LocalJob::Attempt(const TrainOptions& train) {
                            : "threads from the config/OMP_NUM_THREADS");
   std::fflush(stdout);
 
-  // A stop signal ends the spawning at once.
-  Status st;
-  for (int i = 0; i < S + W && st.ok() && stopped_by_ == 0; ++i) {
-    const bool server = i < S;
-    const int rank = server ? i : i - S;
-    Child& c = children[i];
+  // Starts the process of `rank` in slot `c`; one joining a job under way
+  // (`join`) takes a lost worker's place.
+  auto spawn = [&](Child& c, bool server, int rank, bool join) {
     c.name = (server ? "server " : "worker ") + std::to_string(rank);
+    c.worker = !server;
     const std::string binary = JoinPath(bin_dir_, server ? "herd-server" : "herd-worker");
     std::vector<std::string> argv = {binary, options_.config_path};
     for (const std::string& o : options_.overrides) argv.insert(argv.end(), {"--set", o});
     argv.insert(argv.end(), {"--rank", std::to_string(rank), "--coordinator", address});
-    if (train.resume) argv.push_back("--resume");
-    if (train.resume && train.allow_global_batch_change) argv.push_back("--allow-global-batch-change");
+    if (join) {
+      argv.push_back("--join");
+    } else {
+      if (train.resume) argv.push_back("--resume");
+      if (train.resume && train.allow_global_batch_change) argv.push_back("--allow-global-batch-change");
+    }
     if (train.stop_at_step > 0) argv.insert(argv.end(), {"--stop-at", std::to_string(train.stop_at_step)});
     const int threads = pick_threads ? std::max(1, cores / (server ? S : W)) : 0;
     std::lock_guard<std::mutex> lock(spawned_mu);
-    st = Spawn(binary, argv, ChildEnvironment(token_file, threads), &c);
-    if (st.ok()) spawned.insert(c.pid);
-  }
+    Status started = Spawn(binary, argv, ChildEnvironment(token_file, threads), &c);
+    if (started.ok()) spawned.insert(c.pid);
+    return started;
+  };
+  // A stop signal ends the spawning at once.
+  Status st;
+  for (int i = 0; i < S + W && st.ok() && stopped_by_ == 0; ++i) st = spawn(children[i], i < S, i < S ? i : i - S, false);
   std::atomic<bool> quiet{false};
   LogForwarder forwarder(&children, &quiet);
   if (!st.ok()) (*coordinator)->Stop(st.message());
@@ -421,16 +468,47 @@ Outcome LocalJob::Attempt(const TrainOptions& train) {
   // An elastic job that has formed goes on without a failed worker while
   // another runs (the coordinator ends it when its last worker is lost).
   auto goes_on_without = [&](const Child& c) {
-    if (!cluster.elastic() || !formed || &c < &children[S]) return false;
-    for (int i = S; i < S + W; ++i) {
-      if (&children[i] != &c && children[i].pid > 0 && !children[i].exit_code) return true;
+    if (!cluster.elastic() || !formed || !c.worker) return false;
+    for (const Child& other : children) {
+      if (&other != &c && other.worker && other.pid > 0 && !other.exit_code) return true;
     }
     return false;
   };
-  for (size_t alive = std::count_if(children.begin(), children.end(), [](const Child& c) { return c.pid > 0; });
-       alive > 0;) {
+  // Elastic, with restarts left: a worker the job went on without (the
+  // coordinator has dropped it, so its place is free) is replaced by one
+  // that joins, unless the job is ending (a worker has finished).
+  size_t next_slot = S + W;
+  size_t alive = std::count_if(children.begin(), children.end(), [](const Child& c) { return c.pid > 0; });
+  auto replace_dropped = [&] {
+    for (size_t i = 0; i < next_slot && next_slot < children.size(); ++i) {
+      Child& c = children[i];
+      if (!c.dropped || c.replaced || first_failure || stopped_by_ != 0) continue;
+      bool finishing = false;
+      for (const Child& other : children) finishing |= other.worker && other.exit_code == 0;
+      {
+        std::lock_guard<std::mutex> lock(spawned_mu);
+        if (finishing || !dropped_by_job.count(c.pid)) continue;
+      }
+      c.replaced = true;
+      const int rank = std::stoi(c.name.substr(c.name.rfind(' ') + 1));
+      Child& fresh = children[next_slot++];
+      if (Status started = spawn(fresh, false, rank, true); !started.ok()) {
+        std::printf("launch: cannot start a worker to join in place of %s: %s\n", c.name.c_str(),
+                    started.message().c_str());
+        continue;
+      }
+      ++out.replaced;
+      ++alive;
+      std::printf("launch: a new worker %d joins in place of the lost one (restart %d of %d)\n", rank,
+                  options_.max_restarts - replacements + out.replaced, options_.max_restarts);
+      std::fflush(stdout);
+      forwarder.Wake();
+    }
+  };
+  while (alive > 0) {
     int status = 0;
     if (stopped_by_ != 0) stop_order = std::min(stop_order, exits);
+    if (replaces) replace_dropped();
     const pid_t pid = ::waitpid(-1, &status, WNOHANG);
     if (pid <= 0) {
       if ((first_failure || stopped_by_ != 0) && !grace_started) {

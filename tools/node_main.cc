@@ -5,7 +5,12 @@
 //   herd-server CONFIG [--set path=value ...] [--rank R] [--coordinator HOST:PORT]
 //               [--token-file F] [--resume | --resume-if-any | --overwrite]
 //               [--allow-global-batch-change] [--stop-at STEP] [--max-restarts N]
-//   herd-worker (the same flags)
+//   herd-worker (the same flags) [--join]
+//
+// herd-worker --join joins an elastic job (cluster.elastic) under way in
+// place of a lost worker: it takes the lowest lost rank (or --rank's, if
+// that one is lost) and the step, the data position and the weights from
+// the servers, so it needs neither --resume nor a checkpoint.
 //
 // Every process of a job must get the same CONFIG, --set overrides,
 // --resume and --stop-at. Ranks and the coordinator's address come from
@@ -51,14 +56,21 @@ namespace {
 constexpr char kUsage[] =
     "usage: " HERD_NODE_NAME
     " CONFIG [--set path=value ...] [--rank R] [--coordinator HOST:PORT] [--token-file F] "
-    "[--resume | --resume-if-any | --overwrite] [--allow-global-batch-change] [--stop-at STEP] [--max-restarts N]";
+    "[--resume | --resume-if-any | --overwrite] [--allow-global-batch-change] [--stop-at STEP] [--max-restarts N]"
+#if !HERD_NODE_SERVER
+    " [--join]"
+#endif
+    ;
 
 // This process's command line for its next start: one restart fewer, and
-// --resume-if-any in place of --resume / --overwrite.
+// --resume-if-any in place of --resume / --overwrite (a worker that
+// joined joins again instead).
 std::vector<std::string> RestartArgv(int argc, char** argv, long long restarts_left) {
   std::vector<std::string> out = {argv[0]};
+  bool joins = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    joins |= a == "--join";
     if (a == "--resume" || a == "--overwrite" || a == "--resume-if-any" || a.rfind("--max-restarts=", 0) == 0) continue;
     if (a == "--max-restarts") {
       ++i;
@@ -66,7 +78,8 @@ std::vector<std::string> RestartArgv(int argc, char** argv, long long restarts_l
     }
     out.push_back(a);
   }
-  out.insert(out.end(), {"--resume-if-any", "--max-restarts", std::to_string(restarts_left)});
+  if (!joins) out.push_back("--resume-if-any");
+  out.insert(out.end(), {"--max-restarts", std::to_string(restarts_left)});
   return out;
 }
 
@@ -87,7 +100,7 @@ Status ExecAgain(const std::vector<std::string>& argv) {
 
 Status Run(int argc, char** argv, long long* max_restarts) {
   tools::Args args({"set", "rank", "coordinator", "token-file", "stop-at", "max-restarts"},
-                   {"resume", "resume-if-any", "overwrite", "allow-global-batch-change"});
+                   {"resume", "resume-if-any", "overwrite", "allow-global-batch-change", "join"});
   HERD_RETURN_IF_ERROR(args.Parse(argc, argv));
   if (args.positional().size() != 1) return Status::InvalidArgument(kUsage);
   HERD_ASSIGN_OR_RETURN(*max_restarts, args.GetInt("max-restarts", 0, 0));
@@ -105,6 +118,16 @@ Status Run(int argc, char** argv, long long* max_restarts) {
       transport::JoinOptions join,
       transport::JoinOptions::ForProcess(config, HERD_NODE_SERVER ? wire::SERVER : wire::WORKER, args.Get("rank"),
                                          args.Get("coordinator"), args.Get("token-file")));
+  join.join = args.Has("join");
+  if (join.join && HERD_NODE_SERVER) return Status::InvalidArgument("--join: only a worker can join a job under way");
+  if (join.join && !config.cluster().elastic()) {
+    return Status::InvalidArgument("--join: " + args.positional()[0] +
+                                   " is not an elastic job (cluster.elastic); only a worker of one can join it");
+  }
+  if (join.join && (args.Has("resume") || args.Has("resume-if-any") || args.Has("overwrite"))) {
+    return Status::InvalidArgument(
+        "--join takes the job's state from its servers: drop --resume, --resume-if-any and --overwrite");
+  }
   TrainOptions options;
   options.resume = args.Has("resume") || args.Has("resume-if-any");
   options.start_if_none = args.Has("resume-if-any");
@@ -114,7 +137,7 @@ Status Run(int argc, char** argv, long long* max_restarts) {
     return Status::InvalidArgument("--resume continues checkpoints and --overwrite deletes them: pass one of them");
   }
   HERD_ASSIGN_OR_RETURN(options.stop_at_step, args.GetInt("stop-at", 0, 1));
-  if (!options.resume) {
+  if (!options.resume && !join.join) {
     // Checkpoints already there would pass for this run's on a later
     // --resume. With --overwrite, the process that commits checkpoints
     // (server 0; worker 0 without servers) removes them, so it must know

@@ -267,7 +267,11 @@ class Coordinator::Impl {
       case wire::Envelope::kLeave:
         s->left = true;
         LOG(INFO) << "coordinator: " << s->Describe() << " left";
-        return;
+        // Barriers do not wait for members that have left; a worker that
+        // joined late may be the last to arrive at the job's end.
+        return RecheckCollectives();
+      case wire::Envelope::kMembershipAck:
+        return MembershipAck(s, m.membership_ack());
       case wire::Envelope::kBarrier:
         if (!formed_) return ProtocolError(s, Status::Corruption("barrier before the membership was sent"));
         return Barrier(s, m.barrier());
@@ -312,9 +316,14 @@ class Coordinator::Impl {
                            " of the first process to join (" + reference_desc_ +
                            "): start every process with the same config file and --set overrides");
     }
+    if (h.join()) {
+      if (!formed_) return Refuse(s, "--join: the job has not started yet; start this worker without --join");
+      return QueueJoin(s);
+    }
     if (formed_) {
       return Refuse(s, "the job has already started with its " + std::to_string(servers_) + " servers and " +
-                           std::to_string(workers_) + " workers");
+                           std::to_string(workers_) + " workers" +
+                           (shape_.elastic ? " (a worker joins an elastic job in place of a lost one with --join)" : ""));
     }
     const bool is_server = h.role() == wire::SERVER;
     const int count = is_server ? servers_ : workers_;
@@ -368,14 +377,9 @@ class Coordinator::Impl {
       for (int r = 0; r < count; ++r) {
         slots[r]->rank = r;
         members_.push_back(slots[r]);
-        wire::Member* m = welcome.add_members();
-        m->set_role(role);
-        m->set_rank(r);
-        m->set_host(slots[r]->hello.host());
-        m->set_pid(slots[r]->hello.pid());
-        m->set_ucx_address(slots[r]->hello.ucx_address());
       }
     }
+    FillMembers(&welcome);
     formed_ = true;
     join_timer_.cancel();
     if (options_.on_formed) options_.on_formed();
@@ -403,25 +407,38 @@ class Coordinator::Impl {
     MaybeCompleteBarrier(key);
   }
 
-  // The live members of `scope` (an elastic job's lost workers excluded).
+  // Whether member `index` takes part in barriers and all-gathers: not one
+  // an elastic job lost, nor a worker still joining.
+  bool Takes(int index) const {
+    return !lost_members_.count(index) && !(joining_ != nullptr && members_[index] == joining_);
+  }
+
+  // The members of `scope` that take part.
   int LiveInScope(wire::Scope scope) const {
-    int n = ScopeSize(scope, servers_, workers_);
-    for (int index : lost_members_) n -= InScope(scope, members_[index]->role()) ? 1 : 0;
+    int n = 0;
+    for (size_t i = 0; i < members_.size(); ++i) n += InScope(scope, members_[i]->role()) && Takes(static_cast<int>(i));
     return n;
   }
 
   void SendToLiveInScope(wire::Scope scope, const wire::Envelope& m) {
     for (size_t i = 0; i < members_.size(); ++i) {
-      if (InScope(scope, members_[i]->role()) && !lost_members_.count(static_cast<int>(i))) Send(members_[i], m);
+      if (InScope(scope, members_[i]->role()) && Takes(static_cast<int>(i))) Send(members_[i], m);
     }
   }
 
   void MaybeCompleteBarrier(const std::string& key) {
     auto it = barriers_.find(key);
     const wire::Scope scope = it->second.barrier.scope();
-    int arrived = 0;
-    for (int index : it->second.arrived) arrived += lost_members_.count(index) ? 0 : 1;
-    if (arrived < LiveInScope(scope)) return;
+    int arrived = 0, waived = 0;
+    for (size_t i = 0; i < members_.size(); ++i) {
+      if (!InScope(scope, members_[i]->role()) || !Takes(static_cast<int>(i))) continue;
+      if (it->second.arrived.count(static_cast<int>(i))) {
+        ++arrived;
+      } else if (members_[i]->left) {
+        ++waived;  // gone for good: it will not arrive
+      }
+    }
+    if (arrived + waived < LiveInScope(scope)) return;
     wire::Envelope m;
     *m.mutable_barrier() = it->second.barrier;
     barriers_.erase(it);
@@ -455,14 +472,14 @@ class Coordinator::Impl {
     auto it = gathers_.find(key);
     PendingGather& pending = it->second;
     int arrived = 0;
-    for (const auto& [index, data] : pending.parts) arrived += lost_members_.count(index) ? 0 : 1;
+    for (const auto& [index, data] : pending.parts) arrived += Takes(index) ? 1 : 0;
     if (arrived < LiveInScope(pending.scope)) return;
     wire::Envelope m;
     m.mutable_all_gather_result()->set_name(pending.name);
     for (size_t i = 0; i < members_.size(); ++i) {
       if (!InScope(pending.scope, members_[i]->role())) continue;
       auto part = pending.parts.find(static_cast<int>(i));
-      const bool counted = part != pending.parts.end() && !lost_members_.count(static_cast<int>(i));
+      const bool counted = part != pending.parts.end() && Takes(static_cast<int>(i));
       m.mutable_all_gather_result()->add_data(counted ? std::move(part->second) : std::string());
     }
     const wire::Scope scope = pending.scope;
@@ -484,7 +501,9 @@ class Coordinator::Impl {
     }
     s->left = true;  // it cannot be lost twice
     const Status failure = Status::Unavailable(who + " was lost: " + reason);
-    if (shape_.elastic && failure_.ok() && s->role() == wire::WORKER && LiveInScope(wire::WORKERS) > 1) {
+    // A worker lost while it was joining leaves the job as it was.
+    if (shape_.elastic && failure_.ok() && s->role() == wire::WORKER &&
+        (s == joining_ || LiveInScope(wire::WORKERS) > 1)) {
       WorkerLost(s, reason);
       Close(s);
       return;
@@ -515,6 +534,10 @@ class Coordinator::Impl {
     members_.clear();
     lost_members_.clear();
     membership_epoch_ = 0;
+    joining_ = nullptr;
+    join_queue_.clear();
+    awaiting_ack_.clear();
+    joined_at_.clear();
     barriers_.clear();
     gathers_.clear();
     ArmJoinTimer(shape_.join_timeout_s);
@@ -539,13 +562,155 @@ class Coordinator::Impl {
     }
     LOG(WARNING) << "coordinator: " << lost->Describe() << " was lost: " << reason << "; the job goes on with "
                  << c->live_workers_size() << " workers (cluster.elastic)";
+    if (lost == joining_) {
+      joining_ = nullptr;  // lost before it was welcomed: the others heard of it
+    } else {
+      awaiting_ack_.erase(MemberIndex(lost));
+    }
     SendToLiveInScope(wire::EVERYONE, m);
+    if (options_.on_worker_dropped) options_.on_worker_dropped(lost->hello.pid());
+    RecheckCollectives();
+    MaybeWelcomeJoiner();
+  }
+
+  // Barriers and all-gathers that may have been waiting only for members
+  // that are gone now.
+  void RecheckCollectives() {
     std::vector<std::string> keys;
     for (const auto& [key, pending] : barriers_) keys.push_back(key);
     for (const auto& key : keys) MaybeCompleteBarrier(key);
     keys.clear();
     for (const auto& [key, pending] : gathers_) keys.push_back(key);
     for (const auto& key : keys) MaybeCompleteGather(key);
+  }
+
+  // ---- joining an elastic job under way --------------------------------------
+  // Joins go one at a time, in arrival order: a worker is admitted in
+  // place of a lost one, every member is told (MembershipChanged with
+  // `joined`) and acknowledges once it has acted on it (the servers have
+  // connected to the newcomer and stamp their next step reports with the
+  // new epoch), and only then is the newcomer welcomed. It takes no part in
+  // barriers and all-gathers before that.
+  void QueueJoin(const SessionPtr& s) {
+    if (!shape_.elastic) {
+      return Refuse(s, "--join: the job is not elastic (cluster.elastic); a worker can join only an elastic job");
+    }
+    if (s->role() != wire::WORKER) return Refuse(s, "--join: only a worker can join a job under way");
+    join_queue_.push_back(s);
+    NextJoin();
+  }
+
+  void NextJoin() {
+    while (joining_ == nullptr && !join_queue_.empty()) {
+      SessionPtr s = join_queue_.front();
+      join_queue_.pop_front();
+      if (!sessions_.count(s->id)) continue;  // went away while it waited
+      Admit(s);
+    }
+  }
+
+  void Admit(const SessionPtr& s) {
+    const wire::Hello& h = s->hello;
+    std::vector<int> lost;
+    for (int index : lost_members_) lost.push_back(index - servers_);
+    for (size_t i = 0; i < members_.size(); ++i) {
+      if (Takes(static_cast<int>(i)) && members_[i]->left) {
+        return Refuse(s, "--join: the job is finishing (its processes are leaving)");
+      }
+    }
+    if (lost.empty()) {
+      return Refuse(s, "--join: the job has all its " + std::to_string(workers_) +
+                           " workers (cluster.workers); a worker joins in place of a lost one");
+    }
+    if (h.world_size() != -1 && h.world_size() != workers_) {
+      return Refuse(s, "the launcher says there are " + std::to_string(h.world_size()) +
+                           " workers (WORLD_SIZE / SLURM_NTASKS) but the job has " + std::to_string(workers_) +
+                           " (cluster.workers)");
+    }
+    int rank = lost.front();
+    if (h.rank() >= 0) {
+      if (std::find(lost.begin(), lost.end(), h.rank()) == lost.end()) {
+        std::string names;
+        for (int r : lost) names += (names.empty() ? "" : ", ") + std::to_string(r);
+        return Refuse(s, "--join: worker rank " + std::to_string(h.rank()) +
+                             " is not a lost one; a worker joins in place of a lost one (lost ranks: " + names + ")");
+      }
+      rank = h.rank();
+    }
+    const int index = servers_ + rank;
+    s->admitted = true;
+    s->rank = rank;
+    s->conn->set_max_body_bytes(shape_.max_message_bytes);
+    members_[index] = s;
+    lost_members_.erase(index);
+    joining_ = s;
+    join_epoch_ = ++membership_epoch_;
+    joined_at_[rank] = join_epoch_;
+    wire::Envelope m;
+    auto* c = m.mutable_membership_changed();
+    c->set_epoch(join_epoch_);
+    auto* who = c->mutable_joined();
+    who->set_role(wire::WORKER);
+    who->set_rank(rank);
+    who->set_host(h.host());
+    who->set_pid(h.pid());
+    who->set_ucx_address(h.ucx_address());
+    c->set_reason("joined");
+    for (int r = 0; r < workers_; ++r) {
+      if (!lost_members_.count(servers_ + r)) c->add_live_workers(r);
+    }
+    LOG(INFO) << "coordinator: " << s->Describe() << " joins from " << s->conn->peer() << " in place of a lost worker; "
+              << c->live_workers_size() << " workers once every member has heard (membership epoch " << join_epoch_
+              << ")";
+    awaiting_ack_.clear();
+    for (size_t i = 0; i < members_.size(); ++i) {
+      if (Takes(static_cast<int>(i))) awaiting_ack_.insert(static_cast<int>(i));
+    }
+    SendToLiveInScope(wire::EVERYONE, m);
+    MaybeWelcomeJoiner();
+  }
+
+  void MembershipAck(const SessionPtr& s, const wire::MembershipAck& ack) {
+    if (!formed_ || ack.epoch() > membership_epoch_) {
+      return ProtocolError(s, Status::Corruption("acknowledged membership epoch " + std::to_string(ack.epoch()) +
+                                                 ", which was never sent"));
+    }
+    if (joining_ != nullptr && ack.epoch() >= join_epoch_) awaiting_ack_.erase(MemberIndex(s));
+    MaybeWelcomeJoiner();
+  }
+
+  void MaybeWelcomeJoiner() {
+    if (joining_ != nullptr && awaiting_ack_.empty()) {
+      SessionPtr s = joining_;
+      joining_ = nullptr;
+      wire::Envelope m;
+      wire::Welcome* w = m.mutable_welcome();
+      FillMembers(w);
+      w->set_role(wire::WORKER);
+      w->set_rank(s->rank);
+      w->set_membership_epoch(membership_epoch_);
+      for (int r = 0; r < workers_; ++r) {
+        if (lost_members_.count(servers_ + r)) continue;
+        w->add_live_workers(r);
+        auto at = joined_at_.find(r);
+        w->add_joined_at(at == joined_at_.end() ? 0 : at->second);
+      }
+      LOG(INFO) << "coordinator: " << s->Describe() << " joined; the job goes on with " << w->live_workers_size()
+                << " workers";
+      Send(s, m);
+    }
+    NextJoin();
+  }
+
+  void FillMembers(wire::Welcome* welcome) const {
+    for (const auto& s : members_) {
+      wire::Member* m = welcome->add_members();
+      m->set_role(s->role());
+      m->set_rank(s->rank);
+      m->set_host(s->hello.host());
+      m->set_pid(s->hello.pid());
+      m->set_ucx_address(s->hello.ucx_address());
+    }
   }
 
   static wire::Envelope PeerLostMessage(const Status& failure, const SessionPtr& lost) {
@@ -673,6 +838,14 @@ class Coordinator::Impl {
   std::vector<SessionPtr> members_;  // by member index: servers then workers
   std::set<int> lost_members_;       // member indices of the workers an elastic job lost
   int membership_epoch_ = 0;         // changes so far (MembershipChanged)
+  // Joining (elastic): the worker admitted and not yet welcomed, the
+  // members whose acknowledgement it waits for, the workers waiting their
+  // turn, and by rank the epoch at which each joined worker did.
+  SessionPtr joining_;
+  int join_epoch_ = 0;
+  std::set<int> awaiting_ack_;  // member indices
+  std::deque<SessionPtr> join_queue_;
+  std::map<int, int> joined_at_;
   struct PendingBarrier {
     wire::Barrier barrier;
     std::set<int> arrived;  // member indices

@@ -10,7 +10,11 @@
 // is lost (connection closed without Leave, protocol violation, or silence
 // beyond heartbeat_timeout), tells every other member which role and rank
 // it was, and then ends the job or (max_restarts) waits for it to form
-// again. A connection that sends an oversized or garbage message is closed
+// again. In an elastic job a lost worker is dropped from the membership
+// instead (MembershipChanged), and a worker that says it joins (--join)
+// takes the place of a lost one: admitted one at a time, welcomed once
+// every member has acknowledged the change. A connection that sends an
+// oversized or garbage message is closed
 // with a logged reason; the coordinator keeps serving everyone else.
 //
 // Single-threaded: one Boost.Asio io_context runs everything.
@@ -49,6 +53,10 @@ struct CoordinatorOptions {
   // silence (stopped or hung: a launcher kills it then rather than wait).
   std::function<void()> on_formed;
   std::function<void(int64_t pid)> on_silent;
+  // Called on the coordinator's thread, with the pid its host reported,
+  // when an elastic job goes on without a lost worker: its place is free
+  // for a worker that joins.
+  std::function<void(int64_t pid)> on_worker_dropped;
 
   // Address and fixed shape from the job config; the caller adds the token.
   static CoordinatorOptions FromConfig(const JobConfig& config);

@@ -3,9 +3,11 @@
 #include <glog/logging.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <map>
+#include <future>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -135,14 +137,42 @@ class CoordinatorClient::Impl {
     return Status::OK();
   }
 
+  // On the io thread, so that the changes before come first and no later
+  // one can overtake them.
   void OnMembershipChange(std::function<void(const MembershipChange&)> handler) {
-    MembershipChange latest;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      on_membership_change_.push_back(handler);
-      latest = latest_change_;
+    auto add = [this, &handler] {
+      std::vector<MembershipChange> before;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        on_membership_change_.push_back(handler);
+        before = changes_;
+      }
+      for (const auto& change : before) handler(change);
+    };
+    if (std::this_thread::get_id() == thread_.get_id()) return add();
+    std::promise<void> added;
+    asio::post(io_, [&] {
+      add();
+      added.set_value();
+    });
+    added.get_future().wait();
+  }
+
+  WelcomedMembership welcomed_membership() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    WelcomedMembership w;
+    w.epoch = welcome_.membership_epoch();
+    if (welcome_.live_workers_size() > 0) {
+      w.live_workers.assign(welcome_.live_workers().begin(), welcome_.live_workers().end());
+      w.joined_at.assign(welcome_.joined_at().begin(), welcome_.joined_at().end());
+    } else {
+      for (const auto& m : members_) {
+        if (m.role() != wire::WORKER) continue;
+        w.live_workers.push_back(m.rank());
+        w.joined_at.push_back(0);
+      }
     }
-    if (latest.epoch > 0) handler(latest);
+    return w;
   }
 
   const wire::Welcome& welcome() const { return welcome_; }
@@ -213,6 +243,7 @@ class CoordinatorClient::Impl {
     h->set_heartbeat_timeout_ms(static_cast<int32_t>(options_.job.heartbeat_timeout_s * 1000));
     h->set_join_timeout_ms(static_cast<int32_t>(options_.job.join_timeout_s * 1000));
     h->set_elastic(options_.job.elastic);
+    h->set_join(options_.join);
     conn_->Send(m);
     Heartbeat();
   }
@@ -246,13 +277,21 @@ class CoordinatorClient::Impl {
         return;
       case wire::Envelope::kWelcome: {
         const auto& w = m.welcome();
-        if (welcomed_ || w.role() != options_.role || (options_.rank >= 0 && w.rank() != options_.rank)) {
+        // A joiner's welcome lists it among the live workers of a job that
+        // has changed; a founding member's has no changes.
+        const bool joined = std::find(w.live_workers().begin(), w.live_workers().end(), w.rank()) !=
+                            w.live_workers().end();
+        const bool consistent = options_.join ? w.membership_epoch() >= 1 && joined
+                                              : w.membership_epoch() == 0 && w.live_workers_size() == 0;
+        if (welcomed_ || !consistent || w.role() != options_.role ||
+            (options_.rank >= 0 && w.rank() != options_.rank)) {
           return Fail(Status::Corruption(from + " sent an inconsistent membership"));
         }
         {
           std::lock_guard<std::mutex> lock(mu_);
           welcome_ = w;
           members_.assign(w.members().begin(), w.members().end());
+          latest_epoch_ = w.membership_epoch();
           welcomed_ = true;
         }
         cv_.notify_all();
@@ -292,7 +331,8 @@ class CoordinatorClient::Impl {
   }
 
   // Runs on the io thread: checks the change against what this process
-  // knows (a newer epoch, workers of the job), then tells the handlers.
+  // knows (the next epoch, workers of the job), tells the handlers, then
+  // the coordinator that this process has acted on it.
   void MembershipChanged(const wire::MembershipChanged& c, const std::string& from) {
     MembershipChange change;
     std::vector<std::function<void(const MembershipChange&)>> handlers;
@@ -301,16 +341,18 @@ class CoordinatorClient::Impl {
       std::lock_guard<std::mutex> lock(mu_);
       int workers = 0;
       for (const auto& member : members_) workers += member.role() == wire::WORKER;
-      bool valid = welcomed_ && c.epoch() == latest_change_.epoch + 1 && c.lost().rank() < workers;
+      change.joined = c.has_joined();
+      change.member = change.joined ? c.joined() : c.lost();
+      bool valid = welcomed_ && c.epoch() == latest_epoch_ + 1 && change.member.rank() < workers;
       for (int r : c.live_workers()) valid = valid && r < workers;
       if (!valid) {
         invalid = true;
       } else {
         change.epoch = c.epoch();
-        change.lost = c.lost();
         change.reason = c.reason();
         change.live_workers.assign(c.live_workers().begin(), c.live_workers().end());
-        latest_change_ = change;
+        latest_epoch_ = change.epoch;
+        changes_.push_back(change);
         handlers = on_membership_change_;
       }
     }
@@ -319,8 +361,10 @@ class CoordinatorClient::Impl {
                                      ") that does not follow the job's membership"));
     }
     for (auto& handler : handlers) handler(change);
+    wire::Envelope ack;
+    ack.mutable_membership_ack()->set_epoch(change.epoch);
+    conn_->Send(ack);
   }
-
 
   // Runs on the io thread. The first failure wins; after Leave() nothing
   // counts as one.
@@ -361,7 +405,8 @@ class CoordinatorClient::Impl {
   std::map<std::string, std::vector<std::string>> gathered_;
   Status failure_;
   std::vector<std::function<void(const Status&)>> on_failure_;
-  MembershipChange latest_change_;  // epoch 0: none yet
+  int latest_epoch_ = 0;  // the membership changes seen (a joiner: from its welcome on)
+  std::vector<MembershipChange> changes_;  // those after the welcome, in order
   std::vector<std::function<void(const MembershipChange&)>> on_membership_change_;
 };
 
@@ -396,6 +441,7 @@ Status CoordinatorClient::health() const { return impl_->health(); }
 void CoordinatorClient::OnMembershipChange(std::function<void(const MembershipChange&)> handler) {
   impl_->OnMembershipChange(std::move(handler));
 }
+WelcomedMembership CoordinatorClient::welcomed_membership() const { return impl_->welcomed_membership(); }
 
 Status CoordinatorClient::Explain(const Status& local, double wait_s) const {
   if (local.code() != Status::Code::kUnavailable) return local;

@@ -31,6 +31,9 @@ struct JoinOptions {
   std::string ucx_address;
   uint64_t config_hash = 0;
   JobShape job;
+  // A worker joining an elastic job under way in place of a lost one
+  // (herd-worker --join); welcomed once every member knows of it.
+  bool join = false;
 
   // Shape, timing and hash from the job config; the caller fills in role,
   // rank, coordinator, token and UCX address.
@@ -43,12 +46,21 @@ struct JoinOptions {
                                           const std::string& flag_coordinator, const std::string& token_file);
 };
 
-// An elastic job went on without a lost worker (wire::MembershipChanged).
+// An elastic job went on without a lost worker, or a worker joined in
+// place of a lost one (wire::MembershipChanged).
 struct MembershipChange {
   int epoch = 0;  // 1 for the job's first change, then 2, 3, ...
-  wire::Member lost;
+  bool joined = false;
+  wire::Member member;  // the worker lost (joined: the one that joined)
   std::string reason;
   std::vector<int> live_workers;  // ascending ranks
+};
+
+// An elastic job's membership when this process was welcomed into it.
+struct WelcomedMembership {
+  int epoch = 0;                  // the changes before it (0 for a process there since the job formed)
+  std::vector<int> live_workers;  // ascending ranks
+  std::vector<int> joined_at;     // per live worker, the epoch it joined at (0: since the job formed)
 };
 
 class CoordinatorClient {
@@ -80,10 +92,13 @@ class CoordinatorClient {
   // added. Runs at once if the job already has failed.
   void OnFailure(std::function<void(const Status&)> handler);
   // `handler` runs on the client's thread for each change of an elastic
-  // job's membership, in epoch order; at once with the latest change if
-  // there has been one. Barriers and all-gathers complete with the live
-  // members from then on (a lost member's all-gather share is empty).
+  // job's membership, in epoch order; at once for the changes before it
+  // was added. Barriers and all-gathers complete with the live members
+  // from then on (a lost member's all-gather share is empty). Once every
+  // handler has run for a change, the coordinator is told (MembershipAck):
+  // a joining worker is welcomed only when every member has acted on it.
   void OnMembershipChange(std::function<void(const MembershipChange&)> handler);
+  WelcomedMembership welcomed_membership() const;
   // OK while the job is healthy; the failure otherwise.
   Status health() const;
   // What a process that fails with `local` should say. A data-plane

@@ -27,16 +27,19 @@ StatusOr<std::unique_ptr<CoordinatorClient>> JoinJob(const JoinOptions& options,
   // peer would never end.
   client->OnFailure([transport](const Status& failure) { transport->Abort(failure); });
   // An elastic job goes on without a lost worker: its endpoint is closed
-  // at once, so that nothing is left pending towards it until shutdown.
+  // at once, so that nothing is left pending towards it until shutdown. A
+  // worker that joins in its place is connected to before the coordinator
+  // hears that this process has acted on the change.
   CoordinatorClient* c = client.get();
-  client->OnMembershipChange([transport, c](const MembershipChange& change) {
-    const Status gone = Status::Unavailable(DescribeMember(change.lost) + " was lost: " + change.reason);
-    for (int rank = 0; rank < c->num_workers(); ++rank) {
-      const auto& live = change.live_workers;
-      if (std::find(live.begin(), live.end(), rank) == live.end()) {
-        transport->Disconnect(MemberPeerId(*c, wire::WORKER, rank), gone);
-      }
+  client->OnMembershipChange([transport, c, connect_to](const MembershipChange& change) {
+    const PeerId peer = MemberPeerId(*c, wire::WORKER, change.member.rank());
+    if (!change.joined) {
+      transport->Disconnect(peer, Status::Unavailable(DescribeMember(change.member) + " was lost: " + change.reason));
+      return;
     }
+    if (std::find(connect_to.begin(), connect_to.end(), wire::WORKER) == connect_to.end()) return;
+    const Status connected = transport->Connect(peer, change.member.ucx_address(), DescribeMember(change.member));
+    if (!connected.ok()) LOG(WARNING) << "cannot connect to the worker that joined: " << connected.message();
   });
   const PeerId self = MemberPeerId(*client, client->role(), client->rank());
   transport->set_self(self);
@@ -50,7 +53,9 @@ StatusOr<std::unique_ptr<CoordinatorClient>> JoinJob(const JoinOptions& options,
     // that is the job's failure, not this process's.
     if (!connected.ok()) return client->health().ok() ? connected : client->health();
   }
-  HERD_RETURN_IF_ERROR(client->Barrier("herd/ucx-connected"));
+  // A worker joining a job under way is welcomed once every member has
+  // connected to it; the others passed this barrier long ago.
+  if (!options.join) HERD_RETURN_IF_ERROR(client->Barrier("herd/ucx-connected"));
   LOG(INFO) << DescribeRole(client->role(), client->rank()) << ": joined a job of " << client->num_servers()
             << " servers and " << client->num_workers() << " workers";
   return client;

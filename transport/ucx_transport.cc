@@ -271,9 +271,15 @@ class UcxTransport::Impl {
     }
     Status result;
     RunOnThread([&] {
-      if (peers_.count(id)) {
-        result = Status::Internal("UCX: peer " + std::to_string(id) + " connected twice");
-        return;
+      if (auto it = peers_.find(id); it != peers_.end()) {
+        if (it->second->ep != nullptr) {
+          result = Status::Internal("UCX: peer " + std::to_string(id) + " connected twice");
+          return;
+        }
+        // A peer that is gone, replaced by another process: its record
+        // stays, for UCX may still call back with it.
+        retired_peers_.push_back(std::move(it->second));
+        peers_.erase(it);
       }
       auto peer = std::make_unique<Peer>();
       peer->impl = this;
@@ -606,6 +612,7 @@ class UcxTransport::Impl {
   std::vector<std::function<void()>> posted_;
   // Progress-thread state.
   std::map<PeerId, std::unique_ptr<Peer>> peers_;
+  std::vector<std::unique_ptr<Peer>> retired_peers_;  // gone and replaced (Connect)
   std::vector<std::unique_ptr<HandlerSlot>> slots_;
   std::vector<std::pair<Completion, Status>> completions_;
   std::vector<ucp_ep_h> failed_eps_;

@@ -116,7 +116,9 @@ class UcxTransport {
   void OnPeerFailure(PeerFailureHandler handler);
 
   // Creates an endpoint to `address` (blocks until it exists). `name` is used
-  // in error lines ("server rank 1 (host)").
+  // in error lines ("server rank 1 (host)"). A peer whose endpoint failed
+  // or was disconnected may be connected anew (another process in its
+  // place); connecting a live peer twice is an error.
   Status Connect(PeerId peer, const std::string& address, const std::string& name);
 
   // Sends `header` (copied) and payload[0, size) (must stay valid until

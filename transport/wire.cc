@@ -1,5 +1,6 @@
 #include "transport/wire.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace herd::transport {
@@ -18,6 +19,14 @@ Status CheckName(const std::string& name, const char* what) {
 Status CheckRank(int32_t rank, bool allow_unset) {
   if (allow_unset && rank == -1) return Status::OK();
   if (rank < 0 || rank >= kMaxRank) return Bad("rank " + std::to_string(rank) + " out of range");
+  return Status::OK();
+}
+
+Status CheckAscendingRanks(const google::protobuf::RepeatedField<int32_t>& ranks, const char* what) {
+  for (int i = 0; i < ranks.size(); ++i) {
+    HERD_RETURN_IF_ERROR(CheckRank(ranks.Get(i), false));
+    if (i > 0 && ranks.Get(i) <= ranks.Get(i - 1)) return Bad(std::string(what) + ": live workers not in ascending order");
+  }
   return Status::OK();
 }
 
@@ -96,6 +105,12 @@ Status ValidateMessage(const wire::Envelope& m) {
         if (member.role() == w.role() && member.rank() == w.rank()) self_listed = true;
       }
       if (!self_listed) return Bad("welcome: the membership does not include the receiver");
+      if (w.membership_epoch() < 0) return Bad("welcome: membership epoch below 0");
+      if (w.joined_at_size() != w.live_workers_size()) return Bad("welcome: joined_at does not match live_workers");
+      HERD_RETURN_IF_ERROR(CheckAscendingRanks(w.live_workers(), "welcome"));
+      for (int32_t epoch : w.joined_at()) {
+        if (epoch < 0 || epoch > w.membership_epoch()) return Bad("welcome: a join epoch outside 0..membership_epoch");
+      }
       return Status::OK();
     }
     case E::kRefused:
@@ -125,21 +140,25 @@ Status ValidateMessage(const wire::Envelope& m) {
     case E::kMembershipChanged: {
       const auto& c = m.membership_changed();
       if (c.epoch() <= 0) return Bad("membership change: epoch must be >= 1");
-      if (c.lost().role() != wire::WORKER) return Bad("membership change: only a worker can be lost");
-      HERD_RETURN_IF_ERROR(CheckRank(c.lost().rank(), false));
-      if (c.lost().host().size() > kMaxHostBytes || c.reason().size() > kMaxReasonBytes) {
+      if (c.has_lost() == c.has_joined()) return Bad("membership change: names neither or both a lost and a joined worker");
+      const wire::Member& who = c.has_lost() ? c.lost() : c.joined();
+      if (who.role() != wire::WORKER) return Bad("membership change: only a worker can be lost or join");
+      HERD_RETURN_IF_ERROR(CheckRank(who.rank(), false));
+      if (who.host().size() > kMaxHostBytes || c.reason().size() > kMaxReasonBytes) {
         return Bad("membership change: field too long");
       }
+      if (who.ucx_address().size() > kMaxUcxAddressBytes) return Bad("membership change: UCX address too long");
+      if (c.has_joined() && who.ucx_address().empty()) return Bad("membership change: the joined worker has no UCX address");
       if (c.live_workers_size() == 0) return Bad("membership change: no live workers");
-      for (int i = 0; i < c.live_workers_size(); ++i) {
-        HERD_RETURN_IF_ERROR(CheckRank(c.live_workers(i), false));
-        if (i > 0 && c.live_workers(i) <= c.live_workers(i - 1)) {
-          return Bad("membership change: live workers not in ascending order");
-        }
-        if (c.live_workers(i) == c.lost().rank()) return Bad("membership change: the lost worker is listed as live");
-      }
+      HERD_RETURN_IF_ERROR(CheckAscendingRanks(c.live_workers(), "membership change"));
+      const bool listed = std::find(c.live_workers().begin(), c.live_workers().end(), who.rank()) != c.live_workers().end();
+      if (c.has_lost() && listed) return Bad("membership change: the lost worker is listed as live");
+      if (c.has_joined() && !listed) return Bad("membership change: the joined worker is not listed as live");
       return Status::OK();
     }
+    case E::kMembershipAck:
+      if (m.membership_ack().epoch() <= 0) return Bad("membership ack: epoch must be >= 1");
+      return Status::OK();
   }
   return Bad("unknown message type");
 }

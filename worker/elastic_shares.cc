@@ -1,11 +1,16 @@
 #include "worker/elastic_shares.h"
 
 #include <algorithm>
+#include <chrono>
 
 namespace herd {
 
-ElasticShares::ElasticShares(int shares, int rank) : shares_(shares), rank_(rank) {
-  for (int r = 0; r < shares; ++r) live_.push_back(r);
+ElasticShares::ElasticShares(int shares, int rank, const transport::WelcomedMembership& welcomed)
+    : shares_(shares), rank_(rank), welcomed_(welcomed) {
+  for (size_t i = 0; i < welcomed_.live_workers.size(); ++i) {
+    joined_at_[welcomed_.live_workers[i]] = welcomed_.joined_at[i];
+    if (welcomed_.live_workers[i] == rank_) joined_at_self_ = welcomed_.joined_at[i];
+  }
 }
 
 std::vector<int> ElasticShares::Assign(int shares, const std::vector<int>& live, int rank) {
@@ -22,15 +27,34 @@ std::vector<int> ElasticShares::Assign(int shares, const std::vector<int>& live,
 }
 
 void ElasticShares::Apply(const transport::MembershipChange& change) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (change.epoch <= (changes_.empty() ? 0 : changes_.back().epoch)) return;
-  changes_.push_back(change);
-  live_ = change.live_workers;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const int known = changes_.empty() ? welcomed_.epoch : changes_.back().epoch;
+    if (change.epoch <= known) return;
+    changes_.push_back(change);
+    if (change.joined) {
+      joined_at_[change.member.rank()] = change.epoch;
+    } else {
+      joined_at_.erase(change.member.rank());
+    }
+  }
+  cv_.notify_all();
 }
 
 int ElasticShares::epoch() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return changes_.empty() ? 0 : changes_.back().epoch;
+  return changes_.empty() ? welcomed_.epoch : changes_.back().epoch;
+}
+
+Status ElasticShares::AwaitEpoch(int epoch, const std::function<Status()>& health) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    if ((changes_.empty() ? welcomed_.epoch : changes_.back().epoch) >= epoch) return Status::OK();
+    lock.unlock();
+    HERD_RETURN_IF_ERROR(health());
+    lock.lock();
+    cv_.wait_for(lock, std::chrono::milliseconds(50));
+  }
 }
 
 std::vector<transport::MembershipChange> ElasticShares::ChangesSince(int epoch) const {
@@ -42,14 +66,38 @@ std::vector<transport::MembershipChange> ElasticShares::ChangesSince(int epoch) 
   return out;
 }
 
-std::vector<int> ElasticShares::Mine() const {
+std::vector<int> ElasticShares::LiveAt(int stamp) const {
+  std::vector<int> live;
+  for (size_t i = 0; i < welcomed_.live_workers.size(); ++i) {
+    if (welcomed_.joined_at[i] <= stamp) live.push_back(welcomed_.live_workers[i]);
+  }
+  for (const auto& c : changes_) {
+    const int r = c.member.rank();
+    if (!c.joined) {
+      live.erase(std::remove(live.begin(), live.end(), r), live.end());
+    } else if (c.epoch <= stamp && std::find(live.begin(), live.end(), r) == live.end()) {
+      live.push_back(r);
+    }
+  }
+  std::sort(live.begin(), live.end());
+  return live;
+}
+
+std::vector<int> ElasticShares::Mine(int stamp) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return Assign(shares_, live_, rank_);
+  return Assign(shares_, LiveAt(stamp), rank_);
 }
 
 int ElasticShares::leader() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return live_.empty() ? 0 : live_.front();
+  int best = 0, best_epoch = -1;
+  for (const auto& [rank, epoch] : joined_at_) {
+    if (best_epoch < 0 || epoch < best_epoch) {  // ascending ranks: the first of an epoch wins
+      best = rank;
+      best_epoch = epoch;
+    }
+  }
+  return best;
 }
 
 }  // namespace herd

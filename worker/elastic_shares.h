@@ -10,19 +10,31 @@
 // worker derives the same assignment from the same membership, so the
 // global batch, the data order and the sums stay those of the
 // uninterrupted run.
+//
+// A loss counts as soon as a worker hears of it (the shares it had are
+// taken over mid-step; the servers drop what arrives twice). A join counts
+// from a step boundary all agree on: the step after the one whose report
+// (server 0's) carries the join's epoch or a later one. The servers stamp
+// their reports with the newest epoch they have acted on, and the joiner
+// is welcomed only after they have, so it starts from that step.
 #pragma once
 
+#include <condition_variable>
+#include <functional>
+#include <map>
 #include <mutex>
 #include <vector>
 
+#include "common/status.h"
 #include "transport/coordinator_client.h"
 
 namespace herd {
 
 class ElasticShares {
  public:
-  // `shares`: cluster.workers; `rank`: this worker's.
-  ElasticShares(int shares, int rank);
+  // `shares`: cluster.workers; `rank`: this worker's; `welcomed`: the
+  // membership it was welcomed into (the coordinator client's).
+  ElasticShares(int shares, int rank, const transport::WelcomedMembership& welcomed);
 
   // The shares `rank` computes when `live` (ascending ranks) are alive.
   static std::vector<int> Assign(int shares, const std::vector<int>& live, int rank);
@@ -30,20 +42,35 @@ class ElasticShares {
   // On the coordinator client's thread: the membership changed.
   void Apply(const transport::MembershipChange& change);
 
-  // The number of changes seen so far (0: none).
+  // The newest membership epoch known here (0: no change).
   int epoch() const;
+  // Blocks until the changes through `epoch` are known here; `health`
+  // (checked every 50 ms) ends the wait with its error.
+  Status AwaitEpoch(int epoch, const std::function<Status()>& health) const;
   // The changes after epoch `epoch`, in order.
   std::vector<transport::MembershipChange> ChangesSince(int epoch) const;
-  // The shares this worker computes under the latest membership, ascending.
-  std::vector<int> Mine() const;
-  // The lowest live rank: the worker that prints progress and evaluates.
+  // The shares this worker computes, ascending, of a step dealt at
+  // membership epoch `stamp` (the epoch the previous step's report
+  // carries): every loss known here counts, joins of epochs up to `stamp`.
+  std::vector<int> Mine(int stamp) const;
+  // The epoch at which this worker joined (0: it has been there since the
+  // job formed).
+  int joined_at() const { return joined_at_self_; }
+  // The worker that prints progress and evaluates: of the live ones, the
+  // longest there (lowest join epoch), then the lowest rank.
   int leader() const;
 
  private:
+  // REQUIRES: mu_ held.
+  std::vector<int> LiveAt(int stamp) const;
+
   const int shares_, rank_;
+  const transport::WelcomedMembership welcomed_;
+  int joined_at_self_ = 0;
   mutable std::mutex mu_;
-  std::vector<int> live_;               // GUARDED_BY(mu_)
+  mutable std::condition_variable cv_;
   std::vector<transport::MembershipChange> changes_;  // GUARDED_BY(mu_)
+  std::map<int, int> joined_at_;                      // GUARDED_BY(mu_): live rank -> join epoch
 };
 
 }  // namespace herd

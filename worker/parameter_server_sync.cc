@@ -211,6 +211,22 @@ class ParameterServerSync : public SyncStrategy {
 }  // namespace
 
 // The largest bucket in the wire dtype: pushes and pulls travel whole.
+StatusOr<StepReport> FindJoinPoint(transport::PushPullClient* client, transport::PeerId server, int epoch,
+                                   int64_t last_step) {
+  StepReport report;
+  uint64_t tag = transport::kLatestReport;
+  for (;;) {
+    HERD_RETURN_IF_ERROR(
+        client->Wait(client->Pull(server, transport::RequestKind::kReport, 0, &report, sizeof report, tag)));
+    if (tag != transport::kLatestReport && report.version != tag) {
+      return Status::Corruption("server 0 answered the report of step " + std::to_string(tag) + " with step " +
+                                std::to_string(report.version) + "'s");
+    }
+    if (report.membership_epoch >= epoch || static_cast<int64_t>(report.version) >= last_step) return report;
+    tag = report.version + 1;
+  }
+}
+
 uint64_t LargestBucketBytes(const ShardPlan& plan, int wire_bytes) {
   int64_t largest = 0;
   for (const Bucket& b : plan.buckets()) largest = std::max(largest, b.range.size());

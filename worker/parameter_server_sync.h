@@ -34,6 +34,16 @@ StatusOr<std::unique_ptr<SyncStrategy>> CreateParameterServerSync(const Paramete
                                                                     transport::UcxTransport* transport,
                                                                     transport::PushPullClient* client);
 
+// Where a worker joining an elastic job under way at membership epoch
+// `epoch` starts: the report (server 0's, at PeerId `server`) of the first
+// step done once the servers had acted on the join, i.e. the newest report
+// if it carries `epoch` or a later one, else the next (pulled as soon as
+// that step is done). Shares of the steps after it are dealt with the
+// joiner among the workers (worker/elastic_shares.h). A report of the
+// run's `last_step` ends the search whatever its epoch.
+StatusOr<StepReport> FindJoinPoint(transport::PushPullClient* client, transport::PeerId server, int epoch,
+                                   int64_t last_step);
+
 // The largest bucket in the wire dtype: pushes and pulls travel whole.
 uint64_t LargestBucketBytes(const ShardPlan& plan, int wire_bytes);
 

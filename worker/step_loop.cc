@@ -63,10 +63,16 @@ Status StepLoop::Run(int64_t start) {
       return Epilogue(t);
     };
     // Elastic: which shares this worker computes is settled at the step
-    // boundary, after the weights (and any share taken over) are in.
-    if (p_.shares != nullptr) HERD_RETURN_IF_ERROR(settle());
-    const std::vector<int> shares = p_.shares != nullptr ? p_.shares->Mine() : std::vector<int>{p_.rank};
-    if (p_.shares != nullptr) drawn_from_ = p_.sampler->SaveState();
+    // boundary, after the weights (and any share taken over) are in, by
+    // the membership the previous step's report names.
+    std::vector<int> shares{p_.rank};
+    if (p_.shares != nullptr) {
+      HERD_RETURN_IF_ERROR(settle());
+      drawn_stamp_ = static_cast<int>(strategy_.report().membership_epoch);
+      HERD_RETURN_IF_ERROR(p_.shares->AwaitEpoch(drawn_stamp_, [this] { return p_.client->health(); }));
+      shares = p_.shares->Mine(drawn_stamp_);
+      drawn_from_ = p_.sampler->SaveState();
+    }
     Draw(*p_.sampler, shares);
     strategy_.SetDrawnTo(PositionOf(*p_.sampler));
     if (strategy_.computes_step() || EvaluatesAt(t)) HERD_RETURN_IF_ERROR(settle());
@@ -127,6 +133,7 @@ Status StepLoop::ComputeShare(int64_t t, int share, size_t slot, const Model::Ne
   const size_t rows = static_cast<size_t>(B) * T * slot;
   const Model::FinalFrom push_ready = [this](int64_t offset) { strategy_.FinalFrom(offset); };
   strategy_.SetShare(share);
+  ++shares_computed_;
   std::fill(p_.grads, p_.grads + P, 0.0f);
   double loss = 0;
   for (int micro = 0; micro < A; ++micro) {
@@ -158,7 +165,7 @@ Status StepLoop::AwaitWeights(int64_t version) {
 
 Status StepLoop::TakeOverShares(int64_t t) {
   std::vector<int> todo;
-  for (int share : p_.shares->Mine()) {
+  for (int share : p_.shares->Mine(drawn_stamp_)) {
     if (std::find(computed_.begin(), computed_.end(), share) == computed_.end()) todo.push_back(share);
   }
   if (todo.empty()) return Status::OK();
@@ -187,8 +194,13 @@ void StepLoop::NoteMembership(int64_t step) {
     if (!opened.ok()) LOG(WARNING) << opened.message();
   }
   for (const auto& c : changes) {
-    std::printf("worker %d lost at step %lld: continuing with %zu (%s)\n", c.lost.rank(),
-                static_cast<long long>(step), c.live_workers.size(), c.reason.c_str());
+    if (c.joined) {
+      std::printf("worker %d joined at step %lld: continuing with %zu\n", c.member.rank(),
+                  static_cast<long long>(step), c.live_workers.size());
+    } else {
+      std::printf("worker %d lost at step %lld: continuing with %zu (%s)\n", c.member.rank(),
+                  static_cast<long long>(step), c.live_workers.size(), c.reason.c_str());
+    }
   }
   std::fflush(stdout);
 }

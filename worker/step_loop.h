@@ -63,7 +63,9 @@ struct StepLoopParts {
   // Null for one process: nobody to wait for or vote with.
   transport::CoordinatorClient* client = nullptr;
   // An elastic parameter-server job (cluster.elastic): which shares of the
-  // global batch this worker computes, as workers are lost; else null.
+  // global batch this worker computes, as workers are lost and join; else
+  // null. A worker that joined starts at the step its caller found (the
+  // sampler already at that step's data position).
   const ElasticShares* shares = nullptr;
 };
 
@@ -76,6 +78,8 @@ class StepLoop {
   Status Run(int64_t start);
   // The run's last step (options.LastStep of train.steps).
   int64_t last_step() const { return last_step_; }
+  // Shares of the global batch computed (one a step, but in an elastic job).
+  int64_t shares_computed() const { return shares_computed_; }
 
  private:
   // Draws the step's micro-batches of `shares` from `sampler`.
@@ -88,7 +92,8 @@ class StepLoop {
                       const std::function<Status()>& settle);
   // Waits until all of weights `version` are in. Elastic: a worker lost
   // meanwhile has this worker compute its part of the lost shares of the
-  // step that makes `version`, and the progress line says who was lost.
+  // step that makes `version`, and the progress line says who was lost
+  // (or joined).
   Status AwaitWeights(int64_t version);
   Status TakeOverShares(int64_t t);
   void NoteMembership(int64_t step);
@@ -113,6 +118,8 @@ class StepLoop {
   std::vector<std::vector<int32_t>> inputs_, targets_;
   std::vector<int> computed_;  // the shares this worker computed of the step in flight
   std::string drawn_from_;     // elastic: the data position the step in flight was drawn from
+  int drawn_stamp_ = 0;        // elastic: the membership epoch its shares were dealt by
+  int64_t shares_computed_ = 0;
   int reported_epoch_ = 0;     // elastic: the membership changes told so far
   ProgressLog::Entry held_line_;  // a follower's latest progress line (step 0: none)
   // Checkpoints whose parts here are only the data position (the servers

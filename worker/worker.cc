@@ -97,6 +97,9 @@ Status RunWorker(const config::JobConfig& config, const TrainOptions& options, c
   const int B = train.batch_size(), T = train.seq_len();
   const auto& cluster = config.cluster();
   const bool in_job = join != nullptr;
+  // A worker joining an elastic job under way: its state (the step, the
+  // data position, the weights) comes from the servers, not a checkpoint.
+  const bool joining = in_job && join->join;
   const bool ps = in_job && cluster.sync() == ClusterConfig::PARAMETER_SERVER;
   const bool collective = in_job && cluster.sync() == ClusterConfig::ALLREDUCE;
   const bool on_gpu = config.device().kind() == config::DeviceConfig::CUDA;
@@ -112,7 +115,10 @@ Status RunWorker(const config::JobConfig& config, const TrainOptions& options, c
   } else if (collective) {
     HERD_ASSIGN_OR_RETURN(plan, CollectivePlan(layout, config, cluster.workers()));
   }
-  HERD_ASSIGN_OR_RETURN(const std::optional<VerifiedCheckpoint> resume_from, ResumePoint(config, options));
+  std::optional<VerifiedCheckpoint> resume_from;
+  if (!joining) {
+    HERD_ASSIGN_OR_RETURN(resume_from, ResumePoint(config, options));
+  }
 
   Worker w;
   w.weights.resize(P);
@@ -124,6 +130,8 @@ Status RunWorker(const config::JobConfig& config, const TrainOptions& options, c
     if (client != nullptr) {
       rank = client->rank();
       num_workers = client->num_workers();
+    }
+    if (client != nullptr && !joining) {
       HERD_RETURN_IF_ERROR(transport::AgreeOn(*client, "herd/resume",
                                               resume_from ? BaseName(resume_from->dir) : std::string("none"),
                                               "the checkpoint to resume from"));
@@ -187,7 +195,7 @@ Status RunWorker(const config::JobConfig& config, const TrainOptions& options, c
       po.first_server = transport::MemberPeerId(rt.client(), wire::SERVER, 0);
       HERD_ASSIGN_OR_RETURN(w.strategy, CreateParameterServerSync(po, &rt.transport(), rt.push_pull()));
       if (po.elastic) {
-        w.shares.emplace(num_workers, rank);
+        w.shares.emplace(num_workers, rank, rt.client().welcomed_membership());
         rt.client().OnMembershipChange([&w](const transport::MembershipChange& change) {
           w.shares->Apply(change);
           w.strategy->Wake();  // a worker waiting for weights may have shares to take over
@@ -205,8 +213,21 @@ Status RunWorker(const config::JobConfig& config, const TrainOptions& options, c
     }
   }
 
-  const int64_t start = resume_from ? resume_from->manifest.step : 0;
-  if (rank == 0) {
+  int64_t start = resume_from ? resume_from->manifest.step : 0;
+  if (joining) {
+    const int epoch = w.shares->joined_at();
+    HERD_ASSIGN_OR_RETURN(const StepReport at,
+                          FindJoinPoint(w.runtime->push_pull(), transport::MemberPeerId(w.runtime->client(), wire::SERVER, 0),
+                                        epoch, options.LastStep(train.steps())));
+    start = static_cast<int64_t>(at.version);
+    if (at.data.tokens > 0) {  // a step's report, not the servers' first
+      HERD_RETURN_IF_ERROR(w.sampler->RestoreState(
+          SamplerStateLine(at.data.epoch, at.data.taken, at.data.tokens, T, train.seed())).WithContext("the servers' data position: "));
+    }
+    std::printf("worker %d joined the job: it computes from step %lld on (membership epoch %d)\n", rank,
+                static_cast<long long>(start + 1), epoch);
+    std::fflush(stdout);
+  } else if (rank == 0) {
     if (resume_from) {
       std::printf("resumed from %s (step %lld)\n", resume_from->dir.c_str(), static_cast<long long>(start));
     } else if (!config.checkpoint().init_from().empty()) {
@@ -237,9 +258,13 @@ Status RunWorker(const config::JobConfig& config, const TrainOptions& options, c
   // curious users.
   transport::NodeRuntime& rt = *w.runtime;
   if (auto memory = PlanMemory(config); memory.ok()) {
-    HERD_RETURN_IF_ERROR(ReportRunSummary("worker", rank, loop.last_step() - start,
-                                          memory->processes.back().total(), rt.transport().stats().bytes_sent,
-                                          config.log().summary_dir()));
+    RunSummary run;
+    run.role = "worker";
+    run.rank = rank;
+    run.steps = loop.last_step() - start;
+    run.plan_bytes = memory->processes.back().total();
+    run.shares_computed = loop.shares_computed();
+    HERD_RETURN_IF_ERROR(ReportRunSummary(run, rt.transport().stats().bytes_sent, config.log().summary_dir()));
   }
   HERD_RETURN_IF_ERROR(rt.client().Barrier("herd/done"));
   return rt.client().Leave();
