@@ -106,7 +106,7 @@ def join_trial(sb, workdir, rng, name, plan):
     for r in range(WORKERS):
         live[f"worker{r}"] = start(f"worker{r}", [os.path.join(sb.build, "herd-worker"), "job.textproto",
                                                    "--rank", str(r), "--coordinator", addr])
-    events, at, joined = [], 0, []
+    events, at, joined, join_steps = [], 0, [], []
     rank_of = {f"worker{r}": r for r in range(WORKERS)}
     lost, last_ranks = set(), []
     try:
@@ -135,7 +135,8 @@ def join_trial(sb, workdir, rng, name, plan):
                     rank_of[key] = last_ranks[0] if n == 1 else None
                     live[key] = start(key, [os.path.join(sb.build, "herd-worker"), "job.textproto", "--join",
                                             "--coordinator", addr])
-                events.append(f"{n} worker{'s' if n > 1 else ''} joined at step {at}")
+                events.append(f"{n} worker{'s' if n > 1 else ''} started to join at step {at}")
+                join_steps.append(at)
         for key, p in procs.items():
             if key in live or not key.startswith(("worker", "joiner")):
                 assert p.wait(timeout=120) == 0, f"{name}: {key} exited {p.returncode}:\n" + \
@@ -160,7 +161,7 @@ def join_trial(sb, workdir, rng, name, plan):
         f"{name}: the workers that joined last computed (steps, shares, rank) {counts}"
     dropped = sum(v["pushes_dropped"] for f, v in summary.items() if f.startswith("server"))
     events.append(f"{dropped} pushes dropped as copies")
-    return events, at
+    return events, join_steps
 
 
 def main():
@@ -209,7 +210,7 @@ def main():
             what += f"; {count} joined in their place (launcher)" if restarts else ""
             first = killed[0][1]
         else:
-            events, first = join_trial(sb, d, rng, name, kills)
+            events, join_steps = join_trial(sb, d, rng, name, kills)
             what = "; ".join(events)
             first = int(events[0].rsplit(" ", 1)[1])
         rows, ckpt = final(d)
@@ -223,9 +224,16 @@ def main():
         times = step_times(rows)
         after = [times[s] for s in times if s > first]
         hiccup, steady = max(after), statistics.median(after)
+        joining = ""
+        if isinstance(kills, list):
+            # The joiners start up while the others go on; the steps until
+            # they are in take the join's cost.
+            around = [times[s] for s in times if join_steps[-1] < s <= join_steps[-1] + 30]
+            joining = f", longest of the 30 steps after the last join began {1e3 * max(around):.0f} ms " \
+                      f"({max(around) / median:.1f}x)"
         print(f"ok  {name}: {what}; final loss and step {STEPS} checkpoint identical to the uninterrupted run's; "
               f"longest step after the kill {1e3 * hiccup:.0f} ms ({hiccup / median:.1f}x the median step), "
-              f"median after it {1e3 * steady:.1f} ms")
+              f"median after it {1e3 * steady:.1f} ms{joining}")
     shutil.rmtree(sb.dir)
 
 

@@ -254,6 +254,8 @@ class Coordinator::Impl {
   // ---- messages ----------------------------------------------------------
   void Handle(const SessionPtr& s, const wire::Envelope& m) {
     if (!s->admitted) {
+      // A worker waiting its turn to join keeps its connection alive.
+      if (m.body_case() == wire::Envelope::kHeartbeat && s->hello.join()) return;
       if (m.body_case() != wire::Envelope::kHello) {
         ProtocolError(s, Status::Corruption("expected a hello before anything else"));
         return;

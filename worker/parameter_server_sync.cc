@@ -218,9 +218,13 @@ StatusOr<StepReport> FindJoinPoint(transport::PushPullClient* client, transport:
   for (;;) {
     HERD_RETURN_IF_ERROR(
         client->Wait(client->Pull(server, transport::RequestKind::kReport, 0, &report, sizeof report, tag)));
-    if (tag != transport::kLatestReport && report.version != tag) {
-      return Status::Corruption("server 0 answered the report of step " + std::to_string(tag) + " with step " +
-                                std::to_string(report.version) + "'s");
+    if ((tag != transport::kLatestReport && report.version != tag) ||
+        report.version > static_cast<uint64_t>(last_step) || report.membership_epoch < 0) {
+      return Status::Corruption("server 0 answered the report of step " +
+                                (tag == transport::kLatestReport ? std::string("the newest") : std::to_string(tag)) +
+                                " with one of step " + std::to_string(report.version) + ", membership epoch " +
+                                std::to_string(report.membership_epoch) + " (the run ends at step " +
+                                std::to_string(last_step) + ")");
     }
     if (report.membership_epoch >= epoch || static_cast<int64_t>(report.version) >= last_step) return report;
     tag = report.version + 1;
