@@ -237,6 +237,16 @@ Status AtomicFile::Append(const void* data, size_t size) {
   return Status::OK();
 }
 
+Status AtomicFile::WriteAt(uint64_t offset, const void* data, size_t size) {
+  if (file_ == nullptr) return Status::Internal(path_ + ": write to a file that is not open");
+  if (offset + size > bytes_) return Status::Internal(path_ + ": WriteAt beyond what was appended");
+  if (std::fflush(file_) != 0 ||
+      ::pwrite(::fileno(file_), data, size, static_cast<off_t>(offset)) != static_cast<ssize_t>(size)) {
+    return Status::IOError(path_ + ": write failed: " + ErrnoText());
+  }
+  return Status::OK();
+}
+
 Status AtomicFile::Commit() {
   if (file_ == nullptr) return Status::Internal(path_ + ": commit of a file that is not open");
   bool ok = std::fflush(file_) == 0 && ::fsync(::fileno(file_)) == 0;

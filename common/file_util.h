@@ -75,6 +75,9 @@ class AtomicFile {
   Status Open(const std::string& path);
   Status Append(const void* data, size_t size);
   Status Append(std::string_view s) { return Append(s.data(), s.size()); }
+  // Overwrites bytes already appended (a header whose counts are known
+  // only at the end).
+  Status WriteAt(uint64_t offset, const void* data, size_t size);
   // fsync, rename over the destination, fsync the directory.
   Status Commit();
   // Removes the temporary file; the destination is untouched.

@@ -3,8 +3,17 @@
 #include <glog/logging.h>
 #include <sys/stat.h>
 
+#include <omp.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
+#include <cerrno>
 #include <climits>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <functional>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -12,18 +21,15 @@
 #include <string_view>
 #include <utility>
 
+#include <nlohmann/json.hpp>
+
 #include "common/file_util.h"
 #include "common/rng.h"
 #include "data/token_file.h"
+#include "data/tokenizer.h"
 
 namespace herd {
 namespace {
-
-// A document is the byte range [begin, end) of the corpus string.
-struct Document {
-  size_t begin, end;
-  bool val = false;
-};
 
 std::string N(int64_t v) { return std::to_string(v); }
 
@@ -31,29 +37,56 @@ bool IsFortuneSeparator(std::string_view line) { return line == "%\n" || line ==
 
 bool HasText(std::string_view s) { return s.find_first_not_of(" \t\r\n\f\v") != std::string_view::npos; }
 
-// Appends the documents of one file to `corpus`: the pieces between "%"
-// lines (a file without such a line is one piece), each ending in a
-// newline; pieces without any text are dropped.
-void AppendDocuments(const std::string& text, std::string* corpus, std::vector<Document>* docs) {
-  auto flush = [&](size_t from, size_t to) {
-    std::string_view piece(text.data() + from, to - from);
-    if (!HasText(piece)) return;
-    const size_t begin = corpus->size();
-    corpus->append(piece);
-    if (piece.back() != '\n') corpus->push_back('\n');
-    docs->push_back({begin, corpus->size()});
+using DocumentSink = std::function<Status(std::string&&)>;
+
+// The documents of one text file: the pieces between "%" lines (a file
+// without such a line is one piece), each ending in a newline; pieces
+// without any text are dropped.
+Status SplitDocuments(const std::string& text, const DocumentSink& sink) {
+  auto flush = [&](size_t from, size_t to) -> Status {
+    std::string piece = text.substr(from, to - from);
+    if (!HasText(piece)) return Status::OK();
+    if (piece.back() != '\n') piece.push_back('\n');
+    return sink(std::move(piece));
   };
   size_t doc_begin = 0, pos = 0;
   while (pos < text.size()) {
     const size_t eol = text.find('\n', pos);
     const size_t next = eol == std::string::npos ? text.size() : eol + 1;
     if (IsFortuneSeparator(std::string_view(text.data() + pos, next - pos))) {
-      flush(doc_begin, pos);
+      HERD_RETURN_IF_ERROR(flush(doc_begin, pos));
       doc_begin = next;
     }
     pos = next;
   }
-  flush(doc_begin, text.size());
+  return flush(doc_begin, text.size());
+}
+
+// The documents of a JSON Lines file, read a line at a time: each line an
+// object whose "text" is the document (blank lines are skipped), with a
+// newline added where it has none when `newline`.
+Status ReadJsonLines(const std::string& path, bool newline, int64_t* bytes, const DocumentSink& sink) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::IOError(path + ": cannot read: " + std::strerror(errno));
+  std::string line;
+  for (int64_t number = 1; std::getline(in, line); ++number) {
+    *bytes += static_cast<int64_t>(line.size()) + 1;
+    if (!HasText(line)) continue;
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) {
+      return Status::InvalidArgument(path + ":" + N(number) + ": not a JSON object (a .jsonl file holds one per line)");
+    }
+    const auto text = j.find("text");
+    if (text == j.end() || !text->is_string()) {
+      return Status::InvalidArgument(path + ":" + N(number) + ": no \"text\" string");
+    }
+    std::string doc = text->get<std::string>();
+    if (!HasText(doc)) continue;
+    if (newline && doc.back() != '\n') doc.push_back('\n');
+    HERD_RETURN_IF_ERROR(sink(std::move(doc)));
+  }
+  if (in.bad()) return Status::IOError(path + ": read failed: " + std::strerror(errno));
+  return Status::OK();
 }
 
 // strfile(1) writes NAME.dat, a binary table of entry offsets, next to each
@@ -66,9 +99,11 @@ bool IsStrfileIndex(const std::string& path) {
   return ::stat(text_file.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
-// Reads the inputs into `corpus` / `docs`, skipping what prepare.h says.
-Status ReadInputs(const std::vector<std::string>& inputs, std::string* corpus, std::vector<Document>* docs,
-                  PrepareSummary* summary) {
+// Calls sink with every document of the inputs, in order, skipping what
+// prepare.h says; counts files and bytes into *summary. Documents end with
+// a newline when `newline` (text files' always do).
+Status ReadInputs(const std::vector<std::string>& inputs, bool newline, PrepareSummary* summary,
+                  const DocumentSink& sink) {
   std::set<std::string> seen_paths;
   // (size, FNV-1a of the bytes) -> first path: a 64-bit hash of equal-size
   // files colliding by chance is not a concern for a corpus.
@@ -81,6 +116,11 @@ Status ReadInputs(const std::vector<std::string>& inputs, std::string* corpus, s
     if (::realpath(path.c_str(), resolved) == nullptr) return Status::NotFound(path + ": no such file");
     if (!seen_paths.insert(resolved).second) {
       ++summary->skipped;
+      continue;
+    }
+    if (path.ends_with(".jsonl")) {
+      ++summary->files;
+      HERD_RETURN_IF_ERROR(ReadJsonLines(path, newline, &summary->bytes, sink));
       continue;
     }
     HERD_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
@@ -97,61 +137,72 @@ Status ReadInputs(const std::vector<std::string>& inputs, std::string* corpus, s
     }
     ++summary->files;
     summary->bytes += static_cast<int64_t>(text.size());
-    AppendDocuments(text, corpus, docs);
+    HERD_RETURN_IF_ERROR(SplitDocuments(text, sink));
   }
   return Status::OK();
 }
 
-// Hash-assigns documents to val, then makes sure neither side is empty.
-Status AssignValidation(const PrepareOptions& options, std::vector<Document>* docs) {
-  size_t n_val = 0;
-  for (size_t i = 0; i < docs->size(); ++i) {
-    const double u = static_cast<double>(Mix64(static_cast<uint64_t>(i)) >> 11) * 0x1.0p-53;
-    (*docs)[i].val = u < options.val_fraction;
-    n_val += (*docs)[i].val;
-  }
-  if (docs->size() >= 2) {
-    if (n_val == 0) docs->back().val = true;
-    if (n_val == docs->size()) docs->front().val = false;
-    return Status::OK();
-  }
-  // One document: hold out its tail.
-  const Document d = docs->front();
-  const size_t length = d.end - d.begin;
-  if (length < 2) {
-    return Status::InvalidArgument("prepare: the inputs hold " + N(static_cast<int64_t>(length)) +
-                                   " byte(s) of text, too little to split into " + options.train_out + " and " +
-                                   options.val_out);
-  }
-  const size_t tail = std::max<size_t>(1, static_cast<size_t>(static_cast<double>(length) * options.val_fraction));
-  docs->front().end = d.end - tail;
-  docs->push_back({d.end - tail, d.end, true});
-  return Status::OK();
-}
+// Text to ids, a batch of documents at a time on every core.
+class Encoder {
+ public:
+  // tokenizer null: byte-level.
+  Encoder(const Tokenizer* tokenizer, int32_t document_token)
+      : tokenizer_(tokenizer), document_token_(document_token), caches_(std::max(1, omp_get_max_threads())) {}
 
-// Byte-level token ids of the train and of the val documents, in order.
-void EncodeBytes(const std::string& corpus, const std::vector<Document>& docs, std::vector<int32_t>* train,
-                 std::vector<int32_t>* val) {
-  for (const Document& d : docs) {
-    std::vector<int32_t>& tokens = d.val ? *val : *train;
-    for (size_t i = d.begin; i < d.end; ++i) tokens.push_back(static_cast<unsigned char>(corpus[i]));
+  // Fills ids[i] with documents[i]'s tokens.
+  void Encode(const std::vector<std::string>& documents, std::vector<std::vector<int32_t>>* ids) {
+    ids->resize(documents.size());
+#pragma omp parallel for schedule(dynamic, 1)
+    for (size_t i = 0; i < documents.size(); ++i) {
+      std::vector<int32_t>& out = (*ids)[i];
+      out.clear();
+      const std::string& text = documents[i];
+      if (tokenizer_ == nullptr) {
+        out.assign(text.begin(), text.end());
+        for (int32_t& t : out) t &= 0xFF;
+        continue;
+      }
+      out.push_back(document_token_);
+      tokenizer_->Encode(text, &caches_[omp_get_thread_num()], &out);
+    }
   }
-}
 
-// Writes every (path, bytes) to a temporary file first and renames them in
-// order only once all are written; on error nothing new is renamed into
-// place (the temporaries are removed).
-Status WriteAll(const std::vector<std::pair<std::string, std::string>>& files) {
-  std::vector<AtomicFile> writers(files.size());
-  for (size_t i = 0; i < files.size(); ++i) {
-    const std::string& path = files[i].first;
-    HERD_RETURN_IF_ERROR(MakeDirs(DirName(path)).WithContext(path + ": "));
-    HERD_RETURN_IF_ERROR(writers[i].Open(path));
-    HERD_RETURN_IF_ERROR(writers[i].Append(files[i].second));
+ private:
+  const Tokenizer* tokenizer_;
+  const int32_t document_token_;
+  std::vector<Tokenizer::Cache> caches_;
+};
+
+// A line on stderr, redrawn in place twice a second, when it is a terminal.
+class Progress {
+ public:
+  Progress(bool enabled, int64_t total_bytes)
+      : enabled_(enabled && ::isatty(STDERR_FILENO)), total_(total_bytes), start_(Clock::now()) {}
+  ~Progress() {
+    if (drawn_) std::fprintf(stderr, "\n");
   }
-  for (AtomicFile& w : writers) HERD_RETURN_IF_ERROR(w.Commit());
-  return Status::OK();
-}
+  void Update(int64_t done_bytes) {
+    if (!enabled_) return;
+    const double t = std::chrono::duration<double>(Clock::now() - start_).count();
+    if (t - last_ < 0.5) return;
+    last_ = t;
+    drawn_ = true;
+    const double rate = done_bytes / std::max(t, 1e-9);
+    const double left = rate > 0 ? (total_ - done_bytes) / rate : 0;
+    std::fprintf(stderr, "\rprepare: %.1f / %.1f MB (%3.0f%%) | %.1f MB/s | eta %dm%02ds   ", done_bytes / 1e6,
+                 total_ / 1e6, 100.0 * done_bytes / std::max<int64_t>(total_, 1), rate / 1e6,
+                 static_cast<int>(left) / 60, static_cast<int>(left) % 60);
+    std::fflush(stderr);
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  const bool enabled_;
+  const int64_t total_;
+  const Clock::time_point start_;
+  double last_ = 0;
+  bool drawn_ = false;
+};
 
 }  // namespace
 
@@ -167,33 +218,120 @@ Status PrepareText(const PrepareOptions& options, PrepareSummary* summary) {
   if (has_val && options.val_out == options.train_out) {
     return Status::InvalidArgument("prepare: " + options.train_out + " is both the train and the val output");
   }
+  std::unique_ptr<Tokenizer> tokenizer;
+  int32_t document_token = -1;
+  summary->vocab_size = 256;
+  if (!options.tokenizer.empty()) {
+    HERD_ASSIGN_OR_RETURN(tokenizer, Tokenizer::Load(options.tokenizer));
+    summary->vocab_size = tokenizer->vocab_size();
+    if (!options.document_token.empty()) {
+      document_token = tokenizer->Find(options.document_token);
+      if (document_token < 0) {
+        return Status::InvalidArgument("prepare: --doc-token '" + options.document_token + "' is no token of " +
+                                       options.tokenizer);
+      }
+    } else {
+      document_token = tokenizer->document_token();
+      if (document_token < 0) {
+        return Status::InvalidArgument("prepare: " + options.tokenizer +
+                                       " names no end-of-text token to put between documents; name one with "
+                                       "--doc-token TOKEN");
+      }
+    }
+  } else if (!options.document_token.empty()) {
+    return Status::InvalidArgument("prepare: --doc-token needs --tokenizer");
+  }
+  summary->document_token = document_token;
 
-  std::string corpus;
-  std::vector<Document> docs;
-  HERD_RETURN_IF_ERROR(ReadInputs(options.inputs, &corpus, &docs, summary));
-  summary->documents = static_cast<int64_t>(docs.size());
-  if (docs.empty()) {
+  // Outputs: written to temporaries, renamed only once both are complete.
+  std::vector<std::string> outs = {options.train_out};
+  if (has_val) outs.push_back(options.val_out);
+  for (const std::string& path : outs) HERD_RETURN_IF_ERROR(MakeDirs(DirName(path)).WithContext(path + ": "));
+  TokenFileWriter train, val;
+  HERD_RETURN_IF_ERROR(train.Open(options.train_out, summary->vocab_size - 1, summary->vocab_size));
+  if (has_val) HERD_RETURN_IF_ERROR(val.Open(options.val_out, summary->vocab_size - 1, summary->vocab_size));
+
+  int64_t total_bytes = 0;
+  for (const std::string& path : options.inputs) {
+    struct stat st;
+    if (::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode)) total_bytes += st.st_size;
+  }
+  Progress progress(options.progress, total_bytes);
+  Encoder encoder(tokenizer.get(), document_token);
+
+  // Documents go to val by a hash of their index. The last one is held
+  // back, and so is every one while none has gone to train, so that at the
+  // end neither file can be left empty (prepare.h).
+  struct Held {
+    std::string text;
+    bool val;
+  };
+  std::deque<Held> held;
+  std::vector<std::string> batch;
+  std::vector<bool> batch_val;
+  std::vector<std::vector<int32_t>> ids;
+  size_t batch_bytes = 0;
+  int64_t n_val = 0;
+  bool any_train = false;
+  constexpr size_t kBatchBytes = 32 << 20;
+  auto encode_batch = [&]() -> Status {
+    encoder.Encode(batch, &ids);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      TokenFileWriter& w = batch_val[i] ? val : train;
+      HERD_RETURN_IF_ERROR(w.Append(ids[i].data(), ids[i].size()));
+      summary->val_documents += batch_val[i];
+    }
+    batch.clear();
+    batch_val.clear();
+    batch_bytes = 0;
+    progress.Update(summary->bytes);
+    return Status::OK();
+  };
+  auto release = [&]() -> Status {
+    batch_bytes += held.front().text.size();
+    batch.push_back(std::move(held.front().text));
+    batch_val.push_back(held.front().val);
+    held.pop_front();
+    return batch_bytes >= kBatchBytes ? encode_batch() : Status::OK();
+  };
+  HERD_RETURN_IF_ERROR(ReadInputs(options.inputs, tokenizer == nullptr, summary, [&](std::string&& text) -> Status {
+    const uint64_t i = static_cast<uint64_t>(summary->documents++);
+    const bool is_val = has_val && static_cast<double>(Mix64(i) >> 11) * 0x1.0p-53 < options.val_fraction;
+    n_val += is_val;
+    any_train = any_train || !is_val;
+    held.push_back({std::move(text), is_val});
+    while (held.size() > 1 && any_train) HERD_RETURN_IF_ERROR(release());
+    return Status::OK();
+  }));
+  if (summary->documents == 0) {
     return Status::InvalidArgument("prepare: no text in the " + N(static_cast<int64_t>(options.inputs.size())) +
                                    " input file(s) (all empty, binary or duplicates)");
   }
-  if (has_val) HERD_RETURN_IF_ERROR(AssignValidation(options, &docs));
-
-  std::vector<int32_t> train, val;
-  EncodeBytes(corpus, docs, &train, &val);
-  // data.train last: EnsurePrepared takes an existing train file as "done".
-  std::vector<std::pair<std::string, std::string>> files;
-  if (has_val) {
-    HERD_ASSIGN_OR_RETURN(std::string bytes, EncodeTokenFile(options.val_out, val));
-    files.emplace_back(options.val_out, std::move(bytes));
+  if (has_val && summary->documents == 1) {
+    // One document: hold out its tail.
+    Held& d = held.front();
+    const size_t length = d.text.size();
+    if (length < 2) {
+      return Status::InvalidArgument("prepare: the inputs hold " + N(static_cast<int64_t>(length)) +
+                                     " byte(s) of text, too little to split into " + options.train_out + " and " +
+                                     options.val_out);
+    }
+    const size_t tail = std::max<size_t>(1, static_cast<size_t>(static_cast<double>(length) * options.val_fraction));
+    held.push_back({d.text.substr(length - tail), true});
+    d.text.resize(length - tail);
+    d.val = false;
+  } else if (has_val) {
+    if (n_val == 0) held.back().val = true;
+    if (n_val == summary->documents) held.front().val = false;
   }
-  HERD_ASSIGN_OR_RETURN(std::string train_bytes, EncodeTokenFile(options.train_out, train));
-  files.emplace_back(options.train_out, std::move(train_bytes));
-  HERD_RETURN_IF_ERROR(WriteAll(files));
+  while (!held.empty()) HERD_RETURN_IF_ERROR(release());
+  HERD_RETURN_IF_ERROR(encode_batch());
 
-  summary->train_tokens = static_cast<int64_t>(train.size());
-  summary->val_tokens = static_cast<int64_t>(val.size());
-  for (const Document& d : docs) summary->val_documents += d.val;
-  return Status::OK();
+  summary->train_tokens = train.tokens();
+  summary->val_tokens = val.tokens();
+  // data.train last: EnsurePrepared takes an existing train file as "done".
+  if (has_val) HERD_RETURN_IF_ERROR(val.Commit());
+  return train.Commit();
 }
 
 Status EnsurePrepared(const config::DataConfig& data) {

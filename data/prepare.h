@@ -1,9 +1,16 @@
-// Text to token files with the byte-level tokenizer: each byte of the
-// (UTF-8) text is one token id 0..255, so the vocabulary is 256.
+// Text to token files. With a tokenizer (a HuggingFace tokenizer.json,
+// data/tokenizer.h) each document is its document token (end-of-text,
+// or the beginning-of-text token its post-processor adds) followed by its
+// ids, as llm.c's data scripts write them; without one, every byte of the
+// (UTF-8) text is one token id 0..255 (a vocabulary of 256) and every
+// document ends with a newline. The files record the vocabulary size
+// (TokenFileWriter).
 //
-// Inputs are split into documents — fortune files (entries separated by
-// lines holding only "%", which are dropped) into their entries, any other
-// file is one document — and each document goes whole to the validation
+// Inputs are split into documents — a JSON Lines file (*.jsonl) into the
+// "text" of each line, read a line at a time; fortune files (entries
+// separated by lines holding only "%", which are dropped) into their
+// entries; any other file is one document — and each document goes whole
+// to the validation
 // file or to the training file, decided by a hash of its index, so that
 // about val_fraction of the documents (and so, roughly, of the text) is
 // held out. The split is deterministic: the same inputs in the same order
@@ -11,9 +18,14 @@
 //
 // Skipped, and counted in PrepareSummary::skipped: a path that resolves to
 // a file already read (e.g. fortunes' *.u8 symlinks to the plain files), a
-// file whose bytes equal an earlier input's, and binary files (any NUL
+// text file whose bytes equal an earlier input's, and binary files (any NUL
 // byte): strfile indexes (NAME.dat next to NAME, as fortunes ships)
-// quietly, others with a LOG(WARNING) naming them.
+// quietly, others with a LOG(WARNING) naming them. Documents without any
+// non-blank character are dropped.
+//
+// Memory: documents are encoded 32 MiB at a time on every core (OpenMP),
+// so it is bounded by that, the largest text file (read whole) and the
+// largest document, whatever the corpus size.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +44,9 @@ struct PrepareOptions {
   std::string train_out;            // token file (format from its name)
   std::string val_out;              // empty: everything goes to train_out
   double val_fraction = 0.05;       // in (0, 1) when val_out is set
+  std::string tokenizer;            // tokenizer.json; empty: byte-level
+  std::string document_token;       // overrides Tokenizer::document_token()
+  bool progress = false;            // redraw a progress line on stderr (a terminal)
 };
 
 struct PrepareSummary {
@@ -41,11 +56,13 @@ struct PrepareSummary {
   int64_t documents = 0;  // documents found in them
   int64_t train_tokens = 0, val_tokens = 0;
   int64_t val_documents = 0;
+  int vocab_size = 0;           // 256 byte-level, else the tokenizer's
+  int32_t document_token = -1;  // with a tokenizer
 };
 
 // Reads the inputs and writes train_out (and val_out). Both files are
 // written atomically and neither is renamed into place until both are
-// fully written, so a failure (bad input, unwritable
+// fully written, so a failure (bad input, a bad tokenizer, unwritable
 // directory) leaves no new file behind. When the hash puts no document on one side, one
 // document is moved over (or, with a single document, its tail is held
 // out) so that neither file is empty.

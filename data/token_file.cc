@@ -97,8 +97,9 @@ StatusOr<TokenFile> TokenFile::Open(const std::string& path, int vocab_size) {
                                      " bytes is shorter than the 1024-byte header of a token file" +
                                      TextHint(base, bytes));
     }
-    int32_t header[3];
+    int32_t header[4];
     std::memcpy(header, base, sizeof(header));
+    f.vocab_size_ = std::max(header[3], 0);
     if (header[0] == kMagicU16) {
       if (header[1] != kVersionU16) {
         return Status::InvalidArgument(path + ": magic 20240520 (uint16 tokens) needs version 1, got version " +
@@ -156,6 +157,7 @@ TokenFile& TokenFile::operator=(TokenFile&& o) noexcept {
     tokens_ = o.tokens_;
     size_ = o.size_;
     width_ = o.width_;
+    vocab_size_ = o.vocab_size_;
     o.map_ = nullptr;
     o.map_bytes_ = 0;
     o.tokens_ = nullptr;
@@ -191,7 +193,73 @@ void TokenFile::Read(int64_t begin, int64_t count, int32_t* out) const {
   }
 }
 
-StatusOr<std::string> EncodeTokenFile(const std::string& path, const std::vector<int32_t>& tokens) {
+Status TokenFileWriter::Open(const std::string& path, int32_t max_id, int vocab_size) {
+  path_ = path;
+  max_id_ = max_id;
+  count_ = 0;
+  buffer_.clear();
+  raw_ = IsRaw16(path) || IsRaw32(path);
+  width_ = IsRaw16(path) ? 2 : IsRaw32(path) ? 4 : (max_id < 65536 ? 2 : 4);
+  if (width_ == 2 && max_id >= 65536) {
+    return Status::InvalidArgument(path + ": token id " + std::to_string(max_id) +
+                                   " does not fit uint16 (name the file *.u32 or *.bin)");
+  }
+  HERD_RETURN_IF_ERROR(file_.Open(path));
+  if (!raw_) {
+    int32_t header[TokenFile::kHeaderBytes / 4] = {};
+    header[0] = width_ == 2 ? TokenFile::kMagicU16 : TokenFile::kMagicU32;
+    header[1] = width_ == 2 ? TokenFile::kVersionU16 : TokenFile::kVersionU32;
+    header[3] = vocab_size;
+    HERD_RETURN_IF_ERROR(file_.Append(header, sizeof(header)));
+  }
+  return Status::OK();
+}
+
+Status TokenFileWriter::Append(const int32_t* ids, size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    const int32_t t = ids[i];
+    if (t < 0 || t > max_id_) {
+      file_.Abandon();
+      return Status::InvalidArgument(path_ + ": " + (t < 0 ? "negative token id " : "token id ") + std::to_string(t) +
+                                     " at position " + std::to_string(count_ + static_cast<int64_t>(i)) +
+                                     (t < 0 ? "" : " is beyond the largest expected, " + std::to_string(max_id_)));
+    }
+    if (width_ == 2) {
+      const uint16_t v = static_cast<uint16_t>(t);
+      buffer_.append(reinterpret_cast<const char*>(&v), 2);
+    } else {
+      const uint32_t v = static_cast<uint32_t>(t);
+      buffer_.append(reinterpret_cast<const char*>(&v), 4);
+    }
+  }
+  count_ += static_cast<int64_t>(count);
+  if (!raw_ && count_ > INT32_MAX) {
+    file_.Abandon();
+    return Status::InvalidArgument(path_ + ": more than 2^31 - 1 tokens, the most one llm.c file can count");
+  }
+  return buffer_.size() >= (1 << 20) ? Flush() : Status::OK();
+}
+
+Status TokenFileWriter::Flush() {
+  Status st = file_.Append(buffer_);
+  buffer_.clear();
+  return st;
+}
+
+Status TokenFileWriter::Commit() {
+  HERD_RETURN_IF_ERROR(Flush());
+  if (count_ == 0) {
+    file_.Abandon();
+    return Status::InvalidArgument(path_ + ": no tokens to write");
+  }
+  if (!raw_) {
+    const int32_t count = static_cast<int32_t>(count_);
+    HERD_RETURN_IF_ERROR(file_.WriteAt(2 * sizeof(int32_t), &count, sizeof(count)));
+  }
+  return file_.Commit();
+}
+
+Status WriteTokenFile(const std::string& path, const std::vector<int32_t>& tokens) {
   if (tokens.empty()) return Status::InvalidArgument(path + ": no tokens to write");
   int32_t max_id = 0;
   for (size_t i = 0; i < tokens.size(); ++i) {
@@ -201,40 +269,10 @@ StatusOr<std::string> EncodeTokenFile(const std::string& path, const std::vector
     }
     max_id = std::max(max_id, tokens[i]);
   }
-  const bool raw = IsRaw16(path) || IsRaw32(path);
-  const int width = IsRaw16(path) ? 2 : IsRaw32(path) ? 4 : (max_id < 65536 ? 2 : 4);
-  if (width == 2 && max_id >= 65536) {
-    return Status::InvalidArgument(path + ": token id " + std::to_string(max_id) +
-                                   " does not fit uint16 (name the file *.u32 or *.bin)");
-  }
-  if (!raw && tokens.size() > static_cast<size_t>(INT32_MAX)) {
-    return Status::InvalidArgument(path + ": " + std::to_string(tokens.size()) +
-                                   " tokens is more than one llm.c file can count (2^31 - 1)");
-  }
-  std::string data;
-  data.reserve((raw ? 0 : TokenFile::kHeaderBytes) + tokens.size() * width);
-  if (!raw) {
-    int32_t header[TokenFile::kHeaderBytes / 4] = {};
-    header[0] = width == 2 ? TokenFile::kMagicU16 : TokenFile::kMagicU32;
-    header[1] = width == 2 ? TokenFile::kVersionU16 : TokenFile::kVersionU32;
-    header[2] = static_cast<int32_t>(tokens.size());
-    data.append(reinterpret_cast<const char*>(header), sizeof(header));
-  }
-  for (int32_t t : tokens) {
-    if (width == 2) {
-      const uint16_t v = static_cast<uint16_t>(t);
-      data.append(reinterpret_cast<const char*>(&v), 2);
-    } else {
-      const uint32_t v = static_cast<uint32_t>(t);
-      data.append(reinterpret_cast<const char*>(&v), 4);
-    }
-  }
-  return data;
-}
-
-Status WriteTokenFile(const std::string& path, const std::vector<int32_t>& tokens) {
-  HERD_ASSIGN_OR_RETURN(std::string data, EncodeTokenFile(path, tokens));
-  return WriteFileAtomic(path, data);
+  TokenFileWriter writer;
+  HERD_RETURN_IF_ERROR(writer.Open(path, max_id));
+  HERD_RETURN_IF_ERROR(writer.Append(tokens.data(), tokens.size()));
+  return writer.Commit();
 }
 
 }  // namespace herd

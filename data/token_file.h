@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "common/file_util.h"
 #include "common/status.h"
 
 namespace herd {
@@ -38,6 +39,9 @@ class TokenFile {
   const std::string& path() const { return path_; }
   int64_t size() const { return size_; }  // number of tokens (>= 1)
   int width() const { return width_; }    // bytes per token on disk: 2 or 4
+  // The vocabulary the file was prepared for, from an llm.c header that
+  // records it (TokenFileWriter); 0 when not known.
+  int vocab_size() const { return vocab_size_; }
   // Token i; 0 <= i < size() is the caller's promise.
   int32_t operator[](int64_t i) const;
   // Copies tokens [begin, begin + count) as int32; the caller guarantees
@@ -54,16 +58,38 @@ class TokenFile {
   const uint8_t* tokens_ = nullptr;
   int64_t size_ = 0;
   int width_ = 2;
+  int vocab_size_ = 0;
 };
 
-// The exact bytes of a token file for `path`: a raw array when the path
-// ends in .u16 / .u32 (every id must fit the width), else llm.c format
-// (uint16/version 1 when every id < 65536, else uint32/version 7). Fails,
-// naming `path`, on no tokens, a negative id or an id that does not fit.
-StatusOr<std::string> EncodeTokenFile(const std::string& path, const std::vector<int32_t>& tokens);
+// Writes a token file as its tokens arrive, atomically (temporary name,
+// fsync, rename on Commit; nothing is left behind otherwise). The format
+// comes from the path: a raw array for *.u16 / *.u32, else an llm.c file,
+// uint16 (version 1) when max_id < 65536 and uint32 (version 7) otherwise,
+// whose header also records vocab_size (header[3], which llm.c does not
+// read; 0: not known). Every error names the path.
+class TokenFileWriter {
+ public:
+  // max_id: the largest id that will be appended.
+  Status Open(const std::string& path, int32_t max_id, int vocab_size = 0);
+  // Fails on an id outside [0, max_id].
+  Status Append(const int32_t* ids, size_t count);
+  // Fills in the header's count; fails on a file without tokens.
+  Status Commit();
+  int64_t tokens() const { return count_; }
 
-// EncodeTokenFile, written atomically (temp name, fsync, rename): on error
-// `path` keeps its old content or stays absent.
+ private:
+  Status Flush();
+
+  std::string path_;
+  AtomicFile file_;
+  bool raw_ = false;
+  int width_ = 2;
+  int32_t max_id_ = 0;
+  int64_t count_ = 0;
+  std::string buffer_;
+};
+
+// TokenFileWriter for tokens already in memory.
 Status WriteTokenFile(const std::string& path, const std::vector<int32_t>& tokens);
 
 }  // namespace herd

@@ -2,7 +2,9 @@
 // promises (disjoint ranks, union over ranks = the one-process batch,
 // per-epoch reshuffle, exact resume), the in-order evaluation reader, and
 // text preparation (fortune splitting, skipped inputs, the val split,
-// nothing half-written, EnsurePrepared, `herd prepare`).
+// nothing half-written, EnsurePrepared, `herd prepare`), and tokenizers
+// (the split-pattern regex engine, BPE merges, what is refused; parity with
+// HuggingFace's tokenizers is tests/tokenizer_parity_test.py).
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
@@ -18,10 +20,15 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "common/file_util.h"
+#include "data/unicode.h"
 #include "data/prepare.h"
 #include "data/sampler.h"
 #include "data/token_file.h"
+#include "data/token_regex.h"
+#include "data/tokenizer.h"
 
 namespace herd {
 namespace {
@@ -850,6 +857,172 @@ TEST_F(DataPrepareCommandTest, SummaryLineAndOneLineErrors) {
     EXPECT_NE(out.find(c.needle), std::string::npos) << out;
   }
   EXPECT_EQ(Listing(), before);
+}
+
+
+// ---- tokenizers ------------------------------------------------------------
+
+// The pieces `pattern` cuts `text` (UTF-8) into.
+std::vector<std::string> Pieces(const std::string& pattern, const std::string& text) {
+  auto re = TokenRegex::Compile(pattern);
+  EXPECT_TRUE(re.ok()) << re.status().ToString();
+  if (!re.ok()) return {};
+  std::u32string cps;
+  std::vector<size_t> offsets;
+  for (size_t i = 0; i < text.size();) {
+    int length;
+    cps.push_back(unicode::DecodeUtf8(text, i, &length));
+    offsets.push_back(i);
+    i += static_cast<size_t>(length);
+  }
+  offsets.push_back(text.size());
+  std::vector<std::pair<uint32_t, uint32_t>> found;
+  re->FindAll(cps.data(), cps.size(), &found);
+  std::vector<std::string> out;
+  for (auto [b, e] : found) out.push_back(text.substr(offsets[b], offsets[e] - offsets[b]));
+  return out;
+}
+
+using Strings = std::vector<std::string>;
+
+TEST(TokenRegex, MatchesAsOnigurumaDoes) {
+  const std::string gpt2 = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+  // Leftmost-first alternatives; the lookahead leaves one space to the word.
+  EXPECT_EQ(Pieces(gpt2, "He's  here 123!!\n"), (Strings{"He", "'s", " ", " here", " 123", "!!", "\n"}));
+  EXPECT_EQ(Pieces(gpt2, "naïve 中文 ٣٤"), (Strings{"naïve", " 中文", " ٣٤"}));
+  // Case-insensitive contractions, including the long s Unicode folds to s.
+  EXPECT_EQ(Pieces(R"((?i:'s|'ll)|\p{L}+)", "IT'S WE'LL it'ſ"), (Strings{"IT", "'S", "WE", "'LL", "it", "'ſ"}));
+  EXPECT_EQ(Pieces(R"(\p{N}{1,3})", "1234567"), (Strings{"123", "456", "7"}));
+  EXPECT_EQ(Pieces("a+?", "aaa"), (Strings{"a", "a", "a"}));
+  EXPECT_EQ(Pieces("a{2,}", "aaaaa a"), (Strings{"aaaaa"}));
+  EXPECT_EQ(Pieces(R"([^\r\n\p{L}\p{N}]?\p{L}+)", "x,yz\nw"), (Strings{"x", ",yz", "w"}));
+  EXPECT_EQ(Pieces(R"(\s*[\r\n]+|\S+)", "a \r\n\n b"), (Strings{"a", " \r\n\n", "b"}));
+  EXPECT_EQ(Pieces(R"([a-c\x{1F600}-\x{1F64F}]+)", "abd😀😃e"), (Strings{"ab", "😀😃"}));
+  EXPECT_EQ(Pieces(R"(\d+|\w+)", "ab_1 ٣"), (Strings{"ab_1", "٣"}));
+}
+
+TEST(TokenRegex, RefusesWhatItDoesNotImplementNamingWhere) {
+  for (const char* bad : {"^a", "a$", "(a*)*", "a++", R"(\q)", "[a", "(?<=a)b", "(a", "a)", "*a", R"(\p{Xx})",
+                          "a{3,1}"}) {
+    auto re = TokenRegex::Compile(bad);
+    ASSERT_FALSE(re.ok()) << bad;
+    EXPECT_NE(re.status().message().find("at offset"), std::string::npos) << re.status().message();
+  }
+}
+
+// A byte-level BPE tokenizer.json: the 256 byte symbols, the merges given
+// (spelled in GPT-2's byte alphabet: Ġ is a space), and their results.
+std::string TokenizerJson(const std::vector<std::pair<std::string, std::string>>& merges,
+                          const std::string& extra = "", bool ignore_merges = false) {
+  nlohmann::json vocab = nlohmann::json::object(), list = nlohmann::json::array();
+  int id = 0, extra_chars = 0;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+    const char32_t cp = printable ? b : 256 + extra_chars++;
+    std::string s;
+    if (cp < 0x80) {
+      s.push_back(static_cast<char>(cp));
+    } else {
+      s.push_back(static_cast<char>(0xC0 | (cp >> 6)));
+      s.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
+    }
+    vocab[s] = id++;
+  }
+  for (const auto& [l, r] : merges) {
+    if (!vocab.contains(l + r)) vocab[l + r] = id++;
+    list.push_back(l + " " + r);
+  }
+  nlohmann::json j = {{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", list}, {"ignore_merges", ignore_merges}}},
+                      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+                      {"added_tokens", {{{"id", id}, {"content", "<|endoftext|>"}, {"special", true}}}}};
+  if (!extra.empty()) j.merge_patch(nlohmann::json::parse(extra));
+  return j.dump();
+}
+
+class TokenizerTest : public DataPrepareTest {
+ protected:
+  std::vector<int32_t> Encode(const std::string& json, const std::string& text) {
+    auto t = Tokenizer::Load(Write("tokenizer.json", json));
+    EXPECT_TRUE(t.ok()) << t.status().ToString();
+    if (!t.ok()) return {};
+    Tokenizer::Cache cache;
+    std::vector<int32_t> ids;
+    (*t)->Encode(text, &cache, &ids);
+    return ids;
+  }
+};
+
+TEST_F(TokenizerTest, MergesLowestRankFirstAndLeftmostAmongEqualRanks) {
+  // Ranks: "t h" 0 (id 256), "th e" 1 (257), "Ġ the" 2 (258), "e e" 3 (259).
+  const std::string json = TokenizerJson({{"t", "h"}, {"th", "e"}, {"Ġ", "the"}, {"e", "e"}});
+  EXPECT_EQ(Encode(json, "the the"), (std::vector<int32_t>{257, 258}));
+  // "eee": the leftmost pair merges first.
+  EXPECT_EQ(Encode(json, "eee"), (std::vector<int32_t>{259, 'e'}));
+  // Any byte, valid UTF-8 or not, has its token (byte b is id b here).
+  EXPECT_EQ(Encode(json, "\xff\x01"), (std::vector<int32_t>{0xff, 0x01}));
+  // Special tokens written in the text are text.
+  EXPECT_GT(Encode(json, "<|endoftext|>").size(), 1u);
+}
+
+TEST_F(TokenizerTest, IgnoreMergesTakesAWholeWordFromTheVocabulary) {
+  // "b c" outranks "a b", so merging leaves a + bc, which no merge joins;
+  // "abc" is in the vocabulary all the same.
+  const std::string merges_only = TokenizerJson({{"b", "c"}, {"a", "b"}, {"ab", "c"}});
+  EXPECT_EQ(Encode(merges_only, "abc").size(), 2u);  // a + bc: no merge makes abc from them
+  const std::string ignoring = TokenizerJson({{"b", "c"}, {"a", "b"}, {"ab", "c"}}, "", true);
+  EXPECT_EQ(Encode(ignoring, "abc").size(), 1u);
+}
+
+TEST_F(TokenizerTest, RefusesWhatWouldEncodeDifferentlyInOneLine) {
+  const std::string base = TokenizerJson({{"t", "h"}});
+  const std::pair<std::string, std::string> cases[] = {
+      {R"({"normalizer": {"type": "NFC"}})", "normalizer 'NFC' is not supported"},
+      {R"({"model": {"type": "Unigram"}})", "model type 'Unigram'"},
+      {R"({"model": {"byte_fallback": true}})", "byte_fallback"},
+      {R"({"model": {"dropout": 0.1}})", "BPE dropout"},
+      {R"({"pre_tokenizer": {"type": "Metaspace"}})", "pre_tokenizer 'Metaspace' is not supported"},
+      {R"({"pre_tokenizer": {"type": "Split", "pattern": {"Regex": "^x"}, "behavior": "Isolated"}})", "an anchor"},
+      {R"({"model": {"merges": ["t h", "x yz"]}})", "model.merges[1]"},
+      {R"({"added_tokens": [{"id": 300, "content": "<x>", "special": false, "lstrip": true}]})", "sets lstrip"},
+  };
+  for (const auto& [patch, needle] : cases) {
+    nlohmann::json j = nlohmann::json::parse(base);
+    j.merge_patch(nlohmann::json::parse(patch));
+    auto t = Tokenizer::Load(Write("bad.json", j.dump()));
+    ASSERT_FALSE(t.ok()) << patch;
+    EXPECT_NE(t.status().message().find(needle), std::string::npos) << t.status().message();
+    EXPECT_NE(t.status().message().find(Path("bad.json")), std::string::npos) << t.status().message();
+    EXPECT_EQ(t.status().message().find('\n'), std::string::npos) << t.status().message();
+  }
+  auto tiktoken = Tokenizer::Load(Write("tokenizer.model", "IQ== 0\nIg== 1\n"));
+  ASSERT_FALSE(tiktoken.ok());
+  EXPECT_NE(tiktoken.status().message().find("tiktoken"), std::string::npos) << tiktoken.status().message();
+}
+
+TEST_F(TokenizerTest, PrepareStartsEveryDocumentWithTheDocumentTokenAndRecordsTheVocabulary) {
+  const std::string json = Write("tokenizer.json", TokenizerJson({{"t", "h"}, {"th", "e"}}));
+  const std::string corpus = Write("c.jsonl", "{\"text\": \"the\"}\n\n{\"text\": \"  \"}\n{\"text\": \"the th\"}\n");
+  PrepareOptions o;
+  o.inputs = {corpus};
+  o.train_out = Path("t.bin");
+  o.tokenizer = json;
+  ASSERT_TRUE(PrepareText(o, &summary_).ok());
+  auto f = TokenFile::Open(Path("t.bin"), 0);
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ(f->vocab_size(), 259);
+  std::vector<int32_t> ids(static_cast<size_t>(f->size()));
+  f->Read(0, f->size(), ids.data());
+  const int32_t eot = 258, the = 257, th = 256;
+  EXPECT_EQ(ids, (std::vector<int32_t>{eot, the, eot, the, ' ', th}));
+  EXPECT_EQ(summary_.documents, 2);  // the blank line and the blank document are skipped
+
+  const std::string bad = Write("bad.jsonl", "{\"text\": \"ok\"}\n{\"txt\": \"no\"}\n");
+  o.inputs = {bad};
+  o.train_out = Path("t2.bin");
+  const Status st = PrepareText(o, &summary_);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find(bad + ":2: no \"text\" string"), std::string::npos) << st.message();
+  EXPECT_FALSE(PathExists(Path("t2.bin")));
 }
 
 }  // namespace

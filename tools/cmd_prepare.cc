@@ -1,7 +1,9 @@
 // herd prepare TEXT... --out FILE [--val-out FILE] [--val-fraction F]
+//                      [--tokenizer tokenizer.json] [--doc-token TOKEN]
 //
-// Byte-level tokenisation of text files into token files (see
-// data/prepare.h); prints one summary line.
+// Text files (plain, fortune, or JSON Lines) into token files, byte-level
+// or with a HuggingFace tokenizer (see data/prepare.h); prints one summary
+// line, and a progress line on a terminal.
 #include <cstdio>
 #include <cstdlib>
 
@@ -13,17 +15,21 @@
 namespace herd::tools {
 
 int RunPrepare(int argc, char** argv) {
-  Args args({"out", "val-out", "val-fraction"}, {});
+  Args args({"out", "val-out", "val-fraction", "tokenizer", "doc-token"}, {});
   Status st = args.Parse(argc, argv);
   if (!st.ok()) return ReportError(st.WithContext("prepare: "));
   if (args.positional().empty() || args.Get("out").empty()) {
     return ReportError(
-        Status::InvalidArgument("usage: herd prepare TEXT... --out FILE [--val-out FILE] [--val-fraction F]"));
+        Status::InvalidArgument("usage: herd prepare TEXT... --out FILE [--val-out FILE] [--val-fraction F] "
+                                "[--tokenizer tokenizer.json] [--doc-token TOKEN]"));
   }
   PrepareOptions options;
   options.inputs = args.positional();
   options.train_out = args.Get("out");
   options.val_out = args.Get("val-out");
+  options.tokenizer = args.Get("tokenizer");
+  options.document_token = args.Get("doc-token");
+  options.progress = true;
   if (args.Has("val-fraction")) {
     if (options.val_out.empty()) {
       return ReportError(Status::InvalidArgument("prepare: --val-fraction needs --val-out FILE to hold the text"));
@@ -46,7 +52,9 @@ int RunPrepare(int argc, char** argv) {
     std::printf(", %s %lld tokens (%lld documents)", options.val_out.c_str(), static_cast<long long>(s.val_tokens),
                 static_cast<long long>(s.val_documents));
   }
-  std::printf("\n");
+  std::printf(" (vocabulary %d", s.vocab_size);
+  if (s.document_token >= 0) std::printf(", documents start with token %d", s.document_token);
+  std::printf(")\n");
   return 0;
 }
 
