@@ -42,11 +42,8 @@ def main():
     ap.add_argument("--tokenizer", action="append", default=[])
     a = ap.parse_args()
     build = os.path.abspath(a.build)
-    if os.environ.get("HERD_BENCH_CHILD") != "1":
-        py = herdtest.ensure_venv(build, "venv-tokenizers", *parity.PACKAGES)
-        env = dict(os.environ, HERD_BENCH_CHILD="1", RAYON_NUM_THREADS=str(a.threads),
-                   OMP_NUM_THREADS=str(a.threads), TOKENIZERS_PARALLELISM="true")
-        sys.exit(subprocess.run([py, __file__, *sys.argv[1:]], env=env).returncode)
+    os.environ.update(RAYON_NUM_THREADS=str(a.threads), OMP_NUM_THREADS=str(a.threads), TOKENIZERS_PARALLELISM="true")
+    herdtest.rerun_in_venv(build, "venv-tokenizers", *parity.PACKAGES)
 
     import importlib.util
     import random

@@ -369,6 +369,7 @@ Status EnsurePrepared(const config::DataConfig& data) {
   options.train_out = data.train();
   options.val_out = data.val();
   options.val_fraction = data.val_fraction();
+  options.tokenizer = data.tokenizer();
   PrepareSummary s;
   HERD_RETURN_IF_ERROR(PrepareText(options, &s).WithContext("preparing data.train " + data.train() + ": "));
   std::printf("prepared %s (%lld tokens)", data.train().c_str(), static_cast<long long>(s.train_tokens));

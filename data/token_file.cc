@@ -132,6 +132,11 @@ StatusOr<TokenFile> TokenFile::Open(const std::string& path, int vocab_size) {
     f.size_ = count;
   }
 
+  if (vocab_size > 0 && f.vocab_size_ > vocab_size) {
+    return Status::InvalidArgument(path + ": prepared for a vocabulary of " + std::to_string(f.vocab_size_) +
+                                   " tokens (its header says), more than vocab_size " + std::to_string(vocab_size) +
+                                   ": set model.vocab_size to at least " + std::to_string(f.vocab_size_));
+  }
   // Every id must fit int32 (herd indexes with int32) and the vocabulary.
   const uint64_t limit = vocab_size > 0 ? static_cast<uint64_t>(vocab_size) : uint64_t{1} << 31;
   const int64_t bad = f.width_ == 2 ? (limit >= 65536 ? -1 : FirstAtOrAbove<uint16_t>(f.tokens_, f.size_, limit))

@@ -24,7 +24,8 @@ class TokenFile {
   static constexpr int32_t kMagicU32 = 20240801, kVersionU32 = 7;
   static constexpr int64_t kHeaderBytes = 1024;
 
-  // vocab_size > 0: reject the first token id >= vocab_size (one pass over
+  // vocab_size > 0: reject a file prepared for a larger vocabulary (its
+  // header says so), and the first token id >= vocab_size (one pass over
   // the file). vocab_size == 0 skips that check, but ids must still fit
   // int32.
   static StatusOr<TokenFile> Open(const std::string& path, int vocab_size);

@@ -5,6 +5,7 @@
 #include <queue>
 #include <utility>
 
+#include <glog/logging.h>
 #include <nlohmann/json.hpp>
 
 #include "common/file_util.h"
@@ -34,24 +35,6 @@ struct ByteMap {
 const ByteMap& TheByteMap() {
   static const ByteMap* map = new ByteMap();
   return *map;
-}
-
-void AppendUtf8(char32_t cp, std::string* out) {
-  if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
 }
 
 // The bytes a byte-level vocabulary entry spells; false when a character
@@ -235,7 +218,7 @@ using PreTokenizer = Tokenizer::PreTokenizer;
 
 Status Refuse(const std::string& path, const std::string& what) {
   return Status::InvalidArgument(path + ": " + what +
-                                 "; herd encodes byte-level BPE tokenizer.json files (GPT-2, Llama 3, SmolLM, OLMo)");
+                                 "; herd encodes byte-level BPE tokenizer.json files (GPT-2, Llama 3, Qwen, SmolLM, OLMo)");
 }
 
 const Json* Field(const Json& object, const char* name) {
@@ -332,7 +315,7 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& path) {
         path + (tiktoken ? ": a tiktoken rank file, which lacks the split pattern and special tokens: pass the "
                            "model's tokenizer.json (published beside it)"
                          : ": not a tokenizer.json (a SentencePiece .model?): herd encodes byte-level BPE "
-                           "tokenizer.json files (GPT-2, Llama 3, SmolLM, OLMo); SentencePiece models (Llama 2, "
+                           "tokenizer.json files (GPT-2, Llama 3, Qwen, SmolLM, OLMo); SentencePiece models (Llama 2, "
                            "Mistral, Gemma) are not byte-level and are not supported"));
   }
   Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -341,8 +324,15 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& path) {
   if (model == nullptr || !model->is_object()) return Status::InvalidArgument(path + ": no \"model\"");
   const std::string type = model->value("type", std::string("BPE"));
   if (type != "BPE") return Refuse(path, "model type '" + type + "'");
+  bool nfc = false;
   if (const Json* n = Field(j, "normalizer")) {
-    return Refuse(path, "normalizer '" + n->value("type", std::string("?")) + "' is not supported");
+    const bool sequence = n->value("type", std::string()) == "Sequence" && n->contains("normalizers") &&
+                          (*n)["normalizers"].is_array();
+    for (const Json& step : sequence ? (*n)["normalizers"] : Json::array({*n})) {
+      const std::string type = step.is_object() ? step.value("type", std::string("?")) : "?";
+      if (type != "NFC") return Refuse(path, "normalizer '" + type + "' is not supported (NFC is)");
+      nfc = true;
+    }
   }
   if (const Json* d = Field(*model, "dropout"); d != nullptr && d->is_number() && d->get<double>() > 0) {
     return Refuse(path, "BPE dropout");
@@ -356,6 +346,7 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& path) {
 
   auto t = std::unique_ptr<Tokenizer>(new Tokenizer());
   t->ignore_merges_ = model->value("ignore_merges", false);
+  t->nfc_ = nfc;
   const Json* pre = Field(j, "pre_tokenizer");
   if (pre == nullptr) return Refuse(path, "no pre_tokenizer (a byte-level tokenizer has a ByteLevel one)");
   std::vector<PreTokenizer> steps;
@@ -400,14 +391,17 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& path) {
   int missing = 0;
   for (int b = 0; b < 256; ++b) {
     std::string one;
-    AppendUtf8(TheByteMap().to_char[b], &one);
+    unicode::AppendUtf8(TheByteMap().to_char[b], &one);
     const auto it = spelled.find(one);
     t->byte_id_[b] = it == spelled.end() ? unk : it->second;
     missing += it == spelled.end();
   }
+  t->fuse_unk_ = unk >= 0 && model->value("fuse_unk", false);
+  t->byte_id_unk_ = unk;
   if (missing > 0) {
-    return Refuse(path, std::to_string(missing) + " of the 256 bytes have no token in model.vocab (trained without "
-                                                  "ByteLevel's initial alphabet?), so text would lose characters");
+    // As tokenizers does: those bytes become the unknown token, or vanish.
+    LOG(WARNING) << path << ": " << missing << " of the 256 bytes have no token in model.vocab; text holding them "
+                 << (unk >= 0 ? "encodes them as the unknown token" : "loses them, as with tokenizers");
   }
 
   // Merges, by rank: "left right" strings or [left, right] pairs.
@@ -471,7 +465,7 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& path) {
   }
   t->vocab_size_ = static_cast<int>(t->bytes_.size());
 
-  // The document token: the post-processor's first special token, else a
+  // The post-processor's first special token (a beginning of text), and a
   // conventional end-of-text token.
   auto first_special = [&](const Json& p) -> int32_t {
     const Json* single = Field(p, "single");
@@ -487,14 +481,14 @@ StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& path) {
   };
   if (const Json* post = Field(j, "post_processor")) {
     if (post->value("type", std::string()) == "Sequence" && post->contains("processors")) {
-      for (const Json& p : (*post)["processors"]) t->document_token_ = std::max(t->document_token_, first_special(p));
+      for (const Json& p : (*post)["processors"]) t->bos_token_ = std::max(t->bos_token_, first_special(p));
     } else {
-      t->document_token_ = first_special(*post);
+      t->bos_token_ = first_special(*post);
     }
   }
   for (const char* name : {"<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>"}) {
     for (const auto& [content, id] : special) {
-      if (t->document_token_ < 0 && content == name) t->document_token_ = id;
+      if (t->eos_token_ < 0 && content == name) t->eos_token_ = id;
     }
   }
   return t;
@@ -532,6 +526,11 @@ void Tokenizer::Encode(std::string_view text, Cache* cache, std::vector<int32_t>
 
 void Tokenizer::EncodePlain(std::string_view text, Cache* cache, std::vector<int32_t>* ids) const {
   if (text.empty()) return;
+  std::string normalized;
+  if (nfc_) {
+    normalized = unicode::ToNfc(text);
+    text = normalized;
+  }
   PreTokenizer::Work work;
   std::vector<Piece> pieces{text}, next;
   for (const PreTokenizer* step = pre_.get(); step != nullptr;
@@ -566,10 +565,14 @@ void Tokenizer::EncodeWord(std::string_view word, Cache* cache, std::vector<int3
       int32_t prev, next;
       bool gone;
     };
-    std::vector<Symbol> s(word.size());
-    for (size_t i = 0; i < word.size(); ++i) {
-      s[i] = {byte_id_[static_cast<unsigned char>(word[i])], static_cast<int32_t>(i) - 1,
-              i + 1 < word.size() ? static_cast<int32_t>(i) + 1 : -1, false};
+    std::vector<Symbol> s;
+    s.reserve(word.size());
+    for (const char byte : word) {
+      const int32_t id = byte_id_[static_cast<unsigned char>(byte)];
+      if (id < 0) continue;  // no token and no unknown token: dropped
+      if (fuse_unk_ && id == byte_id_unk_ && !s.empty() && s.back().id == id) continue;
+      s.push_back({id, static_cast<int32_t>(s.size()) - 1, -1, false});
+      if (s.size() > 1) s[s.size() - 2].next = static_cast<int32_t>(s.size()) - 1;
     }
     struct Candidate {
       int32_t rank, pos, id;

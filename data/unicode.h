@@ -1,10 +1,12 @@
 // The little of Unicode that tokenizers need: each code point's general
 // category (Unicode 14.0, the version HuggingFace tokenizers' regular
-// expressions use), White_Space, and a UTF-8 decoder that never fails.
+// expressions use), White_Space, Normalization Form C, and a UTF-8 decoder
+// that never fails.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 namespace herd::unicode {
@@ -25,6 +27,9 @@ constexpr char32_t kInvalidBase = 0x110000;
 // sequences are invalid bytes, one at a time.
 char32_t DecodeUtf8(std::string_view text, size_t pos, int* length);
 
+// Appends cp (<= U+10FFFF) as UTF-8.
+void AppendUtf8(char32_t cp, std::string* out);
+
 Category GeneralCategory(char32_t cp);
 
 // Unicode's White_Space property (what \s matches).
@@ -33,5 +38,11 @@ bool IsWhiteSpace(char32_t cp);
 // The category named by a one- or two-letter name ("L", "Lu", "N", ...):
 // for a one-letter name, a mask of its categories. 0 for an unknown name.
 uint32_t CategoryMask(std::string_view name);
+
+// Normalization Form C (UAX #15: canonical decomposition, canonical
+// ordering, canonical composition). Bytes that are not valid UTF-8 pass
+// through unchanged and block composition across them. Text whose code
+// points are all below U+0300 is returned as it is without decoding.
+std::string ToNfc(std::string_view text);
 
 }  // namespace herd::unicode

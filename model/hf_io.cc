@@ -83,7 +83,8 @@ nlohmann::ordered_json ConfigJson(const config::ModelConfig& m, int max_position
 
 // Writes model.safetensors, then config.json (each atomically) into `dir`.
 Status WriteHfFiles(const std::string& dir, const config::ModelConfig& model, const float* params,
-                    int max_position_embeddings) {
+                    int max_position_embeddings, const std::vector<std::pair<std::string, std::string>>& extra_files) {
+  for (const auto& [name, bytes] : extra_files) HERD_RETURN_IF_ERROR(WriteFileAtomic(JoinPath(dir, name), bytes));
   ParamLayout layout(LlamaShape::FromConfig(model));
   std::vector<SafetensorsEntry> entries;
   // Tied: the layout has no lm_head.weight, and HF omits it too.
@@ -436,7 +437,8 @@ bool IsIgnoredBuffer(const std::string& name) {
 }  // namespace
 
 Status WriteHfDirectory(const std::string& dir_in, const config::ModelConfig& model, const float* params,
-                        int max_position_embeddings) {
+                        int max_position_embeddings,
+                        const std::vector<std::pair<std::string, std::string>>& extra_files) {
   std::string dir = dir_in;
   while (dir.size() > 1 && dir.ends_with('/')) dir.pop_back();
   if (dir.empty()) return Status::InvalidArgument("export: empty output directory name");
@@ -450,11 +452,13 @@ Status WriteHfDirectory(const std::string& dir_in, const config::ModelConfig& mo
   if (::stat(dir.c_str(), &st) == 0) {
     // An existing directory: replace the two files, each atomically.
     if (!S_ISDIR(st.st_mode)) return Status::InvalidArgument(dir + ": exists and is not a directory");
-    return WriteHfFiles(dir, model, params, max_position_embeddings);
+    return WriteHfFiles(dir, model, params, max_position_embeddings, extra_files);
   }
   // A new directory appears whole or not at all.
   return WriteNewDirectory(
-      dir, [&](const std::string& tmp) { return WriteHfFiles(tmp, model, params, max_position_embeddings); });
+      dir, [&](const std::string& tmp) {
+        return WriteHfFiles(tmp, model, params, max_position_embeddings, extra_files);
+      });
 }
 
 StatusOr<HfModel> ReadHfDirectory(const std::string& dir) {

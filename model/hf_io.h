@@ -8,6 +8,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -22,9 +23,11 @@ struct HfModel {
 };
 
 // `max_position_embeddings` goes to config.json (HF needs one; herd uses
-// the training sequence length).
+// the training sequence length). extra_files (name, bytes), e.g. the
+// tokenizer's, are written beside config.json and the weights.
 Status WriteHfDirectory(const std::string& dir, const config::ModelConfig& model, const float* params,
-                        int max_position_embeddings);
+                        int max_position_embeddings,
+                        const std::vector<std::pair<std::string, std::string>>& extra_files = {});
 StatusOr<HfModel> ReadHfDirectory(const std::string& dir);
 
 // True when `dir` looks like a HuggingFace model directory (has config.json).

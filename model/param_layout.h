@@ -74,4 +74,12 @@ void InitParameters(const ParamLayout& layout, uint64_t seed, double std, float*
 void InitParameterRange(const ParamLayout& layout, uint64_t seed, double std, int64_t begin, int64_t end, float* out);
 void InitTensor(const TensorSpec& tensor, uint64_t seed, double std, float* data);
 
+// The FLOPs of training on one token (forward and backward), the count
+// MFU divides by: 6 per weight of every matrix product (the lm_head
+// included, the embedding lookup of an untied model not: it is no
+// product), plus 12 x layers x hidden x seq_len for the attention scores
+// and their use (PaLM's and torchtitan's convention; causal masking not
+// discounted).
+double TrainingFlopsPerToken(const LlamaShape& shape, int seq_len);
+
 }  // namespace herd

@@ -1,6 +1,9 @@
 #!/usr/bin/python3
-"""Writes data/unicode_tables.inc: every code point's general category, as
-runs (first code point, category), from Python's unicodedata.
+"""Writes data/unicode_tables.inc from Python's unicodedata: every code
+point's general category, as runs (first code point, category), and what
+NFC needs: canonical combining classes (runs of the non-zero ones),
+canonical decompositions (one or two code points each, applied
+recursively) and the pairs that compose (primary composites only).
 
 The tokenizers herd reads split text with regular expressions over Unicode
 categories (\\p{L}, \\p{N}, ...), which HuggingFace's tokenizers evaluates
@@ -33,7 +36,38 @@ def main():
         for i in range(0, len(runs), 8):
             f.write("    " + " ".join(f"{{0x{cp:X}, {c}}}," for cp, c in runs[i:i + 8]) + "\n")
         f.write("};\n")
-    print(f"{len(runs)} runs -> {os.path.normpath(out)}")
+        ccc = []
+        for cp in range(0x110000):
+            c = unicodedata.combining(chr(cp))
+            if c and ccc and ccc[-1][1] == cp - 1 and ccc[-1][2] == c:
+                ccc[-1][1] = cp
+            elif c:
+                ccc.append([cp, cp, c])
+        f.write(f"static constexpr CombiningRun kCombiningRuns[{len(ccc)}] = {{\n")
+        for i in range(0, len(ccc), 6):
+            f.write("    " + " ".join(f"{{0x{a:X}, 0x{b:X}, {c}}}," for a, b, c in ccc[i:i + 6]) + "\n")
+        f.write("};\n")
+        decomp, comp = [], []
+        for cp in range(0x110000):
+            d = unicodedata.decomposition(chr(cp))
+            if not d or d.startswith("<") or 0xAC00 <= cp <= 0xD7A3:
+                continue
+            parts = [int(x, 16) for x in d.split()]
+            assert len(parts) in (1, 2), hex(cp)
+            decomp.append((cp, parts[0], parts[1] if len(parts) == 2 else 0))
+            if len(parts) == 2 and unicodedata.normalize("NFC", chr(parts[0]) + chr(parts[1])) == chr(cp):
+                comp.append((parts[0], parts[1], cp))
+        f.write(f"static constexpr Decomposition kDecompositions[{len(decomp)}] = {{\n")
+        for i in range(0, len(decomp), 5):
+            f.write("    " + " ".join(f"{{0x{a:X}, 0x{b:X}, 0x{c:X}}}," for a, b, c in decomp[i:i + 5]) + "\n")
+        f.write("};\n")
+        comp.sort()
+        f.write(f"static constexpr Composition kCompositions[{len(comp)}] = {{\n")
+        for i in range(0, len(comp), 5):
+            f.write("    " + " ".join(f"{{0x{a:X}, 0x{b:X}, 0x{c:X}}}," for a, b, c in comp[i:i + 5]) + "\n")
+        f.write("};\n")
+    print(f"{len(runs)} category runs, {len(ccc)} combining-class runs, {len(decomp)} decompositions, "
+          f"{len(comp)} compositions -> {os.path.normpath(out)}")
 
 
 if __name__ == "__main__":

@@ -976,7 +976,7 @@ TEST_F(TokenizerTest, IgnoreMergesTakesAWholeWordFromTheVocabulary) {
 TEST_F(TokenizerTest, RefusesWhatWouldEncodeDifferentlyInOneLine) {
   const std::string base = TokenizerJson({{"t", "h"}});
   const std::pair<std::string, std::string> cases[] = {
-      {R"({"normalizer": {"type": "NFC"}})", "normalizer 'NFC' is not supported"},
+      {R"({"normalizer": {"type": "NFKC"}})", "normalizer 'NFKC' is not supported"},
       {R"({"model": {"type": "Unigram"}})", "model type 'Unigram'"},
       {R"({"model": {"byte_fallback": true}})", "byte_fallback"},
       {R"({"model": {"dropout": 0.1}})", "BPE dropout"},

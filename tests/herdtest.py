@@ -8,6 +8,7 @@ import random
 import json
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -107,6 +108,25 @@ def ensure_venv(build, name, *packages):
         sys.exit(77)
     open(ok, "w").close()
     return py
+
+
+def rerun_in_venv(build, name, *packages):
+    """Runs this script again with BUILD/NAME's python (ensure_venv) and
+    exits with its code, unless this is that run: then returns."""
+    if os.environ.get("HERD_IN_VENV") == name:
+        return
+    py = ensure_venv(build, name, *packages)
+    env = dict(os.environ, HERD_IN_VENV=name)
+    sys.exit(subprocess.run([py, os.path.abspath(sys.argv[0]), *sys.argv[1:]], env=env).returncode)
+
+
+def read_token_file(path):
+    """An llm.c token file: (its 256 header ints, its tokens)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    header = struct.unpack("<256i", data[:1024])
+    fmt = "H" if header[0] == 20240520 else "I"
+    return header, list(struct.unpack(f"<{header[2]}{fmt}", data[1024:]))
 
 
 def snapshot(root):

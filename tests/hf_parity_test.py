@@ -4,7 +4,6 @@ transformers is installed from PyPI into a venv on top of Debian's torch
 (BUILD/pyenv, made once); when that is impossible (no network) the test
 reports itself skipped (exit 77). Tolerances in tests/parity.py."""
 import os
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -17,10 +16,7 @@ TRANSFORMERS = "transformers==4.44.2"
 
 def main():
     a = herdtest.parse_args()
-    if os.environ.get("HERD_HF_PARITY_CHILD") != "1":
-        py = herdtest.ensure_venv(a.build, "pyenv", TRANSFORMERS, "safetensors")
-        env = dict(os.environ, HERD_HF_PARITY_CHILD="1")
-        sys.exit(subprocess.run([py, __file__, "--build", a.build, "--source", a.source], env=env).returncode)
+    herdtest.rerun_in_venv(a.build, "pyenv", TRANSFORMERS, "safetensors")
 
     import torch
     import transformers

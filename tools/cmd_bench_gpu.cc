@@ -22,13 +22,13 @@
 #include "common/file_util.h"
 #include "common/logging.h"
 #include "common/strings.h"
+#include "model/param_layout.h"
 #include "tools/args.h"
 #include "tools/commands.h"
 #if HERD_HAVE_CUDA
 #include "common/clock.h"
 #include "common/rng.h"
 #include "model/cuda/staged_model.h"
-#include "model/param_layout.h"
 #include "worker/cuda/device_trainer.h"
 #endif
 
@@ -135,10 +135,10 @@ int RunBenchGpu(int argc, char** argv) {
   const auto& m = config->model();
   const auto& train = config->train();
   const int B = train.batch_size(), T = train.seq_len();
-  const int64_t flops_per_token_attention = 12LL * m.num_hidden_layers() * m.hidden_size() * T;
+  const double flops_per_token = TrainingFlopsPerToken(LlamaShape::FromConfig(m), T);
 #if !HERD_HAVE_CUDA
   (void)B;
-  (void)flops_per_token_attention;
+  (void)flops_per_token;
   return ReportError(Status::FailedPrecondition("bench gpu: this herd was built without CUDA"));
 #else
   cuda::DeviceTrainer::Options trainer = cuda::DeviceTrainer::Options::FromConfig(*config, /*device=*/0);
@@ -148,7 +148,6 @@ int RunBenchGpu(int argc, char** argv) {
   auto r = TimeDeviceSteps(trainer, static_cast<int>(*steps), static_cast<int>(*warmup), train.seed(),
                            m.initializer_range());
   if (!r.ok()) return ReportError(r.status());
-  const double flops_per_token = 6.0 * static_cast<double>(r->parameters) + flops_per_token_attention;
   const double herd_tps = B * T / r->median_step_s;
   nlohmann::json ours = {{"bench", "gpu"},
                          {"impl", "herd"},

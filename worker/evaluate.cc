@@ -5,11 +5,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <vector>
 
 #include "common/rng.h"
 #include "common/strings.h"
 #include "data/sampler.h"
+#include "data/tokenizer.h"
 
 namespace herd {
 
@@ -73,14 +75,37 @@ double ValidationLoss(Model& model, const float* params, const TokenFile* val, c
 
 void PrintSample(Model& model, const float* params, const config::JobConfig& config) {
   const auto& log = config.log();
-  if (log.sample_tokens() <= 0 || config.model().vocab_size() < 256) return;
+  if (log.sample_tokens() <= 0) return;
+  // With data.tokenizer the prompt is encoded by it, after the token that
+  // starts every prepared document; otherwise the model is byte-level.
+  std::unique_ptr<Tokenizer> tokenizer;
   std::vector<int32_t> prompt;
-  for (unsigned char c : log.sample_prompt()) prompt.push_back(c);
+  if (!config.data().tokenizer().empty()) {
+    auto loaded = Tokenizer::Load(config.data().tokenizer());
+    if (!loaded.ok()) {
+      LOG(WARNING) << "no text sample: " << loaded.status().message();
+      return;
+    }
+    tokenizer = std::move(loaded).value();
+    if (tokenizer->document_token() >= 0) prompt.push_back(tokenizer->document_token());
+    Tokenizer::Cache cache;
+    tokenizer->Encode(log.sample_prompt(), &cache, &prompt);
+  } else {
+    if (config.model().vocab_size() < 256) return;
+    for (unsigned char c : log.sample_prompt()) prompt.push_back(c);
+  }
+  const size_t prompt_tokens = prompt.size();
   std::vector<int32_t> out =
       Generate(model, params, prompt, log.sample_tokens(), log.sample_temperature(), config.train().seed());
   std::string text;
-  for (int32_t t : out) text.push_back(static_cast<char>(t & 0xff));
-  // A byte-level model may emit any bytes: what is printed is valid UTF-8.
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (tokenizer == nullptr) {
+      text.push_back(static_cast<char>(out[i] & 0xff));
+    } else if (i + 1 > prompt_tokens || out[i] != tokenizer->document_token()) {
+      text.append(tokenizer->Bytes(out[i]));
+    }
+  }
+  // A model may emit any bytes: what is printed is valid UTF-8.
   std::printf("sample (temperature %.2f):\n%s\n", log.sample_temperature(), PrintableUtf8(text).c_str());
 }
 

@@ -35,7 +35,8 @@ std::vector<int32_t> Generate(Model& model, const float* params, std::vector<int
 double ValidationLoss(Model& model, const float* params, const TokenFile* val, const config::JobConfig& config);
 
 // The end-of-training text sample (log.sample_tokens from
-// log.sample_prompt), printed on stdout; nothing for non-byte vocabularies.
+// log.sample_prompt, encoded with data.tokenizer when the job has one, else
+// byte-level), printed on stdout.
 void PrintSample(Model& model, const float* params, const config::JobConfig& config);
 
 }  // namespace herd

@@ -9,6 +9,7 @@
 #include "model/checkpoint_format.h"
 #include "model/checkpoint_run.h"
 #include "model/optim/optimizer_shard.h"
+#include "model/param_layout.h"
 #include "transport/checkpoint_commit.h"
 #include "worker/evaluate.h"
 
@@ -31,12 +32,13 @@ StepLoop::StepLoop(const StepLoopParts& parts)
       total_steps_(config_.train().steps()),
       last_step_(parts.options.LastStep(total_steps_)),
       tokens_per_step_(static_cast<int64_t>(config_.train().batch_size()) * config_.train().seq_len() *
-                       config_.train().grad_accum() * parts.num_workers) {}
+                       config_.train().grad_accum() * parts.num_workers),
+      flops_per_token_(TrainingFlopsPerToken(LlamaShape::FromConfig(config_.model()), config_.train().seq_len())) {}
 
 Status StepLoop::Run(int64_t start) {
   const int B = config_.train().batch_size(), T = config_.train().seq_len(), A = config_.train().grad_accum();
   start_ = start;
-  if (leader_) HERD_RETURN_IF_ERROR(log_.Open(config_.log().metrics(), p_.options.resume));
+  if (leader_) HERD_RETURN_IF_ERROR(log_.Open(config_.log().metrics(), config_.log().tensorboard(), p_.options.resume));
   // A step's micro-batches are all drawn before its first forward (a
   // strategy that computes the step takes them at once); an elastic
   // worker's micro-batch a holds each of its shares' rows one after the
@@ -189,7 +191,7 @@ void StepLoop::NoteMembership(int64_t step) {
   if (!leader_) {
     // The leader was lost: this worker prints and records progress now.
     leader_ = true;
-    Status opened = log_.TakeOver(config_.log().metrics());
+    Status opened = log_.TakeOver(config_.log().metrics(), config_.log().tensorboard());
     if (opened.ok() && held_line_.step > 0) opened = log_.Write(held_line_);
     if (!opened.ok()) LOG(WARNING) << opened.message();
   }
@@ -212,6 +214,7 @@ bool StepLoop::EvaluatesAt(int64_t step) const {
 Status StepLoop::Epilogue(int64_t step) {
   const StepReport& report = strategy_.report();
   window_tokens_ += tokens_per_step_;
+  ++window_steps_;
   window_wait_ += strategy_.TakeWaitSeconds();
   HERD_RETURN_IF_ERROR(CheckNotDiverged("loss", report.mean_loss).WithContext("step " + std::to_string(step) + ": "));
 
@@ -229,6 +232,10 @@ Status StepLoop::Epilogue(int64_t step) {
     e.grad_norm = report.grad_norm;
     const double window_s = window_clock_.Seconds();
     e.tokens_per_s = window_s > 0 ? window_tokens_ / window_s : 0;
+    e.step_s = window_s / window_steps_;
+    if (config_.log().peak_tflops() > 0) {
+      e.mfu = e.tokens_per_s * flops_per_token_ / (config_.log().peak_tflops() * 1e12 * p_.num_workers);
+    }
     if (p_.client != nullptr) e.network_wait = window_s > 0 ? window_wait_ / window_s : 0;
     e.elapsed_s = run_clock_.Seconds();
     e.eta_s = e.tokens_per_s > 0 ? (total_steps_ - step) * tokens_per_step_ / e.tokens_per_s : 0;
@@ -240,6 +247,7 @@ Status StepLoop::Epilogue(int64_t step) {
     }
     window_clock_.Reset();
     window_tokens_ = 0;
+    window_steps_ = 0;
     window_wait_ = 0;
   }
   // An elastic job's servers write its checkpoints, the data position too.

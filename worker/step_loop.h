@@ -107,11 +107,12 @@ class StepLoop {
   SyncStrategy& strategy_;
   bool leader_;  // prints progress and evaluates (elastic: the lowest live rank)
   const int64_t total_steps_, last_step_, tokens_per_step_;
+  const double flops_per_token_;
 
   int64_t start_ = 0;
   ProgressLog log_;
   Stopwatch run_clock_, window_clock_;
-  int64_t window_tokens_ = 0;
+  int64_t window_tokens_ = 0, window_steps_ = 0;
   double window_wait_ = 0;
   std::string loader_state_;  // the data position after the step to checkpoint
   // The step's micro-batches: [grad_accum][shares x batch x seq_len].
