@@ -173,31 +173,32 @@ class Encoder {
   std::vector<Tokenizer::Cache> caches_;
 };
 
-// A line on stderr, redrawn in place twice a second, when it is a terminal.
+// Progress on stderr: a line redrawn in place twice a second on a
+// terminal, else (a job's log) a line of its own every 30 s.
 class Progress {
  public:
   Progress(bool enabled, int64_t total_bytes)
-      : enabled_(enabled && ::isatty(STDERR_FILENO)), total_(total_bytes), start_(Clock::now()) {}
+      : enabled_(enabled), tty_(::isatty(STDERR_FILENO) != 0), total_(total_bytes), start_(Clock::now()) {}
   ~Progress() {
-    if (drawn_) std::fprintf(stderr, "\n");
+    if (drawn_ && tty_) std::fprintf(stderr, "\n");
   }
   void Update(int64_t done_bytes) {
     if (!enabled_) return;
     const double t = std::chrono::duration<double>(Clock::now() - start_).count();
-    if (t - last_ < 0.5) return;
+    if (t - last_ < (tty_ ? 0.5 : 30.0)) return;
     last_ = t;
     drawn_ = true;
     const double rate = done_bytes / std::max(t, 1e-9);
     const double left = rate > 0 ? (total_ - done_bytes) / rate : 0;
-    std::fprintf(stderr, "\rprepare: %.1f / %.1f MB (%3.0f%%) | %.1f MB/s | eta %dm%02ds   ", done_bytes / 1e6,
-                 total_ / 1e6, 100.0 * done_bytes / std::max<int64_t>(total_, 1), rate / 1e6,
-                 static_cast<int>(left) / 60, static_cast<int>(left) % 60);
+    std::fprintf(stderr, "%sprepare: %.1f / %.1f MB (%3.0f%%) | %.1f MB/s | eta %dm%02ds%s", tty_ ? "\r" : "",
+                 done_bytes / 1e6, total_ / 1e6, 100.0 * done_bytes / std::max<int64_t>(total_, 1), rate / 1e6,
+                 static_cast<int>(left) / 60, static_cast<int>(left) % 60, tty_ ? "   " : "\n");
     std::fflush(stderr);
   }
 
  private:
   using Clock = std::chrono::steady_clock;
-  const bool enabled_;
+  const bool enabled_, tty_;
   const int64_t total_;
   const Clock::time_point start_;
   double last_ = 0;

@@ -46,7 +46,7 @@ struct PrepareOptions {
   double val_fraction = 0.05;       // in (0, 1) when val_out is set
   std::string tokenizer;            // tokenizer.json; empty: byte-level
   std::string document_token;       // overrides Tokenizer::document_token()
-  bool progress = false;            // redraw a progress line on stderr (a terminal)
+  bool progress = false;            // progress lines on stderr (data/prepare.cc's Progress)
 };
 
 struct PrepareSummary {
