@@ -45,4 +45,10 @@ std::string ConfigToText(const JobConfig& config);
 // The job's workers: cluster.workers, or 1 for one process (sync NONE).
 int NumWorkers(const JobConfig& config);
 
+// Parameter-server mode steps each bucket as soon as its sum is complete
+// (and workers pull it at once) when nothing global enters the update: no
+// clipping (the norm), no spike guard (the norm and the loss), and not an
+// elastic job (whose steps are transactions).
+bool StreamsUpdates(const JobConfig& config);
+
 }  // namespace herd

@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cinttypes>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -20,33 +21,50 @@ namespace {
 using json = nlohmann::json;
 
 constexpr char kShardMagic[8] = {'H', 'E', 'R', 'D', 'S', 'H', 'R', 'D'};
-constexpr uint32_t kShardVersion = 1;
+constexpr uint32_t kShardVersion = 2;  // 1 is read too
 constexpr char kManifest[] = "manifest.json";
 constexpr char kConfigFile[] = "config.textproto";
 
 // Fixed-size little-endian header in front of a shard's three arrays.
+// Version 1 ended after `step` (kHeaderBytesV1).
 struct ShardHeader {
   char magic[8];
   uint32_t version;
   uint32_t payload_crc;  // CRC-32 of weights, m, v
   int64_t begin, end, step;
+  int64_t spike_count;
+  double loss_mean, loss_var, norm_mean, norm_var;
 };
-static_assert(sizeof(ShardHeader) == 40);
+static_assert(sizeof(ShardHeader) == 80);
+constexpr size_t kHeaderBytesV1 = 40;
+
+// The bytes a header of this version takes.
+size_t HeaderBytes(const ShardHeader& h) { return h.version == 1 ? kHeaderBytesV1 : sizeof(ShardHeader); }
 
 // The fixed header of `data` (a whole shard file or its first bytes),
-// validated.
+// validated; a version-1 header has no spike statistics (zero).
 StatusOr<ShardHeader> ParseShardHeader(const std::string& path, std::string_view data) {
-  if (data.size() < sizeof(ShardHeader)) {
+  if (data.size() < kHeaderBytesV1) {
     return Status::Corruption(path + ": " + std::to_string(data.size()) + " bytes is shorter than a shard header");
   }
-  ShardHeader h;
-  std::memcpy(&h, data.data(), sizeof(h));
+  ShardHeader h{};
+  std::memcpy(&h, data.data(), kHeaderBytesV1);
   if (std::memcmp(h.magic, kShardMagic, sizeof(kShardMagic)) != 0) {
     return Status::Corruption(path + ": not a herd shard (bad magic)");
   }
-  if (h.version != kShardVersion) {
-    return Status::Corruption(path + ": shard version " + std::to_string(h.version) + ", expected " +
+  if (h.version != 1 && h.version != kShardVersion) {
+    return Status::Corruption(path + ": shard version " + std::to_string(h.version) + ", expected 1 or " +
                               std::to_string(kShardVersion));
+  }
+  if (h.version == kShardVersion) {
+    if (data.size() < sizeof(ShardHeader)) {
+      return Status::Corruption(path + ": " + std::to_string(data.size()) + " bytes is shorter than a shard header");
+    }
+    std::memcpy(&h, data.data(), sizeof(ShardHeader));
+    if (h.spike_count < 0 || !std::isfinite(h.loss_mean) || !std::isfinite(h.norm_mean) || !(h.loss_var >= 0) ||
+        !(h.norm_var >= 0) || !std::isfinite(h.loss_var) || !std::isfinite(h.norm_var)) {
+      return Status::Corruption(path + ": invalid spike-guard statistics in its header");
+    }
   }
   if (h.begin < 0 || h.end < h.begin || h.step < 0 || (h.end - h.begin) > (int64_t{1} << 40)) {
     return Status::Corruption(path + ": invalid range [" + std::to_string(h.begin) + ", " + std::to_string(h.end) +
@@ -85,6 +103,11 @@ ShardHeader HeaderOf(const ShardView& shard) {
   h.begin = shard.begin;
   h.end = shard.end;
   h.step = shard.step;
+  h.spike_count = shard.spikes.count;
+  h.loss_mean = shard.spikes.loss_mean;
+  h.loss_var = shard.spikes.loss_var;
+  h.norm_mean = shard.spikes.norm_mean;
+  h.norm_var = shard.spikes.norm_var;
   return h;
 }
 
@@ -138,12 +161,12 @@ StatusOr<ShardState> ReadShard(const std::string& path) {
   HERD_ASSIGN_OR_RETURN(std::string data, ReadFile(path));
   HERD_ASSIGN_OR_RETURN(ShardHeader h, ParseShardHeader(path, data));
   const size_t n = static_cast<size_t>(h.end - h.begin);
-  const size_t expected = sizeof(ShardHeader) + 3 * n * sizeof(float);
+  const size_t expected = HeaderBytes(h) + 3 * n * sizeof(float);
   if (data.size() != expected) {
     return Status::Corruption(path + ": range of " + std::to_string(n) + " elements needs " +
                               std::to_string(expected) + " bytes, file has " + std::to_string(data.size()));
   }
-  const char* payload = data.data() + sizeof(ShardHeader);
+  const char* payload = data.data() + HeaderBytes(h);
   if (Crc32(payload, 3 * n * sizeof(float)) != h.payload_crc) {
     return Status::Corruption(path + ": checksum mismatch (file is damaged)");
   }
@@ -151,6 +174,7 @@ StatusOr<ShardState> ReadShard(const std::string& path) {
   s.begin = h.begin;
   s.end = h.end;
   s.step = h.step;
+  s.spikes = {h.spike_count, h.loss_mean, h.loss_var, h.norm_mean, h.norm_var};
   s.weights.resize(n);
   s.m.resize(n);
   s.v.resize(n);
@@ -186,11 +210,11 @@ StatusOr<std::pair<uint64_t, uint32_t>> PartDigest(const std::string& path) {
     HERD_ASSIGN_OR_RETURN(auto head, ReadShardHead(path));
     const auto& [h, size] = head;
     const uint64_t payload = 3 * static_cast<uint64_t>(h.end - h.begin) * sizeof(float);
-    if (size != sizeof(ShardHeader) + payload) {
+    if (size != HeaderBytes(h) + payload) {
       return Status::Corruption(path + ": " + std::to_string(size) + " bytes, its header says " +
-                                std::to_string(sizeof(ShardHeader) + payload));
+                                std::to_string(HeaderBytes(h) + payload));
     }
-    return std::make_pair(size, Crc32Combine(Crc32(&h, sizeof h), h.payload_crc, payload));
+    return std::make_pair(size, Crc32Combine(Crc32(&h, HeaderBytes(h)), h.payload_crc, payload));
   }
   HERD_ASSIGN_OR_RETURN(std::string data, ReadFile(path));
   return std::make_pair(static_cast<uint64_t>(data.size()), Crc32(data.data(), data.size()));

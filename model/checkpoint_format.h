@@ -2,9 +2,12 @@
 // ROOT/step_NNNNNNNN/, holding
 //   config.textproto   the complete job config (model shape included)
 //   shard_NNNNN.bin    a range [begin, end) of the flat parameter space:
-//                      a 40-byte little-endian header (magic "HERDSHRD",
-//                      version 1, CRC-32 of the payload, begin, end, step),
-//                      then fp32 weights, AdamW m and v, each end - begin long
+//                      an 80-byte little-endian header (magic "HERDSHRD",
+//                      version 2, CRC-32 of the payload, begin, end, step,
+//                      then the spike guard's count, loss mean and variance,
+//                      norm mean and variance), then fp32 weights, AdamW m
+//                      and v, each end - begin long (version 1, read too:
+//                      the 40 bytes up to step, no spike statistics)
 //   worker_NNNNN.state a worker's data-loader position (text)
 //   manifest.json      written last: format, version, step and every part's
 //                      file name, size and CRC-32
@@ -24,6 +27,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "model/optim/spike_guard.h"
 #include "proto/herd.pb.h"
 
 namespace herd {
@@ -35,12 +39,14 @@ struct ShardView {
   int64_t begin = 0, end = 0;  // range of the flat parameter space
   int64_t step = 0;            // optimizer steps taken
   const float *weights = nullptr, *m = nullptr, *v = nullptr;  // each end - begin long
+  SpikeStats spikes;           // the loss-spike guard's state (the same in every shard)
 };
 struct ShardState {
   int64_t begin = 0, end = 0;
   int64_t step = 0;
   std::vector<float> weights, m, v;
-  ShardView view() const { return {begin, end, step, weights.data(), m.data(), v.data()}; }
+  SpikeStats spikes;
+  ShardView view() const { return {begin, end, step, weights.data(), m.data(), v.data(), spikes}; }
 };
 
 std::string StepDirName(const std::string& root, int64_t step);

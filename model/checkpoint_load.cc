@@ -75,6 +75,9 @@ StatusOr<ShardState> ReadShardRange(const std::string& step_dir, const Manifest&
       return Status::Corruption(path + ": holds step " + std::to_string(shard.step) + " but the manifest says " +
                                 std::to_string(manifest.step));
     }
+    // Every shard carries the same spike statistics (its writer judged the
+    // same losses and norms).
+    if (shard.spikes.count > out.spikes.count) out.spikes = shard.spikes;
     const int64_t lo = std::max(begin, shard.begin), hi = std::min(end, shard.end);
     if (lo >= hi) continue;
     const size_t from = static_cast<size_t>(lo - shard.begin), to = static_cast<size_t>(lo - begin);

@@ -3,6 +3,7 @@
 #include <glog/logging.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 
@@ -359,6 +360,18 @@ void ParameterShard::ApplyBucket(LocalBucket& b, const OptimizerShard::Scalars& 
   for (auto& [reply, data] : replies) reply(Status::OK(), data);
 }
 
+double ParameterShard::MeanLoss() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return MeanLossLocked();
+}
+
+double ParameterShard::MeanLossLocked() const {
+  if (!options_.collects_losses) return std::nan("");
+  double loss_sum = 0;
+  for (const ShareLoss& l : losses_) loss_sum += l.loss;  // share order
+  return loss_sum / options_.num_workers;
+}
+
 void ParameterShard::ApplyStep(const OptimizerShard::Scalars& step) {
   for (LocalBucket& b : buckets_) ApplyBucket(b, step);
   FinishStep(step);
@@ -368,10 +381,10 @@ void ParameterShard::FinishStep(const OptimizerShard::Scalars& step) {
   Replies replies;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    double loss_sum = 0;
-    for (const ShareLoss& l : losses_) loss_sum += l.loss;  // share order
-    report_ = {static_cast<uint64_t>(step.step), step.global_norm, step.lr, loss_sum / options_.num_workers,
-               losses_[0].data, membership_epoch_};
+    report_ = ReportOf(step.step, step.global_norm, step.lr, options_.collects_losses ? MeanLossLocked() : 0.0,
+                       step.spike);
+    report_.data = losses_[0].data;
+    report_.membership_epoch = membership_epoch_;
     optimizer_->EndStep();
     stepping_ = false;
     for (LocalBucket& b : buckets_) {
@@ -412,20 +425,20 @@ Status ParameterShard::ServeSteps(int64_t last, const StepHooks& hooks) {
       // Without clipping the norm does not enter the update: each bucket
       // is stepped as soon as its sum is complete, and its pulls answered,
       // while the workers are still pushing the others.
-      scalars = optimizer_->BeginStep(/*global_norm=*/0);
+      scalars = optimizer_->BeginStep(/*global_norm=*/0, /*loss=*/0);
       for (size_t n = 0; n < buckets_.size(); ++n) {
         HERD_ASSIGN_OR_RETURN(LocalBucket * b, WaitForSummedBucket());
         ApplyBucket(*b, scalars);
       }
     }
     HERD_ASSIGN_OR_RETURN(const double partial, WaitForGradients());
-    HERD_ASSIGN_OR_RETURN(const double norm, hooks.global_norm(step, partial));
-    HERD_RETURN_IF_ERROR(CheckNotDiverged("gradient norm", norm).WithContext(at));
+    HERD_ASSIGN_OR_RETURN(const StepHooks::Global global, hooks.global_scalars(step, partial, MeanLoss()));
+    HERD_RETURN_IF_ERROR(CheckNotDiverged("gradient norm", global.norm).WithContext(at));
     if (options_.stream_updates) {
-      scalars.global_norm = norm;  // for the step's report
+      scalars.global_norm = global.norm;  // for the step's report
       FinishStep(scalars);
     } else {
-      ApplyStep(optimizer_->BeginStep(norm));
+      ApplyStep(optimizer_->BeginStep(global.norm, global.loss));
     }
     if (hooks.after_step) HERD_RETURN_IF_ERROR(hooks.after_step(step));
   }

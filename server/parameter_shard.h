@@ -80,10 +80,14 @@ class ParameterShard : public transport::ShardHandler {
 
   // What a server does around its steps.
   struct StepHooks {
-    // The global norm of step `step` (1-based) from this shard's squared
-    // partial norm: every server's partial combined, the same value on
-    // every server.
-    std::function<StatusOr<double>(int64_t step, double partial)> global_norm;
+    // The global norm and mean loss of step `step` (1-based) from this
+    // shard's squared partial norm and what it knows of the loss (server 0
+    // collects it; others pass NaN): every server's partials combined and
+    // server 0's loss, the same values on every server.
+    struct Global {
+      double norm, loss;
+    };
+    std::function<StatusOr<Global>(int64_t step, double partial, double loss)> global_scalars;
     // After step `step` is applied (checkpoints); may be empty.
     std::function<Status(int64_t step)> after_step;
   };
@@ -102,6 +106,10 @@ class ParameterShard : public transport::ShardHandler {
   // norm) bucket by bucket in ascending order, serving the pulls of the
   // new version as buckets are done.
   void ApplyStep(const OptimizerShard::Scalars& step);
+  // The step's mean loss over the workers' shares (NaN on a server that
+  // does not collect them).
+  double MeanLoss();
+  double MeanLossLocked() const;  // REQUIRES: mu_ held
   // Wakes WaitForGradients with `status` and answers later requests with it.
   void Fail(const Status& status);
   // Any thread (elastic): the membership changes seen so far, stamped on

@@ -31,19 +31,24 @@ namespace {
 
 // The combined norm of every server's partial sum of squares, added in
 // server order so that every server computes the same value.
-StatusOr<double> GlobalNorm(transport::CoordinatorClient& client, int64_t step, double partial) {
-  if (client.num_servers() == 1) return std::sqrt(partial);
-  std::string mine(sizeof(double), '\0');
-  std::memcpy(mine.data(), &partial, sizeof partial);
-  HERD_ASSIGN_OR_RETURN(auto all, client.AllGather("herd/norm/" + std::to_string(step), mine, wire::SERVERS));
-  double total = 0;
-  for (const std::string& p : all) {
-    if (p.size() != sizeof(double)) return Status::Corruption("a server sent a malformed partial norm");
-    double x;
-    std::memcpy(&x, p.data(), sizeof x);
-    total += x;
+// The servers' squared partial norms summed in rank order, and server 0's
+// loss (the one server that collects the workers').
+StatusOr<ParameterShard::StepHooks::Global> GlobalScalars(transport::CoordinatorClient& client, int64_t step,
+                                                          double partial, double loss) {
+  if (client.num_servers() == 1) return ParameterShard::StepHooks::Global{std::sqrt(partial), loss};
+  const double mine[2] = {partial, loss};
+  HERD_ASSIGN_OR_RETURN(auto all, client.AllGather("herd/norm/" + std::to_string(step),
+                                                   std::string(reinterpret_cast<const char*>(mine), sizeof mine),
+                                                   wire::SERVERS));
+  double total = 0, first_loss = 0;
+  for (size_t i = 0; i < all.size(); ++i) {
+    double x[2];
+    if (all[i].size() != sizeof x) return Status::Corruption("a server sent a malformed partial norm and loss");
+    std::memcpy(x, all[i].data(), sizeof x);
+    total += x[0];
+    if (i == 0) first_loss = x[1];
   }
-  return std::sqrt(total);
+  return ParameterShard::StepHooks::Global{std::sqrt(total), first_loss};
 }
 
 }  // namespace
@@ -80,7 +85,7 @@ Status RunParameterServer(const config::JobConfig& config, const TrainOptions& o
     o.bf16_wire = config.cluster().wire_dtype() == config::ClusterConfig::BF16;
     o.collects_losses = rank == 0;
     o.elastic = config.cluster().elastic();
-    o.stream_updates = !ClipsGradients(config.optimizer().clip_norm()) && !o.elastic;
+    o.stream_updates = StreamsUpdates(config);
     shard_holder = std::make_unique<ParameterShard>(o, std::move(optimizer));
     const uint64_t bytes = plan.shard(rank).size() * sizeof(float);
     HERD_RETURN_IF_ERROR(rt.transport().RegisterMemory(shard_holder->weights(), bytes));
@@ -114,7 +119,9 @@ Status RunParameterServer(const config::JobConfig& config, const TrainOptions& o
   ShardImage snapshot;
   transport::BackgroundCommit background;
   ParameterShard::StepHooks hooks;
-  hooks.global_norm = [client](int64_t step, double partial) { return GlobalNorm(*client, step, partial); };
+  hooks.global_scalars = [client](int64_t step, double partial, double loss) {
+    return GlobalScalars(*client, step, partial, loss);
+  };
   const bool elastic = config.cluster().elastic();
   hooks.after_step = [&](int64_t step) -> Status {
     if (!CheckpointDue(config.checkpoint(), step, last)) return Status::OK();

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "model/optim/spike_guard.h"
 #include "model/param_layout.h"
 #include "proto/herd.pb.h"
 
@@ -64,8 +65,16 @@ struct StepReport {
   // step was done. The next step's shares are dealt by the membership of
   // this epoch, so a worker that joined later starts a step later.
   int64_t membership_epoch = 0;
+  // The spike guard (optimizer.skip_spikes_zscore) skipped this step's
+  // update; the loss's and the norm's z-scores it judged.
+  int32_t skipped = 0;
+  float loss_z = 0, norm_z = 0;
 };
-static_assert(sizeof(StepReport) == 64);
+static_assert(sizeof(StepReport) == 80);
+
+// The report of step `step` taken with these scalars (the data position
+// and membership epoch are the caller's to fill in).
+StepReport ReportOf(int64_t step, double grad_norm, double lr, double mean_loss, const SpikeVerdict& spike);
 
 class ShardPlan {
  public:

@@ -83,7 +83,7 @@ TEST_F(OptimizerShardTest, StepIsClipAndAdamWAndFollowsTheSchedule) {
   for (int t = 0; t < 5; ++t) {
     const auto g = Gradients(P_, t);
     const double norm = std::sqrt(SumOfSquares(g.data(), P_));
-    const OptimizerShard::Scalars k = s->Step(g.data(), norm);
+    const OptimizerShard::Scalars k = s->Step(g.data(), norm, /*loss=*/0);
     const double lr = LearningRate(options.schedule, t);
     EXPECT_EQ(k.lr, lr);
     EXPECT_EQ(k.step, t + 1);
@@ -104,10 +104,10 @@ TEST_F(OptimizerShardTest, SteppingInPiecesEqualsSteppingAtOnce) {
   for (int t = 0; t < 3; ++t) {
     const auto g = Gradients(P_, 10 + t);
     const double norm = 2.5;  // clipping on
-    whole->Step(g.data(), norm);
-    left->Step(g.data(), norm);
-    right->Step(g.data() + 1024, norm);
-    const OptimizerShard::Scalars k = pieces->BeginStep(norm);
+    whole->Step(g.data(), norm, /*loss=*/0);
+    left->Step(g.data(), norm, /*loss=*/0);
+    right->Step(g.data() + 1024, norm, /*loss=*/0);
+    const OptimizerShard::Scalars k = pieces->BeginStep(norm, /*loss=*/0);
     for (int64_t b = P_; b > 0; b -= 333) {  // buckets in backward order, odd sizes
       const int64_t lo = std::max<int64_t>(0, b - 333);
       pieces->Apply(k, {lo, b}, g.data() + lo);
@@ -130,10 +130,68 @@ TEST_F(OptimizerShardTest, AttachedWeightsAreSteppedInThePlace) {
   EXPECT_EQ(space[127], -1.0f);
   EXPECT_EQ(space[512], -1.0f);
   const auto g = Gradients(384, 3);
-  own->Step(g.data(), 0.5);
-  attached->Step(g.data(), 0.5);
+  own->Step(g.data(), 0.5, /*loss=*/0);
+  attached->Step(g.data(), 0.5, /*loss=*/0);
   EXPECT_EQ(attached->weights(), space.data() + 128);
   EXPECT_TRUE(Same(space.data() + 128, own->weights(), 384));
+}
+
+TEST(SpikeGuard, SkipsOnlyWhatLiesZAboveTheMeanOnceTheWindowIsFull) {
+  SpikeStats stats;
+  // A noisy plateau: nothing is skipped, and nothing before `window` steps.
+  for (int i = 0; i < 40; ++i) {
+    const double wobble = 0.01 * ((i * 7) % 5 - 2);
+    const SpikeVerdict v = JudgeAndUpdate(&stats, 2.0 + wobble, 1.0 + wobble, 4.0, 16);
+    EXPECT_FALSE(v.skip) << "step " << i;
+  }
+  EXPECT_EQ(stats.count, 40);
+  SpikeStats copy = stats;
+  const SpikeVerdict loss_spike = JudgeAndUpdate(&stats, 3.0, 1.0, 4.0, 16);
+  EXPECT_TRUE(loss_spike.skip);
+  EXPECT_GT(loss_spike.loss_z, 4.0);
+  const SpikeVerdict norm_spike = JudgeAndUpdate(&copy, 2.0, 5.0, 4.0, 16);
+  EXPECT_TRUE(norm_spike.skip);
+  EXPECT_GT(norm_spike.norm_z, 4.0);
+  // Below the mean is never a spike; zscore 0 never skips.
+  SpikeStats low = copy;
+  EXPECT_FALSE(JudgeAndUpdate(&low, 0.5, 0.1, 4.0, 16).skip);
+  SpikeStats off = copy;
+  EXPECT_FALSE(JudgeAndUpdate(&off, 30.0, 50.0, 0.0, 16).skip);
+  // Young statistics do not skip.
+  SpikeStats young;
+  for (int i = 0; i < 5; ++i) JudgeAndUpdate(&young, 2.0 + 0.01 * i, 1.0, 4.0, 16);
+  EXPECT_FALSE(JudgeAndUpdate(&young, 30.0, 1.0, 4.0, 16).skip);
+}
+
+TEST_F(OptimizerShardTest, ASkippedStepLeavesTheStateAndTheStatisticsTravelWithTheShard) {
+  job_.mutable_optimizer()->set_skip_spikes_zscore(3.0);
+  job_.mutable_optimizer()->set_skip_spikes_window(4);
+  auto s = Fresh({0, P_});
+  const auto g = Gradients(P_, 9);
+  for (int i = 0; i < 8; ++i) EXPECT_FALSE(s->Step(g.data(), 1.0 + 0.01 * (i % 3), 2.0 - 0.01 * (i % 2)).spike.skip);
+  const std::vector<float> w(s->weights(), s->weights() + P_), m(s->m(), s->m() + P_), v(s->v(), s->v() + P_);
+  const OptimizerShard::Scalars spike = s->Step(g.data(), 1.0, 9.0);
+  EXPECT_TRUE(spike.spike.skip);
+  EXPECT_EQ(s->step(), 9);  // the step is taken, its update is not
+  EXPECT_TRUE(Same(w.data(), s->weights(), P_) && Same(m.data(), s->m(), P_) && Same(v.data(), s->v(), P_));
+
+  // Saved and read back, in this version and as a version-1 file.
+  const std::string path = dir_.path() + "/shard.bin";
+  ASSERT_TRUE(s->Save(path).ok());
+  auto read = ReadShard(path);
+  ASSERT_TRUE(read.ok()) << read.status().message();
+  EXPECT_EQ(read->spikes.count, 9);
+  const SpikeStats saved = s->view().spikes;
+  EXPECT_EQ(std::memcmp(&read->spikes, &saved, sizeof(SpikeStats)), 0);
+  std::string bytes = *ReadFile(path);
+  const uint32_t v1 = 1;
+  std::memcpy(bytes.data() + 8, &v1, 4);
+  bytes.erase(40, 40);
+  ASSERT_TRUE(WriteFileAtomic(path, bytes).ok());
+  auto old = ReadShard(path);
+  ASSERT_TRUE(old.ok()) << old.status().message();
+  EXPECT_EQ(old->spikes.count, 0);
+  EXPECT_TRUE(Same(old->weights.data(), s->weights(), P_));
 }
 
 // Saved by any number of shards, resumed on any other partition.
@@ -142,8 +200,8 @@ TEST_F(OptimizerShardTest, SavedShardsResumeOnAnyPartition) {
   auto a = Fresh({0, cut}), b = Fresh({cut, P_});
   for (int t = 0; t < 4; ++t) {
     const auto g = Gradients(P_, 20 + t);
-    a->Step(g.data(), 1.5);
-    b->Step(g.data() + cut, 1.5);
+    a->Step(g.data(), 1.5, /*loss=*/0);
+    b->Step(g.data() + cut, 1.5, /*loss=*/0);
   }
   config::JobConfig job = job_;
   const std::string step_dir = StepDirName(dir_.path(), 4);
@@ -162,8 +220,8 @@ TEST_F(OptimizerShardTest, SavedShardsResumeOnAnyPartition) {
   EXPECT_TRUE(Same((*whole)->m() + cut, b->m(), P_ - cut));
   // And the next step continues where the pieces would have.
   const auto g = Gradients(P_, 99);
-  (*whole)->Step(g.data(), 1.5);
-  b->Step(g.data() + cut, 1.5);
+  (*whole)->Step(g.data(), 1.5, /*loss=*/0);
+  b->Step(g.data() + cut, 1.5, /*loss=*/0);
   EXPECT_TRUE(Same((*whole)->weights() + cut, b->weights(), P_ - cut));
 }
 

@@ -247,7 +247,7 @@ TEST_F(ParameterShardTest, SumsInRankOrderThenStepsLikeAdamW) {
   std::vector<float> sum(g0.size());
   for (size_t i = 0; i < sum.size(); ++i) sum[i] = g0[i] + g1[i];
   EXPECT_NEAR(*sumsq, SumOfSquares(sum.data(), sum.size()), 1e-12 * *sumsq);
-  shard_->ApplyStep({/*step=*/1, /*lr=*/1e-3, /*grad_scale=*/ClipCoefficient(2.0, 1.0), /*global_norm=*/2.0});
+  shard_->ApplyStep({/*step=*/1, /*lr=*/1e-3, /*grad_scale=*/ClipCoefficient(2.0, 1.0), /*global_norm=*/2.0, {}});
   ASSERT_TRUE(answered);
   // The reference: AdamW on the rank-ordered sum, clipped by 1/(2+1e-6).
   ShardState ref = initial_;
@@ -293,7 +293,7 @@ TEST_F(ParameterShardTest, RefusesBadPushesAndPulls) {
     zero.collects_losses = true;
     const ParamRange& r0 = plan_.shard(0);
     ShardState s0{r0.begin, r0.end, 0, std::vector<float>(r0.size()), std::vector<float>(r0.size()),
-                  std::vector<float>(r0.size())};
+                  std::vector<float>(r0.size()), {}};
     ParameterShard server0(zero, std::make_unique<OptimizerShard>(layout_, OptimizerOptions(), s0));
     EXPECT_EQ(server0.size_bytes(transport::RequestKind::kLoss), sizeof(ShareLoss));
     const transport::Request half{kServers, transport::RequestKind::kLoss, 0, 0, 4};
@@ -333,7 +333,7 @@ TEST_F(ParameterShardTest, Bf16WireRoundsPushesAndPulls) {
   ASSERT_TRUE(PushAll(0, g0, 0).ok());
   ASSERT_TRUE(PushAll(1, g1, 0).ok());
   ASSERT_TRUE(shard_->WaitForGradients().ok());
-  shard_->ApplyStep({/*step=*/1, /*lr=*/1e-3, /*grad_scale=*/ClipCoefficient(0.5, 1.0), /*global_norm=*/0.5});
+  shard_->ApplyStep({/*step=*/1, /*lr=*/1e-3, /*grad_scale=*/ClipCoefficient(0.5, 1.0), /*global_norm=*/0.5, {}});
   std::vector<uint16_t> pulled(plan_.shard(1).size());
   shard_->OnPull(Weights(kServers, 1, 0, pulled.size() * 2), [&](const Status& s, const void* data) {
     ASSERT_TRUE(s.ok());
@@ -388,7 +388,7 @@ TEST_F(ParameterShardTest, ElasticSharesMoveBetweenWorkersAndAreAddedOnce) {
   ASSERT_TRUE(PushAll(0, g0, 0).ok());
   ASSERT_TRUE(shard_->WaitForGradients().ok());
   for (size_t i = 0; i < n; ++i) ASSERT_EQ(shard_->gradients()[i], reference[i]) << i;
-  shard_->ApplyStep({1, 1e-3, 1.0, 0.5});
+  shard_->ApplyStep({1, 1e-3, 1.0, 0.5, {}});
   // A share of step 0 after the step: dropped, not an error.
   ASSERT_TRUE(PushAll(2, g2, 0, 1).ok());
   EXPECT_EQ(shard_->optimizer().step(), 1);

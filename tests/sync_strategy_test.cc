@@ -125,7 +125,7 @@ void ExpectOneProcessStep(const config::JobConfig& job, const ParamLayout& layou
     for (int64_t i = 0; i < P; ++i) sum[i] += g[i];
   }
   const double norm = std::sqrt(SumOfSquares(sum.data(), P));
-  const OptimizerShard::Scalars k = (*reference)->Step(sum.data(), norm);
+  const OptimizerShard::Scalars k = (*reference)->Step(sum.data(), norm, /*loss=*/0);
   for (int w = 0; w < W; ++w) {
     EXPECT_EQ(0, std::memcmp(weights[w].data(), (*reference)->weights(), P * sizeof(float)))
         << "worker " << w << ", " << what;
@@ -267,18 +267,21 @@ void RunOneParameterServerStep(int S, int W, bool stream = false) {
   std::mutex mu;
   std::condition_variable cv;
   int partials_in = 0;
+  double loss0 = 0;
   for (int s = 0; s < S; ++s) {
     server_threads.emplace_back([&, s] {
       ParameterShard::StepHooks hooks;
-      hooks.global_norm = [&, s](int64_t, double partial) -> StatusOr<double> {
+      hooks.global_scalars = [&, s](int64_t, double partial,
+                                    double loss) -> StatusOr<ParameterShard::StepHooks::Global> {
         std::unique_lock<std::mutex> lock(mu);
         partials[s] = partial;
+        if (s == 0) loss0 = loss;
         ++partials_in;
         cv.notify_all();
         cv.wait(lock, [&] { return partials_in == S; });
         double total = 0;
         for (double p : partials) total += p;
-        return std::sqrt(total);
+        return ParameterShard::StepHooks::Global{std::sqrt(total), loss0};
       };
       server_results[s] = shards[s]->ServeSteps(/*last=*/1, hooks);
     });

@@ -70,8 +70,8 @@ class CollectiveSync : public SyncStrategy {
     const double norm = std::sqrt(o_.zero1 ? sums[0] : SumOfSquares(grads_, P_));
     HERD_RETURN_IF_ERROR(CheckNotDiverged("gradient norm", norm));
     CHECK_EQ(static_cast<uint64_t>(optimizer_->step()), step_) << "the strategy and the optimizer disagree on the step";
-    const OptimizerShard::Scalars s = optimizer_->Step(grads_ + owned_.begin, norm);
-    report_ = {step_ + 1, norm, s.lr, sums[1] / W_, {}, 0};
+    const OptimizerShard::Scalars s = optimizer_->Step(grads_ + owned_.begin, norm, sums[1] / W_);
+    report_ = ReportOf(s.step, norm, s.lr, sums[1] / W_, s.spike);
     return Status::OK();
   }
 

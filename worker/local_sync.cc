@@ -22,8 +22,8 @@ class LocalSync : public SyncStrategy {
   Status FinishStep(double loss) override {
     const double norm = std::sqrt(SumOfSquares(grads_, optimizer_->size()));
     HERD_RETURN_IF_ERROR(CheckNotDiverged("gradient norm", norm));
-    const OptimizerShard::Scalars s = optimizer_->Step(grads_, norm);
-    report_ = {step_ + 1, norm, s.lr, loss, {}, 0};
+    const OptimizerShard::Scalars s = optimizer_->Step(grads_, norm, loss);
+    report_ = ReportOf(s.step, norm, s.lr, loss, s.spike);
     return Status::OK();
   }
   // The loop's weights are the optimizer's: stepped in place.
@@ -64,7 +64,7 @@ StatusOr<double> DeviceResidentSync::ComputeStep(const std::vector<const int32_t
   double norm = 0, lr = 0;
   const double loss = device_->Step(inputs, targets, static_cast<int64_t>(step), &norm, &lr);
   optimizer_->EndStep();  // the device holds the state until a checkpoint asks for it
-  report_ = {step + 1, norm, lr, loss, {}, 0};
+  report_ = {step + 1, norm, lr, loss, {}, 0, 0, 0, 0};
   return loss;
 }
 

@@ -83,6 +83,7 @@ Status ProgressLog::Write(const Entry& e) {
   if (!std::isnan(e.mfu)) std::fprintf(metrics_, ", \"mfu\": %.4g", e.mfu);
   if (!std::isnan(e.network_wait)) std::fprintf(metrics_, ", \"network_wait\": %.4f", e.network_wait);
   if (!std::isnan(e.val_loss)) std::fprintf(metrics_, ", \"val_loss\": %.17g", e.val_loss);
+  if (e.skipped) std::fprintf(metrics_, ", \"skipped\": true");
   std::fprintf(metrics_, "}\n");
   if (std::fflush(metrics_) != 0 || std::ferror(metrics_)) {
     return Status::IOError("log.metrics: " + path_ + ": write failed: " + std::strerror(errno));

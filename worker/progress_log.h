@@ -38,6 +38,7 @@ class ProgressLog {
     // Model FLOPs utilization (model/param_layout.h's count over the
     // workers' peak); NaN when the peak is not known.
     double mfu = NAN;
+    bool skipped = false;  // the spike guard skipped this step's update
     // Share of the step time spent waiting for pushes and pulls; NaN in a
     // single process.
     double network_wait = NAN;

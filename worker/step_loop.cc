@@ -217,6 +217,16 @@ Status StepLoop::Epilogue(int64_t step) {
   ++window_steps_;
   window_wait_ += strategy_.TakeWaitSeconds();
   HERD_RETURN_IF_ERROR(CheckNotDiverged("loss", report.mean_loss).WithContext("step " + std::to_string(step) + ": "));
+  if (report.skipped != 0) {
+    ++skipped_updates_;
+    if (leader_) {
+      std::printf("step %lld: update skipped: loss %.4f at z-score %.2f, gradient norm %.3f at z-score %.2f "
+                  "(optimizer.skip_spikes_zscore %g; %lld skipped so far)\n",
+                  static_cast<long long>(step), report.mean_loss, report.loss_z, report.grad_norm, report.norm_z,
+                  config_.optimizer().skip_spikes_zscore(), static_cast<long long>(skipped_updates_));
+      std::fflush(stdout);
+    }
+  }
 
   const bool evaluates = EvaluatesAt(step);
   const bool logs = step % config_.log().every() == 0 || step == start_ + 1 || step == last_step_ || evaluates;
@@ -230,6 +240,7 @@ Status StepLoop::Epilogue(int64_t step) {
     e.loss = report.mean_loss;
     e.lr = report.lr;
     e.grad_norm = report.grad_norm;
+    e.skipped = report.skipped != 0;
     const double window_s = window_clock_.Seconds();
     e.tokens_per_s = window_s > 0 ? window_tokens_ / window_s : 0;
     e.step_s = window_s / window_steps_;

@@ -113,6 +113,7 @@ class StepLoop {
   ProgressLog log_;
   Stopwatch run_clock_, window_clock_;
   int64_t window_tokens_ = 0, window_steps_ = 0;
+  int64_t skipped_updates_ = 0;  // by the spike guard, this run
   double window_wait_ = 0;
   std::string loader_state_;  // the data position after the step to checkpoint
   // The step's micro-batches: [grad_accum][shares x batch x seq_len].

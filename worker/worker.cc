@@ -190,7 +190,7 @@ Status RunWorker(const config::JobConfig& config, const TrainOptions& options, c
       po.plan = &*plan;
       po.bf16 = bf16;
       po.elastic = cluster.elastic();
-      po.stream = !ClipsGradients(config.optimizer().clip_norm()) && !po.elastic;  // as the servers do
+      po.stream = StreamsUpdates(config);  // as the servers do
       po.rank = rank;
       po.first_server = transport::MemberPeerId(rt.client(), wire::SERVER, 0);
       HERD_ASSIGN_OR_RETURN(w.strategy, CreateParameterServerSync(po, &rt.transport(), rt.push_pull()));

@@ -12,6 +12,8 @@ OptimizerOptions OptimizerOptions::FromConfig(const config::OptimizerConfig& o, 
   options.adamw = {o.beta1(), o.beta2(), o.eps(), o.weight_decay()};
   options.schedule = {o.lr(), o.min_lr(), o.warmup_steps(), total_steps};
   options.clip_norm = o.clip_norm();
+  options.skip_spikes_zscore = o.skip_spikes_zscore();
+  options.skip_spikes_window = o.skip_spikes_window();
   return options;
 }
 

@@ -37,6 +37,8 @@ struct OptimizerOptions {
   AdamWOptions adamw;
   LrSchedule schedule;
   double clip_norm = 1.0;  // the global norm's bound; 0 disables clipping
+  double skip_spikes_zscore = 0;  // model/optim/spike_guard.h; 0: off
+  int skip_spikes_window = 128;
 
   // The job's optimizer block, with a schedule of `total_steps` steps
   // (train.steps). Defined in adamw.cc, so that this header does not need
@@ -87,8 +89,5 @@ double SumOfSquares(const float* x, int64_t n);
 // PyTorch's clip_grad_norm_ coefficient: min(1, clip / (norm + 1e-6));
 // 1 when clip_norm is 0 (disabled).
 double ClipCoefficient(double global_norm, double clip_norm);
-// Whether the update depends on the global norm at all: without clipping
-// (clip_norm 0) a range can be stepped before the whole gradient is known.
-inline bool ClipsGradients(double clip_norm) { return clip_norm > 0; }
 
 }  // namespace herd

@@ -18,7 +18,8 @@ OptimizerShard::OptimizerShard(const ParamLayout& layout, const OptimizerOptions
       weights_(own_weights_.data()),
       m_(std::move(state.m)),
       v_(std::move(state.v)),
-      step_(state.step) {
+      step_(state.step),
+      spikes_(state.spikes) {
   const auto n = static_cast<size_t>(range_.size());
   CHECK(own_weights_.size() == n && m_.size() == n && v_.size() == n)
       << "optimizer state does not cover [" << range_.begin << ", " << range_.end << ")";
@@ -62,16 +63,20 @@ Status CheckNotDiverged(const char* what, double value) {
                                     " (diverged; lower optimizer.lr or raise optimizer.warmup_steps)");
 }
 
-OptimizerShard::Scalars OptimizerShard::BeginStep(double global_norm) const {
+OptimizerShard::Scalars OptimizerShard::BeginStep(double global_norm, double loss) {
   Scalars s;
   s.step = step_ + 1;
   s.lr = LearningRate(options_.schedule, step_);
   s.grad_scale = ClipCoefficient(global_norm, options_.clip_norm);
   s.global_norm = global_norm;
+  if (options_.skip_spikes_zscore > 0) {
+    s.spike = JudgeAndUpdate(&spikes_, loss, global_norm, options_.skip_spikes_zscore, options_.skip_spikes_window);
+  }
   return s;
 }
 
 void OptimizerShard::Apply(const Scalars& s, ParamRange sub, const float* grads) {
+  if (s.spike.skip) return;
   // The decay segments of [sub.begin, sub.end): AdamW is elementwise, so
   // stepping a range in pieces gives the bits of stepping it at once.
   std::vector<DecaySegment> pieces;
@@ -84,8 +89,8 @@ void OptimizerShard::Apply(const Scalars& s, ParamRange sub, const float* grads)
             options_.adamw);
 }
 
-OptimizerShard::Scalars OptimizerShard::Step(const float* grads, double global_norm) {
-  const Scalars s = BeginStep(global_norm);
+OptimizerShard::Scalars OptimizerShard::Step(const float* grads, double global_norm, double loss) {
+  const Scalars s = BeginStep(global_norm, loss);
   Apply(s, range_, grads);
   EndStep();
   return s;

@@ -10,7 +10,7 @@
 // on the master weights in place (DDP, ZeRO-1), [begin, end) of the
 // caller's buffer of the whole space (AttachWeights).
 //
-// A step: BeginStep(global_norm) fixes the step's learning rate and
+// A step: BeginStep(global_norm, loss) fixes the step's learning rate and
 // clipping coefficient; Apply(sub, grads) steps any sub-range (a server
 // steps bucket by bucket and serves pulls in between); EndStep() counts
 // the step. Step() does the three over the whole range.
@@ -26,6 +26,7 @@
 #include "model/checkpoint_format.h"
 #include "model/checkpoint_load.h"
 #include "model/optim/adamw.h"
+#include "model/optim/spike_guard.h"
 #include "model/param_layout.h"
 #include "proto/herd.pb.h"
 
@@ -73,19 +74,23 @@ class OptimizerShard {
     double lr = 0;             // the schedule's rate for it
     double grad_scale = 1;     // the clipping coefficient
     double global_norm = 0;    // before clipping
+    SpikeVerdict spike;        // skip: the update is not applied
   };
-  Scalars BeginStep(double global_norm) const;
-  // AdamW on [sub.begin, sub.end) ⊆ range(); `grads` points at element
-  // sub.begin of the flat space.
+  // The step's scalars from the global gradient norm and mean loss (the
+  // loss feeds only the spike guard); counts them into the guard's
+  // statistics, so call it once per step.
+  Scalars BeginStep(double global_norm, double loss);
+  // AdamW on [sub.begin, sub.end) ⊆ range(), unless the step is skipped;
+  // `grads` points at element sub.begin of the flat space.
   void Apply(const Scalars& s, ParamRange sub, const float* grads);
   void EndStep() { ++step_; }
   // The whole range at once; returns the step's scalars.
-  Scalars Step(const float* grads, double global_norm);
+  Scalars Step(const float* grads, double global_norm, double loss);
 
   // Weights, moments and step as one shard file
   // (model/checkpoint_format.h), written atomically.
   Status Save(const std::string& path) const;
-  ShardView view() const { return {range_.begin, range_.end, step_, weights_, m_.data(), v_.data()}; }
+  ShardView view() const { return {range_.begin, range_.end, step_, weights_, m_.data(), v_.data(), spikes_}; }
 
  private:
   const ParamRange range_;
@@ -96,6 +101,7 @@ class OptimizerShard {
   float* weights_ = nullptr;        // own_weights_, or the attached space + begin
   std::vector<float> m_, v_;
   int64_t step_ = 0;
+  SpikeStats spikes_;
 };
 
 }  // namespace herd
