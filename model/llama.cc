@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "common/trace.h"
 #include "model/cpu/ops.h"
 
 namespace herd {
@@ -166,10 +167,14 @@ double LlamaModel<T>::Forward(const T* params, const int32_t* tokens, const int3
   // Layer l's tensors end where the next layer's (or the final norm) begin.
   auto layer_end = [&](int l) { return l + 1 < s.num_layers ? layout_.layer(l + 1).input_norm : layout_.final_norm(); };
   if (need) need(s.num_layers > 0 ? layout_.layer(0).input_norm : layout_.final_norm());
-  EmbeddingForward(a.residual.data(), tokens, params + layout_.embed(), N, d);
+  {
+    trace::Span span("embedding forward", "compute");
+    EmbeddingForward(a.residual.data(), tokens, params + layout_.embed(), N, d);
+  }
   for (int l = 0; l < s.num_layers; ++l) {
     const LayerOffsets& w = layout_.layer(l);
     if (need) need(layer_end(l));
+    trace::Span span("layer forward", "compute", {"layer", l});
     const auto [x, x_out, ln1, ln1_rstd, q, k, v, probs, att, mid, ln2, ln2_rstd, gate, up, act] = a.layer(l);
 
     RmsNormForward(ln1, ln1_rstd, x, params + w.input_norm, N, d, s.rms_norm_eps);
@@ -190,6 +195,7 @@ double LlamaModel<T>::Forward(const T* params, const int32_t* tokens, const int3
   }
   const T* x_final = a.residual.data() + s.num_layers * a.N * d;
   if (need) need(layout_.size());
+  trace::Span span("head forward", "compute");
   RmsNormForward(a.lnf.data(), a.lnf_rstd.data(), x_final, params + layout_.final_norm(), N, d, s.rms_norm_eps);
   MatmulForward(a.logits.data(), a.lnf.data(), params + layout_.lm_head(), N, d, a.v);
   if (targets == nullptr) return 0.0;
@@ -211,19 +217,23 @@ void LlamaModel<T>::Backward(const T* params, T* grads, double loss_scale, const
   T* dln = a.dln.data();
 
   // Loss -> logits (in place) -> lm_head -> final norm.
-  T* dlogits = a.logits.data();
-  CrossEntropyBackward(dlogits, a.logits.data(), a.targets.data(), N, a.v, loss_scale);
-  MatmulBackward(dln, grads + layout_.lm_head(), dlogits, a.lnf.data(), params + layout_.lm_head(), N, d, a.v);
-  std::fill(dres, dres + N * d, T(0));
-  const T* x_final = a.residual.data() + s.num_layers * a.N * d;
-  RmsNormBackward(dres, grads + layout_.final_norm(), dln, x_final, params + layout_.final_norm(),
-                  a.lnf_rstd.data(), N, d);
+  {
+    trace::Span span("head backward", "compute");
+    T* dlogits = a.logits.data();
+    CrossEntropyBackward(dlogits, a.logits.data(), a.targets.data(), N, a.v, loss_scale);
+    MatmulBackward(dln, grads + layout_.lm_head(), dlogits, a.lnf.data(), params + layout_.lm_head(), N, d, a.v);
+    std::fill(dres, dres + N * d, T(0));
+    const T* x_final = a.residual.data() + s.num_layers * a.N * d;
+    RmsNormBackward(dres, grads + layout_.final_norm(), dln, x_final, params + layout_.final_norm(),
+                    a.lnf_rstd.data(), N, d);
+  }
   // lm_head (when untied) follows the final norm in the flat space.
   if (final_from) final_from(layout_.final_norm());
 
   for (int l = s.num_layers - 1; l >= 0; --l) {
     const LayerOffsets& w = layout_.layer(l);
     const auto [x, x_out, ln1, ln1_rstd, q, k, v, probs, att, mid, ln2, ln2_rstd, gate, up, act] = a.layer(l);
+    trace::Span span("layer backward", "compute", {"layer", l});
 
     // MLP branch: dres is d(layer output) = d(mid) through the skip.
     MatmulBackward(a.dact.data(), grads + w.down_proj, dres, act, params + w.down_proj, N, f, d);
@@ -244,7 +254,10 @@ void LlamaModel<T>::Backward(const T* params, T* grads, double loss_scale, const
     RmsNormBackward(dres, grads + w.input_norm, dln, x, params + w.input_norm, ln1_rstd, N, d);
     if (final_from) final_from(w.input_norm);  // the layer's first tensor
   }
-  EmbeddingBackward(grads + layout_.embed(), dres, a.tokens.data(), N, d);
+  {
+    trace::Span span("embedding backward", "compute");
+    EmbeddingBackward(grads + layout_.embed(), dres, a.tokens.data(), N, d);
+  }
   if (final_from) final_from(0);
 }
 

@@ -9,10 +9,12 @@
 
 #include "common/bf16.h"
 #include "common/strings.h"
+#include "common/trace.h"
 
 namespace herd {
 
 struct ParameterShard::LocalBucket {
+  int index = 0;               // in the plan's list of buckets
   int64_t begin = 0, end = 0;  // relative to the shard's range
   int next_share = 0;          // the contributions of shares 0..next_share-1 are summed
   std::vector<void*> pending;  // per share: landed, not yet summed
@@ -26,6 +28,7 @@ struct ParameterShard::LocalBucket {
 struct ParameterShard::QueuedPull {
   transport::Request pull;
   PullReply reply;
+  int64_t trace_start = -1;  // when it was queued (log.trace)
 };
 
 ParameterShard::ParameterShard(const ParameterShardOptions& options, std::unique_ptr<OptimizerShard> optimizer)
@@ -43,9 +46,12 @@ ParameterShard::ParameterShard(const ParameterShardOptions& options, std::unique
     FloatsToBf16(optimizer_->weights(), wire_copy_.data(), range_.size());
   }
   report_.version = static_cast<uint64_t>(optimizer_->step());
-  for (const Bucket& b : options_.plan->buckets()) {
+  const std::vector<Bucket>& plan_buckets = options_.plan->buckets();
+  for (size_t i = 0; i < plan_buckets.size(); ++i) {
+    const Bucket& b = plan_buckets[i];
     if (b.server != options_.server) continue;
     LocalBucket lb;
+    lb.index = static_cast<int>(i);
     lb.begin = b.range.begin - range_.begin;
     lb.end = b.range.end - range_.begin;
     lb.pending.assign(options_.num_workers, nullptr);
@@ -176,6 +182,8 @@ void ParameterShard::Drain(LocalBucket& b) {
   const int64_t n = b.end - b.begin;
   float* acc = acc_.data() + b.begin;
   while (b.next_share < options_.num_workers && b.pending[b.next_share] != nullptr) {
+    trace::Span span("sum", "server", {"bucket", b.index}, {"share", b.next_share},
+                     {"step", optimizer_->step() + 1});
     void* in = b.pending[b.next_share];
     if (options_.bf16_wire) {
       const uint16_t* g = static_cast<const uint16_t*>(in);
@@ -197,6 +205,7 @@ void ParameterShard::Drain(LocalBucket& b) {
     ++b.next_share;
   }
   if (b.next_share == options_.num_workers && !b.done) {
+    trace::Span span("sum of squares", "server", {"bucket", b.index}, {"step", optimizer_->step() + 1});
     b.done = true;
     b.sum_of_squares = SumOfSquares(acc, n);
     ++buckets_done_;
@@ -250,8 +259,10 @@ bool ParameterShard::GradientsComplete() const {
 }
 
 StatusOr<double> ParameterShard::WaitForGradients() {
+  const int64_t waited = trace::StartTime();
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [this] { return GradientsComplete() || !failed_.ok(); });
+  trace::Complete("wait for gradients", "wait", waited, {"step", optimizer_->step() + 1});
   if (!failed_.ok()) return failed_;
   for (int share = 1; options_.collects_losses && share < options_.num_workers; ++share) {
     const DataPosition& a = losses_[0].data;
@@ -310,7 +321,7 @@ void ParameterShard::OnPull(const transport::Request& pull, PullReply reply) {
     } else {
       data = Readable(pull);
       if (data == nullptr) {
-        queued_.push_back({pull, std::move(reply)});
+        queued_.push_back({pull, std::move(reply), trace::StartTime()});
         return;
       }
     }
@@ -326,6 +337,10 @@ ParameterShard::Replies ParameterShard::TakeAnswerable() {
       ++i;
       continue;
     }
+    const transport::Request& pull = queued_[i].pull;
+    trace::Async(pull.kind == transport::RequestKind::kReport ? "report held" : "pull held", "server",
+                 queued_[i].trace_start, {"offset", static_cast<int64_t>(pull.offset)},
+                 {"version", static_cast<int64_t>(pull.tag)}, {"worker", WorkerRank(pull.client)});
     out.emplace_back(std::move(queued_[i].reply), data);
     queued_.erase(queued_.begin() + i);
   }
@@ -346,9 +361,12 @@ bool ParameterShard::Applied(uint64_t offset, uint64_t length) const {
 }
 
 void ParameterShard::ApplyBucket(LocalBucket& b, const OptimizerShard::Scalars& step) {
-  optimizer_->Apply(step, {range_.begin + b.begin, range_.begin + b.end}, acc_.data() + b.begin);
-  if (options_.bf16_wire) {
-    FloatsToBf16(optimizer_->weights() + b.begin, wire_copy_.data() + b.begin, b.end - b.begin);
+  {
+    trace::Span span("adamw", "server", {"bucket", b.index}, {"step", step.step});
+    optimizer_->Apply(step, {range_.begin + b.begin, range_.begin + b.end}, acc_.data() + b.begin);
+    if (options_.bf16_wire) {
+      FloatsToBf16(optimizer_->weights() + b.begin, wire_copy_.data() + b.begin, b.end - b.begin);
+    }
   }
   Replies replies;
   {
@@ -404,6 +422,7 @@ void ParameterShard::FinishStep(const OptimizerShard::Scalars& step) {
 }
 
 StatusOr<ParameterShard::LocalBucket*> ParameterShard::WaitForSummedBucket() {
+  const int64_t waited = trace::StartTime();
   std::unique_lock<std::mutex> lock(mu_);
   LocalBucket* found = nullptr;
   cv_.wait(lock, [&] {
@@ -412,6 +431,7 @@ StatusOr<ParameterShard::LocalBucket*> ParameterShard::WaitForSummedBucket() {
     }
     return found != nullptr || !failed_.ok();
   });
+  trace::Complete("wait for gradients", "wait", waited, {"step", optimizer_->step() + 1});
   if (!failed_.ok()) return failed_;
   return found;
 }
@@ -419,6 +439,7 @@ StatusOr<ParameterShard::LocalBucket*> ParameterShard::WaitForSummedBucket() {
 Status ParameterShard::ServeSteps(int64_t last, const StepHooks& hooks) {
   while (optimizer_->step() < last) {
     const int64_t step = optimizer_->step() + 1;
+    trace::Span span("server step", "step", {"step", step});
     const std::string at = "step " + std::to_string(step) + ": ";
     OptimizerShard::Scalars scalars;
     if (options_.stream_updates) {

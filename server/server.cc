@@ -11,6 +11,7 @@
 #include "common/clock.h"
 #include "common/file_util.h"
 #include "common/run_summary.h"
+#include "common/trace.h"
 #include "data/sampler.h"
 #include "model/checkpoint_format.h"
 #include "model/checkpoint_load.h"
@@ -24,6 +25,7 @@
 #include "transport/join.h"
 #include "transport/node_runtime.h"
 #include "transport/push_pull.h"
+#include "transport/trace_session.h"
 #include "transport/wire.h"
 
 namespace herd {
@@ -36,6 +38,7 @@ namespace {
 StatusOr<ParameterShard::StepHooks::Global> GlobalScalars(transport::CoordinatorClient& client, int64_t step,
                                                           double partial, double loss) {
   if (client.num_servers() == 1) return ParameterShard::StepHooks::Global{std::sqrt(partial), loss};
+  trace::Span span("norm exchange", "server", {"step", step});
   const double mine[2] = {partial, loss};
   HERD_ASSIGN_OR_RETURN(auto all, client.AllGather("herd/norm/" + std::to_string(step),
                                                    std::string(reinterpret_cast<const char*>(mine), sizeof mine),
@@ -61,6 +64,7 @@ Status RunParameterServer(const config::JobConfig& config, const TrainOptions& o
   HERD_ASSIGN_OR_RETURN(const std::optional<VerifiedCheckpoint> resume_from, ResumePoint(config, options));
   const std::string& ckpt_dir = config.checkpoint().dir();
 
+  transport::TraceSession trace;  // log.trace: goes last, after everything that records spans
   // The service reaches into the shard: it is declared before the runtime,
   // which stops the service before the shard goes.
   std::unique_ptr<ParameterShard> shard_holder;
@@ -98,6 +102,7 @@ Status RunParameterServer(const config::JobConfig& config, const TrainOptions& o
   };
   HERD_ASSIGN_OR_RETURN(std::unique_ptr<transport::NodeRuntime> runtime, transport::NodeRuntime::Join(ro, prepare));
   transport::CoordinatorClient* client = &runtime->client();
+  HERD_RETURN_IF_ERROR(trace.Start(config.log().trace(), wire::SERVER, rank, client));
   ParameterShard& shard = *shard_holder;
   client->OnFailure([&shard](const Status& failure) { shard.Fail(failure); });
   client->OnMembershipChange([rank, &shard](const transport::MembershipChange& change) {
@@ -165,6 +170,7 @@ Status RunParameterServer(const config::JobConfig& config, const TrainOptions& o
   Status served = shard.ServeSteps(last, hooks);
   Status written = background.Wait();
   HERD_RETURN_IF_ERROR(runtime->Conclude(served.ok() ? written : served));
+  HERD_RETURN_IF_ERROR(trace.Finish(client));
   HERD_RETURN_IF_ERROR(client->Barrier("herd/done"));
   if (auto memory = PlanMemory(config); memory.ok()) {
     RunSummary run;

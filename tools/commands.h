@@ -14,6 +14,7 @@ int RunVersion(int argc, char** argv);
 int RunBench(int argc, char** argv);
 int RunCoordinator(int argc, char** argv);
 int RunPlan(int argc, char** argv);
+int RunTrace(int argc, char** argv);
 // herd bench transport (tools/cmd_bench_transport.cc), dispatched by RunBench.
 int RunBenchTransport(int argc, char** argv);
 // herd bench allreduce (tools/cmd_bench_allreduce.cc): one rank of the ring benchmark.

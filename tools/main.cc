@@ -21,6 +21,8 @@ const Command kCommands[] = {
     {"prepare", herd::tools::RunPrepare, "prepare TEXT... --out FILE   tokenize text into a token file"},
     {"plan", herd::tools::RunPlan,
      "plan CONFIG [--set ...] [--mem BYTES] [--json]   bytes each process will hold; largest model that fits"},
+    {"trace", herd::tools::RunTrace,
+     "trace merge DIR --out trace.json   one Perfetto/Chrome trace from a job's log.trace files"},
     {"export", herd::tools::RunExport, "export CHECKPOINT --out DIR   write a HuggingFace directory"},
     {"import", herd::tools::RunImport, "import DIR --out CHECKPOINT   read a HuggingFace directory"},
     {"coordinator", herd::tools::RunCoordinator,

@@ -6,6 +6,7 @@
 
 #include <cstring>
 
+#include "common/trace.h"
 #include "model/checkpoint_commit.h"
 #include "model/checkpoint_format.h"
 #include "transport/join.h"
@@ -32,10 +33,18 @@ Status AllSucceeded(CoordinatorClient& client, const std::string& name, const St
 Status CommitCheckpoint(CoordinatorClient* client, const std::string& step_dir, int64_t step,
                         const config::JobConfig& config, bool committer, const std::vector<std::string>& parts,
                         const std::function<Status()>& write_parts, wire::Scope voters) {
-  if (client == nullptr) return CommitOneProcessCheckpoint(step_dir, step, config, parts, write_parts);
-  Status part = BeginCheckpointPart(step_dir);
-  if (part.ok() && committer) part = WriteConfigPart(step_dir, config);
-  if (part.ok()) part = write_parts();
+  if (client == nullptr) {
+    trace::Span span("checkpoint write", "checkpoint", {"step", step});
+    return CommitOneProcessCheckpoint(step_dir, step, config, parts, write_parts);
+  }
+  Status part;
+  {
+    trace::Span span("checkpoint write", "checkpoint", {"step", step});
+    part = BeginCheckpointPart(step_dir);
+    if (part.ok() && committer) part = WriteConfigPart(step_dir, config);
+    if (part.ok()) part = write_parts();
+  }
+  trace::Span span("checkpoint vote", "checkpoint", {"step", step});
   const std::string where = "checkpoint " + step_dir + ": ";
   HERD_RETURN_IF_ERROR(
       AllSucceeded(*client, "herd/checkpoint/" + std::to_string(step), part, voters).WithContext(where));
@@ -51,6 +60,7 @@ void BackgroundCommit::Start(std::function<Status()> commit) {
   thread_ = std::thread([this, commit = std::move(commit)] {
     // Checksumming and writing take cores only when training leaves one
     // idle (SCHED_IDLE), so that they do not slow the step.
+    trace::NameThread("background checkpoint");
     const sched_param none{};
     if (const int err = ::pthread_setschedparam(::pthread_self(), SCHED_IDLE, &none); err != 0) {
       LOG(WARNING) << "checkpoint writer: cannot lower its priority: " << std::strerror(err);

@@ -11,6 +11,7 @@
 #include <set>
 #include <vector>
 
+#include "common/trace.h"
 #include "transport/framed_connection.h"
 #include "transport/rendezvous.h"
 #include "transport/wire.h"
@@ -274,6 +275,12 @@ class Coordinator::Impl {
         return RecheckCollectives();
       case wire::Envelope::kMembershipAck:
         return MembershipAck(s, m.membership_ack());
+      case wire::Envelope::kClockProbe: {
+        wire::Envelope reading;
+        reading.mutable_clock_reading()->set_id(m.clock_probe().id());
+        reading.mutable_clock_reading()->set_coordinator_ns(trace::Now());
+        return Send(s, reading);
+      }
       case wire::Envelope::kBarrier:
         if (!formed_) return ProtocolError(s, Status::Corruption("barrier before the membership was sent"));
         return Barrier(s, m.barrier());

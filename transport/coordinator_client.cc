@@ -12,6 +12,7 @@
 #include <set>
 #include <thread>
 
+#include "common/trace.h"
 #include "transport/framed_connection.h"
 #include "transport/rendezvous.h"
 #include "transport/wire.h"
@@ -135,6 +136,39 @@ class CoordinatorClient::Impl {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait_for(lock, std::chrono::seconds(5), [this] { return ended_; });
     return Status::OK();
+  }
+
+  StatusOr<ClockOffset> MeasureClockOffset(int probes) {
+    ClockOffset best;
+    best.rtt_ns = -1;
+    for (int i = 0; i < probes; ++i) {
+      uint64_t id;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        id = ++probe_.id;
+      }
+      // Timed on the io thread, next to the send and the receipt, so that
+      // neither direction's reading includes a hop between threads.
+      asio::post(io_, [this, id] {
+        wire::Envelope m;
+        m.mutable_clock_probe()->set_id(id);
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          probe_.sent_ns = trace::Now();
+        }
+        conn_->Send(m);
+      });
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!cv_.wait_for(lock, ToDuration(options_.job.heartbeat_timeout_s),
+                        [&] { return probe_.answered == id || !failure_.ok(); })) {
+        return Status::Unavailable("the coordinator at " + options_.coordinator + " did not answer a clock probe");
+      }
+      if (!failure_.ok()) return failure_.WithContext("clock probe: ");
+      const int64_t rtt = probe_.received_ns - probe_.sent_ns;
+      const int64_t middle = probe_.sent_ns + rtt / 2;
+      if (best.rtt_ns < 0 || rtt < best.rtt_ns) best = {middle, probe_.coordinator_ns - middle, rtt};
+    }
+    return best;
   }
 
   // On the io thread, so that the changes before come first and no later
@@ -313,6 +347,20 @@ class CoordinatorClient::Impl {
         cv_.notify_all();
         return;
       }
+      case wire::Envelope::kClockReading: {
+        const int64_t received = trace::Now();
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (m.clock_reading().id() == probe_.id && probe_.answered != probe_.id) {
+            probe_.received_ns = received;
+            probe_.coordinator_ns = m.clock_reading().coordinator_ns();
+            probe_.answered = probe_.id;
+            cv_.notify_all();
+            return;
+          }
+        }
+        return Fail(Status::Corruption(from + " sent a clock reading that answers no probe"));
+      }
       case wire::Envelope::kPeerLost: {
         const auto& p = m.peer_lost();
         return Fail(Status::Aborted(
@@ -408,6 +456,10 @@ class CoordinatorClient::Impl {
   int latest_epoch_ = 0;  // the membership changes seen (a joiner: from its welcome on)
   std::vector<MembershipChange> changes_;  // those after the welcome, in order
   std::vector<std::function<void(const MembershipChange&)>> on_membership_change_;
+  struct {
+    uint64_t id = 0, answered = 0;  // the latest probe sent, and answered
+    int64_t sent_ns = 0, received_ns = 0, coordinator_ns = 0;
+  } probe_;
 };
 
 StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Join(const JoinOptions& options) {
@@ -453,6 +505,7 @@ Status CoordinatorClient::Explain(const Status& local, double wait_s) const {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
 }
+StatusOr<ClockOffset> CoordinatorClient::MeasureClockOffset(int probes) { return impl_->MeasureClockOffset(probes); }
 Status CoordinatorClient::Leave() { return impl_->Leave(); }
 
 }  // namespace herd::transport

@@ -63,6 +63,13 @@ struct WelcomedMembership {
   std::vector<int> joined_at;     // per live worker, the epoch it joined at (0: since the job formed)
 };
 
+// This process's clock against the coordinator's (trace::Now on both).
+struct ClockOffset {
+  int64_t local_ns = 0;   // when it was measured, on this process's clock
+  int64_t offset_ns = 0;  // the coordinator's clock minus this process's
+  int64_t rtt_ns = 0;     // the round trip it was measured with: the error is at most half of it
+};
+
 class CoordinatorClient {
  public:
   static StatusOr<std::unique_ptr<CoordinatorClient>> Join(const JoinOptions& options);
@@ -108,6 +115,11 @@ class CoordinatorClient {
   // awaited for up to `wait_s` and returned when it comes. Any other
   // error, or no word in time: `local`.
   Status Explain(const Status& local, double wait_s = 2.0) const;
+
+  // Reads the coordinator's clock `probes` times, one round trip after
+  // another (as NTP does), and keeps the reading with the shortest round
+  // trip.
+  StatusOr<ClockOffset> MeasureClockOffset(int probes = 16);
 
   // Orderly goodbye: the coordinator will not treat our disconnection as a
   // failure. Waits (briefly) until the coordinator has seen it.

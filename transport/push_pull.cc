@@ -8,11 +8,27 @@
 #include <cstring>
 
 #include "common/strings.h"
+#include "common/trace.h"
 
 namespace herd::transport {
 namespace {
 
 static_assert(std::endian::native == std::endian::little, "headers are sent in host order: little-endian only");
+
+// A request in flight, as the trace names it.
+const char* TraceName(RequestKind kind) {
+  switch (kind) {
+    case RequestKind::kGradients:
+      return "push gradients";
+    case RequestKind::kWeights:
+      return "pull weights";
+    case RequestKind::kLoss:
+      return "push loss";
+    case RequestKind::kReport:
+      return "pull report";
+  }
+  return "request";
+}
 
 // Push and pull requests: the client's request id, the handler's tag, the
 // byte range and the request's kind.
@@ -227,6 +243,11 @@ PushPullClient::Ticket PushPullClient::Issue(PeerId server, RequestKind kind, co
     std::lock_guard<std::mutex> lock(mu_);
     ticket = next_ticket_++;
     TicketState& t = tickets_[ticket];
+    t.trace_start = trace::StartTime();
+    t.server = server;
+    t.kind = kind;
+    t.offset = offset;
+    t.tag = tag;
     if (!failed_all_.ok()) {
       t.status = failed_all_;  // remaining 0: Wait returns it at once
       return ticket;
@@ -347,8 +368,15 @@ void PushPullClient::Settle(uint64_t id, const Status& status) {
   if (status.ok() && !(r.sent && r.replied)) return;
   auto t = tickets_.find(r.ticket);
   if (t != tickets_.end()) {
-    if (!status.ok() && t->second.status.ok()) t->second.status = status;
-    --t->second.remaining;
+    TicketState& ts = t->second;
+    if (!status.ok() && ts.status.ok()) ts.status = status;
+    if (--ts.remaining == 0 && ts.trace_start >= 0) {
+      const bool push = IsPush(ts.kind);
+      const trace::Arg offset{"offset", static_cast<int64_t>(ts.offset)}, peer{"peer", ts.server};
+      trace::Async(TraceName(ts.kind), "network", ts.trace_start, peer, offset,
+                   push ? trace::Arg{"step", static_cast<int64_t>(TagStep(ts.tag))}
+                        : trace::Arg{"version", static_cast<int64_t>(ts.tag)});
+    }
   }
   requests_.erase(it);
   cv_.notify_all();

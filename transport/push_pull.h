@@ -179,6 +179,11 @@ class PushPullClient {
   struct TicketState {
     int remaining = 0;  // requests not yet finished
     Status status;      // the first error
+    // For the trace (log.trace): when it was issued (-1: not traced) and what.
+    int64_t trace_start = -1;
+    PeerId server = 0;
+    RequestKind kind = RequestKind::kGradients;
+    uint64_t offset = 0, tag = 0;
   };
   // A message ready to go: its header, payload and size.
   struct Outgoing {

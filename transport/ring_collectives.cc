@@ -6,6 +6,8 @@
 #include <bit>
 #include <cstring>
 
+#include "common/trace.h"
+
 namespace herd::transport {
 namespace {
 
@@ -13,6 +15,24 @@ static_assert(std::endian::native == std::endian::little, "headers are sent in h
 
 enum Phase : uint8_t { kReduce = 0, kGather = 1, kBroadcast = 2 };
 enum class Kind { kAllReduce, kReduceScatter, kAllGather, kBroadcast };
+
+// An operation, and a chunk in flight, as the trace names them.
+const char* TraceName(Kind kind) {
+  switch (kind) {
+    case Kind::kAllReduce:
+      return "all-reduce";
+    case Kind::kReduceScatter:
+      return "reduce-scatter";
+    case Kind::kAllGather:
+      return "all-gather";
+    case Kind::kBroadcast:
+      return "broadcast";
+  }
+  return "collective";
+}
+const char* ChunkTraceName(int phase) {
+  return phase == kReduce ? "ring reduce chunk" : phase == kGather ? "ring gather chunk" : "ring broadcast chunk";
+}
 
 // Messages kept for operations not yet issued are bounded.
 constexpr int64_t kMaxEarlyBytes = int64_t{2} << 30;
@@ -60,6 +80,7 @@ struct RingCollectives::Op {
   bool started = false, done = false;
   Status status;
   std::vector<std::unique_ptr<char[]>> scratch;  // reduce chunks being received
+  int64_t trace_start = -1;  // when it was issued (log.trace)
 
   int parts() const { return static_cast<int>(begin.size()) - 1; }
   int64_t Chunks(int part) const {
@@ -131,6 +152,7 @@ Collectives::Handle RingCollectives::Broadcast(float* data, int64_t n, int root)
 
 Collectives::Handle RingCollectives::Issue(std::unique_ptr<Op> op) {
   op->chunk_elems = std::max<int64_t>(1, chunk_bytes_ / op->elem);
+  op->trace_start = trace::StartTime();
   Handle seq;
   std::lock_guard<std::mutex> lock(mu_);
   seq = op->seq = next_seq_++;
@@ -248,7 +270,9 @@ void RingCollectives::SendChunk(Op& op, int phase, int step, int64_t chunk) {
   std::memcpy(header.data(), &h, sizeof h);
   const uint64_t seq = op.seq;
   transport_->Send(peers_[Mod(rank_ + 1, W)], kAmRing, std::move(header), op.data + first * op.elem, count * op.elem,
-                   [this, seq](const Status& sent) {
+                   [this, seq, phase, step, chunk, sent_at = trace::StartTime()](const Status& sent) {
+                     trace::Async(ChunkTraceName(phase), "network", sent_at, {"op", static_cast<int64_t>(seq)},
+                                  {"ring_step", step}, {"chunk", chunk});
                      std::lock_guard<std::mutex> lock(mu_);
                      auto it = ops_.find(seq);
                      if (it == ops_.end()) return;
@@ -277,6 +301,8 @@ void RingCollectives::OnChunk(Op& op, int phase, int step, int64_t chunk, const 
     return;
   }
   // Reduce: mine += incoming, always in this order (see the header).
+  trace::Span span("ring reduce", "collective", {"op", static_cast<int64_t>(op.seq)}, {"ring_step", step},
+                   {"chunk", chunk});
   if (op.dtype == DType::kFloat64) {
     double* mine = reinterpret_cast<double*>(op.data) + first;
     const double* in = static_cast<const double*>(bytes);
@@ -396,6 +422,8 @@ void RingCollectives::OnMessage(PeerId from, std::string_view header, IncomingPa
 void RingCollectives::Settle(Op& op) {
   if (op.done) return;
   if ((op.recvs_left == 0 && op.sends_left == 0) || !op.status.ok()) {
+    trace::Async(TraceName(op.kind), "collective", op.trace_start, {"op", static_cast<int64_t>(op.seq)},
+                 {"elements", op.begin.back()});
     op.done = true;
     transport_->AddBusy(-1);
     cv_.notify_all();

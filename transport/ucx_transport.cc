@@ -23,6 +23,8 @@
 #include <thread>
 #include <vector>
 
+#include "common/trace.h"
+
 namespace herd::transport {
 namespace {
 
@@ -558,6 +560,7 @@ class UcxTransport::Impl {
   // Spin while there is traffic, sleep on the worker's event fd when idle:
   // full speed during transfers, no CPU burnt between steps.
   void Loop() {
+    trace::NameThread("ucx progress");
     auto last_active = Clock::now();
     std::vector<std::function<void()>> batch;
     while (!stop_) {

@@ -126,6 +126,10 @@ Status ValidateMessage(const wire::Envelope& m) {
       return CheckName(m.all_gather_result().name(), "all-gather result");
     case E::kHeartbeat:
     case E::kLeave:
+    case E::kClockProbe:
+      return Status::OK();
+    case E::kClockReading:
+      if (m.clock_reading().coordinator_ns() < 0) return Bad("clock reading: a negative time");
       return Status::OK();
     case E::kPeerLost: {
       const auto& p = m.peer_lost();

@@ -8,6 +8,7 @@
 
 #include "common/clock.h"
 #include "common/file_util.h"
+#include "common/trace.h"
 #include "model/checkpoint_format.h"
 #include "model/checkpoint_load.h"
 #include "model/hf_io.h"
@@ -65,11 +66,15 @@ class CollectiveSync : public SyncStrategy {
     // The global squared norm: DDP workers all hold the summed gradients;
     // ZeRO-1 owners each hold their range's.
     double sums[2] = {o_.zero1 ? SumOfSquares(grads_ + owned_.begin, owned_.size()) : 0.0, loss};
-    if (st.ok()) st = wait_.Timed([&] { return c_.Wait(c_.AllReduce(sums, 2, DType::kFloat64)); });
+    if (st.ok()) {
+      trace::Span span("norm exchange", "collective", {"step", static_cast<int64_t>(step_ + 1)});
+      st = wait_.Timed([&] { return c_.Wait(c_.AllReduce(sums, 2, DType::kFloat64)); });
+    }
     HERD_RETURN_IF_ERROR(st.WithContext("all-reduce of step " + std::to_string(step_ + 1) + ": "));
     const double norm = std::sqrt(o_.zero1 ? sums[0] : SumOfSquares(grads_, P_));
     HERD_RETURN_IF_ERROR(CheckNotDiverged("gradient norm", norm));
     CHECK_EQ(static_cast<uint64_t>(optimizer_->step()), step_) << "the strategy and the optimizer disagree on the step";
+    trace::Span span("adamw", "compute", {"step", static_cast<int64_t>(step_ + 1)});
     const OptimizerShard::Scalars s = optimizer_->Step(grads_ + owned_.begin, norm, sums[1] / W_);
     report_ = ReportOf(s.step, norm, s.lr, sums[1] / W_, s.spike);
     return Status::OK();
@@ -100,6 +105,7 @@ class CollectiveSync : public SyncStrategy {
   void WaitUpTo(int64_t end) override {
     // Handle i brings [weight_ends_[i-1], weight_ends_[i]).
     while (next_weight_ < weight_handles_.size() && (next_weight_ == 0 || weight_ends_[next_weight_ - 1] < end)) {
+      trace::Span span("wait for weights", "wait", {"handle", static_cast<int64_t>(next_weight_)});
       Status st = wait_.Timed([&] { return c_.Wait(weight_handles_[next_weight_]); });
       if (!st.ok() && weight_status_.ok()) weight_status_ = st;
       ++next_weight_;
@@ -133,8 +139,10 @@ class CollectiveSync : public SyncStrategy {
   }
   Status WaitAll() {
     Status first;
-    for (Collectives::Handle h : grad_handles_) {
-      Status st = wait_.Timed([&] { return c_.Wait(h); });
+    for (size_t i = 0; i < grad_handles_.size(); ++i) {
+      trace::Span span("wait for gradients", "wait", {"bucket", static_cast<int64_t>(i)},
+                       {"step", static_cast<int64_t>(step_ + 1)});
+      Status st = wait_.Timed([&] { return c_.Wait(grad_handles_[i]); });
       if (!st.ok() && first.ok()) first = st;
     }
     grad_handles_.clear();

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "common/file_util.h"
+#include "common/trace.h"
 #include "model/checkpoint_format.h"
 
 namespace herd {
@@ -22,6 +23,7 @@ class LocalSync : public SyncStrategy {
   Status FinishStep(double loss) override {
     const double norm = std::sqrt(SumOfSquares(grads_, optimizer_->size()));
     HERD_RETURN_IF_ERROR(CheckNotDiverged("gradient norm", norm));
+    trace::Span span("adamw", "compute", {"step", static_cast<int64_t>(step_ + 1)});
     const OptimizerShard::Scalars s = optimizer_->Step(grads_, norm, loss);
     report_ = ReportOf(s.step, norm, s.lr, loss, s.spike);
     return Status::OK();

@@ -4,6 +4,7 @@
 
 #include "common/bf16.h"
 #include "common/clock.h"
+#include "common/trace.h"
 
 namespace herd {
 namespace {
@@ -78,6 +79,7 @@ class ParameterServerSync : public SyncStrategy {
     loss_.loss = loss;
     push_tickets_.push_back(client_->Push(first_server_, transport::RequestKind::kLoss, 0, &loss_, sizeof(loss_),
                                           transport::PushTag(step_, share_)));
+    trace::Span span("wait for pushes", "wait", {"step", static_cast<int64_t>(step_ + 1)});
     return wait_.Timed([&] {
       Status first;
       for (auto ticket : push_tickets_) {
@@ -119,6 +121,7 @@ class ParameterServerSync : public SyncStrategy {
   StatusOr<bool> FinishWeightsUnless(const std::function<bool()>& interrupted) override {
     if (!WaitPulls(plan_.shard(plan_.num_servers() - 1).end, interrupted)) return false;
     while (next_report_ < report_tickets_.size()) {
+      trace::Span span("wait for report", "wait", {"server", static_cast<int64_t>(next_report_)});
       const std::optional<Status> st = Wait(report_tickets_[next_report_], interrupted);
       if (!st) return false;
       ++next_report_;
@@ -158,6 +161,8 @@ class ParameterServerSync : public SyncStrategy {
   bool WaitPulls(int64_t end, const std::function<bool()>& interrupted) {
     while (next_pull_ < pulls_.size() && pulls_[next_pull_].first->range.begin < end) {
       const auto [bucket, ticket] = pulls_[next_pull_];
+      trace::Span span("wait for weights", "wait", {"bucket", bucket - plan_.buckets().data()},
+                       {"version", static_cast<int64_t>(version_)});
       const std::optional<Status> st = Wait(ticket, interrupted);
       if (!st) return false;
       ++next_pull_;

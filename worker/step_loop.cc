@@ -6,6 +6,7 @@
 
 #include "common/file_util.h"
 #include "common/strings.h"
+#include "common/trace.h"
 #include "model/checkpoint_format.h"
 #include "model/checkpoint_run.h"
 #include "model/optim/optimizer_shard.h"
@@ -50,6 +51,7 @@ Status StepLoop::Run(int64_t start) {
 
   strategy_.IssueWeights(p_.weights, static_cast<uint64_t>(start));
   for (int64_t t = start; t < last_step_; ++t) {
+    trace::Span step_span("step", "step", {"step", t + 1});
     const std::string at = "step " + std::to_string(t + 1) + ": ";
     // Version t of the weights is all in: step t's epilogue (none before
     // the run's first step).
@@ -117,6 +119,7 @@ Status StepLoop::Run(int64_t start) {
 }
 
 void StepLoop::Draw(DistributedSampler& sampler, const std::vector<int>& shares) {
+  trace::Span span("draw batches", "data");
   const int B = config_.train().batch_size();
   for (size_t a = 0; a < inputs_.size(); ++a) {
     if (p_.shares != nullptr) {
@@ -139,11 +142,15 @@ Status StepLoop::ComputeShare(int64_t t, int share, size_t slot, const Model::Ne
   std::fill(p_.grads, p_.grads + P, 0.0f);
   double loss = 0;
   for (int micro = 0; micro < A; ++micro) {
-    loss += p_.model->Forward(p_.weights, inputs_[micro].data() + rows, targets_[micro].data() + rows, B, T,
-                              micro == 0 && wait != nullptr ? *wait : nullptr);
+    {
+      trace::Span span("forward", "compute", {"step", t + 1}, {"micro", micro}, {"share", share});
+      loss += p_.model->Forward(p_.weights, inputs_[micro].data() + rows, targets_[micro].data() + rows, B, T,
+                                micro == 0 && wait != nullptr ? *wait : nullptr);
+    }
     if (micro == 0) HERD_RETURN_IF_ERROR(settle());
     const bool last_micro = micro == A - 1;
     if (last_micro) strategy_.BeginStep(p_.grads, static_cast<uint64_t>(t));
+    trace::Span span("backward", "compute", {"step", t + 1}, {"micro", micro}, {"share", share});
     p_.model->Backward(p_.weights, p_.grads, loss_scale, last_micro ? push_ready : nullptr, last_micro);
   }
   return strategy_.FinishStep(loss / A);
@@ -212,6 +219,7 @@ bool StepLoop::EvaluatesAt(int64_t step) const {
 }
 
 Status StepLoop::Epilogue(int64_t step) {
+  trace::Span span("epilogue", "step", {"step", step});
   const StepReport& report = strategy_.report();
   window_tokens_ += tokens_per_step_;
   ++window_steps_;
@@ -251,7 +259,10 @@ Status StepLoop::Epilogue(int64_t step) {
     e.elapsed_s = run_clock_.Seconds();
     e.eta_s = e.tokens_per_s > 0 ? (total_steps_ - step) * tokens_per_step_ / e.tokens_per_s : 0;
     if (leader_) {
-      if (evaluates) e.val_loss = ValidationLoss(*p_.model, p_.weights, p_.val, config_);
+      if (evaluates) {
+        trace::Span eval("evaluate", "compute", {"step", step});
+        e.val_loss = ValidationLoss(*p_.model, p_.weights, p_.val, config_);
+      }
       HERD_RETURN_IF_ERROR(log_.Write(e));
     } else {
       held_line_ = e;

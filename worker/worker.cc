@@ -20,6 +20,7 @@
 #include "sharding/shard_plan.h"
 #include "transport/join.h"
 #include "transport/node_runtime.h"
+#include "transport/trace_session.h"
 #include "transport/wire.h"
 #include "worker/collective_sync.h"
 #include "worker/elastic_shares.h"
@@ -40,6 +41,7 @@ using config::ClusterConfig;
 // The runtime comes last, so it goes first: nothing it runs afterwards can
 // reach into the strategy, the sampler or the buffers.
 struct Worker {
+  transport::TraceSession trace;  // log.trace: goes last, after everything that records spans
   std::vector<float> weights, grads;
   std::unique_ptr<Model> model;  // none when a DeviceResident strategy has its own
   std::unique_ptr<DeviceGradientReduction> device_reduction;  // CUDA workers in all-reduce mode: NCCL
@@ -213,6 +215,7 @@ Status RunWorker(const config::JobConfig& config, const TrainOptions& options, c
     }
   }
 
+  HERD_RETURN_IF_ERROR(w.trace.Start(config.log().trace(), wire::WORKER, rank, in_job ? &w.runtime->client() : nullptr));
   int64_t start = resume_from ? resume_from->manifest.step : 0;
   if (joining) {
     const int epoch = w.shares->joined_at();
@@ -251,8 +254,12 @@ Status RunWorker(const config::JobConfig& config, const TrainOptions& options, c
   parts.client = in_job ? &w.runtime->client() : nullptr;
   parts.shares = w.shares ? &*w.shares : nullptr;
   StepLoop loop(parts);
-  if (!in_job) return loop.Run(start);
+  if (!in_job) {
+    HERD_RETURN_IF_ERROR(loop.Run(start));
+    return w.trace.Finish(nullptr);
+  }
   HERD_RETURN_IF_ERROR(w.runtime->Conclude(loop.Run(start)));
+  HERD_RETURN_IF_ERROR(w.trace.Finish(&w.runtime->client()));
 
   // Every worker of a job: what it cost, for `herd bench compare` and
   // curious users.
