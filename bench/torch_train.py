@@ -11,7 +11,8 @@ clip_grad_norm_(1.0) and AdamW, herd's step. One JSON line per mode:
 
 bf16 is PyTorch's usual mixed precision: fp32 master weights and AdamW,
 torch.autocast(bfloat16) around forward and loss. MFU uses PaLM's FLOPs
-per token, 6N + 12*L*d*T, with N every parameter (tied embeddings once),
+per token, 6N + 12*L*d*T, with N the weights of every matrix product (the
+lm_head included, an untied embedding table and the norms' scales not),
 as herd does. A mode PyTorch cannot run (torch.compile before 2.0) prints
 {"impl": ..., "skipped": "why"}.
 """
@@ -74,7 +75,11 @@ def run_mode(a, mode, device):
         log(f"[pytorch_{mode}] step {i + 1}/{a.steps + a.warmup}: {dt * 1e3:.1f} ms, loss {losses[-1]:.4f}")
     step_s = statistics.median(times)
     n = sum(p.numel() for p in params.values())
-    flops_per_token = 6 * n + 12 * a.layers * a.hidden * a.seq
+    # The weights of matrix products: not the norms' scales, nor an untied
+    # embedding table (a lookup); tied, the table is the lm_head.
+    products = sum(p.numel() for k, p in params.items()
+                   if p.dim() == 2 and not (k == "model.embed_tokens.weight" and not a.tied))
+    flops_per_token = 6 * products + 12 * a.layers * a.hidden * a.seq
     out = {"impl": "pytorch_" + mode, "torch": torch.__version__, "device": str(device), "dtype": a.dtype,
            "threads": a.threads, "parameters": n, "batch": a.batch, "seq": a.seq, "steps": a.steps,
            "tokens_per_s": a.batch * a.seq / step_s, "step_s": step_s, "flops_per_token": flops_per_token,

@@ -13,17 +13,21 @@ namespace herd {
 using namespace cpu;  // NOLINT: the kernels are this file's vocabulary
 
 // Every activation the backward pass needs, by name, sized for max_batch x
-// max_seq_len tokens. Per-layer buffers are [layers][...] in one allocation.
+// max_seq_len tokens. Per-layer buffers are [layers][...] in one allocation,
+// as many layers as the recompute mode keeps (the others are recomputed
+// into one layer's room).
 template <typename T>
 struct LlamaModel<T>::Activations {
   int64_t N = 0, d = 0, qd = 0, kvd = 0, f = 0, v = 0, tt = 0, L = 0, H = 0, KV = 0;
+  Recompute recompute = Recompute::kNone;
 
   std::vector<int32_t> tokens, targets;   // [N]
   std::vector<T> rope_cos, rope_sin;      // [max_seq_len, head_dim/2]
   std::vector<T> residual;                // [L+1, N, d]: input of layer l; [L] = final
+  // From here to act: [L, ...] (FULL: [1, ...]).
   std::vector<T> ln1, ln1_rstd;           // [L, N, d], [L, N]
   std::vector<T> q, k, v_;                // [L, N, qd], [L, N, kvd] x2 (after RoPE)
-  std::vector<T> probs;                   // [L, B, H, T, T]
+  std::vector<T> probs;                   // [L, B, H, T, T] (ATTENTION, FULL: [1, ...])
   std::vector<T> att;                     // [L, N, qd] attention output
   std::vector<T> residual_mid;            // [L, N, d] after the attention branch
   std::vector<T> ln2, ln2_rstd;           // [L, N, d], [L, N]
@@ -54,16 +58,19 @@ struct LlamaModel<T>::Activations {
     int64_t elements;
     bool backward_scratch;
   };
-  static std::vector<Buffer> Table(const LlamaShape& s, int max_batch, int max_seq_len) {
-    const int64_t N = static_cast<int64_t>(max_batch) * max_seq_len, L = s.num_layers, d = s.hidden_size;
+  static std::vector<Buffer> Table(const LlamaShape& s, int max_batch, int max_seq_len, Recompute recompute) {
+    const int64_t N = static_cast<int64_t>(max_batch) * max_seq_len, d = s.hidden_size;
+    // Layers kept: L holds every layer's intermediates, the probabilities Lp.
+    const int64_t L = recompute == Recompute::kFull ? 1 : s.num_layers;
+    const int64_t Lp = recompute == Recompute::kNone ? s.num_layers : 1;
     const int64_t qd = s.q_dim(), kvd = s.kv_dim(), f = s.intermediate_size;
-    const int64_t probs_elements = L * max_batch * s.num_heads * static_cast<int64_t>(max_seq_len) * max_seq_len;
+    const int64_t probs_elements = Lp * max_batch * s.num_heads * static_cast<int64_t>(max_seq_len) * max_seq_len;
     const int64_t rope_elements = static_cast<int64_t>(max_seq_len) * s.head_dim() / 2;
     using A = Activations;
     return {
         {&A::rope_cos, rope_elements, false},
         {&A::rope_sin, rope_elements, false},
-        {&A::residual, (L + 1) * N * d, false},
+        {&A::residual, (s.num_layers + 1) * N * d, false},
         {&A::ln1, L * N * d, false},
         {&A::ln1_rstd, L * N, false},
         {&A::q, L * N * qd, false},
@@ -96,35 +103,38 @@ struct LlamaModel<T>::Activations {
   // Sizes every buffer of the table that `backward_scratch` selects (grows,
   // never shrinks).
   void Allocate(const LlamaShape& s, int max_batch, int max_seq_len, bool backward_scratch) {
-    for (const Buffer& b : Table(s, max_batch, max_seq_len)) {
+    for (const Buffer& b : Table(s, max_batch, max_seq_len, recompute)) {
       std::vector<T>& v = this->*b.member;
       if (b.backward_scratch == backward_scratch && static_cast<int64_t>(v.size()) < b.elements) v.resize(b.elements);
     }
   }
 
   Layer layer(int64_t l) {
-    return {residual.data() + l * N * d,      residual.data() + (l + 1) * N * d, ln1.data() + l * N * d,
-            ln1_rstd.data() + l * N,          q.data() + l * N * qd,             k.data() + l * N * kvd,
-            v_.data() + l * N * kvd,          probs.data() + l * max_batch * H * tt,
-            att.data() + l * N * qd,          residual_mid.data() + l * N * d,   ln2.data() + l * N * d,
-            ln2_rstd.data() + l * N,          gate.data() + l * N * f,           up.data() + l * N * f,
-            act.data() + l * N * f};
+    const int64_t i = recompute == Recompute::kFull ? 0 : l;   // where layer l's intermediates live
+    const int64_t p = recompute == Recompute::kNone ? l : 0;   // and its probabilities
+    return {residual.data() + l * N * d,      residual.data() + (l + 1) * N * d, ln1.data() + i * N * d,
+            ln1_rstd.data() + i * N,          q.data() + i * N * qd,             k.data() + i * N * kvd,
+            v_.data() + i * N * kvd,          probs.data() + p * max_batch * H * tt,
+            att.data() + i * N * qd,          residual_mid.data() + i * N * d,   ln2.data() + i * N * d,
+            ln2_rstd.data() + i * N,          gate.data() + i * N * f,           up.data() + i * N * f,
+            act.data() + i * N * f};
   }
 };
 
 
 template <typename T>
-int64_t LlamaModel<T>::ActivationBytes(const LlamaShape& shape, int max_batch, int max_seq_len) {
+int64_t LlamaModel<T>::ActivationBytes(const LlamaShape& shape, int max_batch, int max_seq_len, Recompute recompute) {
   int64_t floats = 0;
-  for (const auto& b : Activations::Table(shape, max_batch, max_seq_len)) floats += b.elements;
+  for (const auto& b : Activations::Table(shape, max_batch, max_seq_len, recompute)) floats += b.elements;
   const int64_t tokens = static_cast<int64_t>(max_batch) * max_seq_len;
   return floats * static_cast<int64_t>(sizeof(T)) + 2 * tokens * static_cast<int64_t>(sizeof(int32_t));
 }
 
 template <typename T>
-LlamaModel<T>::LlamaModel(const LlamaShape& shape, int max_batch, int max_seq_len)
-    : layout_(shape), max_batch_(max_batch), max_seq_len_(max_seq_len), acts_(new Activations) {
+LlamaModel<T>::LlamaModel(const LlamaShape& shape, int max_batch, int max_seq_len, Recompute recompute)
+    : layout_(shape), max_batch_(max_batch), max_seq_len_(max_seq_len), recompute_(recompute), acts_(new Activations) {
   Activations& a = *acts_;
+  a.recompute = recompute;
   a.N = static_cast<int64_t>(max_batch) * max_seq_len;
   a.max_batch = max_batch;
   a.d = shape.hidden_size;
@@ -156,8 +166,7 @@ double LlamaModel<T>::Forward(const T* params, const int32_t* tokens, const int3
                               const NeedUpTo& need) {
   Activations& a = *acts_;
   const LlamaShape& s = layout_.shape();
-  const int64_t N = static_cast<int64_t>(B) * T_, d = a.d, qd = a.qd, kvd = a.kvd, f = a.f;
-  const int64_t hd = s.head_dim();
+  const int64_t N = static_cast<int64_t>(B) * T_, d = a.d;
   a.B = B;
   a.Tcur = T_;
   a.has_targets = targets != nullptr;
@@ -172,26 +181,9 @@ double LlamaModel<T>::Forward(const T* params, const int32_t* tokens, const int3
     EmbeddingForward(a.residual.data(), tokens, params + layout_.embed(), N, d);
   }
   for (int l = 0; l < s.num_layers; ++l) {
-    const LayerOffsets& w = layout_.layer(l);
     if (need) need(layer_end(l));
     trace::Span span("layer forward", "compute", {"layer", l});
-    const auto [x, x_out, ln1, ln1_rstd, q, k, v, probs, att, mid, ln2, ln2_rstd, gate, up, act] = a.layer(l);
-
-    RmsNormForward(ln1, ln1_rstd, x, params + w.input_norm, N, d, s.rms_norm_eps);
-    MatmulForward(q, ln1, params + w.q_proj, N, d, qd);
-    MatmulForward(k, ln1, params + w.k_proj, N, d, kvd);
-    MatmulForward(v, ln1, params + w.v_proj, N, d, kvd);
-    RopeForward(q, a.rope_cos.data(), a.rope_sin.data(), B, T_, a.H, hd);
-    RopeForward(k, a.rope_cos.data(), a.rope_sin.data(), B, T_, a.KV, hd);
-    AttentionForward(att, probs, q, k, v, B, T_, a.H, a.KV, hd);
-    MatmulForward(mid, att, params + w.o_proj, N, qd, d);  // o_proj(att), then the residual
-    AddForward(mid, mid, x, N * d);
-    RmsNormForward(ln2, ln2_rstd, mid, params + w.post_norm, N, d, s.rms_norm_eps);
-    MatmulForward(gate, ln2, params + w.gate_proj, N, d, f);
-    MatmulForward(up, ln2, params + w.up_proj, N, d, f);
-    SwigluForward(act, gate, up, N * f);
-    MatmulForward(x_out, act, params + w.down_proj, N, f, d);
-    AddForward(x_out, x_out, mid, N * d);
+    LayerForward(params, l, /*to_output=*/true);
   }
   const T* x_final = a.residual.data() + s.num_layers * a.N * d;
   if (need) need(layout_.size());
@@ -200,6 +192,34 @@ double LlamaModel<T>::Forward(const T* params, const int32_t* tokens, const int3
   MatmulForward(a.logits.data(), a.lnf.data(), params + layout_.lm_head(), N, d, a.v);
   if (targets == nullptr) return 0.0;
   return CrossEntropyForward(a.losses.data(), a.logits.data(), targets, N, a.v);
+}
+
+template <typename T>
+void LlamaModel<T>::LayerForward(const T* params, int l, bool to_output) {
+  Activations& a = *acts_;
+  const LlamaShape& s = layout_.shape();
+  const int B = a.B, T_ = a.Tcur;
+  const int64_t N = static_cast<int64_t>(B) * T_, d = a.d, qd = a.qd, kvd = a.kvd, f = a.f;
+  const int64_t hd = s.head_dim();
+  const LayerOffsets& w = layout_.layer(l);
+  const auto [x, x_out, ln1, ln1_rstd, q, k, v, probs, att, mid, ln2, ln2_rstd, gate, up, act] = a.layer(l);
+
+  RmsNormForward(ln1, ln1_rstd, x, params + w.input_norm, N, d, s.rms_norm_eps);
+  MatmulForward(q, ln1, params + w.q_proj, N, d, qd);
+  MatmulForward(k, ln1, params + w.k_proj, N, d, kvd);
+  MatmulForward(v, ln1, params + w.v_proj, N, d, kvd);
+  RopeForward(q, a.rope_cos.data(), a.rope_sin.data(), B, T_, a.H, hd);
+  RopeForward(k, a.rope_cos.data(), a.rope_sin.data(), B, T_, a.KV, hd);
+  AttentionForward(att, probs, q, k, v, B, T_, a.H, a.KV, hd);
+  MatmulForward(mid, att, params + w.o_proj, N, qd, d);  // o_proj(att), then the residual
+  AddForward(mid, mid, x, N * d);
+  RmsNormForward(ln2, ln2_rstd, mid, params + w.post_norm, N, d, s.rms_norm_eps);
+  MatmulForward(gate, ln2, params + w.gate_proj, N, d, f);
+  MatmulForward(up, ln2, params + w.up_proj, N, d, f);
+  SwigluForward(act, gate, up, N * f);
+  if (!to_output) return;
+  MatmulForward(x_out, act, params + w.down_proj, N, f, d);
+  AddForward(x_out, x_out, mid, N * d);
 }
 
 template <typename T>
@@ -233,6 +253,13 @@ void LlamaModel<T>::Backward(const T* params, T* grads, double loss_scale, const
   for (int l = s.num_layers - 1; l >= 0; --l) {
     const LayerOffsets& w = layout_.layer(l);
     const auto [x, x_out, ln1, ln1_rstd, q, k, v, probs, att, mid, ln2, ln2_rstd, gate, up, act] = a.layer(l);
+    if (recompute_ == Recompute::kFull) {
+      trace::Span span("layer recompute", "compute", {"layer", l});
+      LayerForward(params, l, /*to_output=*/false);
+    } else if (recompute_ == Recompute::kAttention) {
+      trace::Span span("attention recompute", "compute", {"layer", l});
+      AttentionForward(att, probs, q, k, v, B, T_, a.H, a.KV, hd);
+    }
     trace::Span span("layer backward", "compute", {"layer", l});
 
     // MLP branch: dres is d(layer output) = d(mid) through the skip.

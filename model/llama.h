@@ -19,8 +19,11 @@ namespace herd {
 template <typename T>
 class LlamaModel {
  public:
-  // Activations are allocated for up to max_batch sequences of max_seq_len.
-  LlamaModel(const LlamaShape& shape, int max_batch, int max_seq_len);
+  // Activations are allocated for up to max_batch sequences of max_seq_len,
+  // those that `recompute` keeps (llama_config.h): backward recomputes the
+  // rest, with the same kernels on the same inputs, so gradients are the
+  // same bit for bit whatever it says.
+  LlamaModel(const LlamaShape& shape, int max_batch, int max_seq_len, Recompute recompute = Recompute::kNone);
   ~LlamaModel();
   LlamaModel(const LlamaModel&) = delete;
   LlamaModel& operator=(const LlamaModel&) = delete;
@@ -59,12 +62,20 @@ class LlamaModel {
   // Bytes of every activation and backward scratch buffer a model of this
   // shape allocates for max_batch x max_seq_len (at the current OpenMP
   // thread count): the worker's share of a memory plan.
-  static int64_t ActivationBytes(const LlamaShape& shape, int max_batch, int max_seq_len);
+  static int64_t ActivationBytes(const LlamaShape& shape, int max_batch, int max_seq_len,
+                                 Recompute recompute = Recompute::kNone);
 
  private:
   struct Activations;
+  // Layer l's forward from its input (kept in every mode) into the
+  // layer's buffers; `to_output`: through its last product and residual
+  // add into the next layer's input (backward's recomputation stops before
+  // them: nothing there is needed).
+  void LayerForward(const T* params, int l, bool to_output);
+
   ParamLayout layout_;
   int max_batch_, max_seq_len_;
+  Recompute recompute_;
   std::unique_ptr<Activations> acts_;
 };
 

@@ -45,4 +45,18 @@ struct LlamaShape {
   }
 };
 
+// What backward recomputes rather than keeps (train.recompute).
+enum class Recompute { kNone, kAttention, kFull };
+
+inline Recompute RecomputeFromConfig(const config::TrainConfig& t) {
+  switch (t.recompute()) {
+    case config::TrainConfig::ATTENTION:
+      return Recompute::kAttention;
+    case config::TrainConfig::FULL:
+      return Recompute::kFull;
+    default:
+      return Recompute::kNone;
+  }
+}
+
 }  // namespace herd

@@ -10,7 +10,8 @@ namespace {
 
 class CpuModel final : public Model {
  public:
-  CpuModel(const LlamaShape& shape, int max_batch, int max_seq_len) : model_(shape, max_batch, max_seq_len) {}
+  CpuModel(const LlamaShape& shape, int max_batch, int max_seq_len, Recompute recompute)
+      : model_(shape, max_batch, max_seq_len, recompute) {}
 
   const ParamLayout& layout() const override { return model_.layout(); }
   int max_batch() const override { return model_.max_batch(); }
@@ -32,8 +33,8 @@ class CpuModel final : public Model {
 
 }  // namespace
 
-std::unique_ptr<Model> NewCpuModel(const LlamaShape& shape, int max_batch, int max_seq_len) {
-  return std::make_unique<CpuModel>(shape, max_batch, max_seq_len);
+std::unique_ptr<Model> NewCpuModel(const LlamaShape& shape, int max_batch, int max_seq_len, Recompute recompute) {
+  return std::make_unique<CpuModel>(shape, max_batch, max_seq_len, recompute);
 }
 
 }  // namespace herd

@@ -30,6 +30,9 @@ class Model {
   virtual int max_seq_len() const = 0;
   // "cpu (8 threads)", "cuda:0 NVIDIA H100 80GB HBM3, bf16", ...
   virtual std::string Describe() const = 0;
+  // The device's peak for the dtype it computes in, TFLOP/s
+  // (model/peak_flops.h); 0 when unknown, as for CPUs.
+  virtual double PeakTflops() const { return 0; }
 
   // LlamaModel::Forward's contract: the mean cross-entropy with targets
   // (0 without); need(end) before parameters below `end` are read.
@@ -47,7 +50,9 @@ class Model {
   virtual const float* logits() = 0;
 };
 
-// The CPU model (LlamaModel<float>, OpenMP threads).
-std::unique_ptr<Model> NewCpuModel(const LlamaShape& shape, int max_batch, int max_seq_len);
+// The CPU model (LlamaModel<float>, OpenMP threads), keeping what
+// `recompute` says (llama_config.h).
+std::unique_ptr<Model> NewCpuModel(const LlamaShape& shape, int max_batch, int max_seq_len,
+                                   Recompute recompute = Recompute::kNone);
 
 }  // namespace herd

@@ -83,7 +83,8 @@ void InitParameterRange(const ParamLayout& layout, uint64_t seed, double std, in
 double TrainingFlopsPerToken(const LlamaShape& shape, int seq_len) {
   const double weights = static_cast<double>(ParamLayout(shape).num_parameters());
   const double lookup = shape.tie_word_embeddings ? 0.0 : static_cast<double>(shape.vocab_size) * shape.hidden_size;
-  return 6.0 * (weights - lookup) + 12.0 * shape.num_layers * shape.hidden_size * static_cast<double>(seq_len);
+  const double norms = static_cast<double>(2 * shape.num_layers + 1) * shape.hidden_size;  // scale, not multiply
+  return 6.0 * (weights - lookup - norms) + 12.0 * shape.num_layers * shape.hidden_size * static_cast<double>(seq_len);
 }
 
 }  // namespace herd

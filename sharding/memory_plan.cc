@@ -34,7 +34,7 @@ StatusOr<MemoryPlan> PlanMemory(const config::JobConfig& config) {
   const bool bf16 = cluster.wire_dtype() == config::ClusterConfig::BF16;
   const int wire = bf16 ? 2 : 4;
   const int64_t activations =
-      LlamaModel<float>::ActivationBytes(shape, train.batch_size(), train.seq_len()) +
+      LlamaModel<float>::ActivationBytes(shape, train.batch_size(), train.seq_len(), RecomputeFromConfig(train)) +
       2 * static_cast<int64_t>(train.batch_size()) * train.seq_len() * static_cast<int64_t>(sizeof(int32_t));
   MemoryPlan plan;
   plan.parameters = layout.num_parameters();

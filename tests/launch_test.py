@@ -269,7 +269,9 @@ def token_and_shm(sb):
         if stale:
             assert not os.path.exists(stale), "a stale UCX shared-memory file was kept"
             assert os.path.exists(held), "a UCX shared-memory file a live process holds was removed"
-            assert "stale UCX shared-memory file" in launch.stdout()
+            # (Which launch removes it and says so is not asserted: another
+            # herd launch started beside this one, by a test run in
+            # parallel, may come first.)
         print("ok  token removed once all joined; stale UCX shm file removed at start, a held one kept")
     finally:
         if stale:

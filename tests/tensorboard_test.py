@@ -60,10 +60,11 @@ def main():
             same = got[s] == np.float32(want[s]) if key in EXACT else abs(got[s] - want[s]) <= 1e-3 * abs(want[s]) + 1e-4
             assert same, f"{tag} at step {s}: TensorBoard {got[s]}, metrics {want[s]}"
     # MFU = tokens/s x FLOPs per token / (peak x workers), with the FLOPs
-    # of tiny_config's shape counted here: 6 per weight (tied embeddings:
-    # the table is the lm_head) + 12 x layers x hidden x seq_len.
+    # of tiny_config's shape counted here: 6 per weight of a matrix product
+    # (tied embeddings: the table is the lm_head; norms scale, not
+    # multiply) + 12 x layers x hidden x seq_len.
     d, f, layers, kv, vocab, seq = 64, 160, 2, 32, 256, 32
-    weights = vocab * d + layers * (2 * d * d + 2 * d * kv + 3 * d * f + 2 * d) + d
+    weights = vocab * d + layers * (2 * d * d + 2 * d * kv + 3 * d * f)
     flops_per_token = 6 * weights + 12 * layers * d * seq
     mfu = [r["mfu"] for r in rows.values()]
     for r in rows.values():

@@ -153,7 +153,11 @@ Status Merge(const std::string& dir, const std::string& out_path) {
     return Status::InvalidArgument(dir + ": no *.trace.json files (a job with log.trace: DIR writes them)");
   }
   if (PathExists(out_path)) {
-    HERD_ASSIGN_OR_RETURN(const std::string head, ReadFile(out_path, sizeof kMergedMagic - 1));
+    std::string head(sizeof kMergedMagic - 1, '\0');
+    if (std::FILE* f = std::fopen(out_path.c_str(), "rb")) {
+      head.resize(std::fread(head.data(), 1, head.size(), f));
+      std::fclose(f);
+    }
     if (head != kMergedMagic) {
       return Status::InvalidArgument("--out " + out_path + " exists and is not a merged herd trace; it is not overwritten");
     }
@@ -231,6 +235,13 @@ Status Merge(const std::string& dir, const std::string& out_path) {
     json e = *t.event;
     const int lane = static_cast<int>(t.proc) + 1;
     e["pid"] = lane;
+    if (e["ph"] == "X") {
+      // Both ends moved by the offset at their own time: the mapping is
+      // monotonic, so spans of a thread still nest after it.
+      const int64_t local_end = Nanos(e["ts"]) + Nanos(e["dur"]);
+      const int64_t end = local_end + procs[t.proc].Offset(local_end);
+      e["dur"] = json::parse(Micros(std::max<int64_t>(0, end - t.ts)));
+    }
     // Async ids are a process's own: made unique across the merged trace.
     if (e.contains("id")) e["id"] = (static_cast<int64_t>(lane) << 40) + e["id"].get<int64_t>();
     e.erase("ts");

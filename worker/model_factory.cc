@@ -60,7 +60,9 @@ StatusOr<std::unique_ptr<cuda::DeviceTrainer>> CreateDeviceTrainer(const config:
 StatusOr<std::unique_ptr<Model>> CreateModel(const config::JobConfig& config, int max_batch, int max_seq_len,
                                              int local_rank) {
   const LlamaShape shape = LlamaShape::FromConfig(config.model());
-  if (config.device().kind() == config::DeviceConfig::CPU) return NewCpuModel(shape, max_batch, max_seq_len);
+  if (config.device().kind() == config::DeviceConfig::CPU) {
+    return NewCpuModel(shape, max_batch, max_seq_len, RecomputeFromConfig(config.train()));
+  }
   HERD_ASSIGN_OR_RETURN(const int device, PickDevice(local_rank));
 #if HERD_HAVE_CUDA_MODEL
   return cuda::NewStagedCudaModel(shape, max_batch, max_seq_len, config.device().dtype() == config::DeviceConfig::BF16,

@@ -34,7 +34,8 @@ StepLoop::StepLoop(const StepLoopParts& parts)
       last_step_(parts.options.LastStep(total_steps_)),
       tokens_per_step_(static_cast<int64_t>(config_.train().batch_size()) * config_.train().seq_len() *
                        config_.train().grad_accum() * parts.num_workers),
-      flops_per_token_(TrainingFlopsPerToken(LlamaShape::FromConfig(config_.model()), config_.train().seq_len())) {}
+      flops_per_token_(TrainingFlopsPerToken(LlamaShape::FromConfig(config_.model()), config_.train().seq_len())),
+      peak_tflops_(config_.log().peak_tflops() > 0 ? config_.log().peak_tflops() : parts.model->PeakTflops()) {}
 
 Status StepLoop::Run(int64_t start) {
   const int B = config_.train().batch_size(), T = config_.train().seq_len(), A = config_.train().grad_accum();
@@ -252,9 +253,7 @@ Status StepLoop::Epilogue(int64_t step) {
     const double window_s = window_clock_.Seconds();
     e.tokens_per_s = window_s > 0 ? window_tokens_ / window_s : 0;
     e.step_s = window_s / window_steps_;
-    if (config_.log().peak_tflops() > 0) {
-      e.mfu = e.tokens_per_s * flops_per_token_ / (config_.log().peak_tflops() * 1e12 * p_.num_workers);
-    }
+    if (peak_tflops_ > 0) e.mfu = e.tokens_per_s * flops_per_token_ / (peak_tflops_ * 1e12 * p_.num_workers);
     if (p_.client != nullptr) e.network_wait = window_s > 0 ? window_wait_ / window_s : 0;
     e.elapsed_s = run_clock_.Seconds();
     e.eta_s = e.tokens_per_s > 0 ? (total_steps_ - step) * tokens_per_step_ / e.tokens_per_s : 0;

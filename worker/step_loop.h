@@ -108,6 +108,9 @@ class StepLoop {
   bool leader_;  // prints progress and evaluates (elastic: the lowest live rank)
   const int64_t total_steps_, last_step_, tokens_per_step_;
   const double flops_per_token_;
+  // One worker's peak for MFU: log.peak_tflops, else the device's own
+  // (model/peak_flops.h); 0: no MFU.
+  const double peak_tflops_;
 
   int64_t start_ = 0;
   ProgressLog log_;

@@ -238,6 +238,11 @@ Status RunWorker(const config::JobConfig& config, const TrainOptions& options, c
     }
     PrintRunHeader(config, layout, model->Describe(), data.train.size(), plan ? &*plan : nullptr, num_workers,
                    w.device_reduction != nullptr, w.runtime ? &w.runtime->transport() : nullptr);
+    if (config.log().peak_tflops() == 0 && model->PeakTflops() > 0) {
+      std::printf("mfu: against the datasheet peak of %s, %g TFLOP/s (log.peak_tflops overrides it)\n",
+                  model->Describe().c_str(), model->PeakTflops());
+      std::fflush(stdout);
+    }
   }
   StepLoopParts parts;
   parts.config = &config;

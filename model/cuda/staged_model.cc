@@ -1,6 +1,7 @@
 #include "model/cuda/staged_model.h"
 
 #include <deque>
+#include <type_traits>
 #include <string>
 #include <vector>
 
@@ -10,6 +11,7 @@
 #include "model/cuda/device_memory.h"
 #include "model/cuda/kernels.h"
 #include "model/cuda/llama_cuda.h"
+#include "model/peak_flops.h"
 
 namespace herd::cuda {
 
@@ -65,6 +67,7 @@ class StagedCudaModel final : public StagedCudaModelBase {
   int max_batch() const override { return max_batch_; }
   int max_seq_len() const override { return max_seq_len_; }
   std::string Describe() const override { return name_; }
+  double PeakTflops() const override { return DatasheetPeakTflops(name_, !std::is_same_v<T, float>); }
 
   double Forward(const float* params, const int32_t* tokens, const int32_t* targets, int B, int T_,
                  const NeedUpTo& need) override {

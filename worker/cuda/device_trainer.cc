@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "model/cuda/check.h"
 #include "model/cuda/device_memory.h"
@@ -10,6 +11,7 @@
 #include "model/cuda/staged_model.h"
 #include "model/optim/adamw.h"
 #include "model/param_layout.h"
+#include "model/peak_flops.h"
 
 namespace herd::cuda {
 namespace {
@@ -119,6 +121,7 @@ class ResidentTrainer final : public DeviceTrainer {
     int max_batch() const override { return t_->o_.batch; }
     int max_seq_len() const override { return t_->o_.seq_len; }
     std::string Describe() const override { return t_->name_; }
+    double PeakTflops() const override { return DatasheetPeakTflops(t_->name_, !std::is_same_v<T, float>); }
     double Forward(const float*, const int32_t* tokens, const int32_t* targets, int B, int T_,
                    const NeedUpTo& need) override {
       if (need) need(t_->layout_.size());
