@@ -241,8 +241,6 @@ std::vector<Violation> CheckValues(const JobConfig& c) {
   need(t.grad_accum() > 0, "train.grad_accum", "must be > 0");
   need(t.threads() >= 0 && t.threads() <= kMaxThreads, "train.threads",
        "must be between 0 (all cores) and " + std::to_string(kMaxThreads));
-  need(t.recompute() == config::TrainConfig::NONE || c.device().kind() == config::DeviceConfig::CPU,
-       "train.recompute", "is not supported by CUDA workers yet (CPU workers recompute; set NONE)");
   if (m.max_position_embeddings() > 0) {
     need(t.seq_len() <= m.max_position_embeddings(), "train.seq_len",
          "must be <= model.max_position_embeddings (" + std::to_string(m.max_position_embeddings()) + ")");

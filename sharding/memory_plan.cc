@@ -42,7 +42,8 @@ StatusOr<MemoryPlan> PlanMemory(const config::JobConfig& config) {
   // buffer on the host.
   const bool gpu = config.device().kind() == config::DeviceConfig::CUDA;
   const int64_t gpu_bytes = gpu ? cuda::GpuWorkerDeviceBytes(shape, train.batch_size(), train.seq_len(),
-                                                             config.device().dtype() == config::DeviceConfig::BF16)
+                                                             config.device().dtype() == config::DeviceConfig::BF16,
+                                                             RecomputeFromConfig(train))
                                 : 0;
   const int64_t host_activations = gpu ? 0 : activations;
   const int64_t staging = gpu ? P * f32 : 0;
@@ -98,7 +99,8 @@ StatusOr<MemoryPlan> PlanMemory(const config::JobConfig& config) {
     t.gradients = 0;
     t.buffers = 0;
     t.device = cuda::DeviceTrainerDeviceBytes(shape, train.batch_size(), train.seq_len(),
-                                              config.device().dtype() == config::DeviceConfig::BF16);
+                                              config.device().dtype() == config::DeviceConfig::BF16,
+                                              RecomputeFromConfig(train));
   }
   plan.processes.push_back(t);
   return plan;

@@ -83,6 +83,11 @@ def main():
     assert "gradients by NCCL" in p.stdout, p.stdout
     sb.run("launch", job("nccl_zero1", 8, gpu, "cluster { sync: ALLREDUCE workers: 1 zero_stage: 1 }"))
     sb.run("launch", job("bf16", device="device { kind: CUDA dtype: BF16 }"))
+    # Full activation recomputation: the same trajectories, bit for bit.
+    full = ["--set", "train.recompute=FULL"]
+    sb.run("launch", job("gpu_full", device=gpu), *full)
+    sb.run("launch", job("ps_full", 4, gpu, "cluster { sync: PARAMETER_SERVER servers: 2 workers: 2 }"), *full)
+    sb.run("launch", job("bf16_full", device="device { kind: CUDA dtype: BF16 }"), *full)
 
     figures = {"tiny": worst_relative(losses(sb.path("tiny_gpu.jsonl")), losses(sb.path("tiny_cpu.jsonl")))}
     assert figures["tiny"] < 1e-4, f"configs/tiny.textproto: GPU losses differ by {figures['tiny']:.3g} relative"
@@ -95,6 +100,8 @@ def main():
             return [{k: m[k] for k in ("step", "loss", "lr", "grad_norm")} for m in map(json.loads, f)]
     assert trajectory("gpu") == trajectory("gpu_again"), "a rerun on the GPU differs"
     assert trajectory("gpu") == trajectory("gpu_split"), "stop at 10 and --resume on the GPU differs from the straight run"
+    for name in ("gpu", "ps", "bf16"):
+        assert trajectory(name + "_full") == trajectory(name), f"{name}: train.recompute FULL differs from NONE"
     bf16 = losses(sb.path("bf16.jsonl"))
     figures["bf16"] = worst_relative(bf16, cpu)
     assert figures["bf16"] < 2e-2, f"bf16: losses differ from the CPU run by {figures['bf16']:.3g} relative"

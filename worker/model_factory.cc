@@ -66,7 +66,7 @@ StatusOr<std::unique_ptr<Model>> CreateModel(const config::JobConfig& config, in
   HERD_ASSIGN_OR_RETURN(const int device, PickDevice(local_rank));
 #if HERD_HAVE_CUDA_MODEL
   return cuda::NewStagedCudaModel(shape, max_batch, max_seq_len, config.device().dtype() == config::DeviceConfig::BF16,
-                                  device);
+                                  device, RecomputeFromConfig(config.train()));
 #else
   (void)device;
   return std::unique_ptr<Model>();  // not reached: PickDevice refused

@@ -8,11 +8,11 @@ int64_t RmsNormScratchFloats(int64_t N, int64_t C) { return (N < kRmsNormPartiti
 
 int64_t AttentionScratchFloats(int64_t B, int64_t T_, int64_t H) { return B * H * T_; }
 
-CudaActivationSizes::CudaActivationSizes(const LlamaShape& s, int max_batch, int max_seq_len) {
+CudaActivationSizes::CudaActivationSizes(const LlamaShape& s, int max_batch, int max_seq_len, Recompute recompute) {
   N = static_cast<int64_t>(max_batch) * max_seq_len;
-  const int64_t L = s.num_layers, d = s.hidden_size;
+  const int64_t L = recompute == Recompute::kFull ? 1 : s.num_layers, d = s.hidden_size;
   rope = static_cast<int64_t>(max_seq_len) * s.head_dim() / 2;
-  residual = (L + 1) * N * d;
+  residual = (s.num_layers + 1) * N * d;
   per_layer_d = L * N * d;
   per_layer_rows = L * N;
   per_layer_qd = L * N * s.q_dim();
@@ -37,22 +37,23 @@ int64_t CudaActivationSizes::FloatElements() const {
 
 int64_t CudaActivationSizes::IntElements() const { return 5 * N + 1; }  // tokens, targets, embedding groups
 
-int64_t CudaActivationBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16) {
-  const CudaActivationSizes z(shape, max_batch, max_seq_len);
+int64_t CudaActivationBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16, Recompute recompute) {
+  const CudaActivationSizes z(shape, max_batch, max_seq_len, recompute);
   return z.ComputeElements(shape) * (bf16 ? 2 : 4) + z.FloatElements() * 4 + z.IntElements() * 4;
 }
 
-int64_t GpuWorkerDeviceBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16) {
+int64_t GpuWorkerDeviceBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16, Recompute recompute) {
   const int64_t P = ParamLayout(shape).size();
-  return CudaActivationBytes(shape, max_batch, max_seq_len, bf16) + P * ((bf16 ? 2 : 4) + 4 + (bf16 ? 4 : 0)) +
+  return CudaActivationBytes(shape, max_batch, max_seq_len, bf16, recompute) + P * ((bf16 ? 2 : 4) + 4 + (bf16 ? 4 : 0)) +
          kCublasWorkspaceBytes;
 }
 
 int64_t SumOfSquaresChunks(int64_t n) { return (n + kSumOfSquaresChunk - 1) / kSumOfSquaresChunk; }
 
-int64_t DeviceTrainerDeviceBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16) {
+int64_t DeviceTrainerDeviceBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16,
+                                 Recompute recompute) {
   const int64_t P = ParamLayout(shape).size();
-  return CudaActivationBytes(shape, max_batch, max_seq_len, bf16) + P * (4 * 4 + (bf16 ? 2 : 0)) +
+  return CudaActivationBytes(shape, max_batch, max_seq_len, bf16, recompute) + P * (4 * 4 + (bf16 ? 2 : 0)) +
          SumOfSquaresChunks(P) * 8 + kCublasWorkspaceBytes;
 }
 

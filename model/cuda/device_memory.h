@@ -23,11 +23,14 @@ int64_t RmsNormScratchFloats(int64_t N, int64_t C);
 int64_t AttentionScratchFloats(int64_t B, int64_t T_, int64_t H);
 
 // Element counts of every buffer of CudaLlamaModel for max_batch x
-// max_seq_len tokens.
+// max_seq_len tokens; the per_layer ones (and lse) for every layer, or for
+// one under Recompute::kFull. (Its attention keeps no probabilities, only
+// their log-sum-exp per row, and recomputes them in backward, flash-style:
+// kAttention keeps what kNone does.)
 struct CudaActivationSizes {
   int64_t N, rope, residual, per_layer_d, per_layer_rows, per_layer_qd, per_layer_kvd, lse, per_layer_f, logits;
   int64_t rms_scratch, attn_scratch;
-  CudaActivationSizes(const LlamaShape& s, int max_batch, int max_seq_len);
+  CudaActivationSizes(const LlamaShape& s, int max_batch, int max_seq_len, Recompute recompute = Recompute::kNone);
   // Elements of the compute dtype, of fp32, of int32.
   int64_t ComputeElements(const LlamaShape& s) const;
   int64_t FloatElements() const;
@@ -35,18 +38,21 @@ struct CudaActivationSizes {
 };
 
 // CudaLlamaModel's device bytes (activations and backward scratch).
-int64_t CudaActivationBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16);
+int64_t CudaActivationBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16,
+                            Recompute recompute = Recompute::kNone);
 
 // Everything a GPU worker's model holds on the device: activations,
 // weights in the compute dtype, fp32 gradients, bf16 mode's fp32 landing
 // buffer for weights, cuBLASLt's workspace.
-int64_t GpuWorkerDeviceBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16);
+int64_t GpuWorkerDeviceBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16,
+                             Recompute recompute = Recompute::kNone);
 
 // Everything the single-process GPU trainer (worker/cuda/device_trainer.h)
 // holds on the device: activations, fp32 master weights, gradients and
 // AdamW m and v, the bf16 compute copy, the norm's partial sums, cuBLASLt's
 // workspace.
-int64_t DeviceTrainerDeviceBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16);
+int64_t DeviceTrainerDeviceBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16,
+                                 Recompute recompute = Recompute::kNone);
 
 // Chunks of the gradient norm's partial sums over n elements
 // (kSumOfSquaresChunk each, as model/optim's SumOfSquares).

@@ -46,20 +46,22 @@ struct CudaLlamaModel<T>::Buffers {
   EmbeddingGroups host_groups;  // the last Forward's, read by its copies
   int B = 0, Tcur = 0;
   bool has_targets = false;
+  bool one_layer = false;  // Recompute::kFull: every layer's intermediates in layer 0's room
 
   struct Layer {
     T *x, *x_out, *ln1, *q, *k, *v, *att, *mid, *ln2, *gate, *up, *act;
     float *ln1_rstd, *ln2_rstd, *lse;
   };
   Layer layer(int64_t l) {
+    const int64_t i = one_layer ? 0 : l;
     return {residual + l * N * d, residual + (l + 1) * N * d,
-            ln1 + l * N * d,      q + l * N * qd,
-            k + l * N * kvd,      v + l * N * kvd,
-            att + l * N * qd,     mid + l * N * d,
-            ln2 + l * N * d,      gate + l * N * f,
-            up + l * N * f,       act + l * N * f,
-            ln1_rstd + l * N,     ln2_rstd + l * N,
-            lse + l * lse_stride};
+            ln1 + i * N * d,      q + i * N * qd,
+            k + i * N * kvd,      v + i * N * kvd,
+            att + i * N * qd,     mid + i * N * d,
+            ln2 + i * N * d,      gate + i * N * f,
+            up + i * N * f,       act + i * N * f,
+            ln1_rstd + i * N,     ln2_rstd + i * N,
+            lse + i * lse_stride};
   }
 };
 
@@ -73,12 +75,19 @@ std::string CudaLlamaModel<T>::CheckShape(const LlamaShape& shape) {
 }
 
 template <typename T>
-CudaLlamaModel<T>::CudaLlamaModel(const LlamaShape& shape, int max_batch, int max_seq_len, cudaStream_t stream)
-    : layout_(shape), max_batch_(max_batch), max_seq_len_(max_seq_len), stream_(stream), b_(new Buffers) {
+CudaLlamaModel<T>::CudaLlamaModel(const LlamaShape& shape, int max_batch, int max_seq_len, cudaStream_t stream,
+                                  Recompute recompute)
+    : layout_(shape),
+      max_batch_(max_batch),
+      max_seq_len_(max_seq_len),
+      stream_(stream),
+      full_recompute_(recompute == Recompute::kFull),
+      b_(new Buffers) {
   const std::string why = CheckShape(shape);
   CHECK(why.empty()) << why;
   Buffers& b = *b_;
-  const CudaActivationSizes z(shape, max_batch, max_seq_len);
+  b.one_layer = full_recompute_;
+  const CudaActivationSizes z(shape, max_batch, max_seq_len, recompute);
   b.N = z.N;
   b.d = shape.hidden_size;
   b.qd = shape.q_dim();
@@ -163,8 +172,7 @@ double CudaLlamaModel<T>::Forward(const T* params, const int32_t* host_tokens, c
   const LlamaShape& s = layout_.shape();
   CHECK(B <= max_batch_ && T_ <= max_seq_len_)
       << "CudaLlamaModel::Forward: " << B << "x" << T_ << " exceeds " << max_batch_ << "x" << max_seq_len_;
-  const int64_t N = static_cast<int64_t>(B) * T_, d = b.d, qd = b.qd, kvd = b.kvd, f = b.f;
-  const int64_t hd = s.head_dim(), H = s.num_heads, KV = s.num_kv_heads;
+  const int64_t N = static_cast<int64_t>(B) * T_, d = b.d;
   const float eps = static_cast<float>(s.rms_norm_eps);
   cudaStream_t st = stream_;
   b.B = B;
@@ -188,22 +196,8 @@ double CudaLlamaModel<T>::Forward(const T* params, const int32_t* host_tokens, c
   if (need) need(s.num_layers > 0 ? layout_.layer(0).input_norm : layout_.final_norm());
   EmbeddingForward(b.residual, b.tokens, params + layout_.embed(), N, d, st);
   for (int l = 0; l < s.num_layers; ++l) {
-    const LayerOffsets& w = layout_.layer(l);
     if (need) need(layer_end(l));
-    const auto a = b.layer(l);
-    RmsNormForward(a.ln1, a.ln1_rstd, a.x, params + w.input_norm, N, d, eps, st);
-    b.matmul.Forward(a.q, a.ln1, params + w.q_proj, N, d, qd, static_cast<const T*>(nullptr), st);
-    b.matmul.Forward(a.k, a.ln1, params + w.k_proj, N, d, kvd, static_cast<const T*>(nullptr), st);
-    b.matmul.Forward(a.v, a.ln1, params + w.v_proj, N, d, kvd, static_cast<const T*>(nullptr), st);
-    RopeForward(a.q, b.rope_cos, b.rope_sin, B, T_, H, hd, st);
-    RopeForward(a.k, b.rope_cos, b.rope_sin, B, T_, KV, hd, st);
-    AttentionForward(a.att, a.lse, a.q, a.k, a.v, B, T_, H, KV, hd, st);
-    b.matmul.Forward(a.mid, a.att, params + w.o_proj, N, qd, d, static_cast<const T*>(a.x), st);  // + residual
-    RmsNormForward(a.ln2, a.ln2_rstd, a.mid, params + w.post_norm, N, d, eps, st);
-    b.matmul.Forward(a.gate, a.ln2, params + w.gate_proj, N, d, f, static_cast<const T*>(nullptr), st);
-    b.matmul.Forward(a.up, a.ln2, params + w.up_proj, N, d, f, static_cast<const T*>(nullptr), st);
-    SwigluForward(a.act, a.gate, a.up, N * f, st);
-    b.matmul.Forward(a.x_out, a.act, params + w.down_proj, N, f, d, static_cast<const T*>(a.mid), st);
+    LayerForward(params, l, /*to_output=*/true);
   }
   const T* x_final = b.residual + s.num_layers * b.N * d;
   if (need) need(layout_.size());
@@ -217,6 +211,33 @@ double CudaLlamaModel<T>::Forward(const T* params, const int32_t* host_tokens, c
   double total = 0;  // in order, as the CPU model sums
   for (int64_t i = 0; i < N; ++i) total += b.host_losses[i];
   return N > 0 ? total / static_cast<double>(N) : 0.0;
+}
+
+template <typename T>
+void CudaLlamaModel<T>::LayerForward(const T* params, int l, bool to_output) {
+  Buffers& b = *b_;
+  const LlamaShape& s = layout_.shape();
+  const int B = b.B, T_ = b.Tcur;
+  const int64_t N = static_cast<int64_t>(B) * T_, d = b.d, qd = b.qd, kvd = b.kvd, f = b.f;
+  const int64_t hd = s.head_dim(), H = s.num_heads, KV = s.num_kv_heads;
+  const float eps = static_cast<float>(s.rms_norm_eps);
+  cudaStream_t st = stream_;
+  const LayerOffsets& w = layout_.layer(l);
+  const auto a = b.layer(l);
+  RmsNormForward(a.ln1, a.ln1_rstd, a.x, params + w.input_norm, N, d, eps, st);
+  b.matmul.Forward(a.q, a.ln1, params + w.q_proj, N, d, qd, static_cast<const T*>(nullptr), st);
+  b.matmul.Forward(a.k, a.ln1, params + w.k_proj, N, d, kvd, static_cast<const T*>(nullptr), st);
+  b.matmul.Forward(a.v, a.ln1, params + w.v_proj, N, d, kvd, static_cast<const T*>(nullptr), st);
+  RopeForward(a.q, b.rope_cos, b.rope_sin, B, T_, H, hd, st);
+  RopeForward(a.k, b.rope_cos, b.rope_sin, B, T_, KV, hd, st);
+  AttentionForward(a.att, a.lse, a.q, a.k, a.v, B, T_, H, KV, hd, st);
+  b.matmul.Forward(a.mid, a.att, params + w.o_proj, N, qd, d, static_cast<const T*>(a.x), st);  // + residual
+  RmsNormForward(a.ln2, a.ln2_rstd, a.mid, params + w.post_norm, N, d, eps, st);
+  b.matmul.Forward(a.gate, a.ln2, params + w.gate_proj, N, d, f, static_cast<const T*>(nullptr), st);
+  b.matmul.Forward(a.up, a.ln2, params + w.up_proj, N, d, f, static_cast<const T*>(nullptr), st);
+  SwigluForward(a.act, a.gate, a.up, N * f, st);
+  if (!to_output) return;
+  b.matmul.Forward(a.x_out, a.act, params + w.down_proj, N, f, d, static_cast<const T*>(a.mid), st);
 }
 
 template <typename T>
@@ -243,6 +264,7 @@ void CudaLlamaModel<T>::Backward(const T* params, float* grads, double loss_scal
   for (int l = s.num_layers - 1; l >= 0; --l) {
     const LayerOffsets& w = layout_.layer(l);
     const auto a = b.layer(l);
+    if (full_recompute_) LayerForward(params, l, /*to_output=*/false);
     // MLP branch: dres is d(layer output) = d(mid) through the skip.
     mm.BackwardInput(b.dact, b.dres, params + w.down_proj, N, f, d, false, st);
     mm.BackwardWeight(grads + w.down_proj, b.dres, a.act, N, f, d, st);

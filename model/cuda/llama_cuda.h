@@ -27,7 +27,12 @@ class CudaLlamaModel {
   // Device activations for up to max_batch sequences of max_seq_len. The
   // shape's head_dim must be one AttentionHeadDimSupported accepts (checked
   // by CheckShape before construction).
-  CudaLlamaModel(const LlamaShape& shape, int max_batch, int max_seq_len, cudaStream_t stream);
+  // `recompute` kFull keeps one layer's intermediates and recomputes each
+  // layer's before its backward (the same kernels on the same inputs: the
+  // same gradients bit for bit); kAttention is kNone here (the attention
+  // keeps no probabilities anyway).
+  CudaLlamaModel(const LlamaShape& shape, int max_batch, int max_seq_len, cudaStream_t stream,
+                 Recompute recompute = Recompute::kNone);
   ~CudaLlamaModel();
   CudaLlamaModel(const CudaLlamaModel&) = delete;
   CudaLlamaModel& operator=(const CudaLlamaModel&) = delete;
@@ -61,9 +66,14 @@ class CudaLlamaModel {
 
  private:
   struct Buffers;
+  // Layer l's forward from its input into the layer's buffers; `to_output`:
+  // through its last product into the next layer's input.
+  void LayerForward(const T* params, int l, bool to_output);
+
   ParamLayout layout_;
   int max_batch_, max_seq_len_;
   cudaStream_t stream_;
+  const bool full_recompute_;
   std::unique_ptr<Buffers> b_;
 };
 

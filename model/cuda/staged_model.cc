@@ -36,12 +36,13 @@ namespace {
 template <typename T>
 class StagedCudaModel final : public StagedCudaModelBase {
  public:
-  StagedCudaModel(const LlamaShape& shape, int max_batch, int max_seq_len, int device, std::string name)
+  StagedCudaModel(const LlamaShape& shape, int max_batch, int max_seq_len, int device, std::string name,
+                  Recompute recompute)
       : max_batch_(max_batch), max_seq_len_(max_seq_len), name_(std::move(name)) {
     HERD_CUDA_CHECK(cudaSetDevice(device));
     HERD_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
     HERD_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
-    model_ = std::make_unique<CudaLlamaModel<T>>(shape, max_batch, max_seq_len, compute_);
+    model_ = std::make_unique<CudaLlamaModel<T>>(shape, max_batch, max_seq_len, compute_, recompute);
     const int64_t P = model_->layout().size();
     HERD_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&params_), P * sizeof(T)));
     HERD_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&grads_), P * sizeof(float)));
@@ -230,14 +231,15 @@ StatusOr<std::string> PrepareDevice(const LlamaShape& shape, int device, bool bf
 }
 
 StatusOr<std::unique_ptr<Model>> NewStagedCudaModel(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16,
-                                                    int device) {
-  HERD_ASSIGN_OR_RETURN(const std::string name,
-                        PrepareDevice(shape, device, bf16, GpuWorkerDeviceBytes(shape, max_batch, max_seq_len, bf16)));
+                                                    int device, Recompute recompute) {
+  HERD_ASSIGN_OR_RETURN(
+      const std::string name,
+      PrepareDevice(shape, device, bf16, GpuWorkerDeviceBytes(shape, max_batch, max_seq_len, bf16, recompute)));
   std::unique_ptr<Model> model;
   if (bf16)
-    model = std::make_unique<StagedCudaModel<__nv_bfloat16>>(shape, max_batch, max_seq_len, device, name);
+    model = std::make_unique<StagedCudaModel<__nv_bfloat16>>(shape, max_batch, max_seq_len, device, name, recompute);
   else
-    model = std::make_unique<StagedCudaModel<float>>(shape, max_batch, max_seq_len, device, name);
+    model = std::make_unique<StagedCudaModel<float>>(shape, max_batch, max_seq_len, device, name, recompute);
   return model;
 }
 

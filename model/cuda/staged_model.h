@@ -59,8 +59,9 @@ int64_t DeviceFreeBytes(int device);
 StatusOr<std::string> PrepareDevice(const LlamaShape& shape, int device, bool bf16, int64_t needed_bytes);
 
 // A model on device `device` (an index < DeviceCount()) computing in bf16
-// or fp32; an error names the device problem or the unsupported shape.
+// or fp32, keeping what `recompute` says; an error names the device
+// problem or the unsupported shape.
 StatusOr<std::unique_ptr<Model>> NewStagedCudaModel(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16,
-                                                    int device);
+                                                    int device, Recompute recompute = Recompute::kNone);
 
 }  // namespace herd::cuda

@@ -123,6 +123,52 @@ TEST(CudaLlamaModel, Bf16WithTensorCoreAttentionMatchesTheCpuModel) {
   CheckModel<__nv_bfloat16>(/*tied=*/true, {1e-2, 3e-2, 5e-2}, /*heads=*/1);  // head_dim 64
 }
 
+// Recompute::kFull keeps one layer's intermediates and recomputes each
+// layer's before its backward: the same loss and gradients, bit for bit,
+// for micro-batches of two lengths, with the same final_from calls.
+template <typename T>
+void CheckFullRecompute() {
+  const LlamaShape shape = SmallShape(false, 2);
+  const ParamLayout layout(shape);
+  const int64_t P = layout.size();
+  std::vector<float> params(P);
+  InitParameters(layout, 5, 0.15, params.data());
+  params = Rounded<T>(params);
+  cudaStream_t stream;
+  HERD_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::vector<std::vector<float>> grads;
+  std::vector<std::vector<double>> losses;
+  std::vector<std::vector<int64_t>> finals;
+  for (Recompute recompute : {Recompute::kNone, Recompute::kFull}) {
+    CudaLlamaModel<T> gpu(shape, 2, 40, stream, recompute);
+    DeviceArray<T> d_params(params);
+    DeviceArray<float> d_grads(std::vector<float>(P, 0.0f));
+    losses.emplace_back();
+    finals.emplace_back();
+    for (int t : {40, 23}) {
+      std::vector<int32_t> tokens(2 * t), targets(2 * t);
+      for (int i = 0; i < 2 * t; ++i) {
+        tokens[i] = (i * 29 + t) % shape.vocab_size;
+        targets[i] = (i * 13 + 3) % shape.vocab_size;
+      }
+      losses.back().push_back(gpu.Forward(d_params.get(), tokens.data(), targets.data(), 2, t));
+      gpu.Backward(d_params.get(), d_grads.get(), 1.0 / (4 * t), [&](int64_t x) { finals.back().push_back(x); });
+    }
+    grads.push_back(d_grads.Raw());
+  }
+  HERD_CUDA_CHECK(cudaStreamDestroy(stream));
+  EXPECT_EQ(losses[0], losses[1]);
+  EXPECT_EQ(finals[0], finals[1]);
+  ASSERT_EQ(grads[0].size(), grads[1].size());
+  EXPECT_EQ(0, std::memcmp(grads[0].data(), grads[1].data(), grads[0].size() * sizeof(float)));
+}
+
+TEST(CudaLlamaModel, FullRecomputeGivesTheSameGradientsBitForBit) {
+  HERD_REQUIRE_DEVICE();
+  CheckFullRecompute<float>();
+  CheckFullRecompute<__nv_bfloat16>();
+}
+
 TEST(StagedCudaModel, TooLargeForTheDeviceIsOneClearError) {
   HERD_REQUIRE_DEVICE();
   LlamaShape s = SmallShape(true);
@@ -138,15 +184,16 @@ TEST(StagedCudaModel, TooLargeForTheDeviceIsOneClearError) {
 // against their peak RSS.
 TEST(StagedCudaModel, AllocatesWhatThePlanSays) {
   HERD_REQUIRE_DEVICE();
-  for (const bool bf16 : {false, true}) {
+  for (const auto& [bf16, recompute] : {std::pair{false, Recompute::kNone}, std::pair{true, Recompute::kNone},
+                                       std::pair{true, Recompute::kFull}}) {
     const LlamaShape s = SmallShape(false, 1);
     size_t before = 0, after = 0, total = 0;
     HERD_CUDA_CHECK(cudaMemGetInfo(&before, &total));
-    auto model = NewStagedCudaModel(s, 3, 70, bf16, 0);
+    auto model = NewStagedCudaModel(s, 3, 70, bf16, 0, recompute);
     ASSERT_TRUE(model.ok()) << model.status().message();
     HERD_CUDA_CHECK(cudaMemGetInfo(&after, &total));
     const double used = static_cast<double>(before) - static_cast<double>(after);
-    const double planned = static_cast<double>(GpuWorkerDeviceBytes(s, 3, 70, bf16));
+    const double planned = static_cast<double>(GpuWorkerDeviceBytes(s, 3, 70, bf16, recompute));
 #if defined(HERD_CUDA_EMULATION)
     const double slack = 64 * 256;  // cudaMalloc's rounding, per buffer
 #else

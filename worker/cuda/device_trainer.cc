@@ -22,7 +22,7 @@ class ResidentTrainer final : public DeviceTrainer {
   ResidentTrainer(const Options& o, std::string name)
       : o_(o), name_(std::move(name)), layout_(o.shape), P_(layout_.size()), evaluator_(this) {
     HERD_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    model_ = std::make_unique<CudaLlamaModel<T>>(o.shape, o.batch, o.seq_len, stream_);
+    model_ = std::make_unique<CudaLlamaModel<T>>(o.shape, o.batch, o.seq_len, stream_, o.recompute);
     for (float** p : {&master_, &grads_, &m_, &v_}) HERD_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(p), P_ * 4));
     const int64_t chunks = SumOfSquaresChunks(P_);
     HERD_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&partials_), chunks * 8));
@@ -160,7 +160,8 @@ class ResidentTrainer final : public DeviceTrainer {
 StatusOr<std::unique_ptr<DeviceTrainer>> DeviceTrainer::Create(const Options& o) {
   HERD_ASSIGN_OR_RETURN(
       const std::string name,
-      PrepareDevice(o.shape, o.device, o.bf16, DeviceTrainerDeviceBytes(o.shape, o.batch, o.seq_len, o.bf16)));
+      PrepareDevice(o.shape, o.device, o.bf16,
+                    DeviceTrainerDeviceBytes(o.shape, o.batch, o.seq_len, o.bf16, o.recompute)));
   if (o.bf16) return std::unique_ptr<DeviceTrainer>(new ResidentTrainer<__nv_bfloat16>(o, name));
   return std::unique_ptr<DeviceTrainer>(new ResidentTrainer<float>(o, name));
 }

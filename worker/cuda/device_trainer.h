@@ -29,6 +29,7 @@ class DeviceTrainer {
     bool bf16 = true;
     OptimizerOptions optimizer;
     int device = 0;
+    Recompute recompute = Recompute::kNone;
 
     // A job's model, train.batch_size x seq_len, device.dtype, optimizer
     // and train.steps, on `device`.
@@ -40,6 +41,7 @@ class DeviceTrainer {
       o.bf16 = config.device().dtype() == config::DeviceConfig::BF16;
       o.optimizer = OptimizerOptions::FromConfig(config.optimizer(), config.train().steps());
       o.device = device;
+      o.recompute = RecomputeFromConfig(config.train());
       return o;
     }
   };
