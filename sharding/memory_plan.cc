@@ -106,15 +106,20 @@ StatusOr<MemoryPlan> PlanMemory(const config::JobConfig& config) {
   return plan;
 }
 
+bool FitsBudget(const MemoryPlan& plan, int64_t bytes, int64_t gpu_bytes) {
+  const double usable = 1.0 - kBudgetHeadroom;
+  for (const ProcessMemory& p : plan.processes) {
+    if (p.total() > bytes * usable || (gpu_bytes > 0 && p.device > gpu_bytes * usable)) return false;
+  }
+  return true;
+}
+
 StatusOr<config::JobConfig> LargestFitting(const config::JobConfig& config, int64_t bytes, int64_t gpu_bytes) {
   auto fits = [&](int layers) -> StatusOr<bool> {
     config::JobConfig c = config;
     c.mutable_model()->set_num_hidden_layers(layers);
     HERD_ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(c));
-    for (const ProcessMemory& p : plan.processes) {
-      if (p.total() > bytes || (gpu_bytes > 0 && p.device > gpu_bytes)) return false;
-    }
-    return true;
+    return FitsBudget(plan, bytes, gpu_bytes);
   };
   HERD_ASSIGN_OR_RETURN(bool one, fits(1));
   if (!one) return Status::NotFound("not even one layer of this width fits in " + std::to_string(bytes) + " bytes");

@@ -1,10 +1,16 @@
-// herd plan CONFIG [--set path=value ...] [--mem BYTES] [--gpu-mem BYTES] [--json]
+// herd plan CONFIG [--set path=value ...] [--mem BYTES] [--gpu-mem BYTES] [--frontier] [--json]
 //
 // Prints what every process of the job will hold (sharding/memory_plan.h;
 // CUDA workers' GPU bytes in their own column) and, with --mem and/or
 // --gpu-mem, the deepest model of the config's width that fits that much
-// host memory per process and device memory per GPU worker.
+// host memory per process and device memory per GPU worker. --frontier
+// asks that for every mode herd has (DDP, ZeRO-1, parameter servers, and
+// parameter servers with full activation recomputation) at the job's
+// worker and server counts, batch and sequence length, and whether each
+// of a few standard shapes fits: the ZeRO paper's table for this job.
+#include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <cstdio>
 #include <optional>
 
@@ -89,11 +95,133 @@ void PrintTable(const std::string& path, const config::JobConfig& config, const 
   }
 }
 
+// The modes the frontier compares, as changes to the job's config (its
+// worker count, and server count for the servers, kept).
+struct Mode {
+  const char* name;
+  config::ClusterConfig::Sync sync;
+  int zero_stage;
+  config::TrainConfig::Recompute recompute;
+};
+constexpr Mode kModes[] = {
+    {"DDP", config::ClusterConfig::ALLREDUCE, 0, config::TrainConfig::NONE},
+    {"ZeRO-1", config::ClusterConfig::ALLREDUCE, 1, config::TrainConfig::NONE},
+    {"PS", config::ClusterConfig::PARAMETER_SERVER, 0, config::TrainConfig::NONE},
+    {"PS + recompute", config::ClusterConfig::PARAMETER_SERVER, 0, config::TrainConfig::FULL},
+};
+
+// Standard shapes, from their HuggingFace config.json.
+struct StandardShape {
+  const char* name;
+  int vocab, hidden, intermediate, layers, heads, kv_heads;
+  bool tied;
+};
+constexpr StandardShape kShapes[] = {
+    {"SmolLM-135M", 49152, 576, 1536, 30, 9, 3, true},      {"SmolLM-360M", 49152, 960, 2560, 32, 15, 5, true},
+    {"TinyLlama-1.1B", 32000, 2048, 5632, 22, 32, 4, false}, {"SmolLM-1.7B", 49152, 2048, 8192, 24, 32, 32, true},
+    {"Llama-3-8B", 128256, 4096, 14336, 32, 32, 8, false},
+};
+
+// 135M, 1.10B.
+std::string Parameters(int64_t n) {
+  char s[32];
+  if (n >= 1000000000) {
+    std::snprintf(s, sizeof s, "%.2fB", n / 1e9);
+  } else {
+    std::snprintf(s, sizeof s, "%.0fM", n / 1e6);
+  }
+  return s;
+}
+
+config::JobConfig InMode(const config::JobConfig& job, const Mode& mode) {
+  config::JobConfig c = job;
+  auto* cl = c.mutable_cluster();
+  cl->set_sync(mode.sync);
+  cl->set_zero_stage(mode.zero_stage);
+  cl->set_workers(std::max(1, cl->workers()));
+  cl->set_servers(mode.sync == config::ClusterConfig::PARAMETER_SERVER ? std::max(1, cl->servers()) : 0);
+  c.mutable_train()->set_recompute(mode.recompute);
+  return c;
+}
+
+config::JobConfig WithShape(const config::JobConfig& job, const StandardShape& s) {
+  config::JobConfig c = job;
+  auto* m = c.mutable_model();
+  m->set_vocab_size(s.vocab);
+  m->set_hidden_size(s.hidden);
+  m->set_intermediate_size(s.intermediate);
+  m->set_num_hidden_layers(s.layers);
+  m->set_num_attention_heads(s.heads);
+  m->set_num_key_value_heads(s.kv_heads);
+  m->set_tie_word_embeddings(s.tied);
+  return c;
+}
+
+Status PrintFrontier(const config::JobConfig& job, int64_t mem, int64_t gpu_mem, bool json) {
+  const int64_t host = mem > 0 ? mem : INT64_MAX;
+  const auto& train = job.train();
+  if (!json) {
+    std::string budget = mem > 0 ? FormatBytes(mem) + " per process" : "";
+    if (gpu_mem > 0) budget += (budget.empty() ? "" : " and ") + FormatBytes(gpu_mem) + " per GPU";
+    std::printf("what fits within %s: %d workers (PS: %d servers), batch %d x %d tokens, %s workers\n",
+                budget.c_str(), std::max(1, job.cluster().workers()), std::max(1, job.cluster().servers()),
+                train.batch_size(), train.seq_len(),
+                job.device().kind() == config::DeviceConfig::CUDA ? "GPU" : "CPU");
+    std::printf("(each shape: fits or not, and the %s)\n",
+                gpu_mem > 0 ? "device memory of a GPU worker" : "memory of the largest process");
+    std::printf("%-16s %-26s", "mode", ("deepest at d" + std::to_string(job.model().hidden_size())).c_str());
+    for (const StandardShape& s : kShapes) std::printf(" %15s", s.name);
+    std::printf("\n");
+  } else {
+    std::printf("{\"mem\": %lld, \"gpu_mem\": %lld, \"frontier\": [", static_cast<long long>(mem),
+                static_cast<long long>(gpu_mem));
+  }
+  for (size_t i = 0; i < std::size(kModes); ++i) {
+    const config::JobConfig c = InMode(job, kModes[i]);
+    int layers = 0;
+    int64_t parameters = 0;
+    auto best = LargestFitting(c, host, gpu_mem);
+    if (best.ok()) {
+      layers = best->model().num_hidden_layers();
+      parameters = ParamLayout(LlamaShape::FromConfig(best->model())).num_parameters();
+    } else if (best.status().code() != Status::Code::kNotFound) {
+      return best.status();
+    }
+    if (json) {
+      std::printf("%s{\"mode\": \"%s\", \"layers\": %d, \"parameters\": %lld, \"shapes\": {", i ? ", " : "",
+                  kModes[i].name, layers, static_cast<long long>(parameters));
+    } else {
+      const std::string deepest =
+          layers > 0 ? std::to_string(layers) + " layers, " + Parameters(parameters) : std::string("not one layer");
+      std::printf("%-16s %-26s", kModes[i].name, deepest.c_str());
+    }
+    for (size_t k = 0; k < std::size(kShapes); ++k) {
+      HERD_ASSIGN_OR_RETURN(const MemoryPlan plan, PlanMemory(WithShape(c, kShapes[k])));
+      const bool fits = FitsBudget(plan, host, gpu_mem);
+      int64_t device = 0;
+      for (const ProcessMemory& p : plan.processes) device = std::max(device, p.device);
+      const int64_t process = plan.largest().total();
+      if (json) {
+        std::printf("%s\"%s\": {\"fits\": %s, \"largest_process\": %lld, \"largest_device\": %lld}", k ? ", " : "",
+                    kShapes[k].name, fits ? "true" : "false", static_cast<long long>(process),
+                    static_cast<long long>(device));
+      } else {
+        // What binds: a GPU worker's device memory, else the largest process.
+        std::printf(" %15s", ((fits ? "yes " : "no ") + FormatBytes(gpu_mem > 0 ? device : process)).c_str());
+      }
+    }
+    std::printf(json ? "}}" : "\n");
+  }
+  if (json) std::printf("]}\n");
+  return Status::OK();
+}
+
 }  // namespace
 
 int RunPlan(int argc, char** argv) {
-  const char* usage = "usage: herd plan CONFIG [--set path=value ...] [--mem BYTES] [--gpu-mem BYTES] [--json]";
-  Args args({"set", "mem", "gpu-mem"}, {"json"});
+  const char* usage =
+      "usage: herd plan CONFIG [--set path=value ...] [--mem BYTES] [--gpu-mem BYTES] [--frontier] [--json]";
+  Args args({"set", "mem", "gpu-mem"}, {"json", "frontier"});
   Status st = args.Parse(argc, argv);
   if (!st.ok()) return ReportError(st.WithContext("plan: "));
   if (args.positional().size() != 1) return ReportError(Status::InvalidArgument(usage));
@@ -113,6 +241,13 @@ int RunPlan(int argc, char** argv) {
   }
   if (budget[1] > 0 && config->device().kind() != config::DeviceConfig::CUDA) {
     return ReportError(Status::InvalidArgument("--gpu-mem: the job's workers are not on GPUs (device.kind CPU)"));
+  }
+  if (args.Has("frontier")) {
+    if (budget[0] <= 0 && budget[1] <= 0) {
+      return ReportError(Status::InvalidArgument("--frontier needs a budget: --mem BYTES and/or --gpu-mem BYTES"));
+    }
+    st = PrintFrontier(*config, budget[0], budget[1], args.Has("json"));
+    return st.ok() ? 0 : ReportError(st.WithContext("plan: "));
   }
   std::optional<config::JobConfig> fit;
   if (budget[0] > 0 || budget[1] > 0) {

@@ -1,0 +1,77 @@
+"""`herd plan --frontier`: the deepest model of a width that fits each mode
+within a per-process budget, and which standard shapes fit, as the ZeRO
+paper tabulates it — and its predictions hold when run.
+
+  - the ~20M width (d512) at 8 x 256 tokens, 2 servers and 1 worker,
+    1 GiB a process: every mode fits some depth; what a worker no longer
+    holds only helps (ZeRO-1 >= DDP, PS >= ZeRO-1, PS + recompute >= PS,
+    strictly more for recompute here, where activations bind); a shape
+    said to fit has its largest process within the budget, one said not
+    to, beyond it (less the 2% the planner leaves for rounding);
+  - the deepest PS and PS + recompute models it names train a step here,
+    every process's measured peak RSS within the budget and within 10% of
+    its plan;
+  - --frontier without a budget is refused in one line."""
+import json
+import os
+import shutil
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import herdtest  # noqa: E402
+
+BUDGET = 1 << 30
+CONFIG = """
+model { vocab_size: 256 hidden_size: 512 intermediate_size: 1024 num_hidden_layers: 8
+        num_attention_heads: 8 num_key_value_heads: 4 tie_word_embeddings: true }
+train { steps: 1 batch_size: 8 seq_len: 256 seed: 7 }
+data { train: "train.bin" }
+log { every: 1 sample_tokens: 0 }
+cluster { sync: PARAMETER_SERVER servers: 2 workers: 1 }
+"""
+
+
+def main():
+    a = herdtest.parse_args()
+    sb = herdtest.Sandbox(a.build)
+    sb.training_data()
+    cfg = sb.write("job.textproto", CONFIG)
+    frontier = json.loads(sb.run("plan", cfg, "--mem", str(BUDGET), "--frontier", "--json").stdout)["frontier"]
+    modes = {f["mode"]: f for f in frontier}
+    assert list(modes) == ["DDP", "ZeRO-1", "PS", "PS + recompute"], list(modes)
+    layers = {m: f["layers"] for m, f in modes.items()}
+    assert min(layers.values()) >= 1, layers
+    assert layers["ZeRO-1"] >= layers["DDP"] and layers["PS"] >= layers["ZeRO-1"], layers
+    assert layers["PS + recompute"] > layers["PS"], layers
+    for m, f in modes.items():
+        for shape, s in f["shapes"].items():
+            assert s["fits"] == (s["largest_process"] <= 0.98 * BUDGET), (m, shape, s)  # 2% headroom
+    print("ok  deepest at d512 within 1 GiB a process: " + ", ".join(f"{m} {n} layers" for m, n in layers.items()))
+
+    for mode, recompute in (("PS", "NONE"), ("PS + recompute", "FULL")):
+        name = "deep_" + recompute.lower()
+        text = CONFIG.replace("num_hidden_layers: 8", f"num_hidden_layers: {layers[mode]}").replace(
+            "seed: 7 }", f"seed: 7 recompute: {recompute} }}").replace(
+            "sample_tokens: 0 }", f'sample_tokens: 0 summary_dir: "{name}" }}')
+        deep = sb.write(name + ".textproto", text)
+        plan = json.loads(sb.run("plan", deep, "--json").stdout)
+        sb.run("launch", deep)
+        report = []
+        for proc in plan["processes"]:
+            with open(sb.path(name, f"{proc['role']}_{max(proc['rank'], 0):05d}.json")) as f:
+                peak = json.load(f)["peak_rss_bytes"]
+            who = f"{proc['role']} {max(proc['rank'], 0)}"
+            assert peak <= BUDGET, f"{mode}, {layers[mode]} layers: {who} peaked at {peak} bytes, over the budget"
+            assert 0.9 <= peak / proc["total"] <= 1.1, f"{mode}: {who} measured {peak}, planned {proc['total']}"
+            report.append(f"{who} {peak / 2**20:.0f}/{proc['total'] / 2**20:.0f} MiB")
+        print(f"ok  {mode}: {layers[mode]} layers ({plan['parameters'] / 1e6:.0f}M) trained a step; "
+              "measured/planned " + ", ".join(report))
+
+    p = sb.run("plan", cfg, "--frontier", check=False)
+    assert p.returncode == 2 and "--frontier needs a budget" in p.stderr, p.stderr
+    assert sum(line.startswith("herd: error:") for line in p.stderr.splitlines()) == 1, p.stderr
+    shutil.rmtree(sb.dir)
+
+
+if __name__ == "__main__":
+    main()
