@@ -195,7 +195,7 @@ Status Merge(const std::string& dir, const std::string& out_path) {
   }
   std::stable_sort(timed.begin(), timed.end(), [](const Timed& a, const Timed& b) { return a.ts < b.ts; });
 
-  nlohmann::ordered_json summary;
+  nlohmann::ordered_json processes = nlohmann::ordered_json::array();  // what the merge prints of each
   nlohmann::ordered_json other = {{"herd_merged", 1},
                                   {"clock", "the coordinator's monotonic clock, from the first event"}};
   std::string body;
@@ -223,7 +223,7 @@ Status Merge(const std::string& dir, const std::string& out_path) {
       clock.push_back({{"local_ns", c.local_ns}, {"offset_ns", c.offset_ns}, {"rtt_ns", c.rtt_ns}});
     }
     other["processes"].push_back({{"name", p.name}, {"file", p.file}, {"clock", clock}});
-    summary["processes"].push_back({{"name", p.name},
+    processes.push_back({{"name", p.name},
                                     {"file", p.file},
                                     {"spans", spans},
                                     {"offset_us", p.clock.front().offset_ns / 1e3},
@@ -257,9 +257,8 @@ Status Merge(const std::string& dir, const std::string& out_path) {
   nlohmann::ordered_json result = {{"out", out_path},
                                    {"events", timed.size()},
                                    {"span_s", timed.empty() ? 0.0 : (timed.back().ts - base) / 1e9}};
-  result["processes"] = summary["processes"];
-  summary = result;
-  std::printf("%s\n", summary.dump().c_str());
+  result["processes"] = std::move(processes);
+  std::printf("%s\n", result.dump().c_str());
   return Status::OK();
 }
 

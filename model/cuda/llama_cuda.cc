@@ -81,12 +81,11 @@ CudaLlamaModel<T>::CudaLlamaModel(const LlamaShape& shape, int max_batch, int ma
       max_batch_(max_batch),
       max_seq_len_(max_seq_len),
       stream_(stream),
-      full_recompute_(recompute == Recompute::kFull),
       b_(new Buffers) {
   const std::string why = CheckShape(shape);
   CHECK(why.empty()) << why;
   Buffers& b = *b_;
-  b.one_layer = full_recompute_;
+  b.one_layer = recompute == Recompute::kFull;
   const CudaActivationSizes z(shape, max_batch, max_seq_len, recompute);
   b.N = z.N;
   b.d = shape.hidden_size;
@@ -264,7 +263,7 @@ void CudaLlamaModel<T>::Backward(const T* params, float* grads, double loss_scal
   for (int l = s.num_layers - 1; l >= 0; --l) {
     const LayerOffsets& w = layout_.layer(l);
     const auto a = b.layer(l);
-    if (full_recompute_) LayerForward(params, l, /*to_output=*/false);
+    if (b.one_layer) LayerForward(params, l, /*to_output=*/false);  // Recompute::kFull
     // MLP branch: dres is d(layer output) = d(mid) through the skip.
     mm.BackwardInput(b.dact, b.dres, params + w.down_proj, N, f, d, false, st);
     mm.BackwardWeight(grads + w.down_proj, b.dres, a.act, N, f, d, st);

@@ -73,7 +73,6 @@ class CudaLlamaModel {
   ParamLayout layout_;
   int max_batch_, max_seq_len_;
   cudaStream_t stream_;
-  const bool full_recompute_;
   std::unique_ptr<Buffers> b_;
 };
 
