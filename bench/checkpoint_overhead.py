@@ -28,7 +28,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from ps_throughput import run  # noqa: E402  (one way to launch a measured run)
+from ps_throughput import alternate, ps_layout  # noqa: E402  (one way to launch and time runs)
 
 
 def main():
@@ -44,27 +44,20 @@ def main():
     ap.add_argument("--set", action="append", default=[])
     a = ap.parse_args()
     herd = os.path.join(a.build, "herd")
-    servers, workers = (int(x) for x in a.layout.split("x"))
-    base = ["cluster.sync=PARAMETER_SERVER", f"cluster.servers={servers}", f"cluster.workers={workers}",
-            f"train.batch_size={a.global_batch // workers}", *a.set]
+    base = ps_layout(a.layout, a.global_batch) + a.set
     workdir = tempfile.mkdtemp(prefix="herd_bench_ckpt_")
     ckpt = os.path.join(workdir, "ckpt")
     variants = [
-        ("no_checkpoints", ["checkpoint.dir="]),
-        ("in_place", [f"checkpoint.dir={ckpt}", f"checkpoint.every={a.every}", "checkpoint.background=false"]),
-        ("background", [f"checkpoint.dir={ckpt}", f"checkpoint.every={a.every}", "checkpoint.background=true"]),
+        ("no_checkpoints", base + ["checkpoint.dir="]),
+        ("in_place", base + [f"checkpoint.dir={ckpt}", f"checkpoint.every={a.every}", "checkpoint.background=false"]),
+        ("background", base + [f"checkpoint.dir={ckpt}", f"checkpoint.every={a.every}", "checkpoint.background=true"]),
     ]
     measured = a.steps - a.warmup
-    times = {name: [] for name, _ in variants}
     written = {}
     try:
-        for _ in range(a.repeat):
-            for name, sets in variants:
-                shutil.rmtree(ckpt, ignore_errors=True)
-                rows = run(herd, a.config, base + sets, workdir, a.steps)
-                written[name] = len(glob.glob(os.path.join(ckpt, "step_*")))
-                by_step = {r["step"]: r["elapsed_s"] for r in rows}
-                times[name].append((by_step[a.steps] - by_step[a.warmup]) / measured)
+        times = alternate(herd, a.config, variants, workdir, a.steps, a.warmup, a.repeat,
+                          before=lambda name: shutil.rmtree(ckpt, ignore_errors=True),
+                          after=lambda name: written.update({name: len(glob.glob(os.path.join(ckpt, "step_*")))}))
         anchor = statistics.median(times["no_checkpoints"])
         for name, _ in variants:
             step_s = statistics.median(times[name])

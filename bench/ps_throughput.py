@@ -40,6 +40,32 @@ def run(herd, config, sets, workdir, steps):
         return [json.loads(line) for line in f]
 
 
+def ps_layout(layout, global_batch):
+    """--set lines for a parameter-server job of layout "SxW" (S servers, W
+    workers) at `global_batch` sequences a step."""
+    servers, workers = (int(x) for x in layout.split("x"))
+    return ["cluster.sync=PARAMETER_SERVER", f"cluster.servers={servers}", f"cluster.workers={workers}",
+            f"train.batch_size={global_batch // workers}"]
+
+
+def alternate(herd, config, variants, workdir, steps, warmup, repeat, before=None, after=None):
+    """Runs each (name, sets) of `variants` in turn, `repeat` times (A B C A B
+    C ...), so that drift in the machine's speed touches every variant
+    alike; returns each name's seconds per step after `warmup`, one per
+    run. `before(name)` and `after(name)`, when given, run around each run."""
+    times = {name: [] for name, _ in variants}
+    for _ in range(repeat):
+        for name, sets in variants:
+            if before:
+                before(name)
+            rows = run(herd, config, sets, workdir, steps)
+            if after:
+                after(name)
+            by_step = {r["step"]: r["elapsed_s"] for r in rows}
+            times[name].append((by_step[steps] - by_step[warmup]) / (steps - warmup))
+    return times
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
@@ -61,8 +87,7 @@ def main():
                 servers, workers = 0, 1
             else:
                 servers, workers = (int(x) for x in layout.split("x"))
-                sets = [f"train.batch_size={global_batch // workers}", "cluster.sync=PARAMETER_SERVER",
-                        f"cluster.servers={servers}", f"cluster.workers={workers}"]
+                sets = ps_layout(layout, global_batch)
             m = run(herd, a.config, a.set + sets, workdir, a.steps)[a.warmup:]
             step_s = [b["elapsed_s"] - p["elapsed_s"] for p, b in zip(m, m[1:])]
             median = statistics.median(step_s)

@@ -23,7 +23,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from ps_throughput import run  # noqa: E402  (one way to launch a measured run)
+from ps_throughput import alternate  # noqa: E402  (one way to launch and time runs)
 
 SETTINGS = ("NONE", "ATTENTION", "FULL")
 
@@ -39,7 +39,6 @@ def main():
     a = ap.parse_args()
     herd = os.path.join(a.build, "herd")
     workdir = tempfile.mkdtemp(prefix="herd_bench_recompute_")
-    times = {s: [] for s in SETTINGS}
     planned = {}
     for s in SETTINGS:
         cmd = [herd, "plan", a.config, "--json", "--set", f"train.recompute={s}"]
@@ -47,11 +46,8 @@ def main():
             cmd += ["--set", x]
         p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True)
         planned[s] = json.loads(p.stdout)["processes"][0]["total"]
-    for _ in range(a.repeat):
-        for s in SETTINGS:
-            rows = run(herd, a.config, [*a.set, f"train.recompute={s}"], workdir, a.steps)
-            by_step = {r["step"]: r["elapsed_s"] for r in rows}
-            times[s].append((by_step[a.steps] - by_step[a.warmup]) / (a.steps - a.warmup))
+    times = alternate(herd, a.config, [(s, [*a.set, f"train.recompute={s}"]) for s in SETTINGS], workdir, a.steps,
+                      a.warmup, a.repeat)
     anchor = statistics.median(times["NONE"])
     for s in SETTINGS:
         step_s = statistics.median(times[s])

@@ -33,7 +33,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from ps_throughput import run  # noqa: E402  (one way to launch a measured run)
+from ps_throughput import alternate, ps_layout  # noqa: E402  (one way to launch and time runs)
 
 
 def exclusive_ms(spans, t0, t1):
@@ -95,20 +95,13 @@ def main():
     ap.add_argument("--set", action="append", default=[])
     a = ap.parse_args()
     herd = os.path.join(a.build, "herd")
-    servers, workers = (int(x) for x in a.layout.split("x"))
-    base = ["cluster.sync=PARAMETER_SERVER", f"cluster.servers={servers}", f"cluster.workers={workers}",
-            f"train.batch_size={a.global_batch // workers}", *a.set]
+    base = ps_layout(a.layout, a.global_batch) + a.set
     workdir = tempfile.mkdtemp(prefix="herd_bench_trace_")
     trace_dir = os.path.join(workdir, "trace")
-    variants = [("off", ["log.trace="]), ("on", [f"log.trace={trace_dir}"])]
-    times = {name: [] for name, _ in variants}
+    variants = [("off", base + ["log.trace="]), ("on", base + [f"log.trace={trace_dir}"])]
     try:
-        for _ in range(a.repeat):
-            for name, sets in variants:
-                shutil.rmtree(trace_dir, ignore_errors=True)
-                rows = run(herd, a.config, base + sets, workdir, a.steps)
-                by_step = {r["step"]: r["elapsed_s"] for r in rows}
-                times[name].append((by_step[a.steps] - by_step[a.warmup]) / (a.steps - a.warmup))
+        times = alternate(herd, a.config, variants, workdir, a.steps, a.warmup, a.repeat,
+                          before=lambda name: shutil.rmtree(trace_dir, ignore_errors=True))
         anchor = statistics.median(times["off"])
         for name, _ in variants:
             step_s = statistics.median(times[name])

@@ -132,7 +132,7 @@ int64_t LlamaModel<T>::ActivationBytes(const LlamaShape& shape, int max_batch, i
 
 template <typename T>
 LlamaModel<T>::LlamaModel(const LlamaShape& shape, int max_batch, int max_seq_len, Recompute recompute)
-    : layout_(shape), max_batch_(max_batch), max_seq_len_(max_seq_len), recompute_(recompute), acts_(new Activations) {
+    : layout_(shape), max_batch_(max_batch), max_seq_len_(max_seq_len), acts_(new Activations) {
   Activations& a = *acts_;
   a.recompute = recompute;
   a.N = static_cast<int64_t>(max_batch) * max_seq_len;
@@ -223,7 +223,8 @@ void LlamaModel<T>::LayerForward(const T* params, int l, bool to_output) {
 }
 
 template <typename T>
-void LlamaModel<T>::Backward(const T* params, T* grads, double loss_scale, const FinalFrom& final_from) {
+void LlamaModel<T>::Backward(const T* params, T* grads, double loss_scale, const FinalFrom& final_from,
+                             const NeedFrom& need_from) {
   Activations& a = *acts_;
   const LlamaShape& s = layout_.shape();
   CHECK(a.has_targets) << "LlamaModel::Backward needs a Forward with targets first";
@@ -237,6 +238,7 @@ void LlamaModel<T>::Backward(const T* params, T* grads, double loss_scale, const
   T* dln = a.dln.data();
 
   // Loss -> logits (in place) -> lm_head -> final norm.
+  if (need_from) need_from(layout_.final_norm());
   {
     trace::Span span("head backward", "compute");
     T* dlogits = a.logits.data();
@@ -253,10 +255,11 @@ void LlamaModel<T>::Backward(const T* params, T* grads, double loss_scale, const
   for (int l = s.num_layers - 1; l >= 0; --l) {
     const LayerOffsets& w = layout_.layer(l);
     const auto [x, x_out, ln1, ln1_rstd, q, k, v, probs, att, mid, ln2, ln2_rstd, gate, up, act] = a.layer(l);
-    if (recompute_ == Recompute::kFull) {
+    if (need_from) need_from(w.input_norm);
+    if (a.recompute == Recompute::kFull) {
       trace::Span span("layer recompute", "compute", {"layer", l});
       LayerForward(params, l, /*to_output=*/false);
-    } else if (recompute_ == Recompute::kAttention) {
+    } else if (a.recompute == Recompute::kAttention) {
       trace::Span span("attention recompute", "compute", {"layer", l});
       AttentionForward(att, probs, q, k, v, B, T_, a.H, a.KV, hd);
     }

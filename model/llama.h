@@ -52,9 +52,17 @@ class LlamaModel {
   // `final_from(x)`, when given, is called as backward proceeds: every
   // gradient at flat offset >= x has received this call's contribution (x
   // falls layer by layer to 0), so a worker can ship those while the rest
-  // of backward runs.
+  // of backward runs; backward reads no parameter at offset >= x after it.
+  //
+  // `need_from(x)`, when given, is called before Backward first reads a
+  // parameter at flat offset >= x (x falls unit by unit: the final norm's
+  // offset for the head, then each layer's first tensor): a worker that
+  // streams its weights pulls them again there. (Tied embeddings: the head
+  // reads the embedding too, which need_from does not announce.)
   using FinalFrom = std::function<void(int64_t offset)>;
-  void Backward(const T* params, T* grads, double loss_scale, const FinalFrom& final_from = nullptr);
+  using NeedFrom = std::function<void(int64_t begin)>;
+  void Backward(const T* params, T* grads, double loss_scale, const FinalFrom& final_from = nullptr,
+                const NeedFrom& need_from = nullptr);
 
   // [B*T_, vocab] logits of the last Forward (overwritten by Backward).
   const T* logits() const;
@@ -75,8 +83,7 @@ class LlamaModel {
 
   ParamLayout layout_;
   int max_batch_, max_seq_len_;
-  Recompute recompute_;
-  std::unique_ptr<Activations> acts_;
+  std::unique_ptr<Activations> acts_;  // holds the recompute mode, which shapes it
 };
 
 extern template class LlamaModel<float>;

@@ -22,8 +22,9 @@ class CpuModel final : public Model {
     return model_.Forward(params, tokens, targets, B, T, need);
   }
   void Backward(const float* params, float* grads, double loss_scale, const FinalFrom& final_from,
-                bool /*last_micro_batch: the CPU's gradients are always in host memory*/) override {
-    model_.Backward(params, grads, loss_scale, final_from);
+                bool /*last_micro_batch: the CPU's gradients are always in host memory*/,
+                const NeedFrom& need_from) override {
+    model_.Backward(params, grads, loss_scale, final_from, need_from);
   }
   const float* logits() override { return model_.logits(); }
 

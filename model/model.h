@@ -20,6 +20,7 @@ namespace herd {
 class Model {
  public:
   using NeedUpTo = std::function<void(int64_t end)>;
+  using NeedFrom = std::function<void(int64_t begin)>;
   using FinalFrom = std::function<void(int64_t offset)>;
 
   virtual ~Model() = default;
@@ -44,8 +45,11 @@ class Model {
   // last_micro_batch false a device model may keep the contribution on the
   // device and deliver it with the next call's: callers read `grads` only
   // after a call with last_micro_batch true (the step's last micro-batch).
+  // need_from(x) before parameters at offsets >= x are read (the CPU model:
+  // see LlamaModel::Backward; a device model that holds every weight
+  // itself need not call it).
   virtual void Backward(const float* params, float* grads, double loss_scale, const FinalFrom& final_from = nullptr,
-                        bool last_micro_batch = true) = 0;
+                        bool last_micro_batch = true, const NeedFrom& need_from = nullptr) = 0;
   // Host [B*T, vocab] logits of the last Forward (before any Backward).
   virtual const float* logits() = 0;
 };

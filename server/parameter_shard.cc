@@ -287,8 +287,10 @@ const void* ParameterShard::Readable(const transport::Request& pull) const {
   if (pull.kind == transport::RequestKind::kReport) {
     return (pull.tag == version || pull.tag == transport::kLatestReport) && !stepping_ ? &report_ : nullptr;
   }
-  const bool current =
-      (pull.tag == version && !stepping_) || (pull.tag == version + 1 && stepping_ && Applied(pull.offset, pull.length));
+  // A bucket not yet stepped still holds `version` while others are (a
+  // worker that streams its weights pulls them again in backward).
+  const bool current = (pull.tag == version && !(stepping_ && AppliedOver(pull.offset, pull.length, /*all=*/false))) ||
+                       (pull.tag == version + 1 && stepping_ && AppliedOver(pull.offset, pull.length, /*all=*/true));
   if (!current) return nullptr;
   const char* base = options_.bf16_wire ? reinterpret_cast<const char*>(wire_copy_.data())
                                         : reinterpret_cast<const char*>(optimizer_->weights());
@@ -315,7 +317,7 @@ void ParameterShard::OnPull(const transport::Request& pull, PullReply reply) {
     } else if (!latest && pull.tag != version && pull.tag != version + 1) {
       error = Status::FailedPrecondition(what + " asks for version " + std::to_string(pull.tag) +
                                          ", this server holds " + std::to_string(version));
-    } else if (!latest && pull.tag == version && stepping_) {
+    } else if (!latest && pull.tag == version && stepping_ && (report || AppliedOver(pull.offset, pull.length, /*all=*/false))) {
       error = Status::FailedPrecondition(what + " asks for version " + std::to_string(pull.tag) +
                                          " while it is being replaced");
     } else {
@@ -347,17 +349,18 @@ ParameterShard::Replies ParameterShard::TakeAnswerable() {
   return out;
 }
 
-bool ParameterShard::Applied(uint64_t offset, uint64_t length) const {
-  // The buckets overlapping [offset, offset + length): from the last one
-  // that starts at or before offset.
+// The buckets overlapping [offset, offset + length) hold `all` applied
+// (every one) or any applied (`all` false).
+bool ParameterShard::AppliedOver(uint64_t offset, uint64_t length, bool all) const {
+  // From the last one that starts at or before offset.
   auto it = std::upper_bound(buckets_.begin(), buckets_.end(), offset, [this](uint64_t off, const LocalBucket& b) {
     return off < static_cast<uint64_t>(b.begin * wire_bytes_);
   });
   if (it != buckets_.begin()) --it;
   for (; it != buckets_.end() && static_cast<uint64_t>(it->begin * wire_bytes_) < offset + length; ++it) {
-    if (!it->applied) return false;
+    if (it->applied != all) return !all;
   }
-  return true;
+  return all;
 }
 
 void ParameterShard::ApplyBucket(LocalBucket& b, const OptimizerShard::Scalars& step) {

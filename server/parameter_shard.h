@@ -135,8 +135,9 @@ class ParameterShard : public transport::ShardHandler {
   using Replies = std::vector<std::pair<PullReply, const void*>>;
 
   int WorkerRank(transport::PeerId client) const;
-  // Under mu_: whether every bucket overlapping the byte range is stepped.
-  bool Applied(uint64_t offset, uint64_t length) const;
+  // Under mu_: whether every bucket overlapping the byte range is stepped
+  // (`all`), or any of them.
+  bool AppliedOver(uint64_t offset, uint64_t length, bool all) const;
   // Step thread: AdamW on one bucket, then the pulls it makes answerable.
   void ApplyBucket(LocalBucket& b, const OptimizerShard::Scalars& step);
   // Step thread: counts the step, publishes its report, readies the next.

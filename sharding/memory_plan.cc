@@ -5,6 +5,7 @@
 #include "common/memory.h"
 #include "model/cuda/device_memory.h"
 #include "model/llama.h"
+#include "sharding/weight_window.h"
 
 namespace herd {
 
@@ -78,6 +79,16 @@ StatusOr<MemoryPlan> PlanMemory(const config::JobConfig& config) {
     w.gradients = P * f32;
     w.activations = host_activations;
     w.buffers = (bf16 ? P * 2 : 0) + staging;
+    if (cluster.stream_weights()) {
+      // The window at its fullest, replayed through the worker's own policy;
+      // each bucket boundary may keep one shared page of weights, gradients
+      // and staging backed.
+      const StreamedPeak peak = ReplayStreamedStep(shards, layout, cluster.stream_prefetch_layers(), wire,
+                                                   train.grad_accum() > 1);
+      w.weights = peak.weights;
+      w.gradients = peak.gradients;
+      w.buffers = peak.staging + static_cast<int64_t>(shards.buckets().size() + 1) * (bf16 ? 3 : 2) * kPageBytes;
+    }
     w.device = gpu_bytes;
     w.runtime = kRuntimeBytes;
     plan.processes.push_back(w);

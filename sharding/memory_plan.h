@@ -10,6 +10,9 @@
 //            worker that cannot land in place);
 //   worker   weights + gradients of the whole model + activations for its
 //            micro-batch and sequence length (+ the bf16 staging buffer);
+//            with cluster.stream_weights, the weights, gradients and
+//            staging of its window at its fullest (sharding/weight_window.h)
+//            instead of the whole model's;
 //   single / all-reduce: weights + gradients + AdamW state (ZeRO-1: 1/W of
 //            it) + activations.
 // CUDA workers (device.kind CUDA) hold their activations, a compute copy of
@@ -53,6 +56,8 @@ struct MemoryPlan {
 
 // Fixed per-process overhead (binary, libraries, UCX, allocator pools).
 inline constexpr int64_t kRuntimeBytes = 20ll << 20;
+// The page size paged buffers (common/paged_buffer.h) work in.
+inline constexpr int64_t kPageBytes = 4096;
 
 StatusOr<MemoryPlan> PlanMemory(const config::JobConfig& config);
 

@@ -5,10 +5,11 @@ paper tabulates it — and its predictions hold when run.
   - the ~20M width (d512) at 8 x 256 tokens, 2 servers and 1 worker,
     1 GiB a process: every mode fits some depth; what a worker no longer
     holds only helps (ZeRO-1 >= DDP, PS >= ZeRO-1, PS + recompute >= PS,
-    strictly more for recompute here, where activations bind); a shape
+    strictly more for recompute here, where activations bind; streaming
+    more than PS, and streaming + recompute the most); a shape
     said to fit has its largest process within the budget, one said not
     to, beyond it (less the 2% the planner leaves for rounding);
-  - the deepest PS and PS + recompute models it names train a step here,
+  - the deepest model it names for each PS mode trains a step here,
     every process's measured peak RSS within the budget and within 10% of
     its plan;
   - --frontier without a budget is refused in one line."""
@@ -38,21 +39,26 @@ def main():
     cfg = sb.write("job.textproto", CONFIG)
     frontier = json.loads(sb.run("plan", cfg, "--mem", str(BUDGET), "--frontier", "--json").stdout)["frontier"]
     modes = {f["mode"]: f for f in frontier}
-    assert list(modes) == ["DDP", "ZeRO-1", "PS", "PS + recompute"], list(modes)
+    assert list(modes) == ["DDP", "ZeRO-1", "PS", "PS + recompute", "PS + streaming",
+                           "PS + streaming + recompute"], list(modes)
     layers = {m: f["layers"] for m, f in modes.items()}
     assert min(layers.values()) >= 1, layers
     assert layers["ZeRO-1"] >= layers["DDP"] and layers["PS"] >= layers["ZeRO-1"], layers
     assert layers["PS + recompute"] > layers["PS"], layers
+    assert layers["PS + streaming"] > layers["PS"], layers
+    assert layers["PS + streaming + recompute"] > max(layers["PS + recompute"], layers["PS + streaming"]), layers
     for m, f in modes.items():
         for shape, s in f["shapes"].items():
             assert s["fits"] == (s["largest_process"] <= 0.98 * BUDGET), (m, shape, s)  # 2% headroom
     print("ok  deepest at d512 within 1 GiB a process: " + ", ".join(f"{m} {n} layers" for m, n in layers.items()))
 
-    for mode, recompute in (("PS", "NONE"), ("PS + recompute", "FULL")):
-        name = "deep_" + recompute.lower()
+    for mode, recompute, stream in (("PS", "NONE", False), ("PS + recompute", "FULL", False),
+                                    ("PS + streaming", "NONE", True), ("PS + streaming + recompute", "FULL", True)):
+        name = "deep_" + recompute.lower() + ("_streamed" if stream else "")
         text = CONFIG.replace("num_hidden_layers: 8", f"num_hidden_layers: {layers[mode]}").replace(
             "seed: 7 }", f"seed: 7 recompute: {recompute} }}").replace(
-            "sample_tokens: 0 }", f'sample_tokens: 0 summary_dir: "{name}" }}')
+            "sample_tokens: 0 }", f'sample_tokens: 0 summary_dir: "{name}" }}').replace(
+            "workers: 1 }", f"workers: 1 stream_weights: {'true' if stream else 'false'} }}")
         deep = sb.write(name + ".textproto", text)
         plan = json.loads(sb.run("plan", deep, "--json").stdout)
         sb.run("launch", deep)

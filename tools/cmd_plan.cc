@@ -4,8 +4,8 @@
 // CUDA workers' GPU bytes in their own column) and, with --mem and/or
 // --gpu-mem, the deepest model of the config's width that fits that much
 // host memory per process and device memory per GPU worker. --frontier
-// asks that for every mode herd has (DDP, ZeRO-1, parameter servers, and
-// parameter servers with full activation recomputation) at the job's
+// asks that for every mode herd has (DDP, ZeRO-1, parameter servers, with
+// full activation recomputation, with streamed weights, and both) at the job's
 // worker and server counts, batch and sequence length, and whether each
 // of a few standard shapes fits: the ZeRO paper's table for this job.
 #include <algorithm>
@@ -102,12 +102,15 @@ struct Mode {
   config::ClusterConfig::Sync sync;
   int zero_stage;
   config::TrainConfig::Recompute recompute;
+  bool stream;  // cluster.stream_weights: CPU workers only
 };
 constexpr Mode kModes[] = {
-    {"DDP", config::ClusterConfig::ALLREDUCE, 0, config::TrainConfig::NONE},
-    {"ZeRO-1", config::ClusterConfig::ALLREDUCE, 1, config::TrainConfig::NONE},
-    {"PS", config::ClusterConfig::PARAMETER_SERVER, 0, config::TrainConfig::NONE},
-    {"PS + recompute", config::ClusterConfig::PARAMETER_SERVER, 0, config::TrainConfig::FULL},
+    {"DDP", config::ClusterConfig::ALLREDUCE, 0, config::TrainConfig::NONE, false},
+    {"ZeRO-1", config::ClusterConfig::ALLREDUCE, 1, config::TrainConfig::NONE, false},
+    {"PS", config::ClusterConfig::PARAMETER_SERVER, 0, config::TrainConfig::NONE, false},
+    {"PS + recompute", config::ClusterConfig::PARAMETER_SERVER, 0, config::TrainConfig::FULL, false},
+    {"PS + streaming", config::ClusterConfig::PARAMETER_SERVER, 0, config::TrainConfig::NONE, true},
+    {"PS + streaming + recompute", config::ClusterConfig::PARAMETER_SERVER, 0, config::TrainConfig::FULL, true},
 };
 
 // Standard shapes, from their HuggingFace config.json.
@@ -141,6 +144,7 @@ config::JobConfig InMode(const config::JobConfig& job, const Mode& mode) {
   cl->set_workers(std::max(1, cl->workers()));
   cl->set_servers(mode.sync == config::ClusterConfig::PARAMETER_SERVER ? std::max(1, cl->servers()) : 0);
   c.mutable_train()->set_recompute(mode.recompute);
+  cl->set_stream_weights(mode.stream);
   return c;
 }
 
@@ -169,14 +173,20 @@ Status PrintFrontier(const config::JobConfig& job, int64_t mem, int64_t gpu_mem,
                 job.device().kind() == config::DeviceConfig::CUDA ? "GPU" : "CPU");
     std::printf("(each shape: fits or not, and the %s)\n",
                 gpu_mem > 0 ? "device memory of a GPU worker" : "memory of the largest process");
-    std::printf("%-16s %-26s", "mode", ("deepest at d" + std::to_string(job.model().hidden_size())).c_str());
+    std::printf("%-27s %-26s", "mode", ("deepest at d" + std::to_string(job.model().hidden_size())).c_str());
     for (const StandardShape& s : kShapes) std::printf(" %15s", s.name);
     std::printf("\n");
   } else {
     std::printf("{\"mem\": %lld, \"gpu_mem\": %lld, \"frontier\": [", static_cast<long long>(mem),
                 static_cast<long long>(gpu_mem));
   }
+  const bool gpu = job.device().kind() == config::DeviceConfig::CUDA;
+  bool first = true;
   for (size_t i = 0; i < std::size(kModes); ++i) {
+    if (kModes[i].stream && gpu) {
+      if (!json) std::printf("%-27s not yet for GPU workers (CPU workers only)\n", kModes[i].name);
+      continue;
+    }
     const config::JobConfig c = InMode(job, kModes[i]);
     int layers = 0;
     int64_t parameters = 0;
@@ -188,12 +198,12 @@ Status PrintFrontier(const config::JobConfig& job, int64_t mem, int64_t gpu_mem,
       return best.status();
     }
     if (json) {
-      std::printf("%s{\"mode\": \"%s\", \"layers\": %d, \"parameters\": %lld, \"shapes\": {", i ? ", " : "",
+      std::printf("%s{\"mode\": \"%s\", \"layers\": %d, \"parameters\": %lld, \"shapes\": {", first ? "" : ", ",
                   kModes[i].name, layers, static_cast<long long>(parameters));
     } else {
       const std::string deepest =
           layers > 0 ? std::to_string(layers) + " layers, " + Parameters(parameters) : std::string("not one layer");
-      std::printf("%-16s %-26s", kModes[i].name, deepest.c_str());
+      std::printf("%-27s %-26s", kModes[i].name, deepest.c_str());
     }
     for (size_t k = 0; k < std::size(kShapes); ++k) {
       HERD_ASSIGN_OR_RETURN(const MemoryPlan plan, PlanMemory(WithShape(c, kShapes[k])));
@@ -211,6 +221,7 @@ Status PrintFrontier(const config::JobConfig& job, int64_t mem, int64_t gpu_mem,
       }
     }
     std::printf(json ? "}}" : "\n");
+    first = false;
   }
   if (json) std::printf("]}\n");
   return Status::OK();

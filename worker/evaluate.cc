@@ -16,13 +16,13 @@
 namespace herd {
 
 StatusOr<EvalResult> EvaluateLoss(Model& model, const float* params, const TokenFile& file, int B, int T,
-                                  int64_t batches) {
+                                  int64_t batches, const Model::NeedUpTo& need) {
   HERD_ASSIGN_OR_RETURN(EvalReader reader, EvalReader::Create(file, T, B, std::max<int64_t>(batches, 0)));
   std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(inputs.size());
   double total = 0;
   for (int64_t b = 0; b < reader.num_batches(); ++b) {
     reader.ReadBatch(b, inputs.data(), targets.data());
-    total += model.Forward(params, inputs.data(), targets.data(), B, T);
+    total += model.Forward(params, inputs.data(), targets.data(), B, T, need);
   }
   EvalResult r;
   r.loss = total / static_cast<double>(reader.num_batches());
@@ -31,7 +31,7 @@ StatusOr<EvalResult> EvaluateLoss(Model& model, const float* params, const Token
 }
 
 std::vector<int32_t> Generate(Model& model, const float* params, std::vector<int32_t> tokens, int count,
-                              double temperature, uint64_t seed) {
+                              double temperature, uint64_t seed, const Model::NeedUpTo& need) {
   Rng rng(seed);
   const int V = model.shape().vocab_size;
   std::vector<double> probs(V);
@@ -39,7 +39,7 @@ std::vector<int32_t> Generate(Model& model, const float* params, std::vector<int
   for (int n = 0; n < count; ++n) {
     const int T = std::min<int>(static_cast<int>(tokens.size()), model.max_seq_len());
     const int32_t* context = tokens.data() + tokens.size() - T;
-    model.Forward(params, context, nullptr, 1, T);
+    model.Forward(params, context, nullptr, 1, T, need);
     const float* logits = model.logits() + static_cast<int64_t>(T - 1) * V;
     int32_t next = 0;
     if (temperature <= 0) {
@@ -62,10 +62,11 @@ std::vector<int32_t> Generate(Model& model, const float* params, std::vector<int
   return tokens;
 }
 
-double ValidationLoss(Model& model, const float* params, const TokenFile* val, const config::JobConfig& config) {
+double ValidationLoss(Model& model, const float* params, const TokenFile* val, const config::JobConfig& config,
+                      const Model::NeedUpTo& need) {
   if (val == nullptr) return NAN;
   auto r = EvaluateLoss(model, params, *val, config.train().batch_size(), config.train().seq_len(),
-                        config.log().eval_batches());
+                        config.log().eval_batches(), need);
   if (!r.ok()) {
     LOG(WARNING) << "evaluation skipped: " << r.status().message();
     return NAN;
@@ -73,7 +74,7 @@ double ValidationLoss(Model& model, const float* params, const TokenFile* val, c
   return r->loss;
 }
 
-void PrintSample(Model& model, const float* params, const config::JobConfig& config) {
+void PrintSample(Model& model, const float* params, const config::JobConfig& config, const Model::NeedUpTo& need) {
   const auto& log = config.log();
   if (log.sample_tokens() <= 0) return;
   // With data.tokenizer the prompt is encoded by it, after the token that
@@ -96,7 +97,7 @@ void PrintSample(Model& model, const float* params, const config::JobConfig& con
   }
   const size_t prompt_tokens = prompt.size();
   std::vector<int32_t> out =
-      Generate(model, params, prompt, log.sample_tokens(), log.sample_temperature(), config.train().seed());
+      Generate(model, params, prompt, log.sample_tokens(), log.sample_temperature(), config.train().seed(), need);
   std::string text;
   for (size_t i = 0; i < out.size(); ++i) {
     if (tokenizer == nullptr) {

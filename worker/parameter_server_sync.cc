@@ -2,9 +2,13 @@
 
 #include <glog/logging.h>
 
+#include <optional>
+#include <utility>
+
 #include "common/bf16.h"
 #include "common/clock.h"
 #include "common/trace.h"
+#include "sharding/weight_window.h"
 
 namespace herd {
 namespace {
@@ -23,9 +27,17 @@ class ParameterServerSync : public SyncStrategy {
         client_(client),
         first_server_(o.first_server),
         reports_(plan_.num_servers()),
-        share_(o.rank) {
-    if (bf16_) {
-      wire_.resize(plan_.shard(plan_.num_servers() - 1).end);
+        share_(o.rank),
+        paged_weights_(o.streamed_weights),
+        paged_grads_(o.streamed_grads) {
+    const int64_t P = plan_.shard(plan_.num_servers() - 1).end;
+    if (streams_weights()) {
+      window_.emplace(plan_, *o.layout, o.prefetch_layers);
+      pulls_of_.resize(window_->num_buckets());
+      pushes_of_.resize(window_->num_buckets());
+      landed_.assign(window_->num_buckets(), true);
+    } else if (bf16_) {
+      wire_.resize(P);
       // Elastic: a worker redoing a lost one's share pushes while the
       // weights it waits for may be landing; they must not share a buffer.
       if (o.elastic) push_wire_.resize(wire_.size());
@@ -33,7 +45,18 @@ class ParameterServerSync : public SyncStrategy {
     early_pulls_.resize(plan_.buckets().size());
   }
 
-  // The bf16 staging buffers, for registration.
+  // Streaming with bf16: the staging buffer is paged like the weights (a
+  // bucket is staged from its pull until it lands, or from its push until
+  // it is retired; a bucket is never pulled while its push is in flight).
+  Status ReserveStaging() {
+    if (!streams_weights() || !bf16_) return Status::OK();
+    HERD_ASSIGN_OR_RETURN(paged_wire_, PagedBuffer::Reserve(plan_.shard(plan_.num_servers() - 1).end * sizeof(uint16_t),
+                                                            /*guarded=*/false));
+    return Status::OK();
+  }
+
+  // The bf16 staging buffers, for registration (not a paged one: UCX
+  // registers what it moves of it as it goes).
   std::vector<std::pair<void*, size_t>> wire_buffers() {
     std::vector<std::pair<void*, size_t>> out;
     for (auto* v : {&wire_, &push_wire_}) {
@@ -41,7 +64,10 @@ class ParameterServerSync : public SyncStrategy {
     }
     return out;
   }
-  uint16_t* push_wire() { return push_wire_.empty() ? wire_.data() : push_wire_.data(); }
+  uint16_t* pull_wire() { return streams_weights() ? reinterpret_cast<uint16_t*>(paged_wire_.data()) : wire_.data(); }
+  uint16_t* push_wire() { return push_wire_.empty() ? pull_wire() : push_wire_.data(); }
+
+  bool streams_weights() const override { return paged_weights_ != nullptr; }
 
   void SetShare(int share) override { share_ = share; }
   void SetDrawnTo(const DataPosition& data) override { loss_.data = data; }
@@ -54,6 +80,11 @@ class ParameterServerSync : public SyncStrategy {
   }
   // Backward has finished every gradient at offsets >= `offset`.
   void FinalFrom(int64_t offset) override {
+    if (streams_weights()) {
+      // Gradients computed from weights that did not arrive stay here.
+      if (pull_status_.ok()) Execute(window_->FinalFrom(offset));
+      return;
+    }
     const auto& buckets = plan_.buckets();
     while (next_bucket_ < buckets.size() && buckets[next_bucket_].range.begin >= offset) {
       const Bucket& b = buckets[next_bucket_++];
@@ -75,7 +106,13 @@ class ParameterServerSync : public SyncStrategy {
   }
   // After backward: this worker's loss to server 0, then waits for every push.
   Status FinishStep(double loss) override {
-    CHECK_EQ(next_bucket_, plan_.buckets().size()) << "backward did not finish every bucket";
+    if (streams_weights()) {
+      Execute(window_->RetireAll());
+      HERD_RETURN_IF_ERROR(pull_status_);
+      HERD_RETURN_IF_ERROR(std::exchange(push_status_, Status::OK()));
+    } else {
+      CHECK_EQ(next_bucket_, plan_.buckets().size()) << "backward did not finish every bucket";
+    }
     loss_.loss = loss;
     push_tickets_.push_back(client_->Push(first_server_, transport::RequestKind::kLoss, 0, &loss_, sizeof(loss_),
                                           transport::PushTag(step_, share_)));
@@ -99,11 +136,15 @@ class ParameterServerSync : public SyncStrategy {
     pulls_.clear();
     next_pull_ = 0;
     pull_status_ = Status::OK();
+    if (streams_weights()) {
+      Execute(window_->ReleaseAll());
+      Execute(window_->Start());
+    }
     // Buckets are listed in backward order; forward waits in reverse.
     const auto& buckets = plan_.buckets();
     const bool issued = early_version_ == static_cast<int64_t>(version);
     early_version_ = -1;
-    for (size_t i = buckets.size(); i-- > 0;) {
+    for (size_t i = buckets.size(); i-- > 0 && !streams_weights();) {
       pulls_.emplace_back(&buckets[i], issued ? early_pulls_[i] : PullBucket(buckets[i], version));
     }
     report_tickets_.clear();
@@ -115,11 +156,27 @@ class ParameterServerSync : public SyncStrategy {
   }
   // Blocks until every weight below flat offset `end` has arrived (forward
   // calls this layer by layer). A failure is kept for FinishWeights.
-  void WaitUpTo(int64_t end) override { WaitPulls(end, nullptr); }
+  void WaitUpTo(int64_t end) override {
+    if (streams_weights()) {
+      Execute(window_->NeedUpTo(end));
+    } else {
+      WaitPulls(end, nullptr);
+    }
+  }
+  void WaitFrom(int64_t begin) override {
+    if (streams_weights()) Execute(window_->NeedFrom(begin));
+  }
+  void DoneFrom(int64_t offset) override {
+    if (streams_weights()) Execute(window_->DoneFrom(offset));
+  }
+  void ReleaseWeights() override {
+    if (streams_weights()) Execute(window_->ReleaseAll());
+  }
   // Waits for the rest of the weights and for the reports; checks them.
   Status FinishWeights() override { return FinishWeightsUnless(nullptr).status(); }
   StatusOr<bool> FinishWeightsUnless(const std::function<bool()>& interrupted) override {
-    if (!WaitPulls(plan_.shard(plan_.num_servers() - 1).end, interrupted)) return false;
+    // Streaming: the weights come as the passes ask for them.
+    if (!streams_weights() && !WaitPulls(plan_.shard(plan_.num_servers() - 1).end, interrupted)) return false;
     while (next_report_ < report_tickets_.size()) {
       trace::Span span("wait for report", "wait", {"server", static_cast<int64_t>(next_report_)});
       const std::optional<Status> st = Wait(report_tickets_[next_report_], interrupted);
@@ -168,14 +225,61 @@ class ParameterServerSync : public SyncStrategy {
       ++next_pull_;
       if (!st->ok() && pull_status_.ok()) pull_status_ = *st;
       if (bf16_ && st->ok()) {
-        Bf16ToFloats(wire_.data() + bucket->range.begin, weights_ + bucket->range.begin, bucket->range.size());
+        Bf16ToFloats(pull_wire() + bucket->range.begin, weights_ + bucket->range.begin, bucket->range.size());
       }
     }
     return true;
   }
 
+  // Streaming: carries out what the window says, in its order.
+  void Execute(const WeightWindow::Actions& a) {
+    for (int i : a.release) {
+      const ParamRange& r = window_->bucket(i).range;
+      Land(i);  // nothing lands in memory given back
+      paged_weights_->Release(r.begin * sizeof(float), r.size() * sizeof(float));
+    }
+    for (int i : a.pull) {
+      const Bucket& b = window_->bucket(i);
+      paged_weights_->Admit(b.range.begin * sizeof(float), b.range.size() * sizeof(float));
+      pulls_of_[i] = PullBucket(b, version_);
+      landed_[i] = false;
+    }
+    for (int i : a.wait) Land(i);
+    for (int i : a.push) {
+      const Bucket& b = window_->bucket(i);
+      const void* data = grads_ + b.range.begin;
+      if (bf16_) {
+        FloatsToBf16(grads_ + b.range.begin, push_wire() + b.range.begin, b.range.size());
+        data = push_wire() + b.range.begin;
+      }
+      pushes_of_[i] = client_->Push(first_server_ + b.server, transport::RequestKind::kGradients, ByteOffset(b), data,
+                                    b.range.size() * wire_bytes_, transport::PushTag(step_, share_));
+    }
+    for (int i : a.retire) {
+      const Bucket& b = window_->bucket(i);
+      trace::Span span("wait for push", "wait", {"bucket", i});
+      Status st = wait_.Timed([&] { return client_->Wait(pushes_of_[i]); });
+      if (!st.ok() && push_status_.ok()) push_status_ = st;
+      paged_grads_->Release(b.range.begin * sizeof(float), b.range.size() * sizeof(float));
+      if (bf16_) paged_wire_.Release(b.range.begin * sizeof(uint16_t), b.range.size() * sizeof(uint16_t));
+    }
+  }
+  // Streaming: bucket i's pull (forward index) has landed and, bf16, is in
+  // the weights; a failure is kept for FinishStep and FinishWeights.
+  void Land(int i) {
+    if (landed_[i]) return;
+    landed_[i] = true;
+    const Bucket& b = window_->bucket(i);
+    trace::Span span("wait for weights", "wait", {"bucket", i}, {"version", static_cast<int64_t>(version_)});
+    const std::optional<Status> st = Wait(pulls_of_[i], nullptr);
+    if (!st->ok() && pull_status_.ok()) pull_status_ = *st;
+    if (!bf16_) return;
+    if (st->ok()) Bf16ToFloats(pull_wire() + b.range.begin, weights_ + b.range.begin, b.range.size());
+    paged_wire_.Release(b.range.begin * sizeof(uint16_t), b.range.size() * sizeof(uint16_t));
+  }
+
   transport::PushPullClient::Ticket PullBucket(const Bucket& b, uint64_t version) {
-    void* dst = bf16_ ? static_cast<void*>(wire_.data() + b.range.begin) : weights_ + b.range.begin;
+    void* dst = bf16_ ? static_cast<void*>(pull_wire() + b.range.begin) : weights_ + b.range.begin;
     return client_->Pull(first_server_ + b.server, transport::RequestKind::kWeights, ByteOffset(b), dst,
                          b.range.size() * wire_bytes_, version);
   }
@@ -211,6 +315,16 @@ class ParameterServerSync : public SyncStrategy {
   size_t next_bucket_ = 0;
   int share_;  // whose sequences the step's gradients are (SetShare)
   WaitClock wait_;
+  // Streamed weights (else null / empty): the window's policy, the buffers
+  // it pages, each bucket's latest pull and push (forward index), whether
+  // that pull has landed, the first failed push of the step.
+  PagedBuffer* const paged_weights_;
+  PagedBuffer* const paged_grads_;
+  PagedBuffer paged_wire_;  // bf16 staging
+  std::optional<WeightWindow> window_;
+  std::vector<transport::PushPullClient::Ticket> pulls_of_, pushes_of_;
+  std::vector<bool> landed_;
+  Status push_status_;
 };
 
 }  // namespace
@@ -245,7 +359,12 @@ uint64_t LargestBucketBytes(const ShardPlan& plan, int wire_bytes) {
 StatusOr<std::unique_ptr<SyncStrategy>> CreateParameterServerSync(const ParameterServerSyncOptions& options,
                                                                     transport::UcxTransport* transport,
                                                                     transport::PushPullClient* client) {
+  if (options.streamed_weights != nullptr && (options.layout == nullptr || options.streamed_grads == nullptr ||
+                                              options.elastic)) {
+    return Status::InvalidArgument("streamed weights need the layout and a paged gradient buffer, and no elastic job");
+  }
   auto strategy = std::make_unique<ParameterServerSync>(options, client);
+  HERD_RETURN_IF_ERROR(strategy->ReserveStaging());
   for (auto [base, bytes] : strategy->wire_buffers()) HERD_RETURN_IF_ERROR(transport->RegisterMemory(base, bytes));
   return std::unique_ptr<SyncStrategy>(std::move(strategy));
 }

@@ -7,11 +7,19 @@
 // issued right after its push, so that the link carries gradients out and
 // weights in at once; backward no longer reads a bucket's weights once its
 // gradients are final, so the pull may land while backward goes on.
+//
+// With streamed weights (cluster.stream_weights) the worker's weights and
+// gradients are PagedBuffers of which only a window is backed: the
+// sharding/weight_window.h policy says which buckets are pulled (again in
+// backward), waited for and let go, and when pushed gradients are waited
+// for and let go. Every bucket holds the same bytes as without streaming
+// when it is used, so training is bitwise the same.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 
+#include "common/paged_buffer.h"
 #include "common/status.h"
 #include "sharding/shard_plan.h"
 #include "transport/push_pull.h"
@@ -26,6 +34,13 @@ struct ParameterServerSyncOptions {
   bool elastic = false;  // cluster.elastic: this worker may compute other ranks' shares
   int rank = 0;          // this worker's: the share it computes unless told otherwise (SetShare)
   transport::PeerId first_server = 0;  // server s is PeerId first_server + s
+  // Streamed weights: the worker's weights (guarded) and gradients, each
+  // spanning the flat space; null otherwise. Needs `layout`, not
+  // `elastic`; no pull is issued early (`stream`): the window decides.
+  PagedBuffer* streamed_weights = nullptr;
+  PagedBuffer* streamed_grads = nullptr;
+  const ParamLayout* layout = nullptr;
+  int prefetch_layers = 1;  // cluster.stream_prefetch_layers
 };
 
 // `client` talks to the servers; bf16 staging memory is registered with

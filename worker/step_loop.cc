@@ -35,7 +35,10 @@ StepLoop::StepLoop(const StepLoopParts& parts)
       tokens_per_step_(static_cast<int64_t>(config_.train().batch_size()) * config_.train().seq_len() *
                        config_.train().grad_accum() * parts.num_workers),
       flops_per_token_(TrainingFlopsPerToken(LlamaShape::FromConfig(config_.model()), config_.train().seq_len())),
-      peak_tflops_(config_.log().peak_tflops() > 0 ? config_.log().peak_tflops() : parts.model->PeakTflops()) {}
+      peak_tflops_(config_.log().peak_tflops() > 0 ? config_.log().peak_tflops() : parts.model->PeakTflops()),
+      wait_pulled_([this](int64_t end) { strategy_.WaitUpTo(end); }) {}
+
+Model::NeedUpTo StepLoop::streamed_need() const { return strategy_.streams_weights() ? wait_pulled_ : nullptr; }
 
 Status StepLoop::Run(int64_t start) {
   const int B = config_.train().batch_size(), T = config_.train().seq_len(), A = config_.train().grad_accum();
@@ -48,8 +51,6 @@ Status StepLoop::Run(int64_t start) {
   const int max_shares = p_.shares != nullptr ? p_.num_workers : 1;
   inputs_.assign(A, std::vector<int32_t>(static_cast<size_t>(max_shares) * B * T));
   targets_ = inputs_;
-  const Model::NeedUpTo wait_pulled = [this](int64_t end) { strategy_.WaitUpTo(end); };
-
   strategy_.IssueWeights(p_.weights, static_cast<uint64_t>(start));
   for (int64_t t = start; t < last_step_; ++t) {
     trace::Span step_span("step", "step", {"step", t + 1});
@@ -94,7 +95,7 @@ Status StepLoop::Run(int64_t start) {
       for (size_t i = 0; i < shares.size(); ++i) {
         // The first forward waits for the weights layer by layer, and the
         // previous step's epilogue runs once they are all in.
-        HERD_RETURN_IF_ERROR(ComputeShare(t, shares[i], i, settled ? nullptr : &wait_pulled, settle).WithContext(at));
+        HERD_RETURN_IF_ERROR(ComputeShare(t, shares[i], i, !settled, settle).WithContext(at));
       }
     }
     computed_ = shares;
@@ -111,7 +112,8 @@ Status StepLoop::Run(int64_t start) {
     std::printf("stopped at step %lld of %lld (--stop-at); continue with --resume\n",
                 static_cast<long long>(last_step_), static_cast<long long>(total_steps_));
   } else {
-    PrintSample(*p_.model, p_.weights, config_);
+    PrintSample(*p_.model, p_.weights, config_, streamed_need());
+    strategy_.ReleaseWeights();
     std::printf("done: %lld steps in %s\n", static_cast<long long>(last_step_),
                 FormatDuration(run_clock_.Seconds()).c_str());
   }
@@ -131,28 +133,37 @@ void StepLoop::Draw(DistributedSampler& sampler, const std::vector<int>& shares)
   }
 }
 
-Status StepLoop::ComputeShare(int64_t t, int share, size_t slot, const Model::NeedUpTo* wait,
+Status StepLoop::ComputeShare(int64_t t, int share, size_t slot, bool wait_first,
                               const std::function<Status()>& settle) {
   const int B = config_.train().batch_size(), T = config_.train().seq_len(), A = config_.train().grad_accum();
   const int64_t P = p_.model->layout().size();
   const double loss_scale = 1.0 / static_cast<double>(tokens_per_step_);
   const size_t rows = static_cast<size_t>(B) * T * slot;
-  const Model::FinalFrom push_ready = [this](int64_t offset) { strategy_.FinalFrom(offset); };
+  // Every backward tells a streaming strategy where it no longer reads
+  // weights; the last one also hands over the gradients.
+  const Model::FinalFrom push_ready = [this](int64_t offset) {
+    strategy_.FinalFrom(offset);
+    strategy_.DoneFrom(offset);
+  };
+  const Model::FinalFrom done = [this](int64_t offset) { strategy_.DoneFrom(offset); };
+  const Model::NeedFrom need_from = [this](int64_t begin) { strategy_.WaitFrom(begin); };
+  const bool streams = strategy_.streams_weights();
   strategy_.SetShare(share);
   ++shares_computed_;
-  std::fill(p_.grads, p_.grads + P, 0.0f);
+  if (!streams) std::fill(p_.grads, p_.grads + P, 0.0f);  // a streaming strategy keeps them zero
   double loss = 0;
   for (int micro = 0; micro < A; ++micro) {
     {
       trace::Span span("forward", "compute", {"step", t + 1}, {"micro", micro}, {"share", share});
       loss += p_.model->Forward(p_.weights, inputs_[micro].data() + rows, targets_[micro].data() + rows, B, T,
-                                micro == 0 && wait != nullptr ? *wait : nullptr);
+                                (micro == 0 && wait_first) || streams ? wait_pulled_ : nullptr);
     }
     if (micro == 0) HERD_RETURN_IF_ERROR(settle());
     const bool last_micro = micro == A - 1;
     if (last_micro) strategy_.BeginStep(p_.grads, static_cast<uint64_t>(t));
     trace::Span span("backward", "compute", {"step", t + 1}, {"micro", micro}, {"share", share});
-    p_.model->Backward(p_.weights, p_.grads, loss_scale, last_micro ? push_ready : nullptr, last_micro);
+    p_.model->Backward(p_.weights, p_.grads, loss_scale, last_micro ? push_ready : (streams ? done : nullptr), last_micro,
+                       streams ? need_from : nullptr);
   }
   return strategy_.FinishStep(loss / A);
 }
@@ -186,7 +197,7 @@ Status StepLoop::TakeOverShares(int64_t t) {
   Draw(replay, todo);
   strategy_.SetDrawnTo(PositionOf(replay));
   const auto none = [] { return Status::OK(); };
-  for (size_t i = 0; i < todo.size(); ++i) HERD_RETURN_IF_ERROR(ComputeShare(t, todo[i], i, nullptr, none));
+  for (size_t i = 0; i < todo.size(); ++i) HERD_RETURN_IF_ERROR(ComputeShare(t, todo[i], i, /*wait_first=*/false, none));
   computed_.insert(computed_.end(), todo.begin(), todo.end());
   return Status::OK();
 }
@@ -260,7 +271,8 @@ Status StepLoop::Epilogue(int64_t step) {
     if (leader_) {
       if (evaluates) {
         trace::Span eval("evaluate", "compute", {"step", step});
-        e.val_loss = ValidationLoss(*p_.model, p_.weights, p_.val, config_);
+        e.val_loss = ValidationLoss(*p_.model, p_.weights, p_.val, config_, streamed_need());
+        strategy_.ReleaseWeights();
       }
       HERD_RETURN_IF_ERROR(log_.Write(e));
     } else {

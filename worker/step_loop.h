@@ -13,6 +13,9 @@
 // layer's. So step t's epilogue runs once all of version t is in, after
 // step t+1's first forward — or before it when the epilogue evaluates
 // (evaluation reuses the model's activations, which backward needs).
+// With streamed weights (SyncStrategy::streams_weights) every forward and
+// backward, evaluation's and the sample's too, goes through the
+// strategy's hooks, which bring each layer in and let it go.
 //
 // Promises: the loss and gradient norm reported are global (the mean over
 // workers, the norm of the summed gradient); the same config gives
@@ -86,10 +89,10 @@ class StepLoop {
   void Draw(DistributedSampler& sampler, const std::vector<int>& shares);
   // Forward and backward of one share of step t (0-based) on the rows at
   // `slot` of the drawn micro-batches, its gradients pushed as backward
-  // finishes them; `wait` (or null) lets the first forward wait for the
-  // weights layer by layer, and `settle` runs after it.
-  Status ComputeShare(int64_t t, int share, size_t slot, const Model::NeedUpTo* wait,
-                      const std::function<Status()>& settle);
+  // finishes them; `wait_first` lets the first forward wait for the
+  // weights layer by layer (every forward does when they are streamed),
+  // and `settle` runs after it.
+  Status ComputeShare(int64_t t, int share, size_t slot, bool wait_first, const std::function<Status()>& settle);
   // Waits until all of weights `version` are in. Elastic: a worker lost
   // meanwhile has this worker compute its part of the lost shares of the
   // step that makes `version`, and the progress line says who was lost
@@ -111,6 +114,12 @@ class StepLoop {
   // One worker's peak for MFU: log.peak_tflops, else the device's own
   // (model/peak_flops.h); 0: no MFU.
   const double peak_tflops_;
+  // Forward's hook: waits for the weights it reaches (all of them, layer by
+  // layer, when the strategy streams them).
+  const Model::NeedUpTo wait_pulled_;
+  // What a forward outside training (evaluation, the sample) needs:
+  // wait_pulled_ when the weights are streamed, else nothing.
+  Model::NeedUpTo streamed_need() const;
 
   int64_t start_ = 0;
   ProgressLog log_;

@@ -72,6 +72,18 @@ class SyncStrategy {
 
   virtual void IssueWeights(float* weights, uint64_t version) = 0;
   virtual void WaitUpTo(int64_t end) = 0;
+
+  // A strategy that streams the weights (ParameterServer with
+  // cluster.stream_weights) holds only a window of them: every forward
+  // pass goes through WaitUpTo, every backward calls WaitFrom(x) before it
+  // reads weights at offsets >= x and DoneFrom(x) once it no longer does
+  // (the model's need_from and final_from), and ReleaseWeights() follows a
+  // forward-only pass (evaluation). It keeps the gradients zero between
+  // steps itself. Others hold every weight: these are no-ops.
+  virtual bool streams_weights() const { return false; }
+  virtual void WaitFrom(int64_t /*begin*/) {}
+  virtual void DoneFrom(int64_t /*offset*/) {}
+  virtual void ReleaseWeights() {}
   virtual Status FinishWeights() = 0;
   // FinishWeights that gives up (false: not all in yet; call it again) as
   // soon as `interrupted` returns true, checked as transfers complete and

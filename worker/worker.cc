@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/file_util.h"
+#include "common/paged_buffer.h"
 #include "common/run_summary.h"
 #include "data/prepare.h"
 #include "data/sampler.h"
@@ -43,6 +44,11 @@ using config::ClusterConfig;
 struct Worker {
   transport::TraceSession trace;  // log.trace: goes last, after everything that records spans
   std::vector<float> weights, grads;
+  // cluster.stream_weights: the same flat spaces, backed only where the
+  // window is (weights and grads then stay empty).
+  PagedBuffer streamed_weights, streamed_grads;
+  float* weights_data() { return streamed_weights.data() ? reinterpret_cast<float*>(streamed_weights.data()) : weights.data(); }
+  float* grads_data() { return streamed_grads.data() ? reinterpret_cast<float*>(streamed_grads.data()) : grads.data(); }
   std::unique_ptr<Model> model;  // none when a DeviceResident strategy has its own
   std::unique_ptr<DeviceGradientReduction> device_reduction;  // CUDA workers in all-reduce mode: NCCL
   std::optional<DistributedSampler> sampler;
@@ -123,8 +129,15 @@ Status RunWorker(const config::JobConfig& config, const TrainOptions& options, c
   }
 
   Worker w;
-  w.weights.resize(P);
-  if (!device_resident) w.grads.resize(P);
+  const bool streamed = ps && cluster.stream_weights();
+  if (streamed) {
+    // Weights are guarded: a read outside the window faults.
+    HERD_ASSIGN_OR_RETURN(w.streamed_weights, PagedBuffer::Reserve(P * sizeof(float), /*guarded=*/true));
+    HERD_ASSIGN_OR_RETURN(w.streamed_grads, PagedBuffer::Reserve(P * sizeof(float), /*guarded=*/false));
+  } else {
+    w.weights.resize(P);
+    if (!device_resident) w.grads.resize(P);
+  }
   Model* model = nullptr;
   int rank = 0, num_workers = 1;
   // What depends on the rank; in a job, before any peer can send to us.
@@ -151,7 +164,7 @@ Status RunWorker(const config::JobConfig& config, const TrainOptions& options, c
       HERD_ASSIGN_OR_RETURN(std::unique_ptr<cuda::DeviceTrainer> gpu, CreateDeviceTrainer(config, LocalRank(0)));
       HERD_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerShard> optimizer,
                             OptimizerShard::InitOrResume(config, layout, {0, P}, resume_from));
-      auto strategy = std::make_unique<DeviceResidentSync>(std::move(gpu), std::move(optimizer), w.weights.data());
+      auto strategy = std::make_unique<DeviceResidentSync>(std::move(gpu), std::move(optimizer), w.weights_data());
       model = &strategy->evaluator();
       w.strategy = std::move(strategy);
       return Status::OK();
@@ -167,7 +180,7 @@ Status RunWorker(const config::JobConfig& config, const TrainOptions& options, c
       // parameter-server checkpoint too) assembles into it.
       HERD_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerShard> optimizer,
                             OptimizerShard::InitOrResume(config, layout, {0, P}, resume_from));
-      w.strategy = CreateLocalSync(std::move(optimizer), w.weights.data());
+      w.strategy = CreateLocalSync(std::move(optimizer), w.weights_data());
     }
     return Status::OK();
   };
@@ -185,8 +198,12 @@ Status RunWorker(const config::JobConfig& config, const TrainOptions& options, c
                             return prepare(&c);
                           }));
     transport::NodeRuntime& rt = *w.runtime;
-    HERD_RETURN_IF_ERROR(rt.transport().RegisterMemory(w.weights.data(), P * sizeof(float)));
-    HERD_RETURN_IF_ERROR(rt.transport().RegisterMemory(w.grads.data(), P * sizeof(float)));
+    // A paged buffer is not registered whole (that would back and pin all
+    // of it): UCX registers what it moves as it goes.
+    if (!streamed) {
+      HERD_RETURN_IF_ERROR(rt.transport().RegisterMemory(w.weights.data(), P * sizeof(float)));
+      HERD_RETURN_IF_ERROR(rt.transport().RegisterMemory(w.grads.data(), P * sizeof(float)));
+    }
     if (ps) {
       ParameterServerSyncOptions po;
       po.plan = &*plan;
@@ -195,6 +212,12 @@ Status RunWorker(const config::JobConfig& config, const TrainOptions& options, c
       po.stream = StreamsUpdates(config);  // as the servers do
       po.rank = rank;
       po.first_server = transport::MemberPeerId(rt.client(), wire::SERVER, 0);
+      if (streamed) {
+        po.streamed_weights = &w.streamed_weights;
+        po.streamed_grads = &w.streamed_grads;
+        po.layout = &layout;
+        po.prefetch_layers = cluster.stream_prefetch_layers();
+      }
       HERD_ASSIGN_OR_RETURN(w.strategy, CreateParameterServerSync(po, &rt.transport(), rt.push_pull()));
       if (po.elastic) {
         w.shares.emplace(num_workers, rank, rt.client().welcomed_membership());
@@ -211,7 +234,7 @@ Status RunWorker(const config::JobConfig& config, const TrainOptions& options, c
       c.zero1 = cluster.zero_stage() == 1;
       c.collectives = rt.ring();
       c.device_reduction = w.device_reduction.get();
-      HERD_ASSIGN_OR_RETURN(w.strategy, CreateCollectiveSync(c, w.weights.data(), resume_from));
+      HERD_ASSIGN_OR_RETURN(w.strategy, CreateCollectiveSync(c, w.weights_data(), resume_from));
     }
   }
 
@@ -252,8 +275,8 @@ Status RunWorker(const config::JobConfig& config, const TrainOptions& options, c
   parts.strategy = w.strategy.get();
   parts.sampler = &*w.sampler;
   parts.val = data.val.get();
-  parts.weights = w.weights.data();
-  parts.grads = device_resident ? nullptr : w.grads.data();
+  parts.weights = w.weights_data();
+  parts.grads = device_resident ? nullptr : w.grads_data();
   parts.rank = rank;
   parts.num_workers = num_workers;
   parts.client = in_job ? &w.runtime->client() : nullptr;

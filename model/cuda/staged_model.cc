@@ -101,7 +101,7 @@ class StagedCudaModel final : public StagedCudaModelBase {
   }
 
   void Backward(const float* params, float* grads, double loss_scale, const FinalFrom& final_from,
-                bool last_micro_batch) override {
+                bool last_micro_batch, const NeedFrom& /*need_from: every weight is on the device*/) override {
     (void)params;  // the device copy of the last Forward's weights is used
     const int64_t P = model_->layout().size();
     // Micro-batches accumulate on the device; the step's last one ships

@@ -127,7 +127,7 @@ class ResidentTrainer final : public DeviceTrainer {
       if (need) need(t_->layout_.size());
       return t_->model_->Forward(t_->ComputeWeights(), tokens, targets, B, T_);
     }
-    void Backward(const float*, float*, double, const FinalFrom&, bool) override {
+    void Backward(const float*, float*, double, const FinalFrom&, bool, const NeedFrom&) override {
       LOG(FATAL) << "DeviceTrainer::evaluator() has no Backward";
     }
     const float* logits() override {

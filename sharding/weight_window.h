@@ -1,0 +1,102 @@
+// What a worker that streams its weights (cluster.stream_weights, PS mode)
+// holds of the flat space as the model moves through a step: which weight
+// buckets it pulls and when, which it waits for, when it lets them go, and
+// how long its pushed gradients stay. The one policy the worker runs
+// (worker/parameter_server_sync.cc) and the memory plan replays
+// (ReplayStreamedStep), so that the plan counts what the worker does.
+//
+// The model's hooks drive it, in the order model/model.h promises. Forward:
+// NeedUpTo(end) with rising ends, unit by unit (the embedding's end first,
+// the whole space last, for the head); a fall starts a new pass. Backward:
+// NeedFrom(begin) with falling begins before a unit's weights are read
+// (the head's first); FinalFrom(x) once the gradients at offsets >= x are
+// final, on the step's last micro-batch; DoneFrom(x) once weights at
+// offsets >= x are no longer read. Units are the embedding, each decoder
+// layer, and the final norm with the head; buckets (sharding/shard_plan.h)
+// are what moves, so a bucket is held while any unit in it is in use.
+//
+// Weights: the units a pass needs now are waited for, the next `prefetch`
+// ones are pulled meanwhile; forward lets a bucket go once the pass is past
+// its end, backward once it is done with its start. Tied embeddings are
+// both the first unit and the head: held from forward until DoneFrom(0).
+// Gradients: each bucket is pushed as soon as it is final; a push is waited
+// for (and its gradients let go) once backward is `prefetch` + 1 units
+// below it, so pushes in flight are bounded too.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <set>
+#include <vector>
+
+#include "model/param_layout.h"
+#include "sharding/shard_plan.h"
+
+namespace herd {
+
+class WeightWindow {
+ public:
+  // Buckets by index in forward order (ascending offsets).
+  struct Actions {
+    std::vector<int> release;  // weights to let go (first, to make room)
+    std::vector<int> pull;     // weights to start pulling
+    std::vector<int> wait;     // weights that must have landed before going on
+    std::vector<int> push;     // gradients to push now
+    std::vector<int> retire;   // pushes to wait for; their gradients are let go
+  };
+
+  // `prefetch` >= 0 units ahead of the one in use.
+  WeightWindow(const ShardPlan& plan, const ParamLayout& layout, int prefetch);
+
+  int num_buckets() const { return static_cast<int>(buckets_.size()); }
+  const Bucket& bucket(int i) const { return buckets_[i]; }
+  bool held(int i) const { return held_[i]; }
+
+  // A new version's first units, pulled before a forward asks for them.
+  Actions Start();
+  Actions NeedUpTo(int64_t end);
+  Actions NeedFrom(int64_t begin);
+  Actions FinalFrom(int64_t offset);
+  Actions DoneFrom(int64_t offset);
+  // Every weight let go (after a forward-only pass), every push retired
+  // (the end of the step).
+  Actions ReleaseAll();
+  Actions RetireAll();
+
+ private:
+  // The offset `n` units beyond the unit boundary at or after `offset`
+  // (clamped to the space), or before it (n < 0; clamped to 0).
+  int64_t UnitsAway(int64_t offset, int n) const;
+  bool Kept(int i) const;  // held until DoneFrom(0): the tied embedding's buckets
+  // Pulls (into `a`) the buckets overlapping [lo, hi) that are not held;
+  // with `wait`, lists all of them to wait for.
+  void Hold(int64_t lo, int64_t hi, bool wait, Actions& a);
+  // Lets go (into `a`) of the held buckets `pred` picks.
+  template <typename Pred>
+  void ReleaseIf(Pred pred, Actions& a);
+
+  std::vector<Bucket> buckets_;   // ascending
+  std::vector<int64_t> units_;    // unit boundaries, ascending: 0, layer begins, final norm, size
+  const int prefetch_;
+  int64_t kept_end_ = 0;          // tied: the embedding's end; else 0
+  std::vector<bool> held_;        // weights pulled or present, by bucket
+  std::set<int> held_list_;       // the same, as a list
+  int next_push_ = 0;             // the next bucket whose gradients go (descending; -1: all went)
+  std::deque<int> in_flight_;     // pushed and not yet retired, in push order
+  int64_t forward_end_ = 0;       // the current forward pass's last end
+  int64_t backward_begin_ = 0;    // the current backward pass's last begin
+};
+
+// The bytes a streaming worker holds at its peak over one step, by kind,
+// from replaying the model's hooks through a WeightWindow: fp32 weights
+// and gradients, and bf16 staging for pulls and pushes in flight
+// (wire_bytes 2). With `accumulates` (grad_accum > 1) gradients are kept
+// whole until the last micro-batch pushes them.
+struct StreamedPeak {
+  int64_t weights = 0, gradients = 0, staging = 0;
+  int64_t total() const { return weights + gradients + staging; }
+};
+StreamedPeak ReplayStreamedStep(const ShardPlan& plan, const ParamLayout& layout, int prefetch, int wire_bytes,
+                                bool accumulates);
+
+}  // namespace herd

@@ -1,0 +1,165 @@
+"""cluster.stream_weights: a parameter-server worker that holds only a
+window of layers trains exactly as one that holds the whole model, and
+holds what `herd plan` says.
+
+  - PS jobs of 20 steps with and without streamed weights: the same losses
+    and gradient norms in the metrics and the same final checkpoint
+    (optimizer shards and data positions), bit for bit. Tiny config, S=2
+    W=2 (fp32 wire, with evaluation every 5 steps), and its variants: bf16
+    on the wire, grad_accum 2, clip_norm 0 (the servers step each bucket
+    as its sum completes while other workers still pull the old weights),
+    untied embeddings, no prefetch and two layers of it, small buckets
+    that straddle layers; the ~20M shape (configs/llama20m: d512, 8 layers)
+    S=2 W=2, FULL recompute;
+  - memory: the ~20M shape at batch 8 x 256, one worker, streamed, under
+    FULL recompute: every process's measured peak RSS within 10% of its
+    plan, and the worker's plan a fraction of the unstreamed worker's;
+  - a model whose fp32 weights alone are more than three times a worker's
+    measured peak trains 3 steps with its loss falling, every process
+    within 10% of its plan;
+  - the refusals: CUDA workers, elastic jobs, all-reduce."""
+import json
+import os
+import shutil
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import herdtest  # noqa: E402
+
+M20 = ("model { vocab_size: 256 hidden_size: 512 intermediate_size: 1024 num_hidden_layers: 8 "
+       "num_attention_heads: 8 num_key_value_heads: 4 tie_word_embeddings: true }")
+TINY_MODEL = "\n".join(herdtest.tiny_config("x").split("\n")[1:3])
+
+
+def train(sb, name, cluster, model=None, train_extra="", optimizer=None, batch=2, seq_len=32, eval_every=0):
+    config = herdtest.tiny_config("train.bin", val="val.bin" if eval_every else "", steps=20, ckpt=f"{name}/ckpt",
+                                  every=20, metrics=f"{name}/metrics.jsonl", extra=f"cluster {{ {cluster} }}",
+                                  eval_every=eval_every)
+    config = config.replace("seed: 7 }", f"seed: 7 {train_extra} }}").replace(
+        "batch_size: 4 seq_len: 32", f"batch_size: {batch} seq_len: {seq_len}")
+    if model:
+        config = config.replace(TINY_MODEL, model)
+    if optimizer:
+        config = config.replace("clip_norm: 1.0", optimizer)
+    sb.write(f"{name}.textproto", config)
+    sb.run("launch", f"{name}.textproto")
+    rows = herdtest.metrics_rows(sb.path(name, "metrics.jsonl"))
+    final = herdtest.snapshot(sb.path(name, "ckpt", "step_00000020"))
+    state = {f: h for f, h in final.items() if f.startswith(("shard_", "worker_"))}
+    assert state, f"{name}: no checkpoint state"
+    return [(r["step"], r["loss"], r["grad_norm"], r.get("val_loss")) for r in rows], state
+
+
+def equivalence(sb):
+    ps = "sync: PARAMETER_SERVER servers: 2 workers: 2"
+    untied = TINY_MODEL.replace("num_key_value_heads: 2 }", "num_key_value_heads: 2 tie_word_embeddings: false }")
+    cases = {
+        "tiny, fp32 wire, evaluation": dict(eval_every=5),
+        "tiny, bf16 wire": dict(cluster=ps + " wire_dtype: BF16"),
+        "tiny, grad_accum 2": dict(train_extra="grad_accum: 2"),
+        "tiny, clip_norm 0 (servers step buckets as they complete)": dict(optimizer="clip_norm: 0"),
+        "tiny, untied embeddings": dict(model=untied),
+        "tiny, no prefetch": dict(stream=" stream_prefetch_layers: 0"),
+        "tiny, prefetch 2, buckets of 16 KiB": dict(cluster=ps + " bucket_mb: 0.015625",
+                                                    stream=" stream_prefetch_layers: 2"),
+        "~20M, FULL recompute": dict(model=M20, train_extra="recompute: FULL", seq_len=64),
+    }
+    for i, (case, kw) in enumerate(cases.items()):
+        cluster = kw.pop("cluster", ps)
+        stream = kw.pop("stream", "")
+        whole = train(sb, f"c{i}_whole", cluster, **kw)
+        streamed = train(sb, f"c{i}_streamed", cluster + " stream_weights: true" + stream, **kw)
+        rows, state = whole
+        assert len(rows) == 20
+        assert streamed[0] == rows, f"{case}: streamed differs:\n{streamed[0]}\n{rows}"
+        assert streamed[1] == state, f"{case}: the streamed run's final checkpoint differs"
+        print(f"ok  {case}: 20 steps streamed equal the unstreamed run bit for bit "
+              f"(loss {rows[0][1]:.4f} -> {rows[-1][1]:.4f})", flush=True)
+
+
+def measure(sb, name, model, train_line, cluster):
+    config = f"""
+{model}
+train {{ {train_line} }}
+optimizer {{ lr: 1e-3 warmup_steps: 0 }}
+data {{ train: "train.bin" }}
+log {{ every: 1 sample_tokens: 0 summary_dir: "{name}" metrics: "{name}/metrics.jsonl" }}
+cluster {{ {cluster} }}
+"""
+    cfg = sb.write(f"{name}.textproto", config)
+    plan = json.loads(sb.run("plan", cfg, "--json").stdout)
+    sb.run("launch", cfg)
+    measured = {}
+    for proc in plan["processes"]:
+        name_ = f"{proc['role']}_{max(proc['rank'], 0):05d}.json"  # the plan's worker is every worker (-1)
+        with open(sb.path(name, name_)) as f:
+            measured[(proc["role"], proc["rank"])] = (json.load(f)["peak_rss_bytes"], proc)
+    return plan, measured, herdtest.metrics_rows(sb.path(name, "metrics.jsonl"))
+
+
+def memory(sb):
+    train_line = "steps: 2 batch_size: 8 seq_len: 256 seed: 7 recompute: FULL"
+    ps = "sync: PARAMETER_SERVER servers: 1 workers: 1"
+    whole = json.loads(sb.run("plan", sb.write("whole.textproto", f"{M20}\ntrain {{ {train_line} }}\n"
+                                               f"data {{ train: \"train.bin\" }}\ncluster {{ {ps} }}\n"),
+                              "--json").stdout)
+    plan, measured, _ = measure(sb, "mem", M20, train_line, ps + " stream_weights: true")
+    report = []
+    for (role, _), (peak, proc) in measured.items():
+        report.append(f"{role} {peak / 2**20:.0f}/{proc['total'] / 2**20:.0f} MiB")
+        assert 0.9 <= peak / proc["total"] <= 1.1, f"{role}: measured {peak}, planned {proc['total']}"
+    worker = [p for p in plan["processes"] if p["role"] == "worker"][0]
+    unstreamed = [p for p in whole["processes"] if p["role"] == "worker"][0]
+    assert worker["weights"] < unstreamed["weights"] / 2, (worker, unstreamed)
+    print(f"ok  ~20M streamed, FULL: measured/planned {', '.join(report)}; the worker's weights "
+          f"{worker['weights'] / 2**20:.1f} MiB of {unstreamed['weights'] / 2**20:.1f}", flush=True)
+
+
+def bigger_than_a_worker(sb):
+    # ~180M parameters (720 MB of fp32 weights, 2.9 GB of server state over
+    # two servers); the worker holds one layer at a time.
+    model = ("model { vocab_size: 256 hidden_size: 1024 intermediate_size: 2816 num_hidden_layers: 16 "
+             "num_attention_heads: 16 num_key_value_heads: 4 }")
+    plan, measured, rows = measure(sb, "big", model, "steps: 3 batch_size: 1 seq_len: 64 seed: 7 recompute: FULL",
+                                   "sync: PARAMETER_SERVER servers: 2 workers: 1 stream_weights: true "
+                                   "stream_prefetch_layers: 0")
+    weights = plan["parameters"] * 4
+    peak, proc = measured[("worker", -1)]
+    assert weights > 3 * peak, f"fp32 weights {weights}, worker peak {peak}"
+    for (role, _), (p, pr) in measured.items():
+        assert 0.9 <= p / pr["total"] <= 1.1, f"{role}: measured {p}, planned {pr['total']}"
+    losses = [r["loss"] for r in rows]
+    assert len(losses) == 3 and losses[-1] < losses[0], losses
+    print(f"ok  {plan['parameters'] / 1e6:.0f}M parameters ({weights / 2**20:.0f} MiB of fp32 weights) trained by a "
+          f"worker peaking at {peak / 2**20:.0f} MiB (planned {proc['total'] / 2**20:.0f}); loss "
+          + " -> ".join(f"{x:.3f}" for x in losses), flush=True)
+
+
+def refusals(sb):
+    for name, cluster, device, field in [
+        ("gpu", "sync: PARAMETER_SERVER servers: 1 workers: 1 stream_weights: true", "device { kind: CUDA }",
+         "CUDA workers"),
+        ("elastic", "sync: PARAMETER_SERVER servers: 1 workers: 2 elastic: true stream_weights: true", "",
+         "cluster.elastic"),
+        ("ddp", "sync: ALLREDUCE workers: 2 stream_weights: true", "", "PARAMETER_SERVER"),
+    ]:
+        cfg = sb.write(f"refuse_{name}.textproto", herdtest.tiny_config("train.bin", extra=f"cluster {{ {cluster} }}\n{device}"))
+        r = sb.run("launch", cfg, check=False)
+        assert r.returncode != 0 and "cluster.stream_weights" in r.stderr and field in r.stderr, (name, r.stderr)
+    print("ok  refused: CUDA workers, elastic jobs, all-reduce", flush=True)
+
+
+def main():
+    a = herdtest.parse_args()
+    sb = herdtest.Sandbox(a.build)
+    sb.training_data()
+    sb.run("prepare", "corpus.txt", "--out", "val.bin")
+    refusals(sb)
+    equivalence(sb)
+    memory(sb)
+    bigger_than_a_worker(sb)
+    shutil.rmtree(sb.dir)
+
+
+if __name__ == "__main__":
+    main()

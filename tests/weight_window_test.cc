@@ -1,0 +1,238 @@
+// Streamed weights without the network: the CPU model computes on weights
+// held in a guarded PagedBuffer that a WeightWindow fills and empties from
+// the model's own hooks, exactly as a streaming worker does. Reading a
+// weight outside the window would fault; the losses and the gradients
+// pushed are the same, bit for bit, as with every weight at hand; every
+// bucket is pushed once, in backward's order, and retired; the weights the
+// window held at its fullest are what ReplayStreamedStep (the memory plan)
+// counts, and they do not grow with depth.
+#include <glog/logging.h>
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "common/paged_buffer.h"
+#include "model/llama.h"
+#include "model/param_layout.h"
+#include "sharding/shard_plan.h"
+#include "sharding/weight_window.h"
+
+namespace herd {
+namespace {
+
+LlamaShape Shape(int layers, bool tied) {
+  LlamaShape s;
+  s.vocab_size = 97;
+  s.hidden_size = 64;
+  s.intermediate_size = 128;
+  s.num_layers = layers;
+  s.num_heads = 4;
+  s.num_kv_heads = 2;
+  s.tie_word_embeddings = tied;
+  return s;
+}
+
+ShardPlan Plan(const ParamLayout& layout, int64_t bucket_elements) {
+  ShardPlanOptions o;
+  o.servers = 2;
+  o.bucket_elements = bucket_elements;
+  auto plan = ShardPlan::Create(layout, o);
+  CHECK(plan.ok()) << plan.status().message();
+  return *std::move(plan);
+}
+
+constexpr int B = 2, T = 12, kMicro = 2;
+
+std::vector<int32_t> Tokens(const LlamaShape& s, int micro, int salt) {
+  std::vector<int32_t> t(B * T);
+  for (int i = 0; i < B * T; ++i) t[i] = (i * 31 + micro * 7 + salt) % s.vocab_size;
+  return t;
+}
+
+struct Outcome {
+  std::vector<double> losses;
+  std::vector<float> grads;       // what reached the "servers"
+  std::vector<int> pushed;        // bucket indices (forward order), in push order
+  int64_t peak_held_weights = 0;  // bytes
+};
+
+// Every weight at hand, gradients accumulated over the micro-batches.
+Outcome Whole(const LlamaShape& shape) {
+  const ParamLayout layout(shape);
+  std::vector<float> params(layout.size());
+  InitParameters(layout, 5, 0.05, params.data());
+  LlamaModel<float> model(shape, B, T);
+  Outcome r;
+  r.grads.assign(layout.size(), 0.0f);
+  for (int m = 0; m < kMicro; ++m) {
+    r.losses.push_back(model.Forward(params.data(), Tokens(shape, m, 0).data(), Tokens(shape, m, 5).data(), B, T));
+    model.Backward(params.data(), r.grads.data(), 1.0 / (kMicro * B * T));
+  }
+  return r;
+}
+
+// The window's policy carried out on paged buffers: a pull copies the
+// bucket from the "servers'" weights, a push copies it to theirs.
+Outcome Streamed(const LlamaShape& shape, int64_t bucket_elements, int prefetch) {
+  const ParamLayout layout(shape);
+  const ShardPlan plan = Plan(layout, bucket_elements);
+  const int64_t P = layout.size();
+  std::vector<float> servers(P);
+  InitParameters(layout, 5, 0.05, servers.data());
+  auto weights = PagedBuffer::Reserve(P * sizeof(float), /*guarded=*/true);
+  auto grads = PagedBuffer::Reserve(P * sizeof(float), /*guarded=*/false);
+  CHECK(weights.ok() && grads.ok());
+  float* w = reinterpret_cast<float*>(weights->data());
+  float* g = reinterpret_cast<float*>(grads->data());
+  WeightWindow window(plan, layout, prefetch);
+  Outcome r;
+  r.grads.assign(P, 0.0f);
+  std::vector<bool> in_flight(window.num_buckets(), false);
+  int64_t held = 0;
+  auto apply = [&](const WeightWindow::Actions& a) {
+    for (int i : a.release) {
+      const ParamRange& x = window.bucket(i).range;
+      weights->Release(x.begin * sizeof(float), x.size() * sizeof(float));
+      held -= x.size() * sizeof(float);
+    }
+    for (int i : a.pull) {
+      const ParamRange& x = window.bucket(i).range;
+      weights->Admit(x.begin * sizeof(float), x.size() * sizeof(float));
+      std::memcpy(w + x.begin, servers.data() + x.begin, x.size() * sizeof(float));
+      held += x.size() * sizeof(float);
+    }
+    r.peak_held_weights = std::max(r.peak_held_weights, held);
+    for (int i : a.wait) EXPECT_TRUE(window.held(i)) << "waits for bucket " << i << ", which it does not hold";
+    for (int i : a.push) {
+      const ParamRange& x = window.bucket(i).range;
+      EXPECT_FALSE(in_flight[i]);
+      in_flight[i] = true;
+      std::memcpy(r.grads.data() + x.begin, g + x.begin, x.size() * sizeof(float));
+      r.pushed.push_back(i);
+    }
+    for (int i : a.retire) {
+      const ParamRange& x = window.bucket(i).range;
+      EXPECT_TRUE(in_flight[i]) << "retires bucket " << i << ", which is not in flight";
+      in_flight[i] = false;
+      grads->Release(x.begin * sizeof(float), x.size() * sizeof(float));
+    }
+  };
+  LlamaModel<float> model(shape, B, T);
+  apply(window.Start());
+  for (int m = 0; m < kMicro; ++m) {
+    const bool last = m == kMicro - 1;
+    r.losses.push_back(model.Forward(w, Tokens(shape, m, 0).data(), Tokens(shape, m, 5).data(), B, T,
+                                     [&](int64_t end) { apply(window.NeedUpTo(end)); }));
+    model.Backward(
+        w, g, 1.0 / (kMicro * B * T),
+        [&](int64_t x) {
+          if (last) apply(window.FinalFrom(x));
+          apply(window.DoneFrom(x));
+        },
+        [&](int64_t begin) { apply(window.NeedFrom(begin)); });
+  }
+  apply(window.RetireAll());
+  for (int i = 0; i < window.num_buckets(); ++i) {
+    EXPECT_FALSE(window.held(i)) << "bucket " << i << " still held after the step";
+    EXPECT_FALSE(in_flight[i]) << "bucket " << i << " still in flight after the step";
+  }
+  // The gradients left behind are zero: the next step starts clean.
+  EXPECT_EQ(std::count_if(g, g + P, [](float x) { return x != 0.0f; }), 0) << "gradients left behind";
+  return r;
+}
+
+TEST(WeightWindow, StreamedTrainingEqualsWholeBitForBit) {
+  for (bool tied : {true, false}) {
+    for (int64_t bucket : {int64_t{64 * 10}, int64_t{64 * 37}, int64_t{1} << 20}) {  // straddling layers, and one per shard
+      for (int prefetch : {0, 1, 3}) {
+        SCOPED_TRACE(testing::Message() << "tied " << tied << ", bucket " << bucket << ", prefetch " << prefetch);
+        const LlamaShape shape = Shape(4, tied);
+        const Outcome whole = Whole(shape);
+        const Outcome streamed = Streamed(shape, bucket, prefetch);
+        EXPECT_EQ(streamed.losses, whole.losses);
+        ASSERT_EQ(std::memcmp(streamed.grads.data(), whole.grads.data(), whole.grads.size() * sizeof(float)), 0);
+        // Each bucket once, highest offsets first.
+        const ShardPlan plan = Plan(ParamLayout(shape), bucket);
+        std::vector<int> expected(plan.buckets().size());
+        for (size_t i = 0; i < expected.size(); ++i) expected[i] = static_cast<int>(expected.size() - 1 - i);
+        EXPECT_EQ(streamed.pushed, expected);
+      }
+    }
+  }
+}
+
+TEST(WeightWindow, PlanCountsWhatTheWindowHolds) {
+  for (bool tied : {true, false}) {
+    for (int prefetch : {0, 1, 2}) {
+      const LlamaShape shape = Shape(4, tied);
+      const ParamLayout layout(shape);
+      const int64_t bucket = 64 * 37;
+      const Outcome streamed = Streamed(shape, bucket, prefetch);
+      const StreamedPeak plan = ReplayStreamedStep(Plan(layout, bucket), layout, prefetch, 4, /*accumulates=*/true);
+      EXPECT_EQ(plan.weights, streamed.peak_held_weights) << "tied " << tied << ", prefetch " << prefetch;
+    }
+  }
+}
+
+// Depth adds nothing but where bucket boundaries fall among the layers.
+TEST(WeightWindow, PeakDoesNotGrowWithDepth) {
+  for (int prefetch : {0, 1, 2}) {
+    const int64_t bucket = 64 * 64;
+    int64_t first = -1;
+    for (int layers : {8, 16, 32, 64}) {
+      const ParamLayout layout(Shape(layers, false));
+      const StreamedPeak p = ReplayStreamedStep(Plan(layout, bucket), layout, prefetch, 2, /*accumulates=*/false);
+      if (first < 0) first = p.total();
+      // A bucket straddling two layers is held for both: up to one more
+      // bucket of weights, gradients and staging per end of the window.
+      EXPECT_NEAR(p.total(), first, 2 * bucket * (4 + 4 + 2)) << layers << " layers, prefetch " << prefetch;
+      const int64_t whole = layout.size() * (4 + 4 + 2);  // weights, gradients, bf16 staging
+      if (layers >= 32) EXPECT_LT(p.total(), whole / 4) << layers << " layers, prefetch " << prefetch;
+    }
+  }
+}
+
+// Whether the page holding `p` is backed.
+bool Resident(const char* p) {
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  unsigned char v = 0;
+  const auto base = reinterpret_cast<uintptr_t>(p) / page * page;
+  EXPECT_EQ(::mincore(reinterpret_cast<void*>(base), page, &v), 0);
+  return (v & 1) != 0;
+}
+
+TEST(PagedBuffer, ReleasedRangesReadZeroAndGiveTheirPagesBack) {
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  auto b = PagedBuffer::Reserve(64 * page, /*guarded=*/false);
+  ASSERT_TRUE(b.ok());
+  EXPECT_FALSE(Resident(b->data() + 10 * page));
+  std::memset(b->data(), 7, 64 * page);
+  EXPECT_TRUE(Resident(b->data() + 10 * page));
+  // From mid-page 3 to mid-page 20: pages 4..19 go back; the ends are zeroed.
+  const size_t from = 3 * page + 100, to = 20 * page + 50;
+  b->Release(from, to - from);
+  for (size_t p = 4; p < 20; ++p) EXPECT_FALSE(Resident(b->data() + p * page)) << "page " << p;
+  EXPECT_TRUE(Resident(b->data() + 3 * page));
+  for (size_t i = from - 2; i < to + 2; ++i) {
+    ASSERT_EQ(b->data()[i], (i < from || i >= to) ? 7 : 0) << "byte " << i;
+  }
+}
+
+TEST(PagedBufferDeathTest, AGuardedBufferFaultsOutsideWhatItAdmitted) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  auto b = PagedBuffer::Reserve(8 * page, /*guarded=*/true);
+  ASSERT_TRUE(b.ok());
+  b->Admit(page, 2 * page);
+  b->data()[page + 5] = 1;
+  EXPECT_DEATH(b->data()[4 * page] = 1, "");
+  b->Release(page, 2 * page);
+  EXPECT_DEATH(b->data()[page + 5] = 1, "");
+}
+
+}  // namespace
+}  // namespace herd
