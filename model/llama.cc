@@ -15,7 +15,10 @@ using namespace cpu;  // NOLINT: the kernels are this file's vocabulary
 // Every activation the backward pass needs, by name, sized for max_batch x
 // max_seq_len tokens. Per-layer buffers are [layers][...] in one allocation,
 // as many layers as the recompute mode keeps (the others are recomputed
-// into one layer's room).
+// into one layer's room). A model with several slots (layer-major passes
+// over micro-batches) has one of these per slot; slot 0 alone holds the
+// buffers every slot shares (the table's `shared` ones: RoPE tables, the
+// head's, backward's scratch), the others only their own.
 template <typename T>
 struct LlamaModel<T>::Activations {
   int64_t N = 0, d = 0, qd = 0, kvd = 0, f = 0, v = 0, tt = 0, L = 0, H = 0, KV = 0;
@@ -35,8 +38,10 @@ struct LlamaModel<T>::Activations {
   std::vector<T> lnf, lnf_rstd;           // [N, d], [N]
   std::vector<T> logits;                  // [N, v] (dlogits in place in backward)
   std::vector<T> losses;                  // [N]
-  // Backward scratch, reused by every layer.
-  std::vector<T> dresidual, dln, datt, dq, dk, dv, dact, dgate, dup, attn_scratch;
+  // Backward: d(the current layer's output), carried down the layers; and
+  // scratch reused by every layer.
+  std::vector<T> dresidual;
+  std::vector<T> dln, datt, dq, dk, dv, dact, dgate, dup, attn_scratch;
 
   int B = 0, Tcur = 0;  // shape of the last Forward
   bool has_targets = false;
@@ -57,6 +62,7 @@ struct LlamaModel<T>::Activations {
     std::vector<T> Activations::*member;
     int64_t elements;
     bool backward_scratch;
+    bool shared;  // one for every slot, in slot 0
   };
   static std::vector<Buffer> Table(const LlamaShape& s, int max_batch, int max_seq_len, Recompute recompute) {
     const int64_t N = static_cast<int64_t>(max_batch) * max_seq_len, d = s.hidden_size;
@@ -68,44 +74,47 @@ struct LlamaModel<T>::Activations {
     const int64_t rope_elements = static_cast<int64_t>(max_seq_len) * s.head_dim() / 2;
     using A = Activations;
     return {
-        {&A::rope_cos, rope_elements, false},
-        {&A::rope_sin, rope_elements, false},
-        {&A::residual, (s.num_layers + 1) * N * d, false},
-        {&A::ln1, L * N * d, false},
-        {&A::ln1_rstd, L * N, false},
-        {&A::q, L * N * qd, false},
-        {&A::k, L * N * kvd, false},
-        {&A::v_, L * N * kvd, false},
-        {&A::probs, probs_elements, false},
-        {&A::att, L * N * qd, false},
-        {&A::residual_mid, L * N * d, false},
-        {&A::ln2, L * N * d, false},
-        {&A::ln2_rstd, L * N, false},
-        {&A::gate, L * N * f, false},
-        {&A::up, L * N * f, false},
-        {&A::act, L * N * f, false},
-        {&A::lnf, N * d, false},
-        {&A::lnf_rstd, N, false},
-        {&A::logits, N * s.vocab_size, false},
-        {&A::losses, N, false},
-        {&A::dresidual, N * d, true},
-        {&A::dln, N * d, true},
-        {&A::datt, N * qd, true},
-        {&A::dq, N * qd, true},
-        {&A::dk, N * kvd, true},
-        {&A::dv, N * kvd, true},
-        {&A::dact, N * f, true},
-        {&A::dgate, N * f, true},
-        {&A::dup, N * f, true},
-        {&A::attn_scratch, AttentionScratchSize(max_seq_len, s.num_heads, s.num_kv_heads), true},
+        {&A::rope_cos, rope_elements, false, true},
+        {&A::rope_sin, rope_elements, false, true},
+        {&A::residual, (s.num_layers + 1) * N * d, false, false},
+        {&A::ln1, L * N * d, false, false},
+        {&A::ln1_rstd, L * N, false, false},
+        {&A::q, L * N * qd, false, false},
+        {&A::k, L * N * kvd, false, false},
+        {&A::v_, L * N * kvd, false, false},
+        {&A::probs, probs_elements, false, false},
+        {&A::att, L * N * qd, false, false},
+        {&A::residual_mid, L * N * d, false, false},
+        {&A::ln2, L * N * d, false, false},
+        {&A::ln2_rstd, L * N, false, false},
+        {&A::gate, L * N * f, false, false},
+        {&A::up, L * N * f, false, false},
+        {&A::act, L * N * f, false, false},
+        {&A::lnf, N * d, false, true},
+        {&A::lnf_rstd, N, false, true},
+        {&A::logits, N * s.vocab_size, false, true},
+        {&A::losses, N, false, true},
+        {&A::dresidual, N * d, true, false},
+        {&A::dln, N * d, true, true},
+        {&A::datt, N * qd, true, true},
+        {&A::dq, N * qd, true, true},
+        {&A::dk, N * kvd, true, true},
+        {&A::dv, N * kvd, true, true},
+        {&A::dact, N * f, true, true},
+        {&A::dgate, N * f, true, true},
+        {&A::dup, N * f, true, true},
+        {&A::attn_scratch, AttentionScratchSize(max_seq_len, s.num_heads, s.num_kv_heads), true, true},
     };
   }
-  // Sizes every buffer of the table that `backward_scratch` selects (grows,
-  // never shrinks).
-  void Allocate(const LlamaShape& s, int max_batch, int max_seq_len, bool backward_scratch) {
+  // Sizes every buffer of the table that `backward_scratch` selects, the
+  // shared ones only in slot 0 (`owns_shared`); grows, never shrinks.
+  void Allocate(const LlamaShape& s, int max_batch, int max_seq_len, bool backward_scratch, bool owns_shared) {
     for (const Buffer& b : Table(s, max_batch, max_seq_len, recompute)) {
       std::vector<T>& v = this->*b.member;
-      if (b.backward_scratch == backward_scratch && static_cast<int64_t>(v.size()) < b.elements) v.resize(b.elements);
+      if (b.backward_scratch == backward_scratch && (owns_shared || !b.shared) &&
+          static_cast<int64_t>(v.size()) < b.elements) {
+        v.resize(b.elements);
+      }
     }
   }
 
@@ -123,33 +132,41 @@ struct LlamaModel<T>::Activations {
 
 
 template <typename T>
-int64_t LlamaModel<T>::ActivationBytes(const LlamaShape& shape, int max_batch, int max_seq_len, Recompute recompute) {
+int64_t LlamaModel<T>::ActivationBytes(const LlamaShape& shape, int max_batch, int max_seq_len, Recompute recompute,
+                                       int slots) {
   int64_t floats = 0;
-  for (const auto& b : Activations::Table(shape, max_batch, max_seq_len, recompute)) floats += b.elements;
+  for (const auto& b : Activations::Table(shape, max_batch, max_seq_len, recompute)) {
+    floats += b.shared ? b.elements : slots * b.elements;
+  }
   const int64_t tokens = static_cast<int64_t>(max_batch) * max_seq_len;
-  return floats * static_cast<int64_t>(sizeof(T)) + 2 * tokens * static_cast<int64_t>(sizeof(int32_t));
+  return floats * static_cast<int64_t>(sizeof(T)) + slots * 2 * tokens * static_cast<int64_t>(sizeof(int32_t));
 }
 
 template <typename T>
-LlamaModel<T>::LlamaModel(const LlamaShape& shape, int max_batch, int max_seq_len, Recompute recompute)
-    : layout_(shape), max_batch_(max_batch), max_seq_len_(max_seq_len), acts_(new Activations) {
-  Activations& a = *acts_;
-  a.recompute = recompute;
-  a.N = static_cast<int64_t>(max_batch) * max_seq_len;
-  a.max_batch = max_batch;
-  a.d = shape.hidden_size;
-  a.qd = shape.q_dim();
-  a.kvd = shape.kv_dim();
-  a.f = shape.intermediate_size;
-  a.v = shape.vocab_size;
-  a.tt = static_cast<int64_t>(max_seq_len) * max_seq_len;
-  a.L = shape.num_layers;
-  a.H = shape.num_heads;
-  a.KV = shape.num_kv_heads;
-  a.tokens.resize(a.N);
-  a.targets.resize(a.N);
-  a.Allocate(shape, max_batch, max_seq_len, /*backward_scratch=*/false);
-  RopeTables(a.rope_cos.data(), a.rope_sin.data(), max_seq_len, shape.head_dim(), shape.rope_theta,
+LlamaModel<T>::LlamaModel(const LlamaShape& shape, int max_batch, int max_seq_len, Recompute recompute, int slots)
+    : layout_(shape), max_batch_(max_batch), max_seq_len_(max_seq_len) {
+  CHECK_GE(slots, 1);
+  for (int i = 0; i < slots; ++i) {
+    acts_.push_back(std::make_unique<Activations>());
+    Activations& a = *acts_.back();
+    a.recompute = recompute;
+    a.N = static_cast<int64_t>(max_batch) * max_seq_len;
+    a.max_batch = max_batch;
+    a.d = shape.hidden_size;
+    a.qd = shape.q_dim();
+    a.kvd = shape.kv_dim();
+    a.f = shape.intermediate_size;
+    a.v = shape.vocab_size;
+    a.tt = static_cast<int64_t>(max_seq_len) * max_seq_len;
+    a.L = shape.num_layers;
+    a.H = shape.num_heads;
+    a.KV = shape.num_kv_heads;
+    a.tokens.resize(a.N);
+    a.targets.resize(a.N);
+    a.Allocate(shape, max_batch, max_seq_len, /*backward_scratch=*/false, /*owns_shared=*/i == 0);
+  }
+  Activations& s = *acts_[0];
+  RopeTables(s.rope_cos.data(), s.rope_sin.data(), max_seq_len, shape.head_dim(), shape.rope_theta,
              shape.rope_scaling);
 }
 
@@ -158,45 +175,60 @@ LlamaModel<T>::~LlamaModel() = default;
 
 template <typename T>
 const T* LlamaModel<T>::logits() const {
-  return acts_->logits.data();
+  return acts_[0]->logits.data();
+}
+
+// Layer l's tensors end where the next layer's (or the final norm) begin.
+template <typename T>
+int64_t LlamaModel<T>::LayerEnd(int l) const {
+  return l + 1 < shape().num_layers ? layout_.layer(l + 1).input_norm : layout_.final_norm();
 }
 
 template <typename T>
-double LlamaModel<T>::Forward(const T* params, const int32_t* tokens, const int32_t* targets, int B, int T_,
-                              const NeedUpTo& need) {
-  Activations& a = *acts_;
-  const LlamaShape& s = layout_.shape();
-  const int64_t N = static_cast<int64_t>(B) * T_, d = a.d;
+void LlamaModel<T>::EmbedForward(Activations& a, const T* params, const int32_t* tokens, const int32_t* targets, int B,
+                                 int T_) {
+  const int64_t N = static_cast<int64_t>(B) * T_;
   a.B = B;
   a.Tcur = T_;
   a.has_targets = targets != nullptr;
   std::copy(tokens, tokens + N, a.tokens.begin());
   if (targets != nullptr) std::copy(targets, targets + N, a.targets.begin());
-
-  // Layer l's tensors end where the next layer's (or the final norm) begin.
-  auto layer_end = [&](int l) { return l + 1 < s.num_layers ? layout_.layer(l + 1).input_norm : layout_.final_norm(); };
-  if (need) need(s.num_layers > 0 ? layout_.layer(0).input_norm : layout_.final_norm());
-  {
-    trace::Span span("embedding forward", "compute");
-    EmbeddingForward(a.residual.data(), tokens, params + layout_.embed(), N, d);
-  }
-  for (int l = 0; l < s.num_layers; ++l) {
-    if (need) need(layer_end(l));
-    trace::Span span("layer forward", "compute", {"layer", l});
-    LayerForward(params, l, /*to_output=*/true);
-  }
-  const T* x_final = a.residual.data() + s.num_layers * a.N * d;
-  if (need) need(layout_.size());
-  trace::Span span("head forward", "compute");
-  RmsNormForward(a.lnf.data(), a.lnf_rstd.data(), x_final, params + layout_.final_norm(), N, d, s.rms_norm_eps);
-  MatmulForward(a.logits.data(), a.lnf.data(), params + layout_.lm_head(), N, d, a.v);
-  if (targets == nullptr) return 0.0;
-  return CrossEntropyForward(a.losses.data(), a.logits.data(), targets, N, a.v);
+  trace::Span span("embedding forward", "compute");
+  EmbeddingForward(a.residual.data(), tokens, params + layout_.embed(), N, a.d);
 }
 
 template <typename T>
-void LlamaModel<T>::LayerForward(const T* params, int l, bool to_output) {
-  Activations& a = *acts_;
+double LlamaModel<T>::HeadForward(Activations& a, const T* params) {
+  Activations& sh = *acts_[0];
+  const LlamaShape& s = layout_.shape();
+  const int64_t N = static_cast<int64_t>(a.B) * a.Tcur, d = a.d;
+  const T* x_final = a.residual.data() + s.num_layers * a.N * d;
+  trace::Span span("head forward", "compute");
+  RmsNormForward(sh.lnf.data(), sh.lnf_rstd.data(), x_final, params + layout_.final_norm(), N, d, s.rms_norm_eps);
+  MatmulForward(sh.logits.data(), sh.lnf.data(), params + layout_.lm_head(), N, d, a.v);
+  if (!a.has_targets) return 0.0;
+  return CrossEntropyForward(sh.losses.data(), sh.logits.data(), a.targets.data(), N, a.v);
+}
+
+template <typename T>
+double LlamaModel<T>::Forward(const T* params, const int32_t* tokens, const int32_t* targets, int B, int T_,
+                              const NeedUpTo& need) {
+  Activations& a = *acts_[0];
+  const LlamaShape& s = layout_.shape();
+  if (need) need(s.num_layers > 0 ? layout_.layer(0).input_norm : layout_.final_norm());
+  EmbedForward(a, params, tokens, targets, B, T_);
+  for (int l = 0; l < s.num_layers; ++l) {
+    if (need) need(LayerEnd(l));
+    trace::Span span("layer forward", "compute", {"layer", l});
+    LayerForward(a, params, l, /*to_output=*/true);
+  }
+  if (need) need(layout_.size());
+  return HeadForward(a, params);
+}
+
+template <typename T>
+void LlamaModel<T>::LayerForward(Activations& a, const T* params, int l, bool to_output) {
+  const Activations& sh = *acts_[0];
   const LlamaShape& s = layout_.shape();
   const int B = a.B, T_ = a.Tcur;
   const int64_t N = static_cast<int64_t>(B) * T_, d = a.d, qd = a.qd, kvd = a.kvd, f = a.f;
@@ -208,8 +240,8 @@ void LlamaModel<T>::LayerForward(const T* params, int l, bool to_output) {
   MatmulForward(q, ln1, params + w.q_proj, N, d, qd);
   MatmulForward(k, ln1, params + w.k_proj, N, d, kvd);
   MatmulForward(v, ln1, params + w.v_proj, N, d, kvd);
-  RopeForward(q, a.rope_cos.data(), a.rope_sin.data(), B, T_, a.H, hd);
-  RopeForward(k, a.rope_cos.data(), a.rope_sin.data(), B, T_, a.KV, hd);
+  RopeForward(q, sh.rope_cos.data(), sh.rope_sin.data(), B, T_, a.H, hd);
+  RopeForward(k, sh.rope_cos.data(), sh.rope_sin.data(), B, T_, a.KV, hd);
   AttentionForward(att, probs, q, k, v, B, T_, a.H, a.KV, hd);
   MatmulForward(mid, att, params + w.o_proj, N, qd, d);  // o_proj(att), then the residual
   AddForward(mid, mid, x, N * d);
@@ -223,72 +255,126 @@ void LlamaModel<T>::LayerForward(const T* params, int l, bool to_output) {
 }
 
 template <typename T>
-void LlamaModel<T>::Backward(const T* params, T* grads, double loss_scale, const FinalFrom& final_from,
-                             const NeedFrom& need_from) {
-  Activations& a = *acts_;
+void LlamaModel<T>::HeadBackward(Activations& a, const T* params, T* grads, double loss_scale) {
+  Activations& sh = *acts_[0];
   const LlamaShape& s = layout_.shape();
   CHECK(a.has_targets) << "LlamaModel::Backward needs a Forward with targets first";
+  const int64_t N = static_cast<int64_t>(a.B) * a.Tcur, d = a.d;
+  // Scratch on first use; the attention scratch is per thread and grows
+  // with this call's thread count.
+  for (size_t i = 0; i < acts_.size(); ++i) {
+    acts_[i]->Allocate(s, max_batch_, max_seq_len_, /*backward_scratch=*/true, /*owns_shared=*/i == 0);
+  }
+  T* dres = a.dresidual.data();
+  T* dln = sh.dln.data();
+  // Loss -> logits (in place) -> lm_head -> final norm.
+  trace::Span span("head backward", "compute");
+  T* dlogits = sh.logits.data();
+  CrossEntropyBackward(dlogits, sh.logits.data(), a.targets.data(), N, a.v, loss_scale);
+  MatmulBackward(dln, grads + layout_.lm_head(), dlogits, sh.lnf.data(), params + layout_.lm_head(), N, d, a.v);
+  std::fill(dres, dres + N * d, T(0));
+  const T* x_final = a.residual.data() + s.num_layers * a.N * d;
+  RmsNormBackward(dres, grads + layout_.final_norm(), dln, x_final, params + layout_.final_norm(), sh.lnf_rstd.data(),
+                  N, d);
+}
+
+template <typename T>
+void LlamaModel<T>::LayerBackward(Activations& a, const T* params, T* grads, int l) {
+  Activations& sh = *acts_[0];
+  const LlamaShape& s = layout_.shape();
   const int B = a.B, T_ = a.Tcur;
   const int64_t N = static_cast<int64_t>(B) * T_, d = a.d, qd = a.qd, kvd = a.kvd, f = a.f;
   const int64_t hd = s.head_dim();
-  // Scratch on first use; the attention scratch is per thread and grows
-  // with this call's thread count.
-  a.Allocate(s, max_batch_, max_seq_len_, /*backward_scratch=*/true);
   T* dres = a.dresidual.data();
-  T* dln = a.dln.data();
-
-  // Loss -> logits (in place) -> lm_head -> final norm.
-  if (need_from) need_from(layout_.final_norm());
-  {
-    trace::Span span("head backward", "compute");
-    T* dlogits = a.logits.data();
-    CrossEntropyBackward(dlogits, a.logits.data(), a.targets.data(), N, a.v, loss_scale);
-    MatmulBackward(dln, grads + layout_.lm_head(), dlogits, a.lnf.data(), params + layout_.lm_head(), N, d, a.v);
-    std::fill(dres, dres + N * d, T(0));
-    const T* x_final = a.residual.data() + s.num_layers * a.N * d;
-    RmsNormBackward(dres, grads + layout_.final_norm(), dln, x_final, params + layout_.final_norm(),
-                    a.lnf_rstd.data(), N, d);
+  T* dln = sh.dln.data();
+  const LayerOffsets& w = layout_.layer(l);
+  const auto [x, x_out, ln1, ln1_rstd, q, k, v, probs, att, mid, ln2, ln2_rstd, gate, up, act] = a.layer(l);
+  if (a.recompute == Recompute::kFull) {
+    trace::Span span("layer recompute", "compute", {"layer", l});
+    LayerForward(a, params, l, /*to_output=*/false);
+  } else if (a.recompute == Recompute::kAttention) {
+    trace::Span span("attention recompute", "compute", {"layer", l});
+    AttentionForward(att, probs, q, k, v, B, T_, a.H, a.KV, hd);
   }
+  trace::Span span("layer backward", "compute", {"layer", l});
+
+  // MLP branch: dres is d(layer output) = d(mid) through the skip.
+  MatmulBackward(sh.dact.data(), grads + w.down_proj, dres, act, params + w.down_proj, N, f, d);
+  SwigluBackward(sh.dgate.data(), sh.dup.data(), sh.dact.data(), gate, up, N * f);
+  MatmulBackward(dln, grads + w.gate_proj, sh.dgate.data(), ln2, params + w.gate_proj, N, d, f);
+  MatmulBackward(dln, grads + w.up_proj, sh.dup.data(), ln2, params + w.up_proj, N, d, f, /*accumulate_din=*/true);
+  RmsNormBackward(dres, grads + w.post_norm, dln, mid, params + w.post_norm, ln2_rstd, N, d);
+
+  // Attention branch: dres is now d(mid) = d(layer input) through the skip.
+  MatmulBackward(sh.datt.data(), grads + w.o_proj, dres, att, params + w.o_proj, N, qd, d);
+  AttentionBackward(sh.dq.data(), sh.dk.data(), sh.dv.data(), sh.datt.data(), probs, q, k, v, B, T_, a.H, a.KV, hd,
+                    sh.attn_scratch.data());
+  RopeBackward(sh.dq.data(), sh.rope_cos.data(), sh.rope_sin.data(), B, T_, a.H, hd);
+  RopeBackward(sh.dk.data(), sh.rope_cos.data(), sh.rope_sin.data(), B, T_, a.KV, hd);
+  MatmulBackward(dln, grads + w.q_proj, sh.dq.data(), ln1, params + w.q_proj, N, d, qd);
+  MatmulBackward(dln, grads + w.k_proj, sh.dk.data(), ln1, params + w.k_proj, N, d, kvd, true);
+  MatmulBackward(dln, grads + w.v_proj, sh.dv.data(), ln1, params + w.v_proj, N, d, kvd, true);
+  RmsNormBackward(dres, grads + w.input_norm, dln, x, params + w.input_norm, ln1_rstd, N, d);
+}
+
+template <typename T>
+void LlamaModel<T>::EmbedBackward(Activations& a, T* grads) {
+  trace::Span span("embedding backward", "compute");
+  EmbeddingBackward(grads + layout_.embed(), a.dresidual.data(), a.tokens.data(), static_cast<int64_t>(a.B) * a.Tcur,
+                    a.d);
+}
+
+template <typename T>
+void LlamaModel<T>::Backward(const T* params, T* grads, double loss_scale, const FinalFrom& final_from,
+                             const NeedFrom& need_from) {
+  Activations& a = *acts_[0];
+  if (need_from) need_from(layout_.final_norm());
+  HeadBackward(a, params, grads, loss_scale);
   // lm_head (when untied) follows the final norm in the flat space.
   if (final_from) final_from(layout_.final_norm());
-
-  for (int l = s.num_layers - 1; l >= 0; --l) {
-    const LayerOffsets& w = layout_.layer(l);
-    const auto [x, x_out, ln1, ln1_rstd, q, k, v, probs, att, mid, ln2, ln2_rstd, gate, up, act] = a.layer(l);
-    if (need_from) need_from(w.input_norm);
-    if (a.recompute == Recompute::kFull) {
-      trace::Span span("layer recompute", "compute", {"layer", l});
-      LayerForward(params, l, /*to_output=*/false);
-    } else if (a.recompute == Recompute::kAttention) {
-      trace::Span span("attention recompute", "compute", {"layer", l});
-      AttentionForward(att, probs, q, k, v, B, T_, a.H, a.KV, hd);
-    }
-    trace::Span span("layer backward", "compute", {"layer", l});
-
-    // MLP branch: dres is d(layer output) = d(mid) through the skip.
-    MatmulBackward(a.dact.data(), grads + w.down_proj, dres, act, params + w.down_proj, N, f, d);
-    SwigluBackward(a.dgate.data(), a.dup.data(), a.dact.data(), gate, up, N * f);
-    MatmulBackward(dln, grads + w.gate_proj, a.dgate.data(), ln2, params + w.gate_proj, N, d, f);
-    MatmulBackward(dln, grads + w.up_proj, a.dup.data(), ln2, params + w.up_proj, N, d, f, /*accumulate_din=*/true);
-    RmsNormBackward(dres, grads + w.post_norm, dln, mid, params + w.post_norm, ln2_rstd, N, d);
-
-    // Attention branch: dres is now d(mid) = d(layer input) through the skip.
-    MatmulBackward(a.datt.data(), grads + w.o_proj, dres, att, params + w.o_proj, N, qd, d);
-    AttentionBackward(a.dq.data(), a.dk.data(), a.dv.data(), a.datt.data(), probs, q, k, v, B, T_, a.H, a.KV, hd,
-                      a.attn_scratch.data());
-    RopeBackward(a.dq.data(), a.rope_cos.data(), a.rope_sin.data(), B, T_, a.H, hd);
-    RopeBackward(a.dk.data(), a.rope_cos.data(), a.rope_sin.data(), B, T_, a.KV, hd);
-    MatmulBackward(dln, grads + w.q_proj, a.dq.data(), ln1, params + w.q_proj, N, d, qd);
-    MatmulBackward(dln, grads + w.k_proj, a.dk.data(), ln1, params + w.k_proj, N, d, kvd, true);
-    MatmulBackward(dln, grads + w.v_proj, a.dv.data(), ln1, params + w.v_proj, N, d, kvd, true);
-    RmsNormBackward(dres, grads + w.input_norm, dln, x, params + w.input_norm, ln1_rstd, N, d);
-    if (final_from) final_from(w.input_norm);  // the layer's first tensor
+  for (int l = shape().num_layers - 1; l >= 0; --l) {
+    if (need_from) need_from(layout_.layer(l).input_norm);
+    LayerBackward(a, params, grads, l);
+    if (final_from) final_from(layout_.layer(l).input_norm);  // the layer's first tensor
   }
-  {
-    trace::Span span("embedding backward", "compute");
-    EmbeddingBackward(grads + layout_.embed(), dres, a.tokens.data(), N, d);
-  }
+  EmbedBackward(a, grads);
   if (final_from) final_from(0);
+}
+
+template <typename T>
+double LlamaModel<T>::ForwardBackwardLayerMajor(const T* params, T* grads, const std::vector<const int32_t*>& tokens,
+                                                const std::vector<const int32_t*>& targets, int B, int T_,
+                                                double loss_scale, const NeedUpTo& need, const NeedFrom& need_from,
+                                                const FinalFrom& final_from) {
+  const LlamaShape& s = layout_.shape();
+  const size_t M = tokens.size();
+  CHECK(M >= 1 && M <= acts_.size() && targets.size() == M) << "layer-major pass over " << M << " micro-batches, "
+                                                              << acts_.size() << " slots";
+  if (need) need(s.num_layers > 0 ? layout_.layer(0).input_norm : layout_.final_norm());
+  for (size_t m = 0; m < M; ++m) EmbedForward(*acts_[m], params, tokens[m], targets[m], B, T_);
+  for (int l = 0; l < s.num_layers; ++l) {
+    if (need) need(LayerEnd(l));
+    trace::Span span("layer forward", "compute", {"layer", l}, {"micro_batches", static_cast<int64_t>(M)});
+    for (size_t m = 0; m < M; ++m) LayerForward(*acts_[m], params, l, /*to_output=*/true);
+  }
+  if (need) need(layout_.size());
+  if (need_from) need_from(layout_.final_norm());
+  // The head's forward and backward for one micro-batch after the other:
+  // its buffers (the logits above all) are shared.
+  double loss = 0;
+  for (size_t m = 0; m < M; ++m) {
+    loss += HeadForward(*acts_[m], params);
+    HeadBackward(*acts_[m], params, grads, loss_scale);
+  }
+  if (final_from) final_from(layout_.final_norm());
+  for (int l = s.num_layers - 1; l >= 0; --l) {
+    if (need_from) need_from(layout_.layer(l).input_norm);
+    for (size_t m = 0; m < M; ++m) LayerBackward(*acts_[m], params, grads, l);
+    if (final_from) final_from(layout_.layer(l).input_norm);
+  }
+  for (size_t m = 0; m < M; ++m) EmbedBackward(*acts_[m], grads);
+  if (final_from) final_from(0);
+  return loss;
 }
 
 template class LlamaModel<float>;

@@ -22,8 +22,11 @@ class LlamaModel {
   // Activations are allocated for up to max_batch sequences of max_seq_len,
   // those that `recompute` keeps (llama_config.h): backward recomputes the
   // rest, with the same kernels on the same inputs, so gradients are the
-  // same bit for bit whatever it says.
-  LlamaModel(const LlamaShape& shape, int max_batch, int max_seq_len, Recompute recompute = Recompute::kNone);
+  // same bit for bit whatever it says. `slots`: micro-batches a
+  // layer-major pass (ForwardBackwardLayerMajor) holds at once, each with
+  // its own activations (the head's and backward's scratch are shared).
+  LlamaModel(const LlamaShape& shape, int max_batch, int max_seq_len, Recompute recompute = Recompute::kNone,
+             int slots = 1);
   ~LlamaModel();
   LlamaModel(const LlamaModel&) = delete;
   LlamaModel& operator=(const LlamaModel&) = delete;
@@ -64,26 +67,53 @@ class LlamaModel {
   void Backward(const T* params, T* grads, double loss_scale, const FinalFrom& final_from = nullptr,
                 const NeedFrom& need_from = nullptr);
 
+  // Every micro-batch of a step (tokens[m], targets[m], each B x T_; at
+  // most `slots`), unit by unit: the embedding's forward for all of them,
+  // then each layer's, then the head's forward and backward for one after
+  // the other, then each layer's backward for all of them, then the
+  // embedding's. A worker that streams its weights so holds each unit once
+  // a pass however many micro-batches it accumulates, and gradients become
+  // final unit by unit. The hooks are called as by one Forward and
+  // Backward, final_from once every micro-batch's part is in. Returns the
+  // sum of the micro-batches' mean losses. grads receive the same values
+  // bit for bit as Forward and Backward on each micro-batch in turn, each
+  // tensor's parts added in micro-batch order -- except with tied
+  // embeddings, where the head's parts of the embedding's gradient come
+  // before the embedding's own.
+  double ForwardBackwardLayerMajor(const T* params, T* grads, const std::vector<const int32_t*>& tokens,
+                                   const std::vector<const int32_t*>& targets, int B, int T_, double loss_scale,
+                                   const NeedUpTo& need = nullptr, const NeedFrom& need_from = nullptr,
+                                   const FinalFrom& final_from = nullptr);
+
   // [B*T_, vocab] logits of the last Forward (overwritten by Backward).
   const T* logits() const;
 
   // Bytes of every activation and backward scratch buffer a model of this
   // shape allocates for max_batch x max_seq_len (at the current OpenMP
-  // thread count): the worker's share of a memory plan.
+  // thread count) and `slots`: the worker's share of a memory plan.
   static int64_t ActivationBytes(const LlamaShape& shape, int max_batch, int max_seq_len,
-                                 Recompute recompute = Recompute::kNone);
+                                 Recompute recompute = Recompute::kNone, int slots = 1);
 
  private:
   struct Activations;
-  // Layer l's forward from its input (kept in every mode) into the
-  // layer's buffers; `to_output`: through its last product and residual
-  // add into the next layer's input (backward's recomputation stops before
-  // them: nothing there is needed).
-  void LayerForward(const T* params, int l, bool to_output);
+  // Each unit's forward and backward for the micro-batch whose activations
+  // are `a`, side by side. Layer l's forward runs from its input (kept in
+  // every mode) into the layer's buffers; `to_output`: through its last
+  // product and residual add into the next layer's input (backward's
+  // recomputation stops before them: nothing there is needed).
+  void EmbedForward(Activations& a, const T* params, const int32_t* tokens, const int32_t* targets, int B, int T_);
+  void LayerForward(Activations& a, const T* params, int l, bool to_output);
+  double HeadForward(Activations& a, const T* params);  // the mean loss (0 without targets)
+  void HeadBackward(Activations& a, const T* params, T* grads, double loss_scale);
+  void LayerBackward(Activations& a, const T* params, T* grads, int l);
+  void EmbedBackward(Activations& a, T* grads);
+  int64_t LayerEnd(int l) const;  // where layer l's tensors end
 
   ParamLayout layout_;
   int max_batch_, max_seq_len_;
-  std::unique_ptr<Activations> acts_;  // holds the recompute mode, which shapes it
+  // One per slot, each holding the recompute mode, which shapes it; slot 0
+  // holds the shared buffers too.
+  std::vector<std::unique_ptr<Activations>> acts_;
 };
 
 extern template class LlamaModel<float>;

@@ -1,6 +1,7 @@
 // The shape of a Llama model, derived from config::ModelConfig (HF names).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "model/rope_scaling.h"
@@ -57,6 +58,19 @@ inline Recompute RecomputeFromConfig(const config::TrainConfig& t) {
     default:
       return Recompute::kNone;
   }
+}
+
+// How many micro-batches a CPU worker's model keeps activations for at
+// once: a step's all (train.grad_accum) when it streams its weights
+// (cluster.stream_weights) and the embeddings are untied, so that one
+// layer-major pass serves them all (LlamaModel::ForwardBackwardLayerMajor:
+// each unit pulled once a pass, no gradient kept whole until the last
+// micro-batch, the same bits); else 1, one micro-batch after the other.
+inline int MicroBatchSlots(const config::JobConfig& c) {
+  const bool layer_major = c.cluster().sync() == config::ClusterConfig::PARAMETER_SERVER &&
+                           c.cluster().stream_weights() && !c.model().tie_word_embeddings() &&
+                           c.device().kind() == config::DeviceConfig::CPU;
+  return layer_major ? std::max(1, c.train().grad_accum()) : 1;
 }
 
 }  // namespace herd

@@ -10,8 +10,8 @@ namespace {
 
 class CpuModel final : public Model {
  public:
-  CpuModel(const LlamaShape& shape, int max_batch, int max_seq_len, Recompute recompute)
-      : model_(shape, max_batch, max_seq_len, recompute) {}
+  CpuModel(const LlamaShape& shape, int max_batch, int max_seq_len, Recompute recompute, int slots)
+      : model_(shape, max_batch, max_seq_len, recompute, slots), slots_(slots) {}
 
   const ParamLayout& layout() const override { return model_.layout(); }
   int max_batch() const override { return model_.max_batch(); }
@@ -27,15 +27,25 @@ class CpuModel final : public Model {
     model_.Backward(params, grads, loss_scale, final_from, need_from);
   }
   const float* logits() override { return model_.logits(); }
+  int layer_major_slots() const override { return slots_; }
+  double ForwardBackwardLayerMajor(const float* params, float* grads, const std::vector<const int32_t*>& tokens,
+                                   const std::vector<const int32_t*>& targets, int B, int T, double loss_scale,
+                                   const NeedUpTo& need, const NeedFrom& need_from,
+                                   const FinalFrom& final_from) override {
+    return model_.ForwardBackwardLayerMajor(params, grads, tokens, targets, B, T, loss_scale, need, need_from,
+                                            final_from);
+  }
 
  private:
   LlamaModel<float> model_;
+  const int slots_;
 };
 
 }  // namespace
 
-std::unique_ptr<Model> NewCpuModel(const LlamaShape& shape, int max_batch, int max_seq_len, Recompute recompute) {
-  return std::make_unique<CpuModel>(shape, max_batch, max_seq_len, recompute);
+std::unique_ptr<Model> NewCpuModel(const LlamaShape& shape, int max_batch, int max_seq_len, Recompute recompute,
+                                   int slots) {
+  return std::make_unique<CpuModel>(shape, max_batch, max_seq_len, recompute, slots);
 }
 
 }  // namespace herd

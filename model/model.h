@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "model/llama_config.h"
 #include "model/param_layout.h"
@@ -52,11 +53,22 @@ class Model {
                         bool last_micro_batch = true, const NeedFrom& need_from = nullptr) = 0;
   // Host [B*T, vocab] logits of the last Forward (before any Backward).
   virtual const float* logits() = 0;
+
+  // LlamaModel::ForwardBackwardLayerMajor's contract, for up to
+  // layer_major_slots() micro-batches (0: the model has no such pass).
+  virtual int layer_major_slots() const { return 0; }
+  virtual double ForwardBackwardLayerMajor(const float* /*params*/, float* /*grads*/,
+                                           const std::vector<const int32_t*>& /*tokens*/,
+                                           const std::vector<const int32_t*>& /*targets*/, int /*B*/, int /*T*/,
+                                           double /*loss_scale*/, const NeedUpTo& /*need*/,
+                                           const NeedFrom& /*need_from*/, const FinalFrom& /*final_from*/) {
+    return 0;
+  }
 };
 
 // The CPU model (LlamaModel<float>, OpenMP threads), keeping what
-// `recompute` says (llama_config.h).
+// `recompute` says (llama_config.h), with `slots` for layer-major passes.
 std::unique_ptr<Model> NewCpuModel(const LlamaShape& shape, int max_batch, int max_seq_len,
-                                   Recompute recompute = Recompute::kNone);
+                                   Recompute recompute = Recompute::kNone, int slots = 1);
 
 }  // namespace herd

@@ -35,7 +35,8 @@ StatusOr<MemoryPlan> PlanMemory(const config::JobConfig& config) {
   const bool bf16 = cluster.wire_dtype() == config::ClusterConfig::BF16;
   const int wire = bf16 ? 2 : 4;
   const int64_t activations =
-      LlamaModel<float>::ActivationBytes(shape, train.batch_size(), train.seq_len(), RecomputeFromConfig(train)) +
+      LlamaModel<float>::ActivationBytes(shape, train.batch_size(), train.seq_len(), RecomputeFromConfig(train),
+                                         MicroBatchSlots(config)) +
       2 * static_cast<int64_t>(train.batch_size()) * train.seq_len() * static_cast<int64_t>(sizeof(int32_t));
   MemoryPlan plan;
   plan.parameters = layout.num_parameters();
@@ -83,8 +84,10 @@ StatusOr<MemoryPlan> PlanMemory(const config::JobConfig& config) {
       // The window at its fullest, replayed through the worker's own policy;
       // each bucket boundary may keep one shared page of weights, gradients
       // and staging backed.
+      // One layer-major pass serves every micro-batch (MicroBatchSlots),
+      // or the gradients wait whole for the last one.
       const StreamedPeak peak = ReplayStreamedStep(shards, layout, cluster.stream_prefetch_layers(), wire,
-                                                   train.grad_accum() > 1);
+                                                   train.grad_accum() > MicroBatchSlots(config));
       w.weights = peak.weights;
       w.gradients = peak.gradients;
       w.buffers = peak.staging + static_cast<int64_t>(shards.buckets().size() + 1) * (bf16 ? 3 : 2) * kPageBytes;

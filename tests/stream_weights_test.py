@@ -8,12 +8,15 @@ holds what `herd plan` says.
     W=2 (fp32 wire, with evaluation every 5 steps), and its variants: bf16
     on the wire, grad_accum 2, clip_norm 0 (the servers step each bucket
     as its sum completes while other workers still pull the old weights),
-    untied embeddings, no prefetch and two layers of it, small buckets
+    untied embeddings, and with grad_accum 3 (every micro-batch through
+    each layer in one pass), no prefetch and two layers of it, small buckets
     that straddle layers; the ~20M shape (configs/llama20m: d512, 8 layers)
     S=2 W=2, FULL recompute;
   - memory: the ~20M shape at batch 8 x 256, one worker, streamed, under
-    FULL recompute: every process's measured peak RSS within 10% of its
-    plan, and the worker's plan a fraction of the unstreamed worker's;
+    FULL recompute (and untied with grad_accum 2): every process's
+    measured peak RSS within 10% of its plan, the worker's weights a
+    fraction of the unstreamed worker's, and no gradient kept whole while
+    accumulating unless the embeddings are tied;
   - a model whose fp32 weights alone are more than three times a worker's
     measured peak trains 3 steps with its loss falling, every process
     within 10% of its plan;
@@ -59,6 +62,7 @@ def equivalence(sb):
         "tiny, grad_accum 2": dict(train_extra="grad_accum: 2"),
         "tiny, clip_norm 0 (servers step buckets as they complete)": dict(optimizer="clip_norm: 0"),
         "tiny, untied embeddings": dict(model=untied),
+        "tiny, untied, grad_accum 3 (one layer-major pass)": dict(model=untied, train_extra="grad_accum: 3"),
         "tiny, no prefetch": dict(stream=" stream_prefetch_layers: 0"),
         "tiny, prefetch 2, buckets of 16 KiB": dict(cluster=ps + " bucket_mb: 0.015625",
                                                     stream=" stream_prefetch_layers: 2"),
@@ -108,9 +112,24 @@ def memory(sb):
     for (role, _), (peak, proc) in measured.items():
         report.append(f"{role} {peak / 2**20:.0f}/{proc['total'] / 2**20:.0f} MiB")
         assert 0.9 <= peak / proc["total"] <= 1.1, f"{role}: measured {peak}, planned {proc['total']}"
+    # Two micro-batches in one layer-major pass (untied): two slots of
+    # activations, the window as with one.
+    _, accum, _ = measure(sb, "mem_accum", M20.replace("true", "false"), train_line + " grad_accum: 2",
+                          ps + " stream_weights: true")
+    for (role, _), (peak, proc) in accum.items():
+        report.append(f"{role} (grad_accum 2, untied) {peak / 2**20:.0f}/{proc['total'] / 2**20:.0f} MiB")
+        assert 0.9 <= peak / proc["total"] <= 1.1, f"grad_accum 2: {role}: measured {peak}, planned {proc['total']}"
     worker = [p for p in plan["processes"] if p["role"] == "worker"][0]
     unstreamed = [p for p in whole["processes"] if p["role"] == "worker"][0]
     assert worker["weights"] < unstreamed["weights"] / 2, (worker, unstreamed)
+    # Accumulating micro-batches: one layer-major pass (untied) keeps no
+    # gradient whole; tied embeddings take the micro-batches in turn.
+    for tied, whole_grads in (("false", False), ("true", True)):
+        p = json.loads(sb.run("plan", sb.write("accum.textproto", f"{M20.replace('true', tied)}\ntrain {{ {train_line} "
+                                               f"grad_accum: 4 }}\ndata {{ train: \"train.bin\" }}\n"
+                                               f"cluster {{ {ps} stream_weights: true }}\n"), "--json").stdout)
+        w = [x for x in p["processes"] if x["role"] == "worker"][0]
+        assert (w["gradients"] >= unstreamed["gradients"]) == whole_grads, (tied, w, unstreamed)
     print(f"ok  ~20M streamed, FULL: measured/planned {', '.join(report)}; the worker's weights "
           f"{worker['weights'] / 2**20:.1f} MiB of {unstreamed['weights'] / 2**20:.1f}", flush=True)
 

@@ -55,29 +55,51 @@ std::vector<int32_t> Tokens(const LlamaShape& s, int micro, int salt) {
 
 struct Outcome {
   std::vector<double> losses;
+  double loss_sum = 0;
   std::vector<float> grads;       // what reached the "servers"
   std::vector<int> pushed;        // bucket indices (forward order), in push order
   int64_t peak_held_weights = 0;  // bytes
 };
 
-// Every weight at hand, gradients accumulated over the micro-batches.
-Outcome Whole(const LlamaShape& shape) {
+// Every weight at hand, gradients accumulated over the micro-batches one
+// after the other.
+Outcome Whole(const LlamaShape& shape, Recompute recompute = Recompute::kNone) {
   const ParamLayout layout(shape);
   std::vector<float> params(layout.size());
   InitParameters(layout, 5, 0.05, params.data());
-  LlamaModel<float> model(shape, B, T);
+  LlamaModel<float> model(shape, B, T, recompute);
   Outcome r;
   r.grads.assign(layout.size(), 0.0f);
+  double sum = 0;
   for (int m = 0; m < kMicro; ++m) {
     r.losses.push_back(model.Forward(params.data(), Tokens(shape, m, 0).data(), Tokens(shape, m, 5).data(), B, T));
+    sum += r.losses.back();
     model.Backward(params.data(), r.grads.data(), 1.0 / (kMicro * B * T));
   }
+  r.loss_sum = sum;
   return r;
 }
 
+// The micro-batches' tokens and targets, as a layer-major pass takes them.
+struct MicroBatches {
+  std::vector<std::vector<int32_t>> tokens, targets;
+  std::vector<const int32_t*> token_ptrs, target_ptrs;
+  explicit MicroBatches(const LlamaShape& shape) {
+    for (int m = 0; m < kMicro; ++m) {
+      tokens.push_back(Tokens(shape, m, 0));
+      targets.push_back(Tokens(shape, m, 5));
+    }
+    for (int m = 0; m < kMicro; ++m) {
+      token_ptrs.push_back(tokens[m].data());
+      target_ptrs.push_back(targets[m].data());
+    }
+  }
+};
+
 // The window's policy carried out on paged buffers: a pull copies the
 // bucket from the "servers'" weights, a push copies it to theirs.
-Outcome Streamed(const LlamaShape& shape, int64_t bucket_elements, int prefetch) {
+// `layer_major`: every micro-batch in one pass (untied embeddings).
+Outcome Streamed(const LlamaShape& shape, int64_t bucket_elements, int prefetch, bool layer_major = false) {
   const ParamLayout layout(shape);
   const ShardPlan plan = Plan(layout, bucket_elements);
   const int64_t P = layout.size();
@@ -121,9 +143,19 @@ Outcome Streamed(const LlamaShape& shape, int64_t bucket_elements, int prefetch)
       grads->Release(x.begin * sizeof(float), x.size() * sizeof(float));
     }
   };
-  LlamaModel<float> model(shape, B, T);
+  LlamaModel<float> model(shape, B, T, Recompute::kNone, layer_major ? kMicro : 1);
   apply(window.Start());
-  for (int m = 0; m < kMicro; ++m) {
+  if (layer_major) {
+    const MicroBatches mb(shape);
+    r.loss_sum = model.ForwardBackwardLayerMajor(
+        w, g, mb.token_ptrs, mb.target_ptrs, B, T, 1.0 / (kMicro * B * T),
+        [&](int64_t end) { apply(window.NeedUpTo(end)); }, [&](int64_t begin) { apply(window.NeedFrom(begin)); },
+        [&](int64_t x) {
+          apply(window.FinalFrom(x));
+          apply(window.DoneFrom(x));
+        });
+  }
+  for (int m = 0; m < kMicro && !layer_major; ++m) {
     const bool last = m == kMicro - 1;
     r.losses.push_back(model.Forward(w, Tokens(shape, m, 0).data(), Tokens(shape, m, 5).data(), B, T,
                                      [&](int64_t end) { apply(window.NeedUpTo(end)); }));
@@ -162,6 +194,41 @@ TEST(WeightWindow, StreamedTrainingEqualsWholeBitForBit) {
         EXPECT_EQ(streamed.pushed, expected);
       }
     }
+  }
+}
+
+// Untied: the same gradients bit for bit, in every recompute mode.
+TEST(LayerMajor, EqualsMicroBatchesInTurnBitForBit) {
+  for (Recompute recompute : {Recompute::kNone, Recompute::kAttention, Recompute::kFull}) {
+    const LlamaShape shape = Shape(3, /*tied=*/false);
+    const Outcome whole = Whole(shape, recompute);
+    const ParamLayout layout(shape);
+    std::vector<float> params(layout.size()), grads(layout.size(), 0.0f);
+    InitParameters(layout, 5, 0.05, params.data());
+    LlamaModel<float> model(shape, B, T, recompute, kMicro);
+    const MicroBatches mb(shape);
+    std::vector<int64_t> finals;
+    const double loss = model.ForwardBackwardLayerMajor(params.data(), grads.data(), mb.token_ptrs, mb.target_ptrs, B,
+                                                        T, 1.0 / (kMicro * B * T), nullptr, nullptr,
+                                                        [&](int64_t x) { finals.push_back(x); });
+    EXPECT_EQ(loss, whole.loss_sum);
+    EXPECT_EQ(std::memcmp(grads.data(), whole.grads.data(), grads.size() * sizeof(float)), 0)
+        << "recompute " << static_cast<int>(recompute);
+    // final_from as one Backward calls it: the head, each layer down, 0.
+    std::vector<int64_t> expected{layout.final_norm()};
+    for (int l = shape.num_layers - 1; l >= 0; --l) expected.push_back(layout.layer(l).input_norm);
+    expected.push_back(0);
+    EXPECT_EQ(finals, expected);
+  }
+}
+
+TEST(WeightWindow, LayerMajorStreamedEqualsWholeBitForBit) {
+  for (int prefetch : {0, 1}) {
+    const LlamaShape shape = Shape(4, /*tied=*/false);
+    const Outcome whole = Whole(shape);
+    const Outcome streamed = Streamed(shape, 64 * 37, prefetch, /*layer_major=*/true);
+    EXPECT_EQ(streamed.loss_sum, whole.loss_sum);
+    ASSERT_EQ(std::memcmp(streamed.grads.data(), whole.grads.data(), whole.grads.size() * sizeof(float)), 0);
   }
 }
 

@@ -61,7 +61,7 @@ StatusOr<std::unique_ptr<Model>> CreateModel(const config::JobConfig& config, in
                                              int local_rank) {
   const LlamaShape shape = LlamaShape::FromConfig(config.model());
   if (config.device().kind() == config::DeviceConfig::CPU) {
-    return NewCpuModel(shape, max_batch, max_seq_len, RecomputeFromConfig(config.train()));
+    return NewCpuModel(shape, max_batch, max_seq_len, RecomputeFromConfig(config.train()), MicroBatchSlots(config));
   }
   HERD_ASSIGN_OR_RETURN(const int device, PickDevice(local_rank));
 #if HERD_HAVE_CUDA_MODEL

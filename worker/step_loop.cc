@@ -151,6 +151,24 @@ Status StepLoop::ComputeShare(int64_t t, int share, size_t slot, bool wait_first
   strategy_.SetShare(share);
   ++shares_computed_;
   if (!streams) std::fill(p_.grads, p_.grads + P, 0.0f);  // a streaming strategy keeps them zero
+  if (streams && A > 1 && p_.model->layer_major_slots() >= A) {
+    // Every micro-batch through each unit at once: each unit pulled once
+    // a pass, and its gradients final (and pushed) as the pass leaves it.
+    std::vector<const int32_t*> tokens, targets;
+    for (int micro = 0; micro < A; ++micro) {
+      tokens.push_back(inputs_[micro].data() + rows);
+      targets.push_back(targets_[micro].data() + rows);
+    }
+    strategy_.BeginStep(p_.grads, static_cast<uint64_t>(t));
+    double loss = 0;
+    {
+      trace::Span span("forward and backward", "compute", {"step", t + 1}, {"micro_batches", A}, {"share", share});
+      loss = p_.model->ForwardBackwardLayerMajor(p_.weights, p_.grads, tokens, targets, B, T, loss_scale, wait_pulled_,
+                                                 need_from, push_ready);
+    }
+    HERD_RETURN_IF_ERROR(settle());
+    return strategy_.FinishStep(loss / A);
+  }
   double loss = 0;
   for (int micro = 0; micro < A; ++micro) {
     {
