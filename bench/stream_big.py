@@ -2,15 +2,15 @@
 trained with streamed weights (cluster.stream_weights): by default the
 TinyLlama-1.1B shape cut to 20 layers (1.01B parameters: 4 GB of fp32
 weights, 16 GB of weights and AdamW state over the servers), 2 servers and
-1 worker, batch 1 x 256 tokens, FULL recompute, 3 steps. Every process's
-measured peak RSS is reported next to `herd plan`'s figure, with the
-losses.
+1 worker, batch 1 x 256 tokens, FULL recompute, 4 steps (the learning
+rate warmed up over them). Every process's measured peak RSS is reported
+next to `herd plan`'s figure, with the losses.
 
 One JSON line per process, then one for the run:
   {"bench": "stream_big", "process": "worker 0", "peak_rss_bytes": ..., "planned_bytes": ..., "vs_plan": ...}
   {"bench": "stream_big", "parameters": ..., "weights_bytes": ..., "losses": [...], "step_s": [...]}
 
-    python3 bench/stream_big.py [--build build] [--layers 20] [--servers 2] [--steps 3] [--set path=value ...]
+    python3 bench/stream_big.py [--build build] [--layers 20] [--servers 2] [--steps 4] [--set path=value ...]
 
 Needs about 18 GB of memory. Use Debian's /usr/bin/python3.
 """
@@ -29,7 +29,7 @@ CONFIG = """
 model {{ vocab_size: 32000 hidden_size: 2048 intermediate_size: 5632 num_hidden_layers: {layers}
         num_attention_heads: 32 num_key_value_heads: 4 tie_word_embeddings: false }}
 train {{ steps: {steps} batch_size: 1 seq_len: 256 seed: 7 recompute: FULL }}
-optimizer {{ lr: 3e-4 warmup_steps: 0 }}
+optimizer {{ lr: 1e-4 warmup_steps: 4 }}
 data {{ train: "{data}" }}
 log {{ every: 1 sample_tokens: 0 metrics: "{work}/metrics.jsonl" summary_dir: "{work}/summary" }}
 cluster {{ sync: PARAMETER_SERVER servers: {servers} workers: 1 stream_weights: true }}
@@ -41,7 +41,7 @@ def main():
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--layers", type=int, default=20)
     ap.add_argument("--servers", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--set", action="append", default=[])
     a = ap.parse_args()
     herd = os.path.join(a.build, "herd")

@@ -85,6 +85,11 @@ void PrintRunHeader(const config::JobConfig& config, const ParamLayout& layout, 
     if (ps) {
       std::printf("parameter servers: %d, workers: %d, wire %s", plan->num_servers(), num_workers,
                   cluster.wire_dtype() == ClusterConfig::BF16 ? "bf16" : "fp32");
+      if (cluster.stream_weights()) {
+        std::printf(", weights streamed (%d layer%s of prefetch%s)", cluster.stream_prefetch_layers(),
+                    cluster.stream_prefetch_layers() == 1 ? "" : "s",
+                    MicroBatchSlots(config) > 1 ? ", micro-batches layer by layer" : "");
+      }
     } else {
       std::printf("all-reduce (%s) among %d workers%s", nccl ? "gradients by NCCL, the rest by UCX ring" : "UCX ring",
                   num_workers, cluster.zero_stage() == 1 ? ", ZeRO-1" : "");
