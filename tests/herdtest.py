@@ -138,6 +138,15 @@ def snapshot(root):
     return out
 
 
+def training_state(step_dir):
+    """A checkpoint step's optimizer shards and data positions, each with its
+    MD5: what a run that trains bit for bit the same must write (the
+    manifest and its timestamps aside). Asserts there are some."""
+    state = {f: h for f, h in snapshot(step_dir).items() if f.startswith(("shard_", "worker_"))}
+    assert state, f"{step_dir}: no checkpoint state"
+    return state
+
+
 @contextlib.contextmanager
 def small_tmpfs(path, size):
     """A tmpfs of `size` at `path` (a full disk on demand), or None where

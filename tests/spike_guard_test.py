@@ -58,9 +58,7 @@ def run(sb, name, mode, guard=True, stop=None):
         out = sb.run("launch", f"{name}.textproto").stdout
     rows = herdtest.metrics_rows(sb.path(name, "metrics.jsonl"))
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1)), f"{name}: steps {[r['step'] for r in rows]}"
-    # The shards and data positions (the config names this run's paths).
-    final = {f: h for f, h in herdtest.snapshot(sb.path(name, "ckpt", f"step_{STEPS:08d}")).items()
-             if f.startswith(("shard_", "worker_"))}
+    final = herdtest.training_state(sb.path(name, "ckpt", f"step_{STEPS:08d}"))
     return rows, final, out
 
 

@@ -47,9 +47,7 @@ def train(sb, name, cluster, model=None, train_extra="", optimizer=None, batch=2
     sb.write(f"{name}.textproto", config)
     sb.run("launch", f"{name}.textproto")
     rows = herdtest.metrics_rows(sb.path(name, "metrics.jsonl"))
-    final = herdtest.snapshot(sb.path(name, "ckpt", "step_00000020"))
-    state = {f: h for f, h in final.items() if f.startswith(("shard_", "worker_"))}
-    assert state, f"{name}: no checkpoint state"
+    state = herdtest.training_state(sb.path(name, "ckpt", "step_00000020"))
     return [(r["step"], r["loss"], r["grad_norm"], r.get("val_loss")) for r in rows], state
 
 
