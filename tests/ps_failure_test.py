@@ -1,6 +1,7 @@
 """Parameter-server jobs when something goes wrong, through `herd launch`:
 
-* kill -9 of a server (then of a worker) mid-training: the job stops within
+* kill -9 of a server (then of a worker, then of a server while the workers
+  stream their weights) mid-training: the job stops within
   seconds, every other process names the lost rank, the launcher exits
   with the killed process's code, and no checkpoint step without a
   manifest is left looking complete;
@@ -24,16 +25,17 @@ def children(pid, name):
     return [int(x) for x in out.split()]
 
 
-def kill_mid_run(sb, role, rank,
-                 cluster="cluster { sync: PARAMETER_SERVER servers: 2 workers: 2 heartbeat_timeout_s: 5 }"):
-    cfg = sb.write(f"kill_{role}.textproto", herdtest.tiny_config(
-        "train.bin", steps=100000, ckpt=f"kill_{role}", every=5, extra=cluster))
-    out, err = open(sb.path(f"kill_{role}.out"), "w"), open(sb.path(f"kill_{role}.err"), "w")
+def kill_mid_run(sb, role, rank, extra=""):
+    cluster = f"cluster {{ sync: PARAMETER_SERVER servers: 2 workers: 2 heartbeat_timeout_s: 5 {extra} }}"
+    name = f"kill_{role}" + ("_" + extra.split(":")[0] if extra else "")
+    cfg = sb.write(f"{name}.textproto", herdtest.tiny_config(
+        "train.bin", steps=100000, ckpt=name, every=5, extra=cluster))
+    out, err = open(sb.path(f"{name}.out"), "w"), open(sb.path(f"{name}.err"), "w")
     env = dict(os.environ, OMP_NUM_THREADS="1")
     p = subprocess.Popen([sb.herd, "launch", cfg], cwd=sb.dir, stdout=out, stderr=err, env=env)
     deadline = time.time() + 60
-    while "step     20/" not in open(sb.path(f"kill_{role}.out")).read():
-        assert p.poll() is None and time.time() < deadline, open(sb.path(f"kill_{role}.err")).read()
+    while "step     20/" not in open(sb.path(f"{name}.out")).read():
+        assert p.poll() is None and time.time() < deadline, open(sb.path(f"{name}.err")).read()
         time.sleep(0.05)
     # Children in rank order: servers then workers, each its own binary.
     pids = sorted(children(p.pid, "herd-" + role))
@@ -46,16 +48,16 @@ def kill_mid_run(sb, role, rank,
         p.kill()
         raise AssertionError(f"the job did not stop after {role} {rank} was killed")
     stopped_in = time.time() - killed_at
-    stderr = open(sb.path(f"kill_{role}.err")).read()
+    stderr = open(sb.path(f"{name}.err")).read()
     assert rc == 128 + signal.SIGKILL, (rc, stderr[-2000:])
     assert f"{role} rank {rank}" in stderr and "was lost" in stderr, stderr[-2000:]
     assert f"herd: error: {role} {rank} failed (exit code 137)" in stderr, stderr[-2000:]
     assert stopped_in < 15, f"stopping took {stopped_in:.1f} s"
     # Every step directory that has a manifest verifies; others are ignored.
-    root = sb.path(f"kill_{role}")
+    root = sb.path(name)
     for d in os.listdir(root):
         if os.path.exists(os.path.join(root, d, "manifest.json")):
-            sb.run("export", os.path.join(root, d), "--out", f"hf_{role}_{d}")
+            sb.run("export", os.path.join(root, d), "--out", f"hf_{name}_{d}")
     return stopped_in
 
 
@@ -66,6 +68,9 @@ def main():
     try:
         t_server = kill_mid_run(sb, "server", 1)
         t_worker = kill_mid_run(sb, "worker", 0)
+        # A worker streaming its weights waits on pulls and pushes all
+        # through the step: it stops as promptly.
+        t_streamed = kill_mid_run(sb, "server", 0, "stream_weights: true")
 
         # A plan nobody could follow: one line, exit 2, nothing started.
         cfg = sb.write("bad.textproto", herdtest.tiny_config(
@@ -96,7 +101,8 @@ def main():
         assert by_hand == launched and len(by_hand) == 8, (by_hand, launched)
     finally:
         subprocess.run(["pkill", "-9", "-f", sb.dir], capture_output=True)
-    print(f"ps_failure: server kill stopped the job in {t_server:.1f} s, worker kill in {t_worker:.1f} s; "
+    print(f"ps_failure: server kill stopped the job in {t_server:.1f} s, worker kill in {t_worker:.1f} s, "
+          f"server kill with streamed weights in {t_streamed:.1f} s; "
           "bad plan refused once; by-hand job = launched job")
 
 
