@@ -25,9 +25,9 @@ def children(pid, name):
     return [int(x) for x in out.split()]
 
 
-def kill_mid_run(sb, role, rank, extra=""):
-    cluster = f"cluster {{ sync: PARAMETER_SERVER servers: 2 workers: 2 heartbeat_timeout_s: 5 {extra} }}"
-    name = f"kill_{role}" + ("_" + extra.split(":")[0] if extra else "")
+def kill_mid_run(sb, role, rank,
+                 cluster="cluster { sync: PARAMETER_SERVER servers: 2 workers: 2 heartbeat_timeout_s: 5 }", tag=""):
+    name = f"kill_{role}{tag}"
     cfg = sb.write(f"{name}.textproto", herdtest.tiny_config(
         "train.bin", steps=100000, ckpt=name, every=5, extra=cluster))
     out, err = open(sb.path(f"{name}.out"), "w"), open(sb.path(f"{name}.err"), "w")
@@ -70,7 +70,8 @@ def main():
         t_worker = kill_mid_run(sb, "worker", 0)
         # A worker streaming its weights waits on pulls and pushes all
         # through the step: it stops as promptly.
-        t_streamed = kill_mid_run(sb, "server", 0, "stream_weights: true")
+        t_streamed = kill_mid_run(sb, "server", 0, "cluster { sync: PARAMETER_SERVER servers: 2 workers: 2 "
+                                  "heartbeat_timeout_s: 5 stream_weights: true }", tag="_streamed")
 
         # A plan nobody could follow: one line, exit 2, nothing started.
         cfg = sb.write("bad.textproto", herdtest.tiny_config(
