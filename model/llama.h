@@ -35,6 +35,7 @@ class LlamaModel {
   const ParamLayout& layout() const { return layout_; }
   int max_batch() const { return max_batch_; }
   int max_seq_len() const { return max_seq_len_; }
+  int slots() const { return static_cast<int>(acts_.size()); }
 
   // Forward over tokens[B, T_]. With targets, returns the mean cross-entropy
   // and keeps what Backward needs; without, returns 0 and only logits()

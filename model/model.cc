@@ -11,7 +11,7 @@ namespace {
 class CpuModel final : public Model {
  public:
   CpuModel(const LlamaShape& shape, int max_batch, int max_seq_len, Recompute recompute, int slots)
-      : model_(shape, max_batch, max_seq_len, recompute, slots), slots_(slots) {}
+      : model_(shape, max_batch, max_seq_len, recompute, slots) {}
 
   const ParamLayout& layout() const override { return model_.layout(); }
   int max_batch() const override { return model_.max_batch(); }
@@ -27,7 +27,7 @@ class CpuModel final : public Model {
     model_.Backward(params, grads, loss_scale, final_from, need_from);
   }
   const float* logits() override { return model_.logits(); }
-  int layer_major_slots() const override { return slots_; }
+  int layer_major_slots() const override { return model_.slots(); }
   double ForwardBackwardLayerMajor(const float* params, float* grads, const std::vector<const int32_t*>& tokens,
                                    const std::vector<const int32_t*>& targets, int B, int T, double loss_scale,
                                    const NeedUpTo& need, const NeedFrom& need_from,
@@ -38,7 +38,6 @@ class CpuModel final : public Model {
 
  private:
   LlamaModel<float> model_;
-  const int slots_;
 };
 
 }  // namespace

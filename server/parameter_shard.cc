@@ -317,7 +317,8 @@ void ParameterShard::OnPull(const transport::Request& pull, PullReply reply) {
     } else if (!latest && pull.tag != version && pull.tag != version + 1) {
       error = Status::FailedPrecondition(what + " asks for version " + std::to_string(pull.tag) +
                                          ", this server holds " + std::to_string(version));
-    } else if (!latest && pull.tag == version && stepping_ && (report || AppliedOver(pull.offset, pull.length, /*all=*/false))) {
+    } else if (!latest && pull.tag == version && stepping_ &&
+               (report || AppliedOver(pull.offset, pull.length, /*all=*/false))) {
       error = Status::FailedPrecondition(what + " asks for version " + std::to_string(pull.tag) +
                                          " while it is being replaced");
     } else {

@@ -81,11 +81,10 @@ StatusOr<MemoryPlan> PlanMemory(const config::JobConfig& config) {
     w.activations = host_activations;
     w.buffers = (bf16 ? P * 2 : 0) + staging;
     if (cluster.stream_weights()) {
-      // The window at its fullest, replayed through the worker's own policy;
-      // each bucket boundary may keep one shared page of weights, gradients
-      // and staging backed.
-      // One layer-major pass serves every micro-batch (MicroBatchSlots),
-      // or the gradients wait whole for the last one.
+      // The window at its fullest, replayed through the worker's own policy
+      // (gradients whole until the last micro-batch unless one layer-major
+      // pass serves them all: MicroBatchSlots); each bucket boundary may
+      // keep one shared page of weights, gradients and staging backed.
       const StreamedPeak peak = ReplayStreamedStep(shards, layout, cluster.stream_prefetch_layers(), wire,
                                                    train.grad_accum() > MicroBatchSlots(config));
       w.weights = peak.weights;

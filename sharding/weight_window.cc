@@ -15,7 +15,6 @@ WeightWindow::WeightWindow(const ShardPlan& plan, const ParamLayout& layout, int
   units_.push_back(layout.size());
   units_.erase(std::unique(units_.begin(), units_.end()), units_.end());
   if (layout.lm_head() == layout.embed()) kept_end_ = s.num_layers > 0 ? layout.layer(0).input_norm : layout.final_norm();
-  held_.assign(buckets_.size(), false);
   next_push_ = num_buckets() - 1;
   backward_begin_ = layout.size();
 }
@@ -37,22 +36,17 @@ void WeightWindow::Hold(int64_t lo, int64_t hi, bool wait, Actions& a) {
                            buckets_.begin());
   for (i = std::max(i - 1, 0); i < num_buckets() && buckets_[i].range.begin < hi; ++i) {
     if (buckets_[i].range.end <= lo) continue;
-    if (!held_[i]) {
-      held_[i] = true;
-      held_list_.insert(i);
-      a.pull.push_back(i);
-    }
+    if (held_.insert(i).second) a.pull.push_back(i);
     if (wait) a.wait.push_back(i);
   }
 }
 
 template <typename Pred>
 void WeightWindow::ReleaseIf(Pred pred, Actions& a) {
-  for (auto it = held_list_.begin(); it != held_list_.end();) {
+  for (auto it = held_.begin(); it != held_.end();) {
     if (pred(*it)) {
-      held_[*it] = false;
       a.release.push_back(*it);
-      it = held_list_.erase(it);
+      it = held_.erase(it);
     } else {
       ++it;
     }

@@ -50,7 +50,7 @@ class WeightWindow {
 
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
   const Bucket& bucket(int i) const { return buckets_[i]; }
-  bool held(int i) const { return held_[i]; }
+  bool held(int i) const { return held_.count(i) > 0; }
 
   // A new version's first units, pulled before a forward asks for them.
   Actions Start();
@@ -79,8 +79,7 @@ class WeightWindow {
   std::vector<int64_t> units_;    // unit boundaries, ascending: 0, layer begins, final norm, size
   const int prefetch_;
   int64_t kept_end_ = 0;          // tied: the embedding's end; else 0
-  std::vector<bool> held_;        // weights pulled or present, by bucket
-  std::set<int> held_list_;       // the same, as a list
+  std::set<int> held_;            // buckets whose weights are pulled or present
   int next_push_ = 0;             // the next bucket whose gradients go (descending; -1: all went)
   std::deque<int> in_flight_;     // pushed and not yet retired, in push order
   int64_t forward_end_ = 0;       // the current forward pass's last end

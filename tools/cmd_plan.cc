@@ -164,13 +164,13 @@ config::JobConfig WithShape(const config::JobConfig& job, const StandardShape& s
 Status PrintFrontier(const config::JobConfig& job, int64_t mem, int64_t gpu_mem, bool json) {
   const int64_t host = mem > 0 ? mem : INT64_MAX;
   const auto& train = job.train();
+  const bool gpu = job.device().kind() == config::DeviceConfig::CUDA;
   if (!json) {
     std::string budget = mem > 0 ? FormatBytes(mem) + " per process" : "";
     if (gpu_mem > 0) budget += (budget.empty() ? "" : " and ") + FormatBytes(gpu_mem) + " per GPU";
     std::printf("what fits within %s: %d workers (PS: %d servers), batch %d x %d tokens, %s workers\n",
                 budget.c_str(), std::max(1, job.cluster().workers()), std::max(1, job.cluster().servers()),
-                train.batch_size(), train.seq_len(),
-                job.device().kind() == config::DeviceConfig::CUDA ? "GPU" : "CPU");
+                train.batch_size(), train.seq_len(), gpu ? "GPU" : "CPU");
     std::printf("(each shape: fits or not, and the %s)\n",
                 gpu_mem > 0 ? "device memory of a GPU worker" : "memory of the largest process");
     std::printf("%-27s %-26s", "mode", ("deepest at d" + std::to_string(job.model().hidden_size())).c_str());
@@ -180,7 +180,6 @@ Status PrintFrontier(const config::JobConfig& job, int64_t mem, int64_t gpu_mem,
     std::printf("{\"mem\": %lld, \"gpu_mem\": %lld, \"frontier\": [", static_cast<long long>(mem),
                 static_cast<long long>(gpu_mem));
   }
-  const bool gpu = job.device().kind() == config::DeviceConfig::CUDA;
   bool first = true;
   for (size_t i = 0; i < std::size(kModes); ++i) {
     if (kModes[i].stream && gpu) {

@@ -30,14 +30,13 @@ class ParameterServerSync : public SyncStrategy {
         share_(o.rank),
         paged_weights_(o.streamed_weights),
         paged_grads_(o.streamed_grads) {
-    const int64_t P = plan_.shard(plan_.num_servers() - 1).end;
     if (streams_weights()) {
       window_.emplace(plan_, *o.layout, o.prefetch_layers);
       pulls_of_.resize(window_->num_buckets());
       pushes_of_.resize(window_->num_buckets());
       landed_.assign(window_->num_buckets(), true);
     } else if (bf16_) {
-      wire_.resize(P);
+      wire_.resize(plan_.shard(plan_.num_servers() - 1).end);
       // Elastic: a worker redoing a lost one's share pushes while the
       // weights it waits for may be landing; they must not share a buffer.
       if (o.elastic) push_wire_.resize(wire_.size());
@@ -88,14 +87,7 @@ class ParameterServerSync : public SyncStrategy {
     const auto& buckets = plan_.buckets();
     while (next_bucket_ < buckets.size() && buckets[next_bucket_].range.begin >= offset) {
       const Bucket& b = buckets[next_bucket_++];
-      const void* data = grads_ + b.range.begin;
-      if (bf16_) {
-        FloatsToBf16(grads_ + b.range.begin, push_wire() + b.range.begin, b.range.size());
-        data = push_wire() + b.range.begin;
-      }
-      push_tickets_.push_back(client_->Push(first_server_ + b.server, transport::RequestKind::kGradients,
-                                            ByteOffset(b), data, b.range.size() * wire_bytes_,
-                                            transport::PushTag(step_, share_)));
+      push_tickets_.push_back(PushBucket(b));
       // bf16: the pull lands where the push left from; its answer needs
       // every worker's push of this bucket, ours included, to have landed.
       if (stream_) {
@@ -225,7 +217,7 @@ class ParameterServerSync : public SyncStrategy {
       ++next_pull_;
       if (!st->ok() && pull_status_.ok()) pull_status_ = *st;
       if (bf16_ && st->ok()) {
-        Bf16ToFloats(pull_wire() + bucket->range.begin, weights_ + bucket->range.begin, bucket->range.size());
+        Unstage(*bucket);
       }
     }
     return true;
@@ -245,16 +237,7 @@ class ParameterServerSync : public SyncStrategy {
       landed_[i] = false;
     }
     for (int i : a.wait) Land(i);
-    for (int i : a.push) {
-      const Bucket& b = window_->bucket(i);
-      const void* data = grads_ + b.range.begin;
-      if (bf16_) {
-        FloatsToBf16(grads_ + b.range.begin, push_wire() + b.range.begin, b.range.size());
-        data = push_wire() + b.range.begin;
-      }
-      pushes_of_[i] = client_->Push(first_server_ + b.server, transport::RequestKind::kGradients, ByteOffset(b), data,
-                                    b.range.size() * wire_bytes_, transport::PushTag(step_, share_));
-    }
+    for (int i : a.push) pushes_of_[i] = PushBucket(window_->bucket(i));
     for (int i : a.retire) {
       const Bucket& b = window_->bucket(i);
       trace::Span span("wait for push", "wait", {"bucket", i});
@@ -274,8 +257,24 @@ class ParameterServerSync : public SyncStrategy {
     const std::optional<Status> st = Wait(pulls_of_[i], nullptr);
     if (!st->ok() && pull_status_.ok()) pull_status_ = *st;
     if (!bf16_) return;
-    if (st->ok()) Bf16ToFloats(pull_wire() + b.range.begin, weights_ + b.range.begin, b.range.size());
+    if (st->ok()) Unstage(b);
     paged_wire_.Release(b.range.begin * sizeof(uint16_t), b.range.size() * sizeof(uint16_t));
+  }
+
+  // Bucket b's gradients of the step to its server (through the bf16
+  // staging buffer with bf16 on the wire).
+  transport::PushPullClient::Ticket PushBucket(const Bucket& b) {
+    const void* data = grads_ + b.range.begin;
+    if (bf16_) {
+      FloatsToBf16(grads_ + b.range.begin, push_wire() + b.range.begin, b.range.size());
+      data = push_wire() + b.range.begin;
+    }
+    return client_->Push(first_server_ + b.server, transport::RequestKind::kGradients, ByteOffset(b), data,
+                         b.range.size() * wire_bytes_, transport::PushTag(step_, share_));
+  }
+  // bf16: bucket b's pulled weights from the staging buffer into the weights.
+  void Unstage(const Bucket& b) {
+    Bf16ToFloats(pull_wire() + b.range.begin, weights_ + b.range.begin, b.range.size());
   }
 
   transport::PushPullClient::Ticket PullBucket(const Bucket& b, uint64_t version) {
