@@ -305,8 +305,6 @@ std::vector<Violation> CheckValues(const JobConfig& c) {
   if (cl.stream_weights()) {
     need(cl.sync() == config::ClusterConfig::PARAMETER_SERVER, "cluster.stream_weights",
          "streamed weights need sync PARAMETER_SERVER (the servers are where the weights stream from)");
-    need(c.device().kind() == config::DeviceConfig::CPU, "cluster.stream_weights",
-         "is not supported yet for CUDA workers (device.kind CUDA); CPU workers only");
     need(!cl.elastic(), "cluster.stream_weights", "is not supported together with cluster.elastic yet");
   }
   return v;

@@ -19,10 +19,12 @@ Status WriteRunSummary(const std::string& dir, const RunSummary& s) {
   char json[512];
   std::snprintf(json, sizeof json,
                 "{\"role\": \"%s\", \"rank\": %d, \"steps\": %lld, \"peak_rss_bytes\": %lld, \"plan_bytes\": %lld, "
-                "\"bytes_sent_per_step\": %.17g, \"shares_computed\": %lld, \"pushes_dropped\": %lld}\n",
+                "\"bytes_sent_per_step\": %.17g, \"shares_computed\": %lld, \"pushes_dropped\": %lld, "
+                "\"device_peak_bytes\": %lld, \"device_plan_bytes\": %lld}\n",
                 s.role.c_str(), s.rank, static_cast<long long>(s.steps), static_cast<long long>(s.peak_rss_bytes),
                 static_cast<long long>(s.plan_bytes), s.bytes_sent_per_step, static_cast<long long>(s.shares_computed),
-                static_cast<long long>(s.pushes_dropped));
+                static_cast<long long>(s.pushes_dropped), static_cast<long long>(s.device_peak_bytes),
+                static_cast<long long>(s.device_plan_bytes));
   return WriteFileAtomic(JoinPath(dir, name), json).WithContext("log.summary_dir: ");
 }
 
@@ -35,6 +37,10 @@ Status ReportRunSummary(const RunSummary& run, uint64_t bytes_sent, const std::s
   const std::string& role = s.role;
   std::printf("peak memory: %s (herd plan: %s)", FormatBytes(s.peak_rss_bytes).c_str(),
               FormatBytes(s.plan_bytes).c_str());
+  if (s.device_plan_bytes > 0) {
+    std::printf("; device %s (herd plan: %s)", FormatBytes(s.device_peak_bytes).c_str(),
+                FormatBytes(s.device_plan_bytes).c_str());
+  }
   if (role == "worker") std::printf("; sent %.2f MiB per step", s.bytes_sent_per_step / (1 << 20));
   std::printf("\n");
   std::fflush(stdout);

@@ -18,6 +18,10 @@ struct RunSummary {
   int64_t steps = 0;                 // steps this run took
   int64_t peak_rss_bytes = 0;        // PeakRssBytes() at the end
   int64_t plan_bytes = 0;            // what `herd plan` predicted for it
+  // A GPU worker's device memory: the most its model held at once
+  // (Model::DevicePeakBytes) and what `herd plan` predicted; 0 on CPUs.
+  int64_t device_peak_bytes = 0;
+  int64_t device_plan_bytes = 0;
   double bytes_sent_per_step = 0;    // over the data plane
   // An elastic job's (cluster.elastic): a worker's shares of the global
   // batch computed, its own and those it took over; a server's pushes

@@ -35,6 +35,9 @@ class Model {
   // The device's peak for the dtype it computes in, TFLOP/s
   // (model/peak_flops.h); 0 when unknown, as for CPUs.
   virtual double PeakTflops() const { return 0; }
+  // The most device memory the model has held at once since it was made
+  // (its buffers and what it allocated since); 0 for the CPU model.
+  virtual int64_t DevicePeakBytes() const { return 0; }
 
   // LlamaModel::Forward's contract: the mean cross-entropy with targets
   // (0 without); need(end) before parameters below `end` are read.

@@ -58,6 +58,15 @@ void InitTensor(const TensorSpec& tensor, uint64_t seed, double std, float* data
   for (int64_t i = 0; i < tensor.numel; ++i) data[i] = static_cast<float>(std * rng.Normal());
 }
 
+std::vector<int64_t> ParamLayout::UnitBoundaries() const {
+  std::vector<int64_t> units{0};
+  for (const LayerOffsets& l : layers_) units.push_back(l.input_norm);
+  units.push_back(final_norm_);
+  units.push_back(size_);
+  units.erase(std::unique(units.begin(), units.end()), units.end());
+  return units;
+}
+
 void InitParameters(const ParamLayout& layout, uint64_t seed, double std, float* params) {
   InitParameterRange(layout, seed, std, 0, layout.size(), params);
 }

@@ -54,6 +54,11 @@ class ParamLayout {
   int64_t final_norm() const { return final_norm_; }
   // Equals embed() when the embeddings are tied.
   int64_t lm_head() const { return lm_head_; }
+  // The offsets that cut the space into the units a pass moves through,
+  // ascending: 0 (the embedding), each layer's begin, the final norm's
+  // (the final norm with the head, or the final norm alone when tied),
+  // size(). Unit i is [units[i], units[i + 1]).
+  std::vector<int64_t> UnitBoundaries() const;
 
  private:
   int64_t Add(std::string name, std::vector<int64_t> shape);

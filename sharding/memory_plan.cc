@@ -43,12 +43,19 @@ StatusOr<MemoryPlan> PlanMemory(const config::JobConfig& config) {
   // A CUDA worker: activations on the GPU, a page-locked gradient staging
   // buffer on the host.
   const bool gpu = config.device().kind() == config::DeviceConfig::CUDA;
-  const int64_t gpu_bytes = gpu ? cuda::GpuWorkerDeviceBytes(shape, train.batch_size(), train.seq_len(),
-                                                             config.device().dtype() == config::DeviceConfig::BF16,
-                                                             RecomputeFromConfig(train))
-                                : 0;
+  const bool gpu_bf16 = config.device().dtype() == config::DeviceConfig::BF16;
+  const bool streamed = cluster.stream_weights();
+  int64_t gpu_bytes = 0;
+  if (gpu && streamed) {
+    gpu_bytes = cuda::StreamedGpuWorkerDeviceBytes(shape, train.batch_size(), train.seq_len(), gpu_bf16,
+                                                   RecomputeFromConfig(train), train.grad_accum() > 1);
+  } else if (gpu) {
+    gpu_bytes = cuda::GpuWorkerDeviceBytes(shape, train.batch_size(), train.seq_len(), gpu_bf16,
+                                           RecomputeFromConfig(train));
+  }
   const int64_t host_activations = gpu ? 0 : activations;
-  const int64_t staging = gpu ? P * f32 : 0;
+  // Streamed, the page-locked staging is a ring each way.
+  const int64_t staging = !gpu ? 0 : streamed ? 2 * cuda::kStagingSlots * cuda::kStagingSlotFloats * f32 : P * f32;
 
   if (cluster.sync() == config::ClusterConfig::PARAMETER_SERVER) {
     HERD_ASSIGN_OR_RETURN(ShardPlan shards, ShardPlan::Create(layout, ShardPlanOptions::FromConfig(cluster)));
@@ -80,16 +87,20 @@ StatusOr<MemoryPlan> PlanMemory(const config::JobConfig& config) {
     w.gradients = P * f32;
     w.activations = host_activations;
     w.buffers = (bf16 ? P * 2 : 0) + staging;
-    if (cluster.stream_weights()) {
+    if (streamed) {
       // The window at its fullest, replayed through the worker's own policy
-      // (gradients whole until the last micro-batch unless one layer-major
-      // pass serves them all: MicroBatchSlots); each bucket boundary may
-      // keep one shared page of weights, gradients and staging backed.
-      const StreamedPeak peak = ReplayStreamedStep(shards, layout, cluster.stream_prefetch_layers(), wire,
-                                                   train.grad_accum() > MicroBatchSlots(config));
+      // (on a CPU, gradients whole until the last micro-batch unless one
+      // layer-major pass serves them all: MicroBatchSlots; a GPU keeps the
+      // micro-batches' sum itself and declares each unit final one unit
+      // late); each bucket boundary may keep one shared page of weights,
+      // gradients and staging backed.
+      const StreamedPeak peak =
+          ReplayStreamedStep(shards, layout, cluster.stream_prefetch_layers(), wire,
+                             !gpu && train.grad_accum() > MicroBatchSlots(config), /*final_lag=*/gpu ? 1 : 0);
       w.weights = peak.weights;
       w.gradients = peak.gradients;
-      w.buffers = peak.staging + static_cast<int64_t>(shards.buckets().size() + 1) * (bf16 ? 3 : 2) * kPageBytes;
+      w.buffers = peak.staging + staging +
+                  static_cast<int64_t>(shards.buckets().size() + 1) * (bf16 ? 3 : 2) * kPageBytes;
     }
     w.device = gpu_bytes;
     w.runtime = kRuntimeBytes;

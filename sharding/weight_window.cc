@@ -7,13 +7,10 @@
 namespace herd {
 
 WeightWindow::WeightWindow(const ShardPlan& plan, const ParamLayout& layout, int prefetch)
-    : buckets_(plan.buckets().rbegin(), plan.buckets().rend()), prefetch_(std::max(prefetch, 0)) {
+    : buckets_(plan.buckets().rbegin(), plan.buckets().rend()),
+      units_(layout.UnitBoundaries()),
+      prefetch_(std::max(prefetch, 0)) {
   const LlamaShape& s = layout.shape();
-  units_.push_back(0);
-  for (int l = 0; l < s.num_layers; ++l) units_.push_back(layout.layer(l).input_norm);
-  units_.push_back(layout.final_norm());
-  units_.push_back(layout.size());
-  units_.erase(std::unique(units_.begin(), units_.end()), units_.end());
   if (layout.lm_head() == layout.embed()) kept_end_ = s.num_layers > 0 ? layout.layer(0).input_norm : layout.final_norm();
   next_push_ = num_buckets() - 1;
   backward_begin_ = layout.size();
@@ -123,7 +120,7 @@ WeightWindow::Actions WeightWindow::RetireAll() {
 }
 
 StreamedPeak ReplayStreamedStep(const ShardPlan& plan, const ParamLayout& layout, int prefetch, int wire_bytes,
-                                bool accumulates) {
+                                bool accumulates, int final_lag) {
   WeightWindow w(plan, layout, prefetch);
   const int64_t f32 = sizeof(float);
   const int64_t staged_bytes = wire_bytes == sizeof(float) ? 0 : wire_bytes;  // fp32 lands in place
@@ -173,18 +170,27 @@ StreamedPeak ReplayStreamedStep(const ShardPlan& plan, const ParamLayout& layout
     apply(w.NeedUpTo(l + 1 < s.num_layers ? layout.layer(l + 1).input_norm : layout.final_norm()));
   }
   apply(w.NeedUpTo(layout.size()));
+  // Units computed and not yet final, newest last: their [begin, end).
+  std::deque<std::pair<int64_t, int64_t>> computed;
+  auto finalize = [&] {
+    const auto [begin, end] = computed.front();
+    computed.pop_front();
+    written(begin, end);
+    if (layout.lm_head() == layout.embed() && end == layout.size()) written(0, embed_end);  // tied head
+    apply(w.FinalFrom(begin));
+    apply(w.DoneFrom(begin));
+  };
   int64_t above = layout.size();
   auto backward_unit = [&](int64_t begin, bool reads_weights) {
     if (reads_weights) apply(w.NeedFrom(begin));
-    written(begin, above);
-    if (layout.lm_head() == layout.embed() && above == layout.size()) written(0, embed_end);  // tied head
-    apply(w.FinalFrom(begin));
-    apply(w.DoneFrom(begin));
+    computed.emplace_back(begin, above);
     above = begin;
+    while (static_cast<int>(computed.size()) > final_lag) finalize();
   };
   backward_unit(layout.final_norm(), true);
   for (int l = s.num_layers - 1; l >= 0; --l) backward_unit(layout.layer(l).input_norm, true);
   backward_unit(0, false);
+  while (!computed.empty()) finalize();
   apply(w.RetireAll());
   return peak;
 }

@@ -90,12 +90,15 @@ class WeightWindow {
 // from replaying the model's hooks through a WeightWindow: fp32 weights
 // and gradients, and bf16 staging for pulls and pushes in flight
 // (wire_bytes 2). With `accumulates` (grad_accum > 1) gradients are kept
-// whole until the last micro-batch pushes them.
+// whole until the last micro-batch pushes them. `final_lag` units: how
+// many units later than their need_from the model declares a unit's
+// gradients final (0: the CPU model, at once; 1: a GPU model, which ships
+// a unit's gradients while it computes the next, model/cuda/streamed_model.h).
 struct StreamedPeak {
   int64_t weights = 0, gradients = 0, staging = 0;
   int64_t total() const { return weights + gradients + staging; }
 };
 StreamedPeak ReplayStreamedStep(const ShardPlan& plan, const ParamLayout& layout, int prefetch, int wire_bytes,
-                                bool accumulates);
+                                bool accumulates, int final_lag = 0);
 
 }  // namespace herd

@@ -102,7 +102,7 @@ struct Mode {
   config::ClusterConfig::Sync sync;
   int zero_stage;
   config::TrainConfig::Recompute recompute;
-  bool stream;  // cluster.stream_weights: CPU workers only
+  bool stream;  // cluster.stream_weights
 };
 constexpr Mode kModes[] = {
     {"DDP", config::ClusterConfig::ALLREDUCE, 0, config::TrainConfig::NONE, false},
@@ -182,10 +182,6 @@ Status PrintFrontier(const config::JobConfig& job, int64_t mem, int64_t gpu_mem,
   }
   bool first = true;
   for (size_t i = 0; i < std::size(kModes); ++i) {
-    if (kModes[i].stream && gpu) {
-      if (!json) std::printf("%-27s not yet for GPU workers (CPU workers only)\n", kModes[i].name);
-      continue;
-    }
     const config::JobConfig c = InMode(job, kModes[i]);
     int layers = 0;
     int64_t parameters = 0;

@@ -5,6 +5,7 @@
 
 #if HERD_HAVE_CUDA_MODEL
 #include "model/cuda/staged_model.h"
+#include "model/cuda/streamed_model.h"
 #endif
 
 namespace herd {
@@ -65,8 +66,12 @@ StatusOr<std::unique_ptr<Model>> CreateModel(const config::JobConfig& config, in
   }
   HERD_ASSIGN_OR_RETURN(const int device, PickDevice(local_rank));
 #if HERD_HAVE_CUDA_MODEL
-  return cuda::NewStagedCudaModel(shape, max_batch, max_seq_len, config.device().dtype() == config::DeviceConfig::BF16,
-                                  device, RecomputeFromConfig(config.train()));
+  const bool bf16 = config.device().dtype() == config::DeviceConfig::BF16;
+  if (config.cluster().stream_weights()) {
+    return cuda::NewStreamedCudaModel(shape, max_batch, max_seq_len, bf16, device, RecomputeFromConfig(config.train()),
+                                      config.train().grad_accum() > 1);
+  }
+  return cuda::NewStagedCudaModel(shape, max_batch, max_seq_len, bf16, device, RecomputeFromConfig(config.train()));
 #else
   (void)device;
   return std::unique_ptr<Model>();  // not reached: PickDevice refused

@@ -303,6 +303,8 @@ Status RunWorker(const config::JobConfig& config, const TrainOptions& options, c
     run.rank = rank;
     run.steps = loop.last_step() - start;
     run.plan_bytes = memory->processes.back().total();
+    run.device_plan_bytes = memory->processes.back().device;
+    run.device_peak_bytes = w.model ? w.model->DevicePeakBytes() : 0;
     run.shares_computed = loop.shares_computed();
     HERD_RETURN_IF_ERROR(ReportRunSummary(run, rt.transport().stats().bytes_sent, config.log().summary_dir()));
   }

@@ -1,5 +1,8 @@
 #include "model/cuda/device_memory.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "model/param_layout.h"
 
 namespace herd::cuda {
@@ -45,6 +48,25 @@ int64_t CudaActivationBytes(const LlamaShape& shape, int max_batch, int max_seq_
 int64_t GpuWorkerDeviceBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16, Recompute recompute) {
   const int64_t P = ParamLayout(shape).size();
   return CudaActivationBytes(shape, max_batch, max_seq_len, bf16, recompute) + P * ((bf16 ? 2 : 4) + 4 + (bf16 ? 4 : 0)) +
+         kCublasWorkspaceBytes;
+}
+
+int64_t StreamedGpuWorkerDeviceBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16,
+                                     Recompute recompute, bool accumulates) {
+  const ParamLayout layout(shape);
+  const std::vector<int64_t> units = layout.UnitBoundaries();
+  const bool tied = layout.lm_head() == layout.embed();
+  int64_t pair = 0;  // the largest two consecutive units, the tied embedding aside
+  for (size_t u = 0; u + 1 < units.size(); ++u) {
+    const int64_t here = tied && u == 0 ? 0 : units[u + 1] - units[u];
+    const int64_t next = u + 2 < units.size() ? units[u + 2] - units[u + 1] : 0;
+    pair = std::max(pair, here + next);
+  }
+  const int64_t kept = tied ? units[1] : 0;
+  const int64_t weights = (pair + kept) * (bf16 ? 2 : 4);
+  const int64_t grads = accumulates ? layout.size() * 4 : (pair + kept) * 4;
+  const int64_t landing = bf16 ? kStagingSlots * kStagingSlotFloats * 4 : 0;
+  return CudaActivationBytes(shape, max_batch, max_seq_len, bf16, recompute) + weights + grads + landing +
          kCublasWorkspaceBytes;
 }
 

@@ -47,6 +47,22 @@ int64_t CudaActivationBytes(const LlamaShape& shape, int max_batch, int max_seq_
 int64_t GpuWorkerDeviceBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16,
                              Recompute recompute = Recompute::kNone);
 
+// A streaming GPU worker's staging (model/cuda/streamed_model.h): a ring of
+// page-locked host slots each way, and in bf16 mode device slots where the
+// fp32 weights land before they are converted.
+inline constexpr int kStagingSlots = 4;
+inline constexpr int64_t kStagingSlotFloats = int64_t{1} << 20;  // 4 MiB a slot
+
+// What a streaming GPU worker's model holds on the device at its peak:
+// activations, cuBLASLt's workspace, the landing slots, the weights of two
+// consecutive units (one computed, the next arriving) in the compute dtype
+// and their fp32 gradients (one being shipped out, the next computed), plus
+// the tied embedding's weights and gradients, held the whole step. With
+// `accumulates` (grad_accum > 1) every unit's gradients stay until the
+// step's last micro-batch ships them.
+int64_t StreamedGpuWorkerDeviceBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16,
+                                     Recompute recompute, bool accumulates);
+
 // Everything the single-process GPU trainer (worker/cuda/device_trainer.h)
 // holds on the device: activations, fp32 master weights, gradients and
 // AdamW m and v, the bf16 compute copy, the norm's partial sums, cuBLASLt's

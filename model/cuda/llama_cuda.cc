@@ -165,7 +165,7 @@ void CudaLlamaModel<T>::LogitsToHost(std::vector<float>* out) const {
 }
 
 template <typename T>
-double CudaLlamaModel<T>::Forward(const T* params, const int32_t* host_tokens, const int32_t* host_targets, int B,
+double CudaLlamaModel<T>::Forward(UnitSpace<const T> params, const int32_t* host_tokens, const int32_t* host_targets, int B,
                                   int T_, const NeedUpTo& need) {
   Buffers& b = *b_;
   const LlamaShape& s = layout_.shape();
@@ -213,7 +213,7 @@ double CudaLlamaModel<T>::Forward(const T* params, const int32_t* host_tokens, c
 }
 
 template <typename T>
-void CudaLlamaModel<T>::LayerForward(const T* params, int l, bool to_output) {
+void CudaLlamaModel<T>::LayerForward(UnitSpace<const T> params, int l, bool to_output) {
   Buffers& b = *b_;
   const LlamaShape& s = layout_.shape();
   const int B = b.B, T_ = b.Tcur;
@@ -240,7 +240,8 @@ void CudaLlamaModel<T>::LayerForward(const T* params, int l, bool to_output) {
 }
 
 template <typename T>
-void CudaLlamaModel<T>::Backward(const T* params, float* grads, double loss_scale, const FinalFrom& final_from) {
+void CudaLlamaModel<T>::Backward(UnitSpace<const T> params, UnitSpace<float> grads, double loss_scale,
+                                 const FinalFrom& final_from, const NeedFrom& need_from) {
   Buffers& b = *b_;
   const LlamaShape& s = layout_.shape();
   CHECK(b.has_targets) << "CudaLlamaModel::Backward needs a Forward with targets first";
@@ -251,6 +252,7 @@ void CudaLlamaModel<T>::Backward(const T* params, float* grads, double loss_scal
   Matmul& mm = b.matmul;
 
   // Loss -> logits (in place) -> lm_head -> final norm.
+  if (need_from) need_from(layout_.final_norm());
   CrossEntropyBackward(b.logits, b.ce_lse, b.targets, N, b.V, static_cast<float>(loss_scale), st);
   mm.BackwardInput(b.dln, b.logits, params + layout_.lm_head(), N, d, b.V, false, st);
   mm.BackwardWeight(grads + layout_.lm_head(), b.logits, b.lnf, N, d, b.V, st);
@@ -263,6 +265,7 @@ void CudaLlamaModel<T>::Backward(const T* params, float* grads, double loss_scal
   for (int l = s.num_layers - 1; l >= 0; --l) {
     const LayerOffsets& w = layout_.layer(l);
     const auto a = b.layer(l);
+    if (need_from) need_from(w.input_norm);
     if (b.one_layer) LayerForward(params, l, /*to_output=*/false);  // Recompute::kFull
     // MLP branch: dres is d(layer output) = d(mid) through the skip.
     mm.BackwardInput(b.dact, b.dres, params + w.down_proj, N, f, d, false, st);

@@ -2,9 +2,10 @@
 // over the flat parameter space, with every activation in a named device
 // buffer and the kernels of model/cuda/kernels.h.
 //
-// Parameters are a device buffer of the compute dtype T (float for parity
-// with the CPU, __nv_bfloat16 by default on GPUs); gradients are a device
-// fp32 buffer of the same layout, accumulated (+=) like the CPU model's.
+// Parameters are a flat device space of the compute dtype T (float for
+// parity with the CPU, __nv_bfloat16 by default on GPUs); gradients are a
+// flat device fp32 space of the same layout, accumulated (+=) like the CPU
+// model's. Either may be one buffer or held unit by unit (unit_space.h).
 // Token ids arrive from the host. Everything runs in order on the model's
 // stream; Forward returns after the losses are on the host.
 #pragma once
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "model/cuda/device_compat.h"
+#include "model/cuda/unit_space.h"
 #include "model/llama_config.h"
 #include "model/param_layout.h"
 
@@ -49,15 +51,21 @@ class CudaLlamaModel {
   // below flat offset `end` is enqueued: the caller makes them present in
   // stream order (e.g. enqueues their copy onto this stream).
   using NeedUpTo = std::function<void(int64_t end)>;
-  double Forward(const T* params, const int32_t* host_tokens, const int32_t* host_targets, int B, int T_,
+  double Forward(UnitSpace<const T> params, const int32_t* host_tokens, const int32_t* host_targets, int B, int T_,
                  const NeedUpTo& need = nullptr);
 
   // grads += d(loss_scale * sum of per-token losses)/d(params) for the last
   // Forward with targets. `final_from(x)` is called once the kernels that
   // finish every gradient at offset >= x are enqueued: work enqueued on the
-  // stream after the call sees them final.
+  // stream after the call sees them final. `need_from(x)` is called before
+  // the first kernel of the unit (ParamLayout::UnitBoundaries) at x is
+  // enqueued, for every unit whose backward reads parameters: the head's,
+  // each layer's. The embedding's reads none; its kernels follow the
+  // lowest layer's final_from.
   using FinalFrom = std::function<void(int64_t offset)>;
-  void Backward(const T* params, float* grads, double loss_scale, const FinalFrom& final_from = nullptr);
+  using NeedFrom = std::function<void(int64_t begin)>;
+  void Backward(UnitSpace<const T> params, UnitSpace<float> grads, double loss_scale,
+                const FinalFrom& final_from = nullptr, const NeedFrom& need_from = nullptr);
 
   // Device [B*T_, vocab] logits of the last Forward (overwritten by Backward).
   const T* logits() const;
@@ -68,7 +76,7 @@ class CudaLlamaModel {
   struct Buffers;
   // Layer l's forward from its input into the layer's buffers; `to_output`:
   // through its last product into the next layer's input.
-  void LayerForward(const T* params, int l, bool to_output);
+  void LayerForward(UnitSpace<const T> params, int l, bool to_output);
 
   ParamLayout layout_;
   int max_batch_, max_seq_len_;

@@ -24,6 +24,12 @@ int DeviceCount() {
   return count;
 }
 
+int64_t UsedDeviceBytes() {
+  size_t free_bytes = 0, total_bytes = 0;
+  HERD_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return static_cast<int64_t>(total_bytes - free_bytes);
+}
+
 int64_t DeviceFreeBytes(int device) {
   size_t free_bytes = 0, total_bytes = 0;
   HERD_CUDA_CHECK(cudaSetDevice(device));
@@ -69,6 +75,9 @@ class StagedCudaModel final : public StagedCudaModelBase {
   int max_seq_len() const override { return max_seq_len_; }
   std::string Describe() const override { return name_; }
   double PeakTflops() const override { return DatasheetPeakTflops(name_, !std::is_same_v<T, float>); }
+  // Everything is allocated when the model is made.
+  int64_t DevicePeakBytes() const override { return allocated_; }
+  void set_allocated(int64_t bytes) { allocated_ = bytes; }
 
   double Forward(const float* params, const int32_t* tokens, const int32_t* targets, int B, int T_,
                  const NeedUpTo& need) override {
@@ -191,6 +200,7 @@ class StagedCudaModel final : public StagedCudaModelBase {
   GradientReducer reducer_;
   bool device_grads_pending_ = false, upload_due_ = true;
   const float* uploaded_from_ = nullptr;
+  int64_t allocated_ = 0;
 };
 
 }  // namespace
@@ -235,12 +245,15 @@ StatusOr<std::unique_ptr<Model>> NewStagedCudaModel(const LlamaShape& shape, int
   HERD_ASSIGN_OR_RETURN(
       const std::string name,
       PrepareDevice(shape, device, bf16, GpuWorkerDeviceBytes(shape, max_batch, max_seq_len, bf16, recompute)));
-  std::unique_ptr<Model> model;
-  if (bf16)
-    model = std::make_unique<StagedCudaModel<__nv_bfloat16>>(shape, max_batch, max_seq_len, device, name, recompute);
-  else
-    model = std::make_unique<StagedCudaModel<float>>(shape, max_batch, max_seq_len, device, name, recompute);
-  return model;
+  const int64_t before = UsedDeviceBytes();
+  if (bf16) {
+    auto model = std::make_unique<StagedCudaModel<__nv_bfloat16>>(shape, max_batch, max_seq_len, device, name, recompute);
+    model->set_allocated(UsedDeviceBytes() - before);
+    return std::unique_ptr<Model>(std::move(model));
+  }
+  auto model = std::make_unique<StagedCudaModel<float>>(shape, max_batch, max_seq_len, device, name, recompute);
+  model->set_allocated(UsedDeviceBytes() - before);
+  return std::unique_ptr<Model>(std::move(model));
 }
 
 }  // namespace herd::cuda

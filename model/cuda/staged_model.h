@@ -50,6 +50,9 @@ Status AttachGradientReducer(Model& model, GradientReducer reducer);
 // Number of CUDA devices this process sees (0 without a driver or device).
 int DeviceCount();
 
+// The current device's memory in use, by every process (cudaMemGetInfo).
+int64_t UsedDeviceBytes();
+
 // Makes `device` current and returns its free memory in bytes.
 int64_t DeviceFreeBytes(int device);
 

@@ -6,6 +6,10 @@
 
 #include <boost/context/fiber.hpp>
 #include <boost/context/stack_context.hpp>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdlib>
 #include <mutex>
 #include <unordered_map>
@@ -205,9 +209,15 @@ constexpr size_t kEmulatedDeviceBytes = size_t{16} << 30;
 
 // Device allocations, so that cudaMemGetInfo reports what is in use (the
 // memory-plan tests compare it with the plan).
+// Stream-ordered pools' blocks are mapped pages of their own, unmapped when
+// freed, so a kernel that reads a freed unit faults at once.
+struct EmulatedPool {
+  size_t used = 0, high = 0;
+};
 struct DeviceHeap {
   std::mutex mu;
   std::unordered_map<void*, size_t> sizes;
+  std::unordered_map<void*, std::pair<EmulatedPool*, size_t>> pooled;
   size_t in_use = 0;
 };
 DeviceHeap& Heap() {
@@ -244,6 +254,68 @@ cudaError_t cudaFree(void* devPtr) {
     Heap().sizes.erase(it);
   }
   std::free(devPtr);
+  return cudaSuccess;
+}
+cudaError_t cudaMemPoolCreate(cudaMemPool_t* memPool, const struct cudaMemPoolProps*) {
+  *memPool = reinterpret_cast<cudaMemPool_t>(new EmulatedPool);
+  return cudaSuccess;
+}
+cudaError_t cudaMemPoolDestroy(cudaMemPool_t memPool) {
+  delete reinterpret_cast<EmulatedPool*>(memPool);
+  return cudaSuccess;
+}
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t memPool, enum cudaMemPoolAttr attr, void*) {
+  auto* pool = reinterpret_cast<EmulatedPool*>(memPool);
+  std::lock_guard<std::mutex> lock(Heap().mu);
+  if (attr == cudaMemPoolAttrUsedMemHigh || attr == cudaMemPoolAttrReservedMemHigh) {
+    pool->high = pool->used;  // CUDA takes only 0 here: a reset to the current use
+  }
+  return cudaSuccess;
+}
+cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t memPool, enum cudaMemPoolAttr attr, void* value) {
+  auto* pool = reinterpret_cast<EmulatedPool*>(memPool);
+  std::lock_guard<std::mutex> lock(Heap().mu);
+  switch (attr) {
+    case cudaMemPoolAttrUsedMemCurrent:
+    case cudaMemPoolAttrReservedMemCurrent:
+      *static_cast<uint64_t*>(value) = pool->used;
+      return cudaSuccess;
+    case cudaMemPoolAttrUsedMemHigh:
+    case cudaMemPoolAttrReservedMemHigh:
+      *static_cast<uint64_t*>(value) = pool->high;
+      return cudaSuccess;
+    default:
+      return cudaErrorInvalidValue;
+  }
+}
+cudaError_t cudaMallocFromPoolAsync(void** ptr, size_t size, cudaMemPool_t memPool, cudaStream_t) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  const size_t rounded = (std::max<size_t>(size, 1) + page - 1) / page * page;
+  void* p = mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return cudaErrorMemoryAllocation;
+  std::memset(p, 0xff, rounded);
+  auto* pool = reinterpret_cast<EmulatedPool*>(memPool);
+  std::lock_guard<std::mutex> lock(Heap().mu);
+  Heap().pooled[p] = {pool, rounded};
+  Heap().in_use += rounded;
+  pool->used += rounded;
+  pool->high = std::max(pool->high, pool->used);
+  *ptr = p;
+  return cudaSuccess;
+}
+cudaError_t cudaFreeAsync(void* devPtr, cudaStream_t) {
+  if (devPtr == nullptr) return cudaSuccess;
+  size_t bytes = 0;
+  {
+    std::lock_guard<std::mutex> lock(Heap().mu);
+    auto it = Heap().pooled.find(devPtr);
+    if (it == Heap().pooled.end()) return cudaErrorInvalidValue;
+    bytes = it->second.second;
+    it->second.first->used -= bytes;
+    Heap().in_use -= bytes;
+    Heap().pooled.erase(it);
+  }
+  munmap(devPtr, bytes);
   return cudaSuccess;
 }
 cudaError_t cudaMallocHost(void** ptr, size_t size) { return AllocatePoisoned(ptr, size, /*device=*/false); }

@@ -1,0 +1,93 @@
+"""cluster.stream_weights with CUDA workers, on the emulated device
+(build/emulated: herd's CUDA sources on a CPU stand-in whose stream-ordered
+allocations are pages of their own, unmapped when freed, so a kernel that
+reads a unit the window let go faults): a GPU worker that holds a window of
+units trains exactly as one that holds the whole model.
+
+  - PS S=2 W=2 jobs of 20 steps with and without streamed weights, both on
+    the emulated device: the same losses, gradient norms and validation
+    losses in the metrics and the same final checkpoint (optimizer shards
+    and data positions), bit for bit. Tiny config in fp32 with evaluation,
+    and its variants: bf16 compute, untied embeddings, grad_accum 2 (the
+    micro-batches' sum kept on the device), FULL recompute, bf16 on the
+    wire without prefetch; the ~20M shape (d512, 8 layers) with FULL
+    recompute;
+  - memory: the ~20M shape's streamed GPU worker (bf16, FULL recompute,
+    S=1 W=1): the device memory its model held at its peak (the run
+    summary's device_peak_bytes) within 10% of `herd plan`'s device row,
+    its RSS (host window plus the emulated device's memory, which is the
+    process's own) within 10% of the plan's total plus that, and the
+    device plan's weights and gradients a fraction of the unstreamed
+    worker's."""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import herdtest  # noqa: E402
+from stream_weights_test import M20, TINY_MODEL, measure, train  # noqa: E402
+
+FP32 = "device { kind: CUDA dtype: FP32 }"
+BF16 = "device { kind: CUDA dtype: BF16 }"
+
+
+def equivalence(sb):
+    ps = "sync: PARAMETER_SERVER servers: 2 workers: 2"
+    untied = TINY_MODEL.replace("num_key_value_heads: 2 }", "num_key_value_heads: 2 tie_word_embeddings: false }")
+    cases = {
+        "tiny, fp32, evaluation": dict(eval_every=5),
+        "tiny, bf16 compute": dict(device=BF16),
+        "tiny, untied embeddings": dict(model=untied),
+        "tiny, grad_accum 2": dict(train_extra="grad_accum: 2"),
+        "tiny, untied, FULL recompute": dict(model=untied, train_extra="recompute: FULL"),
+        "tiny, bf16 wire, no prefetch": dict(cluster=ps + " wire_dtype: BF16", stream=" stream_prefetch_layers: 0"),
+        "~20M, bf16 compute, FULL recompute": dict(model=M20, device=BF16, train_extra="recompute: FULL", batch=1,
+                                                   seq_len=16),
+    }
+    for i, (case, kw) in enumerate(cases.items()):
+        cluster = kw.pop("cluster", ps)
+        stream = kw.pop("stream", "")
+        device = kw.pop("device", FP32)
+        whole = train(sb, f"g{i}_whole", cluster, device=device, **kw)
+        streamed = train(sb, f"g{i}_streamed", cluster + " stream_weights: true" + stream, device=device, **kw)
+        rows, state = whole
+        assert len(rows) == 20
+        assert streamed[0] == rows, f"{case}: streamed differs:\n{streamed[0]}\n{rows}"
+        assert streamed[1] == state, f"{case}: the streamed run's final checkpoint differs"
+        print(f"ok  {case}: 20 steps streamed on the emulated device equal the unstreamed run bit for bit "
+              f"(loss {rows[0][1]:.4f} -> {rows[-1][1]:.4f})", flush=True)
+
+
+def memory(sb):
+    train_line = "steps: 2 batch_size: 2 seq_len: 64 seed: 7 recompute: FULL"
+    ps = "sync: PARAMETER_SERVER servers: 1 workers: 1"
+    plan, measured, _ = measure(sb, "mem", M20, train_line, ps + " stream_weights: true", device=BF16)
+    peak, proc, summary = measured[("worker", -1)]
+    device, planned = summary["device_peak_bytes"], summary["device_plan_bytes"]
+    assert planned == proc["device"] and device > 0, summary
+    assert 0.9 <= device / planned <= 1.1, f"device: held {device}, planned {planned}"
+    assert 0.9 <= peak / (proc["total"] + device) <= 1.1, f"RSS {peak}, planned {proc['total']} + device {device}"
+    whole = json.loads(sb.run("plan", sb.write("whole.textproto", f"{M20}\ntrain {{ {train_line} }}\n"
+                                               f"data {{ train: \"train.bin\" }}\ncluster {{ {ps} }}\n{BF16}\n"),
+                              "--json").stdout)
+    unstreamed = [p for p in whole["processes"] if p["role"] == "worker"][0]["device"]
+    assert planned < unstreamed / 2, (planned, unstreamed)
+    print(f"ok  ~20M streamed on the emulated device, bf16, FULL: device held {device / 2**20:.1f} MiB, planned "
+          f"{planned / 2**20:.1f} (unstreamed {unstreamed / 2**20:.1f}); RSS {peak / 2**20:.0f} MiB, planned "
+          f"{proc['total'] / 2**20:.0f} + device", flush=True)
+
+
+def main():
+    a = herdtest.parse_args()
+    sb = herdtest.Sandbox(os.path.join(a.build, "emulated"))
+    if not os.path.exists(sb.herd):
+        print("skipped: no emulated-device build (libboost-context-dev)")
+        sys.exit(77)
+    sb.training_data()
+    sb.run("prepare", "corpus.txt", "--out", "val.bin")
+    memory(sb)
+    equivalence(sb)
+
+
+if __name__ == "__main__":
+    main()
