@@ -25,37 +25,23 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import herdtest  # noqa: E402
-from stream_weights_test import M20, TINY_MODEL, measure, train  # noqa: E402
+from stream_weights_test import M20, PS, UNTIED, compare_streamed, measure  # noqa: E402
 
 FP32 = "device { kind: CUDA dtype: FP32 }"
 BF16 = "device { kind: CUDA dtype: BF16 }"
 
 
 def equivalence(sb):
-    ps = "sync: PARAMETER_SERVER servers: 2 workers: 2"
-    untied = TINY_MODEL.replace("num_key_value_heads: 2 }", "num_key_value_heads: 2 tie_word_embeddings: false }")
-    cases = {
+    compare_streamed(sb, {
         "tiny, fp32, evaluation": dict(eval_every=5),
         "tiny, bf16 compute": dict(device=BF16),
-        "tiny, untied embeddings": dict(model=untied),
+        "tiny, untied embeddings": dict(model=UNTIED),
         "tiny, grad_accum 2": dict(train_extra="grad_accum: 2"),
-        "tiny, untied, FULL recompute": dict(model=untied, train_extra="recompute: FULL"),
-        "tiny, bf16 wire, no prefetch": dict(cluster=ps + " wire_dtype: BF16", stream=" stream_prefetch_layers: 0"),
+        "tiny, untied, FULL recompute": dict(model=UNTIED, train_extra="recompute: FULL"),
+        "tiny, bf16 wire, no prefetch": dict(cluster=PS + " wire_dtype: BF16", stream=" stream_prefetch_layers: 0"),
         "~20M, bf16 compute, FULL recompute": dict(model=M20, device=BF16, train_extra="recompute: FULL", batch=1,
                                                    seq_len=16),
-    }
-    for i, (case, kw) in enumerate(cases.items()):
-        cluster = kw.pop("cluster", ps)
-        stream = kw.pop("stream", "")
-        device = kw.pop("device", FP32)
-        whole = train(sb, f"g{i}_whole", cluster, device=device, **kw)
-        streamed = train(sb, f"g{i}_streamed", cluster + " stream_weights: true" + stream, device=device, **kw)
-        rows, state = whole
-        assert len(rows) == 20
-        assert streamed[0] == rows, f"{case}: streamed differs:\n{streamed[0]}\n{rows}"
-        assert streamed[1] == state, f"{case}: the streamed run's final checkpoint differs"
-        print(f"ok  {case}: 20 steps streamed on the emulated device equal the unstreamed run bit for bit "
-              f"(loss {rows[0][1]:.4f} -> {rows[-1][1]:.4f})", flush=True)
+    }, "g", " on the emulated device", device=FP32)
 
 
 def memory(sb):

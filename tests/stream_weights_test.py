@@ -51,32 +51,41 @@ def train(sb, name, cluster, model=None, train_extra="", optimizer=None, batch=2
     return [(r["step"], r["loss"], r["grad_norm"], r.get("val_loss")) for r in rows], state
 
 
-def equivalence(sb):
-    ps = "sync: PARAMETER_SERVER servers: 2 workers: 2"
-    untied = TINY_MODEL.replace("num_key_value_heads: 2 }", "num_key_value_heads: 2 tie_word_embeddings: false }")
-    cases = {
-        "tiny, fp32 wire, evaluation": dict(eval_every=5),
-        "tiny, bf16 wire": dict(cluster=ps + " wire_dtype: BF16"),
-        "tiny, grad_accum 2": dict(train_extra="grad_accum: 2"),
-        "tiny, clip_norm 0 (servers step buckets as they complete)": dict(optimizer="clip_norm: 0"),
-        "tiny, untied embeddings": dict(model=untied),
-        "tiny, untied, grad_accum 3 (one layer-major pass)": dict(model=untied, train_extra="grad_accum: 3"),
-        "tiny, no prefetch": dict(stream=" stream_prefetch_layers: 0"),
-        "tiny, prefetch 2, buckets of 16 KiB": dict(cluster=ps + " bucket_mb: 0.015625",
-                                                    stream=" stream_prefetch_layers: 2"),
-        "~20M, FULL recompute": dict(model=M20, train_extra="recompute: FULL", seq_len=64),
-    }
+PS = "sync: PARAMETER_SERVER servers: 2 workers: 2"
+UNTIED = TINY_MODEL.replace("num_key_value_heads: 2 }", "num_key_value_heads: 2 tie_word_embeddings: false }")
+
+
+def compare_streamed(sb, cases, prefix, where="", **defaults):
+    """Each case (train()'s arguments over `defaults`; `cluster` defaults
+    to PS, `stream` is added to it) with and without stream_weights: the
+    same metrics and final checkpoint."""
     for i, (case, kw) in enumerate(cases.items()):
-        cluster = kw.pop("cluster", ps)
+        kw = {**defaults, **kw}
+        cluster = kw.pop("cluster", PS)
         stream = kw.pop("stream", "")
-        whole = train(sb, f"c{i}_whole", cluster, **kw)
-        streamed = train(sb, f"c{i}_streamed", cluster + " stream_weights: true" + stream, **kw)
+        whole = train(sb, f"{prefix}{i}_whole", cluster, **kw)
+        streamed = train(sb, f"{prefix}{i}_streamed", cluster + " stream_weights: true" + stream, **kw)
         rows, state = whole
         assert len(rows) == 20
         assert streamed[0] == rows, f"{case}: streamed differs:\n{streamed[0]}\n{rows}"
         assert streamed[1] == state, f"{case}: the streamed run's final checkpoint differs"
-        print(f"ok  {case}: 20 steps streamed equal the unstreamed run bit for bit "
+        print(f"ok  {case}: 20 steps streamed{where} equal the unstreamed run bit for bit "
               f"(loss {rows[0][1]:.4f} -> {rows[-1][1]:.4f})", flush=True)
+
+
+def equivalence(sb):
+    compare_streamed(sb, {
+        "tiny, fp32 wire, evaluation": dict(eval_every=5),
+        "tiny, bf16 wire": dict(cluster=PS + " wire_dtype: BF16"),
+        "tiny, grad_accum 2": dict(train_extra="grad_accum: 2"),
+        "tiny, clip_norm 0 (servers step buckets as they complete)": dict(optimizer="clip_norm: 0"),
+        "tiny, untied embeddings": dict(model=UNTIED),
+        "tiny, untied, grad_accum 3 (one layer-major pass)": dict(model=UNTIED, train_extra="grad_accum: 3"),
+        "tiny, no prefetch": dict(stream=" stream_prefetch_layers: 0"),
+        "tiny, prefetch 2, buckets of 16 KiB": dict(cluster=PS + " bucket_mb: 0.015625",
+                                                    stream=" stream_prefetch_layers: 2"),
+        "~20M, FULL recompute": dict(model=M20, train_extra="recompute: FULL", seq_len=64),
+    }, "c")
 
 
 def measure(sb, name, model, train_line, cluster, device=""):

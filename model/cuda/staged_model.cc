@@ -245,15 +245,7 @@ StatusOr<std::unique_ptr<Model>> NewStagedCudaModel(const LlamaShape& shape, int
   HERD_ASSIGN_OR_RETURN(
       const std::string name,
       PrepareDevice(shape, device, bf16, GpuWorkerDeviceBytes(shape, max_batch, max_seq_len, bf16, recompute)));
-  const int64_t before = UsedDeviceBytes();
-  if (bf16) {
-    auto model = std::make_unique<StagedCudaModel<__nv_bfloat16>>(shape, max_batch, max_seq_len, device, name, recompute);
-    model->set_allocated(UsedDeviceBytes() - before);
-    return std::unique_ptr<Model>(std::move(model));
-  }
-  auto model = std::make_unique<StagedCudaModel<float>>(shape, max_batch, max_seq_len, device, name, recompute);
-  model->set_allocated(UsedDeviceBytes() - before);
-  return std::unique_ptr<Model>(std::move(model));
+  return MakeCudaModel<StagedCudaModel>(bf16, shape, max_batch, max_seq_len, device, name, recompute);
 }
 
 }  // namespace herd::cuda

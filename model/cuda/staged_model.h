@@ -53,6 +53,19 @@ int DeviceCount();
 // The current device's memory in use, by every process (cudaMemGetInfo).
 int64_t UsedDeviceBytes();
 
+// For the CUDA models' factories: an M<__nv_bfloat16> (bf16) or M<float>
+// made from `args`, told (set_allocated) the device memory its making took.
+template <template <typename> class M, typename... Args>
+std::unique_ptr<Model> MakeCudaModel(bool bf16, const Args&... args) {
+  const int64_t before = UsedDeviceBytes();
+  auto make = [&](auto zero) -> std::unique_ptr<Model> {
+    auto model = std::make_unique<M<decltype(zero)>>(args...);
+    model->set_allocated(UsedDeviceBytes() - before);
+    return model;
+  };
+  return bf16 ? make(__nv_bfloat16{}) : make(float{});
+}
+
 // Makes `device` current and returns its free memory in bytes.
 int64_t DeviceFreeBytes(int device);
 

@@ -322,15 +322,7 @@ StatusOr<std::unique_ptr<Model>> NewStreamedCudaModel(const LlamaShape& shape, i
       const std::string name,
       PrepareDevice(shape, device, bf16,
                     StreamedGpuWorkerDeviceBytes(shape, max_batch, max_seq_len, bf16, recompute, accumulates)));
-  const int64_t before = UsedDeviceBytes();
-  if (bf16) {
-    auto model = std::make_unique<StreamedCudaModel<__nv_bfloat16>>(shape, max_batch, max_seq_len, device, name, recompute);
-    model->set_allocated(UsedDeviceBytes() - before);
-    return std::unique_ptr<Model>(std::move(model));
-  }
-  auto model = std::make_unique<StreamedCudaModel<float>>(shape, max_batch, max_seq_len, device, name, recompute);
-  model->set_allocated(UsedDeviceBytes() - before);
-  return std::unique_ptr<Model>(std::move(model));
+  return MakeCudaModel<StreamedCudaModel>(bf16, shape, max_batch, max_seq_len, device, name, recompute);
 }
 
 }  // namespace herd::cuda
