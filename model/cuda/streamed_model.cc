@@ -322,6 +322,12 @@ StatusOr<std::unique_ptr<Model>> NewStreamedCudaModel(const LlamaShape& shape, i
       const std::string name,
       PrepareDevice(shape, device, bf16,
                     StreamedGpuWorkerDeviceBytes(shape, max_batch, max_seq_len, bf16, recompute, accumulates)));
+  int pools = 0;
+  if (cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device) != cudaSuccess || pools == 0) {
+    (void)cudaGetLastError();
+    return Status::FailedPrecondition("cluster.stream_weights: " + name +
+                                      " has no stream-ordered memory pools, which the device window needs");
+  }
   return MakeCudaModel<StreamedCudaModel>(bf16, shape, max_batch, max_seq_len, device, name, recompute);
 }
 

@@ -394,6 +394,11 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp* prop, int device) {
   prop->major = 9;
   return cudaSuccess;
 }
+cudaError_t cudaDeviceGetAttribute(int* value, enum cudaDeviceAttr attr, int device) {
+  if (device != 0) return cudaErrorInvalidDevice;
+  *value = attr == cudaDevAttrMemoryPoolsSupported ? 1 : 0;
+  return cudaSuccess;
+}
 cudaError_t cudaFuncSetAttribute(const void*, enum cudaFuncAttribute, int) { return cudaSuccess; }
 
 }  // extern "C"
