@@ -107,13 +107,16 @@ Status StepLoop::Run(int64_t start) {
   HERD_RETURN_IF_ERROR(background_.Wait());
   HERD_RETURN_IF_ERROR(log_.Close());
 
+  const bool done = last_step_ == total_steps_;
+  if (leader_ && done) PrintSample(*p_.model, p_.weights, config_, streamed_need());
+  // Every worker: a streaming window's pulls land before the transport
+  // that carries them goes away.
+  strategy_.ReleaseWeights();
   if (!leader_) return Status::OK();
-  if (last_step_ < total_steps_) {
+  if (!done) {
     std::printf("stopped at step %lld of %lld (--stop-at); continue with --resume\n",
                 static_cast<long long>(last_step_), static_cast<long long>(total_steps_));
   } else {
-    PrintSample(*p_.model, p_.weights, config_, streamed_need());
-    strategy_.ReleaseWeights();
     std::printf("done: %lld steps in %s\n", static_cast<long long>(last_step_),
                 FormatDuration(run_clock_.Seconds()).c_str());
   }
