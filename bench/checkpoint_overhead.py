@@ -16,7 +16,6 @@ reported, so that a machine whose speed drifts affects all alike.
 
 Use Debian's /usr/bin/python3.
 """
-import argparse
 import glob
 import json
 import os
@@ -28,20 +27,12 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from ps_throughput import alternate, ps_layout  # noqa: E402  (one way to launch and time runs)
+from ps_throughput import alternate, ps_layout, timing_args  # noqa: E402  (one way to launch and time runs)
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
-    ap.add_argument("--config", default="configs/llama20m.textproto")
-    ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--warmup", type=int, default=4)
+    ap = timing_args(steps=40, warmup=4, layout="2x2")
     ap.add_argument("--every", type=int, default=5)
-    ap.add_argument("--layout", default="2x2", help="SxW: servers x workers")
-    ap.add_argument("--global-batch", type=int, default=8, help="sequences per step over all workers")
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--set", action="append", default=[])
     a = ap.parse_args()
     herd = os.path.join(a.build, "herd")
     base = ps_layout(a.layout, a.global_batch) + a.set

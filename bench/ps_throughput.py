@@ -48,6 +48,29 @@ def ps_layout(layout, global_batch):
             f"train.batch_size={global_batch // workers}"]
 
 
+def timing_args(steps, warmup, layout=None, global_batch=8):
+    """The arguments every A/B timing benchmark takes: --build, --config,
+    --steps, --warmup, --repeat, --set and, with a default `layout`, a
+    parameter-server job's --layout and --global-batch (ps_layout)."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--config", default="configs/llama20m.textproto")
+    ap.add_argument("--steps", type=int, default=steps)
+    ap.add_argument("--warmup", type=int, default=warmup)
+    if layout:
+        ap.add_argument("--layout", default=layout, help="SxW: servers x workers")
+        ap.add_argument("--global-batch", type=int, default=global_batch, help="sequences per step over all workers")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--set", action="append", default=[])
+    return ap
+
+
+def plan(herd, config, sets):
+    """`herd plan CONFIG --json` with `sets` (path=value): the plan."""
+    cmd = [herd, "plan", config, "--json"] + [x for s in sets for x in ("--set", s)]
+    return json.loads(subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True).stdout)
+
+
 def alternate(herd, config, variants, workdir, steps, warmup, repeat, before=None, after=None):
     """Runs each (name, sets) of `variants` in turn, `repeat` times (A B C A B
     C ...), so that drift in the machine's speed touches every variant

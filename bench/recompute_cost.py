@@ -12,40 +12,27 @@ One JSON line per setting:
 
 Use Debian's /usr/bin/python3.
 """
-import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from ps_throughput import alternate  # noqa: E402  (one way to launch and time runs)
+from ps_throughput import alternate, plan, timing_args  # noqa: E402  (one way to launch and time runs)
 
 SETTINGS = ("NONE", "ATTENTION", "FULL")
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
-    ap.add_argument("--config", default="configs/llama20m.textproto")
-    ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--set", action="append", default=[])
-    a = ap.parse_args()
+    a = timing_args(steps=8, warmup=2).parse_args()
     herd = os.path.join(a.build, "herd")
     workdir = tempfile.mkdtemp(prefix="herd_bench_recompute_")
     planned = {}
     for s in SETTINGS:
-        cmd = [herd, "plan", a.config, "--json", "--set", f"train.recompute={s}"]
-        for x in a.set:
-            cmd += ["--set", x]
-        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True)
-        planned[s] = json.loads(p.stdout)["processes"][0]["total"]
+        planned[s] = plan(herd, a.config, [f"train.recompute={s}", *a.set])["processes"][0]["total"]
     times = alternate(herd, a.config, [(s, [*a.set, f"train.recompute={s}"]) for s in SETTINGS], workdir, a.steps,
                       a.warmup, a.repeat)
     anchor = statistics.median(times["NONE"])

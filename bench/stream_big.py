@@ -24,6 +24,8 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from ps_throughput import plan  # noqa: E402  (one way to ask herd plan)
 
 CONFIG = """
 model {{ vocab_size: 32000 hidden_size: 2048 intermediate_size: 5632 num_hidden_layers: {layers}
@@ -59,13 +61,12 @@ def main():
         with open(cfg, "w") as f:
             f.write(CONFIG.format(layers=a.layers, steps=a.steps, data=data, work=work, servers=a.servers))
         sets = [x for s in a.set for x in ("--set", s)]
-        plan = json.loads(subprocess.run([herd, "plan", cfg, "--json", *sets], check=True, capture_output=True,
-                                         text=True).stdout)
+        planned = plan(herd, cfg, a.set)
         p = subprocess.run([herd, "launch", cfg, *sets], capture_output=True, text=True)
         if p.returncode != 0:
             sys.stderr.write(p.stdout[-3000:] + p.stderr[-3000:])
             raise SystemExit(f"herd launch failed ({p.returncode})")
-        for proc in plan["processes"]:
+        for proc in planned["processes"]:
             name = f"{proc['role']}_{max(proc['rank'], 0):05d}.json"
             with open(os.path.join(work, "summary", name)) as f:
                 peak = json.load(f)["peak_rss_bytes"]
@@ -74,8 +75,8 @@ def main():
                               "vs_plan": round(peak / proc["total"], 4)}), flush=True)
         with open(os.path.join(work, "metrics.jsonl")) as f:
             rows = [json.loads(line) for line in f]
-        print(json.dumps({"bench": "stream_big", "parameters": plan["parameters"], "layers": a.layers,
-                          "servers": a.servers, "weights_bytes": plan["parameters"] * 4,
+        print(json.dumps({"bench": "stream_big", "parameters": planned["parameters"], "layers": a.layers,
+                          "servers": a.servers, "weights_bytes": planned["parameters"] * 4,
                           "losses": [round(r["loss"], 4) for r in rows],
                           "step_s": [round(r["step_s"], 2) for r in rows if "step_s" in r]}), flush=True)
     finally:

@@ -22,7 +22,6 @@ One JSON line per figure:
 
 Use Debian's /usr/bin/python3.
 """
-import argparse
 import json
 import os
 import shutil
@@ -34,7 +33,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from ps_throughput import alternate, ps_layout, run  # noqa: E402  (one way to launch and time runs)
+from ps_throughput import alternate, plan, ps_layout, run, timing_args  # noqa: E402  (one way to launch and time runs)
 
 
 def union_ms(intervals, t0, t1):
@@ -69,16 +68,7 @@ def overlap(merged, step):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
-    ap.add_argument("--config", default="configs/llama20m.textproto")
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--layout", default="2x2", help="SxW: servers x workers")
-    ap.add_argument("--global-batch", type=int, default=8, help="sequences per step over all workers")
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--set", action="append", default=[])
-    a = ap.parse_args()
+    a = timing_args(steps=10, warmup=2, layout="2x2").parse_args()
     herd = os.path.join(a.build, "herd")
     base = ps_layout(a.layout, a.global_batch) + a.set
     variants = [("whole", base + ["cluster.stream_weights=false"])] + [
@@ -88,11 +78,7 @@ def main():
     try:
         planned = {}
         for name, sets in variants:
-            cmd = [herd, "plan", a.config, "--json"]
-            for x in sets:
-                cmd += ["--set", x]
-            p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True)
-            planned[name] = next(x["total"] for x in json.loads(p.stdout)["processes"] if x["role"] == "worker")
+            planned[name] = next(x["total"] for x in plan(herd, a.config, sets)["processes"] if x["role"] == "worker")
         times = alternate(herd, a.config, variants, workdir, a.steps, a.warmup, a.repeat)
         anchor = statistics.median(times["whole"])
         for name, _ in variants:

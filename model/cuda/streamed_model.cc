@@ -74,7 +74,7 @@ class StreamedCudaModel final : public Model {
         max_seq_len_(max_seq_len),
         name_(std::move(name)),
         units_(ParamLayout(shape).UnitBoundaries()),
-        tied_(ParamLayout(shape).lm_head() == ParamLayout(shape).embed()) {
+        tied_(shape.tie_word_embeddings) {
     HERD_CUDA_CHECK(cudaSetDevice(device));
     for (cudaStream_t* s : {&compute_, &up_, &down_}) HERD_CUDA_CHECK(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking));
     // A pool of our own: freed units are reused as soon as their frees are
