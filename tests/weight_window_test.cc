@@ -258,7 +258,9 @@ TEST(WeightWindow, PeakDoesNotGrowWithDepth) {
       // bucket of weights, gradients and staging per end of the window.
       EXPECT_NEAR(p.total(), first, 2 * bucket * (4 + 4 + 2)) << layers << " layers, prefetch " << prefetch;
       const int64_t whole = layout.size() * (4 + 4 + 2);  // weights, gradients, bf16 staging
-      if (layers >= 32) EXPECT_LT(p.total(), whole / 4) << layers << " layers, prefetch " << prefetch;
+      if (layers >= 32) {
+        EXPECT_LT(p.total(), whole / 4) << layers << " layers, prefetch " << prefetch;
+      }
     }
   }
 }
