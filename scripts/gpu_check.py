@@ -123,6 +123,18 @@ def library_dir(soname):
     return None
 
 
+def tool_path(name):
+    """A CUDA tool on PATH or where CUDA and Nsight install it; None if none."""
+    found = shutil.which(name)
+    if found:
+        return found
+    for pattern in ("/usr/local/cuda*/bin/", "/usr/local/cuda*/compute-sanitizer/", "/opt/nvidia/nsight-compute/*/"):
+        hits = sorted(glob.glob(pattern + name))
+        if hits:
+            return hits[-1]
+    return None
+
+
 def with_library_path(env, dirs):
     e = dict(env)
     e["LD_LIBRARY_PATH"] = ":".join(dirs + [p for p in [env.get("LD_LIBRARY_PATH", "")] if p])
@@ -163,6 +175,7 @@ def phase_env(c):
     version = json.loads(out) if code == 0 else {"error": err.strip()[-300:]}
     code, out, _ = c.run("torch", [c.a.python, "-c", "import torch; print(torch.__version__, torch.version.cuda)"], 60)
     c.record("env", gpu=gpu, herd=version, torch=out.strip() if code == 0 else None, vendor_dirs=c.vendor_dirs,
+             tools={t: tool_path(t) for t in ("compute-sanitizer", "ncu")},
              ok=code == 0 and "error" not in version and version.get("cuda_devices", 0) > 0,
              what="herd sees no CUDA device" if version.get("cuda_devices", 0) == 0 else "")
 
@@ -320,8 +333,9 @@ def phase_converge(c):
 
 
 def phase_sanitize(c):
-    if shutil.which("compute-sanitizer") is None:
-        c.record("sanitize", skipped="no compute-sanitizer on PATH")
+    sanitizer = tool_path("compute-sanitizer")
+    if sanitizer is None:
+        c.record("sanitize", skipped="no compute-sanitizer found")
         return
     tools = ("memcheck", "racecheck", "synccheck", "initcheck")
     for i, tool in enumerate(tools):
@@ -330,7 +344,7 @@ def phase_sanitize(c):
             c.record("sanitize", what=tool, skipped="out of time")
             continue
         code, out, err = c.run("compute-sanitizer " + tool, [
-            "compute-sanitizer", "--tool", tool, "--error-exitcode", "9", "--print-limit", "20",
+            sanitizer, "--tool", tool, "--error-exitcode", "9", "--print-limit", "20",
             os.path.join(c.bin, "herd_tests"), "--gtest_filter=" + c.a.sanitize_filter], share, env=c.test_env)
         summary = re.findall(r"========= (ERROR SUMMARY: .*|RACECHECK SUMMARY: .*)", out + err)
         c.record("sanitize", what=tool, exit=code, summary=summary[-1:] if summary else None,
@@ -355,12 +369,13 @@ def kernel_times(lines):
 def phase_profile(c):
     """One step of `herd bench gpu` under Nsight Compute, one metric (the
     kernel's duration), summed by kernel name: where the step's time goes."""
-    if shutil.which("ncu") is None:
-        c.record("profile", skipped="no ncu on PATH")
+    ncu = tool_path("ncu")
+    if ncu is None:
+        c.record("profile", skipped="no ncu found")
         return
     raw = os.path.join(c.out, "profile.csv")
     shape = small_shape_sets() if c.a.small else []
-    ncu = ["ncu", "--metrics", "gpu__time_duration.sum", "--csv", "--print-units", "base", "--log-file", raw,
+    ncu = [ncu, "--metrics", "gpu__time_duration.sum", "--csv", "--print-units", "base", "--log-file", raw,
            "--clock-control", "none"]
     code, out, err = c.run("ncu", ncu + [c.herd, "bench", "gpu", *shape, "--steps", "1", "--warmup", "1",
                                          "--torch-modes", "none"], 420)
