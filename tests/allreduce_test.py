@@ -10,7 +10,6 @@ parameter-server mode:
   equal to the straight run (DDP and ZeRO-1);
 * a ZeRO-1 checkpoint (one shard per worker) resumes in DDP mode too;
 * kill -9 of a worker stops the job at once, naming it."""
-import json
 import os
 import shutil
 import sys

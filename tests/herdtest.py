@@ -81,6 +81,13 @@ log {{ every: 1 metrics: "{metrics}" sample_tokens: 0 {f"eval_every: {eval_every
 """
 
 
+# tiny_config's model block, for a test to swap in another shape.
+TINY_MODEL = "\n".join(tiny_config("x").split("\n")[1:3])
+# configs/llama20m.textproto's model (d512, 8 layers, ~20M parameters).
+LLAMA20M_MODEL = ("model { vocab_size: 256 hidden_size: 512 intermediate_size: 1024 num_hidden_layers: 8 "
+                  "num_attention_heads: 8 num_key_value_heads: 4 tie_word_embeddings: true }")
+
+
 def listing(root):
     """Every file under root (relative paths), for nothing-half-written checks."""
     out = []

@@ -19,7 +19,6 @@ processes, real signals, real files.
   model samples (an untrained byte-level model samples any byte), so a
   program reading herd's output as text does not break on it.
 """
-import glob
 import os
 import random
 import signal
@@ -216,7 +215,7 @@ def root_cause(sb):
         errors = [l for l in launch.stderr().splitlines() if "herd: error:" in l]
         assert rc == 1 and last.startswith("herd: error: server ") and "No space left on device" in last, \
             (rc, launch.stderr()[-3000:])
-        assert len(errors) == 1, f"expected one error line, got:\n" + "\n".join(errors)
+        assert len(errors) == 1, "expected one error line, got:\n" + "\n".join(errors)
         print(f"ok  full disk under the servers' checkpoints: exit 1, one line: {last}")
 
 

@@ -22,9 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import herdtest  # noqa: E402
 
 BUDGET = 1 << 30
-CONFIG = """
-model { vocab_size: 256 hidden_size: 512 intermediate_size: 1024 num_hidden_layers: 8
-        num_attention_heads: 8 num_key_value_heads: 4 tie_word_embeddings: true }
+CONFIG = herdtest.LLAMA20M_MODEL + """
 train { steps: 1 batch_size: 8 seq_len: 256 seed: 7 }
 data { train: "train.bin" }
 log { every: 1 sample_tokens: 0 }

@@ -20,9 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import herdtest  # noqa: E402
 
 SETTINGS = ("NONE", "ATTENTION", "FULL")
-M20 = ("model { vocab_size: 256 hidden_size: 512 intermediate_size: 1024 num_hidden_layers: 8 "
-       "num_attention_heads: 8 num_key_value_heads: 4 tie_word_embeddings: true }")
-TINY_MODEL = herdtest.tiny_config("x").split("\n")[1:3]
+M20 = herdtest.LLAMA20M_MODEL
 
 
 def train(sb, name, setting, model=None, cluster="", batch=4, seq_len=32):
@@ -31,7 +29,7 @@ def train(sb, name, setting, model=None, cluster="", batch=4, seq_len=32):
     config = config.replace("seed: 7 }", f"seed: 7 recompute: {setting} }}").replace(
         "batch_size: 4 seq_len: 32", f"batch_size: {batch} seq_len: {seq_len}")
     if model:
-        config = config.replace("\n".join(TINY_MODEL), model)
+        config = config.replace(herdtest.TINY_MODEL, model)
     sb.write(f"{name}.textproto", config)
     sb.run("launch", f"{name}.textproto")
     rows = herdtest.metrics_rows(sb.path(name, "metrics.jsonl"))

@@ -29,9 +29,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import herdtest  # noqa: E402
 
-M20 = ("model { vocab_size: 256 hidden_size: 512 intermediate_size: 1024 num_hidden_layers: 8 "
-       "num_attention_heads: 8 num_key_value_heads: 4 tie_word_embeddings: true }")
-TINY_MODEL = "\n".join(herdtest.tiny_config("x").split("\n")[1:3])
+M20 = herdtest.LLAMA20M_MODEL
+TINY_MODEL = herdtest.TINY_MODEL
 
 
 def train(sb, name, cluster, model=None, train_extra="", optimizer=None, batch=2, seq_len=32, eval_every=0, device=""):
