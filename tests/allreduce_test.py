@@ -95,7 +95,6 @@ def main():
 
     print("allreduce: " + "; ".join(summary) + "; reruns and 10+20 resumes bitwise equal; ZeRO-1 -> DDP resume ok; "
           f"kill -9 of a worker stopped the job in {stopped_in:.1f} s")
-    shutil.rmtree(sb.dir)
 
 
 if __name__ == "__main__":

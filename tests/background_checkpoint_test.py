@@ -15,7 +15,6 @@ checkpoint becomes loadable only when every part has been written.
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -126,7 +125,6 @@ def main():
                 if f not in ("config.textproto", "manifest.json")}
     assert parts(snapshots[False]) == parts(snapshots[True]), "background checkpoints differ from in-place ones"
     print(f"ok  {len(snapshots[True])} checkpoints written in the background are byte for byte the in-place ones")
-    shutil.rmtree(sb.dir)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ median step after it."""
 import json
 import os
 import random
-import shutil
 import signal
 import statistics
 import subprocess
@@ -234,7 +233,6 @@ def main():
         print(f"ok  {name}: {what}; final loss and step {STEPS} checkpoint identical to the uninterrupted run's; "
               f"longest step after the kill {1e3 * hiccup:.0f} ms ({hiccup / median:.1f}x the median step), "
               f"median after it {1e3 * steady:.1f} ms{joining}")
-    shutil.rmtree(sb.dir)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Helpers for the script tests (tests/*_test.py): run the real herd binary
 in a scratch directory, write configs and corpora. Not a test itself."""
 import argparse
+import atexit
 import contextlib
 import hashlib
 import os
@@ -22,13 +23,38 @@ def parse_args():
     return ap.parse_args()
 
 
+# Whether this test process is ending with an uncaught exception (a failed
+# assertion): Python reports it through sys.excepthook before it runs the
+# atexit functions that remove the scratch directories.
+_failing = []
+_report_exception = sys.excepthook
+
+
+def _note_failure(kind, value, tb):
+    _failing.append(kind)
+    _report_exception(kind, value, tb)
+
+
+sys.excepthook = _note_failure
+
+
 class Sandbox:
-    """A scratch directory and the herd binary; files and runs live there."""
+    """A scratch directory and the herd binary; files and runs live there.
+    The directory is removed when the test process exits, except after a
+    failure (it is named on stderr, to look into) or with
+    HERD_KEEP_TEST_DIRS set."""
 
     def __init__(self, build):
         self.build = os.path.abspath(build)
         self.herd = os.path.join(self.build, "herd")
         self.dir = tempfile.mkdtemp(prefix="herd_test_")
+        atexit.register(self._remove)
+
+    def _remove(self):
+        if _failing or os.environ.get("HERD_KEEP_TEST_DIRS"):
+            sys.stderr.write(f"kept the test's files: {self.dir}\n")
+        else:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
     def path(self, *parts):
         return os.path.join(self.dir, *parts)
@@ -182,14 +208,11 @@ def fill(path):
 
 
 def run_scenarios(title, *scenarios):
-    """Runs each scenario(sandbox) in one scratch directory, removed after."""
+    """Runs each scenario(sandbox) in one scratch directory."""
     args = parse_args()
     sb = Sandbox(args.build)
-    try:
-        for scenario in scenarios:
-            scenario(sb)
-    finally:
-        shutil.rmtree(sb.dir, ignore_errors=True)
+    for scenario in scenarios:
+        scenario(sb)
     print(f"{title}: ok")
 
 

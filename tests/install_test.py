@@ -5,7 +5,6 @@ $ORIGIN/../lib), UCX's transport modules in lib/ucx/, and a parameter-server
 job launched from the tree trains, with no library loaded from the build
 machine's system directories other than the C library's."""
 import os
-import shutil
 import subprocess
 import sys
 
@@ -52,7 +51,6 @@ def main():
     size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(prefix) for f in fs)
     print(f"install: self-contained tree of {size / 2**20:.0f} MiB ({len(os.listdir(lib_dir))} entries in lib/, "
           f"{len(modules)} UCX modules); a PS job ran from it")
-    shutil.rmtree(sb.dir)
 
 
 if __name__ == "__main__":

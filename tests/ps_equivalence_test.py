@@ -20,7 +20,6 @@
   S=2 W=2 within 1e-5 of it, rerun bitwise equal."""
 import json
 import os
-import shutil
 import struct
 import sys
 
@@ -243,7 +242,6 @@ def main():
           "S=3 W=1 loss rel %.2g, weights %.2g, grad norm %.2g (step %d); init_from grad norm %.2g; "
           "bf16 wire loss rel %.2g; rerun and 10+20 resume bitwise equal; without clipping S=3 W=1 bitwise, "
           "S=2 W=2 loss rel %.2g" % (worst["ps22"] + worst["bound"] + worst["ps31"] + (init_norm, bf16_rel, nc_rel)))
-    shutil.rmtree(sb.dir)
 
 
 if __name__ == "__main__":
