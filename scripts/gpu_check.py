@@ -25,6 +25,7 @@ import os
 import random
 import re
 import shutil
+import site
 import statistics
 import subprocess
 import sys
@@ -61,7 +62,7 @@ class Check:
         self.results = open(os.path.join(self.out, "results.jsonl"), "a")
         # herd opens cuBLASLt and NCCL by soname; on a node where they come
         # with PyTorch's wheels rather than /usr/local/cuda, say where.
-        self.vendor_dirs = [d for d in (library_dir("libcublasLt.so.13"), library_dir("libnccl.so.2")) if d]
+        self.vendor_dirs = library_dirs(["libcublasLt.so.13", "libnccl.so.2"])
         self.env = with_library_path(os.environ, self.vendor_dirs)
         # The gtest binary is a build-tree program: the kit's lib/ too. Not
         # for herd itself (its RPATH finds lib/) nor for Python, which must
@@ -104,23 +105,24 @@ class Check:
         return code, out, err
 
 
-def library_dir(soname):
-    """The folder holding `soname`: the loader's cache, CUDA's folders, or
-    Python's site-packages (PyTorch's nvidia-* wheels); None if nowhere."""
+def library_dirs(sonames):
+    """The folders the loader must be told of to find each of `sonames`:
+    none for those in its cache; else CUDA's folders or this Python's
+    site-packages (PyTorch's nvidia-* wheels). A library found nowhere is
+    left for herd to name when it needs it."""
     cache = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout
-    if re.search(r"\s" + re.escape(soname) + r"\s", cache):
-        return None  # the loader finds it already
     places = ["/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib", "/usr/lib/x86_64-linux-gnu"]
-    for place in places:
-        if os.path.exists(os.path.join(place, soname)):
-            return place
-    site = subprocess.run([sys.executable, "-c", "import site; print('\\n'.join(site.getsitepackages()))"],
-                          capture_output=True, text=True).stdout.split()
-    for root in site:
-        hits = glob.glob(os.path.join(root, "nvidia", "**", soname), recursive=True)
-        if hits:
-            return os.path.dirname(hits[0])
-    return None
+    wheels = [os.path.join(root, "nvidia") for root in site.getsitepackages()]
+    dirs = []
+    for soname in sonames:
+        if re.search(r"\s" + re.escape(soname) + r"\s", cache):
+            continue
+        hits = [os.path.join(place, soname) for place in places if os.path.exists(os.path.join(place, soname))]
+        for root in wheels:
+            hits += glob.glob(os.path.join(root, "**", soname), recursive=True)
+        if hits and os.path.dirname(hits[0]) not in dirs:
+            dirs.append(os.path.dirname(hits[0]))
+    return dirs
 
 
 def tool_path(name):
@@ -218,11 +220,9 @@ def phase_tests(c):
 
 
 def phase_bench(c):
-    cmd = [c.herd, "bench", "gpu", "--python", c.a.python, "--steps", "20", "--warmup", "5"]
-    if c.a.small:
-        cmd = [c.herd, "bench", "gpu", *small_shape_sets(), "--python", c.a.python, "--steps", "2", "--warmup", "1",
-               "--torch-modes", "eager", "--torch-device", "cpu"]
-    code, out, err = c.run("herd bench gpu", cmd, 420)
+    how = (small_shape_sets() + ["--steps", "2", "--warmup", "1", "--torch-modes", "eager", "--torch-device", "cpu"]
+           if c.a.small else ["--steps", "20", "--warmup", "5"])
+    code, out, err = c.run("herd bench gpu", [c.herd, "bench", "gpu", "--python", c.a.python, *how], 420)
     rows = json_lines(out)
     for row in rows:
         c.record("bench", **row)
@@ -231,9 +231,10 @@ def phase_bench(c):
 
 
 def small_shape_sets():
-    return ["--set", "model.vocab_size=256", "--set", "model.hidden_size=64", "--set", "model.intermediate_size=160",
-            "--set", "model.num_hidden_layers=2", "--set", "model.num_attention_heads=4",
-            "--set", "model.num_key_value_heads=2", "--set", "train.batch_size=2", "--set", "train.seq_len=64"]
+    """SMALL as `--set` flags, at batch 2 x 64."""
+    sets = [f"model.{k}={v}" for k, v in re.findall(r"(\w+): (\w+)", SMALL)]
+    sets += ["train.batch_size=2", "train.seq_len=64"]
+    return [x for s in sets for x in ("--set", s)]
 
 
 def random_tokens(path, vocab, count, seed=1):
