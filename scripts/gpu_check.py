@@ -360,7 +360,8 @@ def kernel_times(lines):
     for row in csv.DictReader(line for line in lines if line.startswith('"')):
         if row.get("Metric Name") != "gpu__time_duration.sum":
             continue
-        scale = {"nsecond": 1e-3, "usecond": 1.0, "msecond": 1e3, "second": 1e6}[row["Metric Unit"]]
+        scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3, "s": 1e6,
+                 "second": 1e6}[row["Metric Unit"]]
         name = row.get("Kernel Name", "?")[:80]
         n, t = by_kernel.get(name, (0, 0.0))
         by_kernel[name] = (n + 1, t + float(row["Metric Value"].replace(",", "")) * scale)

@@ -1,336 +1,372 @@
-// Tensor-core flash attention for bf16 (head_dim 64 and 128): the same
-// algorithm and contracts as attention.cu's FMA kernels, with every
-// [16 x 16] product of Q K^T, P V, and in the backward dP, dV, dK, dQ on the
-// tensor cores through the warp matrix API (mma.h, bf16 in, fp32
-// accumulate). A block is 4 warps; each warp owns 16 rows (queries in the
-// forward and dq kernels, keys in the dk/dv kernel) and streams 64-row
-// tiles of the other operand through shared memory. Softmax statistics,
-// masking and rescaling are done by the lanes on fp32 scores staged in
-// shared memory (fragment element layouts are not portable); P and dS are
-// rounded to bf16 for their products, as FlashAttention does.
+// Tensor-core flash attention for bf16 (head_dim 64 and 128), the algorithm
+// of FlashAttention-2: a block of 4 warps owns 64 rows (16 a warp: queries
+// in the forward and dq kernels, keys in the dk/dv kernel) and streams
+// 64-row tiles of the other operands through shared memory, double
+// buffered with cp.async. Every product is an mma.sync on register
+// fragments (tensor_core.cuh); scores, probabilities and their gradients
+// never leave registers: a score fragment's rows are those of the next
+// product's left operand, so P and dS are rounded to bf16 and fed on
+// directly. Softmax statistics are per row, reduced over the 4 lanes that
+// hold it, in log2 units (exp2). Shared-memory tiles are swizzled so that
+// ldmatrix reads them without bank conflicts.
 //
 // Deterministic without atomics, like attention.cu: dq and dk/dv are
 // separate kernels, each output row owned by one warp, sums in fixed order.
 #include <glog/logging.h>
 
+#include <initializer_list>
+
 #include "model/cuda/attention_dims.h"
 #include "model/cuda/attention_tc.h"
 #include "model/cuda/device_math.cuh"
+#include "model/cuda/tensor_core.cuh"
 
 namespace herd::cuda {
 namespace {
 
-namespace wmma = nvcuda::wmma;
 using bf16 = __nv_bfloat16;
 
 constexpr int kWarps = 4;
-constexpr int kThreads = kWarps * 32;
+constexpr int kThreads = 32 * kWarps;
 constexpr int kRows = 16 * kWarps;  // rows a block owns
-constexpr int kTile = 64;           // rows of the streamed operand per tile
-static_assert(kRows == kTile, "the backward's shared-memory layout sizes own rows and tiles alike");
+constexpr int kTile = 64;           // rows of a streamed tile
+constexpr int kTileN = kTile / 8;   // a score row's 8-column fragments per tile
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
 
-using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major>;
-using FragBRow = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major>;
-using FragBCol = wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major>;
-using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
-
-// Rows [first, first + kTile) of one head of a [B, T, heads, HD] tensor
-// into shared memory as bf16 (zeros past T).
+// Issues the copies of rows [first, first + kTile) of one head of a
+// [B, T, heads, HD] tensor into a swizzled tile (zeros past T).
 template <int HD>
-__device__ __forceinline__ void LoadTile(bf16* tile, const bf16* base, int64_t b, int64_t first, int64_t heads,
-                                         int64_t head, int64_t T_) {
-  for (int idx = threadIdx.x; idx < kTile * HD; idx += blockDim.x) {
-    const int r = idx / HD, c = idx % HD;
+__device__ __forceinline__ void LoadTileAsync(bf16* tile, const bf16* base, int64_t b, int64_t first, int64_t heads,
+                                              int64_t head, int64_t T_) {
+  constexpr int kChunksPerRow = HD / 8;
+  for (int c = threadIdx.x; c < kTile * kChunksPerRow; c += kThreads) {
+    const int r = c / kChunksPerRow, col = (c % kChunksPerRow) * 8;
     const int64_t row = first + r;
-    tile[idx] = row < T_ ? base[((b * T_ + row) * heads + head) * HD + c] : __float2bfloat16(0.0f);
+    const bool valid = row < T_;
+    CpAsync16(tile + Swizzled<HD>(r, col), valid ? base + ((b * T_ + row) * heads + head) * HD + col : base, valid);
   }
 }
 
-// out[16, 64] (fp32, leading dimension ld) = a[16, HD] . b^T where b is
-// [64, HD] row-major: b^T is b read column-major.
+// The A fragment of rows [r0, r0 + 16) and columns [16 kk, 16 kk + 16).
 template <int HD>
-__device__ __forceinline__ void RowsTimesTileT(float* out, int ld, const bf16* a, const bf16* b) {
-  for (int j = 0; j < kTile / 16; ++j) {
-    FragC acc;
-    wmma::fill_fragment(acc, 0.0f);
-    for (int k = 0; k < HD / 16; ++k) {
-      FragA fa;
-      FragBCol fb;
-      wmma::load_matrix_sync(fa, a + k * 16, HD);
-      wmma::load_matrix_sync(fb, b + j * 16 * HD + k * 16, HD);
-      wmma::mma_sync(acc, fa, fb, acc);
+__device__ __forceinline__ void LoadA(uint32_t (&a)[4], const bf16* tile, int r0, int kk, int lane) {
+  LdMatrixX4(a, tile + Swizzled<HD>(r0 + lane % 8 + (lane / 8) % 2 * 8, kk * 16 + lane / 16 * 8));
+}
+// B fragments of X . Y^T for a tile Y stored [n][k]: rows [n0, n0 + 16) as
+// two 8-column fragments (b[0..1] the first, b[2..3] the second), k in
+// [16 kk, 16 kk + 16).
+template <int HD>
+__device__ __forceinline__ void LoadBOfTransposed(uint32_t (&b)[4], const bf16* tile, int n0, int kk, int lane) {
+  LdMatrixX4(b, tile + Swizzled<HD>(n0 + lane % 8 + lane / 16 * 8, kk * 16 + (lane / 8) % 2 * 8));
+}
+// B fragments of X . Y for a tile Y stored [k][n]: k in [k0, k0 + 16),
+// columns [c0, c0 + 16) as two 8-column fragments.
+template <int HD>
+__device__ __forceinline__ void LoadB(uint32_t (&b)[4], const bf16* tile, int k0, int c0, int lane) {
+  LdMatrixX4Trans(b, tile + Swizzled<HD>(k0 + lane % 8 + (lane / 8) % 2 * 8, c0 + lane / 16 * 8));
+}
+
+// acc[j] = rows [r0, r0 + 16) of x times the tile y^T (a [16 x 64] product,
+// fragment j holding columns 8j..8j+7).
+template <int HD>
+__device__ __forceinline__ void RowsTimesTileT(float (&acc)[kTileN][4], const bf16* x, int r0, const bf16* y,
+                                               int lane) {
+  HERD_UNROLL
+  for (int j = 0; j < kTileN; ++j)
+    HERD_UNROLL
+    for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+  HERD_UNROLL
+  for (int kk = 0; kk < HD / 16; ++kk) {
+    uint32_t a[4];
+    LoadA<HD>(a, x, r0, kk, lane);
+    HERD_UNROLL
+    for (int j = 0; j < kTileN; j += 2) {
+      uint32_t b[4];
+      LoadBOfTransposed<HD>(b, y, j * 8, kk, lane);
+      MmaBf16(acc[j], a, b[0], b[1]);
+      MmaBf16(acc[j + 1], a, b[2], b[3]);
     }
-    wmma::store_matrix_sync(out + j * 16, acc, ld, wmma::mem_row_major);
   }
 }
 
-// acc[n] += p[16, 64] (bf16, ld kTile) . v[64, HD] (row-major) for the
-// HD/16 column blocks n.
+// acc += p . y, p a [16 x 64] score fragment set rounded to bf16 here, y a
+// [64 x HD] tile.
 template <int HD>
-__device__ __forceinline__ void AccumulateRowsTimesTile(FragC* acc, const bf16* p, const bf16* v) {
-  for (int k = 0; k < kTile / 16; ++k) {
-    FragA fa;
-    wmma::load_matrix_sync(fa, p + k * 16, kTile);
-    for (int n = 0; n < HD / 16; ++n) {
-      FragBRow fb;
-      wmma::load_matrix_sync(fb, v + k * 16 * HD + n * 16, HD);
-      wmma::mma_sync(acc[n], fa, fb, acc[n]);
+__device__ __forceinline__ void AccumulateScoresTimesTile(float (&acc)[HD / 8][4], const float (&p)[kTileN][4],
+                                                          const bf16* y, int lane) {
+  HERD_UNROLL
+  for (int kc = 0; kc < kTile / 16; ++kc) {
+    const uint32_t a[4] = {PackBf16(p[2 * kc][0], p[2 * kc][1]), PackBf16(p[2 * kc][2], p[2 * kc][3]),
+                           PackBf16(p[2 * kc + 1][0], p[2 * kc + 1][1]), PackBf16(p[2 * kc + 1][2], p[2 * kc + 1][3])};
+    HERD_UNROLL
+    for (int n = 0; n < HD / 8; n += 2) {
+      uint32_t b[4];
+      LoadB<HD>(b, y, kc * 16, n * 8, lane);
+      MmaBf16(acc[n], a, b[0], b[1]);
+      MmaBf16(acc[n + 1], a, b[2], b[3]);
     }
   }
 }
 
-// Shared memory of the forward: Q, K, V tiles, and per warp its scores /
-// P.V scratch (fp32), P (bf16), O (fp32) and row statistics.
+// Sum over the 4 lanes holding one fragment row.
+__device__ __forceinline__ float QuadSum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+__device__ __forceinline__ float QuadMax(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+// Writes rows [r0, r0 + 16) of acc * factor as bf16 into one head of a
+// [B, T, heads, HD] tensor (rows past T skipped).
 template <int HD>
-struct ForwardSmem {
-  static constexpr int kScratch = HD > kTile ? HD : kTile;  // row length of the fp32 scratch
-  static constexpr size_t kBytes = 3 * kTile * HD * sizeof(bf16) + kWarps * 16 * kScratch * sizeof(float) +
-                                   kWarps * 16 * kTile * sizeof(bf16) + kWarps * 16 * HD * sizeof(float) +
-                                   3 * kRows * sizeof(float);
+__device__ __forceinline__ void StoreRows(bf16* dst, const float (&acc)[HD / 8][4], int64_t b, int64_t r0,
+                                          int64_t heads, int64_t head, int64_t T_, float factor, int lane) {
+  const int g = lane / 4, t = lane % 4;
+  HERD_UNROLL
+  for (int half = 0; half < 2; ++half) {
+    const int64_t row = r0 + g + 8 * half;
+    if (row >= T_) continue;
+    bf16* o = dst + ((b * T_ + row) * heads + head) * HD + 2 * t;
+    HERD_UNROLL
+    for (int n = 0; n < HD / 8; ++n) {
+      const uint32_t pair = PackBf16(acc[n][2 * half] * factor, acc[n][2 * half + 1] * factor);
+      memcpy(static_cast<void*>(o + n * 8), &pair, sizeof(pair));
+    }
+  }
+}
+
+template <int HD>
+struct ForwardSmem {  // Q, then K and V twice
+  static constexpr size_t kBytes = static_cast<size_t>(kRows + 4 * kTile) * HD * sizeof(bf16);
 };
 
-// grid (query blocks of 64, H, B), 128 threads.
+// grid (query blocks of 64, H, B), 128 threads; the longest blocks (the
+// last queries) first.
 template <int HD>
 __global__ void __launch_bounds__(kThreads)
     TcForwardKernel(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, AttentionDims d) {
-  using S = ForwardSmem<HD>;
-  HERD_DYNAMIC_SHARED(unsigned char, smem);
-  bf16* qs = reinterpret_cast<bf16*>(smem);
-  bf16* ks = qs + kTile * HD;
-  bf16* vs = ks + kTile * HD;
-  float* scratch = reinterpret_cast<float*>(vs + kTile * HD);               // [warps][16][kScratch]
-  bf16* ps = reinterpret_cast<bf16*>(scratch + kWarps * 16 * S::kScratch);  // [warps][16][kTile]
-  float* os = reinterpret_cast<float*>(ps + kWarps * 16 * kTile);           // [warps][16][HD]
-  float* row_max = os + kWarps * 16 * HD;                                   // [kRows]
-  float* row_sum = row_max + kRows;
-  float* row_scale = row_sum + kRows;
-
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  HERD_DYNAMIC_SHARED(bf16, smem);
+  bf16* qs = smem;
+  bf16* const ks = qs + kRows * HD;              // two K tiles (slot s at s * kTile * HD)
+  bf16* const vs = qs + (kRows + 2 * kTile) * HD;  // two V tiles
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int64_t b = blockIdx.z, h = blockIdx.y, kvh = h / d.group;
-  const int64_t q0 = static_cast<int64_t>(blockIdx.x) * kRows;
-  const int64_t last_q = q0 + kRows - 1 < d.T - 1 ? q0 + kRows - 1 : d.T - 1;
-  float* my_scratch = scratch + warp * 16 * S::kScratch;
-  bf16* my_p = ps + warp * 16 * kTile;
-  float* my_o = os + warp * 16 * HD;
-  // A lane pair per row: lane/2 is the row, lane%2 the half of the columns.
-  const int r = lane / 2, half = lane % 2;
-  const int64_t qi = q0 + warp * 16 + r;
+  const int64_t q0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kRows;
+  const int64_t last_q = (q0 + kRows < d.T ? q0 + kRows : d.T) - 1;
+  const int64_t tiles = last_q / kTile + 1;
+  const int64_t rows[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+  const float scale2 = d.scale * kLog2e;
 
-  LoadTile<HD>(qs, q, b, q0, d.H, h, d.T);
-  for (int idx = lane; idx < 16 * HD; idx += 32) my_o[idx] = 0.0f;
-  if (half == 0) {
-    row_max[warp * 16 + r] = -INFINITY;
-    row_sum[warp * 16 + r] = 0.0f;
-  }
-  for (int64_t k0 = 0; k0 <= last_q; k0 += kTile) {
-    __syncthreads();  // the previous tiles are no longer read
-    LoadTile<HD>(ks, k, b, k0, d.KV, kvh, d.T);
-    LoadTile<HD>(vs, v, b, k0, d.KV, kvh, d.T);
+  LoadTileAsync<HD>(qs, q, b, q0, d.H, h, d.T);
+  LoadTileAsync<HD>(ks, k, b, 0, d.KV, kvh, d.T);
+  LoadTileAsync<HD>(vs, v, b, 0, d.KV, kvh, d.T);
+  CpAsyncCommit();
+  float o[HD / 8][4];
+  HERD_UNROLL
+  for (int n = 0; n < HD / 8; ++n)
+    HERD_UNROLL
+    for (int e = 0; e < 4; ++e) o[n][e] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this lane's part of the row sum
+  for (int64_t i = 0; i < tiles; ++i) {
+    const int cur = static_cast<int>(i % 2);
+    if (i + 1 < tiles) {
+      LoadTileAsync<HD>(ks + (1 - cur) * kTile * HD, k, b, (i + 1) * kTile, d.KV, kvh, d.T);
+      LoadTileAsync<HD>(vs + (1 - cur) * kTile * HD, v, b, (i + 1) * kTile, d.KV, kvh, d.T);
+    }
+    CpAsyncCommit();
+    CpAsyncWait<1>();  // everything but the tile just asked for
     __syncthreads();
-    RowsTimesTileT<HD>(my_scratch, S::kScratch, qs + warp * 16 * HD, ks);
-    __syncwarp();
-    // Online softmax over this tile's 32 columns per lane.
-    const float* srow = my_scratch + r * S::kScratch;
-    float local_max = -INFINITY;
-    for (int c = half * 32; c < half * 32 + 32; ++c) {
-      const int64_t kj = k0 + c;
-      if (kj <= qi && kj < d.T) local_max = fmaxf(local_max, srow[c] * d.scale);
+    float s[kTileN][4];
+    RowsTimesTileT<HD>(s, qs, warp * 16, ks + cur * kTile * HD, lane);
+    float tile_max[2] = {-INFINITY, -INFINITY};
+    HERD_UNROLL
+    for (int j = 0; j < kTileN; ++j)
+      HERD_UNROLL
+      for (int e = 0; e < 4; ++e) {
+        const int64_t col = i * kTile + 8 * j + 2 * t + e % 2, row = rows[e / 2];
+        s[j][e] = col <= row && col < d.T ? s[j][e] * scale2 : -INFINITY;
+        tile_max[e / 2] = fmaxf(tile_max[e / 2], s[j][e]);
+      }
+    float base[2];
+    HERD_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      const float m_new = fmaxf(m[r], QuadMax(tile_max[r]));
+      base[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row with nothing unmasked yet stays at zero
+      const float correction = exp2f(m[r] - base[r]);
+      m[r] = m_new;
+      l[r] *= correction;
+      HERD_UNROLL
+      for (int n = 0; n < HD / 8; ++n) {
+        o[n][2 * r] *= correction;
+        o[n][2 * r + 1] *= correction;
+      }
     }
-    const float tile_max = fmaxf(local_max, __shfl_xor_sync(0xffffffffu, local_max, 1));
-    const float m_old = row_max[warp * 16 + r];
-    const float m_new = fmaxf(m_old, tile_max);
-    float local_sum = 0;
-    for (int c = half * 32; c < half * 32 + 32; ++c) {
-      const int64_t kj = k0 + c;
-      const float p = (kj <= qi && kj < d.T && m_new != -INFINITY) ? expf(srow[c] * d.scale - m_new) : 0.0f;
-      my_p[r * kTile + c] = __float2bfloat16(p);
-      local_sum += p;
-    }
-    const float tile_sum = local_sum + __shfl_xor_sync(0xffffffffu, local_sum, 1);
-    const float correction = m_new == -INFINITY ? 1.0f : expf(m_old - m_new);  // 0 on the first tile
-    __syncwarp();
-    if (half == 0) {
-      row_sum[warp * 16 + r] = row_sum[warp * 16 + r] * correction + tile_sum;
-      row_max[warp * 16 + r] = m_new;
-      row_scale[warp * 16 + r] = correction;
-    }
-    // P.V into the scratch, then O = O * correction + P.V by the lanes.
-    FragC acc[HD / 16];
-    for (int n = 0; n < HD / 16; ++n) wmma::fill_fragment(acc[n], 0.0f);
-    AccumulateRowsTimesTile<HD>(acc, my_p, vs);
-    __syncwarp();  // every lane has read the scores before they are overwritten
-    for (int n = 0; n < HD / 16; ++n)
-      wmma::store_matrix_sync(my_scratch + n * 16, acc[n], S::kScratch, wmma::mem_row_major);
-    __syncwarp();
-    for (int c = half * (HD / 2); c < half * (HD / 2) + HD / 2; ++c)
-      my_o[r * HD + c] = my_o[r * HD + c] * row_scale[warp * 16 + r] + my_scratch[r * S::kScratch + c];
-    __syncwarp();
+    HERD_UNROLL
+    for (int j = 0; j < kTileN; ++j)
+      HERD_UNROLL
+      for (int e = 0; e < 4; ++e) {
+        s[j][e] = exp2f(s[j][e] - base[e / 2]);
+        l[e / 2] += s[j][e];
+      }
+    AccumulateScoresTimesTile<HD>(o, s, vs + cur * kTile * HD, lane);
+    __syncthreads();  // this tile is read before the next iteration's copies overwrite it
   }
-  if (qi >= d.T) return;
-  const float l = row_sum[warp * 16 + r];
-  bf16* o = out + ((b * d.T + qi) * d.H + h) * HD;
-  for (int c = half * (HD / 2); c < half * (HD / 2) + HD / 2; ++c) o[c] = __float2bfloat16(my_o[r * HD + c] / l);
-  if (half == 0) lse[(b * d.H + h) * d.T + qi] = row_max[warp * 16 + r] + logf(l);
+  float inv[2];
+  HERD_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    l[r] = QuadSum(l[r]);
+    inv[r] = 1.0f / l[r];
+  }
+  HERD_UNROLL
+  for (int n = 0; n < HD / 8; ++n)
+    HERD_UNROLL
+    for (int e = 0; e < 4; ++e) o[n][e] *= inv[e / 2];
+  StoreRows<HD>(out, o, b, q0 + warp * 16, d.H, h, d.T, 1.0f, lane);
+  HERD_UNROLL
+  for (int r = 0; r < 2; ++r)
+    if (t == 0 && rows[r] < d.T) lse[(b * d.H + h) * d.T + rows[r]] = m[r] * kLn2 + logf(l[r]);
 }
 
-// Shared memory of the backward kernels: two own-row tiles, two streamed
-// tiles, per warp two fp32 [16 x kScratch] scratches and one bf16
-// [16 x kTile], and the streamed rows' statistics.
 template <int HD>
-struct BackwardSmem {
-  static constexpr int kScratch = HD > kTile ? HD : kTile;
-  static constexpr size_t kBytes = 4 * kTile * HD * sizeof(bf16) + 2 * kWarps * 16 * kScratch * sizeof(float) +
-                                   kWarps * 16 * kTile * sizeof(bf16) + 2 * kTile * sizeof(float);
-
-  // The layout, carved from the block's dynamic shared memory.
-  bf16 *own_a, *own_b;    // the block's own rows of two operands [kTile, HD]
-  bf16 *tile_a, *tile_b;  // the two streamed operands' tile
-  float *s, *dp;          // per warp [16, kScratch] fp32 scratch
-  bf16* p;                // per warp [16, kTile] bf16 operand
-  float* stats;           // the streamed rows' lse [kTile], then delta [kTile]
-  __device__ explicit BackwardSmem(unsigned char* smem) {
-    own_a = reinterpret_cast<bf16*>(smem);
-    own_b = own_a + kTile * HD;
-    tile_a = own_b + kTile * HD;
-    tile_b = tile_a + kTile * HD;
-    s = reinterpret_cast<float*>(tile_b + kTile * HD);
-    dp = s + kWarps * 16 * kScratch;
-    p = reinterpret_cast<bf16*>(dp + kWarps * 16 * kScratch);
-    stats = reinterpret_cast<float*>(p + kWarps * 16 * kTile);
-  }
+struct BackwardSmem {  // two own-row tiles, two streamed operands twice, the streamed rows' statistics twice
+  static constexpr size_t kBytes =
+      static_cast<size_t>(2 * kRows + 4 * kTile) * HD * sizeof(bf16) + 2 * 2 * kTile * sizeof(float);
 };
-
-// Writes acc[n] * factor (16 x HD) as bf16 rows of a [B, T, heads, HD]
-// tensor, staged through the warp's scratch.
-template <int HD>
-__device__ __forceinline__ void StoreRows(bf16* dst, FragC* acc, float* scratch, int ld, int64_t b, int64_t first,
-                                          int64_t heads, int64_t head, int64_t T_, float factor) {
-  for (int n = 0; n < HD / 16; ++n) wmma::store_matrix_sync(scratch + n * 16, acc[n], ld, wmma::mem_row_major);
-  __syncwarp();
-  const int lane = threadIdx.x % 32, r = lane / 2, half = lane % 2;
-  const int64_t row = first + r;
-  if (row < T_) {
-    bf16* o = dst + ((b * T_ + row) * heads + head) * HD;
-    for (int c = half * (HD / 2); c < half * (HD / 2) + HD / 2; ++c)
-      o[c] = __float2bfloat16(scratch[r * ld + c] * factor);
-  }
-  __syncwarp();
-}
 
 // grid (query blocks of 64, H, B): each warp owns 16 queries' dq.
 template <int HD>
 __global__ void __launch_bounds__(kThreads)
     TcBackwardQueryKernel(bf16* dq, const bf16* dout, const float* lse, const float* delta, const bf16* q,
                           const bf16* k, const bf16* v, AttentionDims d) {
-  using S = BackwardSmem<HD>;
-  HERD_DYNAMIC_SHARED(unsigned char, smem);
-  const S m(smem);
-  bf16 *qs = m.own_a, *dos = m.own_b, *ks = m.tile_a, *vs = m.tile_b;
-  float *s_scratch = m.s, *dp_scratch = m.dp, *stats = m.stats;  // stats: the block's rows here (kRows = kTile)
-  bf16* ds_tile = m.p;
-
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 2, half = lane % 2;
+  HERD_DYNAMIC_SHARED(bf16, smem);
+  bf16* qs = smem;
+  bf16* dos = qs + kRows * HD;
+  bf16* const ks = dos + kRows * HD;              // two K tiles (slot s at s * kTile * HD)
+  bf16* const vs = dos + (kRows + 2 * kTile) * HD;  // two V tiles
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int64_t b = blockIdx.z, h = blockIdx.y, kvh = h / d.group;
-  const int64_t q0 = static_cast<int64_t>(blockIdx.x) * kRows;
-  const int64_t last_q = q0 + kRows - 1 < d.T - 1 ? q0 + kRows - 1 : d.T - 1;
-  float* my_s = s_scratch + warp * 16 * S::kScratch;
-  float* my_dp = dp_scratch + warp * 16 * S::kScratch;
-  bf16* my_ds = ds_tile + warp * 16 * kTile;
-  const int64_t qi = q0 + warp * 16 + r;
+  const int64_t q0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kRows;
+  const int64_t last_q = (q0 + kRows < d.T ? q0 + kRows : d.T) - 1;
+  const int64_t tiles = last_q / kTile + 1;
+  const int64_t rows[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+  const float scale2 = d.scale * kLog2e;
+  float L[2], D[2];  // per row: lse in log2 units, delta
+  HERD_UNROLL
+  for (int r = 0; r < 2; ++r) {
+    const bool live = rows[r] < d.T;
+    L[r] = live ? lse[(b * d.H + h) * d.T + rows[r]] * kLog2e : 0.0f;
+    D[r] = live ? delta[(b * d.H + h) * d.T + rows[r]] : 0.0f;
+  }
 
-  LoadTile<HD>(qs, q, b, q0, d.H, h, d.T);
-  LoadTile<HD>(dos, dout, b, q0, d.H, h, d.T);
-  for (int i = threadIdx.x; i < kRows; i += blockDim.x) {
-    const int64_t row = q0 + i;
-    stats[i] = row < d.T ? lse[(b * d.H + h) * d.T + row] : 0.0f;
-    stats[kRows + i] = row < d.T ? delta[(b * d.H + h) * d.T + row] : 0.0f;
-  }
-  FragC acc[HD / 16];
-  for (int n = 0; n < HD / 16; ++n) wmma::fill_fragment(acc[n], 0.0f);
-  for (int64_t k0 = 0; k0 <= last_q; k0 += kTile) {
-    __syncthreads();
-    LoadTile<HD>(ks, k, b, k0, d.KV, kvh, d.T);
-    LoadTile<HD>(vs, v, b, k0, d.KV, kvh, d.T);
-    __syncthreads();
-    RowsTimesTileT<HD>(my_s, S::kScratch, qs + warp * 16 * HD, ks);    // S = Q K^T
-    RowsTimesTileT<HD>(my_dp, S::kScratch, dos + warp * 16 * HD, vs);  // dP = dO V^T
-    __syncwarp();
-    const float L = stats[warp * 16 + r], D = stats[kRows + warp * 16 + r];
-    for (int c = half * 32; c < half * 32 + 32; ++c) {
-      const int64_t kj = k0 + c;
-      const bool live = kj <= qi && kj < d.T && qi < d.T;
-      const float p = live ? expf(my_s[r * S::kScratch + c] * d.scale - L) : 0.0f;
-      my_ds[r * kTile + c] = __float2bfloat16(p * (my_dp[r * S::kScratch + c] - D));
+  LoadTileAsync<HD>(qs, q, b, q0, d.H, h, d.T);
+  LoadTileAsync<HD>(dos, dout, b, q0, d.H, h, d.T);
+  LoadTileAsync<HD>(ks, k, b, 0, d.KV, kvh, d.T);
+  LoadTileAsync<HD>(vs, v, b, 0, d.KV, kvh, d.T);
+  CpAsyncCommit();
+  float acc[HD / 8][4];
+  HERD_UNROLL
+  for (int n = 0; n < HD / 8; ++n)
+    HERD_UNROLL
+    for (int e = 0; e < 4; ++e) acc[n][e] = 0.0f;
+  for (int64_t i = 0; i < tiles; ++i) {
+    const int cur = static_cast<int>(i % 2);
+    if (i + 1 < tiles) {
+      LoadTileAsync<HD>(ks + (1 - cur) * kTile * HD, k, b, (i + 1) * kTile, d.KV, kvh, d.T);
+      LoadTileAsync<HD>(vs + (1 - cur) * kTile * HD, v, b, (i + 1) * kTile, d.KV, kvh, d.T);
     }
-    __syncwarp();
-    AccumulateRowsTimesTile<HD>(acc, my_ds, ks);  // dQ += dS K
+    CpAsyncCommit();
+    CpAsyncWait<1>();
+    __syncthreads();
+    float s[kTileN][4], dp[kTileN][4];
+    RowsTimesTileT<HD>(s, qs, warp * 16, ks + cur * kTile * HD, lane);    // S = Q K^T
+    RowsTimesTileT<HD>(dp, dos, warp * 16, vs + cur * kTile * HD, lane);  // dP = dO V^T
+    HERD_UNROLL
+    for (int j = 0; j < kTileN; ++j)
+      HERD_UNROLL
+      for (int e = 0; e < 4; ++e) {
+        const int64_t col = i * kTile + 8 * j + 2 * t + e % 2, row = rows[e / 2];
+        const float p = col <= row && row < d.T ? exp2f(s[j][e] * scale2 - L[e / 2]) : 0.0f;
+        s[j][e] = p * (dp[j][e] - D[e / 2]);  // dS
+      }
+    AccumulateScoresTimesTile<HD>(acc, s, ks + cur * kTile * HD, lane);  // dQ += dS K
+    __syncthreads();
   }
-  __syncwarp();
-  StoreRows<HD>(dq, acc, my_s, S::kScratch, b, q0 + warp * 16, d.H, h, d.T, d.scale);
+  StoreRows<HD>(dq, acc, b, q0 + warp * 16, d.H, h, d.T, d.scale, lane);
 }
 
 // grid (key blocks of 64, KV, B): each warp owns 16 keys' dk and dv and
-// walks the group's query heads, then the queries, in order.
+// walks the group's query heads, then the queries from its block on.
 template <int HD>
 __global__ void __launch_bounds__(kThreads)
     TcBackwardKeyValueKernel(bf16* dk, bf16* dv, const bf16* dout, const float* lse, const float* delta, const bf16* q,
                              const bf16* k, const bf16* v, AttentionDims d) {
-  using S = BackwardSmem<HD>;
-  HERD_DYNAMIC_SHARED(unsigned char, smem);
-  const S m(smem);
-  bf16 *ks = m.own_a, *vs = m.own_b, *qs = m.tile_a, *dos = m.tile_b;
-  float *s_scratch = m.s, *dp_scratch = m.dp, *stats = m.stats;
-  bf16* p_tile = m.p;
-
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 2, half = lane % 2;
+  HERD_DYNAMIC_SHARED(bf16, smem);
+  bf16* ks = smem;
+  bf16* vs = ks + kRows * HD;
+  bf16* const qs = vs + kRows * HD;                // two Q tiles (slot s at s * kTile * HD)
+  bf16* const dos = vs + (kRows + 2 * kTile) * HD;  // two dO tiles
+  float* stats = reinterpret_cast<float*>(vs + (kRows + 4 * kTile) * HD);  // [2][lse, delta][kTile]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int64_t b = blockIdx.z, kvh = blockIdx.y;
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kRows;
-  float* my_s = s_scratch + warp * 16 * S::kScratch;
-  float* my_dp = dp_scratch + warp * 16 * S::kScratch;
-  bf16* my_p = p_tile + warp * 16 * kTile;
-  const int64_t kj = j0 + warp * 16 + r;
-
-  LoadTile<HD>(ks, k, b, j0, d.KV, kvh, d.T);
-  LoadTile<HD>(vs, v, b, j0, d.KV, kvh, d.T);
-  FragC dk_acc[HD / 16], dv_acc[HD / 16];
-  for (int n = 0; n < HD / 16; ++n) {
-    wmma::fill_fragment(dk_acc[n], 0.0f);
-    wmma::fill_fragment(dv_acc[n], 0.0f);
-  }
-  for (int64_t g = 0; g < d.group; ++g) {
-    const int64_t h = kvh * d.group + g;
-    for (int64_t i0 = j0; i0 < d.T; i0 += kTile) {  // queries i >= j only
-      __syncthreads();
-      LoadTile<HD>(qs, q, b, i0, d.H, h, d.T);
-      LoadTile<HD>(dos, dout, b, i0, d.H, h, d.T);
-      for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
-        const int64_t row = i0 + i;
-        stats[i] = row < d.T ? lse[(b * d.H + h) * d.T + row] : 0.0f;
-        stats[kTile + i] = row < d.T ? delta[(b * d.H + h) * d.T + row] : 0.0f;
-      }
-      __syncthreads();
-      RowsTimesTileT<HD>(my_s, S::kScratch, ks + warp * 16 * HD, qs);    // S^T = K Q^T
-      RowsTimesTileT<HD>(my_dp, S::kScratch, vs + warp * 16 * HD, dos);  // dP^T = V dO^T
-      __syncwarp();
-      for (int c = half * 32; c < half * 32 + 32; ++c) {
-        const int64_t qi = i0 + c;
-        const bool live = qi >= kj && qi < d.T && kj < d.T;
-        const float p = live ? expf(my_s[r * S::kScratch + c] * d.scale - stats[c]) : 0.0f;
-        my_p[r * kTile + c] = __float2bfloat16(p);
-        my_s[r * S::kScratch + c] = p * (my_dp[r * S::kScratch + c] - stats[kTile + c]);  // dS^T, fp32
-      }
-      __syncwarp();
-      AccumulateRowsTimesTile<HD>(dv_acc, my_p, dos);  // dV += P^T dO
-      __syncwarp();                                    // P^T is read; its buffer takes dS^T
-      for (int c = half * 32; c < half * 32 + 32; ++c)
-        my_p[r * kTile + c] = __float2bfloat16(my_s[r * S::kScratch + c]);
-      __syncwarp();
-      AccumulateRowsTimesTile<HD>(dk_acc, my_p, qs);  // dK += dS^T Q
-      __syncwarp();
+  const int64_t keys[2] = {j0 + warp * 16 + g, j0 + warp * 16 + g + 8};
+  const float scale2 = d.scale * kLog2e;
+  const int64_t query_tiles = (d.T - j0 + kTile - 1) / kTile;  // queries i >= j0 only
+  const int64_t steps = d.group * query_tiles;
+  // Step i: query head kvh * group + i / query_tiles, queries from
+  // j0 + (i % query_tiles) * kTile; copies into buffer `slot`.
+  auto load_step = [&](int64_t i, int slot) {
+    const int64_t h = kvh * d.group + i / query_tiles, i0 = j0 + (i % query_tiles) * kTile;
+    LoadTileAsync<HD>(qs + slot * kTile * HD, q, b, i0, d.H, h, d.T);
+    LoadTileAsync<HD>(dos + slot * kTile * HD, dout, b, i0, d.H, h, d.T);
+    float* st = stats + slot * 2 * kTile;
+    for (int c = threadIdx.x; c < kTile; c += kThreads) {
+      const int64_t row = i0 + c;
+      st[c] = row < d.T ? lse[(b * d.H + h) * d.T + row] * kLog2e : 0.0f;
+      st[kTile + c] = row < d.T ? delta[(b * d.H + h) * d.T + row] : 0.0f;
     }
+  };
+
+  LoadTileAsync<HD>(ks, k, b, j0, d.KV, kvh, d.T);
+  LoadTileAsync<HD>(vs, v, b, j0, d.KV, kvh, d.T);
+  load_step(0, 0);
+  CpAsyncCommit();
+  float dk_acc[HD / 8][4], dv_acc[HD / 8][4];
+  HERD_UNROLL
+  for (int n = 0; n < HD / 8; ++n)
+    HERD_UNROLL
+    for (int e = 0; e < 4; ++e) dk_acc[n][e] = dv_acc[n][e] = 0.0f;
+  for (int64_t i = 0; i < steps; ++i) {
+    const int cur = static_cast<int>(i % 2);
+    if (i + 1 < steps) load_step(i + 1, 1 - cur);
+    CpAsyncCommit();
+    CpAsyncWait<1>();
+    __syncthreads();
+    const int64_t i0 = j0 + (i % query_tiles) * kTile;
+    const float* L = stats + cur * 2 * kTile;
+    const float* D = L + kTile;
+    float s[kTileN][4], dp[kTileN][4];
+    RowsTimesTileT<HD>(s, ks, warp * 16, qs + cur * kTile * HD, lane);    // S^T = K Q^T
+    RowsTimesTileT<HD>(dp, vs, warp * 16, dos + cur * kTile * HD, lane);  // dP^T = V dO^T
+    HERD_UNROLL
+    for (int j = 0; j < kTileN; ++j)
+      HERD_UNROLL
+      for (int e = 0; e < 4; ++e) {
+        const int c = 8 * j + 2 * t + e % 2;
+        const int64_t query = i0 + c, key = keys[e / 2];
+        const float p = query >= key && query < d.T && key < d.T ? exp2f(s[j][e] * scale2 - L[c]) : 0.0f;
+        s[j][e] = p;                   // P^T
+        dp[j][e] = p * (dp[j][e] - D[c]);  // dS^T
+      }
+    AccumulateScoresTimesTile<HD>(dv_acc, s, dos + cur * kTile * HD, lane);  // dV += P^T dO
+    AccumulateScoresTimesTile<HD>(dk_acc, dp, qs + cur * kTile * HD, lane);  // dK += dS^T Q
+    __syncthreads();
   }
-  StoreRows<HD>(dk, dk_acc, my_s, S::kScratch, b, j0 + warp * 16, d.KV, kvh, d.T, d.scale);
-  StoreRows<HD>(dv, dv_acc, my_s, S::kScratch, b, j0 + warp * 16, d.KV, kvh, d.T, 1.0f);
+  StoreRows<HD>(dk, dk_acc, b, j0 + warp * 16, d.KV, kvh, d.T, d.scale, lane);
+  StoreRows<HD>(dv, dv_acc, b, j0 + warp * 16, d.KV, kvh, d.T, 1.0f, lane);
 }
 
 template <typename Kernel>
@@ -340,6 +376,11 @@ void AllowSharedMemory(Kernel kernel, size_t bytes) {
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
   LOG_IF(FATAL, e != cudaSuccess) << "attention: " << bytes
                                   << " bytes of shared memory refused: " << cudaGetErrorString(e);
+}
+
+void CheckAligned(std::initializer_list<const void*> tensors) {
+  for (const void* p : tensors)
+    CHECK_EQ(reinterpret_cast<uintptr_t>(p) % 16, 0u) << "tensor-core attention: a tensor not 16-byte aligned";
 }
 
 template <int HD>
@@ -372,6 +413,7 @@ bool TensorCoreAttentionSupports(int64_t head_dim) { return head_dim == 64 || he
 
 void TensorCoreAttentionForward(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v, int64_t B,
                                 int64_t T_, int64_t H, int64_t KV, int64_t head_dim, cudaStream_t stream) {
+  CheckAligned({out, q, k, v});
   const AttentionDims d = AttentionDims::Make(T_, H, KV, head_dim);
   if (head_dim == 64) return Forward<64>(out, lse, q, k, v, B, d, stream);
   if (head_dim == 128) return Forward<128>(out, lse, q, k, v, B, d, stream);
@@ -381,6 +423,7 @@ void TensorCoreAttentionForward(bf16* out, float* lse, const bf16* q, const bf16
 void TensorCoreAttentionBackward(bf16* dq, bf16* dk, bf16* dv, const bf16* dout, const float* lse, const float* delta,
                                  const bf16* q, const bf16* k, const bf16* v, int64_t B, int64_t T_, int64_t H,
                                  int64_t KV, int64_t head_dim, cudaStream_t stream) {
+  CheckAligned({dq, dk, dv, dout, q, k, v});
   const AttentionDims d = AttentionDims::Make(T_, H, KV, head_dim);
   if (head_dim == 64) return Backward<64>(dq, dk, dv, dout, lse, delta, q, k, v, B, d, stream);
   if (head_dim == 128) return Backward<128>(dq, dk, dv, dout, lse, delta, q, k, v, B, d, stream);

@@ -9,7 +9,13 @@
 
 #if defined(HERD_CUDA_EMULATION)
 #include "model/cuda/emulation/device_emulation.h"
+#define HERD_UNROLL
+#define HERD_UNROLL_BY(n)
 #else
+// Loops over register fragments must be unrolled to stay in registers.
+#define HERD_UNROLL _Pragma("unroll")
+#define HERD_UNROLL_BY_(text) _Pragma(#text)
+#define HERD_UNROLL_BY(n) HERD_UNROLL_BY_(unroll n)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <mma.h>

@@ -30,9 +30,12 @@ __global__ void RmsNormForwardKernel(T* out, float* rstd, const T* in, const T* 
   for (int64_t c = lane; c < C; c += 32) y[c] = FromFloat<T>(ToFloat(weight[c]) * (ToFloat(x[c]) * r));
 }
 
+// __restrict__: din is read and written in place; without it every store
+// would order the next iteration's loads behind it.
 template <typename T>
-__global__ void RmsNormBackwardInputKernel(T* din, const T* dout, const T* in, const T* weight, const float* rstd,
-                                           int64_t N, int64_t C) {
+__global__ void RmsNormBackwardInputKernel(T* __restrict__ din, const T* __restrict__ dout, const T* __restrict__ in,
+                                           const T* __restrict__ weight, const float* __restrict__ rstd, int64_t N,
+                                           int64_t C) {
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= N) return;
@@ -40,9 +43,11 @@ __global__ void RmsNormBackwardInputKernel(T* din, const T* dout, const T* in, c
   const T* g = dout + row * C;
   const float r = rstd[row];
   float dot = 0;  // sum_c g_c w_c xhat_c
+  HERD_UNROLL_BY(4)
   for (int64_t c = lane; c < C; c += 32) dot += ToFloat(g[c]) * ToFloat(weight[c]) * (ToFloat(x[c]) * r);
   const float mean = WarpSum(dot) / static_cast<float>(C);
   T* dx = din + row * C;
+  HERD_UNROLL_BY(4)
   for (int64_t c = lane; c < C; c += 32) {
     const float xhat = ToFloat(x[c]) * r;
     dx[c] = FromFloat<T>(ToFloat(dx[c]) + r * (ToFloat(g[c]) * ToFloat(weight[c]) - xhat * mean));

@@ -47,8 +47,13 @@ inline __nv_bfloat16 FromHost<__nv_bfloat16>(float x) {
 template <typename T>
 class DeviceArray {
  public:
+  // Filled with 0xff bytes (NaN as floats and bf16), as the emulated
+  // device fills its memory: an output element no kernel wrote fails the
+  // comparison, and no read of it is uninitialized for initcheck.
   explicit DeviceArray(int64_t n) : n_(n) {
-    HERD_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&ptr_), std::max<int64_t>(n, 1) * sizeof(T)));
+    const size_t bytes = static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(T);
+    HERD_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&ptr_), bytes));
+    HERD_CUDA_CHECK(cudaMemset(ptr_, 0xff, bytes));
   }
   explicit DeviceArray(const std::vector<float>& values) : DeviceArray(static_cast<int64_t>(values.size())) {
     Upload(values);

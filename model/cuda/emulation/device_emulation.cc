@@ -73,6 +73,7 @@ struct EmuThread {
 struct BlockRun {
   std::vector<EmuThread> threads;
   std::vector<uint64_t> warp_slots;  // [warps][32] shuffle mailboxes
+  std::vector<unsigned char> warp_bytes;  // [warps][32][kGatherBytes] gather mailboxes
   std::vector<unsigned char> dynamic_shared;
   EmuThread* current = nullptr;
 };
@@ -126,6 +127,7 @@ void RunBlock(BlockRun& run, const std::function<void()>& body) {
   run.threads.clear();
   run.threads.resize(n);
   run.warp_slots.assign(static_cast<size_t>(warps) * 32, 0);
+  run.warp_bytes.assign(static_cast<size_t>(warps) * 32 * kGatherBytes, 0);
   std::fill(run.dynamic_shared.begin(), run.dynamic_shared.end(), 0xff);
   for (int i = 0; i < n; ++i) {
     EmuThread& t = run.threads[i];
@@ -195,6 +197,17 @@ uint64_t WarpExchange(uint64_t v, int src_lane) {
   const uint64_t out = slots[src_lane];
   SyncWarp();  // nobody overwrites a mailbox before every lane has read
   return out;
+}
+
+void WarpAllGather(const void* mine, size_t bytes, void* all) {
+  CHECK(bytes <= kGatherBytes) << "emulated device: a warp gather of " << bytes << " bytes a lane";
+  EmuThread* t = block_run->current;
+  unsigned char* slots = block_run->warp_bytes.data() + static_cast<size_t>(t->warp) * 32 * kGatherBytes;
+  std::memcpy(slots + t->lane * kGatherBytes, mine, bytes);
+  SyncWarp();
+  for (int lane = 0; lane < 32; ++lane)
+    std::memcpy(static_cast<unsigned char*>(all) + lane * bytes, slots + lane * kGatherBytes, bytes);
+  SyncWarp();
 }
 
 void* DynamicShared() { return block_run->dynamic_shared.data(); }

@@ -41,6 +41,11 @@ void SyncThreads();
 void SyncWarp();
 // The value `v` of lane `src_lane` of this warp (all live lanes must call).
 uint64_t WarpExchange(uint64_t v, int src_lane);
+// Every lane's `bytes` (at most kGatherBytes) at `mine`, lane by lane, into
+// `all` (32 * bytes); all 32 lanes of the warp must call (tensor-core
+// instructions exchange their operands this way).
+constexpr size_t kGatherBytes = 32;
+void WarpAllGather(const void* mine, size_t bytes, void* all);
 void* DynamicShared();
 
 template <typename T>
