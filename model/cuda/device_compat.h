@@ -18,7 +18,6 @@
 #define HERD_UNROLL_BY(n) HERD_UNROLL_BY_(unroll n)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
-#include <mma.h>
 #define HERD_LAUNCH(kernel, grid, block, smem, stream, ...) kernel<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__)
 #define HERD_DYNAMIC_SHARED(T, name)                          \
   extern __shared__ __align__(128) unsigned char name##_raw[]; \

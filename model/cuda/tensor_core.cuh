@@ -131,10 +131,16 @@ __device__ __forceinline__ void MmaBf16(float (&d)[4], const uint32_t (&a)[4], u
   };
   auto Bm = [&](int k, int n) { return Bf16Half(all[4 * n + (k % 8) / 2].b[k / 8], k % 2); };
   const int l = ::herd_emu::LaneId(), g = l / 4, t = l % 4;
+  float a_rows[2][16], b_cols[2][16];  // this lane's rows g, g + 8 and columns 2t, 2t + 1
+  for (int k = 0; k < 16; ++k) {
+    a_rows[0][k] = A(g, k);
+    a_rows[1][k] = A(g + 8, k);
+    b_cols[0][k] = Bm(k, 2 * t);
+    b_cols[1][k] = Bm(k, 2 * t + 1);
+  }
   for (int e = 0; e < 4; ++e) {
-    const int row = g + 8 * (e / 2), col = 2 * t + e % 2;
     float sum = d[e];
-    for (int k = 0; k < 16; ++k) sum += A(row, k) * Bm(k, col);
+    for (int k = 0; k < 16; ++k) sum += a_rows[e / 2][k] * b_cols[e % 2][k];
     d[e] = sum;
   }
 }

@@ -64,6 +64,7 @@ enum class State { kRunnable, kBlockBarrier, kWarpBarrier, kDone };
 struct EmuThread {
   uint3 idx;
   int warp = 0, lane = 0;
+  uint64_t gathers = 0;  // WarpAllGather calls so far
   State state = State::kRunnable;
   ctx::fiber self;       // this thread, while it is suspended
   ctx::fiber scheduler;  // the block's scheduler, while this thread runs
@@ -73,7 +74,7 @@ struct EmuThread {
 struct BlockRun {
   std::vector<EmuThread> threads;
   std::vector<uint64_t> warp_slots;  // [warps][32] shuffle mailboxes
-  std::vector<unsigned char> warp_bytes;  // [warps][32][kGatherBytes] gather mailboxes
+  std::vector<unsigned char> warp_bytes;  // [warps][2][32 * kGatherBytes] gather mailboxes
   std::vector<unsigned char> dynamic_shared;
   EmuThread* current = nullptr;
 };
@@ -127,7 +128,7 @@ void RunBlock(BlockRun& run, const std::function<void()>& body) {
   run.threads.clear();
   run.threads.resize(n);
   run.warp_slots.assign(static_cast<size_t>(warps) * 32, 0);
-  run.warp_bytes.assign(static_cast<size_t>(warps) * 32 * kGatherBytes, 0);
+  run.warp_bytes.assign(static_cast<size_t>(warps) * 2 * 32 * kGatherBytes, 0);
   std::fill(run.dynamic_shared.begin(), run.dynamic_shared.end(), 0xff);
   for (int i = 0; i < n; ++i) {
     EmuThread& t = run.threads[i];
@@ -202,12 +203,15 @@ uint64_t WarpExchange(uint64_t v, int src_lane) {
 void WarpAllGather(const void* mine, size_t bytes, void* all) {
   CHECK(bytes <= kGatherBytes) << "emulated device: a warp gather of " << bytes << " bytes a lane";
   EmuThread* t = block_run->current;
-  unsigned char* slots = block_run->warp_bytes.data() + static_cast<size_t>(t->warp) * 32 * kGatherBytes;
-  std::memcpy(slots + t->lane * kGatherBytes, mine, bytes);
+  // Two mailboxes a warp, used in turn: a lane that has read this one can
+  // only write the other before every lane has passed the next barrier, by
+  // which time all have read this one. So one barrier a gather.
+  const size_t box = static_cast<size_t>(t->warp) * 2 + t->gathers % 2;
+  unsigned char* slots = block_run->warp_bytes.data() + box * 32 * kGatherBytes;
+  ++t->gathers;
+  std::memcpy(slots + t->lane * bytes, mine, bytes);
   SyncWarp();
-  for (int lane = 0; lane < 32; ++lane)
-    std::memcpy(static_cast<unsigned char*>(all) + lane * bytes, slots + lane * kGatherBytes, bytes);
-  SyncWarp();
+  std::memcpy(all, slots, 32 * bytes);
 }
 
 void* DynamicShared() { return block_run->dynamic_shared.data(); }

@@ -12,10 +12,14 @@
 // library with the real headers' signatures, so host code compiles
 // unchanged against either.
 //
+// Tensor-core instructions (model/cuda/tensor_core.cuh) exchange the
+// warp's registers through WarpAllGather and follow PTX's fragment layouts,
+// so a kernel that misplaces a fragment element fails here too.
+//
 // What it does not model: concurrency between streams, the memory model
-// (races between threads of a block that a real GPU would expose), timing,
-// tensor-core fragment layouts. Tests built on it check the arithmetic and
-// the indexing; only a real GPU checks the rest.
+// (races between threads of a block that a real GPU would expose), timing.
+// Tests built on it check the arithmetic and the indexing; only a real GPU
+// checks the rest.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -25,7 +29,6 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
-#include <type_traits>
 
 namespace herd_emu {
 
@@ -106,67 +109,6 @@ inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline float __expf(float x) { return std::exp(x); }
 inline float __logf(float x) { return std::log(x); }
 inline float __fdividef(float a, float b) { return a / b; }
-
-// The warp matrix API (CUDA's mma.h) on the emulated device. Each lane
-// holds the whole 16x16 tile of a fragment (row-major here), so load, mma
-// and store are exact and need no cooperation between lanes; code may
-// apply an operation to every element (x[i] for i < num_elements) but must
-// not rely on which elements a lane holds, as on a GPU.
-namespace nvcuda::wmma {
-struct matrix_a {};
-struct matrix_b {};
-struct accumulator {};
-struct row_major {};
-struct col_major {};
-enum layout_t { mem_row_major, mem_col_major };
-
-template <typename Use, int M, int N, int K, typename T, typename Layout = void>
-struct fragment {
-  static constexpr int kRows = std::is_same_v<Use, matrix_b> ? K : M;
-  static constexpr int kCols = std::is_same_v<Use, matrix_a> ? K : N;
-  static constexpr int num_elements = kRows * kCols;
-  T x[num_elements];
-};
-
-template <typename Use, int M, int N, int K, typename T, typename Layout>
-void fill_fragment(fragment<Use, M, N, K, T, Layout>& f, T v) {
-  for (T& e : f.x) e = v;
-}
-
-template <typename Use, int M, int N, int K, typename T, typename Layout>
-void load_matrix_sync(fragment<Use, M, N, K, T, Layout>& f, const T* p, unsigned ldm) {
-  using F = fragment<Use, M, N, K, T, Layout>;
-  for (int r = 0; r < F::kRows; ++r)
-    for (int c = 0; c < F::kCols; ++c)
-      f.x[r * F::kCols + c] = std::is_same_v<Layout, row_major> ? p[r * ldm + c] : p[c * ldm + r];
-}
-
-template <int M, int N, int K, typename T>
-void load_matrix_sync(fragment<accumulator, M, N, K, T>& f, const T* p, unsigned ldm, layout_t layout) {
-  for (int r = 0; r < M; ++r)
-    for (int c = 0; c < N; ++c) f.x[r * N + c] = layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r];
-}
-
-template <int M, int N, int K, typename T>
-void store_matrix_sync(T* p, const fragment<accumulator, M, N, K, T>& f, unsigned ldm, layout_t layout) {
-  for (int r = 0; r < M; ++r)
-    for (int c = 0; c < N; ++c) (layout == mem_row_major ? p[r * ldm + c] : p[c * ldm + r]) = f.x[r * N + c];
-}
-
-template <int M, int N, int K, typename AB, typename LA, typename LB>
-void mma_sync(fragment<accumulator, M, N, K, float>& d, const fragment<matrix_a, M, N, K, AB, LA>& a,
-              const fragment<matrix_b, M, N, K, AB, LB>& b, const fragment<accumulator, M, N, K, float>& c) {
-  float out[M * N];
-  for (int r = 0; r < M; ++r)
-    for (int col = 0; col < N; ++col) {
-      float sum = c.x[r * N + col];
-      for (int k = 0; k < K; ++k) sum += static_cast<float>(a.x[r * K + k]) * static_cast<float>(b.x[k * N + col]);
-      out[r * N + col] = sum;
-    }
-  for (int i = 0; i < M * N; ++i) d.x[i] = out[i];
-}
-
-}  // namespace nvcuda::wmma
 
 #define HERD_LAUNCH(kernel, grid, block, smem, stream, ...) \
   ((void)(stream), ::herd_emu::LaunchKernel((grid), (block), (smem), [&] { kernel(__VA_ARGS__); }))
