@@ -12,6 +12,8 @@ processes, real signals, real files.
   own message (a full disk under server checkpoints), not a process that
   stopped because of it;
 * a SIGSTOPped worker is killed as soon as the coordinator declares it lost;
+* no server or worker inherits a descriptor of the launcher's (the
+  coordinator's listening socket, another child's pipes);
 * the token file is gone once every process has joined; stale UCX
   shared-memory files of dead processes are removed at start, live ones
   kept;
@@ -243,6 +245,26 @@ def stopped_worker(sb):
     print(f"ok  SIGSTOPped worker killed {killed_after:.1f} s later (heartbeat timeout 3 s): {last}")
 
 
+def open_files(pid, first_fd=0):
+    """{fd: what it refers to ("socket:[inode]", "pipe:[inode]", a path)}."""
+    out = {}
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        if int(fd) >= first_fd:
+            try:
+                out[int(fd)] = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                pass  # closed meanwhile
+    return out
+
+
+def inherited(launcher, child):
+    """What `child` holds above stdio that `launcher` holds too: sockets and
+    pipes it can only have inherited (the coordinator's listening socket,
+    another child's output pipe)."""
+    theirs = {t for t in open_files(launcher).values() if t.startswith(("socket:", "pipe:"))}
+    return sorted((fd, t) for fd, t in open_files(child, first_fd=3).items() if t in theirs)
+
+
 def token_and_shm(sb):
     uid_ok = os.geteuid() == os.stat("/dev/shm").st_uid or os.access("/dev/shm", os.W_OK)
     stale = held = None
@@ -262,6 +284,10 @@ def token_and_shm(sb):
         children = [pid for pid in processes_of(marker) if pid != launch.p.pid]
         token = token_file_of(children[0])
         assert token and not os.path.exists(token), f"token file {token} still there after every process joined"
+        assert len(children) == 4, children  # 2 servers, 2 workers
+        for child in children:
+            leaked = inherited(launch.p.pid, child)
+            assert not leaked, f"process {child} inherited the launcher's descriptors {leaked}"
         launch.p.send_signal(signal.SIGTERM)
         assert launch.wait(60) == 128 + signal.SIGTERM
         assert not os.path.exists(os.path.dirname(token)), "token directory left behind"
@@ -271,7 +297,8 @@ def token_and_shm(sb):
             # (Which launch removes it and says so is not asserted: another
             # herd launch started beside this one, by a test run in
             # parallel, may come first.)
-        print("ok  token removed once all joined; stale UCX shm file removed at start, a held one kept")
+        print("ok  token removed once all joined; stale UCX shm file removed at start, a held one kept; no child "
+              "inherited a launcher's socket or pipe")
     finally:
         if stale:
             holder.close()

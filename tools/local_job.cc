@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/descriptors.h"
 #include "common/file_util.h"
 #include "common/logging.h"
 #include "common/signals.h"
@@ -105,6 +106,7 @@ Status Spawn(const std::string& binary, const std::vector<std::string>& argv, co
     if (devnull >= 0) ::dup2(devnull, 0);
     ::dup2(out[1], 1);
     ::dup2(err[1], 2);
+    CloseOnExecAboveStdio();  // the coordinator's socket, the other children's pipes, UCX's files
     // The launcher blocks SIGINT/SIGTERM for its signal watcher; the child
     // starts with them deliverable and at their defaults.
     struct sigaction dfl {};

@@ -24,9 +24,6 @@
 // --resume-if-any, rejoins the coordinator (waiting up to
 // cluster.join_timeout_s for it to come back) and continues from the
 // newest complete checkpoint. A job shut down on purpose is not restarted.
-#include <fcntl.h>
-#include <linux/close_range.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -35,6 +32,7 @@
 #include <vector>
 
 #include "common/config.h"
+#include "common/descriptors.h"
 #include "common/file_util.h"
 #include "common/logging.h"
 #include "model/checkpoint_run.h"
@@ -87,9 +85,7 @@ std::vector<std::string> RestartArgv(int argc, char** argv, long long restarts_l
 // process holds open (sockets, UCX's files) closes on the way.
 Status ExecAgain(const std::vector<std::string>& argv) {
   std::fflush(nullptr);
-  if (::syscall(SYS_close_range, 3u, ~0u, CLOSE_RANGE_CLOEXEC) != 0) {
-    for (int fd = 3; fd < 65536; ++fd) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
-  }
+  CloseOnExecAboveStdio();
   std::vector<char*> cargv;
   for (const std::string& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
   cargv.push_back(nullptr);
