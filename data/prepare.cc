@@ -27,6 +27,7 @@
 #include "common/rng.h"
 #include "data/token_file.h"
 #include "data/tokenizer.h"
+#include "data/unicode.h"
 
 namespace herd {
 namespace {
@@ -62,16 +63,37 @@ Status SplitDocuments(const std::string& text, const DocumentSink& sink) {
   return flush(doc_begin, text.size());
 }
 
+Status RefuseInvalidUtf8(const std::string& path, int64_t offset, char byte, const std::string& where) {
+  char hex[8];
+  std::snprintf(hex, sizeof(hex), "0x%02x", static_cast<unsigned char>(byte));
+  return Status::InvalidArgument(path + ": invalid UTF-8 at byte " + N(offset) + where + " (" + hex +
+                                 "); a tokenizer encodes text: --invalid-utf8 replace or skip to go on");
+}
+
 // The documents of a JSON Lines file, read a line at a time: each line an
 // object whose "text" is the document (blank lines are skipped), with a
 // newline added where it has none when `newline`.
-Status ReadJsonLines(const std::string& path, bool newline, int64_t* bytes, const DocumentSink& sink) {
+Status ReadJsonLines(const std::string& path, bool newline, const InvalidUtf8* invalid, PrepareSummary* summary,
+                     const DocumentSink& sink) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return Status::IOError(path + ": cannot read: " + std::strerror(errno));
   std::string line;
   for (int64_t number = 1; std::getline(in, line); ++number) {
-    *bytes += static_cast<int64_t>(line.size()) + 1;
+    const int64_t line_offset = summary->bytes;
+    summary->bytes += static_cast<int64_t>(line.size()) + 1;
     if (!HasText(line)) continue;
+    // JSON is UTF-8: the line is mended (or refused, or skipped) before it is parsed.
+    if (invalid != nullptr) {
+      const size_t bad = unicode::FirstInvalidUtf8(line);
+      if (bad != std::string::npos) {
+        if (*invalid == InvalidUtf8::kRefuse) return RefuseInvalidUtf8(path, line_offset + static_cast<int64_t>(bad),
+                                                                       line[bad], " (line " + N(number) + ")");
+        ++summary->invalid_utf8_documents;
+        if (*invalid == InvalidUtf8::kSkip) continue;
+        int64_t replaced = 0;
+        line = unicode::ReplaceInvalidUtf8(line, &replaced);
+      }
+    }
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded() || !j.is_object()) {
       return Status::InvalidArgument(path + ":" + N(number) + ": not a JSON object (a .jsonl file holds one per line)");
@@ -101,9 +123,19 @@ bool IsStrfileIndex(const std::string& path) {
 
 // Calls sink with every document of the inputs, in order, skipping what
 // prepare.h says; counts files and bytes into *summary. Documents end with
-// a newline when `newline` (text files' always do).
-Status ReadInputs(const std::vector<std::string>& inputs, bool newline, PrepareSummary* summary,
-                  const DocumentSink& sink) {
+// a newline when `newline` (text files' always do). `invalid`: what to do
+// with bytes that are not UTF-8 (null: keep them, byte-level).
+Status ReadInputs(const std::vector<std::string>& inputs, bool newline, const InvalidUtf8* invalid,
+                  PrepareSummary* summary, const DocumentSink& sink) {
+  auto mended = [&](std::string&& doc) -> Status {
+    if (invalid != nullptr && unicode::FirstInvalidUtf8(doc) != std::string::npos) {
+      ++summary->invalid_utf8_documents;
+      if (*invalid == InvalidUtf8::kSkip) return Status::OK();
+      int64_t replaced = 0;
+      doc = unicode::ReplaceInvalidUtf8(doc, &replaced);
+    }
+    return sink(std::move(doc));
+  };
   std::set<std::string> seen_paths;
   // (size, FNV-1a of the bytes) -> first path: a 64-bit hash of equal-size
   // files colliding by chance is not a concern for a corpus.
@@ -120,7 +152,7 @@ Status ReadInputs(const std::vector<std::string>& inputs, bool newline, PrepareS
     }
     if (path.ends_with(".jsonl")) {
       ++summary->files;
-      HERD_RETURN_IF_ERROR(ReadJsonLines(path, newline, &summary->bytes, sink));
+      HERD_RETURN_IF_ERROR(ReadJsonLines(path, newline, invalid, summary, sink));
       continue;
     }
     HERD_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
@@ -135,9 +167,13 @@ Status ReadInputs(const std::vector<std::string>& inputs, bool newline, PrepareS
       LOG(WARNING) << path << ": same bytes as " << it->second << "; skipped";
       continue;
     }
+    if (invalid != nullptr && *invalid == InvalidUtf8::kRefuse) {
+      const size_t bad = unicode::FirstInvalidUtf8(text);
+      if (bad != std::string::npos) return RefuseInvalidUtf8(path, static_cast<int64_t>(bad), text[bad], "");
+    }
     ++summary->files;
     summary->bytes += static_cast<int64_t>(text.size());
-    HERD_RETURN_IF_ERROR(SplitDocuments(text, sink));
+    HERD_RETURN_IF_ERROR(SplitDocuments(text, mended));
   }
   return Status::OK();
 }
@@ -295,7 +331,8 @@ Status PrepareText(const PrepareOptions& options, PrepareSummary* summary) {
     held.pop_front();
     return batch_bytes >= kBatchBytes ? encode_batch() : Status::OK();
   };
-  HERD_RETURN_IF_ERROR(ReadInputs(options.inputs, tokenizer == nullptr, summary, [&](std::string&& text) -> Status {
+  const InvalidUtf8* invalid = tokenizer != nullptr ? &options.invalid_utf8 : nullptr;
+  HERD_RETURN_IF_ERROR(ReadInputs(options.inputs, tokenizer == nullptr, invalid, summary, [&](std::string&& text) -> Status {
     const uint64_t i = static_cast<uint64_t>(summary->documents++);
     const bool is_val = has_val && static_cast<double>(Mix64(i) >> 11) * 0x1.0p-53 < options.val_fraction;
     n_val += is_val;

@@ -39,6 +39,14 @@
 
 namespace herd {
 
+// With a tokenizer, what becomes of bytes that are not UTF-8 (HuggingFace's
+// `tokenizers` takes only text, so no pipeline of theirs gives ids for
+// them): refuse the input in one line naming the file and the byte's
+// offset; replace each ill-formed sequence by U+FFFD as Python's
+// errors="replace" does (the ids `tokenizers` gives for that text); or skip
+// the document that holds them. Byte-level preparation keeps every byte.
+enum class InvalidUtf8 { kRefuse, kReplace, kSkip };
+
 struct PrepareOptions {
   std::vector<std::string> inputs;  // paths of text files
   std::string train_out;            // token file (format from its name)
@@ -46,6 +54,7 @@ struct PrepareOptions {
   double val_fraction = 0.05;       // in (0, 1) when val_out is set
   std::string tokenizer;            // tokenizer.json; empty: byte-level
   std::string document_token;       // overrides Tokenizer::document_token()
+  InvalidUtf8 invalid_utf8 = InvalidUtf8::kRefuse;  // with a tokenizer
   bool progress = false;            // progress lines on stderr (data/prepare.cc's Progress)
 };
 
@@ -56,6 +65,7 @@ struct PrepareSummary {
   int64_t documents = 0;  // documents found in them
   int64_t train_tokens = 0, val_tokens = 0;
   int64_t val_documents = 0;
+  int64_t invalid_utf8_documents = 0;  // with a tokenizer: documents replaced in, or skipped
   int vocab_size = 0;           // 256 byte-level, else the tokenizer's
   int32_t document_token = -1;  // with a tokenizer
 };

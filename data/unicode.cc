@@ -101,6 +101,72 @@ char32_t Compose(char32_t a, char32_t b) {
 
 }  // namespace
 
+namespace {
+
+// The length of the well-formed sequence at text[pos], or 0 with *bad set
+// to the length of the maximal subpart to replace (at least 1).
+int WellFormedLength(std::string_view text, size_t pos, int* bad) {
+  const auto b0 = static_cast<uint8_t>(text[pos]);
+  if (b0 < 0x80) return 1;
+  int need;
+  uint8_t lo = 0x80, hi = 0xBF;  // the second byte's range; later ones are 80..BF
+  if (b0 >= 0xC2 && b0 <= 0xDF) {
+    need = 1;
+  } else if (b0 >= 0xE0 && b0 <= 0xEF) {
+    need = 2;
+    if (b0 == 0xE0) lo = 0xA0;  // no overlong forms
+    if (b0 == 0xED) hi = 0x9F;  // no surrogates
+  } else if (b0 >= 0xF0 && b0 <= 0xF4) {
+    need = 3;
+    if (b0 == 0xF0) lo = 0x90;
+    if (b0 == 0xF4) hi = 0x8F;  // nothing past U+10FFFF
+  } else {
+    *bad = 1;
+    return 0;
+  }
+  for (int i = 1; i <= need; ++i) {
+    const size_t at = pos + static_cast<size_t>(i);
+    const auto b = at < text.size() ? static_cast<uint8_t>(text[at]) : 0;
+    if (at >= text.size() || b < lo || b > hi) {
+      *bad = i;
+      return 0;
+    }
+    lo = 0x80;
+    hi = 0xBF;
+  }
+  return need + 1;
+}
+
+}  // namespace
+
+size_t FirstInvalidUtf8(std::string_view text) {
+  for (size_t pos = 0; pos < text.size();) {
+    int bad = 0;
+    const int n = WellFormedLength(text, pos, &bad);
+    if (n == 0) return pos;
+    pos += static_cast<size_t>(n);
+  }
+  return std::string_view::npos;
+}
+
+std::string ReplaceInvalidUtf8(std::string_view text, int64_t* replaced) {
+  std::string out;
+  out.reserve(text.size());
+  for (size_t pos = 0; pos < text.size();) {
+    int bad = 0;
+    const int n = WellFormedLength(text, pos, &bad);
+    if (n > 0) {
+      out.append(text.substr(pos, static_cast<size_t>(n)));
+      pos += static_cast<size_t>(n);
+    } else {
+      out.append("\xEF\xBF\xBD");  // U+FFFD
+      ++*replaced;
+      pos += static_cast<size_t>(bad);
+    }
+  }
+  return out;
+}
+
 char32_t DecodeUtf8(std::string_view text, size_t pos, int* length) {
   const auto byte = [&](size_t i) { return static_cast<unsigned char>(text[i]); };
   const unsigned char b0 = byte(pos);

