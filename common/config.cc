@@ -136,6 +136,18 @@ Status ApplyOverrideImpl(const std::string& assignment, JobConfig* config, std::
       }
       return Status::OK();
     }
+    if (f->cpp_type() == pb::FieldDescriptor::CPPTYPE_ENUM) {
+      // The text format takes an enum's number too; a number on the
+      // command line is a guess at an order nobody promised.
+      for (const std::string& v : values) {
+        if (f->enum_type()->FindValueByName(v) == nullptr) {
+          std::string names;
+          for (int k = 0; k < f->enum_type()->value_count(); ++k)
+            names += (k ? ", " : "") + f->enum_type()->value(k)->name();
+          return Status::InvalidArgument(where + ": expected one of " + names + " for " + path + ", got '" + v + "'");
+        }
+      }
+    }
     // Numbers, bools and enums: let the text-format parser judge the value.
     std::string text;
     for (const std::string& v : values) text += f->name() + ": " + v + "\n";
@@ -300,6 +312,8 @@ std::vector<Violation> CheckValues(const JobConfig& c) {
   if (cl.elastic()) {
     need(cl.sync() == config::ClusterConfig::PARAMETER_SERVER, "cluster.elastic",
          "elastic workers need sync PARAMETER_SERVER (there the servers hold all the state)");
+    need(cl.workers() >= 2, "cluster.elastic",
+         "needs at least 2 workers: the survivors take a lost worker's sequences, and one worker has none");
   }
   need(cl.stream_prefetch_layers() >= 0, "cluster.stream_prefetch_layers", "must be >= 0");
   if (cl.stream_weights()) {
@@ -325,7 +339,11 @@ StatusOr<JobConfig> ParseWithLocations(const std::string& text, const std::strin
   for (const std::string& assignment : overrides) {
     std::string field;
     HERD_RETURN_IF_ERROR(ApplyOverrideImpl(assignment, &config, &field));
-    locations.overrides[field] = "--set " + assignment;
+    const auto [earlier, fresh] = locations.overrides.try_emplace(field, "--set " + assignment);
+    if (!fresh) {
+      return Status::InvalidArgument(earlier->second + " and --set " + assignment + ": " + field +
+                                     " set twice; give it once");
+    }
   }
   std::vector<Violation> violations = CheckValues(config);
   if (!violations.empty()) {

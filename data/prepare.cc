@@ -376,13 +376,13 @@ Status EnsurePrepared(const config::DataConfig& data) {
   if (data.train().empty()) return Status::InvalidArgument("data.train: no token file given");
   if (PathExists(data.train())) return Status::OK();
   if (data.prepare_from().empty()) {
-    return Status::NotFound("data.train: " + data.train() +
+    return Status::InvalidArgument("data.train: " + data.train() +
                             ": no such file (and data.prepare_from names no text to prepare it from)");
   }
   // Preparing writes both files: an existing data.val is a file this job
   // did not make (a mistyped data.train must not replace it).
   if (!data.val().empty() && PathExists(data.val())) {
-    return Status::NotFound("data.train: " + data.train() + ": no such file; data.prepare_from would prepare it, but " +
+    return Status::InvalidArgument("data.train: " + data.train() + ": no such file; data.prepare_from would prepare it, but " +
                             "data.val " + data.val() + " exists and would be replaced: herd prepares only when " +
                             "both are missing (check the path, or prepare by hand with herd prepare)");
   }

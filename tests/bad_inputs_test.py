@@ -77,6 +77,18 @@ def main():
     expect_error(sb, ["launch", heads], "heads.textproto:", "num_key_value_heads", "divisible")
     expect_error(sb, ["launch", cfg, "--set", "optimizer.lrr=1"], "--set optimizer.lrr=1", "lr")
     expect_error(sb, ["launch", "nope.textproto"], "nope.textproto")
+    # Refused rather than run some other way than asked: a missing data.train
+    # (bad input: exit 2), --stop-at past the end, an enum by number, an
+    # elastic job with nobody to take over, one field set twice.
+    expect_error(sb, ["launch", job("missing.bin", name="missing.textproto")], "data.train", "missing.bin", code=2)
+    expect_error(sb, ["launch", cfg, "--stop-at", "10"], "--stop-at", "<= 2", code=2)
+    expect_error(sb, ["launch", cfg, "--set", "train.recompute=2"], "train.recompute", "NONE, ATTENTION, FULL",
+                 code=2)
+    expect_error(sb, ["launch", cfg, "--set", "cluster.sync=PARAMETER_SERVER", "--set", "cluster.servers=1",
+                      "--set", "cluster.workers=1",
+                      "--set", "cluster.elastic=true"], "cluster.elastic", "at least 2 workers", code=2)
+    expect_error(sb, ["launch", cfg, "--set", "train.steps=3", "--set", "train.steps=4"], "train.steps",
+                 "set twice", code=2)
     # Device: bf16 on the CPU; a GPU job where there is no GPU (or no CUDA).
     expect_error(sb, ["launch", cfg, "--set", "device.dtype=BF16"], "device.dtype", "CUDA")
     version = json.loads(sb.run("version").stdout)

@@ -45,7 +45,7 @@ int RunLaunch(int argc, char** argv) {
     return ReportError(Status::InvalidArgument("launch: --resume continues checkpoints and --overwrite deletes them: "
                                                "pass one of them"));
   }
-  auto stop_at = args.GetInt("stop-at", 0, 1);
+  auto stop_at = args.GetInt("stop-at", 0, 1, config->train().steps());  // beyond: the job ends first
   if (!stop_at.ok()) return ReportError(stop_at.status());
   options.stop_at_step = *stop_at;
   auto max_restarts = args.GetInt("max-restarts", 0, 0);

@@ -132,7 +132,7 @@ Status Run(int argc, char** argv, long long* max_restarts) {
   if (options.resume && options.overwrite) {
     return Status::InvalidArgument("--resume continues checkpoints and --overwrite deletes them: pass one of them");
   }
-  HERD_ASSIGN_OR_RETURN(options.stop_at_step, args.GetInt("stop-at", 0, 1));
+  HERD_ASSIGN_OR_RETURN(options.stop_at_step, args.GetInt("stop-at", 0, 1, config.train().steps()));
   if (!options.resume && !join.join) {
     // Checkpoints already there would pass for this run's on a later
     // --resume. With --overwrite, the process that commits checkpoints
