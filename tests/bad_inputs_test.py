@@ -89,6 +89,9 @@ def main():
                       "--set", "cluster.elastic=true"], "cluster.elastic", "at least 2 workers", code=2)
     expect_error(sb, ["launch", cfg, "--set", "train.steps=3", "--set", "train.steps=4"], "train.steps",
                  "set twice", code=2)
+    # A metrics file that cannot be opened: the reason, as every writer gives it.
+    os.makedirs(sb.path("metrics_dir"))
+    expect_error(sb, ["launch", cfg, "--set", "log.metrics=metrics_dir"], "log.metrics", "Is a directory")
     # Device: bf16 on the CPU; a GPU job where there is no GPU (or no CUDA).
     expect_error(sb, ["launch", cfg, "--set", "device.dtype=BF16"], "device.dtype", "CUDA")
     version = json.loads(sb.run("version").stdout)

@@ -32,9 +32,15 @@ import herdtest  # noqa: E402
 STEPS = 20
 
 
-def losses(path):
+def losses(path, key="loss"):
     with open(path) as f:
-        return [json.loads(line)["loss"] for line in f]
+        return [json.loads(line)[key] for line in f]
+
+
+def norms(path):
+    """Every step's gradient norm: a gradient-scale error (a dropped share)
+    shows here, where under AdamW with clipping the losses barely move."""
+    return losses(path, "grad_norm")
 
 
 def worst_relative(a, b):
@@ -96,6 +102,8 @@ def main():
     for name in ("gpu", "ps", "ring", "nccl", "nccl_zero1"):
         figures[name] = worst_relative(losses(sb.path(name + ".jsonl")), cpu)
         assert figures[name] < 1e-4, f"{name}: losses differ from the CPU run by {figures[name]:.3g} relative"
+        norm = worst_relative(norms(sb.path(name + ".jsonl")), norms(sb.path("cpu.jsonl")))
+        assert norm < 1e-4, f"{name}: gradient norms differ from the CPU run by {norm:.3g} relative"
     def trajectory(name):
         with open(sb.path(name + ".jsonl")) as f:
             return [{k: m[k] for k in ("step", "loss", "lr", "grad_norm")} for m in map(json.loads, f)]

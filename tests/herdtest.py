@@ -163,7 +163,10 @@ def read_token_file(path):
 
 
 def snapshot(root):
-    """Every file under root with its MD5: what must not change."""
+    """Every file under root with its MD5: what must not change. A missing
+    root is an error, not an empty snapshot (two runs that both failed to
+    write a directory would otherwise compare equal)."""
+    assert os.path.isdir(root), f"{root}: no such directory to snapshot"
     out = {}
     for rel in listing(root):
         with open(os.path.join(root, rel), "rb") as f:

@@ -7,6 +7,9 @@ scripts as a user would submit them:
   workers): srun starts the processes, herd takes ranks from SLURM_PROCID
   and SLURM_NTASKS and the coordinator from the script; the losses equal
   `herd launch`'s for the same config bitwise;
+* workers that every step refuses (SLURM_NTASKS not the config's,
+  SLURM_PROCID not a number): the job fails within seconds with the
+  reason, not after the join timeout, and leaves nothing running;
 * a PS job cancelled with scancel mid-run: every process exits, and the
   same script with --resume continues from the newest complete
   checkpoint to the same losses and final shards as an uninterrupted run.
@@ -185,6 +188,35 @@ def main():
             got, want = metrics(sb.path(name + ".jsonl")), metrics(sb.path(name + "_launch.jsonl"))
             assert len(got) == 20 and got == want, f"{name}: sbatch and herd launch differ\n{got}\n{want}"
             print(f"ok  sbatch {script}: 20 steps in {time.time() - t0:.1f} s, losses bitwise equal to herd launch's")
+
+        # Processes that every step refuses: SLURM_NTASKS not the config's
+        # (refused by the coordinator, which stops the job) and
+        # SLURM_PROCID not a number (refused by the process itself): the
+        # job fails at once with the reason, not after join_timeout_s (300
+        # s), and leaves nothing running.
+        cfg = job("refused", "cluster { sync: PARAMETER_SERVER servers: 2 workers: 2 }", 20, 0)
+        for variable, value, needle in (("SLURM_NTASKS", "99", "the launcher says there are 99 workers"),
+                                        ("SLURM_PROCID", "x", "SLURM_PROCID")):
+            wrap = sb.path(f"bin_{variable}")
+            os.makedirs(wrap)
+            for name in ("herd", "herd-server"):
+                os.symlink(os.path.join(env["HERD_BIN"], name), os.path.join(wrap, name))
+            with open(os.path.join(wrap, "herd-worker"), "w") as f:
+                f.write(f'#!/bin/sh\nexport {variable}={value}\nexec {env["HERD_BIN"]}/herd-worker "$@"\n')
+            os.chmod(os.path.join(wrap, "herd-worker"), 0o755)
+            t0 = time.time()
+            jid = cluster.sbatch("herd_ps.sbatch", cfg, cwd=sb.dir, env={"HERD_BIN": wrap})
+            state, code = cluster.wait(jid, timeout=120)
+            took = time.time() - t0
+            with open(sb.path(f"herd-ps-{jid}.out")) as f:
+                out = f.read()
+            assert state == "FAILED" and needle in out, f"{variable}={value}: {state} {code}\n{out[-3000:]}"
+            assert took < 60, f"{variable}={value}: the job took {took:.0f} s to fail\n{out[-3000:]}"
+            deadline = time.time() + 10
+            while herd_processes(cfg) and time.time() < deadline:
+                time.sleep(0.1)
+            assert not herd_processes(cfg), f"processes left: {herd_processes(cfg)}"
+            print(f"ok  every worker refused ({variable}={value}): the job failed in {took:.1f} s, nothing left")
 
         # scancel mid-run, then --resume through the same script.
         steps = 400

@@ -111,7 +111,7 @@ def ps_job_in_time_namespaces(sb):
         for e in spans(events, "backward", lane[f"worker {w}"]):
             backward_start.setdefault((w, e["args"]["step"]), e["ts"])
     adamw_end = {}
-    checked = 0
+    checked = waits = 0
     for s in (0, 1):
         pid = lane[f"server {s}"]
         for e in spans(events, "sum", pid):
@@ -127,7 +127,11 @@ def ps_job_in_time_namespaces(sb):
             if key in adamw_end:
                 assert e["ts"] + e["dur"] + TOLERANCE_US >= adamw_end[key], \
                     f"worker {w} had bucket {key[0]} of version {key[1]} before the server stepped it"
-                checked += 1
+                waits += 1
+    # Orders were checked, not skipped: both servers' sums in every step,
+    # and workers' waits for weights the servers stepped.
+    assert checked >= 2 * steps and waits > 0, (checked, waits)
+    checked += waits
     print(f"ok  PS S=2 W=2 in four clock namespaces: merged {summary['events']} events; "
           f"{checked} causal orders hold on the merged clock")
 
@@ -194,6 +198,18 @@ def bad_inputs(sb):
         f.write("".join(bad))
     p = merge(sb, "damaged", "damaged.json", check=False)
     assert p.returncode == 2 and ":11: " in p.stderr and ("no duration" in p.stderr or "pid" in p.stderr), p.stderr
+    # A negative duration, a negative rank: refused, naming the line.
+    span = next(i for i, line in enumerate(lines) if i > 1 and '"ph":"X"' in line.replace(" ", ""))
+    for i, change in ((span, lambda e: e.update(dur=-5)), (1, lambda e: e["args"].update(rank=-1))):
+        event = json.loads(lines[i].rstrip().rstrip(","))
+        change(event)
+        bad = list(lines)
+        bad[i] = json.dumps(event) + ",\n"
+        with open(sb.path("damaged", "worker_00000.trace.json"), "w") as f:
+            f.write("".join(bad))
+        p = merge(sb, "damaged", "damaged.json", check=False)
+        want = f":{i + 1}: " + ("no duration" if i == span else "a negative rank")
+        assert p.returncode == 2 and want in p.stderr, (want, p.stderr)
     # --out over a file herd did not write: refused, untouched.
     sb.write("notes.json", "{}\n")
     p = merge(sb, "one/trace", "notes.json", check=False)

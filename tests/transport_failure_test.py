@@ -2,10 +2,11 @@
 - strangers sending an oversized frame, garbage, a frame without a message,
   a message before the hello, too much before authenticating: each is
   refused and closed, and the coordinator keeps serving;
-- a wrong job token, a different config, a rank out of range and a
-  launcher world size that disagrees with the config are refused with one
-  line each;
-- after all that, a proper job on the same coordinator runs to the end;
+- a wrong job token is refused with one line, and after all that a proper
+  job on the same coordinator runs to the end;
+- a process of the job that it cannot take (a different config, a rank out
+  of range, a launcher world size that disagrees with the config, a rank
+  taken twice) is refused, and the job stops at once with that reason;
 - kill -9 of a worker, and of a server, mid-transfer: every other process
   is told which rank died within 5 s and exits by itself (no hang, no core
   dump), and the coordinator exits non-zero naming the rank;
@@ -84,19 +85,13 @@ def refusals(sb):
         poke(addr, struct.pack("<I", 200 << 10) + b"\0" * 1024, "exceeds the bound of 131072")
         assert job.procs["coordinator"].poll() is None, job.stderr("coordinator")
 
-        for name, extra, env, needle in [
-                ("intruder", [], {"HERD_JOB_TOKEN": "not-the-token"}, "wrong job token"),
-                ("odd", ["--set", "train.seed=99"], None, "config hash"),
-                ("far", ["--rank", "5"], None, "rank 5 is out of range"),
-                ("torchrun", [], {"RANK": "0", "WORLD_SIZE": "3"}, "the job has 2 (cluster.workers)")]:
-            job.start_node(name, "worker", *extra, env=env)
-            rc = job.wait(name, 20)
-            err = job.stderr(name)
-            errors = [l for l in err.splitlines() if l.startswith("herd: error:")]
-            assert rc != 0 and len(errors) == 1 and needle in errors[0], (name, rc, err)
-            print(f"{name}: {errors[0]}")
+        job.start_node("intruder", "worker", env={"HERD_JOB_TOKEN": "not-the-token"})
+        rc = job.wait("intruder", 20)
+        errors = [l for l in job.stderr("intruder").splitlines() if l.startswith("herd: error:")]
+        assert rc != 0 and len(errors) == 1 and "wrong job token" in errors[0], (rc, job.stderr("intruder"))
+        print(f"intruder: {errors[0]}")
         log = job.stderr("coordinator")
-        assert "wrong job token" in log and "config hash" in log and "exceeds the bound" in log, log
+        assert "wrong job token" in log and "exceeds the bound" in log, log
         # A flood of refused connections from one address: the log holds a
         # bounded number of lines, with counts, not one line each.
         for _ in range(150):
@@ -116,6 +111,36 @@ def refusals(sb):
         print("refusals: ok; the job completed after them")
     finally:
         job.kill_all()
+
+
+def unmendable_refusals(sb):
+    """A process of the job (it has the token) that the job cannot take — another
+    config, a rank or a world size the job does not have — stops the job at
+    once with that reason: the coordinator and the process already joined
+    exit within seconds, not after join_timeout_s (60 s here)."""
+    for name, extra, env, needle in [
+            ("odd", ["--set", "train.seed=99"], None, "config hash"),
+            ("far", ["--rank", "5"], None, "rank 5 is out of range"),
+            ("torchrun", [], {"RANK": "0", "WORLD_SIZE": "3"}, "the job has 2 (cluster.workers)"),
+            ("twin", ["--rank", "0"], None, "worker rank 0 is already taken")]:
+        job = herdtest.Job(sb, config(1, 2))
+        try:
+            job.start_coordinator(name=f"coordinator_{name}")
+            job.start_node(f"server_{name}", "server", "--shard-bytes", str(4 << 20))
+            if name == "twin":
+                job.start_node("worker_first", "worker", "--rank", "0", "--total-bytes", str(4 << 20))
+                time.sleep(0.5)
+            t0 = time.time()
+            job.start_node(name, "worker", *extra, env=env)
+            rc = job.wait(name, 20)
+            errors = [l for l in job.stderr(name).splitlines() if l.startswith("herd: error:")]
+            assert rc != 0 and len(errors) == 1 and needle in errors[0], (name, rc, job.stderr(name))
+            for other in (f"coordinator_{name}", f"server_{name}"):
+                rc = job.wait(other, 10)
+                assert rc != 0 and needle in job.stderr(other), (other, rc, job.stderr(other)[-1500:])
+            print(f"{name}: refused, and the job stopped {time.time() - t0:.1f} s later: {errors[0]}")
+        finally:
+            job.kill_all()
 
 
 def start_busy_job(sb, heartbeat_timeout=5):
@@ -205,7 +230,7 @@ def terminate_coordinator(sb):
 
 
 def main():
-    herdtest.run_scenarios("transport failures", refusals, kill_member("worker1", "worker rank 1"),
+    herdtest.run_scenarios("transport failures", refusals, unmendable_refusals, kill_member("worker1", "worker rank 1"),
                            kill_member("server0", "server rank 0"), silent_worker, terminate_coordinator)
 
 

@@ -102,6 +102,7 @@ StatusOr<ProcessTrace> ReadProcessTrace(const std::string& path) {
           !a.contains("rank") || !IsInt(a["rank"])) {
         return Status::InvalidArgument(path + ": not a herd trace (version 1)");
       }
+      if (a["rank"].get<int64_t>() < 0) return Status::InvalidArgument(where + "a negative rank");
       p.role = a["role"];
       p.rank = a["rank"];
       p.pid = e["pid"];

@@ -233,6 +233,30 @@ class Coordinator::Impl {
     SendAndClose(s, m);
   }
 
+  // A process of this job (it presented the token) refused for a reason
+  // that starting it again cannot mend — another config, a rank or a world
+  // size the job does not have: the job cannot form, so it stops now with
+  // that reason rather than waiting out cluster.join_timeout_s.
+  void RefuseAndStop(const SessionPtr& s, const std::string& reason) {
+    const std::string who = s->Describe(/*with_address=*/true);
+    Refuse(s, reason);
+    if (formed_) return;
+    // The job's other processes may not have connected yet: stay to tell
+    // them (Hello answers with the failure) for drain_timeout_s, rather
+    // than leave them retrying a closed port.
+    linger_ = true;
+    StopForming(Status::InvalidArgument(who + " was refused: " + reason));
+  }
+
+  // The job will not form: its first failure, and every process waiting to
+  // join is told why and let go.
+  void StopForming(const Status& failure) {
+    Fail(failure, nullptr);
+    wire::Envelope m;
+    m.mutable_refused()->set_reason(failure_.message());
+    for (const auto& s : Snapshot()) SendAndClose(s, m);
+  }
+
   void ProtocolError(const SessionPtr& s, const Status& st) {
     if (s->admitted && !s->left) {
       Lost(s, "protocol violation: " + st.message());
@@ -321,7 +345,7 @@ class Coordinator::Impl {
       LOG(INFO) << "coordinator: job of " << servers_ << " servers and " << workers_ << " workers, config hash "
                 << Hex64(reference_hash_);
     } else if (h.config_hash() != reference_hash_) {
-      return Refuse(s, "config hash " + Hex64(h.config_hash()) + " differs from " + Hex64(reference_hash_) +
+      return RefuseAndStop(s, "config hash " + Hex64(h.config_hash()) + " differs from " + Hex64(reference_hash_) +
                            " of the first process to join (" + reference_desc_ +
                            "): start every process with the same config file and --set overrides");
     }
@@ -338,20 +362,24 @@ class Coordinator::Impl {
     const int count = is_server ? servers_ : workers_;
     const std::string plural = is_server ? "servers" : "workers";
     const std::string field = is_server ? "cluster.servers" : "cluster.workers";
-    if (count == 0) return Refuse(s, "the job has no " + plural + " (" + field + " = 0)");
+    if (count == 0) return RefuseAndStop(s, "the job has no " + plural + " (" + field + " = 0)");
     if (h.world_size() != -1 && h.world_size() != count) {
-      return Refuse(s, "the launcher says there are " + std::to_string(h.world_size()) + " " + plural +
+      return RefuseAndStop(s, "the launcher says there are " + std::to_string(h.world_size()) + " " + plural +
                            " (WORLD_SIZE / SLURM_NTASKS) but the job has " + std::to_string(count) + " (" + field +
                            ")");
     }
     if (h.rank() >= count) {
-      return Refuse(s, "rank " + std::to_string(h.rank()) + " is out of range: the job has " + std::to_string(count) +
+      return RefuseAndStop(s, "rank " + std::to_string(h.rank()) + " is out of range: the job has " + std::to_string(count) +
                            " " + plural + " (" + field + ")");
     }
     auto& pending = pending_[h.role()];
     for (const auto& other : pending) {
       if (h.rank() >= 0 && other->hello.rank() == h.rank()) {
-        return Refuse(s, DescribeRole(h.role(), h.rank()) + " is already taken by " + other->Describe());
+        // At the first formation two processes of one rank are a launch
+        // that cannot form (Slurm ranks duplicated); after a restart it
+        // may be a process declared lost that came back.
+        const std::string reason = DescribeRole(h.role(), h.rank()) + " is already taken by " + other->Describe();
+        return restarts_ == 0 ? RefuseAndStop(s, reason) : Refuse(s, reason);
       }
     }
     if (static_cast<int>(pending.size()) == count) {
@@ -752,6 +780,7 @@ class Coordinator::Impl {
     drain_timer_.expires_after(ToDuration(options_.drain_timeout_s));
     drain_timer_.async_wait([this](boost::system::error_code ec) {
       if (ec) return;
+      if (sessions_.empty()) return Finish();  // lingered to tell latecomers
       LOG(WARNING) << "coordinator: " << sessions_.size() << " connections still open after "
                    << Seconds(options_.drain_timeout_s) << "; exiting anyway";
       Finish();
@@ -799,12 +828,8 @@ class Coordinator::Impl {
         missing += (missing.empty() ? "" : ", ") + std::to_string(pending_[role].size()) + "/" +
                    std::to_string(count) + (role == wire::SERVER ? " servers" : " workers");
       }
-      Fail(Status::Unavailable("timed out after " + Seconds(seconds) +
-                               " waiting for the job's processes to join (joined: " + missing + ")"),
-           nullptr);
-      wire::Envelope m;
-      m.mutable_refused()->set_reason(failure_.message());
-      for (const auto& s : Snapshot()) SendAndClose(s, m);
+      StopForming(Status::Unavailable("timed out after " + Seconds(seconds) +
+                                      " waiting for the job's processes to join (joined: " + missing + ")"));
     });
   }
 
@@ -812,7 +837,7 @@ class Coordinator::Impl {
     if (finished_) return;
     bool members_open = false;
     for (auto& [id, s] : sessions_) members_open |= s->admitted;
-    if (!failure_.ok() && sessions_.empty()) return Finish();
+    if (!failure_.ok() && sessions_.empty() && !linger_) return Finish();
     if (formed_ && failure_.ok() && !members_open) {
       LOG(INFO) << "coordinator: all " << members_.size() << " processes left; job finished";
       Finish();
@@ -867,6 +892,7 @@ class Coordinator::Impl {
   std::map<std::string, PendingBarrier> barriers_;  // by scope/name
   std::map<std::string, PendingGather> gathers_;
   Status failure_;
+  bool linger_ = false;  // after a refusal stopped the job: stay drain_timeout_s to tell latecomers
   int64_t first_lost_pid_ = 0;  // read only after Run() has returned
   int restarts_ = 0;
   WarningLimiter warnings_;

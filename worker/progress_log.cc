@@ -32,7 +32,9 @@ Status ProgressLog::Open(const std::string& metrics_path, const std::string& ten
     }
   }
   metrics_ = std::fopen(metrics_path.c_str(), append ? "a" : "w");
-  if (metrics_ == nullptr) return Status::IOError("log.metrics: " + metrics_path + ": cannot open for writing");
+  if (metrics_ == nullptr) {
+    return Status::IOError("log.metrics: " + metrics_path + ": cannot open for writing: " + std::strerror(errno));
+  }
   return Status::OK();
 }
 

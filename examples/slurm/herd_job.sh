@@ -70,10 +70,33 @@ PIDS+=($!)
 
 # The coordinator tells every process when one fails, so all steps end;
 # the first non-zero exit is the job's.
+# The steps end together when the job does. A step that fails first (its
+# processes were refused, or could not start), or a coordinator that
+# stopped the job, leaves a job that cannot finish: the rest are stopped at
+# once (the EXIT trap) rather than left waiting out cluster.join_timeout_s
+# with the allocation held.
 rc=0
-for pid in "${PIDS[@]:1}"; do
-  if ! wait "$pid"; then st=$?; [[ $rc -ne 0 ]] || rc=$st; fi
+coordinator=${PIDS[0]}
+steps=("${PIDS[@]:1}")
+while [[ ${#steps[@]} -gt 0 && $rc -eq 0 ]]; do
+  running=()
+  for pid in "${steps[@]}"; do
+    if kill -0 "$pid" 2>/dev/null; then running+=("$pid"); continue; fi
+    if wait "$pid"; then st=0; else st=$?; fi
+    [[ $st -eq 0 || $rc -ne 0 ]] || rc=$st
+  done
+  steps=("${running[@]}")
+  if [[ -n $coordinator ]] && ! kill -0 "$coordinator" 2>/dev/null; then
+    if wait "$coordinator"; then st=0; else st=$?; fi
+    coordinator=""
+    [[ $st -eq 0 || $rc -ne 0 ]] || rc=$st
+  fi
+  [[ ${#steps[@]} -eq 0 || $rc -ne 0 ]] || sleep 0.5
 done
-wait "${PIDS[0]}" || { st=$?; [[ $rc -ne 0 ]] || rc=$st; }
+if [[ $rc -ne 0 ]]; then
+  echo "herd_job.sh: the job failed (exit $rc); stopping what is left of it" >&2
+  exit "$rc"
+fi
+if [[ -n $coordinator ]]; then wait "$coordinator" || { st=$?; [[ $rc -ne 0 ]] || rc=$st; }; fi
 PIDS=()
 exit "$rc"

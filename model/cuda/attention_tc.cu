@@ -34,6 +34,14 @@ constexpr int kTileN = kTile / 8;   // a score row's 8-column fragments per tile
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
+template <int N>
+__device__ __forceinline__ void Zero(float (&acc)[N][4]) {
+  HERD_UNROLL
+  for (int n = 0; n < N; ++n)
+    HERD_UNROLL
+    for (int e = 0; e < 4; ++e) acc[n][e] = 0.0f;
+}
+
 // Issues the copies of rows [first, first + kTile) of one head of a
 // [B, T, heads, HD] tensor into a swizzled tile (zeros past T).
 template <int HD>
@@ -72,10 +80,7 @@ __device__ __forceinline__ void LoadB(uint32_t (&b)[4], const bf16* tile, int k0
 template <int HD>
 __device__ __forceinline__ void RowsTimesTileT(float (&acc)[kTileN][4], const bf16* x, int r0, const bf16* y,
                                                int lane) {
-  HERD_UNROLL
-  for (int j = 0; j < kTileN; ++j)
-    HERD_UNROLL
-    for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+  Zero(acc);
   HERD_UNROLL
   for (int kk = 0; kk < HD / 16; ++kk) {
     uint32_t a[4];
@@ -107,6 +112,23 @@ __device__ __forceinline__ void AccumulateScoresTimesTile(float (&acc)[HD / 8][4
       MmaBf16(acc[n + 1], a, b[2], b[3]);
     }
   }
+}
+
+// The streamed K and V of the forward and dq kernels, two tiles each at
+// ks, vs: issues tile i + 1's copies into the other slot (when there is
+// one), then waits until tile i (and whatever was asked for before it) has
+// landed for every thread of the block.
+template <int HD>
+__device__ __forceinline__ void NextKeyValueTile(bf16* ks, bf16* vs, const bf16* k, const bf16* v, int64_t i,
+                                                 int64_t tiles, int64_t b, int64_t kvh, const AttentionDims& d) {
+  const int64_t other = (1 - i % 2) * kTile * HD;
+  if (i + 1 < tiles) {
+    LoadTileAsync<HD>(ks + other, k, b, (i + 1) * kTile, d.KV, kvh, d.T);
+    LoadTileAsync<HD>(vs + other, v, b, (i + 1) * kTile, d.KV, kvh, d.T);
+  }
+  CpAsyncCommit();
+  CpAsyncWait<1>();  // everything but the tile just asked for
+  __syncthreads();
 }
 
 // Sum over the 4 lanes holding one fragment row.
@@ -165,20 +187,11 @@ __global__ void __launch_bounds__(kThreads)
   LoadTileAsync<HD>(vs, v, b, 0, d.KV, kvh, d.T);
   CpAsyncCommit();
   float o[HD / 8][4];
-  HERD_UNROLL
-  for (int n = 0; n < HD / 8; ++n)
-    HERD_UNROLL
-    for (int e = 0; e < 4; ++e) o[n][e] = 0.0f;
+  Zero(o);
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this lane's part of the row sum
   for (int64_t i = 0; i < tiles; ++i) {
     const int cur = static_cast<int>(i % 2);
-    if (i + 1 < tiles) {
-      LoadTileAsync<HD>(ks + (1 - cur) * kTile * HD, k, b, (i + 1) * kTile, d.KV, kvh, d.T);
-      LoadTileAsync<HD>(vs + (1 - cur) * kTile * HD, v, b, (i + 1) * kTile, d.KV, kvh, d.T);
-    }
-    CpAsyncCommit();
-    CpAsyncWait<1>();  // everything but the tile just asked for
-    __syncthreads();
+    NextKeyValueTile<HD>(ks, vs, k, v, i, tiles, b, kvh, d);
     float s[kTileN][4];
     RowsTimesTileT<HD>(s, qs, warp * 16, ks + cur * kTile * HD, lane);
     float tile_max[2] = {-INFINITY, -INFINITY};
@@ -267,19 +280,10 @@ __global__ void __launch_bounds__(kThreads)
   LoadTileAsync<HD>(vs, v, b, 0, d.KV, kvh, d.T);
   CpAsyncCommit();
   float acc[HD / 8][4];
-  HERD_UNROLL
-  for (int n = 0; n < HD / 8; ++n)
-    HERD_UNROLL
-    for (int e = 0; e < 4; ++e) acc[n][e] = 0.0f;
+  Zero(acc);
   for (int64_t i = 0; i < tiles; ++i) {
     const int cur = static_cast<int>(i % 2);
-    if (i + 1 < tiles) {
-      LoadTileAsync<HD>(ks + (1 - cur) * kTile * HD, k, b, (i + 1) * kTile, d.KV, kvh, d.T);
-      LoadTileAsync<HD>(vs + (1 - cur) * kTile * HD, v, b, (i + 1) * kTile, d.KV, kvh, d.T);
-    }
-    CpAsyncCommit();
-    CpAsyncWait<1>();
-    __syncthreads();
+    NextKeyValueTile<HD>(ks, vs, k, v, i, tiles, b, kvh, d);
     float s[kTileN][4], dp[kTileN][4];
     RowsTimesTileT<HD>(s, qs, warp * 16, ks + cur * kTile * HD, lane);    // S = Q K^T
     RowsTimesTileT<HD>(dp, dos, warp * 16, vs + cur * kTile * HD, lane);  // dP = dO V^T
@@ -335,10 +339,8 @@ __global__ void __launch_bounds__(kThreads)
   load_step(0, 0);
   CpAsyncCommit();
   float dk_acc[HD / 8][4], dv_acc[HD / 8][4];
-  HERD_UNROLL
-  for (int n = 0; n < HD / 8; ++n)
-    HERD_UNROLL
-    for (int e = 0; e < 4; ++e) dk_acc[n][e] = dv_acc[n][e] = 0.0f;
+  Zero(dk_acc);
+  Zero(dv_acc);
   for (int64_t i = 0; i < steps; ++i) {
     const int cur = static_cast<int>(i % 2);
     if (i + 1 < steps) load_step(i + 1, 1 - cur);
