@@ -1,8 +1,12 @@
 #!/bin/sh
 # The whole test suite: set-up (install + build) then every test, in
-# parallel. What CI runs.
+# parallel. What CI runs; `--long` runs the full matrices and trial counts
+# too (before resolving an issue that touches them).
 set -eu
 cd "$(dirname "$0")/.."
+# --long: the full matrices and trial counts (tests read HERD_TEST_LONG).
+if [ "${1:-}" = "--long" ]; then export HERD_TEST_LONG=1; shift; fi
+if [ $# -ne 0 ]; then echo "usage: scripts/test.sh [--long]" >&2; exit 2; fi
 scripts/setup.sh
 BUILD="${HERD_BUILD_DIR:-build}"
 ninja -C "$BUILD"  # everything else: tests, fuzzer, emulated-device binaries

@@ -4,7 +4,8 @@ allocations are pages of their own, unmapped when freed, so a kernel that
 reads a unit the window let go faults): a GPU worker that holds a window of
 units trains exactly as one that holds the whole model.
 
-  - PS S=2 W=2 jobs of 20 steps with and without streamed weights, both on
+  - PS S=2 W=2 jobs of 20 steps (the ~20M shape: 4, 20 with
+    scripts/test.sh --long) with and without streamed weights, both on
     the emulated device: the same losses, gradient norms and validation
     losses in the metrics and the same final checkpoint (optimizer shards
     and data positions), bit for bit. Tiny config in fp32 with evaluation,
@@ -25,7 +26,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import herdtest  # noqa: E402
-from stream_weights_test import M20, PS, UNTIED, compare_streamed, measure  # noqa: E402
+from stream_weights_test import M20, M20_STEPS, PS, UNTIED, compare_streamed, measure  # noqa: E402
 
 FP32 = "device { kind: CUDA dtype: FP32 }"
 BF16 = "device { kind: CUDA dtype: BF16 }"
@@ -40,7 +41,7 @@ def equivalence(sb):
         "tiny, untied, FULL recompute": dict(model=UNTIED, train_extra="recompute: FULL"),
         "tiny, bf16 wire, no prefetch": dict(cluster=PS + " wire_dtype: BF16", stream=" stream_prefetch_layers: 0"),
         "~20M, bf16 compute, FULL recompute": dict(model=M20, device=BF16, train_extra="recompute: FULL", batch=1,
-                                                   seq_len=16),
+                                                   seq_len=16, steps=M20_STEPS),
     }, "g", " on the emulated device", device=FP32)
 
 

@@ -10,7 +10,8 @@
 - kill -9 of a worker, and of a server, mid-transfer: every other process
   is told which rank died within 5 s and exits by itself (no hang, no core
   dump), and the coordinator exits non-zero naming the rank;
-- a stopped (silent) worker is declared lost after heartbeat_timeout_s;
+- a stopped (silent) worker is declared lost after heartbeat_timeout_s,
+  and says so when it is continued;
 - SIGTERM to the coordinator shuts every process down in order."""
 import os
 import signal
@@ -206,8 +207,13 @@ def silent_worker(sb):
         took = expect_all_told(job, ["worker0", "worker1", "server0", "server1", "coordinator"],
                                "worker rank 2", stopped_at, 2 + 5)
         assert "silent for 2.0 s" in first_error(job, "coordinator"), job.stderr("coordinator")
+        # Continued, it says it was declared lost (not that it lost the coordinator).
+        job.procs["worker2"].send_signal(signal.SIGCONT)
+        assert job.wait("worker2", 10) != 0
+        said = first_error(job, "worker2")
+        assert "worker rank 2" in said and "was declared lost: silent for 2.0 s" in said, job.stderr("worker2")
         print(f"SIGSTOP of worker rank 2: declared lost, others out after {took:.2f} s: "
-              f"{first_error(job, 'coordinator')}")
+              f"{first_error(job, 'coordinator')}; continued, it says: {said}")
     finally:
         job.procs["worker2"].send_signal(signal.SIGCONT)
         job.kill_all()

@@ -542,15 +542,22 @@ class Coordinator::Impl {
     if (shape_.elastic && failure_.ok() && s->role() == wire::WORKER &&
         (s == joining_ || LiveInScope(wire::WORKERS) > 1)) {
       WorkerLost(s, reason);
-      Close(s);
-      return;
+      return TellLost(s, who, reason);
     }
     if (restarts_ < options_.max_restarts && failure_.ok()) {
       Restart(failure, s);
     } else {
       Fail(failure, s);
     }
-    Close(s);
+    TellLost(s, who, reason);
+  }
+
+  // The lost process itself, should it be alive after all (stopped, then
+  // continued), finds why it was let go rather than a dropped connection.
+  void TellLost(const SessionPtr& s, const std::string& who, const std::string& reason) {
+    wire::Envelope m;
+    m.mutable_shutdown()->set_reason(who + " was declared lost: " + reason);
+    SendAndClose(s, m);
   }
 
   // Tells every member who was lost, lets them go and waits for the job to
