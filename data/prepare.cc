@@ -126,7 +126,7 @@ bool IsStrfileIndex(const std::string& path) {
 // a newline when `newline` (text files' always do). `invalid`: what to do
 // with bytes that are not UTF-8 (null: keep them, byte-level).
 Status ReadInputs(const std::vector<std::string>& inputs, bool newline, const InvalidUtf8* invalid,
-                  PrepareSummary* summary, const DocumentSink& sink) {
+                  bool keep_duplicates, PrepareSummary* summary, const DocumentSink& sink) {
   auto mended = [&](std::string&& doc) -> Status {
     if (invalid != nullptr && unicode::FirstInvalidUtf8(doc) != std::string::npos) {
       ++summary->invalid_utf8_documents;
@@ -162,9 +162,9 @@ Status ReadInputs(const std::vector<std::string>& inputs, bool newline, const In
       continue;
     }
     auto [it, fresh] = seen_content.try_emplace({text.size(), HashName(text)}, path);
-    if (!fresh) {
+    if (!fresh && !keep_duplicates) {
       ++summary->skipped;
-      LOG(WARNING) << path << ": same bytes as " << it->second << "; skipped";
+      LOG(WARNING) << path << ": same bytes as " << it->second << "; skipped (--keep-duplicates reads it)";
       continue;
     }
     if (invalid != nullptr && *invalid == InvalidUtf8::kRefuse) {
@@ -332,7 +332,8 @@ Status PrepareText(const PrepareOptions& options, PrepareSummary* summary) {
     return batch_bytes >= kBatchBytes ? encode_batch() : Status::OK();
   };
   const InvalidUtf8* invalid = tokenizer != nullptr ? &options.invalid_utf8 : nullptr;
-  HERD_RETURN_IF_ERROR(ReadInputs(options.inputs, tokenizer == nullptr, invalid, summary, [&](std::string&& text) -> Status {
+  HERD_RETURN_IF_ERROR(ReadInputs(options.inputs, tokenizer == nullptr, invalid, options.keep_duplicates, summary,
+                                  [&](std::string&& text) -> Status {
     const uint64_t i = static_cast<uint64_t>(summary->documents++);
     const bool is_val = has_val && static_cast<double>(Mix64(i) >> 11) * 0x1.0p-53 < options.val_fraction;
     n_val += is_val;

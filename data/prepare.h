@@ -18,7 +18,8 @@
 //
 // Skipped, and counted in PrepareSummary::skipped: a path that resolves to
 // a file already read (e.g. fortunes' *.u8 symlinks to the plain files), a
-// text file whose bytes equal an earlier input's, and binary files (any NUL
+// text file whose bytes equal an earlier input's (unless keep_duplicates:
+// the same text twice, on purpose), and binary files (any NUL
 // byte): strfile indexes (NAME.dat next to NAME, as fortunes ships)
 // quietly, others with a LOG(WARNING) naming them. Documents without any
 // non-blank character are dropped.
@@ -55,6 +56,7 @@ struct PrepareOptions {
   std::string tokenizer;            // tokenizer.json; empty: byte-level
   std::string document_token;       // overrides Tokenizer::document_token()
   InvalidUtf8 invalid_utf8 = InvalidUtf8::kRefuse;  // with a tokenizer
+  bool keep_duplicates = false;     // read a text file even when its bytes equal an earlier one's
   bool progress = false;            // progress lines on stderr (data/prepare.cc's Progress)
 };
 

@@ -602,6 +602,18 @@ TEST_F(DataPrepareTest, SkipsBinariesLinksAndDuplicateTextsCountingThem) {
   EXPECT_NE(log.find(Path("blob") + ": contains NUL bytes"), std::string::npos) << log;
   EXPECT_NE(log.find(Path("copy") + ": same bytes as " + jokes), std::string::npos) << log;
   EXPECT_EQ(log.find("jokes.dat"), std::string::npos) << "strfile indexes are skipped quietly: " << log;
+
+  // keep_duplicates: a text file with an earlier one's bytes is read again
+  // (the same path, through a link, still once).
+  summary_ = {};
+  PrepareOptions o;
+  o.inputs = {jokes, Path("jokes.u8"), Path("copy")};
+  o.train_out = Path("kept.bin");
+  o.keep_duplicates = true;
+  ASSERT_TRUE(PrepareText(o, &summary_).ok());
+  EXPECT_EQ(summary_.files, 2);
+  EXPECT_EQ(summary_.skipped, 1);
+  EXPECT_EQ(Text(Path("kept.bin")), "A joke.\nAnother.\nA joke.\nAnother.\n");
 }
 
 TEST_F(DataPrepareTest, HoldsOutAboutTheFractionDeterministicallyAndWholeDocuments) {

@@ -1,6 +1,6 @@
 // herd prepare TEXT... --out FILE [--val-out FILE] [--val-fraction F]
 //                      [--tokenizer tokenizer.json] [--doc-token TOKEN]
-//                      [--invalid-utf8 refuse|replace|skip]
+//                      [--invalid-utf8 refuse|replace|skip] [--keep-duplicates]
 //
 // Text files (plain, fortune, or JSON Lines) into token files, byte-level
 // or with a HuggingFace tokenizer (see data/prepare.h); prints one summary
@@ -16,13 +16,14 @@
 namespace herd::tools {
 
 int RunPrepare(int argc, char** argv) {
-  Args args({"out", "val-out", "val-fraction", "tokenizer", "doc-token", "invalid-utf8"}, {});
+  Args args({"out", "val-out", "val-fraction", "tokenizer", "doc-token", "invalid-utf8"}, {"keep-duplicates"});
   Status st = args.Parse(argc, argv);
   if (!st.ok()) return ReportError(st.WithContext("prepare: "));
   if (args.positional().empty() || args.Get("out").empty()) {
     return ReportError(
         Status::InvalidArgument("usage: herd prepare TEXT... --out FILE [--val-out FILE] [--val-fraction F] "
-                                "[--tokenizer tokenizer.json] [--doc-token TOKEN] [--invalid-utf8 refuse|replace|skip]"));
+                                "[--tokenizer tokenizer.json] [--doc-token TOKEN] [--invalid-utf8 refuse|replace|skip] "
+                                "[--keep-duplicates]"));
   }
   PrepareOptions options;
   options.inputs = args.positional();
@@ -31,6 +32,7 @@ int RunPrepare(int argc, char** argv) {
   options.tokenizer = args.Get("tokenizer");
   options.document_token = args.Get("doc-token");
   options.progress = true;
+  options.keep_duplicates = args.Has("keep-duplicates");
   if (args.Has("invalid-utf8")) {
     const std::string policy = args.Get("invalid-utf8");
     if (options.tokenizer.empty()) {
