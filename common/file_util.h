@@ -34,6 +34,8 @@ Status WriteNewDirectory(const std::string& dir, const std::function<Status(cons
 // Removes `dir` with the plain files directly in it; fails, naming `dir`,
 // when something else (a subdirectory) keeps it from going.
 Status RemoveFlatDirectory(const std::string& dir);
+// The names in `dir` (not . or ..), sorted; fails naming `dir`.
+StatusOr<std::vector<std::string>> ListDirectory(const std::string& dir);
 // Sorted matches of a glob pattern (no error when nothing matches).
 std::vector<std::string> Glob(const std::string& pattern);
 // The running program's path (/proc/self/exe); "" when unknown.

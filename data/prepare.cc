@@ -378,14 +378,15 @@ Status EnsurePrepared(const config::DataConfig& data) {
   if (PathExists(data.train())) return Status::OK();
   if (data.prepare_from().empty()) {
     return Status::InvalidArgument("data.train: " + data.train() +
-                            ": no such file (and data.prepare_from names no text to prepare it from)");
+                                   ": no such file (and data.prepare_from names no text to prepare it from)");
   }
   // Preparing writes both files: an existing data.val is a file this job
   // did not make (a mistyped data.train must not replace it).
   if (!data.val().empty() && PathExists(data.val())) {
-    return Status::InvalidArgument("data.train: " + data.train() + ": no such file; data.prepare_from would prepare it, but " +
-                            "data.val " + data.val() + " exists and would be replaced: herd prepares only when " +
-                            "both are missing (check the path, or prepare by hand with herd prepare)");
+    return Status::InvalidArgument("data.train: " + data.train() +
+                                   ": no such file; data.prepare_from would prepare it, but data.val " + data.val() +
+                                   " exists and would be replaced: herd prepares only when both are missing (check "
+                                   "the path, or prepare by hand with herd prepare)");
   }
   PrepareOptions options;
   for (const std::string& pattern : data.prepare_from()) {

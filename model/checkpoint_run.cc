@@ -2,7 +2,11 @@
 
 #include <glog/logging.h>
 #include <google/protobuf/util/message_differencer.h>
+#include <signal.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <cstdio>
 #include <vector>
@@ -172,8 +176,59 @@ Status CheckFreshRun(const std::string& root, bool overwrite) {
   return Status::OK();
 }
 
+namespace {
+
+// NAME.tmp.PID (file_util's TempPathFor) of a process that is not alive.
+bool DeadProcessTemp(const std::string& name) {
+  const size_t at = name.rfind(".tmp.");
+  if (at == std::string::npos || at + 5 == name.size()) return false;
+  const std::string pid = name.substr(at + 5);
+  if (pid.find_first_not_of("0123456789") != std::string::npos || pid.size() > 9) return false;
+  return ::kill(static_cast<pid_t>(std::stol(pid)), 0) != 0 && errno == ESRCH;
+}
+
+}  // namespace
+
+Status RemoveFailedCheckpointWrites(const std::string& root, const std::string& resume_dir) {
+  const std::string resume_name = BaseName(resume_dir);
+  int64_t files = 0, dirs = 0;
+  for (const std::string& name : StepDirsNewestFirst(root)) {
+    const std::string step_dir = JoinPath(root, name);
+    bool live_temp = false;
+    HERD_ASSIGN_OR_RETURN(const std::vector<std::string> entries, ListDirectory(step_dir));
+    for (const std::string& entry : entries) {
+      if (entry.find(".tmp.") == std::string::npos) continue;
+      if (!DeadProcessTemp(entry)) {
+        live_temp = true;
+        continue;
+      }
+      if (::unlink(JoinPath(step_dir, entry).c_str()) != 0 && errno != ENOENT) {
+        return Status::IOError(JoinPath(step_dir, entry) + ": cannot remove: " + std::strerror(errno));
+      }
+      ++files;
+    }
+    if (name > resume_name && !live_temp && !PathExists(JoinPath(step_dir, "manifest.json"))) {
+      HERD_RETURN_IF_ERROR(RemoveFlatDirectory(step_dir));
+      ++dirs;
+    }
+  }
+  if (files + dirs > 0) {
+    std::printf("checkpoint.dir %s: removed what failed writes left: %lld temporary files, %lld step directories "
+                "without a manifest\n",
+                root.c_str(), static_cast<long long>(files), static_cast<long long>(dirs));
+    std::fflush(stdout);
+  }
+  return Status::OK();
+}
+
 Status CheckRunCanStart(const config::JobConfig& config, const TrainOptions& options) {
-  if (options.resume) return Status::OK();
+  if (options.resume) {
+    const std::string& dir = config.checkpoint().dir();
+    if (dir.empty()) return Status::OK();
+    StatusOr<VerifiedCheckpoint> latest = LatestVerifiedCheckpoint(dir);
+    if (!latest.ok()) return Status::OK();  // every process's ResumePoint says why, or starts afresh
+    return RemoveFailedCheckpointWrites(dir, latest->dir).WithContext("checkpoint.dir: ");
+  }
   HERD_RETURN_IF_ERROR(CheckInitFrom(config));
   const std::string& dir = config.checkpoint().dir();
   if (!dir.empty()) HERD_RETURN_IF_ERROR(CheckWritable(dir));

@@ -52,11 +52,20 @@ StatusOr<std::optional<VerifiedCheckpoint>> ResumePoint(const config::JobConfig&
 // would otherwise be mistaken for this run's on a later --resume).
 Status CheckFreshRun(const std::string& root, bool overwrite);
 
+// Before a resume from `resume_dir` (a step directory under `root`): what
+// failed checkpoint writes left behind goes — temporary files (NAME.tmp.PID)
+// of processes no longer alive, in any step directory, and step
+// directories newer than resume_dir without a manifest (a checkpoint whose
+// vote never completed; the run writes those steps again). Committed
+// checkpoints, even damaged ones, are kept. One line says what was removed.
+Status RemoveFailedCheckpointWrites(const std::string& root, const std::string& resume_dir);
+
 // What a launcher checks once, before any process of a run starts or
 // anything is written. A fresh run: checkpoint.init_from has this model's
 // shape, checkpoint.dir can be written and holds no checkpoints
 // (CheckFreshRun; --overwrite removes them). A resume's checks are
-// ResumePoint's, which every process makes.
+// ResumePoint's, which every process makes; the launcher also removes what
+// failed writes left (RemoveFailedCheckpointWrites).
 Status CheckRunCanStart(const config::JobConfig& config, const TrainOptions& options);
 
 }  // namespace herd

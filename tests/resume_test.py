@@ -1,10 +1,13 @@
 """Resume is bit-exact: 20 steps straight vs 10 steps, stop, --resume to 20
 give bitwise-equal losses, gradient norms and final weights/moments; a rerun
 of the same config is bitwise identical; a checkpoint without a manifest is
-never loaded."""
+never loaded, and what failed checkpoint writes left (temporary files of
+dead processes, uncommitted step directories after the resume point) is
+removed at the next start."""
 import json
 import os
 import shutil
+import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -47,9 +50,21 @@ def main():
     assert straight[-1]["loss"] < straight[0]["loss"] - 1.0, "the model did not learn"
 
     # A step directory without manifest is skipped: resume picks step 10.
+    # What failed writes left goes first: the temporary file of a process
+    # that is gone, and step directories after step 10 without a manifest
+    # (step 15's never finished; step 20's manifest is removed here).
     os.remove(sb.path("split", "step_00000020", "manifest.json"))
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stray = sb.path("split", "step_00000010", f"shard_00000.bin.tmp.{dead.pid}")
+    sb.write(stray, "half a shard")
+    os.makedirs(sb.path("split", "step_00000015"))
+    sb.write(sb.path("split", "step_00000015", "shard_00000.bin"), "a shard of a checkpoint never committed")
     p = sb.run("launch", job("split"), "--resume", "--stop-at", "20")
     assert "resumed from" in p.stdout and "step_00000010" in p.stdout, p.stdout
+    assert "removed what failed writes left: 1 temporary files, 2 step directories" in p.stdout, p.stdout
+    assert not os.path.exists(stray) and not os.path.exists(sb.path("split", "step_00000015"))
+    assert os.path.exists(sb.path("split", "step_00000020", "manifest.json")), "step 20 was not written again"
     # ... and with no complete checkpoint at all, --resume refuses.
     for d in ("step_00000010", "step_00000020"):
         m = sb.path("split", d, "manifest.json")
