@@ -3,8 +3,11 @@ prefix gives bin/herd, herd-server, herd-worker whose every shared library
 but the C library (and CUDA's) resolves inside the tree's lib/ (RPATH
 $ORIGIN/../lib), UCX's transport modules in lib/ucx/, and a parameter-server
 job launched from the tree trains, with no library loaded from the build
-machine's system directories other than the C library's."""
+machine's system directories other than the C library's (what the loader
+reports it loaded, with LD_DEBUG=libs, in every process, modules opened at
+run time too)."""
 import os
+import re
 import subprocess
 import sys
 
@@ -45,9 +48,18 @@ def main():
                    capture_output=True)
     sb.write("job.textproto", herdtest.tiny_config(
         "train.bin", steps=3, extra="cluster { sync: PARAMETER_SERVER servers: 1 workers: 2 }"))
-    env = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "UCX_LOG_LEVEL": "error"}
+    # LD_DEBUG=libs: the loader names every library it initialises, in the
+    # launcher and each server and worker, those opened at run time (UCX's
+    # transport modules) too. ldd above shows what would resolve; this, what
+    # did.
+    env = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "UCX_LOG_LEVEL": "error", "LD_DEBUG": "libs"}
     p = subprocess.run([herd, "launch", "job.textproto"], cwd=sb.dir, capture_output=True, text=True, env=env)
     assert p.returncode == 0 and "done: 3 steps" in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
+    loaded = set(re.findall(r"calling init: (\S+)", p.stdout + p.stderr))
+    outside = sorted(x for x in loaded if not os.path.realpath(x).startswith(os.path.realpath(prefix) + os.sep)
+                     and not os.path.basename(x).startswith(SYSTEM_OK))
+    assert len(loaded) > 10 and any("/ucx/" in x for x in loaded), sorted(loaded)
+    assert not outside, f"loaded from outside the tree: {outside}"
     size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(prefix) for f in fs)
     print(f"install: self-contained tree of {size / 2**20:.0f} MiB ({len(os.listdir(lib_dir))} entries in lib/, "
           f"{len(modules)} UCX modules); a PS job ran from it")
