@@ -116,31 +116,38 @@ def refusals(sb):
 
 def unmendable_refusals(sb):
     """A process of the job (it has the token) that the job cannot take — another
-    config, a rank or a world size the job does not have — stops the job at
-    once with that reason: the coordinator and the process already joined
-    exit within seconds, not after join_timeout_s (60 s here)."""
-    for name, extra, env, needle in [
-            ("odd", ["--set", "train.seed=99"], None, "config hash"),
-            ("far", ["--rank", "5"], None, "rank 5 is out of range"),
-            ("torchrun", [], {"RANK": "0", "WORLD_SIZE": "3"}, "the job has 2 (cluster.workers)"),
-            ("twin", ["--rank", "0"], None, "worker rank 0 is already taken")]:
-        job = herdtest.Job(sb, config(1, 2))
-        try:
+    config, a rank or a world size the job does not have, a rank taken twice —
+    stops the job at once with that reason: the coordinator and the process
+    already joined exit within seconds (the coordinator stays drain_timeout_s,
+    10 s, to tell latecomers), not after join_timeout_s (60 s here). The four
+    jobs run side by side."""
+    cases = [("odd", ["--set", "train.seed=99"], None, "config hash"),
+             ("far", ["--rank", "5"], None, "rank 5 is out of range"),
+             ("torchrun", [], {"RANK": "0", "WORLD_SIZE": "3"}, "the job has 2 (cluster.workers)"),
+             ("twin", ["--rank", "0"], None, "worker rank 0 is already taken")]
+    jobs = {}
+    try:
+        for name, _, _, _ in cases:
+            job = jobs[name] = herdtest.Job(sb, config(1, 2))
             job.start_coordinator(name=f"coordinator_{name}")
             job.start_node(f"server_{name}", "server", "--shard-bytes", str(4 << 20))
             if name == "twin":
                 job.start_node("worker_first", "worker", "--rank", "0", "--total-bytes", str(4 << 20))
-                time.sleep(0.5)
-            t0 = time.time()
-            job.start_node(name, "worker", *extra, env=env)
+        time.sleep(0.5)
+        t0 = time.time()
+        for name, extra, env, _ in cases:
+            jobs[name].start_node(name, "worker", *extra, env=env)
+        for name, _, _, needle in cases:
+            job = jobs[name]
             rc = job.wait(name, 20)
             errors = [l for l in job.stderr(name).splitlines() if l.startswith("herd: error:")]
             assert rc != 0 and len(errors) == 1 and needle in errors[0], (name, rc, job.stderr(name))
             for other in (f"coordinator_{name}", f"server_{name}"):
-                rc = job.wait(other, 10)
+                rc = job.wait(other, 15)
                 assert rc != 0 and needle in job.stderr(other), (other, rc, job.stderr(other)[-1500:])
-            print(f"{name}: refused, and the job stopped {time.time() - t0:.1f} s later: {errors[0]}")
-        finally:
+            print(f"{name}: refused, and the job stopped within {time.time() - t0:.1f} s: {errors[0]}")
+    finally:
+        for job in jobs.values():
             job.kill_all()
 
 
