@@ -63,6 +63,17 @@ Status SplitDocuments(const std::string& text, const DocumentSink& sink) {
   return flush(doc_begin, text.size());
 }
 
+// With --invalid-utf8 replace or skip, a document (or a JSON line) that
+// is not UTF-8: mended in place and counted; false when it is to be
+// skipped.
+bool MendInvalidUtf8(InvalidUtf8 policy, std::string* text, PrepareSummary* summary) {
+  if (unicode::FirstInvalidUtf8(*text) == std::string::npos) return true;
+  ++summary->invalid_utf8_documents;
+  if (policy == InvalidUtf8::kSkip) return false;
+  *text = unicode::ReplaceInvalidUtf8(*text);
+  return true;
+}
+
 Status RefuseInvalidUtf8(const std::string& path, int64_t offset, char byte, const std::string& where) {
   char hex[8];
   std::snprintf(hex, sizeof(hex), "0x%02x", static_cast<unsigned char>(byte));
@@ -83,16 +94,13 @@ Status ReadJsonLines(const std::string& path, bool newline, const InvalidUtf8* i
     summary->bytes += static_cast<int64_t>(line.size()) + 1;
     if (!HasText(line)) continue;
     // JSON is UTF-8: the line is mended (or refused, or skipped) before it is parsed.
-    if (invalid != nullptr) {
+    if (invalid != nullptr && *invalid == InvalidUtf8::kRefuse) {
       const size_t bad = unicode::FirstInvalidUtf8(line);
       if (bad != std::string::npos) {
-        if (*invalid == InvalidUtf8::kRefuse) return RefuseInvalidUtf8(path, line_offset + static_cast<int64_t>(bad),
-                                                                       line[bad], " (line " + N(number) + ")");
-        ++summary->invalid_utf8_documents;
-        if (*invalid == InvalidUtf8::kSkip) continue;
-        int64_t replaced = 0;
-        line = unicode::ReplaceInvalidUtf8(line, &replaced);
+        return RefuseInvalidUtf8(path, line_offset + static_cast<int64_t>(bad), line[bad], " (line " + N(number) + ")");
       }
+    } else if (invalid != nullptr && !MendInvalidUtf8(*invalid, &line, summary)) {
+      continue;
     }
     const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded() || !j.is_object()) {
@@ -128,13 +136,7 @@ bool IsStrfileIndex(const std::string& path) {
 Status ReadInputs(const std::vector<std::string>& inputs, bool newline, const InvalidUtf8* invalid,
                   bool keep_duplicates, PrepareSummary* summary, const DocumentSink& sink) {
   auto mended = [&](std::string&& doc) -> Status {
-    if (invalid != nullptr && unicode::FirstInvalidUtf8(doc) != std::string::npos) {
-      ++summary->invalid_utf8_documents;
-      if (*invalid == InvalidUtf8::kSkip) return Status::OK();
-      int64_t replaced = 0;
-      doc = unicode::ReplaceInvalidUtf8(doc, &replaced);
-    }
-    return sink(std::move(doc));
+    return MendInvalidUtf8(*invalid, &doc, summary) ? sink(std::move(doc)) : Status::OK();
   };
   std::set<std::string> seen_paths;
   // (size, FNV-1a of the bytes) -> first path: a 64-bit hash of equal-size
@@ -167,13 +169,16 @@ Status ReadInputs(const std::vector<std::string>& inputs, bool newline, const In
       LOG(WARNING) << path << ": same bytes as " << it->second << "; skipped (--keep-duplicates reads it)";
       continue;
     }
-    if (invalid != nullptr && *invalid == InvalidUtf8::kRefuse) {
+    // Refused on the whole file (the offset is the file's); mended or
+    // skipped document by document.
+    const bool refuse = invalid != nullptr && *invalid == InvalidUtf8::kRefuse;
+    if (refuse) {
       const size_t bad = unicode::FirstInvalidUtf8(text);
       if (bad != std::string::npos) return RefuseInvalidUtf8(path, static_cast<int64_t>(bad), text[bad], "");
     }
     ++summary->files;
     summary->bytes += static_cast<int64_t>(text.size());
-    HERD_RETURN_IF_ERROR(SplitDocuments(text, mended));
+    HERD_RETURN_IF_ERROR(SplitDocuments(text, invalid == nullptr || refuse ? sink : DocumentSink(mended)));
   }
   return Status::OK();
 }

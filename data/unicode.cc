@@ -149,7 +149,7 @@ size_t FirstInvalidUtf8(std::string_view text) {
   return std::string_view::npos;
 }
 
-std::string ReplaceInvalidUtf8(std::string_view text, int64_t* replaced) {
+std::string ReplaceInvalidUtf8(std::string_view text) {
   std::string out;
   out.reserve(text.size());
   for (size_t pos = 0; pos < text.size();) {
@@ -160,7 +160,6 @@ std::string ReplaceInvalidUtf8(std::string_view text, int64_t* replaced) {
       pos += static_cast<size_t>(n);
     } else {
       out.append("\xEF\xBF\xBD");  // U+FFFD
-      ++*replaced;
       pos += static_cast<size_t>(bad);
     }
   }

@@ -34,9 +34,8 @@ size_t FirstInvalidUtf8(std::string_view text);
 
 // `text` with each maximal subpart of an ill-formed sequence replaced by
 // U+FFFD, as Python's bytes.decode("utf-8", errors="replace") does (one
-// U+FFFD for a truncated sequence, one per byte that can start none);
-// *replaced counts the replacements.
-std::string ReplaceInvalidUtf8(std::string_view text, int64_t* replaced);
+// U+FFFD for a truncated sequence, one per byte that can start none).
+std::string ReplaceInvalidUtf8(std::string_view text);
 
 // Appends cp (<= U+10FFFF) as UTF-8.
 void AppendUtf8(char32_t cp, std::string* out);

@@ -189,10 +189,20 @@ bool DeadProcessTemp(const std::string& name) {
 
 }  // namespace
 
-Status RemoveFailedCheckpointWrites(const std::string& root, const std::string& resume_dir) {
-  const std::string resume_name = BaseName(resume_dir);
+Status RemoveFailedCheckpointWrites(const std::string& root) {
+  const std::vector<std::string> steps = StepDirsNewestFirst(root);
+  // Directories after the newest committed one (a manifest, checked or
+  // not: a resume checks it) hold checkpoints whose vote never completed.
+  std::string newest_committed;
+  for (const std::string& name : steps) {
+    if (PathExists(JoinPath(JoinPath(root, name), "manifest.json"))) {
+      newest_committed = name;
+      break;
+    }
+  }
+  if (newest_committed.empty()) return Status::OK();  // nothing to resume from: leave everything
   int64_t files = 0, dirs = 0;
-  for (const std::string& name : StepDirsNewestFirst(root)) {
+  for (const std::string& name : steps) {
     const std::string step_dir = JoinPath(root, name);
     bool live_temp = false;
     HERD_ASSIGN_OR_RETURN(const std::vector<std::string> entries, ListDirectory(step_dir));
@@ -207,7 +217,7 @@ Status RemoveFailedCheckpointWrites(const std::string& root, const std::string& 
       }
       ++files;
     }
-    if (name > resume_name && !live_temp && !PathExists(JoinPath(step_dir, "manifest.json"))) {
+    if (name > newest_committed && !live_temp) {
       HERD_RETURN_IF_ERROR(RemoveFlatDirectory(step_dir));
       ++dirs;
     }
@@ -224,10 +234,7 @@ Status RemoveFailedCheckpointWrites(const std::string& root, const std::string& 
 Status CheckRunCanStart(const config::JobConfig& config, const TrainOptions& options) {
   if (options.resume) {
     const std::string& dir = config.checkpoint().dir();
-    if (dir.empty()) return Status::OK();
-    StatusOr<VerifiedCheckpoint> latest = LatestVerifiedCheckpoint(dir);
-    if (!latest.ok()) return Status::OK();  // every process's ResumePoint says why, or starts afresh
-    return RemoveFailedCheckpointWrites(dir, latest->dir).WithContext("checkpoint.dir: ");
+    return dir.empty() ? Status::OK() : RemoveFailedCheckpointWrites(dir).WithContext("checkpoint.dir: ");
   }
   HERD_RETURN_IF_ERROR(CheckInitFrom(config));
   const std::string& dir = config.checkpoint().dir();

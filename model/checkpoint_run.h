@@ -52,13 +52,13 @@ StatusOr<std::optional<VerifiedCheckpoint>> ResumePoint(const config::JobConfig&
 // would otherwise be mistaken for this run's on a later --resume).
 Status CheckFreshRun(const std::string& root, bool overwrite);
 
-// Before a resume from `resume_dir` (a step directory under `root`): what
-// failed checkpoint writes left behind goes — temporary files (NAME.tmp.PID)
-// of processes no longer alive, in any step directory, and step
-// directories newer than resume_dir without a manifest (a checkpoint whose
-// vote never completed; the run writes those steps again). Committed
-// checkpoints, even damaged ones, are kept. One line says what was removed.
-Status RemoveFailedCheckpointWrites(const std::string& root, const std::string& resume_dir);
+// Before a resume: what failed checkpoint writes left under `root` goes —
+// temporary files (NAME.tmp.PID) of processes no longer alive, in any step
+// directory, and step directories newer than the newest one with a
+// manifest (checkpoints whose vote never completed; the run writes those
+// steps again). Committed checkpoints, even damaged ones, are kept, and
+// nothing goes when none is committed. One line says what was removed.
+Status RemoveFailedCheckpointWrites(const std::string& root);
 
 // What a launcher checks once, before any process of a run starts or
 // anything is written. A fresh run: checkpoint.init_from has this model's

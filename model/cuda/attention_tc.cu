@@ -160,6 +160,17 @@ __device__ __forceinline__ void StoreRows(bf16* dst, const float (&acc)[HD / 8][
   }
 }
 
+// The block of the forward and dq kernels: 64 queries from q0 (the
+// longest blocks, the last queries, first), the key tiles they attend to,
+// and this lane's two fragment rows.
+struct QueryBlock {
+  int64_t q0, tiles, rows[2];
+  __device__ QueryBlock(const AttentionDims& d, int warp, int g)
+      : q0(static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kRows),
+        tiles(((q0 + kRows < d.T ? q0 + kRows : d.T) - 1) / kTile + 1),
+        rows{q0 + warp * 16 + g, q0 + warp * 16 + g + 8} {}
+};
+
 template <int HD>
 struct ForwardSmem {  // Q, then K and V twice
   static constexpr size_t kBytes = static_cast<size_t>(kRows + 4 * kTile) * HD * sizeof(bf16);
@@ -176,22 +187,19 @@ __global__ void __launch_bounds__(kThreads)
   bf16* const vs = qs + (kRows + 2 * kTile) * HD;  // two V tiles
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int64_t b = blockIdx.z, h = blockIdx.y, kvh = h / d.group;
-  const int64_t q0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kRows;
-  const int64_t last_q = (q0 + kRows < d.T ? q0 + kRows : d.T) - 1;
-  const int64_t tiles = last_q / kTile + 1;
-  const int64_t rows[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+  const QueryBlock qb(d, warp, g);
   const float scale2 = d.scale * kLog2e;
 
-  LoadTileAsync<HD>(qs, q, b, q0, d.H, h, d.T);
+  LoadTileAsync<HD>(qs, q, b, qb.q0, d.H, h, d.T);
   LoadTileAsync<HD>(ks, k, b, 0, d.KV, kvh, d.T);
   LoadTileAsync<HD>(vs, v, b, 0, d.KV, kvh, d.T);
   CpAsyncCommit();
   float o[HD / 8][4];
   Zero(o);
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // l: this lane's part of the row sum
-  for (int64_t i = 0; i < tiles; ++i) {
+  for (int64_t i = 0; i < qb.tiles; ++i) {
     const int cur = static_cast<int>(i % 2);
-    NextKeyValueTile<HD>(ks, vs, k, v, i, tiles, b, kvh, d);
+    NextKeyValueTile<HD>(ks, vs, k, v, i, qb.tiles, b, kvh, d);
     float s[kTileN][4];
     RowsTimesTileT<HD>(s, qs, warp * 16, ks + cur * kTile * HD, lane);
     float tile_max[2] = {-INFINITY, -INFINITY};
@@ -199,7 +207,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = 0; j < kTileN; ++j)
       HERD_UNROLL
       for (int e = 0; e < 4; ++e) {
-        const int64_t col = i * kTile + 8 * j + 2 * t + e % 2, row = rows[e / 2];
+        const int64_t col = i * kTile + 8 * j + 2 * t + e % 2, row = qb.rows[e / 2];
         s[j][e] = col <= row && col < d.T ? s[j][e] * scale2 : -INFINITY;
         tile_max[e / 2] = fmaxf(tile_max[e / 2], s[j][e]);
       }
@@ -237,10 +245,10 @@ __global__ void __launch_bounds__(kThreads)
   for (int n = 0; n < HD / 8; ++n)
     HERD_UNROLL
     for (int e = 0; e < 4; ++e) o[n][e] *= inv[e / 2];
-  StoreRows<HD>(out, o, b, q0 + warp * 16, d.H, h, d.T, 1.0f, lane);
+  StoreRows<HD>(out, o, b, qb.q0 + warp * 16, d.H, h, d.T, 1.0f, lane);
   HERD_UNROLL
   for (int r = 0; r < 2; ++r)
-    if (t == 0 && rows[r] < d.T) lse[(b * d.H + h) * d.T + rows[r]] = m[r] * kLn2 + logf(l[r]);
+    if (t == 0 && qb.rows[r] < d.T) lse[(b * d.H + h) * d.T + qb.rows[r]] = m[r] * kLn2 + logf(l[r]);
 }
 
 template <int HD>
@@ -261,29 +269,26 @@ __global__ void __launch_bounds__(kThreads)
   bf16* const vs = dos + (kRows + 2 * kTile) * HD;  // two V tiles
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int64_t b = blockIdx.z, h = blockIdx.y, kvh = h / d.group;
-  const int64_t q0 = static_cast<int64_t>(gridDim.x - 1 - blockIdx.x) * kRows;
-  const int64_t last_q = (q0 + kRows < d.T ? q0 + kRows : d.T) - 1;
-  const int64_t tiles = last_q / kTile + 1;
-  const int64_t rows[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+  const QueryBlock qb(d, warp, g);
   const float scale2 = d.scale * kLog2e;
   float L[2], D[2];  // per row: lse in log2 units, delta
   HERD_UNROLL
   for (int r = 0; r < 2; ++r) {
-    const bool live = rows[r] < d.T;
-    L[r] = live ? lse[(b * d.H + h) * d.T + rows[r]] * kLog2e : 0.0f;
-    D[r] = live ? delta[(b * d.H + h) * d.T + rows[r]] : 0.0f;
+    const bool live = qb.rows[r] < d.T;
+    L[r] = live ? lse[(b * d.H + h) * d.T + qb.rows[r]] * kLog2e : 0.0f;
+    D[r] = live ? delta[(b * d.H + h) * d.T + qb.rows[r]] : 0.0f;
   }
 
-  LoadTileAsync<HD>(qs, q, b, q0, d.H, h, d.T);
-  LoadTileAsync<HD>(dos, dout, b, q0, d.H, h, d.T);
+  LoadTileAsync<HD>(qs, q, b, qb.q0, d.H, h, d.T);
+  LoadTileAsync<HD>(dos, dout, b, qb.q0, d.H, h, d.T);
   LoadTileAsync<HD>(ks, k, b, 0, d.KV, kvh, d.T);
   LoadTileAsync<HD>(vs, v, b, 0, d.KV, kvh, d.T);
   CpAsyncCommit();
   float acc[HD / 8][4];
   Zero(acc);
-  for (int64_t i = 0; i < tiles; ++i) {
+  for (int64_t i = 0; i < qb.tiles; ++i) {
     const int cur = static_cast<int>(i % 2);
-    NextKeyValueTile<HD>(ks, vs, k, v, i, tiles, b, kvh, d);
+    NextKeyValueTile<HD>(ks, vs, k, v, i, qb.tiles, b, kvh, d);
     float s[kTileN][4], dp[kTileN][4];
     RowsTimesTileT<HD>(s, qs, warp * 16, ks + cur * kTile * HD, lane);    // S = Q K^T
     RowsTimesTileT<HD>(dp, dos, warp * 16, vs + cur * kTile * HD, lane);  // dP = dO V^T
@@ -291,14 +296,14 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = 0; j < kTileN; ++j)
       HERD_UNROLL
       for (int e = 0; e < 4; ++e) {
-        const int64_t col = i * kTile + 8 * j + 2 * t + e % 2, row = rows[e / 2];
+        const int64_t col = i * kTile + 8 * j + 2 * t + e % 2, row = qb.rows[e / 2];
         const float p = col <= row && row < d.T ? exp2f(s[j][e] * scale2 - L[e / 2]) : 0.0f;
         s[j][e] = p * (dp[j][e] - D[e / 2]);  // dS
       }
     AccumulateScoresTimesTile<HD>(acc, s, ks + cur * kTile * HD, lane);  // dQ += dS K
     __syncthreads();
   }
-  StoreRows<HD>(dq, acc, b, q0 + warp * 16, d.H, h, d.T, d.scale, lane);
+  StoreRows<HD>(dq, acc, b, qb.q0 + warp * 16, d.H, h, d.T, d.scale, lane);
 }
 
 // grid (key blocks of 64, KV, B): each warp owns 16 keys' dk and dv and
