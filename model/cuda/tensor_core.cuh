@@ -18,6 +18,9 @@
 #include <cstring>
 
 #include "model/cuda/device_compat.h"
+#if defined(HERD_CUDA_EMULATION)
+#include "common/bf16.h"
+#endif
 
 namespace herd::cuda {
 
@@ -111,10 +114,7 @@ __device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], const __nv_bfl
 }
 
 __device__ __forceinline__ float Bf16Half(uint32_t reg, int which) {
-  const uint16_t bits = static_cast<uint16_t>(which == 0 ? reg : reg >> 16);
-  __nv_bfloat16 x;
-  memcpy(static_cast<void*>(&x), &bits, 2);
-  return __bfloat162float(x);
+  return ::herd::Bf16ToFloat(static_cast<uint16_t>(which == 0 ? reg : reg >> 16));
 }
 
 __device__ __forceinline__ void MmaBf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
