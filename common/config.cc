@@ -5,6 +5,7 @@
 #include <google/protobuf/text_format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -316,6 +317,13 @@ std::vector<Violation> CheckValues(const JobConfig& c) {
          "needs at least 2 workers: the survivors take a lost worker's sequences, and one worker has none");
   }
   need(cl.stream_prefetch_layers() >= 0, "cluster.stream_prefetch_layers", "must be >= 0");
+  bool devices_named = true;
+  for (const std::string& name : Split(cl.data_interface(), ',')) {
+    devices_named &= !name.empty() && name.size() <= 64 &&
+                     std::none_of(name.begin(), name.end(), [](unsigned char ch) { return std::isspace(ch) != 0; });
+  }
+  need(cl.data_interface().empty() || devices_named, "cluster.data_interface",
+       "must be comma-separated interface or RDMA port names (\"eth1\", \"ib0,mlx5_0:1\"), without spaces");
   if (cl.stream_weights()) {
     need(cl.sync() == config::ClusterConfig::PARAMETER_SERVER, "cluster.stream_weights",
          "streamed weights need sync PARAMETER_SERVER (the servers are where the weights stream from)");

@@ -16,15 +16,15 @@ Status WriteRunSummary(const std::string& dir, const RunSummary& s) {
   HERD_RETURN_IF_ERROR(MakeDirs(dir).WithContext("log.summary_dir: "));
   char name[48];
   std::snprintf(name, sizeof name, "%s_%05d.json", s.role.c_str(), s.rank);
-  char json[512];
+  char json[640];
   std::snprintf(json, sizeof json,
                 "{\"role\": \"%s\", \"rank\": %d, \"steps\": %lld, \"peak_rss_bytes\": %lld, \"plan_bytes\": %lld, "
                 "\"bytes_sent_per_step\": %.17g, \"shares_computed\": %lld, \"pushes_dropped\": %lld, "
-                "\"device_peak_bytes\": %lld, \"device_plan_bytes\": %lld}\n",
+                "\"device_peak_bytes\": %lld, \"device_plan_bytes\": %lld, \"unauthenticated_dropped\": %lld}\n",
                 s.role.c_str(), s.rank, static_cast<long long>(s.steps), static_cast<long long>(s.peak_rss_bytes),
                 static_cast<long long>(s.plan_bytes), s.bytes_sent_per_step, static_cast<long long>(s.shares_computed),
                 static_cast<long long>(s.pushes_dropped), static_cast<long long>(s.device_peak_bytes),
-                static_cast<long long>(s.device_plan_bytes));
+                static_cast<long long>(s.device_plan_bytes), static_cast<long long>(s.unauthenticated_dropped));
   return WriteFileAtomic(JoinPath(dir, name), json).WithContext("log.summary_dir: ");
 }
 
@@ -42,6 +42,10 @@ Status ReportRunSummary(const RunSummary& run, uint64_t bytes_sent, const std::s
                 FormatBytes(s.device_plan_bytes).c_str());
   }
   if (role == "worker") std::printf("; sent %.2f MiB per step", s.bytes_sent_per_step / (1 << 20));
+  if (s.unauthenticated_dropped > 0) {
+    std::printf("; dropped %lld data-plane messages without the job's key",
+                static_cast<long long>(s.unauthenticated_dropped));
+  }
   std::printf("\n");
   std::fflush(stdout);
   return WriteRunSummary(dir, s);

@@ -28,6 +28,9 @@ struct RunSummary {
   // dropped because their share was in already (a lost worker's copy).
   int64_t shares_computed = 0;
   int64_t pushes_dropped = 0;
+  // Data-plane messages dropped for not carrying the job's key (something
+  // other than the job's processes reached this one's UCX worker).
+  int64_t unauthenticated_dropped = 0;
 };
 
 // The end of a run (`run`: role, rank, steps, plan_bytes and the elastic

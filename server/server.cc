@@ -179,7 +179,9 @@ Status RunParameterServer(const config::JobConfig& config, const TrainOptions& o
     run.steps = last - start;
     run.plan_bytes = memory->processes[rank].total();
     run.pushes_dropped = shard.pushes_dropped();
-    HERD_RETURN_IF_ERROR(ReportRunSummary(run, runtime->transport().stats().bytes_sent, config.log().summary_dir()));
+    const transport::UcxStats ucx = runtime->transport().stats();
+    run.unauthenticated_dropped = static_cast<int64_t>(ucx.unauthenticated_dropped);
+    HERD_RETURN_IF_ERROR(ReportRunSummary(run, ucx.bytes_sent, config.log().summary_dir()));
   }
   return client->Leave();
 }

@@ -89,6 +89,12 @@ def main():
                       "--set", "cluster.elastic=true"], "cluster.elastic", "at least 2 workers", code=2)
     expect_error(sb, ["launch", cfg, "--set", "train.steps=3", "--set", "train.steps=4"], "train.steps",
                  "set twice", code=2)
+    # A data plane named on an interface this host lacks, or not as names.
+    ps = ["--set", "cluster.sync=PARAMETER_SERVER", "--set", "cluster.servers=1"]
+    expect_error(sb, ["launch", cfg, *ps, "--set", "cluster.data_interface=nosuch9"], "cluster.data_interface",
+                 "no network interface or RDMA port 'nosuch9'", "it has lo", code=2)
+    expect_error(sb, ["launch", cfg, *ps, "--set", "cluster.data_interface=lo, eth0"], "cluster.data_interface",
+                 "without spaces", code=2)
     # A metrics file that cannot be opened: the reason, as every writer gives it.
     os.makedirs(sb.path("metrics_dir"))
     expect_error(sb, ["launch", cfg, "--set", "log.metrics=metrics_dir"], "log.metrics", "Is a directory")

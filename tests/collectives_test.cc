@@ -23,7 +23,7 @@ class Ring {
   explicit Ring(int W, int64_t chunk_bytes = 256) {
     std::vector<PeerId> peers;
     for (int r = 0; r < W; ++r) {
-      auto t = UcxTransport::Create(r);
+      auto t = UcxTransport::Create(UcxOptions(r));
       EXPECT_TRUE(t.ok());
       transports_.push_back(std::move(*t));
       peers.push_back(r);
@@ -186,7 +186,7 @@ TEST(RingCollectives, MalformedMessagesFailTheOperation) {
     // Two real ranks (0 and 1) and an outsider transport (PeerId 2) that
     // rank 1 also knows.
     std::vector<std::unique_ptr<UcxTransport>> t;
-    for (PeerId p = 0; p < 3; ++p) t.push_back(std::move(UcxTransport::Create(p).value()));
+    for (PeerId p = 0; p < 3; ++p) t.push_back(std::move(UcxTransport::Create(UcxOptions(p)).value()));
     RingCollectives rank1(t[1].get(), 1, {0, 1}, 64);
     ASSERT_TRUE(t[1]->Connect(0, t[0]->address(), "rank 0").ok());
     ASSERT_TRUE(t[1]->Connect(2, t[2]->address(), "outsider").ok());

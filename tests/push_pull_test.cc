@@ -1,7 +1,8 @@
 // The push/pull service over real UCX inside one process (two transports,
 // two endpoints): requests with bad ranges are answered with errors that
 // name the range, malformed messages are dropped without harm, and large
-// requests split into pieces still sum exactly. Multi-process behaviour is
+// requests split into pieces still sum exactly; messages without the job's
+// key are dropped before any handler sees them. Multi-process behaviour is
 // in tests/transport_*_test.py.
 #include <gtest/gtest.h>
 
@@ -24,8 +25,8 @@ constexpr PeerId kServer = 0, kClient = 1;
 class PushPullTest : public testing::Test {
  protected:
   void SetUp() override {
-    auto s = UcxTransport::Create(kServer);
-    auto c = UcxTransport::Create(kClient);
+    auto s = UcxTransport::Create(UcxOptions(kServer));
+    auto c = UcxTransport::Create(UcxOptions(kClient));
     ASSERT_TRUE(s.ok() && c.ok());
     server_transport_ = std::move(*s);
     client_transport_ = std::move(*c);
@@ -99,6 +100,44 @@ TEST_F(PushPullTest, MalformedMessagesAreDroppedAndServingGoesOn) {
   ASSERT_TRUE(client_->Wait(client_->Push(kServer, kGradients, 0, data.data(), 1024)).ok());
   ASSERT_TRUE(client_->Wait(client_->Pull(kServer, kWeights, 0, back.data(), 1024)).ok());
   EXPECT_EQ(back, data);
+}
+
+// Something that reaches the server's UCX worker without the job's key —
+// here well-formed pushes and pulls from a transport keyed by another
+// token, claiming to be the client — is dropped before any handler runs,
+// and counted; the job's own traffic goes on.
+TEST_F(PushPullTest, MessagesWithoutTheJobKeyAreDroppedAndCounted) {
+  UcxOptions foreign(kClient);
+  foreign.key = DataPlaneKey::FromToken("another job's token");
+  auto intruder_transport = UcxTransport::Create(foreign);
+  ASSERT_TRUE(intruder_transport.ok());
+  std::vector<float> bad(kShardBytes / 4, 100.0f), back(kShardBytes / 4, -1.0f);
+  {
+    PushPullClient intruder(intruder_transport->get(), 64 << 10);
+    ASSERT_TRUE((*intruder_transport)->Connect(kServer, server_transport_->address(), "server").ok());
+    intruder.Push(kServer, kGradients, 0, bad.data(), 1024);           // eager
+    intruder.Push(kServer, kGradients, 0, bad.data(), 256 << 10);      // rendezvous, in pieces
+    intruder.Pull(kServer, kWeights, 0, back.data(), 1024);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (server_transport_->stats().unauthenticated_dropped < 6 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+  const UcxStats stats = server_transport_->stats();
+  EXPECT_EQ(stats.unauthenticated_dropped, 6u);  // 1 + 4 pieces + 1
+  EXPECT_EQ(stats.malformed_dropped, 0u);
+  ASSERT_TRUE(client_->Wait(client_->Pull(kServer, kWeights, 0, back.data(), kShardBytes)).ok());
+  for (float v : back) ASSERT_EQ(v, 0.0f);
+}
+
+TEST(DataPlaneKey, DerivedFromTheTokenWithoutRevealingIt) {
+  const DataPlaneKey a = DataPlaneKey::FromToken("token-a"), again = DataPlaneKey::FromToken("token-a");
+  const DataPlaneKey b = DataPlaneKey::FromToken("token-b");
+  EXPECT_EQ(a.bytes, again.bytes);
+  EXPECT_NE(a.bytes, b.bytes);
+  EXPECT_NE(a.bytes, DataPlaneKey().bytes);
+  const std::string key(a.bytes.begin(), a.bytes.end());
+  EXPECT_EQ(key.find("token"), std::string::npos);
 }
 
 // A send that reaches the progress thread only after Shutdown has closed

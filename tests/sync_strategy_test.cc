@@ -149,7 +149,7 @@ void RunOneStep(int W, int zero_stage) {
   std::vector<std::unique_ptr<UcxTransport>> transports;
   std::vector<PeerId> peers;
   for (int r = 0; r < W; ++r) {
-    transports.push_back(std::move(UcxTransport::Create(r).value()));
+    transports.push_back(std::move(UcxTransport::Create(transport::UcxOptions(r)).value()));
     peers.push_back(r);
   }
   std::vector<std::unique_ptr<RingCollectives>> rings;
@@ -230,7 +230,7 @@ void RunOneParameterServerStep(int S, int W, bool stream = false) {
   ASSERT_TRUE(plan.ok()) << plan.status().message();
 
   std::vector<std::unique_ptr<UcxTransport>> transports;
-  for (int p = 0; p < S + W; ++p) transports.push_back(std::move(UcxTransport::Create(p).value()));
+  for (int p = 0; p < S + W; ++p) transports.push_back(std::move(UcxTransport::Create(transport::UcxOptions(p)).value()));
   std::vector<std::unique_ptr<ParameterShard>> shards;
   std::vector<std::unique_ptr<transport::PushPullServer>> services;
   for (int s = 0; s < S; ++s) {

@@ -52,7 +52,7 @@ Status BenchAllReduce(int argc, char** argv) {
 
   const int64_t largest = *std::max_element(sizes.begin(), sizes.end());
   std::vector<float> buffer(largest / 4, 1.0f);
-  HERD_ASSIGN_OR_RETURN(auto transport, transport::UcxTransport::Create(-1));
+  HERD_ASSIGN_OR_RETURN(auto transport, transport::UcxTransport::Create({}));
   std::unique_ptr<transport::RingCollectives> ring;
   auto prepare = [&](transport::CoordinatorClient& client) -> Status {
     std::vector<transport::PeerId> peers;

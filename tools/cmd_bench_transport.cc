@@ -168,7 +168,7 @@ int Serve(const Args& args) {
   if (!shard_bytes.ok()) return ReportError(shard_bytes.status());
   auto token = transport::LoadJobToken("", transport::ProcessEnv());
   if (!token.ok()) return ReportError(token.status());
-  auto t = transport::UcxTransport::Create(-1);
+  auto t = transport::UcxTransport::Create({});
   if (!t.ok()) return ReportError(t.status());
   transport::AccumulatingShard accumulating(args.Has("store") ? 4 : *shard_bytes);
   StoringShard storing(args.Has("store") ? *shard_bytes : 4);
@@ -262,7 +262,7 @@ int RunJob(const BenchPlan& plan, bool store) {
 
   int rc = 0;
   {
-    auto t = transport::UcxTransport::Create(-1);
+    auto t = transport::UcxTransport::Create({});
     if (!t.ok()) return ReportError(t.status());
     std::vector<char> buffer(static_cast<size_t>(shard_bytes), 1);
     Status st = (*t)->RegisterMemory(buffer.data(), buffer.size());

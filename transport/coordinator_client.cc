@@ -27,6 +27,7 @@ JoinOptions JoinOptions::FromConfig(const JobConfig& config) {
   JoinOptions o;
   o.job = JobShape::FromConfig(config);
   o.config_hash = ConfigHash(config);
+  o.data_interface = config.cluster().data_interface();
   return o;
 }
 

@@ -31,6 +31,7 @@ struct JoinOptions {
   std::string ucx_address;
   uint64_t config_hash = 0;
   JobShape job;
+  std::string data_interface;  // cluster.data_interface (transport/network_devices.h)
   // A worker joining an elastic job under way in place of a lost one
   // (herd-worker --join); welcomed once every member knows of it.
   bool join = false;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "transport/network_devices.h"
 #include "transport/wire.h"
 
 namespace herd::transport {
@@ -15,6 +16,13 @@ PeerId MemberPeerId(const CoordinatorClient& client, wire::Role role, int rank) 
 std::string DescribeMember(const wire::Member& member) {
   return DescribeRole(member.role(), member.rank()) + " (" + member.host() + ", pid " + std::to_string(member.pid()) +
          ")";
+}
+
+StatusOr<UcxOptions> DataPlaneOptions(const JoinOptions& options) {
+  UcxOptions ucx;
+  ucx.key = DataPlaneKey::FromToken(options.token);
+  HERD_ASSIGN_OR_RETURN(ucx.net_devices, DataPlaneDevices(options.coordinator, options.data_interface));
+  return ucx;
 }
 
 StatusOr<std::unique_ptr<CoordinatorClient>> JoinJob(const JoinOptions& options, UcxTransport* transport,

@@ -22,6 +22,12 @@
 
 namespace herd::transport {
 
+// The data plane of a process of the job `options` describes: the job's
+// key (from its token) and the network devices UCX may use
+// (transport/network_devices.h). The transport is created with it before
+// joining.
+StatusOr<UcxOptions> DataPlaneOptions(const JoinOptions& options);
+
 // `prepare`, when given, runs after the membership is known (rank
 // assigned, all-gathers available) and before any peer can send to us: the
 // place to set up services that depend on this process's rank.

@@ -7,7 +7,8 @@ namespace herd::transport {
 StatusOr<std::unique_ptr<NodeRuntime>> NodeRuntime::Join(const Options& options, const PrepareFn& prepare) {
   std::unique_ptr<NodeRuntime> runtime(new NodeRuntime);
   NodeRuntime& rt = *runtime;
-  HERD_ASSIGN_OR_RETURN(rt.transport_, UcxTransport::Create(-1));
+  HERD_ASSIGN_OR_RETURN(const UcxOptions ucx, DataPlaneOptions(options.join));
+  HERD_ASSIGN_OR_RETURN(rt.transport_, UcxTransport::Create(ucx));
   // Before joining: its handlers must exist before any peer can send.
   if (options.push_pull_piece_bytes > 0) {
     rt.push_pull_ = std::make_unique<PushPullClient>(rt.transport_.get(), options.push_pull_piece_bytes);

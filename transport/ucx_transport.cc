@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/sha256.h"
 #include "common/trace.h"
 
 namespace herd::transport {
@@ -32,7 +33,27 @@ using Clock = std::chrono::steady_clock;
 
 std::string UcxError(ucs_status_t status) { return ucs_status_string(status); }
 
+// What precedes a service's header in every message: the sender's PeerId,
+// then the job's data-plane key.
+constexpr size_t kKeyBytes = sizeof(DataPlaneKey::bytes);
+constexpr size_t kPrefixBytes = sizeof(PeerId) + kKeyBytes;
+
+// Compares in time independent of where the keys differ, so that a key
+// cannot be found byte by byte from how fast messages are dropped.
+bool KeysEqual(const uint8_t* a, const uint8_t* b) {
+  uint8_t diff = 0;
+  for (size_t i = 0; i < kKeyBytes; ++i) diff |= a[i] ^ b[i];
+  return diff == 0;
+}
+
 }  // namespace
+
+DataPlaneKey DataPlaneKey::FromToken(std::string_view token) {
+  const Sha256Digest mac = HmacSha256(token, "herd data-plane key v1");
+  DataPlaneKey key;
+  std::memcpy(key.bytes.data(), mac.data(), key.bytes.size());
+  return key;
+}
 
 // UCX 1.13 hides posix/sysv shared memory from endpoints that want
 // peer-failure handling unless these are on (openucx/ucx#10016). Only set
@@ -137,13 +158,18 @@ class UcxTransport::Impl {
     Handler handler;
   };
 
-  explicit Impl(PeerId self) : self_(self), spin_s_(SpinSeconds()) {}
+  explicit Impl(const UcxOptions& options)
+      : self_(options.self), key_(options.key), net_devices_(options.net_devices), spin_s_(SpinSeconds()) {}
 
   Status Init(std::string* address, bool* cuda_memory) {
     PrepareUcxEnvironment();
     ucp_config_t* config = nullptr;
     ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
     if (st != UCS_OK) return Status::Unavailable("UCX: reading its configuration failed: " + UcxError(st));
+    if (!net_devices_.empty() && (st = ucp_config_modify(config, "NET_DEVICES", net_devices_.c_str())) != UCS_OK) {
+      ucp_config_release(config);
+      return Status::InvalidArgument("UCX: cannot use the network devices '" + net_devices_ + "': " + UcxError(st));
+    }
     ucp_params_t params{};
     params.field_mask = UCP_PARAM_FIELD_FEATURES;
     params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
@@ -321,8 +347,9 @@ class UcxTransport::Impl {
         return;
       }
       stats_.bytes_sent += size;
-      auto* op = new SendOp{this, std::string(sizeof(PeerId), '\0') + header, std::move(done), it->second->name};
+      auto* op = new SendOp{this, std::string(kPrefixBytes, '\0') + header, std::move(done), it->second->name};
       std::memcpy(op->header.data(), &self_, sizeof(PeerId));
+      std::memcpy(op->header.data() + sizeof(PeerId), key_.bytes.data(), kKeyBytes);
       ucp_request_param_t p{};
       p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
       p.cb.send = &Impl::SendCompleted;
@@ -457,12 +484,17 @@ class UcxTransport::Impl {
     Impl* impl = slot->impl;
     ++impl->stats_.messages_received;
     const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    const auto* prefix = static_cast<const uint8_t*>(header);
     PeerId from = -1;
-    if (header_length >= sizeof(PeerId)) std::memcpy(&from, header, sizeof(PeerId));
-    if (header_length < sizeof(PeerId) || impl->peers_.count(from) == 0 || !slot->handler) {
+    if (header_length >= sizeof(PeerId)) std::memcpy(&from, prefix, sizeof(PeerId));
+    if (header_length >= kPrefixBytes && !KeysEqual(prefix + sizeof(PeerId), impl->key_.bytes.data())) {
+      impl->DropUnauthenticated(from, slot->am_id);
+      return rndv ? UCS_ERR_REJECTED : UCS_OK;
+    }
+    if (header_length < kPrefixBytes || impl->peers_.count(from) == 0 || !slot->handler) {
       ++impl->stats_.malformed_dropped;
       LOG_EVERY_N(WARNING, 100) << "UCX: dropped a message (AM id " << slot->am_id << ") with "
-                                << (header_length < sizeof(PeerId) ? "a short header" : "an unknown sender");
+                                << (header_length < kPrefixBytes ? "a short header" : "an unknown sender");
       return rndv ? UCS_ERR_REJECTED : UCS_OK;
     }
     IncomingPayload payload;
@@ -470,10 +502,22 @@ class UcxTransport::Impl {
     payload.data_ = data;
     payload.size_ = length;
     payload.rendezvous_ = rndv;
-    slot->handler(from, std::string_view(static_cast<const char*>(header) + sizeof(PeerId),
-                                         header_length - sizeof(PeerId)),
+    slot->handler(from, std::string_view(static_cast<const char*>(header) + kPrefixBytes, header_length - kPrefixBytes),
                   payload);
     return (payload.rejected_ && rndv) ? UCS_ERR_REJECTED : UCS_OK;
+  }
+
+  // Counts a message without our key; the first from each claimed sender
+  // is reported (by what it claims, for it proves nothing), the rest only
+  // counted, so that a flood cannot fill the log.
+  void DropUnauthenticated(PeerId claimed, uint16_t am_id) {
+    ++stats_.unauthenticated_dropped;
+    constexpr size_t kReportedLimit = 64;
+    if (unauthenticated_senders_.size() >= kReportedLimit || !unauthenticated_senders_.insert(claimed).second) return;
+    auto it = peers_.find(claimed);
+    LOG(WARNING) << "UCX: dropped a message (AM id " << am_id << ") without this job's data-plane key, claiming to come from "
+                 << (it != peers_.end() ? it->second->name : "peer " + std::to_string(claimed))
+                 << "; later ones from that sender are only counted";
   }
 
   static void SendCompleted(void* request, ucs_status_t status, void* user_data) {
@@ -604,6 +648,8 @@ class UcxTransport::Impl {
   }
 
   PeerId self_;
+  const DataPlaneKey key_;
+  const std::string net_devices_;
   double spin_s_;
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
@@ -626,6 +672,7 @@ class UcxTransport::Impl {
   };
   std::map<uintptr_t, Region> regions_;
   Status aborted_;
+  std::set<PeerId> unauthenticated_senders_;  // reported once each (DropUnauthenticated)
   // The job failed, or an endpoint would not close: endpoints and the
   // worker are left to the process's exit.
   bool stuck_ = false;
@@ -644,9 +691,9 @@ void IncomingPayload::Reject() {
   rejected_ = true;
 }
 
-StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::Create(PeerId self) {
+StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::Create(const UcxOptions& options) {
   std::unique_ptr<UcxTransport> t(new UcxTransport());
-  t->impl_ = std::make_unique<Impl>(self);
+  t->impl_ = std::make_unique<Impl>(options);
   HERD_RETURN_IF_ERROR(t->impl_->Init(&t->address_, &t->cuda_memory_));
   // Every id a peer might use gets a handler that drops the message until a
   // service claims it: UCX 1.13 crashes on a message for an id it has no

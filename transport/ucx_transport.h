@@ -12,14 +12,22 @@
 // the destination buffer and the bytes land there directly (zero-copy on the
 // receive side); small ones arrive eagerly and are copied once.
 //
-// Transport choice stays with UCX's environment (UCX_TLS, UCX_NET_DEVICES):
-// RDMA verbs on InfiniBand/RoCE, shared memory / CMA / TCP on one host.
+// Transport choice stays with UCX (UCX_TLS and the rest of its environment):
+// RDMA verbs on InfiniBand/RoCE, shared memory / CMA / TCP on one host; the
+// network devices it may use are the caller's (UcxOptions::net_devices, see
+// transport/network_devices.h).
+//
+// Every message carries the sender's PeerId and the job's data-plane key
+// (UcxOptions::key); a message whose key is not ours is dropped before any
+// handler sees it, counted (UcxStats::unauthenticated_dropped) and reported
+// in one log line per claimed sender.
 // Endpoints are created with peer-failure handling; because UCX 1.13 only
 // offers its shared-memory transports to such endpoints when
 // UCX_POSIX_ERROR_HANDLING / UCX_SYSV_ERROR_HANDLING are on, Create() turns
 // them on unless the environment says otherwise.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -36,6 +44,33 @@ namespace herd::transport {
 // the receiver knows who sent it.
 using PeerId = int32_t;
 using Completion = std::function<void(const Status&)>;
+
+// What a message must carry to be taken: a job's processes share it, and a
+// process of another job, or anything else that reaches our UCX worker,
+// does not have it.
+struct DataPlaneKey {
+  std::array<uint8_t, 16> bytes{};
+  // HMAC-SHA256 of a fixed label keyed by the job token, cut to 16 bytes:
+  // the token itself never travels on the data plane, and a key seen on the
+  // wire tells nothing of it.
+  static DataPlaneKey FromToken(std::string_view token);
+};
+
+struct UcxOptions {
+  UcxOptions() = default;
+  explicit UcxOptions(PeerId self) : self(self) {}
+
+  // This process's PeerId, stamped on every message (set_self may set it
+  // later).
+  PeerId self = -1;
+  // All-zero for transports that serve no job (a process's own tests and
+  // benchmarks).
+  DataPlaneKey key;
+  // UCX's NET_DEVICES: the network devices it may listen on and send
+  // through ("lo", "eth1,mlx5_0:1"); empty leaves the choice to UCX and the
+  // environment (every device unless UCX_NET_DEVICES says otherwise).
+  std::string net_devices;
+};
 
 class UcxTransport;
 
@@ -82,6 +117,7 @@ struct UcxStats {
   uint64_t rendezvous_received = 0;   // payloads placed zero-copy into the handler's buffer
   uint64_t eager_bytes_copied = 0;    // bytes of eager payloads copied out
   uint64_t malformed_dropped = 0;     // messages with an unknown sender or short header
+  uint64_t unauthenticated_dropped = 0;  // messages without this job's data-plane key
   uint64_t bytes_sent = 0;            // payload bytes handed to UCX for sending
 };
 
@@ -94,8 +130,7 @@ class UcxTransport {
   using Handler = std::function<void(PeerId from, std::string_view header, IncomingPayload& payload)>;
   using PeerFailureHandler = std::function<void(PeerId peer, const Status& status)>;
 
-  // `self` is this process's PeerId, stamped on every message it sends.
-  static StatusOr<std::unique_ptr<UcxTransport>> Create(PeerId self);
+  static StatusOr<std::unique_ptr<UcxTransport>> Create(const UcxOptions& options);
   // Closes endpoints (forcibly after a failure), stops the progress thread.
   ~UcxTransport();
   UcxTransport(const UcxTransport&) = delete;

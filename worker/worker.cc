@@ -306,7 +306,9 @@ Status RunWorker(const config::JobConfig& config, const TrainOptions& options, c
     run.device_plan_bytes = memory->processes.back().device;
     run.device_peak_bytes = w.model ? w.model->DevicePeakBytes() : 0;
     run.shares_computed = loop.shares_computed();
-    HERD_RETURN_IF_ERROR(ReportRunSummary(run, rt.transport().stats().bytes_sent, config.log().summary_dir()));
+    const transport::UcxStats ucx = rt.transport().stats();
+    run.unauthenticated_dropped = static_cast<int64_t>(ucx.unauthenticated_dropped);
+    HERD_RETURN_IF_ERROR(ReportRunSummary(run, ucx.bytes_sent, config.log().summary_dir()));
   }
   HERD_RETURN_IF_ERROR(rt.client().Barrier("herd/done"));
   return rt.client().Leave();

@@ -52,7 +52,8 @@ Status RunWorker(const tools::Args& args, const transport::JoinOptions& join) {
   // transport (and with it any transfer still writing into them).
   const uint64_t total = static_cast<uint64_t>(total_bytes);
   std::vector<float> mine(total / sizeof(float)), result(total / sizeof(float));
-  HERD_ASSIGN_OR_RETURN(auto t, transport::UcxTransport::Create(-1));
+  HERD_ASSIGN_OR_RETURN(const transport::UcxOptions ucx, transport::DataPlaneOptions(join));
+  HERD_ASSIGN_OR_RETURN(auto t, transport::UcxTransport::Create(ucx));
   auto client = std::make_unique<transport::PushPullClient>(t.get());
   HERD_ASSIGN_OR_RETURN(auto coordinator, transport::JoinJob(join, t.get(), {wire::SERVER}));
   coordinator->OnFailure([&client](const Status& st) { client->Fail(-1, st); });
@@ -116,7 +117,8 @@ Status RunWorker(const tools::Args& args, const transport::JoinOptions& join) {
 
 Status RunServer(const tools::Args& args, const transport::JoinOptions& join) {
   HERD_ASSIGN_OR_RETURN(auto shard_bytes, args.GetInt("shard-bytes", 32 << 20, 4));
-  HERD_ASSIGN_OR_RETURN(auto t, transport::UcxTransport::Create(-1));
+  HERD_ASSIGN_OR_RETURN(const transport::UcxOptions ucx, transport::DataPlaneOptions(join));
+  HERD_ASSIGN_OR_RETURN(auto t, transport::UcxTransport::Create(ucx));
   transport::AccumulatingShard shard(shard_bytes);
   HERD_RETURN_IF_ERROR(t->RegisterMemory(shard.data(), shard_bytes));
   auto server = std::make_unique<transport::PushPullServer>(t.get(), &shard);
