@@ -1,6 +1,7 @@
 // The whole model on the device against the CPU model (in double): loss,
-// logits and every parameter's gradient, tensor by tensor. fp32 mode: 1e-4
-// relative to each tensor's largest element. bf16 mode: the reference gets
+// logits and every parameter's gradient, tensor by tensor. fp32 mode: 2e-5
+// relative to the largest element of each row (each logit row, each
+// weight's output row; the emulated device's worst is 3.5e-6). bf16 mode: the reference gets
 // the same bf16-rounded weights; activations are rounded to bf16 at every
 // layer boundary on the device only, so the bounds are looser and stated
 // per quantity below.
@@ -39,6 +40,8 @@ struct Tolerances {
 
 template <typename T>
 void CheckModel(bool tied, const Tolerances& tol, int heads = 2) {
+  // fp32 is held row by row, bf16 tensor by tensor (Tolerance).
+  constexpr bool fp32 = std::is_same_v<T, float>;
   const LlamaShape shape = SmallShape(tied, heads);
   const int B = 2, T_ = 37;
   const int64_t N = B * T_;
@@ -76,12 +79,12 @@ void CheckModel(bool tied, const Tolerances& tol, int heads = 2) {
     const std::vector<float> gpu_grads = d_grads.Download();
 
     EXPECT_NEAR(gpu_loss, cpu_loss, tol.loss * cpu_loss) << "loss";
-    EXPECT_CLOSE(gpu_logits, cpu_logits, tol.logits, "logits");
+    EXPECT_CLOSE(gpu_logits, cpu_logits, Tolerance(tol.logits, fp32 ? shape.vocab_size : 0), "logits");
     for (const TensorSpec& t : layout.tensors()) {
       if (tied && t.name == "lm_head.weight") continue;
       const std::vector<float> got(gpu_grads.begin() + t.offset, gpu_grads.begin() + t.offset + t.numel);
       const std::vector<double> want(cpu_grads.begin() + t.offset, cpu_grads.begin() + t.offset + t.numel);
-      EXPECT_CLOSE(got, want, tol.grads, "gradient of " + t.name);
+      EXPECT_CLOSE(got, want, Tolerance(tol.grads, fp32 ? t.shape.back() : 0), "gradient of " + t.name);
     }
     // The hooks: needs rise to the whole space, finals fall to 0.
     ASSERT_FALSE(needs.empty());
@@ -104,12 +107,12 @@ void CheckModel(bool tied, const Tolerances& tol, int heads = 2) {
 
 TEST(CudaLlamaModel, Fp32MatchesTheCpuModelUntied) {
   HERD_REQUIRE_DEVICE();
-  CheckModel<float>(/*tied=*/false, {1e-5, 1e-4, 1e-4});
+  CheckModel<float>(/*tied=*/false, {1e-5, 2e-5, 2e-5});
 }
 
 TEST(CudaLlamaModel, Fp32MatchesTheCpuModelTied) {
   HERD_REQUIRE_DEVICE();
-  CheckModel<float>(/*tied=*/true, {1e-5, 1e-4, 1e-4});
+  CheckModel<float>(/*tied=*/true, {1e-5, 2e-5, 2e-5});
 }
 
 TEST(CudaLlamaModel, Bf16MatchesTheCpuModel) {
