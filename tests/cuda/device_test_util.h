@@ -5,6 +5,8 @@
 // skipped, without one) and on the emulated device (herd_cuda_emu_tests,
 // always), so the kernels' arithmetic is checked on every machine and
 // their behaviour on real hardware wherever a GPU is present.
+// HERD_PRINT_ERRORS=1 prints every error EXPECT_CLOSE measures (to set or
+// confirm a bound on new hardware).
 #pragma once
 
 #include <gtest/gtest.h>
