@@ -80,7 +80,7 @@ Status CheckSameModel(const std::string& step_dir, const config::JobConfig& conf
   return CheckSameShape(saved.model(), config.model(), step_dir);
 }
 
-// What --resume may change (README lists the same); "log" stands for log.*.
+// What --resume may change (docs/checkpoints.md lists the same); "log" stands for log.*.
 constexpr const char* kResumableFields[] = {
     "train.steps", "train.threads", "checkpoint.dir", "checkpoint.every", "checkpoint.init_from", "data.val",
     "data.prepare_from", "data.val_fraction", "log", "cluster", "device"};

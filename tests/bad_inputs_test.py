@@ -157,7 +157,7 @@ def main():
     expect_error(sb, ["launch", run], "run_ckpt", "already holds checkpoints", "--resume", "--overwrite",
                  unchanged=snap, code=2)
     expect_error(sb, ["launch", run, "--resume", "--overwrite"], "--resume", "--overwrite", unchanged=snap, code=2)
-    # What a resume may change (README lists it): the run's length, logging.
+    # What a resume may change (docs/checkpoints.md lists it): the run's length, logging.
     p = sb.run("launch", run, "--set", "train.steps=3", "--set", "log.every=5", "--resume")
     assert "resumed from" in p.stdout, p.stdout
     p = sb.run("launch", run, "--overwrite")
