@@ -84,7 +84,13 @@ def join_trial(sb, workdir, rng, name, plan):
     """A job started by hand: `plan` is a list of ("kill", None) and
     ("join", n) events, taken in order a random number of steps apart;
     "kill" kills a random live worker (or, with plan's "kill-joined", the
-    latest to join), "join" starts n workers with --join at once."""
+    latest to join), "join" starts n workers with --join at once.
+    "kill-server" kills server 1 and starts it again with --resume-if-any,
+    as a supervisor would; every process of such a plan has
+    --max-restarts 2, so the job starts again from its newest checkpoint,
+    the workers that joined with it (they restart with --join
+    --resume-if-any and find the job forming)."""
+    restarts = ["--max-restarts", "2"] if ("kill-server", None) in plan else []
     addr = f"127.0.0.1:{herdtest.free_port()}"
     env = dict(os.environ, HERD_JOB_TOKEN="elastic-join-token-0123456789", OMP_NUM_THREADS="1")
     metrics = os.path.join(workdir, "metrics.jsonl")
@@ -99,13 +105,13 @@ def join_trial(sb, workdir, rng, name, plan):
     def output():
         return "".join(open(p).read() for p in outputs)
 
-    start("coordinator", [sb.herd, "coordinator", "job.textproto", "--listen", addr])
+    start("coordinator", [sb.herd, "coordinator", "job.textproto", "--listen", addr, *restarts])
     for r in range(2):
         start(f"server{r}", [os.path.join(sb.build, "herd-server"), "job.textproto", "--rank", str(r),
-                             "--coordinator", addr])
+                             "--coordinator", addr, *restarts])
     for r in range(WORKERS):
         live[f"worker{r}"] = start(f"worker{r}", [os.path.join(sb.build, "herd-worker"), "job.textproto",
-                                                   "--rank", str(r), "--coordinator", addr])
+                                                   "--rank", str(r), "--coordinator", addr, *restarts])
     events, at, joined, join_steps = [], 0, [], []
     rank_of = {f"worker{r}": r for r in range(WORKERS)}
     lost, last_ranks = set(), []
@@ -113,7 +119,13 @@ def join_trial(sb, workdir, rng, name, plan):
         for kind, n in plan:
             at = max(at, herdtest.last_step(metrics)) + rng.randrange(5, 40)
             herdtest.wait_for_step(metrics, at, name)
-            if kind in ("kill", "kill-joined"):
+            if kind == "kill-server":
+                procs["server1"].kill()
+                procs["server1"].wait()
+                start("server1-again", [os.path.join(sb.build, "herd-server"), "job.textproto", "--rank", "1",
+                                        "--coordinator", addr, "--resume-if-any", *restarts])
+                events.append(f"server 1 killed at step {at} and started again")
+            elif kind in ("kill", "kill-joined"):
                 key = joined[-1] if kind == "kill-joined" else rng.choice(sorted(live))
                 lost.add(rank_of[key])
                 lost_before = output().count(" lost at step ")
@@ -134,11 +146,11 @@ def join_trial(sb, workdir, rng, name, plan):
                     joined.append(key)
                     rank_of[key] = last_ranks[0] if n == 1 else None
                     live[key] = start(key, [os.path.join(sb.build, "herd-worker"), "job.textproto", "--join",
-                                            "--coordinator", addr])
+                                            "--coordinator", addr, *restarts])
                 events.append(f"{n} worker{'s' if n > 1 else ''} started to join at step {at}")
                 join_steps.append(at)
         for key, p in procs.items():
-            if key in live or not key.startswith(("worker", "joiner")):
+            if key in live or not key.startswith(("worker", "joiner", "server1")) or key == "server1-again":
                 assert p.wait(timeout=120) == 0, f"{name}: {key} exited {p.returncode}:\n" + \
                     open(os.path.join(workdir, key + ".out")).read()[-3000:]
     finally:
@@ -214,6 +226,8 @@ def main():
         [("kill", None), ("join", 1)],
         [("kill", None), ("kill", None), ("join", 2)],
         [("kill", None), ("join", 1), ("kill-joined", None), ("join", 1)],
+        # The job starts again with the worker that joined.
+        [("kill", None), ("join", 1), ("kill-server", None)],
     ]
     for i, kills in enumerate(plan + launched + by_hand):
         name = f"trial{i}"
@@ -230,6 +244,8 @@ def main():
             first = int(events[0].rsplit(" ", 1)[1])
         rows, ckpt = final(d)
         steps = [r["step"] for r in rows]
+        if "started again" in what:  # steps after the resume point are trained (and logged) twice
+            steps = sorted(set(steps))
         assert steps == list(range(1, STEPS + 1)), f"{name}: metrics steps are not 1..{STEPS} once each: " + \
             str(sorted(set(range(1, STEPS + 1)) ^ set(steps))[:10])
         got, want = rows[-1]["loss"], want_rows[-1]["loss"]

@@ -12,11 +12,14 @@
   dump), and the coordinator exits non-zero naming the rank;
 - a stopped (silent) worker is declared lost after heartbeat_timeout_s,
   and says so when it is continued;
-- SIGTERM to the coordinator shuts every process down in order."""
+- SIGTERM to the coordinator shuts every process down in order;
+- a process that fails at once again and again waits longer before each
+  restart."""
 import os
 import signal
 import socket
 import struct
+import subprocess
 import sys
 import time
 
@@ -242,9 +245,27 @@ def terminate_coordinator(sb):
         job.kill_all()
 
 
+def restarts_wait(sb):
+    """A process that keeps failing at once (here: no coordinator to join
+    within join_timeout_s) waits before each restart, 0.5 s and doubling,
+    so that a link down for seconds does not use its restarts up."""
+    train = sb.training_data()
+    cfg = sb.write("alone.textproto", herdtest.tiny_config(train, extra="cluster { sync: PARAMETER_SERVER servers: 1 "
+                                                                        "workers: 1 join_timeout_s: 0.2 }"))
+    at = time.time()
+    p = subprocess.run([os.path.join(sb.build, "herd-server"), cfg, "--rank", "0", "--coordinator",
+                        f"127.0.0.1:{herdtest.free_port()}", "--max-restarts", "3"], cwd=sb.dir, capture_output=True,
+                       text=True, env=dict(os.environ, HERD_JOB_TOKEN="t" * 16))
+    took = time.time() - at
+    waits = [line.split("(in ")[1].split(" s")[0] for line in p.stdout.splitlines() if "restart after:" in line]
+    assert p.returncode != 0 and waits == ["0.5", "1.0", "2.0"] and took >= 3.5, (p.returncode, waits, took, p.stdout)
+    print(f"restarts of a process failing at once wait {', '.join(waits)} s; out after {took:.1f} s")
+
+
 def main():
     herdtest.run_scenarios("transport failures", refusals, unmendable_refusals, kill_member("worker1", "worker rank 1"),
-                           kill_member("server0", "server rank 0"), silent_worker, terminate_coordinator)
+                           kill_member("server0", "server rank 0"), silent_worker, terminate_coordinator,
+                           restarts_wait)
 
 
 if __name__ == "__main__":

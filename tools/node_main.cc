@@ -10,7 +10,10 @@
 // herd-worker --join joins an elastic job (cluster.elastic) under way in
 // place of a lost worker: it takes the lowest lost rank (or --rank's, if
 // that one is lost) and the step, the data position and the weights from
-// the servers, so it needs neither --resume nor a checkpoint.
+// the servers, so it needs neither --resume nor a checkpoint. With
+// --resume-if-any too, a worker that finds the job forming (not started,
+// or starting again after a failure) takes part in that instead, from the
+// newest checkpoint: what a supervisor can always start a worker with.
 //
 // Every process of a job must get the same CONFIG, --set overrides,
 // --resume and --stop-at. Ranks and the coordinator's address come from
@@ -21,14 +24,23 @@
 // With --max-restarts N, a process whose job fails (a peer or the
 // coordinator lost, an error of its own other than bad input) starts
 // itself again, up to N times: it executes itself anew with
-// --resume-if-any, rejoins the coordinator (waiting up to
+// --resume-if-any (a worker of an elastic job with --join too, for the job
+// may have gone on without it), rejoins the coordinator (waiting up to
 // cluster.join_timeout_s for it to come back) and continues from the
-// newest complete checkpoint. A job shut down on purpose is not restarted.
+// newest complete checkpoint, or the job's step if it joined one under
+// way. A run that failed within 10 s of its start waits before the next
+// (0.5 s, doubling to 8 s), so that a link that is down for a while does
+// not use the restarts up at once. A job shut down on purpose is not
+// restarted.
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/config.h"
@@ -61,24 +73,38 @@ constexpr char kUsage[] =
     ;
 
 // This process's command line for its next start: one restart fewer, and
-// --resume-if-any in place of --resume / --overwrite (a worker that
-// joined joins again instead).
-std::vector<std::string> RestartArgv(int argc, char** argv, long long restarts_left) {
+// --resume-if-any in place of --resume / --overwrite; a worker of an
+// elastic job adds --join, for the job it comes back to may be under way
+// without it or forming again.
+std::vector<std::string> RestartArgv(int argc, char** argv, long long restarts_left, bool elastic_worker) {
   std::vector<std::string> out = {argv[0]};
-  bool joins = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    joins |= a == "--join";
-    if (a == "--resume" || a == "--overwrite" || a == "--resume-if-any" || a.rfind("--max-restarts=", 0) == 0) continue;
+    if (a == "--resume" || a == "--overwrite" || a == "--resume-if-any" || a == "--join" ||
+        a.rfind("--max-restarts=", 0) == 0) {
+      continue;
+    }
     if (a == "--max-restarts") {
       ++i;
       continue;
     }
     out.push_back(a);
   }
-  if (!joins) out.push_back("--resume-if-any");
+  out.push_back("--resume-if-any");
+  if (elastic_worker) out.push_back("--join");
   out.insert(out.end(), {"--max-restarts", std::to_string(restarts_left)});
   return out;
+}
+
+// How long to wait before a restart: nothing after a run of 10 s or more;
+// after a shorter one, twice the last wait (0.5 s at first, at most 8 s),
+// carried to the next start in HERD_RESTART_WAIT_S.
+double RestartWaitSeconds(double ran_s) {
+  constexpr char kVariable[] = "HERD_RESTART_WAIT_S";
+  const char* last = std::getenv(kVariable);
+  const double wait = ran_s >= 10 ? 0 : last != nullptr ? std::min(8.0, std::max(0.5, 2 * std::atof(last))) : 0.5;
+  ::setenv(kVariable, std::to_string(wait).c_str(), 1);
+  return wait;
 }
 
 // Executes this program anew; returns only when that fails. Whatever this
@@ -94,7 +120,7 @@ Status ExecAgain(const std::vector<std::string>& argv) {
   return Status::IOError(self + ": cannot start again: " + std::strerror(errno));
 }
 
-Status Run(int argc, char** argv, long long* max_restarts) {
+Status Run(int argc, char** argv, long long* max_restarts, bool* elastic_worker) {
   tools::Args args({"set", "rank", "coordinator", "token-file", "stop-at", "max-restarts"},
                    {"resume", "resume-if-any", "overwrite", "allow-global-batch-change", "join"});
   HERD_RETURN_IF_ERROR(args.Parse(argc, argv));
@@ -102,6 +128,7 @@ Status Run(int argc, char** argv, long long* max_restarts) {
   HERD_ASSIGN_OR_RETURN(*max_restarts, args.GetInt("max-restarts", 0, 0));
   HERD_ASSIGN_OR_RETURN(JobConfig config, LoadJobConfig(args.positional()[0], args.GetAll("set")));
   const auto sync = config.cluster().sync();
+  *elastic_worker = !HERD_NODE_SERVER && config.cluster().elastic();
   if (sync == config::ClusterConfig::NONE || (HERD_NODE_SERVER && sync != config::ClusterConfig::PARAMETER_SERVER)) {
     return Status::InvalidArgument(
         args.positional()[0] + ": cluster.sync is " + config::ClusterConfig::Sync_Name(sync) +
@@ -115,14 +142,16 @@ Status Run(int argc, char** argv, long long* max_restarts) {
       transport::JoinOptions::ForProcess(config, HERD_NODE_SERVER ? wire::SERVER : wire::WORKER, args.Get("rank"),
                                          args.Get("coordinator"), args.Get("token-file")));
   join.join = args.Has("join");
+  join.resume_if_forming = join.join && args.Has("resume-if-any");
   if (join.join && HERD_NODE_SERVER) return Status::InvalidArgument("--join: only a worker can join a job under way");
   if (join.join && !config.cluster().elastic()) {
     return Status::InvalidArgument("--join: " + args.positional()[0] +
                                    " is not an elastic job (cluster.elastic); only a worker of one can join it");
   }
-  if (join.join && (args.Has("resume") || args.Has("resume-if-any") || args.Has("overwrite"))) {
+  if (join.join && (args.Has("resume") || args.Has("overwrite"))) {
     return Status::InvalidArgument(
-        "--join takes the job's state from its servers: drop --resume, --resume-if-any and --overwrite");
+        "--join takes the job's state from its servers: drop --resume and --overwrite (--resume-if-any: from the "
+        "newest checkpoint should the job be forming)");
   }
   TrainOptions options;
   options.resume = args.Has("resume") || args.Has("resume-if-any");
@@ -160,13 +189,21 @@ Status Run(int argc, char** argv, long long* max_restarts) {
 int main(int argc, char** argv) {
   herd::InitLogging(argv[0]);
   long long max_restarts = 0;
-  herd::Status st = herd::Run(argc, argv, &max_restarts);
+  bool elastic_worker = false;
+  const auto started = std::chrono::steady_clock::now();
+  herd::Status st = herd::Run(argc, argv, &max_restarts, &elastic_worker);
   if (st.ok()) return 0;
   const bool retry = st.code() != herd::Status::Code::kInvalidArgument && st.code() != herd::Status::Code::kCancelled;
   if (max_restarts > 0 && retry) {
-    std::printf(HERD_NODE_NAME ": restart after: %s; %lld restart%s left after this one\n", st.message().c_str(),
+    const double ran_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+    const double wait_s = herd::RestartWaitSeconds(ran_s);
+    std::printf(HERD_NODE_NAME ": restart after: %s; %lld restart%s left after this one", st.message().c_str(),
                 max_restarts - 1, max_restarts == 2 ? "" : "s");
-    st = herd::ExecAgain(herd::RestartArgv(argc, argv, max_restarts - 1));
+    if (wait_s > 0) std::printf(" (in %.1f s: the run lasted %.1f s)", wait_s, ran_s);
+    std::printf("\n");
+    std::fflush(stdout);
+    std::this_thread::sleep_for(std::chrono::duration<double>(wait_s));
+    st = herd::ExecAgain(herd::RestartArgv(argc, argv, max_restarts - 1, elastic_worker));
   }
   return herd::ReportError(st);
 }

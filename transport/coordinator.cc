@@ -349,7 +349,7 @@ class Coordinator::Impl {
                            " of the first process to join (" + reference_desc_ +
                            "): start every process with the same config file and --set overrides");
     }
-    if (h.join()) {
+    if (h.join() && (formed_ || !h.resume_if_forming())) {
       if (!formed_) return Refuse(s, "--join: the job has not started yet; start this worker without --join");
       return QueueJoin(s);
     }

@@ -193,6 +193,11 @@ class CoordinatorClient::Impl {
     added.get_future().wait();
   }
 
+  bool joined_under_way() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return joined_under_way_;
+  }
+
   WelcomedMembership welcomed_membership() const {
     std::lock_guard<std::mutex> lock(mu_);
     WelcomedMembership w;
@@ -279,6 +284,7 @@ class CoordinatorClient::Impl {
     h->set_join_timeout_ms(static_cast<int32_t>(options_.job.join_timeout_s * 1000));
     h->set_elastic(options_.job.elastic);
     h->set_join(options_.join);
+    h->set_resume_if_forming(options_.join && options_.resume_if_forming);
     conn_->Send(m);
     Heartbeat();
   }
@@ -316,8 +322,9 @@ class CoordinatorClient::Impl {
         // has changed; a founding member's has no changes.
         const bool joined = std::find(w.live_workers().begin(), w.live_workers().end(), w.rank()) !=
                             w.live_workers().end();
-        const bool consistent = options_.join ? w.membership_epoch() >= 1 && joined
-                                              : w.membership_epoch() == 0 && w.live_workers_size() == 0;
+        const bool under_way = w.membership_epoch() >= 1 && joined;
+        const bool founding = w.membership_epoch() == 0 && w.live_workers_size() == 0;
+        const bool consistent = options_.join ? under_way || (options_.resume_if_forming && founding) : founding;
         if (welcomed_ || !consistent || w.role() != options_.role ||
             (options_.rank >= 0 && w.rank() != options_.rank)) {
           return Fail(Status::Corruption(from + " sent an inconsistent membership"));
@@ -325,6 +332,7 @@ class CoordinatorClient::Impl {
         {
           std::lock_guard<std::mutex> lock(mu_);
           welcome_ = w;
+          joined_under_way_ = options_.join && under_way;
           members_.assign(w.members().begin(), w.members().end());
           latest_epoch_ = w.membership_epoch();
           welcomed_ = true;
@@ -448,6 +456,7 @@ class CoordinatorClient::Impl {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool welcomed_ = false, left_ = false, ended_ = false, failing_ = false;
+  bool joined_under_way_ = false;  // welcomed in place of a lost worker (JoinOptions::join)
   wire::Welcome welcome_;
   std::vector<wire::Member> members_;
   std::set<std::string> barriers_done_;
@@ -495,6 +504,7 @@ void CoordinatorClient::OnMembershipChange(std::function<void(const MembershipCh
   impl_->OnMembershipChange(std::move(handler));
 }
 WelcomedMembership CoordinatorClient::welcomed_membership() const { return impl_->welcomed_membership(); }
+bool CoordinatorClient::joined_under_way() const { return impl_->joined_under_way(); }
 
 Status CoordinatorClient::Explain(const Status& local, double wait_s) const {
   if (local.code() != Status::Code::kUnavailable) return local;

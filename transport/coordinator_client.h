@@ -35,6 +35,10 @@ struct JoinOptions {
   // A worker joining an elastic job under way in place of a lost one
   // (herd-worker --join); welcomed once every member knows of it.
   bool join = false;
+  // With join: takes part in the job's formation instead, should the job
+  // be forming (herd-worker --join --resume-if-any); joined_under_way()
+  // then says which it was.
+  bool resume_if_forming = false;
 
   // Shape, timing and hash from the job config; the caller fills in role,
   // rank, coordinator, token and UCX address.
@@ -107,6 +111,9 @@ class CoordinatorClient {
   // a joining worker is welcomed only when every member has acted on it.
   void OnMembershipChange(std::function<void(const MembershipChange&)> handler);
   WelcomedMembership welcomed_membership() const;
+  // Whether this process was welcomed into a job under way (it joined in
+  // place of a lost worker), rather than at the job's formation.
+  bool joined_under_way() const;
   // OK while the job is healthy; the failure otherwise.
   Status health() const;
   // What a process that fails with `local` should say. A data-plane

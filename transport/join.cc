@@ -63,7 +63,7 @@ StatusOr<std::unique_ptr<CoordinatorClient>> JoinJob(const JoinOptions& options,
   }
   // A worker joining a job under way is welcomed once every member has
   // connected to it; the others passed this barrier long ago.
-  if (!options.join) HERD_RETURN_IF_ERROR(client->Barrier("herd/ucx-connected"));
+  if (!client->joined_under_way()) HERD_RETURN_IF_ERROR(client->Barrier("herd/ucx-connected"));
   LOG(INFO) << DescribeRole(client->role(), client->rank()) << ": joined a job of " << client->num_servers()
             << " servers and " << client->num_workers() << " workers";
   return client;

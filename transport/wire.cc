@@ -78,6 +78,7 @@ Status ValidateMessage(const wire::Envelope& m) {
         return Bad("hello: rank " + std::to_string(h.rank()) + " not below world_size " + std::to_string(h.world_size()));
       }
       if (h.host().size() > kMaxHostBytes) return Bad("hello: host longer than 255 bytes");
+      if (h.resume_if_forming() && !h.join()) return Bad("hello: resume_if_forming without join");
       if (h.ucx_address().size() > kMaxUcxAddressBytes) return Bad("hello: UCX address longer than 64 KiB");
       if (h.servers() < 0 || h.servers() >= kMaxRank || h.workers() <= 0 || h.workers() >= kMaxRank) {
         return Bad("hello: servers/workers counts out of range");

@@ -112,7 +112,10 @@ Status RunWorker(const config::JobConfig& config, const TrainOptions& options, c
   const bool in_job = join != nullptr;
   // A worker joining an elastic job under way: its state (the step, the
   // data position, the weights) comes from the servers, not a checkpoint.
-  const bool joining = in_job && join->join;
+  // With resume_if_forming it may find the job forming instead and take
+  // part in that: which it was is known once the coordinator welcomes it.
+  const bool may_join = in_job && join->join;
+  bool joining = may_join && !join->resume_if_forming;
   const bool ps = in_job && cluster.sync() == ClusterConfig::PARAMETER_SERVER;
   const bool collective = in_job && cluster.sync() == ClusterConfig::ALLREDUCE;
   const bool on_gpu = config.device().kind() == config::DeviceConfig::CUDA;
@@ -150,6 +153,8 @@ Status RunWorker(const config::JobConfig& config, const TrainOptions& options, c
     if (client != nullptr) {
       rank = client->rank();
       num_workers = client->num_workers();
+      if (may_join) joining = client->joined_under_way();
+      if (joining) resume_from.reset();
     }
     if (client != nullptr && !joining) {
       HERD_RETURN_IF_ERROR(transport::AgreeOn(*client, "herd/resume",
