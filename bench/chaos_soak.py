@@ -11,15 +11,13 @@ script plays the supervisor (systemd's Restart=, a batch script's loop)
 that starts a process again when it exits with a failure: the coordinator
 with its own command line; a server with --resume-if-any (continue from
 the newest complete checkpoint); a lost worker's replacement with --join
-(it takes the lost rank's place and the job's state from the servers),
-or, while the job is forming again after a restart (a joiner is refused
-then), as a plain worker with --resume-if-any. The survivors of a server's
-or the coordinator's loss start themselves again (--max-restarts) and the
-job continues from its newest complete checkpoint; a worker's loss costs
-no restart (cluster.elastic: the others take over its share). A worker
-that joined starts itself again with --join after a restart and is
-refused while the job forms; the script then starts a plain worker in its
-place (counted as joiners_refused_while_forming and worker_plain).
+--resume-if-any (it takes the lost rank's place and the job's state from
+the servers, or, should the job be forming again after a restart, takes
+part in that from the newest checkpoint). The survivors of a server's or
+the coordinator's loss start themselves again (--max-restarts; workers
+with --join --resume-if-any too) and the job continues from its newest
+complete checkpoint; a worker's loss costs no restart (cluster.elastic:
+the others take over its share).
 
 The job: the config's model and optimizer, --batch-size 2 sequences per
 worker (a global batch of 8 x seq_len tokens), fp32 on the wire, a
@@ -233,7 +231,7 @@ class Job:
         self.slots = []
         self.replacements = 0
         self.faults = {k: 0 for k in ("worker_kill", "worker_stop", "server_kill", "coordinator_kill", "link_cut")}
-        self.restarted = {"coordinator": 0, "server": 0, "worker_join": 0, "worker_plain": 0}
+        self.restarted = {"coordinator": 0, "server": 0, "worker_join": 0}
         self.other_exits = []  # failures the driver did not cause
         self.faulted = set()  # slots killed or stopped by the driver, until they exit
         self.max_step = 0
@@ -330,21 +328,14 @@ class Job:
         if "is finishing" in why or "have already joined" in why or "has all its" in why:
             log("restart", f"no replacement for {gone.key}: the job does not need one ({why.strip()[-120:]})")
             return
-        # A joiner is refused while the job forms again after a restart;
-        # a plain worker is refused once it has formed.
-        plain = "has not started yet" in why
         self.replacements += 1
         slot = Proc(f"worker+{self.replacements}", "worker", None, gone.node,
                     os.path.join(self.rundir, f"worker+{self.replacements:03d}.log"))
         self.slots.append(slot)
-        if plain:
-            self.spawn(slot, self.node_argv("worker", None, "--resume-if-any"))
-            self.restarted["worker_plain"] += 1
-            how = "as a plain worker with --resume-if-any (the job is forming)"
-        else:
-            self.spawn(slot, self.node_argv("worker", None, "--join"))
-            self.restarted["worker_join"] += 1
-            how = "with --join"
+        # Joins the job under way, or takes part in its formation.
+        self.spawn(slot, self.node_argv("worker", None, "--join", "--resume-if-any"))
+        self.restarted["worker_join"] += 1
+        how = "with --join --resume-if-any"
         log("restart", f"{slot.key} started in place of {gone.key} {how} (pid {slot.popen.pid})")
 
     # -- the chaos driver ----------------------------------------------------
@@ -607,8 +598,8 @@ class Job:
                 "job_restarts": coordinator_restarts + self.restarted["coordinator"],
                 "process_self_restarts": self.count(": restart after: "),
                 "self_restart_causes": self.self_restart_causes(),
-                # Workers that joined start themselves again with --join after
-                # a restart, and are refused while the job forms anew.
+                # Should be 0: a worker with --join --resume-if-any is never
+                # refused for finding the job forming.
                 "joiners_refused_while_forming": self.count("--join: the job has not started yet", ("worker",)),
                 "started_again_by_supervisor": dict(self.restarted),
                 "workers_joined": self.count(" joined the job: it computes from step ", ("worker",)),
