@@ -6,9 +6,8 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstring>
-
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include "common/config.h"

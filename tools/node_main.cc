@@ -142,7 +142,7 @@ Status Run(int argc, char** argv, long long* max_restarts, bool* elastic_worker)
       transport::JoinOptions::ForProcess(config, HERD_NODE_SERVER ? wire::SERVER : wire::WORKER, args.Get("rank"),
                                          args.Get("coordinator"), args.Get("token-file")));
   join.join = args.Has("join");
-  join.resume_if_forming = join.join && args.Has("resume-if-any");
+  join.resume_if_forming = args.Has("resume-if-any");  // meaningful with --join only
   if (join.join && HERD_NODE_SERVER) return Status::InvalidArgument("--join: only a worker can join a job under way");
   if (join.join && !config.cluster().elastic()) {
     return Status::InvalidArgument("--join: " + args.positional()[0] +

@@ -1,6 +1,5 @@
 #include "transport/network_devices.h"
 
-#include <dirent.h>
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netdb.h>
@@ -13,30 +12,26 @@
 #include <cstring>
 #include <vector>
 
+#include "common/file_util.h"
 #include "common/strings.h"
 #include "transport/rendezvous.h"
 
 namespace herd::transport {
 namespace {
 
-std::vector<std::string> DirectoryNames(const std::string& path) {
-  std::vector<std::string> names;
-  if (DIR* d = ::opendir(path.c_str())) {
-    while (dirent* e = ::readdir(d)) {
-      if (e->d_name[0] != '.') names.push_back(e->d_name);
-    }
-    ::closedir(d);
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
-// UCX's names for the host's RDMA ports: "mlx5_0:1".
+// UCX's names for the host's RDMA ports: "mlx5_0:1" (none without
+// /sys/class/infiniband).
 std::vector<std::string> RdmaPorts() {
+  auto names = [](const std::string& dir) {
+    StatusOr<std::vector<std::string>> listed = ListDirectory(dir);
+    return listed.ok() ? *listed : std::vector<std::string>();
+  };
   std::vector<std::string> ports;
   const std::string root = "/sys/class/infiniband";
-  for (const std::string& device : DirectoryNames(root)) {
-    for (const std::string& port : DirectoryNames(root + "/" + device + "/ports")) ports.push_back(device + ":" + port);
+  for (const std::string& device : names(root)) {
+    for (const std::string& port : names(root + "/" + device + "/ports")) {
+      ports.push_back(device + ":" + port);
+    }
   }
   return ports;
 }
@@ -54,9 +49,9 @@ bool SameAddress(const sockaddr* a, const sockaddr_storage& b) {
   return false;
 }
 
-// The network interfaces with an address, and which of them holds `local`
-// (when given).
-std::vector<std::string> Interfaces(const sockaddr_storage* local, std::string* holder) {
+// The network interfaces with an address, in getifaddrs' order, and
+// (`local` given) the name of the one that holds `local` in *holder.
+std::vector<std::string> Interfaces(const sockaddr_storage* local = nullptr, std::string* holder = nullptr) {
   std::vector<std::string> names;
   ifaddrs* list = nullptr;
   if (::getifaddrs(&list) != 0) return names;
@@ -111,8 +106,7 @@ StatusOr<std::string> InterfaceTowards(const std::string& coordinator) {
 StatusOr<std::string> DataPlaneDevices(const std::string& coordinator, const std::string& data_interface) {
   if (std::getenv("UCX_NET_DEVICES") != nullptr) return std::string();
   if (!data_interface.empty()) {
-    std::string unused;
-    std::vector<std::string> known = Interfaces(nullptr, &unused);
+    std::vector<std::string> known = Interfaces();
     for (const std::string& port : RdmaPorts()) known.push_back(port);
     for (const std::string& name : Split(data_interface, ',')) {
       if (std::find(known.begin(), known.end(), name) != known.end()) continue;
