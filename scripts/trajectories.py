@@ -14,9 +14,14 @@ The jobs (the tiny test model on a synthetic corpus, 30 steps unless said):
   zero1_3        all-reduce with ZeRO-1, 3 workers
   gpu_single     one process on the emulated GPU (BUILD/emulated), 6 steps
   gpu_ps         2 CPU servers + 2 emulated GPU workers, 6 steps
+  ps_streamed    parameter-server mode with cluster.stream_weights, 2 + 2
+  ps_elastic     cluster.elastic, 2 servers, 3 workers; worker 2 is killed
+                 with SIGKILL once step 12 is logged and the job goes on
+                 with 2 (its checkpoints equal an undisturbed run's)
 For each job DIR/JOB/ holds metrics.jsonl without its timing fields
-(tokens_per_s, elapsed_s, network_wait: they differ from run to run) and
-every shard, worker-state and manifest file of its checkpoints. `compare`
+(tokens_per_s, elapsed_s, step_s, eta_s, mfu, network_wait: they differ
+from run to run) and every shard, worker-state and manifest file of its
+checkpoints. `compare`
 prints one JSON line per job and file set, and exits 1 when any differs.
 Jobs whose binaries are missing (no emulated build) are skipped, and said so.
 """
@@ -25,13 +30,15 @@ import filecmp
 import json
 import os
 import shutil
+import signal
+import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests"))
 import herdtest  # noqa: E402
 
-TIMING = ("tokens_per_s", "elapsed_s", "network_wait")
+TIMING = ("tokens_per_s", "elapsed_s", "network_wait", "step_s", "eta_s", "mfu")
 
 
 def jobs():
@@ -39,20 +46,42 @@ def jobs():
     ddp = "cluster { sync: ALLREDUCE workers: 2 }"
     zero1 = "cluster { sync: ALLREDUCE workers: 3 zero_stage: 1 }"
     gpu = "device { kind: CUDA dtype: FP32 }"
-    # name: (binary dir under BUILD, steps, batch per worker, extra config, split resume)
+    streamed = "cluster { sync: PARAMETER_SERVER servers: 2 workers: 2 stream_weights: true }"
+    elastic = "cluster { sync: PARAMETER_SERVER servers: 2 workers: 3 elastic: true }"
+    # name: (binary dir under BUILD, steps, batch per worker, extra config, split resume, kill at step)
     return {
-        "single": ("", 30, 8, "", True),
-        "ps22": ("", 30, 4, ps, False),
-        "ddp2": ("", 30, 4, ddp, False),
-        "zero1_3": ("", 30, 4, zero1, False),
-        "gpu_single": ("emulated", 6, 8, gpu, False),
-        "gpu_ps": ("emulated", 6, 4, gpu + "\n" + ps, False),
+        "single": ("", 30, 8, "", True, None),
+        "ps22": ("", 30, 4, ps, False, None),
+        "ddp2": ("", 30, 4, ddp, False, None),
+        "zero1_3": ("", 30, 4, zero1, False, None),
+        "gpu_single": ("emulated", 6, 8, gpu, False, None),
+        "gpu_ps": ("emulated", 6, 4, gpu + "\n" + ps, False, None),
+        "ps_streamed": ("", 30, 4, streamed, False, None),
+        "ps_elastic": ("", 30, 4, elastic, False, 12),
     }
+
+
+def launch_and_kill(sb, cfg, metrics, at):
+    """`herd launch cfg`, killing worker rank 2 with SIGKILL once the
+    metrics reach step `at`; the elastic job must finish without it."""
+    p = subprocess.Popen([sb.herd, "launch", cfg], cwd=sb.dir, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        herdtest.wait_for_step(sb.path(metrics), at, "ps_elastic")
+        pids = [pid for pid, argv in herdtest.child_processes(p.pid)
+                if argv and argv[0].endswith("herd-worker") and argv[argv.index("--rank") + 1] == "2"]
+        assert len(pids) == 1, f"ps_elastic: worker rank 2 not found among the launch's children"
+        os.kill(pids[0], signal.SIGKILL)
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, f"ps_elastic: launch exited {p.returncode} after the kill:\n{err[-3000:]}"
+    finally:
+        if p.poll() is None:
+            p.kill()
 
 
 def record(build, out):
     os.makedirs(out, exist_ok=True)
-    for name, (sub, steps, batch, extra, split) in jobs().items():
+    for name, (sub, steps, batch, extra, split, kill_at) in jobs().items():
         sb = herdtest.Sandbox(os.path.join(build, sub) if sub else build)
         if not os.path.exists(sb.herd):
             print(json.dumps({"job": name, "skipped": f"{sb.herd} not built"}))
@@ -65,7 +94,10 @@ def record(build, out):
                 text = herdtest.tiny_config("train.bin", steps=steps, ckpt=run, every=10, metrics=run + ".jsonl",
                                             extra=extra)
                 cfg = sb.write(run + ".textproto", text.replace("batch_size: 4", f"batch_size: {batch}"))
-                sb.run("launch", cfg, *args)
+                if kill_at is None:
+                    sb.run("launch", cfg, *args)
+                else:
+                    launch_and_kill(sb, cfg, run + ".jsonl", kill_at)
             for run in sorted({r for r, _ in runs}):
                 dest = os.path.join(out, name, run)
                 os.makedirs(dest, exist_ok=True)
