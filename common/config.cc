@@ -270,11 +270,6 @@ std::vector<Violation> CheckValues(const JobConfig& c) {
   need(o.clip_norm() >= 0, "optimizer.clip_norm", "must be >= 0 (0 disables clipping)");
   need(o.skip_spikes_zscore() >= 0, "optimizer.skip_spikes_zscore", "must be >= 0 (0 disables the spike guard)");
   need(o.skip_spikes_window() >= 1, "optimizer.skip_spikes_window", "must be >= 1");
-  need(o.skip_spikes_zscore() == 0 || c.device().kind() != config::DeviceConfig::CUDA ||
-           c.cluster().sync() != config::ClusterConfig::NONE,
-       "optimizer.skip_spikes_zscore",
-       "is not supported yet by the single-process GPU trainer, which steps AdamW on the device (use "
-       "cluster.sync PARAMETER_SERVER or ALLREDUCE)");
 
   need(c.data().val_fraction() >= 0 && c.data().val_fraction() < 1, "data.val_fraction", "must be in [0, 1)");
   need(c.checkpoint().every() >= 0, "checkpoint.every", "must be >= 0 (0 = only at the end)");

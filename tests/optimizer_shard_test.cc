@@ -87,8 +87,8 @@ TEST_F(OptimizerShardTest, StepIsClipAndAdamWAndFollowsTheSchedule) {
     const double lr = LearningRate(options.schedule, t);
     EXPECT_EQ(k.lr, lr);
     EXPECT_EQ(k.step, t + 1);
-    ClipAndAdamWStep(segments, 0, P_, w.data(), g.data(), m.data(), v.data(), t + 1, lr, 1.0,
-                     options.adamw);
+    AdamWStep(segments, 0, w.data(), g.data(), m.data(), v.data(), t + 1, lr, ClipCoefficient(norm, options.clip_norm),
+              options.adamw);
     ASSERT_TRUE(Same(s->weights(), w.data(), P_)) << "step " << t + 1;
     ASSERT_TRUE(Same(s->m(), m.data(), P_) && Same(s->v(), v.data(), P_)) << "step " << t + 1;
   }

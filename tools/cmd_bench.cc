@@ -1,11 +1,13 @@
 // herd bench train CONFIG [--set ...] [--steps N] [--warmup K]
 //   Training throughput of one process on synthetic tokens (no data file):
-//   forward + backward + clip + AdamW, exactly the trainer's step. One JSON
-//   line. bench/train_throughput.py runs it next to PyTorch.
+//   forward + backward + the one-process trainer's optimizer step (norm,
+//   clip, AdamW: LocalSync's). One JSON line. bench/train_throughput.py
+//   runs it next to PyTorch.
 #include <omp.h>
 
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <vector>
 
 #include "common/clock.h"
@@ -13,9 +15,10 @@
 #include "common/logging.h"
 #include "common/rng.h"
 #include "model/llama.h"
-#include "model/optim/adamw.h"
+#include "model/optim/optimizer_shard.h"
 #include "tools/args.h"
 #include "tools/commands.h"
+#include "worker/local_sync.h"
 
 namespace herd::tools {
 namespace {
@@ -40,20 +43,33 @@ int BenchTrain(int argc, char** argv) {
   LlamaModel<float> model(shape, B, T);
   const ParamLayout& layout = model.layout();
   const int64_t P = layout.size();
-  std::vector<float> params(P), grads(P), m(P, 0.0f), v(P, 0.0f);
-  InitParameters(layout, train.seed(), config->model().initializer_range(), params.data());
+  const int64_t total_steps = *steps + *warmup;
+  // The one-process trainer's optimizer step (LocalSync): global norm,
+  // clipping, the schedule and AdamW over the whole space, in place.
+  std::vector<float> params(P), grads(P);
+  std::unique_ptr<SyncStrategy> optimizer;
+  {
+    ShardState state;
+    state.end = P;
+    state.weights.resize(P);
+    InitParameters(layout, train.seed(), config->model().initializer_range(), state.weights.data());
+    state.m.assign(P, 0.0f);
+    state.v.assign(P, 0.0f);
+    optimizer = CreateLocalSync(std::make_unique<OptimizerShard>(
+                                    layout, OptimizerOptions::FromConfig(config->optimizer(), total_steps),
+                                    std::move(state)),
+                                params.data());
+  }
   Rng rng(train.seed());
   std::vector<int32_t> tokens(static_cast<size_t>(B) * (T + 1));
   std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(inputs.size());
-  const auto segments = DecaySegments(layout, 0, P);
 
   double forward_s = 0, backward_s = 0, optimizer_s = 0, total_s = 0;
-  const int64_t total_steps = *steps + *warmup;
-  const OptimizerOptions optimizer = OptimizerOptions::FromConfig(config->optimizer(), total_steps);
   for (int64_t t = 0; t < total_steps; ++t) {
     const bool timed = t >= *warmup;
     Stopwatch step_clock;
     std::fill(grads.begin(), grads.end(), 0.0f);
+    double loss = 0;
     for (int micro = 0; micro < A; ++micro) {
       for (int32_t& tok : tokens) tok = static_cast<int32_t>(rng.Below(shape.vocab_size));
       for (int b = 0; b < B; ++b) {
@@ -61,15 +77,16 @@ int BenchTrain(int argc, char** argv) {
         std::copy_n(tokens.begin() + b * (T + 1) + 1, T, targets.begin() + b * T);
       }
       Stopwatch sw;
-      model.Forward(params.data(), inputs.data(), targets.data(), B, T);
+      loss += model.Forward(params.data(), inputs.data(), targets.data(), B, T);
       if (timed) forward_s += sw.Seconds();
       sw.Reset();
       model.Backward(params.data(), grads.data(), 1.0 / (static_cast<double>(B) * T * A));
       if (timed) backward_s += sw.Seconds();
     }
     Stopwatch sw;
-    ClipAndAdamWStep(segments, 0, P, params.data(), grads.data(), m.data(), v.data(), t + 1,
-                     LearningRate(optimizer.schedule, t), optimizer.clip_norm, optimizer.adamw);
+    optimizer->BeginStep(grads.data(), static_cast<uint64_t>(t));
+    st = optimizer->FinishStep(loss / A);
+    if (!st.ok()) return ReportError(st.WithContext("bench train: step " + std::to_string(t + 1) + ": "));
     if (timed) {
       optimizer_s += sw.Seconds();
       total_s += step_clock.Seconds();

@@ -1,8 +1,8 @@
 // herd bench gpu [CONFIG] [--set path=value ...] [--steps N] [--warmup K] [--fp32]
 //                [--peak-tflops 989] [--python python3] [--torch-modes eager,compile|none]
 //                [--torch-device cuda]
-//   Single-GPU training throughput: herd's CUDA step (cuda::DeviceTrainer,
-//   everything resident on the device) on synthetic tokens, then the same
+//   Single-GPU training throughput: herd's CUDA step (the single-process
+//   trainer's, everything resident on the device) on synthetic tokens, then the same
 //   model in plain PyTorch (bench/torch_train.py: eager and torch.compile,
 //   bf16 autocast) on the same GPU in the same run. One JSON line per
 //   implementation with tokens_per_s and mfu (6N + 12*L*d*T FLOPs per token
@@ -29,7 +29,9 @@
 #include "common/clock.h"
 #include "common/rng.h"
 #include "model/cuda/staged_model.h"
+#include "model/optim/optimizer_shard.h"
 #include "worker/cuda/device_trainer.h"
+#include "worker/local_sync.h"
 #endif
 
 namespace herd::tools {
@@ -53,27 +55,35 @@ struct GpuBenchResult {
 };
 
 // herd's side of the measurement: `warmup` + `steps` whole steps of the
-// device-resident trainer on synthetic tokens, each timed to the device's
-// end (the schedule's total_steps becomes their number).
-StatusOr<GpuBenchResult> TimeDeviceSteps(cuda::DeviceTrainer::Options trainer, int steps, int warmup, uint64_t seed,
-                                         double init_std) {
-  trainer.optimizer.schedule.total_steps = warmup + steps;
+// single-process GPU trainer (DeviceResidentSync: the device's forward,
+// backward and AdamW with the host optimizer's numbers) on synthetic
+// tokens, each timed to the device's end (the schedule's total_steps
+// becomes their number).
+StatusOr<GpuBenchResult> TimeDeviceSteps(const config::JobConfig& config, cuda::DeviceTrainer::Options trainer,
+                                         int steps, int warmup) {
   if (trainer.device >= cuda::DeviceCount()) {
     return Status::FailedPrecondition("bench gpu: this process sees no CUDA device " + std::to_string(trainer.device) +
                                       " (driver, CUDA_VISIBLE_DEVICES?)");
   }
   const int64_t free_before = cuda::DeviceFreeBytes(trainer.device);
-  HERD_ASSIGN_OR_RETURN(std::unique_ptr<cuda::DeviceTrainer> device, cuda::DeviceTrainer::Create(trainer));
+  HERD_ASSIGN_OR_RETURN(std::unique_ptr<cuda::DeviceTrainer> created, cuda::DeviceTrainer::Create(trainer));
+  cuda::DeviceTrainer* device = created.get();
   const ParamLayout layout(trainer.shape);
   const int64_t P = layout.size();
   GpuBenchResult result;
   result.parameters = layout.num_parameters();
   result.device_name = device->Describe();
-  {
-    std::vector<float> weights(P), zeros(P, 0.0f);
-    InitParameters(layout, seed, init_std, weights.data());
-    device->SetState(weights.data(), zeros.data(), zeros.data());
-  }
+  const uint64_t seed = config.train().seed();
+  ShardState state;
+  state.end = P;
+  state.weights.resize(P);
+  InitParameters(layout, seed, config.model().initializer_range(), state.weights.data());
+  state.m.assign(P, 0.0f);
+  state.v.assign(P, 0.0f);
+  const OptimizerOptions options = OptimizerOptions::FromConfig(config.optimizer(), warmup + steps);
+  std::vector<float> weights(P);
+  DeviceResidentSync sync(std::move(created), std::make_unique<OptimizerShard>(layout, options, std::move(state)),
+                          weights.data());
   const int N = trainer.batch * trainer.seq_len;
   Rng rng(seed);
   std::vector<int32_t> inputs(N), targets(N);
@@ -84,8 +94,11 @@ StatusOr<GpuBenchResult> TimeDeviceSteps(cuda::DeviceTrainer::Options trainer, i
       targets[i] = static_cast<int32_t>(rng.Below(trainer.shape.vocab_size));
     }
     Stopwatch clock;
-    double norm = 0, lr = 0;
-    const double loss = device->Step({inputs.data()}, {targets.data()}, s, &norm, &lr);
+    const std::string at = "bench gpu: step " + std::to_string(s + 1) + ": ";
+    StatusOr<double> stepped = sync.ComputeStep({inputs.data()}, {targets.data()}, s);
+    if (!stepped.ok()) return stepped.status().WithContext(at);
+    const double loss = *stepped;
+    HERD_RETURN_IF_ERROR(CheckNotDiverged("loss", loss).WithContext(at));
     if (s == 0) {
       result.device_bytes = free_before - cuda::DeviceFreeBytes(trainer.device);
       result.loss_first = loss;
@@ -93,9 +106,6 @@ StatusOr<GpuBenchResult> TimeDeviceSteps(cuda::DeviceTrainer::Options trainer, i
     device->Synchronize();  // the clock covers whole steps, back to back
     if (s >= warmup) step_s.push_back(clock.Seconds());
     result.loss_last = loss;
-    if (!std::isfinite(loss)) {
-      return Status::FailedPrecondition("bench gpu: the loss is not finite at step " + std::to_string(s + 1));
-    }
   }
   std::sort(step_s.begin(), step_s.end());
   result.median_step_s = step_s.empty() ? 0 : step_s[step_s.size() / 2];
@@ -111,67 +121,43 @@ std::string TorchScript() {
   return JoinPath(HERD_SOURCE_DIR, "bench/torch_train.py");
 }
 
-}  // namespace
+// What the bench measures, as the command line and config give it.
+struct GpuBenchRun {
+  config::JobConfig config;
+  int64_t steps = 0, warmup = 0;
+  double peak_tflops = 0;
+  bool bf16 = true;
+  int batch() const { return config.train().batch_size(); }
+  int seq() const { return config.train().seq_len(); }
+};
 
-int RunBenchGpu(int argc, char** argv) {
-  Args args({"set", "steps", "warmup", "peak-tflops", "python", "torch-modes", "torch-device"}, {"fp32"});
-  Status st = args.Parse(argc, argv);
-  if (!st.ok()) return ReportError(st.WithContext("bench gpu: "));
-  if (args.positional().size() > 1) {
-    return ReportError(Status::InvalidArgument(
-        "usage: herd bench gpu [CONFIG] [--set path=value ...] [--steps N] [--warmup K] [--fp32] "
-        "[--peak-tflops 989] [--python python3] [--torch-modes eager,compile]"));
-  }
-  auto config = args.positional().empty() ? ParseJobConfig(kSmolLm135m, "SmolLM-135M shape", args.GetAll("set"))
-                                          : LoadJobConfig(args.positional()[0], args.GetAll("set"));
-  if (!config.ok()) return ReportError(config.status());
-  auto steps = args.GetInt("steps", 20, 1);
-  auto warmup = args.GetInt("warmup", 5, 1);
-  if (!steps.ok()) return ReportError(steps.status());
-  if (!warmup.ok()) return ReportError(warmup.status());
-  const double peak_tflops = std::atof(args.Get("peak-tflops", "989").c_str());
-  if (!(peak_tflops > 0)) return ReportError(Status::InvalidArgument("--peak-tflops: must be > 0"));
-  const bool bf16 = !args.Has("fp32");
-  const auto& m = config->model();
-  const auto& train = config->train();
-  const int B = train.batch_size(), T = train.seq_len();
-  const double flops_per_token = TrainingFlopsPerToken(LlamaShape::FromConfig(m), T);
-#if !HERD_HAVE_CUDA
-  (void)B;
-  (void)flops_per_token;
-  return ReportError(Status::FailedPrecondition("bench gpu: this herd was built without CUDA"));
-#else
-  cuda::DeviceTrainer::Options trainer = cuda::DeviceTrainer::Options::FromConfig(*config, /*device=*/0);
-  trainer.bf16 = bf16;  // --fp32, whatever the config's device.dtype
-  std::fprintf(stderr, "bench gpu: herd, %d x %d tokens, %s, %lld + %lld steps\n", B, T, bf16 ? "bf16" : "fp32",
-               static_cast<long long>(*warmup), static_cast<long long>(*steps));
-  auto r = TimeDeviceSteps(trainer, static_cast<int>(*steps), static_cast<int>(*warmup), train.seed(),
-                           m.initializer_range());
-  if (!r.ok()) return ReportError(r.status());
-  const double herd_tps = B * T / r->median_step_s;
-  nlohmann::json ours = {{"bench", "gpu"},
-                         {"impl", "herd"},
-                         {"dtype", bf16 ? "bf16" : "fp32"},
-                         {"device", r->device_name},
-                         {"parameters", r->parameters},
-                         {"batch", B},
-                         {"seq", T},
-                         {"steps", *steps},
-                         {"tokens_per_s", herd_tps},
-                         {"step_s", r->median_step_s},
-                         {"flops_per_token", flops_per_token},
-                         {"mfu", herd_tps * flops_per_token / (peak_tflops * 1e12)},
-                         {"device_bytes", r->device_bytes},
-                         {"loss_first", r->loss_first},
-                         {"loss_last", r->loss_last}};
-  std::printf("%s\n", ours.dump().c_str());
-  std::fflush(stdout);
+#if HERD_HAVE_CUDA
+// herd's JSON line.
+nlohmann::json HerdLine(const GpuBenchRun& run, const GpuBenchResult& r, double flops_per_token) {
+  const double tokens_per_s = run.batch() * run.seq() / r.median_step_s;
+  return {{"bench", "gpu"},
+          {"impl", "herd"},
+          {"dtype", run.bf16 ? "bf16" : "fp32"},
+          {"device", r.device_name},
+          {"parameters", r.parameters},
+          {"batch", run.batch()},
+          {"seq", run.seq()},
+          {"steps", run.steps},
+          {"tokens_per_s", tokens_per_s},
+          {"step_s", r.median_step_s},
+          {"flops_per_token", flops_per_token},
+          {"mfu", tokens_per_s * flops_per_token / (run.peak_tflops * 1e12)},
+          {"device_bytes", r.device_bytes},
+          {"loss_first", r.loss_first},
+          {"loss_last", r.loss_last}};
+}
+#endif
 
-  // The anchor: the same shape in PyTorch, same GPU, same run.
-  const std::string modes = args.Get("torch-modes", "eager,compile");
-  if (modes == "none") return 0;
+// The command that runs the anchor: the same shape in PyTorch.
+std::string TorchCommand(const Args& args, const GpuBenchRun& run, const std::string& modes) {
+  const auto& m = run.config.model();
   std::string cmd = ShellQuote(args.Get("python", "python3")) + " " + ShellQuote(TorchScript()) + " --device " +
-                    ShellQuote(args.Get("torch-device", "cuda")) + " --dtype " + (bf16 ? "bf16" : "fp32") +
+                    ShellQuote(args.Get("torch-device", "cuda")) + " --dtype " + (run.bf16 ? "bf16" : "fp32") +
                     " --modes " + ShellQuote(modes);
   const std::vector<std::pair<const char*, long long> > shape = {{"vocab", m.vocab_size()},
                                                                  {"hidden", m.hidden_size()},
@@ -180,16 +166,21 @@ int RunBenchGpu(int argc, char** argv) {
                                                                  {"heads", m.num_attention_heads()},
                                                                  {"kv-heads", m.num_key_value_heads()},
                                                                  {"tied", m.tie_word_embeddings()},
-                                                                 {"batch", B},
-                                                                 {"seq", T},
-                                                                 {"steps", *steps},
-                                                                 {"warmup", *warmup}};
+                                                                 {"batch", run.batch()},
+                                                                 {"seq", run.seq()},
+                                                                 {"steps", run.steps},
+                                                                 {"warmup", run.warmup}};
   for (const auto& [flag, value] : shape) cmd += std::string(" --") + flag + " " + std::to_string(value);
-  cmd += " --peak-tflops " + std::to_string(peak_tflops);
+  return cmd + " --peak-tflops " + std::to_string(run.peak_tflops);
+}
+
+// Runs the anchor and prints its lines, then the ratios to `ours`.
+int CompareWithTorch(const std::string& cmd, const nlohmann::json& ours) {
   std::fprintf(stderr, "bench gpu: %s\n", cmd.c_str());
   std::FILE* out = ::popen(cmd.c_str(), "r");
   if (out == nullptr) return ReportError(Status::IOError("bench gpu: cannot run " + cmd));
   nlohmann::json summary = {{"bench", "gpu"}, {"summary", "herd tokens/s over PyTorch's"}, {"herd_mfu", ours["mfu"]}};
+  const double herd_tps = ours["tokens_per_s"].get<double>();
   char line[8192];
   while (std::fgets(line, sizeof line, out) != nullptr) {
     nlohmann::json theirs = nlohmann::json::parse(line, nullptr, false);
@@ -208,6 +199,52 @@ int RunBenchGpu(int argc, char** argv) {
   }
   std::printf("%s\n", summary.dump().c_str());
   return 0;
+}
+
+// The run the command line asks for; errors name the flag.
+StatusOr<GpuBenchRun> ParseRun(const Args& args) {
+  if (args.positional().size() > 1) {
+    return Status::InvalidArgument(
+        "usage: herd bench gpu [CONFIG] [--set path=value ...] [--steps N] [--warmup K] [--fp32] "
+        "[--peak-tflops 989] [--python python3] [--torch-modes eager,compile]");
+  }
+  GpuBenchRun run;
+  HERD_ASSIGN_OR_RETURN(run.config, args.positional().empty()
+                                        ? ParseJobConfig(kSmolLm135m, "SmolLM-135M shape", args.GetAll("set"))
+                                        : LoadJobConfig(args.positional()[0], args.GetAll("set")));
+  HERD_ASSIGN_OR_RETURN(run.steps, args.GetInt("steps", 20, 1));
+  HERD_ASSIGN_OR_RETURN(run.warmup, args.GetInt("warmup", 5, 1));
+  run.peak_tflops = std::atof(args.Get("peak-tflops", "989").c_str());
+  if (!(run.peak_tflops > 0)) return Status::InvalidArgument("--peak-tflops: must be > 0");
+  run.bf16 = !args.Has("fp32");
+  return run;
+}
+
+}  // namespace
+
+int RunBenchGpu(int argc, char** argv) {
+  Args args({"set", "steps", "warmup", "peak-tflops", "python", "torch-modes", "torch-device"}, {"fp32"});
+  Status st = args.Parse(argc, argv);
+  if (!st.ok()) return ReportError(st.WithContext("bench gpu: "));
+  StatusOr<GpuBenchRun> run = ParseRun(args);
+  if (!run.ok()) return ReportError(run.status());
+#if !HERD_HAVE_CUDA
+  return ReportError(Status::FailedPrecondition("bench gpu: this herd was built without CUDA"));
+#else
+  const double flops_per_token = TrainingFlopsPerToken(LlamaShape::FromConfig(run->config.model()), run->seq());
+  cuda::DeviceTrainer::Options trainer = cuda::DeviceTrainer::Options::FromConfig(run->config, /*device=*/0);
+  trainer.bf16 = run->bf16;  // --fp32, whatever the config's device.dtype
+  std::fprintf(stderr, "bench gpu: herd, %d x %d tokens, %s, %lld + %lld steps\n", run->batch(), run->seq(),
+               run->bf16 ? "bf16" : "fp32", static_cast<long long>(run->warmup), static_cast<long long>(run->steps));
+  auto r = TimeDeviceSteps(run->config, trainer, static_cast<int>(run->steps), static_cast<int>(run->warmup));
+  if (!r.ok()) return ReportError(r.status());
+  const nlohmann::json ours = HerdLine(*run, *r, flops_per_token);
+  std::printf("%s\n", ours.dump().c_str());
+  std::fflush(stdout);
+  // The anchor: the same shape in PyTorch, same GPU, same run.
+  const std::string modes = args.Get("torch-modes", "eager,compile");
+  if (modes == "none") return 0;
+  return CompareWithTorch(TorchCommand(args, *run, modes), ours);
 #endif
 }
 

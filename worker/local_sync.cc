@@ -62,12 +62,17 @@ DeviceResidentSync::DeviceResidentSync(std::unique_ptr<cuda::DeviceTrainer> devi
 }
 
 StatusOr<double> DeviceResidentSync::ComputeStep(const std::vector<const int32_t*>& inputs,
-                                                 const std::vector<const int32_t*>& targets, uint64_t step) {
-  double norm = 0, lr = 0;
-  const double loss = device_->Step(inputs, targets, static_cast<int64_t>(step), &norm, &lr);
-  optimizer_->EndStep();  // the device holds the state until a checkpoint asks for it
-  report_ = {step + 1, norm, lr, loss, {}, 0, 0, 0, 0};
-  return loss;
+                                                 const std::vector<const int32_t*>& targets, uint64_t /*step*/) {
+  const cuda::DeviceTrainer::Gradients g = device_->ComputeGradients(inputs, targets);
+  HERD_RETURN_IF_ERROR(CheckNotDiverged("gradient norm", g.global_norm));
+  // The step's numbers are the host optimizer's, as every path's; the
+  // device applies them (the host copy of the state stays behind until a
+  // checkpoint asks for it).
+  const OptimizerShard::Scalars s = optimizer_->BeginStep(g.global_norm, g.loss);
+  device_->ApplyUpdate(s);
+  optimizer_->EndStep();
+  report_ = ReportOf(s.step, g.global_norm, s.lr, g.loss, s.spike);
+  return g.loss;
 }
 
 Status DeviceResidentSync::WriteCheckpointParts(const std::string& step_dir) {

@@ -70,14 +70,6 @@ void AdamWStep(const std::vector<DecaySegment>& segments, int64_t range_begin, f
   }
 }
 
-double ClipAndAdamWStep(const std::vector<DecaySegment>& segments, int64_t range_begin, int64_t n, float* params,
-                        const float* grads, float* m, float* v, int64_t step, double lr, double clip_norm,
-                        const AdamWOptions& options) {
-  const double norm = std::sqrt(SumOfSquares(grads, n));
-  AdamWStep(segments, range_begin, params, grads, m, v, step, lr, ClipCoefficient(norm, clip_norm), options);
-  return norm;
-}
-
 double LearningRate(const LrSchedule& s, int64_t t) {
   const int64_t warmup = s.warmup_steps;
   if (t < warmup) return s.lr * static_cast<double>(t + 1) / static_cast<double>(warmup);

@@ -69,13 +69,6 @@ AdamWScalars MakeAdamWScalars(const AdamWOptions& options, int64_t step, double 
 void AdamWStep(const std::vector<DecaySegment>& segments, int64_t range_begin, float* params, const float* grads,
                float* m, float* v, int64_t step, double lr, double grad_scale, const AdamWOptions& options);
 
-// The whole optimizer step of one process that holds every gradient of
-// [range_begin, range_begin + n): global norm, clipping coefficient, AdamW.
-// Returns the gradient norm (before clipping).
-double ClipAndAdamWStep(const std::vector<DecaySegment>& segments, int64_t range_begin, int64_t n, float* params,
-                        const float* grads, float* m, float* v, int64_t step, double lr, double clip_norm,
-                        const AdamWOptions& options);
-
 // Linear warm-up to `lr` over warmup_steps ((t+1)/warmup), then cosine decay
 // to min_lr at the last step. `t` is the 0-based step index.
 double LearningRate(const LrSchedule& schedule, int64_t t);

@@ -17,6 +17,7 @@
 #include "model/hf_io.h"
 #include "model/llama.h"
 #include "model/optim/adamw.h"
+#include "model/optim/optimizer_shard.h"
 #include "model/safetensors.h"
 
 using namespace herd;  // NOLINT
@@ -54,7 +55,7 @@ int main(int argc, char** argv) {
   const ParamLayout& layout = model.layout();
   const int64_t P = layout.size(), V = hf->model.vocab_size();
   std::vector<float>& params = hf->params;
-  std::vector<float> grads(P), m(P, 0.0f), v(P, 0.0f);
+  std::vector<float> grads(P);
   std::vector<int32_t> inputs(B * T), targets(B * T);
   auto load_batch = [&](int k) {
     for (int b = 0; b < B; ++b) {
@@ -81,18 +82,25 @@ int main(int argc, char** argv) {
     add("grad/" + t.name, t.shape, std::vector<float>(grads.begin() + t.offset, grads.begin() + t.offset + t.numel));
   }
 
-  // K AdamW steps, exactly the trainer's step.
-  const auto segments = DecaySegments(layout, 0, P);
-  const OptimizerOptions options = OptimizerOptions::FromConfig(opt, K);
+  // K steps, exactly the one-process trainer's optimizer step
+  // (OptimizerShard::Step on the global norm, in place on params).
+  ShardState state;
+  state.end = P;
+  state.weights = params;
+  state.m.assign(P, 0.0f);
+  state.v.assign(P, 0.0f);
+  OptimizerShard optimizer(layout, OptimizerOptions::FromConfig(opt, K), std::move(state));
+  optimizer.AttachWeights(params.data());
   std::vector<float> losses, norms;
   for (int k = 0; k < K; ++k) {
     load_batch(k);
     std::fill(grads.begin(), grads.end(), 0.0f);
-    losses.push_back(static_cast<float>(model.Forward(params.data(), inputs.data(), targets.data(), B, T)));
+    const double step_loss = model.Forward(params.data(), inputs.data(), targets.data(), B, T);
+    losses.push_back(static_cast<float>(step_loss));
     model.Backward(params.data(), grads.data(), 1.0 / (B * T));
-    norms.push_back(static_cast<float>(ClipAndAdamWStep(segments, 0, P, params.data(), grads.data(), m.data(),
-                                                        v.data(), k + 1, LearningRate(options.schedule, k),
-                                                        options.clip_norm, options.adamw)));
+    const double norm = std::sqrt(SumOfSquares(grads.data(), P));
+    optimizer.Step(grads.data(), norm, step_loss);
+    norms.push_back(static_cast<float>(norm));
   }
   add("losses", {K}, losses);
   add("grad_norms", {K}, norms);

@@ -63,18 +63,18 @@ class ResidentTrainer final : public DeviceTrainer {
     if (v != nullptr) HERD_CUDA_CHECK(cudaMemcpy(v, v_, P_ * 4, cudaMemcpyDeviceToHost));
   }
 
-  double Step(const std::vector<const int32_t*>& inputs, const std::vector<const int32_t*>& targets, int64_t step_index,
-              double* grad_norm, double* lr) override {
+  Gradients ComputeGradients(const std::vector<const int32_t*>& inputs,
+                             const std::vector<const int32_t*>& targets) override {
     const int A = static_cast<int>(inputs.size());
     const T* params = ComputeWeights();
     HERD_CUDA_CHECK(cudaMemsetAsync(grads_, 0, P_ * 4, stream_));
     const double loss_scale = 1.0 / (static_cast<double>(o_.batch) * o_.seq_len * A);
-    double loss = 0;
+    Gradients g;
     for (int a = 0; a < A; ++a) {
-      loss += model_->Forward(params, inputs[a], targets[a], o_.batch, o_.seq_len);
+      g.loss += model_->Forward(params, inputs[a], targets[a], o_.batch, o_.seq_len);
       model_->Backward(params, grads_, loss_scale);
     }
-    loss /= A;
+    g.loss /= A;
     // The global norm: fixed chunks in double on the device, added in order.
     SumOfSquaresPartials(partials_, grads_, P_, stream_);
     HERD_CUDA_CHECK(
@@ -82,19 +82,19 @@ class ResidentTrainer final : public DeviceTrainer {
     HERD_CUDA_CHECK(cudaStreamSynchronize(stream_));
     double squares = 0;
     for (double p : host_partials_) squares += p;
-    const double norm = std::sqrt(squares);
-    const double rate = LearningRate(o_.optimizer.schedule, step_index);
-    const AdamWScalars k = MakeAdamWScalars(o_.optimizer.adamw, step_index + 1, rate,
-                                            ClipCoefficient(norm, o_.optimizer.clip_norm));
+    g.global_norm = std::sqrt(squares);
+    return g;
+  }
+
+  void ApplyUpdate(const OptimizerShard::Scalars& step) override {
+    if (step.spike.skip) return;
+    const AdamWScalars k = MakeAdamWScalars(o_.adamw, step.step, step.lr, step.grad_scale);
     for (const DecaySegment& s : runs_) {
       AdamW(master_ + s.begin, grads_ + s.begin, m_ + s.begin, v_ + s.begin, s.end - s.begin, k, k.DecayFor(s.decay),
             stream_);
     }
     HERD_CUDA_CHECK_LAUNCH();
     compute_stale_ = true;
-    *grad_norm = norm;
-    *lr = rate;
-    return loss;
   }
 
   void Synchronize() override { HERD_CUDA_CHECK(cudaDeviceSynchronize()); }

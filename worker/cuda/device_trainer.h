@@ -1,12 +1,15 @@
 // One process training on one GPU with everything resident there, as llm.c
 // and a PyTorch training loop do: fp32 master weights, AdamW moments and
-// gradients in device memory, the compute copy in the compute dtype, and a
-// step = forward/backward over the micro-batches + global-norm clipping +
-// AdamW (model/optim's formula, on the device). The single-process trainer
-// (DeviceResidentSync, worker/local_sync.h) uses it for device.kind CUDA,
-// and `herd bench gpu` times it. No CUDA type appears here, so callers need
-// no CUDA headers, and builds without CUDA include this header without
-// compiling device_trainer.cc.
+// gradients in device memory, the compute copy in the compute dtype. A
+// step is two calls: ComputeGradients (forward/backward over the
+// micro-batches and the global gradient norm) and ApplyUpdate (AdamW on the
+// device with the numbers OptimizerShard::BeginStep made of that norm: the
+// learning rate, the clipping coefficient, the spike guard's verdict), so
+// the step's numbers are made in one place for every path. The
+// single-process trainer (DeviceResidentSync, worker/local_sync.h) uses it
+// for device.kind CUDA, and `herd bench gpu` times that trainer. No CUDA
+// type appears here, so callers need no CUDA headers, and builds without
+// CUDA include this header without compiling device_trainer.cc.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +20,7 @@
 #include "model/llama_config.h"
 #include "model/model.h"
 #include "model/optim/adamw.h"
+#include "model/optim/optimizer_shard.h"
 #include "proto/herd.pb.h"
 
 namespace herd::cuda {
@@ -27,19 +31,19 @@ class DeviceTrainer {
     LlamaShape shape;
     int batch = 8, seq_len = 1024;
     bool bf16 = true;
-    OptimizerOptions optimizer;
+    AdamWOptions adamw;  // the schedule and clipping are OptimizerShard's
     int device = 0;
     Recompute recompute = Recompute::kNone;
 
-    // A job's model, train.batch_size x seq_len, device.dtype, optimizer
-    // and train.steps, on `device`.
+    // A job's model, train.batch_size x seq_len, device.dtype and AdamW
+    // options, on `device`.
     static Options FromConfig(const config::JobConfig& config, int device) {
       Options o;
       o.shape = LlamaShape::FromConfig(config.model());
       o.batch = config.train().batch_size();
       o.seq_len = config.train().seq_len();
       o.bf16 = config.device().dtype() == config::DeviceConfig::BF16;
-      o.optimizer = OptimizerOptions::FromConfig(config.optimizer(), config.train().steps());
+      o.adamw = OptimizerOptions::FromConfig(config.optimizer(), config.train().steps()).adamw;
       o.device = device;
       o.recompute = RecomputeFromConfig(config.train());
       return o;
@@ -55,14 +59,21 @@ class DeviceTrainer {
   virtual void SetState(const float* weights, const float* m, const float* v) = 0;
   virtual void GetState(float* weights, float* m, float* v) = 0;
 
-  // Step `step_index` (0-based) over micro-batches of host tokens
-  // (inputs[a], targets[a]: batch x seq_len each): returns the mean loss
-  // and sets the gradient norm before clipping and the learning rate.
-  virtual double Step(const std::vector<const int32_t*>& inputs, const std::vector<const int32_t*>& targets,
-                      int64_t step_index, double* grad_norm, double* lr) = 0;
+  struct Gradients {
+    double loss = 0;         // the mean over the micro-batches
+    double global_norm = 0;  // of the summed gradients, before clipping
+  };
+  // Forward and backward over micro-batches of host tokens (inputs[a],
+  // targets[a]: batch x seq_len each), the gradients summed on the device;
+  // returns once their norm is on the host.
+  virtual Gradients ComputeGradients(const std::vector<const int32_t*>& inputs,
+                                     const std::vector<const int32_t*>& targets) = 0;
+  // AdamW over the whole space with the step's numbers (step, lr, clipping
+  // coefficient); nothing when the spike guard skips the step. Returns
+  // while the device still runs it.
+  virtual void ApplyUpdate(const OptimizerShard::Scalars& step) = 0;
 
-  // Waits until the device has done everything issued so far (Step returns
-  // with the norm on the host while the optimizer still runs there).
+  // Waits until the device has done everything issued so far.
   virtual void Synchronize() = 0;
 
   // The current weights as a Model for evaluation and sampling: its
