@@ -5,15 +5,14 @@
 
 #include <cerrno>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "common/file_util.h"
+#include "common/mutex.h"
 
 namespace herd::trace {
 
@@ -35,17 +34,21 @@ struct Event {
 // One thread's events since the last write. Its thread appends; the writer
 // swaps the vector out.
 struct ThreadBuffer {
-  std::mutex mu;
-  std::vector<Event> events;  // GUARDED_BY(mu)
-  const char* name = nullptr;  // GUARDED_BY(mu)
-  bool name_written = false;   // writer thread only
-  int64_t tid = 0;
+  ThreadBuffer(int64_t thread_id, const char* thread_name) : tid(thread_id), name(thread_name) {}
+
+  const int64_t tid;
+
+  Mutex mu;
+  const char* name GUARDED_BY(mu);
+  std::vector<Event> events GUARDED_BY(mu);
+
+  bool name_written = false;  // the writer thread's
 };
 
 class Recorder {
  public:
   Status Start(const Options& options) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (file_ != nullptr) return Status::FailedPrecondition("log.trace: a trace is recording already");
     if (FILE* old = std::fopen(options.path.c_str(), "rb")) {
       char head[sizeof kMagic] = {};
@@ -85,15 +88,15 @@ class Recorder {
   Status Stop() {
     std::thread writer;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (file_ == nullptr) return Status::OK();
       internal::g_on.store(false, std::memory_order_relaxed);
       stop_ = true;
       writer.swap(writer_);
     }
-    cv_.notify_all();
+    cv_.SignalAll();
     writer.join();
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     WriteBuffers();
     char line[160];
     std::snprintf(line, sizeof line, "{\"name\":\"herd_trace_end\",\"ph\":\"M\",\"pid\":%lld,\"tid\":0}\n]\n",
@@ -108,7 +111,7 @@ class Recorder {
   }
 
   void RecordClockOffset(int64_t local_ns, int64_t offset_ns, int64_t rtt_ns) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (file_ == nullptr) return;
     char line[256];
     std::snprintf(line, sizeof line,
@@ -125,13 +128,13 @@ class Recorder {
     thread_local uint64_t generation = 0;
     const uint64_t current = generation_.load(std::memory_order_acquire);
     if (mine == nullptr || generation != current) {
-      auto fresh = std::make_shared<ThreadBuffer>();
-      fresh->tid = static_cast<int64_t>(::syscall(SYS_gettid));
+      const char* name = nullptr;
       if (mine != nullptr) {
-        std::lock_guard<std::mutex> lock(mine->mu);
-        fresh->name = mine->name;  // a thread keeps its name from trace to trace
+        MutexLock lock(&mine->mu);
+        name = mine->name;  // a thread keeps its name from trace to trace
       }
-      std::lock_guard<std::mutex> lock(mu_);
+      auto fresh = std::make_shared<ThreadBuffer>(static_cast<int64_t>(::syscall(SYS_gettid)), name);
+      MutexLock lock(&mu_);
       buffers_.push_back(fresh);
       mine = std::move(fresh);
       generation = current;
@@ -140,23 +143,24 @@ class Recorder {
   }
 
  private:
-  void WriteLoop() {
-    std::unique_lock<std::mutex> lock(mu_);
+  void WriteLoop() LOCKS_EXCLUDED(mu_) {
+    MutexLock lock(&mu_);
     while (!stop_) {
-      cv_.wait_for(lock, std::chrono::milliseconds(250), [this] { return stop_; });
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(250);
+      while (!stop_ && cv_.WaitUntil(&mu_, deadline)) {
+      }
       if (!stop_) WriteBuffers();
     }
   }
 
-  // REQUIRES: mu_ held.
-  void WriteBuffers() {
+  void WriteBuffers() REQUIRES(mu_) {
     std::string out;
     std::vector<Event> events;
     char line[512];
     for (const auto& buffer : buffers_) {
       const char* name;
       {
-        std::lock_guard<std::mutex> lock(buffer->mu);
+        MutexLock lock(&buffer->mu);
         events.swap(buffer->events);
         name = buffer->name;
       }
@@ -205,8 +209,7 @@ class Recorder {
     }
   }
 
-  // REQUIRES: mu_ held.
-  void Write(const std::string& text) {
+  void Write(const std::string& text) REQUIRES(mu_) {
     if (text.empty()) return;
     if (std::fwrite(text.data(), 1, text.size(), file_) != text.size() && error_.ok()) {
       error_ = Status::IOError("log.trace: " + path_ + ": write failed: " + std::strerror(errno));
@@ -215,16 +218,16 @@ class Recorder {
 
   std::atomic<uint64_t> generation_{0};  // one per trace started: thread buffers belong to one
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  FILE* file_ = nullptr;                                // GUARDED_BY(mu_)
-  std::string path_;                                    // GUARDED_BY(mu_)
-  int64_t pid_ = 0;                                     // GUARDED_BY(mu_)
-  std::vector<std::shared_ptr<ThreadBuffer>> buffers_;  // GUARDED_BY(mu_)
-  bool stop_ = false;                                   // GUARDED_BY(mu_)
-  int64_t async_ids_ = 0;                               // GUARDED_BY(mu_)
-  Status error_;                                        // GUARDED_BY(mu_): the first write error
-  std::thread writer_;
+  Mutex mu_;
+  CondVar cv_;  // stop_ set
+  FILE* file_ GUARDED_BY(mu_) = nullptr;
+  std::string path_ GUARDED_BY(mu_);
+  int64_t pid_ GUARDED_BY(mu_) = 0;
+  std::vector<std::shared_ptr<ThreadBuffer>> buffers_ GUARDED_BY(mu_);
+  bool stop_ GUARDED_BY(mu_) = false;
+  int64_t async_ids_ GUARDED_BY(mu_) = 0;
+  Status error_ GUARDED_BY(mu_);  // the first write error
+  std::thread writer_ GUARDED_BY(mu_);
 };
 
 Recorder& TheRecorder() {
@@ -242,13 +245,13 @@ int64_t Now() {
 void internal::Add(char phase, const char* name, const char* category, int64_t start_ns, int64_t end_ns,
                    const Arg& a, const Arg& b, const Arg& c) {
   ThreadBuffer* buffer = TheRecorder().ThisThread();
-  std::lock_guard<std::mutex> lock(buffer->mu);
+  MutexLock lock(&buffer->mu);
   buffer->events.push_back({phase, name, category, start_ns, end_ns, {a, b, c}});
 }
 
 void NameThread(const char* name) {
   ThreadBuffer* buffer = TheRecorder().ThisThread();
-  std::lock_guard<std::mutex> lock(buffer->mu);
+  MutexLock lock(&buffer->mu);
   buffer->name = name;
 }
 

@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 PACKAGES="build-essential cmake ninja-build pkg-config git
   libucx-dev ucx-utils protobuf-compiler libprotobuf-dev libgoogle-glog-dev
   libboost-dev libboost-system-dev libboost-context-dev libopenblas-openmp-dev libgtest-dev
-  nlohmann-json3-dev zlib1g-dev clang libclang-rt-14-dev
+  nlohmann-json3-dev zlib1g-dev clang libclang-rt-14-dev libomp-14-dev
   python3 python3-torch python3-numpy python3-venv python3-pip
   fortunes fortunes-min iproute2 slurmctld slurmd slurm-client munge"
 

@@ -10,5 +10,8 @@ if [ $# -ne 0 ]; then echo "usage: scripts/test.sh [--long]" >&2; exit 2; fi
 scripts/setup.sh
 BUILD="${HERD_BUILD_DIR:-build}"
 ninja -C "$BUILD"  # everything else: tests, fuzzer, emulated-device binaries
+# clang's thread-safety analysis over the product (docs/testing.md): any
+# warning fails, before the tests run.
+scripts/thread_safety_check.py "$BUILD"
 JOBS="${HERD_TEST_JOBS:-$(nproc)}"
 ctest --test-dir "$BUILD" -j "$JOBS" --output-on-failure --timeout 900

@@ -13,6 +13,8 @@
 
 namespace herd {
 
+// Under the shard's mu_, except index, begin and end: constant after
+// construction (the step thread reads them without it).
 struct ParameterShard::LocalBucket {
   int index = 0;               // in the plan's list of buckets
   int64_t begin = 0, end = 0;  // relative to the shard's range
@@ -84,7 +86,7 @@ uint64_t ParameterShard::size_bytes(transport::RequestKind kind) const {
 }
 
 StatusOr<void*> ParameterShard::PushTarget(const transport::Request& push) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (!failed_.ok()) return failed_;
   const int r = WorkerRank(push.client);
   const std::string what = push.Describe();
@@ -215,7 +217,7 @@ void ParameterShard::Drain(LocalBucket& b) {
 void ParameterShard::OnPushed(const transport::Request& push, void* target, bool ok,
                               transport::Completion applied) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     const int share = transport::TagShare(push.tag);
     if (discards_.erase(target) > 0) {
       ReleaseScratch(target);
@@ -248,7 +250,7 @@ void ParameterShard::OnPushed(const transport::Request& push, void* target, bool
       }
     }
     // Streaming, the step thread takes each bucket as its sum completes.
-    if (options_.stream_updates || GradientsComplete()) cv_.notify_all();
+    if (options_.stream_updates || GradientsComplete()) cv_.SignalAll();
   }
   applied(Status::OK());
 }
@@ -260,8 +262,8 @@ bool ParameterShard::GradientsComplete() const {
 
 StatusOr<double> ParameterShard::WaitForGradients() {
   const int64_t waited = trace::StartTime();
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [this] { return GradientsComplete() || !failed_.ok(); });
+  MutexLock lock(&mu_);
+  while (!GradientsComplete() && failed_.ok()) cv_.Wait(&mu_);
   trace::Complete("wait for gradients", "wait", waited, {"step", optimizer_->step() + 1});
   if (!failed_.ok()) return failed_;
   for (int share = 1; options_.collects_losses && share < options_.num_workers; ++share) {
@@ -302,7 +304,7 @@ void ParameterShard::OnPull(const transport::Request& pull, PullReply reply) {
   Status error;
   const void* data = nullptr;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     const uint64_t version = static_cast<uint64_t>(optimizer_->step());
     const bool report = pull.kind == transport::RequestKind::kReport;
     // The newest report is answered now, or when the step under way ends.
@@ -364,7 +366,20 @@ bool ParameterShard::AppliedOver(uint64_t offset, uint64_t length, bool all) con
   return all;
 }
 
+void ParameterShard::CheckStepProtocol(const LocalBucket& b) {
+#ifndef NDEBUG
+  MutexLock lock(&mu_);
+  if (step_thread_ == std::thread::id()) step_thread_ = std::this_thread::get_id();
+  DCHECK(step_thread_ == std::this_thread::get_id()) << "two threads step the shard";
+  DCHECK(b.done) << "bucket " << b.index << " stepped before every share of it is summed";
+  DCHECK(!b.applied) << "bucket " << b.index << " stepped twice in one step";
+#else
+  (void)b;
+#endif
+}
+
 void ParameterShard::ApplyBucket(LocalBucket& b, const OptimizerShard::Scalars& step) {
+  CheckStepProtocol(b);
   {
     trace::Span span("adamw", "server", {"bucket", b.index}, {"step", step.step});
     optimizer_->Apply(step, {range_.begin + b.begin, range_.begin + b.end}, acc_.data() + b.begin);
@@ -374,7 +389,7 @@ void ParameterShard::ApplyBucket(LocalBucket& b, const OptimizerShard::Scalars& 
   }
   Replies replies;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stepping_ = true;
     b.applied = true;
     if (!queued_.empty()) replies = TakeAnswerable();
@@ -383,7 +398,7 @@ void ParameterShard::ApplyBucket(LocalBucket& b, const OptimizerShard::Scalars& 
 }
 
 double ParameterShard::MeanLoss() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return MeanLossLocked();
 }
 
@@ -395,14 +410,19 @@ double ParameterShard::MeanLossLocked() const {
 }
 
 void ParameterShard::ApplyStep(const OptimizerShard::Scalars& step) {
-  for (LocalBucket& b : buckets_) ApplyBucket(b, step);
+  std::vector<LocalBucket*> ascending;  // the buckets never move (buckets_)
+  {
+    MutexLock lock(&mu_);
+    for (LocalBucket& b : buckets_) ascending.push_back(&b);
+  }
+  for (LocalBucket* b : ascending) ApplyBucket(*b, step);
   FinishStep(step);
 }
 
 void ParameterShard::FinishStep(const OptimizerShard::Scalars& step) {
   Replies replies;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     report_ = ReportOf(step.step, step.global_norm, step.lr, options_.collects_losses ? MeanLossLocked() : 0.0,
                        step.spike);
     report_.data = losses_[0].data;
@@ -427,20 +447,26 @@ void ParameterShard::FinishStep(const OptimizerShard::Scalars& step) {
 
 StatusOr<ParameterShard::LocalBucket*> ParameterShard::WaitForSummedBucket() {
   const int64_t waited = trace::StartTime();
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   LocalBucket* found = nullptr;
-  cv_.wait(lock, [&] {
+  for (;;) {
     for (LocalBucket& b : buckets_) {
       if (b.done && !b.applied) found = &b;
     }
-    return found != nullptr || !failed_.ok();
-  });
+    if (found != nullptr || !failed_.ok()) break;
+    cv_.Wait(&mu_);
+  }
   trace::Complete("wait for gradients", "wait", waited, {"step", optimizer_->step() + 1});
   if (!failed_.ok()) return failed_;
   return found;
 }
 
 Status ParameterShard::ServeSteps(int64_t last, const StepHooks& hooks) {
+  size_t num_buckets;
+  {
+    MutexLock lock(&mu_);
+    num_buckets = buckets_.size();  // never changes (buckets_)
+  }
   while (optimizer_->step() < last) {
     const int64_t step = optimizer_->step() + 1;
     trace::Span span("server step", "step", {"step", step});
@@ -451,7 +477,7 @@ Status ParameterShard::ServeSteps(int64_t last, const StepHooks& hooks) {
       // is stepped as soon as its sum is complete, and its pulls answered,
       // while the workers are still pushing the others.
       scalars = optimizer_->BeginStep(/*global_norm=*/0, /*loss=*/0);
-      for (size_t n = 0; n < buckets_.size(); ++n) {
+      for (size_t n = 0; n < num_buckets; ++n) {
         HERD_ASSIGN_OR_RETURN(LocalBucket * b, WaitForSummedBucket());
         ApplyBucket(*b, scalars);
       }
@@ -471,27 +497,27 @@ Status ParameterShard::ServeSteps(int64_t last, const StepHooks& hooks) {
 }
 
 void ParameterShard::SetMembershipEpoch(int64_t epoch) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   membership_epoch_ = std::max(membership_epoch_, epoch);
 }
 
 int64_t ParameterShard::pushes_dropped() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return discarded_;
 }
 
 StepReport ParameterShard::report() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return report_;
 }
 
 void ParameterShard::Fail(const Status& status) {
   std::vector<QueuedPull> queued;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (failed_.ok()) failed_ = status;
     queued.swap(queued_);
-    cv_.notify_all();
+    cv_.SignalAll();
   }
   for (QueuedPull& q : queued) q.reply(status, nullptr);
 }

@@ -25,16 +25,19 @@
 //
 // Threads: the push/pull callbacks run on the transport's progress thread,
 // ServeSteps (or WaitForGradients/ApplyStep) on the server's step thread.
+// The bookkeeping is guarded by one mutex; the weights and the summed
+// gradients are not (the step thread writes them outside it): what keeps
+// those safe is the protocol stated at the members below.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <set>
+#include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "model/optim/optimizer_shard.h"
 #include "sharding/shard_plan.h"
 #include "transport/push_pull.h"
@@ -109,7 +112,7 @@ class ParameterShard : public transport::ShardHandler {
   // The step's mean loss over the workers' shares (NaN on a server that
   // does not collect them).
   double MeanLoss();
-  double MeanLossLocked() const;  // REQUIRES: mu_ held
+  double MeanLossLocked() const REQUIRES(mu_);
   // Wakes WaitForGradients with `status` and answers later requests with it.
   void Fail(const Status& status);
   // Any thread (elastic): the membership changes seen so far, stamped on
@@ -135,57 +138,91 @@ class ParameterShard : public transport::ShardHandler {
   using Replies = std::vector<std::pair<PullReply, const void*>>;
 
   int WorkerRank(transport::PeerId client) const;
-  // Under mu_: whether every bucket overlapping the byte range is stepped
-  // (`all`), or any of them.
-  bool AppliedOver(uint64_t offset, uint64_t length, bool all) const;
+  // Whether every bucket overlapping the byte range is stepped (`all`), or
+  // any of them.
+  bool AppliedOver(uint64_t offset, uint64_t length, bool all) const REQUIRES(mu_);
   // Step thread: AdamW on one bucket, then the pulls it makes answerable.
-  void ApplyBucket(LocalBucket& b, const OptimizerShard::Scalars& step);
+  void ApplyBucket(LocalBucket& b, const OptimizerShard::Scalars& step) LOCKS_EXCLUDED(mu_);
+  // Debug builds: checks the protocol that lets ApplyBucket write bucket
+  // b's weights and read its gradients outside mu_ (see optimizer_).
+  void CheckStepProtocol(const LocalBucket& b) LOCKS_EXCLUDED(mu_);
   // Step thread: counts the step, publishes its report, readies the next.
-  void FinishStep(const OptimizerShard::Scalars& step);
+  void FinishStep(const OptimizerShard::Scalars& step) LOCKS_EXCLUDED(mu_);
   // Step thread: a bucket whose sum is complete and that is not stepped
   // yet (streaming); or the failure.
-  StatusOr<LocalBucket*> WaitForSummedBucket();
+  StatusOr<LocalBucket*> WaitForSummedBucket() LOCKS_EXCLUDED(mu_);
   // The bucket starting at byte `offset` of the space, or null.
-  LocalBucket* FindBucket(uint64_t offset);
-  // Under mu_: adds queued contributions to bucket b in rank order.
-  void Drain(LocalBucket& b);
-  // Under mu_: a scratch buffer for a push to land in; one whose bytes are
-  // dropped when it has.
-  void* TakeScratch(uint64_t bytes);
-  void* Discard(uint64_t bytes);
-  void ReleaseScratch(void* p);
-  bool GradientsComplete() const;
-  // Under mu_: where the pulled bytes may be read now, or null when the
-  // pull must wait.
-  const void* Readable(const transport::Request& pull) const;
-  // Under mu_: takes the queued pulls that are now answerable.
-  Replies TakeAnswerable();
+  LocalBucket* FindBucket(uint64_t offset) REQUIRES(mu_);
+  // Adds queued contributions to bucket b in rank order.
+  void Drain(LocalBucket& b) REQUIRES(mu_);
+  // A scratch buffer for a push to land in; one whose bytes are dropped
+  // when it has.
+  void* TakeScratch(uint64_t bytes) REQUIRES(mu_);
+  void* Discard(uint64_t bytes) REQUIRES(mu_);
+  void ReleaseScratch(void* p) REQUIRES(mu_);
+  bool GradientsComplete() const REQUIRES(mu_);
+  // Where the pulled bytes may be read now, or null when the pull must
+  // wait.
+  const void* Readable(const transport::Request& pull) const REQUIRES(mu_);
+  // Takes the queued pulls that are now answerable.
+  Replies TakeAnswerable() REQUIRES(mu_);
 
+  // Constant after construction.
   const ParameterShardOptions options_;
   const ParamRange range_;
   const int wire_bytes_;
 
-  // Weights, m, v and step (= version); the step changes under mu_.
+  // Safe by protocol, not by mu_. The step thread reads and writes these
+  // outside mu_, and the transport uses pointers into them (handed out
+  // under mu_ by PushTarget and OnPull) after mu_ is released.
+  //
+  // The optimizer's weights, m and v, and wire_copy_ (the bf16 weights
+  // served to pulls, bf16 wire): ApplyBucket writes a bucket's only once
+  // every share of it is summed (done) and before it is marked stepped
+  // (applied), on the one step thread; the step (= the version) changes
+  // only under mu_ (FinishStep). Readable serves a bucket at version v
+  // only while it is not stepped, and the bytes must stay unchanged until
+  // the worker has them (ShardHandler::OnPull): what makes that hold is the
+  // workers' order — each worker of step v+1 has its pull of a bucket's
+  // version v before it pushes that bucket's gradients, and ApplyBucket
+  // starts on a bucket only once every share of it is in. (A pull from
+  // outside the step, such as an elastic worker joining while it is under
+  // way, is not covered by that argument.) Debug builds check the server's
+  // half (CheckStepProtocol).
   const std::unique_ptr<OptimizerShard> optimizer_;
-  std::vector<float> acc_;           // the step's summed gradients
-  std::vector<uint16_t> wire_copy_;  // bf16 weights served to pulls (bf16 wire)
-  std::vector<ShareLoss> losses_;    // per share (server 0)
-  StepReport report_;
+  std::vector<uint16_t> wire_copy_;
+  // The step's summed gradients. Bucket b's part is written by share 0's
+  // push landing in place (fp32, not elastic; between PushTarget and
+  // OnPushed, outside mu_) and by Drain under mu_, until b is done; then
+  // only the step thread reads it (ApplyBucket, outside mu_) until
+  // FinishStep readies the next step.
+  std::vector<float> acc_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<LocalBucket> buckets_;  // ascending offsets
-  int buckets_done_ = 0;
-  std::vector<bool> loss_in_;
-  int losses_in_ = 0;
-  bool stepping_ = false;  // a bucket of the step is stepped; the step is not finished
-  std::vector<QueuedPull> queued_;
-  std::vector<std::unique_ptr<std::vector<char>>> scratch_free_;
-  std::vector<std::unique_ptr<std::vector<char>>> scratch_used_;
-  std::set<void*> discards_;  // scratch buffers whose pushes are dropped
-  int64_t discarded_ = 0;     // pushes dropped (elastic), on arrival or on landing
-  Status failed_;
-  int64_t membership_epoch_ = 0;
+  mutable Mutex mu_;
+  CondVar cv_;  // gradients complete (streaming: a bucket summed), or a failure
+  // Ascending offsets. The vector is filled in the constructor and never
+  // resized, and a bucket's index, begin and end never change; the rest of
+  // a LocalBucket changes under mu_.
+  std::vector<LocalBucket> buckets_ GUARDED_BY(mu_);
+  int buckets_done_ GUARDED_BY(mu_) = 0;
+  // Per share (server 0). The transport lands a share's loss in its slot
+  // between PushTarget and OnPushed, outside mu_; nothing reads a slot
+  // before OnPushed has counted it.
+  std::vector<ShareLoss> losses_ GUARDED_BY(mu_);
+  std::vector<bool> loss_in_ GUARDED_BY(mu_);
+  int losses_in_ GUARDED_BY(mu_) = 0;
+  bool stepping_ GUARDED_BY(mu_) = false;  // a bucket of the step is stepped; the step is not finished
+  StepReport report_ GUARDED_BY(mu_);      // served to report pulls by pointer, as the weights are
+  std::vector<QueuedPull> queued_ GUARDED_BY(mu_);
+  // Receive buffers for pushes: the lists under mu_; a buffer's bytes are
+  // the transport's between PushTarget and OnPushed.
+  std::vector<std::unique_ptr<std::vector<char>>> scratch_free_ GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<std::vector<char>>> scratch_used_ GUARDED_BY(mu_);
+  std::set<void*> discards_ GUARDED_BY(mu_);  // scratch buffers whose pushes are dropped
+  int64_t discarded_ GUARDED_BY(mu_) = 0;     // pushes dropped (elastic), on arrival or on landing
+  Status failed_ GUARDED_BY(mu_);
+  int64_t membership_epoch_ GUARDED_BY(mu_) = 0;
+  [[maybe_unused]] std::thread::id step_thread_ GUARDED_BY(mu_);  // debug builds: the thread that steps
 };
 
 }  // namespace herd

@@ -12,7 +12,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -24,6 +23,7 @@
 #include "common/descriptors.h"
 #include "common/file_util.h"
 #include "common/logging.h"
+#include "common/mutex.h"
 #include "common/signals.h"
 #include "common/strings.h"
 #include "data/prepare.h"
@@ -389,10 +389,13 @@ Outcome LocalJob::Attempt(const TrainOptions& train, int replacements) {
   // in place of lost ones (they never move: the forwarder reads them).
   const bool replaces = cluster.elastic() && replacements > 0;
   std::vector<Child> children(S + W + (replaces ? replacements : 0));
-  // Pids the coordinator may report lost; only these are ever signalled.
-  std::mutex spawned_mu;
-  std::set<pid_t> spawned;
-  std::set<pid_t> dropped_by_job;  // GUARDED_BY(spawned_mu): workers the elastic job went on without
+  // Pids the coordinator may report lost (its callbacks run on its thread);
+  // only these are ever signalled.
+  struct Spawned {
+    Mutex mu;
+    std::set<pid_t> pids GUARDED_BY(mu);
+    std::set<pid_t> dropped_by_job GUARDED_BY(mu);  // workers the elastic job went on without
+  } spawned;
   std::atomic<bool> formed{false};
   transport::CoordinatorOptions coordinator_options = transport::CoordinatorOptions::FromConfig(config_);
   coordinator_options.listen = "127.0.0.1:0";
@@ -403,14 +406,14 @@ Outcome LocalJob::Attempt(const TrainOptions& train, int replacements) {
     formed = true;
   };
   coordinator_options.on_worker_dropped = [&](int64_t pid) {
-    std::lock_guard<std::mutex> lock(spawned_mu);
-    dropped_by_job.insert(static_cast<pid_t>(pid));
+    MutexLock lock(&spawned.mu);
+    spawned.dropped_by_job.insert(static_cast<pid_t>(pid));
   };
   // A process declared lost for silence (stopped, hung) is killed now
   // rather than after the grace period.
   coordinator_options.on_silent = [&](int64_t pid) {
-    std::lock_guard<std::mutex> lock(spawned_mu);
-    if (spawned.count(static_cast<pid_t>(pid))) ::kill(static_cast<pid_t>(pid), SIGKILL);
+    MutexLock lock(&spawned.mu);
+    if (spawned.pids.count(static_cast<pid_t>(pid))) ::kill(static_cast<pid_t>(pid), SIGKILL);
   };
   auto coordinator = transport::Coordinator::Start(coordinator_options);
   if (!coordinator.ok()) return fail(coordinator.status());
@@ -445,9 +448,9 @@ Outcome LocalJob::Attempt(const TrainOptions& train, int replacements) {
     }
     if (train.stop_at_step > 0) argv.insert(argv.end(), {"--stop-at", std::to_string(train.stop_at_step)});
     const int threads = pick_threads ? std::max(1, cores / (server ? S : W)) : 0;
-    std::lock_guard<std::mutex> lock(spawned_mu);
+    MutexLock lock(&spawned.mu);
     Status started = Spawn(binary, argv, ChildEnvironment(token_file, threads), &c);
-    if (started.ok()) spawned.insert(c.pid);
+    if (started.ok()) spawned.pids.insert(c.pid);
     return started;
   };
   // A stop signal ends the spawning at once.
@@ -488,8 +491,8 @@ Outcome LocalJob::Attempt(const TrainOptions& train, int replacements) {
       bool finishing = false;
       for (const Child& other : children) finishing |= other.worker && other.exit_code == 0;
       {
-        std::lock_guard<std::mutex> lock(spawned_mu);
-        if (finishing || !dropped_by_job.count(c.pid)) continue;
+        MutexLock lock(&spawned.mu);
+        if (finishing || !spawned.dropped_by_job.count(c.pid)) continue;
       }
       c.replaced = true;
       const int rank = std::stoi(c.name.substr(c.name.rfind(' ') + 1));

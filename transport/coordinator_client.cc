@@ -5,13 +5,12 @@
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <map>
 #include <future>
-#include <mutex>
 #include <set>
 #include <thread>
 
+#include "common/mutex.h"
 #include "common/trace.h"
 #include "transport/framed_connection.h"
 #include "transport/rendezvous.h"
@@ -65,10 +64,12 @@ class CoordinatorClient::Impl {
     HERD_RETURN_IF_ERROR(Connect());
     thread_ = std::thread([this] { io_.run(); });
     asio::post(io_, [this] { Begin(); });
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     const auto deadline = Clock::now() + ToDuration(options_.job.join_timeout_s +
                                                                         options_.job.heartbeat_timeout_s);
-    if (!cv_.wait_until(lock, deadline, [this] { return welcomed_ || !failure_.ok(); })) {
+    while (!welcomed_ && failure_.ok() && cv_.WaitUntil(&mu_, deadline)) {
+    }
+    if (!welcomed_ && failure_.ok()) {
       return Status::Unavailable("timed out waiting for the membership from the coordinator at " +
                                  options_.coordinator);
     }
@@ -82,8 +83,8 @@ class CoordinatorClient::Impl {
     m.mutable_barrier()->set_scope(scope);
     HERD_RETURN_IF_ERROR(ValidateMessage(m));
     Post(m);
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return barriers_done_.count(key) > 0 || !failure_.ok(); });
+    MutexLock lock(&mu_);
+    while (barriers_done_.count(key) == 0 && failure_.ok()) cv_.Wait(&mu_);
     if (barriers_done_.erase(key)) return Status::OK();
     return failure_.WithContext("barrier '" + name + "': ");
   }
@@ -95,8 +96,8 @@ class CoordinatorClient::Impl {
     m.mutable_all_gather()->set_data(data);
     HERD_RETURN_IF_ERROR(ValidateMessage(m));
     Post(m);
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return gathered_.count(name) > 0 || !failure_.ok(); });
+    MutexLock lock(&mu_);
+    while (gathered_.count(name) == 0 && failure_.ok()) cv_.Wait(&mu_);
     auto it = gathered_.find(name);
     if (it == gathered_.end()) return failure_.WithContext("all-gather '" + name + "': ");
     std::vector<std::string> result = std::move(it->second);
@@ -105,24 +106,25 @@ class CoordinatorClient::Impl {
   }
 
   void OnFailure(std::function<void(const Status&)> handler) {
-    std::unique_lock<std::mutex> lock(mu_);
+    mu_.Lock();
     if (failure_.ok()) {
       on_failure_.push_back(std::move(handler));
+      mu_.Unlock();
       return;
     }
     Status failure = failure_;
-    lock.unlock();
+    mu_.Unlock();
     handler(failure);
   }
 
   Status health() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return failure_;
   }
 
   Status Leave() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (left_) return Status::OK();
       left_ = true;
     }
@@ -134,8 +136,10 @@ class CoordinatorClient::Impl {
       conn_->ShutdownSendAfterFlush();
     });
     // The coordinator closes its side once it has read our goodbye.
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, std::chrono::seconds(5), [this] { return ended_; });
+    MutexLock lock(&mu_);
+    const auto deadline = Clock::now() + std::chrono::seconds(5);
+    while (!ended_ && cv_.WaitUntil(&mu_, deadline)) {
+    }
     return Status::OK();
   }
 
@@ -145,7 +149,7 @@ class CoordinatorClient::Impl {
     for (int i = 0; i < probes; ++i) {
       uint64_t id;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         id = ++probe_.id;
       }
       // Timed on the io thread, next to the send and the receipt, so that
@@ -154,14 +158,16 @@ class CoordinatorClient::Impl {
         wire::Envelope m;
         m.mutable_clock_probe()->set_id(id);
         {
-          std::lock_guard<std::mutex> lock(mu_);
+          MutexLock lock(&mu_);
           probe_.sent_ns = trace::Now();
         }
         conn_->Send(m);
       });
-      std::unique_lock<std::mutex> lock(mu_);
-      if (!cv_.wait_for(lock, ToDuration(options_.job.heartbeat_timeout_s),
-                        [&] { return probe_.answered == id || !failure_.ok(); })) {
+      MutexLock lock(&mu_);
+      const auto deadline = Clock::now() + ToDuration(options_.job.heartbeat_timeout_s);
+      while (probe_.answered != id && failure_.ok() && cv_.WaitUntil(&mu_, deadline)) {
+      }
+      if (probe_.answered != id && failure_.ok()) {
         return Status::Unavailable("the coordinator at " + options_.coordinator + " did not answer a clock probe");
       }
       if (!failure_.ok()) return failure_.WithContext("clock probe: ");
@@ -178,7 +184,7 @@ class CoordinatorClient::Impl {
     auto add = [this, &handler] {
       std::vector<MembershipChange> before;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         on_membership_change_.push_back(handler);
         before = changes_;
       }
@@ -194,12 +200,12 @@ class CoordinatorClient::Impl {
   }
 
   bool joined_under_way() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return joined_under_way_;
   }
 
   WelcomedMembership welcomed_membership() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     WelcomedMembership w;
     w.epoch = welcome_.membership_epoch();
     if (welcome_.live_workers_size() > 0) {
@@ -215,8 +221,9 @@ class CoordinatorClient::Impl {
     return w;
   }
 
-  const wire::Welcome& welcome() const { return welcome_; }
-  const std::vector<wire::Member>& members() const { return members_; }
+  // After Join() has returned OK: constant from then on (see welcome_).
+  const wire::Welcome& welcome() const NO_THREAD_SAFETY_ANALYSIS { return welcome_; }
+  const std::vector<wire::Member>& members() const NO_THREAD_SAFETY_ANALYSIS { return members_; }
 
  private:
   // Connects, retrying while the coordinator is not up yet (as torchrun's
@@ -258,10 +265,10 @@ class CoordinatorClient::Impl {
     conn_->Start([this](const wire::Envelope& m) { OnMessage(m); },
                  [this](const Status& st) {
                    {
-                     std::lock_guard<std::mutex> lock(mu_);
+                     MutexLock lock(&mu_);
                      ended_ = true;
                    }
-                   cv_.notify_all();
+                   cv_.SignalAll();
                    Fail(st.code() == Status::Code::kCorruption
                             ? Status::Corruption("the coordinator at " + options_.coordinator + " sent " + st.message())
                             : Status::Unavailable("lost the coordinator at " + options_.coordinator + ": " +
@@ -325,46 +332,48 @@ class CoordinatorClient::Impl {
         const bool under_way = w.membership_epoch() >= 1 && joined;
         const bool founding = w.membership_epoch() == 0 && w.live_workers_size() == 0;
         const bool consistent = options_.join ? under_way || (options_.resume_if_forming && founding) : founding;
-        if (welcomed_ || !consistent || w.role() != options_.role ||
-            (options_.rank >= 0 && w.rank() != options_.rank)) {
-          return Fail(Status::Corruption(from + " sent an inconsistent membership"));
-        }
+        bool accepted = false;
         {
-          std::lock_guard<std::mutex> lock(mu_);
-          welcome_ = w;
-          joined_under_way_ = options_.join && under_way;
-          members_.assign(w.members().begin(), w.members().end());
-          latest_epoch_ = w.membership_epoch();
-          welcomed_ = true;
+          MutexLock lock(&mu_);
+          if (!welcomed_ && consistent && w.role() == options_.role &&
+              (options_.rank < 0 || w.rank() == options_.rank)) {
+            welcome_ = w;
+            joined_under_way_ = options_.join && under_way;
+            members_.assign(w.members().begin(), w.members().end());
+            latest_epoch_ = w.membership_epoch();
+            welcomed_ = true;
+            accepted = true;
+          }
         }
-        cv_.notify_all();
+        if (!accepted) return Fail(Status::Corruption(from + " sent an inconsistent membership"));
+        cv_.SignalAll();
         return;
       }
       case wire::Envelope::kRefused:
         return Fail(Status::InvalidArgument(from + " refused this " + DescribeRole(options_.role, options_.rank) +
                                             ": " + m.refused().reason()));
       case wire::Envelope::kBarrier: {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         barriers_done_.insert(wire::Scope_Name(m.barrier().scope()) + "/" + m.barrier().name());
-        cv_.notify_all();
+        cv_.SignalAll();
         return;
       }
       case wire::Envelope::kAllGatherResult: {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         const auto& r = m.all_gather_result();
         gathered_[r.name()].assign(r.data().begin(), r.data().end());
-        cv_.notify_all();
+        cv_.SignalAll();
         return;
       }
       case wire::Envelope::kClockReading: {
         const int64_t received = trace::Now();
         {
-          std::lock_guard<std::mutex> lock(mu_);
+          MutexLock lock(&mu_);
           if (m.clock_reading().id() == probe_.id && probe_.answered != probe_.id) {
             probe_.received_ns = received;
             probe_.coordinator_ns = m.clock_reading().coordinator_ns();
             probe_.answered = probe_.id;
-            cv_.notify_all();
+            cv_.SignalAll();
             return;
           }
         }
@@ -395,7 +404,7 @@ class CoordinatorClient::Impl {
     std::vector<std::function<void(const MembershipChange&)>> handlers;
     bool invalid = false;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       int workers = 0;
       for (const auto& member : members_) workers += member.role() == wire::WORKER;
       change.joined = c.has_joined();
@@ -428,7 +437,7 @@ class CoordinatorClient::Impl {
   void Fail(const Status& failure) {
     std::vector<std::function<void(const Status&)>> handlers;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (failing_ || left_) return;
       failing_ = true;
       handlers.swap(on_failure_);
@@ -439,37 +448,47 @@ class CoordinatorClient::Impl {
     // that sees the failure may start tearing down at once.
     for (auto& handler : handlers) handler(failure);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       failure_ = failure;
     }
-    cv_.notify_all();
+    cv_.SignalAll();
   }
 
+  // Constant after construction (the constructor fills in the host).
   JoinOptions options_;
+
+  // Started and stopped by the owner's thread (Join, the destructor); from
+  // Join on, conn_, heartbeat_timer_ and last_heard_ are the io thread's.
+  // io_ first: what uses it is destroyed before it.
   asio::io_context io_;
   asio::executor_work_guard<asio::io_context::executor_type> work_;
   std::shared_ptr<FramedConnection> conn_;
   asio::steady_timer heartbeat_timer_;
   std::thread thread_;
-  Clock::time_point last_heard_;  // io thread only
+  Clock::time_point last_heard_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool welcomed_ = false, left_ = false, ended_ = false, failing_ = false;
-  bool joined_under_way_ = false;  // welcomed in place of a lost worker (JoinOptions::join)
-  wire::Welcome welcome_;
-  std::vector<wire::Member> members_;
-  std::set<std::string> barriers_done_;
-  std::map<std::string, std::vector<std::string>> gathered_;
-  Status failure_;
-  std::vector<std::function<void(const Status&)>> on_failure_;
-  int latest_epoch_ = 0;  // the membership changes seen (a joiner: from its welcome on)
-  std::vector<MembershipChange> changes_;  // those after the welcome, in order
-  std::vector<std::function<void(const MembershipChange&)>> on_membership_change_;
+  mutable Mutex mu_;
+  CondVar cv_;  // any of the below changed
+  bool welcomed_ GUARDED_BY(mu_) = false;
+  bool left_ GUARDED_BY(mu_) = false;
+  bool ended_ GUARDED_BY(mu_) = false;
+  bool failing_ GUARDED_BY(mu_) = false;
+  bool joined_under_way_ GUARDED_BY(mu_) = false;  // welcomed in place of a lost worker (JoinOptions::join)
+  // Written once, with welcomed_, before Join() returns; from then on
+  // constant, and welcome()/members() hand out references without mu_.
+  wire::Welcome welcome_ GUARDED_BY(mu_);
+  std::vector<wire::Member> members_ GUARDED_BY(mu_);
+  std::set<std::string> barriers_done_ GUARDED_BY(mu_);
+  std::map<std::string, std::vector<std::string>> gathered_ GUARDED_BY(mu_);
+  Status failure_ GUARDED_BY(mu_);
+  std::vector<std::function<void(const Status&)>> on_failure_ GUARDED_BY(mu_);
+  int latest_epoch_ GUARDED_BY(mu_) = 0;  // the membership changes seen (a joiner: from its welcome on)
+  std::vector<MembershipChange> changes_ GUARDED_BY(mu_);  // those after the welcome, in order
+  std::vector<std::function<void(const MembershipChange&)>> on_membership_change_ GUARDED_BY(mu_);
   struct {
     uint64_t id = 0, answered = 0;  // the latest probe sent, and answered
     int64_t sent_ns = 0, received_ns = 0, coordinator_ns = 0;
-  } probe_;
+  } probe_ GUARDED_BY(mu_);
 };
 
 StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Join(const JoinOptions& options) {

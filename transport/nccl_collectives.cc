@@ -4,9 +4,9 @@
 #include <nccl.h>
 
 #include <map>
-#include <mutex>
 #include <string>
 
+#include "common/mutex.h"
 #include "transport/wire.h"
 
 namespace herd::transport {
@@ -36,7 +36,7 @@ class NcclCollectives::Impl {
 
   // Records an event after what was just enqueued; the handle names it.
   Handle Record(ncclResult_t enqueued, const char* what) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     const Handle h = next_++;
     if (enqueued != ncclSuccess && failed_.ok())
       failed_ = Status::Unavailable(std::string("NCCL: ") + what + ": " + NcclError(enqueued));
@@ -51,7 +51,7 @@ class NcclCollectives::Impl {
   Status Wait(Handle h) {
     cudaEvent_t ev = nullptr;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       auto it = events_.find(h);
       if (it == events_.end()) return failed_.ok() ? Status::Internal("NCCL: unknown handle") : failed_;
       ev = it->second;
@@ -73,7 +73,7 @@ class NcclCollectives::Impl {
         return Status::Unavailable("NCCL: " + NcclError(async));
       }
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         if (!failed_.ok()) {
           ncclCommAbort(comm_);
           comm_ = nullptr;
@@ -83,22 +83,27 @@ class NcclCollectives::Impl {
       }
     }
     cudaEventDestroy(ev);
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return failed_;
   }
 
   void Fail(const Status& st) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (failed_.ok()) failed_ = st;
   }
 
+  // Constant after construction.
   const int rank_, size_;
+
+  // The issuing thread's (the one that enqueues collectives and waits for
+  // them; Init sets them): Fail, from any thread, touches only failed_.
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
-  std::mutex mu_;
-  std::map<Handle, cudaEvent_t> events_;
-  Handle next_ = 1;
-  Status failed_;
+
+  Mutex mu_;
+  std::map<Handle, cudaEvent_t> events_ GUARDED_BY(mu_);
+  Handle next_ GUARDED_BY(mu_) = 1;
+  Status failed_ GUARDED_BY(mu_);
 };
 
 int NcclCollectives::DeviceCount() {

@@ -240,7 +240,7 @@ PushPullClient::Ticket PushPullClient::Issue(PeerId server, RequestKind kind, co
   std::vector<Outgoing> out;
   Ticket ticket;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ticket = next_ticket_++;
     TicketState& t = tickets_[ticket];
     t.trace_start = trace::StartTime();
@@ -295,7 +295,7 @@ void PushPullClient::SendAll(std::vector<Outgoing> out) {
                      [this, id = o.id, server = o.server, size = o.size, push](const Status& sent) {
                        std::vector<Outgoing> next;
                        {
-                         std::lock_guard<std::mutex> lock(mu_);
+                         MutexLock lock(&mu_);
                          if (push) {
                            windows_[server].in_flight -= size;
                            next = TakeSendable(server);
@@ -319,10 +319,10 @@ void PushPullClient::OnReply(PeerId from, std::string_view header, IncomingPaylo
   }
   ReplyHeader h;
   std::memcpy(&h, header.data(), sizeof h);
-  std::unique_lock<std::mutex> lock(mu_);
+  mu_.Lock();
   auto it = requests_.find(h.id);
   if (it == requests_.end() || it->second.server != from || it->second.reply_seen) {
-    lock.unlock();
+    mu_.Unlock();
     LOG(WARNING) << "push/pull: dropped a reply to unknown request " << h.id << " from peer " << from;
     payload.Reject();
     return;
@@ -334,6 +334,7 @@ void PushPullClient::OnReply(PeerId from, std::string_view header, IncomingPaylo
     std::string text(header.substr(sizeof(ReplyHeader)));
     Settle(h.id, Status::Unavailable(what + " failed at the server: " + text));
     payload.Reject();
+    mu_.Unlock();
     return;
   }
   const uint64_t expected = r.pull() ? r.length : 0;
@@ -341,19 +342,21 @@ void PushPullClient::OnReply(PeerId from, std::string_view header, IncomingPaylo
     Settle(h.id, Status::Corruption(what + ": reply carries " + std::to_string(payload.size()) +
                                     " bytes, expected " + std::to_string(expected)));
     payload.Reject();
+    mu_.Unlock();
     return;
   }
   if (!r.pull()) {
     r.replied = true;
     Settle(h.id, Status::OK());
+    mu_.Unlock();
     return;
   }
   void* dst = r.dst;
   const uint64_t id = h.id;
-  lock.unlock();
+  mu_.Unlock();
   // Large pulls land straight in the caller's buffer (rendezvous).
   payload.ReceiveInto(dst, [this, id, what](const Status& received) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = requests_.find(id);
     if (it == requests_.end()) return;
     it->second.replied = true;
@@ -379,24 +382,24 @@ void PushPullClient::Settle(uint64_t id, const Status& status) {
     }
   }
   requests_.erase(it);
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 Status PushPullClient::Wait(Ticket ticket) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = tickets_.find(ticket);
   if (it == tickets_.end()) return Status::Internal("push/pull: unknown ticket " + std::to_string(ticket));
-  cv_.wait(lock, [&] { return it->second.remaining == 0; });
+  while (it->second.remaining != 0) cv_.Wait(&mu_);
   Status st = it->second.status;
   tickets_.erase(it);
   return st;
 }
 
 std::optional<Status> PushPullClient::WaitUnless(Ticket ticket, const std::function<bool()>& interrupted) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = tickets_.find(ticket);
   if (it == tickets_.end()) return Status::Internal("push/pull: unknown ticket " + std::to_string(ticket));
-  cv_.wait(lock, [&] { return it->second.remaining == 0 || interrupted(); });
+  while (it->second.remaining != 0 && !interrupted()) cv_.Wait(&mu_);
   if (it->second.remaining != 0) return std::nullopt;
   Status st = it->second.status;
   tickets_.erase(it);
@@ -406,13 +409,13 @@ std::optional<Status> PushPullClient::WaitUnless(Ticket ticket, const std::funct
 void PushPullClient::Wake() {
   // Under the lock: a waiter is either before its check (and sees what
   // changed) or asleep (and is woken), never in between.
-  std::lock_guard<std::mutex> lock(mu_);
-  cv_.notify_all();
+  MutexLock lock(&mu_);
+  cv_.SignalAll();
 }
 
 Status PushPullClient::WaitAll() {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return requests_.empty(); });
+  MutexLock lock(&mu_);
+  while (!requests_.empty()) cv_.Wait(&mu_);
   Status first;
   for (const auto& [ticket, t] : tickets_) {
     if (!t.status.ok() && first.ok()) first = t.status;
@@ -422,7 +425,7 @@ Status PushPullClient::WaitAll() {
 }
 
 void PushPullClient::Fail(PeerId server, const Status& status) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (server < 0 && failed_all_.ok()) failed_all_ = status;
   std::vector<uint64_t> doomed;
   for (const auto& [id, r] : requests_) {

@@ -14,17 +14,16 @@
 // bad one is answered with an error that names it, never trusted.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "transport/ucx_transport.h"
 
@@ -201,28 +200,30 @@ class PushPullClient {
     std::deque<Outgoing> waiting;
   };
   Ticket Issue(PeerId server, RequestKind kind, const void* payload, void* dst, uint64_t offset, uint64_t length,
-               uint64_t tag);
-  // Under mu_: the waiting pushes to `server` that now fit its window,
-  // counted as in flight.
-  std::vector<Outgoing> TakeSendable(PeerId server);
-  // Hands messages to the transport (not under mu_).
-  void SendAll(std::vector<Outgoing> out);
-  void OnReply(PeerId from, std::string_view header, IncomingPayload& payload);
-  // Under mu_: a finished half of request `id` (or its error); a request
-  // whose both halves are in, or that failed, is retired from its ticket.
-  void Settle(uint64_t id, const Status& status);
+               uint64_t tag) LOCKS_EXCLUDED(mu_);
+  // The waiting pushes to `server` that now fit its window, counted as in
+  // flight.
+  std::vector<Outgoing> TakeSendable(PeerId server) REQUIRES(mu_);
+  // Hands messages to the transport.
+  void SendAll(std::vector<Outgoing> out) LOCKS_EXCLUDED(mu_);
+  void OnReply(PeerId from, std::string_view header, IncomingPayload& payload) LOCKS_EXCLUDED(mu_);
+  // A finished half of request `id` (or its error); a request whose both
+  // halves are in, or that failed, is retired from its ticket.
+  void Settle(uint64_t id, const Status& status) REQUIRES(mu_);
 
-  UcxTransport* transport_;
+  // Constant after construction.
+  UcxTransport* const transport_;
   const uint64_t max_piece_bytes_;
   const uint64_t push_window_bytes_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<uint64_t, InFlight> requests_;
-  std::map<Ticket, TicketState> tickets_;
-  std::map<PeerId, PushWindow> windows_;
-  uint64_t next_request_ = 1;
-  Ticket next_ticket_ = 1;
-  Status failed_all_;
+
+  Mutex mu_;
+  CondVar cv_;  // a request settled (or Wake)
+  std::map<uint64_t, InFlight> requests_ GUARDED_BY(mu_);
+  std::map<Ticket, TicketState> tickets_ GUARDED_BY(mu_);
+  std::map<PeerId, PushWindow> windows_ GUARDED_BY(mu_);
+  uint64_t next_request_ GUARDED_BY(mu_) = 1;
+  Ticket next_ticket_ GUARDED_BY(mu_) = 1;
+  Status failed_all_ GUARDED_BY(mu_);
 };
 
 }  // namespace herd::transport

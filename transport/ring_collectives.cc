@@ -154,7 +154,7 @@ Collectives::Handle RingCollectives::Issue(std::unique_ptr<Op> op) {
   op->chunk_elems = std::max<int64_t>(1, chunk_bytes_ / op->elem);
   op->trace_start = trace::StartTime();
   Handle seq;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   seq = op->seq = next_seq_++;
   Op* raw = op.get();
   const bool bad_parts = op->kind != Kind::kBroadcast && op->parts() != size();
@@ -173,7 +173,7 @@ Collectives::Handle RingCollectives::Issue(std::unique_ptr<Op> op) {
   }
   transport_->AddBusy(1);  // until Settle finishes it
   transport_->Post([this, seq] {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = ops_.find(seq);
     if (it != ops_.end() && !it->second->done) Start(*it->second);
   });
@@ -223,25 +223,22 @@ void RingCollectives::TakeEarly(Op& op) {
     }
     list.erase(list.begin() + i);
     early_bytes_ -= static_cast<int64_t>(e->size);
-    // Back to the pool once applied (or dropped).
-    struct Recycle {
-      RingCollectives* self;
-      std::unique_ptr<char[]>& bytes;
-      ~Recycle() { self->ReturnBuffer(std::move(bytes)); }
-    } recycle{this, e->bytes};
-    if (op.done) continue;
-    if (!e->status.ok()) {
+    bool unexpected = false;
+    if (op.done) {
+      // over already: dropped
+    } else if (!e->status.ok()) {
       if (op.status.ok()) op.status = e->status.WithContext("collective: ");
-      continue;
-    }
-    if (ExpectedChunk(op, e->header, e->size) < 0) {
+    } else if (ExpectedChunk(op, e->header, e->size) < 0) {
       FailLocked(Status::Corruption(
           "collective: operation " + std::to_string(op.seq) + ": an unexpected chunk arrived ahead of it (phase " +
           std::to_string(e->header.phase) + ", step " + std::to_string(e->header.step) + ", chunk " +
           std::to_string(e->header.chunk) + ", " + std::to_string(e->size) + " bytes)"));
-      return;
+      unexpected = true;
+    } else {
+      OnChunk(op, e->header.phase, static_cast<int>(e->header.step), e->header.chunk, e->bytes.get());
     }
-    OnChunk(op, e->header.phase, static_cast<int>(e->header.step), e->header.chunk, e->bytes.get());
+    ReturnBuffer(std::move(e->bytes));  // back to the pool once applied (or dropped)
+    if (unexpected) return;
   }
   if (list.empty()) early_.erase(it);
 }
@@ -273,7 +270,7 @@ void RingCollectives::SendChunk(Op& op, int phase, int step, int64_t chunk) {
                    [this, seq, phase, step, chunk, sent_at = trace::StartTime()](const Status& sent) {
                      trace::Async(ChunkTraceName(phase), "network", sent_at, {"op", static_cast<int64_t>(seq)},
                                   {"ring_step", step}, {"chunk", chunk});
-                     std::lock_guard<std::mutex> lock(mu_);
+                     MutexLock lock(&mu_);
                      auto it = ops_.find(seq);
                      if (it == ops_.end()) return;
                      Op& o = *it->second;
@@ -338,9 +335,9 @@ int RingCollectives::ExpectedChunk(const Op& op, const ChunkHeader& h, size_t by
 }
 
 void RingCollectives::OnMessage(PeerId from, std::string_view header, IncomingPayload& payload) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   const int W = size();
-  auto refuse = [&](const std::string& why) {
+  auto refuse = [&](const std::string& why) REQUIRES(mu_) {
     payload.Reject();
     FailLocked(Status::Corruption("collective: " + why));
   };
@@ -365,7 +362,7 @@ void RingCollectives::OnMessage(PeerId from, std::string_view header, IncomingPa
     early_bytes_ += static_cast<int64_t>(payload.size());
     early_[h.seq].push_back(e);
     payload.ReceiveInto(e->bytes.get(), [this, e](const Status& received) {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       e->arrived = true;
       e->status = received;
       auto op = ops_.find(e->header.seq);
@@ -399,7 +396,7 @@ void RingCollectives::OnMessage(PeerId from, std::string_view header, IncomingPa
     dst = op.data + op.ChunkRange(part, chunk).first * op.elem;
   }
   payload.ReceiveInto(dst, [this, seq, phase, step, chunk, buf](const Status& received) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = ops_.find(seq);
     if (it == ops_.end()) return;
     Op& o = *it->second;
@@ -426,17 +423,17 @@ void RingCollectives::Settle(Op& op) {
                  {"elements", op.begin.back()});
     op.done = true;
     transport_->AddBusy(-1);
-    cv_.notify_all();
+    cv_.SignalAll();
   }
 }
 
 // ---- waiting and failing ------------------------------------------------------
 
 Status RingCollectives::Wait(Handle handle) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = ops_.find(handle);
   if (it == ops_.end()) return Status::Internal("collective: unknown handle " + std::to_string(handle));
-  cv_.wait(lock, [&] { return it->second->done; });
+  while (!it->second->done) cv_.Wait(&mu_);
   Status st = it->second->status;
   // In-flight sends and receives may still name this operation; it goes
   // once they have completed (or the transport has shut down).
@@ -445,7 +442,7 @@ Status RingCollectives::Wait(Handle handle) {
 }
 
 void RingCollectives::Fail(const Status& status) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   FailLocked(status);
 }
 
@@ -459,7 +456,7 @@ void RingCollectives::FailLocked(const Status& status) {
     if (!op->done && size() > 1) transport_->AddBusy(-1);
     op->done = true;
   }
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 }  // namespace herd::transport

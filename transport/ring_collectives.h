@@ -17,12 +17,11 @@
 // this rank has not issued yet are kept until it is issued.
 #pragma once
 
-#include <condition_variable>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <vector>
 
+#include "common/mutex.h"
 #include "transport/collectives.h"
 #include "transport/ucx_transport.h"
 
@@ -53,38 +52,40 @@ class RingCollectives : public Collectives {
  private:
   struct Early;
   struct ChunkHeader;
-  Handle Issue(std::unique_ptr<Op> op);
-  // Progress thread, under mu_.
-  void Start(Op& op);
-  void OnMessage(PeerId from, std::string_view header, IncomingPayload& payload);
+  Handle Issue(std::unique_ptr<Op> op) LOCKS_EXCLUDED(mu_);
+  // Progress thread. An Op's fields, once Issue has published it in ops_,
+  // are read and written under mu_ too.
+  void Start(Op& op) REQUIRES(mu_);
+  void OnMessage(PeerId from, std::string_view header, IncomingPayload& payload) LOCKS_EXCLUDED(mu_);
   // A chunk of (phase, step) has arrived: `bytes` holds it for reduce
   // chunks and early arrivals, null when it landed in place.
-  void OnChunk(Op& op, int phase, int step, int64_t chunk, const void* bytes);
-  void SendChunk(Op& op, int phase, int step, int64_t chunk);
+  void OnChunk(Op& op, int phase, int step, int64_t chunk, const void* bytes) REQUIRES(mu_);
+  void SendChunk(Op& op, int phase, int step, int64_t chunk) REQUIRES(mu_);
   // The part a received chunk belongs to, or -1 when `op` expects no such
   // chunk (wrong phase, step, index or length).
-  int ExpectedChunk(const Op& op, const ChunkHeader& h, size_t bytes) const;
+  int ExpectedChunk(const Op& op, const ChunkHeader& h, size_t bytes) const REQUIRES(mu_);
   // Applies the chunks of `op` that arrived before it started.
-  void TakeEarly(Op& op);
-  // Chunk-sized receive buffers, pooled (under mu_).
-  std::unique_ptr<char[]> TakeBuffer();
-  void ReturnBuffer(std::unique_ptr<char[]> buffer);
-  void Settle(Op& op);
-  void FailLocked(const Status& status);
+  void TakeEarly(Op& op) REQUIRES(mu_);
+  // Chunk-sized receive buffers, pooled.
+  std::unique_ptr<char[]> TakeBuffer() REQUIRES(mu_);
+  void ReturnBuffer(std::unique_ptr<char[]> buffer) REQUIRES(mu_);
+  void Settle(Op& op) REQUIRES(mu_);
+  void FailLocked(const Status& status) REQUIRES(mu_);
 
-  UcxTransport* transport_;
+  // Constant after construction.
+  UcxTransport* const transport_;
   const int rank_;
   const std::vector<PeerId> peers_;
   const int64_t chunk_bytes_;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::map<uint64_t, std::unique_ptr<Op>> ops_;                    // issued, not yet waited for
-  std::map<uint64_t, std::vector<std::shared_ptr<Early>>> early_;  // messages ahead of their op
-  int64_t early_bytes_ = 0;
-  std::vector<std::unique_ptr<char[]>> pool_;
-  uint64_t next_seq_ = 0;
-  Status failed_;
+  Mutex mu_;
+  CondVar cv_;  // an operation done
+  std::map<uint64_t, std::unique_ptr<Op>> ops_ GUARDED_BY(mu_);                    // issued, not yet waited for
+  std::map<uint64_t, std::vector<std::shared_ptr<Early>>> early_ GUARDED_BY(mu_);  // messages ahead of their op
+  int64_t early_bytes_ GUARDED_BY(mu_) = 0;
+  std::vector<std::unique_ptr<char[]>> pool_ GUARDED_BY(mu_);
+  uint64_t next_seq_ GUARDED_BY(mu_) = 0;
+  Status failed_ GUARDED_BY(mu_);
 };
 
 }  // namespace herd::transport

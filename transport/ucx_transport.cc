@@ -18,11 +18,11 @@
 #include <fstream>
 #include <future>
 #include <map>
-#include <mutex>
 #include <set>
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/sha256.h"
 #include "common/trace.h"
 
@@ -367,7 +367,7 @@ class UcxTransport::Impl {
 
   void Post(std::function<void()> fn) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       posted_.push_back(std::move(fn));
     }
     if (sleeping_.load()) Wake();
@@ -597,7 +597,7 @@ class UcxTransport::Impl {
   }
 
   bool HasPosted() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return !posted_.empty();
   }
 
@@ -609,7 +609,7 @@ class UcxTransport::Impl {
     std::vector<std::function<void()>> batch;
     while (!stop_) {
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         batch.swap(posted_);
       }
       for (auto& fn : batch) fn();
@@ -647,7 +647,8 @@ class UcxTransport::Impl {
     }
   }
 
-  PeerId self_;
+  PeerId self_;  // the progress thread's (set_self runs there)
+  // Constant after construction and Init (before the progress thread starts).
   const DataPlaneKey key_;
   const std::string net_devices_;
   double spin_s_;
@@ -655,10 +656,13 @@ class UcxTransport::Impl {
   ucp_worker_h worker_ = nullptr;
   int worker_efd_ = -1, wake_fd_ = -1, epoll_fd_ = -1;
   std::thread thread_;
+  // Any thread.
   std::atomic<bool> stop_{false}, sleeping_{false}, shut_down_{false};
   std::atomic<int> busy_{0};  // services awaiting traffic (AddBusy)
-  std::mutex mu_;
-  std::vector<std::function<void()>> posted_;
+
+  Mutex mu_;
+  std::vector<std::function<void()>> posted_ GUARDED_BY(mu_);  // to run on the progress thread
+
   // Progress-thread state.
   std::map<PeerId, std::unique_ptr<Peer>> peers_;
   std::vector<std::unique_ptr<Peer>> retired_peers_;  // gone and replaced (Connect)

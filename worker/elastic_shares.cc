@@ -28,7 +28,7 @@ std::vector<int> ElasticShares::Assign(int shares, const std::vector<int>& live,
 
 void ElasticShares::Apply(const transport::MembershipChange& change) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     const int known = changes_.empty() ? welcomed_.epoch : changes_.back().epoch;
     if (change.epoch <= known) return;
     changes_.push_back(change);
@@ -38,27 +38,30 @@ void ElasticShares::Apply(const transport::MembershipChange& change) {
       joined_at_.erase(change.member.rank());
     }
   }
-  cv_.notify_all();
+  cv_.SignalAll();
 }
 
 int ElasticShares::epoch() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return changes_.empty() ? welcomed_.epoch : changes_.back().epoch;
 }
 
 Status ElasticShares::AwaitEpoch(int epoch, const std::function<Status()>& health) const {
-  std::unique_lock<std::mutex> lock(mu_);
+  mu_.Lock();
   for (;;) {
-    if ((changes_.empty() ? welcomed_.epoch : changes_.back().epoch) >= epoch) return Status::OK();
-    lock.unlock();
+    if ((changes_.empty() ? welcomed_.epoch : changes_.back().epoch) >= epoch) {
+      mu_.Unlock();
+      return Status::OK();
+    }
+    mu_.Unlock();
     HERD_RETURN_IF_ERROR(health());
-    lock.lock();
-    cv_.wait_for(lock, std::chrono::milliseconds(50));
+    mu_.Lock();
+    cv_.WaitUntil(&mu_, std::chrono::steady_clock::now() + std::chrono::milliseconds(50));
   }
 }
 
 std::vector<transport::MembershipChange> ElasticShares::ChangesSince(int epoch) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<transport::MembershipChange> out;
   for (const auto& c : changes_) {
     if (c.epoch > epoch) out.push_back(c);
@@ -84,12 +87,12 @@ std::vector<int> ElasticShares::LiveAt(int stamp) const {
 }
 
 std::vector<int> ElasticShares::Mine(int stamp) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return Assign(shares_, LiveAt(stamp), rank_);
 }
 
 int ElasticShares::leader() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   int best = 0, best_epoch = -1;
   for (const auto& [rank, epoch] : joined_at_) {
     if (best_epoch < 0 || epoch < best_epoch) {  // ascending ranks: the first of an epoch wins

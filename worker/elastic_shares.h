@@ -19,12 +19,11 @@
 // is welcomed only after they have, so it starts from that step.
 #pragma once
 
-#include <condition_variable>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
 #include "transport/coordinator_client.h"
 
@@ -46,7 +45,7 @@ class ElasticShares {
   int epoch() const;
   // Blocks until the changes through `epoch` are known here; `health`
   // (checked every 50 ms) ends the wait with its error.
-  Status AwaitEpoch(int epoch, const std::function<Status()>& health) const;
+  Status AwaitEpoch(int epoch, const std::function<Status()>& health) const LOCKS_EXCLUDED(mu_);
   // The changes after epoch `epoch`, in order.
   std::vector<transport::MembershipChange> ChangesSince(int epoch) const;
   // The shares this worker computes, ascending, of a step dealt at
@@ -61,16 +60,17 @@ class ElasticShares {
   int leader() const;
 
  private:
-  // REQUIRES: mu_ held.
-  std::vector<int> LiveAt(int stamp) const;
+  std::vector<int> LiveAt(int stamp) const REQUIRES(mu_);
 
+  // Constant after construction.
   const int shares_, rank_;
   const transport::WelcomedMembership welcomed_;
   int joined_at_self_ = 0;
-  mutable std::mutex mu_;
-  mutable std::condition_variable cv_;
-  std::vector<transport::MembershipChange> changes_;  // GUARDED_BY(mu_)
-  std::map<int, int> joined_at_;                      // GUARDED_BY(mu_): live rank -> join epoch
+
+  mutable Mutex mu_;
+  mutable CondVar cv_;  // a change applied
+  std::vector<transport::MembershipChange> changes_ GUARDED_BY(mu_);
+  std::map<int, int> joined_at_ GUARDED_BY(mu_);  // live rank -> join epoch
 };
 
 }  // namespace herd

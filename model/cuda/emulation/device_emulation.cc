@@ -11,9 +11,10 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <mutex>
 #include <unordered_map>
 #include <vector>
+
+#include "common/mutex.h"
 
 namespace herd_emu {
 
@@ -229,13 +230,13 @@ constexpr size_t kEmulatedDeviceBytes = size_t{16} << 30;
 // Stream-ordered pools' blocks are mapped pages of their own, unmapped when
 // freed, so a kernel that reads a freed unit faults at once.
 struct EmulatedPool {
-  size_t used = 0, high = 0;
+  size_t used = 0, high = 0;  // under Heap().mu
 };
 struct DeviceHeap {
-  std::mutex mu;
-  std::unordered_map<void*, size_t> sizes;
-  std::unordered_map<void*, std::pair<EmulatedPool*, size_t>> pooled;
-  size_t in_use = 0;
+  herd::Mutex mu;
+  std::unordered_map<void*, size_t> sizes GUARDED_BY(mu);
+  std::unordered_map<void*, std::pair<EmulatedPool*, size_t>> pooled GUARDED_BY(mu);
+  size_t in_use GUARDED_BY(mu) = 0;
 };
 DeviceHeap& Heap() {
   static DeviceHeap heap;
@@ -249,9 +250,10 @@ cudaError_t AllocatePoisoned(void** ptr, size_t size, bool device) {
   if (*ptr == nullptr) return cudaErrorMemoryAllocation;
   std::memset(*ptr, 0xff, rounded);
   if (device) {
-    std::lock_guard<std::mutex> lock(Heap().mu);
-    Heap().sizes[*ptr] = rounded;
-    Heap().in_use += rounded;
+    DeviceHeap& heap = Heap();
+    herd::MutexLock lock(&heap.mu);
+    heap.sizes[*ptr] = rounded;
+    heap.in_use += rounded;
   }
   return cudaSuccess;
 }
@@ -264,11 +266,12 @@ cudaError_t cudaMalloc(void** devPtr, size_t size) { return AllocatePoisoned(dev
 cudaError_t cudaFree(void* devPtr) {
   if (devPtr == nullptr) return cudaSuccess;
   {
-    std::lock_guard<std::mutex> lock(Heap().mu);
-    auto it = Heap().sizes.find(devPtr);
-    if (it == Heap().sizes.end()) return cudaErrorInvalidValue;
-    Heap().in_use -= it->second;
-    Heap().sizes.erase(it);
+    DeviceHeap& heap = Heap();
+    herd::MutexLock lock(&heap.mu);
+    auto it = heap.sizes.find(devPtr);
+    if (it == heap.sizes.end()) return cudaErrorInvalidValue;
+    heap.in_use -= it->second;
+    heap.sizes.erase(it);
   }
   std::free(devPtr);
   return cudaSuccess;
@@ -283,7 +286,7 @@ cudaError_t cudaMemPoolDestroy(cudaMemPool_t memPool) {
 }
 cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t memPool, enum cudaMemPoolAttr attr, void*) {
   auto* pool = reinterpret_cast<EmulatedPool*>(memPool);
-  std::lock_guard<std::mutex> lock(Heap().mu);
+  herd::MutexLock lock(&Heap().mu);
   if (attr == cudaMemPoolAttrUsedMemHigh || attr == cudaMemPoolAttrReservedMemHigh) {
     pool->high = pool->used;  // CUDA takes only 0 here: a reset to the current use
   }
@@ -291,7 +294,7 @@ cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t memPool, enum cudaMemPoolAttr 
 }
 cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t memPool, enum cudaMemPoolAttr attr, void* value) {
   auto* pool = reinterpret_cast<EmulatedPool*>(memPool);
-  std::lock_guard<std::mutex> lock(Heap().mu);
+  herd::MutexLock lock(&Heap().mu);
   switch (attr) {
     case cudaMemPoolAttrUsedMemCurrent:
     case cudaMemPoolAttrReservedMemCurrent:
@@ -312,9 +315,10 @@ cudaError_t cudaMallocFromPoolAsync(void** ptr, size_t size, cudaMemPool_t memPo
   if (p == MAP_FAILED) return cudaErrorMemoryAllocation;
   std::memset(p, 0xff, rounded);
   auto* pool = reinterpret_cast<EmulatedPool*>(memPool);
-  std::lock_guard<std::mutex> lock(Heap().mu);
-  Heap().pooled[p] = {pool, rounded};
-  Heap().in_use += rounded;
+  DeviceHeap& heap = Heap();
+  herd::MutexLock lock(&heap.mu);
+  heap.pooled[p] = {pool, rounded};
+  heap.in_use += rounded;
   pool->used += rounded;
   pool->high = std::max(pool->high, pool->used);
   *ptr = p;
@@ -324,13 +328,14 @@ cudaError_t cudaFreeAsync(void* devPtr, cudaStream_t) {
   if (devPtr == nullptr) return cudaSuccess;
   size_t bytes = 0;
   {
-    std::lock_guard<std::mutex> lock(Heap().mu);
-    auto it = Heap().pooled.find(devPtr);
-    if (it == Heap().pooled.end()) return cudaErrorInvalidValue;
+    DeviceHeap& heap = Heap();
+    herd::MutexLock lock(&heap.mu);
+    auto it = heap.pooled.find(devPtr);
+    if (it == heap.pooled.end()) return cudaErrorInvalidValue;
     bytes = it->second.second;
     it->second.first->used -= bytes;
-    Heap().in_use -= bytes;
-    Heap().pooled.erase(it);
+    heap.in_use -= bytes;
+    heap.pooled.erase(it);
   }
   munmap(devPtr, bytes);
   return cudaSuccess;
@@ -396,9 +401,10 @@ const char* cudaGetErrorString(cudaError_t error) {
   return error == cudaSuccess ? "no error" : "error in the emulated device";
 }
 cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
-  std::lock_guard<std::mutex> lock(Heap().mu);
+  DeviceHeap& heap = Heap();
+  herd::MutexLock lock(&heap.mu);
   *total = kEmulatedDeviceBytes;
-  *free = kEmulatedDeviceBytes - std::min(Heap().in_use, kEmulatedDeviceBytes);
+  *free = kEmulatedDeviceBytes - std::min(heap.in_use, kEmulatedDeviceBytes);
   return cudaSuccess;
 }
 cudaError_t cudaHostRegister(void*, size_t, unsigned int) { return cudaSuccess; }
