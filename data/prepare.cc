@@ -246,11 +246,108 @@ class Progress {
   bool drawn_ = false;
 };
 
-}  // namespace
+// Sends each document to the train or the val file, by a hash of its
+// index, and encodes them a batch at a time. The last document is held
+// back, and so is every one while none has gone to train, so that at the
+// end neither file can be left empty (prepare.h).
+class DocumentRouter {
+ public:
+  DocumentRouter(const PrepareOptions& options, Encoder* encoder, Progress* progress, TokenFileWriter* train,
+                 TokenFileWriter* val, PrepareSummary* summary)
+      : options_(options),
+        has_val_(!options.val_out.empty()),
+        encoder_(encoder),
+        progress_(progress),
+        train_(train),
+        val_(val),
+        summary_(summary) {}
 
-Status PrepareText(const PrepareOptions& options, PrepareSummary* summary) {
-  *summary = PrepareSummary();
-  if (options.inputs.empty()) return Status::InvalidArgument("prepare: no input files");
+  // The next document of the inputs.
+  Status Add(std::string&& text) {
+    const uint64_t i = static_cast<uint64_t>(summary_->documents++);
+    const bool is_val = has_val_ && static_cast<double>(Mix64(i) >> 11) * 0x1.0p-53 < options_.val_fraction;
+    n_val_ += is_val;
+    any_train_ = any_train_ || !is_val;
+    held_.push_back({std::move(text), is_val});
+    while (held_.size() > 1 && any_train_) HERD_RETURN_IF_ERROR(Release());
+    return Status::OK();
+  }
+
+  // After the last document (there was at least one): gives each file at
+  // least one, and writes out what is held and batched.
+  Status Finish() {
+    if (has_val_ && summary_->documents == 1) {
+      HERD_RETURN_IF_ERROR(HoldOutTail());
+    } else if (has_val_) {
+      if (n_val_ == 0) held_.back().val = true;
+      if (n_val_ == summary_->documents) held_.front().val = false;
+    }
+    while (!held_.empty()) HERD_RETURN_IF_ERROR(Release());
+    return EncodeBatch();
+  }
+
+ private:
+  // One document: its tail becomes the val file's.
+  Status HoldOutTail() {
+    Held& d = held_.front();
+    const size_t length = d.text.size();
+    if (length < 2) {
+      return Status::InvalidArgument("prepare: the inputs hold " + N(static_cast<int64_t>(length)) +
+                                     " byte(s) of text, too little to split into " + options_.train_out + " and " +
+                                     options_.val_out);
+    }
+    const size_t tail = std::max<size_t>(1, static_cast<size_t>(static_cast<double>(length) * options_.val_fraction));
+    held_.push_back({d.text.substr(length - tail), true});
+    d.text.resize(length - tail);
+    d.val = false;
+    return Status::OK();
+  }
+
+  // Moves the oldest held document into the batch.
+  Status Release() {
+    batch_bytes_ += held_.front().text.size();
+    batch_.push_back(std::move(held_.front().text));
+    batch_val_.push_back(held_.front().val);
+    held_.pop_front();
+    return batch_bytes_ >= kBatchBytes ? EncodeBatch() : Status::OK();
+  }
+
+  Status EncodeBatch() {
+    encoder_->Encode(batch_, &ids_);
+    for (size_t i = 0; i < batch_.size(); ++i) {
+      TokenFileWriter& w = batch_val_[i] ? *val_ : *train_;
+      HERD_RETURN_IF_ERROR(w.Append(ids_[i].data(), ids_[i].size()));
+      summary_->val_documents += batch_val_[i];
+    }
+    batch_.clear();
+    batch_val_.clear();
+    batch_bytes_ = 0;
+    progress_->Update(summary_->bytes);
+    return Status::OK();
+  }
+
+  static constexpr size_t kBatchBytes = 32 << 20;
+  struct Held {
+    std::string text;
+    bool val;
+  };
+  const PrepareOptions& options_;
+  const bool has_val_;
+  Encoder* const encoder_;
+  Progress* const progress_;
+  TokenFileWriter* const train_;
+  TokenFileWriter* const val_;
+  PrepareSummary* const summary_;
+  std::deque<Held> held_;
+  std::vector<std::string> batch_;
+  std::vector<bool> batch_val_;
+  std::vector<std::vector<int32_t>> ids_;
+  size_t batch_bytes_ = 0;
+  int64_t n_val_ = 0;
+  bool any_train_ = false;
+};
+
+Status CheckOutputs(const PrepareOptions& options) {
   if (options.train_out.empty()) return Status::InvalidArgument("prepare: no output file given (--out)");
   const bool has_val = !options.val_out.empty();
   if (has_val && !(options.val_fraction > 0 && options.val_fraction < 1)) {
@@ -260,6 +357,12 @@ Status PrepareText(const PrepareOptions& options, PrepareSummary* summary) {
   if (has_val && options.val_out == options.train_out) {
     return Status::InvalidArgument("prepare: " + options.train_out + " is both the train and the val output");
   }
+  return Status::OK();
+}
+
+// The tokenizer (null: byte-level), with summary's vocab_size and
+// document_token set to what the files will be written with.
+StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(const PrepareOptions& options, PrepareSummary* summary) {
   std::unique_ptr<Tokenizer> tokenizer;
   int32_t document_token = -1;
   summary->vocab_size = 256;
@@ -284,8 +387,29 @@ Status PrepareText(const PrepareOptions& options, PrepareSummary* summary) {
     return Status::InvalidArgument("prepare: --doc-token needs --tokenizer");
   }
   summary->document_token = document_token;
+  return tokenizer;
+}
+
+// What the progress line counts up to: the inputs' sizes on disk.
+int64_t TotalBytes(const std::vector<std::string>& inputs) {
+  int64_t total_bytes = 0;
+  for (const std::string& path : inputs) {
+    struct stat st;
+    if (::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode)) total_bytes += st.st_size;
+  }
+  return total_bytes;
+}
+
+}  // namespace
+
+Status PrepareText(const PrepareOptions& options, PrepareSummary* summary) {
+  *summary = PrepareSummary();
+  if (options.inputs.empty()) return Status::InvalidArgument("prepare: no input files");
+  HERD_RETURN_IF_ERROR(CheckOutputs(options));
+  HERD_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, LoadTokenizer(options, summary));
 
   // Outputs: written to temporaries, renamed only once both are complete.
+  const bool has_val = !options.val_out.empty();
   std::vector<std::string> outs = {options.train_out};
   if (has_val) outs.push_back(options.val_out);
   for (const std::string& path : outs) HERD_RETURN_IF_ERROR(MakeDirs(DirName(path)).WithContext(path + ": "));
@@ -293,83 +417,17 @@ Status PrepareText(const PrepareOptions& options, PrepareSummary* summary) {
   HERD_RETURN_IF_ERROR(train.Open(options.train_out, summary->vocab_size - 1, summary->vocab_size));
   if (has_val) HERD_RETURN_IF_ERROR(val.Open(options.val_out, summary->vocab_size - 1, summary->vocab_size));
 
-  int64_t total_bytes = 0;
-  for (const std::string& path : options.inputs) {
-    struct stat st;
-    if (::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode)) total_bytes += st.st_size;
-  }
-  Progress progress(options.progress, total_bytes);
-  Encoder encoder(tokenizer.get(), document_token);
-
-  // Documents go to val by a hash of their index. The last one is held
-  // back, and so is every one while none has gone to train, so that at the
-  // end neither file can be left empty (prepare.h).
-  struct Held {
-    std::string text;
-    bool val;
-  };
-  std::deque<Held> held;
-  std::vector<std::string> batch;
-  std::vector<bool> batch_val;
-  std::vector<std::vector<int32_t>> ids;
-  size_t batch_bytes = 0;
-  int64_t n_val = 0;
-  bool any_train = false;
-  constexpr size_t kBatchBytes = 32 << 20;
-  auto encode_batch = [&]() -> Status {
-    encoder.Encode(batch, &ids);
-    for (size_t i = 0; i < batch.size(); ++i) {
-      TokenFileWriter& w = batch_val[i] ? val : train;
-      HERD_RETURN_IF_ERROR(w.Append(ids[i].data(), ids[i].size()));
-      summary->val_documents += batch_val[i];
-    }
-    batch.clear();
-    batch_val.clear();
-    batch_bytes = 0;
-    progress.Update(summary->bytes);
-    return Status::OK();
-  };
-  auto release = [&]() -> Status {
-    batch_bytes += held.front().text.size();
-    batch.push_back(std::move(held.front().text));
-    batch_val.push_back(held.front().val);
-    held.pop_front();
-    return batch_bytes >= kBatchBytes ? encode_batch() : Status::OK();
-  };
+  Progress progress(options.progress, TotalBytes(options.inputs));
+  Encoder encoder(tokenizer.get(), summary->document_token);
+  DocumentRouter router(options, &encoder, &progress, &train, &val, summary);
   const InvalidUtf8* invalid = tokenizer != nullptr ? &options.invalid_utf8 : nullptr;
   HERD_RETURN_IF_ERROR(ReadInputs(options.inputs, tokenizer == nullptr, invalid, options.keep_duplicates, summary,
-                                  [&](std::string&& text) -> Status {
-    const uint64_t i = static_cast<uint64_t>(summary->documents++);
-    const bool is_val = has_val && static_cast<double>(Mix64(i) >> 11) * 0x1.0p-53 < options.val_fraction;
-    n_val += is_val;
-    any_train = any_train || !is_val;
-    held.push_back({std::move(text), is_val});
-    while (held.size() > 1 && any_train) HERD_RETURN_IF_ERROR(release());
-    return Status::OK();
-  }));
+                                  [&](std::string&& text) { return router.Add(std::move(text)); }));
   if (summary->documents == 0) {
     return Status::InvalidArgument("prepare: no text in the " + N(static_cast<int64_t>(options.inputs.size())) +
                                    " input file(s) (all empty, binary or duplicates)");
   }
-  if (has_val && summary->documents == 1) {
-    // One document: hold out its tail.
-    Held& d = held.front();
-    const size_t length = d.text.size();
-    if (length < 2) {
-      return Status::InvalidArgument("prepare: the inputs hold " + N(static_cast<int64_t>(length)) +
-                                     " byte(s) of text, too little to split into " + options.train_out + " and " +
-                                     options.val_out);
-    }
-    const size_t tail = std::max<size_t>(1, static_cast<size_t>(static_cast<double>(length) * options.val_fraction));
-    held.push_back({d.text.substr(length - tail), true});
-    d.text.resize(length - tail);
-    d.val = false;
-  } else if (has_val) {
-    if (n_val == 0) held.back().val = true;
-    if (n_val == summary->documents) held.front().val = false;
-  }
-  while (!held.empty()) HERD_RETURN_IF_ERROR(release());
-  HERD_RETURN_IF_ERROR(encode_batch());
+  HERD_RETURN_IF_ERROR(router.Finish());
 
   summary->train_tokens = train.tokens();
   summary->val_tokens = val.tokens();

@@ -57,15 +57,22 @@ void Widen(const uint8_t* data, int64_t count, int32_t* out) {
 StatusOr<TokenFile> TokenFile::Open(const std::string& path, int vocab_size) {
   TokenFile f;
   f.path_ = path;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  HERD_RETURN_IF_ERROR(f.Map());
+  HERD_RETURN_IF_ERROR(IsRaw16(path) || IsRaw32(path) ? f.FindRawTokens() : f.FindLlmcTokens());
+  HERD_RETURN_IF_ERROR(f.CheckIds(vocab_size));
+  return f;
+}
+
+Status TokenFile::Map() {
+  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
-    if (errno == ENOENT) return Status::NotFound(path + ": no such file");
-    return Status::IOError(path + ": cannot open: " + std::strerror(errno));
+    if (errno == ENOENT) return Status::NotFound(path_ + ": no such file");
+    return Status::IOError(path_ + ": cannot open: " + std::strerror(errno));
   }
   struct stat st;
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
-    return Status::InvalidArgument(path + ": not a regular file (expected a token file)");
+    return Status::InvalidArgument(path_ + ": not a regular file (expected a token file)");
   }
   const int64_t bytes = st.st_size;
   if (bytes > 0) {
@@ -73,82 +80,91 @@ StatusOr<TokenFile> TokenFile::Open(const std::string& path, int vocab_size) {
     if (map == MAP_FAILED) {
       const int err = errno;
       ::close(fd);
-      return Status::IOError(path + ": cannot map: " + std::strerror(err));
+      return Status::IOError(path_ + ": cannot map: " + std::strerror(err));
     }
-    f.map_ = map;
-    f.map_bytes_ = static_cast<size_t>(bytes);
+    map_ = map;
+    map_bytes_ = static_cast<size_t>(bytes);
   }
   ::close(fd);
-  const auto* base = static_cast<const uint8_t*>(f.map_);
+  return Status::OK();
+}
 
-  if (IsRaw16(path) || IsRaw32(path)) {
-    f.width_ = IsRaw16(path) ? 2 : 4;
-    const char* type = f.width_ == 2 ? "uint16" : "uint32";
-    if (bytes == 0) return Status::InvalidArgument(path + ": empty token file (expected " + type + " tokens)");
-    if (bytes % f.width_ != 0) {
-      return Status::InvalidArgument(path + ": " + std::to_string(bytes) + " bytes is not a whole number of " + type +
-                                     " tokens (truncated?)");
-    }
-    f.tokens_ = base;
-    f.size_ = bytes / f.width_;
-  } else {
-    if (bytes < kHeaderBytes) {
-      return Status::InvalidArgument(path + ": " + std::to_string(bytes) +
-                                     " bytes is shorter than the 1024-byte header of a token file" +
-                                     TextHint(base, bytes));
-    }
-    int32_t header[4];
-    std::memcpy(header, base, sizeof(header));
-    f.vocab_size_ = std::max(header[3], 0);
-    if (header[0] == kMagicU16) {
-      if (header[1] != kVersionU16) {
-        return Status::InvalidArgument(path + ": magic 20240520 (uint16 tokens) needs version 1, got version " +
-                                       std::to_string(header[1]));
-      }
-      f.width_ = 2;
-    } else if (header[0] == kMagicU32) {
-      if (header[1] != kVersionU32) {
-        return Status::InvalidArgument(path + ": magic 20240801 (uint32 tokens) needs version 7, got version " +
-                                       std::to_string(header[1]));
-      }
-      f.width_ = 4;
-    } else {
-      return Status::InvalidArgument(path + ": not a token file: magic " + std::to_string(header[0]) +
-                                     ", expected 20240520 or 20240801 (raw arrays must be named *.u16 or *.u32)" +
-                                     TextHint(base, bytes));
-    }
-    const int64_t count = header[2];
-    if (count <= 0) {
-      return Status::InvalidArgument(path + ": header says " + std::to_string(count) +
-                                     " tokens; a token file holds at least one");
-    }
-    const int64_t expected = kHeaderBytes + count * f.width_;
-    if (expected != bytes) {
-      return Status::InvalidArgument(path + ": header says " + std::to_string(count) + " tokens (" +
-                                     std::to_string(expected) + " bytes) but the file has " + std::to_string(bytes) +
-                                     " bytes");
-    }
-    f.tokens_ = base + kHeaderBytes;
-    f.size_ = count;
+Status TokenFile::FindRawTokens() {
+  const int64_t bytes = static_cast<int64_t>(map_bytes_);
+  width_ = IsRaw16(path_) ? 2 : 4;
+  const char* type = width_ == 2 ? "uint16" : "uint32";
+  if (bytes == 0) return Status::InvalidArgument(path_ + ": empty token file (expected " + type + " tokens)");
+  if (bytes % width_ != 0) {
+    return Status::InvalidArgument(path_ + ": " + std::to_string(bytes) + " bytes is not a whole number of " + type +
+                                   " tokens (truncated?)");
   }
+  tokens_ = static_cast<const uint8_t*>(map_);
+  size_ = bytes / width_;
+  return Status::OK();
+}
 
-  if (vocab_size > 0 && f.vocab_size_ > vocab_size) {
-    return Status::InvalidArgument(path + ": prepared for a vocabulary of " + std::to_string(f.vocab_size_) +
+Status TokenFile::FindLlmcTokens() {
+  const int64_t bytes = static_cast<int64_t>(map_bytes_);
+  const auto* base = static_cast<const uint8_t*>(map_);
+  if (bytes < kHeaderBytes) {
+    return Status::InvalidArgument(path_ + ": " + std::to_string(bytes) +
+                                   " bytes is shorter than the 1024-byte header of a token file" +
+                                   TextHint(base, bytes));
+  }
+  int32_t header[4];
+  std::memcpy(header, base, sizeof(header));
+  vocab_size_ = std::max(header[3], 0);
+  if (header[0] == kMagicU16) {
+    if (header[1] != kVersionU16) {
+      return Status::InvalidArgument(path_ + ": magic 20240520 (uint16 tokens) needs version 1, got version " +
+                                     std::to_string(header[1]));
+    }
+    width_ = 2;
+  } else if (header[0] == kMagicU32) {
+    if (header[1] != kVersionU32) {
+      return Status::InvalidArgument(path_ + ": magic 20240801 (uint32 tokens) needs version 7, got version " +
+                                     std::to_string(header[1]));
+    }
+    width_ = 4;
+  } else {
+    return Status::InvalidArgument(path_ + ": not a token file: magic " + std::to_string(header[0]) +
+                                   ", expected 20240520 or 20240801 (raw arrays must be named *.u16 or *.u32)" +
+                                   TextHint(base, bytes));
+  }
+  const int64_t count = header[2];
+  if (count <= 0) {
+    return Status::InvalidArgument(path_ + ": header says " + std::to_string(count) +
+                                   " tokens; a token file holds at least one");
+  }
+  const int64_t expected = kHeaderBytes + count * width_;
+  if (expected != bytes) {
+    return Status::InvalidArgument(path_ + ": header says " + std::to_string(count) + " tokens (" +
+                                   std::to_string(expected) + " bytes) but the file has " + std::to_string(bytes) +
+                                   " bytes");
+  }
+  tokens_ = base + kHeaderBytes;
+  size_ = count;
+  return Status::OK();
+}
+
+Status TokenFile::CheckIds(int vocab_size) const {
+  if (vocab_size > 0 && vocab_size_ > vocab_size) {
+    return Status::InvalidArgument(path_ + ": prepared for a vocabulary of " + std::to_string(vocab_size_) +
                                    " tokens (its header says), more than vocab_size " + std::to_string(vocab_size) +
-                                   ": set model.vocab_size to at least " + std::to_string(f.vocab_size_));
+                                   ": set model.vocab_size to at least " + std::to_string(vocab_size_));
   }
   // Every id must fit int32 (herd indexes with int32) and the vocabulary.
   const uint64_t limit = vocab_size > 0 ? static_cast<uint64_t>(vocab_size) : uint64_t{1} << 31;
-  const int64_t bad = f.width_ == 2 ? (limit >= 65536 ? -1 : FirstAtOrAbove<uint16_t>(f.tokens_, f.size_, limit))
-                                    : FirstAtOrAbove<uint32_t>(f.tokens_, f.size_, limit);
+  const int64_t bad = width_ == 2 ? (limit >= 65536 ? -1 : FirstAtOrAbove<uint16_t>(tokens_, size_, limit))
+                                  : FirstAtOrAbove<uint32_t>(tokens_, size_, limit);
   if (bad >= 0) {
     uint32_t id = 0;
-    std::memcpy(&id, f.tokens_ + bad * f.width_, f.width_);  // little-endian: the low bytes
+    std::memcpy(&id, tokens_ + bad * width_, width_);  // little-endian: the low bytes
     return Status::InvalidArgument(
-        path + ": token " + std::to_string(id) + " at position " + std::to_string(bad) + " is >= " +
+        path_ + ": token " + std::to_string(id) + " at position " + std::to_string(bad) + " is >= " +
         (vocab_size > 0 ? "vocab_size " + std::to_string(vocab_size) : std::string("2^31 (does not fit int32)")));
   }
-  return f;
+  return Status::OK();
 }
 
 TokenFile::TokenFile(TokenFile&& o) noexcept { *this = std::move(o); }

@@ -51,6 +51,11 @@ class TokenFile {
 
  private:
   TokenFile() = default;
+  // Open's steps, each failing with the one-line error the header promises.
+  Status Map();             // maps path_ whole (an empty file maps nothing)
+  Status FindRawTokens();   // *.u16 / *.u32: the whole file is tokens
+  Status FindLlmcTokens();  // checks the llm.c header against the file's size
+  Status CheckIds(int vocab_size) const;
   void Release();
 
   std::string path_;

@@ -292,7 +292,266 @@ Status ParsePreTokenizer(const std::string& path, const Json& j, std::vector<Pre
   return Refuse(path, "pre_tokenizer '" + type + "' is not supported");
 }
 
+// What people pass instead of a tokenizer.json: tiktoken rank files
+// ("<base64> <rank>" lines; Meta ships Llama 3's as tokenizer.model) and
+// SentencePiece models (a protobuf). The refusal says which it looks like.
+Status RefuseNotJson(const std::string& path, const std::string& text) {
+  const size_t eol = text.find('\n');
+  const std::string line = text.substr(0, std::min<size_t>(eol, 200));
+  const size_t space = line.find(' ');
+  const bool tiktoken = space != std::string::npos && space > 0 &&
+                        line.find_first_not_of("0123456789", space + 1) == std::string::npos &&
+                        line.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=") ==
+                            space;
+  return Status::InvalidArgument(
+      path + (tiktoken ? ": a tiktoken rank file, which lacks the split pattern and special tokens: pass the "
+                         "model's tokenizer.json (published beside it)"
+                       : ": not a tokenizer.json (a SentencePiece .model?): herd encodes byte-level BPE "
+                         "tokenizer.json files (GPT-2, Llama 3, Qwen, SmolLM, OLMo); SentencePiece models (Llama 2, "
+                         "Mistral, Gemma) are not byte-level and are not supported"));
+}
+
+// One entry of model.merges, "left right" or [left, right], as its two
+// tokens' spellings.
+Status ParseMerge(const std::string& path, const Json& m, int32_t rank, std::string* left, std::string* right) {
+  if (m.is_string()) {
+    const std::string s = m.get<std::string>();
+    const size_t space = s.find(' ');
+    if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos) {
+      return Status::InvalidArgument(path + ": model.merges[" + std::to_string(rank) + "]: '" + s +
+                                     "' is not two tokens");
+    }
+    *left = s.substr(0, space), *right = s.substr(space + 1);
+  } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+    *left = m[0].get<std::string>(), *right = m[1].get<std::string>();
+  } else {
+    return Status::InvalidArgument(path + ": model.merges[" + std::to_string(rank) + "]: not a pair of tokens");
+  }
+  return Status::OK();
+}
+
 }  // namespace
+
+// Fills a Tokenizer from a parsed tokenizer.json, one section at a time.
+// The sections are read in a fixed order, so that of several problems a
+// file has, the same one is always the one reported.
+class Tokenizer::Loader {
+ public:
+  Loader(const std::string& path, const Json& file, Tokenizer* t) : path_(path), file_(file), t_(t) {}
+
+  Status Load() {
+    HERD_RETURN_IF_ERROR(ReadModelType());
+    HERD_RETURN_IF_ERROR(ReadNormalizer());
+    HERD_RETURN_IF_ERROR(RefuseUnsupportedBpeOptions());
+    t_->ignore_merges_ = model_->value("ignore_merges", false);
+    HERD_RETURN_IF_ERROR(ReadPreTokenizer());
+    HERD_RETURN_IF_ERROR(ReadVocab());
+    MapSingleBytes();
+    HERD_RETURN_IF_ERROR(ReadMerges());
+    HERD_RETURN_IF_ERROR(ReadAddedTokens());
+    t_->vocab_size_ = static_cast<int>(t_->bytes_.size());
+    FindDocumentTokens();
+    return Status::OK();
+  }
+
+ private:
+  Status ReadModelType() {
+    model_ = Field(file_, "model");
+    if (model_ == nullptr || !model_->is_object()) return Status::InvalidArgument(path_ + ": no \"model\"");
+    const std::string type = model_->value("type", std::string("BPE"));
+    if (type != "BPE") return Refuse(path_, "model type '" + type + "'");
+    return Status::OK();
+  }
+
+  // A normalizer, or a Sequence of them: only NFC is implemented.
+  Status ReadNormalizer() {
+    const Json* n = Field(file_, "normalizer");
+    if (n == nullptr) return Status::OK();
+    const bool sequence = n->value("type", std::string()) == "Sequence" && n->contains("normalizers") &&
+                          (*n)["normalizers"].is_array();
+    for (const Json& step : sequence ? (*n)["normalizers"] : Json::array({*n})) {
+      const std::string type = step.is_object() ? step.value("type", std::string("?")) : "?";
+      if (type != "NFC") return Refuse(path_, "normalizer '" + type + "' is not supported (NFC is)");
+      t_->nfc_ = true;
+    }
+    return Status::OK();
+  }
+
+  Status RefuseUnsupportedBpeOptions() {
+    if (const Json* d = Field(*model_, "dropout"); d != nullptr && d->is_number() && d->get<double>() > 0) {
+      return Refuse(path_, "BPE dropout");
+    }
+    if (model_->value("byte_fallback", false)) return Refuse(path_, "byte_fallback (a SentencePiece-style BPE)");
+    for (const char* affix : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+      if (const Json* a = Field(*model_, affix); a != nullptr && a->is_string() && !a->get<std::string>().empty()) {
+        return Refuse(path_, std::string(affix) + " '" + a->get<std::string>() + "'");
+      }
+    }
+    return Status::OK();
+  }
+
+  Status ReadPreTokenizer() {
+    const Json* pre = Field(file_, "pre_tokenizer");
+    if (pre == nullptr) return Refuse(path_, "no pre_tokenizer (a byte-level tokenizer has a ByteLevel one)");
+    std::vector<PreTokenizer> steps;
+    bool byte_level = false;
+    HERD_RETURN_IF_ERROR(ParsePreTokenizer(path_, *pre, &steps, &byte_level));
+    if (!byte_level) return Refuse(path_, "no ByteLevel pre-tokenizer");
+    // Chain the steps: each holds the rest.
+    for (size_t i = steps.size(); i-- > 0;) {
+      auto step = std::make_unique<PreTokenizer>(std::move(steps[i]));
+      if (t_->pre_) step->more.push_back(std::move(*t_->pre_));
+      t_->pre_ = std::move(step);
+    }
+    return Status::OK();
+  }
+
+  // The vocabulary, spelled in mapped bytes.
+  Status ReadVocab() {
+    const Json* vocab = Field(*model_, "vocab");
+    if (vocab == nullptr || !vocab->is_object()) return Status::InvalidArgument(path_ + ": model: no \"vocab\" object");
+    spelled_.reserve(vocab->size());
+    int32_t max_id = -1;
+    for (auto it = vocab->begin(); it != vocab->end(); ++it) {
+      if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 || it.value().get<int64_t>() >= (1 << 30)) {
+        return Status::InvalidArgument(path_ + ": model.vocab: token '" + it.key() + "' has no valid id");
+      }
+      const int32_t id = it.value().get<int32_t>();
+      spelled_[it.key()] = id;
+      max_id = std::max(max_id, id);
+    }
+    t_->bytes_.resize(static_cast<size_t>(max_id) + 1);
+    std::string bytes;
+    for (const auto& [word, id] : spelled_) {
+      // An entry outside the byte alphabet can never be produced; it keeps
+      // its spelling for Bytes().
+      if (!UnmapBytes(word, &bytes)) bytes = word;
+      t_->bytes_[id] = bytes;
+      t_->by_bytes_.emplace(bytes, id);
+    }
+    return Status::OK();
+  }
+
+  // The token of each single byte: its vocabulary entry, else the unknown
+  // token, else none.
+  void MapSingleBytes() {
+    int32_t unk = -1;
+    if (const Json* u = Field(*model_, "unk_token"); u != nullptr && u->is_string()) {
+      const auto it = spelled_.find(u->get<std::string>());
+      if (it != spelled_.end()) unk = it->second;
+    }
+    int missing = 0;
+    for (int b = 0; b < 256; ++b) {
+      std::string one;
+      unicode::AppendUtf8(TheByteMap().to_char[b], &one);
+      const auto it = spelled_.find(one);
+      t_->byte_id_[b] = it == spelled_.end() ? unk : it->second;
+      missing += it == spelled_.end();
+    }
+    t_->fuse_unk_ = unk >= 0 && model_->value("fuse_unk", false);
+    t_->byte_id_unk_ = unk;
+    if (missing > 0) {
+      // As tokenizers does: those bytes become the unknown token, or vanish.
+      LOG(WARNING) << path_ << ": " << missing << " of the 256 bytes have no token in model.vocab; text holding them "
+                   << (unk >= 0 ? "encodes them as the unknown token" : "loses them, as with tokenizers");
+    }
+  }
+
+  // Merges, by rank.
+  Status ReadMerges() {
+    const Json* merges = Field(*model_, "merges");
+    if (merges == nullptr || !merges->is_array()) return Status::InvalidArgument(path_ + ": model: no \"merges\" list");
+    t_->merges_.reserve(merges->size() * 2);
+    int32_t rank = 0;
+    for (const Json& m : *merges) {
+      std::string left, right;
+      HERD_RETURN_IF_ERROR(ParseMerge(path_, m, rank, &left, &right));
+      const auto l = spelled_.find(left), r = spelled_.find(right), both = spelled_.find(left + right);
+      if (l == spelled_.end() || r == spelled_.end() || both == spelled_.end()) {
+        return Status::InvalidArgument(path_ + ": model.merges[" + std::to_string(rank) + "]: '" + left + "' + '" +
+                                       right + "' names a token not in model.vocab");
+      }
+      t_->merges_[PairKey(l->second, r->second)] = {rank++, both->second};
+    }
+    return Status::OK();
+  }
+
+  // Special added tokens are only remembered (text spelling them is text);
+  // the others are recognised in text by Encode.
+  Status ReadAddedTokens() {
+    if (const Json* added = Field(file_, "added_tokens")) {
+      if (!added->is_array()) return Status::InvalidArgument(path_ + ": added_tokens: not a list");
+      for (const Json& a : *added) HERD_RETURN_IF_ERROR(ReadAddedToken(a));
+    }
+    t_->added_ids_.clear();
+    for (const std::string& content : t_->added_) {
+      for (int32_t id = 0; id < static_cast<int32_t>(t_->bytes_.size()); ++id) {
+        if (t_->bytes_[id] == content) t_->added_ids_[content] = id;
+      }
+    }
+    return Status::OK();
+  }
+
+  Status ReadAddedToken(const Json& a) {
+    if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() || !a.contains("content") ||
+        !a["content"].is_string() || a["id"].get<int64_t>() < 0 || a["id"].get<int64_t>() >= (1 << 30)) {
+      return Status::InvalidArgument(path_ + ": added_tokens: an entry without a valid id and content");
+    }
+    const int32_t id = a["id"].get<int32_t>();
+    const std::string content = a["content"].get<std::string>();
+    if (static_cast<size_t>(id) >= t_->bytes_.size()) t_->bytes_.resize(static_cast<size_t>(id) + 1);
+    t_->bytes_[id] = content;
+    if (a.value("special", false)) {
+      special_.emplace_back(content, id);
+      return Status::OK();
+    }
+    for (const char* flag : {"single_word", "lstrip", "rstrip"}) {
+      if (a.value(flag, false)) {
+        return Refuse(path_, "added token '" + content + "' (id " + std::to_string(id) + ") sets " + flag);
+      }
+    }
+    if (!content.empty()) t_->added_.push_back(content);
+    return Status::OK();
+  }
+
+  // The post-processor's first special token (a beginning of text), and a
+  // conventional end-of-text token.
+  void FindDocumentTokens() {
+    if (const Json* post = Field(file_, "post_processor")) {
+      if (post->value("type", std::string()) == "Sequence" && post->contains("processors")) {
+        for (const Json& p : (*post)["processors"]) t_->bos_token_ = std::max(t_->bos_token_, FirstSpecial(p));
+      } else {
+        t_->bos_token_ = FirstSpecial(*post);
+      }
+    }
+    for (const char* name : {"<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>"}) {
+      for (const auto& [content, id] : special_) {
+        if (t_->eos_token_ < 0 && content == name) t_->eos_token_ = id;
+      }
+    }
+  }
+
+  // The special token a TemplateProcessing post-processor puts first, or -1.
+  int32_t FirstSpecial(const Json& p) const {
+    const Json* single = Field(p, "single");
+    if (p.value("type", std::string()) != "TemplateProcessing" || single == nullptr || !single->is_array() ||
+        single->empty() || !(*single)[0].contains("SpecialToken")) {
+      return -1;
+    }
+    const std::string name = (*single)[0]["SpecialToken"].value("id", std::string());
+    for (const auto& [content, id] : special_) {
+      if (content == name) return id;
+    }
+    return -1;
+  }
+
+  const std::string& path_;
+  const Json& file_;
+  Tokenizer* const t_;
+  const Json* model_ = nullptr;
+  std::unordered_map<std::string, int32_t> spelled_;         // model.vocab: spelling -> id
+  std::vector<std::pair<std::string, int32_t>> special_;  // special added tokens: content, id
+};
 
 Tokenizer::Tokenizer() = default;
 Tokenizer::~Tokenizer() = default;
@@ -300,197 +559,11 @@ Tokenizer::~Tokenizer() = default;
 StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::Load(const std::string& path) {
   HERD_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
   const size_t first = text.find_first_not_of(" \t\r\n");
-  if (first == std::string::npos || text[first] != '{') {
-    // tiktoken rank files ("<base64> <rank>" lines; Meta ships Llama 3's
-    // as tokenizer.model) and SentencePiece models (a protobuf) are what
-    // people pass instead.
-    const size_t eol = text.find('\n');
-    const std::string line = text.substr(0, std::min<size_t>(eol, 200));
-    const size_t space = line.find(' ');
-    const bool tiktoken = space != std::string::npos && space > 0 &&
-                          line.find_first_not_of("0123456789", space + 1) == std::string::npos &&
-                          line.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=") ==
-                              space;
-    return Status::InvalidArgument(
-        path + (tiktoken ? ": a tiktoken rank file, which lacks the split pattern and special tokens: pass the "
-                           "model's tokenizer.json (published beside it)"
-                         : ": not a tokenizer.json (a SentencePiece .model?): herd encodes byte-level BPE "
-                           "tokenizer.json files (GPT-2, Llama 3, Qwen, SmolLM, OLMo); SentencePiece models (Llama 2, "
-                           "Mistral, Gemma) are not byte-level and are not supported"));
-  }
+  if (first == std::string::npos || text[first] != '{') return RefuseNotJson(path, text);
   Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return Status::InvalidArgument(path + ": not a JSON object");
-  const Json* model = Field(j, "model");
-  if (model == nullptr || !model->is_object()) return Status::InvalidArgument(path + ": no \"model\"");
-  const std::string type = model->value("type", std::string("BPE"));
-  if (type != "BPE") return Refuse(path, "model type '" + type + "'");
-  bool nfc = false;
-  if (const Json* n = Field(j, "normalizer")) {
-    const bool sequence = n->value("type", std::string()) == "Sequence" && n->contains("normalizers") &&
-                          (*n)["normalizers"].is_array();
-    for (const Json& step : sequence ? (*n)["normalizers"] : Json::array({*n})) {
-      const std::string type = step.is_object() ? step.value("type", std::string("?")) : "?";
-      if (type != "NFC") return Refuse(path, "normalizer '" + type + "' is not supported (NFC is)");
-      nfc = true;
-    }
-  }
-  if (const Json* d = Field(*model, "dropout"); d != nullptr && d->is_number() && d->get<double>() > 0) {
-    return Refuse(path, "BPE dropout");
-  }
-  if (model->value("byte_fallback", false)) return Refuse(path, "byte_fallback (a SentencePiece-style BPE)");
-  for (const char* affix : {"continuing_subword_prefix", "end_of_word_suffix"}) {
-    if (const Json* a = Field(*model, affix); a != nullptr && a->is_string() && !a->get<std::string>().empty()) {
-      return Refuse(path, std::string(affix) + " '" + a->get<std::string>() + "'");
-    }
-  }
-
   auto t = std::unique_ptr<Tokenizer>(new Tokenizer());
-  t->ignore_merges_ = model->value("ignore_merges", false);
-  t->nfc_ = nfc;
-  const Json* pre = Field(j, "pre_tokenizer");
-  if (pre == nullptr) return Refuse(path, "no pre_tokenizer (a byte-level tokenizer has a ByteLevel one)");
-  std::vector<PreTokenizer> steps;
-  bool byte_level = false;
-  HERD_RETURN_IF_ERROR(ParsePreTokenizer(path, *pre, &steps, &byte_level));
-  if (!byte_level) return Refuse(path, "no ByteLevel pre-tokenizer");
-  // Chain the steps: each holds the rest.
-  for (size_t i = steps.size(); i-- > 0;) {
-    auto step = std::make_unique<PreTokenizer>(std::move(steps[i]));
-    if (t->pre_) step->more.push_back(std::move(*t->pre_));
-    t->pre_ = std::move(step);
-  }
-
-  // The vocabulary, spelled in mapped bytes.
-  const Json* vocab = Field(*model, "vocab");
-  if (vocab == nullptr || !vocab->is_object()) return Status::InvalidArgument(path + ": model: no \"vocab\" object");
-  std::unordered_map<std::string, int32_t> spelled;
-  spelled.reserve(vocab->size());
-  int32_t max_id = -1;
-  std::string bytes;
-  for (auto it = vocab->begin(); it != vocab->end(); ++it) {
-    if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 || it.value().get<int64_t>() >= (1 << 30)) {
-      return Status::InvalidArgument(path + ": model.vocab: token '" + it.key() + "' has no valid id");
-    }
-    const int32_t id = it.value().get<int32_t>();
-    spelled[it.key()] = id;
-    max_id = std::max(max_id, id);
-  }
-  t->bytes_.resize(static_cast<size_t>(max_id) + 1);
-  for (const auto& [word, id] : spelled) {
-    // An entry outside the byte alphabet can never be produced; it keeps
-    // its spelling for Bytes().
-    if (!UnmapBytes(word, &bytes)) bytes = word;
-    t->bytes_[id] = bytes;
-    t->by_bytes_.emplace(bytes, id);
-  }
-  int32_t unk = -1;
-  if (const Json* u = Field(*model, "unk_token"); u != nullptr && u->is_string()) {
-    const auto it = spelled.find(u->get<std::string>());
-    if (it != spelled.end()) unk = it->second;
-  }
-  int missing = 0;
-  for (int b = 0; b < 256; ++b) {
-    std::string one;
-    unicode::AppendUtf8(TheByteMap().to_char[b], &one);
-    const auto it = spelled.find(one);
-    t->byte_id_[b] = it == spelled.end() ? unk : it->second;
-    missing += it == spelled.end();
-  }
-  t->fuse_unk_ = unk >= 0 && model->value("fuse_unk", false);
-  t->byte_id_unk_ = unk;
-  if (missing > 0) {
-    // As tokenizers does: those bytes become the unknown token, or vanish.
-    LOG(WARNING) << path << ": " << missing << " of the 256 bytes have no token in model.vocab; text holding them "
-                 << (unk >= 0 ? "encodes them as the unknown token" : "loses them, as with tokenizers");
-  }
-
-  // Merges, by rank: "left right" strings or [left, right] pairs.
-  const Json* merges = Field(*model, "merges");
-  if (merges == nullptr || !merges->is_array()) return Status::InvalidArgument(path + ": model: no \"merges\" list");
-  t->merges_.reserve(merges->size() * 2);
-  int32_t rank = 0;
-  for (const Json& m : *merges) {
-    std::string left, right;
-    if (m.is_string()) {
-      const std::string s = m.get<std::string>();
-      const size_t space = s.find(' ');
-      if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos) {
-        return Status::InvalidArgument(path + ": model.merges[" + std::to_string(rank) + "]: '" + s +
-                                       "' is not two tokens");
-      }
-      left = s.substr(0, space), right = s.substr(space + 1);
-    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
-      left = m[0].get<std::string>(), right = m[1].get<std::string>();
-    } else {
-      return Status::InvalidArgument(path + ": model.merges[" + std::to_string(rank) + "]: not a pair of tokens");
-    }
-    const auto l = spelled.find(left), r = spelled.find(right), both = spelled.find(left + right);
-    if (l == spelled.end() || r == spelled.end() || both == spelled.end()) {
-      return Status::InvalidArgument(path + ": model.merges[" + std::to_string(rank) + "]: '" + left + "' + '" +
-                                     right + "' names a token not in model.vocab");
-    }
-    t->merges_[PairKey(l->second, r->second)] = {rank++, both->second};
-  }
-
-  // Added tokens.
-  std::vector<std::pair<std::string, int32_t>> special;
-  if (const Json* added = Field(j, "added_tokens")) {
-    if (!added->is_array()) return Status::InvalidArgument(path + ": added_tokens: not a list");
-    for (const Json& a : *added) {
-      if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() || !a.contains("content") ||
-          !a["content"].is_string() || a["id"].get<int64_t>() < 0 || a["id"].get<int64_t>() >= (1 << 30)) {
-        return Status::InvalidArgument(path + ": added_tokens: an entry without a valid id and content");
-      }
-      const int32_t id = a["id"].get<int32_t>();
-      const std::string content = a["content"].get<std::string>();
-      if (static_cast<size_t>(id) >= t->bytes_.size()) t->bytes_.resize(static_cast<size_t>(id) + 1);
-      t->bytes_[id] = content;
-      if (a.value("special", false)) {
-        special.emplace_back(content, id);
-        continue;
-      }
-      for (const char* flag : {"single_word", "lstrip", "rstrip"}) {
-        if (a.value(flag, false)) {
-          return Refuse(path, "added token '" + content + "' (id " + std::to_string(id) + ") sets " + flag);
-        }
-      }
-      if (!content.empty()) t->added_.push_back(content);
-    }
-  }
-  t->added_ids_.clear();
-  for (const std::string& content : t->added_) {
-    for (int32_t id = 0; id < static_cast<int32_t>(t->bytes_.size()); ++id) {
-      if (t->bytes_[id] == content) t->added_ids_[content] = id;
-    }
-  }
-  t->vocab_size_ = static_cast<int>(t->bytes_.size());
-
-  // The post-processor's first special token (a beginning of text), and a
-  // conventional end-of-text token.
-  auto first_special = [&](const Json& p) -> int32_t {
-    const Json* single = Field(p, "single");
-    if (p.value("type", std::string()) != "TemplateProcessing" || single == nullptr || !single->is_array() ||
-        single->empty() || !(*single)[0].contains("SpecialToken")) {
-      return -1;
-    }
-    const std::string name = (*single)[0]["SpecialToken"].value("id", std::string());
-    for (const auto& [content, id] : special) {
-      if (content == name) return id;
-    }
-    return -1;
-  };
-  if (const Json* post = Field(j, "post_processor")) {
-    if (post->value("type", std::string()) == "Sequence" && post->contains("processors")) {
-      for (const Json& p : (*post)["processors"]) t->bos_token_ = std::max(t->bos_token_, first_special(p));
-    } else {
-      t->bos_token_ = first_special(*post);
-    }
-  }
-  for (const char* name : {"<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>"}) {
-    for (const auto& [content, id] : special) {
-      if (t->eos_token_ < 0 && content == name) t->eos_token_ = id;
-    }
-  }
+  HERD_RETURN_IF_ERROR(Loader(path, j, t.get()).Load());
   return t;
 }
 

@@ -64,6 +64,7 @@ class Tokenizer {
   struct PreTokenizer;
 
  private:
+  class Loader;  // reads tokenizer.json into the fields below
   Tokenizer();
 
   // Encodes text in which no added token is recognised.

@@ -270,16 +270,8 @@ Status ParseRope(const std::string& path, const json& j, config::ModelConfig* m)
   return Status::OK();
 }
 
-// config.json -> ModelConfig. Absent optional keys take HF LlamaConfig's
-// defaults, so that a directory means to herd what it means to transformers.
-StatusOr<config::ModelConfig> ParseConfigJson(const std::string& path) {
-  HERD_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
-  json j = json::parse(text, /*cb=*/nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return Status::InvalidArgument(path + ": not valid JSON");
-  if (!j.is_object()) return Status::InvalidArgument(path + ": expected a JSON object");
-  ConfigReader r(path, j);
-
-  // Llama? model_type "llama" or architectures naming LlamaForCausalLM.
+// A Llama? model_type "llama" or architectures naming LlamaForCausalLM.
+Status CheckIsLlama(const ConfigReader& r, const std::string& path) {
   const json* type = r.Get("model_type");
   const json* archs = r.Get("architectures");
   if (type != nullptr && !type->is_string()) return r.Error("model_type", "must be a string, got " + r.Shown(*type));
@@ -288,25 +280,16 @@ StatusOr<config::ModelConfig> ParseConfigJson(const std::string& path) {
     if (!archs->is_array()) return r.Error("architectures", "must be an array of strings, got " + r.Shown(*archs));
     for (const json& a : *archs) llama = llama || (a.is_string() && a.get<std::string>() == "LlamaForCausalLM");
   }
-  if (!llama) {
-    return Status::InvalidArgument(path + ": not a Llama model (model_type " + (type ? r.Shown(*type) : "absent") +
-                                   ", architectures " + (archs ? r.Shown(*archs) : "absent") +
-                                   "); expected model_type \"llama\" or architectures [\"LlamaForCausalLM\"]");
-  }
+  if (llama) return Status::OK();
+  return Status::InvalidArgument(path + ": not a Llama model (model_type " + (type ? r.Shown(*type) : "absent") +
+                                 ", architectures " + (archs ? r.Shown(*archs) : "absent") +
+                                 "); expected model_type \"llama\" or architectures [\"LlamaForCausalLM\"]");
+}
 
-  config::ModelConfig m;
-  int vocab, hidden, inter, layers, heads, kv_heads;
-  HERD_RETURN_IF_ERROR(r.PositiveInt("vocab_size", -1, &vocab));
-  HERD_RETURN_IF_ERROR(r.PositiveInt("hidden_size", -1, &hidden));
-  HERD_RETURN_IF_ERROR(r.PositiveInt("intermediate_size", -1, &inter));
-  HERD_RETURN_IF_ERROR(r.PositiveInt("num_hidden_layers", -1, &layers));
-  HERD_RETURN_IF_ERROR(r.PositiveInt("num_attention_heads", -1, &heads));
-  HERD_RETURN_IF_ERROR(r.PositiveInt("num_key_value_heads", heads, &kv_heads));
-  double eps, init_range;
-  HERD_RETURN_IF_ERROR(r.PositiveNumber("rms_norm_eps", 1e-6, &eps));
-  HERD_RETURN_IF_ERROR(r.PositiveNumber("initializer_range", 0.02, &init_range));
-  bool tied, attention_bias, mlp_bias;
-  HERD_RETURN_IF_ERROR(r.Bool("tie_word_embeddings", false, &tied));
+// What LlamaConfig allows and herd's Llama does not compute: biases,
+// another activation, dropout, quantized weights.
+Status RefuseUnsupported(const ConfigReader& r) {
+  bool attention_bias, mlp_bias;
   HERD_RETURN_IF_ERROR(r.Bool("attention_bias", false, &attention_bias));
   HERD_RETURN_IF_ERROR(r.Bool("mlp_bias", false, &mlp_bias));
   if (attention_bias) return r.Error("attention_bias", "true is not supported (herd's Llama has no biases)");
@@ -323,6 +306,33 @@ StatusOr<config::ModelConfig> ParseConfigJson(const std::string& path) {
   if (const json* q = r.Get("quantization_config")) {
     return r.Error("quantization_config", r.Shown(*q) + " is not supported (herd reads F32, BF16 or F16 weights)");
   }
+  return Status::OK();
+}
+
+// config.json -> ModelConfig. Absent optional keys take HF LlamaConfig's
+// defaults, so that a directory means to herd what it means to transformers.
+StatusOr<config::ModelConfig> ParseConfigJson(const std::string& path) {
+  HERD_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  json j = json::parse(text, /*cb=*/nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Status::InvalidArgument(path + ": not valid JSON");
+  if (!j.is_object()) return Status::InvalidArgument(path + ": expected a JSON object");
+  ConfigReader r(path, j);
+  HERD_RETURN_IF_ERROR(CheckIsLlama(r, path));
+
+  config::ModelConfig m;
+  int vocab, hidden, inter, layers, heads, kv_heads;
+  HERD_RETURN_IF_ERROR(r.PositiveInt("vocab_size", -1, &vocab));
+  HERD_RETURN_IF_ERROR(r.PositiveInt("hidden_size", -1, &hidden));
+  HERD_RETURN_IF_ERROR(r.PositiveInt("intermediate_size", -1, &inter));
+  HERD_RETURN_IF_ERROR(r.PositiveInt("num_hidden_layers", -1, &layers));
+  HERD_RETURN_IF_ERROR(r.PositiveInt("num_attention_heads", -1, &heads));
+  HERD_RETURN_IF_ERROR(r.PositiveInt("num_key_value_heads", heads, &kv_heads));
+  double eps, init_range;
+  HERD_RETURN_IF_ERROR(r.PositiveNumber("rms_norm_eps", 1e-6, &eps));
+  HERD_RETURN_IF_ERROR(r.PositiveNumber("initializer_range", 0.02, &init_range));
+  bool tied;
+  HERD_RETURN_IF_ERROR(r.Bool("tie_word_embeddings", false, &tied));
+  HERD_RETURN_IF_ERROR(RefuseUnsupported(r));
   HERD_RETURN_IF_ERROR(ParseRope(path, j, &m));
   m.set_vocab_size(vocab);
   m.set_hidden_size(hidden);

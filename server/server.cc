@@ -31,10 +31,9 @@
 namespace herd {
 namespace {
 
-// The combined norm of every server's partial sum of squares, added in
-// server order so that every server computes the same value.
-// The servers' squared partial norms summed in rank order, and server 0's
-// loss (the one server that collects the workers').
+// The servers' squared partial norms summed in rank order (every server
+// computes the same value), and server 0's loss (the one server that
+// collects the workers').
 StatusOr<ParameterShard::StepHooks::Global> GlobalScalars(transport::CoordinatorClient& client, int64_t step,
                                                           double partial, double loss) {
   if (client.num_servers() == 1) return ParameterShard::StepHooks::Global{std::sqrt(partial), loss};
@@ -54,58 +53,105 @@ StatusOr<ParameterShard::StepHooks::Global> GlobalScalars(transport::Coordinator
   return ParameterShard::StepHooks::Global{std::sqrt(total), first_loss};
 }
 
-}  // namespace
+// One parameter server's process. Members in the order they are made;
+// they go in reverse: the checkpoint writer (which votes through the
+// runtime's client and writes the snapshot) before the snapshot and the
+// runtime; the runtime, which stops the service, before the shard the
+// service reaches into; the trace last, after everything that records
+// spans.
+class ServerProcess {
+ public:
+  // Errors: the shard plan, or a checkpoint that cannot be resumed.
+  static StatusOr<std::unique_ptr<ServerProcess>> Create(const config::JobConfig& config,
+                                                         const TrainOptions& options);
 
-Status RunParameterServer(const config::JobConfig& config, const TrainOptions& options,
-                          const transport::JoinOptions& join) {
-  if (config.train().threads() > 0) omp_set_num_threads(config.train().threads());
+  // Joins, serves every step of the run, writes the run summary, leaves.
+  Status Run(const transport::JoinOptions& join);
+
+ private:
+  ServerProcess(const config::JobConfig& config, const TrainOptions& options, ShardPlan plan,
+                std::optional<VerifiedCheckpoint> resume_from);
+
+  // Before any peer can reach this server: the shard, loaded or made, and
+  // served.
+  Status Prepare(transport::NodeRuntime& runtime, transport::CoordinatorClient& client);
+  // Failures and membership changes reach the shard.
+  void Watch(transport::CoordinatorClient& client);
+  // After step `step`: this server's part of the checkpoint the schedule
+  // names, in the background from a snapshot (checkpoint.background) or
+  // in place while the workers wait.
+  Status CheckpointAfter(int64_t step);
+  Status ReportSummary(int64_t steps) const;
+
+  // Constant after construction.
+  const config::JobConfig& config_;
+  const TrainOptions options_;
+  const ParamLayout layout_;
+  const ShardPlan plan_;
+  const std::optional<VerifiedCheckpoint> resume_from_;
+  const int64_t last_step_;
+
+  // Set once the coordinator has given this process its rank (Prepare).
+  int rank_ = -1;
+
+  // Owned by the thread that runs Run; in lifetime order.
+  transport::TraceSession trace_;  // log.trace
+  std::unique_ptr<ParameterShard> shard_;
+  std::unique_ptr<transport::NodeRuntime> runtime_;
+  ShardImage snapshot_;
+  transport::BackgroundCommit background_;
+};
+
+StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Create(const config::JobConfig& config,
+                                                               const TrainOptions& options) {
   const ParamLayout layout(LlamaShape::FromConfig(config.model()));
   HERD_ASSIGN_OR_RETURN(ShardPlan plan, ShardPlan::Create(layout, ShardPlanOptions::FromConfig(config.cluster())));
-  HERD_ASSIGN_OR_RETURN(const std::optional<VerifiedCheckpoint> resume_from, ResumePoint(config, options));
-  const std::string& ckpt_dir = config.checkpoint().dir();
+  HERD_ASSIGN_OR_RETURN(std::optional<VerifiedCheckpoint> resume_from, ResumePoint(config, options));
+  return std::unique_ptr<ServerProcess>(new ServerProcess(config, options, std::move(plan), std::move(resume_from)));
+}
 
-  transport::TraceSession trace;  // log.trace: goes last, after everything that records spans
-  // The service reaches into the shard: it is declared before the runtime,
-  // which stops the service before the shard goes.
-  std::unique_ptr<ParameterShard> shard_holder;
-  int rank = -1;
-  transport::NodeRuntime::Options ro;
-  ro.join = join;
-  ro.connect_to = {wire::WORKER};
-  auto prepare = [&](transport::NodeRuntime& rt, transport::CoordinatorClient& client) -> Status {
-    rank = client.rank();
-    HERD_RETURN_IF_ERROR(transport::AgreeOn(client, "herd/resume",
-                                            resume_from ? BaseName(resume_from->dir) : std::string("none"),
-                                            "the checkpoint to resume from"));
-    Stopwatch sw;
-    HERD_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerShard> optimizer,
-                          OptimizerShard::InitOrResume(config, layout, plan.shard(rank), resume_from));
-    ParameterShardOptions o;
-    o.layout = &layout;
-    o.plan = &plan;
-    o.server = rank;
-    o.num_workers = client.num_workers();
-    o.first_worker_peer = transport::MemberPeerId(client, wire::WORKER, 0);
-    o.bf16_wire = config.cluster().wire_dtype() == config::ClusterConfig::BF16;
-    o.collects_losses = rank == 0;
-    o.elastic = config.cluster().elastic();
-    o.stream_updates = StreamsUpdates(config);
-    shard_holder = std::make_unique<ParameterShard>(o, std::move(optimizer));
-    const uint64_t bytes = plan.shard(rank).size() * sizeof(float);
-    HERD_RETURN_IF_ERROR(rt.transport().RegisterMemory(shard_holder->weights(), bytes));
-    HERD_RETURN_IF_ERROR(rt.transport().RegisterMemory(shard_holder->gradients(), bytes));
-    rt.Serve(shard_holder.get());
-    LOG(INFO) << "server " << rank << ": [" << plan.shard(rank).begin << ", " << plan.shard(rank).end << ") "
-              << (resume_from ? "loaded from " + resume_from->dir : std::string("initialised")) << " in "
-              << sw.Seconds() << " s";
-    return Status::OK();
-  };
-  HERD_ASSIGN_OR_RETURN(std::unique_ptr<transport::NodeRuntime> runtime, transport::NodeRuntime::Join(ro, prepare));
-  transport::CoordinatorClient* client = &runtime->client();
-  HERD_RETURN_IF_ERROR(trace.Start(config.log().trace(), wire::SERVER, rank, client));
-  ParameterShard& shard = *shard_holder;
-  client->OnFailure([&shard](const Status& failure) { shard.Fail(failure); });
-  client->OnMembershipChange([rank, &shard](const transport::MembershipChange& change) {
+ServerProcess::ServerProcess(const config::JobConfig& config, const TrainOptions& options, ShardPlan plan,
+                             std::optional<VerifiedCheckpoint> resume_from)
+    : config_(config),
+      options_(options),
+      layout_(LlamaShape::FromConfig(config.model())),
+      plan_(std::move(plan)),
+      resume_from_(std::move(resume_from)),
+      last_step_(options.LastStep(config.train().steps())) {}
+
+Status ServerProcess::Prepare(transport::NodeRuntime& runtime, transport::CoordinatorClient& client) {
+  rank_ = client.rank();
+  HERD_RETURN_IF_ERROR(transport::AgreeOn(client, "herd/resume",
+                                          resume_from_ ? BaseName(resume_from_->dir) : std::string("none"),
+                                          "the checkpoint to resume from"));
+  Stopwatch sw;
+  HERD_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerShard> optimizer,
+                        OptimizerShard::InitOrResume(config_, layout_, plan_.shard(rank_), resume_from_));
+  ParameterShardOptions o;
+  o.layout = &layout_;
+  o.plan = &plan_;
+  o.server = rank_;
+  o.num_workers = client.num_workers();
+  o.first_worker_peer = transport::MemberPeerId(client, wire::WORKER, 0);
+  o.bf16_wire = config_.cluster().wire_dtype() == config::ClusterConfig::BF16;
+  o.collects_losses = rank_ == 0;
+  o.elastic = config_.cluster().elastic();
+  o.stream_updates = StreamsUpdates(config_);
+  shard_ = std::make_unique<ParameterShard>(o, std::move(optimizer));
+  const uint64_t bytes = plan_.shard(rank_).size() * sizeof(float);
+  HERD_RETURN_IF_ERROR(runtime.transport().RegisterMemory(shard_->weights(), bytes));
+  HERD_RETURN_IF_ERROR(runtime.transport().RegisterMemory(shard_->gradients(), bytes));
+  runtime.Serve(shard_.get());
+  LOG(INFO) << "server " << rank_ << ": [" << plan_.shard(rank_).begin << ", " << plan_.shard(rank_).end << ") "
+            << (resume_from_ ? "loaded from " + resume_from_->dir : std::string("initialised")) << " in "
+            << sw.Seconds() << " s";
+  return Status::OK();
+}
+
+void ServerProcess::Watch(transport::CoordinatorClient& client) {
+  ParameterShard& shard = *shard_;
+  client.OnFailure([&shard](const Status& failure) { shard.Fail(failure); });
+  client.OnMembershipChange([rank = rank_, &shard](const transport::MembershipChange& change) {
     shard.SetMembershipEpoch(change.epoch);
     LOG_IF(INFO, change.joined) << "server " << rank << ": " << transport::DescribeMember(change.member)
                                 << " joined; the job goes on with " << change.live_workers.size() << " workers";
@@ -113,77 +159,102 @@ Status RunParameterServer(const config::JobConfig& config, const TrainOptions& o
                                     << " was lost (" << change.reason << "); the job goes on with "
                                     << change.live_workers.size() << " workers";
   });
-  if (rank == 0) LOG(INFO) << "shard plan: " << plan.Describe();
+}
 
-  // The workers' pushes drive the shard's steps; a checkpoint follows each
-  // step the schedule names, written in the background from a snapshot
-  // (checkpoint.background) or in place while the workers wait.
-  const int64_t start = shard.optimizer().step(), last = options.LastStep(config.train().steps());
-  // Declared after the runtime, so they go first: the commits vote through
-  // the client, and write the snapshot, which outlives them.
-  ShardImage snapshot;
-  transport::BackgroundCommit background;
+Status ServerProcess::Run(const transport::JoinOptions& join) {
+  transport::NodeRuntime::Options ro;
+  ro.join = join;
+  ro.connect_to = {wire::WORKER};
+  HERD_ASSIGN_OR_RETURN(runtime_, transport::NodeRuntime::Join(ro, [this](transport::NodeRuntime& rt,
+                                                                          transport::CoordinatorClient& client) {
+                          return Prepare(rt, client);
+                        }));
+  transport::CoordinatorClient* client = &runtime_->client();
+  HERD_RETURN_IF_ERROR(trace_.Start(config_.log().trace(), wire::SERVER, rank_, client));
+  Watch(*client);
+  if (rank_ == 0) LOG(INFO) << "shard plan: " << plan_.Describe();
+
+  // The workers' pushes drive the shard's steps.
+  const int64_t start = shard_->optimizer().step();
   ParameterShard::StepHooks hooks;
   hooks.global_scalars = [client](int64_t step, double partial, double loss) {
     return GlobalScalars(*client, step, partial, loss);
   };
-  const bool elastic = config.cluster().elastic();
-  hooks.after_step = [&](int64_t step) -> Status {
-    if (!CheckpointDue(config.checkpoint(), step, last)) return Status::OK();
-    const std::string step_dir = StepDirName(ckpt_dir, step);
-    // Server 0 commits: the servers hold the optimizer state. In an elastic
-    // job the workers come and go, so the servers alone vote, and server 0
-    // writes every worker's data file: the step's data position (the same
-    // for every rank), which the workers' loss pushes brought it.
-    const std::string path = JoinPath(step_dir, ShardFileName(rank));
-    std::string data_position;
-    if (elastic && rank == 0) {
-      const DataPosition& d = shard.report().data;
-      data_position = SamplerStateLine(d.epoch, d.taken, d.tokens, config.train().seq_len(), config.train().seed());
-    }
-    auto commit = [client, step_dir, step, &config, rank, elastic, data_position](const std::function<Status()>& write) {
-      Stopwatch sw;
-      auto write_parts = [&]() -> Status {
-        HERD_RETURN_IF_ERROR(write());
-        if (data_position.empty()) return Status::OK();
-        for (int r = 0; r < client->num_workers(); ++r) {
-          HERD_RETURN_IF_ERROR(WriteFileAtomic(JoinPath(step_dir, WorkerFileName(r)), data_position));
-        }
-        return Status::OK();
-      };
-      HERD_RETURN_IF_ERROR(transport::CommitCheckpoint(
-          client, step_dir, step, config, /*committer=*/rank == 0,
-          CheckpointParts(client->num_servers(), client->num_workers()), write_parts,
-          elastic ? wire::SERVERS : wire::EVERYONE));
-      if (elastic && rank == 0) {
-        std::printf("checkpoint: %s (%.1fs)\n", step_dir.c_str(), sw.Seconds());
-        std::fflush(stdout);
+  hooks.after_step = [this](int64_t step) { return CheckpointAfter(step); };
+  Status served = shard_->ServeSteps(last_step_, hooks);
+  Status written = background_.Wait();
+  HERD_RETURN_IF_ERROR(runtime_->Conclude(served.ok() ? written : served));
+  HERD_RETURN_IF_ERROR(trace_.Finish(client));
+  HERD_RETURN_IF_ERROR(client->Barrier("herd/done"));
+  HERD_RETURN_IF_ERROR(ReportSummary(last_step_ - start));
+  return client->Leave();
+}
+
+Status ServerProcess::CheckpointAfter(int64_t step) {
+  if (!CheckpointDue(config_.checkpoint(), step, last_step_)) return Status::OK();
+  const std::string step_dir = StepDirName(config_.checkpoint().dir(), step);
+  // Server 0 commits: the servers hold the optimizer state. In an elastic
+  // job the workers come and go, so the servers alone vote, and server 0
+  // writes every worker's data file: the step's data position (the same
+  // for every rank), which the workers' loss pushes brought it.
+  const bool elastic = config_.cluster().elastic();
+  const std::string path = JoinPath(step_dir, ShardFileName(rank_));
+  std::string data_position;
+  if (elastic && rank_ == 0) {
+    const DataPosition& d = shard_->report().data;
+    data_position = SamplerStateLine(d.epoch, d.taken, d.tokens, config_.train().seq_len(), config_.train().seed());
+  }
+  transport::CoordinatorClient* client = &runtime_->client();
+  auto commit = [client, step_dir, step, &config = config_, rank = rank_, elastic,
+                 data_position](const std::function<Status()>& write) {
+    Stopwatch sw;
+    auto write_parts = [&]() -> Status {
+      HERD_RETURN_IF_ERROR(write());
+      if (data_position.empty()) return Status::OK();
+      for (int r = 0; r < client->num_workers(); ++r) {
+        HERD_RETURN_IF_ERROR(WriteFileAtomic(JoinPath(step_dir, WorkerFileName(r)), data_position));
       }
       return Status::OK();
     };
-    if (!config.checkpoint().background()) return commit([&] { return WriteShard(path, shard.optimizer().view()); });
-    HERD_RETURN_IF_ERROR(background.Wait());  // the previous checkpoint first
-    snapshot.Capture(shard.optimizer().view());
-    background.Start([commit, &snapshot, path] { return commit([&] { return snapshot.Write(path); }); });
+    HERD_RETURN_IF_ERROR(transport::CommitCheckpoint(client, step_dir, step, config, /*committer=*/rank == 0,
+                                                     CheckpointParts(client->num_servers(), client->num_workers()),
+                                                     write_parts, elastic ? wire::SERVERS : wire::EVERYONE));
+    if (elastic && rank == 0) {
+      std::printf("checkpoint: %s (%.1fs)\n", step_dir.c_str(), sw.Seconds());
+      std::fflush(stdout);
+    }
     return Status::OK();
   };
-  Status served = shard.ServeSteps(last, hooks);
-  Status written = background.Wait();
-  HERD_RETURN_IF_ERROR(runtime->Conclude(served.ok() ? written : served));
-  HERD_RETURN_IF_ERROR(trace.Finish(client));
-  HERD_RETURN_IF_ERROR(client->Barrier("herd/done"));
-  if (auto memory = PlanMemory(config); memory.ok()) {
-    RunSummary run;
-    run.role = "server";
-    run.rank = rank;
-    run.steps = last - start;
-    run.plan_bytes = memory->processes[rank].total();
-    run.pushes_dropped = shard.pushes_dropped();
-    const transport::UcxStats ucx = runtime->transport().stats();
-    run.unauthenticated_dropped = static_cast<int64_t>(ucx.unauthenticated_dropped);
-    HERD_RETURN_IF_ERROR(ReportRunSummary(run, ucx.bytes_sent, config.log().summary_dir()));
+  if (!config_.checkpoint().background()) {
+    return commit([&] { return WriteShard(path, shard_->optimizer().view()); });
   }
-  return client->Leave();
+  HERD_RETURN_IF_ERROR(background_.Wait());  // the previous checkpoint first
+  snapshot_.Capture(shard_->optimizer().view());
+  background_.Start([commit, snapshot = &snapshot_, path] { return commit([&] { return snapshot->Write(path); }); });
+  return Status::OK();
+}
+
+Status ServerProcess::ReportSummary(int64_t steps) const {
+  auto memory = PlanMemory(config_);
+  if (!memory.ok()) return Status::OK();
+  RunSummary run;
+  run.role = "server";
+  run.rank = rank_;
+  run.steps = steps;
+  run.plan_bytes = memory->processes[rank_].total();
+  run.pushes_dropped = shard_->pushes_dropped();
+  const transport::UcxStats ucx = runtime_->transport().stats();
+  run.unauthenticated_dropped = static_cast<int64_t>(ucx.unauthenticated_dropped);
+  return ReportRunSummary(run, ucx.bytes_sent, config_.log().summary_dir());
+}
+
+}  // namespace
+
+Status RunParameterServer(const config::JobConfig& config, const TrainOptions& options,
+                          const transport::JoinOptions& join) {
+  if (config.train().threads() > 0) omp_set_num_threads(config.train().threads());
+  HERD_ASSIGN_OR_RETURN(std::unique_ptr<ServerProcess> server, ServerProcess::Create(config, options));
+  return server->Run(join);
 }
 
 }  // namespace herd

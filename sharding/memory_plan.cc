@@ -25,108 +25,149 @@ Status CheckJobFitsHere(const config::JobConfig& config, const std::string& what
   return CheckFitsInMemory(plan.JobTotal(config.cluster().workers()), what);
 }
 
-StatusOr<MemoryPlan> PlanMemory(const config::JobConfig& config) {
-  const LlamaShape shape = LlamaShape::FromConfig(config.model());
-  const ParamLayout layout(shape);
-  const auto& cluster = config.cluster();
-  const auto& train = config.train();
-  const int64_t P = layout.size(), f32 = sizeof(float);
-  const int W = cluster.workers();
-  const bool bf16 = cluster.wire_dtype() == config::ClusterConfig::BF16;
-  const int wire = bf16 ? 2 : 4;
-  const int64_t activations =
-      LlamaModel<float>::ActivationBytes(shape, train.batch_size(), train.seq_len(), RecomputeFromConfig(train),
-                                         MicroBatchSlots(config)) +
-      2 * static_cast<int64_t>(train.batch_size()) * train.seq_len() * static_cast<int64_t>(sizeof(int32_t));
-  MemoryPlan plan;
-  plan.parameters = layout.num_parameters();
-  // A CUDA worker: activations on the GPU, a page-locked gradient staging
-  // buffer on the host.
-  const bool gpu = config.device().kind() == config::DeviceConfig::CUDA;
-  const bool gpu_bf16 = config.device().dtype() == config::DeviceConfig::BF16;
-  const bool streamed = cluster.stream_weights();
-  int64_t gpu_bytes = 0;
-  if (gpu && streamed) {
-    gpu_bytes = cuda::StreamedGpuWorkerDeviceBytes(shape, train.batch_size(), train.seq_len(), gpu_bf16,
-                                                   RecomputeFromConfig(train), train.grad_accum() > 1);
-  } else if (gpu) {
-    gpu_bytes = cuda::GpuWorkerDeviceBytes(shape, train.batch_size(), train.seq_len(), gpu_bf16,
-                                           RecomputeFromConfig(train));
-  }
-  const int64_t host_activations = gpu ? 0 : activations;
-  // Streamed, the page-locked staging is a ring each way.
-  const int64_t staging = !gpu ? 0 : streamed ? 2 * cuda::kStagingSlots * cuda::kStagingSlotFloats * f32 : P * f32;
+namespace {
 
-  if (cluster.sync() == config::ClusterConfig::PARAMETER_SERVER) {
-    HERD_ASSIGN_OR_RETURN(ShardPlan shards, ShardPlan::Create(layout, ShardPlanOptions::FromConfig(cluster)));
-    for (int s = 0; s < shards.num_servers(); ++s) {
-      ProcessMemory m;
-      m.role = "server";
-      m.rank = s;
-      m.range = shards.shard(s);
-      const int64_t n = m.range.size();
-      int64_t bucket = 0;
-      for (const Bucket& b : shards.buckets()) {
-        if (b.server == s) bucket = std::max(bucket, b.range.size());
-      }
-      m.weights = n * f32;
-      m.optimizer = 2 * n * f32;
-      m.gradients = n * f32;
-      // Worker 0's fp32 gradients land in the accumulator; the others (all
-      // of them with bf16) in a receive buffer each.
-      m.buffers = (bf16 ? n * 2 : 0) + (W - (bf16 ? 0 : 1)) * bucket * wire;
-      // A background checkpoint's snapshot of weights, m and v.
-      if (!config.checkpoint().dir().empty() && config.checkpoint().background()) m.buffers += 3 * n * f32;
-      m.runtime = kRuntimeBytes;
-      plan.processes.push_back(m);
+constexpr int64_t kF32 = sizeof(float);  // bytes of an fp32 element
+
+// What every process's figures are made from: the model's layout, the
+// wire format, and what one worker's step holds on either device.
+struct JobSizes {
+  explicit JobSizes(const config::JobConfig& c)
+      : config(c),
+        cluster(c.cluster()),
+        train(c.train()),
+        shape(LlamaShape::FromConfig(c.model())),
+        layout(shape),
+        P(layout.size()),
+        W(cluster.workers()),
+        bf16(cluster.wire_dtype() == config::ClusterConfig::BF16),
+        wire(bf16 ? 2 : 4),
+        gpu(c.device().kind() == config::DeviceConfig::CUDA),
+        streamed(cluster.stream_weights()) {
+    const int64_t activations =
+        LlamaModel<float>::ActivationBytes(shape, train.batch_size(), train.seq_len(), RecomputeFromConfig(train),
+                                           MicroBatchSlots(config)) +
+        2 * static_cast<int64_t>(train.batch_size()) * train.seq_len() * static_cast<int64_t>(sizeof(int32_t));
+    const bool gpu_bf16 = config.device().dtype() == config::DeviceConfig::BF16;
+    if (gpu && streamed) {
+      gpu_bytes = cuda::StreamedGpuWorkerDeviceBytes(shape, train.batch_size(), train.seq_len(), gpu_bf16,
+                                                     RecomputeFromConfig(train), train.grad_accum() > 1);
+    } else if (gpu) {
+      gpu_bytes = cuda::GpuWorkerDeviceBytes(shape, train.batch_size(), train.seq_len(), gpu_bf16,
+                                             RecomputeFromConfig(train));
     }
-    ProcessMemory w;
-    w.role = "worker";
-    w.range = {0, P};
-    w.weights = P * f32;
-    w.gradients = P * f32;
-    w.activations = host_activations;
-    w.buffers = (bf16 ? P * 2 : 0) + staging;
-    if (streamed) {
-      // The window at its fullest, replayed through the worker's own policy
-      // (on a CPU, gradients whole until the last micro-batch unless one
-      // layer-major pass serves them all: MicroBatchSlots; a GPU keeps the
-      // micro-batches' sum itself and declares each unit final one unit
-      // late); each bucket boundary may keep one shared page of weights,
-      // gradients and staging backed.
-      const StreamedPeak peak =
-          ReplayStreamedStep(shards, layout, cluster.stream_prefetch_layers(), wire,
-                             !gpu && train.grad_accum() > MicroBatchSlots(config), /*final_lag=*/gpu ? 1 : 0);
-      w.weights = peak.weights;
-      w.gradients = peak.gradients;
-      w.buffers = peak.staging + staging +
-                  static_cast<int64_t>(shards.buckets().size() + 1) * (bf16 ? 3 : 2) * kPageBytes;
-    }
-    w.device = gpu_bytes;
-    w.runtime = kRuntimeBytes;
-    plan.processes.push_back(w);
-    return plan;
+    // A CUDA worker: activations on the GPU, a page-locked gradient staging
+    // buffer on the host; streamed, the staging is a ring each way.
+    host_activations = gpu ? 0 : activations;
+    staging = !gpu ? 0 : streamed ? 2 * cuda::kStagingSlots * cuda::kStagingSlotFloats * kF32 : P * kF32;
   }
+
+  const config::JobConfig& config;
+  const config::ClusterConfig& cluster;
+  const config::TrainConfig& train;
+  const LlamaShape shape;
+  const ParamLayout layout;
+  const int64_t P;  // elements of the flat parameter space
+  const int W;      // workers
+  const bool bf16;  // on the wire
+  const int wire;   // bytes per wire element
+  const bool gpu, streamed;
+  int64_t gpu_bytes = 0;         // a worker's device memory
+  int64_t host_activations = 0;  // a worker's activations in host memory
+  int64_t staging = 0;           // a CUDA worker's page-locked gradient staging
+};
+
+// Server s: its range's weights, AdamW state and accumulator, and wire buffers.
+ProcessMemory ServerMemory(const JobSizes& j, const ShardPlan& shards, int s) {
+  ProcessMemory m;
+  m.role = "server";
+  m.rank = s;
+  m.range = shards.shard(s);
+  const int64_t n = m.range.size();
+  int64_t bucket = 0;
+  for (const Bucket& b : shards.buckets()) {
+    if (b.server == s) bucket = std::max(bucket, b.range.size());
+  }
+  m.weights = n * kF32;
+  m.optimizer = 2 * n * kF32;
+  m.gradients = n * kF32;
+  // Worker 0's fp32 gradients land in the accumulator; the others (all
+  // of them with bf16) in a receive buffer each.
+  m.buffers = (j.bf16 ? n * 2 : 0) + (j.W - (j.bf16 ? 0 : 1)) * bucket * j.wire;
+  // A background checkpoint's snapshot of weights, m and v.
+  if (!j.config.checkpoint().dir().empty() && j.config.checkpoint().background()) m.buffers += 3 * n * kF32;
+  m.runtime = kRuntimeBytes;
+  return m;
+}
+
+// A parameter-server worker: the whole model's weights and gradients, or
+// with cluster.stream_weights its window's at the fullest.
+ProcessMemory PsWorkerMemory(const JobSizes& j, const ShardPlan& shards) {
+  ProcessMemory w;
+  w.role = "worker";
+  w.range = {0, j.P};
+  w.weights = j.P * kF32;
+  w.gradients = j.P * kF32;
+  w.activations = j.host_activations;
+  w.buffers = (j.bf16 ? j.P * 2 : 0) + j.staging;
+  if (j.streamed) {
+    // The window at its fullest, replayed through the worker's own policy
+    // (on a CPU, gradients whole until the last micro-batch unless one
+    // layer-major pass serves them all: MicroBatchSlots; a GPU keeps the
+    // micro-batches' sum itself and declares each unit final one unit
+    // late); each bucket boundary may keep one shared page of weights,
+    // gradients and staging backed.
+    const StreamedPeak peak =
+        ReplayStreamedStep(shards, j.layout, j.cluster.stream_prefetch_layers(), j.wire,
+                           !j.gpu && j.train.grad_accum() > MicroBatchSlots(j.config), /*final_lag=*/j.gpu ? 1 : 0);
+    w.weights = peak.weights;
+    w.gradients = peak.gradients;
+    w.buffers = peak.staging + j.staging +
+                static_cast<int64_t>(shards.buckets().size() + 1) * (j.bf16 ? 3 : 2) * kPageBytes;
+  }
+  w.device = j.gpu_bytes;
+  w.runtime = kRuntimeBytes;
+  return w;
+}
+
+// A single process, or an all-reduce worker: the whole model and its
+// AdamW state (ZeRO-1: its 1/W share).
+ProcessMemory TrainerMemory(const JobSizes& j) {
   ProcessMemory t;
-  t.role = cluster.sync() == config::ClusterConfig::NONE ? "trainer" : "worker";
-  t.range = {0, P};
-  t.weights = P * f32;
-  t.gradients = P * f32;
-  t.optimizer = 2 * P * f32 / (cluster.zero_stage() == 1 ? W : 1);
-  t.activations = host_activations;
-  t.buffers = staging;
-  t.device = gpu_bytes;
+  t.role = j.cluster.sync() == config::ClusterConfig::NONE ? "trainer" : "worker";
+  t.range = {0, j.P};
+  t.weights = j.P * kF32;
+  t.gradients = j.P * kF32;
+  t.optimizer = 2 * j.P * kF32 / (j.cluster.zero_stage() == 1 ? j.W : 1);
+  t.activations = j.host_activations;
+  t.buffers = j.staging;
+  t.device = j.gpu_bytes;
   t.runtime = kRuntimeBytes;
-  if (gpu && t.role == "trainer") {
+  if (j.gpu && t.role == "trainer") {
     // One process on a GPU keeps the whole step there (cuda::DeviceTrainer);
     // the host holds the state only to load and checkpoint it.
     t.gradients = 0;
     t.buffers = 0;
-    t.device = cuda::DeviceTrainerDeviceBytes(shape, train.batch_size(), train.seq_len(),
-                                              config.device().dtype() == config::DeviceConfig::BF16,
-                                              RecomputeFromConfig(train));
+    t.device = cuda::DeviceTrainerDeviceBytes(j.shape, j.train.batch_size(), j.train.seq_len(),
+                                              j.config.device().dtype() == config::DeviceConfig::BF16,
+                                              RecomputeFromConfig(j.train));
   }
-  plan.processes.push_back(t);
+  return t;
+}
+
+}  // namespace
+
+StatusOr<MemoryPlan> PlanMemory(const config::JobConfig& config) {
+  const JobSizes j(config);
+  MemoryPlan plan;
+  plan.parameters = j.layout.num_parameters();
+  if (j.cluster.sync() == config::ClusterConfig::PARAMETER_SERVER) {
+    HERD_ASSIGN_OR_RETURN(ShardPlan shards, ShardPlan::Create(j.layout, ShardPlanOptions::FromConfig(j.cluster)));
+    for (int s = 0; s < shards.num_servers(); ++s) plan.processes.push_back(ServerMemory(j, shards, s));
+    plan.processes.push_back(PsWorkerMemory(j, shards));
+    return plan;
+  }
+  plan.processes.push_back(TrainerMemory(j));
   return plan;
 }
 

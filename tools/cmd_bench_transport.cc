@@ -233,6 +233,84 @@ struct BenchPlan {
   std::string tls;
 };
 
+// One line of output: a (size, concurrency) and its repetitions.
+struct Figure {
+  Figure(long long b, long long c) : bytes(b), concurrency(c) {}
+  long long bytes, concurrency;
+  std::vector<double> ours, theirs, ratios;  // herd's MB/s, ucx_perftest's, each back-to-back pair's ratio
+};
+
+// Interleaved repetitions, medians: this machine's speed drifts, and both
+// sides see the same drift. The ratio is the median of back-to-back pairs,
+// which see the same machine state far more often than two medians do.
+// Returns the exit code: non-zero when a measurement failed (reported).
+int MeasureFigure(const BenchPlan& plan, transport::PushPullClient& client, transport::PeerId server, char* buffer,
+                  Figure* f) {
+  int rc = 0;
+  for (int rep = 0; rep < plan.reps && rc == 0; ++rep) {
+    auto mbps = Measure(client, server, buffer, f->bytes, f->concurrency, plan.disjoint, plan.seconds);
+    if (!mbps.ok()) rc = ReportError(mbps.status());
+    f->ours.push_back(mbps.ok() ? *mbps : 0);
+    if (!plan.perftest) continue;
+    f->theirs.push_back(RunPerftest(f->bytes, f->concurrency));
+    if (f->theirs.back() > 0) f->ratios.push_back(f->ours.back() / f->theirs.back());
+  }
+  return rc;
+}
+
+void PrintFigure(const BenchPlan& plan, bool store, const Figure& f) {
+  const double mbps = Median(f.ours);
+  const double anchor = plan.perftest ? Median(f.theirs) : -1;
+  char anchor_text[64] = "null", ratio_text[64] = "null";
+  if (anchor > 0 && !f.ratios.empty()) {
+    std::snprintf(anchor_text, sizeof anchor_text, "%.1f", anchor);
+    std::snprintf(ratio_text, sizeof ratio_text, "%.3f", Median(f.ratios));
+  }
+  std::printf(
+      "{\"bench\": \"transport\", \"bytes\": %lld, \"concurrency\": %lld, \"push\": \"%s\", "
+      "\"herd_MBps\": %.1f, \"ucx_perftest_MBps\": %s, \"ratio\": %s, \"tls\": \"%s\", "
+      "\"ranges\": \"%s\", \"reps\": %d}\n",
+      f.bytes, f.concurrency, store ? "store" : "accumulate", mbps, anchor_text, ratio_text, plan.tls.c_str(),
+      plan.disjoint ? "disjoint" : "same", plan.reps);
+  std::fflush(stdout);
+}
+
+// The worker side of the job, in this process: joins it, measures and
+// prints every figure, then meets the server at the "done" barrier. A
+// failure to set up is the returned status; after that, the exit code
+// (failures reported).
+StatusOr<int> RunClient(const BenchPlan& plan, bool store, const std::string& address, const std::string& token,
+                        long long shard_bytes) {
+  auto t = transport::UcxTransport::Create({});
+  if (!t.ok()) return t.status();
+  std::vector<char> buffer(static_cast<size_t>(shard_bytes), 1);
+  Status st = (*t)->RegisterMemory(buffer.data(), buffer.size());
+  if (!st.ok()) return st;
+  auto client = std::make_unique<transport::PushPullClient>(t->get());
+  auto joined = transport::JoinJob(BenchJoin(address, token, wire::WORKER), t->get(), {wire::SERVER});
+  if (!joined.ok()) return joined.status();
+  (*joined)->OnFailure([&client](const Status& failure) { client->Fail(-1, failure); });
+  const transport::PeerId server = transport::MemberPeerId(**joined, wire::SERVER, 0);
+  std::fprintf(stderr, "bench transport: UCX_TLS=%s; endpoint:\n%s", plan.tls.c_str(),
+               (*t)->DescribeEndpoint(server).c_str());
+  int rc = 0;
+  for (long long bytes : plan.sizes) {
+    for (long long c : plan.concurrencies) {
+      Figure figure(bytes, c);
+      rc = MeasureFigure(plan, *client, server, buffer.data(), &figure);
+      if (rc != 0) break;
+      PrintFigure(plan, store, figure);
+    }
+    if (rc != 0) break;
+  }
+  if (rc == 0) {
+    st = (*joined)->Barrier("done");
+    if (st.ok()) st = (*joined)->Leave();
+    if (!st.ok()) rc = ReportError(st);
+  }
+  return rc;
+}
+
 // One private job (coordinator in this process, the server a child
 // process) measuring every size and concurrency with one push mode.
 int RunJob(const BenchPlan& plan, bool store) {
@@ -259,63 +337,11 @@ int RunJob(const BenchPlan& plan, bool store) {
     serve_coordinator.join();
     return ReportError(Status::Internal("bench transport: cannot start the server process"));
   }
-
-  int rc = 0;
-  {
-    auto t = transport::UcxTransport::Create({});
-    if (!t.ok()) return ReportError(t.status());
-    std::vector<char> buffer(static_cast<size_t>(shard_bytes), 1);
-    Status st = (*t)->RegisterMemory(buffer.data(), buffer.size());
-    if (!st.ok()) return ReportError(st);
-    auto client = std::make_unique<transport::PushPullClient>(t->get());
-    auto joined = transport::JoinJob(BenchJoin(address, token, wire::WORKER), t->get(), {wire::SERVER});
-    if (!joined.ok()) return ReportError(joined.status());
-    (*joined)->OnFailure([&client](const Status& failure) { client->Fail(-1, failure); });
-    const transport::PeerId server = transport::MemberPeerId(**joined, wire::SERVER, 0);
-    std::fprintf(stderr, "bench transport: UCX_TLS=%s; endpoint:\n%s", plan.tls.c_str(),
-                 (*t)->DescribeEndpoint(server).c_str());
-    for (long long bytes : plan.sizes) {
-      for (long long c : plan.concurrencies) {
-        // Interleaved repetitions, medians: this machine's speed drifts, and
-        // both sides see the same drift.
-        // The ratio is the median of back-to-back pairs, which see the
-        // same machine state far more often than two medians do.
-        std::vector<double> ours, theirs, ratios;
-        for (int rep = 0; rep < plan.reps && rc == 0; ++rep) {
-          auto mbps = Measure(*client, server, buffer.data(), bytes, c, plan.disjoint, plan.seconds);
-          if (!mbps.ok()) rc = ReportError(mbps.status());
-          ours.push_back(mbps.ok() ? *mbps : 0);
-          if (!plan.perftest) continue;
-          theirs.push_back(RunPerftest(bytes, c));
-          if (theirs.back() > 0) ratios.push_back(ours.back() / theirs.back());
-        }
-        if (rc != 0) break;
-        const double mbps = Median(ours);
-        const double anchor = plan.perftest ? Median(theirs) : -1;
-        char anchor_text[64] = "null", ratio_text[64] = "null";
-        if (anchor > 0 && !ratios.empty()) {
-          std::snprintf(anchor_text, sizeof anchor_text, "%.1f", anchor);
-          std::snprintf(ratio_text, sizeof ratio_text, "%.3f", Median(ratios));
-        }
-        std::printf(
-            "{\"bench\": \"transport\", \"bytes\": %lld, \"concurrency\": %lld, \"push\": \"%s\", "
-            "\"herd_MBps\": %.1f, \"ucx_perftest_MBps\": %s, \"ratio\": %s, \"tls\": \"%s\", "
-            "\"ranges\": \"%s\", \"reps\": %d}\n",
-            bytes, c, store ? "store" : "accumulate", mbps, anchor_text, ratio_text, plan.tls.c_str(),
-            plan.disjoint ? "disjoint" : "same", plan.reps);
-        std::fflush(stdout);
-      }
-      if (rc != 0) break;
-    }
-    if (rc == 0) {
-      st = (*joined)->Barrier("done");
-      if (st.ok()) st = (*joined)->Leave();
-      if (!st.ok()) rc = ReportError(st);
-    }
-  }
+  const StatusOr<int> rc = RunClient(plan, store, address, token, shard_bytes);
+  if (!rc.ok()) return ReportError(rc.status());
   ::waitpid(server_pid, nullptr, 0);
   serve_coordinator.join();
-  return rc;
+  return *rc;
 }
 
 int BenchTransport(int argc, char** argv) {

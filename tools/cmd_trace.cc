@@ -148,21 +148,22 @@ std::string Micros(int64_t ns) {
 
 int64_t Nanos(const json& micros) { return std::llround(micros.get<double>() * 1000.0); }
 
-Status Merge(const std::string& dir, const std::string& out_path) {
-  std::vector<std::string> files = Glob(JoinPath(dir, "*.trace.json"));
-  if (files.empty()) {
-    return Status::InvalidArgument(dir + ": no *.trace.json files (a job with log.trace: DIR writes them)");
+// --out is replaced only when it is a merged trace already (a rerun).
+Status CheckOutReplaceable(const std::string& out_path) {
+  if (!PathExists(out_path)) return Status::OK();
+  std::string head(sizeof kMergedMagic - 1, '\0');
+  if (std::FILE* f = std::fopen(out_path.c_str(), "rb")) {
+    head.resize(std::fread(head.data(), 1, head.size(), f));
+    std::fclose(f);
   }
-  if (PathExists(out_path)) {
-    std::string head(sizeof kMergedMagic - 1, '\0');
-    if (std::FILE* f = std::fopen(out_path.c_str(), "rb")) {
-      head.resize(std::fread(head.data(), 1, head.size(), f));
-      std::fclose(f);
-    }
-    if (head != kMergedMagic) {
-      return Status::InvalidArgument("--out " + out_path + " exists and is not a merged herd trace; it is not overwritten");
-    }
+  if (head != kMergedMagic) {
+    return Status::InvalidArgument("--out " + out_path + " exists and is not a merged herd trace; it is not overwritten");
   }
+  return Status::OK();
+}
+
+// Every file's process, in lane order: servers first, then workers, by rank.
+StatusOr<std::vector<ProcessTrace>> ReadProcessTraces(const std::vector<std::string>& files) {
   std::vector<ProcessTrace> procs;
   for (const std::string& f : files) {
     HERD_ASSIGN_OR_RETURN(ProcessTrace p, ReadProcessTrace(f));
@@ -176,88 +177,131 @@ Status Merge(const std::string& dir, const std::string& out_path) {
       return Status::InvalidArgument(procs[i].file + " and " + procs[i - 1].file + " are both " + procs[i].name);
     }
   }
+  return procs;
+}
 
-  // Every timed event on the coordinator's clock, from the first one on.
+// The merged trace's pid for procs[i].
+int Lane(size_t i) { return static_cast<int>(i) + 1; }
+
+// Every timed event on the coordinator's clock, from the first one on.
+struct Timeline {
   struct Timed {
     int64_t ts;
     size_t proc;
     const json* event;
   };
-  std::vector<Timed> timed;
-  int64_t base = INT64_MAX;
+  std::vector<Timed> events;  // by time; equal times in file order
+  int64_t base = INT64_MAX;   // the first event's time
+};
+
+Timeline OnCoordinatorClock(const std::vector<ProcessTrace>& procs) {
+  Timeline timeline;
   for (size_t i = 0; i < procs.size(); ++i) {
     for (const json& e : procs[i].events) {
       if (e["ph"] == "M") continue;
       const int64_t local = Nanos(e["ts"]);
       const int64_t ts = local + procs[i].Offset(local);
-      timed.push_back({ts, i, &e});
-      base = std::min(base, ts);
+      timeline.events.push_back({ts, i, &e});
+      timeline.base = std::min(timeline.base, ts);
     }
   }
-  std::stable_sort(timed.begin(), timed.end(), [](const Timed& a, const Timed& b) { return a.ts < b.ts; });
+  std::stable_sort(timeline.events.begin(), timeline.events.end(),
+                   [](const Timeline::Timed& a, const Timeline::Timed& b) { return a.ts < b.ts; });
+  return timeline;
+}
+
+// The metadata lines that name and place a process's lane, and its
+// threads; each ends with the events' separator.
+std::string LaneHeader(const ProcessTrace& p, int lane) {
+  std::string lines;
+  lines += json({{"name", "process_name"}, {"ph", "M"}, {"pid", lane}, {"tid", 0}, {"args", {{"name", p.name}}}})
+               .dump() +
+           ",\n";
+  lines += json({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", lane}, {"tid", 0}, {"args", {{"sort_index", lane}}}})
+               .dump() +
+           ",\n";
+  for (const json& e : p.events) {
+    if (e["ph"] != "M") continue;
+    json m = e;
+    m["pid"] = lane;
+    lines += m.dump() + ",\n";
+  }
+  return lines;
+}
+
+// What the merge prints of a process: its spans and how its clock was moved.
+nlohmann::ordered_json ProcessReport(const ProcessTrace& p) {
+  int64_t spans = 0;
+  for (const json& e : p.events) {
+    if (e["ph"] != "M") spans += e["ph"] != "e";
+  }
+  return {{"name", p.name},
+          {"file", p.file},
+          {"spans", spans},
+          {"offset_us", p.clock.front().offset_ns / 1e3},
+          {"rtt_us", p.clock.front().rtt_ns / 1e3},
+          {"drift_us", (p.clock.back().offset_ns - p.clock.front().offset_ns) / 1e3},
+          {"complete", p.complete}};
+}
+
+// What the merged file records of a process in otherData: its clock samples.
+nlohmann::ordered_json ClockRecord(const ProcessTrace& p) {
+  nlohmann::ordered_json clock = nlohmann::ordered_json::array();
+  for (const ClockSample& c : p.clock) {
+    clock.push_back({{"local_ns", c.local_ns}, {"offset_ns", c.offset_ns}, {"rtt_ns", c.rtt_ns}});
+  }
+  return {{"name", p.name}, {"file", p.file}, {"clock", clock}};
+}
+
+// One timed event as the merged trace writes it: in its process's lane, at
+// its time from the timeline's first event.
+std::string EventLine(const Timeline::Timed& t, const ProcessTrace& p, int64_t base) {
+  json e = *t.event;
+  const int lane = Lane(t.proc);
+  e["pid"] = lane;
+  if (e["ph"] == "X") {
+    // Both ends moved by the offset at their own time: the mapping is
+    // monotonic, so spans of a thread still nest after it.
+    const int64_t local_end = Nanos(e["ts"]) + Nanos(e["dur"]);
+    const int64_t end = local_end + p.Offset(local_end);
+    e["dur"] = json::parse(Micros(std::max<int64_t>(0, end - t.ts)));
+  }
+  // Async ids are a process's own: made unique across the merged trace.
+  if (e.contains("id")) e["id"] = (static_cast<int64_t>(lane) << 40) + e["id"].get<int64_t>();
+  e.erase("ts");
+  std::string line = e.dump();
+  line.insert(line.size() - 1, ",\"ts\":" + Micros(t.ts - base));
+  return line;
+}
+
+Status Merge(const std::string& dir, const std::string& out_path) {
+  std::vector<std::string> files = Glob(JoinPath(dir, "*.trace.json"));
+  if (files.empty()) {
+    return Status::InvalidArgument(dir + ": no *.trace.json files (a job with log.trace: DIR writes them)");
+  }
+  HERD_RETURN_IF_ERROR(CheckOutReplaceable(out_path));
+  HERD_ASSIGN_OR_RETURN(const std::vector<ProcessTrace> procs, ReadProcessTraces(files));
+  const Timeline timeline = OnCoordinatorClock(procs);
 
   nlohmann::ordered_json processes = nlohmann::ordered_json::array();  // what the merge prints of each
   nlohmann::ordered_json other = {{"herd_merged", 1},
                                   {"clock", "the coordinator's monotonic clock, from the first event"}};
   std::string body;
   for (size_t i = 0; i < procs.size(); ++i) {
-    const ProcessTrace& p = procs[i];
-    const int lane = static_cast<int>(i) + 1;
-    body += json({{"name", "process_name"}, {"ph", "M"}, {"pid", lane}, {"tid", 0}, {"args", {{"name", p.name}}}})
-                .dump() +
-            ",\n";
-    body += json({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", lane}, {"tid", 0}, {"args", {{"sort_index", lane}}}})
-                .dump() +
-            ",\n";
-    int64_t spans = 0;
-    for (const json& e : p.events) {
-      if (e["ph"] != "M") {
-        spans += e["ph"] != "e";
-        continue;
-      }
-      json m = e;
-      m["pid"] = lane;
-      body += m.dump() + ",\n";
-    }
-    nlohmann::ordered_json clock = nlohmann::ordered_json::array();
-    for (const ClockSample& c : p.clock) {
-      clock.push_back({{"local_ns", c.local_ns}, {"offset_ns", c.offset_ns}, {"rtt_ns", c.rtt_ns}});
-    }
-    other["processes"].push_back({{"name", p.name}, {"file", p.file}, {"clock", clock}});
-    processes.push_back({{"name", p.name},
-                                    {"file", p.file},
-                                    {"spans", spans},
-                                    {"offset_us", p.clock.front().offset_ns / 1e3},
-                                    {"rtt_us", p.clock.front().rtt_ns / 1e3},
-                                    {"drift_us", (p.clock.back().offset_ns - p.clock.front().offset_ns) / 1e3},
-                                    {"complete", p.complete}});
+    body += LaneHeader(procs[i], Lane(i));
+    other["processes"].push_back(ClockRecord(procs[i]));
+    processes.push_back(ProcessReport(procs[i]));
   }
-  for (const Timed& t : timed) {
-    json e = *t.event;
-    const int lane = static_cast<int>(t.proc) + 1;
-    e["pid"] = lane;
-    if (e["ph"] == "X") {
-      // Both ends moved by the offset at their own time: the mapping is
-      // monotonic, so spans of a thread still nest after it.
-      const int64_t local_end = Nanos(e["ts"]) + Nanos(e["dur"]);
-      const int64_t end = local_end + procs[t.proc].Offset(local_end);
-      e["dur"] = json::parse(Micros(std::max<int64_t>(0, end - t.ts)));
-    }
-    // Async ids are a process's own: made unique across the merged trace.
-    if (e.contains("id")) e["id"] = (static_cast<int64_t>(lane) << 40) + e["id"].get<int64_t>();
-    e.erase("ts");
-    std::string line = e.dump();
-    line.insert(line.size() - 1, ",\"ts\":" + Micros(t.ts - base));
-    body += line + ",\n";
-  }
+  for (const Timeline::Timed& t : timeline.events) body += EventLine(t, procs[t.proc], timeline.base) + ",\n";
   if (!body.empty()) body.resize(body.size() - 2);  // the last separator
   const std::string out = std::string("{\"otherData\":") + other.dump() +
                           ",\n\"displayTimeUnit\":\"ms\",\n\"traceEvents\":[\n" + body + "\n]}\n";
   // --out's head must be the magic: otherData's first key is herd_merged.
   HERD_RETURN_IF_ERROR(WriteFileAtomic(out_path, out).WithContext("--out: "));
+  const std::vector<Timeline::Timed>& timed = timeline.events;
   nlohmann::ordered_json result = {{"out", out_path},
                                    {"events", timed.size()},
-                                   {"span_s", timed.empty() ? 0.0 : (timed.back().ts - base) / 1e9}};
+                                   {"span_s", timed.empty() ? 0.0 : (timed.back().ts - timeline.base) / 1e9}};
   result["processes"] = std::move(processes);
   std::printf("%s\n", result.dump().c_str());
   return Status::OK();

@@ -30,6 +30,83 @@ Status CheckAscendingRanks(const google::protobuf::RepeatedField<int32_t>& ranks
   return Status::OK();
 }
 
+Status CheckHello(const wire::Hello& h) {
+  if (h.token().size() > kMaxTokenBytes) return Bad("hello: token longer than 4096 bytes");
+  if (!KnownRole(h.role())) return Bad("hello: role must be SERVER or WORKER");
+  HERD_RETURN_IF_ERROR(CheckRank(h.rank(), true));
+  if (h.world_size() != -1 && (h.world_size() <= 0 || h.world_size() > kMaxRank)) {
+    return Bad("hello: world_size " + std::to_string(h.world_size()) + " out of range");
+  }
+  if (h.world_size() > 0 && h.rank() >= h.world_size()) {
+    return Bad("hello: rank " + std::to_string(h.rank()) + " not below world_size " + std::to_string(h.world_size()));
+  }
+  if (h.host().size() > kMaxHostBytes) return Bad("hello: host longer than 255 bytes");
+  if (h.resume_if_forming() && !h.join()) return Bad("hello: resume_if_forming without join");
+  if (h.ucx_address().size() > kMaxUcxAddressBytes) return Bad("hello: UCX address longer than 64 KiB");
+  if (h.servers() < 0 || h.servers() >= kMaxRank || h.workers() <= 0 || h.workers() >= kMaxRank) {
+    return Bad("hello: servers/workers counts out of range");
+  }
+  if (h.heartbeat_interval_ms() <= 0 || h.heartbeat_timeout_ms() <= h.heartbeat_interval_ms() ||
+      h.join_timeout_ms() <= 0) {
+    return Bad("hello: heartbeat interval/timeout or join timeout invalid");
+  }
+  return Status::OK();
+}
+
+// The membership a welcome lists: servers then workers, each role's ranks
+// 0, 1, 2, ..., the receiver among them.
+Status CheckWelcome(const wire::Welcome& w) {
+  if (!KnownRole(w.role())) return Bad("welcome: role must be SERVER or WORKER");
+  HERD_RETURN_IF_ERROR(CheckRank(w.rank(), false));
+  bool self_listed = false;
+  int32_t expected_rank[3] = {0, 0, 0};
+  wire::Role previous = wire::SERVER;
+  for (const auto& member : w.members()) {
+    if (!KnownRole(member.role())) return Bad("welcome: member role must be SERVER or WORKER");
+    if (member.role() < previous) return Bad("welcome: members not ordered servers then workers");
+    previous = member.role();
+    if (member.rank() != expected_rank[member.role()]++) return Bad("welcome: member ranks not 0, 1, 2, ...");
+    if (member.host().size() > kMaxHostBytes) return Bad("welcome: member host longer than 255 bytes");
+    if (member.ucx_address().size() > kMaxUcxAddressBytes) return Bad("welcome: member UCX address too long");
+    if (member.role() == w.role() && member.rank() == w.rank()) self_listed = true;
+  }
+  if (!self_listed) return Bad("welcome: the membership does not include the receiver");
+  if (w.membership_epoch() < 0) return Bad("welcome: membership epoch below 0");
+  if (w.joined_at_size() != w.live_workers_size()) return Bad("welcome: joined_at does not match live_workers");
+  HERD_RETURN_IF_ERROR(CheckAscendingRanks(w.live_workers(), "welcome"));
+  for (int32_t epoch : w.joined_at()) {
+    if (epoch < 0 || epoch > w.membership_epoch()) return Bad("welcome: a join epoch outside 0..membership_epoch");
+  }
+  return Status::OK();
+}
+
+Status CheckPeerLost(const wire::PeerLost& p) {
+  if (!KnownRole(p.role())) return Bad("peer-lost: role must be SERVER or WORKER");
+  HERD_RETURN_IF_ERROR(CheckRank(p.rank(), false));
+  if (p.host().size() > kMaxHostBytes || p.reason().size() > kMaxReasonBytes) return Bad("peer-lost: field too long");
+  return Status::OK();
+}
+
+// Exactly one worker lost or joined, and the live workers after it.
+Status CheckMembershipChange(const wire::MembershipChanged& c) {
+  if (c.epoch() <= 0) return Bad("membership change: epoch must be >= 1");
+  if (c.has_lost() == c.has_joined()) return Bad("membership change: names neither or both a lost and a joined worker");
+  const wire::Member& who = c.has_lost() ? c.lost() : c.joined();
+  if (who.role() != wire::WORKER) return Bad("membership change: only a worker can be lost or join");
+  HERD_RETURN_IF_ERROR(CheckRank(who.rank(), false));
+  if (who.host().size() > kMaxHostBytes || c.reason().size() > kMaxReasonBytes) {
+    return Bad("membership change: field too long");
+  }
+  if (who.ucx_address().size() > kMaxUcxAddressBytes) return Bad("membership change: UCX address too long");
+  if (c.has_joined() && who.ucx_address().empty()) return Bad("membership change: the joined worker has no UCX address");
+  if (c.live_workers_size() == 0) return Bad("membership change: no live workers");
+  HERD_RETURN_IF_ERROR(CheckAscendingRanks(c.live_workers(), "membership change"));
+  const bool listed = std::find(c.live_workers().begin(), c.live_workers().end(), who.rank()) != c.live_workers().end();
+  if (c.has_lost() && listed) return Bad("membership change: the lost worker is listed as live");
+  if (c.has_joined() && !listed) return Bad("membership change: the joined worker is not listed as live");
+  return Status::OK();
+}
+
 }  // namespace
 
 std::string EncodeFrame(const wire::Envelope& message) {
@@ -66,54 +143,10 @@ Status ValidateMessage(const wire::Envelope& m) {
   switch (m.body_case()) {
     case E::BODY_NOT_SET:
       return Bad("no message body (unknown message type?)");
-    case E::kHello: {
-      const auto& h = m.hello();
-      if (h.token().size() > kMaxTokenBytes) return Bad("hello: token longer than 4096 bytes");
-      if (!KnownRole(h.role())) return Bad("hello: role must be SERVER or WORKER");
-      HERD_RETURN_IF_ERROR(CheckRank(h.rank(), true));
-      if (h.world_size() != -1 && (h.world_size() <= 0 || h.world_size() > kMaxRank)) {
-        return Bad("hello: world_size " + std::to_string(h.world_size()) + " out of range");
-      }
-      if (h.world_size() > 0 && h.rank() >= h.world_size()) {
-        return Bad("hello: rank " + std::to_string(h.rank()) + " not below world_size " + std::to_string(h.world_size()));
-      }
-      if (h.host().size() > kMaxHostBytes) return Bad("hello: host longer than 255 bytes");
-      if (h.resume_if_forming() && !h.join()) return Bad("hello: resume_if_forming without join");
-      if (h.ucx_address().size() > kMaxUcxAddressBytes) return Bad("hello: UCX address longer than 64 KiB");
-      if (h.servers() < 0 || h.servers() >= kMaxRank || h.workers() <= 0 || h.workers() >= kMaxRank) {
-        return Bad("hello: servers/workers counts out of range");
-      }
-      if (h.heartbeat_interval_ms() <= 0 || h.heartbeat_timeout_ms() <= h.heartbeat_interval_ms() ||
-          h.join_timeout_ms() <= 0) {
-        return Bad("hello: heartbeat interval/timeout or join timeout invalid");
-      }
-      return Status::OK();
-    }
-    case E::kWelcome: {
-      const auto& w = m.welcome();
-      if (!KnownRole(w.role())) return Bad("welcome: role must be SERVER or WORKER");
-      HERD_RETURN_IF_ERROR(CheckRank(w.rank(), false));
-      bool self_listed = false;
-      int32_t expected_rank[3] = {0, 0, 0};
-      wire::Role previous = wire::SERVER;
-      for (const auto& member : w.members()) {
-        if (!KnownRole(member.role())) return Bad("welcome: member role must be SERVER or WORKER");
-        if (member.role() < previous) return Bad("welcome: members not ordered servers then workers");
-        previous = member.role();
-        if (member.rank() != expected_rank[member.role()]++) return Bad("welcome: member ranks not 0, 1, 2, ...");
-        if (member.host().size() > kMaxHostBytes) return Bad("welcome: member host longer than 255 bytes");
-        if (member.ucx_address().size() > kMaxUcxAddressBytes) return Bad("welcome: member UCX address too long");
-        if (member.role() == w.role() && member.rank() == w.rank()) self_listed = true;
-      }
-      if (!self_listed) return Bad("welcome: the membership does not include the receiver");
-      if (w.membership_epoch() < 0) return Bad("welcome: membership epoch below 0");
-      if (w.joined_at_size() != w.live_workers_size()) return Bad("welcome: joined_at does not match live_workers");
-      HERD_RETURN_IF_ERROR(CheckAscendingRanks(w.live_workers(), "welcome"));
-      for (int32_t epoch : w.joined_at()) {
-        if (epoch < 0 || epoch > w.membership_epoch()) return Bad("welcome: a join epoch outside 0..membership_epoch");
-      }
-      return Status::OK();
-    }
+    case E::kHello:
+      return CheckHello(m.hello());
+    case E::kWelcome:
+      return CheckWelcome(m.welcome());
     case E::kRefused:
       if (m.refused().reason().size() > kMaxReasonBytes) return Bad("refused: reason too long");
       return Status::OK();
@@ -132,35 +165,13 @@ Status ValidateMessage(const wire::Envelope& m) {
     case E::kClockReading:
       if (m.clock_reading().coordinator_ns() < 0) return Bad("clock reading: a negative time");
       return Status::OK();
-    case E::kPeerLost: {
-      const auto& p = m.peer_lost();
-      if (!KnownRole(p.role())) return Bad("peer-lost: role must be SERVER or WORKER");
-      HERD_RETURN_IF_ERROR(CheckRank(p.rank(), false));
-      if (p.host().size() > kMaxHostBytes || p.reason().size() > kMaxReasonBytes) return Bad("peer-lost: field too long");
-      return Status::OK();
-    }
+    case E::kPeerLost:
+      return CheckPeerLost(m.peer_lost());
     case E::kShutdown:
       if (m.shutdown().reason().size() > kMaxReasonBytes) return Bad("shutdown: reason too long");
       return Status::OK();
-    case E::kMembershipChanged: {
-      const auto& c = m.membership_changed();
-      if (c.epoch() <= 0) return Bad("membership change: epoch must be >= 1");
-      if (c.has_lost() == c.has_joined()) return Bad("membership change: names neither or both a lost and a joined worker");
-      const wire::Member& who = c.has_lost() ? c.lost() : c.joined();
-      if (who.role() != wire::WORKER) return Bad("membership change: only a worker can be lost or join");
-      HERD_RETURN_IF_ERROR(CheckRank(who.rank(), false));
-      if (who.host().size() > kMaxHostBytes || c.reason().size() > kMaxReasonBytes) {
-        return Bad("membership change: field too long");
-      }
-      if (who.ucx_address().size() > kMaxUcxAddressBytes) return Bad("membership change: UCX address too long");
-      if (c.has_joined() && who.ucx_address().empty()) return Bad("membership change: the joined worker has no UCX address");
-      if (c.live_workers_size() == 0) return Bad("membership change: no live workers");
-      HERD_RETURN_IF_ERROR(CheckAscendingRanks(c.live_workers(), "membership change"));
-      const bool listed = std::find(c.live_workers().begin(), c.live_workers().end(), who.rank()) != c.live_workers().end();
-      if (c.has_lost() && listed) return Bad("membership change: the lost worker is listed as live");
-      if (c.has_joined() && !listed) return Bad("membership change: the joined worker is not listed as live");
-      return Status::OK();
-    }
+    case E::kMembershipChanged:
+      return CheckMembershipChange(m.membership_changed());
     case E::kMembershipAck:
       if (m.membership_ack().epoch() <= 0) return Bad("membership ack: epoch must be >= 1");
       return Status::OK();

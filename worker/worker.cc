@@ -36,26 +36,18 @@ namespace {
 
 using config::ClusterConfig;
 
-// A worker's parts in the order they are made; they go in the reverse
-// order. The buffers come first: a GPU model page-locks them and the
-// transport registers them, and both must let go before they are freed.
-// The runtime comes last, so it goes first: nothing it runs afterwards can
-// reach into the strategy, the sampler or the buffers.
-struct Worker {
-  transport::TraceSession trace;  // log.trace: goes last, after everything that records spans
-  std::vector<float> weights, grads;
-  // cluster.stream_weights: the same flat spaces, backed only where the
-  // window is (weights and grads then stay empty).
-  PagedBuffer streamed_weights, streamed_grads;
-  float* weights_data() { return streamed_weights.data() ? reinterpret_cast<float*>(streamed_weights.data()) : weights.data(); }
-  float* grads_data() { return streamed_grads.data() ? reinterpret_cast<float*>(streamed_grads.data()) : grads.data(); }
-  std::unique_ptr<Model> model;  // none when a DeviceResident strategy has its own
-  std::unique_ptr<DeviceGradientReduction> device_reduction;  // CUDA workers in all-reduce mode: NCCL
-  std::optional<DistributedSampler> sampler;
-  std::optional<ElasticShares> shares;  // cluster.elastic
-  std::unique_ptr<SyncStrategy> strategy;
-  std::unique_ptr<transport::NodeRuntime> runtime;
+// How this worker's gradients become the next weights: its SyncStrategy.
+enum class Mode {
+  kOneProcess,       // the whole job, on the CPU (LocalSync)
+  kOneGpu,           // the whole job, its whole step on one GPU (DeviceResidentSync)
+  kParameterServer,  // one worker of a parameter-server job
+  kAllReduce,        // one worker of an all-reduce job
 };
+
+Mode ModeOf(const config::JobConfig& config, bool in_job) {
+  if (!in_job) return config.device().kind() == config::DeviceConfig::CUDA ? Mode::kOneGpu : Mode::kOneProcess;
+  return config.cluster().sync() == ClusterConfig::PARAMETER_SERVER ? Mode::kParameterServer : Mode::kAllReduce;
+}
 
 // The lines a run starts with, from worker 0.
 void PrintRunHeader(const config::JobConfig& config, const ParamLayout& layout, const std::string& device,
@@ -101,222 +93,336 @@ void PrintRunHeader(const config::JobConfig& config, const ParamLayout& layout, 
   std::fflush(stdout);
 }
 
-}  // namespace
 
-Status RunWorker(const config::JobConfig& config, const TrainOptions& options, const transport::JoinOptions* join) {
-  const auto& train = config.train();
-  if (train.threads() > 0) omp_set_num_threads(train.threads());
-  const LlamaShape shape = LlamaShape::FromConfig(config.model());
-  const int B = train.batch_size(), T = train.seq_len();
-  const auto& cluster = config.cluster();
-  const bool in_job = join != nullptr;
+// One worker process. Members in the order they are made; they go in the
+// reverse order. The buffers come first: a GPU model page-locks them and
+// the transport registers them, and both must let go before they are
+// freed. The runtime comes last, so it goes first: nothing it runs
+// afterwards can reach into the strategy, the sampler or the buffers.
+class WorkerProcess {
+ public:
+  // Errors: the data, the shard plan, or a checkpoint that cannot be
+  // resumed.
+  static StatusOr<std::unique_ptr<WorkerProcess>> Create(const config::JobConfig& config, const TrainOptions& options,
+                                                         const transport::JoinOptions* join);
+
+  // Joins (in a job), trains, and in a job reports what it cost and leaves.
+  Status Run();
+
+ private:
+  WorkerProcess(const config::JobConfig& config, const TrainOptions& options, const transport::JoinOptions* join,
+                JobData data, ParamLayout layout);
+
+  // The weights and gradients of the whole flat space (backed only where
+  // the window is, when streamed).
+  Status AllocateSpaces();
+  // What depends on the rank (in a job, before any peer can send to us):
+  // the data sampler and the model.
+  Status Prepare(transport::CoordinatorClient* client);
+  // In a job: joins it through the NodeRuntime (Prepare runs in there)
+  // and registers the spaces with its transport.
+  Status JoinJob();
+  // The one place a worker's SyncStrategy is made.
+  StatusOr<std::unique_ptr<SyncStrategy>> MakeStrategy();
+  // Elastic: the shares this worker computes follow the membership.
+  void FollowMembership();
+  // The steps already taken: the join point of a worker that joined, else
+  // the checkpoint's; worker 0 prints the run's first lines.
+  StatusOr<int64_t> StartingStep();
+  StepLoopParts LoopParts();
+  Status ReportSummary(const StepLoop& loop, int64_t start);
+
+  float* weights() {
+    return streamed_weights_.data() ? reinterpret_cast<float*>(streamed_weights_.data()) : weights_.data();
+  }
+  float* grads() { return streamed_grads_.data() ? reinterpret_cast<float*>(streamed_grads_.data()) : grads_.data(); }
+  bool in_job() const { return join_ != nullptr; }
+
+  // Constant after construction.
+  const config::JobConfig& config_;
+  const TrainOptions options_;
+  const transport::JoinOptions* const join_;  // null: the job is this one process
+  const Mode mode_;
+  const bool streamed_;  // cluster.stream_weights
+  const JobData data_;
+  const ParamLayout layout_;
+
+  // Settled before the loop starts, constant afterwards.
+  std::optional<ShardPlan> plan_;  // the modes of a job
+  std::optional<VerifiedCheckpoint> resume_from_;
   // A worker joining an elastic job under way: its state (the step, the
   // data position, the weights) comes from the servers, not a checkpoint.
   // With resume_if_forming it may find the job forming instead and take
   // part in that: which it was is known once the coordinator welcomes it.
-  const bool may_join = in_job && join->join;
-  bool joining = may_join && !join->resume_if_forming;
-  const bool ps = in_job && cluster.sync() == ClusterConfig::PARAMETER_SERVER;
-  const bool collective = in_job && cluster.sync() == ClusterConfig::ALLREDUCE;
-  const bool on_gpu = config.device().kind() == config::DeviceConfig::CUDA;
-  // One process on a GPU runs the whole step there.
-  const bool device_resident = !in_job && on_gpu;
+  bool joining_ = false;
+  int rank_ = 0, num_workers_ = 1;
+  Model* model_ = nullptr;  // model_holder_, or the GPU trainer's evaluator
 
+  // Owned by the thread that runs Run; in lifetime order.
+  transport::TraceSession trace_;  // log.trace: goes last, after everything that records spans
+  std::vector<float> weights_, grads_;
+  // cluster.stream_weights: the same flat spaces, backed only where the
+  // window is (weights_ and grads_ then stay empty).
+  PagedBuffer streamed_weights_, streamed_grads_;
+  std::unique_ptr<Model> model_holder_;                      // none when the GPU trainer has its own
+  std::unique_ptr<DeviceGradientReduction> device_reduction_;  // CUDA workers in all-reduce mode: NCCL
+  std::optional<DistributedSampler> sampler_;
+  std::optional<ElasticShares> shares_;  // cluster.elastic
+  std::unique_ptr<SyncStrategy> strategy_;
+  std::unique_ptr<transport::NodeRuntime> runtime_;
+};
+
+StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Create(const config::JobConfig& config,
+                                                               const TrainOptions& options,
+                                                               const transport::JoinOptions* join) {
+  const LlamaShape shape = LlamaShape::FromConfig(config.model());
   HERD_ASSIGN_OR_RETURN(JobData data, OpenJobData(config.data(), shape.vocab_size));
-  const ParamLayout layout(shape);
-  const int64_t P = layout.size();
-  std::optional<ShardPlan> plan;
-  if (ps) {
-    HERD_ASSIGN_OR_RETURN(plan, ShardPlan::Create(layout, ShardPlanOptions::FromConfig(cluster)));
-  } else if (collective) {
-    HERD_ASSIGN_OR_RETURN(plan, CollectivePlan(layout, config, cluster.workers()));
+  std::unique_ptr<WorkerProcess> w(new WorkerProcess(config, options, join, std::move(data), ParamLayout(shape)));
+  if (w->mode_ == Mode::kParameterServer) {
+    HERD_ASSIGN_OR_RETURN(w->plan_, ShardPlan::Create(w->layout_, ShardPlanOptions::FromConfig(config.cluster())));
+  } else if (w->mode_ == Mode::kAllReduce) {
+    HERD_ASSIGN_OR_RETURN(w->plan_, CollectivePlan(w->layout_, config, config.cluster().workers()));
   }
-  std::optional<VerifiedCheckpoint> resume_from;
-  if (!joining) {
-    HERD_ASSIGN_OR_RETURN(resume_from, ResumePoint(config, options));
+  if (!w->joining_) {
+    HERD_ASSIGN_OR_RETURN(w->resume_from_, ResumePoint(config, options));
   }
+  return w;
+}
 
-  Worker w;
-  const bool streamed = ps && cluster.stream_weights();
-  if (streamed) {
+WorkerProcess::WorkerProcess(const config::JobConfig& config, const TrainOptions& options,
+                             const transport::JoinOptions* join, JobData data, ParamLayout layout)
+    : config_(config),
+      options_(options),
+      join_(join),
+      mode_(ModeOf(config, join != nullptr)),
+      streamed_(mode_ == Mode::kParameterServer && config.cluster().stream_weights()),
+      data_(std::move(data)),
+      layout_(std::move(layout)),
+      joining_(join != nullptr && join->join && !join->resume_if_forming) {}
+
+Status WorkerProcess::AllocateSpaces() {
+  const int64_t P = layout_.size();
+  if (streamed_) {
     // Weights are guarded: a read outside the window faults.
-    HERD_ASSIGN_OR_RETURN(w.streamed_weights, PagedBuffer::Reserve(P * sizeof(float), /*guarded=*/true));
-    HERD_ASSIGN_OR_RETURN(w.streamed_grads, PagedBuffer::Reserve(P * sizeof(float), /*guarded=*/false));
-  } else {
-    w.weights.resize(P);
-    if (!device_resident) w.grads.resize(P);
+    HERD_ASSIGN_OR_RETURN(streamed_weights_, PagedBuffer::Reserve(P * sizeof(float), /*guarded=*/true));
+    HERD_ASSIGN_OR_RETURN(streamed_grads_, PagedBuffer::Reserve(P * sizeof(float), /*guarded=*/false));
+    return Status::OK();
   }
-  Model* model = nullptr;
-  int rank = 0, num_workers = 1;
-  // What depends on the rank; in a job, before any peer can send to us.
-  auto prepare = [&](transport::CoordinatorClient* client) -> Status {
-    if (client != nullptr) {
-      rank = client->rank();
-      num_workers = client->num_workers();
-      if (may_join) joining = client->joined_under_way();
-      if (joining) resume_from.reset();
-    }
-    if (client != nullptr && !joining) {
+  weights_.resize(P);
+  if (mode_ != Mode::kOneGpu) grads_.resize(P);  // the GPU trainer keeps its own
+  return Status::OK();
+}
+
+Status WorkerProcess::Prepare(transport::CoordinatorClient* client) {
+  const auto& train = config_.train();
+  if (client != nullptr) {
+    rank_ = client->rank();
+    num_workers_ = client->num_workers();
+    if (join_->join) joining_ = client->joined_under_way();
+    if (joining_) resume_from_.reset();
+    if (!joining_) {
       HERD_RETURN_IF_ERROR(transport::AgreeOn(*client, "herd/resume",
-                                              resume_from ? BaseName(resume_from->dir) : std::string("none"),
+                                              resume_from_ ? BaseName(resume_from_->dir) : std::string("none"),
                                               "the checkpoint to resume from"));
     }
-    HERD_ASSIGN_OR_RETURN(w.sampler, DistributedSampler::Create(data.train, T, num_workers, rank, train.seed()));
-    HERD_RETURN_IF_ERROR(w.sampler->CheckBatch(B).WithContext("train.batch_size: "));
-    if (resume_from) {
-      // Every worker's state holds the same global position: worker 0's
-      // serves any number of workers now.
-      const std::string path = JoinPath(resume_from->dir, WorkerFileName(0));
-      HERD_ASSIGN_OR_RETURN(std::string loader, ReadFile(path));
-      HERD_RETURN_IF_ERROR(w.sampler->RestoreState(loader).WithContext(path + ": "));
-    }
-    if (device_resident) {
-      HERD_ASSIGN_OR_RETURN(std::unique_ptr<cuda::DeviceTrainer> gpu, CreateDeviceTrainer(config, LocalRank(0)));
-      HERD_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerShard> optimizer,
-                            OptimizerShard::InitOrResume(config, layout, {0, P}, resume_from));
-      auto strategy = std::make_unique<DeviceResidentSync>(std::move(gpu), std::move(optimizer), w.weights_data());
-      model = &strategy->evaluator();
-      w.strategy = std::move(strategy);
-      return Status::OK();
-    }
-    HERD_ASSIGN_OR_RETURN(w.model, CreateModel(config, B, T, LocalRank(rank)));
-    model = w.model.get();
-    if (collective && on_gpu && cluster.nccl() && BuiltWithNccl()) {
-      HERD_ASSIGN_OR_RETURN(w.device_reduction,
-                            ReduceGradientsWithNccl(*client, *model, cluster.zero_stage() == 1 ? &*plan : nullptr));
-    }
-    if (!in_job) {
+  }
+  HERD_ASSIGN_OR_RETURN(sampler_,
+                        DistributedSampler::Create(data_.train, train.seq_len(), num_workers_, rank_, train.seed()));
+  HERD_RETURN_IF_ERROR(sampler_->CheckBatch(train.batch_size()).WithContext("train.batch_size: "));
+  if (resume_from_) {
+    // Every worker's state holds the same global position: worker 0's
+    // serves any number of workers now.
+    const std::string path = JoinPath(resume_from_->dir, WorkerFileName(0));
+    HERD_ASSIGN_OR_RETURN(std::string loader, ReadFile(path));
+    HERD_RETURN_IF_ERROR(sampler_->RestoreState(loader).WithContext(path + ": "));
+  }
+  if (mode_ == Mode::kOneGpu) return Status::OK();  // the GPU trainer brings its model
+  HERD_ASSIGN_OR_RETURN(model_holder_, CreateModel(config_, train.batch_size(), train.seq_len(), LocalRank(rank_)));
+  model_ = model_holder_.get();
+  const bool gpu = config_.device().kind() == config::DeviceConfig::CUDA;
+  if (mode_ == Mode::kAllReduce && gpu && config_.cluster().nccl() && BuiltWithNccl()) {
+    HERD_ASSIGN_OR_RETURN(device_reduction_,
+                          ReduceGradientsWithNccl(*client, *model_, config_.cluster().zero_stage() == 1 ? &*plan_ : nullptr));
+  }
+  return Status::OK();
+}
+
+Status WorkerProcess::JoinJob() {
+  transport::NodeRuntime::Options o;
+  o.join = *join_;
+  o.connect_to = {mode_ == Mode::kParameterServer ? wire::SERVER : wire::WORKER};
+  if (mode_ == Mode::kParameterServer) {
+    o.push_pull_piece_bytes =
+        LargestBucketBytes(*plan_, config_.cluster().wire_dtype() == ClusterConfig::BF16 ? 2 : 4);
+  }
+  HERD_ASSIGN_OR_RETURN(runtime_,
+                        transport::NodeRuntime::Join(o, [this](transport::NodeRuntime& rt, transport::CoordinatorClient& c) {
+                          if (mode_ == Mode::kAllReduce) rt.StartRing(c);
+                          return Prepare(&c);
+                        }));
+  // A paged buffer is not registered whole (that would back and pin all
+  // of it): UCX registers what it moves as it goes.
+  if (streamed_) return Status::OK();
+  const uint64_t bytes = layout_.size() * sizeof(float);
+  HERD_RETURN_IF_ERROR(runtime_->transport().RegisterMemory(weights_.data(), bytes));
+  return runtime_->transport().RegisterMemory(grads_.data(), bytes);
+}
+
+StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeStrategy() {
+  const ParamRange whole{0, layout_.size()};
+  const auto& cluster = config_.cluster();
+  switch (mode_) {
+    case Mode::kOneProcess: {
       // The whole space's optimizer state; any number of shards (a
       // parameter-server checkpoint too) assembles into it.
       HERD_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerShard> optimizer,
-                            OptimizerShard::InitOrResume(config, layout, {0, P}, resume_from));
-      w.strategy = CreateLocalSync(std::move(optimizer), w.weights_data());
+                            OptimizerShard::InitOrResume(config_, layout_, whole, resume_from_));
+      return CreateLocalSync(std::move(optimizer), weights());
     }
-    return Status::OK();
-  };
-  if (!in_job) {
-    HERD_RETURN_IF_ERROR(prepare(nullptr));
-  } else {
-    transport::NodeRuntime::Options o;
-    o.join = *join;
-    o.connect_to = {ps ? wire::SERVER : wire::WORKER};
-    const bool bf16 = ps && cluster.wire_dtype() == ClusterConfig::BF16;
-    if (ps) o.push_pull_piece_bytes = LargestBucketBytes(*plan, bf16 ? 2 : 4);
-    HERD_ASSIGN_OR_RETURN(w.runtime,
-                          transport::NodeRuntime::Join(o, [&](transport::NodeRuntime& rt, transport::CoordinatorClient& c) {
-                            if (collective) rt.StartRing(c);
-                            return prepare(&c);
-                          }));
-    transport::NodeRuntime& rt = *w.runtime;
-    // A paged buffer is not registered whole (that would back and pin all
-    // of it): UCX registers what it moves as it goes.
-    if (!streamed) {
-      HERD_RETURN_IF_ERROR(rt.transport().RegisterMemory(w.weights.data(), P * sizeof(float)));
-      HERD_RETURN_IF_ERROR(rt.transport().RegisterMemory(w.grads.data(), P * sizeof(float)));
+    case Mode::kOneGpu: {
+      HERD_ASSIGN_OR_RETURN(std::unique_ptr<cuda::DeviceTrainer> gpu, CreateDeviceTrainer(config_, LocalRank(0)));
+      HERD_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerShard> optimizer,
+                            OptimizerShard::InitOrResume(config_, layout_, whole, resume_from_));
+      auto strategy = std::make_unique<DeviceResidentSync>(std::move(gpu), std::move(optimizer), weights());
+      model_ = &strategy->evaluator();
+      return std::unique_ptr<SyncStrategy>(std::move(strategy));
     }
-    if (ps) {
+    case Mode::kParameterServer: {
       ParameterServerSyncOptions po;
-      po.plan = &*plan;
-      po.bf16 = bf16;
+      po.plan = &*plan_;
+      po.bf16 = cluster.wire_dtype() == ClusterConfig::BF16;
       po.elastic = cluster.elastic();
-      po.stream = StreamsUpdates(config);  // as the servers do
-      po.rank = rank;
-      po.first_server = transport::MemberPeerId(rt.client(), wire::SERVER, 0);
-      if (streamed) {
-        po.streamed_weights = &w.streamed_weights;
-        po.streamed_grads = &w.streamed_grads;
-        po.layout = &layout;
+      po.stream = StreamsUpdates(config_);  // as the servers do
+      po.rank = rank_;
+      po.first_server = transport::MemberPeerId(runtime_->client(), wire::SERVER, 0);
+      if (streamed_) {
+        po.streamed_weights = &streamed_weights_;
+        po.streamed_grads = &streamed_grads_;
+        po.layout = &layout_;
         po.prefetch_layers = cluster.stream_prefetch_layers();
       }
-      HERD_ASSIGN_OR_RETURN(w.strategy, CreateParameterServerSync(po, &rt.transport(), rt.push_pull()));
-      if (po.elastic) {
-        w.shares.emplace(num_workers, rank, rt.client().welcomed_membership());
-        rt.client().OnMembershipChange([&w](const transport::MembershipChange& change) {
-          w.shares->Apply(change);
-          w.strategy->Wake();  // a worker waiting for weights may have shares to take over
-        });
-      }
-    } else {
+      return CreateParameterServerSync(po, &runtime_->transport(), runtime_->push_pull());
+    }
+    case Mode::kAllReduce: {
       CollectiveSyncOptions c;
-      c.config = &config;
-      c.layout = &layout;
-      c.plan = &*plan;
+      c.config = &config_;
+      c.layout = &layout_;
+      c.plan = &*plan_;
       c.zero1 = cluster.zero_stage() == 1;
-      c.collectives = rt.ring();
-      c.device_reduction = w.device_reduction.get();
-      HERD_ASSIGN_OR_RETURN(w.strategy, CreateCollectiveSync(c, w.weights_data(), resume_from));
+      c.collectives = runtime_->ring();
+      c.device_reduction = device_reduction_.get();
+      return CreateCollectiveSync(c, weights(), resume_from_);
     }
   }
+  return Status::Internal("unknown worker mode");
+}
 
-  HERD_RETURN_IF_ERROR(w.trace.Start(config.log().trace(), wire::WORKER, rank, in_job ? &w.runtime->client() : nullptr));
-  int64_t start = resume_from ? resume_from->manifest.step : 0;
-  if (joining) {
-    const int epoch = w.shares->joined_at();
+void WorkerProcess::FollowMembership() {
+  shares_.emplace(num_workers_, rank_, runtime_->client().welcomed_membership());
+  runtime_->client().OnMembershipChange([this](const transport::MembershipChange& change) {
+    shares_->Apply(change);
+    strategy_->Wake();  // a worker waiting for weights may have shares to take over
+  });
+}
+
+StatusOr<int64_t> WorkerProcess::StartingStep() {
+  if (joining_) {
+    const int epoch = shares_->joined_at();
     HERD_ASSIGN_OR_RETURN(const StepReport at,
-                          FindJoinPoint(w.runtime->push_pull(), transport::MemberPeerId(w.runtime->client(), wire::SERVER, 0),
-                                        epoch, options.LastStep(train.steps())));
-    start = static_cast<int64_t>(at.version);
+                          FindJoinPoint(runtime_->push_pull(), transport::MemberPeerId(runtime_->client(), wire::SERVER, 0),
+                                        epoch, options_.LastStep(config_.train().steps())));
     if (at.data.tokens > 0) {  // a step's report, not the servers' first
-      HERD_RETURN_IF_ERROR(w.sampler->RestoreState(
-          SamplerStateLine(at.data.epoch, at.data.taken, at.data.tokens, T, train.seed())).WithContext("the servers' data position: "));
+      HERD_RETURN_IF_ERROR(sampler_->RestoreState(SamplerStateLine(at.data.epoch, at.data.taken, at.data.tokens,
+                                                                   config_.train().seq_len(), config_.train().seed()))
+                               .WithContext("the servers' data position: "));
     }
-    std::printf("worker %d joined the job: it computes from step %lld on (membership epoch %d)\n", rank,
-                static_cast<long long>(start + 1), epoch);
+    std::printf("worker %d joined the job: it computes from step %lld on (membership epoch %d)\n", rank_,
+                static_cast<long long>(at.version + 1), epoch);
     std::fflush(stdout);
-  } else if (rank == 0) {
-    if (resume_from) {
-      std::printf("resumed from %s (step %lld)\n", resume_from->dir.c_str(), static_cast<long long>(start));
-    } else if (!config.checkpoint().init_from().empty()) {
-      std::printf("initial weights from %s\n", config.checkpoint().init_from().c_str());
-    }
-    PrintRunHeader(config, layout, model->Describe(), data.train.size(), plan ? &*plan : nullptr, num_workers,
-                   w.device_reduction != nullptr, w.runtime ? &w.runtime->transport() : nullptr);
-    if (config.log().peak_tflops() == 0 && model->PeakTflops() > 0) {
-      std::printf("mfu: against the datasheet peak of %s, %g TFLOP/s (log.peak_tflops overrides it)\n",
-                  model->Describe().c_str(), model->PeakTflops());
-      std::fflush(stdout);
-    }
+    return static_cast<int64_t>(at.version);
   }
-  StepLoopParts parts;
-  parts.config = &config;
-  parts.options = options;
-  parts.options.resume = resume_from.has_value();  // a run that starts afresh starts its metrics afresh
-  parts.model = model;
-  parts.strategy = w.strategy.get();
-  parts.sampler = &*w.sampler;
-  parts.val = data.val.get();
-  parts.weights = w.weights_data();
-  parts.grads = device_resident ? nullptr : w.grads_data();
-  parts.rank = rank;
-  parts.num_workers = num_workers;
-  parts.client = in_job ? &w.runtime->client() : nullptr;
-  parts.shares = w.shares ? &*w.shares : nullptr;
-  StepLoop loop(parts);
-  if (!in_job) {
-    HERD_RETURN_IF_ERROR(loop.Run(start));
-    return w.trace.Finish(nullptr);
+  const int64_t start = resume_from_ ? resume_from_->manifest.step : 0;
+  if (rank_ != 0) return start;
+  if (resume_from_) {
+    std::printf("resumed from %s (step %lld)\n", resume_from_->dir.c_str(), static_cast<long long>(start));
+  } else if (!config_.checkpoint().init_from().empty()) {
+    std::printf("initial weights from %s\n", config_.checkpoint().init_from().c_str());
   }
-  HERD_RETURN_IF_ERROR(w.runtime->Conclude(loop.Run(start)));
-  HERD_RETURN_IF_ERROR(w.trace.Finish(&w.runtime->client()));
+  PrintRunHeader(config_, layout_, model_->Describe(), data_.train.size(), plan_ ? &*plan_ : nullptr, num_workers_,
+                 device_reduction_ != nullptr, runtime_ ? &runtime_->transport() : nullptr);
+  if (config_.log().peak_tflops() == 0 && model_->PeakTflops() > 0) {
+    std::printf("mfu: against the datasheet peak of %s, %g TFLOP/s (log.peak_tflops overrides it)\n",
+                model_->Describe().c_str(), model_->PeakTflops());
+    std::fflush(stdout);
+  }
+  return start;
+}
 
-  // Every worker of a job: what it cost, for `herd bench compare` and
-  // curious users.
-  transport::NodeRuntime& rt = *w.runtime;
-  if (auto memory = PlanMemory(config); memory.ok()) {
-    RunSummary run;
-    run.role = "worker";
-    run.rank = rank;
-    run.steps = loop.last_step() - start;
-    run.plan_bytes = memory->processes.back().total();
-    run.device_plan_bytes = memory->processes.back().device;
-    run.device_peak_bytes = w.model ? w.model->DevicePeakBytes() : 0;
-    run.shares_computed = loop.shares_computed();
-    const transport::UcxStats ucx = rt.transport().stats();
-    run.unauthenticated_dropped = static_cast<int64_t>(ucx.unauthenticated_dropped);
-    HERD_RETURN_IF_ERROR(ReportRunSummary(run, ucx.bytes_sent, config.log().summary_dir()));
+StepLoopParts WorkerProcess::LoopParts() {
+  StepLoopParts parts;
+  parts.config = &config_;
+  parts.options = options_;
+  parts.options.resume = resume_from_.has_value();  // a run that starts afresh starts its metrics afresh
+  parts.model = model_;
+  parts.strategy = strategy_.get();
+  parts.sampler = &*sampler_;
+  parts.val = data_.val.get();
+  parts.weights = weights();
+  parts.grads = mode_ == Mode::kOneGpu ? nullptr : grads();
+  parts.rank = rank_;
+  parts.num_workers = num_workers_;
+  parts.client = runtime_ ? &runtime_->client() : nullptr;
+  parts.shares = shares_ ? &*shares_ : nullptr;
+  return parts;
+}
+
+Status WorkerProcess::Run() {
+  HERD_RETURN_IF_ERROR(AllocateSpaces());
+  if (in_job()) {
+    HERD_RETURN_IF_ERROR(JoinJob());
+  } else {
+    HERD_RETURN_IF_ERROR(Prepare(nullptr));
   }
-  HERD_RETURN_IF_ERROR(rt.client().Barrier("herd/done"));
-  return rt.client().Leave();
+  HERD_ASSIGN_OR_RETURN(strategy_, MakeStrategy());
+  if (mode_ == Mode::kParameterServer && config_.cluster().elastic()) FollowMembership();
+  HERD_RETURN_IF_ERROR(trace_.Start(config_.log().trace(), wire::WORKER, rank_, runtime_ ? &runtime_->client() : nullptr));
+  HERD_ASSIGN_OR_RETURN(const int64_t start, StartingStep());
+  StepLoop loop(LoopParts());
+  if (!in_job()) {
+    HERD_RETURN_IF_ERROR(loop.Run(start));
+    return trace_.Finish(nullptr);
+  }
+  HERD_RETURN_IF_ERROR(runtime_->Conclude(loop.Run(start)));
+  HERD_RETURN_IF_ERROR(trace_.Finish(&runtime_->client()));
+  HERD_RETURN_IF_ERROR(ReportSummary(loop, start));
+  HERD_RETURN_IF_ERROR(runtime_->client().Barrier("herd/done"));
+  return runtime_->client().Leave();
+}
+
+// Every worker of a job: what it cost, for `herd bench compare` and
+// curious users.
+Status WorkerProcess::ReportSummary(const StepLoop& loop, int64_t start) {
+  auto memory = PlanMemory(config_);
+  if (!memory.ok()) return Status::OK();
+  RunSummary run;
+  run.role = "worker";
+  run.rank = rank_;
+  run.steps = loop.last_step() - start;
+  run.plan_bytes = memory->processes.back().total();
+  run.device_plan_bytes = memory->processes.back().device;
+  run.device_peak_bytes = model_holder_ ? model_holder_->DevicePeakBytes() : 0;
+  run.shares_computed = loop.shares_computed();
+  const transport::UcxStats ucx = runtime_->transport().stats();
+  run.unauthenticated_dropped = static_cast<int64_t>(ucx.unauthenticated_dropped);
+  return ReportRunSummary(run, ucx.bytes_sent, config_.log().summary_dir());
+}
+
+}  // namespace
+
+Status RunWorker(const config::JobConfig& config, const TrainOptions& options, const transport::JoinOptions* join) {
+  if (config.train().threads() > 0) omp_set_num_threads(config.train().threads());
+  HERD_ASSIGN_OR_RETURN(std::unique_ptr<WorkerProcess> worker, WorkerProcess::Create(config, options, join));
+  return worker->Run();
 }
 
 }  // namespace herd
