@@ -76,8 +76,12 @@ class Sandbox:
         return p
 
     def write(self, name, text):
-        with open(self.path(name), "w") as f:
+        # Whole or not at all: a process started a moment earlier may be
+        # reading the file this one replaces.
+        tmp = self.path(name + ".tmp")
+        with open(tmp, "w") as f:
             f.write(text)
+        os.replace(tmp, self.path(name))
         return self.path(name)
 
     def training_data(self):

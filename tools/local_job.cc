@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -281,6 +282,93 @@ struct Outcome {
   int replaced = 0;        // elastic: workers started to join in place of lost ones (restarts spent)
 };
 
+const char* StopReason(int signo) { return signo == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)"; }
+
+// One start of the job's processes: the coordinator (on a thread of its
+// own), every process, the forwarder of their output, the reaper and, in an
+// elastic job with restarts left, the replacer of lost workers. Members in
+// the order they are made; they go in the reverse order: the forwarder
+// before the children it reads, the coordinator (its thread joined by Run)
+// before the token's directory.
+class JobAttempt {
+ public:
+  // `replacements`: workers an elastic job may start with --join in place
+  // of lost ones. `stopped_by` (the stop signal, 0 while none) and
+  // `running` (where the signal watcher finds the coordinator) are the
+  // launcher's.
+  JobAttempt(const config::JobConfig& config, const LocalJobOptions& options, const TrainOptions& train,
+             int replacements, const std::string& bin_dir, std::atomic<int>* stopped_by,
+             std::atomic<transport::Coordinator*>* running);
+
+  // Starts the coordinator and every process, reaps them, and says how
+  // the attempt ended.
+  Outcome Run();
+
+ private:
+  // The job token in a private directory, and the coordinator, running.
+  Status StartCoordinator();
+  transport::CoordinatorOptions CoordinatorOptionsForJob(const std::string& token);
+  // Starts the process of `rank` in slot `c`; one joining a job under way
+  // (`join`) takes a lost worker's place.
+  Status SpawnChild(Child& c, bool server, int rank, bool join);
+  // Reaps every process; after the first failure the others have the
+  // coordinator's PeerLost or Shutdown to stop on their own, then a grace
+  // period before SIGKILL.
+  void Reap();
+  void OnExit(Child& c, int status);
+  void KillAfterGrace();
+  // Elastic: whether the job goes on without a failed child (another
+  // worker runs), and starting workers in place of those it went on
+  // without.
+  bool GoesOnWithout(const Child& c) const;
+  void ReplaceDropped();
+  // The attempt's outcome once every process has exited.
+  Outcome Conclude(const Status& spawned);
+  Outcome SetupFailure(const Status& st);
+
+  // Constant after construction.
+  const config::JobConfig& config_;
+  const LocalJobOptions& options_;
+  const TrainOptions train_;
+  const int replacements_;
+  const std::string bin_dir_;
+  const int servers_, workers_;
+  const bool replaces_;  // elastic, with restarts left
+  const int cores_;
+  const bool pick_threads_;  // no train.threads nor OMP_NUM_THREADS: workers share the cores
+  std::atomic<int>& stopped_by_;
+  std::atomic<transport::Coordinator*>& running_;
+
+  // Shared with the coordinator's thread (its callbacks) and the forwarder.
+  std::atomic<bool> formed_{false};
+  std::atomic<bool> quiet_{false};  // the job is failing: the others' stderr is dropped
+  // Pids the coordinator may report lost; only these are ever signalled.
+  Mutex spawned_mu_;
+  std::set<pid_t> spawned_ GUARDED_BY(spawned_mu_);
+  std::set<pid_t> dropped_by_job_ GUARDED_BY(spawned_mu_);  // workers the elastic job went on without
+
+  // Owned by the thread that calls Run; in lifetime order.
+  Outcome out_;
+  TempDir token_dir_;
+  std::string token_file_;
+  // Slots for every process, and for the workers an elastic job may start
+  // in place of lost ones (they never move: the forwarder reads them).
+  std::vector<Child> children_;
+  std::unique_ptr<transport::Coordinator> coordinator_;
+  Status coordinator_result_;
+  std::thread coordinator_thread_;
+  std::string address_;
+  std::optional<LogForwarder> forwarder_;
+  std::optional<int> first_failure_;
+  Stopwatch since_failure_;
+  bool grace_started_ = false;
+  double grace_s_;
+  int exits_ = 0;
+  int stop_order_;  // the exits from this one on followed a stop signal
+  size_t next_slot_;
+  size_t alive_ = 0;
+};
+
 // The launcher's state across restarts: the signal watcher and where the
 // coordinator of the running attempt is, for it.
 class LocalJob {
@@ -294,14 +382,6 @@ class LocalJob {
   int Run();
 
  private:
-  static const char* StopReason(int signo) {
-    return signo == SIGINT ? "interrupted (SIGINT)" : "terminated (SIGTERM)";
-  }
-  // Starts the coordinator and every process once, and reaps them; in an
-  // elastic job, starts up to `replacements` workers with --join in place
-  // of lost ones.
-  Outcome Attempt(const TrainOptions& train, int replacements);
-
   const config::JobConfig& config_;
   const LocalJobOptions& options_;
   std::string bin_dir_;
@@ -336,7 +416,9 @@ int LocalJob::Run() {
   }
   TrainOptions train = options_.train;
   for (int restarts = 0;; ++restarts) {
-    const Outcome out = Attempt(train, options_.max_restarts - restarts);
+    const Outcome out = JobAttempt(config_, options_, train, options_.max_restarts - restarts, bin_dir_, &stopped_by_,
+                                   &running_)
+                            .Run();
     restarts += out.replaced;
     if (out.exit_code == 0) return 0;
     // A failure before every process had joined is a setup problem, and a
@@ -363,209 +445,229 @@ int LocalJob::Run() {
   }
 }
 
-Outcome LocalJob::Attempt(const TrainOptions& train, int replacements) {
-  const auto& cluster = config_.cluster();
-  const int S = cluster.servers(), W = cluster.workers();
-  Outcome out;
-  auto fail = [&out](const Status& st) {
-    out.cause = st.message();
-    out.setup_error = true;
-    out.exit_code = ExitCode(st);
-    return out;
+JobAttempt::JobAttempt(const config::JobConfig& config, const LocalJobOptions& options, const TrainOptions& train,
+                       int replacements, const std::string& bin_dir, std::atomic<int>* stopped_by,
+                       std::atomic<transport::Coordinator*>* running)
+    : config_(config),
+      options_(options),
+      train_(train),
+      replacements_(replacements),
+      bin_dir_(bin_dir),
+      servers_(config.cluster().servers()),
+      workers_(config.cluster().workers()),
+      replaces_(config.cluster().elastic() && replacements > 0),
+      cores_(std::max(1, static_cast<int>(std::thread::hardware_concurrency()))),
+      pick_threads_(config.train().threads() == 0 && std::getenv("OMP_NUM_THREADS") == nullptr),
+      stopped_by_(*stopped_by),
+      running_(*running),
+      children_(servers_ + workers_ + (replaces_ ? replacements : 0)),
+      grace_s_(config.cluster().heartbeat_timeout_s() + 10),
+      stop_order_(servers_ + workers_),
+      next_slot_(servers_ + workers_) {}
+
+Outcome JobAttempt::SetupFailure(const Status& st) {
+  out_.cause = st.message();
+  out_.setup_error = true;
+  out_.exit_code = ExitCode(st);
+  return out_;
+}
+
+transport::CoordinatorOptions JobAttempt::CoordinatorOptionsForJob(const std::string& token) {
+  transport::CoordinatorOptions o = transport::CoordinatorOptions::FromConfig(config_);
+  o.listen = "127.0.0.1:0";
+  o.token = token;
+  // A worker that joins later needs the token too.
+  o.on_formed = [this] {
+    if (!replaces_) ::unlink(token_file_.c_str());
+    formed_ = true;
   };
+  o.on_worker_dropped = [this](int64_t pid) {
+    MutexLock lock(&spawned_mu_);
+    dropped_by_job_.insert(static_cast<pid_t>(pid));
+  };
+  // A process declared lost for silence (stopped, hung) is killed now
+  // rather than after the grace period.
+  o.on_silent = [this](int64_t pid) {
+    MutexLock lock(&spawned_mu_);
+    if (spawned_.count(static_cast<pid_t>(pid))) ::kill(static_cast<pid_t>(pid), SIGKILL);
+  };
+  return o;
+}
+
+Status JobAttempt::StartCoordinator() {
   if (const int stale = transport::RemoveStaleUcxShmFiles(); stale > 0) {
     std::printf("launch: removed %d stale UCX shared-memory file(s) of processes that no longer exist\n", stale);
   }
   // The job token, in a private directory; removed once every process has
   // joined (nobody needs it after that), and in any case when the job ends.
   TempDir::RemoveStale("herd-job");  // of launchers that were killed
-  TempDir token_dir;
-  if (Status made = token_dir.Create("herd-job"); !made.ok()) return fail(made);
-  const std::string token_file = JoinPath(token_dir.path(), "token");
-  auto token = transport::CreateJobToken(token_file);
-  if (!token.ok()) return fail(token.status());
-
-  // Slots for every process, and for the workers an elastic job may start
-  // in place of lost ones (they never move: the forwarder reads them).
-  const bool replaces = cluster.elastic() && replacements > 0;
-  std::vector<Child> children(S + W + (replaces ? replacements : 0));
-  // Pids the coordinator may report lost (its callbacks run on its thread);
-  // only these are ever signalled.
-  struct Spawned {
-    Mutex mu;
-    std::set<pid_t> pids GUARDED_BY(mu);
-    std::set<pid_t> dropped_by_job GUARDED_BY(mu);  // workers the elastic job went on without
-  } spawned;
-  std::atomic<bool> formed{false};
-  transport::CoordinatorOptions coordinator_options = transport::CoordinatorOptions::FromConfig(config_);
-  coordinator_options.listen = "127.0.0.1:0";
-  coordinator_options.token = std::string(Trim(*token));
-  // A worker that joins later needs the token too.
-  coordinator_options.on_formed = [&token_file, &formed, replaces] {
-    if (!replaces) ::unlink(token_file.c_str());
-    formed = true;
-  };
-  coordinator_options.on_worker_dropped = [&](int64_t pid) {
-    MutexLock lock(&spawned.mu);
-    spawned.dropped_by_job.insert(static_cast<pid_t>(pid));
-  };
-  // A process declared lost for silence (stopped, hung) is killed now
-  // rather than after the grace period.
-  coordinator_options.on_silent = [&](int64_t pid) {
-    MutexLock lock(&spawned.mu);
-    if (spawned.pids.count(static_cast<pid_t>(pid))) ::kill(static_cast<pid_t>(pid), SIGKILL);
-  };
-  auto coordinator = transport::Coordinator::Start(coordinator_options);
-  if (!coordinator.ok()) return fail(coordinator.status());
-  running_ = coordinator->get();
-  if (stopped_by_ != 0) (*coordinator)->Stop(StopReason(stopped_by_));
-  Status coordinator_result;
-  std::thread coordinator_thread([&] { coordinator_result = (*coordinator)->Run(); });
-  const std::string address = "127.0.0.1:" + std::to_string((*coordinator)->port());
-
+  HERD_RETURN_IF_ERROR(token_dir_.Create("herd-job"));
+  token_file_ = JoinPath(token_dir_.path(), "token");
+  HERD_ASSIGN_OR_RETURN(const std::string token, transport::CreateJobToken(token_file_));
+  HERD_ASSIGN_OR_RETURN(coordinator_, transport::Coordinator::Start(CoordinatorOptionsForJob(std::string(Trim(token)))));
+  running_ = coordinator_.get();
+  if (stopped_by_ != 0) coordinator_->Stop(StopReason(stopped_by_));
+  coordinator_thread_ = std::thread([this] { coordinator_result_ = coordinator_->Run(); });
+  address_ = "127.0.0.1:" + std::to_string(coordinator_->port());
   // Threads: workers share the cores; servers work while workers wait.
-  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  const bool pick_threads = config_.train().threads() == 0 && std::getenv("OMP_NUM_THREADS") == nullptr;
-  std::printf("launch: coordinator on %s, %d servers, %d workers (%s)\n", address.c_str(), S, W,
-              pick_threads ? (std::to_string(std::max(1, cores / W)) + " threads per worker").c_str()
-                           : "threads from the config/OMP_NUM_THREADS");
+  std::printf("launch: coordinator on %s, %d servers, %d workers (%s)\n", address_.c_str(), servers_, workers_,
+              pick_threads_ ? (std::to_string(std::max(1, cores_ / workers_)) + " threads per worker").c_str()
+                            : "threads from the config/OMP_NUM_THREADS");
   std::fflush(stdout);
+  return Status::OK();
+}
 
-  // Starts the process of `rank` in slot `c`; one joining a job under way
-  // (`join`) takes a lost worker's place.
-  auto spawn = [&](Child& c, bool server, int rank, bool join) {
-    c.name = (server ? "server " : "worker ") + std::to_string(rank);
-    c.worker = !server;
-    const std::string binary = JoinPath(bin_dir_, server ? "herd-server" : "herd-worker");
-    std::vector<std::string> argv = {binary, options_.config_path};
-    for (const std::string& o : options_.overrides) argv.insert(argv.end(), {"--set", o});
-    argv.insert(argv.end(), {"--rank", std::to_string(rank), "--coordinator", address});
-    if (join) {
-      argv.push_back("--join");
-    } else {
-      if (train.resume) argv.push_back("--resume");
-      if (train.resume && train.allow_global_batch_change) argv.push_back("--allow-global-batch-change");
-    }
-    if (train.stop_at_step > 0) argv.insert(argv.end(), {"--stop-at", std::to_string(train.stop_at_step)});
-    const int threads = pick_threads ? std::max(1, cores / (server ? S : W)) : 0;
-    MutexLock lock(&spawned.mu);
-    Status started = Spawn(binary, argv, ChildEnvironment(token_file, threads), &c);
-    if (started.ok()) spawned.pids.insert(c.pid);
-    return started;
-  };
-  // A stop signal ends the spawning at once.
-  Status st;
-  for (int i = 0; i < S + W && st.ok() && stopped_by_ == 0; ++i) st = spawn(children[i], i < S, i < S ? i : i - S, false);
-  std::atomic<bool> quiet{false};
-  LogForwarder forwarder(&children, &quiet);
-  if (!st.ok()) (*coordinator)->Stop(st.message());
+Status JobAttempt::SpawnChild(Child& c, bool server, int rank, bool join) {
+  c.name = (server ? "server " : "worker ") + std::to_string(rank);
+  c.worker = !server;
+  const std::string binary = JoinPath(bin_dir_, server ? "herd-server" : "herd-worker");
+  std::vector<std::string> argv = {binary, options_.config_path};
+  for (const std::string& o : options_.overrides) argv.insert(argv.end(), {"--set", o});
+  argv.insert(argv.end(), {"--rank", std::to_string(rank), "--coordinator", address_});
+  if (join) {
+    argv.push_back("--join");
+  } else {
+    if (train_.resume) argv.push_back("--resume");
+    if (train_.resume && train_.allow_global_batch_change) argv.push_back("--allow-global-batch-change");
+  }
+  if (train_.stop_at_step > 0) argv.insert(argv.end(), {"--stop-at", std::to_string(train_.stop_at_step)});
+  const int threads = pick_threads_ ? std::max(1, cores_ / (server ? servers_ : workers_)) : 0;
+  MutexLock lock(&spawned_mu_);
+  Status started = Spawn(binary, argv, ChildEnvironment(token_file_, threads), &c);
+  if (started.ok()) spawned_.insert(c.pid);
+  return started;
+}
 
-  // Reap; after the first failure the others have the coordinator's
-  // PeerLost or Shutdown to stop on their own, then a grace period before
-  // SIGKILL (shorter after a stop signal: whoever has not joined yet never
-  // hears the coordinator's Shutdown).
-  std::optional<int> first_failure;
-  Stopwatch since_failure;
-  bool grace_started = false;
-  double grace_s = cluster.heartbeat_timeout_s() + 10;
-  int exits = 0;
-  int stop_order = S + W;  // the exits from this one on followed a stop signal
-  // An elastic job that has formed goes on without a failed worker while
-  // another runs (the coordinator ends it when its last worker is lost).
-  auto goes_on_without = [&](const Child& c) {
-    if (!cluster.elastic() || !formed || !c.worker) return false;
-    for (const Child& other : children) {
-      if (&other != &c && other.worker && other.pid > 0 && !other.exit_code) return true;
+bool JobAttempt::GoesOnWithout(const Child& c) const {
+  if (!config_.cluster().elastic() || !formed_ || !c.worker) return false;
+  for (const Child& other : children_) {
+    if (&other != &c && other.worker && other.pid > 0 && !other.exit_code) return true;
+  }
+  return false;
+}
+
+// Elastic, with restarts left: a worker the job went on without (the
+// coordinator has dropped it, so its place is free) is replaced by one
+// that joins, unless the job is ending (a worker has finished).
+void JobAttempt::ReplaceDropped() {
+  for (size_t i = 0; i < next_slot_ && next_slot_ < children_.size(); ++i) {
+    Child& c = children_[i];
+    if (!c.dropped || c.replaced || first_failure_ || stopped_by_ != 0) continue;
+    bool finishing = false;
+    for (const Child& other : children_) finishing |= other.worker && other.exit_code == 0;
+    {
+      MutexLock lock(&spawned_mu_);
+      if (finishing || !dropped_by_job_.count(c.pid)) continue;
     }
-    return false;
-  };
-  // Elastic, with restarts left: a worker the job went on without (the
-  // coordinator has dropped it, so its place is free) is replaced by one
-  // that joins, unless the job is ending (a worker has finished).
-  size_t next_slot = S + W;
-  size_t alive = std::count_if(children.begin(), children.end(), [](const Child& c) { return c.pid > 0; });
-  auto replace_dropped = [&] {
-    for (size_t i = 0; i < next_slot && next_slot < children.size(); ++i) {
-      Child& c = children[i];
-      if (!c.dropped || c.replaced || first_failure || stopped_by_ != 0) continue;
-      bool finishing = false;
-      for (const Child& other : children) finishing |= other.worker && other.exit_code == 0;
-      {
-        MutexLock lock(&spawned.mu);
-        if (finishing || !spawned.dropped_by_job.count(c.pid)) continue;
-      }
-      c.replaced = true;
-      const int rank = std::stoi(c.name.substr(c.name.rfind(' ') + 1));
-      Child& fresh = children[next_slot++];
-      if (Status started = spawn(fresh, false, rank, true); !started.ok()) {
-        std::printf("launch: cannot start a worker to join in place of %s: %s\n", c.name.c_str(),
-                    started.message().c_str());
-        continue;
-      }
-      ++out.replaced;
-      ++alive;
-      std::printf("launch: a new worker %d joins in place of the lost one (restart %d of %d)\n", rank,
-                  options_.max_restarts - replacements + out.replaced, options_.max_restarts);
-      std::fflush(stdout);
-      forwarder.Wake();
+    c.replaced = true;
+    const int rank = std::stoi(c.name.substr(c.name.rfind(' ') + 1));
+    Child& fresh = children_[next_slot_++];
+    if (Status started = SpawnChild(fresh, false, rank, true); !started.ok()) {
+      std::printf("launch: cannot start a worker to join in place of %s: %s\n", c.name.c_str(),
+                  started.message().c_str());
+      continue;
     }
-  };
-  while (alive > 0) {
+    ++out_.replaced;
+    ++alive_;
+    std::printf("launch: a new worker %d joins in place of the lost one (restart %d of %d)\n", rank,
+                options_.max_restarts - replacements_ + out_.replaced, options_.max_restarts);
+    std::fflush(stdout);
+    forwarder_->Wake();
+  }
+}
+
+void JobAttempt::OnExit(Child& c, int status) {
+  c.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  c.exit_order = exits_++;
+  --alive_;
+  if (*c.exit_code == 0 || first_failure_) return;
+  if (GoesOnWithout(c)) {
+    c.dropped = true;
+    std::printf("launch: %s exited (%s); the job goes on without it (cluster.elastic)\n", c.name.c_str(),
+                *c.exit_code > 128 ? ("killed by " + SignalName(*c.exit_code - 128)).c_str()
+                                   : ("exit code " + std::to_string(*c.exit_code)).c_str());
+    std::fflush(stdout);
+    return;
+  }
+  first_failure_ = c.exit_code;
+  quiet_ = true;
+  // Tell everyone now: a process that failed before the job formed
+  // leaves the others waiting for it otherwise.
+  coordinator_->Stop(c.name + " exited with code " + std::to_string(*c.exit_code));
+}
+
+// After a failure or a stop signal: the grace period starts (shorter after
+// a stop signal: whoever has not joined yet never hears the coordinator's
+// Shutdown), and what outlives it is killed.
+void JobAttempt::KillAfterGrace() {
+  if ((first_failure_ || stopped_by_ != 0) && !grace_started_) {
+    grace_started_ = true;
+    quiet_ = true;
+    since_failure_.Reset();
+    if (!first_failure_) grace_s_ = kStopGraceSeconds;
+  }
+  if (!grace_started_ || since_failure_.Seconds() <= grace_s_) return;
+  for (Child& c : children_) {
+    if (c.pid > 0 && !c.exit_code && !c.killed_after_grace) {
+      ::kill(c.pid, SIGKILL);
+      c.killed_after_grace = true;
+    }
+  }
+}
+
+void JobAttempt::Reap() {
+  alive_ = std::count_if(children_.begin(), children_.end(), [](const Child& c) { return c.pid > 0; });
+  while (alive_ > 0) {
     int status = 0;
-    if (stopped_by_ != 0) stop_order = std::min(stop_order, exits);
-    if (replaces) replace_dropped();
+    if (stopped_by_ != 0) stop_order_ = std::min(stop_order_, exits_);
+    if (replaces_) ReplaceDropped();
     const pid_t pid = ::waitpid(-1, &status, WNOHANG);
     if (pid <= 0) {
-      if ((first_failure || stopped_by_ != 0) && !grace_started) {
-        grace_started = true;
-        quiet = true;
-        since_failure.Reset();
-        if (!first_failure) grace_s = kStopGraceSeconds;
-      }
-      if (grace_started && since_failure.Seconds() > grace_s) {
-        for (Child& c : children) {
-          if (c.pid > 0 && !c.exit_code && !c.killed_after_grace) {
-            ::kill(c.pid, SIGKILL);
-            c.killed_after_grace = true;
-          }
-        }
-      }
+      KillAfterGrace();
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       continue;
     }
-    for (Child& c : children) {
-      if (c.pid != pid) continue;
-      c.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      c.exit_order = exits++;
-      --alive;
-      if (*c.exit_code != 0 && !first_failure && goes_on_without(c)) {
-        c.dropped = true;
-        std::printf("launch: %s exited (%s); the job goes on without it (cluster.elastic)\n", c.name.c_str(),
-                    *c.exit_code > 128 ? ("killed by " + SignalName(*c.exit_code - 128)).c_str()
-                                       : ("exit code " + std::to_string(*c.exit_code)).c_str());
-        std::fflush(stdout);
-      } else if (*c.exit_code != 0 && !first_failure) {
-        first_failure = c.exit_code;
-        quiet = true;
-        // Tell everyone now: a process that failed before the job formed
-        // leaves the others waiting for it otherwise.
-        (*coordinator)->Stop(c.name + " exited with code " + std::to_string(*c.exit_code));
-      }
+    for (Child& c : children_) {
+      if (c.pid == pid) OnExit(c, status);
     }
   }
-  forwarder.Join();
-  (*coordinator)->Stop("the job's processes have exited");
-  coordinator_thread.join();
+}
+
+Outcome JobAttempt::Run() {
+  if (Status started = StartCoordinator(); !started.ok()) {
+    // Nothing runs yet but, perhaps, the coordinator's thread.
+    if (coordinator_thread_.joinable()) {
+      coordinator_->Stop(started.message());
+      coordinator_thread_.join();
+      running_ = nullptr;
+    }
+    return SetupFailure(started);
+  }
+  // A stop signal ends the spawning at once.
+  Status st;
+  for (int i = 0; i < servers_ + workers_ && st.ok() && stopped_by_ == 0; ++i) {
+    st = SpawnChild(children_[i], i < servers_, i < servers_ ? i : i - servers_, false);
+  }
+  forwarder_.emplace(&children_, &quiet_);
+  if (!st.ok()) coordinator_->Stop(st.message());
+  Reap();
+  forwarder_->Join();
+  coordinator_->Stop("the job's processes have exited");
+  coordinator_thread_.join();
   running_ = nullptr;
-  out.formed = formed;
-  out.stopped = stopped_by_ != 0;
-  if (!st.ok()) return fail(st);
+  return Conclude(st);
+}
+
+Outcome JobAttempt::Conclude(const Status& spawned) {
+  out_.formed = formed_;
+  out_.stopped = stopped_by_ != 0;
+  if (!spawned.ok()) return SetupFailure(spawned);
   // The launcher's last line names the cause: the process that failed on its
   // own (reaping order is not dying order: the coordinator knows who went
   // first), with its own message.
-  const Child* root = RootCause(children, (*coordinator)->first_lost_pid(), stop_order);
+  const Child* root = RootCause(children_, coordinator_->first_lost_pid(), stop_order_);
   // A crash is never hidden behind the cause, even while the job stopped.
-  for (const Child& c : children) {
+  for (const Child& c : children_) {
     const int code = c.exit_code.value_or(0);
     if (&c == root || c.killed_after_grace || code <= 128) continue;
     const int signo = code - 128;
@@ -574,32 +676,32 @@ Outcome LocalJob::Attempt(const TrainOptions& train, int replacements) {
                  c.error_line.empty() ? "" : (": " + c.error_line).c_str());
   }
   if (stopped_by_ != 0 && root == nullptr) {
-    out.cause = StopReason(stopped_by_);
-    out.exit_code = 128 + stopped_by_;
-    return out;
+    out_.cause = StopReason(stopped_by_);
+    out_.exit_code = 128 + stopped_by_;
+    return out_;
   }
   if (root != nullptr) {
     const int code = *root->exit_code;
     // A process that said nothing (killed, stopped) is described by what the
     // coordinator saw of it, else by how it died.
-    const bool lost_first = root->pid == (*coordinator)->first_lost_pid() && !coordinator_result.ok();
+    const bool lost_first = root->pid == coordinator_->first_lost_pid() && !coordinator_result_.ok();
     std::string what = !root->error_line.empty() ? root->error_line
-                       : lost_first              ? coordinator_result.message()
+                       : lost_first              ? coordinator_result_.message()
                        : code > 128              ? "killed by " + SignalName(code - 128)
                                                  : "no message";
-    out.cause = root->name + " failed (exit code " + std::to_string(code) + "): " + what;
-    out.exit_code = stopped_by_ != 0 ? 128 + stopped_by_ : code;
-    out.bad_input = code == kExitBadInput;
-    return out;
+    out_.cause = root->name + " failed (exit code " + std::to_string(code) + "): " + what;
+    out_.exit_code = stopped_by_ != 0 ? 128 + stopped_by_ : code;
+    out_.bad_input = code == kExitBadInput;
+    return out_;
   }
-  if (first_failure) {
+  if (first_failure_) {
     // Every process stopped because of something outside them all.
-    out.cause = coordinator_result.ok() ? std::string("the job's processes stopped") : coordinator_result.message();
-    out.exit_code = *first_failure;
-    return out;
+    out_.cause = coordinator_result_.ok() ? std::string("the job's processes stopped") : coordinator_result_.message();
+    out_.exit_code = *first_failure_;
+    return out_;
   }
-  if (!coordinator_result.ok()) return fail(coordinator_result);
-  return out;
+  if (!coordinator_result_.ok()) return SetupFailure(coordinator_result_);
+  return out_;
 }
 
 }  // namespace
