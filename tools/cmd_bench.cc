@@ -47,19 +47,14 @@ int BenchTrain(int argc, char** argv) {
   // The one-process trainer's optimizer step (LocalSync): global norm,
   // clipping, the schedule and AdamW over the whole space, in place.
   std::vector<float> params(P), grads(P);
-  std::unique_ptr<SyncStrategy> optimizer;
-  {
-    ShardState state;
-    state.end = P;
-    state.weights.resize(P);
-    InitParameters(layout, train.seed(), config->model().initializer_range(), state.weights.data());
-    state.m.assign(P, 0.0f);
-    state.v.assign(P, 0.0f);
-    optimizer = CreateLocalSync(std::make_unique<OptimizerShard>(
-                                    layout, OptimizerOptions::FromConfig(config->optimizer(), total_steps),
-                                    std::move(state)),
-                                params.data());
-  }
+  // The deterministic initialisation (no checkpoint.init_from), with the
+  // schedule over the bench's steps.
+  config::JobConfig job = *config;
+  job.mutable_train()->set_steps(total_steps);
+  job.mutable_checkpoint()->clear_init_from();
+  auto shard = OptimizerShard::InitOrResume(job, layout, {0, P}, std::nullopt);
+  if (!shard.ok()) return ReportError(shard.status().WithContext("bench train: "));
+  std::unique_ptr<SyncStrategy> optimizer = CreateLocalSync(std::move(*shard), params.data());
   Rng rng(train.seed());
   std::vector<int32_t> tokens(static_cast<size_t>(B) * (T + 1));
   std::vector<int32_t> inputs(static_cast<size_t>(B) * T), targets(inputs.size());

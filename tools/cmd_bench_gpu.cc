@@ -73,17 +73,16 @@ StatusOr<GpuBenchResult> TimeDeviceSteps(const config::JobConfig& config, cuda::
   GpuBenchResult result;
   result.parameters = layout.num_parameters();
   result.device_name = device->Describe();
-  const uint64_t seed = config.train().seed();
-  ShardState state;
-  state.end = P;
-  state.weights.resize(P);
-  InitParameters(layout, seed, config.model().initializer_range(), state.weights.data());
-  state.m.assign(P, 0.0f);
-  state.v.assign(P, 0.0f);
-  const OptimizerOptions options = OptimizerOptions::FromConfig(config.optimizer(), warmup + steps);
+  // The deterministic initialisation (no checkpoint.init_from), with the
+  // schedule over the bench's steps.
+  config::JobConfig job = config;
+  job.mutable_train()->set_steps(warmup + steps);
+  job.mutable_checkpoint()->clear_init_from();
+  HERD_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerShard> shard,
+                        OptimizerShard::InitOrResume(job, layout, {0, P}, std::nullopt));
   std::vector<float> weights(P);
-  DeviceResidentSync sync(std::move(created), std::make_unique<OptimizerShard>(layout, options, std::move(state)),
-                          weights.data());
+  DeviceResidentSync sync(std::move(created), std::move(shard), weights.data());
+  const uint64_t seed = config.train().seed();
   const int N = trainer.batch * trainer.seq_len;
   Rng rng(seed);
   std::vector<int32_t> inputs(N), targets(N);
