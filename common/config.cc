@@ -198,13 +198,19 @@ void NonFiniteFields(const pb::Message& msg, const std::string& prefix, std::vec
   }
 }
 
-std::vector<Violation> CheckValues(const JobConfig& c) {
-  std::vector<Violation> v;
-  NonFiniteFields(c, "", &v);
-  auto need = [&v](bool ok, const std::string& field, const std::string& msg) {
-    if (!ok) v.push_back({field, msg});
-  };
-  const auto& m = c.model();
+// Collects the violations of one block's rules.
+class Rules {
+ public:
+  explicit Rules(std::vector<Violation>* v) : v_(v) {}
+  void operator()(bool ok, const std::string& field, const std::string& msg) const {
+    if (!ok) v_->push_back({field, msg});
+  }
+
+ private:
+  std::vector<Violation>* v_;
+};
+
+void CheckModel(const config::ModelConfig& m, const Rules& need) {
   need(m.vocab_size() > 0, "model.vocab_size", "must be > 0");
   need(m.hidden_size() > 0, "model.hidden_size", "must be > 0");
   need(m.intermediate_size() > 0, "model.intermediate_size", "must be > 0");
@@ -243,7 +249,10 @@ std::vector<Violation> CheckValues(const JobConfig& c) {
            "LLAMA3 is needed for factor, low_freq_factor, high_freq_factor and original_max_position_embeddings");
     }
   }
+}
 
+void CheckDeviceAndTrain(const JobConfig& c, const Rules& need) {
+  const auto& m = c.model();
   need(c.device().kind() == config::DeviceConfig::CUDA || c.device().dtype() == config::DeviceConfig::FP32,
        "device.dtype", "BF16 needs device.kind CUDA (CPU workers compute in fp32)");
 
@@ -258,7 +267,9 @@ std::vector<Violation> CheckValues(const JobConfig& c) {
     need(t.seq_len() <= m.max_position_embeddings(), "train.seq_len",
          "must be <= model.max_position_embeddings (" + std::to_string(m.max_position_embeddings()) + ")");
   }
+}
 
+void CheckOptimizerDataAndLog(const JobConfig& c, const Rules& need) {
   const auto& o = c.optimizer();
   need(o.lr() >= 0, "optimizer.lr", "must be >= 0");
   need(o.min_lr() >= 0 && o.min_lr() <= o.lr(), "optimizer.min_lr", "must be in [0, lr]");
@@ -278,8 +289,9 @@ std::vector<Violation> CheckValues(const JobConfig& c) {
   need(c.log().eval_batches() > 0, "log.eval_batches", "must be > 0");
   need(c.log().sample_tokens() >= 0, "log.sample_tokens", "must be >= 0");
   need(c.log().sample_temperature() >= 0, "log.sample_temperature", "must be >= 0 (0 = greedy)");
+}
 
-  const auto& cl = c.cluster();
+void CheckCluster(const config::ClusterConfig& cl, const Rules& need) {
   need(cl.workers() > 0, "cluster.workers", "must be > 0");
   need(cl.servers() >= 0, "cluster.servers", "must be >= 0");
   need(cl.bucket_mb() > 0, "cluster.bucket_mb", "must be > 0");
@@ -324,6 +336,16 @@ std::vector<Violation> CheckValues(const JobConfig& c) {
          "streamed weights need sync PARAMETER_SERVER (the servers are where the weights stream from)");
     need(!cl.elastic(), "cluster.stream_weights", "is not supported together with cluster.elastic yet");
   }
+}
+
+std::vector<Violation> CheckValues(const JobConfig& c) {
+  std::vector<Violation> v;
+  NonFiniteFields(c, "", &v);
+  const Rules need(&v);
+  CheckModel(c.model(), need);
+  CheckDeviceAndTrain(c, need);
+  CheckOptimizerDataAndLog(c, need);
+  CheckCluster(c.cluster(), need);
   return v;
 }
 

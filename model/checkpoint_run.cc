@@ -74,9 +74,9 @@ Status CheckSameShape(const config::ModelConfig& found, const config::ModelConfi
   return Status::OK();
 }
 
-Status CheckSameModel(const std::string& step_dir, const config::JobConfig& config) {
+Status CheckSameModel(const std::string& step_dir, const config::ModelConfig& model) {
   HERD_ASSIGN_OR_RETURN(config::JobConfig saved, ReadCheckpointConfig(step_dir));
-  return CheckSameShape(saved.model(), config.model(), step_dir);
+  return CheckSameShape(saved.model(), model, step_dir);
 }
 
 // What --resume may change (docs/checkpoints.md lists the same); "log" stands for log.*.
@@ -235,7 +235,7 @@ Status CheckRunCanStart(const config::JobConfig& config, const TrainOptions& opt
     const std::string& dir = config.checkpoint().dir();
     return dir.empty() ? Status::OK() : RemoveFailedCheckpointWrites(dir).WithContext("checkpoint.dir: ");
   }
-  HERD_RETURN_IF_ERROR(CheckInitFrom(config));
+  HERD_RETURN_IF_ERROR(CheckInitFrom(config.checkpoint().init_from(), config.model()));
   const std::string& dir = config.checkpoint().dir();
   if (!dir.empty()) HERD_RETURN_IF_ERROR(CheckWritable(dir));
   return CheckFreshRun(dir, options.overwrite);

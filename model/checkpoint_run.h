@@ -28,7 +28,7 @@ Status CheckSameShape(const config::ModelConfig& found, const config::ModelConfi
 
 // A checkpoint's weights start a new run (checkpoint.init_from) only into
 // the same model shape.
-Status CheckSameModel(const std::string& step_dir, const config::JobConfig& config);
+Status CheckSameModel(const std::string& step_dir, const config::ModelConfig& model);
 
 // A checkpoint only continues the run it came from: the same model shape
 // and the same config, but for what --resume may change (the run's length

@@ -537,26 +537,25 @@ StatusOr<LoadedModel> LoadModelWeights(const std::string& path) {
   return out;
 }
 
-Status CheckInitFrom(const config::JobConfig& config) {
-  const std::string& path = config.checkpoint().init_from();
+Status CheckInitFrom(const std::string& path, const config::ModelConfig& model) {
   if (path.empty()) return Status::OK();
   const std::string what = "checkpoint.init_from " + path;
   if (IsHfDirectory(path)) {
-    HERD_ASSIGN_OR_RETURN(config::ModelConfig model, ParseConfigJson(JoinPath(path, "config.json")));
-    return CheckSameShape(model, config.model(), what);
+    HERD_ASSIGN_OR_RETURN(config::ModelConfig found, ParseConfigJson(JoinPath(path, "config.json")));
+    return CheckSameShape(found, model, what);
   }
   std::string step_dir = path;
   if (!PathExists(JoinPath(path, "manifest.json"))) {
     if (!PathExists(path)) return Status::NotFound(what + ": no such HuggingFace directory or checkpoint");
     HERD_ASSIGN_OR_RETURN(step_dir, LatestCheckpoint(path));
   }
-  return CheckSameModel(step_dir, config).WithContext("checkpoint.init_from: ");
+  return CheckSameModel(step_dir, model).WithContext("checkpoint.init_from: ");
 }
 
-StatusOr<std::vector<float>> LoadInitialWeights(const config::JobConfig& config, int64_t begin, int64_t end) {
-  const std::string& path = config.checkpoint().init_from();
+StatusOr<std::vector<float>> LoadInitialWeights(const std::string& path, const config::ModelConfig& model,
+                                                int64_t begin, int64_t end) {
   HERD_ASSIGN_OR_RETURN(LoadedModel loaded, LoadModelWeights(path));
-  HERD_RETURN_IF_ERROR(CheckSameShape(loaded.model, config.model(), "checkpoint.init_from " + path));
+  HERD_RETURN_IF_ERROR(CheckSameShape(loaded.model, model, "checkpoint.init_from " + path));
   return std::vector<float>(loaded.weights.begin() + begin, loaded.weights.begin() + end);
 }
 

@@ -43,13 +43,16 @@ struct LoadedModel {
 };
 StatusOr<LoadedModel> LoadModelWeights(const std::string& path);
 
-// checkpoint.init_from's model shape only (config.json, or the
-// checkpoint's config.textproto), checked against `config`: what a
-// launcher verifies once before starting every process.
-Status CheckInitFrom(const config::JobConfig& config);
+// checkpoint.init_from's (`path`: empty, or what it names) model shape
+// only (config.json, or the checkpoint's config.textproto), checked
+// against `model`: what a launcher verifies once before starting every
+// process.
+Status CheckInitFrom(const std::string& path, const config::ModelConfig& model);
 
-// checkpoint.init_from's weights for [begin, end) of `config`'s model; an
-// error naming the path when its model has another shape.
-StatusOr<std::vector<float>> LoadInitialWeights(const config::JobConfig& config, int64_t begin, int64_t end);
+// checkpoint.init_from's weights (at `path`) for [begin, end) of a
+// `model`-shaped space; an error naming the path when its model has
+// another shape.
+StatusOr<std::vector<float>> LoadInitialWeights(const std::string& path, const config::ModelConfig& model,
+                                                int64_t begin, int64_t end);
 
 }  // namespace herd

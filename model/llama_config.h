@@ -1,7 +1,6 @@
 // The shape of a Llama model, derived from config::ModelConfig (HF names).
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 
 #include "model/rope_scaling.h"
@@ -48,29 +47,5 @@ struct LlamaShape {
 
 // What backward recomputes rather than keeps (train.recompute).
 enum class Recompute { kNone, kAttention, kFull };
-
-inline Recompute RecomputeFromConfig(const config::TrainConfig& t) {
-  switch (t.recompute()) {
-    case config::TrainConfig::ATTENTION:
-      return Recompute::kAttention;
-    case config::TrainConfig::FULL:
-      return Recompute::kFull;
-    default:
-      return Recompute::kNone;
-  }
-}
-
-// How many micro-batches a CPU worker's model keeps activations for at
-// once: a step's all (train.grad_accum) when it streams its weights
-// (cluster.stream_weights) and the embeddings are untied, so that one
-// layer-major pass serves them all (LlamaModel::ForwardBackwardLayerMajor:
-// each unit pulled once a pass, no gradient kept whole until the last
-// micro-batch, the same bits); else 1, one micro-batch after the other.
-inline int MicroBatchSlots(const config::JobConfig& c) {
-  const bool layer_major = c.cluster().sync() == config::ClusterConfig::PARAMETER_SERVER &&
-                           c.cluster().stream_weights() && !c.model().tie_word_embeddings() &&
-                           c.device().kind() == config::DeviceConfig::CPU;
-  return layer_major ? std::max(1, c.train().grad_accum()) : 1;
-}
 
 }  // namespace herd

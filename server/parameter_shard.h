@@ -40,6 +40,7 @@
 #include "common/mutex.h"
 #include "model/optim/optimizer_shard.h"
 #include "sharding/shard_plan.h"
+#include "transport/ps_protocol.h"
 #include "transport/push_pull.h"
 
 namespace herd {

@@ -19,9 +19,11 @@
 #include "model/optim/adamw.h"
 #include "model/optim/optimizer_shard.h"
 #include "server/parameter_shard.h"
+#include "sharding/job_options.h"
 #include "sharding/memory_plan.h"
 #include "sharding/shard_plan.h"
 #include "transport/checkpoint_commit.h"
+#include "transport/exchanges.h"
 #include "transport/join.h"
 #include "transport/node_runtime.h"
 #include "transport/push_pull.h"
@@ -38,19 +40,20 @@ StatusOr<ParameterShard::StepHooks::Global> GlobalScalars(transport::Coordinator
                                                           double partial, double loss) {
   if (client.num_servers() == 1) return ParameterShard::StepHooks::Global{std::sqrt(partial), loss};
   trace::Span span("norm exchange", "server", {"step", step});
-  const double mine[2] = {partial, loss};
-  HERD_ASSIGN_OR_RETURN(auto all, client.AllGather("herd/norm/" + std::to_string(step),
-                                                   std::string(reinterpret_cast<const char*>(mine), sizeof mine),
-                                                   wire::SERVERS));
-  double total = 0, first_loss = 0;
+  wire::NormShare mine;
+  mine.set_sum_of_squares(partial);
+  mine.set_loss(loss);
+  HERD_ASSIGN_OR_RETURN(std::vector<wire::NormShare> all,
+                        transport::Gather(client, transport::NormExchange(step), mine));
+  double total = 0;
   for (size_t i = 0; i < all.size(); ++i) {
-    double x[2];
-    if (all[i].size() != sizeof x) return Status::Corruption("a server sent a malformed partial norm and loss");
-    std::memcpy(x, all[i].data(), sizeof x);
-    total += x[0];
-    if (i == 0) first_loss = x[1];
+    if (!all[i].has_sum_of_squares() || !all[i].has_loss()) {
+      return Status::Corruption("step " + std::to_string(step) + ": server " + std::to_string(i) +
+                                " sent no partial norm and loss");
+    }
+    total += all[i].sum_of_squares();
   }
-  return ParameterShard::StepHooks::Global{std::sqrt(total), first_loss};
+  return ParameterShard::StepHooks::Global{std::sqrt(total), all[0].loss()};
 }
 
 // One parameter server's process. Members in the order they are made;
@@ -121,12 +124,11 @@ ServerProcess::ServerProcess(const config::JobConfig& config, const TrainOptions
 
 Status ServerProcess::Prepare(transport::NodeRuntime& runtime, transport::CoordinatorClient& client) {
   rank_ = client.rank();
-  HERD_RETURN_IF_ERROR(transport::AgreeOn(client, "herd/resume",
-                                          resume_from_ ? BaseName(resume_from_->dir) : std::string("none"),
-                                          "the checkpoint to resume from"));
+  HERD_RETURN_IF_ERROR(transport::AgreeOnResume(client, resume_from_ ? BaseName(resume_from_->dir) : "none"));
   Stopwatch sw;
+  const JobOptions job = JobOptions::FromConfig(config_);
   HERD_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerShard> optimizer,
-                        OptimizerShard::InitOrResume(config_, layout_, plan_.shard(rank_), resume_from_));
+                        job.MakeOptimizer(layout_, plan_.shard(rank_), resume_from_));
   ParameterShardOptions o;
   o.layout = &layout_;
   o.plan = &plan_;
@@ -185,7 +187,7 @@ Status ServerProcess::Run(const transport::JoinOptions& join) {
   Status written = background_.Wait();
   HERD_RETURN_IF_ERROR(runtime_->Conclude(served.ok() ? written : served));
   HERD_RETURN_IF_ERROR(trace_.Finish(client));
-  HERD_RETURN_IF_ERROR(client->Barrier("herd/done"));
+  HERD_RETURN_IF_ERROR(client->Barrier(transport::kDoneBarrier));
   HERD_RETURN_IF_ERROR(ReportSummary(last_step_ - start));
   return client->Leave();
 }

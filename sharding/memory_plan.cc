@@ -5,6 +5,7 @@
 #include "common/memory.h"
 #include "model/cuda/device_memory.h"
 #include "model/llama.h"
+#include "sharding/job_options.h"
 #include "sharding/weight_window.h"
 
 namespace herd {
@@ -36,7 +37,8 @@ struct JobSizes {
       : config(c),
         cluster(c.cluster()),
         train(c.train()),
-        shape(LlamaShape::FromConfig(c.model())),
+        job(JobOptions::FromConfig(c)),
+        shape(job.shape),
         layout(shape),
         P(layout.size()),
         W(cluster.workers()),
@@ -45,16 +47,15 @@ struct JobSizes {
         gpu(c.device().kind() == config::DeviceConfig::CUDA),
         streamed(cluster.stream_weights()) {
     const int64_t activations =
-        LlamaModel<float>::ActivationBytes(shape, train.batch_size(), train.seq_len(), RecomputeFromConfig(train),
-                                           MicroBatchSlots(config)) +
+        LlamaModel<float>::ActivationBytes(shape, train.batch_size(), train.seq_len(), job.recompute,
+                                           job.micro_batch_slots) +
         2 * static_cast<int64_t>(train.batch_size()) * train.seq_len() * static_cast<int64_t>(sizeof(int32_t));
     const bool gpu_bf16 = config.device().dtype() == config::DeviceConfig::BF16;
     if (gpu && streamed) {
       gpu_bytes = cuda::StreamedGpuWorkerDeviceBytes(shape, train.batch_size(), train.seq_len(), gpu_bf16,
-                                                     RecomputeFromConfig(train), train.grad_accum() > 1);
+                                                     job.recompute, train.grad_accum() > 1);
     } else if (gpu) {
-      gpu_bytes = cuda::GpuWorkerDeviceBytes(shape, train.batch_size(), train.seq_len(), gpu_bf16,
-                                             RecomputeFromConfig(train));
+      gpu_bytes = cuda::GpuWorkerDeviceBytes(shape, train.batch_size(), train.seq_len(), gpu_bf16, job.recompute);
     }
     // A CUDA worker: activations on the GPU, a page-locked gradient staging
     // buffer on the host; streamed, the staging is a ring each way.
@@ -65,6 +66,7 @@ struct JobSizes {
   const config::JobConfig& config;
   const config::ClusterConfig& cluster;
   const config::TrainConfig& train;
+  const JobOptions job;
   const LlamaShape shape;
   const ParamLayout layout;
   const int64_t P;  // elements of the flat parameter space
@@ -113,13 +115,13 @@ ProcessMemory PsWorkerMemory(const JobSizes& j, const ShardPlan& shards) {
   if (j.streamed) {
     // The window at its fullest, replayed through the worker's own policy
     // (on a CPU, gradients whole until the last micro-batch unless one
-    // layer-major pass serves them all: MicroBatchSlots; a GPU keeps the
+    // layer-major pass serves them all: micro_batch_slots; a GPU keeps the
     // micro-batches' sum itself and declares each unit final one unit
     // late); each bucket boundary may keep one shared page of weights,
     // gradients and staging backed.
     const StreamedPeak peak =
         ReplayStreamedStep(shards, j.layout, j.cluster.stream_prefetch_layers(), j.wire,
-                           !j.gpu && j.train.grad_accum() > MicroBatchSlots(j.config), /*final_lag=*/j.gpu ? 1 : 0);
+                           !j.gpu && j.train.grad_accum() > j.job.micro_batch_slots, /*final_lag=*/j.gpu ? 1 : 0);
     w.weights = peak.weights;
     w.gradients = peak.gradients;
     w.buffers = peak.staging + j.staging +
@@ -149,8 +151,7 @@ ProcessMemory TrainerMemory(const JobSizes& j) {
     t.gradients = 0;
     t.buffers = 0;
     t.device = cuda::DeviceTrainerDeviceBytes(j.shape, j.train.batch_size(), j.train.seq_len(),
-                                              j.config.device().dtype() == config::DeviceConfig::BF16,
-                                              RecomputeFromConfig(j.train));
+                                              j.config.device().dtype() == config::DeviceConfig::BF16, j.job.recompute);
   }
   return t;
 }

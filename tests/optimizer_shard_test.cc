@@ -2,6 +2,7 @@
 // object for one process, a server, a ZeRO-1 owner and a DDP worker. The
 // properties the modes rely on, asserted bitwise.
 #include "model/optim/optimizer_shard.h"
+#include "sharding/job_options.h"
 
 #include <gtest/gtest.h>
 
@@ -53,7 +54,7 @@ class OptimizerShardTest : public ::testing::Test {
  protected:
   void SetUp() override { ASSERT_TRUE(dir_.Create("herd-optimizer-test").ok()); }
   std::unique_ptr<OptimizerShard> Fresh(ParamRange r) {
-    auto s = OptimizerShard::InitOrResume(job_, layout_, r, std::nullopt);
+    auto s = JobOptions::FromConfig(job_).MakeOptimizer(layout_, r, std::nullopt);
     EXPECT_TRUE(s.ok()) << s.status().message();
     return std::move(s).value();
   }
@@ -79,7 +80,7 @@ TEST_F(OptimizerShardTest, StepIsClipAndAdamWAndFollowsTheSchedule) {
   auto s = Fresh({0, P_});
   std::vector<float> w(s->weights(), s->weights() + P_), m(P_, 0), v(P_, 0);
   const auto segments = DecaySegments(layout_, 0, P_);
-  const OptimizerOptions options = OptimizerOptions::FromConfig(job_.optimizer(), 50);
+  const OptimizerOptions options = OptimizerOptionsOf(job_.optimizer(), 50);
   for (int t = 0; t < 5; ++t) {
     const auto g = Gradients(P_, t);
     const double norm = std::sqrt(SumOfSquares(g.data(), P_));
@@ -212,7 +213,7 @@ TEST_F(OptimizerShardTest, SavedShardsResumeOnAnyPartition) {
   ASSERT_TRUE(WriteManifest(step_dir, 4, CheckpointParts(2, 0)).ok());
   auto ckpt = LatestVerifiedCheckpoint(dir_.path());
   ASSERT_TRUE(ckpt.ok()) << ckpt.status().message();
-  auto whole = OptimizerShard::InitOrResume(job, layout_, {0, P_}, *ckpt);
+  auto whole = JobOptions::FromConfig(job).MakeOptimizer(layout_, {0, P_}, *ckpt);
   ASSERT_TRUE(whole.ok()) << whole.status().message();
   EXPECT_EQ((*whole)->step(), 4);
   EXPECT_TRUE(Same((*whole)->weights(), a->weights(), cut));

@@ -17,6 +17,7 @@
 #include "model/optim/adamw.h"
 #include "server/parameter_shard.h"
 #include "sharding/shard_plan.h"
+#include "transport/ps_protocol.h"
 
 namespace herd {
 namespace {

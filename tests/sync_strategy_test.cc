@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "model/optim/optimizer_shard.h"
+#include "sharding/job_options.h"
 #include "server/parameter_shard.h"
 #include "transport/push_pull.h"
 #include "transport/ring_collectives.h"
@@ -117,7 +118,7 @@ void ExpectOneProcessStep(const config::JobConfig& job, const ParamLayout& layou
   for (int w = 0; w < W; ++w) {
     ASSERT_TRUE(workers.results[w].ok()) << "worker " << w << ": " << workers.results[w].message();
   }
-  auto reference = OptimizerShard::InitOrResume(job, layout, {0, P}, std::nullopt);
+  auto reference = JobOptions::FromConfig(job).MakeOptimizer(layout, {0, P}, std::nullopt);
   ASSERT_TRUE(reference.ok());
   std::vector<float> sum(P, 0.0f);
   for (int w = 0; w < W; ++w) {
@@ -162,9 +163,10 @@ void RunOneStep(int W, int zero_stage) {
   }
 
   Workers workers(W, P);
+  const JobOptions options = JobOptions::FromConfig(job);
   workers.Start([&](int r, float* weights) {
     CollectiveSyncOptions o;
-    o.config = &job;
+    o.job = &options;
     o.layout = &layout;
     o.plan = &*plan;
     o.zero1 = zero_stage == 1;
@@ -183,7 +185,7 @@ TEST(LocalSync, StepsTheLoopsWeightsInPlaceAsOneProcessDoes) {
   Workers workers(1, layout.size());
   workers.Start([&](int, float* weights) -> StatusOr<std::unique_ptr<SyncStrategy>> {
     HERD_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerShard> optimizer,
-                          OptimizerShard::InitOrResume(job, layout, {0, layout.size()}, std::nullopt));
+                          JobOptions::FromConfig(job).MakeOptimizer(layout, {0, layout.size()}, std::nullopt));
     return CreateLocalSync(std::move(optimizer), weights);
   });
   workers.Join();
@@ -195,7 +197,7 @@ TEST(LocalSync, ANonFiniteGradientNormIsDivergenceWithAdvice) {
   const ParamLayout layout(LlamaShape::FromConfig(job.model()));
   const int64_t P = layout.size();
   std::vector<float> weights(P), grads(P, 0.0f);
-  auto optimizer = OptimizerShard::InitOrResume(job, layout, {0, P}, std::nullopt);
+  auto optimizer = JobOptions::FromConfig(job).MakeOptimizer(layout, {0, P}, std::nullopt);
   ASSERT_TRUE(optimizer.ok());
   auto local = CreateLocalSync(std::move(*optimizer), weights.data());
   grads[P / 2] = std::numeric_limits<float>::infinity();
@@ -234,7 +236,7 @@ void RunOneParameterServerStep(int S, int W, bool stream = false) {
   std::vector<std::unique_ptr<ParameterShard>> shards;
   std::vector<std::unique_ptr<transport::PushPullServer>> services;
   for (int s = 0; s < S; ++s) {
-    auto optimizer = OptimizerShard::InitOrResume(job, layout, plan->shard(s), std::nullopt);
+    auto optimizer = JobOptions::FromConfig(job).MakeOptimizer(layout, plan->shard(s), std::nullopt);
     ASSERT_TRUE(optimizer.ok());
     ParameterShardOptions o;
     o.layout = &layout;
@@ -287,13 +289,15 @@ void RunOneParameterServerStep(int S, int W, bool stream = false) {
     });
   }
   Workers workers(W, P);
-  workers.Start([&](int w, float*) {
+  workers.Start([&](int w, float*) -> StatusOr<std::unique_ptr<SyncStrategy>> {
     ParameterServerSyncOptions o;
     o.plan = &*plan;
     o.stream = stream;
     o.rank = w;
     o.first_server = 0;
-    return CreateParameterServerSync(o, transports[S + w].get(), clients[w].get());
+    HERD_ASSIGN_OR_RETURN(ParameterServerSyncParts parts,
+                          CreateParameterServerSync(o, transports[S + w].get(), clients[w].get()));
+    return std::move(parts.sync);
   });
   workers.Join();
   for (auto& t : server_threads) t.join();

@@ -16,6 +16,7 @@
 #include "common/file_util.h"
 #include "transport/coordinator.h"
 #include "transport/coordinator_client.h"
+#include "transport/exchanges.h"
 #include "transport/rendezvous.h"
 #include "transport/wire.h"
 
@@ -294,6 +295,56 @@ TEST(Coordinator, RanksBarriersAndAllGather) {
   EXPECT_EQ(assigned, (std::vector<int>{0, 1}));
   const std::vector<std::string> expected = {"from-1-0", "from-2-0", "from-2-1", "from-2-2"};
   for (int i = 0; i < 4; ++i) EXPECT_EQ(gathered[i], expected) << i;
+}
+
+// Typed exchanges: each contribution arrives as its message, in scope
+// order; one that does not parse is an error that names who sent it.
+TEST(Coordinator, TypedExchangesParseEachContributionAndNameAMalformedOne) {
+  TestCoordinator coordinator(JobShape{.servers = 2, .workers = 1, .heartbeat_interval_s = 0.2,
+                                       .heartbeat_timeout_s = 5, .join_timeout_s = 20});
+  std::vector<std::thread> threads;
+  std::string worker = "not joined";
+  threads.emplace_back([&] {
+    auto c = coordinator.Join(wire::WORKER, 0);
+    worker = c.ok() ? (*c)->Leave().ToString() : c.status().message();
+  });
+  std::vector<std::vector<double>> sums(2);
+  std::vector<std::string> malformed(2), failures(2);
+  for (int s = 0; s < 2; ++s) {
+    threads.emplace_back([&, s] {
+      auto c = coordinator.Join(wire::SERVER, s);
+      if (!c.ok()) {
+        failures[s] = c.status().message();
+        return;
+      }
+      wire::NormShare mine;
+      mine.set_sum_of_squares(10.0 + s);
+      mine.set_loss(s);
+      auto all = Gather(**c, NormExchange(1), mine);
+      if (all.ok()) {
+        for (const wire::NormShare& n : *all) sums[s].push_back(n.sum_of_squares());
+      }
+      // Server 1 sends bytes that are no NormShare (a length past the end).
+      if (s == 1) {
+        auto raw = (*c)->AllGather(NormExchange(2).key, std::string("\x0a\x7f", 2), wire::SERVERS);
+        malformed[s] = raw.ok() ? "sent" : raw.status().message();
+      } else {
+        auto bad = Gather(**c, NormExchange(2), mine);
+        malformed[s] = bad.ok() ? "accepted" : bad.status().message();
+      }
+      failures[s] = (*c)->Leave().ToString();
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_TRUE(coordinator.Finish().ok());
+  EXPECT_EQ(worker, "ok");
+  for (int s = 0; s < 2; ++s) {
+    EXPECT_EQ(failures[s], "ok") << s;
+    EXPECT_EQ(sums[s], (std::vector<double>{10.0, 11.0})) << s;
+  }
+  EXPECT_EQ(malformed[1], "sent");
+  EXPECT_NE(malformed[0].find("herd/norm/2: server rank 1"), std::string::npos) << malformed[0];
+  EXPECT_NE(malformed[0].find("malformed NormShare"), std::string::npos) << malformed[0];
 }
 
 // A data-plane error is reported as the coordinator's word on the job when

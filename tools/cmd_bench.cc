@@ -16,6 +16,7 @@
 #include "common/rng.h"
 #include "model/llama.h"
 #include "model/optim/optimizer_shard.h"
+#include "sharding/job_options.h"
 #include "tools/args.h"
 #include "tools/commands.h"
 #include "worker/local_sync.h"
@@ -49,10 +50,10 @@ int BenchTrain(int argc, char** argv) {
   std::vector<float> params(P), grads(P);
   // The deterministic initialisation (no checkpoint.init_from), with the
   // schedule over the bench's steps.
-  config::JobConfig job = *config;
-  job.mutable_train()->set_steps(total_steps);
-  job.mutable_checkpoint()->clear_init_from();
-  auto shard = OptimizerShard::InitOrResume(job, layout, {0, P}, std::nullopt);
+  JobOptions job = JobOptions::FromConfig(*config);
+  job.optimizer.schedule.total_steps = total_steps;
+  job.init.init_from.clear();
+  auto shard = job.MakeOptimizer(layout, {0, P}, std::nullopt);
   if (!shard.ok()) return ReportError(shard.status().WithContext("bench train: "));
   std::unique_ptr<SyncStrategy> optimizer = CreateLocalSync(std::move(*shard), params.data());
   Rng rng(train.seed());

@@ -30,6 +30,7 @@
 #include "common/rng.h"
 #include "model/cuda/staged_model.h"
 #include "model/optim/optimizer_shard.h"
+#include "sharding/job_options.h"
 #include "worker/cuda/device_trainer.h"
 #include "worker/local_sync.h"
 #endif
@@ -75,11 +76,11 @@ StatusOr<GpuBenchResult> TimeDeviceSteps(const config::JobConfig& config, cuda::
   result.device_name = device->Describe();
   // The deterministic initialisation (no checkpoint.init_from), with the
   // schedule over the bench's steps.
-  config::JobConfig job = config;
-  job.mutable_train()->set_steps(warmup + steps);
-  job.mutable_checkpoint()->clear_init_from();
+  JobOptions job = JobOptions::FromConfig(config);
+  job.optimizer.schedule.total_steps = warmup + steps;
+  job.init.init_from.clear();
   HERD_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerShard> shard,
-                        OptimizerShard::InitOrResume(job, layout, {0, P}, std::nullopt));
+                        job.MakeOptimizer(layout, {0, P}, std::nullopt));
   std::vector<float> weights(P);
   DeviceResidentSync sync(std::move(created), std::move(shard), weights.data());
   const uint64_t seed = config.train().seed();
@@ -231,8 +232,9 @@ int RunBenchGpu(int argc, char** argv) {
   return ReportError(Status::FailedPrecondition("bench gpu: this herd was built without CUDA"));
 #else
   const double flops_per_token = TrainingFlopsPerToken(LlamaShape::FromConfig(run->config.model()), run->seq());
-  cuda::DeviceTrainer::Options trainer = cuda::DeviceTrainer::Options::FromConfig(run->config, /*device=*/0);
-  trainer.bf16 = run->bf16;  // --fp32, whatever the config's device.dtype
+  // --fp32 or not, whatever the config's device.dtype.
+  cuda::DeviceTrainer::Options trainer =
+      cuda::DeviceTrainer::Options::ForJob(JobOptions::FromConfig(run->config), run->bf16, /*device=*/0);
   std::fprintf(stderr, "bench gpu: herd, %d x %d tokens, %s, %lld + %lld steps\n", run->batch(), run->seq(),
                run->bf16 ? "bf16" : "fp32", static_cast<long long>(run->warmup), static_cast<long long>(run->steps));
   auto r = TimeDeviceSteps(run->config, trainer, static_cast<int>(run->steps), static_cast<int>(run->warmup));

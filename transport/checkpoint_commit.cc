@@ -9,6 +9,7 @@
 #include "common/trace.h"
 #include "model/checkpoint_commit.h"
 #include "model/checkpoint_format.h"
+#include "transport/exchanges.h"
 #include "transport/join.h"
 
 namespace herd::transport {
@@ -16,14 +17,15 @@ namespace {
 
 // One phase's vote: everyone reports how its part went; OK when all
 // succeeded, else the first failure, naming its process.
-Status AllSucceeded(CoordinatorClient& client, const std::string& name, const Status& mine, wire::Scope voters) {
-  HERD_ASSIGN_OR_RETURN(std::vector<std::string> all,
-                        client.AllGather(name, mine.ok() ? "" : mine.message(), voters));
+Status AllSucceeded(CoordinatorClient& client, const Exchange<wire::CheckpointVote>& vote, const Status& mine) {
+  wire::CheckpointVote my_vote;
+  if (!mine.ok()) my_vote.set_error(mine.message());
+  HERD_ASSIGN_OR_RETURN(std::vector<wire::CheckpointVote> all, Gather(client, vote, my_vote));
   // Scope order is membership order: servers, then workers.
-  const size_t first = voters == wire::WORKERS ? client.num_servers() : 0;
+  const size_t first = vote.scope == wire::WORKERS ? client.num_servers() : 0;
   if (!mine.ok()) return mine;  // this process's own failure, not a consequence
   for (size_t i = 0; i < all.size(); ++i) {
-    if (!all[i].empty()) return Status::Aborted(DescribeMember(client.members()[first + i]) + ": " + all[i]);
+    if (all[i].has_error()) return Status::Aborted(DescribeMember(client.members()[first + i]) + ": " + all[i].error());
   }
   return Status::OK();
 }
@@ -47,10 +49,10 @@ Status CommitCheckpoint(CoordinatorClient* client, const std::string& step_dir, 
   trace::Span span("checkpoint vote", "checkpoint", {"step", step});
   const std::string where = "checkpoint " + step_dir + ": ";
   HERD_RETURN_IF_ERROR(
-      AllSucceeded(*client, "herd/checkpoint/" + std::to_string(step), part, voters).WithContext(where));
+      AllSucceeded(*client, PartsWrittenVote(step, voters), part).WithContext(where));
   Status committed;
   if (committer) committed = WriteManifest(step_dir, step, parts);
-  return AllSucceeded(*client, "herd/committed/" + std::to_string(step), committed, voters).WithContext(where);
+  return AllSucceeded(*client, CommittedVote(step, voters), committed).WithContext(where);
 }
 
 BackgroundCommit::~BackgroundCommit() { Wait(); }

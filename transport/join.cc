@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "transport/exchanges.h"
 #include "transport/network_devices.h"
 #include "transport/wire.h"
 
@@ -63,18 +64,21 @@ StatusOr<std::unique_ptr<CoordinatorClient>> JoinJob(const JoinOptions& options,
   }
   // A worker joining a job under way is welcomed once every member has
   // connected to it; the others passed this barrier long ago.
-  if (!client->joined_under_way()) HERD_RETURN_IF_ERROR(client->Barrier("herd/ucx-connected"));
+  if (!client->joined_under_way()) HERD_RETURN_IF_ERROR(client->Barrier(kUcxConnectedBarrier));
   LOG(INFO) << DescribeRole(client->role(), client->rank()) << ": joined a job of " << client->num_servers()
             << " servers and " << client->num_workers() << " workers";
   return client;
 }
 
-Status AgreeOn(CoordinatorClient& client, const std::string& name, const std::string& value, const std::string& what) {
-  HERD_ASSIGN_OR_RETURN(std::vector<std::string> all, client.AllGather(name, value));
+Status AgreeOnResume(CoordinatorClient& client, const std::string& checkpoint) {
+  wire::ResumeChoice mine;
+  mine.set_checkpoint(checkpoint);
+  HERD_ASSIGN_OR_RETURN(std::vector<wire::ResumeChoice> all, Gather(client, ResumeExchange(), mine));
   for (size_t i = 0; i < all.size(); ++i) {
-    if (all[i] != value) {
-      return Status::FailedPrecondition(what + " differs: " + DescribeMember(client.members()[i]) + " has '" +
-                                        all[i] + "', this process '" + value + "'");
+    if (all[i].checkpoint() != checkpoint) {
+      return Status::FailedPrecondition("the checkpoint to resume from differs: " +
+                                        DescribeMember(client.members()[i]) + " has '" + all[i].checkpoint() +
+                                        "', this process '" + checkpoint + "'");
     }
   }
   return Status::OK();

@@ -36,10 +36,10 @@ StatusOr<std::unique_ptr<CoordinatorClient>> JoinJob(const JoinOptions& options,
                                                      const std::vector<wire::Role>& connect_to,
                                                      const PrepareFn& prepare = nullptr);
 
-// Every process contributes `value` under `name`; OK when all agree, else
-// an error naming the first process whose value differs from ours (`what`
-// describes the value in that line).
-Status AgreeOn(CoordinatorClient& client, const std::string& name, const std::string& value, const std::string& what);
+// Every process names the checkpoint it resumes from (its step directory's
+// name, or "none"); OK when all agree, else an error naming the first
+// process whose choice differs from ours.
+Status AgreeOnResume(CoordinatorClient& client, const std::string& checkpoint);
 
 // The PeerId of a member: its index in the membership.
 PeerId MemberPeerId(const CoordinatorClient& client, wire::Role role, int rank);

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "common/mutex.h"
+#include "transport/exchanges.h"
 #include "transport/wire.h"
 
 namespace herd::transport {
@@ -121,10 +122,10 @@ StatusOr<std::unique_ptr<NcclCollectives>> NcclCollectives::Create(CoordinatorCl
     ncclResult_t r = ncclGetUniqueId(&id);
     if (r != ncclSuccess) return Status::Unavailable("NCCL: ncclGetUniqueId: " + NcclError(r));
   }
-  std::string mine(reinterpret_cast<const char*>(&id), sizeof id);
-  HERD_ASSIGN_OR_RETURN(auto all, client.AllGather("herd/nccl-id", client.rank() == 0 ? mine : "", wire::WORKERS));
-  const int first_worker = client.role() == wire::WORKER ? client.num_servers() : 0;
-  const std::string& root = all[first_worker];
+  wire::NcclId mine;
+  if (client.rank() == 0) mine.set_id(std::string(reinterpret_cast<const char*>(&id), sizeof id));
+  HERD_ASSIGN_OR_RETURN(std::vector<wire::NcclId> all, Gather(client, NcclIdExchange(), mine));
+  const std::string& root = all[0].id();
   if (root.size() != sizeof id) return Status::Corruption("NCCL: worker 0 sent a malformed unique id");
   std::memcpy(&id, root.data(), sizeof id);
   auto impl = std::make_unique<Impl>(client.rank(), client.num_workers());

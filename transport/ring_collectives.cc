@@ -355,23 +355,7 @@ void RingCollectives::OnMessage(PeerId from, std::string_view header, IncomingPa
         early_bytes_ + static_cast<int64_t>(payload.size()) > kMaxEarlyBytes) {
       return refuse("a ring message for operation " + std::to_string(h.seq) + " that cannot be expected");
     }
-    auto e = std::make_shared<Early>();
-    e->header = h;
-    e->bytes = TakeBuffer();
-    e->size = payload.size();
-    early_bytes_ += static_cast<int64_t>(payload.size());
-    early_[h.seq].push_back(e);
-    payload.ReceiveInto(e->bytes.get(), [this, e](const Status& received) {
-      MutexLock lock(&mu_);
-      e->arrived = true;
-      e->status = received;
-      auto op = ops_.find(e->header.seq);
-      if (op != ops_.end() && op->second->started) {
-        TakeEarly(*op->second);
-        Settle(*op->second);
-      }
-    });
-    return;
+    return KeepEarly(h, payload);
   }
   Op& op = *it->second;
   if (op.done) return payload.Reject();
@@ -413,6 +397,25 @@ void RingCollectives::OnMessage(PeerId from, std::string_view header, IncomingPa
       s.erase(used);
     }
     Settle(o);
+  });
+}
+
+void RingCollectives::KeepEarly(const ChunkHeader& h, IncomingPayload& payload) {
+  auto e = std::make_shared<Early>();
+  e->header = h;
+  e->bytes = TakeBuffer();
+  e->size = payload.size();
+  early_bytes_ += static_cast<int64_t>(payload.size());
+  early_[h.seq].push_back(e);
+  payload.ReceiveInto(e->bytes.get(), [this, e](const Status& received) {
+    MutexLock lock(&mu_);
+    e->arrived = true;
+    e->status = received;
+    auto op = ops_.find(e->header.seq);
+    if (op != ops_.end() && op->second->started) {
+      TakeEarly(*op->second);
+      Settle(*op->second);
+    }
   });
 }
 

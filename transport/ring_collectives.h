@@ -64,6 +64,9 @@ class RingCollectives : public Collectives {
   // The part a received chunk belongs to, or -1 when `op` expects no such
   // chunk (wrong phase, step, index or length).
   int ExpectedChunk(const Op& op, const ChunkHeader& h, size_t bytes) const REQUIRES(mu_);
+  // Receives a chunk of an operation not started here yet (checked to be
+  // one that can be expected, within the bound) to apply when it starts.
+  void KeepEarly(const ChunkHeader& h, IncomingPayload& payload) REQUIRES(mu_);
   // Applies the chunks of `op` that arrived before it started.
   void TakeEarly(Op& op) REQUIRES(mu_);
   // Chunk-sized receive buffers, pooled.

@@ -184,18 +184,19 @@ StatusOr<std::unique_ptr<SyncStrategy>> CreateCollectiveSync(
   const int64_t P = o.layout->size();
   const ParamRange owned = o.zero1 ? o.plan->shard(rank) : ParamRange{0, P};
   HERD_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerShard> optimizer,
-                        OptimizerShard::InitOrResume(*o.config, *o.layout, owned, resume_from));
+                        o.job->MakeOptimizer(*o.layout, owned, resume_from));
   if (resume_from && owned.size() < P) {
     // ZeRO-1: the model needs the other workers' weights too.
     HERD_ASSIGN_OR_RETURN(ShardState all, ReadShardRange(resume_from->dir, resume_from->manifest, 0, P, false));
     std::copy(all.weights.begin(), all.weights.end(), weights);
   } else if (!resume_from && rank == 0) {
     // A fresh start broadcasts worker 0's whole model.
-    if (!o.config->checkpoint().init_from().empty()) {
-      HERD_ASSIGN_OR_RETURN(std::vector<float> init, LoadInitialWeights(*o.config, 0, P));
-      std::copy(init.begin(), init.end(), weights);
+    const WeightInit& init = o.job->init;
+    if (!init.init_from.empty()) {
+      HERD_ASSIGN_OR_RETURN(std::vector<float> loaded, LoadInitialWeights(init.init_from, init.model, 0, P));
+      std::copy(loaded.begin(), loaded.end(), weights);
     } else {
-      InitParameters(*o.layout, o.config->train().seed(), o.config->model().initializer_range(), weights);
+      InitParameters(*o.layout, init.seed, init.initializer_range, weights);
     }
   }
   optimizer->AttachWeights(weights);

@@ -25,6 +25,7 @@
 #include "common/status.h"
 #include "model/checkpoint_load.h"
 #include "proto/herd.pb.h"
+#include "sharding/job_options.h"
 #include "sharding/shard_plan.h"
 #include "transport/collectives.h"
 #include "worker/sync_strategy.h"
@@ -42,7 +43,7 @@ class DeviceGradientReduction {
 };
 
 struct CollectiveSyncOptions {
-  const config::JobConfig* config = nullptr;
+  const JobOptions* job = nullptr;
   const ParamLayout* layout = nullptr;
   // Buckets (and, for ZeRO-1, owners: one shard per worker).
   const ShardPlan* plan = nullptr;

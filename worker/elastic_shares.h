@@ -41,6 +41,8 @@ class ElasticShares {
   // On the coordinator client's thread: the membership changed.
   void Apply(const transport::MembershipChange& change);
 
+  // cluster.workers: the shares of every step's global batch.
+  int shares() const { return shares_; }
   // The newest membership epoch known here (0: no change).
   int epoch() const;
   // Blocks until the changes through `epoch` are known here; `health`

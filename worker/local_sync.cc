@@ -1,6 +1,7 @@
 #include "worker/local_sync.h"
 
 #include <cmath>
+#include <string>
 
 #include "common/file_util.h"
 #include "common/trace.h"
@@ -9,7 +10,7 @@
 namespace herd {
 namespace {
 
-class LocalSync : public SyncStrategy {
+class LocalSync : public OneProcessSync {
  public:
   explicit LocalSync(std::unique_ptr<OptimizerShard> optimizer) : optimizer_(std::move(optimizer)) {
     report_.version = static_cast<uint64_t>(optimizer_->step());
@@ -19,7 +20,6 @@ class LocalSync : public SyncStrategy {
     grads_ = grads;
     step_ = step;
   }
-  void FinalFrom(int64_t) override {}
   Status FinishStep(double loss) override {
     const double norm = std::sqrt(SumOfSquares(grads_, optimizer_->size()));
     HERD_RETURN_IF_ERROR(CheckNotDiverged("gradient norm", norm));
@@ -28,22 +28,31 @@ class LocalSync : public SyncStrategy {
     report_ = ReportOf(s.step, norm, s.lr, loss, s.spike);
     return Status::OK();
   }
-  // The loop's weights are the optimizer's: stepped in place.
-  void IssueWeights(float*, uint64_t) override {}
-  void WaitUpTo(int64_t) override {}
-  Status FinishWeights() override { return Status::OK(); }
   const StepReport& report() const override { return report_; }
-  double TakeWaitSeconds() override { return 0; }
   Status WriteCheckpointParts(const std::string& step_dir) override {
     return optimizer_->Save(JoinPath(step_dir, ShardFileName(0)));
   }
-  int shard_files() const override { return 1; }
 
  private:
   const std::unique_ptr<OptimizerShard> optimizer_;
   float* grads_ = nullptr;
   uint64_t step_ = 0;
   StepReport report_;
+};
+
+class DeviceResidentStep : public ShareCompute {
+ public:
+  explicit DeviceResidentStep(DeviceResidentSync& sync) : sync_(sync) {}
+
+  StatusOr<double> Compute(int64_t t, int, const ShareBatches& batches, StepBoundary& previous) override {
+    HERD_RETURN_IF_ERROR(previous.Settle());
+    StatusOr<double> loss = sync_.ComputeStep(batches.inputs, batches.targets, static_cast<uint64_t>(t));
+    if (!loss.ok()) return loss.status().WithContext("step " + std::to_string(t + 1) + ": ");
+    return loss;
+  }
+
+ private:
+  DeviceResidentSync& sync_;
 };
 
 }  // namespace
@@ -78,6 +87,10 @@ StatusOr<double> DeviceResidentSync::ComputeStep(const std::vector<const int32_t
 Status DeviceResidentSync::WriteCheckpointParts(const std::string& step_dir) {
   device_->GetState(optimizer_->weights(), optimizer_->m(), optimizer_->v());
   return optimizer_->Save(JoinPath(step_dir, ShardFileName(0)));
+}
+
+std::unique_ptr<ShareCompute> DeviceResidentSteps(DeviceResidentSync& sync) {
+  return std::make_unique<DeviceResidentStep>(sync);
 }
 
 }  // namespace herd

@@ -47,31 +47,31 @@ StatusOr<int> PickDevice(int local_rank) {
 
 }  // namespace
 
-StatusOr<std::unique_ptr<cuda::DeviceTrainer>> CreateDeviceTrainer(const config::JobConfig& config, int local_rank) {
+StatusOr<std::unique_ptr<cuda::DeviceTrainer>> CreateDeviceTrainer(const config::JobConfig& config,
+                                                                   const JobOptions& job, int local_rank) {
   if (config.device().kind() == config::DeviceConfig::CPU) return std::unique_ptr<cuda::DeviceTrainer>();
   HERD_ASSIGN_OR_RETURN(const int device, PickDevice(local_rank));
 #if HERD_HAVE_CUDA_MODEL
-  return cuda::DeviceTrainer::Create(cuda::DeviceTrainer::Options::FromConfig(config, device));
+  const bool bf16 = config.device().dtype() == config::DeviceConfig::BF16;
+  return cuda::DeviceTrainer::Create(cuda::DeviceTrainer::Options::ForJob(job, bf16, device));
 #else
   (void)device;
   return std::unique_ptr<cuda::DeviceTrainer>();  // not reached: PickDevice refused
 #endif
 }
 
-StatusOr<std::unique_ptr<Model>> CreateModel(const config::JobConfig& config, int max_batch, int max_seq_len,
-                                             int local_rank) {
-  const LlamaShape shape = LlamaShape::FromConfig(config.model());
+StatusOr<std::unique_ptr<Model>> CreateModel(const config::JobConfig& config, const JobOptions& job, int local_rank) {
   if (config.device().kind() == config::DeviceConfig::CPU) {
-    return NewCpuModel(shape, max_batch, max_seq_len, RecomputeFromConfig(config.train()), MicroBatchSlots(config));
+    return NewCpuModel(job.shape, job.batch, job.seq_len, job.recompute, job.micro_batch_slots);
   }
   HERD_ASSIGN_OR_RETURN(const int device, PickDevice(local_rank));
 #if HERD_HAVE_CUDA_MODEL
   const bool bf16 = config.device().dtype() == config::DeviceConfig::BF16;
   if (config.cluster().stream_weights()) {
-    return cuda::NewStreamedCudaModel(shape, max_batch, max_seq_len, bf16, device, RecomputeFromConfig(config.train()),
-                                      config.train().grad_accum() > 1);
+    return cuda::NewStreamedCudaModel(job.shape, job.batch, job.seq_len, bf16, device, job.recompute,
+                                      job.grad_accum > 1);
   }
-  return cuda::NewStagedCudaModel(shape, max_batch, max_seq_len, bf16, device, RecomputeFromConfig(config.train()));
+  return cuda::NewStagedCudaModel(job.shape, job.batch, job.seq_len, bf16, device, job.recompute);
 #else
   (void)device;
   return std::unique_ptr<Model>();  // not reached: PickDevice refused

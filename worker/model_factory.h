@@ -8,16 +8,18 @@
 #include "common/status.h"
 #include "model/model.h"
 #include "proto/herd.pb.h"
+#include "sharding/job_options.h"
 #include "worker/cuda/device_trainer.h"
 
 namespace herd {
 
-StatusOr<std::unique_ptr<Model>> CreateModel(const config::JobConfig& config, int max_batch, int max_seq_len,
-                                             int local_rank);
+// Sized for `job`'s train.batch_size x seq_len, keeping what it says.
+StatusOr<std::unique_ptr<Model>> CreateModel(const config::JobConfig& config, const JobOptions& job, int local_rank);
 
 // The single-process trainer's GPU engine for device.kind CUDA: weights,
 // AdamW state and gradients resident on the device (null for CPU jobs).
-StatusOr<std::unique_ptr<cuda::DeviceTrainer>> CreateDeviceTrainer(const config::JobConfig& config, int local_rank);
+StatusOr<std::unique_ptr<cuda::DeviceTrainer>> CreateDeviceTrainer(const config::JobConfig& config,
+                                                                   const JobOptions& job, int local_rank);
 
 // The local rank for device selection: LOCAL_RANK (torchrun) or
 // SLURM_LOCALID when set, else the global rank (one machine).

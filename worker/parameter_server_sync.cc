@@ -13,98 +13,43 @@
 namespace herd {
 namespace {
 
-// Parameter-server mode, the worker's side: gradient buckets pushed to
-// the servers that own them (fp32 or bf16), the loss to server 0, weights
-// pulled bucket by bucket in forward order with every server's step report.
-// The time blocked on the network is counted.
-class ParameterServerSync : public SyncStrategy {
+// Parameter-server mode, the worker's side, what every variant shares:
+// gradient buckets pushed to the servers that own them (fp32, or bf16
+// through a staging buffer), the share's loss to server 0, every server's
+// report of the step that produced a version. The time blocked on the
+// network is counted.
+class PushPullSync : public SyncStrategy {
  public:
-  ParameterServerSync(const ParameterServerSyncOptions& o, transport::PushPullClient* client)
+  PushPullSync(const ParameterServerSyncOptions& o, transport::PushPullClient* client)
       : plan_(*o.plan),
         bf16_(o.bf16),
-        stream_(o.stream),
         wire_bytes_(o.bf16 ? 2 : 4),
         client_(client),
         first_server_(o.first_server),
         reports_(plan_.num_servers()),
-        share_(o.rank),
-        paged_weights_(o.streamed_weights),
-        paged_grads_(o.streamed_grads) {
-    if (streams_weights()) {
-      window_.emplace(plan_, *o.layout, o.prefetch_layers);
-      pulls_of_.resize(window_->num_buckets());
-      pushes_of_.resize(window_->num_buckets());
-      landed_.assign(window_->num_buckets(), true);
-    } else if (bf16_) {
-      wire_.resize(plan_.shard(plan_.num_servers() - 1).end);
-      // Elastic: a worker redoing a lost one's share pushes while the
-      // weights it waits for may be landing; they must not share a buffer.
-      if (o.elastic) push_wire_.resize(wire_.size());
-    }
-    early_pulls_.resize(plan_.buckets().size());
-  }
+        share_(o.rank) {}
 
-  // Streaming with bf16: the staging buffer is paged like the weights (a
-  // bucket is staged from its pull until it lands, or from its push until
-  // it is retired; a bucket is never pulled while its push is in flight).
-  Status ReserveStaging() {
-    if (!streams_weights() || !bf16_) return Status::OK();
-    HERD_ASSIGN_OR_RETURN(paged_wire_, PagedBuffer::Reserve(plan_.shard(plan_.num_servers() - 1).end * sizeof(uint16_t),
-                                                            /*guarded=*/false));
-    return Status::OK();
-  }
-
-  // The bf16 staging buffers, for registration (not a paged one: UCX
-  // registers what it moves of it as it goes).
-  std::vector<std::pair<void*, size_t>> wire_buffers() {
-    std::vector<std::pair<void*, size_t>> out;
-    for (auto* v : {&wire_, &push_wire_}) {
-      if (!v->empty()) out.emplace_back(v->data(), v->size() * sizeof(uint16_t));
-    }
-    return out;
-  }
-  uint16_t* pull_wire() { return streams_weights() ? reinterpret_cast<uint16_t*>(paged_wire_.data()) : wire_.data(); }
-  uint16_t* push_wire() { return push_wire_.empty() ? pull_wire() : push_wire_.data(); }
-
-  bool streams_weights() const override { return paged_weights_ != nullptr; }
+  // The bf16 staging memory to register whole with the transport.
+  virtual std::vector<std::pair<void*, size_t>> wire_buffers() { return {}; }
 
   void SetShare(int share) override { share_ = share; }
   void SetDrawnTo(const DataPosition& data) override { loss_.data = data; }
-
   // Starts a step's pushes: buckets go out as backward finishes them.
   void BeginStep(float* grads, uint64_t step) override {
     grads_ = grads;
     step_ = step;
     next_bucket_ = 0;
   }
-  // Backward has finished every gradient at offsets >= `offset`.
-  void FinalFrom(int64_t offset) override {
-    if (streams_weights()) {
-      // Gradients computed from weights that did not arrive stay here.
-      if (pull_status_.ok()) Execute(window_->FinalFrom(offset));
-      return;
-    }
-    const auto& buckets = plan_.buckets();
-    while (next_bucket_ < buckets.size() && buckets[next_bucket_].range.begin >= offset) {
-      const Bucket& b = buckets[next_bucket_++];
-      push_tickets_.push_back(PushBucket(b));
-      // bf16: the pull lands where the push left from; its answer needs
-      // every worker's push of this bucket, ours included, to have landed.
-      if (stream_) {
-        early_pulls_[next_bucket_ - 1] = PullBucket(b, step_ + 1);
-        early_version_ = static_cast<int64_t>(step_ + 1);
-      }
-    }
-  }
-  // After backward: this worker's loss to server 0, then waits for every push.
-  Status FinishStep(double loss) override {
-    if (streams_weights()) {
-      Execute(window_->RetireAll());
-      HERD_RETURN_IF_ERROR(pull_status_);
-      HERD_RETURN_IF_ERROR(std::exchange(push_status_, Status::OK()));
-    } else {
-      CHECK_EQ(next_bucket_, plan_.buckets().size()) << "backward did not finish every bucket";
-    }
+  void Wake() override { client_->Wake(); }
+  const StepReport& report() const override { return reports_[0]; }
+  Status WriteCheckpointParts(const std::string&) override { return Status::OK(); }
+  int shard_files() const override { return 0; }
+  // Seconds blocked on pushes and pulls since the last call.
+  double TakeWaitSeconds() override { return wait_.Take(); }
+
+ protected:
+  // This worker's loss to server 0, then waits for every push of the step.
+  Status PushLossAndWait(double loss) {
     loss_.loss = loss;
     push_tickets_.push_back(client_->Push(first_server_, transport::RequestKind::kLoss, 0, &loss_, sizeof(loss_),
                                           transport::PushTag(step_, share_)));
@@ -120,61 +65,30 @@ class ParameterServerSync : public SyncStrategy {
     });
   }
 
-  // Starts pulling the weights of `version` (forward order, into `weights`)
-  // and every server's report of the step that produced it.
-  void IssueWeights(float* weights, uint64_t version) override {
+  // A new version: its weights go to `weights`.
+  void StartVersion(float* weights, uint64_t version) {
     weights_ = weights;
     version_ = version;
-    pulls_.clear();
-    next_pull_ = 0;
     pull_status_ = Status::OK();
-    if (streams_weights()) {
-      Execute(window_->ReleaseAll());
-      Execute(window_->Start());
-    }
-    // Buckets are listed in backward order; forward waits in reverse.
-    const auto& buckets = plan_.buckets();
-    const bool issued = early_version_ == static_cast<int64_t>(version);
-    early_version_ = -1;
-    for (size_t i = buckets.size(); i-- > 0 && !streams_weights();) {
-      pulls_.emplace_back(&buckets[i], issued ? early_pulls_[i] : PullBucket(buckets[i], version));
-    }
+  }
+  // Every server's report of the step that produced the version.
+  void PullReports() {
     report_tickets_.clear();
     next_report_ = 0;
     for (int s = 0; s < plan_.num_servers(); ++s) {
       report_tickets_.push_back(
-          client_->Pull(first_server_ + s, transport::RequestKind::kReport, 0, &reports_[s], sizeof(StepReport), version));
+          client_->Pull(first_server_ + s, transport::RequestKind::kReport, 0, &reports_[s], sizeof(StepReport), version_));
     }
   }
-  // Blocks until every weight below flat offset `end` has arrived (forward
-  // calls this layer by layer). A failure is kept for FinishWeights.
-  void WaitUpTo(int64_t end) override {
-    if (streams_weights()) {
-      Execute(window_->NeedUpTo(end));
-    } else {
-      WaitPulls(end, nullptr);
-    }
-  }
-  void WaitFrom(int64_t begin) override {
-    if (streams_weights()) Execute(window_->NeedFrom(begin));
-  }
-  void DoneFrom(int64_t offset) override {
-    if (streams_weights()) Execute(window_->DoneFrom(offset));
-  }
-  void ReleaseWeights() override {
-    if (streams_weights()) Execute(window_->ReleaseAll());
-  }
-  // Waits for the rest of the weights and for the reports; checks them.
-  Status FinishWeights() override { return FinishWeightsUnless(nullptr).status(); }
-  StatusOr<bool> FinishWeightsUnless(const std::function<bool()>& interrupted) override {
-    // Streaming: the weights come as the passes ask for them.
-    if (!streams_weights() && !WaitPulls(plan_.shard(plan_.num_servers() - 1).end, interrupted)) return false;
+  // Waits for the reports and checks them (and the pulls' first failure);
+  // false when interrupted first.
+  StatusOr<bool> FinishReports(const std::function<bool()>& interrupted) {
     while (next_report_ < report_tickets_.size()) {
       trace::Span span("wait for report", "wait", {"server", static_cast<int64_t>(next_report_)});
       const std::optional<Status> st = Wait(report_tickets_[next_report_], interrupted);
       if (!st) return false;
       ++next_report_;
-      if (!st->ok() && pull_status_.ok()) pull_status_ = *st;
+      KeepPullFailure(*st);
     }
     HERD_RETURN_IF_ERROR(pull_status_);
     for (int s = 0; s < plan_.num_servers(); ++s) {
@@ -185,15 +99,7 @@ class ParameterServerSync : public SyncStrategy {
     }
     return true;
   }
-  void Wake() override { client_->Wake(); }
-  const StepReport& report() const override { return reports_[0]; }
-  Status WriteCheckpointParts(const std::string&) override { return Status::OK(); }
-  int shard_files() const override { return 0; }
 
-  // Seconds blocked on pushes and pulls since the last call.
-  double TakeWaitSeconds() override { return wait_.Take(); }
-
- private:
   // One ticket, its time counted as waiting; nullopt when interrupted.
   std::optional<Status> Wait(transport::PushPullClient::Ticket ticket, const std::function<bool()>& interrupted) {
     std::optional<Status> st;
@@ -203,6 +109,130 @@ class ParameterServerSync : public SyncStrategy {
     });
     return st;
   }
+  void KeepPullFailure(const Status& st) {
+    if (!st.ok() && pull_status_.ok()) pull_status_ = st;
+  }
+
+  // Bucket b's gradients of the step to its server (through `wire`, the
+  // bf16 staging buffer, with bf16 on the wire).
+  transport::PushPullClient::Ticket PushBucket(const Bucket& b, uint16_t* wire) {
+    const void* data = grads_ + b.range.begin;
+    if (bf16_) {
+      FloatsToBf16(grads_ + b.range.begin, wire + b.range.begin, b.range.size());
+      data = wire + b.range.begin;
+    }
+    return client_->Push(first_server_ + b.server, transport::RequestKind::kGradients, ByteOffset(b), data,
+                         b.range.size() * wire_bytes_, transport::PushTag(step_, share_));
+  }
+  // Bucket b's weights of `version`, into the weights (or `wire` with bf16).
+  transport::PushPullClient::Ticket PullBucket(const Bucket& b, uint64_t version, uint16_t* wire) {
+    void* dst = bf16_ ? static_cast<void*>(wire + b.range.begin) : weights_ + b.range.begin;
+    return client_->Pull(first_server_ + b.server, transport::RequestKind::kWeights, ByteOffset(b), dst,
+                         b.range.size() * wire_bytes_, version);
+  }
+  // bf16: bucket b's pulled weights from `wire` into the weights.
+  void Unstage(const Bucket& b, const uint16_t* wire) {
+    Bf16ToFloats(wire + b.range.begin, weights_ + b.range.begin, b.range.size());
+  }
+  uint64_t ByteOffset(const Bucket& b) const {
+    return static_cast<uint64_t>(b.range.begin - plan_.shard(b.server).begin) * wire_bytes_;
+  }
+  // The bf16 staging span: up to the last shard's end.
+  int64_t wire_elements() const { return plan_.shard(plan_.num_servers() - 1).end; }
+
+  const ShardPlan& plan_;
+  const bool bf16_;
+  const int wire_bytes_;
+  transport::PushPullClient* const client_;
+  const transport::PeerId first_server_;
+
+  float* grads_ = nullptr;
+  uint64_t step_ = 0;
+  size_t next_bucket_ = 0;  // the first bucket (backward order) not yet final
+  std::vector<transport::PushPullClient::Ticket> push_tickets_;
+  float* weights_ = nullptr;
+  uint64_t version_ = 0;
+  Status pull_status_;  // the version's first failed pull
+  WaitClock wait_;
+
+ private:
+  std::vector<StepReport> reports_;
+  std::vector<transport::PushPullClient::Ticket> report_tickets_;
+  size_t next_report_ = 0;
+  ShareLoss loss_;  // pushed to server 0: the share's loss and the step's data position
+  int share_;       // whose sequences the step's gradients are (SetShare)
+};
+
+// Every weight held: the next version pulled bucket by bucket in forward
+// order. With `stream` (the servers step each bucket as soon as its sum is
+// complete), each bucket's pull is issued right after its push.
+class WholeWeightsSync : public PushPullSync {
+ public:
+  WholeWeightsSync(const ParameterServerSyncOptions& o, transport::PushPullClient* client)
+      : PushPullSync(o, client), stream_(o.stream) {
+    if (bf16_) {
+      wire_.resize(wire_elements());
+      // Elastic: a worker redoing a lost one's share pushes while the
+      // weights it waits for may be landing; they must not share a buffer.
+      if (o.elastic) push_wire_.resize(wire_.size());
+    }
+    early_pulls_.resize(plan_.buckets().size());
+  }
+
+  std::vector<std::pair<void*, size_t>> wire_buffers() override {
+    std::vector<std::pair<void*, size_t>> out;
+    for (auto* v : {&wire_, &push_wire_}) {
+      if (!v->empty()) out.emplace_back(v->data(), v->size() * sizeof(uint16_t));
+    }
+    return out;
+  }
+
+  // Backward has finished every gradient at offsets >= `offset`.
+  void FinalFrom(int64_t offset) override {
+    const auto& buckets = plan_.buckets();
+    while (next_bucket_ < buckets.size() && buckets[next_bucket_].range.begin >= offset) {
+      const Bucket& b = buckets[next_bucket_++];
+      push_tickets_.push_back(PushBucket(b, push_wire()));
+      // bf16: the pull lands where the push left from; its answer needs
+      // every worker's push of this bucket, ours included, to have landed.
+      if (stream_) {
+        early_pulls_[next_bucket_ - 1] = PullBucket(b, step_ + 1, wire_.data());
+        early_version_ = static_cast<int64_t>(step_ + 1);
+      }
+    }
+  }
+  Status FinishStep(double loss) override {
+    CHECK_EQ(next_bucket_, plan_.buckets().size()) << "backward did not finish every bucket";
+    return PushLossAndWait(loss);
+  }
+
+  // Starts pulling the weights of `version` (forward order, into `weights`)
+  // and every server's report of the step that produced it.
+  void IssueWeights(float* weights, uint64_t version) override {
+    StartVersion(weights, version);
+    pulls_.clear();
+    next_pull_ = 0;
+    // Buckets are listed in backward order; forward waits in reverse.
+    const auto& buckets = plan_.buckets();
+    const bool issued = early_version_ == static_cast<int64_t>(version);
+    early_version_ = -1;
+    for (size_t i = buckets.size(); i-- > 0;) {
+      pulls_.emplace_back(&buckets[i], issued ? early_pulls_[i] : PullBucket(buckets[i], version, wire_.data()));
+    }
+    PullReports();
+  }
+  // Blocks until every weight below flat offset `end` has arrived (forward
+  // calls this layer by layer). A failure is kept for FinishWeights.
+  void WaitUpTo(int64_t end) override { WaitPulls(end, nullptr); }
+  // Waits for the rest of the weights and for the reports; checks them.
+  Status FinishWeights() override { return FinishWeightsUnless(nullptr).status(); }
+  StatusOr<bool> FinishWeightsUnless(const std::function<bool()>& interrupted) override {
+    if (!WaitPulls(wire_elements(), interrupted)) return false;
+    return FinishReports(interrupted);
+  }
+
+ private:
+  uint16_t* push_wire() { return push_wire_.empty() ? wire_.data() : push_wire_.data(); }
 
   // The pulls of weights below flat offset `end`, in forward order; false
   // when interrupted first (what is in stays in). Failures are kept for
@@ -215,31 +245,94 @@ class ParameterServerSync : public SyncStrategy {
       const std::optional<Status> st = Wait(ticket, interrupted);
       if (!st) return false;
       ++next_pull_;
-      if (!st->ok() && pull_status_.ok()) pull_status_ = *st;
-      if (bf16_ && st->ok()) {
-        Unstage(*bucket);
-      }
+      KeepPullFailure(*st);
+      if (bf16_ && st->ok()) Unstage(*bucket, wire_.data());
     }
     return true;
   }
 
-  // Streaming: carries out what the window says, in its order.
+  const bool stream_;
+  std::vector<uint16_t> wire_;       // bf16 staging for pulls (and pushes, unless push_wire_)
+  std::vector<uint16_t> push_wire_;  // bf16 staging for pushes in an elastic job
+  // Pulls in flight: bucket tickets in forward order, the next to wait for.
+  std::vector<std::pair<const Bucket*, transport::PushPullClient::Ticket>> pulls_;
+  size_t next_pull_ = 0;
+  // `stream`: per bucket (backward order), its pull of early_version_.
+  std::vector<transport::PushPullClient::Ticket> early_pulls_;
+  int64_t early_version_ = -1;  // none issued
+};
+
+// Streamed weights (cluster.stream_weights): the worker's weights and
+// gradients are PagedBuffers of which only a window is backed; the
+// sharding/weight_window.h policy says which buckets are pulled (again in
+// backward), waited for and let go, and when pushed gradients are waited
+// for and let go. Every pass reaches the weights through the window's
+// hooks (StreamedWeights below), evaluation's too.
+class StreamedWeightsSync : public PushPullSync {
+ public:
+  StreamedWeightsSync(const ParameterServerSyncOptions& o, transport::PushPullClient* client)
+      : PushPullSync(o, client),
+        paged_weights_(o.streamed_weights),
+        paged_grads_(o.streamed_grads),
+        window_(plan_, *o.layout, o.prefetch_layers),
+        pulls_of_(window_.num_buckets()),
+        pushes_of_(window_.num_buckets()),
+        landed_(window_.num_buckets(), true) {}
+
+  // bf16: the staging buffer is paged like the weights (a bucket is staged
+  // from its pull until it lands, or from its push until it is retired; a
+  // bucket is never pulled while its push is in flight).
+  Status ReserveStaging() {
+    if (!bf16_) return Status::OK();
+    HERD_ASSIGN_OR_RETURN(paged_wire_, PagedBuffer::Reserve(wire_elements() * sizeof(uint16_t), /*guarded=*/false));
+    return Status::OK();
+  }
+
+  void FinalFrom(int64_t offset) override {
+    // Gradients computed from weights that did not arrive stay here.
+    if (pull_status_.ok()) Execute(window_.FinalFrom(offset));
+  }
+  Status FinishStep(double loss) override {
+    Execute(window_.RetireAll());
+    HERD_RETURN_IF_ERROR(pull_status_);
+    HERD_RETURN_IF_ERROR(std::exchange(push_status_, Status::OK()));
+    return PushLossAndWait(loss);
+  }
+  void IssueWeights(float* weights, uint64_t version) override {
+    StartVersion(weights, version);
+    Execute(window_.ReleaseAll());
+    Execute(window_.Start());
+    PullReports();
+  }
+  void WaitUpTo(int64_t end) override { Execute(window_.NeedUpTo(end)); }
+  // The weights come as the passes ask for them: only the reports here.
+  Status FinishWeights() override { return FinishReports(nullptr).status(); }
+
+  // The window's other hooks (worker/weight_home.h).
+  void WaitFrom(int64_t begin) { Execute(window_.NeedFrom(begin)); }
+  void DoneFrom(int64_t offset) { Execute(window_.DoneFrom(offset)); }
+  void ReleaseWeights() { Execute(window_.ReleaseAll()); }
+
+ private:
+  uint16_t* wire() { return reinterpret_cast<uint16_t*>(paged_wire_.data()); }
+
+  // Carries out what the window says, in its order.
   void Execute(const WeightWindow::Actions& a) {
     for (int i : a.release) {
-      const ParamRange& r = window_->bucket(i).range;
+      const ParamRange& r = window_.bucket(i).range;
       Land(i);  // nothing lands in memory given back
       paged_weights_->Release(r.begin * sizeof(float), r.size() * sizeof(float));
     }
     for (int i : a.pull) {
-      const Bucket& b = window_->bucket(i);
+      const Bucket& b = window_.bucket(i);
       paged_weights_->Admit(b.range.begin * sizeof(float), b.range.size() * sizeof(float));
-      pulls_of_[i] = PullBucket(b, version_);
+      pulls_of_[i] = PullBucket(b, version_, wire());
       landed_[i] = false;
     }
     for (int i : a.wait) Land(i);
-    for (int i : a.push) pushes_of_[i] = PushBucket(window_->bucket(i));
+    for (int i : a.push) pushes_of_[i] = PushBucket(window_.bucket(i), wire());
     for (int i : a.retire) {
-      const Bucket& b = window_->bucket(i);
+      const Bucket& b = window_.bucket(i);
       trace::Span span("wait for push", "wait", {"bucket", i});
       Status st = wait_.Timed([&] { return client_->Wait(pushes_of_[i]); });
       if (!st.ok() && push_status_.ok()) push_status_ = st;
@@ -247,83 +340,58 @@ class ParameterServerSync : public SyncStrategy {
       if (bf16_) paged_wire_.Release(b.range.begin * sizeof(uint16_t), b.range.size() * sizeof(uint16_t));
     }
   }
-  // Streaming: bucket i's pull (forward index) has landed and, bf16, is in
-  // the weights; a failure is kept for FinishStep and FinishWeights.
+  // Bucket i's pull (forward index) has landed and, bf16, is in the
+  // weights; a failure is kept for FinishStep and FinishWeights.
   void Land(int i) {
     if (landed_[i]) return;
     landed_[i] = true;
-    const Bucket& b = window_->bucket(i);
+    const Bucket& b = window_.bucket(i);
     trace::Span span("wait for weights", "wait", {"bucket", i}, {"version", static_cast<int64_t>(version_)});
     const std::optional<Status> st = Wait(pulls_of_[i], nullptr);
-    if (!st->ok() && pull_status_.ok()) pull_status_ = *st;
+    KeepPullFailure(*st);
     if (!bf16_) return;
-    if (st->ok()) Unstage(b);
+    if (st->ok()) Unstage(b, wire());
     paged_wire_.Release(b.range.begin * sizeof(uint16_t), b.range.size() * sizeof(uint16_t));
   }
 
-  // Bucket b's gradients of the step to its server (through the bf16
-  // staging buffer with bf16 on the wire).
-  transport::PushPullClient::Ticket PushBucket(const Bucket& b) {
-    const void* data = grads_ + b.range.begin;
-    if (bf16_) {
-      FloatsToBf16(grads_ + b.range.begin, push_wire() + b.range.begin, b.range.size());
-      data = push_wire() + b.range.begin;
-    }
-    return client_->Push(first_server_ + b.server, transport::RequestKind::kGradients, ByteOffset(b), data,
-                         b.range.size() * wire_bytes_, transport::PushTag(step_, share_));
-  }
-  // bf16: bucket b's pulled weights from the staging buffer into the weights.
-  void Unstage(const Bucket& b) {
-    Bf16ToFloats(pull_wire() + b.range.begin, weights_ + b.range.begin, b.range.size());
-  }
-
-  transport::PushPullClient::Ticket PullBucket(const Bucket& b, uint64_t version) {
-    void* dst = bf16_ ? static_cast<void*>(pull_wire() + b.range.begin) : weights_ + b.range.begin;
-    return client_->Pull(first_server_ + b.server, transport::RequestKind::kWeights, ByteOffset(b), dst,
-                         b.range.size() * wire_bytes_, version);
-  }
-
-  uint64_t ByteOffset(const Bucket& b) const {
-    return static_cast<uint64_t>(b.range.begin - plan_.shard(b.server).begin) * wire_bytes_;
-  }
-
-  const ShardPlan& plan_;
-  const bool bf16_;
-  const bool stream_;
-  const int wire_bytes_;
-  transport::PushPullClient* client_;
-  const transport::PeerId first_server_;
-  std::vector<uint16_t> wire_;       // bf16 staging for pulls (and pushes, unless push_wire_)
-  std::vector<uint16_t> push_wire_;  // bf16 staging for pushes in an elastic job
-  std::vector<StepReport> reports_;
-  // Pulls in flight: bucket tickets in forward order, the next to wait for.
-  std::vector<std::pair<const Bucket*, transport::PushPullClient::Ticket>> pulls_;
-  std::vector<transport::PushPullClient::Ticket> report_tickets_;
-  size_t next_report_ = 0;
-  std::vector<transport::PushPullClient::Ticket> push_tickets_;
-  // Streaming: per bucket (backward order), its pull of early_version_.
-  std::vector<transport::PushPullClient::Ticket> early_pulls_;
-  int64_t early_version_ = -1;  // none issued
-  size_t next_pull_ = 0;
-  float* weights_ = nullptr;
-  uint64_t version_ = 0;
-  Status pull_status_;
-  float* grads_ = nullptr;
-  ShareLoss loss_;  // pushed to server 0: the share's loss and the step's data position
-  uint64_t step_ = 0;
-  size_t next_bucket_ = 0;
-  int share_;  // whose sequences the step's gradients are (SetShare)
-  WaitClock wait_;
-  // Streamed weights (else null / empty): the window's policy, the buffers
-  // it pages, each bucket's latest pull and push (forward index), whether
-  // that pull has landed, the first failed push of the step.
+  // The buffers the window pages (the caller's), the policy, each
+  // bucket's latest pull and push (forward index), whether that pull has
+  // landed, the step's first failed push.
   PagedBuffer* const paged_weights_;
   PagedBuffer* const paged_grads_;
   PagedBuffer paged_wire_;  // bf16 staging
-  std::optional<WeightWindow> window_;
+  WeightWindow window_;
   std::vector<transport::PushPullClient::Ticket> pulls_of_, pushes_of_;
   std::vector<bool> landed_;
   Status push_status_;
+};
+
+// Where a streaming worker's weights live: every pass goes through the
+// window.
+class StreamedWeights : public WeightHome {
+ public:
+  explicit StreamedWeights(StreamedWeightsSync& sync) : sync_(sync) {}
+
+  Model::NeedUpTo ForwardNeed(bool) override { return EvalNeed(); }
+  Model::NeedFrom BackwardNeed() override {
+    return [this](int64_t begin) { sync_.WaitFrom(begin); };
+  }
+  Model::FinalFrom BackwardDone(bool last_micro_batch) override {
+    if (!last_micro_batch) return [this](int64_t offset) { sync_.DoneFrom(offset); };
+    return [this](int64_t offset) {
+      sync_.FinalFrom(offset);
+      sync_.DoneFrom(offset);
+    };
+  }
+  // The window keeps them zero.
+  void ClearGradients(float*, int64_t) override {}
+  Model::NeedUpTo EvalNeed() override {
+    return [this](int64_t end) { sync_.WaitUpTo(end); };
+  }
+  void Release() override { sync_.ReleaseWeights(); }
+
+ private:
+  StreamedWeightsSync& sync_;
 };
 
 }  // namespace
@@ -355,17 +423,27 @@ uint64_t LargestBucketBytes(const ShardPlan& plan, int wire_bytes) {
   return static_cast<uint64_t>(largest) * wire_bytes;
 }
 
-StatusOr<std::unique_ptr<SyncStrategy>> CreateParameterServerSync(const ParameterServerSyncOptions& options,
+StatusOr<ParameterServerSyncParts> CreateParameterServerSync(const ParameterServerSyncOptions& options,
                                                                     transport::UcxTransport* transport,
                                                                     transport::PushPullClient* client) {
   if (options.streamed_weights != nullptr && (options.layout == nullptr || options.streamed_grads == nullptr ||
                                               options.elastic)) {
     return Status::InvalidArgument("streamed weights need the layout and a paged gradient buffer, and no elastic job");
   }
-  auto strategy = std::make_unique<ParameterServerSync>(options, client);
-  HERD_RETURN_IF_ERROR(strategy->ReserveStaging());
+  ParameterServerSyncParts parts;
+  std::unique_ptr<PushPullSync> strategy;
+  if (options.streamed_weights != nullptr) {
+    auto streamed = std::make_unique<StreamedWeightsSync>(options, client);
+    HERD_RETURN_IF_ERROR(streamed->ReserveStaging());
+    parts.home = std::make_unique<StreamedWeights>(*streamed);
+    strategy = std::move(streamed);
+  } else {
+    strategy = std::make_unique<WholeWeightsSync>(options, client);
+    parts.home = WholeWeights(*strategy);
+  }
   for (auto [base, bytes] : strategy->wire_buffers()) HERD_RETURN_IF_ERROR(transport->RegisterMemory(base, bytes));
-  return std::unique_ptr<SyncStrategy>(std::move(strategy));
+  parts.sync = std::move(strategy);
+  return parts;
 }
 
 }  // namespace herd

@@ -24,6 +24,7 @@
 #include "sharding/shard_plan.h"
 #include "transport/push_pull.h"
 #include "worker/sync_strategy.h"
+#include "worker/weight_home.h"
 
 namespace herd {
 
@@ -43,11 +44,18 @@ struct ParameterServerSyncOptions {
   int prefetch_layers = 1;  // cluster.stream_prefetch_layers
 };
 
+// The strategy and where its weights live: whole, or (streamed weights)
+// the window the strategy pages; the home refers to the strategy.
+struct ParameterServerSyncParts {
+  std::unique_ptr<SyncStrategy> sync;
+  std::unique_ptr<WeightHome> home;
+};
+
 // `client` talks to the servers; bf16 staging memory is registered with
 // `transport`.
-StatusOr<std::unique_ptr<SyncStrategy>> CreateParameterServerSync(const ParameterServerSyncOptions& options,
-                                                                    transport::UcxTransport* transport,
-                                                                    transport::PushPullClient* client);
+StatusOr<ParameterServerSyncParts> CreateParameterServerSync(const ParameterServerSyncOptions& options,
+                                                             transport::UcxTransport* transport,
+                                                             transport::PushPullClient* client);
 
 // Where a worker joining an elastic job under way at membership epoch
 // `epoch` starts: the report (server 0's, at PeerId `server`) of the first

@@ -19,9 +19,8 @@
 namespace herd {
 namespace {
 
-DataPosition PositionOf(const DistributedSampler& sampler) {
-  return {sampler.epoch(), sampler.taken(), sampler.file_tokens()};
-}
+// An error's prefix: "step 12: " (1-based).
+std::string StepContext(int64_t step) { return "step " + std::to_string(step) + ": "; }
 
 }  // namespace
 
@@ -29,89 +28,47 @@ StepLoop::StepLoop(const StepLoopParts& parts)
     : p_(parts),
       config_(*parts.config),
       strategy_(*parts.strategy),
-      leader_(parts.shares != nullptr ? parts.shares->leader() == parts.rank : parts.rank == 0),
+      home_(*parts.home),
+      compute_(*parts.compute),
+      schedule_(*parts.schedule),
+      checkpoints_(*parts.checkpoints),
+      leader_(schedule_.leads()),
       total_steps_(config_.train().steps()),
       last_step_(parts.options.LastStep(total_steps_)),
       tokens_per_step_(static_cast<int64_t>(config_.train().batch_size()) * config_.train().seq_len() *
                        config_.train().grad_accum() * parts.num_workers),
       flops_per_token_(TrainingFlopsPerToken(LlamaShape::FromConfig(config_.model()), config_.train().seq_len())),
-      peak_tflops_(config_.log().peak_tflops() > 0 ? config_.log().peak_tflops() : parts.model->PeakTflops()),
-      wait_pulled_([this](int64_t end) { strategy_.WaitUpTo(end); }) {}
-
-Model::NeedUpTo StepLoop::streamed_need() const { return strategy_.streams_weights() ? wait_pulled_ : nullptr; }
+      peak_tflops_(config_.log().peak_tflops() > 0 ? config_.log().peak_tflops() : parts.model->PeakTflops()) {}
 
 Status StepLoop::Run(int64_t start) {
   const int B = config_.train().batch_size(), T = config_.train().seq_len(), A = config_.train().grad_accum();
   start_ = start;
   if (leader_) HERD_RETURN_IF_ERROR(log_.Open(config_.log().metrics(), config_.log().tensorboard(), p_.options.resume));
-  // A step's micro-batches are all drawn before its first forward (a
-  // strategy that computes the step takes them at once); an elastic
-  // worker's micro-batch a holds each of its shares' rows one after the
-  // other.
-  const int max_shares = p_.shares != nullptr ? p_.num_workers : 1;
-  inputs_.assign(A, std::vector<int32_t>(static_cast<size_t>(max_shares) * B * T));
+  // A step's micro-batches are all drawn before its first forward; micro-
+  // batch a holds each of the step's shares' rows one after the other.
+  inputs_.assign(A, std::vector<int32_t>(static_cast<size_t>(schedule_.max_shares()) * B * T));
   targets_ = inputs_;
   strategy_.IssueWeights(p_.weights, static_cast<uint64_t>(start));
   for (int64_t t = start; t < last_step_; ++t) {
     trace::Span step_span("step", "step", {"step", t + 1});
-    const std::string at = "step " + std::to_string(t + 1) + ": ";
-    // Version t of the weights is all in: step t's epilogue (none before
-    // the run's first step).
-    bool settled = false;
-    auto settle = [&]() -> Status {
-      if (settled) return Status::OK();
-      settled = true;
-      HERD_RETURN_IF_ERROR(AwaitWeights(t).WithContext(t == start ? "initial weights: " : at));
-      if (t == start) {
-        strategy_.TakeWaitSeconds();  // the first pull is not a step's
-        return Status::OK();
-      }
-      return Epilogue(t);
-    };
-    // Elastic: which shares this worker computes is settled at the step
-    // boundary, after the weights (and any share taken over) are in, by
-    // the membership the previous step's report names.
-    std::vector<int> shares{p_.rank};
-    if (p_.shares != nullptr) {
-      HERD_RETURN_IF_ERROR(settle());
-      drawn_stamp_ = static_cast<int>(strategy_.report().membership_epoch);
-      HERD_RETURN_IF_ERROR(p_.shares->AwaitEpoch(drawn_stamp_, [this] { return p_.client->health(); }));
-      shares = p_.shares->Mine(drawn_stamp_);
-      drawn_from_ = p_.sampler->SaveState();
-    }
+    StepBoundary previous([this, t] { return EndStep(t); });
+    HERD_ASSIGN_OR_RETURN(const std::vector<int> shares, schedule_.SharesOf(t, previous));
     Draw(*p_.sampler, shares);
-    strategy_.SetDrawnTo(PositionOf(*p_.sampler));
-    if (strategy_.computes_step() || EvaluatesAt(t)) HERD_RETURN_IF_ERROR(settle());
-
-    if (strategy_.computes_step()) {
-      std::vector<const int32_t*> input_ptrs, target_ptrs;
-      for (int a = 0; a < A; ++a) {
-        input_ptrs.push_back(inputs_[a].data());
-        target_ptrs.push_back(targets_[a].data());
-      }
-      HERD_ASSIGN_OR_RETURN(const double loss, strategy_.ComputeStep(input_ptrs, target_ptrs, static_cast<uint64_t>(t)));
-      HERD_RETURN_IF_ERROR(strategy_.FinishStep(loss).WithContext(at));
-    } else {
-      for (size_t i = 0; i < shares.size(); ++i) {
-        // The first forward waits for the weights layer by layer, and the
-        // previous step's epilogue runs once they are all in.
-        HERD_RETURN_IF_ERROR(ComputeShare(t, shares[i], i, !settled, settle).WithContext(at));
-      }
-    }
-    computed_ = shares;
+    if (EvaluatesAt(t)) HERD_RETURN_IF_ERROR(previous.Settle());
+    for (size_t i = 0; i < shares.size(); ++i) HERD_RETURN_IF_ERROR(ComputeShare(t, shares[i], i, previous));
     if (CheckpointDue(config_.checkpoint(), t + 1, last_step_)) loader_state_ = p_.sampler->SaveState();
     strategy_.IssueWeights(p_.weights, static_cast<uint64_t>(t + 1));
   }
-  HERD_RETURN_IF_ERROR(AwaitWeights(last_step_).WithContext("step " + std::to_string(last_step_) + ": "));
+  HERD_RETURN_IF_ERROR(AwaitWeights(last_step_).WithContext(StepContext(last_step_)));
   if (last_step_ > start) HERD_RETURN_IF_ERROR(Epilogue(last_step_));
-  HERD_RETURN_IF_ERROR(background_.Wait());
+  HERD_RETURN_IF_ERROR(checkpoints_.Wait());
   HERD_RETURN_IF_ERROR(log_.Close());
 
   const bool done = last_step_ == total_steps_;
-  if (leader_ && done) PrintSample(*p_.model, p_.weights, config_, streamed_need());
+  if (leader_ && done) PrintSample(*p_.model, p_.weights, config_, home_.EvalNeed());
   // Every worker: a streaming window's pulls land before the transport
   // that carries them goes away.
-  strategy_.ReleaseWeights();
+  home_.Release();
   if (!leader_) return Status::OK();
   if (!done) {
     std::printf("stopped at step %lld of %lld (--stop-at); continue with --resume\n",
@@ -127,124 +84,53 @@ Status StepLoop::Run(int64_t start) {
 void StepLoop::Draw(DistributedSampler& sampler, const std::vector<int>& shares) {
   trace::Span span("draw batches", "data");
   const int B = config_.train().batch_size();
-  for (size_t a = 0; a < inputs_.size(); ++a) {
-    if (p_.shares != nullptr) {
-      sampler.NextBatches(B, shares, inputs_[a].data(), targets_[a].data());
-    } else {
-      sampler.NextBatch(B, inputs_[a].data(), targets_[a].data());
-    }
-  }
+  for (size_t a = 0; a < inputs_.size(); ++a) sampler.NextBatches(B, shares, inputs_[a].data(), targets_[a].data());
+  strategy_.SetDrawnTo({sampler.epoch(), sampler.taken(), sampler.file_tokens()});
 }
 
-Status StepLoop::ComputeShare(int64_t t, int share, size_t slot, bool wait_first,
-                              const std::function<Status()>& settle) {
-  const int B = config_.train().batch_size(), T = config_.train().seq_len(), A = config_.train().grad_accum();
-  const int64_t P = p_.model->layout().size();
-  const double loss_scale = 1.0 / static_cast<double>(tokens_per_step_);
-  const size_t rows = static_cast<size_t>(B) * T * slot;
-  // Every backward tells a streaming strategy where it no longer reads
-  // weights; the last one also hands over the gradients.
-  const Model::FinalFrom push_ready = [this](int64_t offset) {
-    strategy_.FinalFrom(offset);
-    strategy_.DoneFrom(offset);
-  };
-  const Model::FinalFrom done = [this](int64_t offset) { strategy_.DoneFrom(offset); };
-  const Model::NeedFrom need_from = [this](int64_t begin) { strategy_.WaitFrom(begin); };
-  const bool streams = strategy_.streams_weights();
+Status StepLoop::ComputeShare(int64_t t, int share, size_t slot, StepBoundary& previous) {
+  const size_t rows = static_cast<size_t>(config_.train().batch_size()) * config_.train().seq_len() * slot;
+  ShareBatches batches;
+  for (size_t a = 0; a < inputs_.size(); ++a) {
+    batches.inputs.push_back(inputs_[a].data() + rows);
+    batches.targets.push_back(targets_[a].data() + rows);
+  }
   strategy_.SetShare(share);
   ++shares_computed_;
-  if (!streams) std::fill(p_.grads, p_.grads + P, 0.0f);  // a streaming strategy keeps them zero
-  if (streams && A > 1 && p_.model->layer_major_slots() >= A) {
-    // Every micro-batch through each unit at once: each unit pulled once
-    // a pass, and its gradients final (and pushed) as the pass leaves it.
-    std::vector<const int32_t*> tokens, targets;
-    for (int micro = 0; micro < A; ++micro) {
-      tokens.push_back(inputs_[micro].data() + rows);
-      targets.push_back(targets_[micro].data() + rows);
-    }
-    strategy_.BeginStep(p_.grads, static_cast<uint64_t>(t));
-    double loss = 0;
-    {
-      trace::Span span("forward and backward", "compute", {"step", t + 1}, {"micro_batches", A}, {"share", share});
-      loss = p_.model->ForwardBackwardLayerMajor(p_.weights, p_.grads, tokens, targets, B, T, loss_scale, wait_pulled_,
-                                                 need_from, push_ready);
-    }
-    HERD_RETURN_IF_ERROR(settle());
-    return strategy_.FinishStep(loss / A);
-  }
-  double loss = 0;
-  for (int micro = 0; micro < A; ++micro) {
-    {
-      trace::Span span("forward", "compute", {"step", t + 1}, {"micro", micro}, {"share", share});
-      loss += p_.model->Forward(p_.weights, inputs_[micro].data() + rows, targets_[micro].data() + rows, B, T,
-                                (micro == 0 && wait_first) || streams ? wait_pulled_ : nullptr);
-    }
-    if (micro == 0) HERD_RETURN_IF_ERROR(settle());
-    const bool last_micro = micro == A - 1;
-    if (last_micro) strategy_.BeginStep(p_.grads, static_cast<uint64_t>(t));
-    trace::Span span("backward", "compute", {"step", t + 1}, {"micro", micro}, {"share", share});
-    p_.model->Backward(p_.weights, p_.grads, loss_scale, last_micro ? push_ready : (streams ? done : nullptr), last_micro,
-                       streams ? need_from : nullptr);
-  }
-  return strategy_.FinishStep(loss / A);
+  // The compute's own errors say where they happened (the step before's
+  // end, settled on the way, says its step).
+  HERD_ASSIGN_OR_RETURN(const double loss, compute_.Compute(t, share, batches, previous));
+  return strategy_.FinishStep(loss).WithContext(StepContext(t + 1));
+}
+
+Status StepLoop::EndStep(int64_t step) {
+  HERD_RETURN_IF_ERROR(AwaitWeights(step).WithContext(step == start_ ? "initial weights: " : StepContext(step + 1)));
+  if (step > start_) return Epilogue(step);
+  strategy_.TakeWaitSeconds();  // the first pull is not a step's
+  return Status::OK();
 }
 
 Status StepLoop::AwaitWeights(int64_t version) {
-  if (p_.shares == nullptr) return strategy_.FinishWeights();
-  for (;;) {
-    const int seen = p_.shares->epoch();
-    // Workers lost while the step that makes `version` was under way (before
-    // this wait or during it): this worker computes the lost shares the
-    // membership now gives it (the servers drop any that turn out to be in
-    // already).
-    if (version > start_) HERD_RETURN_IF_ERROR(TakeOverShares(version - 1));
-    HERD_ASSIGN_OR_RETURN(const bool in, strategy_.FinishWeightsUnless([&] { return p_.shares->epoch() != seen; }));
-    if (in) break;
-  }
-  NoteMembership(version);
+  const ShareSchedule::Redo redo = [this](int64_t t, const std::vector<int>& shares, DistributedSampler& sampler) {
+    Draw(sampler, shares);
+    StepBoundary passed = StepBoundary::Passed();
+    for (size_t i = 0; i < shares.size(); ++i) HERD_RETURN_IF_ERROR(ComputeShare(t, shares[i], i, passed));
+    return Status::OK();
+  };
+  HERD_RETURN_IF_ERROR(schedule_.AwaitWeights(version, version > start_, redo));
+  TakeLeadIfGiven();
   return Status::OK();
 }
 
-Status StepLoop::TakeOverShares(int64_t t) {
-  std::vector<int> todo;
-  for (int share : p_.shares->Mine(drawn_stamp_)) {
-    if (std::find(computed_.begin(), computed_.end(), share) == computed_.end()) todo.push_back(share);
-  }
-  if (todo.empty()) return Status::OK();
-  // The step's sequences of those shares: drawn from where the step's
-  // were, by a copy of the sampler (this one has moved on).
-  DistributedSampler replay = *p_.sampler;
-  HERD_RETURN_IF_ERROR(replay.RestoreState(drawn_from_));
-  Draw(replay, todo);
-  strategy_.SetDrawnTo(PositionOf(replay));
-  const auto none = [] { return Status::OK(); };
-  for (size_t i = 0; i < todo.size(); ++i) HERD_RETURN_IF_ERROR(ComputeShare(t, todo[i], i, /*wait_first=*/false, none));
-  computed_.insert(computed_.end(), todo.begin(), todo.end());
-  return Status::OK();
-}
-
-void StepLoop::NoteMembership(int64_t step) {
-  const std::vector<transport::MembershipChange> changes = p_.shares->ChangesSince(reported_epoch_);
-  if (changes.empty()) return;
-  reported_epoch_ = changes.back().epoch;
-  if (p_.shares->leader() != p_.rank) return;
-  if (!leader_) {
-    // The leader was lost: this worker prints and records progress now.
-    leader_ = true;
-    Status opened = log_.TakeOver(config_.log().metrics(), config_.log().tensorboard());
-    if (opened.ok() && held_line_.step > 0) opened = log_.Write(held_line_);
-    if (!opened.ok()) LOG(WARNING) << opened.message();
-  }
-  for (const auto& c : changes) {
-    if (c.joined) {
-      std::printf("worker %d joined at step %lld: continuing with %zu\n", c.member.rank(),
-                  static_cast<long long>(step), c.live_workers.size());
-    } else {
-      std::printf("worker %d lost at step %lld: continuing with %zu (%s)\n", c.member.rank(),
-                  static_cast<long long>(step), c.live_workers.size(), c.reason.c_str());
-    }
-  }
-  std::fflush(stdout);
+void StepLoop::TakeLeadIfGiven() {
+  if (leader_ || !schedule_.leads()) return;
+  // The leader was lost: this worker prints and records progress now,
+  // starting with the line it holds (the step the leader may not have
+  // lived to record).
+  leader_ = true;
+  Status opened = log_.TakeOver(config_.log().metrics(), config_.log().tensorboard());
+  if (opened.ok() && held_line_.step > 0) opened = log_.Write(held_line_);
+  if (!opened.ok()) LOG(WARNING) << opened.message();
 }
 
 bool StepLoop::EvaluatesAt(int64_t step) const {
@@ -257,7 +143,7 @@ Status StepLoop::Epilogue(int64_t step) {
   window_tokens_ += tokens_per_step_;
   ++window_steps_;
   window_wait_ += strategy_.TakeWaitSeconds();
-  HERD_RETURN_IF_ERROR(CheckNotDiverged("loss", report.mean_loss).WithContext("step " + std::to_string(step) + ": "));
+  HERD_RETURN_IF_ERROR(CheckNotDiverged("loss", report.mean_loss).WithContext(StepContext(step)));
   if (report.skipped != 0) {
     ++skipped_updates_;
     if (leader_) {
@@ -292,8 +178,8 @@ Status StepLoop::Epilogue(int64_t step) {
     if (leader_) {
       if (evaluates) {
         trace::Span eval("evaluate", "compute", {"step", step});
-        e.val_loss = ValidationLoss(*p_.model, p_.weights, p_.val, config_, streamed_need());
-        strategy_.ReleaseWeights();
+        e.val_loss = ValidationLoss(*p_.model, p_.weights, p_.val, config_, home_.EvalNeed());
+        home_.Release();
       }
       HERD_RETURN_IF_ERROR(log_.Write(e));
     } else {
@@ -304,36 +190,9 @@ Status StepLoop::Epilogue(int64_t step) {
     window_steps_ = 0;
     window_wait_ = 0;
   }
-  // An elastic job's servers write its checkpoints, the data position too.
-  if (CheckpointDue(config_.checkpoint(), step, last_step_) && p_.shares == nullptr) {
-    HERD_RETURN_IF_ERROR(CommitCheckpoint(step));
+  if (CheckpointDue(config_.checkpoint(), step, last_step_)) {
+    HERD_RETURN_IF_ERROR(checkpoints_.Commit(step, loader_state_, leader_));
   }
-  return Status::OK();
-}
-
-Status StepLoop::CommitCheckpoint(int64_t step) {
-  const std::string step_dir = StepDirName(config_.checkpoint().dir(), step);
-  const int shards = strategy_.shard_files();
-  const std::vector<std::string> parts = CheckpointParts(shards, p_.num_workers);
-  // Worker 0 commits unless servers hold the optimizer (they commit then).
-  auto commit = [this, step_dir, step, parts, shards, leader = leader_, loader = loader_state_] {
-    Stopwatch sw;
-    auto write_parts = [&] {
-      HERD_RETURN_IF_ERROR(WriteFileAtomic(JoinPath(step_dir, WorkerFileName(p_.rank)), loader));
-      return strategy_.WriteCheckpointParts(step_dir);
-    };
-    HERD_RETURN_IF_ERROR(
-        transport::CommitCheckpoint(p_.client, step_dir, step, config_, leader && shards > 0, parts, write_parts));
-    if (leader) {
-      std::printf("checkpoint: %s (%.1fs)\n", step_dir.c_str(), sw.Seconds());
-      std::fflush(stdout);
-    }
-    return Status::OK();
-  };
-  // Only the data position is written here when servers hold the rest.
-  if (shards > 0 || p_.client == nullptr || !config_.checkpoint().background()) return commit();
-  HERD_RETURN_IF_ERROR(background_.Wait());  // the previous checkpoint first
-  background_.Start(commit);
   return Status::OK();
 }
 

@@ -10,10 +10,14 @@
 //   each layer; FinishWeights() before anything else reads the weights or
 //   the step's report.
 //
+// Push verbs (BeginStep, FinalFrom, FinishStep) and pull verbs
+// (IssueWeights, WaitUpTo, FinishWeights); the model reaches them through
+// the worker's WeightHome (worker/weight_home.h), never directly.
+//
 // The strategies: Local (one process: AdamW over the whole space), Device
-// Resident (one process, the whole step on one GPU), ParameterServer
-// (worker/parameter_server_sync.h) and Collective (DDP and ZeRO-1 over the
-// UCX ring or NCCL, worker/collective_sync.h).
+// Resident (one process, the whole step on one GPU; worker/local_sync.h),
+// ParameterServer (worker/parameter_server_sync.h) and Collective (DDP and
+// ZeRO-1 over the UCX ring or NCCL, worker/collective_sync.h).
 #pragma once
 
 #include <cstdint>
@@ -23,7 +27,7 @@
 
 #include "common/clock.h"
 #include "common/status.h"
-#include "sharding/shard_plan.h"
+#include "transport/ps_protocol.h"
 
 namespace herd {
 
@@ -65,7 +69,7 @@ class SyncStrategy {
   // computes the shares of lost ones.
   virtual void SetShare(int /*share*/) {}
   // The data position after the step's draw, which a parameter-server
-  // worker reports with each share's loss (sharding/shard_plan.h's
+  // worker reports with each share's loss (transport/ps_protocol.h's
   // ShareLoss): where a worker that joins later starts, and what server 0
   // writes as the workers' data files of an elastic job's checkpoints.
   virtual void SetDrawnTo(const DataPosition& /*data*/) {}
@@ -73,17 +77,6 @@ class SyncStrategy {
   virtual void IssueWeights(float* weights, uint64_t version) = 0;
   virtual void WaitUpTo(int64_t end) = 0;
 
-  // A strategy that streams the weights (ParameterServer with
-  // cluster.stream_weights) holds only a window of them: every forward
-  // pass goes through WaitUpTo, every backward calls WaitFrom(x) before it
-  // reads weights at offsets >= x and DoneFrom(x) once it no longer does
-  // (the model's need_from and final_from), and ReleaseWeights() follows a
-  // forward-only pass (evaluation). It keeps the gradients zero between
-  // steps itself. Others hold every weight: these are no-ops.
-  virtual bool streams_weights() const { return false; }
-  virtual void WaitFrom(int64_t /*begin*/) {}
-  virtual void DoneFrom(int64_t /*offset*/) {}
-  virtual void ReleaseWeights() {}
   virtual Status FinishWeights() = 0;
   // FinishWeights that gives up (false: not all in yet; call it again) as
   // soon as `interrupted` returns true, checked as transfers complete and
@@ -99,16 +92,6 @@ class SyncStrategy {
 
   // Seconds blocked on communication since the last call.
   virtual double TakeWaitSeconds() = 0;
-
-  // A strategy that computes the whole step itself (DeviceResident: the
-  // forward, backward and optimizer on one GPU) takes the step's
-  // micro-batches here, in place of the loop's forward and backward, and
-  // returns the mean loss; FinishStep follows as for every strategy.
-  virtual bool computes_step() const { return false; }
-  virtual StatusOr<double> ComputeStep(const std::vector<const int32_t*>& /*inputs*/,
-                                       const std::vector<const int32_t*>& /*targets*/, uint64_t /*step*/) {
-    return Status::Internal("this sync strategy does not compute steps");
-  }
 
   // Checkpoint of step `step` (after FinishWeights): writes this worker's
   // optimizer parts, if it holds any, into step_dir. `shard_files()` is how

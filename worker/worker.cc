@@ -17,19 +17,25 @@
 #include "model/checkpoint_run.h"
 #include "model/optim/adamw.h"
 #include "model/optim/optimizer_shard.h"
+#include "sharding/job_options.h"
 #include "sharding/memory_plan.h"
 #include "sharding/shard_plan.h"
+#include "transport/exchanges.h"
 #include "transport/join.h"
 #include "transport/node_runtime.h"
 #include "transport/trace_session.h"
 #include "transport/wire.h"
+#include "worker/checkpoint_writer.h"
 #include "worker/collective_sync.h"
 #include "worker/elastic_shares.h"
 #include "worker/local_sync.h"
 #include "worker/model_factory.h"
 #include "worker/nccl_gradients.h"
 #include "worker/parameter_server_sync.h"
+#include "worker/share_compute.h"
+#include "worker/share_schedule.h"
 #include "worker/step_loop.h"
+#include "worker/weight_home.h"
 
 namespace herd {
 namespace {
@@ -50,8 +56,8 @@ Mode ModeOf(const config::JobConfig& config, bool in_job) {
 }
 
 // The lines a run starts with, from worker 0.
-void PrintRunHeader(const config::JobConfig& config, const ParamLayout& layout, const std::string& device,
-                    int64_t train_tokens, const ShardPlan* plan, int num_workers, bool nccl,
+void PrintRunHeader(const config::JobConfig& config, const JobOptions& job, const ParamLayout& layout,
+                    const std::string& device, int64_t train_tokens, const ShardPlan* plan, int num_workers, bool nccl,
                     const transport::UcxTransport* transport) {
   const LlamaShape& shape = layout.shape();
   const auto& train = config.train();
@@ -80,7 +86,7 @@ void PrintRunHeader(const config::JobConfig& config, const ParamLayout& layout, 
       if (cluster.stream_weights()) {
         std::printf(", weights streamed (%d layer%s of prefetch%s)", cluster.stream_prefetch_layers(),
                     cluster.stream_prefetch_layers() == 1 ? "" : "s",
-                    MicroBatchSlots(config) > 1 ? ", micro-batches layer by layer" : "");
+                    job.micro_batch_slots > 1 ? ", micro-batches layer by layer" : "");
       }
     } else {
       std::printf("all-reduce (%s) among %d workers%s", nccl ? "gradients by NCCL, the rest by UCX ring" : "UCX ring",
@@ -122,8 +128,14 @@ class WorkerProcess {
   // In a job: joins it through the NodeRuntime (Prepare runs in there)
   // and registers the spaces with its transport.
   Status JoinJob();
-  // The one place a worker's SyncStrategy is made.
+  // The one place a worker's axes are made: how its gradients become the
+  // next weights (SyncStrategy), where its weights live (WeightHome), how
+  // it computes a share (ShareCompute), which shares (ShareSchedule) and
+  // what it writes of a checkpoint (CheckpointWriter).
+  Status MakeAxes();
   StatusOr<std::unique_ptr<SyncStrategy>> MakeStrategy();
+  std::unique_ptr<ShareCompute> MakeCompute();
+  std::unique_ptr<CheckpointWriter> MakeCheckpointWriter();
   // Elastic: the shares this worker computes follow the membership.
   void FollowMembership();
   // The steps already taken: the join point of a worker that joined, else
@@ -140,6 +152,7 @@ class WorkerProcess {
 
   // Constant after construction.
   const config::JobConfig& config_;
+  const JobOptions job_;  // config_, converted once for the layers below
   const TrainOptions options_;
   const transport::JoinOptions* const join_;  // null: the job is this one process
   const Mode mode_;
@@ -168,8 +181,15 @@ class WorkerProcess {
   std::unique_ptr<DeviceGradientReduction> device_reduction_;  // CUDA workers in all-reduce mode: NCCL
   std::optional<DistributedSampler> sampler_;
   std::optional<ElasticShares> shares_;  // cluster.elastic
+  // The axes; each refers to those before it.
   std::unique_ptr<SyncStrategy> strategy_;
+  DeviceResidentSync* device_sync_ = nullptr;  // strategy_, on one GPU
+  std::unique_ptr<WeightHome> home_;
+  std::unique_ptr<ShareCompute> compute_;
+  std::unique_ptr<ShareSchedule> schedule_;
   std::unique_ptr<transport::NodeRuntime> runtime_;
+  // Goes before the runtime: a commit under way votes through its client.
+  std::unique_ptr<CheckpointWriter> checkpoints_;
 };
 
 StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Create(const config::JobConfig& config,
@@ -192,6 +212,7 @@ StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Create(const config::Job
 WorkerProcess::WorkerProcess(const config::JobConfig& config, const TrainOptions& options,
                              const transport::JoinOptions* join, JobData data, ParamLayout layout)
     : config_(config),
+      job_(JobOptions::FromConfig(config)),
       options_(options),
       join_(join),
       mode_(ModeOf(config, join != nullptr)),
@@ -221,9 +242,7 @@ Status WorkerProcess::Prepare(transport::CoordinatorClient* client) {
     if (join_->join) joining_ = client->joined_under_way();
     if (joining_) resume_from_.reset();
     if (!joining_) {
-      HERD_RETURN_IF_ERROR(transport::AgreeOn(*client, "herd/resume",
-                                              resume_from_ ? BaseName(resume_from_->dir) : std::string("none"),
-                                              "the checkpoint to resume from"));
+      HERD_RETURN_IF_ERROR(transport::AgreeOnResume(*client, resume_from_ ? BaseName(resume_from_->dir) : "none"));
     }
   }
   HERD_ASSIGN_OR_RETURN(sampler_,
@@ -237,7 +256,7 @@ Status WorkerProcess::Prepare(transport::CoordinatorClient* client) {
     HERD_RETURN_IF_ERROR(sampler_->RestoreState(loader).WithContext(path + ": "));
   }
   if (mode_ == Mode::kOneGpu) return Status::OK();  // the GPU trainer brings its model
-  HERD_ASSIGN_OR_RETURN(model_holder_, CreateModel(config_, train.batch_size(), train.seq_len(), LocalRank(rank_)));
+  HERD_ASSIGN_OR_RETURN(model_holder_, CreateModel(config_, job_, LocalRank(rank_)));
   model_ = model_holder_.get();
   const bool gpu = config_.device().kind() == config::DeviceConfig::CUDA;
   if (mode_ == Mode::kAllReduce && gpu && config_.cluster().nccl() && BuiltWithNccl()) {
@@ -276,15 +295,16 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeStrategy() {
       // The whole space's optimizer state; any number of shards (a
       // parameter-server checkpoint too) assembles into it.
       HERD_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerShard> optimizer,
-                            OptimizerShard::InitOrResume(config_, layout_, whole, resume_from_));
+                            job_.MakeOptimizer(layout_, whole, resume_from_));
       return CreateLocalSync(std::move(optimizer), weights());
     }
     case Mode::kOneGpu: {
-      HERD_ASSIGN_OR_RETURN(std::unique_ptr<cuda::DeviceTrainer> gpu, CreateDeviceTrainer(config_, LocalRank(0)));
+      HERD_ASSIGN_OR_RETURN(std::unique_ptr<cuda::DeviceTrainer> gpu, CreateDeviceTrainer(config_, job_, LocalRank(0)));
       HERD_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerShard> optimizer,
-                            OptimizerShard::InitOrResume(config_, layout_, whole, resume_from_));
+                            job_.MakeOptimizer(layout_, whole, resume_from_));
       auto strategy = std::make_unique<DeviceResidentSync>(std::move(gpu), std::move(optimizer), weights());
       model_ = &strategy->evaluator();
+      device_sync_ = strategy.get();
       return std::unique_ptr<SyncStrategy>(std::move(strategy));
     }
     case Mode::kParameterServer: {
@@ -301,11 +321,14 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeStrategy() {
         po.layout = &layout_;
         po.prefetch_layers = cluster.stream_prefetch_layers();
       }
-      return CreateParameterServerSync(po, &runtime_->transport(), runtime_->push_pull());
+      HERD_ASSIGN_OR_RETURN(ParameterServerSyncParts parts,
+                            CreateParameterServerSync(po, &runtime_->transport(), runtime_->push_pull()));
+      home_ = std::move(parts.home);
+      return std::move(parts.sync);
     }
     case Mode::kAllReduce: {
       CollectiveSyncOptions c;
-      c.config = &config_;
+      c.job = &job_;
       c.layout = &layout_;
       c.plan = &*plan_;
       c.zero1 = cluster.zero_stage() == 1;
@@ -315,6 +338,60 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeStrategy() {
     }
   }
   return Status::Internal("unknown worker mode");
+}
+
+Status WorkerProcess::MakeAxes() {
+  HERD_ASSIGN_OR_RETURN(strategy_, MakeStrategy());
+  if (home_ == nullptr) home_ = WholeWeights(*strategy_);
+  compute_ = MakeCompute();
+  checkpoints_ = MakeCheckpointWriter();
+  if (!config_.cluster().elastic() || mode_ != Mode::kParameterServer) {
+    schedule_ = FixedShare(*strategy_, rank_);
+    return Status::OK();
+  }
+  FollowMembership();
+  ElasticScheduleParts e;
+  e.shares = &*shares_;
+  e.sync = strategy_.get();
+  e.sampler = &*sampler_;
+  e.client = &runtime_->client();
+  e.rank = rank_;
+  schedule_ = ElasticSchedule(e);
+  return Status::OK();
+}
+
+std::unique_ptr<ShareCompute> WorkerProcess::MakeCompute() {
+  if (device_sync_ != nullptr) return DeviceResidentSteps(*device_sync_);
+  PassOptions o;
+  o.model = model_;
+  o.home = home_.get();
+  o.sync = strategy_.get();
+  o.weights = weights();
+  o.grads = grads();
+  o.batch = job_.batch;
+  o.seq_len = job_.seq_len;
+  // 1 / the global batch's tokens.
+  o.loss_scale =
+      1.0 / static_cast<double>(static_cast<int64_t>(job_.batch) * job_.seq_len * job_.grad_accum * num_workers_);
+  // Streamed: every micro-batch through each unit at once, so that each
+  // unit is pulled once a pass.
+  const int A = job_.grad_accum;
+  if (streamed_ && A > 1 && model_->layer_major_slots() >= A) return LayerMajorPasses(o);
+  return MicroBatchPasses(o);
+}
+
+std::unique_ptr<CheckpointWriter> WorkerProcess::MakeCheckpointWriter() {
+  // An elastic job's servers write the data position too.
+  if (mode_ == Mode::kParameterServer && config_.cluster().elastic()) return NoCheckpoints();
+  CheckpointWriterParts c;
+  c.config = &config_;
+  c.sync = strategy_.get();
+  c.client = runtime_ ? &runtime_->client() : nullptr;
+  c.rank = rank_;
+  c.num_workers = num_workers_;
+  // Only the data position is written here when the servers hold the rest.
+  if (mode_ == Mode::kParameterServer && config_.checkpoint().background()) return BackgroundCheckpoints(c);
+  return ForegroundCheckpoints(c);
 }
 
 void WorkerProcess::FollowMembership() {
@@ -348,8 +425,8 @@ StatusOr<int64_t> WorkerProcess::StartingStep() {
   } else if (!config_.checkpoint().init_from().empty()) {
     std::printf("initial weights from %s\n", config_.checkpoint().init_from().c_str());
   }
-  PrintRunHeader(config_, layout_, model_->Describe(), data_.train.size(), plan_ ? &*plan_ : nullptr, num_workers_,
-                 device_reduction_ != nullptr, runtime_ ? &runtime_->transport() : nullptr);
+  PrintRunHeader(config_, job_, layout_, model_->Describe(), data_.train.size(), plan_ ? &*plan_ : nullptr,
+                 num_workers_, device_reduction_ != nullptr, runtime_ ? &runtime_->transport() : nullptr);
   if (config_.log().peak_tflops() == 0 && model_->PeakTflops() > 0) {
     std::printf("mfu: against the datasheet peak of %s, %g TFLOP/s (log.peak_tflops overrides it)\n",
                 model_->Describe().c_str(), model_->PeakTflops());
@@ -365,14 +442,16 @@ StepLoopParts WorkerProcess::LoopParts() {
   parts.options.resume = resume_from_.has_value();  // a run that starts afresh starts its metrics afresh
   parts.model = model_;
   parts.strategy = strategy_.get();
+  parts.home = home_.get();
+  parts.compute = compute_.get();
+  parts.schedule = schedule_.get();
+  parts.checkpoints = checkpoints_.get();
   parts.sampler = &*sampler_;
   parts.val = data_.val.get();
   parts.weights = weights();
-  parts.grads = mode_ == Mode::kOneGpu ? nullptr : grads();
   parts.rank = rank_;
   parts.num_workers = num_workers_;
   parts.client = runtime_ ? &runtime_->client() : nullptr;
-  parts.shares = shares_ ? &*shares_ : nullptr;
   return parts;
 }
 
@@ -383,8 +462,7 @@ Status WorkerProcess::Run() {
   } else {
     HERD_RETURN_IF_ERROR(Prepare(nullptr));
   }
-  HERD_ASSIGN_OR_RETURN(strategy_, MakeStrategy());
-  if (mode_ == Mode::kParameterServer && config_.cluster().elastic()) FollowMembership();
+  HERD_RETURN_IF_ERROR(MakeAxes());
   HERD_RETURN_IF_ERROR(trace_.Start(config_.log().trace(), wire::WORKER, rank_, runtime_ ? &runtime_->client() : nullptr));
   HERD_ASSIGN_OR_RETURN(const int64_t start, StartingStep());
   StepLoop loop(LoopParts());
@@ -395,7 +473,7 @@ Status WorkerProcess::Run() {
   HERD_RETURN_IF_ERROR(runtime_->Conclude(loop.Run(start)));
   HERD_RETURN_IF_ERROR(trace_.Finish(&runtime_->client()));
   HERD_RETURN_IF_ERROR(ReportSummary(loop, start));
-  HERD_RETURN_IF_ERROR(runtime_->client().Barrier("herd/done"));
+  HERD_RETURN_IF_ERROR(runtime_->client().Barrier(transport::kDoneBarrier));
   return runtime_->client().Leave();
 }
 

@@ -3,19 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "proto/herd.pb.h"
-
 namespace herd {
-
-OptimizerOptions OptimizerOptions::FromConfig(const config::OptimizerConfig& o, int64_t total_steps) {
-  OptimizerOptions options;
-  options.adamw = {o.beta1(), o.beta2(), o.eps(), o.weight_decay()};
-  options.schedule = {o.lr(), o.min_lr(), o.warmup_steps(), total_steps};
-  options.clip_norm = o.clip_norm();
-  options.skip_spikes_zscore = o.skip_spikes_zscore();
-  options.skip_spikes_window = o.skip_spikes_window();
-  return options;
-}
 
 std::vector<DecaySegment> DecaySegments(const ParamLayout& layout, int64_t begin, int64_t end) {
   std::vector<DecaySegment> segments;

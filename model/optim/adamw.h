@@ -13,12 +13,9 @@
 
 namespace herd {
 
-namespace config {
-class OptimizerConfig;
-}
-
 // The defaults of AdamWOptions, LrSchedule (except total_steps) and
-// OptimizerOptions are the job config's (proto/herd.proto).
+// OptimizerOptions are the job config's (proto/herd.proto; a job's come
+// from sharding/job_options.h).
 struct AdamWOptions {
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.0;
 };
@@ -39,11 +36,6 @@ struct OptimizerOptions {
   double clip_norm = 1.0;  // the global norm's bound; 0 disables clipping
   double skip_spikes_zscore = 0;  // model/optim/spike_guard.h; 0: off
   int skip_spikes_window = 128;
-
-  // The job's optimizer block, with a schedule of `total_steps` steps
-  // (train.steps). Defined in adamw.cc, so that this header does not need
-  // the config's generated code.
-  static OptimizerOptions FromConfig(const config::OptimizerConfig& optimizer, int64_t total_steps);
 };
 
 // Which elements of [begin, end) take weight decay (2-D tensors only).

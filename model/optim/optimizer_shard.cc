@@ -26,7 +26,7 @@ OptimizerShard::OptimizerShard(const ParamLayout& layout, const OptimizerOptions
 }
 
 StatusOr<std::unique_ptr<OptimizerShard>> OptimizerShard::InitOrResume(
-    const config::JobConfig& config, const ParamLayout& layout, ParamRange range,
+    const OptimizerOptions& options, const WeightInit& init, const ParamLayout& layout, ParamRange range,
     const std::optional<VerifiedCheckpoint>& resume_from) {
   ShardState state;
   if (resume_from.has_value()) {
@@ -35,17 +35,15 @@ StatusOr<std::unique_ptr<OptimizerShard>> OptimizerShard::InitOrResume(
   } else {
     state.begin = range.begin;
     state.end = range.end;
-    if (!config.checkpoint().init_from().empty()) {
-      HERD_ASSIGN_OR_RETURN(state.weights, LoadInitialWeights(config, range.begin, range.end));
+    if (!init.init_from.empty()) {
+      HERD_ASSIGN_OR_RETURN(state.weights, LoadInitialWeights(init.init_from, init.model, range.begin, range.end));
     } else {
       state.weights.resize(range.size());
-      InitParameterRange(layout, config.train().seed(), config.model().initializer_range(), range.begin, range.end,
-                         state.weights.data());
+      InitParameterRange(layout, init.seed, init.initializer_range, range.begin, range.end, state.weights.data());
     }
     state.m.assign(range.size(), 0.0f);
     state.v.assign(range.size(), 0.0f);
   }
-  const OptimizerOptions options = OptimizerOptions::FromConfig(config.optimizer(), config.train().steps());
   return std::make_unique<OptimizerShard>(layout, options, std::move(state));
 }
 

@@ -37,16 +37,26 @@ namespace herd {
 // caller names the step); OK otherwise.
 Status CheckNotDiverged(const char* what, double value);
 
+// How a fresh run's weights start: checkpoint.init_from's (a HuggingFace
+// directory or a herd checkpoint of the same `model` shape), else the
+// deterministic initialisation (train.seed, model.initializer_range).
+struct WeightInit {
+  uint64_t seed = 0;
+  double initializer_range = 0.02;
+  std::string init_from;      // empty: initialise
+  config::ModelConfig model;  // the shape init_from must have
+};
+
 class OptimizerShard {
  public:
-  // Fresh: checkpoint.init_from's weights, else the deterministic
-  // initialisation (a function of seed and tensor name only, so every
-  // partition starts from the same model), and zero moments. Resumed: the
-  // range assembled from the checkpoint's shards, whatever number of
-  // processes wrote them. The caller has checked that the checkpoint
-  // continues this run (CheckSameRun).
-  static StatusOr<std::unique_ptr<OptimizerShard>> InitOrResume(const config::JobConfig& config,
-                                                                const ParamLayout& layout, ParamRange range,
+  // Fresh: `init`'s weights (the initialisation is a function of seed and
+  // tensor name only, so every partition starts from the same model), and
+  // zero moments. Resumed: the range assembled from the checkpoint's
+  // shards, whatever number of processes wrote them. The caller has
+  // checked that the checkpoint continues this run (CheckSameRun).
+  static StatusOr<std::unique_ptr<OptimizerShard>> InitOrResume(const OptimizerOptions& options,
+                                                                const WeightInit& init, const ParamLayout& layout,
+                                                                ParamRange range,
                                                                 const std::optional<VerifiedCheckpoint>& resume_from);
   // From a given state (its range, weights, moments and step).
   OptimizerShard(const ParamLayout& layout, const OptimizerOptions& options, ShardState state);

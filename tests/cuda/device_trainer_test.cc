@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "model/optim/optimizer_shard.h"
+#include "sharding/job_options.h"
 #include "model/param_layout.h"
 #include "tests/cuda/device_test_util.h"
 #include "worker/cuda/device_trainer.h"
@@ -47,7 +48,7 @@ TEST(DeviceResidentSync, TheSpikeGuardSkipsTheUpdateOnTheDevice) {
   opt.set_clip_norm(1.0);
   opt.set_skip_spikes_zscore(3.0);
   opt.set_skip_spikes_window(kWindow);
-  const OptimizerOptions options = OptimizerOptions::FromConfig(opt, /*total_steps=*/100);  // lr > 0 throughout
+  const OptimizerOptions options = OptimizerOptionsOf(opt, /*total_steps=*/100);  // lr > 0 throughout
   ShardState state;
   state.end = P;
   state.weights.resize(P);
@@ -89,7 +90,9 @@ TEST(DeviceResidentSync, TheSpikeGuardSkipsTheUpdateOnTheDevice) {
                               << ") was not skipped";
       EXPECT_GT(r.loss_z, 3.0);
     }
-    if (step <= kWindow) EXPECT_EQ(r.skipped, 0) << "step " << step << " skipped before the window was full";
+    if (step <= kWindow) {
+      EXPECT_EQ(r.skipped, 0) << "step " << step << " skipped before the window was full";
+    }
     if (r.skipped != 0) {
       EXPECT_TRUE(after == before) << "step " << step << " was skipped but the device's state changed";
     } else {

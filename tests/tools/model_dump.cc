@@ -18,6 +18,7 @@
 #include "model/llama.h"
 #include "model/optim/adamw.h"
 #include "model/optim/optimizer_shard.h"
+#include "sharding/job_options.h"
 #include "model/safetensors.h"
 
 using namespace herd;  // NOLINT
@@ -89,7 +90,7 @@ int main(int argc, char** argv) {
   state.weights = params;
   state.m.assign(P, 0.0f);
   state.v.assign(P, 0.0f);
-  OptimizerShard optimizer(layout, OptimizerOptions::FromConfig(opt, K), std::move(state));
+  OptimizerShard optimizer(layout, OptimizerOptionsOf(opt, K), std::move(state));
   optimizer.AttachWeights(params.data());
   std::vector<float> losses, norms;
   for (int k = 0; k < K; ++k) {

@@ -21,7 +21,7 @@
 #include "model/model.h"
 #include "model/optim/adamw.h"
 #include "model/optim/optimizer_shard.h"
-#include "proto/herd.pb.h"
+#include "sharding/job_options.h"
 
 namespace herd::cuda {
 
@@ -35,17 +35,17 @@ class DeviceTrainer {
     int device = 0;
     Recompute recompute = Recompute::kNone;
 
-    // A job's model, train.batch_size x seq_len, device.dtype and AdamW
-    // options, on `device`.
-    static Options FromConfig(const config::JobConfig& config, int device) {
+    // A job's model, train.batch_size x seq_len and AdamW options, in
+    // bf16 or fp32 (device.dtype), on `device`.
+    static Options ForJob(const JobOptions& job, bool bf16, int device) {
       Options o;
-      o.shape = LlamaShape::FromConfig(config.model());
-      o.batch = config.train().batch_size();
-      o.seq_len = config.train().seq_len();
-      o.bf16 = config.device().dtype() == config::DeviceConfig::BF16;
-      o.adamw = OptimizerOptions::FromConfig(config.optimizer(), config.train().steps()).adamw;
+      o.shape = job.shape;
+      o.batch = job.batch;
+      o.seq_len = job.seq_len;
+      o.bf16 = bf16;
+      o.adamw = job.optimizer.adamw;
       o.device = device;
-      o.recompute = RecomputeFromConfig(config.train());
+      o.recompute = job.recompute;
       return o;
     }
   };

@@ -1,0 +1,55 @@
+#include "sharding/job_options.h"
+
+#include <algorithm>
+
+namespace herd {
+namespace {
+
+Recompute RecomputeOf(const config::TrainConfig& t) {
+  switch (t.recompute()) {
+    case config::TrainConfig::ATTENTION:
+      return Recompute::kAttention;
+    case config::TrainConfig::FULL:
+      return Recompute::kFull;
+    default:
+      return Recompute::kNone;
+  }
+}
+
+int MicroBatchSlotsOf(const config::JobConfig& c) {
+  const bool layer_major = c.cluster().sync() == config::ClusterConfig::PARAMETER_SERVER &&
+                           c.cluster().stream_weights() && !c.model().tie_word_embeddings() &&
+                           c.device().kind() == config::DeviceConfig::CPU;
+  return layer_major ? std::max(1, c.train().grad_accum()) : 1;
+}
+
+}  // namespace
+
+OptimizerOptions OptimizerOptionsOf(const config::OptimizerConfig& o, int64_t total_steps) {
+  OptimizerOptions options;
+  options.adamw = {o.beta1(), o.beta2(), o.eps(), o.weight_decay()};
+  options.schedule = {o.lr(), o.min_lr(), o.warmup_steps(), total_steps};
+  options.clip_norm = o.clip_norm();
+  options.skip_spikes_zscore = o.skip_spikes_zscore();
+  options.skip_spikes_window = o.skip_spikes_window();
+  return options;
+}
+
+JobOptions JobOptions::FromConfig(const config::JobConfig& config) {
+  const auto& train = config.train();
+  JobOptions o;
+  o.shape = LlamaShape::FromConfig(config.model());
+  o.batch = train.batch_size();
+  o.seq_len = train.seq_len();
+  o.grad_accum = train.grad_accum();
+  o.recompute = RecomputeOf(train);
+  o.micro_batch_slots = MicroBatchSlotsOf(config);
+  o.optimizer = OptimizerOptionsOf(config.optimizer(), train.steps());
+  o.init.seed = train.seed();
+  o.init.initializer_range = config.model().initializer_range();
+  o.init.init_from = config.checkpoint().init_from();
+  o.init.model = config.model();
+  return o;
+}
+
+}  // namespace herd

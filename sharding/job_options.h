@@ -1,0 +1,50 @@
+// The job's config as the plain values the layers below take: the model's
+// shape and what it keeps (model/), the optimizer's options and how a
+// fresh run's weights start (model/optim/). A process converts its config
+// once (JobOptions::FromConfig) and hands these down, so that model/ never
+// reads the job's config; the memory plan converts with the same function,
+// so that it counts what the processes make.
+//
+// It lives here, the lowest layer above model/, because the memory plan
+// (sharding/memory_plan.h) needs it as much as the workers and servers do.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include "model/llama_config.h"
+#include "model/optim/adamw.h"
+#include "model/optim/optimizer_shard.h"
+#include "proto/herd.pb.h"
+
+namespace herd {
+
+struct JobOptions {
+  LlamaShape shape;
+  int batch = 1, seq_len = 1, grad_accum = 1;  // train.batch_size, seq_len, grad_accum
+  Recompute recompute = Recompute::kNone;      // train.recompute
+  // How many micro-batches a CPU worker's model keeps activations for at
+  // once: a step's all (train.grad_accum) when it streams its weights
+  // (cluster.stream_weights) and the embeddings are untied, so that one
+  // layer-major pass serves them all (LlamaModel::ForwardBackwardLayerMajor:
+  // each unit pulled once a pass, no gradient kept whole until the last
+  // micro-batch, the same bits); else 1, one micro-batch after the other.
+  int micro_batch_slots = 1;
+  OptimizerOptions optimizer;  // with a schedule of train.steps steps
+  WeightInit init;
+
+  static JobOptions FromConfig(const config::JobConfig& config);
+
+  // The optimizer over `range` of `layout`'s space: fresh from `init`, or
+  // resumed (OptimizerShard::InitOrResume).
+  StatusOr<std::unique_ptr<OptimizerShard>> MakeOptimizer(const ParamLayout& layout, ParamRange range,
+                                                          const std::optional<VerifiedCheckpoint>& resume_from) const {
+    return OptimizerShard::InitOrResume(optimizer, init, layout, range, resume_from);
+  }
+};
+
+// The job's optimizer block, with a schedule of `total_steps` steps.
+OptimizerOptions OptimizerOptionsOf(const config::OptimizerConfig& optimizer, int64_t total_steps);
+
+}  // namespace herd

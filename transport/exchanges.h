@@ -1,0 +1,68 @@
+// The coordinator's all-gathers, typed: each purpose is an Exchange with
+// its key, its scope and its message (proto/wire.proto), so that a process
+// sends and receives messages, never bytes it decodes itself. Every
+// contribution is parsed before use; one that does not parse is an error
+// naming who sent it. A receiver still checks the fields it needs (a lost
+// member's contribution is empty).
+//
+// Barriers carry nothing; their names are here too, so that every key the
+// processes of a job meet under is listed in one place.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "proto/wire.pb.h"
+#include "transport/coordinator_client.h"
+#include "transport/join.h"
+
+namespace herd::transport {
+
+template <typename Message>
+struct Exchange {
+  std::string key;  // unique for the job's life
+  wire::Scope scope;
+};
+
+// The servers' partial norms and losses of step `step` (1-based).
+inline Exchange<wire::NormShare> NormExchange(int64_t step) {
+  return {"herd/norm/" + std::to_string(step), wire::SERVERS};
+}
+// The checkpoint every process resumes from.
+inline Exchange<wire::ResumeChoice> ResumeExchange() { return {"herd/resume", wire::EVERYONE}; }
+// Step `step`'s checkpoint: the parts written, then the manifest.
+inline Exchange<wire::CheckpointVote> PartsWrittenVote(int64_t step, wire::Scope voters) {
+  return {"herd/checkpoint/" + std::to_string(step), voters};
+}
+inline Exchange<wire::CheckpointVote> CommittedVote(int64_t step, wire::Scope voters) {
+  return {"herd/committed/" + std::to_string(step), voters};
+}
+// Worker 0's ncclUniqueId.
+inline Exchange<wire::NcclId> NcclIdExchange() { return {"herd/nccl-id", wire::WORKERS}; }
+
+// Barriers: every process is done training (it then leaves); every
+// process of a forming job has connected its UCX endpoints.
+inline constexpr char kDoneBarrier[] = "herd/done";
+inline constexpr char kUcxConnectedBarrier[] = "herd/ucx-connected";
+
+// Everyone in the exchange's scope contributes `mine`; every contribution,
+// parsed, in scope order (servers by rank, then workers by rank).
+template <typename Message>
+StatusOr<std::vector<Message>> Gather(CoordinatorClient& client, const Exchange<Message>& exchange,
+                                      const Message& mine) {
+  HERD_ASSIGN_OR_RETURN(std::vector<std::string> all,
+                        client.AllGather(exchange.key, mine.SerializeAsString(), exchange.scope));
+  const size_t first = exchange.scope == wire::WORKERS ? client.num_servers() : 0;
+  std::vector<Message> out(all.size());
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (!out[i].ParseFromString(all[i])) {
+      return Status::Corruption(exchange.key + ": " + DescribeMember(client.members()[first + i]) +
+                                " sent a malformed " + Message::descriptor()->name());
+    }
+  }
+  return out;
+}
+
+}  // namespace herd::transport

@@ -1,0 +1,33 @@
+#include "worker/weight_home.h"
+
+#include <algorithm>
+
+namespace herd {
+namespace {
+
+class Whole : public WeightHome {
+ public:
+  explicit Whole(SyncStrategy& sync) : sync_(sync) {}
+
+  Model::NeedUpTo ForwardNeed(bool arriving) override {
+    if (!arriving) return nullptr;
+    return [this](int64_t end) { sync_.WaitUpTo(end); };
+  }
+  Model::NeedFrom BackwardNeed() override { return nullptr; }
+  Model::FinalFrom BackwardDone(bool last_micro_batch) override {
+    if (!last_micro_batch) return nullptr;
+    return [this](int64_t offset) { sync_.FinalFrom(offset); };
+  }
+  void ClearGradients(float* grads, int64_t count) override { std::fill(grads, grads + count, 0.0f); }
+  Model::NeedUpTo EvalNeed() override { return nullptr; }
+  void Release() override {}
+
+ private:
+  SyncStrategy& sync_;
+};
+
+}  // namespace
+
+std::unique_ptr<WeightHome> WholeWeights(SyncStrategy& sync) { return std::make_unique<Whole>(sync); }
+
+}  // namespace herd

@@ -1,0 +1,51 @@
+// Where a worker's weights live, as the model reaches them: the hooks of
+// model/model.h that a pass calls before it reads a unit's weights, once
+// it no longer reads them, and once a unit's gradients are final. The step
+// loop hands these hooks to the model and never asks which home it has.
+//
+//   WholeWeights: every weight of the flat space is held; a version arrives
+//     bucket by bucket (the SyncStrategy's IssueWeights) and the step's
+//     first forward waits layer by layer for what it reaches; the step's
+//     last backward hands each final bucket to the SyncStrategy.
+//   Streamed (parameter-server mode with cluster.stream_weights,
+//     worker/parameter_server_sync.h): only a window is held; every pass,
+//     evaluation's too, brings units in and lets them go.
+//
+// A new home (a pipeline stage's layers, a tensor-parallel slice, a ZeRO-3
+// shard) is one more class here and one line in the worker's factory.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "model/model.h"
+#include "worker/sync_strategy.h"
+
+namespace herd {
+
+class WeightHome {
+ public:
+  virtual ~WeightHome() = default;
+
+  // A training forward's hook. `arriving`: the weights of this version may
+  // still be arriving (the step's first forward, before the step before it
+  // has settled); once they are all in, a home that holds them whole needs
+  // no hook.
+  virtual Model::NeedUpTo ForwardNeed(bool arriving) = 0;
+  // A training backward's hooks: before it reads weights at offsets >= x;
+  // once it no longer reads them (`last_micro_batch`: and its gradients
+  // there are final for the step).
+  virtual Model::NeedFrom BackwardNeed() = 0;
+  virtual Model::FinalFrom BackwardDone(bool last_micro_batch) = 0;
+  // Before a share's first backward: its gradients start from zero.
+  virtual void ClearGradients(float* grads, int64_t count) = 0;
+  // A forward outside training (evaluation, the sample), on weights that
+  // are all in: its hook, and Release() once such passes are done.
+  virtual Model::NeedUpTo EvalNeed() = 0;
+  virtual void Release() = 0;
+};
+
+// Every weight held; versions come through `sync`.
+std::unique_ptr<WeightHome> WholeWeights(SyncStrategy& sync);
+
+}  // namespace herd
