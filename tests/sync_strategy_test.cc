@@ -91,7 +91,7 @@ struct Workers {
     SyncStrategy& x = **made;
     x.IssueWeights(weights[w].data(), 0);
     HERD_RETURN_IF_ERROR(x.FinishWeights());
-    x.BeginStep(grads[w].data(), 0);
+    x.BeginStep(grads[w].data(), {0, static_cast<int>(w), {}});
     x.FinalFrom(0);  // backward done: every bucket may go
     HERD_RETURN_IF_ERROR(x.FinishStep(/*loss=*/1.0 + w));
     x.IssueWeights(weights[w].data(), 1);
@@ -201,7 +201,7 @@ TEST(LocalSync, ANonFiniteGradientNormIsDivergenceWithAdvice) {
   ASSERT_TRUE(optimizer.ok());
   auto local = CreateLocalSync(std::move(*optimizer), weights.data());
   grads[P / 2] = std::numeric_limits<float>::infinity();
-  local->BeginStep(grads.data(), 0);
+  local->BeginStep(grads.data(), {});
   local->FinalFrom(0);
   const Status st = local->FinishStep(1.0);
   EXPECT_THAT(st.message(), HasSubstr("gradient norm is inf"));

@@ -80,7 +80,7 @@ int BenchTrain(int argc, char** argv) {
       if (timed) backward_s += sw.Seconds();
     }
     Stopwatch sw;
-    optimizer->BeginStep(grads.data(), static_cast<uint64_t>(t));
+    optimizer->BeginStep(grads.data(), {static_cast<uint64_t>(t), /*share=*/0, {}});
     st = optimizer->FinishStep(loss / A);
     if (!st.ok()) return ReportError(st.WithContext("bench train: step " + std::to_string(t + 1) + ": "));
     if (timed) {

@@ -37,9 +37,9 @@ class CollectiveSync : public SyncStrategy {
     report_.version = static_cast<uint64_t>(optimizer_->step());
   }
 
-  void BeginStep(float* grads, uint64_t step) override {
+  void BeginStep(float* grads, const StepShare& share) override {
     grads_ = grads;  // reduced in place
-    step_ = step;
+    step_ = share.step;
     next_bucket_ = 0;
     grad_handles_.clear();
   }

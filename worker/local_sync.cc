@@ -16,9 +16,9 @@ class LocalSync : public OneProcessSync {
     report_.version = static_cast<uint64_t>(optimizer_->step());
   }
 
-  void BeginStep(float* grads, uint64_t step) override {
+  void BeginStep(float* grads, const StepShare& share) override {
     grads_ = grads;
-    step_ = step;
+    step_ = share.step;
   }
   Status FinishStep(double loss) override {
     const double norm = std::sqrt(SumOfSquares(grads_, optimizer_->size()));

@@ -26,7 +26,7 @@ std::unique_ptr<SyncStrategy> CreateLocalSync(std::unique_ptr<OptimizerShard> op
 // optimizer's own (pulled and pushed nowhere).
 class OneProcessSync : public SyncStrategy {
  public:
-  void BeginStep(float*, uint64_t) override {}
+  void BeginStep(float*, const StepShare&) override {}
   void FinalFrom(int64_t) override {}
   void IssueWeights(float*, uint64_t) override {}
   void WaitUpTo(int64_t) override {}

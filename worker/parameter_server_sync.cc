@@ -32,12 +32,12 @@ class PushPullSync : public SyncStrategy {
   // The bf16 staging memory to register whole with the transport.
   virtual std::vector<std::pair<void*, size_t>> wire_buffers() { return {}; }
 
-  void SetShare(int share) override { share_ = share; }
-  void SetDrawnTo(const DataPosition& data) override { loss_.data = data; }
-  // Starts a step's pushes: buckets go out as backward finishes them.
-  void BeginStep(float* grads, uint64_t step) override {
+  // Starts a share's pushes: buckets go out as backward finishes them.
+  void BeginStep(float* grads, const StepShare& share) override {
     grads_ = grads;
-    step_ = step;
+    step_ = share.step;
+    share_ = share.share;
+    loss_.data = share.drawn_to;
     next_bucket_ = 0;
   }
   void Wake() override { client_->Wake(); }
@@ -160,7 +160,7 @@ class PushPullSync : public SyncStrategy {
   std::vector<transport::PushPullClient::Ticket> report_tickets_;
   size_t next_report_ = 0;
   ShareLoss loss_;  // pushed to server 0: the share's loss and the step's data position
-  int share_;       // whose sequences the step's gradients are (SetShare)
+  int share_;       // whose sequences the step's gradients are
 };
 
 // Every weight held: the next version pulled bucket by bucket in forward

@@ -24,7 +24,7 @@ class MicroBatches : public ShareCompute {
       }
       if (micro == 0) HERD_RETURN_IF_ERROR(previous.Settle());
       const bool last_micro = micro == A - 1;
-      if (last_micro) o_.sync->BeginStep(o_.grads, static_cast<uint64_t>(t));
+      if (last_micro) o_.sync->BeginStep(o_.grads, {static_cast<uint64_t>(t), share, batches.drawn_to});
       trace::Span span("backward", "compute", {"step", t + 1}, {"micro", micro}, {"share", share});
       o_.model->Backward(o_.weights, o_.grads, o_.loss_scale, home.BackwardDone(last_micro), last_micro,
                          home.BackwardNeed());
@@ -44,7 +44,7 @@ class LayerMajor : public ShareCompute {
     const int A = static_cast<int>(batches.inputs.size());
     WeightHome& home = *o_.home;
     home.ClearGradients(o_.grads, o_.model->layout().size());
-    o_.sync->BeginStep(o_.grads, static_cast<uint64_t>(t));
+    o_.sync->BeginStep(o_.grads, {static_cast<uint64_t>(t), share, batches.drawn_to});
     double loss = 0;
     {
       trace::Span span("forward and backward", "compute", {"step", t + 1}, {"micro_batches", A}, {"share", share});

@@ -51,17 +51,19 @@ class StepBoundary {
   bool settled_ = false;
 };
 
-// A share's micro-batches: B x T tokens and targets each, in order.
+// A share's micro-batches: B x T tokens and targets each, in order, and
+// the data position after the step's draw.
 struct ShareBatches {
   std::vector<const int32_t*> inputs, targets;
+  DataPosition drawn_to;
 };
 
 class ShareCompute {
  public:
   virtual ~ShareCompute() = default;
   // Forward and backward of one share of step t (0-based), its gradients
-  // handed to the SyncStrategy (BeginStep, then FinalFrom as they become
-  // final); settles `previous` on the way. The share's mean loss, which
+  // handed to the SyncStrategy (BeginStep with the share, then FinalFrom
+  // as they become final); settles `previous` on the way. The share's mean loss, which
   // the caller passes to FinishStep.
   virtual StatusOr<double> Compute(int64_t t, int share, const ShareBatches& batches, StepBoundary& previous) = 0;
 };

@@ -53,9 +53,11 @@ Status StepLoop::Run(int64_t start) {
     trace::Span step_span("step", "step", {"step", t + 1});
     StepBoundary previous([this, t] { return EndStep(t); });
     HERD_ASSIGN_OR_RETURN(const std::vector<int> shares, schedule_.SharesOf(t, previous));
-    Draw(*p_.sampler, shares);
+    const DataPosition drawn_to = Draw(*p_.sampler, shares);
     if (EvaluatesAt(t)) HERD_RETURN_IF_ERROR(previous.Settle());
-    for (size_t i = 0; i < shares.size(); ++i) HERD_RETURN_IF_ERROR(ComputeShare(t, shares[i], i, previous));
+    for (size_t i = 0; i < shares.size(); ++i) {
+      HERD_RETURN_IF_ERROR(ComputeShare(t, shares[i], i, drawn_to, previous));
+    }
     if (CheckpointDue(config_.checkpoint(), t + 1, last_step_)) loader_state_ = p_.sampler->SaveState();
     strategy_.IssueWeights(p_.weights, static_cast<uint64_t>(t + 1));
   }
@@ -81,21 +83,22 @@ Status StepLoop::Run(int64_t start) {
   return Status::OK();
 }
 
-void StepLoop::Draw(DistributedSampler& sampler, const std::vector<int>& shares) {
+DataPosition StepLoop::Draw(DistributedSampler& sampler, const std::vector<int>& shares) {
   trace::Span span("draw batches", "data");
   const int B = config_.train().batch_size();
   for (size_t a = 0; a < inputs_.size(); ++a) sampler.NextBatches(B, shares, inputs_[a].data(), targets_[a].data());
-  strategy_.SetDrawnTo({sampler.epoch(), sampler.taken(), sampler.file_tokens()});
+  return {sampler.epoch(), sampler.taken(), sampler.file_tokens()};
 }
 
-Status StepLoop::ComputeShare(int64_t t, int share, size_t slot, StepBoundary& previous) {
+Status StepLoop::ComputeShare(int64_t t, int share, size_t slot, const DataPosition& drawn_to,
+                              StepBoundary& previous) {
   const size_t rows = static_cast<size_t>(config_.train().batch_size()) * config_.train().seq_len() * slot;
   ShareBatches batches;
   for (size_t a = 0; a < inputs_.size(); ++a) {
     batches.inputs.push_back(inputs_[a].data() + rows);
     batches.targets.push_back(targets_[a].data() + rows);
   }
-  strategy_.SetShare(share);
+  batches.drawn_to = drawn_to;
   ++shares_computed_;
   // The compute's own errors say where they happened (the step before's
   // end, settled on the way, says its step).
@@ -112,9 +115,9 @@ Status StepLoop::EndStep(int64_t step) {
 
 Status StepLoop::AwaitWeights(int64_t version) {
   const ShareSchedule::Redo redo = [this](int64_t t, const std::vector<int>& shares, DistributedSampler& sampler) {
-    Draw(sampler, shares);
+    const DataPosition drawn_to = Draw(sampler, shares);
     StepBoundary passed = StepBoundary::Passed();
-    for (size_t i = 0; i < shares.size(); ++i) HERD_RETURN_IF_ERROR(ComputeShare(t, shares[i], i, passed));
+    for (size_t i = 0; i < shares.size(); ++i) HERD_RETURN_IF_ERROR(ComputeShare(t, shares[i], i, drawn_to, passed));
     return Status::OK();
   };
   HERD_RETURN_IF_ERROR(schedule_.AwaitWeights(version, version > start_, redo));

@@ -82,11 +82,12 @@ class StepLoop {
   int64_t shares_computed() const { return shares_computed_; }
 
  private:
-  // Draws the step's micro-batches of `shares` from `sampler`.
-  void Draw(DistributedSampler& sampler, const std::vector<int>& shares);
+  // Draws the step's micro-batches of `shares` from `sampler`; the data
+  // position after the draw.
+  DataPosition Draw(DistributedSampler& sampler, const std::vector<int>& shares);
   // Forward and backward of one share of step t (0-based) on the rows at
   // `slot` of the drawn micro-batches, then the strategy's FinishStep.
-  Status ComputeShare(int64_t t, int share, size_t slot, StepBoundary& previous);
+  Status ComputeShare(int64_t t, int share, size_t slot, const DataPosition& drawn_to, StepBoundary& previous);
   // The end of step `step` (its weights `step` all in): the epilogue, but
   // for the run's first weights.
   Status EndStep(int64_t step);

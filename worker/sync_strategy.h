@@ -2,13 +2,13 @@
 // differs between the modes. worker/step_loop.cc drives every strategy
 // through the same calls, step t:
 //
-//   BeginStep(grads, t); FinalFrom(x) as backward finishes the gradients at
-//   offsets >= x (each bucket that is ready may leave at once); FinishStep(
-//   loss) waits for them and, where the optimizer runs on this worker,
-//   steps it; IssueWeights(weights, t+1) starts bringing the weights of
-//   version t+1 into `weights`; WaitUpTo(end) as the next forward reaches
-//   each layer; FinishWeights() before anything else reads the weights or
-//   the step's report.
+//   BeginStep(grads, {t, share, drawn_to}); FinalFrom(x) as backward
+//   finishes the gradients at offsets >= x (each bucket that is ready may
+//   leave at once); FinishStep(loss) waits for them and, where the
+//   optimizer runs on this worker, steps it; IssueWeights(weights, t+1)
+//   starts bringing the weights of version t+1 into `weights`; WaitUpTo(
+//   end) as the next forward reaches each layer; FinishWeights() before
+//   anything else reads the weights or the step's report.
 //
 // Push verbs (BeginStep, FinalFrom, FinishStep) and pull verbs
 // (IssueWeights, WaitUpTo, FinishWeights); the model reaches them through
@@ -52,27 +52,30 @@ class WaitClock {
   double seconds_ = 0;
 };
 
+// What a BeginStep..FinishStep's gradients are: step `step`'s (0-based)
+// share of the global batch of rank `share`. Each worker computes its own
+// rank's share; in an elastic parameter-server job a worker also computes
+// the shares of lost ones. `drawn_to` is the data position after the
+// step's draw, which a parameter-server worker reports with the share's
+// loss (transport/ps_protocol.h's ShareLoss): where a worker that joins
+// later starts, and what server 0 writes as the workers' data files of an
+// elastic job's checkpoints.
+struct StepShare {
+  uint64_t step = 0;
+  int share = 0;
+  DataPosition drawn_to;
+};
+
 class SyncStrategy {
  public:
   virtual ~SyncStrategy() = default;
 
   // `grads` (the whole flat space) may be reduced in place; it stays valid
   // until FinishStep returns.
-  virtual void BeginStep(float* grads, uint64_t step) = 0;
+  virtual void BeginStep(float* grads, const StepShare& share) = 0;
   virtual void FinalFrom(int64_t offset) = 0;
   // `loss`: this worker's mean loss for the step.
   virtual Status FinishStep(double loss) = 0;
-
-  // Whose sequences the next BeginStep..FinishStep's gradients are: the
-  // share of the global batch of rank `share`. Each worker computes its
-  // own rank's share; in an elastic parameter-server job a worker also
-  // computes the shares of lost ones.
-  virtual void SetShare(int /*share*/) {}
-  // The data position after the step's draw, which a parameter-server
-  // worker reports with each share's loss (transport/ps_protocol.h's
-  // ShareLoss): where a worker that joins later starts, and what server 0
-  // writes as the workers' data files of an elastic job's checkpoints.
-  virtual void SetDrawnTo(const DataPosition& /*data*/) {}
 
   virtual void IssueWeights(float* weights, uint64_t version) = 0;
   virtual void WaitUpTo(int64_t end) = 0;
