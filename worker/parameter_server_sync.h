@@ -13,7 +13,9 @@
 // sharding/weight_window.h policy says which buckets are pulled (again in
 // backward), waited for and let go, and when pushed gradients are waited
 // for and let go. Every bucket holds the same bytes as without streaming
-// when it is used, so training is bitwise the same.
+// when it is used, so training is bitwise the same. The model reaches that
+// window through the WeightHome CreateParameterServerSync returns with the
+// strategy (worker/weight_home.h).
 #pragma once
 
 #include <cstdint>
