@@ -5,6 +5,7 @@ import json
 import os
 import stat
 import struct
+import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -39,6 +40,21 @@ def main():
     sb.corpus(n_bytes=20_000)
     sb.run("prepare", "corpus.txt", "--out", "good.bin")
     good = open(sb.path("good.bin"), "rb").read()
+
+    # Help: the command's usage line on stdout, exit 0, nothing run or
+    # written; asking about a command that does not exist is an error.
+    before = herdtest.listing(sb.dir)
+    for args, command in ((["launch", "missing.textproto", "--help"], "launch"), (["help", "plan"], "plan"),
+                          (["eval", "model", "-h"], "eval")):
+        p = sb.run(*args)
+        assert p.stdout.startswith("usage: herd " + command + " "), f"{args}: {p.stdout}{p.stderr}"
+    for node in ("herd-server", "herd-worker"):
+        p = subprocess.run([os.path.join(os.path.dirname(sb.herd), node), "missing.textproto", "--help"],
+                           cwd=sb.dir, capture_output=True, text=True)
+        assert p.returncode == 0 and p.stdout.startswith("usage: " + node + " CONFIG"), f"{node}: {p.stdout}{p.stderr}"
+    assert herdtest.listing(sb.dir) == before, "asking for help wrote files"
+    print("ok  --help, -h and `herd help COMMAND` print the command's usage and exit 0")
+    expect_error(sb, ["help", "nosuch"], "unknown command 'nosuch'", code=2)
 
     # Token files: missing, truncated, wrong magic, token id >= vocab.
     with open(sb.path("truncated.bin"), "wb") as f:

@@ -15,6 +15,16 @@
 
 namespace herd::tools {
 
+// Whether a command line asks for help: --help or -h after the command's
+// name (argv[0]), wherever it stands, as git's and torchrun's do.
+inline bool AsksForHelp(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") return true;
+  }
+  return false;
+}
+
 class Args {
  public:
   // `with_value`: options that take a value (repeatable ones collect all);

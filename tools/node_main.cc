@@ -188,6 +188,10 @@ Status Run(int argc, char** argv, long long* max_restarts, bool* elastic_worker)
 
 int main(int argc, char** argv) {
   herd::InitLogging(argv[0]);
+  if (herd::tools::AsksForHelp(argc, argv)) {
+    std::printf("%s\n(every flag, and what each error means: docs/commands.md)\n", herd::kUsage);
+    return 0;
+  }
   long long max_restarts = 0;
   bool elastic_worker = false;
   const auto started = std::chrono::steady_clock::now();
