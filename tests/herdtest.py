@@ -332,6 +332,14 @@ def last_step(metrics):
     return max((r["step"] for r in metrics_rows(metrics)), default=0)
 
 
+def wait_for_text(path, text, timeout, name):
+    """Returns once the file at `path` holds `text`."""
+    deadline = time.time() + timeout
+    while not (os.path.exists(path) and text in open(path, errors="replace").read()):
+        assert time.time() < deadline, f"{name}: no '{text}' in {path} within {timeout} s"
+        time.sleep(0.05)
+
+
 def wait_for_step(metrics, at, name, timeout=60):
     """Returns once the metrics file `metrics` reaches step `at`."""
     deadline = time.time() + timeout

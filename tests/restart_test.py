@@ -7,12 +7,14 @@ checkpoint, and resume is bit-exact.
 
 * `herd launch --max-restarts 2` (6 trials): a random server or worker is
   killed; the launcher stops the job and starts it again.
-* A job started by hand (4 trials): `herd coordinator --max-restarts 2`
+* A job started by hand (5 trials): `herd coordinator --max-restarts 2`
   and herd-server/herd-worker processes with --max-restarts 2. The
   coordinator itself is killed (2 trials) or a server (2 trials); this
   test plays the part of the supervisor (systemd, a Slurm script) that
   starts the killed process again, with --resume-if-any. The survivors
-  start themselves again and rejoin."""
+  start themselves again and rejoin. In the fifth a worker is stopped
+  (SIGSTOP) until the coordinator declares it lost, then continued: told
+  so, it starts itself again as the others do, and nobody restarts it."""
 import os
 import random
 import shutil
@@ -76,19 +78,31 @@ def by_hand_trial(sb, workdir, rng, name, victim):
         node("worker", r)
     at = rng.randrange(30, 400)
     herdtest.wait_for_step(os.path.join(workdir, "metrics.jsonl"), at, name)
-    key = "coordinator" if victim == "coordinator" else f"server{rng.randrange(2)}"
-    procs[key].kill()
-    procs[key].wait()
-    # The supervisor's part: start the killed process again.
-    if key == "coordinator":
-        coordinator()
+    if victim == "stopped-worker":
+        key = f"worker{rng.randrange(2)}"
+        procs[key].send_signal(signal.SIGSTOP)
+        # Silent past cluster.heartbeat_timeout_s: declared lost, and the
+        # job restarts without it; continued, it must start itself again.
+        herdtest.wait_for_text(os.path.join(workdir, "coordinator.out"), "restart 1 of 2", 60, name)
+        procs[key].send_signal(signal.SIGCONT)
     else:
-        node("server", int(key[-1]), "--resume-if-any")
+        key = "coordinator" if victim == "coordinator" else f"server{rng.randrange(2)}"
+        procs[key].kill()
+        procs[key].wait()
+        # The supervisor's part: start the killed process again.
+        if key == "coordinator":
+            coordinator()
+        else:
+            node("server", int(key[-1]), "--resume-if-any")
     for k, p in procs.items():
         assert p.wait(timeout=120) == 0, f"{name}: {k} exited {p.returncode}:\n" + \
             open(os.path.join(workdir, k + ".out")).read()[-3000:]
     lines = [l.strip() for k in procs for l in open(os.path.join(workdir, k + ".out")) if ": restart after: " in l]
     assert lines, f"{name}: no process restarted"
+    if victim == "stopped-worker":
+        own = [l.strip() for l in open(os.path.join(workdir, key + ".out")) if ": restart after: " in l]
+        assert own and "was declared lost" in own[0], f"{name}: {key} did not start itself again: {own}"
+        return f"{key} stopped at step {at} until declared lost, then continued: '{own[0]}'"
     return f"{key} killed at step {at}: {len(lines)} process restarts, e.g. '{lines[0]}'"
 
 
@@ -113,7 +127,7 @@ def main():
                    env=dict(os.environ, OMP_NUM_THREADS="1"))
     want = final_checkpoint(straight)
     rng = random.Random(1234)
-    plan = ["launch"] * 6 + ["coordinator", "server", "coordinator", "server"]
+    plan = ["launch"] * 6 + ["coordinator", "server", "coordinator", "server", "stopped-worker"]
     for i, kind in enumerate(plan):
         name = f"trial{i}"
         d = workdir(name)

@@ -557,6 +557,7 @@ class Coordinator::Impl {
   void TellLost(const SessionPtr& s, const std::string& who, const std::string& reason) {
     wire::Envelope m;
     m.mutable_shutdown()->set_reason(who + " was declared lost: " + reason);
+    m.mutable_shutdown()->set_declared_lost(true);
     SendAndClose(s, m);
   }
 

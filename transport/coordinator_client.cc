@@ -387,6 +387,9 @@ class CoordinatorClient::Impl {
                                       std::to_string(p.pid()) + ") was lost"));
       }
       case wire::Envelope::kShutdown:
+        // Declared lost: this process failed (it was silent), and may start
+        // again; any other shutdown was meant.
+        if (m.shutdown().declared_lost()) return Fail(Status::Unavailable(from + ": " + m.shutdown().reason()));
         return Fail(Status::Cancelled(from + " shut the job down: " + m.shutdown().reason()));
       case wire::Envelope::kMembershipChanged:
         return MembershipChanged(m.membership_changed(), from);
