@@ -323,32 +323,8 @@ class CoordinatorClient::Impl {
     switch (m.body_case()) {
       case wire::Envelope::kHeartbeat:
         return;
-      case wire::Envelope::kWelcome: {
-        const auto& w = m.welcome();
-        // A joiner's welcome lists it among the live workers of a job that
-        // has changed; a founding member's has no changes.
-        const bool joined = std::find(w.live_workers().begin(), w.live_workers().end(), w.rank()) !=
-                            w.live_workers().end();
-        const bool under_way = w.membership_epoch() >= 1 && joined;
-        const bool founding = w.membership_epoch() == 0 && w.live_workers_size() == 0;
-        const bool consistent = options_.join ? under_way || (options_.resume_if_forming && founding) : founding;
-        bool accepted = false;
-        {
-          MutexLock lock(&mu_);
-          if (!welcomed_ && consistent && w.role() == options_.role &&
-              (options_.rank < 0 || w.rank() == options_.rank)) {
-            welcome_ = w;
-            joined_under_way_ = options_.join && under_way;
-            members_.assign(w.members().begin(), w.members().end());
-            latest_epoch_ = w.membership_epoch();
-            welcomed_ = true;
-            accepted = true;
-          }
-        }
-        if (!accepted) return Fail(Status::Corruption(from + " sent an inconsistent membership"));
-        cv_.SignalAll();
-        return;
-      }
+      case wire::Envelope::kWelcome:
+        return Welcomed(m.welcome(), from);
       case wire::Envelope::kRefused:
         return Fail(Status::InvalidArgument(from + " refused this " + DescribeRole(options_.role, options_.rank) +
                                             ": " + m.refused().reason()));
@@ -397,6 +373,33 @@ class CoordinatorClient::Impl {
         return Fail(Status::Corruption(from + " sent an unexpected message (type " + std::to_string(m.body_case()) +
                                        ")"));
     }
+  }
+
+  // Runs on the io thread: the coordinator's welcome, checked against what
+  // this process asked for.
+  void Welcomed(const wire::Welcome& w, const std::string& from) {
+    // A joiner's welcome lists it among the live workers of a job that
+    // has changed; a founding member's has no changes.
+    const bool joined = std::find(w.live_workers().begin(), w.live_workers().end(), w.rank()) !=
+                        w.live_workers().end();
+    const bool under_way = w.membership_epoch() >= 1 && joined;
+    const bool founding = w.membership_epoch() == 0 && w.live_workers_size() == 0;
+    const bool consistent = options_.join ? under_way || (options_.resume_if_forming && founding) : founding;
+    bool accepted = false;
+    {
+      MutexLock lock(&mu_);
+      if (!welcomed_ && consistent && w.role() == options_.role &&
+          (options_.rank < 0 || w.rank() == options_.rank)) {
+        welcome_ = w;
+        joined_under_way_ = options_.join && under_way;
+        members_.assign(w.members().begin(), w.members().end());
+        latest_epoch_ = w.membership_epoch();
+        welcomed_ = true;
+        accepted = true;
+      }
+    }
+    if (!accepted) return Fail(Status::Corruption(from + " sent an inconsistent membership"));
+    cv_.SignalAll();
   }
 
   // Runs on the io thread: checks the change against what this process
