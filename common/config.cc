@@ -301,7 +301,7 @@ void CheckCluster(const config::ClusterConfig& cl, const Rules& need) {
   need(cl.join_timeout_s() > 0, "cluster.join_timeout_s", "must be > 0");
   need(cl.max_control_message_mb() >= 0.0625 && cl.max_control_message_mb() <= 1024, "cluster.max_control_message_mb",
        "must be between 0.0625 and 1024");
-  need(cl.zero_stage() == 0 || cl.zero_stage() == 1, "cluster.zero_stage", "must be 0 or 1");
+  need(cl.zero_stage() >= 0 && cl.zero_stage() <= 2, "cluster.zero_stage", "must be 0, 1 or 2");
   switch (cl.sync()) {
     case config::ClusterConfig::NONE:
       need(cl.workers() == 1, "cluster.workers", "sync NONE trains in one process: workers must be 1");
@@ -314,8 +314,13 @@ void CheckCluster(const config::ClusterConfig& cl, const Rules& need) {
       need(cl.servers() == 0, "cluster.servers", "ALLREDUCE has no servers: servers must be 0");
       break;
   }
-  if (cl.zero_stage() == 1) {
-    need(cl.sync() == config::ClusterConfig::ALLREDUCE, "cluster.zero_stage", "ZeRO-1 applies to sync ALLREDUCE only");
+  if (cl.zero_stage() > 0) {
+    need(!cl.elastic(), "cluster.elastic",
+         "is not supported together with cluster.zero_stage " + std::to_string(cl.zero_stage()) +
+             " (ZeRO keeps state on every worker; an elastic job's workers hold none)");
+    need(cl.sync() == config::ClusterConfig::ALLREDUCE, "cluster.zero_stage",
+         "ZeRO applies to sync ALLREDUCE only (parameter servers shard the optimizer state themselves, and "
+         "cluster.stream_weights is their counterpart of sharded weights)");
   }
   if (cl.elastic()) {
     need(cl.sync() == config::ClusterConfig::PARAMETER_SERVER, "cluster.elastic",

@@ -21,7 +21,10 @@ namespace {
 using json = nlohmann::json;
 
 constexpr char kShardMagic[8] = {'H', 'E', 'R', 'D', 'S', 'H', 'R', 'D'};
-constexpr uint32_t kShardVersion = 2;  // 1 is read too
+constexpr uint32_t kShardVersion = 2;  // one range; 1 is read too
+constexpr uint32_t kPiecesVersion = 3;  // several
+// A bound on a version-3 file's pieces (a ZeRO owner has one per bucket).
+constexpr int64_t kMaxPieces = int64_t{1} << 24;
 constexpr char kManifest[] = "manifest.json";
 constexpr char kConfigFile[] = "config.textproto";
 
@@ -38,8 +41,17 @@ struct ShardHeader {
 static_assert(sizeof(ShardHeader) == 80);
 constexpr size_t kHeaderBytesV1 = 40;
 
-// The bytes a header of this version takes.
+// The bytes the fixed header of this version takes.
 size_t HeaderBytes(const ShardHeader& h) { return h.version == 1 ? kHeaderBytesV1 : sizeof(ShardHeader); }
+
+// A shard file's head: its fixed header and its pieces (one, [begin, end),
+// before version 3), validated; `bytes` is how long the head is on disk.
+struct ShardHead {
+  ShardHeader header;
+  std::vector<std::pair<int64_t, int64_t>> pieces;
+  size_t bytes = 0;
+  int64_t elements = 0;  // over all pieces
+};
 
 // The fixed header of `data` (a whole shard file or its first bytes),
 // validated; a version-1 header has no spike statistics (zero).
@@ -52,11 +64,11 @@ StatusOr<ShardHeader> ParseShardHeader(const std::string& path, std::string_view
   if (std::memcmp(h.magic, kShardMagic, sizeof(kShardMagic)) != 0) {
     return Status::Corruption(path + ": not a herd shard (bad magic)");
   }
-  if (h.version != 1 && h.version != kShardVersion) {
-    return Status::Corruption(path + ": shard version " + std::to_string(h.version) + ", expected 1 or " +
-                              std::to_string(kShardVersion));
+  if (h.version != 1 && h.version != kShardVersion && h.version != kPiecesVersion) {
+    return Status::Corruption(path + ": shard version " + std::to_string(h.version) + ", expected 1 to " +
+                              std::to_string(kPiecesVersion));
   }
-  if (h.version == kShardVersion) {
+  if (h.version != 1) {
     if (data.size() < sizeof(ShardHeader)) {
       return Status::Corruption(path + ": " + std::to_string(data.size()) + " bytes is shorter than a shard header");
     }
@@ -72,6 +84,54 @@ StatusOr<ShardHeader> ParseShardHeader(const std::string& path, std::string_view
   }
   return h;
 }
+
+// The head of `data` (a whole shard file, or at least its head): the fixed
+// header, then for version 3 the pieces, each non-empty, ascending,
+// disjoint and spanning [begin, end) of the header.
+StatusOr<ShardHead> ParseShardHead(const std::string& path, std::string_view data) {
+  ShardHead head;
+  HERD_ASSIGN_OR_RETURN(head.header, ParseShardHeader(path, data));
+  const ShardHeader& h = head.header;
+  head.bytes = HeaderBytes(h);
+  if (h.version != kPiecesVersion) {
+    head.pieces = {{h.begin, h.end}};
+    head.elements = h.end - h.begin;
+    return head;
+  }
+  auto too_short = [&](size_t need) {
+    return Status::Corruption(path + ": " + std::to_string(data.size()) + " bytes is shorter than its head (" +
+                              std::to_string(need) + ")");
+  };
+  if (data.size() < head.bytes + sizeof(int64_t)) return too_short(head.bytes + sizeof(int64_t));
+  int64_t count = 0;
+  std::memcpy(&count, data.data() + head.bytes, sizeof count);
+  if (count < 1 || count > kMaxPieces) {
+    return Status::Corruption(path + ": " + std::to_string(count) + " pieces (expected 1 to " +
+                              std::to_string(kMaxPieces) + ")");
+  }
+  head.bytes += sizeof(int64_t) + static_cast<size_t>(count) * 2 * sizeof(int64_t);
+  if (data.size() < head.bytes) return too_short(head.bytes);
+  std::vector<int64_t> table(static_cast<size_t>(count) * 2);
+  std::memcpy(table.data(), data.data() + HeaderBytes(h) + sizeof(int64_t), table.size() * sizeof(int64_t));
+  for (size_t i = 0; i < table.size(); i += 2) head.pieces.emplace_back(table[i], table[i + 1]);
+  int64_t reached = h.begin;
+  for (const auto& [b, e] : head.pieces) {
+    if (b < reached || e <= b || e > h.end) {
+      return Status::Corruption(path + ": piece [" + std::to_string(b) + ", " + std::to_string(e) +
+                                ") is empty, out of order or outside [" + std::to_string(h.begin) + ", " +
+                                std::to_string(h.end) + ")");
+    }
+    reached = e;
+    head.elements += e - b;
+  }
+  if (head.pieces.front().first != h.begin || reached != h.end) {
+    return Status::Corruption(path + ": its pieces do not start and end where its header says");
+  }
+  return head;
+}
+
+// The bytes after the head: the three arrays.
+uint64_t PayloadBytes(const ShardHead& head) { return 3 * static_cast<uint64_t>(head.elements) * sizeof(float); }
 
 }  // namespace
 
@@ -157,47 +217,115 @@ Status WriteShard(const std::string& path, const ShardView& shard) {
   return file.Commit();
 }
 
-StatusOr<ShardState> ReadShard(const std::string& path) {
-  HERD_ASSIGN_OR_RETURN(std::string data, ReadFile(path));
-  HERD_ASSIGN_OR_RETURN(ShardHeader h, ParseShardHeader(path, data));
-  const size_t n = static_cast<size_t>(h.end - h.begin);
-  const size_t expected = HeaderBytes(h) + 3 * n * sizeof(float);
-  if (data.size() != expected) {
-    return Status::Corruption(path + ": range of " + std::to_string(n) + " elements needs " +
-                              std::to_string(expected) + " bytes, file has " + std::to_string(data.size()));
+Status WriteShardPieces(const std::string& path, const std::vector<ShardView>& pieces) {
+  if (pieces.size() == 1) return WriteShard(path, pieces[0]);
+  if (pieces.empty()) return Status::Internal(path + ": a shard of no pieces");
+  ShardView hull = pieces.front();
+  hull.end = pieces.back().end;
+  ShardHeader h = HeaderOf(hull);
+  h.version = kPiecesVersion;
+  std::vector<int64_t> table = {static_cast<int64_t>(pieces.size())};
+  int64_t reached = hull.begin;
+  for (const ShardView& p : pieces) {
+    if (p.begin < reached || p.end <= p.begin || p.step != hull.step || p.weights == nullptr || p.m == nullptr ||
+        p.v == nullptr) {
+      return Status::Internal(path + ": shard pieces out of order, empty or of different steps");
+    }
+    reached = p.end;
+    table.push_back(p.begin);
+    table.push_back(p.end);
   }
-  const char* payload = data.data() + HeaderBytes(h);
-  if (Crc32(payload, 3 * n * sizeof(float)) != h.payload_crc) {
+  auto bytes = [](const ShardView& p) { return static_cast<size_t>(p.end - p.begin) * sizeof(float); };
+  uint32_t crc = 0;
+  for (auto array : {&ShardView::weights, &ShardView::m, &ShardView::v}) {
+    for (const ShardView& p : pieces) crc = Crc32(p.*array, bytes(p), crc);
+  }
+  h.payload_crc = crc;
+  AtomicFile file;
+  HERD_RETURN_IF_ERROR(file.Open(path));
+  HERD_RETURN_IF_ERROR(file.Append(&h, sizeof(h)));
+  HERD_RETURN_IF_ERROR(file.Append(table.data(), table.size() * sizeof(int64_t)));
+  for (auto array : {&ShardView::weights, &ShardView::m, &ShardView::v}) {
+    for (const ShardView& p : pieces) HERD_RETURN_IF_ERROR(file.Append(p.*array, bytes(p)));
+  }
+  return file.Commit();
+}
+
+StatusOr<std::vector<ShardState>> ReadShardPieces(const std::string& path) {
+  HERD_ASSIGN_OR_RETURN(std::string data, ReadFile(path));
+  HERD_ASSIGN_OR_RETURN(ShardHead head, ParseShardHead(path, data));
+  const ShardHeader& h = head.header;
+  const size_t n = static_cast<size_t>(head.elements);
+  const size_t expected = head.bytes + PayloadBytes(head);
+  if (data.size() != expected) {
+    return Status::Corruption(path + ": " + std::to_string(n) + " elements need " + std::to_string(expected) +
+                              " bytes, file has " + std::to_string(data.size()));
+  }
+  const char* payload = data.data() + head.bytes;
+  if (Crc32(payload, PayloadBytes(head)) != h.payload_crc) {
     return Status::Corruption(path + ": checksum mismatch (file is damaged)");
   }
-  ShardState s;
-  s.begin = h.begin;
-  s.end = h.end;
-  s.step = h.step;
-  s.spikes = {h.spike_count, h.loss_mean, h.loss_var, h.norm_mean, h.norm_var};
-  s.weights.resize(n);
-  s.m.resize(n);
-  s.v.resize(n);
-  std::memcpy(s.weights.data(), payload, n * sizeof(float));
-  std::memcpy(s.m.data(), payload + n * sizeof(float), n * sizeof(float));
-  std::memcpy(s.v.data(), payload + 2 * n * sizeof(float), n * sizeof(float));
-  return s;
+  std::vector<ShardState> out;
+  size_t at = 0;  // elements into each array
+  for (const auto& [b, e] : head.pieces) {
+    ShardState s;
+    s.begin = b;
+    s.end = e;
+    s.step = h.step;
+    s.spikes = {h.spike_count, h.loss_mean, h.loss_var, h.norm_mean, h.norm_var};
+    const size_t count = static_cast<size_t>(e - b);
+    for (auto [array, k] : {std::pair{&ShardState::weights, 0}, {&ShardState::m, 1}, {&ShardState::v, 2}}) {
+      (s.*array).resize(count);
+      std::memcpy((s.*array).data(), payload + (k * n + at) * sizeof(float), count * sizeof(float));
+    }
+    at += count;
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+StatusOr<ShardState> ReadShard(const std::string& path) {
+  HERD_ASSIGN_OR_RETURN(std::vector<ShardState> pieces, ReadShardPieces(path));
+  if (pieces.size() != 1) {
+    return Status::Corruption(path + ": holds " + std::to_string(pieces.size()) + " ranges where one was expected");
+  }
+  return std::move(pieces[0]);
 }
 
 namespace {
 
-// A shard file's validated header and its size.
-StatusOr<std::pair<ShardHeader, uint64_t>> ReadShardHead(const std::string& path) {
+// A shard file's validated head, its bytes, and the file's size.
+struct ShardHeadOnDisk {
+  ShardHead head;
+  std::string bytes;
+  uint64_t size = 0;
+};
+StatusOr<ShardHeadOnDisk> ReadShardHead(const std::string& path) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (f == nullptr) return Status::NotFound(path + ": cannot open");
-  std::string head(sizeof(ShardHeader), '\0');
-  head.resize(std::fread(head.data(), 1, head.size(), f));
+  ShardHeadOnDisk out;
   const bool sized = std::fseek(f, 0, SEEK_END) == 0;
   const long size = sized ? std::ftell(f) : -1;
+  std::rewind(f);
+  // The fixed header and, for version 3, the piece count; then the table.
+  out.bytes.resize(std::min<size_t>(sizeof(ShardHeader) + sizeof(int64_t), size < 0 ? 0 : size));
+  out.bytes.resize(std::fread(out.bytes.data(), 1, out.bytes.size(), f));
+  StatusOr<ShardHeader> fixed = ParseShardHeader(path, out.bytes);
+  if (fixed.ok() && fixed->version == kPiecesVersion && out.bytes.size() == sizeof(ShardHeader) + sizeof(int64_t)) {
+    int64_t count = 0;
+    std::memcpy(&count, out.bytes.data() + sizeof(ShardHeader), sizeof count);
+    if (count >= 1 && count <= kMaxPieces) {
+      const size_t had = out.bytes.size();
+      out.bytes.resize(had + static_cast<size_t>(count) * 2 * sizeof(int64_t));
+      out.bytes.resize(had + std::fread(out.bytes.data() + had, 1, out.bytes.size() - had, f));
+    }
+  }
   std::fclose(f);
   if (size < 0) return Status::IOError(path + ": cannot tell its size");
-  HERD_ASSIGN_OR_RETURN(ShardHeader h, ParseShardHeader(path, head));
-  return std::make_pair(h, static_cast<uint64_t>(size));
+  HERD_ASSIGN_OR_RETURN(out.head, ParseShardHead(path, out.bytes));
+  out.bytes.resize(out.head.bytes);
+  out.size = static_cast<uint64_t>(size);
+  return out;
 }
 
 // A manifest entry's size and CRC-32. A shard's comes from its header,
@@ -207,14 +335,14 @@ StatusOr<std::pair<ShardHeader, uint64_t>> ReadShardHead(const std::string& path
 // and read whole.
 StatusOr<std::pair<uint64_t, uint32_t>> PartDigest(const std::string& path) {
   if (BaseName(path).rfind("shard_", 0) == 0) {
-    HERD_ASSIGN_OR_RETURN(auto head, ReadShardHead(path));
-    const auto& [h, size] = head;
-    const uint64_t payload = 3 * static_cast<uint64_t>(h.end - h.begin) * sizeof(float);
-    if (size != HeaderBytes(h) + payload) {
-      return Status::Corruption(path + ": " + std::to_string(size) + " bytes, its header says " +
-                                std::to_string(HeaderBytes(h) + payload));
+    HERD_ASSIGN_OR_RETURN(ShardHeadOnDisk disk, ReadShardHead(path));
+    const uint64_t payload = PayloadBytes(disk.head);
+    if (disk.size != disk.bytes.size() + payload) {
+      return Status::Corruption(path + ": " + std::to_string(disk.size) + " bytes, its header says " +
+                                std::to_string(disk.bytes.size() + payload));
     }
-    return std::make_pair(size, Crc32Combine(Crc32(&h, HeaderBytes(h)), h.payload_crc, payload));
+    return std::make_pair(disk.size, Crc32Combine(Crc32(disk.bytes.data(), disk.bytes.size()),
+                                                  disk.head.header.payload_crc, payload));
   }
   HERD_ASSIGN_OR_RETURN(std::string data, ReadFile(path));
   return std::make_pair(static_cast<uint64_t>(data.size()), Crc32(data.data(), data.size()));
@@ -223,8 +351,9 @@ StatusOr<std::pair<uint64_t, uint32_t>> PartDigest(const std::string& path) {
 }  // namespace
 
 StatusOr<ShardExtent> ReadShardExtent(const std::string& path) {
-  HERD_ASSIGN_OR_RETURN(auto head, ReadShardHead(path));
-  return ShardExtent{head.first.begin, head.first.end, head.first.step};
+  HERD_ASSIGN_OR_RETURN(ShardHeadOnDisk disk, ReadShardHead(path));
+  const ShardHeader& h = disk.head.header;
+  return ShardExtent{h.begin, h.end, h.step};
 }
 
 Status WriteConfigPart(const std::string& step_dir, const config::JobConfig& config) {

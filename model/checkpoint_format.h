@@ -7,7 +7,13 @@
 //                      then the spike guard's count, loss mean and variance,
 //                      norm mean and variance), then fp32 weights, AdamW m
 //                      and v, each end - begin long (version 1, read too:
-//                      the 40 bytes up to step, no spike statistics)
+//                      the 40 bytes up to step, no spike statistics).
+//                      Version 3 holds several ranges ("pieces": a ZeRO
+//                      owner's slice of every bucket): the same 80 bytes
+//                      (begin, end: the first piece's begin, the last's
+//                      end), then the piece count and each piece's begin
+//                      and end (int64), then the pieces' weights one after
+//                      the other, then their m, then their v
 //   worker_NNNNN.state a worker's data-loader position (text)
 //   manifest.json      written last: format, version, step and every part's
 //                      file name, size and CRC-32
@@ -54,6 +60,10 @@ std::string ShardFileName(int shard_index);   // "shard_00000.bin"
 std::string WorkerFileName(int worker_rank);  // "worker_00000.state"
 
 Status WriteShard(const std::string& path, const ShardView& shard);
+// Several ranges of one optimizer (the same step and spike statistics),
+// ascending and disjoint, as one file: version 3, or version 2 when there
+// is one.
+Status WriteShardPieces(const std::string& path, const std::vector<ShardView>& pieces);
 
 // A shard file's bytes in memory: a snapshot of a shard that changes
 // meanwhile, written later (on another thread) as WriteShard would have
@@ -75,11 +85,14 @@ class ShardImage {
   std::unique_ptr<char, Free> bytes_;  // aligned for direct writes
 };
 
-// Validates magic, version, sizes and CRC; errors name the file.
+// Validates magic, version, sizes and CRC; errors name the file. ReadShard
+// takes a file of one range; ReadShardPieces any, each range a state.
 StatusOr<ShardState> ReadShard(const std::string& path);
+StatusOr<std::vector<ShardState>> ReadShardPieces(const std::string& path);
 
-// Which range and step a shard file holds, from its validated header alone
-// (its arrays are neither read nor checked).
+// Which range (of several pieces: from the first's begin to the last's
+// end) and step a shard file holds, from its validated header alone (its
+// arrays are neither read nor checked).
 struct ShardExtent {
   int64_t begin = 0, end = 0;
   int64_t step = 0;

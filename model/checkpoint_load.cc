@@ -51,55 +51,79 @@ bool HasCheckpoints(const std::string& root) {
   return false;
 }
 
-StatusOr<ShardState> ReadShardRange(const std::string& step_dir, const Manifest& manifest, int64_t begin, int64_t end,
-                                    bool with_moments) {
-  const size_t n = static_cast<size_t>(end - begin);
-  ShardState out;
-  out.begin = begin;
-  out.end = end;
-  out.step = manifest.step;
-  out.weights.assign(n, 0.0f);
-  if (with_moments) {
-    out.m.assign(n, 0.0f);
-    out.v.assign(n, 0.0f);
+StatusOr<std::vector<ShardState>> ReadShardRanges(const std::string& step_dir, const Manifest& manifest,
+                                                  const std::vector<ParamRange>& ranges, bool with_moments) {
+  std::vector<ShardState> out(ranges.size());
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const size_t n = static_cast<size_t>(ranges[i].size());
+    if (ranges[i].begin < 0 || ranges[i].end < ranges[i].begin || (i > 0 && ranges[i].begin < ranges[i - 1].end)) {
+      return Status::Internal(step_dir + ": ranges to read must be ascending and disjoint");
+    }
+    out[i].begin = ranges[i].begin;
+    out[i].end = ranges[i].end;
+    out[i].step = manifest.step;
+    out[i].weights.assign(n, 0.0f);
+    if (with_moments) {
+      out[i].m.assign(n, 0.0f);
+      out[i].v.assign(n, 0.0f);
+    }
   }
-  std::vector<std::pair<int64_t, int64_t>> covered;
+  if (ranges.empty()) return out;
+  const int64_t lo = ranges.front().begin, hi = ranges.back().end;
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> covered(ranges.size());
   for (const std::string& part : manifest.parts) {
     if (!part.starts_with("shard_")) continue;
     const std::string path = JoinPath(step_dir, part);
-    // Shards outside the range are not read (a server reads only its own).
+    // Shards outside the ranges are not read (a server reads only its own).
     HERD_ASSIGN_OR_RETURN(ShardExtent extent, ReadShardExtent(path));
-    if (extent.end <= begin || extent.begin >= end) continue;
-    HERD_ASSIGN_OR_RETURN(ShardState shard, ReadShard(path));
-    if (shard.step != manifest.step) {
-      return Status::Corruption(path + ": holds step " + std::to_string(shard.step) + " but the manifest says " +
-                                std::to_string(manifest.step));
+    if (extent.end <= lo || extent.begin >= hi) continue;
+    HERD_ASSIGN_OR_RETURN(std::vector<ShardState> pieces, ReadShardPieces(path));
+    // Both lists ascend: one walk pairs every piece with the ranges it meets.
+    size_t first = 0;
+    for (const ShardState& piece : pieces) {
+      if (piece.step != manifest.step) {
+        return Status::Corruption(path + ": holds step " + std::to_string(piece.step) + " but the manifest says " +
+                                  std::to_string(manifest.step));
+      }
+      while (first < ranges.size() && ranges[first].end <= piece.begin) ++first;
+      for (size_t i = first; i < ranges.size() && ranges[i].begin < piece.end; ++i) {
+        ShardState& o = out[i];
+        // Every shard carries the same spike statistics (its writer judged
+        // the same losses and norms).
+        if (piece.spikes.count > o.spikes.count) o.spikes = piece.spikes;
+        const int64_t b = std::max(o.begin, piece.begin), e = std::min(o.end, piece.end);
+        if (b >= e) continue;
+        const size_t from = static_cast<size_t>(b - piece.begin), to = static_cast<size_t>(b - o.begin);
+        const size_t count = static_cast<size_t>(e - b);
+        std::copy_n(piece.weights.begin() + from, count, o.weights.begin() + to);
+        if (with_moments) {
+          std::copy_n(piece.m.begin() + from, count, o.m.begin() + to);
+          std::copy_n(piece.v.begin() + from, count, o.v.begin() + to);
+        }
+        covered[i].emplace_back(b, e);
+      }
     }
-    // Every shard carries the same spike statistics (its writer judged the
-    // same losses and norms).
-    if (shard.spikes.count > out.spikes.count) out.spikes = shard.spikes;
-    const int64_t lo = std::max(begin, shard.begin), hi = std::min(end, shard.end);
-    if (lo >= hi) continue;
-    const size_t from = static_cast<size_t>(lo - shard.begin), to = static_cast<size_t>(lo - begin);
-    const size_t count = static_cast<size_t>(hi - lo);
-    std::copy_n(shard.weights.begin() + from, count, out.weights.begin() + to);
-    if (with_moments) {
-      std::copy_n(shard.m.begin() + from, count, out.m.begin() + to);
-      std::copy_n(shard.v.begin() + from, count, out.v.begin() + to);
+  }
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    std::sort(covered[i].begin(), covered[i].end());
+    int64_t reached = ranges[i].begin;
+    for (auto [b, e] : covered[i]) {
+      if (b > reached) break;
+      reached = std::max(reached, e);
     }
-    covered.emplace_back(lo, hi);
-  }
-  std::sort(covered.begin(), covered.end());
-  int64_t reached = begin;
-  for (auto [b, e] : covered) {
-    if (b > reached) break;
-    reached = std::max(reached, e);
-  }
-  if (reached < end) {
-    return Status::Corruption(step_dir + ": its shards do not cover [" + std::to_string(reached) + ", " +
-                              std::to_string(end) + ") of the parameter space (a different model shape?)");
+    if (reached < ranges[i].end) {
+      return Status::Corruption(step_dir + ": its shards do not cover [" + std::to_string(reached) + ", " +
+                                std::to_string(ranges[i].end) + ") of the parameter space (a different model shape?)");
+    }
   }
   return out;
+}
+
+StatusOr<ShardState> ReadShardRange(const std::string& step_dir, const Manifest& manifest, int64_t begin, int64_t end,
+                                    bool with_moments) {
+  HERD_ASSIGN_OR_RETURN(std::vector<ShardState> one,
+                        ReadShardRanges(step_dir, manifest, {ParamRange{begin, end}}, with_moments));
+  return std::move(one[0]);
 }
 
 StatusOr<CheckpointModel> LoadCheckpointModel(const std::string& path) {

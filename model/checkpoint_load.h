@@ -10,6 +10,7 @@
 
 #include "common/status.h"
 #include "model/checkpoint_format.h"
+#include "model/param_layout.h"
 #include "proto/herd.pb.h"
 
 namespace herd {
@@ -38,6 +39,10 @@ bool HasCheckpoints(const std::string& root);
 // the shards leave part of the range uncovered or disagree on the step.
 StatusOr<ShardState> ReadShardRange(const std::string& step_dir, const Manifest& manifest, int64_t begin, int64_t end,
                                     bool with_moments);
+// ReadShardRange of several ranges (ascending, disjoint) at once, each
+// shard file read once: a ZeRO owner's slices.
+StatusOr<std::vector<ShardState>> ReadShardRanges(const std::string& step_dir, const Manifest& manifest,
+                                                  const std::vector<ParamRange>& ranges, bool with_moments);
 
 // A whole model read back from a checkpoint: its job config and the fp32
 // weights of the full flat space (shards assembled, checked to tile it).

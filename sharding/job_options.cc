@@ -17,9 +17,11 @@ Recompute RecomputeOf(const config::TrainConfig& t) {
 }
 
 int MicroBatchSlotsOf(const config::JobConfig& c) {
-  const bool layer_major = c.cluster().sync() == config::ClusterConfig::PARAMETER_SERVER &&
-                           c.cluster().stream_weights() && !c.model().tie_word_embeddings() &&
-                           c.device().kind() == config::DeviceConfig::CPU;
+  const auto& cl = c.cluster();
+  const bool paged_grads = (cl.sync() == config::ClusterConfig::PARAMETER_SERVER && cl.stream_weights()) ||
+                           (cl.sync() == config::ClusterConfig::ALLREDUCE && cl.zero_stage() >= 2);
+  const bool layer_major =
+      paged_grads && !c.model().tie_word_embeddings() && c.device().kind() == config::DeviceConfig::CPU;
   return layer_major ? std::max(1, c.train().grad_accum()) : 1;
 }
 

@@ -25,11 +25,12 @@ struct JobOptions {
   int batch = 1, seq_len = 1, grad_accum = 1;  // train.batch_size, seq_len, grad_accum
   Recompute recompute = Recompute::kNone;      // train.recompute
   // How many micro-batches a CPU worker's model keeps activations for at
-  // once: a step's all (train.grad_accum) when it streams its weights
-  // (cluster.stream_weights) and the embeddings are untied, so that one
-  // layer-major pass serves them all (LlamaModel::ForwardBackwardLayerMajor:
-  // each unit pulled once a pass, no gradient kept whole until the last
-  // micro-batch, the same bits); else 1, one micro-batch after the other.
+  // once: a step's all (train.grad_accum) when it keeps only part of its
+  // gradients (cluster.stream_weights, ZeRO-2) and the embeddings are
+  // untied, so that one layer-major pass serves them all
+  // (LlamaModel::ForwardBackwardLayerMajor: each unit pulled once a pass,
+  // no gradient kept whole until the last micro-batch, the same bits);
+  // else 1, one micro-batch after the other.
   int micro_batch_slots = 1;
   OptimizerOptions optimizer;  // with a schedule of train.steps steps
   WeightInit init;

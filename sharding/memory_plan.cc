@@ -133,14 +133,28 @@ ProcessMemory PsWorkerMemory(const JobSizes& j, const ShardPlan& shards) {
 }
 
 // A single process, or an all-reduce worker: the whole model and its
-// AdamW state (ZeRO-1: its 1/W share).
-ProcessMemory TrainerMemory(const JobSizes& j) {
+// AdamW state; under ZeRO the moments of worker 0's slices (the largest),
+// and under ZeRO-2 on a CPU the gradients its policy holds at most.
+StatusOr<ProcessMemory> TrainerMemory(const JobSizes& j) {
   ProcessMemory t;
   t.role = j.cluster.sync() == config::ClusterConfig::NONE ? "trainer" : "worker";
   t.range = {0, j.P};
   t.weights = j.P * kF32;
   t.gradients = j.P * kF32;
-  t.optimizer = 2 * j.P * kF32 / (j.cluster.zero_stage() == 1 ? j.W : 1);
+  t.optimizer = 2 * j.P * kF32;
+  if (t.role == "worker" && j.cluster.zero_stage() > 0) {
+    HERD_ASSIGN_OR_RETURN(ShardPlan plan, CollectivePlan(j.layout, j.cluster, j.W));
+    int64_t owned = 0;
+    for (const ParamRange& r : OwnedSlices(plan, j.W, 0)) owned += r.size();
+    t.optimizer = 2 * owned * kF32;
+    // Gradients whole until the last micro-batch, unless a layer-major
+    // pass serves them all.
+    if (j.cluster.zero_stage() >= 2 && !j.gpu && j.train.grad_accum() <= j.job.micro_batch_slots) {
+      // Each bucket boundary may keep a shared page backed.
+      t.gradients = ReplayZero2Gradients(plan, j.layout, j.W, 0) +
+                    2 * static_cast<int64_t>(plan.buckets().size()) * kPageBytes;
+    }
+  }
   t.activations = j.host_activations;
   t.buffers = j.staging;
   t.device = j.gpu_bytes;
@@ -168,7 +182,8 @@ StatusOr<MemoryPlan> PlanMemory(const config::JobConfig& config) {
     plan.processes.push_back(PsWorkerMemory(j, shards));
     return plan;
   }
-  plan.processes.push_back(TrainerMemory(j));
+  HERD_ASSIGN_OR_RETURN(ProcessMemory trainer, TrainerMemory(j));
+  plan.processes.push_back(trainer);
   return plan;
 }
 

@@ -113,4 +113,71 @@ std::string ShardPlan::Describe() const {
   return out;
 }
 
+Partition OwnerParts(const Bucket& bucket, int ranks) {
+  return EvenPartition(bucket.range.size(), ranks, kCollectiveAlign);
+}
+
+std::vector<ParamRange> OwnedSlices(const ShardPlan& plan, int ranks, int rank) {
+  std::vector<ParamRange> slices;
+  for (const Bucket& b : plan.buckets()) {
+    const Partition parts = OwnerParts(b, ranks);
+    int64_t begin = b.range.begin;
+    for (int r = 0; r < rank; ++r) begin += parts[r];
+    if (parts[rank] > 0) slices.push_back({begin, begin + parts[rank]});
+  }
+  std::sort(slices.begin(), slices.end(), [](const ParamRange& a, const ParamRange& b) { return a.begin < b.begin; });
+  return slices;
+}
+
+StatusOr<ShardPlan> CollectivePlan(const ParamLayout& layout, const config::ClusterConfig& cluster, int workers) {
+  ShardPlanOptions o = ShardPlanOptions::FromConfig(cluster);
+  o.servers = 1;
+  o.strategy = config::ClusterConfig::BALANCED;
+  HERD_ASSIGN_OR_RETURN(ShardPlan plan, ShardPlan::Create(layout, o));
+  // The last rank's slices are the smallest (EvenPartition).
+  if (cluster.zero_stage() > 0 && OwnedSlices(plan, workers, workers - 1).empty()) {
+    return Status::InvalidArgument("cluster.zero_stage: a model of " + std::to_string(layout.size()) +
+                                   " elements is too small to shard over " + std::to_string(workers) + " workers");
+  }
+  return plan;
+}
+
+int64_t ReplayZero2Gradients(const ShardPlan& plan, const ParamLayout& layout, int ranks, int rank) {
+  const std::vector<Bucket>& buckets = plan.buckets();  // descending offsets
+  const size_t n = buckets.size();
+  // Per bucket: the lowest offset written so far (its end: none), and
+  // whether it has been let go but for the slice.
+  std::vector<int64_t> written_from(n);
+  std::vector<bool> retired(n, false);
+  for (size_t i = 0; i < n; ++i) written_from[i] = buckets[i].range.end;
+  std::vector<int64_t> slice(n);
+  for (size_t i = 0; i < n; ++i) slice[i] = OwnerParts(buckets[i], ranks)[rank];
+  int64_t peak = 0;
+  auto resident = [&] {
+    int64_t sum = 0;
+    for (size_t i = 0; i < n; ++i) sum += retired[i] ? slice[i] : buckets[i].range.end - written_from[i];
+    peak = std::max(peak, sum);
+  };
+  auto write = [&](int64_t lo, int64_t hi) {
+    for (size_t i = 0; i < n; ++i) {
+      const ParamRange& r = buckets[i].range;
+      if (r.end > lo && r.begin < hi && !retired[i]) {
+        written_from[i] = std::min(written_from[i], std::max(r.begin, lo));  // from there to its end, or more
+      }
+    }
+  };
+  const std::vector<int64_t> units = layout.UnitBoundaries();
+  size_t issued = 0, oldest = 0;
+  for (size_t u = units.size() - 1; u-- > 0;) {
+    write(units[u], units[u + 1]);
+    if (u + 2 == units.size() && layout.shape().tie_word_embeddings) write(0, units[1]);  // the head's
+    resident();
+    while (issued < n && buckets[issued].range.begin >= units[u]) {
+      ++issued;
+      while (issued - oldest > static_cast<size_t>(kReduceScattersInFlight)) retired[oldest++] = true;
+    }
+  }
+  return peak * static_cast<int64_t>(sizeof(float));
+}
+
 }  // namespace herd

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "common/partition.h"
 #include "common/status.h"
 #include "model/param_layout.h"
 #include "proto/herd.pb.h"
@@ -53,5 +54,31 @@ class ShardPlan {
   std::vector<ParamRange> shards_;
   std::vector<Bucket> buckets_;
 };
+
+// ZeRO's ownership in all-reduce mode: each of `ranks` workers owns a
+// slice of every bucket, cut by EvenPartition(size, ranks,
+// kCollectiveAlign) (common/partition.h), the cut a ring all-reduce of the
+// bucket sums by. So a bucket's reduce-scatter keeps every link busy, each
+// owner's slice holds bitwise what DDP's all-reduce gives it, and its
+// all-gather moves what the all-reduce's second half does.
+Partition OwnerParts(const Bucket& bucket, int ranks);
+// Rank `rank`'s slices of every bucket, ascending offsets, empty ones left out.
+std::vector<ParamRange> OwnedSlices(const ShardPlan& plan, int ranks, int rank);
+// All-reduce mode's plan: buckets (cluster.bucket_mb) of the whole space,
+// one "server"; under ZeRO (cluster.zero_stage) each of `workers` must own
+// part of some bucket (InvalidArgument for a model too small for them).
+StatusOr<ShardPlan> CollectivePlan(const ParamLayout& layout, const config::ClusterConfig& cluster, int workers);
+// The most gradient bytes a ZeRO-2 worker of rank `rank` holds over one
+// backward, replayed through its policy: a unit's gradients are written
+// as backward computes it (the head's first; tied embeddings' with the
+// head too), each bucket whose gradients are final is reduce-scattered,
+// and once more than kReduceScattersInFlight are in flight the oldest is
+// waited for and let go but for the rank's slice.
+int64_t ReplayZero2Gradients(const ShardPlan& plan, const ParamLayout& layout, int ranks, int rank);
+// How many buckets' reduce-scatters a ZeRO-2 worker keeps in flight (whole
+// gradient buckets held) before backward waits for the oldest and lets go
+// of what is not its slice (worker/collective_sync.h; the memory plan
+// counts the same).
+inline constexpr int kReduceScattersInFlight = 2;
 
 }  // namespace herd

@@ -1,14 +1,19 @@
-"""All-reduce mode (synchronous DDP over the UCX ring) and ZeRO-1, through
-`herd launch`, against one process on the same global batch and against
-parameter-server mode:
+"""All-reduce mode (synchronous DDP over the UCX ring) and ZeRO-1 and -2,
+through `herd launch`, against one process on the same global batch and
+against parameter-server mode:
 
-* W=2 and W=3 workers (batch 4 each), zero_stage 0 and 1: losses within
+* W=2 and W=3 workers (batch 4 each), zero_stage 0, 1 and 2: losses within
   1e-5 relative of one process with batch 4W over 30 steps, and of PS mode
   with the same workers; exported weights within 1e-5;
+* ZeRO-1 and ZeRO-2 take bitwise DDP's steps (every gradient summed in the
+  same ring order, the norm from the same per-owner partials): the same
+  metrics and checkpointed weights, also with grad_accum 2 and untied
+  embeddings (ZeRO-2's layer-major pass);
 * reruns are bitwise identical, also when evaluating every 4 steps
   (evaluation must not touch training); stop at 10 and --resume to 30 is bitwise
-  equal to the straight run (DDP and ZeRO-1);
-* a ZeRO-1 checkpoint (one shard per worker) resumes in DDP mode too;
+  equal to the straight run (every stage);
+* a ZeRO checkpoint (one file of slices per worker) resumes in DDP mode,
+  as parameter servers (S=2) and as one process;
 * kill -9 of a worker stops the job at once, naming it."""
 import os
 import shutil
@@ -37,6 +42,17 @@ def main():
         return f"cluster {{ sync: ALLREDUCE workers: {workers} zero_stage: {zero} }}"
 
     summary = []
+    key = lambda m: (m["step"], m["loss"], m["grad_norm"], m["lr"])  # noqa: E731
+
+    def same_as_ddp(ddp, other):
+        """`other` took bitwise `ddp`'s steps: metrics and final weights."""
+        assert [key(m) for m in metrics(sb.path(other + ".jsonl"))] == \
+            [key(m) for m in metrics(sb.path(ddp + ".jsonl"))], f"{other}: metrics differ from {ddp}'s"
+        sb.run("export", sb.path(other), "--out", other + "_bits")
+        sb.run("export", sb.path(ddp), "--out", ddp + "_bits")
+        with open(sb.path(other + "_bits", "model.safetensors"), "rb") as a, \
+                open(sb.path(ddp + "_bits", "model.safetensors"), "rb") as b:
+            assert a.read() == b.read(), f"{other}: final weights differ from {ddp}'s"
     for W in (2, 3):
         sb.run("launch", job(f"single{W}", 4 * W))
         sb.run("launch", job(f"ps{W}", 4, f"cluster {{ sync: PARAMETER_SERVER servers: 2 workers: {W} }}"))
@@ -44,7 +60,7 @@ def main():
         ps = metrics(sb.path(f"ps{W}.jsonl"))
         sb.run("export", sb.path(f"single{W}"), "--out", f"single{W}_hf")
         ref = read_safetensors(sb.path(f"single{W}_hf", "model.safetensors"))
-        for zero in (0, 1):
+        for zero in (0, 1, 2):
             name = f"ar{W}_z{zero}"
             sb.run("launch", job(name, 4, ar(W, zero)))
             run = metrics(sb.path(name + ".jsonl"))
@@ -63,10 +79,22 @@ def main():
             diff = max(max(abs(x - y) for x, y in zip(mine[k][2], ref[k][2])) for k in ref)
             assert diff < 1e-5, f"{name}: exported weights differ by {diff:.3g}"
             summary.append(f"W={W} ZeRO-{zero}: loss rel {rel:.2g} (vs PS {rel_ps:.2g}), weights {diff:.2g}")
+            if zero > 0:
+                same_as_ddp(f"ar{W}_z0", name)
+
+    # With grad_accum 2 and untied embeddings (ZeRO-2 then passes every
+    # micro-batch through each layer at once): still DDP's bits.
+    untied = herdtest.TINY_MODEL.replace("num_key_value_heads: 2", "num_key_value_heads: 2 tie_word_embeddings: false")
+    for zero in (0, 2):
+        name = f"accum_z{zero}"
+        with open(job(name, 2, ar(2, zero))) as f:
+            cfg = f.read().replace(herdtest.TINY_MODEL, untied).replace("seed: 7", "seed: 7 grad_accum: 2")
+        sb.run("launch", sb.write(name + ".textproto", cfg))
+    same_as_ddp("accum_z0", "accum_z2")
+    summary.append("ZeRO-1/2 bitwise DDP's (also grad_accum 2, untied)")
 
     # Reruns and resumes, bitwise.
-    key = lambda m: (m["step"], m["loss"], m["grad_norm"], m["lr"])  # noqa: E731
-    for zero in (0, 1):
+    for zero in (0, 1, 2):
         straight = f"ar3_z{zero}"
         sb.run("launch", job(straight + "_again", 4, ar(3, zero), val="val.bin", eval_every=4))
         sb.run("launch", job(straight + "_split", 4, ar(3, zero)), "--stop-at", "10")
@@ -83,21 +111,28 @@ def main():
     shards = sorted(f for f in os.listdir(sb.path("ar3_z1", "step_00000030")) if f.startswith("shard_"))
     assert shards == ["shard_00000.bin", "shard_00001.bin", "shard_00002.bin"], shards
 
-    # A ZeRO-1 checkpoint continues in DDP mode (same trajectory, to rounding).
-    shutil.copytree(sb.path("ar3_z1_split"), sb.path("cross"))
-    for d in ("step_00000020", "step_00000030"):
-        shutil.rmtree(sb.path("cross", d))
-    sb.run("launch", job("cross", 4, ar(3, 0)), "--resume")
-    cross = metrics(sb.path("cross.jsonl"))
-    z1 = metrics(sb.path("ar3_z1.jsonl"))[10:]
-    assert [m["step"] for m in cross] == list(range(11, STEPS + 1)), [m["step"] for m in cross]
-    assert max(abs(c["loss"] - z["loss"]) / z["loss"] for c, z in zip(cross, z1)) < 1e-5
+    # A ZeRO checkpoint continues in DDP mode, as parameter servers and as
+    # one process (the same trajectory, to rounding).
+    for name, source, batch, cluster in (
+            ("cross", "ar3_z1_split", 4, ar(3, 0)),
+            ("cross_ps", "ar3_z2_split", 4, "cluster { sync: PARAMETER_SERVER servers: 2 workers: 3 }"),
+            ("cross_one", "ar3_z2_split", 12, "")):
+        shutil.copytree(sb.path(source), sb.path(name))
+        for d in ("step_00000020", "step_00000030"):
+            shutil.rmtree(sb.path(name, d))
+        sb.run("launch", job(name, batch, cluster), "--resume")
+        cross = metrics(sb.path(name + ".jsonl"))
+        straight = metrics(sb.path("ar3_z1.jsonl"))[10:]
+        assert [m["step"] for m in cross] == list(range(11, STEPS + 1)), [m["step"] for m in cross]
+        rel = max(abs(c["loss"] - z["loss"]) / z["loss"] for c, z in zip(cross, straight))
+        assert rel < 1e-5, f"{name}: resumed from {source}, the loss differs by {rel:.3g}"
 
     # A worker killed mid-run stops the job, naming it.
     stopped_in = kill_mid_run(sb, "worker", 1, "cluster { sync: ALLREDUCE workers: 3 zero_stage: 1 "
                                                "heartbeat_timeout_s: 5 }")
 
-    print("allreduce: " + "; ".join(summary) + "; reruns and 10+20 resumes bitwise equal; ZeRO-1 -> DDP resume ok; "
+    print("allreduce: " + "; ".join(summary) + "; reruns and 10+20 resumes bitwise equal; ZeRO checkpoints resumed "
+          "as DDP, PS and one process; "
           f"kill -9 of a worker stopped the job in {stopped_in:.1f} s")
 
 

@@ -1,6 +1,7 @@
 // OptimizerShard: one range of the flat space with its AdamW state, the same
-// object for one process, a server, a ZeRO-1 owner and a DDP worker. The
-// properties the modes rely on, asserted bitwise.
+// object for one process, a server, a ZeRO owner's slice and a DDP worker;
+// OptimizerSlices: a ZeRO owner's slices of every bucket, saved as one file
+// of pieces. The properties the modes rely on, asserted bitwise.
 #include "model/optim/optimizer_shard.h"
 #include "sharding/job_options.h"
 
@@ -16,6 +17,7 @@
 #include "model/checkpoint_format.h"
 #include "model/checkpoint_load.h"
 #include "model/llama_config.h"
+#include "sharding/shard_plan.h"
 
 namespace herd {
 namespace {
@@ -224,6 +226,76 @@ TEST_F(OptimizerShardTest, SavedShardsResumeOnAnyPartition) {
   (*whole)->Step(g.data(), 1.5, /*loss=*/0);
   b->Step(g.data() + cut, 1.5, /*loss=*/0);
   EXPECT_TRUE(Same((*whole)->weights() + cut, b->weights(), P_ - cut));
+}
+
+// ZeRO owners' slices of every bucket step as one range does, save as one
+// file of pieces each, and resume as one range or as another cut; a pieces
+// table that does not hold together is refused, naming the file.
+TEST_F(OptimizerShardTest, SlicesStepAsOneRangeAndResumeFromTheirPiecesOnAnyCut) {
+  config::ClusterConfig cluster;
+  cluster.set_bucket_mb(0.002);  // ~500 floats: several buckets
+  cluster.set_zero_stage(1);
+  auto plan = CollectivePlan(layout_, cluster, 2);
+  ASSERT_TRUE(plan.ok()) << plan.status().message();
+  ASSERT_GT(plan->buckets().size(), 3u);
+  const OptimizerOptions options = OptimizerOptionsOf(job_.optimizer(), 50);
+  auto slices = [&](const std::vector<ParamRange>& ranges, const std::optional<VerifiedCheckpoint>& from) {
+    auto made = OptimizerSlices::InitOrResume(options, JobOptions::FromConfig(job_).init, layout_, ranges, from);
+    EXPECT_TRUE(made.ok()) << made.status().message();
+    return std::move(made).value();
+  };
+  auto whole = Fresh({0, P_});
+  std::vector<std::unique_ptr<OptimizerSlices>> owners;
+  for (int r = 0; r < 2; ++r) owners.push_back(slices(OwnedSlices(*plan, 2, r), std::nullopt));
+  EXPECT_EQ(owners[0]->size() + owners[1]->size(), P_);
+  std::vector<float> space(P_, 0.0f);
+  for (auto& o : owners) o->AttachWeights(space.data());
+  EXPECT_TRUE(Same(space.data(), whole->weights(), P_));
+  for (int t = 0; t < 3; ++t) {
+    const auto g = Gradients(P_, 40 + t);
+    whole->Step(g.data(), 1.25, /*loss=*/0);
+    for (auto& o : owners) o->Step(g.data(), 1.25, /*loss=*/0);
+  }
+  EXPECT_TRUE(Same(space.data(), whole->weights(), P_));
+
+  const std::string step_dir = StepDirName(dir_.path(), 3);
+  ASSERT_TRUE(BeginCheckpointPart(step_dir).ok());
+  ASSERT_TRUE(WriteConfigPart(step_dir, job_).ok());
+  for (int r = 0; r < 2; ++r) ASSERT_TRUE(owners[r]->Save(JoinPath(step_dir, ShardFileName(r))).ok());
+  ASSERT_TRUE(WriteManifest(step_dir, 3, CheckpointParts(2, 0)).ok());
+  auto ckpt = LatestVerifiedCheckpoint(dir_.path());
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status().message();
+  auto resumed = JobOptions::FromConfig(job_).MakeOptimizer(layout_, {0, P_}, *ckpt);
+  ASSERT_TRUE(resumed.ok()) << resumed.status().message();
+  EXPECT_EQ((*resumed)->step(), 3);
+  EXPECT_TRUE(Same((*resumed)->weights(), whole->weights(), P_));
+  EXPECT_TRUE(Same((*resumed)->m(), whole->m(), P_));
+  EXPECT_TRUE(Same((*resumed)->v(), whole->v(), P_));
+  auto third = slices(OwnedSlices(*plan, 3, 1), *ckpt);  // another cut
+  EXPECT_EQ(third->step(), 3);
+  for (size_t i = 0; i < third->ranges().size(); ++i) {
+    const ParamRange r = third->ranges()[i];
+    EXPECT_TRUE(Same(third->slice(i).v(), whole->v() + r.begin, r.size())) << "slice " << i;
+  }
+
+  // A pieces table out of order, and a count beyond the bound.
+  const std::string path = JoinPath(step_dir, ShardFileName(0));
+  const std::string good = *ReadFile(path);
+  std::string bad = good;
+  int64_t first_end;
+  std::memcpy(&first_end, bad.data() + 80 + 8 + 8, 8);
+  const int64_t past = first_end + (int64_t{1} << 30);
+  std::memcpy(bad.data() + 80 + 8 + 8, &past, 8);
+  ASSERT_TRUE(WriteFileAtomic(path, bad).ok());
+  EXPECT_NE(ReadShardPieces(path).status().message().find(path + ": piece ["), std::string::npos)
+      << ReadShardPieces(path).status().message();
+  bad = good;
+  const int64_t count = int64_t{1} << 40;
+  std::memcpy(bad.data() + 80, &count, 8);
+  ASSERT_TRUE(WriteFileAtomic(path, bad).ok());
+  EXPECT_NE(ReadShardExtent(path).status().message().find("pieces (expected 1 to"), std::string::npos)
+      << ReadShardExtent(path).status().message();
+  EXPECT_FALSE(VerifyCheckpoint(step_dir).ok());
 }
 
 }  // namespace

@@ -1,11 +1,12 @@
 // The sync strategies on their own, every process of a job in one test
 // process, each with its own UCX worker and thread, over the real
-// transport: one process (worker/local_sync), all-reduce (worker/collective_sync, DDP and ZeRO-1 over
-// the ring) and parameter servers (worker/parameter_server_sync against
+// transport: one process (worker/local_sync), all-reduce (worker/collective_sync, DDP and ZeRO-1
+// and -2 over the ring) and parameter servers (worker/parameter_server_sync against
 // server/parameter_shard). One step must leave every worker with the
 // weights one process gets by stepping the summed gradients, the same
 // report (global norm, lr, mean loss) everywhere, and the weights of every
-// owner (ZeRO-1) or server must reach every worker.
+// owner (ZeRO) or server must reach every worker; a ZeRO-2 worker keeps
+// only its slices' gradients.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -73,8 +74,16 @@ std::vector<float> Gradient(int64_t n, int worker) {
 // servers' initial weights in, the worker's gradients out, the next
 // weights in).
 struct Workers {
-  Workers(int W, int64_t P) : weights(W, std::vector<float>(P, -7.0f)), reports(W), results(W) {
+  // `paged`: the gradients live in PagedBuffers (ZeRO-2).
+  Workers(int W, int64_t P, bool paged = false) : weights(W, std::vector<float>(P, -7.0f)), reports(W), results(W) {
     for (int w = 0; w < W; ++w) grads.push_back(Gradient(P, w));
+    for (int w = 0; paged && w < W; ++w) {
+      paged_grads.push_back(std::move(PagedBuffer::Reserve(P * sizeof(float), /*guarded=*/false).value()));
+      std::memcpy(paged_grads[w].data(), grads[w].data(), P * sizeof(float));
+    }
+  }
+  float* grads_of(size_t w) {
+    return paged_grads.empty() ? grads[w].data() : reinterpret_cast<float*>(paged_grads[w].data());
   }
   using Make = std::function<StatusOr<std::unique_ptr<SyncStrategy>>(int worker, float* weights)>;
   // Starts the workers; Join() waits for them.
@@ -91,7 +100,7 @@ struct Workers {
     SyncStrategy& x = **made;
     x.IssueWeights(weights[w].data(), 0);
     HERD_RETURN_IF_ERROR(x.FinishWeights());
-    x.BeginStep(grads[w].data(), {0, static_cast<int>(w), {}});
+    x.BeginStep(grads_of(w), {0, static_cast<int>(w), {}});
     x.FinalFrom(0);  // backward done: every bucket may go
     HERD_RETURN_IF_ERROR(x.FinishStep(/*loss=*/1.0 + w));
     x.IssueWeights(weights[w].data(), 1);
@@ -101,6 +110,7 @@ struct Workers {
   }
 
   std::vector<std::vector<float>> weights, grads;
+  std::vector<PagedBuffer> paged_grads;
   std::vector<StepReport> reports;
   std::vector<Status> results;
   std::vector<std::thread> threads;
@@ -143,7 +153,7 @@ void RunOneStep(int W, int zero_stage) {
   const config::JobConfig job = SmallJob(W, zero_stage);
   const ParamLayout layout(LlamaShape::FromConfig(job.model()));
   const int64_t P = layout.size();
-  auto plan = CollectivePlan(layout, job, W);
+  auto plan = CollectivePlan(layout, job.cluster(), W);
   ASSERT_TRUE(plan.ok()) << plan.status().message();
   ASSERT_GT(plan->buckets().size(), 2u);
 
@@ -162,19 +172,31 @@ void RunOneStep(int W, int zero_stage) {
     }
   }
 
-  Workers workers(W, P);
+  Workers workers(W, P, /*paged=*/zero_stage == 2);
   const JobOptions options = JobOptions::FromConfig(job);
   workers.Start([&](int r, float* weights) {
     CollectiveSyncOptions o;
     o.job = &options;
     o.layout = &layout;
     o.plan = &*plan;
-    o.zero1 = zero_stage == 1;
+    o.zero_stage = zero_stage;
     o.collectives = rings[r].get();
+    if (zero_stage == 2) o.paged_grads = &workers.paged_grads[r];
     return CreateCollectiveSync(o, weights, std::nullopt);
   });
   workers.Join();
-  ExpectOneProcessStep(job, layout, workers, std::to_string(W) + (zero_stage ? " ZeRO-1" : " DDP"));
+  ExpectOneProcessStep(job, layout, workers, std::to_string(W) + " ZeRO-" + std::to_string(zero_stage));
+  for (int r = 0; zero_stage == 2 && r < W; ++r) {
+    // What is left of the gradients: the worker's slices, summed; zero
+    // elsewhere (let go).
+    std::vector<float> expected(P, 0.0f);
+    for (const ParamRange& s : OwnedSlices(*plan, W, r)) {
+      for (int64_t i = s.begin; i < s.end; ++i) {
+        for (int w = 0; w < W; ++w) expected[i] += workers.grads[w][i];
+      }
+    }
+    EXPECT_EQ(0, std::memcmp(workers.grads_of(r), expected.data(), P * sizeof(float))) << "worker " << r;
+  }
   rings.clear();
   transports.clear();
 }
@@ -216,6 +238,11 @@ TEST(CollectiveSync, DdpStepEqualsOneProcessOnTheSummedGradients) {
 TEST(CollectiveSync, Zero1StepEqualsOneProcessAndGathersEveryRange) {
   RunOneStep(2, 1);
   RunOneStep(3, 1);
+}
+
+TEST(CollectiveSync, Zero2StepEqualsOneProcessAndKeepsOnlyItsSlicesGradients) {
+  RunOneStep(2, 2);
+  RunOneStep(3, 2);
 }
 
 // S servers (PeerIds 0..S-1) and W workers (S..S+W-1). `stream`: without

@@ -17,17 +17,17 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/partition.h"
 #include "common/status.h"
 
 namespace herd::transport {
 
 enum class DType { kFloat32, kFloat64 };
 
-// How n elements split into parts, one per rank in rank order: counts[r]
-// contiguous elements for rank r (some may be 0).
-using Partition = std::vector<int64_t>;
-// Near-equal parts, each but the last a multiple of `align` elements.
-Partition EvenPartition(int64_t n, int parts, int64_t align = 1);
+// Parts are common/partition.h's: counts per rank in rank order; an
+// all-reduce cuts its buffer by EvenPartition(n, size, kCollectiveAlign).
+using herd::EvenPartition;
+using herd::Partition;
 
 class Collectives {
  public:

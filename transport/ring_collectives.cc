@@ -45,18 +45,6 @@ int Mod(int64_t a, int w) { return static_cast<int>(((a % w) + w) % w); }
 
 }  // namespace
 
-Partition EvenPartition(int64_t n, int parts, int64_t align) {
-  Partition p(parts, 0);
-  const int64_t units = (n + align - 1) / align;  // aligned blocks, the last maybe short
-  int64_t at = 0;
-  for (int r = 0; r < parts; ++r) {
-    const int64_t blocks = units / parts + (r < units % parts ? 1 : 0);
-    p[r] = std::min(n - at, blocks * align);
-    at += p[r];
-  }
-  return p;
-}
-
 // One chunk on the wire: which operation, which ring step, which chunk of
 // that step's part.
 struct RingCollectives::ChunkHeader {
@@ -133,7 +121,7 @@ std::unique_ptr<RingCollectives::Op> NewOp(Kind kind, void* data, const Partitio
 }  // namespace
 
 Collectives::Handle RingCollectives::AllReduce(void* data, int64_t n, DType dtype) {
-  return Issue(NewOp(Kind::kAllReduce, data, EvenPartition(n, size(), 16), dtype == DType::kFloat64 ? 8 : 4));
+  return Issue(NewOp(Kind::kAllReduce, data, EvenPartition(n, size(), kCollectiveAlign), dtype == DType::kFloat64 ? 8 : 4));
 }
 
 Collectives::Handle RingCollectives::ReduceScatter(float* data, const Partition& parts) {

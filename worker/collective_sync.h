@@ -4,24 +4,35 @@
 //   zero_stage 0 (DDP): every gradient bucket is all-reduced as backward
 //     finishes it; every worker then holds the same summed gradients and
 //     applies the same AdamW to its full copy of the weights and moments.
-//   zero_stage 1: each worker owns one contiguous range of the flat space
-//     (the shard plan with one "server" per worker) and only that range's
-//     AdamW moments. Buckets never straddle two owners; each is
-//     reduce-scattered to its owner, the owners' partial squared norms and
-//     the losses are all-reduced, each owner steps its range, and the new
-//     weights are all-gathered bucket by bucket in forward order (the next
-//     forward overlaps them, as in parameter-server mode).
+//   zero_stage 1: each worker owns a slice of every bucket
+//     (sharding/shard_plan.h's OwnedSlices: the part a ring all-reduce of
+//     the bucket sums in the same order) and only those slices' AdamW
+//     moments. Each bucket is reduce-scattered among the owners as backward
+//     finishes it (every link busy, as the all-reduce's first half), the
+//     owners' partial squared norms and the losses are all-reduced, each
+//     owner steps its slices, and the new weights are all-gathered bucket by
+//     bucket in forward order while the next forward starts.
+//   zero_stage 2: as 1, and a bucket's gradients outside the owned slice are
+//     let go as soon as its reduce-scatter is done (the gradients are a
+//     PagedBuffer; at most kReduceScattersInFlight buckets are whole at
+//     once), so a worker keeps its slices' gradients only.
+//
+// Every stage sums each gradient in the same ring order and computes the
+// norm from the same per-owner partials, so DDP and ZeRO-1 and -2 take
+// bitwise the same steps.
 //
 // At a fresh start worker 0's weights (seed or checkpoint.init_from) are
 // broadcast; on resume every worker reads what it needs from the
-// checkpoint. Checkpoints: DDP worker 0 writes the one shard; under ZeRO-1
-// each worker writes its own range, so `--resume` works with either, and
-// with PS checkpoints, of the same number of workers.
+// checkpoint. Checkpoints: DDP worker 0 writes the one shard; under ZeRO
+// each worker writes its slices as one shard file of pieces
+// (model/checkpoint_format.h), so `--resume` works with either, and with
+// PS checkpoints, of any number of workers with the same global batch.
 #pragma once
 
 #include <memory>
 #include <optional>
 
+#include "common/paged_buffer.h"
 #include "common/status.h"
 #include "model/checkpoint_load.h"
 #include "proto/herd.pb.h"
@@ -45,17 +56,17 @@ class DeviceGradientReduction {
 struct CollectiveSyncOptions {
   const JobOptions* job = nullptr;
   const ParamLayout* layout = nullptr;
-  // Buckets (and, for ZeRO-1, owners: one shard per worker).
+  // The buckets, each owned slice by slice under ZeRO (OwnedSlices).
   const ShardPlan* plan = nullptr;
-  bool zero1 = false;
+  int zero_stage = 0;  // cluster.zero_stage: 0 (DDP), 1 or 2
   transport::Collectives* collectives = nullptr;
   // Set when gradients arrive reduced (then `collectives` carries only the
   // norms, the losses and the weights).
   DeviceGradientReduction* device_reduction = nullptr;
+  // ZeRO-2: the gradients' flat space, paged (its owner's memory is let
+  // go outside the owned slices).
+  PagedBuffer* paged_grads = nullptr;
 };
-
-// Plans for the mode: one shard (DDP) or one per worker (ZeRO-1).
-StatusOr<ShardPlan> CollectivePlan(const ParamLayout& layout, const config::JobConfig& config, int num_workers);
 
 // Loads or initialises this worker's state into `weights` (the full flat
 // space) and its optimizer moments; `resume_from` continues this run (the

@@ -18,8 +18,8 @@ namespace {
 
 class NcclGradientReduction : public DeviceGradientReduction {
  public:
-  NcclGradientReduction(std::unique_ptr<transport::NcclCollectives> nccl, const ShardPlan* owners)
-      : nccl_(std::move(nccl)), owners_(owners) {}
+  NcclGradientReduction(std::unique_ptr<transport::NcclCollectives> nccl, const ShardPlan& plan, bool zero)
+      : nccl_(std::move(nccl)), plan_(plan), zero_(zero) {}
   ~NcclGradientReduction() override {
     for (cudaEvent_t e : events_) cudaEventDestroy(e);
   }
@@ -27,16 +27,23 @@ class NcclGradientReduction : public DeviceGradientReduction {
   // Enqueues the reduction of [begin, end) after `ready`.
   cudaEvent_t Reduce(float* grads, int64_t begin, int64_t end, cudaEvent_t ready) {
     HERD_CUDA_CHECK(cudaStreamWaitEvent(nccl_->stream(), ready, 0));
-    float* data = grads + begin;
-    if (owners_ == nullptr) {
-      handles_.push_back(nccl_->AllReduce(data, end - begin, transport::DType::kFloat32));
+    if (!zero_) {
+      handles_.push_back(nccl_->AllReduce(grads + begin, end - begin, transport::DType::kFloat32));
     } else {
-      transport::Partition parts(nccl_->size(), 0);  // each owner's piece of the range
-      for (int r = 0; r < nccl_->size(); ++r) {
-        const ParamRange owned = owners_->shard(r);
-        parts[r] = std::max<int64_t>(0, std::min(end, owned.end) - std::max(begin, owned.begin));
+      // Each bucket's piece of the range, cut as the bucket is among its
+      // owners: rank r gets the overlap of its slice with the range.
+      for (const Bucket& b : plan_.buckets()) {
+        const int64_t lo = std::max(begin, b.range.begin), hi = std::min(end, b.range.end);
+        if (lo >= hi) continue;
+        const Partition owners = OwnerParts(b, nccl_->size());
+        Partition parts(owners.size(), 0);
+        int64_t at = b.range.begin;
+        for (size_t r = 0; r < owners.size(); ++r) {
+          parts[r] = std::max<int64_t>(0, std::min(hi, at + owners[r]) - std::max(lo, at));
+          at += owners[r];
+        }
+        handles_.push_back(nccl_->ReduceScatter(grads + lo, parts));
       }
-      handles_.push_back(nccl_->ReduceScatter(data, parts));
     }
     if (next_event_ == events_.size()) {
       cudaEvent_t e;
@@ -61,7 +68,8 @@ class NcclGradientReduction : public DeviceGradientReduction {
 
  private:
   std::unique_ptr<transport::NcclCollectives> nccl_;
-  const ShardPlan* owners_;
+  const ShardPlan& plan_;
+  const bool zero_;
   std::vector<transport::Collectives::Handle> handles_;
   std::vector<cudaEvent_t> events_;
   size_t next_event_ = 0;
@@ -70,9 +78,10 @@ class NcclGradientReduction : public DeviceGradientReduction {
 }  // namespace
 
 StatusOr<std::unique_ptr<DeviceGradientReduction>> ReduceGradientsWithNccl(transport::CoordinatorClient& client,
-                                                                           Model& model, const ShardPlan* owners) {
+                                                                           Model& model, const ShardPlan& plan,
+                                                                           bool zero) {
   HERD_ASSIGN_OR_RETURN(auto nccl, transport::NcclCollectives::Create(client));
-  auto reduction = std::make_unique<NcclGradientReduction>(std::move(nccl), owners);
+  auto reduction = std::make_unique<NcclGradientReduction>(std::move(nccl), plan, zero);
   NcclGradientReduction* r = reduction.get();
   HERD_RETURN_IF_ERROR(cuda::AttachGradientReducer(model, [r](float* grads, int64_t begin, int64_t end, cudaEvent_t ready) {
     return r->Reduce(grads, begin, end, ready);
@@ -85,7 +94,7 @@ StatusOr<std::unique_ptr<DeviceGradientReduction>> ReduceGradientsWithNccl(trans
 bool BuiltWithNccl() { return false; }
 
 StatusOr<std::unique_ptr<DeviceGradientReduction>> ReduceGradientsWithNccl(transport::CoordinatorClient&, Model&,
-                                                                           const ShardPlan*) {
+                                                                           const ShardPlan&, bool) {
   return Status::Unavailable("this herd was built without NCCL");
 }
 

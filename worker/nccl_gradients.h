@@ -2,9 +2,10 @@
 // reduced by NCCL on the device as soon as backward has finished it (on
 // NCCL's stream, overlapping the rest of backward), then staged to the host
 // already reduced, where the optimizer runs (ZeRO-Offload's split: device
-// compute and communication, host optimizer). DDP all-reduces; ZeRO-1
-// reduces each range's pieces to their owners only. The norms, losses and
-// ZeRO-1's weight all-gather stay on the UCX ring over host memory.
+// compute and communication, host optimizer). DDP all-reduces; under ZeRO
+// each bucket's part of the range is reduce-scattered to the bucket's
+// owners, slice by slice (sharding/shard_plan.h's OwnerParts). The norms,
+// losses and ZeRO's weight all-gather stay on the UCX ring over host memory.
 #pragma once
 
 #include <memory>
@@ -22,8 +23,9 @@ bool BuiltWithNccl();
 
 // Creates the NCCL communicator among the job's workers (every worker calls
 // it, after its CUDA model exists) and attaches the reduction to `model`.
-// `owners` is the ZeRO-1 plan (one shard per worker), or null for DDP.
+// `plan`: the buckets, each cut among the workers with `zero`.
 StatusOr<std::unique_ptr<DeviceGradientReduction>> ReduceGradientsWithNccl(transport::CoordinatorClient& client,
-                                                                           Model& model, const ShardPlan* owners);
+                                                                           Model& model, const ShardPlan& plan,
+                                                                           bool zero);
 
 }  // namespace herd

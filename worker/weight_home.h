@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "common/paged_buffer.h"
 #include "model/model.h"
 #include "worker/sync_strategy.h"
 
@@ -45,7 +46,11 @@ class WeightHome {
   virtual void Release() = 0;
 };
 
-// Every weight held; versions come through `sync`.
-std::unique_ptr<WeightHome> WholeWeights(SyncStrategy& sync);
+// Every weight held; versions come through `sync`. With `paged_grads`
+// (ZeRO-2: the gradients' flat space, of which `sync` lets go outside this
+// worker's slices) a share's gradients start from a released buffer
+// rather than a filled one, so that no page is backed before backward
+// writes it.
+std::unique_ptr<WeightHome> WholeWeights(SyncStrategy& sync, PagedBuffer* paged_grads = nullptr);
 
 }  // namespace herd

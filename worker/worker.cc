@@ -89,8 +89,9 @@ void PrintRunHeader(const config::JobConfig& config, const JobOptions& job, cons
                     job.micro_batch_slots > 1 ? ", micro-batches layer by layer" : "");
       }
     } else {
-      std::printf("all-reduce (%s) among %d workers%s", nccl ? "gradients by NCCL, the rest by UCX ring" : "UCX ring",
-                  num_workers, cluster.zero_stage() == 1 ? ", ZeRO-1" : "");
+      std::printf("all-reduce (%s) among %d workers", nccl ? "gradients by NCCL, the rest by UCX ring" : "UCX ring",
+                  num_workers);
+      if (cluster.zero_stage() > 0) std::printf(", ZeRO-%d", cluster.zero_stage());
     }
     std::printf(", %zu buckets | batch %d x %d tokens x %d accum x %d workers = %lld tokens/step\n",
                 plan->buckets().size(), train.batch_size(), train.seq_len(), train.grad_accum(), num_workers,
@@ -157,6 +158,8 @@ class WorkerProcess {
   const transport::JoinOptions* const join_;  // null: the job is this one process
   const Mode mode_;
   const bool streamed_;  // cluster.stream_weights
+  // The gradients are paged: streamed weights' window, or ZeRO-2's slices.
+  const bool paged_grads_;
   const JobData data_;
   const ParamLayout layout_;
 
@@ -174,8 +177,9 @@ class WorkerProcess {
   // Owned by the thread that runs Run; in lifetime order.
   transport::TraceSession trace_;  // log.trace: goes last, after everything that records spans
   std::vector<float> weights_, grads_;
-  // cluster.stream_weights: the same flat spaces, backed only where the
-  // window is (weights_ and grads_ then stay empty).
+  // The same flat spaces, backed only where the window is (streamed
+  // weights; weights_ and grads_ then stay empty) or, for gradients, where
+  // they are still needed (ZeRO-2: grads_ stays empty).
   PagedBuffer streamed_weights_, streamed_grads_;
   std::unique_ptr<Model> model_holder_;                      // none when the GPU trainer has its own
   std::unique_ptr<DeviceGradientReduction> device_reduction_;  // CUDA workers in all-reduce mode: NCCL
@@ -201,7 +205,7 @@ StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Create(const config::Job
   if (w->mode_ == Mode::kParameterServer) {
     HERD_ASSIGN_OR_RETURN(w->plan_, ShardPlan::Create(w->layout_, ShardPlanOptions::FromConfig(config.cluster())));
   } else if (w->mode_ == Mode::kAllReduce) {
-    HERD_ASSIGN_OR_RETURN(w->plan_, CollectivePlan(w->layout_, config, config.cluster().workers()));
+    HERD_ASSIGN_OR_RETURN(w->plan_, CollectivePlan(w->layout_, config.cluster(), config.cluster().workers()));
   }
   if (!w->joining_) {
     HERD_ASSIGN_OR_RETURN(w->resume_from_, ResumePoint(config, options));
@@ -217,20 +221,24 @@ WorkerProcess::WorkerProcess(const config::JobConfig& config, const TrainOptions
       join_(join),
       mode_(ModeOf(config, join != nullptr)),
       streamed_(mode_ == Mode::kParameterServer && config.cluster().stream_weights()),
+      paged_grads_(streamed_ || (mode_ == Mode::kAllReduce && config.cluster().zero_stage() >= 2 &&
+                                 config.device().kind() == config::DeviceConfig::CPU)),
       data_(std::move(data)),
       layout_(std::move(layout)),
       joining_(join != nullptr && join->join && !join->resume_if_forming) {}
 
 Status WorkerProcess::AllocateSpaces() {
   const int64_t P = layout_.size();
+  if (paged_grads_) {
+    HERD_ASSIGN_OR_RETURN(streamed_grads_, PagedBuffer::Reserve(P * sizeof(float), /*guarded=*/false));
+  }
   if (streamed_) {
     // Weights are guarded: a read outside the window faults.
     HERD_ASSIGN_OR_RETURN(streamed_weights_, PagedBuffer::Reserve(P * sizeof(float), /*guarded=*/true));
-    HERD_ASSIGN_OR_RETURN(streamed_grads_, PagedBuffer::Reserve(P * sizeof(float), /*guarded=*/false));
     return Status::OK();
   }
   weights_.resize(P);
-  if (mode_ != Mode::kOneGpu) grads_.resize(P);  // the GPU trainer keeps its own
+  if (mode_ != Mode::kOneGpu && !paged_grads_) grads_.resize(P);  // the GPU trainer keeps its own
   return Status::OK();
 }
 
@@ -260,8 +268,8 @@ Status WorkerProcess::Prepare(transport::CoordinatorClient* client) {
   model_ = model_holder_.get();
   const bool gpu = config_.device().kind() == config::DeviceConfig::CUDA;
   if (mode_ == Mode::kAllReduce && gpu && config_.cluster().nccl() && BuiltWithNccl()) {
-    HERD_ASSIGN_OR_RETURN(device_reduction_,
-                          ReduceGradientsWithNccl(*client, *model_, config_.cluster().zero_stage() == 1 ? &*plan_ : nullptr));
+    HERD_ASSIGN_OR_RETURN(device_reduction_, ReduceGradientsWithNccl(*client, *model_, *plan_,
+                                                                     config_.cluster().zero_stage() > 0));
   }
   return Status::OK();
 }
@@ -281,10 +289,10 @@ Status WorkerProcess::JoinJob() {
                         }));
   // A paged buffer is not registered whole (that would back and pin all
   // of it): UCX registers what it moves as it goes.
-  if (streamed_) return Status::OK();
   const uint64_t bytes = layout_.size() * sizeof(float);
-  HERD_RETURN_IF_ERROR(runtime_->transport().RegisterMemory(weights_.data(), bytes));
-  return runtime_->transport().RegisterMemory(grads_.data(), bytes);
+  if (!streamed_) HERD_RETURN_IF_ERROR(runtime_->transport().RegisterMemory(weights_.data(), bytes));
+  if (!paged_grads_) HERD_RETURN_IF_ERROR(runtime_->transport().RegisterMemory(grads_.data(), bytes));
+  return Status::OK();
 }
 
 StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeStrategy() {
@@ -331,9 +339,10 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeStrategy() {
       c.job = &job_;
       c.layout = &layout_;
       c.plan = &*plan_;
-      c.zero1 = cluster.zero_stage() == 1;
+      c.zero_stage = cluster.zero_stage();
       c.collectives = runtime_->ring();
       c.device_reduction = device_reduction_.get();
+      if (paged_grads_) c.paged_grads = &streamed_grads_;
       return CreateCollectiveSync(c, weights(), resume_from_);
     }
   }
@@ -342,7 +351,7 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeStrategy() {
 
 Status WorkerProcess::MakeAxes() {
   HERD_ASSIGN_OR_RETURN(strategy_, MakeStrategy());
-  if (home_ == nullptr) home_ = WholeWeights(*strategy_);
+  if (home_ == nullptr) home_ = WholeWeights(*strategy_, paged_grads_ ? &streamed_grads_ : nullptr);
   compute_ = MakeCompute();
   checkpoints_ = MakeCheckpointWriter();
   if (!config_.cluster().elastic() || mode_ != Mode::kParameterServer) {
@@ -373,10 +382,11 @@ std::unique_ptr<ShareCompute> WorkerProcess::MakeCompute() {
   // 1 / the global batch's tokens.
   o.loss_scale =
       1.0 / static_cast<double>(static_cast<int64_t>(job_.batch) * job_.seq_len * job_.grad_accum * num_workers_);
-  // Streamed: every micro-batch through each unit at once, so that each
-  // unit is pulled once a pass.
+  // Paged gradients (streamed weights, ZeRO-2): every micro-batch through
+  // each unit at once, so that each unit is pulled once a pass and its
+  // gradients leave (and are let go) once a step.
   const int A = job_.grad_accum;
-  if (streamed_ && A > 1 && model_->layer_major_slots() >= A) return LayerMajorPasses(o);
+  if (paged_grads_ && A > 1 && model_->layer_major_slots() >= A) return LayerMajorPasses(o);
   return MicroBatchPasses(o);
 }
 

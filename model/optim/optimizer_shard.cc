@@ -98,4 +98,61 @@ Status OptimizerShard::Save(const std::string& path) const {
   return WriteShard(path, view());
 }
 
+StatusOr<std::unique_ptr<OptimizerSlices>> OptimizerSlices::InitOrResume(
+    const OptimizerOptions& options, const WeightInit& init, const ParamLayout& layout,
+    const std::vector<ParamRange>& ranges, const std::optional<VerifiedCheckpoint>& resume_from) {
+  auto out = std::make_unique<OptimizerSlices>();
+  out->ranges_ = ranges;
+  std::vector<ShardState> states;
+  if (resume_from.has_value()) {
+    HERD_ASSIGN_OR_RETURN(states, ReadShardRanges(resume_from->dir, resume_from->manifest, ranges,
+                                                  /*with_moments=*/true));
+  } else {
+    std::vector<float> loaded;  // init_from's weights of [first begin, last end)
+    if (!init.init_from.empty() && !ranges.empty()) {
+      HERD_ASSIGN_OR_RETURN(loaded,
+                            LoadInitialWeights(init.init_from, init.model, ranges.front().begin, ranges.back().end));
+    }
+    for (const ParamRange& r : ranges) {
+      ShardState state;
+      state.begin = r.begin;
+      state.end = r.end;
+      if (!loaded.empty()) {
+        const auto from = loaded.begin() + (r.begin - ranges.front().begin);
+        state.weights.assign(from, from + r.size());
+      } else {
+        state.weights.resize(r.size());
+        InitParameterRange(layout, init.seed, init.initializer_range, r.begin, r.end, state.weights.data());
+      }
+      state.m.assign(r.size(), 0.0f);
+      state.v.assign(r.size(), 0.0f);
+      states.push_back(std::move(state));
+    }
+  }
+  for (ShardState& state : states) out->slices_.push_back(std::make_unique<OptimizerShard>(layout, options, std::move(state)));
+  return out;
+}
+
+int64_t OptimizerSlices::size() const {
+  int64_t n = 0;
+  for (const ParamRange& r : ranges_) n += r.size();
+  return n;
+}
+
+void OptimizerSlices::AttachWeights(float* space) {
+  for (auto& slice : slices_) slice->AttachWeights(space);
+}
+
+OptimizerShard::Scalars OptimizerSlices::Step(const float* grads, double global_norm, double loss) {
+  OptimizerShard::Scalars s;
+  for (auto& slice : slices_) s = slice->Step(grads + slice->range().begin, global_norm, loss);
+  return s;
+}
+
+Status OptimizerSlices::Save(const std::string& path) const {
+  std::vector<ShardView> views;
+  for (const auto& slice : slices_) views.push_back(slice->view());
+  return WriteShardPieces(path, views);
+}
+
 }  // namespace herd

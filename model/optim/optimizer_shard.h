@@ -114,4 +114,36 @@ class OptimizerShard {
   SpikeStats spikes_;
 };
 
+// The optimizer of several disjoint ranges stepped as one: a ZeRO owner's
+// slice of every bucket (sharding/shard_plan.h's OwnedSlices), or one
+// range (DDP: the whole space). One OptimizerShard per range; every range
+// takes the same step's scalars, so stepping the slices gives the bits of
+// stepping them as one range.
+class OptimizerSlices {
+ public:
+  // OptimizerShard::InitOrResume of each range (ascending, disjoint), with
+  // the checkpoint's shards (or init_from's file) read once for all.
+  static StatusOr<std::unique_ptr<OptimizerSlices>> InitOrResume(
+      const OptimizerOptions& options, const WeightInit& init, const ParamLayout& layout,
+      const std::vector<ParamRange>& ranges, const std::optional<VerifiedCheckpoint>& resume_from);
+
+  const std::vector<ParamRange>& ranges() const { return ranges_; }
+  int64_t step() const { return slices_.empty() ? 0 : slices_.front()->step(); }
+  // Elements over all ranges.
+  int64_t size() const;
+  OptimizerShard& slice(size_t i) { return *slices_[i]; }
+
+  // OptimizerShard::AttachWeights of every range.
+  void AttachWeights(float* space);
+  // One step of every range; `grads` is the whole flat space's (element 0
+  // is offset 0), read only in the ranges.
+  OptimizerShard::Scalars Step(const float* grads, double global_norm, double loss);
+  // Every range as one shard file (WriteShardPieces).
+  Status Save(const std::string& path) const;
+
+ private:
+  std::vector<ParamRange> ranges_;
+  std::vector<std::unique_ptr<OptimizerShard>> slices_;
+};
+
 }  // namespace herd
