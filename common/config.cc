@@ -301,7 +301,7 @@ void CheckCluster(const config::ClusterConfig& cl, const Rules& need) {
   need(cl.join_timeout_s() > 0, "cluster.join_timeout_s", "must be > 0");
   need(cl.max_control_message_mb() >= 0.0625 && cl.max_control_message_mb() <= 1024, "cluster.max_control_message_mb",
        "must be between 0.0625 and 1024");
-  need(cl.zero_stage() >= 0 && cl.zero_stage() <= 2, "cluster.zero_stage", "must be 0, 1 or 2");
+  need(cl.zero_stage() >= 0 && cl.zero_stage() <= 3, "cluster.zero_stage", "must be 0, 1, 2 or 3");
   switch (cl.sync()) {
     case config::ClusterConfig::NONE:
       need(cl.workers() == 1, "cluster.workers", "sync NONE trains in one process: workers must be 1");
@@ -329,6 +329,8 @@ void CheckCluster(const config::ClusterConfig& cl, const Rules& need) {
          "needs at least 2 workers: the survivors take a lost worker's sequences, and one worker has none");
   }
   need(cl.stream_prefetch_layers() >= 0, "cluster.stream_prefetch_layers", "must be >= 0");
+  need(cl.reshard_after_forward() || cl.zero_stage() == 3, "cluster.reshard_after_forward",
+       "applies to cluster.zero_stage 3 only");
   bool devices_named = true;
   for (const std::string& name : Split(cl.data_interface(), ',')) {
     devices_named &= !name.empty() && name.size() <= 64 &&
@@ -351,6 +353,8 @@ std::vector<Violation> CheckValues(const JobConfig& c) {
   CheckDeviceAndTrain(c, need);
   CheckOptimizerDataAndLog(c, need);
   CheckCluster(c.cluster(), need);
+  need(c.cluster().zero_stage() < 3 || c.device().kind() == config::DeviceConfig::CPU, "cluster.zero_stage",
+       "3 runs on CPU workers only yet (device.kind CUDA: use 2, or parameter servers with stream_weights)");
   return v;
 }
 

@@ -119,9 +119,12 @@ ProcessMemory PsWorkerMemory(const JobSizes& j, const ShardPlan& shards) {
     // micro-batches' sum itself and declares each unit final one unit
     // late); each bucket boundary may keep one shared page of weights,
     // gradients and staging backed.
-    const StreamedPeak peak =
-        ReplayStreamedStep(shards, j.layout, j.cluster.stream_prefetch_layers(), j.wire,
-                           !j.gpu && j.train.grad_accum() > j.job.micro_batch_slots, /*final_lag=*/j.gpu ? 1 : 0);
+    StreamedReplay replay;
+    replay.prefetch = j.cluster.stream_prefetch_layers();
+    replay.wire_bytes = j.wire;
+    replay.accumulates = !j.gpu && j.train.grad_accum() > j.job.micro_batch_slots;
+    replay.final_lag = j.gpu ? 1 : 0;
+    const StreamedPeak peak = ReplayStreamedStep(shards, j.layout, replay);
     w.weights = peak.weights;
     w.gradients = peak.gradients;
     w.buffers = peak.staging + j.staging +
@@ -134,7 +137,8 @@ ProcessMemory PsWorkerMemory(const JobSizes& j, const ShardPlan& shards) {
 
 // A single process, or an all-reduce worker: the whole model and its
 // AdamW state; under ZeRO the moments of worker 0's slices (the largest),
-// and under ZeRO-2 on a CPU the gradients its policy holds at most.
+// under ZeRO-2 on a CPU the gradients its policy holds at most, under
+// ZeRO-3 the window's weights and gradients at their fullest.
 StatusOr<ProcessMemory> TrainerMemory(const JobSizes& j) {
   ProcessMemory t;
   t.role = j.cluster.sync() == config::ClusterConfig::NONE ? "trainer" : "worker";
@@ -147,12 +151,28 @@ StatusOr<ProcessMemory> TrainerMemory(const JobSizes& j) {
     int64_t owned = 0;
     for (const ParamRange& r : OwnedSlices(plan, j.W, 0)) owned += r.size();
     t.optimizer = 2 * owned * kF32;
-    // Gradients whole until the last micro-batch, unless a layer-major
-    // pass serves them all.
-    if (j.cluster.zero_stage() >= 2 && !j.gpu && j.train.grad_accum() <= j.job.micro_batch_slots) {
-      // Each bucket boundary may keep a shared page backed.
-      t.gradients = ReplayZero2Gradients(plan, j.layout, j.W, 0) +
-                    2 * static_cast<int64_t>(plan.buckets().size()) * kPageBytes;
+    // Each bucket boundary may keep a shared page of each paged buffer backed.
+    const int64_t boundary_pages = static_cast<int64_t>(plan.buckets().size() + 1) * kPageBytes;
+    const bool accumulates = j.train.grad_accum() > j.job.micro_batch_slots;
+    if (j.cluster.zero_stage() == 2 && !j.gpu && !accumulates) {
+      // Gradients whole until the last micro-batch, unless a layer-major
+      // pass serves them all.
+      t.gradients = ReplayZero2Gradients(plan, j.layout, j.W, 0) + 2 * boundary_pages;
+    } else if (j.cluster.zero_stage() == 3) {
+      // The window at its fullest, replayed through the worker's policy,
+      // a retired bucket keeping this worker's slice of its gradients; the
+      // slices' master weights beside it.
+      StreamedReplay replay;
+      replay.prefetch = j.cluster.stream_prefetch_layers();
+      replay.accumulates = accumulates;
+      replay.keep_after_forward = !j.cluster.reshard_after_forward();
+      for (auto b = plan.buckets().rbegin(); b != plan.buckets().rend(); ++b) {
+        replay.kept_on_retire.push_back(OwnerParts(*b, j.W)[0]);
+      }
+      const StreamedPeak peak = ReplayStreamedStep(plan, j.layout, replay);
+      t.weights = peak.weights + owned * kF32;
+      t.gradients = peak.gradients;
+      t.buffers += 3 * boundary_pages;
     }
   }
   t.activations = j.host_activations;

@@ -13,8 +13,12 @@
 //            with cluster.stream_weights, the weights, gradients and
 //            staging of its window at its fullest (sharding/weight_window.h)
 //            instead of the whole model's;
-//   single / all-reduce: weights + gradients + AdamW state (ZeRO-1: 1/W of
-//            it) + activations.
+//   single / all-reduce: weights + gradients + AdamW state + activations;
+//            under ZeRO the AdamW state of the worker's slices (1/W of
+//            it), under ZeRO-2 the gradients of its slices and of the
+//            buckets being reduce-scattered (ReplayZero2Gradients), under
+//            ZeRO-3 its slices' master weights and the gathered window's
+//            weights and gradients at their fullest (ReplayStreamedStep).
 // CUDA workers (device.kind CUDA) hold their activations, a compute copy of
 // the weights and the gradients on the GPU (`device`, see
 // model/cuda/device_memory.h) and a page-locked gradient staging buffer on

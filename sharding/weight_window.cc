@@ -6,10 +6,11 @@
 
 namespace herd {
 
-WeightWindow::WeightWindow(const ShardPlan& plan, const ParamLayout& layout, int prefetch)
+WeightWindow::WeightWindow(const ShardPlan& plan, const ParamLayout& layout, int prefetch, bool keep_after_forward)
     : buckets_(plan.buckets().rbegin(), plan.buckets().rend()),
       units_(layout.UnitBoundaries()),
-      prefetch_(std::max(prefetch, 0)) {
+      prefetch_(std::max(prefetch, 0)),
+      keep_after_forward_(keep_after_forward) {
   const LlamaShape& s = layout.shape();
   if (layout.lm_head() == layout.embed()) kept_end_ = s.num_layers > 0 ? layout.layer(0).input_norm : layout.final_norm();
   next_push_ = num_buckets() - 1;
@@ -65,7 +66,9 @@ WeightWindow::Actions WeightWindow::NeedUpTo(int64_t end) {
     ReleaseIf([&](int i) { return buckets_[i].range.begin >= ahead && !Kept(i); }, a);
     forward_end_ = 0;
   }
-  ReleaseIf([&](int i) { return buckets_[i].range.end <= forward_end_ && !Kept(i); }, a);
+  if (!keep_after_forward_) {
+    ReleaseIf([&](int i) { return buckets_[i].range.end <= forward_end_ && !Kept(i); }, a);
+  }
   Hold(forward_end_, end, /*wait=*/true, a);
   Hold(end, UnitsAway(end, prefetch_), /*wait=*/false, a);
   forward_end_ = end;
@@ -119,9 +122,10 @@ WeightWindow::Actions WeightWindow::RetireAll() {
   return a;
 }
 
-StreamedPeak ReplayStreamedStep(const ShardPlan& plan, const ParamLayout& layout, int prefetch, int wire_bytes,
-                                bool accumulates, int final_lag) {
-  WeightWindow w(plan, layout, prefetch);
+StreamedPeak ReplayStreamedStep(const ShardPlan& plan, const ParamLayout& layout, const StreamedReplay& replay) {
+  const int wire_bytes = replay.wire_bytes, final_lag = replay.final_lag;
+  const bool accumulates = replay.accumulates;
+  WeightWindow w(plan, layout, replay.prefetch, replay.keep_after_forward);
   const int64_t f32 = sizeof(float);
   const int64_t staged_bytes = wire_bytes == sizeof(float) ? 0 : wire_bytes;  // fp32 lands in place
   std::vector<bool> grads(w.num_buckets(), accumulates);  // gradients written and not let go
@@ -147,7 +151,8 @@ StreamedPeak ReplayStreamedStep(const ShardPlan& plan, const ParamLayout& layout
     sample();
     for (int i : a.retire) {
       now.staging -= size(i) * staged_bytes;
-      now.gradients -= size(i) * f32;
+      // The slice a retire keeps stays counted (and is never written again).
+      now.gradients -= (size(i) - (replay.kept_on_retire.empty() ? 0 : replay.kept_on_retire[i])) * f32;
       grads[i] = false;
     }
   };

@@ -45,8 +45,10 @@ class WeightWindow {
     std::vector<int> retire;   // pushes to wait for; their gradients are let go
   };
 
-  // `prefetch` >= 0 units ahead of the one in use.
-  WeightWindow(const ShardPlan& plan, const ParamLayout& layout, int prefetch);
+  // `prefetch` >= 0 units ahead of the one in use. `keep_after_forward`:
+  // forward lets nothing go; each bucket stays until backward is done
+  // with it (ZeRO-3 with cluster.reshard_after_forward false).
+  WeightWindow(const ShardPlan& plan, const ParamLayout& layout, int prefetch, bool keep_after_forward = false);
 
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
   const Bucket& bucket(int i) const { return buckets_[i]; }
@@ -78,6 +80,7 @@ class WeightWindow {
   std::vector<Bucket> buckets_;   // ascending
   std::vector<int64_t> units_;    // unit boundaries, ascending: 0, layer begins, final norm, size
   const int prefetch_;
+  const bool keep_after_forward_;
   int64_t kept_end_ = 0;          // tied: the embedding's end; else 0
   std::set<int> held_;            // buckets whose weights are pulled or present
   int next_push_ = 0;             // the next bucket whose gradients go (descending; -1: all went)
@@ -88,17 +91,27 @@ class WeightWindow {
 
 // The bytes a streaming worker holds at its peak over one step, by kind,
 // from replaying the model's hooks through a WeightWindow: fp32 weights
-// and gradients, and bf16 staging for pulls and pushes in flight
-// (wire_bytes 2). With `accumulates` (grad_accum > 1) gradients are kept
-// whole until the last micro-batch pushes them. `final_lag` units: how
-// many units later than their need_from the model declares a unit's
-// gradients final (0: the CPU model, at once; 1: a GPU model, which ships
-// a unit's gradients while it computes the next, model/cuda/streamed_model.h).
+// and gradients, and bf16 staging for pulls and pushes in flight.
 struct StreamedPeak {
   int64_t weights = 0, gradients = 0, staging = 0;
   int64_t total() const { return weights + gradients + staging; }
 };
-StreamedPeak ReplayStreamedStep(const ShardPlan& plan, const ParamLayout& layout, int prefetch, int wire_bytes,
-                                bool accumulates, int final_lag = 0);
+struct StreamedReplay {
+  int prefetch = 1;
+  int wire_bytes = 4;  // 2: bf16 staging
+  // grad_accum > 1: gradients are kept whole until the last micro-batch
+  // pushes them.
+  bool accumulates = false;
+  // How many units later than their need_from the model declares a unit's
+  // gradients final (0: the CPU model, at once; 1: a GPU model, which ships
+  // a unit's gradients while it computes the next,
+  // model/cuda/streamed_model.h).
+  int final_lag = 0;
+  bool keep_after_forward = false;  // as the WeightWindow's
+  // Per bucket in forward order, the elements whose gradients a retire
+  // keeps (a ZeRO-3 owner's slice); empty: none.
+  std::vector<int64_t> kept_on_retire;
+};
+StreamedPeak ReplayStreamedStep(const ShardPlan& plan, const ParamLayout& layout, const StreamedReplay& replay);
 
 }  // namespace herd

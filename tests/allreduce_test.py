@@ -1,20 +1,27 @@
-"""All-reduce mode (synchronous DDP over the UCX ring) and ZeRO-1 and -2,
-through `herd launch`, against one process on the same global batch and
-against parameter-server mode:
+"""All-reduce mode (synchronous DDP over the UCX ring) and ZeRO-1, -2 and
+-3, through `herd launch`, against one process on the same global batch
+and against parameter-server mode:
 
-* W=2 and W=3 workers (batch 4 each), zero_stage 0, 1 and 2: losses within
+* W=2 and W=3 workers (batch 4 each), zero_stage 0 to 3: losses within
   1e-5 relative of one process with batch 4W over 30 steps, and of PS mode
   with the same workers; exported weights within 1e-5;
-* ZeRO-1 and ZeRO-2 take bitwise DDP's steps (every gradient summed in the
-  same ring order, the norm from the same per-owner partials): the same
-  metrics and checkpointed weights, also with grad_accum 2 and untied
-  embeddings (ZeRO-2's layer-major pass);
+* every ZeRO stage takes bitwise DDP's steps (every gradient summed in the
+  same ring order, the same weights, the norm from the same per-owner
+  partials): the same metrics and final weights, also with grad_accum 2
+  (untied embeddings: ZeRO-2 and -3 pass every micro-batch through each
+  layer at once; tied: gradients kept whole until the last micro-batch),
+  and for ZeRO-3 with no prefetch, with two units of it, with units kept
+  from forward to backward, and with recompute FULL;
 * reruns are bitwise identical, also when evaluating every 4 steps
-  (evaluation must not touch training); stop at 10 and --resume to 30 is bitwise
-  equal to the straight run (every stage);
+  (evaluation must not touch training; every ZeRO-3 worker takes part in
+  it); stop at 10 and --resume to 30 is bitwise equal to the straight run
+  (every stage);
 * a ZeRO checkpoint (one file of slices per worker) resumes in DDP mode,
   as parameter servers (S=2) and as one process;
-* kill -9 of a worker stops the job at once, naming it."""
+* kill -9 of a worker stops the job at once, naming it.
+
+Buckets are small (bucket_mb 0.05: a dozen for the tiny model), so that a
+unit spans several and a bucket several units."""
 import os
 import shutil
 import sys
@@ -38,8 +45,8 @@ def main():
                                     extra=cluster, **kw)
         return sb.write(name + ".textproto", text.replace("batch_size: 4", f"batch_size: {batch}"))
 
-    def ar(workers, zero):
-        return f"cluster {{ sync: ALLREDUCE workers: {workers} zero_stage: {zero} }}"
+    def ar(workers, zero, more=""):
+        return f"cluster {{ sync: ALLREDUCE workers: {workers} zero_stage: {zero} bucket_mb: 0.05 {more} }}"
 
     summary = []
     key = lambda m: (m["step"], m["loss"], m["grad_norm"], m["lr"])  # noqa: E731
@@ -60,7 +67,7 @@ def main():
         ps = metrics(sb.path(f"ps{W}.jsonl"))
         sb.run("export", sb.path(f"single{W}"), "--out", f"single{W}_hf")
         ref = read_safetensors(sb.path(f"single{W}_hf", "model.safetensors"))
-        for zero in (0, 1, 2):
+        for zero in (0, 1, 2, 3):
             name = f"ar{W}_z{zero}"
             sb.run("launch", job(name, 4, ar(W, zero)))
             run = metrics(sb.path(name + ".jsonl"))
@@ -82,19 +89,32 @@ def main():
             if zero > 0:
                 same_as_ddp(f"ar{W}_z0", name)
 
-    # With grad_accum 2 and untied embeddings (ZeRO-2 then passes every
-    # micro-batch through each layer at once): still DDP's bits.
+    # With grad_accum 2, tied and untied: still DDP's bits.
     untied = herdtest.TINY_MODEL.replace("num_key_value_heads: 2", "num_key_value_heads: 2 tie_word_embeddings: false")
-    for zero in (0, 2):
-        name = f"accum_z{zero}"
-        with open(job(name, 2, ar(2, zero))) as f:
-            cfg = f.read().replace(herdtest.TINY_MODEL, untied).replace("seed: 7", "seed: 7 grad_accum: 2")
+    for tie in ("tied", "untied"):
+        for zero in (0, 2, 3):
+            name = f"accum_{tie}_z{zero}"
+            with open(job(name, 2, ar(2, zero))) as f:
+                cfg = f.read().replace("seed: 7", "seed: 7 grad_accum: 2")
+            if tie == "untied":
+                cfg = cfg.replace(herdtest.TINY_MODEL, untied)
+            sb.run("launch", sb.write(name + ".textproto", cfg))
+            if zero:
+                same_as_ddp(f"accum_{tie}_z0", name)
+    # ZeRO-3's window, however it is held, and with recompute FULL.
+    for name, more, train in (("z3_prefetch0", "stream_prefetch_layers: 0", ""),
+                              ("z3_prefetch2", "stream_prefetch_layers: 2", ""),
+                              ("z3_keep", "reshard_after_forward: false", ""),
+                              ("z3_recompute", "", "recompute: FULL")):
+        with open(job(name, 4, ar(2, 3, more))) as f:
+            cfg = f.read().replace("seed: 7", "seed: 7 " + train)
         sb.run("launch", sb.write(name + ".textproto", cfg))
-    same_as_ddp("accum_z0", "accum_z2")
-    summary.append("ZeRO-1/2 bitwise DDP's (also grad_accum 2, untied)")
+        same_as_ddp("ar2_z0", name)
+    summary.append("every ZeRO stage bitwise DDP's (grad_accum 2 tied and untied; ZeRO-3 with prefetch 0 and 2, "
+                   "kept after forward, recompute FULL)")
 
     # Reruns and resumes, bitwise.
-    for zero in (0, 1, 2):
+    for zero in (0, 1, 2, 3):
         straight = f"ar3_z{zero}"
         sb.run("launch", job(straight + "_again", 4, ar(3, zero), val="val.bin", eval_every=4))
         sb.run("launch", job(straight + "_split", 4, ar(3, zero)), "--stop-at", "10")
@@ -116,7 +136,8 @@ def main():
     for name, source, batch, cluster in (
             ("cross", "ar3_z1_split", 4, ar(3, 0)),
             ("cross_ps", "ar3_z2_split", 4, "cluster { sync: PARAMETER_SERVER servers: 2 workers: 3 }"),
-            ("cross_one", "ar3_z2_split", 12, "")):
+            ("cross_one", "ar3_z2_split", 12, ""),
+            ("cross_one3", "ar3_z3_split", 12, "")):
         shutil.copytree(sb.path(source), sb.path(name))
         for d in ("step_00000020", "step_00000030"):
             shutil.rmtree(sb.path(name, d))

@@ -174,7 +174,7 @@ void RunOneStep(int W, int zero_stage) {
 
   Workers workers(W, P, /*paged=*/zero_stage == 2);
   const JobOptions options = JobOptions::FromConfig(job);
-  workers.Start([&](int r, float* weights) {
+  workers.Start([&](int r, float* weights) -> StatusOr<std::unique_ptr<SyncStrategy>> {
     CollectiveSyncOptions o;
     o.job = &options;
     o.layout = &layout;
@@ -182,7 +182,8 @@ void RunOneStep(int W, int zero_stage) {
     o.zero_stage = zero_stage;
     o.collectives = rings[r].get();
     if (zero_stage == 2) o.paged_grads = &workers.paged_grads[r];
-    return CreateCollectiveSync(o, weights, std::nullopt);
+    HERD_ASSIGN_OR_RETURN(CollectiveSyncParts parts, CreateCollectiveSync(o, weights, std::nullopt));
+    return std::move(parts.sync);
   });
   workers.Join();
   ExpectOneProcessStep(job, layout, workers, std::to_string(W) + " ZeRO-" + std::to_string(zero_stage));

@@ -239,7 +239,10 @@ TEST(WeightWindow, PlanCountsWhatTheWindowHolds) {
       const ParamLayout layout(shape);
       const int64_t bucket = 64 * 37;
       const Outcome streamed = Streamed(shape, bucket, prefetch);
-      const StreamedPeak plan = ReplayStreamedStep(Plan(layout, bucket), layout, prefetch, 4, /*accumulates=*/true);
+      StreamedReplay replay;
+      replay.prefetch = prefetch;
+      replay.accumulates = true;
+      const StreamedPeak plan = ReplayStreamedStep(Plan(layout, bucket), layout, replay);
       EXPECT_EQ(plan.weights, streamed.peak_held_weights) << "tied " << tied << ", prefetch " << prefetch;
     }
   }
@@ -252,7 +255,10 @@ TEST(WeightWindow, PeakDoesNotGrowWithDepth) {
     int64_t first = -1;
     for (int layers : {8, 16, 32, 64}) {
       const ParamLayout layout(Shape(layers, false));
-      const StreamedPeak p = ReplayStreamedStep(Plan(layout, bucket), layout, prefetch, 2, /*accumulates=*/false);
+      StreamedReplay replay;
+      replay.prefetch = prefetch;
+      replay.wire_bytes = 2;
+      const StreamedPeak p = ReplayStreamedStep(Plan(layout, bucket), layout, replay);
       if (first < 0) first = p.total();
       // A bucket straddling two layers is held for both: up to one more
       // bucket of weights, gradients and staging per end of the window.

@@ -14,6 +14,7 @@
 #include "model/checkpoint_load.h"
 #include "model/hf_io.h"
 #include "model/optim/optimizer_shard.h"
+#include "sharding/weight_window.h"
 
 namespace herd {
 namespace {
@@ -28,10 +29,13 @@ ParamRange SliceOf(const Bucket& b, const Partition& parts, int rank) {
   return {begin, begin + parts[rank]};
 }
 
-class CollectiveSync : public SyncStrategy {
+// What every all-reduce-mode strategy shares: the optimizer over this
+// worker's slices (or, DDP, the whole space), the step from the reduced
+// gradients (the norm from the owners' partials, one all-reduce with the
+// losses), its report, and the checkpoint parts.
+class CollectiveStep : public SyncStrategy {
  public:
-  CollectiveSync(const CollectiveSyncOptions& o, float* weights, std::unique_ptr<OptimizerSlices> optimizer,
-                 bool broadcast_first)
+  CollectiveStep(const CollectiveSyncOptions& o, std::unique_ptr<OptimizerSlices> optimizer)
       : o_(o),
         c_(*o.collectives),
         W_(c_.size()),
@@ -39,12 +43,70 @@ class CollectiveSync : public SyncStrategy {
         P_(o.layout->size()),
         zero_(o.zero_stage > 0),
         norm_slices_(OwnedSlices(*o.plan, W_, rank_)),
-        optimizer_(std::move(optimizer)),
-        weights_(weights),
-        broadcast_first_(broadcast_first) {
+        optimizer_(std::move(optimizer)) {
     report_.version = static_cast<uint64_t>(optimizer_->step());
     for (const Bucket& b : o.plan->buckets()) parts_.push_back(OwnerParts(b, W_));
   }
+
+  const StepReport& report() const override { return report_; }
+  double TakeWaitSeconds() override { return wait_.Take(); }
+
+  Status WriteCheckpointParts(const std::string& step_dir) override {
+    if (!zero_ && rank_ != 0) return Status::OK();
+    return optimizer_->Save(JoinPath(step_dir, ShardFileName(zero_ ? rank_ : 0)));
+  }
+  int shard_files() const override { return zero_ ? W_ : 1; }
+
+ protected:
+  // The step once the gradients are reduced (`reduced`: how that went):
+  // the global norm from the slices' partial squares (under DDP every
+  // worker holds every sum and takes the same slices' partials) added by
+  // one all-reduce with the losses, then AdamW on this worker's ranges.
+  Status StepOptimizer(const float* grads, double loss, Status reduced) {
+    double sums[2] = {0.0, loss};
+    for (const ParamRange& r : norm_slices_) sums[0] += SumOfSquares(grads + r.begin, r.size());
+    if (reduced.ok()) {
+      trace::Span span("norm exchange", "collective", {"step", static_cast<int64_t>(step_ + 1)});
+      reduced = wait_.Timed([&] { return c_.Wait(c_.AllReduce(sums, 2, DType::kFloat64)); });
+    }
+    HERD_RETURN_IF_ERROR(reduced.WithContext("all-reduce of step " + std::to_string(step_ + 1) + ": "));
+    const double norm = std::sqrt(sums[0]);
+    HERD_RETURN_IF_ERROR(CheckNotDiverged("gradient norm", norm));
+    CHECK_EQ(static_cast<uint64_t>(optimizer_->step()), step_) << "the strategy and the optimizer disagree on the step";
+    trace::Span span("adamw", "compute", {"step", static_cast<int64_t>(step_ + 1)});
+    const OptimizerShard::Scalars s = optimizer_->Step(grads, norm, sums[1] / W_);
+    report_ = ReportOf(s.step, norm, s.lr, sums[1] / W_, s.spike);
+    return Status::OK();
+  }
+
+  // Waits for `handle`, its time counted; the first failure is kept in `*first`.
+  void WaitFor(Collectives::Handle handle, Status* first) {
+    Status st = wait_.Timed([&] { return c_.Wait(handle); });
+    if (!st.ok() && first->ok()) *first = st;
+  }
+
+  const CollectiveSyncOptions o_;
+  Collectives& c_;
+  const int W_, rank_;
+  const int64_t P_;
+  const bool zero_;  // the optimizer holds this worker's slices only
+  // The slices whose squared gradients this worker adds to the norm (its
+  // own under ZeRO; the same cut under DDP).
+  const std::vector<ParamRange> norm_slices_;
+  const std::unique_ptr<OptimizerSlices> optimizer_;
+  std::vector<Partition> parts_;  // each bucket's cut among the ranks (plan order)
+  uint64_t step_ = 0;
+  StepReport report_;
+  WaitClock wait_;
+};
+
+// DDP, ZeRO-1 and ZeRO-2: every weight held; the master weights (of the
+// optimizer's ranges) are the worker's own buffer, attached.
+class CollectiveSync : public CollectiveStep {
+ public:
+  CollectiveSync(const CollectiveSyncOptions& o, float* weights, std::unique_ptr<OptimizerSlices> optimizer,
+                 bool broadcast_first)
+      : CollectiveStep(o, std::move(optimizer)), weights_(weights), broadcast_first_(broadcast_first) {}
 
   void BeginStep(float* grads, const StepShare& share) override {
     grads_ = grads;  // reduced in place
@@ -78,23 +140,7 @@ class CollectiveSync : public SyncStrategy {
       while (retired_ < grad_handles_.size()) Retire();
       st = std::exchange(grad_status_, Status::OK());
     }
-    // The global squared norm: the owners' partials (under DDP every worker
-    // holds every sum, and takes the same slices' partials), added by one
-    // all-reduce with the losses.
-    double sums[2] = {0.0, loss};
-    for (const ParamRange& r : norm_slices_) sums[0] += SumOfSquares(grads_ + r.begin, r.size());
-    if (st.ok()) {
-      trace::Span span("norm exchange", "collective", {"step", static_cast<int64_t>(step_ + 1)});
-      st = wait_.Timed([&] { return c_.Wait(c_.AllReduce(sums, 2, DType::kFloat64)); });
-    }
-    HERD_RETURN_IF_ERROR(st.WithContext("all-reduce of step " + std::to_string(step_ + 1) + ": "));
-    const double norm = std::sqrt(sums[0]);
-    HERD_RETURN_IF_ERROR(CheckNotDiverged("gradient norm", norm));
-    CHECK_EQ(static_cast<uint64_t>(optimizer_->step()), step_) << "the strategy and the optimizer disagree on the step";
-    trace::Span span("adamw", "compute", {"step", static_cast<int64_t>(step_ + 1)});
-    const OptimizerShard::Scalars s = optimizer_->Step(grads_, norm, sums[1] / W_);
-    report_ = ReportOf(s.step, norm, s.lr, sums[1] / W_, s.spike);
-    return Status::OK();
+    return StepOptimizer(grads_, loss, st);
   }
 
   void IssueWeights(float* weights, uint64_t) override {
@@ -123,29 +169,16 @@ class CollectiveSync : public SyncStrategy {
     // Handle i brings [weight_ends_[i-1], weight_ends_[i]).
     while (next_weight_ < weight_handles_.size() && (next_weight_ == 0 || weight_ends_[next_weight_ - 1] < end)) {
       trace::Span span("wait for weights", "wait", {"handle", static_cast<int64_t>(next_weight_)});
-      Status st = wait_.Timed([&] { return c_.Wait(weight_handles_[next_weight_]); });
-      if (!st.ok() && weight_status_.ok()) weight_status_ = st;
+      WaitFor(weight_handles_[next_weight_], &weight_status_);
       ++next_weight_;
     }
   }
 
   Status FinishWeights() override {
     WaitUpTo(P_);
-    Status st = weight_status_;
-    weight_status_ = Status::OK();
     weight_handles_.clear();
-    return st.WithContext("weights: ");
+    return std::exchange(weight_status_, Status::OK()).WithContext("weights: ");
   }
-
-  const StepReport& report() const override { return report_; }
-
-  double TakeWaitSeconds() override { return wait_.Take(); }
-
-  Status WriteCheckpointParts(const std::string& step_dir) override {
-    if (!zero_ && rank_ != 0) return Status::OK();
-    return optimizer_->Save(JoinPath(step_dir, ShardFileName(zero_ ? rank_ : 0)));
-  }
-  int shard_files() const override { return zero_ ? W_ : 1; }
 
  private:
   // Waits for the oldest gradient bucket's reduction not waited for yet;
@@ -154,8 +187,7 @@ class CollectiveSync : public SyncStrategy {
     const size_t i = retired_++;
     trace::Span span("wait for gradients", "wait", {"bucket", static_cast<int64_t>(i)},
                      {"step", static_cast<int64_t>(step_ + 1)});
-    Status st = wait_.Timed([&] { return c_.Wait(grad_handles_[i]); });
-    if (!st.ok() && grad_status_.ok()) grad_status_ = st;
+    WaitFor(grad_handles_[i], &grad_status_);
     if (o_.paged_grads == nullptr) return;
     const Bucket& b = o_.plan->buckets()[i];
     const ParamRange mine = SliceOf(b, parts_[i], rank_);
@@ -163,37 +195,129 @@ class CollectiveSync : public SyncStrategy {
     o_.paged_grads->Release(mine.end * sizeof(float), (b.range.end - mine.end) * sizeof(float));
   }
 
-  const CollectiveSyncOptions o_;
-  Collectives& c_;
-  const int W_, rank_;
-  const int64_t P_;
-  const bool zero_;  // stage 1 or 2: the optimizer holds this worker's slices only
-  // The slices whose squared gradients this worker adds to the norm (its
-  // own under ZeRO; the same cut under DDP).
-  const std::vector<ParamRange> norm_slices_;
-  // Each bucket's cut among the ranks (plan order).
-  std::vector<Partition> parts_;
-  // The whole space (DDP) or this worker's slices; master weights in the
-  // worker's weights (attached).
-  const std::unique_ptr<OptimizerSlices> optimizer_;
   float* weights_;
   float* grads_ = nullptr;
   bool broadcast_first_, first_weights_ = true;
-  uint64_t step_ = 0;
   size_t next_bucket_ = 0, retired_ = 0;
   std::vector<Collectives::Handle> grad_handles_, weight_handles_;
   Status grad_status_;
   std::vector<int64_t> weight_ends_;
   size_t next_weight_ = 0;
   Status weight_status_;
-  StepReport report_;
-  WaitClock wait_;
+};
+
+// ZeRO-3: the weights are a window (sharding/weight_window.h, the policy
+// streamed parameter-server workers run) over a guarded PagedBuffer of the
+// flat space. Filling a bucket is an all-gather among its owners, each
+// contributing its master slice (the optimizer's own memory); pushing its
+// gradients is a reduce-scatter, and a pushed bucket is let go but for
+// this worker's slice once the window retires it. Every worker runs the
+// same hooks, so every worker issues the same collectives in the same
+// order.
+class GatheredWeightsSync : public CollectiveStep, public WindowHooks {
+ public:
+  GatheredWeightsSync(const CollectiveSyncOptions& o, std::unique_ptr<OptimizerSlices> optimizer)
+      : CollectiveStep(o, std::move(optimizer)),
+        paged_weights_(o.paged_weights),
+        paged_grads_(o.paged_grads),
+        window_(*o.plan, *o.layout, o.prefetch_layers, !o.reshard_after_forward),
+        gathers_(window_.num_buckets()),
+        scatters_(window_.num_buckets()),
+        landed_(window_.num_buckets(), true),
+        slice_of_(window_.num_buckets(), -1) {
+    // The window lists buckets in forward order; each owns one slice of
+    // this worker's (both ascending).
+    const std::vector<ParamRange>& slices = optimizer_->ranges();
+    size_t k = 0;
+    for (int i = 0; i < window_.num_buckets(); ++i) {
+      const ParamRange& r = window_.bucket(i).range;
+      while (k < slices.size() && slices[k].end <= r.begin) ++k;
+      if (k < slices.size() && slices[k].begin < r.end) slice_of_[i] = static_cast<int>(k);
+      cuts_.push_back(OwnerParts(window_.bucket(i), W_));
+    }
+  }
+
+  void BeginStep(float* grads, const StepShare& share) override {
+    grads_ = grads;
+    step_ = share.step;
+  }
+  void FinalFrom(int64_t offset) override { Execute(window_.FinalFrom(offset)); }
+  Status FinishStep(double loss) override {
+    Execute(window_.RetireAll());
+    Status st = std::exchange(gather_status_, Status::OK());
+    if (st.ok()) st = std::exchange(scatter_status_, Status::OK());
+    return StepOptimizer(grads_, loss, st);
+  }
+
+  void IssueWeights(float* weights, uint64_t) override {
+    weights_ = weights;
+    Execute(window_.ReleaseAll());
+    Execute(window_.Start());
+  }
+  void WaitUpTo(int64_t end) override { Execute(window_.NeedUpTo(end)); }
+  // The weights come as the passes ask for them.
+  Status FinishWeights() override { return std::exchange(gather_status_, Status::OK()).WithContext("weights: "); }
+
+  void WaitFrom(int64_t begin) override { Execute(window_.NeedFrom(begin)); }
+  void DoneFrom(int64_t offset) override { Execute(window_.DoneFrom(offset)); }
+  void ReleaseWeights() override { Execute(window_.ReleaseAll()); }
+
+ private:
+  // Carries out what the window says, in its order.
+  void Execute(const WeightWindow::Actions& a) {
+    for (int i : a.release) {
+      const ParamRange& r = window_.bucket(i).range;
+      Land(i);  // nothing lands in memory given back
+      paged_weights_->Release(r.begin * sizeof(float), r.size() * sizeof(float));
+    }
+    for (int i : a.pull) {
+      const Bucket& b = window_.bucket(i);
+      paged_weights_->Admit(b.range.begin * sizeof(float), b.range.size() * sizeof(float));
+      if (slice_of_[i] >= 0) {
+        OptimizerShard& mine = optimizer_->slice(slice_of_[i]);
+        std::memcpy(weights_ + mine.range().begin, mine.weights(), mine.size() * sizeof(float));
+      }
+      gathers_[i] = c_.AllGather(weights_ + b.range.begin, cuts_[i]);
+      landed_[i] = false;
+    }
+    for (int i : a.wait) Land(i);
+    for (int i : a.push) scatters_[i] = c_.ReduceScatter(grads_ + window_.bucket(i).range.begin, cuts_[i]);
+    for (int i : a.retire) {
+      const Bucket& b = window_.bucket(i);
+      trace::Span span("wait for gradients", "wait", {"bucket", i}, {"step", static_cast<int64_t>(step_ + 1)});
+      WaitFor(scatters_[i], &scatter_status_);
+      const ParamRange mine = SliceOf(b, cuts_[i], rank_);
+      paged_grads_->Release(b.range.begin * sizeof(float), (mine.begin - b.range.begin) * sizeof(float));
+      paged_grads_->Release(mine.end * sizeof(float), (b.range.end - mine.end) * sizeof(float));
+    }
+  }
+  // Bucket i's gather (forward index) has landed; a failure is kept.
+  void Land(int i) {
+    if (landed_[i]) return;
+    landed_[i] = true;
+    trace::Span span("wait for weights", "wait", {"bucket", i});
+    WaitFor(gathers_[i], &gather_status_);
+  }
+
+  PagedBuffer* const paged_weights_;
+  PagedBuffer* const paged_grads_;
+  WeightWindow window_;
+  float* weights_ = nullptr;
+  float* grads_ = nullptr;
+  // Per bucket (forward index): its cut among the ranks, its latest
+  // gather and reduce-scatter, whether that gather has landed, and which
+  // of the optimizer's slices is this worker's part of it (-1: none).
+  std::vector<Partition> cuts_;
+  std::vector<Collectives::Handle> gathers_, scatters_;
+  std::vector<bool> landed_;
+  std::vector<int> slice_of_;
+  Status gather_status_, scatter_status_;
 };
 
 }  // namespace
 
-StatusOr<std::unique_ptr<SyncStrategy>> CreateCollectiveSync(
-    const CollectiveSyncOptions& o, float* weights, const std::optional<VerifiedCheckpoint>& resume_from) {
+StatusOr<CollectiveSyncParts> CreateCollectiveSync(const CollectiveSyncOptions& o, float* weights,
+                                                   const std::optional<VerifiedCheckpoint>& resume_from) {
   const int rank = o.collectives->rank();
   const int64_t P = o.layout->size();
   const bool zero = o.zero_stage > 0;
@@ -201,6 +325,19 @@ StatusOr<std::unique_ptr<SyncStrategy>> CreateCollectiveSync(
       zero ? OwnedSlices(*o.plan, o.collectives->size(), rank) : std::vector<ParamRange>{{0, P}};
   HERD_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerSlices> optimizer,
                         OptimizerSlices::InitOrResume(o.job->optimizer, o.job->init, *o.layout, owned, resume_from));
+  CollectiveSyncParts parts;
+  if (o.zero_stage == 3) {
+    // Each worker's slices start from the same initialisation (a function
+    // of the seed and the tensor, or init_from's file) or the checkpoint;
+    // the rest of the model is gathered as the passes reach it.
+    if (o.paged_weights == nullptr || o.paged_grads == nullptr || o.device_reduction != nullptr) {
+      return Status::InvalidArgument("ZeRO-3 needs paged weights and gradients, and reduces on the CPU");
+    }
+    auto sync = std::make_unique<GatheredWeightsSync>(o, std::move(optimizer));
+    parts.home = WindowedWeights(*sync, *sync, o.paged_grads);
+    parts.sync = std::move(sync);
+    return parts;
+  }
   if (resume_from && zero) {
     // ZeRO: the model needs the other workers' weights too.
     HERD_ASSIGN_OR_RETURN(ShardState all, ReadShardRange(resume_from->dir, resume_from->manifest, 0, P, false));
@@ -216,8 +353,9 @@ StatusOr<std::unique_ptr<SyncStrategy>> CreateCollectiveSync(
     }
   }
   optimizer->AttachWeights(weights);
-  return std::unique_ptr<SyncStrategy>(
-      new CollectiveSync(o, weights, std::move(optimizer), /*broadcast_first=*/!resume_from));
+  parts.sync = std::make_unique<CollectiveSync>(o, weights, std::move(optimizer), /*broadcast_first=*/!resume_from);
+  parts.home = WholeWeights(*parts.sync, o.paged_grads);
+  return parts;
 }
 
 }  // namespace herd

@@ -16,14 +16,22 @@
 //     let go as soon as its reduce-scatter is done (the gradients are a
 //     PagedBuffer; at most kReduceScattersInFlight buckets are whole at
 //     once), so a worker keeps its slices' gradients only.
+//   zero_stage 3: as 2, and the weights are sharded too: the model reaches
+//     them through a window (the policy of sharding/weight_window.h, as a
+//     streaming parameter-server worker's) that all-gathers each bucket
+//     from its owners before the unit's forward and again before its
+//     backward (prefetch_layers ahead; with reshard_after_forward false,
+//     kept from forward to backward), and a pushed bucket is
+//     reduce-scattered and let go but for this worker's slice. The master
+//     weights of the slices are the optimizer's own memory.
 //
-// Every stage sums each gradient in the same ring order and computes the
-// norm from the same per-owner partials, so DDP and ZeRO-1 and -2 take
-// bitwise the same steps.
+// Every stage sums each gradient in the same ring order, computes on the
+// same weights and takes the norm from the same per-owner partials, so DDP
+// and ZeRO-1, -2 and -3 take bitwise the same steps.
 //
 // At a fresh start worker 0's weights (seed or checkpoint.init_from) are
-// broadcast; on resume every worker reads what it needs from the
-// checkpoint. Checkpoints: DDP worker 0 writes the one shard; under ZeRO
+// broadcast (ZeRO-3: every worker initialises its slices alike); on resume
+// every worker reads what it needs from the checkpoint. Checkpoints: DDP worker 0 writes the one shard; under ZeRO
 // each worker writes its slices as one shard file of pieces
 // (model/checkpoint_format.h), so `--resume` works with either, and with
 // PS checkpoints, of any number of workers with the same global batch.
@@ -40,6 +48,7 @@
 #include "sharding/shard_plan.h"
 #include "transport/collectives.h"
 #include "worker/sync_strategy.h"
+#include "worker/weight_home.h"
 
 namespace herd {
 
@@ -63,15 +72,28 @@ struct CollectiveSyncOptions {
   // Set when gradients arrive reduced (then `collectives` carries only the
   // norms, the losses and the weights).
   DeviceGradientReduction* device_reduction = nullptr;
-  // ZeRO-2: the gradients' flat space, paged (its owner's memory is let
-  // go outside the owned slices).
+  // ZeRO-2 and -3: the gradients' flat space, paged (its owner's memory is
+  // let go outside the owned slices).
   PagedBuffer* paged_grads = nullptr;
+  // ZeRO-3: the weights' flat space, paged and guarded (what the window
+  // does not hold cannot be read), and the window's policy.
+  PagedBuffer* paged_weights = nullptr;
+  int prefetch_layers = 1;            // cluster.stream_prefetch_layers
+  bool reshard_after_forward = true;  // cluster.reshard_after_forward
+};
+
+// The strategy and where its weights live (whole, or ZeRO-3's window); the
+// home refers to the strategy.
+struct CollectiveSyncParts {
+  std::unique_ptr<SyncStrategy> sync;
+  std::unique_ptr<WeightHome> home;
 };
 
 // Loads or initialises this worker's state into `weights` (the full flat
-// space) and its optimizer moments; `resume_from` continues this run (the
-// caller has checked it with CheckSameRun).
-StatusOr<std::unique_ptr<SyncStrategy>> CreateCollectiveSync(
-    const CollectiveSyncOptions& options, float* weights, const std::optional<VerifiedCheckpoint>& resume_from);
+// space; under ZeRO-3 the window, filled as the passes go) and its
+// optimizer moments; `resume_from` continues this run (the caller has
+// checked it with CheckSameRun).
+StatusOr<CollectiveSyncParts> CreateCollectiveSync(const CollectiveSyncOptions& options, float* weights,
+                                                   const std::optional<VerifiedCheckpoint>& resume_from);
 
 }  // namespace herd

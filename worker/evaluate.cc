@@ -74,9 +74,10 @@ double ValidationLoss(Model& model, const float* params, const TokenFile* val, c
   return r->loss;
 }
 
-void PrintSample(Model& model, const float* params, const config::JobConfig& config, const Model::NeedUpTo& need) {
+std::string SampleText(Model& model, const float* params, const config::JobConfig& config,
+                       const Model::NeedUpTo& need) {
   const auto& log = config.log();
-  if (log.sample_tokens() <= 0) return;
+  if (log.sample_tokens() <= 0) return "";
   // With data.tokenizer the prompt is encoded by it, after the token that
   // starts every prepared document; otherwise the model is byte-level.
   std::unique_ptr<Tokenizer> tokenizer;
@@ -85,14 +86,14 @@ void PrintSample(Model& model, const float* params, const config::JobConfig& con
     auto loaded = Tokenizer::Load(config.data().tokenizer());
     if (!loaded.ok()) {
       LOG(WARNING) << "no text sample: " << loaded.status().message();
-      return;
+      return "";
     }
     tokenizer = std::move(loaded).value();
     if (tokenizer->document_token() >= 0) prompt.push_back(tokenizer->document_token());
     Tokenizer::Cache cache;
     tokenizer->Encode(log.sample_prompt(), &cache, &prompt);
   } else {
-    if (config.model().vocab_size() < 256) return;
+    if (config.model().vocab_size() < 256) return "";
     for (unsigned char c : log.sample_prompt()) prompt.push_back(c);
   }
   const size_t prompt_tokens = prompt.size();
@@ -107,7 +108,9 @@ void PrintSample(Model& model, const float* params, const config::JobConfig& con
     }
   }
   // A model may emit any bytes: what is printed is valid UTF-8.
-  std::printf("sample (temperature %.2f):\n%s\n", log.sample_temperature(), PrintableUtf8(text).c_str());
+  char head[64];
+  std::snprintf(head, sizeof head, "sample (temperature %.2f):\n", log.sample_temperature());
+  return head + PrintableUtf8(text) + "\n";
 }
 
 }  // namespace herd

@@ -39,8 +39,8 @@ double ValidationLoss(Model& model, const float* params, const TokenFile* val, c
 
 // The end-of-training text sample (log.sample_tokens from
 // log.sample_prompt, encoded with data.tokenizer when the job has one, else
-// byte-level), printed on stdout.
-void PrintSample(Model& model, const float* params, const config::JobConfig& config,
-                 const Model::NeedUpTo& need = nullptr);
+// byte-level), as the lines to print; empty when there is none.
+std::string SampleText(Model& model, const float* params, const config::JobConfig& config,
+                       const Model::NeedUpTo& need = nullptr);
 
 }  // namespace herd

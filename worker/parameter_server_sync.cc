@@ -267,8 +267,8 @@ class WholeWeightsSync : public PushPullSync {
 // sharding/weight_window.h policy says which buckets are pulled (again in
 // backward), waited for and let go, and when pushed gradients are waited
 // for and let go. Every pass reaches the weights through the window's
-// hooks (StreamedWeights below), evaluation's too.
-class StreamedWeightsSync : public PushPullSync {
+// hooks (worker/weight_home.h's WindowedWeights), evaluation's too.
+class StreamedWeightsSync : public PushPullSync, public WindowHooks {
  public:
   StreamedWeightsSync(const ParameterServerSyncOptions& o, transport::PushPullClient* client)
       : PushPullSync(o, client),
@@ -309,9 +309,9 @@ class StreamedWeightsSync : public PushPullSync {
   Status FinishWeights() override { return FinishReports(nullptr).status(); }
 
   // The window's other hooks (worker/weight_home.h).
-  void WaitFrom(int64_t begin) { Execute(window_.NeedFrom(begin)); }
-  void DoneFrom(int64_t offset) { Execute(window_.DoneFrom(offset)); }
-  void ReleaseWeights() { Execute(window_.ReleaseAll()); }
+  void WaitFrom(int64_t begin) override { Execute(window_.NeedFrom(begin)); }
+  void DoneFrom(int64_t offset) override { Execute(window_.DoneFrom(offset)); }
+  void ReleaseWeights() override { Execute(window_.ReleaseAll()); }
 
  private:
   uint16_t* wire() { return reinterpret_cast<uint16_t*>(paged_wire_.data()); }
@@ -366,34 +366,6 @@ class StreamedWeightsSync : public PushPullSync {
   Status push_status_;
 };
 
-// Where a streaming worker's weights live: every pass goes through the
-// window.
-class StreamedWeights : public WeightHome {
- public:
-  explicit StreamedWeights(StreamedWeightsSync& sync) : sync_(sync) {}
-
-  Model::NeedUpTo ForwardNeed(bool) override { return EvalNeed(); }
-  Model::NeedFrom BackwardNeed() override {
-    return [this](int64_t begin) { sync_.WaitFrom(begin); };
-  }
-  Model::FinalFrom BackwardDone(bool last_micro_batch) override {
-    if (!last_micro_batch) return [this](int64_t offset) { sync_.DoneFrom(offset); };
-    return [this](int64_t offset) {
-      sync_.FinalFrom(offset);
-      sync_.DoneFrom(offset);
-    };
-  }
-  // The window keeps them zero.
-  void ClearGradients(float*, int64_t) override {}
-  Model::NeedUpTo EvalNeed() override {
-    return [this](int64_t end) { sync_.WaitUpTo(end); };
-  }
-  void Release() override { sync_.ReleaseWeights(); }
-
- private:
-  StreamedWeightsSync& sync_;
-};
-
 }  // namespace
 
 // The largest bucket in the wire dtype: pushes and pulls travel whole.
@@ -435,7 +407,7 @@ StatusOr<ParameterServerSyncParts> CreateParameterServerSync(const ParameterServ
   if (options.streamed_weights != nullptr) {
     auto streamed = std::make_unique<StreamedWeightsSync>(options, client);
     HERD_RETURN_IF_ERROR(streamed->ReserveStaging());
-    parts.home = std::make_unique<StreamedWeights>(*streamed);
+    parts.home = WindowedWeights(*streamed, *streamed, options.streamed_grads);
     strategy = std::move(streamed);
   } else {
     strategy = std::make_unique<WholeWeightsSync>(options, client);

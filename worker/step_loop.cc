@@ -67,7 +67,12 @@ Status StepLoop::Run(int64_t start) {
   HERD_RETURN_IF_ERROR(log_.Close());
 
   const bool done = last_step_ == total_steps_;
-  if (leader_ && done) PrintSample(*p_.model, p_.weights, config_, home_.EvalNeed());
+  // Every worker samples and evaluates, the leader alone prints and
+  // records: a window gathered from the workers (ZeRO-3) needs them all.
+  if (done) {
+    const std::string sample = SampleText(*p_.model, p_.weights, config_, home_.EvalNeed());
+    if (leader_) std::fputs(sample.c_str(), stdout);
+  }
   // Every worker: a streaming window's pulls land before the transport
   // that carries them goes away.
   home_.Release();
@@ -178,12 +183,12 @@ Status StepLoop::Epilogue(int64_t step) {
     if (p_.client != nullptr) e.network_wait = window_s > 0 ? window_wait_ / window_s : 0;
     e.elapsed_s = run_clock_.Seconds();
     e.eta_s = e.tokens_per_s > 0 ? (total_steps_ - step) * tokens_per_step_ / e.tokens_per_s : 0;
+    if (evaluates) {
+      trace::Span eval("evaluate", "compute", {"step", step});
+      e.val_loss = ValidationLoss(*p_.model, p_.weights, p_.val, config_, home_.EvalNeed());
+      home_.Release();
+    }
     if (leader_) {
-      if (evaluates) {
-        trace::Span eval("evaluate", "compute", {"step", step});
-        e.val_loss = ValidationLoss(*p_.model, p_.weights, p_.val, config_, home_.EvalNeed());
-        home_.Release();
-      }
       HERD_RETURN_IF_ERROR(log_.Write(e));
     } else {
       held_line_ = e;

@@ -21,9 +21,10 @@
 // workers, the norm of the summed gradient); the same config gives
 // bitwise-identical runs (for a given thread count); a run resumed from a
 // step-K checkpoint continues exactly as the uninterrupted one; a
-// checkpoint is committed only once every part of it is written. The
-// leading worker prints progress, evaluates and samples; every worker
-// writes its data-loader position into each checkpoint (in
+// checkpoint is committed only once every part of it is written. Every
+// worker evaluates and samples (so that a window gathered from all of them,
+// ZeRO-3, can serve those passes); the leading worker prints and records
+// them with the progress; every worker writes its data-loader position into each checkpoint (in
 // parameter-server mode with checkpoint.background, on a thread of its own
 // while training goes on) unless the servers write it.
 #pragma once
@@ -107,7 +108,7 @@ class StepLoop {
   ShareCompute& compute_;
   ShareSchedule& schedule_;
   CheckpointWriter& checkpoints_;
-  bool leader_;  // prints progress and evaluates (schedule_.leads(), once it does)
+  bool leader_;  // prints and records progress (schedule_.leads(), once it does)
   const int64_t total_steps_, last_step_, tokens_per_step_;
   const double flops_per_token_;
   // One worker's peak for MFU: log.peak_tflops, else the device's own

@@ -7,12 +7,14 @@
 //     bucket by bucket (the SyncStrategy's IssueWeights) and the step's
 //     first forward waits layer by layer for what it reaches; the step's
 //     last backward hands each final bucket to the SyncStrategy.
-//   Streamed (parameter-server mode with cluster.stream_weights,
-//     worker/parameter_server_sync.h): only a window is held; every pass,
-//     evaluation's too, brings units in and lets them go.
+//   Windowed: only a window is held (sharding/weight_window.h); every
+//     pass, evaluation's too, brings units in and lets them go. Filled
+//     from the servers (cluster.stream_weights,
+//     worker/parameter_server_sync.h) or gathered from the workers that
+//     own its slices (ZeRO-3, worker/collective_sync.h).
 //
-// A new home (a pipeline stage's layers, a tensor-parallel slice, a ZeRO-3
-// shard) is one more class here and one line in the worker's factory.
+// A new home (a pipeline stage's layers, a tensor-parallel slice) is one
+// more class here and one line in the worker's factory.
 #pragma once
 
 #include <cstdint>
@@ -45,6 +47,24 @@ class WeightHome {
   virtual Model::NeedUpTo EvalNeed() = 0;
   virtual void Release() = 0;
 };
+
+// What a windowed home forwards the model's backward hooks to, besides the
+// SyncStrategy's (WaitUpTo for forward, FinalFrom for final gradients):
+// the strategy that fills the window.
+class WindowHooks {
+ public:
+  virtual ~WindowHooks() = default;
+  // Before backward reads weights at offsets >= begin.
+  virtual void WaitFrom(int64_t begin) = 0;
+  // Once a pass no longer reads weights at offsets >= offset.
+  virtual void DoneFrom(int64_t offset) = 0;
+  // Every weight let go (after passes outside training).
+  virtual void ReleaseWeights() = 0;
+};
+
+// Only a window held, filled by `sync` through `window`; a share's
+// gradients start from `paged_grads` released.
+std::unique_ptr<WeightHome> WindowedWeights(SyncStrategy& sync, WindowHooks& window, PagedBuffer* paged_grads);
 
 // Every weight held; versions come through `sync`. With `paged_grads`
 // (ZeRO-2: the gradients' flat space, of which `sync` lets go outside this

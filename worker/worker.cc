@@ -92,6 +92,11 @@ void PrintRunHeader(const config::JobConfig& config, const JobOptions& job, cons
       std::printf("all-reduce (%s) among %d workers", nccl ? "gradients by NCCL, the rest by UCX ring" : "UCX ring",
                   num_workers);
       if (cluster.zero_stage() > 0) std::printf(", ZeRO-%d", cluster.zero_stage());
+      if (cluster.zero_stage() == 3) {
+        std::printf(" (weights gathered %d layer%s ahead%s)", cluster.stream_prefetch_layers(),
+                    cluster.stream_prefetch_layers() == 1 ? "" : "s",
+                    cluster.reshard_after_forward() ? "" : ", kept from forward to backward");
+      }
     }
     std::printf(", %zu buckets | batch %d x %d tokens x %d accum x %d workers = %lld tokens/step\n",
                 plan->buckets().size(), train.batch_size(), train.seq_len(), train.grad_accum(), num_workers,
@@ -146,9 +151,9 @@ class WorkerProcess {
   Status ReportSummary(const StepLoop& loop, int64_t start);
 
   float* weights() {
-    return streamed_weights_.data() ? reinterpret_cast<float*>(streamed_weights_.data()) : weights_.data();
+    return paged_weights_.data() ? reinterpret_cast<float*>(paged_weights_.data()) : weights_.data();
   }
-  float* grads() { return streamed_grads_.data() ? reinterpret_cast<float*>(streamed_grads_.data()) : grads_.data(); }
+  float* grads() { return paged_grads_.data() ? reinterpret_cast<float*>(paged_grads_.data()) : grads_.data(); }
   bool in_job() const { return join_ != nullptr; }
 
   // Constant after construction.
@@ -158,8 +163,10 @@ class WorkerProcess {
   const transport::JoinOptions* const join_;  // null: the job is this one process
   const Mode mode_;
   const bool streamed_;  // cluster.stream_weights
-  // The gradients are paged: streamed weights' window, or ZeRO-2's slices.
-  const bool paged_grads_;
+  // The weights are a window: streamed, or gathered (ZeRO-3).
+  const bool windowed_;
+  // The gradients are paged: a window's, or ZeRO-2's slices.
+  const bool pages_grads_;
   const JobData data_;
   const ParamLayout layout_;
 
@@ -177,10 +184,10 @@ class WorkerProcess {
   // Owned by the thread that runs Run; in lifetime order.
   transport::TraceSession trace_;  // log.trace: goes last, after everything that records spans
   std::vector<float> weights_, grads_;
-  // The same flat spaces, backed only where the window is (streamed
-  // weights; weights_ and grads_ then stay empty) or, for gradients, where
-  // they are still needed (ZeRO-2: grads_ stays empty).
-  PagedBuffer streamed_weights_, streamed_grads_;
+  // The same flat spaces, backed only where the window is (streamed or
+  // gathered weights; weights_ and grads_ then stay empty) or, for
+  // gradients, where they are still needed (ZeRO-2: grads_ stays empty).
+  PagedBuffer paged_weights_, paged_grads_;
   std::unique_ptr<Model> model_holder_;                      // none when the GPU trainer has its own
   std::unique_ptr<DeviceGradientReduction> device_reduction_;  // CUDA workers in all-reduce mode: NCCL
   std::optional<DistributedSampler> sampler_;
@@ -221,7 +228,8 @@ WorkerProcess::WorkerProcess(const config::JobConfig& config, const TrainOptions
       join_(join),
       mode_(ModeOf(config, join != nullptr)),
       streamed_(mode_ == Mode::kParameterServer && config.cluster().stream_weights()),
-      paged_grads_(streamed_ || (mode_ == Mode::kAllReduce && config.cluster().zero_stage() >= 2 &&
+      windowed_(streamed_ || (mode_ == Mode::kAllReduce && config.cluster().zero_stage() == 3)),
+      pages_grads_(windowed_ || (mode_ == Mode::kAllReduce && config.cluster().zero_stage() == 2 &&
                                  config.device().kind() == config::DeviceConfig::CPU)),
       data_(std::move(data)),
       layout_(std::move(layout)),
@@ -229,16 +237,16 @@ WorkerProcess::WorkerProcess(const config::JobConfig& config, const TrainOptions
 
 Status WorkerProcess::AllocateSpaces() {
   const int64_t P = layout_.size();
-  if (paged_grads_) {
-    HERD_ASSIGN_OR_RETURN(streamed_grads_, PagedBuffer::Reserve(P * sizeof(float), /*guarded=*/false));
+  if (pages_grads_) {
+    HERD_ASSIGN_OR_RETURN(paged_grads_, PagedBuffer::Reserve(P * sizeof(float), /*guarded=*/false));
   }
-  if (streamed_) {
+  if (windowed_) {
     // Weights are guarded: a read outside the window faults.
-    HERD_ASSIGN_OR_RETURN(streamed_weights_, PagedBuffer::Reserve(P * sizeof(float), /*guarded=*/true));
+    HERD_ASSIGN_OR_RETURN(paged_weights_, PagedBuffer::Reserve(P * sizeof(float), /*guarded=*/true));
     return Status::OK();
   }
   weights_.resize(P);
-  if (mode_ != Mode::kOneGpu && !paged_grads_) grads_.resize(P);  // the GPU trainer keeps its own
+  if (mode_ != Mode::kOneGpu && !pages_grads_) grads_.resize(P);  // the GPU trainer keeps its own
   return Status::OK();
 }
 
@@ -290,8 +298,8 @@ Status WorkerProcess::JoinJob() {
   // A paged buffer is not registered whole (that would back and pin all
   // of it): UCX registers what it moves as it goes.
   const uint64_t bytes = layout_.size() * sizeof(float);
-  if (!streamed_) HERD_RETURN_IF_ERROR(runtime_->transport().RegisterMemory(weights_.data(), bytes));
-  if (!paged_grads_) HERD_RETURN_IF_ERROR(runtime_->transport().RegisterMemory(grads_.data(), bytes));
+  if (!windowed_) HERD_RETURN_IF_ERROR(runtime_->transport().RegisterMemory(weights_.data(), bytes));
+  if (!pages_grads_) HERD_RETURN_IF_ERROR(runtime_->transport().RegisterMemory(grads_.data(), bytes));
   return Status::OK();
 }
 
@@ -324,8 +332,8 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeStrategy() {
       po.rank = rank_;
       po.first_server = transport::MemberPeerId(runtime_->client(), wire::SERVER, 0);
       if (streamed_) {
-        po.streamed_weights = &streamed_weights_;
-        po.streamed_grads = &streamed_grads_;
+        po.streamed_weights = &paged_weights_;
+        po.streamed_grads = &paged_grads_;
         po.layout = &layout_;
         po.prefetch_layers = cluster.stream_prefetch_layers();
       }
@@ -342,8 +350,13 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeStrategy() {
       c.zero_stage = cluster.zero_stage();
       c.collectives = runtime_->ring();
       c.device_reduction = device_reduction_.get();
-      if (paged_grads_) c.paged_grads = &streamed_grads_;
-      return CreateCollectiveSync(c, weights(), resume_from_);
+      if (pages_grads_) c.paged_grads = &paged_grads_;
+      if (windowed_) c.paged_weights = &paged_weights_;
+      c.prefetch_layers = cluster.stream_prefetch_layers();
+      c.reshard_after_forward = cluster.reshard_after_forward();
+      HERD_ASSIGN_OR_RETURN(CollectiveSyncParts parts, CreateCollectiveSync(c, weights(), resume_from_));
+      home_ = std::move(parts.home);
+      return std::move(parts.sync);
     }
   }
   return Status::Internal("unknown worker mode");
@@ -351,7 +364,7 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeStrategy() {
 
 Status WorkerProcess::MakeAxes() {
   HERD_ASSIGN_OR_RETURN(strategy_, MakeStrategy());
-  if (home_ == nullptr) home_ = WholeWeights(*strategy_, paged_grads_ ? &streamed_grads_ : nullptr);
+  if (home_ == nullptr) home_ = WholeWeights(*strategy_);
   compute_ = MakeCompute();
   checkpoints_ = MakeCheckpointWriter();
   if (!config_.cluster().elastic() || mode_ != Mode::kParameterServer) {
@@ -386,7 +399,7 @@ std::unique_ptr<ShareCompute> WorkerProcess::MakeCompute() {
   // each unit at once, so that each unit is pulled once a pass and its
   // gradients leave (and are let go) once a step.
   const int A = job_.grad_accum;
-  if (paged_grads_ && A > 1 && model_->layer_major_slots() >= A) return LayerMajorPasses(o);
+  if (pages_grads_ && A > 1 && model_->layer_major_slots() >= A) return LayerMajorPasses(o);
   return MicroBatchPasses(o);
 }
 
