@@ -3,21 +3,27 @@ the same job on emulated nodes (scripts/netlab.py: one namespace per node,
 links capped with tbf in both directions), in BytePS's layout — W worker
 nodes and, for PS, S = W CPU-only server nodes — at several link rates.
 
-For each rate and mode (ps, allreduce, allreduce_zero1) it starts the job
+For each rate and mode (ps, ps_streamed: parameter servers with
+cluster.stream_weights, allreduce: DDP, allreduce_zero1/2/3) it starts the job
 by hand, the way a cluster does: a coordinator on its own node, then every
 server and worker with --rank and --coordinator inside its node. It prints
 one JSON line per rate and mode: step time, tokens/s, the share of the step
 workers spent waiting on communication, bytes each node's link carried per
 step in each direction (the kernel's counters, not herd's) with the packets
 its rate limiters dropped, and peak memory per process; then the theory
-check: bytes per worker link per step each way against BytePS's
-prediction (PS: M, the gradient bytes; ring: 2(n-1)/n M), and the
-communication time per step: the step time at the rate minus the same
-layout's step time on uncapped links, measured in this run.
+check: bytes per worker link per step each way against the prediction
+(PS: M, the gradient bytes, each way, and M more in when streamed weights
+are pulled again for backward; a ring all-reduce, and ZeRO-1/2's
+reduce-scatter + all-gather: 2(n-1)/n M; ZeRO-3's two all-gathers and a
+reduce-scatter: 3(n-1)/n M), the communication time per step (the step
+time at the rate minus the same layout's step time on uncapped links,
+measured in this run) against the busier direction's bytes at the rate,
+and each mode's step against DDP's at the same rate.
 
     sudo /usr/bin/python3 bench/lab_compare.py [--build build] [--workers 2]
         [--rates 0.5gbit,1gbit,2.5gbit,10gbit] [--modes ps,allreduce,allreduce_zero1]
         [--steps 8] [--warmup 2] [--set path=value ...]
+        (modes: ps,ps_streamed,allreduce,allreduce_zero1,allreduce_zero2,allreduce_zero3)
 
 Needs root (network namespaces). The default job is configs/llama20m.textproto
 at batch 1 x 64 tokens per worker, so that communication, not compute,
@@ -52,12 +58,29 @@ def job_sets(args, mode, workdir, steps):
             "log.eval_every=0", "data.val=", "data.prepare_from=", f"data.train={workdir}/../train.bin",
             "checkpoint.dir=", f"log.summary_dir={workdir}/summaries", "train.threads=1",
             f"cluster.workers={args.workers}", "cluster.coordinator=", "cluster.heartbeat_timeout_s=60"]
-    if mode == "ps":
-        sets += ["cluster.sync=PARAMETER_SERVER", f"cluster.servers={args.workers}", "cluster.zero_stage=0"]
+    if mode.startswith("ps"):
+        sets += ["cluster.sync=PARAMETER_SERVER", f"cluster.servers={args.workers}", "cluster.zero_stage=0",
+                 f"cluster.stream_weights={'true' if mode == 'ps_streamed' else 'false'}"]
     else:
-        sets += ["cluster.sync=ALLREDUCE", "cluster.servers=0",
-                 f"cluster.zero_stage={1 if mode == 'allreduce_zero1' else 0}"]
+        sets += ["cluster.sync=ALLREDUCE", "cluster.servers=0", f"cluster.zero_stage={zero_stage(mode)}"]
     return sets + list(args.set)
+
+
+def zero_stage(mode):
+    """allreduce_zeroN's N (allreduce: 0)."""
+    return int(mode[len("allreduce_zero"):]) if mode.startswith("allreduce_zero") else 0
+
+
+def predicted_bytes(mode, M, W):
+    """Bytes a worker's link carries per step (sent, received): BytePS's
+    PS figure (M each way; streamed weights are pulled again for backward),
+    a ring's (n-1)/n M per reduce-scatter or all-gather: DDP's all-reduce
+    and ZeRO-1/2's reduce-scatter + all-gather are two, ZeRO-3's gathers
+    for forward and backward and its reduce-scatter three."""
+    ring = (W - 1) / W * M
+    return {"ps": (M, M), "ps_streamed": (M, 2 * M), "allreduce": (2 * ring, 2 * ring),
+            "allreduce_zero1": (2 * ring, 2 * ring), "allreduce_zero2": (2 * ring, 2 * ring),
+            "allreduce_zero3": (3 * ring, 3 * ring)}.get(mode)
 
 
 def with_sets(argv, sets):
@@ -72,7 +95,7 @@ def run_mode(args, mode, rate, scratch):
     os.makedirs(workdir)
     sets = job_sets(args, mode, workdir, args.steps)
     W = args.workers
-    S = W if mode == "ps" else 0
+    S = W if mode.startswith("ps") else 0
     token = os.path.join(workdir, "job.token")
     with open(os.open(token, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
         f.write(secrets.token_hex(16))
@@ -190,7 +213,7 @@ def main():
     ap.add_argument("--config", default=os.path.join(ROOT, "configs/llama20m.textproto"))
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--rates", default="0.5gbit,1gbit,2.5gbit,10gbit")
-    ap.add_argument("--modes", default="ps,allreduce,allreduce_zero1")
+    ap.add_argument("--modes", default="ps,ps_streamed,allreduce,allreduce_zero1,allreduce_zero2,allreduce_zero3")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=600, help="seconds one job may take")
@@ -230,20 +253,22 @@ def main():
             r["comm_s"] = round(max(0.0, r["step_s"] - uncapped[mode]), 4)
             print(json.dumps(r), flush=True)
             by_mode[mode] = r
-        # BytePS (OSDI'20): with S = W CPU servers a worker's link carries M
-        # each way per step; ring all-reduce carries 2(n-1)/n M.
-        for mode, predicted in (("ps", M), ("allreduce", 2 * (W - 1) / W * M)):
-            if mode not in by_mode:
+        for mode, r in by_mode.items():
+            predicted = predicted_bytes(mode, M, W)
+            if predicted is None:
                 continue
-            r = by_mode[mode]
             links = r["worker_link_MB"]
-            each_way = statistics.mean(max(l["tx"], l["rx"]) for l in links) * 1e6
+            tx = statistics.mean(l["tx"] for l in links) * 1e6
+            rx = statistics.mean(l["rx"] for l in links) * 1e6
+            busier = max(predicted)
             print(json.dumps({"bench": "lab_theory", "mode": mode, "rate": rate, "workers": W, "M_MB": round(M / 1e6, 2),
-                              "worker_link_MB_each_way": round(each_way / 1e6, 2),
-                              "predicted_MB_each_way": round(predicted / 1e6, 2),
-                              "bytes_ratio": round(each_way / predicted, 3),
-                              "comm_s": r["comm_s"], "predicted_comm_s": round(predicted / B, 4),
-                              "time_ratio": round(r["comm_s"] / (predicted / B), 3)}), flush=True)
+                              "worker_link_MB": {"tx": round(tx / 1e6, 2), "rx": round(rx / 1e6, 2)},
+                              "predicted_MB": {"tx": round(predicted[0] / 1e6, 2), "rx": round(predicted[1] / 1e6, 2)},
+                              "bytes_ratio": {"tx": round(tx / predicted[0], 3), "rx": round(rx / predicted[1], 3)},
+                              "comm_s": r["comm_s"], "predicted_comm_s": round(busier / B, 4),
+                              "time_ratio": round(r["comm_s"] / (busier / B), 3),
+                              "vs_allreduce_step": round(r["step_s"] / by_mode["allreduce"]["step_s"], 3)
+                              if "allreduce" in by_mode else None}), flush=True)
     return 0
 
 

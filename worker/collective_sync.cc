@@ -15,6 +15,7 @@
 #include "model/hf_io.h"
 #include "model/optim/optimizer_shard.h"
 #include "sharding/weight_window.h"
+#include "worker/window_runner.h"
 
 namespace herd {
 namespace {
@@ -214,16 +215,15 @@ class CollectiveSync : public CollectiveStep {
 // this worker's slice once the window retires it. Every worker runs the
 // same hooks, so every worker issues the same collectives in the same
 // order.
-class GatheredWeightsSync : public CollectiveStep, public WindowHooks {
+class GatheredWeightsSync : public CollectiveStep, public WindowHooks, private BucketMoves {
  public:
   GatheredWeightsSync(const CollectiveSyncOptions& o, std::unique_ptr<OptimizerSlices> optimizer)
       : CollectiveStep(o, std::move(optimizer)),
-        paged_weights_(o.paged_weights),
         paged_grads_(o.paged_grads),
-        window_(*o.plan, *o.layout, o.prefetch_layers, !o.reshard_after_forward),
+        runner_(WeightWindow(*o.plan, *o.layout, o.prefetch_layers, !o.reshard_after_forward), o.paged_weights, this),
+        window_(runner_.window()),
         gathers_(window_.num_buckets()),
         scatters_(window_.num_buckets()),
-        landed_(window_.num_buckets(), true),
         slice_of_(window_.num_buckets(), -1) {
     // The window lists buckets in forward order; each owns one slice of
     // this worker's (both ascending).
@@ -263,53 +263,42 @@ class GatheredWeightsSync : public CollectiveStep, public WindowHooks {
   void ReleaseWeights() override { Execute(window_.ReleaseAll()); }
 
  private:
-  // Carries out what the window says, in its order.
-  void Execute(const WeightWindow::Actions& a) {
-    for (int i : a.release) {
-      const ParamRange& r = window_.bucket(i).range;
-      Land(i);  // nothing lands in memory given back
-      paged_weights_->Release(r.begin * sizeof(float), r.size() * sizeof(float));
+  void Execute(const WeightWindow::Actions& a) { runner_.Execute(a); }
+
+  // The moves of the window's buckets. A fill: this worker's slice from
+  // its master weights into place, then the all-gather of the rest.
+  void Fill(int i) override {
+    if (slice_of_[i] >= 0) {
+      OptimizerShard& mine = optimizer_->slice(slice_of_[i]);
+      std::memcpy(weights_ + mine.range().begin, mine.weights(), mine.size() * sizeof(float));
     }
-    for (int i : a.pull) {
-      const Bucket& b = window_.bucket(i);
-      paged_weights_->Admit(b.range.begin * sizeof(float), b.range.size() * sizeof(float));
-      if (slice_of_[i] >= 0) {
-        OptimizerShard& mine = optimizer_->slice(slice_of_[i]);
-        std::memcpy(weights_ + mine.range().begin, mine.weights(), mine.size() * sizeof(float));
-      }
-      gathers_[i] = c_.AllGather(weights_ + b.range.begin, cuts_[i]);
-      landed_[i] = false;
-    }
-    for (int i : a.wait) Land(i);
-    for (int i : a.push) scatters_[i] = c_.ReduceScatter(grads_ + window_.bucket(i).range.begin, cuts_[i]);
-    for (int i : a.retire) {
-      const Bucket& b = window_.bucket(i);
-      trace::Span span("wait for gradients", "wait", {"bucket", i}, {"step", static_cast<int64_t>(step_ + 1)});
-      WaitFor(scatters_[i], &scatter_status_);
-      const ParamRange mine = SliceOf(b, cuts_[i], rank_);
-      paged_grads_->Release(b.range.begin * sizeof(float), (mine.begin - b.range.begin) * sizeof(float));
-      paged_grads_->Release(mine.end * sizeof(float), (b.range.end - mine.end) * sizeof(float));
-    }
+    gathers_[i] = c_.AllGather(weights_ + window_.bucket(i).range.begin, cuts_[i]);
   }
-  // Bucket i's gather (forward index) has landed; a failure is kept.
-  void Land(int i) {
-    if (landed_[i]) return;
-    landed_[i] = true;
+  void Land(int i) override {
     trace::Span span("wait for weights", "wait", {"bucket", i});
     WaitFor(gathers_[i], &gather_status_);
   }
+  void Send(int i) override { scatters_[i] = c_.ReduceScatter(grads_ + window_.bucket(i).range.begin, cuts_[i]); }
+  // The bucket's gradients are let go but for this worker's slice.
+  void Retire(int i) override {
+    const Bucket& b = window_.bucket(i);
+    trace::Span span("wait for gradients", "wait", {"bucket", i}, {"step", static_cast<int64_t>(step_ + 1)});
+    WaitFor(scatters_[i], &scatter_status_);
+    const ParamRange mine = SliceOf(b, cuts_[i], rank_);
+    paged_grads_->Release(b.range.begin * sizeof(float), (mine.begin - b.range.begin) * sizeof(float));
+    paged_grads_->Release(mine.end * sizeof(float), (b.range.end - mine.end) * sizeof(float));
+  }
 
-  PagedBuffer* const paged_weights_;
   PagedBuffer* const paged_grads_;
-  WeightWindow window_;
+  WindowRunner runner_;  // pages the weights
+  WeightWindow& window_;  // runner_'s
   float* weights_ = nullptr;
   float* grads_ = nullptr;
   // Per bucket (forward index): its cut among the ranks, its latest
-  // gather and reduce-scatter, whether that gather has landed, and which
-  // of the optimizer's slices is this worker's part of it (-1: none).
+  // gather and reduce-scatter, and which of the optimizer's slices is this
+  // worker's part of it (-1: none).
   std::vector<Partition> cuts_;
   std::vector<Collectives::Handle> gathers_, scatters_;
-  std::vector<bool> landed_;
   std::vector<int> slice_of_;
   Status gather_status_, scatter_status_;
 };

@@ -9,6 +9,7 @@
 #include "common/clock.h"
 #include "common/trace.h"
 #include "sharding/weight_window.h"
+#include "worker/window_runner.h"
 
 namespace herd {
 namespace {
@@ -268,16 +269,15 @@ class WholeWeightsSync : public PushPullSync {
 // backward), waited for and let go, and when pushed gradients are waited
 // for and let go. Every pass reaches the weights through the window's
 // hooks (worker/weight_home.h's WindowedWeights), evaluation's too.
-class StreamedWeightsSync : public PushPullSync, public WindowHooks {
+class StreamedWeightsSync : public PushPullSync, public WindowHooks, private BucketMoves {
  public:
   StreamedWeightsSync(const ParameterServerSyncOptions& o, transport::PushPullClient* client)
       : PushPullSync(o, client),
-        paged_weights_(o.streamed_weights),
         paged_grads_(o.streamed_grads),
-        window_(plan_, *o.layout, o.prefetch_layers),
+        runner_(WeightWindow(plan_, *o.layout, o.prefetch_layers), o.streamed_weights, this),
+        window_(runner_.window()),
         pulls_of_(window_.num_buckets()),
-        pushes_of_(window_.num_buckets()),
-        landed_(window_.num_buckets(), true) {}
+        pushes_of_(window_.num_buckets()) {}
 
   // bf16: the staging buffer is paged like the weights (a bucket is staged
   // from its pull until it lands, or from its push until it is retired; a
@@ -316,35 +316,14 @@ class StreamedWeightsSync : public PushPullSync, public WindowHooks {
  private:
   uint16_t* wire() { return reinterpret_cast<uint16_t*>(paged_wire_.data()); }
 
-  // Carries out what the window says, in its order.
-  void Execute(const WeightWindow::Actions& a) {
-    for (int i : a.release) {
-      const ParamRange& r = window_.bucket(i).range;
-      Land(i);  // nothing lands in memory given back
-      paged_weights_->Release(r.begin * sizeof(float), r.size() * sizeof(float));
-    }
-    for (int i : a.pull) {
-      const Bucket& b = window_.bucket(i);
-      paged_weights_->Admit(b.range.begin * sizeof(float), b.range.size() * sizeof(float));
-      pulls_of_[i] = PullBucket(b, version_, wire());
-      landed_[i] = false;
-    }
-    for (int i : a.wait) Land(i);
-    for (int i : a.push) pushes_of_[i] = PushBucket(window_.bucket(i), wire());
-    for (int i : a.retire) {
-      const Bucket& b = window_.bucket(i);
-      trace::Span span("wait for push", "wait", {"bucket", i});
-      Status st = wait_.Timed([&] { return client_->Wait(pushes_of_[i]); });
-      if (!st.ok() && push_status_.ok()) push_status_ = st;
-      paged_grads_->Release(b.range.begin * sizeof(float), b.range.size() * sizeof(float));
-      if (bf16_) paged_wire_.Release(b.range.begin * sizeof(uint16_t), b.range.size() * sizeof(uint16_t));
-    }
-  }
-  // Bucket i's pull (forward index) has landed and, bf16, is in the
-  // weights; a failure is kept for FinishStep and FinishWeights.
-  void Land(int i) {
-    if (landed_[i]) return;
-    landed_[i] = true;
+  void Execute(const WeightWindow::Actions& a) { runner_.Execute(a); }
+
+  // The moves of the window's buckets: pulls and pushes (bf16: through
+  // the staging buffer, paged like the weights).
+  void Fill(int i) override { pulls_of_[i] = PullBucket(window_.bucket(i), version_, wire()); }
+  // The pull has landed and, bf16, is in the weights; a failure is kept
+  // for FinishStep and FinishWeights.
+  void Land(int i) override {
     const Bucket& b = window_.bucket(i);
     trace::Span span("wait for weights", "wait", {"bucket", i}, {"version", static_cast<int64_t>(version_)});
     const std::optional<Status> st = Wait(pulls_of_[i], nullptr);
@@ -353,22 +332,29 @@ class StreamedWeightsSync : public PushPullSync, public WindowHooks {
     if (st->ok()) Unstage(b, wire());
     paged_wire_.Release(b.range.begin * sizeof(uint16_t), b.range.size() * sizeof(uint16_t));
   }
+  void Send(int i) override { pushes_of_[i] = PushBucket(window_.bucket(i), wire()); }
+  void Retire(int i) override {
+    const Bucket& b = window_.bucket(i);
+    trace::Span span("wait for push", "wait", {"bucket", i});
+    Status st = wait_.Timed([&] { return client_->Wait(pushes_of_[i]); });
+    if (!st.ok() && push_status_.ok()) push_status_ = st;
+    paged_grads_->Release(b.range.begin * sizeof(float), b.range.size() * sizeof(float));
+    if (bf16_) paged_wire_.Release(b.range.begin * sizeof(uint16_t), b.range.size() * sizeof(uint16_t));
+  }
 
-  // The buffers the window pages (the caller's), the policy, each
-  // bucket's latest pull and push (forward index), whether that pull has
-  // landed, the step's first failed push.
-  PagedBuffer* const paged_weights_;
+  // The gradients the window pages (the caller's), the bf16 staging, the
+  // policy and its runner (which pages the weights), each bucket's latest
+  // pull and push (forward index), the step's first failed push.
   PagedBuffer* const paged_grads_;
-  PagedBuffer paged_wire_;  // bf16 staging
-  WeightWindow window_;
+  PagedBuffer paged_wire_;
+  WindowRunner runner_;
+  WeightWindow& window_;  // runner_'s
   std::vector<transport::PushPullClient::Ticket> pulls_of_, pushes_of_;
-  std::vector<bool> landed_;
   Status push_status_;
 };
 
 }  // namespace
 
-// The largest bucket in the wire dtype: pushes and pulls travel whole.
 StatusOr<StepReport> FindJoinPoint(transport::PushPullClient* client, transport::PeerId server, int epoch,
                                    int64_t last_step) {
   StepReport report;
