@@ -40,6 +40,19 @@ def run(herd, config, sets, workdir, steps):
         return [json.loads(line) for line in f]
 
 
+def word_corpus(herd, work, lines):
+    """WORK/train.bin: `lines` lines of words, byte-level tokens (ids below
+    any vocabulary of 256 or more), prepared by herd; its path."""
+    corpus = os.path.join(work, "corpus.txt")
+    with open(corpus, "w") as f:
+        words = "the quick brown fox jumps over a lazy dog while seven wizards quietly judge".split()
+        for i in range(lines):
+            f.write(" ".join(words[(i * 7 + j * 3) % len(words)] for j in range(9)) + ".\n")
+    data = os.path.join(work, "train.bin")
+    subprocess.run([herd, "prepare", corpus, "--out", data], check=True, capture_output=True)
+    return data
+
+
 def ps_layout(layout, global_batch):
     """--set lines for a parameter-server job of layout "SxW" (S servers, W
     workers) at `global_batch` sequences a step."""

@@ -25,7 +25,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from ps_throughput import plan  # noqa: E402  (one way to ask herd plan)
+from ps_throughput import plan, word_corpus  # noqa: E402  (one way to ask herd plan; the corpus)
 
 CONFIG = """
 model {{ vocab_size: 32000 hidden_size: 2048 intermediate_size: 5632 num_hidden_layers: {layers}
@@ -50,13 +50,7 @@ def main():
     work = tempfile.mkdtemp(prefix="herd_bench_stream_big_")
     try:
         # Token ids below the vocabulary: byte-level text is enough to learn from.
-        corpus = os.path.join(work, "corpus.txt")
-        with open(corpus, "w") as f:
-            words = "the quick brown fox jumps over a lazy dog while seven wizards quietly judge".split()
-            for i in range(20000):
-                f.write(" ".join(words[(i * 7 + j * 3) % len(words)] for j in range(9)) + ".\n")
-        data = os.path.join(work, "train.bin")
-        subprocess.run([herd, "prepare", corpus, "--out", data], check=True, capture_output=True)
+        data = word_corpus(herd, work, 20000)
         cfg = os.path.join(work, "job.textproto")
         with open(cfg, "w") as f:
             f.write(CONFIG.format(layers=a.layers, steps=a.steps, data=data, work=work, servers=a.servers))

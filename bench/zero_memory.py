@@ -24,7 +24,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from ps_throughput import plan  # noqa: E402  (one way to ask herd plan)
+from ps_throughput import plan, word_corpus  # noqa: E402  (one way to ask herd plan; the corpus)
 
 CONFIG = """
 model {{ vocab_size: 256 hidden_size: 512 intermediate_size: 1024 num_hidden_layers: 8
@@ -47,13 +47,7 @@ def main():
     herd = os.path.join(a.build, "herd")
     work = tempfile.mkdtemp(prefix="herd_bench_zero_memory_")
     try:
-        corpus = os.path.join(work, "corpus.txt")
-        with open(corpus, "w") as f:
-            words = "the quick brown fox jumps over a lazy dog while seven wizards quietly judge".split()
-            for i in range(5000):
-                f.write(" ".join(words[(i * 7 + j * 3) % len(words)] for j in range(9)) + ".\n")
-        data = os.path.join(work, "train.bin")
-        subprocess.run([herd, "prepare", corpus, "--out", data], check=True, capture_output=True)
+        data = word_corpus(herd, work, 5000)
         sets = [x for s in a.set for x in ("--set", s)]
         for stage in a.stages.split(","):
             summary = os.path.join(work, "summary_" + stage)

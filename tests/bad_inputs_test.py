@@ -108,12 +108,18 @@ def main():
     # ZeRO where it does not apply (parameter servers, an elastic job) or
     # with a stage herd does not have.
     expect_error(sb, ["launch", cfg, "--set", "cluster.sync=PARAMETER_SERVER", "--set", "cluster.servers=1",
-                      "--set", "cluster.zero_stage=2"], "cluster.zero_stage", "sync ALLREDUCE only", code=2)
+                      "--set", "cluster.zero_stage=3"], "cluster.zero_stage", "sync ALLREDUCE only", code=2)
     expect_error(sb, ["launch", cfg, "--set", "cluster.sync=PARAMETER_SERVER", "--set", "cluster.servers=1",
                       "--set", "cluster.workers=2", "--set", "cluster.elastic=true", "--set", "cluster.zero_stage=2"],
                  "cluster.elastic", "not supported together with cluster.zero_stage 2", code=2)
     expect_error(sb, ["launch", cfg, "--set", "cluster.sync=ALLREDUCE", "--set", "cluster.workers=2",
-                      "--set", "cluster.zero_stage=4"], "cluster.zero_stage", "must be 0, 1 or 2", code=2)
+                      "--set", "cluster.zero_stage=4"], "cluster.zero_stage", "must be 0, 1, 2 or 3", code=2)
+    expect_error(sb, ["launch", cfg, "--set", "cluster.sync=ALLREDUCE", "--set", "cluster.workers=2",
+                      "--set", "cluster.zero_stage=3", "--set", "device.kind=CUDA"], "cluster.zero_stage",
+                 "CPU workers only", code=2)
+    expect_error(sb, ["launch", cfg, "--set", "cluster.sync=ALLREDUCE", "--set", "cluster.workers=2",
+                      "--set", "cluster.reshard_after_forward=false"], "cluster.reshard_after_forward",
+                 "zero_stage 3 only", code=2)
     # A data plane named on an interface this host lacks, or not as names.
     ps = ["--set", "cluster.sync=PARAMETER_SERVER", "--set", "cluster.servers=1"]
     expect_error(sb, ["launch", cfg, *ps, "--set", "cluster.data_interface=nosuch9"], "cluster.data_interface",

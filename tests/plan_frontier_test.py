@@ -4,7 +4,7 @@ paper tabulates it — and its predictions hold when run.
 
   - the ~20M width (d512) at 8 x 256 tokens, 2 servers and 1 worker,
     1 GiB a process: every mode fits some depth; what a worker no longer
-    holds only helps (ZeRO-1 >= DDP, PS >= ZeRO-1, PS + recompute >= PS,
+    holds only helps (ZeRO-1 >= DDP, ZeRO-2 >= ZeRO-1, PS >= ZeRO-1, PS + recompute >= PS,
     strictly more for recompute here, where activations bind; streaming
     more than PS, and streaming + recompute the most); a shape
     said to fit has its largest process within the budget, one said not
@@ -36,11 +36,12 @@ def main():
     cfg = sb.write("job.textproto", CONFIG)
     frontier = json.loads(sb.run("plan", cfg, "--mem", str(BUDGET), "--frontier", "--json").stdout)["frontier"]
     modes = {f["mode"]: f for f in frontier}
-    assert list(modes) == ["DDP", "ZeRO-1", "PS", "PS + recompute", "PS + streaming",
+    assert list(modes) == ["DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3", "PS", "PS + recompute", "PS + streaming",
                            "PS + streaming + recompute"], list(modes)
     layers = {m: f["layers"] for m, f in modes.items()}
     assert min(layers.values()) >= 1, layers
     assert layers["ZeRO-1"] >= layers["DDP"] and layers["PS"] >= layers["ZeRO-1"], layers
+    assert layers["ZeRO-2"] >= layers["ZeRO-1"], layers
     assert layers["PS + recompute"] > layers["PS"], layers
     assert layers["PS + streaming"] > layers["PS"], layers
     assert layers["PS + streaming + recompute"] > max(layers["PS + recompute"], layers["PS + streaming"]), layers

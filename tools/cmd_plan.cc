@@ -107,6 +107,8 @@ struct Mode {
 constexpr Mode kModes[] = {
     {"DDP", config::ClusterConfig::ALLREDUCE, 0, config::TrainConfig::NONE, false},
     {"ZeRO-1", config::ClusterConfig::ALLREDUCE, 1, config::TrainConfig::NONE, false},
+    {"ZeRO-2", config::ClusterConfig::ALLREDUCE, 2, config::TrainConfig::NONE, false},
+    {"ZeRO-3", config::ClusterConfig::ALLREDUCE, 3, config::TrainConfig::NONE, false},
     {"PS", config::ClusterConfig::PARAMETER_SERVER, 0, config::TrainConfig::NONE, false},
     {"PS + recompute", config::ClusterConfig::PARAMETER_SERVER, 0, config::TrainConfig::FULL, false},
     {"PS + streaming", config::ClusterConfig::PARAMETER_SERVER, 0, config::TrainConfig::NONE, true},
@@ -182,6 +184,7 @@ Status PrintFrontier(const config::JobConfig& job, int64_t mem, int64_t gpu_mem,
   }
   bool first = true;
   for (size_t i = 0; i < std::size(kModes); ++i) {
+    if (gpu && kModes[i].zero_stage == 3) continue;  // CPU workers only
     const config::JobConfig c = InMode(job, kModes[i]);
     int layers = 0;
     int64_t parameters = 0;
