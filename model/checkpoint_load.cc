@@ -52,7 +52,8 @@ bool HasCheckpoints(const std::string& root) {
 }
 
 StatusOr<std::vector<ShardState>> ReadShardRanges(const std::string& step_dir, const Manifest& manifest,
-                                                  const std::vector<ParamRange>& ranges, bool with_moments) {
+                                                  const std::vector<ParamRange>& ranges, bool with_moments,
+                                                  float* weights_into) {
   std::vector<ShardState> out(ranges.size());
   for (size_t i = 0; i < ranges.size(); ++i) {
     const size_t n = static_cast<size_t>(ranges[i].size());
@@ -62,7 +63,7 @@ StatusOr<std::vector<ShardState>> ReadShardRanges(const std::string& step_dir, c
     out[i].begin = ranges[i].begin;
     out[i].end = ranges[i].end;
     out[i].step = manifest.step;
-    out[i].weights.assign(n, 0.0f);
+    if (weights_into == nullptr) out[i].weights.assign(n, 0.0f);
     if (with_moments) {
       out[i].m.assign(n, 0.0f);
       out[i].v.assign(n, 0.0f);
@@ -95,7 +96,8 @@ StatusOr<std::vector<ShardState>> ReadShardRanges(const std::string& step_dir, c
         if (b >= e) continue;
         const size_t from = static_cast<size_t>(b - piece.begin), to = static_cast<size_t>(b - o.begin);
         const size_t count = static_cast<size_t>(e - b);
-        std::copy_n(piece.weights.begin() + from, count, o.weights.begin() + to);
+        std::copy_n(piece.weights.begin() + from, count,
+                    weights_into != nullptr ? weights_into + b : o.weights.data() + to);
         if (with_moments) {
           std::copy_n(piece.m.begin() + from, count, o.m.begin() + to);
           std::copy_n(piece.v.begin() + from, count, o.v.begin() + to);

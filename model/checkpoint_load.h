@@ -40,9 +40,11 @@ bool HasCheckpoints(const std::string& root);
 StatusOr<ShardState> ReadShardRange(const std::string& step_dir, const Manifest& manifest, int64_t begin, int64_t end,
                                     bool with_moments);
 // ReadShardRange of several ranges (ascending, disjoint) at once, each
-// shard file read once: a ZeRO owner's slices.
+// shard file read once: a ZeRO owner's slices. With `weights_into` (the
+// whole flat space) the weights land there and the states' stay empty.
 StatusOr<std::vector<ShardState>> ReadShardRanges(const std::string& step_dir, const Manifest& manifest,
-                                                  const std::vector<ParamRange>& ranges, bool with_moments);
+                                                  const std::vector<ParamRange>& ranges, bool with_moments,
+                                                  float* weights_into = nullptr);
 
 // A whole model read back from a checkpoint: its job config and the fp32
 // weights of the full flat space (shards assembled, checked to tile it).

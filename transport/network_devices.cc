@@ -17,10 +17,7 @@
 #include "transport/rendezvous.h"
 
 namespace herd::transport {
-namespace {
 
-// UCX's names for the host's RDMA ports: "mlx5_0:1" (none without
-// /sys/class/infiniband).
 std::vector<std::string> RdmaPorts() {
   auto names = [](const std::string& dir) {
     StatusOr<std::vector<std::string>> listed = ListDirectory(dir);
@@ -35,6 +32,8 @@ std::vector<std::string> RdmaPorts() {
   }
   return ports;
 }
+
+namespace {
 
 bool SameAddress(const sockaddr* a, const sockaddr_storage& b) {
   if (a == nullptr || a->sa_family != b.ss_family) return false;

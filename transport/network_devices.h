@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 
@@ -17,5 +18,9 @@ namespace herd::transport {
 // plus the host's RDMA ports, which listen on no IP socket. Empty when the
 // environment sets UCX_NET_DEVICES: the operator's choice stands.
 StatusOr<std::string> DataPlaneDevices(const std::string& coordinator, const std::string& data_interface);
+
+// UCX's names for the host's RDMA ports: "mlx5_0:1" (none without
+// /sys/class/infiniband).
+std::vector<std::string> RdmaPorts();
 
 }  // namespace herd::transport

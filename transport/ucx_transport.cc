@@ -25,6 +25,7 @@
 #include "common/mutex.h"
 #include "common/sha256.h"
 #include "common/trace.h"
+#include "transport/network_devices.h"
 
 namespace herd::transport {
 namespace {
@@ -115,6 +116,14 @@ void PrepareUcxEnvironment() {
   // UCX's log lines (several per failed endpoint) only bury that line. UCX
   // read UCX_LOG_LEVEL when it was loaded, so the level is set directly.
   if (std::getenv("UCX_LOG_LEVEL") == nullptr) ucs_global_opts.log_component.log_level = UCS_LOG_LEVEL_FATAL;
+  // Without an RDMA port every byte between hosts goes over TCP, where
+  // UCX's rendezvous moves nothing without a copy and, with many large
+  // messages in flight (a step's buckets), leaves the link idle while each
+  // waits for its receiver's reply: collectives took up to 1.7x their
+  // bytes' time at 0.5 Gbit/s, against 0.93x with eager messages, which
+  // shared memory carries as fast (docs/performance.md). With RDMA the
+  // rendezvous is the zero-copy path, and UCX's choice stands.
+  if (RdmaPorts().empty()) ::setenv("UCX_RNDV_THRESH", "inf", 0);
   const char* tls = std::getenv("UCX_TLS");
   const std::string list = tls != nullptr ? tls : "all";
   bool shm = false;

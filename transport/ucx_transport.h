@@ -75,8 +75,10 @@ struct UcxOptions {
 class UcxTransport;
 
 // Sets UCX_POSIX_ERROR_HANDLING / UCX_SYSV_ERROR_HANDLING to y unless the
-// environment sets them or UCX_TLS rules shared memory out, and
-// UCX_LOG_LEVEL to fatal unless set (herd reports UCX failures itself).
+// environment sets them or UCX_TLS rules shared memory out, UCX_LOG_LEVEL
+// to fatal unless set (herd reports UCX failures itself), and, on a host
+// without RDMA ports, UCX_RNDV_THRESH to inf unless set (eager messages of
+// every size: see the .cc).
 // Create() calls it; benchmarks call it before starting UCX tools, so both
 // pick the same transports.
 void PrepareUcxEnvironment();

@@ -312,10 +312,14 @@ StatusOr<CollectiveSyncParts> CreateCollectiveSync(const CollectiveSyncOptions& 
   const bool zero = o.zero_stage > 0;
   const std::vector<ParamRange> owned =
       zero ? OwnedSlices(*o.plan, o.collectives->size(), rank) : std::vector<ParamRange>{{0, P}};
+  // The master weights of the optimizer's ranges are the worker's own
+  // buffer, but under ZeRO-3 (which holds no whole buffer).
+  const bool gathered = o.zero_stage == 3;
   HERD_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerSlices> optimizer,
-                        OptimizerSlices::InitOrResume(o.job->optimizer, o.job->init, *o.layout, owned, resume_from));
+                        OptimizerSlices::InitOrResume(o.job->optimizer, o.job->init, *o.layout, owned, resume_from,
+                                                      gathered ? nullptr : weights));
   CollectiveSyncParts parts;
-  if (o.zero_stage == 3) {
+  if (gathered) {
     // Each worker's slices start from the same initialisation (a function
     // of the seed and the tensor, or init_from's file) or the checkpoint;
     // the rest of the model is gathered as the passes reach it.
@@ -329,10 +333,11 @@ StatusOr<CollectiveSyncParts> CreateCollectiveSync(const CollectiveSyncOptions& 
   }
   if (resume_from && zero) {
     // ZeRO: the model needs the other workers' weights too.
-    HERD_ASSIGN_OR_RETURN(ShardState all, ReadShardRange(resume_from->dir, resume_from->manifest, 0, P, false));
-    std::copy(all.weights.begin(), all.weights.end(), weights);
-  } else if (!resume_from && rank == 0) {
-    // A fresh start broadcasts worker 0's whole model.
+    HERD_RETURN_IF_ERROR(
+        ReadShardRanges(resume_from->dir, resume_from->manifest, {ParamRange{0, P}}, false, weights).status());
+  } else if (!resume_from && rank == 0 && zero) {
+    // A fresh start broadcasts worker 0's whole model (under DDP its
+    // optimizer's range is the whole space, initialised already).
     const WeightInit& init = o.job->init;
     if (!init.init_from.empty()) {
       HERD_ASSIGN_OR_RETURN(std::vector<float> loaded, LoadInitialWeights(init.init_from, init.model, 0, P));
@@ -341,7 +346,6 @@ StatusOr<CollectiveSyncParts> CreateCollectiveSync(const CollectiveSyncOptions& 
       InitParameters(*o.layout, init.seed, init.initializer_range, weights);
     }
   }
-  optimizer->AttachWeights(weights);
   parts.sync = std::make_unique<CollectiveSync>(o, weights, std::move(optimizer), /*broadcast_first=*/!resume_from);
   parts.home = WholeWeights(*parts.sync, o.paged_grads);
   return parts;

@@ -25,6 +25,21 @@ OptimizerShard::OptimizerShard(const ParamLayout& layout, const OptimizerOptions
       << "optimizer state does not cover [" << range_.begin << ", " << range_.end << ")";
 }
 
+OptimizerShard::OptimizerShard(const ParamLayout& layout, const OptimizerOptions& options, ShardState state,
+                               float* space)
+    : range_{state.begin, state.end},
+      segments_(DecaySegments(layout, state.begin, state.end)),
+      options_(options),
+      weights_(space + state.begin),
+      m_(std::move(state.m)),
+      v_(std::move(state.v)),
+      step_(state.step),
+      spikes_(state.spikes) {
+  const auto n = static_cast<size_t>(range_.size());
+  CHECK(state.weights.empty() && m_.size() == n && v_.size() == n)
+      << "optimizer state does not cover [" << range_.begin << ", " << range_.end << ")";
+}
+
 StatusOr<std::unique_ptr<OptimizerShard>> OptimizerShard::InitOrResume(
     const OptimizerOptions& options, const WeightInit& init, const ParamLayout& layout, ParamRange range,
     const std::optional<VerifiedCheckpoint>& resume_from) {
@@ -100,13 +115,13 @@ Status OptimizerShard::Save(const std::string& path) const {
 
 StatusOr<std::unique_ptr<OptimizerSlices>> OptimizerSlices::InitOrResume(
     const OptimizerOptions& options, const WeightInit& init, const ParamLayout& layout,
-    const std::vector<ParamRange>& ranges, const std::optional<VerifiedCheckpoint>& resume_from) {
+    const std::vector<ParamRange>& ranges, const std::optional<VerifiedCheckpoint>& resume_from, float* space) {
   auto out = std::make_unique<OptimizerSlices>();
   out->ranges_ = ranges;
   std::vector<ShardState> states;
   if (resume_from.has_value()) {
     HERD_ASSIGN_OR_RETURN(states, ReadShardRanges(resume_from->dir, resume_from->manifest, ranges,
-                                                  /*with_moments=*/true));
+                                                  /*with_moments=*/true, space));
   } else {
     std::vector<float> loaded;  // init_from's weights of [first begin, last end)
     if (!init.init_from.empty() && !ranges.empty()) {
@@ -117,19 +132,25 @@ StatusOr<std::unique_ptr<OptimizerSlices>> OptimizerSlices::InitOrResume(
       ShardState state;
       state.begin = r.begin;
       state.end = r.end;
-      if (!loaded.empty()) {
-        const auto from = loaded.begin() + (r.begin - ranges.front().begin);
-        state.weights.assign(from, from + r.size());
-      } else {
+      float* into = space + r.begin;
+      if (space == nullptr) {
         state.weights.resize(r.size());
-        InitParameterRange(layout, init.seed, init.initializer_range, r.begin, r.end, state.weights.data());
+        into = state.weights.data();
+      }
+      if (!loaded.empty()) {
+        std::copy_n(loaded.begin() + (r.begin - ranges.front().begin), r.size(), into);
+      } else {
+        InitParameterRange(layout, init.seed, init.initializer_range, r.begin, r.end, into);
       }
       state.m.assign(r.size(), 0.0f);
       state.v.assign(r.size(), 0.0f);
       states.push_back(std::move(state));
     }
   }
-  for (ShardState& state : states) out->slices_.push_back(std::make_unique<OptimizerShard>(layout, options, std::move(state)));
+  for (ShardState& state : states) {
+    out->slices_.push_back(space != nullptr ? std::make_unique<OptimizerShard>(layout, options, std::move(state), space)
+                                            : std::make_unique<OptimizerShard>(layout, options, std::move(state)));
+  }
   return out;
 }
 

@@ -60,6 +60,9 @@ class OptimizerShard {
                                                                 const std::optional<VerifiedCheckpoint>& resume_from);
   // From a given state (its range, weights, moments and step).
   OptimizerShard(const ParamLayout& layout, const OptimizerOptions& options, ShardState state);
+  // From a given state whose weights are already [begin, end) of `space`
+  // (attached, as AttachWeights leaves them; state.weights is empty).
+  OptimizerShard(const ParamLayout& layout, const OptimizerOptions& options, ShardState state, float* space);
 
   OptimizerShard(const OptimizerShard&) = delete;
   OptimizerShard& operator=(const OptimizerShard&) = delete;
@@ -122,10 +125,13 @@ class OptimizerShard {
 class OptimizerSlices {
  public:
   // OptimizerShard::InitOrResume of each range (ascending, disjoint), with
-  // the checkpoint's shards (or init_from's file) read once for all.
+  // the checkpoint's shards (or init_from's file) read once for all. With
+  // `space` (the whole flat space) the weights go straight there,
+  // attached, and no copy of them is ever held.
   static StatusOr<std::unique_ptr<OptimizerSlices>> InitOrResume(
       const OptimizerOptions& options, const WeightInit& init, const ParamLayout& layout,
-      const std::vector<ParamRange>& ranges, const std::optional<VerifiedCheckpoint>& resume_from);
+      const std::vector<ParamRange>& ranges, const std::optional<VerifiedCheckpoint>& resume_from,
+      float* space = nullptr);
 
   const std::vector<ParamRange>& ranges() const { return ranges_; }
   int64_t step() const { return slices_.empty() ? 0 : slices_.front()->step(); }
