@@ -331,6 +331,8 @@ void CheckCluster(const config::ClusterConfig& cl, const Rules& need) {
   need(cl.stream_prefetch_layers() >= 0, "cluster.stream_prefetch_layers", "must be >= 0");
   need(cl.reshard_after_forward() || cl.zero_stage() == 3, "cluster.reshard_after_forward",
        "applies to cluster.zero_stage 3 only");
+  need(cl.wire_dtype() == config::ClusterConfig::FP32 || cl.sync() != config::ClusterConfig::ALLREDUCE,
+       "cluster.wire_dtype", "BF16 applies to sync PARAMETER_SERVER only yet (the all-reduce ring moves fp32)");
   bool devices_named = true;
   for (const std::string& name : Split(cl.data_interface(), ',')) {
     devices_named &= !name.empty() && name.size() <= 64 &&

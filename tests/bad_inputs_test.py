@@ -120,6 +120,8 @@ def main():
     expect_error(sb, ["launch", cfg, "--set", "cluster.sync=ALLREDUCE", "--set", "cluster.workers=2",
                       "--set", "cluster.reshard_after_forward=false"], "cluster.reshard_after_forward",
                  "zero_stage 3 only", code=2)
+    expect_error(sb, ["launch", cfg, "--set", "cluster.sync=ALLREDUCE", "--set", "cluster.workers=2",
+                      "--set", "cluster.wire_dtype=BF16"], "cluster.wire_dtype", "PARAMETER_SERVER only", code=2)
     # A data plane named on an interface this host lacks, or not as names.
     ps = ["--set", "cluster.sync=PARAMETER_SERVER", "--set", "cluster.servers=1"]
     expect_error(sb, ["launch", cfg, *ps, "--set", "cluster.data_interface=nosuch9"], "cluster.data_interface",
