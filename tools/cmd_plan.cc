@@ -4,7 +4,7 @@
 // CUDA workers' GPU bytes in their own column) and, with --mem and/or
 // --gpu-mem, the deepest model of the config's width that fits that much
 // host memory per process and device memory per GPU worker. --frontier
-// asks that for every mode herd has (DDP, ZeRO-1, parameter servers, with
+// asks that for every mode herd has (DDP, ZeRO-1/2/3, parameter servers, with
 // full activation recomputation, with streamed weights, and both) at the job's
 // worker and server counts, batch and sequence length, and whether each
 // of a few standard shapes fits: the ZeRO paper's table for this job.

@@ -6,7 +6,8 @@
 // All-reduce and broadcast are NCCL's. Reduce-scatter and all-gather over
 // a Partition of arbitrary (possibly empty) parts are grouped ncclReduce /
 // ncclBroadcast calls, one per part, rooted at the part's rank: herd's
-// ZeRO-1 gives each bucket to one owner, which NCCL's equal-count
+// ZeRO slices are near-equal, not equal (a bucket's last part is shorter,
+// and a staged range cuts buckets anywhere), which NCCL's equal-count
 // ncclReduceScatter / ncclAllGather cannot express.
 #pragma once
 

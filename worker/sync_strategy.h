@@ -17,7 +17,7 @@
 // The strategies: Local (one process: AdamW over the whole space), Device
 // Resident (one process, the whole step on one GPU; worker/local_sync.h),
 // ParameterServer (worker/parameter_server_sync.h) and Collective (DDP and
-// ZeRO-1 over the UCX ring or NCCL, worker/collective_sync.h).
+// ZeRO-1/2/3 over the UCX ring or NCCL, worker/collective_sync.h).
 #pragma once
 
 #include <cstdint>

@@ -1,8 +1,8 @@
 // AdamW with PyTorch's semantics (torch.optim.AdamW, decoupled weight
 // decay, bias correction), the learning-rate schedule and global-norm
 // clipping. Everything works on a range [begin, end) of the flat parameter
-// space so that a parameter server can step only its shard, a ZeRO-1 worker
-// only its partition, and a single process the whole space.
+// space so that a parameter server can step only its shard, a ZeRO worker
+// only its slices, and a single process the whole space.
 #pragma once
 
 #include <cstdint>

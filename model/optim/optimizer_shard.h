@@ -2,13 +2,14 @@
 // optimizer keeps for it: the fp32 master weights, AdamW's m and v, the
 // number of steps taken, which elements take weight decay, and the
 // learning-rate schedule. The same object serves one process (the whole
-// space), a parameter server (its shard), a ZeRO-1 owner (its range) and a
-// DDP worker (the whole space); the GPU-resident trainer keeps its working
-// copy on the device and this one to load and checkpoint it.
+// space), a parameter server (its shard), each slice of a ZeRO owner
+// (OptimizerSlices below) and a DDP worker (the whole space); the
+// GPU-resident trainer keeps its working copy on the device and this one
+// to load and checkpoint it.
 //
-// The weights are this object's own, or, where a worker's model computes
-// on the master weights in place (DDP, ZeRO-1), [begin, end) of the
-// caller's buffer of the whole space (AttachWeights).
+// The weights are this object's own (ZeRO-3's slices too), or, where a
+// worker's model computes on the master weights in place (DDP, ZeRO-1 and
+// -2), [begin, end) of the caller's buffer of the whole space (attached).
 //
 // A step: BeginStep(global_norm, loss) fixes the step's learning rate and
 // clipping coefficient; Apply(sub, grads) steps any sub-range (a server
