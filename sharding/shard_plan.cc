@@ -117,13 +117,17 @@ Partition OwnerParts(const Bucket& bucket, int ranks) {
   return EvenPartition(bucket.range.size(), ranks, kCollectiveAlign);
 }
 
+ParamRange SliceOf(const Bucket& bucket, const Partition& parts, int rank) {
+  int64_t begin = bucket.range.begin;
+  for (int r = 0; r < rank; ++r) begin += parts[r];
+  return {begin, begin + parts[rank]};
+}
+
 std::vector<ParamRange> OwnedSlices(const ShardPlan& plan, int ranks, int rank) {
   std::vector<ParamRange> slices;
   for (const Bucket& b : plan.buckets()) {
-    const Partition parts = OwnerParts(b, ranks);
-    int64_t begin = b.range.begin;
-    for (int r = 0; r < rank; ++r) begin += parts[r];
-    if (parts[rank] > 0) slices.push_back({begin, begin + parts[rank]});
+    const ParamRange mine = SliceOf(b, OwnerParts(b, ranks), rank);
+    if (mine.size() > 0) slices.push_back(mine);
   }
   std::sort(slices.begin(), slices.end(), [](const ParamRange& a, const ParamRange& b) { return a.begin < b.begin; });
   return slices;

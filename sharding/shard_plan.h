@@ -62,6 +62,8 @@ class ShardPlan {
 // owner's slice holds bitwise what DDP's all-reduce gives it, and its
 // all-gather moves what the all-reduce's second half does.
 Partition OwnerParts(const Bucket& bucket, int ranks);
+// Rank `rank`'s slice of `bucket` cut by `parts` (OwnerParts).
+ParamRange SliceOf(const Bucket& bucket, const Partition& parts, int rank);
 // Rank `rank`'s slices of every bucket, ascending offsets, empty ones left out.
 std::vector<ParamRange> OwnedSlices(const ShardPlan& plan, int ranks, int rank);
 // All-reduce mode's plan: buckets (cluster.bucket_mb) of the whole space,

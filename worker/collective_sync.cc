@@ -23,13 +23,6 @@ namespace {
 using transport::Collectives;
 using transport::DType;
 
-// A rank's slice of a bucket: [begin, end) of the flat space.
-ParamRange SliceOf(const Bucket& b, const Partition& parts, int rank) {
-  int64_t begin = b.range.begin;
-  for (int r = 0; r < rank; ++r) begin += parts[r];
-  return {begin, begin + parts[rank]};
-}
-
 // What every all-reduce-mode strategy shares: the optimizer over this
 // worker's slices (or, DDP, the whole space), the step from the reduced
 // gradients (the norm from the owners' partials, one all-reduce with the
@@ -78,6 +71,15 @@ class CollectiveStep : public SyncStrategy {
     const OptimizerShard::Scalars s = optimizer_->Step(grads, norm, sums[1] / W_);
     report_ = ReportOf(s.step, norm, s.lr, sums[1] / W_, s.spike);
     return Status::OK();
+  }
+
+  // Gives back the gradients of plan bucket `b` (reduce-scattered) but for
+  // this worker's slice.
+  void KeepOnlyMySlice(PagedBuffer* grads, size_t b) {
+    const ParamRange whole = o_.plan->buckets()[b].range;
+    const ParamRange mine = SliceOf(o_.plan->buckets()[b], parts_[b], rank_);
+    grads->Release(whole.begin * sizeof(float), (mine.begin - whole.begin) * sizeof(float));
+    grads->Release(mine.end * sizeof(float), (whole.end - mine.end) * sizeof(float));
   }
 
   // Waits for `handle`, its time counted; the first failure is kept in `*first`.
@@ -189,11 +191,7 @@ class CollectiveSync : public CollectiveStep {
     trace::Span span("wait for gradients", "wait", {"bucket", static_cast<int64_t>(i)},
                      {"step", static_cast<int64_t>(step_ + 1)});
     WaitFor(grad_handles_[i], &grad_status_);
-    if (o_.paged_grads == nullptr) return;
-    const Bucket& b = o_.plan->buckets()[i];
-    const ParamRange mine = SliceOf(b, parts_[i], rank_);
-    o_.paged_grads->Release(b.range.begin * sizeof(float), (mine.begin - b.range.begin) * sizeof(float));
-    o_.paged_grads->Release(mine.end * sizeof(float), (b.range.end - mine.end) * sizeof(float));
+    if (o_.paged_grads != nullptr) KeepOnlyMySlice(o_.paged_grads, i);
   }
 
   float* weights_;
@@ -233,7 +231,6 @@ class GatheredWeightsSync : public CollectiveStep, public WindowHooks, private B
       const ParamRange& r = window_.bucket(i).range;
       while (k < slices.size() && slices[k].end <= r.begin) ++k;
       if (k < slices.size() && slices[k].begin < r.end) slice_of_[i] = static_cast<int>(k);
-      cuts_.push_back(OwnerParts(window_.bucket(i), W_));
     }
   }
 
@@ -272,32 +269,32 @@ class GatheredWeightsSync : public CollectiveStep, public WindowHooks, private B
       OptimizerShard& mine = optimizer_->slice(slice_of_[i]);
       std::memcpy(weights_ + mine.range().begin, mine.weights(), mine.size() * sizeof(float));
     }
-    gathers_[i] = c_.AllGather(weights_ + window_.bucket(i).range.begin, cuts_[i]);
+    gathers_[i] = c_.AllGather(weights_ + window_.bucket(i).range.begin, parts_[PlanIndex(i)]);
   }
   void Land(int i) override {
     trace::Span span("wait for weights", "wait", {"bucket", i});
     WaitFor(gathers_[i], &gather_status_);
   }
-  void Send(int i) override { scatters_[i] = c_.ReduceScatter(grads_ + window_.bucket(i).range.begin, cuts_[i]); }
+  void Send(int i) override {
+    scatters_[i] = c_.ReduceScatter(grads_ + window_.bucket(i).range.begin, parts_[PlanIndex(i)]);
+  }
   // The bucket's gradients are let go but for this worker's slice.
   void Retire(int i) override {
-    const Bucket& b = window_.bucket(i);
     trace::Span span("wait for gradients", "wait", {"bucket", i}, {"step", static_cast<int64_t>(step_ + 1)});
     WaitFor(scatters_[i], &scatter_status_);
-    const ParamRange mine = SliceOf(b, cuts_[i], rank_);
-    paged_grads_->Release(b.range.begin * sizeof(float), (mine.begin - b.range.begin) * sizeof(float));
-    paged_grads_->Release(mine.end * sizeof(float), (b.range.end - mine.end) * sizeof(float));
+    KeepOnlyMySlice(paged_grads_, PlanIndex(i));
   }
+  // The window lists the plan's buckets in forward order, the plan in
+  // backward order.
+  size_t PlanIndex(int window_index) const { return parts_.size() - 1 - static_cast<size_t>(window_index); }
 
   PagedBuffer* const paged_grads_;
   WindowRunner runner_;  // pages the weights
   WeightWindow& window_;  // runner_'s
   float* weights_ = nullptr;
   float* grads_ = nullptr;
-  // Per bucket (forward index): its cut among the ranks, its latest
-  // gather and reduce-scatter, and which of the optimizer's slices is this
-  // worker's part of it (-1: none).
-  std::vector<Partition> cuts_;
+  // Per bucket (forward index): its latest gather and reduce-scatter, and
+  // which of the optimizer's slices is this worker's part of it (-1: none).
   std::vector<Collectives::Handle> gathers_, scatters_;
   std::vector<int> slice_of_;
   Status gather_status_, scatter_status_;

@@ -19,7 +19,9 @@ namespace {
 class NcclGradientReduction : public DeviceGradientReduction {
  public:
   NcclGradientReduction(std::unique_ptr<transport::NcclCollectives> nccl, const ShardPlan& plan, bool zero)
-      : nccl_(std::move(nccl)), plan_(plan), zero_(zero) {}
+      : nccl_(std::move(nccl)), plan_(plan), zero_(zero) {
+    for (const Bucket& b : plan.buckets()) owners_.push_back(OwnerParts(b, nccl_->size()));
+  }
   ~NcclGradientReduction() override {
     for (cudaEvent_t e : events_) cudaEventDestroy(e);
   }
@@ -32,10 +34,11 @@ class NcclGradientReduction : public DeviceGradientReduction {
     } else {
       // Each bucket's piece of the range, cut as the bucket is among its
       // owners: rank r gets the overlap of its slice with the range.
-      for (const Bucket& b : plan_.buckets()) {
+      for (size_t i = 0; i < owners_.size(); ++i) {
+        const Bucket& b = plan_.buckets()[i];
         const int64_t lo = std::max(begin, b.range.begin), hi = std::min(end, b.range.end);
         if (lo >= hi) continue;
-        const Partition owners = OwnerParts(b, nccl_->size());
+        const Partition& owners = owners_[i];
         Partition parts(owners.size(), 0);
         int64_t at = b.range.begin;
         for (size_t r = 0; r < owners.size(); ++r) {
@@ -70,6 +73,7 @@ class NcclGradientReduction : public DeviceGradientReduction {
   std::unique_ptr<transport::NcclCollectives> nccl_;
   const ShardPlan& plan_;
   const bool zero_;
+  std::vector<Partition> owners_;  // each bucket's cut among the ranks (plan order)
   std::vector<transport::Collectives::Handle> handles_;
   std::vector<cudaEvent_t> events_;
   size_t next_event_ = 0;
