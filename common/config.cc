@@ -329,6 +329,12 @@ void CheckCluster(const config::ClusterConfig& cl, const Rules& need) {
          "needs at least 2 workers: the survivors take a lost worker's sequences, and one worker has none");
   }
   need(cl.stream_prefetch_layers() >= 0, "cluster.stream_prefetch_layers", "must be >= 0");
+  if (cl.shard_group_size() != 0) {
+    need(cl.zero_stage() > 0, "cluster.shard_group_size", "applies to cluster.zero_stage 1, 2 or 3 only");
+    need(cl.shard_group_size() > 0 && cl.workers() % cl.shard_group_size() == 0, "cluster.shard_group_size",
+         std::to_string(cl.shard_group_size()) + " does not divide cluster.workers " +
+             std::to_string(cl.workers()) + " into groups of that size");
+  }
   need(cl.reshard_after_forward() || cl.zero_stage() == 3, "cluster.reshard_after_forward",
        "applies to cluster.zero_stage 3 only");
   need(cl.wire_dtype() == config::ClusterConfig::FP32 || cl.sync() != config::ClusterConfig::ALLREDUCE,
@@ -357,6 +363,8 @@ std::vector<Violation> CheckValues(const JobConfig& c) {
   CheckCluster(c.cluster(), need);
   need(c.cluster().zero_stage() < 3 || c.device().kind() == config::DeviceConfig::CPU, "cluster.zero_stage",
        "3 runs on CPU workers only yet (device.kind CUDA: use 2, or parameter servers with stream_weights)");
+  need(c.cluster().shard_group_size() == 0 || c.device().kind() == config::DeviceConfig::CPU,
+       "cluster.shard_group_size", "hybrid sharding runs on CPU workers only yet (device.kind CUDA)");
   return v;
 }
 

@@ -148,8 +148,9 @@ StatusOr<ProcessMemory> TrainerMemory(const JobSizes& j) {
   t.optimizer = 2 * j.P * kF32;
   if (t.role == "worker" && j.cluster.zero_stage() > 0) {
     HERD_ASSIGN_OR_RETURN(ShardPlan plan, CollectivePlan(j.layout, j.cluster, j.W));
+    const int group = ShardGroupSize(j.cluster, j.W);
     int64_t owned = 0;
-    for (const ParamRange& r : OwnedSlices(plan, j.W, 0)) owned += r.size();
+    for (const ParamRange& r : OwnedSlices(plan, group, 0)) owned += r.size();
     t.optimizer = 2 * owned * kF32;
     // Each bucket boundary may keep a shared page of each paged buffer backed.
     const int64_t boundary_pages = static_cast<int64_t>(plan.buckets().size() + 1) * kPageBytes;
@@ -157,7 +158,7 @@ StatusOr<ProcessMemory> TrainerMemory(const JobSizes& j) {
     if (j.cluster.zero_stage() == 2 && !j.gpu && !accumulates) {
       // Gradients whole until the last micro-batch, unless a layer-major
       // pass serves them all.
-      t.gradients = ReplayZero2Gradients(plan, j.layout, j.W, 0) + 2 * boundary_pages;
+      t.gradients = ReplayZero2Gradients(plan, j.layout, group, 0) + 2 * boundary_pages;
     } else if (j.cluster.zero_stage() == 3) {
       // The window at its fullest, replayed through the worker's policy,
       // a retired bucket keeping this worker's slice of its gradients; the
@@ -167,7 +168,7 @@ StatusOr<ProcessMemory> TrainerMemory(const JobSizes& j) {
       replay.accumulates = accumulates;
       replay.keep_after_forward = !j.cluster.reshard_after_forward();
       for (auto b = plan.buckets().rbegin(); b != plan.buckets().rend(); ++b) {
-        replay.kept_on_retire.push_back(OwnerParts(*b, j.W)[0]);
+        replay.kept_on_retire.push_back(OwnerParts(*b, group)[0]);
       }
       const StreamedPeak peak = ReplayStreamedStep(plan, j.layout, replay);
       t.weights = peak.weights + owned * kF32;
@@ -176,7 +177,7 @@ StatusOr<ProcessMemory> TrainerMemory(const JobSizes& j) {
     }
   }
   t.activations = j.host_activations;
-  t.buffers = j.staging;
+  t.buffers += j.staging;
   t.device = j.gpu_bytes;
   t.runtime = kRuntimeBytes;
   if (j.gpu && t.role == "trainer") {

@@ -66,9 +66,13 @@ Partition OwnerParts(const Bucket& bucket, int ranks);
 ParamRange SliceOf(const Bucket& bucket, const Partition& parts, int rank);
 // Rank `rank`'s slices of every bucket, ascending offsets, empty ones left out.
 std::vector<ParamRange> OwnedSlices(const ShardPlan& plan, int ranks, int rank);
+// The workers ZeRO cuts each bucket among: a shard group of
+// cluster.shard_group_size (hybrid sharding), or all `workers`.
+int ShardGroupSize(const config::ClusterConfig& cluster, int workers);
 // All-reduce mode's plan: buckets (cluster.bucket_mb) of the whole space,
-// one "server"; under ZeRO (cluster.zero_stage) each of `workers` must own
-// part of some bucket (InvalidArgument for a model too small for them).
+// one "server"; under ZeRO (cluster.zero_stage) each worker of a shard
+// group must own part of some bucket (InvalidArgument for a model too
+// small for them).
 StatusOr<ShardPlan> CollectivePlan(const ParamLayout& layout, const config::ClusterConfig& cluster, int workers);
 // The most gradient bytes a ZeRO-2 worker of rank `rank` holds over one
 // backward, replayed through its policy: a unit's gradients are written

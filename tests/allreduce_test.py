@@ -17,8 +17,11 @@ and against parameter-server mode:
   (evaluation must not touch training; every ZeRO-3 worker takes part in
   it); stop at 10 and --resume to 30 is bitwise equal to the straight run
   (every stage);
+* hybrid sharding (shard_group_size 2 of W=4): ZeRO-1, -2 and -3 bitwise
+  alike, within 1e-5 of DDP (a gradient is summed inside its group
+  first), a resume bitwise;
 * a ZeRO checkpoint (one file of slices per worker) resumes in DDP mode,
-  as parameter servers (S=2) and as one process;
+  as parameter servers (S=2) and as one process (HSDP's too);
 * kill -9 of a worker stops the job at once, naming it.
 
 Buckets are small (bucket_mb 0.05: a dozen for the tiny model), so that a
@@ -131,6 +134,43 @@ def main():
                 same_as_ddp(f"w4_{shape}_z0", name)
     summary.append("W=4 every stage bitwise DDP's (" + " and ".join(s for s, _, _ in shapes) + ")")
 
+    def same_files(a, b):
+        """Run `b`'s last checkpoint holds bitwise `a`'s (but its config copy)."""
+        a_files, b_files = files_of(sb.path(a), STEPS), files_of(sb.path(b), STEPS)
+        assert sorted(a_files) == sorted(b_files), (sorted(a_files), sorted(b_files))
+        for f in a_files:
+            if f != "manifest.json" and f != "config.textproto":
+                assert a_files[f] == b_files[f], f"{b}: {f} differs from {a}'s"
+
+    # Hybrid sharding: groups of 2 shard, the 2 groups replicate. A gradient
+    # is summed inside its group first, so the steps are DDP's to rounding
+    # (not bitwise), and bitwise alike at every stage; a resume is bitwise,
+    # and the checkpoint (the first group's 2 shard files) resumes as one
+    # process.
+    ddp4 = metrics(sb.path("w4_tiny_z0.jsonl"))
+    sb.run("export", sb.path("w4_tiny_z0"), "--out", "w4_tiny_z0_hf")
+    ref4 = read_safetensors(sb.path("w4_tiny_z0_hf", "model.safetensors"))
+    for zero in (1, 2, 3):
+        name = f"hsdp_z{zero}"
+        sb.run("launch", job(name, 4, ar(4, zero, "shard_group_size: 2")))
+        run = metrics(sb.path(name + ".jsonl"))
+        rel = max(abs(r["loss"] - d["loss"]) / d["loss"] for r, d in zip(run, ddp4))
+        assert len(run) == STEPS and rel < 1e-5, f"{name}: loss differs from DDP's by {rel:.3g}"
+        sb.run("export", sb.path(name), "--out", name + "_hf")
+        mine = read_safetensors(sb.path(name + "_hf", "model.safetensors"))
+        diff = max(max(abs(x - y) for x, y in zip(mine[k][2], ref4[k][2])) for k in ref4)
+        assert diff < 1e-5, f"{name}: exported weights differ from DDP's by {diff:.3g}"
+        if zero > 1:
+            same_as_ddp("hsdp_z1", name)
+    summary.append(f"HSDP 2x2 (ZeRO-1, -2, -3 bitwise alike): loss rel {rel:.2g} of DDP, weights {diff:.2g}")
+    sb.run("launch", job("hsdp_z3_split", 4, ar(4, 3, "shard_group_size: 2")), "--stop-at", "10")
+    sb.run("launch", job("hsdp_z3_split", 4, ar(4, 3, "shard_group_size: 2")), "--resume")
+    assert [key(m) for m in metrics(sb.path("hsdp_z3_split.jsonl"))] == \
+        [key(m) for m in metrics(sb.path("hsdp_z3.jsonl"))], "hsdp_z3_split differs from hsdp_z3"
+    same_files("hsdp_z3", "hsdp_z3_split")
+    shards = sorted(f for f in os.listdir(sb.path("hsdp_z3", "step_00000030")) if f.startswith("shard_"))
+    assert shards == ["shard_00000.bin", "shard_00001.bin"], shards
+
     # Reruns and resumes, bitwise.
     for zero in (0, 1, 2, 3):
         straight = f"ar3_z{zero}"
@@ -141,11 +181,7 @@ def main():
         ref_m = [key(m) for m in metrics(sb.path(straight + ".jsonl"))]
         for other in (straight + "_again", straight + "_split"):
             assert [key(m) for m in metrics(sb.path(other + ".jsonl"))] == ref_m, f"{other} differs from {straight}"
-            a_files, b_files = files_of(sb.path(straight), STEPS), files_of(sb.path(other), STEPS)
-            assert sorted(a_files) == sorted(b_files), (sorted(a_files), sorted(b_files))
-            for f in a_files:
-                if f != "manifest.json" and f != "config.textproto":
-                    assert a_files[f] == b_files[f], f"{other}: {f} differs"
+            same_files(straight, other)
     shards = sorted(f for f in os.listdir(sb.path("ar3_z1", "step_00000030")) if f.startswith("shard_"))
     assert shards == ["shard_00000.bin", "shard_00001.bin", "shard_00002.bin"], shards
 
@@ -155,13 +191,14 @@ def main():
             ("cross", "ar3_z1_split", 4, ar(3, 0)),
             ("cross_ps", "ar3_z2_split", 4, "cluster { sync: PARAMETER_SERVER servers: 2 workers: 3 }"),
             ("cross_one", "ar3_z2_split", 12, ""),
-            ("cross_one3", "ar3_z3_split", 12, "")):
+            ("cross_one3", "ar3_z3_split", 12, ""),
+            ("cross_hsdp", "hsdp_z3_split", 16, "")):
         shutil.copytree(sb.path(source), sb.path(name))
         for d in ("step_00000020", "step_00000030"):
             shutil.rmtree(sb.path(name, d))
         sb.run("launch", job(name, batch, cluster), "--resume")
         cross = metrics(sb.path(name + ".jsonl"))
-        straight = metrics(sb.path("ar3_z1.jsonl"))[10:]
+        straight = metrics(sb.path("hsdp_z3.jsonl" if source.startswith("hsdp") else "ar3_z1.jsonl"))[10:]
         assert [m["step"] for m in cross] == list(range(11, STEPS + 1)), [m["step"] for m in cross]
         rel = max(abs(c["loss"] - z["loss"]) / z["loss"] for c, z in zip(cross, straight))
         assert rel < 1e-5, f"{name}: resumed from {source}, the loss differs by {rel:.3g}"

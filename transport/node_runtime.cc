@@ -17,15 +17,27 @@ StatusOr<std::unique_ptr<NodeRuntime>> NodeRuntime::Join(const Options& options,
                                             [&](CoordinatorClient& client) { return prepare(rt, client); }));
   rt.client_->OnFailure([&rt](const Status& failure) {
     if (rt.push_pull_) rt.push_pull_->Fail(-1, failure);
-    if (rt.ring_) rt.ring_->Fail(failure);
+    for (RingCollectives* ring : {rt.ring_.get(), rt.shard_ring_.get(), rt.replica_ring_.get()}) {
+      if (ring != nullptr) ring->Fail(failure);
+    }
   });
   return runtime;
 }
 
-void NodeRuntime::StartRing(CoordinatorClient& client) {
-  std::vector<PeerId> peers;
-  for (int r = 0; r < client.num_workers(); ++r) peers.push_back(MemberPeerId(client, wire::WORKER, r));
-  ring_ = std::make_unique<RingCollectives>(transport_.get(), client.rank(), peers);
+void NodeRuntime::StartRing(CoordinatorClient& client, int shard_group_size) {
+  const int W = client.num_workers(), rank = client.rank(), G = shard_group_size;
+  auto peers_of = [&](int first, int stride, int count) {
+    std::vector<PeerId> peers;
+    for (int i = 0; i < count; ++i) peers.push_back(MemberPeerId(client, wire::WORKER, first + i * stride));
+    return peers;
+  };
+  ring_ = std::make_unique<RingCollectives>(transport_.get(), rank, peers_of(0, 1, W));
+  if (G > 0 && G < W && W % G == 0) {
+    shard_ring_ = std::make_unique<RingCollectives>(transport_.get(), rank % G, peers_of(rank / G * G, 1, G),
+                                                    kRingChunkBytes, kAmShardRing);
+    replica_ring_ = std::make_unique<RingCollectives>(transport_.get(), rank / G, peers_of(rank % G, G, W / G),
+                                                      kRingChunkBytes, kAmReplicaRing);
+  }
 }
 
 void NodeRuntime::Serve(ShardHandler* shard) { served_ = std::make_unique<PushPullServer>(transport_.get(), shard); }

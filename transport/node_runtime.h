@@ -47,8 +47,12 @@ class NodeRuntime {
   NodeRuntime(const NodeRuntime&) = delete;
   NodeRuntime& operator=(const NodeRuntime&) = delete;
 
-  // In prepare: a ring among the job's workers (all-reduce mode).
-  void StartRing(CoordinatorClient& client);
+  // In prepare: a ring among the job's workers (all-reduce mode). With
+  // 0 < shard_group_size < workers (hybrid sharding) also a ring within
+  // this worker's shard group (ranks g·G … g·G+G−1, G = shard_group_size)
+  // and one through the groups' workers of the same place in their group
+  // (its replicas).
+  void StartRing(CoordinatorClient& client, int shard_group_size = 0);
   // In prepare: answers the workers' pushes and pulls with `shard`.
   void Serve(ShardHandler* shard);
 
@@ -64,6 +68,9 @@ class NodeRuntime {
   // Null unless asked for (Options) or started (StartRing).
   PushPullClient* push_pull() { return push_pull_.get(); }
   RingCollectives* ring() { return ring_.get(); }
+  // Null unless hybrid (StartRing).
+  RingCollectives* shard_ring() { return shard_ring_.get(); }
+  RingCollectives* replica_ring() { return replica_ring_.get(); }
 
  private:
   NodeRuntime() = default;
@@ -72,6 +79,8 @@ class NodeRuntime {
   std::unique_ptr<PushPullClient> push_pull_;
   std::unique_ptr<PushPullServer> served_;
   std::unique_ptr<RingCollectives> ring_;
+  std::unique_ptr<RingCollectives> shard_ring_;
+  std::unique_ptr<RingCollectives> replica_ring_;
   std::unique_ptr<CoordinatorClient> client_;
 };
 

@@ -90,9 +90,14 @@ struct RingCollectives::Early {
   Status status;
 };
 
-RingCollectives::RingCollectives(UcxTransport* transport, int rank, std::vector<PeerId> peers, int64_t chunk_bytes)
-    : transport_(transport), rank_(rank), peers_(std::move(peers)), chunk_bytes_(std::max<int64_t>(chunk_bytes, 64)) {
-  transport_->SetHandler(kAmRing, [this](PeerId from, std::string_view header, IncomingPayload& payload) {
+RingCollectives::RingCollectives(UcxTransport* transport, int rank, std::vector<PeerId> peers, int64_t chunk_bytes,
+                                 uint16_t am_id)
+    : transport_(transport),
+      rank_(rank),
+      peers_(std::move(peers)),
+      chunk_bytes_(std::max<int64_t>(chunk_bytes, 64)),
+      am_id_(am_id) {
+  transport_->SetHandler(am_id_, [this](PeerId from, std::string_view header, IncomingPayload& payload) {
     OnMessage(from, header, payload);
   });
   transport_->OnPeerFailure([this](PeerId peer, const Status& status) {
@@ -254,7 +259,7 @@ void RingCollectives::SendChunk(Op& op, int phase, int step, int64_t chunk) {
   std::string header(sizeof h, '\0');
   std::memcpy(header.data(), &h, sizeof h);
   const uint64_t seq = op.seq;
-  transport_->Send(peers_[Mod(rank_ + 1, W)], kAmRing, std::move(header), op.data + first * op.elem, count * op.elem,
+  transport_->Send(peers_[Mod(rank_ + 1, W)], am_id_, std::move(header), op.data + first * op.elem, count * op.elem,
                    [this, seq, phase, step, chunk, sent_at = trace::StartTime()](const Status& sent) {
                      trace::Async(ChunkTraceName(phase), "network", sent_at, {"op", static_cast<int64_t>(seq)},
                                   {"ring_step", step}, {"chunk", chunk});

@@ -27,14 +27,22 @@
 
 namespace herd::transport {
 
+// A process may run several rings over one transport (hybrid sharding: the
+// job's, its shard group's, its replicas'), each on an AM id of its own.
 inline constexpr uint16_t kAmRing = 10;
+inline constexpr uint16_t kAmShardRing = 11;
+inline constexpr uint16_t kAmReplicaRing = 12;
+// The pipelining grain by default: a chunk of this many bytes moves on as
+// soon as it is reduced.
+inline constexpr int64_t kRingChunkBytes = 512 << 10;
 
 class RingCollectives : public Collectives {
  public:
   // `peers[r]` is rank r's PeerId on `transport` (connected both ways to
-  // this rank's ring neighbours). Registers its handler: construct before
-  // peers may send. `chunk_bytes`: the pipelining grain.
-  RingCollectives(UcxTransport* transport, int rank, std::vector<PeerId> peers, int64_t chunk_bytes = 512 << 10);
+  // this rank's ring neighbours). Registers its handler for `am_id`:
+  // construct before peers may send. `chunk_bytes`: the pipelining grain.
+  RingCollectives(UcxTransport* transport, int rank, std::vector<PeerId> peers, int64_t chunk_bytes = kRingChunkBytes,
+                  uint16_t am_id = kAmRing);
   ~RingCollectives() override;
 
   int rank() const override { return rank_; }
@@ -80,6 +88,7 @@ class RingCollectives : public Collectives {
   const int rank_;
   const std::vector<PeerId> peers_;
   const int64_t chunk_bytes_;
+  const uint16_t am_id_;
 
   Mutex mu_;
   CondVar cv_;  // an operation done

@@ -249,7 +249,7 @@ class UcxTransport::Impl {
       closed_ = true;
       completions_.clear();
       for (auto& slot : slots_) slot->handler = nullptr;
-      on_peer_failure_ = nullptr;
+      on_peer_failure_.clear();
     });
     shut_down_ = true;
     stop_ = true;
@@ -458,7 +458,7 @@ class UcxTransport::Impl {
     RunOnThread([&] { self_ = self; });
   }
   void OnPeerFailure(PeerFailureHandler handler) {
-    RunOnThread([&] { on_peer_failure_ = std::move(handler); });
+    RunOnThread([&] { on_peer_failure_.push_back(std::move(handler)); });
   }
 
   // Called from IncomingPayload during a handler (progress thread).
@@ -558,11 +558,11 @@ class UcxTransport::Impl {
     // The endpoint must be closed forcibly; not from inside UCX's callback.
     impl->failed_eps_.push_back(ep);
     peer->ep = nullptr;
-    if (impl->on_peer_failure_) {
+    if (!impl->on_peer_failure_.empty()) {
       PeerId id = peer->id;
       Status failure = peer->failure;
       impl->completions_.emplace_back([impl, id](const Status& st) {
-        if (impl->on_peer_failure_) impl->on_peer_failure_(id, st);
+        for (const PeerFailureHandler& handler : impl->on_peer_failure_) handler(id, st);
       }, failure);
     }
   }
@@ -678,7 +678,7 @@ class UcxTransport::Impl {
   std::vector<std::unique_ptr<HandlerSlot>> slots_;
   std::vector<std::pair<Completion, Status>> completions_;
   std::vector<ucp_ep_h> failed_eps_;
-  PeerFailureHandler on_peer_failure_;
+  std::vector<PeerFailureHandler> on_peer_failure_;
   struct Region {
     size_t size;
     ucp_mem_h memh;

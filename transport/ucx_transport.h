@@ -150,6 +150,8 @@ class UcxTransport {
 
   // Handlers for AM ids; set before connecting.
   void SetHandler(uint16_t am_id, Handler handler);
+  // Adds a handler called (on the progress thread) when a peer's endpoint
+  // fails; every service over the transport may add its own.
   void OnPeerFailure(PeerFailureHandler handler);
 
   // Creates an endpoint to `address` (blocks until it exists). `name` is used

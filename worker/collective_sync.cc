@@ -32,10 +32,13 @@ class CollectiveStep : public SyncStrategy {
   CollectiveStep(const CollectiveSyncOptions& o, std::unique_ptr<OptimizerSlices> optimizer)
       : o_(o),
         c_(*o.collectives),
-        W_(c_.size()),
-        rank_(c_.rank()),
+        g_(o.shard_group != nullptr ? *o.shard_group : c_),
+        replicas_(o.replicas),
+        W_(g_.size()),
+        rank_(g_.rank()),
         P_(o.layout->size()),
         zero_(o.zero_stage > 0),
+        writes_shards_(replicas_ == nullptr || replicas_->rank() == 0),
         norm_slices_(OwnedSlices(*o.plan, W_, rank_)),
         optimizer_(std::move(optimizer)) {
     report_.version = static_cast<uint64_t>(optimizer_->step());
@@ -46,7 +49,7 @@ class CollectiveStep : public SyncStrategy {
   double TakeWaitSeconds() override { return wait_.Take(); }
 
   Status WriteCheckpointParts(const std::string& step_dir) override {
-    if (!zero_ && rank_ != 0) return Status::OK();
+    if ((!zero_ && rank_ != 0) || !writes_shards_) return Status::OK();
     return optimizer_->Save(JoinPath(step_dir, ShardFileName(zero_ ? rank_ : 0)));
   }
   int shard_files() const override { return zero_ ? W_ : 1; }
@@ -54,11 +57,14 @@ class CollectiveStep : public SyncStrategy {
  protected:
   // The step once the gradients are reduced (`reduced`: how that went):
   // the global norm from the slices' partial squares (under DDP every
-  // worker holds every sum and takes the same slices' partials) added by
-  // one all-reduce with the losses, then AdamW on this worker's ranges.
+  // worker holds every sum and takes the same slices' partials; hybrid,
+  // the first group's) added by one all-reduce with the losses, then
+  // AdamW on this worker's ranges.
   Status StepOptimizer(const float* grads, double loss, Status reduced) {
     double sums[2] = {0.0, loss};
-    for (const ParamRange& r : norm_slices_) sums[0] += SumOfSquares(grads + r.begin, r.size());
+    if (writes_shards_) {
+      for (const ParamRange& r : norm_slices_) sums[0] += SumOfSquares(grads + r.begin, r.size());
+    }
     if (reduced.ok()) {
       trace::Span span("norm exchange", "collective", {"step", static_cast<int64_t>(step_ + 1)});
       reduced = wait_.Timed([&] { return c_.Wait(c_.AllReduce(sums, 2, DType::kFloat64)); });
@@ -68,31 +74,52 @@ class CollectiveStep : public SyncStrategy {
     HERD_RETURN_IF_ERROR(CheckNotDiverged("gradient norm", norm));
     CHECK_EQ(static_cast<uint64_t>(optimizer_->step()), step_) << "the strategy and the optimizer disagree on the step";
     trace::Span span("adamw", "compute", {"step", static_cast<int64_t>(step_ + 1)});
-    const OptimizerShard::Scalars s = optimizer_->Step(grads, norm, sums[1] / W_);
-    report_ = ReportOf(s.step, norm, s.lr, sums[1] / W_, s.spike);
+    const double mean_loss = sums[1] / c_.size();
+    const OptimizerShard::Scalars s = optimizer_->Step(grads, norm, mean_loss);
+    report_ = ReportOf(s.step, norm, s.lr, mean_loss, s.spike);
     return Status::OK();
   }
 
-  // Gives back the gradients of plan bucket `b` (reduce-scattered) but for
-  // this worker's slice.
-  void KeepOnlyMySlice(PagedBuffer* grads, size_t b) {
+  // Once plan bucket `b`'s reduce-scatter is done: gives back its
+  // gradients but for this worker's slice (`grads` paged), and hybrid,
+  // starts the slice's all-reduce with its replicas (FinishReplicas waits).
+  void ScatteredBucket(float* grads, PagedBuffer* paged, size_t b) {
     const ParamRange whole = o_.plan->buckets()[b].range;
     const ParamRange mine = SliceOf(o_.plan->buckets()[b], parts_[b], rank_);
-    grads->Release(whole.begin * sizeof(float), (mine.begin - whole.begin) * sizeof(float));
-    grads->Release(mine.end * sizeof(float), (whole.end - mine.end) * sizeof(float));
+    if (paged != nullptr) {
+      paged->Release(whole.begin * sizeof(float), (mine.begin - whole.begin) * sizeof(float));
+      paged->Release(mine.end * sizeof(float), (whole.end - mine.end) * sizeof(float));
+    }
+    if (replicas_ != nullptr && mine.size() > 0) {
+      replica_handles_.push_back(replicas_->AllReduce(grads + mine.begin, mine.size(), DType::kFloat32));
+    }
+  }
+  // Waits for the slices' all-reduces with the replicas; the first failure
+  // is kept in `*first`.
+  void FinishReplicas(Status* first) {
+    for (Collectives::Handle h : replica_handles_) WaitFor({replicas_, h}, first);
+    replica_handles_.clear();
   }
 
-  // Waits for `handle`, its time counted; the first failure is kept in `*first`.
-  void WaitFor(Collectives::Handle handle, Status* first) {
-    Status st = wait_.Timed([&] { return c_.Wait(handle); });
+  // An operation issued over one of the rings.
+  struct InFlight {
+    Collectives* over;
+    Collectives::Handle handle;
+  };
+  // Waits for `op`, its time counted; the first failure is kept in `*first`.
+  void WaitFor(InFlight op, Status* first) {
+    Status st = wait_.Timed([&] { return op.over->Wait(op.handle); });
     if (!st.ok() && first->ok()) *first = st;
   }
 
   const CollectiveSyncOptions o_;
-  Collectives& c_;
-  const int W_, rank_;
+  Collectives& c_;                // all the workers
+  Collectives& g_;                // the shard group: c_ unless hybrid
+  Collectives* const replicas_;   // hybrid: this place in the other groups
+  const int W_, rank_;            // in the shard group
   const int64_t P_;
   const bool zero_;  // the optimizer holds this worker's slices only
+  const bool writes_shards_;  // the first group (every worker unless hybrid)
   // The slices whose squared gradients this worker adds to the norm (its
   // own under ZeRO; the same cut under DDP).
   const std::vector<ParamRange> norm_slices_;
@@ -101,6 +128,7 @@ class CollectiveStep : public SyncStrategy {
   uint64_t step_ = 0;
   StepReport report_;
   WaitClock wait_;
+  std::vector<Collectives::Handle> replica_handles_;  // the step's slices' all-reduces (hybrid)
 };
 
 // DDP, ZeRO-1 and ZeRO-2: every weight held; the master weights (of the
@@ -125,10 +153,12 @@ class CollectiveSync : public CollectiveStep {
     while (next_bucket_ < buckets.size() && buckets[next_bucket_].range.begin >= offset) {
       const Bucket& b = buckets[next_bucket_];
       float* g = grads_ + b.range.begin;
-      grad_handles_.push_back(zero_ ? c_.ReduceScatter(g, parts_[next_bucket_])
-                                    : c_.AllReduce(g, b.range.size(), DType::kFloat32));
+      grad_handles_.push_back(zero_ ? InFlight{&g_, g_.ReduceScatter(g, parts_[next_bucket_])}
+                                    : InFlight{&c_, c_.AllReduce(g, b.range.size(), DType::kFloat32)});
       ++next_bucket_;
-      if (o_.paged_grads != nullptr) {
+      // Paged gradients are let go, and a hybrid slice goes on to its
+      // replicas, as the reduce-scatters complete.
+      if (o_.paged_grads != nullptr || replicas_ != nullptr) {
         while (next_bucket_ - retired_ > static_cast<size_t>(kReduceScattersInFlight)) Retire();
       }
     }
@@ -141,6 +171,7 @@ class CollectiveSync : public CollectiveStep {
     } else {
       CHECK_EQ(next_bucket_, o_.plan->buckets().size()) << "backward did not finish every bucket";
       while (retired_ < grad_handles_.size()) Retire();
+      FinishReplicas(&grad_status_);
       st = std::exchange(grad_status_, Status::OK());
     }
     return StepOptimizer(grads_, loss, st);
@@ -155,7 +186,7 @@ class CollectiveSync : public CollectiveStep {
       // A fresh start takes worker 0's weights; a resumed one has read them.
       first_weights_ = false;
       if (broadcast_first_) {
-        weight_handles_.push_back(c_.Broadcast(weights, P_, 0));
+        weight_handles_.push_back({&c_, c_.Broadcast(weights, P_, 0)});
         weight_ends_.push_back(P_);
       }
       return;
@@ -163,7 +194,7 @@ class CollectiveSync : public CollectiveStep {
     if (!zero_) return;  // DDP: every worker has stepped the same weights
     const auto& buckets = o_.plan->buckets();
     for (size_t i = buckets.size(); i-- > 0;) {
-      weight_handles_.push_back(c_.AllGather(weights + buckets[i].range.begin, parts_[i]));
+      weight_handles_.push_back({&g_, g_.AllGather(weights + buckets[i].range.begin, parts_[i])});
       weight_ends_.push_back(buckets[i].range.end);
     }
   }
@@ -185,20 +216,20 @@ class CollectiveSync : public CollectiveStep {
 
  private:
   // Waits for the oldest gradient bucket's reduction not waited for yet;
-  // ZeRO-2 then lets go of the bucket outside this worker's slice.
+  // under ZeRO its slice is then done with (ScatteredBucket).
   void Retire() {
     const size_t i = retired_++;
     trace::Span span("wait for gradients", "wait", {"bucket", static_cast<int64_t>(i)},
                      {"step", static_cast<int64_t>(step_ + 1)});
     WaitFor(grad_handles_[i], &grad_status_);
-    if (o_.paged_grads != nullptr) KeepOnlyMySlice(o_.paged_grads, i);
+    if (zero_) ScatteredBucket(grads_, o_.paged_grads, i);
   }
 
   float* weights_;
   float* grads_ = nullptr;
   bool broadcast_first_, first_weights_ = true;
   size_t next_bucket_ = 0, retired_ = 0;
-  std::vector<Collectives::Handle> grad_handles_, weight_handles_;
+  std::vector<InFlight> grad_handles_, weight_handles_;
   Status grad_status_;
   std::vector<int64_t> weight_ends_;
   size_t next_weight_ = 0;
@@ -241,6 +272,7 @@ class GatheredWeightsSync : public CollectiveStep, public WindowHooks, private B
   void FinalFrom(int64_t offset) override { Execute(window_.FinalFrom(offset)); }
   Status FinishStep(double loss) override {
     Execute(window_.RetireAll());
+    FinishReplicas(&scatter_status_);
     Status st = std::exchange(gather_status_, Status::OK());
     if (st.ok()) st = std::exchange(scatter_status_, Status::OK());
     return StepOptimizer(grads_, loss, st);
@@ -269,20 +301,20 @@ class GatheredWeightsSync : public CollectiveStep, public WindowHooks, private B
       OptimizerShard& mine = optimizer_->slice(slice_of_[i]);
       std::memcpy(weights_ + mine.range().begin, mine.weights(), mine.size() * sizeof(float));
     }
-    gathers_[i] = c_.AllGather(weights_ + window_.bucket(i).range.begin, parts_[PlanIndex(i)]);
+    gathers_[i] = g_.AllGather(weights_ + window_.bucket(i).range.begin, parts_[PlanIndex(i)]);
   }
   void Land(int i) override {
     trace::Span span("wait for weights", "wait", {"bucket", i});
-    WaitFor(gathers_[i], &gather_status_);
+    WaitFor({&g_, gathers_[i]}, &gather_status_);
   }
   void Send(int i) override {
-    scatters_[i] = c_.ReduceScatter(grads_ + window_.bucket(i).range.begin, parts_[PlanIndex(i)]);
+    scatters_[i] = g_.ReduceScatter(grads_ + window_.bucket(i).range.begin, parts_[PlanIndex(i)]);
   }
   // The bucket's gradients are let go but for this worker's slice.
   void Retire(int i) override {
     trace::Span span("wait for gradients", "wait", {"bucket", i}, {"step", static_cast<int64_t>(step_ + 1)});
-    WaitFor(scatters_[i], &scatter_status_);
-    KeepOnlyMySlice(paged_grads_, PlanIndex(i));
+    WaitFor({&g_, scatters_[i]}, &scatter_status_);
+    ScatteredBucket(grads_, paged_grads_, PlanIndex(i));
   }
   // The window lists the plan's buckets in forward order, the plan in
   // backward order.
@@ -307,8 +339,9 @@ StatusOr<CollectiveSyncParts> CreateCollectiveSync(const CollectiveSyncOptions& 
   const int rank = o.collectives->rank();
   const int64_t P = o.layout->size();
   const bool zero = o.zero_stage > 0;
+  const transport::Collectives& group = o.shard_group != nullptr ? *o.shard_group : *o.collectives;
   const std::vector<ParamRange> owned =
-      zero ? OwnedSlices(*o.plan, o.collectives->size(), rank) : std::vector<ParamRange>{{0, P}};
+      zero ? OwnedSlices(*o.plan, group.size(), group.rank()) : std::vector<ParamRange>{{0, P}};
   // The master weights of the optimizer's ranges are the worker's own
   // buffer, but under ZeRO-3 (which holds no whole buffer).
   const bool gathered = o.zero_stage == 3;

@@ -29,6 +29,14 @@
 // same weights and takes the norm from the same per-owner partials, so DDP
 // and ZeRO-1, -2 and -3 take bitwise the same steps.
 //
+// Hybrid sharding (FSDP's HSDP, cluster.shard_group_size G): the stages
+// above run inside each group of G workers; a slice's reduce-scattered
+// gradients are then all-reduced with the same slice in the other groups
+// (so every replica steps bitwise alike), and the first group alone writes
+// the checkpoint's G shard files. A gradient is then summed inside the
+// group first: within rounding of DDP, not bitwise, but bitwise the same
+// across stages of the same G.
+//
 // At a fresh start worker 0's weights (seed or checkpoint.init_from) are
 // broadcast (ZeRO-3: every worker initialises its slices alike); on resume
 // every worker reads what it needs from the checkpoint. Checkpoints: DDP worker 0 writes the one shard; under ZeRO
@@ -67,8 +75,16 @@ struct CollectiveSyncOptions {
   const ParamLayout* layout = nullptr;
   // The buckets, each owned slice by slice under ZeRO (OwnedSlices).
   const ShardPlan* plan = nullptr;
-  int zero_stage = 0;  // cluster.zero_stage: 0 (DDP), 1 or 2
+  int zero_stage = 0;  // cluster.zero_stage: 0 (DDP), 1, 2 or 3
+  // All the workers: the norm and the losses, a fresh start's broadcast.
   transport::Collectives* collectives = nullptr;
+  // Hybrid sharding (cluster.shard_group_size): the ring of this worker's
+  // shard group, which the slices are cut among (reduce-scatters and
+  // gathers), and the ring of its replicas (the workers of the same place
+  // in the other groups), over which each owned slice's reduced gradients
+  // are all-reduced. Both null: one group of all the workers.
+  transport::Collectives* shard_group = nullptr;
+  transport::Collectives* replicas = nullptr;
   // Set when gradients arrive reduced (then `collectives` carries only the
   // norms, the losses and the weights).
   DeviceGradientReduction* device_reduction = nullptr;

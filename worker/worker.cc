@@ -92,6 +92,10 @@ void PrintRunHeader(const config::JobConfig& config, const JobOptions& job, cons
       std::printf("all-reduce (%s) among %d workers", nccl ? "gradients by NCCL, the rest by UCX ring" : "UCX ring",
                   num_workers);
       if (cluster.zero_stage() > 0) std::printf(", ZeRO-%d", cluster.zero_stage());
+      if (cluster.shard_group_size() > 0 && cluster.shard_group_size() < num_workers) {
+        std::printf(" in shard groups of %d, replicated %d times", cluster.shard_group_size(),
+                    num_workers / cluster.shard_group_size());
+      }
       if (cluster.zero_stage() == 3) {
         std::printf(" (weights gathered %d layer%s ahead%s)", cluster.stream_prefetch_layers(),
                     cluster.stream_prefetch_layers() == 1 ? "" : "s",
@@ -292,7 +296,7 @@ Status WorkerProcess::JoinJob() {
   }
   HERD_ASSIGN_OR_RETURN(runtime_,
                         transport::NodeRuntime::Join(o, [this](transport::NodeRuntime& rt, transport::CoordinatorClient& c) {
-                          if (mode_ == Mode::kAllReduce) rt.StartRing(c);
+                          if (mode_ == Mode::kAllReduce) rt.StartRing(c, config_.cluster().shard_group_size());
                           return Prepare(&c);
                         }));
   // A paged buffer is not registered whole (that would back and pin all
@@ -349,6 +353,8 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeStrategy() {
       c.plan = &*plan_;
       c.zero_stage = cluster.zero_stage();
       c.collectives = runtime_->ring();
+      c.shard_group = runtime_->shard_ring();
+      c.replicas = runtime_->replica_ring();
       c.device_reduction = device_reduction_.get();
       if (pages_grads_) c.paged_grads = &paged_grads_;
       if (windowed_) c.paged_weights = &paged_weights_;
