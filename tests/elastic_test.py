@@ -105,6 +105,16 @@ def join_trial(sb, workdir, rng, name, plan):
     def output():
         return "".join(open(p).read() for p in outputs)
 
+    def await_output(done, what):
+        """Waits (60 s at most) until done(output()) holds; the processes'
+        last lines if it does not."""
+        deadline = time.time() + 60
+        while not done(output()):
+            if time.time() > deadline:
+                tails = "".join(f"--- {os.path.basename(p)}:\n" + "".join(open(p).readlines()[-8:]) for p in outputs)
+                raise AssertionError(f"{name}: {what}\n{tails}")
+            time.sleep(0.01)
+
     start("coordinator", [sb.herd, "coordinator", "job.textproto", "--listen", addr, *restarts])
     for r in range(2):
         start(f"server{r}", [os.path.join(sb.build, "herd-server"), "job.textproto", "--rank", str(r),
@@ -133,14 +143,13 @@ def join_trial(sb, workdir, rng, name, plan):
                 procs[key].wait()
                 events.append(f"{key} killed at step {at}")
                 # A worker joins in place of a lost one: once the job knows.
-                deadline = time.time() + 30
-                while output().count(" lost at step ") == lost_before:
-                    assert time.time() < deadline, f"{name}: no 'lost at step' line after killing {key}"
-                    time.sleep(0.01)
+                await_output(lambda out: out.count(" lost at step ") > lost_before,
+                             f"no 'lost at step' line after killing {key}")
             else:
                 # The coordinator gives each the lowest lost rank, in turn.
                 last_ranks = sorted(lost)[:n]
                 lost -= set(last_ranks)
+                joins_before = output().count(" joined at step ")
                 for i in range(n):
                     key = f"joiner{len(joined)}"
                     joined.append(key)
@@ -149,6 +158,11 @@ def join_trial(sb, workdir, rng, name, plan):
                                             "--coordinator", addr, *restarts])
                 events.append(f"{n} worker{'s' if n > 1 else ''} started to join at step {at}")
                 join_steps.append(at)
+                # The next event once they are in (the job said so, and
+                # they did): a server lost before would find them joining.
+                await_output(lambda out: out.count(" joined at step ") >= joins_before + n and all(
+                    " joined the job: " in open(os.path.join(workdir, k + ".out")).read() for k in joined[-n:]),
+                    f"{n} started to join at step {at} and are not in")
         for key, p in procs.items():
             if key in live or not key.startswith(("worker", "joiner", "server1")) or key == "server1-again":
                 assert p.wait(timeout=120) == 0, f"{name}: {key} exited {p.returncode}:\n" + \
