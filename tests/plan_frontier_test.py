@@ -12,6 +12,7 @@ paper tabulates it — and its predictions hold when run.
   - the deepest model it names for each PS mode trains a step here,
     every process's measured peak RSS within the budget and within 10% of
     its plan;
+  - at W=4 a hybrid row (ZeRO-3 in 2 groups) needs at least ZeRO-3's memory;
   - --frontier without a budget is refused in one line."""
 import json
 import os
@@ -49,6 +50,16 @@ def main():
         for shape, s in f["shapes"].items():
             assert s["fits"] == (s["largest_process"] <= 0.98 * BUDGET), (m, shape, s)  # 2% headroom
     print("ok  deepest at d512 within 1 GiB a process: " + ", ".join(f"{m} {n} layers" for m, n in layers.items()))
+
+    # Four workers add hybrid sharding (ZeRO-3 in 2 groups of 2): each
+    # worker holds twice ZeRO-3's slices, never less than ZeRO-3 does.
+    four = json.loads(sb.run("plan", cfg, "--mem", str(BUDGET), "--frontier", "--json", "--set",
+                             "cluster.workers=4").stdout)["frontier"]
+    four = {f["mode"]: f for f in four}
+    hsdp, z3 = four["HSDP (ZeRO-3, 2 groups)"], four["ZeRO-3"]
+    assert list(four).index("HSDP (ZeRO-3, 2 groups)") == 4 and 1 <= hsdp["layers"] <= z3["layers"], four
+    assert all(s["largest_process"] >= z3["shapes"][k]["largest_process"] for k, s in hsdp["shapes"].items()), four
+    print(f"ok  at W=4, HSDP (ZeRO-3, 2 groups) {hsdp['layers']} layers, ZeRO-3 {z3['layers']}")
 
     for mode, recompute, stream in (("PS", "NONE", False), ("PS + recompute", "FULL", False),
                                     ("PS + streaming", "NONE", True), ("PS + streaming + recompute", "FULL", True)):

@@ -102,13 +102,15 @@ struct Mode {
   config::ClusterConfig::Sync sync;
   int zero_stage;
   config::TrainConfig::Recompute recompute;
-  bool stream;  // cluster.stream_weights
+  bool stream;     // cluster.stream_weights
+  int replicas = 1;  // > 1: hybrid sharding, shard groups of workers / replicas
 };
 constexpr Mode kModes[] = {
     {"DDP", config::ClusterConfig::ALLREDUCE, 0, config::TrainConfig::NONE, false},
     {"ZeRO-1", config::ClusterConfig::ALLREDUCE, 1, config::TrainConfig::NONE, false},
     {"ZeRO-2", config::ClusterConfig::ALLREDUCE, 2, config::TrainConfig::NONE, false},
     {"ZeRO-3", config::ClusterConfig::ALLREDUCE, 3, config::TrainConfig::NONE, false},
+    {"HSDP (ZeRO-3, 2 groups)", config::ClusterConfig::ALLREDUCE, 3, config::TrainConfig::NONE, false, 2},
     {"PS", config::ClusterConfig::PARAMETER_SERVER, 0, config::TrainConfig::NONE, false},
     {"PS + recompute", config::ClusterConfig::PARAMETER_SERVER, 0, config::TrainConfig::FULL, false},
     {"PS + streaming", config::ClusterConfig::PARAMETER_SERVER, 0, config::TrainConfig::NONE, true},
@@ -147,6 +149,7 @@ config::JobConfig InMode(const config::JobConfig& job, const Mode& mode) {
   cl->set_servers(mode.sync == config::ClusterConfig::PARAMETER_SERVER ? std::max(1, cl->servers()) : 0);
   c.mutable_train()->set_recompute(mode.recompute);
   cl->set_stream_weights(mode.stream);
+  cl->set_shard_group_size(mode.replicas > 1 ? cl->workers() / mode.replicas : 0);
   return c;
 }
 
@@ -185,6 +188,9 @@ Status PrintFrontier(const config::JobConfig& job, int64_t mem, int64_t gpu_mem,
   bool first = true;
   for (size_t i = 0; i < std::size(kModes); ++i) {
     if (gpu && kModes[i].zero_stage == 3) continue;  // CPU workers only
+    // Hybrid: groups of at least 2 workers.
+    const int workers = std::max(1, job.cluster().workers());
+    if (kModes[i].replicas > 1 && (workers % kModes[i].replicas != 0 || workers < 2 * kModes[i].replicas)) continue;
     const config::JobConfig c = InMode(job, kModes[i]);
     int layers = 0;
     int64_t parameters = 0;
