@@ -337,8 +337,6 @@ void CheckCluster(const config::ClusterConfig& cl, const Rules& need) {
   }
   need(cl.reshard_after_forward() || cl.zero_stage() == 3, "cluster.reshard_after_forward",
        "applies to cluster.zero_stage 3 only");
-  need(cl.wire_dtype() == config::ClusterConfig::FP32 || cl.sync() != config::ClusterConfig::ALLREDUCE,
-       "cluster.wire_dtype", "BF16 applies to sync PARAMETER_SERVER only yet (the all-reduce ring moves fp32)");
   bool devices_named = true;
   for (const std::string& name : Split(cl.data_interface(), ',')) {
     devices_named &= !name.empty() && name.size() <= 64 &&
@@ -363,6 +361,11 @@ std::vector<Violation> CheckValues(const JobConfig& c) {
   CheckCluster(c.cluster(), need);
   need(c.cluster().zero_stage() < 3 || c.device().kind() == config::DeviceConfig::CPU, "cluster.zero_stage",
        "3 runs on CPU workers only yet (device.kind CUDA: use 2, or parameter servers with stream_weights)");
+  need(c.cluster().wire_dtype() == config::ClusterConfig::FP32 ||
+           c.cluster().sync() != config::ClusterConfig::ALLREDUCE ||
+           c.device().kind() == config::DeviceConfig::CPU || !c.cluster().nccl(),
+       "cluster.wire_dtype", "BF16 in all-reduce mode applies to the UCX ring only yet (NCCL sums fp32 gradients; "
+       "cluster.nccl: false reduces CUDA workers' gradients through the ring)");
   need(c.cluster().shard_group_size() == 0 || c.device().kind() == config::DeviceConfig::CPU,
        "cluster.shard_group_size", "hybrid sharding runs on CPU workers only yet (device.kind CUDA)");
   return v;

@@ -12,7 +12,8 @@ and against parameter-server mode:
   (untied embeddings: ZeRO-2 and -3 pass every micro-batch through each
   layer at once; tied: gradients kept whole until the last micro-batch),
   and for ZeRO-3 with no prefetch, with two units of it, with units kept
-  from forward to backward, and with recompute FULL;
+  from forward to backward, and with recompute FULL; with gradients bf16
+  on the wire (wire_dtype BF16) too;
 * reruns are bitwise identical, also when evaluating every 4 steps
   (evaluation must not touch training; every ZeRO-3 worker takes part in
   it); stop at 10 and --resume to 30 is bitwise equal to the straight run
@@ -114,8 +115,17 @@ def main():
             cfg = f.read().replace("seed: 7", "seed: 7 " + train)
         sb.run("launch", sb.write(name + ".textproto", cfg))
         same_as_ddp("ar2_z0", name)
+    # Gradients bf16 on the wire: every stage still DDP's bits (each sum
+    # rounded alike wherever it completes), and near the fp32 run.
+    for zero in (0, 1, 2, 3):
+        sb.run("launch", job(f"bf16_z{zero}", 4, ar(2, zero, "wire_dtype: BF16")))
+        if zero:
+            same_as_ddp("bf16_z0", f"bf16_z{zero}")
+    bf16, fp32 = metrics(sb.path("bf16_z0.jsonl")), metrics(sb.path("ar2_z0.jsonl"))
+    bf16_rel = max(abs(b["loss"] - f["loss"]) / f["loss"] for b, f in zip(bf16, fp32))
+    assert 0 < bf16_rel < 1e-2, f"bf16 wire: the loss differs from the fp32 wire's by {bf16_rel:.3g}"
     summary.append("every ZeRO stage bitwise DDP's (grad_accum 2 tied and untied; ZeRO-3 with prefetch 0 and 2, "
-                   "kept after forward, recompute FULL)")
+                   f"kept after forward, recompute FULL; bf16 wire, loss within {bf16_rel:.2g} of fp32's)")
 
     # Four workers, every stage bitwise DDP's; with --long also the ~20M
     # shape (8 layers, d512, tied) at 1 x 64 tokens a worker.

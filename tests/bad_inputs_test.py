@@ -121,7 +121,8 @@ def main():
                       "--set", "cluster.reshard_after_forward=false"], "cluster.reshard_after_forward",
                  "zero_stage 3 only", code=2)
     expect_error(sb, ["launch", cfg, "--set", "cluster.sync=ALLREDUCE", "--set", "cluster.workers=2",
-                      "--set", "cluster.wire_dtype=BF16"], "cluster.wire_dtype", "PARAMETER_SERVER only", code=2)
+                      "--set", "cluster.wire_dtype=BF16", "--set", "device.kind=CUDA"], "cluster.wire_dtype",
+                 "UCX ring only", code=2)
     # Hybrid sharding: groups that do not divide the workers, without ZeRO,
     # on GPUs (not yet).
     zero4 = ["--set", "cluster.sync=ALLREDUCE", "--set", "cluster.workers=4", "--set", "cluster.zero_stage=2"]

@@ -6,6 +6,7 @@
 // reduce-scatter and all-gather; several operations may be in flight.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <random>
@@ -155,6 +156,56 @@ TEST(RingCollectives, ReduceScatterAllGatherAndBroadcastWithUnevenParts) {
         for (int r = 0; r < W; ++r) {
           for (int64_t i = 0; i < n; ++i) ASSERT_EQ(data[r][i], static_cast<float>(i + root)) << root << " " << r;
         }
+      }
+    }
+  }
+}
+
+// A bf16 wire: every rank holds bitwise the same sums (each rounded to
+// bf16), a reduce-scatter's owner the same as the all-reduce gives it,
+// within bf16 rounding of the exact sum for each hop; small integers stay
+// exact.
+TEST(RingCollectives, Bf16WireSumsIdenticallyAndOwnersMatchTheAllReduce) {
+  for (int W = 1; W <= 4; ++W) {
+    Ring ring(W, 256);
+    for (int64_t n : kSizes) {
+      std::vector<std::vector<float>> ints(W, std::vector<float>(n)), all(W, std::vector<float>(n));
+      std::mt19937 rng(n + W);
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      for (int r = 0; r < W; ++r) {
+        for (int64_t i = 0; i < n; ++i) {
+          ints[r][i] = static_cast<float>((i * 7 + r * 13) % 31);
+          all[r][i] = normal(rng);
+        }
+      }
+      std::vector<std::vector<float>> scattered = all, inputs = all;
+      const Partition parts = EvenPartition(n, W, kCollectiveAlign);
+      ring.OnEveryRank([&](int r) {
+        auto a = ring.at(r).AllReduce(all[r].data(), n, DType::kFloat32, Wire::kBf16);
+        auto b = ring.at(r).ReduceScatter(scattered[r].data(), parts, Wire::kBf16);
+        auto c = ring.at(r).AllReduce(ints[r].data(), n, DType::kFloat32, Wire::kBf16);
+        EXPECT_TRUE(ring.at(r).Wait(a).ok());
+        EXPECT_TRUE(ring.at(r).Wait(b).ok());
+        EXPECT_TRUE(ring.at(r).Wait(c).ok());
+      });
+      int64_t at = 0;
+      for (int owner = 0; owner < W; ++owner) {
+        for (int64_t i = at; i < at + parts[owner]; ++i) {
+          for (int r = 0; r < W; ++r) {
+            ASSERT_EQ(std::memcmp(&all[r][i], &all[0][i], 4), 0) << "W=" << W << " rank " << r << " differs at " << i;
+          }
+          ASSERT_EQ(std::memcmp(&scattered[owner][i], &all[0][i], 4), 0) << "W=" << W << " owner " << owner << " at " << i;
+          float exact = 0, magnitude = 0, expect = 0;
+          for (int r = 0; r < W; ++r) {
+            exact += inputs[r][i];
+            magnitude += std::abs(inputs[r][i]);
+            expect += static_cast<float>((i * 7 + r * 13) % 31);
+          }
+          // Each of W roundings errs by at most 2^-9 of what it rounds.
+          if (W > 1) ASSERT_NEAR(all[0][i], exact, W * magnitude / 256) << "W=" << W << " at " << i;
+          ASSERT_EQ(ints[0][i], expect);
+        }
+        at += parts[owner];
       }
     }
   }

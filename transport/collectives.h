@@ -23,6 +23,12 @@
 namespace herd::transport {
 
 enum class DType { kFloat32, kFloat64 };
+// How a float32 sum travels: as float32, or as bfloat16 (half the bytes),
+// each partial sum rounded to bf16 as it leaves a rank and added in fp32
+// where it arrives; a part's final sum is rounded to bf16 on the rank that
+// completes it too, so every rank (and a reduce-scatter's owner) still
+// holds bitwise the same values.
+enum class Wire { kFloat32, kBf16 };
 
 // Parts are common/partition.h's: counts per rank in rank order; an
 // all-reduce cuts its buffer by EvenPartition(n, size, kCollectiveAlign).
@@ -36,11 +42,12 @@ class Collectives {
   virtual int rank() const = 0;
   virtual int size() const = 0;
 
-  // data[0, n) summed over all ranks, on every rank.
-  virtual Handle AllReduce(void* data, int64_t n, DType dtype) = 0;
+  // data[0, n) summed over all ranks, on every rank. A bf16 wire applies
+  // to kFloat32 only.
+  virtual Handle AllReduce(void* data, int64_t n, DType dtype, Wire wire = Wire::kFloat32) = 0;
   // Afterwards rank r's part of data (per `parts`, which must sum to the
   // buffer's length) holds the sum over ranks; the rest is scratch.
-  virtual Handle ReduceScatter(float* data, const Partition& parts) = 0;
+  virtual Handle ReduceScatter(float* data, const Partition& parts, Wire wire = Wire::kFloat32) = 0;
   // Rank r contributes its part; afterwards every rank holds every part.
   virtual Handle AllGather(float* data, const Partition& parts) = 0;
   // root's data[0, n) on every rank.

@@ -93,6 +93,12 @@ class NcclCollectives::Impl {
     if (failed_.ok()) failed_ = st;
   }
 
+  // An operation that cannot be issued: it (and every later one) fails.
+  Handle Refuse(const char* what, const std::string& why) {
+    Fail(Status::InvalidArgument(std::string("collective: ") + what + ": " + why));
+    return Record(ncclSuccess, what);
+  }
+
   // Constant after construction.
   const int rank_, size_;
 
@@ -139,7 +145,8 @@ int NcclCollectives::rank() const { return impl_->rank_; }
 int NcclCollectives::size() const { return impl_->size_; }
 cudaStream_t NcclCollectives::stream() const { return impl_->stream_; }
 
-Collectives::Handle NcclCollectives::AllReduce(void* data, int64_t n, DType dtype) {
+Collectives::Handle NcclCollectives::AllReduce(void* data, int64_t n, DType dtype, Wire wire) {
+  if (wire != Wire::kFloat32) return impl_->Refuse("all-reduce", "NCCL sums in the buffer's dtype: no bf16 wire");
   const ncclDataType_t t = dtype == DType::kFloat64 ? ncclFloat64 : ncclFloat32;
   return impl_->Record(ncclAllReduce(data, data, n, t, ncclSum, impl_->comm_, impl_->stream_), "all-reduce");
 }
@@ -147,10 +154,7 @@ Collectives::Handle NcclCollectives::AllReduce(void* data, int64_t n, DType dtyp
 // One NCCL call per non-empty part, rooted at the part's rank, as a group.
 template <typename PerPart>
 Collectives::Handle NcclCollectives::Grouped(const Partition& parts, const char* what, PerPart per_part) {
-  if (static_cast<int>(parts.size()) != size()) {
-    impl_->Fail(Status::InvalidArgument("collective: a partition needs one part per rank"));
-    return impl_->Record(ncclSuccess, what);
-  }
+  if (static_cast<int>(parts.size()) != size()) return impl_->Refuse(what, "a partition needs one part per rank");
   ncclResult_t r = ncclGroupStart();
   int64_t at = 0;
   for (int p = 0; p < size() && r == ncclSuccess; ++p) {
@@ -161,7 +165,8 @@ Collectives::Handle NcclCollectives::Grouped(const Partition& parts, const char*
   return impl_->Record(r != ncclSuccess ? r : end, what);
 }
 
-Collectives::Handle NcclCollectives::ReduceScatter(float* data, const Partition& parts) {
+Collectives::Handle NcclCollectives::ReduceScatter(float* data, const Partition& parts, Wire wire) {
+  if (wire != Wire::kFloat32) return impl_->Refuse("reduce-scatter", "NCCL sums in the buffer's dtype: no bf16 wire");
   return Grouped(parts, "reduce-scatter", [&](int64_t at, int64_t n, int root) {
     return ncclReduce(data + at, data + at, n, ncclFloat32, ncclSum, root, impl_->comm_, impl_->stream_);
   });

@@ -35,8 +35,9 @@ class NcclCollectives : public Collectives {
 
   int rank() const override;
   int size() const override;
-  Handle AllReduce(void* data, int64_t n, DType dtype) override;
-  Handle ReduceScatter(float* data, const Partition& parts) override;
+  // The wire is always the buffer's dtype here (a bf16 wire is refused).
+  Handle AllReduce(void* data, int64_t n, DType dtype, Wire wire = Wire::kFloat32) override;
+  Handle ReduceScatter(float* data, const Partition& parts, Wire wire = Wire::kFloat32) override;
   Handle AllGather(float* data, const Partition& parts) override;
   Handle Broadcast(float* data, int64_t n, int root) override;
   Status Wait(Handle handle) override;

@@ -6,6 +6,7 @@
 #include <bit>
 #include <cstring>
 
+#include "common/bf16.h"
 #include "common/trace.h"
 
 namespace herd::transport {
@@ -61,6 +62,7 @@ struct RingCollectives::Op {
   char* data = nullptr;
   DType dtype = DType::kFloat32;
   int elem = 4;
+  bool bf16 = false;  // float32 data, bf16 on the wire
   std::vector<int64_t> begin;  // part boundaries in elements, size W+1 (broadcast: 2)
   int root = 0;
   int64_t chunk_elems = 0;
@@ -71,6 +73,7 @@ struct RingCollectives::Op {
   int64_t trace_start = -1;  // when it was issued (log.trace)
 
   int parts() const { return static_cast<int>(begin.size()) - 1; }
+  int wire_elem() const { return bf16 ? 2 : elem; }
   int64_t Chunks(int part) const {
     const int64_t len = begin[part + 1] - begin[part];
     return (len + chunk_elems - 1) / chunk_elems;
@@ -125,12 +128,16 @@ std::unique_ptr<RingCollectives::Op> NewOp(Kind kind, void* data, const Partitio
 
 }  // namespace
 
-Collectives::Handle RingCollectives::AllReduce(void* data, int64_t n, DType dtype) {
-  return Issue(NewOp(Kind::kAllReduce, data, EvenPartition(n, size(), kCollectiveAlign), dtype == DType::kFloat64 ? 8 : 4));
+Collectives::Handle RingCollectives::AllReduce(void* data, int64_t n, DType dtype, Wire wire) {
+  auto op = NewOp(Kind::kAllReduce, data, EvenPartition(n, size(), kCollectiveAlign), dtype == DType::kFloat64 ? 8 : 4);
+  op->bf16 = wire == Wire::kBf16 && dtype == DType::kFloat32;
+  return Issue(std::move(op));
 }
 
-Collectives::Handle RingCollectives::ReduceScatter(float* data, const Partition& parts) {
-  return Issue(NewOp(Kind::kReduceScatter, data, parts));
+Collectives::Handle RingCollectives::ReduceScatter(float* data, const Partition& parts, Wire wire) {
+  auto op = NewOp(Kind::kReduceScatter, data, parts);
+  op->bf16 = wire == Wire::kBf16;
+  return Issue(std::move(op));
 }
 
 Collectives::Handle RingCollectives::AllGather(float* data, const Partition& parts) {
@@ -247,6 +254,13 @@ void RingCollectives::ReturnBuffer(std::unique_ptr<char[]> buffer) {
   if (buffer != nullptr && pool_.size() < kMaxPooledBuffers) pool_.push_back(std::move(buffer));
 }
 
+void RingCollectives::ReturnScratch(Op& op, char* buf) {
+  auto& s = op.scratch;
+  auto used = std::find_if(s.begin(), s.end(), [buf](const auto& p) { return p.get() == buf; });
+  ReturnBuffer(std::move(*used));
+  s.erase(used);
+}
+
 void RingCollectives::SendChunk(Op& op, int phase, int step, int64_t chunk) {
   const int W = size();
   const int part = phase == kBroadcast ? 0 : phase == kReduce ? Mod(rank_ - step - 1, W) : Mod(rank_ - step, W);
@@ -259,14 +273,24 @@ void RingCollectives::SendChunk(Op& op, int phase, int step, int64_t chunk) {
   std::string header(sizeof h, '\0');
   std::memcpy(header.data(), &h, sizeof h);
   const uint64_t seq = op.seq;
-  transport_->Send(peers_[Mod(rank_ + 1, W)], am_id_, std::move(header), op.data + first * op.elem, count * op.elem,
-                   [this, seq, phase, step, chunk, sent_at = trace::StartTime()](const Status& sent) {
+  // A bf16 wire sends a rounded copy, from a pooled buffer.
+  const char* payload = op.data + first * op.elem;
+  char* staged = nullptr;
+  if (op.bf16) {
+    op.scratch.push_back(TakeBuffer());
+    staged = op.scratch.back().get();
+    FloatsToBf16(reinterpret_cast<const float*>(payload), reinterpret_cast<uint16_t*>(staged), count);
+    payload = staged;
+  }
+  transport_->Send(peers_[Mod(rank_ + 1, W)], am_id_, std::move(header), payload, count * op.wire_elem(),
+                   [this, seq, phase, step, chunk, staged, sent_at = trace::StartTime()](const Status& sent) {
                      trace::Async(ChunkTraceName(phase), "network", sent_at, {"op", static_cast<int64_t>(seq)},
                                   {"ring_step", step}, {"chunk", chunk});
                      MutexLock lock(&mu_);
                      auto it = ops_.find(seq);
                      if (it == ops_.end()) return;
                      Op& o = *it->second;
+                     if (staged != nullptr) ReturnScratch(o, staged);
                      --o.sends_left;
                      if (!sent.ok() && o.status.ok()) o.status = sent.WithContext("collective: ");
                      Settle(o);
@@ -286,7 +310,11 @@ void RingCollectives::OnChunk(Op& op, int phase, int step, int64_t chunk, const 
   const auto [first, count] = op.ChunkRange(part, chunk);
   --op.recvs_left;
   if (phase == kGather) {
-    if (bytes != nullptr) std::memcpy(op.data + first * op.elem, bytes, count * op.elem);
+    if (op.bf16) {
+      Bf16ToFloats(static_cast<const uint16_t*>(bytes), reinterpret_cast<float*>(op.data) + first, count);
+    } else if (bytes != nullptr) {
+      std::memcpy(op.data + first * op.elem, bytes, count * op.elem);
+    }
     if (step < W - 2) SendChunk(op, kGather, step + 1, chunk);
     return;
   }
@@ -297,6 +325,14 @@ void RingCollectives::OnChunk(Op& op, int phase, int step, int64_t chunk, const 
     double* mine = reinterpret_cast<double*>(op.data) + first;
     const double* in = static_cast<const double*>(bytes);
     for (int64_t i = 0; i < count; ++i) mine[i] += in[i];
+  } else if (op.bf16) {
+    float* mine = reinterpret_cast<float*>(op.data) + first;
+    const uint16_t* in = static_cast<const uint16_t*>(bytes);
+    for (int64_t i = 0; i < count; ++i) mine[i] += Bf16ToFloat(in[i]);
+    // This rank's part is final: rounded as every other rank receives it.
+    if (step == W - 2) {
+      for (int64_t i = 0; i < count; ++i) mine[i] = Bf16ToFloat(FloatToBf16(mine[i]));
+    }
   } else {
     float* mine = reinterpret_cast<float*>(op.data) + first;
     const float* in = static_cast<const float*>(bytes);
@@ -321,7 +357,7 @@ int RingCollectives::ExpectedChunk(const Op& op, const ChunkHeader& h, size_t by
     part = h.phase == kReduce ? Mod(rank_ - step - 2, W) : Mod(rank_ - step - 1, W);
   }
   if (part < 0 || h.chunk < 0 || h.chunk >= op.Chunks(part) ||
-      bytes != static_cast<size_t>(op.ChunkRange(part, h.chunk).second * op.elem)) {
+      bytes != static_cast<size_t>(op.ChunkRange(part, h.chunk).second * op.wire_elem())) {
     return -1;
   }
   return part;
@@ -363,10 +399,10 @@ void RingCollectives::OnMessage(PeerId from, std::string_view header, IncomingPa
   const int phase = h.phase;
   const int64_t chunk = h.chunk;
   // Reduce chunks land in a pooled buffer and are added; gather and
-  // broadcast chunks land in place.
+  // broadcast chunks land in place, but for bf16 ones (converted).
   char* buf = nullptr;
   void* dst;
-  if (phase == kReduce) {
+  if (phase == kReduce || op.bf16) {
     op.scratch.push_back(TakeBuffer());
     dst = buf = op.scratch.back().get();
   } else {
@@ -383,12 +419,7 @@ void RingCollectives::OnMessage(PeerId from, std::string_view header, IncomingPa
     } else if (!o.done) {
       OnChunk(o, phase, step, chunk, buf);
     }
-    if (buf != nullptr) {
-      auto& s = o.scratch;
-      auto used = std::find_if(s.begin(), s.end(), [buf](const auto& p) { return p.get() == buf; });
-      ReturnBuffer(std::move(*used));
-      s.erase(used);
-    }
+    if (buf != nullptr) ReturnScratch(o, buf);
     Settle(o);
   });
 }

@@ -10,6 +10,8 @@
 // then copies that one result everywhere, so every rank holds bitwise the
 // same values. Received gather/broadcast chunks land in place (zero-copy
 // for large chunks); reduce chunks land in a scratch buffer and are added.
+// With a bf16 wire (Wire::kBf16) every chunk travels as bf16 through
+// pooled buffers, and sums are added in fp32.
 //
 // Every incoming message is checked against the operation it names
 // (sequence, phase, step, chunk, length) before use; one that does not fit
@@ -47,8 +49,8 @@ class RingCollectives : public Collectives {
 
   int rank() const override { return rank_; }
   int size() const override { return static_cast<int>(peers_.size()); }
-  Handle AllReduce(void* data, int64_t n, DType dtype) override;
-  Handle ReduceScatter(float* data, const Partition& parts) override;
+  Handle AllReduce(void* data, int64_t n, DType dtype, Wire wire = Wire::kFloat32) override;
+  Handle ReduceScatter(float* data, const Partition& parts, Wire wire = Wire::kFloat32) override;
   Handle AllGather(float* data, const Partition& parts) override;
   Handle Broadcast(float* data, int64_t n, int root) override;
   Status Wait(Handle handle) override;
@@ -77,9 +79,11 @@ class RingCollectives : public Collectives {
   void KeepEarly(const ChunkHeader& h, IncomingPayload& payload) REQUIRES(mu_);
   // Applies the chunks of `op` that arrived before it started.
   void TakeEarly(Op& op) REQUIRES(mu_);
-  // Chunk-sized receive buffers, pooled.
+  // Chunk-sized receive (and bf16 send) buffers, pooled.
   std::unique_ptr<char[]> TakeBuffer() REQUIRES(mu_);
   void ReturnBuffer(std::unique_ptr<char[]> buffer) REQUIRES(mu_);
+  // Back to the pool: `buf`, one of `op`'s scratch buffers.
+  void ReturnScratch(Op& op, char* buf) REQUIRES(mu_);
   void Settle(Op& op) REQUIRES(mu_);
   void FailLocked(const Status& status) REQUIRES(mu_);
 

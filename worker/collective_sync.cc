@@ -91,7 +91,8 @@ class CollectiveStep : public SyncStrategy {
       paged->Release(mine.end * sizeof(float), (whole.end - mine.end) * sizeof(float));
     }
     if (replicas_ != nullptr && mine.size() > 0) {
-      replica_handles_.push_back(replicas_->AllReduce(grads + mine.begin, mine.size(), DType::kFloat32));
+      replica_handles_.push_back(
+          replicas_->AllReduce(grads + mine.begin, mine.size(), DType::kFloat32, o_.gradient_wire));
     }
   }
   // Waits for the slices' all-reduces with the replicas; the first failure
@@ -153,8 +154,9 @@ class CollectiveSync : public CollectiveStep {
     while (next_bucket_ < buckets.size() && buckets[next_bucket_].range.begin >= offset) {
       const Bucket& b = buckets[next_bucket_];
       float* g = grads_ + b.range.begin;
-      grad_handles_.push_back(zero_ ? InFlight{&g_, g_.ReduceScatter(g, parts_[next_bucket_])}
-                                    : InFlight{&c_, c_.AllReduce(g, b.range.size(), DType::kFloat32)});
+      grad_handles_.push_back(
+          zero_ ? InFlight{&g_, g_.ReduceScatter(g, parts_[next_bucket_], o_.gradient_wire)}
+                : InFlight{&c_, c_.AllReduce(g, b.range.size(), DType::kFloat32, o_.gradient_wire)});
       ++next_bucket_;
       // Paged gradients are let go, and a hybrid slice goes on to its
       // replicas, as the reduce-scatters complete.
@@ -308,7 +310,7 @@ class GatheredWeightsSync : public CollectiveStep, public WindowHooks, private B
     WaitFor({&g_, gathers_[i]}, &gather_status_);
   }
   void Send(int i) override {
-    scatters_[i] = g_.ReduceScatter(grads_ + window_.bucket(i).range.begin, parts_[PlanIndex(i)]);
+    scatters_[i] = g_.ReduceScatter(grads_ + window_.bucket(i).range.begin, parts_[PlanIndex(i)], o_.gradient_wire);
   }
   // The bucket's gradients are let go but for this worker's slice.
   void Retire(int i) override {

@@ -85,6 +85,9 @@ struct CollectiveSyncOptions {
   // are all-reduced. Both null: one group of all the workers.
   transport::Collectives* shard_group = nullptr;
   transport::Collectives* replicas = nullptr;
+  // How the gradients' reductions travel (cluster.wire_dtype); weights,
+  // norms and losses always travel exactly.
+  transport::Wire gradient_wire = transport::Wire::kFloat32;
   // Set when gradients arrive reduced (then `collectives` carries only the
   // norms, the losses and the weights).
   DeviceGradientReduction* device_reduction = nullptr;

@@ -91,6 +91,7 @@ void PrintRunHeader(const config::JobConfig& config, const JobOptions& job, cons
     } else {
       std::printf("all-reduce (%s) among %d workers", nccl ? "gradients by NCCL, the rest by UCX ring" : "UCX ring",
                   num_workers);
+      if (cluster.wire_dtype() == ClusterConfig::BF16) std::printf(", gradients bf16 on the wire");
       if (cluster.zero_stage() > 0) std::printf(", ZeRO-%d", cluster.zero_stage());
       if (cluster.shard_group_size() > 0 && cluster.shard_group_size() < num_workers) {
         std::printf(" in shard groups of %d, replicated %d times", cluster.shard_group_size(),
@@ -355,6 +356,7 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeStrategy() {
       c.collectives = runtime_->ring();
       c.shard_group = runtime_->shard_ring();
       c.replicas = runtime_->replica_ring();
+      c.gradient_wire = cluster.wire_dtype() == ClusterConfig::BF16 ? transport::Wire::kBf16 : transport::Wire::kFloat32;
       c.device_reduction = device_reduction_.get();
       if (pages_grads_) c.paged_grads = &paged_grads_;
       if (windowed_) c.paged_weights = &paged_weights_;
