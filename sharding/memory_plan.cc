@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/memory.h"
+#include "common/ring_memory.h"
 #include "model/cuda/device_memory.h"
 #include "model/llama.h"
 #include "sharding/job_options.h"
@@ -178,6 +179,14 @@ StatusOr<ProcessMemory> TrainerMemory(const JobSizes& j) {
   }
   t.activations = j.host_activations;
   t.buffers += j.staging;
+  if (j.cluster.sync() == config::ClusterConfig::ALLREDUCE && j.W > 1 && !(j.gpu && j.cluster.nccl())) {
+    // Each ring's chunk buffers (common/ring_memory.h): the chunks sent
+    // ahead of this worker, and with a bf16 wire its rounded copies being
+    // sent. A hybrid worker runs three rings (all, its group, its replicas).
+    const int G = ShardGroupSize(j.cluster, j.W);
+    const int rings = G < j.W ? 3 : 1;
+    t.buffers += rings * (kRingChunksAhead + (j.bf16 ? kRingChunksInFlight : 0)) * kRingChunkBytes;
+  }
   t.device = j.gpu_bytes;
   t.runtime = kRuntimeBytes;
   if (j.gpu && t.role == "trainer") {

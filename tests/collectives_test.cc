@@ -6,6 +6,7 @@
 // reduce-scatter and all-gather; several operations may be in flight.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -45,6 +46,7 @@ class Ring {
   }
   int size() const { return static_cast<int>(collectives_.size()); }
   Collectives& at(int r) { return *collectives_[r]; }
+  RingCollectives& ring(int r) { return *collectives_[r]; }
   // Runs fn(rank) on one thread per rank.
   void OnEveryRank(const std::function<void(int)>& fn) {
     std::vector<std::thread> threads;
@@ -209,6 +211,38 @@ TEST(RingCollectives, Bf16WireSumsIdenticallyAndOwnersMatchTheAllReduce) {
       }
     }
   }
+}
+
+// A rank that issues late (here 200 ms, three operations of 1024 chunks
+// each) is sent kRingChunksAhead chunks ahead at most: no rank ever holds
+// more than kRingChunkBuffers chunk buffers, and the sums are right.
+TEST(RingCollectives, ALateRankHoldsBoundedChunks) {
+  const int W = 4;
+  Ring ring(W, 4096);
+  const int64_t n = 1 << 20;
+  std::vector<std::vector<std::vector<float>>> data(3, std::vector<std::vector<float>>(W, std::vector<float>(n)));
+  for (int k = 0; k < 3; ++k) {
+    for (int r = 0; r < W; ++r) {
+      for (int64_t i = 0; i < n; ++i) data[k][r][i] = static_cast<float>((i + k + r) % 7);
+    }
+  }
+  ring.OnEveryRank([&](int r) {
+    if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    std::vector<Collectives::Handle> h;
+    for (int k = 0; k < 3; ++k) h.push_back(ring.at(r).AllReduce(data[k][r].data(), n, DType::kFloat32));
+    for (auto handle : h) EXPECT_TRUE(ring.at(r).Wait(handle).ok());
+  });
+  for (int k = 0; k < 3; ++k) {
+    for (int64_t i = 0; i < n; i += 997) {
+      float expect = 0;
+      for (int r = 0; r < W; ++r) expect += static_cast<float>((i + k + r) % 7);
+      for (int r = 0; r < W; ++r) ASSERT_EQ(data[k][r][i], expect) << k << " " << r << " " << i;
+    }
+  }
+  for (int r = 0; r < W; ++r) {
+    EXPECT_LE(ring.ring(r).peak_chunk_buffers(), kRingChunkBuffers) << "rank " << r;
+  }
+  EXPECT_GE(ring.ring(1).peak_chunk_buffers(), kRingChunksAhead) << "the late rank was sent chunks ahead";
 }
 
 // Ring messages are checked before use: a chunk from a peer that is not

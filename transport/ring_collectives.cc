@@ -14,7 +14,8 @@ namespace {
 
 static_assert(std::endian::native == std::endian::little, "headers are sent in host order: little-endian only");
 
-enum Phase : uint8_t { kReduce = 0, kGather = 1, kBroadcast = 2 };
+// kReady travels the other way: "I have started operation seq".
+enum Phase : uint8_t { kReduce = 0, kGather = 1, kBroadcast = 2, kReady = 3 };
 enum class Kind { kAllReduce, kReduceScatter, kAllGather, kBroadcast };
 
 // An operation, and a chunk in flight, as the trace names them.
@@ -35,12 +36,7 @@ const char* ChunkTraceName(int phase) {
   return phase == kReduce ? "ring reduce chunk" : phase == kGather ? "ring gather chunk" : "ring broadcast chunk";
 }
 
-// Messages kept for operations not yet issued are bounded.
-constexpr int64_t kMaxEarlyBytes = int64_t{2} << 30;
 constexpr uint64_t kMaxSeqAhead = 1 << 20;
-// Chunk buffers kept for reuse: allocating a fresh one per chunk costs page
-// faults (and, above malloc's mmap threshold, an mmap/munmap pair).
-constexpr size_t kMaxPooledBuffers = 256;
 
 int Mod(int64_t a, int w) { return static_cast<int>(((a % w) + w) % w); }
 
@@ -184,6 +180,13 @@ Collectives::Handle RingCollectives::Issue(std::unique_ptr<Op> op) {
 
 void RingCollectives::Start(Op& op) {
   const int W = size();
+  // Ready, to the left-hand neighbour (which sends to this rank).
+  ChunkHeader ready{};
+  ready.seq = op.seq;
+  ready.phase = kReady;
+  std::string header(sizeof ready, '\0');
+  std::memcpy(header.data(), &ready, sizeof ready);
+  transport_->Send(peers_[Mod(rank_ - 1, W)], am_id_, std::move(header), nullptr, 0, [](const Status&) {});
   auto count = [&](int phase, bool sending) {
     int64_t total = 0;
     for (int s = 0; s < W - 1; ++s) {
@@ -243,7 +246,11 @@ void RingCollectives::TakeEarly(Op& op) {
   if (list.empty()) early_.erase(it);
 }
 
+// Buffers are kept for reuse (allocating one per chunk costs page faults
+// and, above malloc's mmap threshold, an mmap/munmap pair); the flow
+// control bounds how many are ever out at once.
 std::unique_ptr<char[]> RingCollectives::TakeBuffer() {
+  peak_buffers_ = std::max(peak_buffers_, ++buffers_out_);
   if (pool_.empty()) return std::unique_ptr<char[]>(new char[chunk_bytes_]);  // uninitialised: overwritten
   std::unique_ptr<char[]> b = std::move(pool_.back());
   pool_.pop_back();
@@ -251,7 +258,14 @@ std::unique_ptr<char[]> RingCollectives::TakeBuffer() {
 }
 
 void RingCollectives::ReturnBuffer(std::unique_ptr<char[]> buffer) {
-  if (buffer != nullptr && pool_.size() < kMaxPooledBuffers) pool_.push_back(std::move(buffer));
+  if (buffer == nullptr) return;
+  --buffers_out_;
+  if (pool_.size() < static_cast<size_t>(kRingChunkBuffers)) pool_.push_back(std::move(buffer));
+}
+
+int RingCollectives::peak_chunk_buffers() {
+  MutexLock lock(&mu_);
+  return peak_buffers_;
 }
 
 void RingCollectives::ReturnScratch(Op& op, char* buf) {
@@ -262,6 +276,45 @@ void RingCollectives::ReturnScratch(Op& op, char* buf) {
 }
 
 void RingCollectives::SendChunk(Op& op, int phase, int step, int64_t chunk) {
+  held_.push_back({op.seq, phase, step, chunk});
+  SendHeld();
+}
+
+void RingCollectives::SendHeld() {
+  // In order, each chunk that may go; a started operation's chunks are not
+  // held up behind a later one's. (An operation holding chunks has sends
+  // left, so it is still in ops_; a failed one's are dropped.)
+  size_t kept = 0;
+  for (size_t i = 0; i < held_.size(); ++i) {
+    const HeldChunk c = held_[i];
+    const bool ahead = c.seq >= right_started_;
+    if (sends_in_flight_ >= kRingChunksInFlight || (ahead && total_ahead_ >= kRingChunksAhead)) {
+      held_[kept++] = c;
+      continue;
+    }
+    auto it = ops_.find(c.seq);
+    if (it == ops_.end() || it->second->done) continue;
+    if (ahead) {
+      ++chunks_ahead_[c.seq];
+      ++total_ahead_;
+    }
+    ++sends_in_flight_;
+    Transmit(*it->second, c.phase, c.step, c.chunk);
+  }
+  held_.resize(kept);
+}
+
+void RingCollectives::OnReady(uint64_t seq) {
+  right_started_ = seq + 1;
+  auto ahead = chunks_ahead_.find(seq);
+  if (ahead != chunks_ahead_.end()) {
+    total_ahead_ -= ahead->second;
+    chunks_ahead_.erase(ahead);
+  }
+  SendHeld();
+}
+
+void RingCollectives::Transmit(Op& op, int phase, int step, int64_t chunk) {
   const int W = size();
   const int part = phase == kBroadcast ? 0 : phase == kReduce ? Mod(rank_ - step - 1, W) : Mod(rank_ - step, W);
   const auto [first, count] = op.ChunkRange(part, chunk);
@@ -287,13 +340,16 @@ void RingCollectives::SendChunk(Op& op, int phase, int step, int64_t chunk) {
                      trace::Async(ChunkTraceName(phase), "network", sent_at, {"op", static_cast<int64_t>(seq)},
                                   {"ring_step", step}, {"chunk", chunk});
                      MutexLock lock(&mu_);
+                     --sends_in_flight_;
                      auto it = ops_.find(seq);
-                     if (it == ops_.end()) return;
-                     Op& o = *it->second;
-                     if (staged != nullptr) ReturnScratch(o, staged);
-                     --o.sends_left;
-                     if (!sent.ok() && o.status.ok()) o.status = sent.WithContext("collective: ");
-                     Settle(o);
+                     if (it != ops_.end()) {
+                       Op& o = *it->second;
+                       if (staged != nullptr) ReturnScratch(o, staged);
+                       --o.sends_left;
+                       if (!sent.ok() && o.status.ok()) o.status = sent.WithContext("collective: ");
+                       Settle(o);
+                     }
+                     SendHeld();
                    });
 }
 
@@ -370,18 +426,30 @@ void RingCollectives::OnMessage(PeerId from, std::string_view header, IncomingPa
     payload.Reject();
     FailLocked(Status::Corruption("collective: " + why));
   };
-  if (W < 2 || from != peers_[Mod(rank_ - 1, W)])
-    return refuse("a ring message from peer " + std::to_string(from) + ", not the left-hand neighbour");
   if (header.size() != sizeof(ChunkHeader)) return refuse("a ring message with a malformed header");
   ChunkHeader h;
   std::memcpy(&h, header.data(), sizeof h);
+  if (W >= 2 && h.phase == kReady && from == peers_[Mod(rank_ + 1, W)]) {
+    // Operations start in sequence order on every rank.
+    if (payload.size() != 0 || h.seq != right_started_) {
+      return refuse("a ready message for operation " + std::to_string(h.seq) + " (expected " +
+                    std::to_string(right_started_) + ", " + std::to_string(payload.size()) + " bytes)");
+    }
+    payload.Reject();
+    if (failed_.ok()) OnReady(h.seq);
+    return;
+  }
+  if (W < 2 || from != peers_[Mod(rank_ - 1, W)])
+    return refuse("a ring message from peer " + std::to_string(from) + ", not the left-hand neighbour");
   if (!failed_.ok()) return payload.Reject();
   auto it = ops_.find(h.seq);
   if (it == ops_.end() || !it->second->started) {
     // Not started here yet: keep it (bounded) until it is.
+    // The neighbour sends kRingChunksAhead at most before this rank says
+    // it has started (twice that while an earlier one's still arrive).
     if ((it == ops_.end() && (h.seq < next_seq_ || h.seq > next_seq_ + kMaxSeqAhead)) || h.phase > kBroadcast ||
-        h.chunk < 0 || static_cast<int>(h.step) >= W ||
-        early_bytes_ + static_cast<int64_t>(payload.size()) > kMaxEarlyBytes) {
+        h.chunk < 0 || static_cast<int>(h.step) >= W || payload.size() > static_cast<size_t>(chunk_bytes_) ||
+        early_bytes_ + static_cast<int64_t>(payload.size()) > 2 * kRingChunksAhead * chunk_bytes_) {
       return refuse("a ring message for operation " + std::to_string(h.seq) + " that cannot be expected");
     }
     return KeepEarly(h, payload);
@@ -398,8 +466,14 @@ void RingCollectives::OnMessage(PeerId from, std::string_view header, IncomingPa
   const uint64_t seq = op.seq;
   const int phase = h.phase;
   const int64_t chunk = h.chunk;
-  // Reduce chunks land in a pooled buffer and are added; gather and
-  // broadcast chunks land in place, but for bf16 ones (converted).
+  if (const void* bytes = payload.eager_data(); bytes != nullptr) {
+    OnChunk(op, phase, step, chunk, bytes);
+    Settle(op);
+    return;
+  }
+  // A rendezvous chunk: reduce chunks land in a pooled buffer and are
+  // added; gather and broadcast chunks land in place, but for bf16 ones
+  // (converted).
   char* buf = nullptr;
   void* dst;
   if (phase == kReduce || op.bf16) {

@@ -16,7 +16,14 @@
 // Every incoming message is checked against the operation it names
 // (sequence, phase, step, chunk, length) before use; one that does not fit
 // fails the operations with a line saying why. Messages for an operation
-// this rank has not issued yet are kept until it is issued.
+// this rank has not started yet are kept until it starts, bounded: a rank
+// tells its left-hand neighbour each operation it starts ("ready", in
+// sequence order), and a rank sends at most kRingChunksAhead chunks
+// (common/ring_memory.h) to a right-hand neighbour that has not said so,
+// and kRingChunksInFlight at most at once. Eager chunks are added (or
+// copied into place) straight from the transport's buffer. So a rank
+// holds at most kRingChunkBuffers chunk buffers beside its callers'
+// buffers, however late it issues.
 #pragma once
 
 #include <map>
@@ -24,6 +31,7 @@
 #include <vector>
 
 #include "common/mutex.h"
+#include "common/ring_memory.h"
 #include "transport/collectives.h"
 #include "transport/ucx_transport.h"
 
@@ -34,9 +42,6 @@ namespace herd::transport {
 inline constexpr uint16_t kAmRing = 10;
 inline constexpr uint16_t kAmShardRing = 11;
 inline constexpr uint16_t kAmReplicaRing = 12;
-// The pipelining grain by default: a chunk of this many bytes moves on as
-// soon as it is reduced.
-inline constexpr int64_t kRingChunkBytes = 512 << 10;
 
 class RingCollectives : public Collectives {
  public:
@@ -56,6 +61,10 @@ class RingCollectives : public Collectives {
   Status Wait(Handle handle) override;
   void Fail(const Status& status) override;
 
+  // The most chunk buffers this ring has held at once (for tests; at most
+  // kRingChunkBuffers).
+  int peak_chunk_buffers();
+
  public:
   struct Op;  // an operation in flight (ring_collectives.cc)
 
@@ -70,7 +79,16 @@ class RingCollectives : public Collectives {
   // A chunk of (phase, step) has arrived: `bytes` holds it for reduce
   // chunks and early arrivals, null when it landed in place.
   void OnChunk(Op& op, int phase, int step, int64_t chunk, const void* bytes) REQUIRES(mu_);
+  // Sends a chunk as soon as it may: fewer than kRingChunksInFlight sends
+  // in flight, and, if the right-hand neighbour has not started `op`,
+  // fewer than kRingChunksAhead chunks ahead of it.
   void SendChunk(Op& op, int phase, int step, int64_t chunk) REQUIRES(mu_);
+  // Sends the held chunks that may go now, in order.
+  void SendHeld() REQUIRES(mu_);
+  void Transmit(Op& op, int phase, int step, int64_t chunk) REQUIRES(mu_);
+  // The right-hand neighbour has started operation `seq`: the chunks sent
+  // ahead of it are its own now.
+  void OnReady(uint64_t seq) REQUIRES(mu_);
   // The part a received chunk belongs to, or -1 when `op` expects no such
   // chunk (wrong phase, step, index or length).
   int ExpectedChunk(const Op& op, const ChunkHeader& h, size_t bytes) const REQUIRES(mu_);
@@ -100,7 +118,22 @@ class RingCollectives : public Collectives {
   std::map<uint64_t, std::vector<std::shared_ptr<Early>>> early_ GUARDED_BY(mu_);  // messages ahead of their op
   int64_t early_bytes_ GUARDED_BY(mu_) = 0;
   std::vector<std::unique_ptr<char[]>> pool_ GUARDED_BY(mu_);
+  int buffers_out_ GUARDED_BY(mu_) = 0;  // chunk buffers taken and not returned
+  int peak_buffers_ GUARDED_BY(mu_) = 0;
   uint64_t next_seq_ GUARDED_BY(mu_) = 0;
+  // Flow control towards the right-hand neighbour: the operations it has
+  // started (seq < right_started_), the chunks sent to it ahead of that,
+  // per operation, and the chunks held back (in order).
+  struct HeldChunk {
+    uint64_t seq;
+    int phase, step;
+    int64_t chunk;
+  };
+  uint64_t right_started_ GUARDED_BY(mu_) = 0;
+  std::map<uint64_t, int> chunks_ahead_ GUARDED_BY(mu_);
+  int total_ahead_ GUARDED_BY(mu_) = 0;
+  int sends_in_flight_ GUARDED_BY(mu_) = 0;
+  std::vector<HeldChunk> held_ GUARDED_BY(mu_);
   Status failed_ GUARDED_BY(mu_);
 };
 

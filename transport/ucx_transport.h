@@ -104,6 +104,9 @@ class IncomingPayload {
   // Refuses a rendezvous payload: the sender's send fails. Eager payloads
   // are simply dropped.
   void Reject();
+  // An eager payload's bytes, to use while the handler runs instead of
+  // receiving them (null for a rendezvous payload).
+  const void* eager_data() const { return rendezvous_ ? nullptr : data_; }
 
  private:
   friend class UcxTransport;
