@@ -11,11 +11,13 @@ one JSON line per rate and mode: step time, tokens/s, the share of the step
 workers spent waiting on communication, bytes each node's link carried per
 step in each direction (the kernel's counters, not herd's) with the packets
 its rate limiters dropped, and peak memory per process; then the theory
-check: bytes per worker link per step each way against the prediction
+check: bytes per worker link per step each way against `herd plan`'s
+prediction (sharding/traffic_plan.h), with the textbook formula beside it
 (PS: M, the gradient bytes, each way, and M more in when streamed weights
 are pulled again for backward; a ring all-reduce, and ZeRO-1/2's
 reduce-scatter + all-gather: 2(n-1)/n M; ZeRO-3's two all-gathers and a
-reduce-scatter: 3(n-1)/n M), the communication time per step (the step
+reduce-scatter: 3(n-1)/n M; the plan counts what the weight window
+actually fetches), the communication time per step (the step
 time at the rate minus the same layout's step time on uncapped links,
 measured in this run) against the busier direction's bytes at the rate,
 and each mode's step against DDP's at the same rate.
@@ -71,16 +73,29 @@ def zero_stage(mode):
     return int(mode[len("allreduce_zero"):]) if mode.startswith("allreduce_zero") else 0
 
 
-def predicted_bytes(mode, M, W):
-    """Bytes a worker's link carries per step (sent, received): BytePS's
-    PS figure (M each way; streamed weights are pulled again for backward),
-    a ring's (n-1)/n M per reduce-scatter or all-gather: DDP's all-reduce
-    and ZeRO-1/2's reduce-scatter + all-gather are two, ZeRO-3's gathers
-    for forward and backward and its reduce-scatter three."""
+def formula_bytes(mode, M, W):
+    """Bytes a worker's link carries per step (sent, received), by the
+    textbook: BytePS's PS figure (M each way; streamed weights are pulled
+    again for backward), a ring's (n-1)/n M per reduce-scatter or
+    all-gather: DDP's all-reduce and ZeRO-1/2's reduce-scatter +
+    all-gather are two, ZeRO-3's gathers for forward and backward and its
+    reduce-scatter three."""
     ring = (W - 1) / W * M
     return {"ps": (M, M), "ps_streamed": (M, 2 * M), "allreduce": (2 * ring, 2 * ring),
             "allreduce_zero1": (2 * ring, 2 * ring), "allreduce_zero2": (2 * ring, 2 * ring),
             "allreduce_zero3": (3 * ring, 3 * ring)}.get(mode)
+
+
+def planned_bytes(args, mode):
+    """(sent, received) per step by `herd plan` (sharding/traffic_plan.h):
+    the formula, but with what the weight window actually pulls or gathers
+    (units held across the turn from forward to backward are not fetched
+    again)."""
+    sets = [s for s in job_sets(args, mode, "/nonexistent", args.steps) if s.startswith("cluster.")]
+    p = subprocess.run(with_sets([os.path.join(args.build, "herd"), "plan", args.config, "--json"], sets),
+                       capture_output=True, text=True, check=True)
+    t = json.loads(p.stdout)["worker_traffic"]
+    return t["sent"], t["received"]
 
 
 def with_sets(argv, sets):
@@ -254,9 +269,10 @@ def main():
             print(json.dumps(r), flush=True)
             by_mode[mode] = r
         for mode, r in by_mode.items():
-            predicted = predicted_bytes(mode, M, W)
-            if predicted is None:
+            formula = formula_bytes(mode, M, W)
+            if formula is None:
                 continue
+            predicted = planned_bytes(args, mode)
             links = r["worker_link_MB"]
             tx = statistics.mean(l["tx"] for l in links) * 1e6
             rx = statistics.mean(l["rx"] for l in links) * 1e6
@@ -265,6 +281,7 @@ def main():
                               "worker_link_MB": {"tx": round(tx / 1e6, 2), "rx": round(rx / 1e6, 2)},
                               "predicted_MB": {"tx": round(predicted[0] / 1e6, 2), "rx": round(predicted[1] / 1e6, 2)},
                               "bytes_ratio": {"tx": round(tx / predicted[0], 3), "rx": round(rx / predicted[1], 3)},
+                              "formula_MB": {"tx": round(formula[0] / 1e6, 2), "rx": round(formula[1] / 1e6, 2)},
                               "comm_s": r["comm_s"], "predicted_comm_s": round(busier / B, 4),
                               "time_ratio": round(r["comm_s"] / (busier / B), 3),
                               "vs_allreduce_step": round(r["step_s"] / by_mode["allreduce"]["step_s"], 3)

@@ -429,6 +429,12 @@ bool StreamsUpdates(const JobConfig& config) {
          !config.cluster().elastic();
 }
 
+bool StepsSlicesAsScattered(const JobConfig& config) {
+  const config::ClusterConfig& cl = config.cluster();
+  return cl.sync() == config::ClusterConfig::ALLREDUCE && cl.zero_stage() == 3 && StreamsUpdates(config) &&
+         (cl.shard_group_size() == 0 || cl.shard_group_size() == cl.workers());
+}
+
 int NumWorkers(const JobConfig& config) {
   return config.cluster().sync() == config::ClusterConfig::NONE ? 1 : config.cluster().workers();
 }

@@ -50,5 +50,9 @@ int NumWorkers(const JobConfig& config);
 // clipping (the norm), no spike guard (the norm and the loss), and not an
 // elastic job (whose steps are transactions).
 bool StreamsUpdates(const JobConfig& config);
+// ZeRO-3's owners step each slice as soon as its gradients are reduced,
+// for the same reason (StreamsUpdates), when one shard group holds every
+// slice (no hybrid replicas whose all-reduce would come first).
+bool StepsSlicesAsScattered(const JobConfig& config);
 
 }  // namespace herd

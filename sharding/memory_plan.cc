@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "common/config.h"
 #include "common/memory.h"
 #include "common/ring_memory.h"
 #include "model/cuda/device_memory.h"
@@ -168,8 +169,9 @@ StatusOr<ProcessMemory> TrainerMemory(const JobSizes& j) {
       replay.prefetch = j.cluster.stream_prefetch_layers();
       replay.accumulates = accumulates;
       replay.keep_after_forward = !j.cluster.reshard_after_forward();
+      // A slice that steps as it is reduced lets its gradients go too.
       for (auto b = plan.buckets().rbegin(); b != plan.buckets().rend(); ++b) {
-        replay.kept_on_retire.push_back(OwnerParts(*b, group)[0]);
+        replay.kept_on_retire.push_back(StepsSlicesAsScattered(j.config) ? 0 : OwnerParts(*b, group)[0]);
       }
       const StreamedPeak peak = ReplayStreamedStep(plan, j.layout, replay);
       t.weights = peak.weights + owned * kF32;

@@ -131,6 +131,7 @@ StreamedPeak ReplayStreamedStep(const ShardPlan& plan, const ParamLayout& layout
   std::vector<bool> grads(w.num_buckets(), accumulates);  // gradients written and not let go
   std::vector<bool> pulling(w.num_buckets(), false);      // staged pulls not yet landed
   StreamedPeak now, peak;
+  int64_t pulled = 0;
   auto size = [&](int i) { return w.bucket(i).range.size(); };
   auto sample = [&] {
     if (now.total() > peak.total()) peak = now;
@@ -138,6 +139,7 @@ StreamedPeak ReplayStreamedStep(const ShardPlan& plan, const ParamLayout& layout
   auto apply = [&](const WeightWindow::Actions& a) {
     for (int i : a.release) now.weights -= size(i) * f32;
     for (int i : a.pull) {
+      pulled += size(i);
       now.weights += size(i) * f32;
       now.staging += size(i) * staged_bytes;
       pulling[i] = true;
@@ -197,6 +199,7 @@ StreamedPeak ReplayStreamedStep(const ShardPlan& plan, const ParamLayout& layout
   backward_unit(0, false);
   while (!computed.empty()) finalize();
   apply(w.RetireAll());
+  peak.pulled = pulled;
   return peak;
 }
 

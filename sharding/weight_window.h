@@ -95,6 +95,8 @@ class WeightWindow {
 struct StreamedPeak {
   int64_t weights = 0, gradients = 0, staging = 0;
   int64_t total() const { return weights + gradients + staging; }
+  // Not a peak: the elements pulled (gathered) over the whole step.
+  int64_t pulled = 0;
 };
 struct StreamedReplay {
   int prefetch = 1;

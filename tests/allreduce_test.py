@@ -13,7 +13,8 @@ and against parameter-server mode:
   layer at once; tied: gradients kept whole until the last micro-batch),
   and for ZeRO-3 with no prefetch, with two units of it, with units kept
   from forward to backward, and with recompute FULL; with gradients bf16
-  on the wire (wire_dtype BF16) too;
+  on the wire (wire_dtype BF16) too; and without clipping, where each
+  ZeRO-3 slice steps as soon as its gradients are reduced;
 * reruns are bitwise identical, also when evaluating every 4 steps
   (evaluation must not touch training; every ZeRO-3 worker takes part in
   it); stop at 10 and --resume to 30 is bitwise equal to the straight run
@@ -115,6 +116,14 @@ def main():
             cfg = f.read().replace("seed: 7", "seed: 7 " + train)
         sb.run("launch", sb.write(name + ".textproto", cfg))
         same_as_ddp("ar2_z0", name)
+    # Without clipping a ZeRO-3 slice steps as soon as its gradients are
+    # reduced, and lets them go: still DDP's bits.
+    for zero in (0, 3):
+        with open(job(f"noclip_z{zero}", 4, ar(2, zero))) as f:
+            cfg = f.read().replace("clip_norm: 1.0", "clip_norm: 0")
+        assert "clip_norm: 0 " in cfg
+        sb.run("launch", sb.write(f"noclip_z{zero}.textproto", cfg))
+    same_as_ddp("noclip_z0", "noclip_z3")
     # Gradients bf16 on the wire: every stage still DDP's bits (each sum
     # rounded alike wherever it completes), and near the fp32 run.
     for zero in (0, 1, 2, 3):

@@ -6,7 +6,9 @@
 
 #include "common/config.h"
 #include "common/strings.h"
+#include "model/param_layout.h"
 #include "sharding/memory_plan.h"
+#include "sharding/traffic_plan.h"
 
 namespace herd {
 namespace {
@@ -99,6 +101,41 @@ TEST(ConfigTest, EveryShippedConfigLoadsAndPlans) {
   }
   ::closedir(d);
   EXPECT_GE(n, 4);
+}
+
+// What a worker's link carries per step, by mode: the ring's (n-1)/n a
+// pass, ZeRO-3's gathers as the window makes them (one a step when units
+// stay from forward to backward), hybrid sharding's group and replica
+// rings, parameter servers' pushes and pulls.
+TEST(TrafficPlan, EachModeMovesWhatItsPolicySays) {
+  auto traffic = [](const std::string& cluster) {
+    auto c = ParseJobConfig("model { num_hidden_layers: 4 } cluster { bucket_mb: 0.05 " + cluster + " }", "t");
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    auto t = PlanWorkerTraffic(*c);
+    EXPECT_TRUE(t.ok()) << t.status().ToString();
+    return std::pair<double, double>(t->sent, t->received);
+  };
+  auto c = ParseJobConfig("model { num_hidden_layers: 4 }", "t");
+  ASSERT_TRUE(c.ok());
+  const double M = ParamLayout(LlamaShape::FromConfig(c->model())).size() * 4.0;
+  auto near = [&](double got, double want) { EXPECT_NEAR(got, want, 2.0) << "of " << want; };
+  near(traffic("sync: ALLREDUCE workers: 4").first, 2 * 0.75 * M);
+  near(traffic("sync: ALLREDUCE workers: 4 wire_dtype: BF16").first, 0.75 * M);
+  near(traffic("sync: ALLREDUCE workers: 4 zero_stage: 2").second, 2 * 0.75 * M);
+  near(traffic("sync: ALLREDUCE workers: 4 zero_stage: 2 wire_dtype: BF16").second, 0.75 * M * 1.5);
+  near(traffic("sync: ALLREDUCE workers: 4 zero_stage: 3 reshard_after_forward: false").first, 2 * 0.75 * M);
+  const double z3 = traffic("sync: ALLREDUCE workers: 4 zero_stage: 3").first;
+  EXPECT_GT(z3, 2.5 * 0.75 * M);  // gathered again for backward but what is held at the turn
+  EXPECT_LT(z3, 3 * 0.75 * M);
+  // Groups of 2: a pass in the group, then the slices (M/2) all-reduced
+  // between the 2 replicas.
+  near(traffic("sync: ALLREDUCE workers: 4 zero_stage: 1 shard_group_size: 2").first, 0.5 * M * 2 + 2 * 0.5 * M / 2);
+  near(traffic("sync: PARAMETER_SERVER servers: 2 workers: 4").second, M);
+  const auto streamed = traffic("sync: PARAMETER_SERVER servers: 2 workers: 4 stream_weights: true");
+  near(streamed.first, M);
+  EXPECT_GT(streamed.second, 1.5 * M);
+  EXPECT_LT(streamed.second, 2 * M);
+  EXPECT_EQ(traffic("sync: ALLREDUCE workers: 1").first, 0);
 }
 
 }  // namespace

@@ -4,8 +4,9 @@
 // weight outside the window would fault; the losses and the gradients
 // pushed are the same, bit for bit, as with every weight at hand; every
 // bucket is pushed once, in backward's order, and retired; the weights the
-// window held at its fullest are what ReplayStreamedStep (the memory plan)
-// counts, and they do not grow with depth.
+// window held at its fullest, and the elements it pulled, are what
+// ReplayStreamedStep (the memory and traffic plans) counts, and they do
+// not grow with depth.
 #include <glog/logging.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
@@ -59,6 +60,7 @@ struct Outcome {
   std::vector<float> grads;       // what reached the "servers"
   std::vector<int> pushed;        // bucket indices (forward order), in push order
   int64_t peak_held_weights = 0;  // bytes
+  int64_t pulled = 0;             // elements pulled over the step
 };
 
 // Every weight at hand, gradients accumulated over the micro-batches one
@@ -126,6 +128,7 @@ Outcome Streamed(const LlamaShape& shape, int64_t bucket_elements, int prefetch,
       weights->Admit(x.begin * sizeof(float), x.size() * sizeof(float));
       std::memcpy(w + x.begin, servers.data() + x.begin, x.size() * sizeof(float));
       held += x.size() * sizeof(float);
+      r.pulled += x.size();
     }
     r.peak_held_weights = std::max(r.peak_held_weights, held);
     for (int i : a.wait) EXPECT_TRUE(window.held(i)) << "waits for bucket " << i << ", which it does not hold";
@@ -244,6 +247,16 @@ TEST(WeightWindow, PlanCountsWhatTheWindowHolds) {
       replay.accumulates = true;
       const StreamedPeak plan = ReplayStreamedStep(Plan(layout, bucket), layout, replay);
       EXPECT_EQ(plan.weights, streamed.peak_held_weights) << "tied " << tied << ", prefetch " << prefetch;
+      // What it pulls (the traffic plan's count): each micro-batch in turn
+      // pulls what one pass does.
+      EXPECT_EQ(plan.pulled * kMicro, streamed.pulled) << "tied " << tied << ", prefetch " << prefetch;
+      EXPECT_GT(plan.pulled, layout.size()) << "backward pulls again";
+      if (!tied) {
+        replay.accumulates = false;
+        EXPECT_EQ(ReplayStreamedStep(Plan(layout, bucket), layout, replay).pulled,
+                  Streamed(shape, bucket, prefetch, /*layer_major=*/true).pulled)
+            << "one layer-major pass, prefetch " << prefetch;
+      }
     }
   }
 }

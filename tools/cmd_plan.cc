@@ -1,7 +1,8 @@
 // herd plan CONFIG [--set path=value ...] [--mem BYTES] [--gpu-mem BYTES] [--frontier] [--json]
 //
 // Prints what every process of the job will hold (sharding/memory_plan.h;
-// CUDA workers' GPU bytes in their own column) and, with --mem and/or
+// CUDA workers' GPU bytes in their own column), what a worker's link
+// carries per step (sharding/traffic_plan.h) and, with --mem and/or
 // --gpu-mem, the deepest model of the config's width that fits that much
 // host memory per process and device memory per GPU worker. --frontier
 // asks that for every mode herd has (DDP, ZeRO-1/2/3, parameter servers, with
@@ -19,6 +20,7 @@
 #include "common/strings.h"
 #include "model/param_layout.h"
 #include "sharding/memory_plan.h"
+#include "sharding/traffic_plan.h"
 #include "tools/args.h"
 #include "tools/commands.h"
 
@@ -31,8 +33,8 @@ std::string Name(const ProcessMemory& p, int workers) {
   return p.role;
 }
 
-void PrintJson(const config::JobConfig& config, const MemoryPlan& plan, const config::JobConfig* fit, int64_t mem,
-               int64_t gpu_mem) {
+void PrintJson(const config::JobConfig& config, const MemoryPlan& plan, const WorkerTraffic& traffic,
+               const config::JobConfig* fit, int64_t mem, int64_t gpu_mem) {
   // The job's process counts, for scripts that start it (examples/slurm).
   std::printf("{\"parameters\": %lld, \"sync\": \"%s\", \"servers\": %d, \"workers\": %d, \"processes\": [",
               static_cast<long long>(plan.parameters), config::ClusterConfig::Sync_Name(config.cluster().sync()).c_str(),
@@ -49,7 +51,8 @@ void PrintJson(const config::JobConfig& config, const MemoryPlan& plan, const co
         static_cast<long long>(p.gradients), static_cast<long long>(p.activations), static_cast<long long>(p.buffers),
         static_cast<long long>(p.runtime), static_cast<long long>(p.total()), static_cast<long long>(p.device));
   }
-  std::printf("]");
+  std::printf("], \"worker_traffic\": {\"sent\": %lld, \"received\": %lld}", static_cast<long long>(traffic.sent),
+              static_cast<long long>(traffic.received));
   if (fit != nullptr) {
     const ParamLayout layout(LlamaShape::FromConfig(fit->model()));
     std::printf(
@@ -62,7 +65,7 @@ void PrintJson(const config::JobConfig& config, const MemoryPlan& plan, const co
 }
 
 void PrintTable(const std::string& path, const config::JobConfig& config, const MemoryPlan& plan,
-                const config::JobConfig* fit, int64_t mem, int64_t gpu_mem) {
+                const WorkerTraffic& traffic, const config::JobConfig* fit, int64_t mem, int64_t gpu_mem) {
   const bool gpu = config.device().kind() == config::DeviceConfig::CUDA;
   const auto& cl = config.cluster();
   std::printf("%s: %.2fM parameters, sync %s", path.c_str(), plan.parameters / 1e6,
@@ -85,6 +88,10 @@ void PrintTable(const std::string& path, const config::JobConfig& config, const 
                 FormatBytes(p.weights).c_str(), FormatBytes(p.optimizer).c_str(), FormatBytes(p.gradients).c_str(),
                 FormatBytes(p.activations).c_str(), FormatBytes(p.buffers).c_str(), FormatBytes(p.runtime).c_str(),
                 FormatBytes(p.total()).c_str(), device.c_str());
+  }
+  if (traffic.sent > 0 || traffic.received > 0) {
+    std::printf("a worker's link per step: %s sent, %s received\n", FormatBytes(traffic.sent).c_str(),
+                FormatBytes(traffic.received).c_str());
   }
   if (fit != nullptr) {
     const ParamLayout layout(LlamaShape::FromConfig(fit->model()));
@@ -270,10 +277,12 @@ int RunPlan(int argc, char** argv) {
     if (!best.ok()) return ReportError(best.status().WithContext("plan: "));
     fit = *best;
   }
+  auto traffic = PlanWorkerTraffic(*config);
+  if (!traffic.ok()) return ReportError(traffic.status().WithContext(args.positional()[0] + ": "));
   if (args.Has("json")) {
-    PrintJson(*config, *plan, fit ? &*fit : nullptr, budget[0], budget[1]);
+    PrintJson(*config, *plan, *traffic, fit ? &*fit : nullptr, budget[0], budget[1]);
   } else {
-    PrintTable(args.positional()[0], *config, *plan, fit ? &*fit : nullptr, budget[0], budget[1]);
+    PrintTable(args.positional()[0], *config, *plan, *traffic, fit ? &*fit : nullptr, budget[0], budget[1]);
   }
   return 0;
 }

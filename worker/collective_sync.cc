@@ -61,23 +61,31 @@ class CollectiveStep : public SyncStrategy {
   // the first group's) added by one all-reduce with the losses, then
   // AdamW on this worker's ranges.
   Status StepOptimizer(const float* grads, double loss, Status reduced) {
-    double sums[2] = {0.0, loss};
-    if (writes_shards_) {
-      for (const ParamRange& r : norm_slices_) sums[0] += SumOfSquares(grads + r.begin, r.size());
-    }
+    double sumsq = 0.0;
+    for (const ParamRange& r : norm_slices_) sumsq += SumOfSquares(grads + r.begin, r.size());
+    double norm = 0.0, mean_loss = 0.0;
+    HERD_RETURN_IF_ERROR(ExchangeNorm(sumsq, loss, std::move(reduced), &norm, &mean_loss));
+    CHECK_EQ(static_cast<uint64_t>(optimizer_->step()), step_) << "the strategy and the optimizer disagree on the step";
+    trace::Span span("adamw", "compute", {"step", static_cast<int64_t>(step_ + 1)});
+    const OptimizerShard::Scalars s = optimizer_->Step(grads, norm, mean_loss);
+    report_ = ReportOf(s.step, norm, s.lr, mean_loss, s.spike);
+    return Status::OK();
+  }
+
+  // The step's global gradient norm and mean loss: this worker's partial
+  // squared norm (of norm_slices_, in their order) and its loss added over
+  // the workers by one all-reduce, once the gradients' reductions have
+  // gone as `reduced` says.
+  Status ExchangeNorm(double sumsq, double loss, Status reduced, double* norm, double* mean_loss) {
+    double sums[2] = {writes_shards_ ? sumsq : 0.0, loss};
     if (reduced.ok()) {
       trace::Span span("norm exchange", "collective", {"step", static_cast<int64_t>(step_ + 1)});
       reduced = wait_.Timed([&] { return c_.Wait(c_.AllReduce(sums, 2, DType::kFloat64)); });
     }
     HERD_RETURN_IF_ERROR(reduced.WithContext("all-reduce of step " + std::to_string(step_ + 1) + ": "));
-    const double norm = std::sqrt(sums[0]);
-    HERD_RETURN_IF_ERROR(CheckNotDiverged("gradient norm", norm));
-    CHECK_EQ(static_cast<uint64_t>(optimizer_->step()), step_) << "the strategy and the optimizer disagree on the step";
-    trace::Span span("adamw", "compute", {"step", static_cast<int64_t>(step_ + 1)});
-    const double mean_loss = sums[1] / c_.size();
-    const OptimizerShard::Scalars s = optimizer_->Step(grads, norm, mean_loss);
-    report_ = ReportOf(s.step, norm, s.lr, mean_loss, s.spike);
-    return Status::OK();
+    *norm = std::sqrt(sums[0]);
+    *mean_loss = sums[1] / c_.size();
+    return CheckNotDiverged("gradient norm", *norm);
   }
 
   // Once plan bucket `b`'s reduce-scatter is done: gives back its
@@ -251,11 +259,13 @@ class GatheredWeightsSync : public CollectiveStep, public WindowHooks, private B
   GatheredWeightsSync(const CollectiveSyncOptions& o, std::unique_ptr<OptimizerSlices> optimizer)
       : CollectiveStep(o, std::move(optimizer)),
         paged_grads_(o.paged_grads),
+        step_as_scattered_(o.step_slices_as_scattered),
         runner_(WeightWindow(*o.plan, *o.layout, o.prefetch_layers, !o.reshard_after_forward), o.paged_weights, this),
         window_(runner_.window()),
         gathers_(window_.num_buckets()),
         scatters_(window_.num_buckets()),
-        slice_of_(window_.num_buckets(), -1) {
+        slice_of_(window_.num_buckets(), -1),
+        slice_sumsq_(optimizer_->ranges().size(), 0.0) {
     // The window lists buckets in forward order; each owns one slice of
     // this worker's (both ascending).
     const std::vector<ParamRange>& slices = optimizer_->ranges();
@@ -277,7 +287,14 @@ class GatheredWeightsSync : public CollectiveStep, public WindowHooks, private B
     FinishReplicas(&scatter_status_);
     Status st = std::exchange(gather_status_, Status::OK());
     if (st.ok()) st = std::exchange(scatter_status_, Status::OK());
-    return StepOptimizer(grads_, loss, st);
+    if (!step_as_scattered_) return StepOptimizer(grads_, loss, st);
+    // Every slice has stepped: what is left is the step's report.
+    double sumsq = 0.0, norm = 0.0, mean_loss = 0.0;
+    for (double partial : slice_sumsq_) sumsq += partial;
+    HERD_RETURN_IF_ERROR(ExchangeNorm(sumsq, loss, std::move(st), &norm, &mean_loss));
+    CHECK_EQ(static_cast<uint64_t>(optimizer_->step()), step_ + 1) << "a slice did not step";
+    report_ = ReportOf(scalars_.step, norm, scalars_.lr, mean_loss, scalars_.spike);
+    return Status::OK();
   }
 
   void IssueWeights(float* weights, uint64_t) override {
@@ -312,17 +329,35 @@ class GatheredWeightsSync : public CollectiveStep, public WindowHooks, private B
   void Send(int i) override {
     scatters_[i] = g_.ReduceScatter(grads_ + window_.bucket(i).range.begin, parts_[PlanIndex(i)], o_.gradient_wire);
   }
-  // The bucket's gradients are let go but for this worker's slice.
+  // The bucket's gradients are let go but for this worker's slice, which
+  // steps at once when nothing global enters the update (and is let go
+  // too).
   void Retire(int i) override {
-    trace::Span span("wait for gradients", "wait", {"bucket", i}, {"step", static_cast<int64_t>(step_ + 1)});
-    WaitFor({&g_, scatters_[i]}, &scatter_status_);
+    {
+      trace::Span span("wait for gradients", "wait", {"bucket", i}, {"step", static_cast<int64_t>(step_ + 1)});
+      WaitFor({&g_, scatters_[i]}, &scatter_status_);
+    }
     ScatteredBucket(grads_, paged_grads_, PlanIndex(i));
+    if (step_as_scattered_ && slice_of_[i] >= 0 && scatter_status_.ok()) StepSlice(slice_of_[i]);
+  }
+  void StepSlice(int k) {
+    OptimizerShard& slice = optimizer_->slice(k);
+    const ParamRange r = slice.range();
+    trace::Span span("adamw", "compute", {"step", static_cast<int64_t>(step_ + 1)});
+    slice_sumsq_[k] = SumOfSquares(grads_ + r.begin, r.size());
+    // No clipping and no spike guard (StepsSlicesAsScattered): the scalars
+    // need neither the norm nor the loss.
+    scalars_ = slice.BeginStep(0.0, 0.0);
+    slice.Apply(scalars_, r, grads_ + r.begin);
+    slice.EndStep();
+    paged_grads_->Release(r.begin * sizeof(float), r.size() * sizeof(float));
   }
   // The window lists the plan's buckets in forward order, the plan in
   // backward order.
   size_t PlanIndex(int window_index) const { return parts_.size() - 1 - static_cast<size_t>(window_index); }
 
   PagedBuffer* const paged_grads_;
+  const bool step_as_scattered_;  // each slice steps once its gradients are reduced
   WindowRunner runner_;  // pages the weights
   WeightWindow& window_;  // runner_'s
   float* weights_ = nullptr;
@@ -331,6 +366,10 @@ class GatheredWeightsSync : public CollectiveStep, public WindowHooks, private B
   // which of the optimizer's slices is this worker's part of it (-1: none).
   std::vector<Collectives::Handle> gathers_, scatters_;
   std::vector<int> slice_of_;
+  // step_as_scattered_: each slice's squared gradient norm (the norm is
+  // added in slice order, as StepOptimizer does), and the step's scalars.
+  std::vector<double> slice_sumsq_;
+  OptimizerShard::Scalars scalars_;
   Status gather_status_, scatter_status_;
 };
 

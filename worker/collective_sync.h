@@ -23,7 +23,12 @@
 //     backward (prefetch_layers ahead; with reshard_after_forward false,
 //     kept from forward to backward), and a pushed bucket is
 //     reduce-scattered and let go but for this worker's slice. The master
-//     weights of the slices are the optimizer's own memory.
+//     weights of the slices are the optimizer's own memory. Without
+//     clipping or the spike guard nothing global enters the update, so
+//     each slice steps as soon as its reduce-scatter is done and its
+//     gradients go too (as parameter servers stream updates): a worker
+//     then holds 12 bytes a parameter over W, less than its share of the
+//     fp32 weights' 16/W at W=4.
 //
 // Every stage sums each gradient in the same ring order, computes on the
 // same weights and takes the norm from the same per-owner partials, so DDP
@@ -99,6 +104,10 @@ struct CollectiveSyncOptions {
   PagedBuffer* paged_weights = nullptr;
   int prefetch_layers = 1;            // cluster.stream_prefetch_layers
   bool reshard_after_forward = true;  // cluster.reshard_after_forward
+  // ZeRO-3 (StepsSlicesAsScattered): each slice steps as soon as its
+  // gradients are reduced, and they are let go, so a worker never holds
+  // its slices' gradients all at once.
+  bool step_slices_as_scattered = false;
 };
 
 // The strategy and where its weights live (whole, or ZeRO-3's window); the

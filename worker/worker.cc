@@ -362,6 +362,7 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeStrategy() {
       if (windowed_) c.paged_weights = &paged_weights_;
       c.prefetch_layers = cluster.stream_prefetch_layers();
       c.reshard_after_forward = cluster.reshard_after_forward();
+      c.step_slices_as_scattered = StepsSlicesAsScattered(config_);
       HERD_ASSIGN_OR_RETURN(CollectiveSyncParts parts, CreateCollectiveSync(c, weights(), resume_from_));
       home_ = std::move(parts.home);
       return std::move(parts.sync);

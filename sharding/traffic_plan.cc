@@ -1,0 +1,72 @@
+#include "sharding/traffic_plan.h"
+
+#include <algorithm>
+
+#include "model/llama.h"
+#include "sharding/job_options.h"
+#include "sharding/shard_plan.h"
+#include "sharding/weight_window.h"
+
+namespace herd {
+namespace {
+
+// What the window pulls (gathers) over a step, in elements.
+int64_t WindowPulls(const ShardPlan& plan, const ParamLayout& layout, const config::JobConfig& config,
+                    const JobOptions& job) {
+  StreamedReplay replay;
+  replay.prefetch = config.cluster().stream_prefetch_layers();
+  replay.accumulates = config.device().kind() == config::DeviceConfig::CPU &&
+                       config.train().grad_accum() > job.micro_batch_slots;
+  replay.final_lag = config.device().kind() == config::DeviceConfig::CUDA ? 1 : 0;
+  replay.keep_after_forward = config.cluster().zero_stage() == 3 && !config.cluster().reshard_after_forward();
+  // Micro-batches in turn each pull what one pass does; a layer-major
+  // pass serves micro_batch_slots of them at once.
+  const int passes = std::max(1, config.train().grad_accum() / job.micro_batch_slots);
+  return passes * ReplayStreamedStep(plan, layout, replay).pulled;
+}
+
+}  // namespace
+
+StatusOr<WorkerTraffic> PlanWorkerTraffic(const config::JobConfig& config) {
+  const config::ClusterConfig& cluster = config.cluster();
+  const JobOptions job = JobOptions::FromConfig(config);
+  const ParamLayout layout(job.shape);
+  const double P = static_cast<double>(layout.size());
+  const double wire = cluster.wire_dtype() == config::ClusterConfig::BF16 ? 2 : 4;  // gradients' bytes
+  WorkerTraffic t;
+  if (cluster.sync() == config::ClusterConfig::PARAMETER_SERVER) {
+    double pulled = P;
+    if (cluster.stream_weights()) {
+      HERD_ASSIGN_OR_RETURN(ShardPlan shards, ShardPlan::Create(layout, ShardPlanOptions::FromConfig(cluster)));
+      pulled = static_cast<double>(WindowPulls(shards, layout, config, job));
+    }
+    t.sent = static_cast<int64_t>(P * wire);
+    t.received = static_cast<int64_t>(pulled * wire);
+    return t;
+  }
+  if (cluster.sync() != config::ClusterConfig::ALLREDUCE || cluster.workers() < 2) return t;
+  const int W = cluster.workers(), G = ShardGroupSize(cluster, W), R = W / G;
+  // One pass of a ring of n over `elements`, each way.
+  auto pass = [](int n, double elements, double bytes) { return (n - 1) / static_cast<double>(n) * elements * bytes; };
+  double bytes = 0;
+  switch (cluster.zero_stage()) {
+    case 0:
+      bytes = 2 * pass(W, P, wire);
+      break;
+    case 1:
+    case 2:
+      bytes = pass(G, P, wire) + pass(G, P, 4);
+      break;
+    default: {
+      HERD_ASSIGN_OR_RETURN(ShardPlan plan, CollectivePlan(layout, cluster, W));
+      bytes = pass(G, P, wire) + pass(G, static_cast<double>(WindowPulls(plan, layout, config, job)), 4);
+    }
+  }
+  // Hybrid: each worker's slices (1/G of the model) all-reduced among its
+  // R replicas.
+  if (cluster.zero_stage() > 0 && R > 1) bytes += 2 * pass(R, P / G, wire);
+  t.sent = t.received = static_cast<int64_t>(bytes);
+  return t;
+}
+
+}  // namespace herd
