@@ -140,9 +140,10 @@ def run_mode(args, mode, rate, scratch):
             procs.append(start(1 + r, with_sets([herd + "-worker", args.config, "--rank", str(r)] + common, sets),
                                f"worker{r}"))
         # Link counters when worker 0 has logged step `warmup + 1` and the
-        # last step: at those moments the step's traffic is done and the
-        # next step's has not begun (its first bytes wait for backward).
-        marks = {args.warmup + 1: None, args.steps: None}
+        # step before the last: a step's line is written once the next
+        # step has begun (streamed and gathered weights: during its
+        # forward), so both marks fall at the same point of a step.
+        marks = {args.warmup + 1: None, args.steps - 1: None}
         metrics = os.path.join(workdir, "metrics.jsonl")
         deadline = time.time() + args.timeout
         while any(m is None for m in marks.values()):
@@ -162,8 +163,8 @@ def run_mode(args, mode, rate, scratch):
                 raise SystemExit(f"{mode} at {rate}: a process exited {p.returncode}\n" + log_tails(workdir))
         for log in logs:
             log.close()
-    n = args.steps - args.warmup - 1
-    before, after = marks[args.warmup + 1], marks[args.steps]
+    n = args.steps - args.warmup - 2
+    before, after = marks[args.warmup + 1], marks[args.steps - 1]
     per_step = [{k: (a[k] - b[k]) / n for k in ("tx_bytes", "rx_bytes", "tx_drops", "rx_drops")}
                 for a, b in zip(after, before)]
     return figures(args, mode, rate, workdir, W, S, per_step)
@@ -234,6 +235,8 @@ def main():
     ap.add_argument("--timeout", type=float, default=600, help="seconds one job may take")
     ap.add_argument("--set", action="append", default=[], help="config override for every run")
     args = ap.parse_args()
+    if args.steps < args.warmup + 3:
+        ap.error("--steps must be at least --warmup + 3 (the link counters span the steps between two marks)")
     args.set = ["train.batch_size=1", "train.seq_len=64", "optimizer.clip_norm=0", "cluster.bucket_mb=1"] + args.set
     args.config = os.path.abspath(args.config)
     scratch = tempfile.mkdtemp(prefix="herd_lab_compare_")
