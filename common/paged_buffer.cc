@@ -1,5 +1,6 @@
 #include "common/paged_buffer.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -7,6 +8,7 @@
 #include <cstring>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <glog/logging.h>
 
@@ -77,6 +79,34 @@ void PagedBuffer::Release(size_t offset, size_t bytes) {
   std::memset(base_ + last, 0, offset + bytes - last);
   PCHECK(::madvise(base_ + first, last - first, MADV_DONTNEED) == 0) << "madvise";
   if (guarded_) PCHECK(::mprotect(base_ + first, last - first, PROT_NONE) == 0) << "mprotect";
+}
+
+void PagedBuffer::ZeroBacked() {
+  if (size_ == 0) return;
+  const size_t page = PageSize(), pages = size_ / page;
+  // One 64-bit entry per page: bit 63 present, bit 62 swapped.
+  std::vector<uint64_t> entries(pages);
+  const int fd = ::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+  PCHECK(fd >= 0) << "/proc/self/pagemap";
+  const off_t at = static_cast<off_t>(reinterpret_cast<uintptr_t>(base_) / page * sizeof(uint64_t));
+  const ssize_t want = static_cast<ssize_t>(pages * sizeof(uint64_t));
+  const ssize_t got = ::pread(fd, entries.data(), want, at);
+  ::close(fd);
+  if (got != want) {  // no page map: zero it all
+    std::memset(base_, 0, size_);
+    return;
+  }
+  constexpr uint64_t kBacked = (uint64_t{1} << 63) | (uint64_t{1} << 62);
+  for (size_t i = 0; i < pages;) {
+    if ((entries[i] & kBacked) == 0) {
+      ++i;
+      continue;
+    }
+    size_t j = i;
+    while (j < pages && (entries[j] & kBacked) != 0) ++j;
+    std::memset(base_ + i * page, 0, (j - i) * page);
+    i = j;
+  }
 }
 
 }  // namespace herd

@@ -42,6 +42,11 @@ class PagedBuffer {
   // Gives [offset, offset + bytes) back: whole pages to the kernel (and,
   // guarded, out of reach), the bytes in partial pages zeroed.
   void Release(size_t offset, size_t bytes);
+  // Every byte zero, the backed pages kept: those in memory or swapped out
+  // (the kernel's page map) are zeroed in place, the rest read zero
+  // already. Cheaper than releasing pages that are about to be written
+  // again (in a VM, a fresh page's fault costs about 10x its memset).
+  void ZeroBacked();
 
  private:
   char* base_ = nullptr;

@@ -159,12 +159,18 @@ int64_t ReplayZero2Gradients(const ShardPlan& plan, const ParamLayout& layout, i
   std::vector<int64_t> written_from(n);
   std::vector<bool> retired(n, false);
   for (size_t i = 0; i < n; ++i) written_from[i] = buckets[i].range.end;
-  std::vector<int64_t> slice(n);
-  for (size_t i = 0; i < n; ++i) slice[i] = OwnerParts(buckets[i], ranks)[rank];
+  // Each bucket's slice stays backed from one step to the next (zeroed in
+  // place, WeightHome::ClearGradients): resident from the start.
+  std::vector<ParamRange> slice(n);
+  for (size_t i = 0; i < n; ++i) slice[i] = SliceOf(buckets[i], OwnerParts(buckets[i], ranks), rank);
   int64_t peak = 0;
   auto resident = [&] {
     int64_t sum = 0;
-    for (size_t i = 0; i < n; ++i) sum += retired[i] ? slice[i] : buckets[i].range.end - written_from[i];
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t written = buckets[i].range.end - written_from[i];
+      const int64_t slice_below = std::max<int64_t>(0, std::min(slice[i].end, written_from[i]) - slice[i].begin);
+      sum += retired[i] ? slice[i].size() : written + slice_below;
+    }
     peak = std::max(peak, sum);
   };
   auto write = [&](int64_t lo, int64_t hi) {

@@ -79,7 +79,8 @@ StatusOr<ShardPlan> CollectivePlan(const ParamLayout& layout, const config::Clus
 // as backward computes it (the head's first; tied embeddings' with the
 // head too), each bucket whose gradients are final is reduce-scattered,
 // and once more than kReduceScattersInFlight are in flight the oldest is
-// waited for and let go but for the rank's slice.
+// waited for and let go but for the rank's slice; the slices themselves
+// stay backed from step to step.
 int64_t ReplayZero2Gradients(const ShardPlan& plan, const ParamLayout& layout, int ranks, int rank);
 // How many buckets' reduce-scatters a ZeRO-2 worker keeps in flight (whole
 // gradient buckets held) before backward waits for the oldest and lets go

@@ -310,6 +310,19 @@ TEST(PagedBuffer, ReleasedRangesReadZeroAndGiveTheirPagesBack) {
   }
 }
 
+// Zeroing keeps what is backed and leaves what was given back alone.
+TEST(PagedBuffer, ZeroBackedZeroesEveryByteAndKeepsThePages) {
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  auto b = PagedBuffer::Reserve(64 * page, /*guarded=*/false);
+  ASSERT_TRUE(b.ok());
+  std::memset(b->data() + 5 * page + 17, 3, 30 * page);  // pages 5..35
+  b->Release(10 * page, 10 * page);                       // pages 10..19 back
+  b->ZeroBacked();
+  for (size_t p : {5, 9, 20, 35}) EXPECT_TRUE(Resident(b->data() + p * page)) << "page " << p;
+  for (size_t p : {0, 12, 19, 40}) EXPECT_FALSE(Resident(b->data() + p * page)) << "page " << p;
+  for (size_t i = 0; i < 64 * page; ++i) ASSERT_EQ(b->data()[i], 0) << "byte " << i;  // (maps the zero page)
+}
+
 TEST(PagedBufferDeathTest, AGuardedBufferFaultsOutsideWhatItAdmitted) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));

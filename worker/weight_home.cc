@@ -19,7 +19,9 @@ class Whole : public WeightHome {
     return [this](int64_t offset) { sync_.FinalFrom(offset); };
   }
   void ClearGradients(float* grads, int64_t count) override {
-    if (paged_grads_ != nullptr) return paged_grads_->Release(0, paged_grads_->size());
+    // What the last step kept (ZeRO-2: the worker's slices) is written
+    // again at once: zeroed in place rather than given back.
+    if (paged_grads_ != nullptr) return paged_grads_->ZeroBacked();
     std::fill(grads, grads + count, 0.0f);
   }
   Model::NeedUpTo EvalNeed() override { return nullptr; }
@@ -46,6 +48,8 @@ class Windowed : public WeightHome {
       window_.DoneFrom(offset);
     };
   }
+  // A window's gradients start from nothing: what the last step kept (a
+  // ZeRO-3 owner's slices) goes back until backward writes it again.
   void ClearGradients(float*, int64_t) override { paged_grads_->Release(0, paged_grads_->size()); }
   Model::NeedUpTo EvalNeed() override {
     return [this](int64_t end) { sync_.WaitUpTo(end); };
