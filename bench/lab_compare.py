@@ -262,6 +262,7 @@ def main():
         r["rate"] = "uncapped"
         print(json.dumps(r), flush=True)
         uncapped[mode] = r["step_s"]
+    planned = {mode: planned_bytes(args, mode) for mode in modes if formula_bytes(mode, M, W) is not None}
     for rate in args.rates.split(","):
         B = netlab.parse_rate(rate) / 8  # bytes/s per link and direction
         by_mode = {}
@@ -272,10 +273,9 @@ def main():
             print(json.dumps(r), flush=True)
             by_mode[mode] = r
         for mode, r in by_mode.items():
-            formula = formula_bytes(mode, M, W)
-            if formula is None:
+            if mode not in planned:
                 continue
-            predicted = planned_bytes(args, mode)
+            formula, predicted = formula_bytes(mode, M, W), planned[mode]
             links = r["worker_link_MB"]
             tx = statistics.mean(l["tx"] for l in links) * 1e6
             rx = statistics.mean(l["rx"] for l in links) * 1e6

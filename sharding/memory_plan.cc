@@ -121,12 +121,7 @@ ProcessMemory PsWorkerMemory(const JobSizes& j, const ShardPlan& shards) {
     // micro-batches' sum itself and declares each unit final one unit
     // late); each bucket boundary may keep one shared page of weights,
     // gradients and staging backed.
-    StreamedReplay replay;
-    replay.prefetch = j.cluster.stream_prefetch_layers();
-    replay.wire_bytes = j.wire;
-    replay.accumulates = !j.gpu && j.train.grad_accum() > j.job.micro_batch_slots;
-    replay.final_lag = j.gpu ? 1 : 0;
-    const StreamedPeak peak = ReplayStreamedStep(shards, j.layout, replay);
+    const StreamedPeak peak = ReplayStreamedStep(shards, j.layout, ReplayOfJob(j.config, j.job.micro_batch_slots));
     w.weights = peak.weights;
     w.gradients = peak.gradients;
     w.buffers = peak.staging + j.staging +
@@ -165,10 +160,7 @@ StatusOr<ProcessMemory> TrainerMemory(const JobSizes& j) {
       // The window at its fullest, replayed through the worker's policy,
       // a retired bucket keeping this worker's slice of its gradients; the
       // slices' master weights beside it.
-      StreamedReplay replay;
-      replay.prefetch = j.cluster.stream_prefetch_layers();
-      replay.accumulates = accumulates;
-      replay.keep_after_forward = !j.cluster.reshard_after_forward();
+      StreamedReplay replay = ReplayOfJob(j.config, j.job.micro_batch_slots);
       // A slice that steps as it is reduced lets its gradients go too.
       for (auto b = plan.buckets().rbegin(); b != plan.buckets().rend(); ++b) {
         replay.kept_on_retire.push_back(StepsSlicesAsScattered(j.config) ? 0 : OwnerParts(*b, group)[0]);

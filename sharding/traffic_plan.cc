@@ -13,12 +13,7 @@ namespace {
 // What the window pulls (gathers) over a step, in elements.
 int64_t WindowPulls(const ShardPlan& plan, const ParamLayout& layout, const config::JobConfig& config,
                     const JobOptions& job) {
-  StreamedReplay replay;
-  replay.prefetch = config.cluster().stream_prefetch_layers();
-  replay.accumulates = config.device().kind() == config::DeviceConfig::CPU &&
-                       config.train().grad_accum() > job.micro_batch_slots;
-  replay.final_lag = config.device().kind() == config::DeviceConfig::CUDA ? 1 : 0;
-  replay.keep_after_forward = config.cluster().zero_stage() == 3 && !config.cluster().reshard_after_forward();
+  const StreamedReplay replay = ReplayOfJob(config, job.micro_batch_slots);
   // Micro-batches in turn each pull what one pass does; a layer-major
   // pass serves micro_batch_slots of them at once.
   const int passes = std::max(1, config.train().grad_accum() / job.micro_batch_slots);

@@ -203,4 +203,20 @@ StreamedPeak ReplayStreamedStep(const ShardPlan& plan, const ParamLayout& layout
   return peak;
 }
 
+StreamedReplay ReplayOfJob(const config::JobConfig& config, int micro_batch_slots) {
+  const config::ClusterConfig& cluster = config.cluster();
+  const bool gpu = config.device().kind() == config::DeviceConfig::CUDA;
+  StreamedReplay replay;
+  replay.prefetch = cluster.stream_prefetch_layers();
+  replay.wire_bytes = cluster.sync() == config::ClusterConfig::PARAMETER_SERVER &&
+                              cluster.wire_dtype() == config::ClusterConfig::BF16
+                          ? 2
+                          : 4;
+  replay.accumulates = !gpu && config.train().grad_accum() > micro_batch_slots;
+  // A GPU model ships a unit's gradients while it computes the next.
+  replay.final_lag = gpu ? 1 : 0;
+  replay.keep_after_forward = cluster.zero_stage() == 3 && !cluster.reshard_after_forward();
+  return replay;
+}
+
 }  // namespace herd

@@ -115,5 +115,12 @@ struct StreamedReplay {
   std::vector<int64_t> kept_on_retire;
 };
 StreamedPeak ReplayStreamedStep(const ShardPlan& plan, const ParamLayout& layout, const StreamedReplay& replay);
+// The replay of the window a worker of `config` runs (parameter servers
+// with stream_weights, or ZeRO-3): its prefetch, its staging's wire
+// bytes, whether its gradients accumulate whole (a CPU worker's
+// micro-batches in turn, more than `micro_batch_slots`), when its model
+// declares a unit final, and whether units stay from forward to backward.
+// kept_on_retire is the caller's.
+StreamedReplay ReplayOfJob(const config::JobConfig& config, int micro_batch_slots);
 
 }  // namespace herd

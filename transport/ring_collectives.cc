@@ -52,6 +52,17 @@ struct RingCollectives::ChunkHeader {
   int64_t chunk;
 };
 
+namespace {
+
+// A message's header as it travels.
+std::string EncodeHeader(const RingCollectives::ChunkHeader& h) {
+  std::string header(sizeof h, '\0');
+  std::memcpy(header.data(), &h, sizeof h);
+  return header;
+}
+
+}  // namespace
+
 struct RingCollectives::Op {
   uint64_t seq = 0;
   Kind kind = Kind::kAllReduce;
@@ -184,9 +195,7 @@ void RingCollectives::Start(Op& op) {
   ChunkHeader ready{};
   ready.seq = op.seq;
   ready.phase = kReady;
-  std::string header(sizeof ready, '\0');
-  std::memcpy(header.data(), &ready, sizeof ready);
-  transport_->Send(peers_[Mod(rank_ - 1, W)], am_id_, std::move(header), nullptr, 0, [](const Status&) {});
+  transport_->Send(peers_[Mod(rank_ - 1, W)], am_id_, EncodeHeader(ready), nullptr, 0, [](const Status&) {});
   auto count = [&](int phase, bool sending) {
     int64_t total = 0;
     for (int s = 0; s < W - 1; ++s) {
@@ -275,33 +284,43 @@ void RingCollectives::ReturnScratch(Op& op, char* buf) {
   s.erase(used);
 }
 
+bool RingCollectives::MayGo(uint64_t seq) const {
+  return sends_in_flight_ < kRingChunksInFlight && (seq < right_started_ || total_ahead_ < kRingChunksAhead);
+}
+
+void RingCollectives::Dispatch(Op& op, int phase, int step, int64_t chunk) {
+  if (op.seq >= right_started_) {
+    ++chunks_ahead_[op.seq];
+    ++total_ahead_;
+  }
+  ++sends_in_flight_;
+  Transmit(op, phase, step, chunk);
+}
+
 void RingCollectives::SendChunk(Op& op, int phase, int step, int64_t chunk) {
+  // The order among chunks does not matter to the receiver: one that may
+  // go need not wait behind held ones.
+  if (MayGo(op.seq)) return Dispatch(op, phase, step, chunk);
   held_.push_back({op.seq, phase, step, chunk});
-  SendHeld();
 }
 
 void RingCollectives::SendHeld() {
   // In order, each chunk that may go; a started operation's chunks are not
   // held up behind a later one's. (An operation holding chunks has sends
   // left, so it is still in ops_; a failed one's are dropped.)
-  size_t kept = 0;
-  for (size_t i = 0; i < held_.size(); ++i) {
+  size_t kept = 0, i = 0;
+  for (; i < held_.size() && sends_in_flight_ < kRingChunksInFlight; ++i) {
     const HeldChunk c = held_[i];
-    const bool ahead = c.seq >= right_started_;
-    if (sends_in_flight_ >= kRingChunksInFlight || (ahead && total_ahead_ >= kRingChunksAhead)) {
+    if (!MayGo(c.seq)) {
       held_[kept++] = c;
       continue;
     }
     auto it = ops_.find(c.seq);
-    if (it == ops_.end() || it->second->done) continue;
-    if (ahead) {
-      ++chunks_ahead_[c.seq];
-      ++total_ahead_;
-    }
-    ++sends_in_flight_;
-    Transmit(*it->second, c.phase, c.step, c.chunk);
+    if (it != ops_.end() && !it->second->done) Dispatch(*it->second, c.phase, c.step, c.chunk);
   }
-  held_.resize(kept);
+  held_.erase(std::move(held_.begin() + static_cast<std::ptrdiff_t>(i), held_.end(),
+                        held_.begin() + static_cast<std::ptrdiff_t>(kept)),
+              held_.end());
 }
 
 void RingCollectives::OnReady(uint64_t seq) {
@@ -323,8 +342,6 @@ void RingCollectives::Transmit(Op& op, int phase, int step, int64_t chunk) {
   h.phase = static_cast<uint8_t>(phase);
   h.step = static_cast<uint32_t>(step);
   h.chunk = chunk;
-  std::string header(sizeof h, '\0');
-  std::memcpy(header.data(), &h, sizeof h);
   const uint64_t seq = op.seq;
   // A bf16 wire sends a rounded copy, from a pooled buffer.
   const char* payload = op.data + first * op.elem;
@@ -335,7 +352,7 @@ void RingCollectives::Transmit(Op& op, int phase, int step, int64_t chunk) {
     FloatsToBf16(reinterpret_cast<const float*>(payload), reinterpret_cast<uint16_t*>(staged), count);
     payload = staged;
   }
-  transport_->Send(peers_[Mod(rank_ + 1, W)], am_id_, std::move(header), payload, count * op.wire_elem(),
+  transport_->Send(peers_[Mod(rank_ + 1, W)], am_id_, EncodeHeader(h), payload, count * op.wire_elem(),
                    [this, seq, phase, step, chunk, staged, sent_at = trace::StartTime()](const Status& sent) {
                      trace::Async(ChunkTraceName(phase), "network", sent_at, {"op", static_cast<int64_t>(seq)},
                                   {"ring_step", step}, {"chunk", chunk});

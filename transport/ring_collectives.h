@@ -66,11 +66,11 @@ class RingCollectives : public Collectives {
   int peak_chunk_buffers();
 
  public:
-  struct Op;  // an operation in flight (ring_collectives.cc)
+  struct Op;           // an operation in flight (ring_collectives.cc)
+  struct ChunkHeader;  // a message's header
 
  private:
   struct Early;
-  struct ChunkHeader;
   Handle Issue(std::unique_ptr<Op> op) LOCKS_EXCLUDED(mu_);
   // Progress thread. An Op's fields, once Issue has published it in ops_,
   // are read and written under mu_ too.
@@ -83,6 +83,10 @@ class RingCollectives : public Collectives {
   // in flight, and, if the right-hand neighbour has not started `op`,
   // fewer than kRingChunksAhead chunks ahead of it.
   void SendChunk(Op& op, int phase, int step, int64_t chunk) REQUIRES(mu_);
+  // Whether a chunk of operation `seq` may go now.
+  bool MayGo(uint64_t seq) const REQUIRES(mu_);
+  // Sends a chunk that may go, counting it in flight (and ahead).
+  void Dispatch(Op& op, int phase, int step, int64_t chunk) REQUIRES(mu_);
   // Sends the held chunks that may go now, in order.
   void SendHeld() REQUIRES(mu_);
   void Transmit(Op& op, int phase, int step, int64_t chunk) REQUIRES(mu_);
