@@ -187,10 +187,9 @@ int64_t ReplayZero2Gradients(const ShardPlan& plan, const ParamLayout& layout, i
     write(units[u], units[u + 1]);
     if (u + 2 == units.size() && layout.shape().tie_word_embeddings) write(0, units[1]);  // the head's
     resident();
-    while (issued < n && buckets[issued].range.begin >= units[u]) {
-      ++issued;
-      while (issued - oldest > static_cast<size_t>(kReduceScattersInFlight)) retired[oldest++] = true;
-    }
+    const size_t issued_before = issued;
+    while (issued < n && buckets[issued].range.begin >= units[u]) ++issued;
+    while (oldest < issued_before) retired[oldest++] = true;
   }
   return peak * static_cast<int64_t>(sizeof(float));
 }

@@ -75,17 +75,12 @@ int ShardGroupSize(const config::ClusterConfig& cluster, int workers);
 // small for them).
 StatusOr<ShardPlan> CollectivePlan(const ParamLayout& layout, const config::ClusterConfig& cluster, int workers);
 // The most gradient bytes a ZeRO-2 worker of rank `rank` holds over one
-// backward, replayed through its policy: a unit's gradients are written
-// as backward computes it (the head's first; tied embeddings' with the
-// head too), each bucket whose gradients are final is reduce-scattered,
-// and once more than kReduceScattersInFlight are in flight the oldest is
-// waited for and let go but for the rank's slice; the slices themselves
-// stay backed from step to step.
+// backward, replayed through its policy (worker/collective_sync.h): a
+// unit's gradients are written as backward computes it (the head's first;
+// tied embeddings' with the head too); once a unit is done, the buckets
+// whose gradients are final are reduce-scattered and those issued after
+// the unit before are waited for and let go but for the rank's slice; the
+// slices themselves stay backed from step to step.
 int64_t ReplayZero2Gradients(const ShardPlan& plan, const ParamLayout& layout, int ranks, int rank);
-// How many buckets' reduce-scatters a ZeRO-2 worker keeps in flight (whole
-// gradient buckets held) before backward waits for the oldest and lets go
-// of what is not its slice (worker/collective_sync.h; the memory plan
-// counts the same).
-inline constexpr int kReduceScattersInFlight = 2;
 
 }  // namespace herd

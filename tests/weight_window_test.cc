@@ -323,6 +323,47 @@ TEST(PagedBuffer, ZeroBackedZeroesEveryByteAndKeepsThePages) {
   for (size_t i = 0; i < 64 * page; ++i) ASSERT_EQ(b->data()[i], 0) << "byte " << i;  // (maps the zero page)
 }
 
+// A pool's pages go round: Release hands them back, Recycle backs a range
+// with them zeroed (what they held elsewhere does not show), and a range
+// the pool cannot back reads zero and is backed on first write.
+TEST(PagedBuffer, RecycledRangesReuseThePoolsPagesZeroed) {
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  auto b = PagedBuffer::Reserve(64 * page, /*guarded=*/false);
+  ASSERT_TRUE(b.ok());
+  ASSERT_TRUE(b->KeepPool(8 * page).ok());
+  EXPECT_EQ(b->pool_pages(), 8u);
+  // Mid-page 2 to mid-page 9: pages 3..8 from the pool, the ends zeroed.
+  std::memset(b->data(), 5, 16 * page);
+  b->Recycle(2 * page + 10, 7 * page);
+  EXPECT_EQ(b->free_pool_pages(), 2u);
+  for (size_t p = 3; p < 9; ++p) EXPECT_TRUE(Resident(b->data() + p * page)) << "page " << p;
+  for (size_t i = 0; i < 16 * page; ++i) {
+    ASSERT_EQ(b->data()[i], (i < 2 * page + 10 || i >= 9 * page + 10) ? 5 : 0) << "byte " << i;
+  }
+  std::memset(b->data() + 3 * page, 9, 6 * page);
+  b->Release(3 * page, 6 * page);  // back to the pool
+  EXPECT_EQ(b->free_pool_pages(), 8u);
+  for (size_t p = 3; p < 9; ++p) EXPECT_FALSE(Resident(b->data() + p * page)) << "page " << p;
+  EXPECT_EQ(b->data()[4 * page], 0);
+  // Twelve pages: eight from the pool (which held 9s), four given back.
+  b->Recycle(40 * page, 12 * page);
+  EXPECT_EQ(b->free_pool_pages(), 0u);
+  for (size_t p = 40; p < 48; ++p) EXPECT_TRUE(Resident(b->data() + p * page)) << "page " << p;
+  for (size_t p = 48; p < 52; ++p) EXPECT_FALSE(Resident(b->data() + p * page)) << "page " << p;
+  for (size_t i = 40 * page; i < 52 * page; ++i) ASSERT_EQ(b->data()[i], 0) << "byte " << i;
+  std::memset(b->data() + 40 * page, 1, 12 * page);
+  // Recycling a range the pool backs zeroes it in place.
+  b->Recycle(40 * page, 4 * page);
+  EXPECT_EQ(b->free_pool_pages(), 0u);
+  for (size_t i = 40 * page; i < 44 * page; ++i) ASSERT_EQ(b->data()[i], 0) << "byte " << i;
+  EXPECT_EQ(b->data()[44 * page], 1);
+  b->ZeroBacked();
+  for (size_t i = 0; i < 64 * page; ++i) ASSERT_EQ(b->data()[i], 0) << "byte " << i;
+  b->Release(0, 64 * page);
+  EXPECT_EQ(b->free_pool_pages(), 8u);
+  for (size_t p : {3, 40, 47, 50}) EXPECT_FALSE(Resident(b->data() + p * page)) << "page " << p;
+}
+
 TEST(PagedBufferDeathTest, AGuardedBufferFaultsOutsideWhatItAdmitted) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));

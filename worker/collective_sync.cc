@@ -2,6 +2,7 @@
 
 #include <glog/logging.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <utility>
@@ -146,7 +147,26 @@ class CollectiveSync : public CollectiveStep {
  public:
   CollectiveSync(const CollectiveSyncOptions& o, float* weights, std::unique_ptr<OptimizerSlices> optimizer,
                  bool broadcast_first)
-      : CollectiveStep(o, std::move(optimizer)), weights_(weights), broadcast_first_(broadcast_first) {}
+      : CollectiveStep(o, std::move(optimizer)),
+        units_(o.layout->UnitBoundaries()),
+        weights_(weights),
+        broadcast_first_(broadcast_first) {
+    if (o.recycle_gradient_pages) {
+      // Per unit, the parts of its range outside this worker's slices.
+      recycled_.resize(units_.size() - 1);
+      unit_recycled_.resize(recycled_.size());
+      const auto& buckets = o.plan->buckets();
+      for (size_t u = 0; u + 1 < units_.size(); ++u) {
+        for (size_t b = 0; b < buckets.size(); ++b) {
+          const ParamRange whole = buckets[b].range, mine = SliceOf(buckets[b], parts_[b], rank_);
+          for (ParamRange part : {ParamRange{whole.begin, mine.begin}, ParamRange{mine.end, whole.end}}) {
+            part = {std::max(part.begin, units_[u]), std::min(part.end, units_[u + 1])};
+            if (part.begin < part.end) recycled_[u].push_back(part);
+          }
+        }
+      }
+    }
+  }
 
   void BeginStep(float* grads, const StepShare& share) override {
     grads_ = grads;  // reduced in place
@@ -154,11 +174,18 @@ class CollectiveSync : public CollectiveStep {
     next_bucket_ = 0;
     grad_handles_.clear();
     retired_ = 0;
+    if (!recycled_.empty()) {
+      // The head's backward comes first, and writes tied embeddings' too.
+      std::fill(unit_recycled_.begin(), unit_recycled_.end(), false);
+      RecycleUnit(recycled_.size() - 1);
+      if (o_.layout->shape().tie_word_embeddings) RecycleUnit(0);
+    }
   }
 
   void FinalFrom(int64_t offset) override {
     if (o_.device_reduction != nullptr) return;  // reduced before they reached us
     const auto& buckets = o_.plan->buckets();
+    const size_t issued_before = next_bucket_;
     while (next_bucket_ < buckets.size() && buckets[next_bucket_].range.begin >= offset) {
       const Bucket& b = buckets[next_bucket_];
       float* g = grads_ + b.range.begin;
@@ -166,11 +193,19 @@ class CollectiveSync : public CollectiveStep {
           zero_ ? InFlight{&g_, g_.ReduceScatter(g, parts_[next_bucket_], o_.gradient_wire)}
                 : InFlight{&c_, c_.AllReduce(g, b.range.size(), DType::kFloat32, o_.gradient_wire)});
       ++next_bucket_;
-      // Paged gradients are let go, and a hybrid slice goes on to its
-      // replicas, as the reduce-scatters complete.
-      if (o_.paged_grads != nullptr || replicas_ != nullptr) {
-        while (next_bucket_ - retired_ > static_cast<size_t>(kReduceScattersInFlight)) Retire();
-      }
+    }
+    // Paged gradients are let go, and a hybrid slice goes on to its
+    // replicas, as the reduce-scatters complete: those of the unit before
+    // are waited for now, while the ones just issued run beside the next
+    // unit's backward (FSDP's one module in flight).
+    if (o_.paged_grads != nullptr || replicas_ != nullptr) {
+      while (retired_ < issued_before) Retire();
+    }
+    // Backward goes on with the unit that ends here: its pages come from
+    // what was let go of.
+    if (!recycled_.empty()) {
+      const auto u = std::lower_bound(units_.begin(), units_.end(), offset);
+      if (u != units_.begin() && u != units_.end() && *u == offset) RecycleUnit(u - units_.begin() - 1);
     }
   }
 
@@ -235,6 +270,21 @@ class CollectiveSync : public CollectiveStep {
     if (zero_) ScatteredBucket(grads_, o_.paged_grads, i);
   }
 
+  // Zeroes and backs unit `u`'s gradients outside this worker's slices
+  // with pooled pages, once a step: before backward writes there (tied
+  // embeddings' with the head).
+  void RecycleUnit(size_t u) {
+    if (unit_recycled_[u]) return;
+    unit_recycled_[u] = true;
+    for (const ParamRange& r : recycled_[u]) o_.paged_grads->Recycle(r.begin * sizeof(float), r.size() * sizeof(float));
+  }
+
+  const std::vector<int64_t> units_;  // the layout's unit boundaries
+  // recycle_gradient_pages: per unit, the ranges its backward writes that
+  // are let go after the reduce-scatter, and whether it was recycled this
+  // step.
+  std::vector<std::vector<ParamRange>> recycled_;
+  std::vector<bool> unit_recycled_;
   float* weights_;
   float* grads_ = nullptr;
   bool broadcast_first_, first_weights_ = true;
@@ -417,7 +467,17 @@ StatusOr<CollectiveSyncParts> CreateCollectiveSync(const CollectiveSyncOptions& 
       InitParameters(*o.layout, init.seed, init.initializer_range, weights);
     }
   }
-  parts.sync = std::make_unique<CollectiveSync>(o, weights, std::move(optimizer), /*broadcast_first=*/!resume_from);
+  CollectiveSyncOptions whole = o;
+  whole.recycle_gradient_pages = o.recycle_gradient_pages && o.zero_stage == 2 && o.paged_grads != nullptr &&
+                                 o.device_reduction == nullptr;
+  if (whole.recycle_gradient_pages) {
+    // The pool holds what backward holds beyond the slices at its fullest.
+    int64_t slices = 0;
+    for (const ParamRange& r : owned) slices += r.size();
+    const int64_t most = ReplayZero2Gradients(*o.plan, *o.layout, group.size(), group.rank());
+    HERD_RETURN_IF_ERROR(o.paged_grads->KeepPool(static_cast<size_t>(most - slices * sizeof(float))));
+  }
+  parts.sync = std::make_unique<CollectiveSync>(whole, weights, std::move(optimizer), /*broadcast_first=*/!resume_from);
   parts.home = WholeWeights(*parts.sync, o.paged_grads);
   return parts;
 }

@@ -14,8 +14,13 @@
 //     bucket in forward order while the next forward starts.
 //   zero_stage 2: as 1, and a bucket's gradients outside the owned slice are
 //     let go as soon as its reduce-scatter is done (the gradients are a
-//     PagedBuffer; at most kReduceScattersInFlight buckets are whole at
-//     once), so a worker keeps its slices' gradients only.
+//     PagedBuffer; a unit's reduce-scatters run beside the next unit's
+//     backward and are waited for once it is done, so at most two units'
+//     gradients are whole at once), so a worker keeps its slices'
+//     gradients only. When one
+//     backward writes all of a step's gradients, the pages let go of are
+//     kept in a pool and back the unit backward writes next (before it
+//     starts, zeroed), so memory is reused rather than faulted in afresh.
 //   zero_stage 3: as 2, and the weights are sharded too: the model reaches
 //     them through a window (the policy of sharding/weight_window.h, as a
 //     streaming parameter-server worker's) that all-gathers each bucket
@@ -99,6 +104,11 @@ struct CollectiveSyncOptions {
   // ZeRO-2 and -3: the gradients' flat space, paged (its owner's memory is
   // let go outside the owned slices).
   PagedBuffer* paged_grads = nullptr;
+  // ZeRO-2: the step's last backward is the only one to write its
+  // gradients (no micro-batch accumulates before it), so the gradients of
+  // a unit are dead until its backward starts, and `paged_grads` keeps a
+  // pool of the pages let go of to back them with (PagedBuffer::Recycle).
+  bool recycle_gradient_pages = false;
   // ZeRO-3: the weights' flat space, paged and guarded (what the window
   // does not hold cannot be read), and the window's policy.
   PagedBuffer* paged_weights = nullptr;

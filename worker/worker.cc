@@ -146,6 +146,9 @@ class WorkerProcess {
   Status MakeAxes();
   StatusOr<std::unique_ptr<SyncStrategy>> MakeStrategy();
   std::unique_ptr<ShareCompute> MakeCompute();
+  // Whether the step's last backward is the only pass that writes its
+  // gradients: one micro-batch, or paged gradients computed layer-major.
+  bool OneBackwardWritesTheGradients() const;
   std::unique_ptr<CheckpointWriter> MakeCheckpointWriter();
   // Elastic: the shares this worker computes follow the membership.
   void FollowMembership();
@@ -359,6 +362,7 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeStrategy() {
       c.gradient_wire = cluster.wire_dtype() == ClusterConfig::BF16 ? transport::Wire::kBf16 : transport::Wire::kFloat32;
       c.device_reduction = device_reduction_.get();
       if (pages_grads_) c.paged_grads = &paged_grads_;
+      c.recycle_gradient_pages = OneBackwardWritesTheGradients();
       if (windowed_) c.paged_weights = &paged_weights_;
       c.prefetch_layers = cluster.stream_prefetch_layers();
       c.reshard_after_forward = cluster.reshard_after_forward();
@@ -407,9 +411,12 @@ std::unique_ptr<ShareCompute> WorkerProcess::MakeCompute() {
   // Paged gradients (streamed weights, ZeRO-2): every micro-batch through
   // each unit at once, so that each unit is pulled once a pass and its
   // gradients leave (and are let go) once a step.
-  const int A = job_.grad_accum;
-  if (pages_grads_ && A > 1 && model_->layer_major_slots() >= A) return LayerMajorPasses(o);
+  if (pages_grads_ && job_.grad_accum > 1 && OneBackwardWritesTheGradients()) return LayerMajorPasses(o);
   return MicroBatchPasses(o);
+}
+
+bool WorkerProcess::OneBackwardWritesTheGradients() const {
+  return job_.grad_accum == 1 || (pages_grads_ && model_->layer_major_slots() >= job_.grad_accum);
 }
 
 std::unique_ptr<CheckpointWriter> WorkerProcess::MakeCheckpointWriter() {
