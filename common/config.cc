@@ -359,15 +359,17 @@ std::vector<Violation> CheckValues(const JobConfig& c) {
   CheckDeviceAndTrain(c, need);
   CheckOptimizerDataAndLog(c, need);
   CheckCluster(c.cluster(), need);
-  need(c.cluster().zero_stage() < 3 || c.device().kind() == config::DeviceConfig::CPU, "cluster.zero_stage",
-       "3 runs on CPU workers only yet (device.kind CUDA: use 2, or parameter servers with stream_weights)");
+  const bool nccl_reduces = c.device().kind() == config::DeviceConfig::CUDA && c.cluster().nccl() &&
+                            c.cluster().sync() == config::ClusterConfig::ALLREDUCE;
+  need(c.cluster().zero_stage() < 3 || !nccl_reduces, "cluster.zero_stage",
+       "3 on CUDA workers gathers and reduce-scatters over the UCX ring only yet: set cluster.nccl: false");
   need(c.cluster().wire_dtype() == config::ClusterConfig::FP32 ||
            c.cluster().sync() != config::ClusterConfig::ALLREDUCE ||
            c.device().kind() == config::DeviceConfig::CPU || !c.cluster().nccl(),
        "cluster.wire_dtype", "BF16 in all-reduce mode applies to the UCX ring only yet (NCCL sums fp32 gradients; "
        "cluster.nccl: false reduces CUDA workers' gradients through the ring)");
-  need(c.cluster().shard_group_size() == 0 || c.device().kind() == config::DeviceConfig::CPU,
-       "cluster.shard_group_size", "hybrid sharding runs on CPU workers only yet (device.kind CUDA)");
+  need(c.cluster().shard_group_size() == 0 || !nccl_reduces, "cluster.shard_group_size",
+       "hybrid sharding of CUDA workers runs over the UCX ring only yet: set cluster.nccl: false");
   return v;
 }
 
@@ -432,7 +434,16 @@ bool StreamsUpdates(const JobConfig& config) {
 bool StepsSlicesAsScattered(const JobConfig& config) {
   const config::ClusterConfig& cl = config.cluster();
   return cl.sync() == config::ClusterConfig::ALLREDUCE && cl.zero_stage() == 3 && StreamsUpdates(config) &&
-         (cl.shard_group_size() == 0 || cl.shard_group_size() == cl.workers());
+         !ShardsInGroups(cl);
+}
+
+bool WorkersHoldAWindow(const JobConfig& config) {
+  const config::ClusterConfig& cl = config.cluster();
+  return cl.stream_weights() || (cl.sync() == config::ClusterConfig::ALLREDUCE && cl.zero_stage() == 3);
+}
+
+bool ShardsInGroups(const config::ClusterConfig& cluster) {
+  return cluster.shard_group_size() > 0 && cluster.shard_group_size() < cluster.workers();
 }
 
 int NumWorkers(const JobConfig& config) {

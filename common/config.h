@@ -54,5 +54,12 @@ bool StreamsUpdates(const JobConfig& config);
 // for the same reason (StreamsUpdates), when one shard group holds every
 // slice (no hybrid replicas whose all-reduce would come first).
 bool StepsSlicesAsScattered(const JobConfig& config);
+// Whether a worker holds only a window of the weights: streamed from the
+// parameter servers (cluster.stream_weights) or gathered from the other
+// workers (ZeRO-3).
+bool WorkersHoldAWindow(const JobConfig& config);
+// Whether ZeRO shards inside groups smaller than the job (hybrid sharding,
+// cluster.shard_group_size), replicating across them.
+bool ShardsInGroups(const config::ClusterConfig& cluster);
 
 }  // namespace herd

@@ -47,22 +47,23 @@ struct JobSizes {
         bf16(cluster.wire_dtype() == config::ClusterConfig::BF16),
         wire(bf16 ? 2 : 4),
         gpu(c.device().kind() == config::DeviceConfig::CUDA),
-        streamed(cluster.stream_weights()) {
+        streamed(cluster.stream_weights()),
+        windowed(WorkersHoldAWindow(c)) {
     const int64_t activations =
         LlamaModel<float>::ActivationBytes(shape, train.batch_size(), train.seq_len(), job.recompute,
                                            job.micro_batch_slots) +
         2 * static_cast<int64_t>(train.batch_size()) * train.seq_len() * static_cast<int64_t>(sizeof(int32_t));
     const bool gpu_bf16 = config.device().dtype() == config::DeviceConfig::BF16;
-    if (gpu && streamed) {
+    if (gpu && windowed) {
       gpu_bytes = cuda::StreamedGpuWorkerDeviceBytes(shape, train.batch_size(), train.seq_len(), gpu_bf16,
                                                      job.recompute, train.grad_accum() > 1);
     } else if (gpu) {
       gpu_bytes = cuda::GpuWorkerDeviceBytes(shape, train.batch_size(), train.seq_len(), gpu_bf16, job.recompute);
     }
     // A CUDA worker: activations on the GPU, a page-locked gradient staging
-    // buffer on the host; streamed, the staging is a ring each way.
+    // buffer on the host; with a window, the staging is a ring each way.
     host_activations = gpu ? 0 : activations;
-    staging = !gpu ? 0 : streamed ? 2 * cuda::kStagingSlots * cuda::kStagingSlotFloats * kF32 : P * kF32;
+    staging = !gpu ? 0 : windowed ? 2 * cuda::kStagingSlots * cuda::kStagingSlotFloats * kF32 : P * kF32;
   }
 
   const config::JobConfig& config;
@@ -75,7 +76,7 @@ struct JobSizes {
   const int W;      // workers
   const bool bf16;  // on the wire
   const int wire;   // bytes per wire element
-  const bool gpu, streamed;
+  const bool gpu, streamed, windowed;
   int64_t gpu_bytes = 0;         // a worker's device memory
   int64_t host_activations = 0;  // a worker's activations in host memory
   int64_t staging = 0;           // a CUDA worker's page-locked gradient staging

@@ -116,7 +116,7 @@ def main():
                       "--set", "cluster.zero_stage=4"], "cluster.zero_stage", "must be 0, 1, 2 or 3", code=2)
     expect_error(sb, ["launch", cfg, "--set", "cluster.sync=ALLREDUCE", "--set", "cluster.workers=2",
                       "--set", "cluster.zero_stage=3", "--set", "device.kind=CUDA"], "cluster.zero_stage",
-                 "CPU workers only", code=2)
+                 "UCX ring only yet: set cluster.nccl: false", code=2)
     expect_error(sb, ["launch", cfg, "--set", "cluster.sync=ALLREDUCE", "--set", "cluster.workers=2",
                       "--set", "cluster.reshard_after_forward=false"], "cluster.reshard_after_forward",
                  "zero_stage 3 only", code=2)
@@ -124,7 +124,7 @@ def main():
                       "--set", "cluster.wire_dtype=BF16", "--set", "device.kind=CUDA"], "cluster.wire_dtype",
                  "UCX ring only", code=2)
     # Hybrid sharding: groups that do not divide the workers, without ZeRO,
-    # on GPUs (not yet).
+    # on GPUs over NCCL (not yet).
     zero4 = ["--set", "cluster.sync=ALLREDUCE", "--set", "cluster.workers=4", "--set", "cluster.zero_stage=2"]
     expect_error(sb, ["launch", cfg, *zero4, "--set", "cluster.shard_group_size=3"], "cluster.shard_group_size",
                  "3 does not divide cluster.workers 4", code=2)
@@ -132,7 +132,7 @@ def main():
                       "--set", "cluster.shard_group_size=2"], "cluster.shard_group_size", "zero_stage 1, 2 or 3",
                  code=2)
     expect_error(sb, ["launch", cfg, *zero4, "--set", "cluster.shard_group_size=2", "--set", "device.kind=CUDA"],
-                 "cluster.shard_group_size", "CPU workers only", code=2)
+                 "cluster.shard_group_size", "UCX ring only yet: set cluster.nccl: false", code=2)
     # A data plane named on an interface this host lacks, or not as names.
     ps = ["--set", "cluster.sync=PARAMETER_SERVER", "--set", "cluster.servers=1"]
     expect_error(sb, ["launch", cfg, *ps, "--set", "cluster.data_interface=nosuch9"], "cluster.data_interface",

@@ -157,6 +157,11 @@ config::JobConfig InMode(const config::JobConfig& job, const Mode& mode) {
   c.mutable_train()->set_recompute(mode.recompute);
   cl->set_stream_weights(mode.stream);
   cl->set_shard_group_size(mode.replicas > 1 ? cl->workers() / mode.replicas : 0);
+  // CUDA workers gather ZeRO-3's window, and shard in groups, over the UCX
+  // ring.
+  if (c.device().kind() == config::DeviceConfig::CUDA && (mode.zero_stage == 3 || mode.replicas > 1)) {
+    cl->set_nccl(false);
+  }
   return c;
 }
 
@@ -194,7 +199,6 @@ Status PrintFrontier(const config::JobConfig& job, int64_t mem, int64_t gpu_mem,
   }
   bool first = true;
   for (size_t i = 0; i < std::size(kModes); ++i) {
-    if (gpu && kModes[i].zero_stage == 3) continue;  // CPU workers only
     // Hybrid: groups of at least 2 workers.
     const int workers = std::max(1, job.cluster().workers());
     if (kModes[i].replicas > 1 && (workers % kModes[i].replicas != 0 || workers < 2 * kModes[i].replicas)) continue;

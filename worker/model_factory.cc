@@ -3,6 +3,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "common/config.h"
+
 #if HERD_HAVE_CUDA_MODEL
 #include "model/cuda/staged_model.h"
 #include "model/cuda/streamed_model.h"
@@ -67,7 +69,7 @@ StatusOr<std::unique_ptr<Model>> CreateModel(const config::JobConfig& config, co
   HERD_ASSIGN_OR_RETURN(const int device, PickDevice(local_rank));
 #if HERD_HAVE_CUDA_MODEL
   const bool bf16 = config.device().dtype() == config::DeviceConfig::BF16;
-  if (config.cluster().stream_weights()) {
+  if (WorkersHoldAWindow(config)) {
     return cuda::NewStreamedCudaModel(job.shape, job.batch, job.seq_len, bf16, device, job.recompute,
                                       job.grad_accum > 1);
   }

@@ -93,7 +93,7 @@ void PrintRunHeader(const config::JobConfig& config, const JobOptions& job, cons
                   num_workers);
       if (cluster.wire_dtype() == ClusterConfig::BF16) std::printf(", gradients bf16 on the wire");
       if (cluster.zero_stage() > 0) std::printf(", ZeRO-%d", cluster.zero_stage());
-      if (cluster.shard_group_size() > 0 && cluster.shard_group_size() < num_workers) {
+      if (ShardsInGroups(cluster)) {
         std::printf(" in shard groups of %d, replicated %d times", cluster.shard_group_size(),
                     num_workers / cluster.shard_group_size());
       }
@@ -236,7 +236,7 @@ WorkerProcess::WorkerProcess(const config::JobConfig& config, const TrainOptions
       join_(join),
       mode_(ModeOf(config, join != nullptr)),
       streamed_(mode_ == Mode::kParameterServer && config.cluster().stream_weights()),
-      windowed_(streamed_ || (mode_ == Mode::kAllReduce && config.cluster().zero_stage() == 3)),
+      windowed_(WorkersHoldAWindow(config)),
       pages_grads_(windowed_ || (mode_ == Mode::kAllReduce && config.cluster().zero_stage() == 2 &&
                                  config.device().kind() == config::DeviceConfig::CPU)),
       data_(std::move(data)),
