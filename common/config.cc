@@ -361,8 +361,6 @@ std::vector<Violation> CheckValues(const JobConfig& c) {
   CheckCluster(c.cluster(), need);
   const bool nccl_reduces = c.device().kind() == config::DeviceConfig::CUDA && c.cluster().nccl() &&
                             c.cluster().sync() == config::ClusterConfig::ALLREDUCE;
-  need(c.cluster().zero_stage() < 3 || !nccl_reduces, "cluster.zero_stage",
-       "3 on CUDA workers gathers and reduce-scatters over the UCX ring only yet: set cluster.nccl: false");
   need(c.cluster().wire_dtype() == config::ClusterConfig::FP32 ||
            c.cluster().sync() != config::ClusterConfig::ALLREDUCE ||
            c.device().kind() == config::DeviceConfig::CPU || !c.cluster().nccl(),

@@ -13,6 +13,8 @@ process training the same job (the tiny config, 20 steps, global batch 8):
   within 1e-4;
 * all-reduce mode, 1 GPU worker with NCCL, DDP and ZeRO-1 (gradients
   reduced on the device, then staged to the host optimizer): within 1e-4;
+  ZeRO-3 (the streamed model's device window, each unit's gradients
+  reduced on the device as it is shipped out): DDP's steps bit for bit;
 * bf16 compute: within 2e-2 relative, and it learns;
 * `herd bench gpu` on a tiny shape prints herd's line (tokens_per_s, mfu),
   PyTorch's (on the CPU for the emulated device) and the ratios.
@@ -89,6 +91,8 @@ def main():
     p = sb.run("launch", job("nccl", 8, gpu, "cluster { sync: ALLREDUCE workers: 1 }"))
     assert "gradients by NCCL" in p.stdout, p.stdout
     sb.run("launch", job("nccl_zero1", 8, gpu, "cluster { sync: ALLREDUCE workers: 1 zero_stage: 1 }"))
+    p = sb.run("launch", job("nccl_zero3", 8, gpu, "cluster { sync: ALLREDUCE workers: 1 zero_stage: 3 }"))
+    assert "gradients by NCCL" in p.stdout and "streamed" in p.stdout, p.stdout
     sb.run("launch", job("bf16", device="device { kind: CUDA dtype: BF16 }"))
     # Full activation recomputation: the same trajectories, bit for bit.
     full = ["--set", "train.recompute=FULL"]
@@ -107,6 +111,7 @@ def main():
     def trajectory(name):
         with open(sb.path(name + ".jsonl")) as f:
             return [{k: m[k] for k in ("step", "loss", "lr", "grad_norm")} for m in map(json.loads, f)]
+    assert trajectory("nccl_zero3") == trajectory("nccl"), "ZeRO-3 over NCCL differs from DDP over NCCL"
     assert trajectory("gpu") == trajectory("gpu_again"), "a rerun on the GPU differs"
     assert trajectory("gpu") == trajectory("gpu_split"), "stop at 10 and --resume on the GPU differs from the straight run"
     for name in ("gpu", "ps", "bf16"):

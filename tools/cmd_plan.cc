@@ -157,11 +157,8 @@ config::JobConfig InMode(const config::JobConfig& job, const Mode& mode) {
   c.mutable_train()->set_recompute(mode.recompute);
   cl->set_stream_weights(mode.stream);
   cl->set_shard_group_size(mode.replicas > 1 ? cl->workers() / mode.replicas : 0);
-  // CUDA workers gather ZeRO-3's window, and shard in groups, over the UCX
-  // ring.
-  if (c.device().kind() == config::DeviceConfig::CUDA && (mode.zero_stage == 3 || mode.replicas > 1)) {
-    cl->set_nccl(false);
-  }
+  // CUDA workers shard in groups over the UCX ring only.
+  if (c.device().kind() == config::DeviceConfig::CUDA && mode.replicas > 1) cl->set_nccl(false);
   return c;
 }
 

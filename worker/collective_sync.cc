@@ -335,6 +335,10 @@ class GatheredWeightsSync : public CollectiveStep, public WindowHooks, private B
   Status FinishStep(double loss) override {
     Execute(window_.RetireAll());
     FinishReplicas(&scatter_status_);
+    if (o_.device_reduction != nullptr) {
+      Status reduced = wait_.Timed([&] { return o_.device_reduction->FinishStep(); });
+      if (!reduced.ok() && scatter_status_.ok()) scatter_status_ = reduced;
+    }
     Status st = std::exchange(gather_status_, Status::OK());
     if (st.ok()) st = std::exchange(scatter_status_, Status::OK());
     if (!step_as_scattered_) return StepOptimizer(grads_, loss, st);
@@ -377,13 +381,14 @@ class GatheredWeightsSync : public CollectiveStep, public WindowHooks, private B
     WaitFor({&g_, gathers_[i]}, &gather_status_);
   }
   void Send(int i) override {
+    if (o_.device_reduction != nullptr) return;  // reduced on the device before they reached us
     scatters_[i] = g_.ReduceScatter(grads_ + window_.bucket(i).range.begin, parts_[PlanIndex(i)], o_.gradient_wire);
   }
   // The bucket's gradients are let go but for this worker's slice, which
   // steps at once when nothing global enters the update (and is let go
   // too).
   void Retire(int i) override {
-    {
+    if (o_.device_reduction == nullptr) {
       trace::Span span("wait for gradients", "wait", {"bucket", i}, {"step", static_cast<int64_t>(step_ + 1)});
       WaitFor({&g_, scatters_[i]}, &scatter_status_);
     }
@@ -444,8 +449,8 @@ StatusOr<CollectiveSyncParts> CreateCollectiveSync(const CollectiveSyncOptions& 
     // Each worker's slices start from the same initialisation (a function
     // of the seed and the tensor, or init_from's file) or the checkpoint;
     // the rest of the model is gathered as the passes reach it.
-    if (o.paged_weights == nullptr || o.paged_grads == nullptr || o.device_reduction != nullptr) {
-      return Status::InvalidArgument("ZeRO-3 needs paged weights and gradients, and reduces on the CPU");
+    if (o.paged_weights == nullptr || o.paged_grads == nullptr) {
+      return Status::InvalidArgument("ZeRO-3 needs paged weights and gradients");
     }
     auto sync = std::make_unique<GatheredWeightsSync>(o, std::move(optimizer));
     parts.home = WindowedWeights(*sync, *sync, o.paged_grads);

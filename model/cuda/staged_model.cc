@@ -40,7 +40,7 @@ int64_t DeviceFreeBytes(int device) {
 namespace {
 
 template <typename T>
-class StagedCudaModel final : public StagedCudaModelBase {
+class StagedCudaModel final : public CudaModelBase {
  public:
   StagedCudaModel(const LlamaShape& shape, int max_batch, int max_seq_len, int device, std::string name,
                   Recompute recompute)
@@ -206,9 +206,9 @@ class StagedCudaModel final : public StagedCudaModelBase {
 }  // namespace
 
 Status AttachGradientReducer(Model& model, GradientReducer reducer) {
-  auto* staged = dynamic_cast<StagedCudaModelBase*>(&model);
-  if (staged == nullptr) return Status::InvalidArgument("gradients are reduced on the device only for CUDA models");
-  staged->SetGradientReducer(std::move(reducer));
+  auto* cuda_model = dynamic_cast<CudaModelBase*>(&model);
+  if (cuda_model == nullptr) return Status::InvalidArgument("gradients are reduced on the device only for CUDA models");
+  cuda_model->SetGradientReducer(std::move(reducer));
   return Status::OK();
 }
 

@@ -35,8 +35,9 @@ namespace herd::cuda {
 // after which the reduced range may be copied out.
 using GradientReducer = std::function<cudaEvent_t(float* device_grads, int64_t begin, int64_t end, cudaEvent_t ready)>;
 
-// The staged model's own interface beyond Model (see AttachGradientReducer).
-class StagedCudaModelBase : public Model {
+// A CUDA model's interface beyond Model: its gradients may be reduced on
+// the device before they are copied out (AttachGradientReducer).
+class CudaModelBase : public Model {
  public:
   virtual void SetGradientReducer(GradientReducer reducer) = 0;
 };
@@ -44,7 +45,8 @@ class StagedCudaModelBase : public Model {
 // From now on, each range of the step's summed gradients is reduced on the
 // device before it is copied to the host, so the host receives the
 // reduced gradients (all-reduce mode over NCCL: ZeRO-Offload's layout,
-// with the optimizer on the host). `model` must be a CUDA model.
+// with the optimizer on the host). `model` must be a CUDA model (staged, or
+// streamed: each unit is reduced as it is shipped out).
 Status AttachGradientReducer(Model& model, GradientReducer reducer);
 
 // Number of CUDA devices this process sees (0 without a driver or device).

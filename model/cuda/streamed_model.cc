@@ -66,7 +66,7 @@ class StagingRing {
 };
 
 template <typename T>
-class StreamedCudaModel final : public Model {
+class StreamedCudaModel final : public CudaModelBase {
  public:
   StreamedCudaModel(const LlamaShape& shape, int max_batch, int max_seq_len, int device, std::string name,
                     Recompute recompute)
@@ -179,6 +179,8 @@ class StreamedCudaModel final : public Model {
     return host_logits_.data();
   }
 
+  void SetGradientReducer(GradientReducer reducer) override { reducer_ = std::move(reducer); }
+
  private:
   int num_units() const { return static_cast<int>(units_.size()) - 1; }
   int64_t unit_size(int u) const { return units_[u + 1] - units_[u]; }
@@ -246,7 +248,11 @@ class StreamedCudaModel final : public Model {
     shipping_ = u;
     shipped_ = 0;
     HERD_CUDA_CHECK(cudaEventRecord(computed_, compute_));
-    HERD_CUDA_CHECK(cudaStreamWaitEvent(down_, computed_, 0));
+    cudaEvent_t ready = computed_;
+    // Reduced across the workers on the device first (the reducer's flat
+    // space begins where the unit's offsets would).
+    if (reducer_) ready = reducer_(grads_.bases[u] - units_[u], units_[u], units_[u + 1], computed_);
+    HERD_CUDA_CHECK(cudaStreamWaitEvent(down_, ready, 0));
     while (in_flight_.size() < static_cast<size_t>(kStagingSlots) && shipped_ < unit_size(u)) CopyOutChunk();
   }
   void FinishShipment() {
@@ -310,6 +316,7 @@ class StreamedCudaModel final : public Model {
   const float* host_params_ = nullptr;
   float* host_grads_ = nullptr;
   const FinalFrom* final_from_ = nullptr;
+  GradientReducer reducer_;  // AttachGradientReducer's, if any
   std::vector<float> host_logits_;
   int64_t allocated_ = 0;  // by the constructor
 };
