@@ -5,7 +5,7 @@ and against parameter-server mode:
 * W=2 and W=3 workers (batch 4 each), zero_stage 0 to 3: losses within
   1e-5 relative of one process with batch 4W over 30 steps, and of PS mode
   with the same workers; exported weights within 1e-5; at W=4 (and with
-  --long on the ~20M shape too) every stage bitwise DDP's;
+  --long on the ~20M shape at W=2, 3 and 4) every stage bitwise DDP's;
 * every ZeRO stage takes bitwise DDP's steps (every gradient summed in the
   same ring order, the same weights, the norm from the same per-owner
   partials): the same metrics and final weights, also with grad_accum 2
@@ -137,21 +137,24 @@ def main():
                    f"kept after forward, recompute FULL; bf16 wire, loss within {bf16_rel:.2g} of fp32's)")
 
     # Four workers, every stage bitwise DDP's; with --long also the ~20M
-    # shape (8 layers, d512, tied) at 1 x 64 tokens a worker.
-    shapes = [("tiny", herdtest.TINY_MODEL, "")]
+    # shape (8 layers, d512, tied) at 1 x 64 tokens a worker, at 2, 3 and
+    # 4 workers.
+    shapes = [("tiny", herdtest.TINY_MODEL, "", (4,))]
     if herdtest.LONG:
-        shapes.append(("m20", herdtest.LLAMA20M_MODEL, "batch_size: 1 seq_len: 64"))
-    for shape, model, batch in shapes:
-        for zero in (0, 1, 2, 3):
-            name = f"w4_{shape}_z{zero}"
-            with open(job(name, 4, ar(4, zero))) as f:
-                cfg = f.read().replace(herdtest.TINY_MODEL, model)
-            if batch:
-                cfg = cfg.replace("batch_size: 4 seq_len: 32", batch)
-            sb.run("launch", sb.write(name + ".textproto", cfg))
-            if zero:
-                same_as_ddp(f"w4_{shape}_z0", name)
-    summary.append("W=4 every stage bitwise DDP's (" + " and ".join(s for s, _, _ in shapes) + ")")
+        shapes.append(("m20", herdtest.LLAMA20M_MODEL, "batch_size: 1 seq_len: 64", (2, 3, 4)))
+    for shape, model, batch, widths in shapes:
+        for W in widths:
+            for zero in (0, 1, 2, 3):
+                name = f"w{W}_{shape}_z{zero}"
+                with open(job(name, 4, ar(W, zero))) as f:
+                    cfg = f.read().replace(herdtest.TINY_MODEL, model)
+                if batch:
+                    cfg = cfg.replace("batch_size: 4 seq_len: 32", batch)
+                sb.run("launch", sb.write(name + ".textproto", cfg))
+                if zero:
+                    same_as_ddp(f"w{W}_{shape}_z0", name)
+    summary.append("every stage bitwise DDP's at " +
+                   " and ".join(f"W={'/'.join(map(str, w))} ({s})" for s, _, _, w in shapes))
 
     def same_files(a, b):
         """Run `b`'s last checkpoint holds bitwise `a`'s (but its config copy)."""
