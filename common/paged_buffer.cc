@@ -6,8 +6,8 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <functional>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -119,16 +119,15 @@ void PagedBuffer::Recycle(size_t offset, size_t bytes) {
   }
   std::memset(base_ + offset, 0, first * page - offset);
   std::memset(base_ + last * page, 0, offset + bytes - last * page);
-  auto pooled = [&](size_t p) { return !pool_of_.empty() && pool_of_[p] >= 0; };
   for (size_t p = first; p < last;) {
     size_t q = p;
-    if (pooled(p)) {
-      while (q < last && pooled(q)) ++q;
+    if (Pooled(p)) {
+      while (q < last && Pooled(q)) ++q;
       std::memset(base_ + p * page, 0, (q - p) * page);
       p = q;
       continue;
     }
-    while (q < last && !pooled(q)) ++q;
+    while (q < last && !Pooled(q)) ++q;
     const size_t take = std::min(q - p, free_pool_.size());
     if (take > 0) {
       // The lowest free pages, ascending.
@@ -149,15 +148,14 @@ void PagedBuffer::Recycle(size_t offset, size_t bytes) {
 
 void PagedBuffer::ReleasePages(size_t first, size_t last) {
   const size_t page = PageSize();
-  auto pooled = [&](size_t p) { return !pool_of_.empty() && pool_of_[p] >= 0; };
   for (size_t p = first; p < last;) {
     size_t q = p;
     char* at = base_ + p * page;
-    if (pooled(p)) {
+    if (Pooled(p)) {
       // The free pages stay sorted, the lowest last, so that what Recycle
       // takes maps in few contiguous runs.
       const size_t had = free_pool_.size();
-      for (; q < last && pooled(q); ++q) free_pool_.push_back(std::exchange(pool_of_[q], -1));
+      for (; q < last && Pooled(q); ++q) free_pool_.push_back(std::exchange(pool_of_[q], -1));
       std::sort(free_pool_.begin() + static_cast<std::ptrdiff_t>(had), free_pool_.end(), std::greater<>());
       std::inplace_merge(free_pool_.begin(), free_pool_.begin() + static_cast<std::ptrdiff_t>(had), free_pool_.end(),
                          std::greater<>());
@@ -165,7 +163,7 @@ void PagedBuffer::ReleasePages(size_t first, size_t last) {
                        -1, 0);
       PCHECK(r == at) << "giving " << (q - p) << " pages back to the page pool";
     } else {
-      while (q < last && !pooled(q)) ++q;
+      while (q < last && !Pooled(q)) ++q;
       PCHECK(::madvise(at, (q - p) * page, MADV_DONTNEED) == 0) << "madvise";
       if (guarded_) PCHECK(::mprotect(at, (q - p) * page, PROT_NONE) == 0) << "mprotect";
     }

@@ -78,6 +78,8 @@ class PagedBuffer {
   // Maps pool page `pool` and the ones after it over `pages` pages from
   // page `first`.
   void MapPool(size_t first, size_t pages, int32_t pool);
+  // Whether page `page` (an index) is backed by the pool.
+  bool Pooled(size_t page) const { return !pool_of_.empty() && pool_of_[page] >= 0; }
   void Unmap();
 
   char* base_ = nullptr;

@@ -17,10 +17,10 @@
 //     PagedBuffer; a unit's reduce-scatters run beside the next unit's
 //     backward and are waited for once it is done, so at most two units'
 //     gradients are whole at once), so a worker keeps its slices'
-//     gradients only. When one
-//     backward writes all of a step's gradients, the pages let go of are
-//     kept in a pool and back the unit backward writes next (before it
-//     starts, zeroed), so memory is reused rather than faulted in afresh.
+//     gradients only. When one backward writes all of a step's gradients,
+//     the pages let go of are kept in a pool and back the unit backward
+//     writes next (before it starts, zeroed), so memory is reused rather
+//     than faulted in afresh.
 //   zero_stage 3: as 2, and the weights are sharded too: the model reaches
 //     them through a window (the policy of sharding/weight_window.h, as a
 //     streaming parameter-server worker's) that all-gathers each bucket
@@ -34,6 +34,11 @@
 //     gradients go too (as parameter servers stream updates): a worker
 //     then holds 12 bytes a parameter over W, less than its share of the
 //     fp32 weights' 16/W at W=4.
+//
+// CUDA workers with NCCL (device_reduction) receive their gradients
+// reduce-scattered on the device (ZeRO-3: each unit as the device window
+// ships it out); the ring then carries the norms, the losses and the
+// weights.
 //
 // Every stage sums each gradient in the same ring order, computes on the
 // same weights and takes the norm from the same per-owner partials, so DDP
