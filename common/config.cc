@@ -361,10 +361,7 @@ std::vector<Violation> CheckValues(const JobConfig& c) {
   CheckCluster(c.cluster(), need);
   const bool nccl_reduces = c.device().kind() == config::DeviceConfig::CUDA && c.cluster().nccl() &&
                             c.cluster().sync() == config::ClusterConfig::ALLREDUCE;
-  need(c.cluster().wire_dtype() == config::ClusterConfig::FP32 ||
-           c.cluster().sync() != config::ClusterConfig::ALLREDUCE ||
-           c.device().kind() == config::DeviceConfig::CPU || !c.cluster().nccl(),
-       "cluster.wire_dtype", "BF16 in all-reduce mode applies to the UCX ring only yet (NCCL sums fp32 gradients; "
+  need(c.cluster().wire_dtype() == config::ClusterConfig::FP32 || !nccl_reduces, "cluster.wire_dtype", "BF16 in all-reduce mode applies to the UCX ring only yet (NCCL sums fp32 gradients; "
        "cluster.nccl: false reduces CUDA workers' gradients through the ring)");
   need(c.cluster().shard_group_size() == 0 || !nccl_reduces, "cluster.shard_group_size",
        "hybrid sharding of CUDA workers runs over the UCX ring only yet: set cluster.nccl: false");

@@ -163,8 +163,9 @@ StatusOr<ProcessMemory> TrainerMemory(const JobSizes& j) {
       // slices' master weights beside it.
       StreamedReplay replay = ReplayOfJob(j.config, j.job.micro_batch_slots);
       // A slice that steps as it is reduced lets its gradients go too.
+      const bool steps_as_scattered = StepsSlicesAsScattered(j.config);
       for (auto b = plan.buckets().rbegin(); b != plan.buckets().rend(); ++b) {
-        replay.kept_on_retire.push_back(StepsSlicesAsScattered(j.config) ? 0 : OwnerParts(*b, group)[0]);
+        replay.kept_on_retire.push_back(steps_as_scattered ? 0 : OwnerParts(*b, group)[0]);
       }
       const StreamedPeak peak = ReplayStreamedStep(plan, j.layout, replay);
       t.weights = peak.weights + owned * kF32;

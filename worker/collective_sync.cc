@@ -472,17 +472,16 @@ StatusOr<CollectiveSyncParts> CreateCollectiveSync(const CollectiveSyncOptions& 
       InitParameters(*o.layout, init.seed, init.initializer_range, weights);
     }
   }
-  CollectiveSyncOptions whole = o;
-  whole.recycle_gradient_pages = o.recycle_gradient_pages && o.zero_stage == 2 && o.paged_grads != nullptr &&
-                                 o.device_reduction == nullptr;
-  if (whole.recycle_gradient_pages) {
+  if (o.recycle_gradient_pages) {
+    CHECK(o.zero_stage == 2 && o.paged_grads != nullptr && o.device_reduction == nullptr)
+        << "gradient pages are recycled by ZeRO-2 on paged host gradients only";
     // The pool holds what backward holds beyond the slices at its fullest.
     int64_t slices = 0;
     for (const ParamRange& r : owned) slices += r.size();
     const int64_t most = ReplayZero2Gradients(*o.plan, *o.layout, group.size(), group.rank());
     HERD_RETURN_IF_ERROR(o.paged_grads->KeepPool(static_cast<size_t>(most - slices * sizeof(float))));
   }
-  parts.sync = std::make_unique<CollectiveSync>(whole, weights, std::move(optimizer), /*broadcast_first=*/!resume_from);
+  parts.sync = std::make_unique<CollectiveSync>(o, weights, std::move(optimizer), /*broadcast_first=*/!resume_from);
   parts.home = WholeWeights(*parts.sync, o.paged_grads);
   return parts;
 }

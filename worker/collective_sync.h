@@ -109,10 +109,10 @@ struct CollectiveSyncOptions {
   // ZeRO-2 and -3: the gradients' flat space, paged (its owner's memory is
   // let go outside the owned slices).
   PagedBuffer* paged_grads = nullptr;
-  // ZeRO-2: the step's last backward is the only one to write its
-  // gradients (no micro-batch accumulates before it), so the gradients of
-  // a unit are dead until its backward starts, and `paged_grads` keeps a
-  // pool of the pages let go of to back them with (PagedBuffer::Recycle).
+  // ZeRO-2 on paged gradients, when the step's last backward is the only
+  // one to write them (no micro-batch accumulates before it): a unit's
+  // gradients are dead until its backward starts, so `paged_grads` keeps
+  // a pool of the pages let go of to back them with (PagedBuffer::Recycle).
   bool recycle_gradient_pages = false;
   // ZeRO-3: the weights' flat space, paged and guarded (what the window
   // does not hold cannot be read), and the window's policy.

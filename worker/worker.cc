@@ -362,7 +362,7 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeStrategy() {
       c.gradient_wire = cluster.wire_dtype() == ClusterConfig::BF16 ? transport::Wire::kBf16 : transport::Wire::kFloat32;
       c.device_reduction = device_reduction_.get();
       if (pages_grads_) c.paged_grads = &paged_grads_;
-      c.recycle_gradient_pages = OneBackwardWritesTheGradients();
+      c.recycle_gradient_pages = pages_grads_ && cluster.zero_stage() == 2 && OneBackwardWritesTheGradients();
       if (windowed_) c.paged_weights = &paged_weights_;
       c.prefetch_layers = cluster.stream_prefetch_layers();
       c.reshard_after_forward = cluster.reshard_after_forward();
