@@ -257,10 +257,15 @@ def phase_modes(c):
         ("one process", "cluster { sync: NONE }"),
         ("PS S=2 W=1", "cluster { sync: PARAMETER_SERVER servers: 2 workers: 1 }"),
         ("PS S=2 W=1 streamed", "cluster { sync: PARAMETER_SERVER servers: 2 workers: 1 stream_weights: true }"),
+        ("PS S=2 W=1 bf16 wire", "cluster { sync: PARAMETER_SERVER servers: 2 workers: 1 wire_dtype: BF16 }"),
         ("all-reduce W=1 (NCCL)", "cluster { sync: ALLREDUCE workers: 1 }"),
+        ("ZeRO-1 W=1 (NCCL)", "cluster { sync: ALLREDUCE workers: 1 zero_stage: 1 }"),
+        ("ZeRO-3 W=1 (NCCL)", "cluster { sync: ALLREDUCE workers: 1 zero_stage: 3 }"),
     ]
     figures = {}
     for i, (name, cluster) in enumerate(modes):
+        if not re.search(c.a.modes, name):
+            continue
         if c.left() < 40:
             c.record("modes", what=name, skipped="out of time")
             continue
@@ -271,7 +276,7 @@ def phase_modes(c):
                     "optimizer { lr: 3e-4 min_lr: 3e-5 warmup_steps: 2 weight_decay: 0.1 clip_norm: 1.0 }\n"
                     f"data {{ train: \"{data}\" }}\n{cluster}\ndevice {{ kind: CUDA dtype: BF16 }}\n"
                     f"log {{ every: 1 metrics: \"{tag}.jsonl\" summary_dir: \"{tag}\" eval_every: 0 "
-                    "sample_tokens: 0 }\n")
+                    f"sample_tokens: 0 {trace_field(c, tag)} }}\n")
         code, out, err = c.run("mode " + name, [c.herd, "launch", config], 240)
         if code != 0 or not os.path.exists(os.path.join(c.work, tag + ".jsonl")):
             c.record("modes", what=name, exit=code, said=err.strip().splitlines()[-3:], ok=False)
@@ -285,6 +290,8 @@ def phase_modes(c):
             with open(summary) as f:
                 worker = json.load(f)
         step_s = statistics.median(timed)
+        if c.a.trace:
+            c.record("modes", what=name + ": where a step's time goes", **trace_summary(c, tag))
         figures[name] = {"step_s": step_s, "rows": rows}
         c.record("modes", what=name, step_s=step_s, tokens_per_s=batch * seq / step_s,
                  network_wait=statistics.mean(wait) if wait else None, loss_first=rows[0]["loss"],
@@ -300,6 +307,35 @@ def phase_modes(c):
         same = trajectory("PS S=2 W=1") == trajectory("PS S=2 W=1 streamed")
         c.record("modes", what="streamed PS equals PS bit for bit", ok=same,
                  ratio=figures["PS S=2 W=1 streamed"]["step_s"] / figures["PS S=2 W=1"]["step_s"])
+
+
+def trace_field(c, tag):
+    return f'trace: "{tag}_trace"' if c.a.trace else ""
+
+
+def trace_summary(c, tag):
+    """Milliseconds a step in each named span of each process's timeline
+    (log.trace), over the steps after the first two: where the time goes."""
+    by_process = {}
+    for path in sorted(glob.glob(os.path.join(c.work, tag + "_trace", "*.trace.json"))):
+        with open(path) as f:
+            events = json.load(f)
+        events = events["traceEvents"] if isinstance(events, dict) else events
+        spans = [e for e in events if e.get("ph") == "X"]
+        steps = sorted(e["ts"] for e in spans if e["name"] in ("step", "server step"))
+        if len(steps) < 4:
+            steps = [min((e["ts"] for e in spans), default=0), max((e["ts"] for e in spans), default=0) + 1]
+            first, n = steps[0], 1
+        else:
+            first, n = steps[2], len(steps) - 3
+        last = steps[-1]
+        total = {}
+        for e in spans:
+            if first <= e["ts"] < last:
+                total[e["name"]] = total.get(e["name"], 0.0) + e.get("dur", 0) / 1e3 / n
+        top = sorted(total.items(), key=lambda kv: -kv[1])[:12]
+        by_process[os.path.basename(path).split(".")[0]] = {k: round(v, 2) for k, v in top}
+    return {"ms_per_step": by_process}
 
 
 def phase_converge(c):
@@ -406,6 +442,8 @@ def main():
     ap.add_argument("--sanitize-filter", default="KernelTest/*.*:OptimizerKernels.*",
                     help="the gtests the sanitizers run")
     ap.add_argument("--small", action="store_true", help="tiny shapes throughout (a dry run on the emulated device)")
+    ap.add_argument("--modes", default="", help="modes: only those whose name this regular expression finds")
+    ap.add_argument("--trace", action="store_true", help="modes: trace each job (log.trace) and say where its steps go")
     ap.add_argument("--keep-work", action="store_true", help="keep the jobs' files (their folder is named at the end)")
     a = ap.parse_args()
     phases = a.phases.split(",")

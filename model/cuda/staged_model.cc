@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "common/strings.h"
+#include "common/trace.h"
 #include "model/cuda/check.h"
 #include "model/cuda/cublaslt_loader.h"
 #include "model/cuda/device_memory.h"
@@ -148,9 +149,15 @@ class StagedCudaModel final : public CudaModelBase {
     // the late ones.
     model_->Backward(params_, grads_, loss_scale, stage);
     for (const Range& r : in_flight) {
-      HERD_CUDA_CHECK(cudaEventSynchronize(r.copied));
+      {
+        trace::Span span("wait for gradient copy", "wait", {"from", r.begin});
+        HERD_CUDA_CHECK(cudaEventSynchronize(r.copied));
+      }
+      {
+        trace::Span span("add gradients", "compute", {"from", r.begin});
 #pragma omp parallel for simd schedule(static)
-      for (int64_t i = r.begin; i < r.end; ++i) grads[i] += grad_staging_[i];
+        for (int64_t i = r.begin; i < r.end; ++i) grads[i] += grad_staging_[i];
+      }
       if (final_from) final_from(r.begin);
     }
   }
