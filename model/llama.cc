@@ -22,11 +22,12 @@ using namespace cpu;  // NOLINT: the kernels are this file's vocabulary
 template <typename T>
 struct LlamaModel<T>::Activations {
   int64_t N = 0, d = 0, qd = 0, kvd = 0, f = 0, v = 0, tt = 0, L = 0, H = 0, KV = 0;
+  int64_t first = 0;  // the model's first layer: layer l's buffers are at l - first
   Recompute recompute = Recompute::kNone;
 
   std::vector<int32_t> tokens, targets;   // [N]
   std::vector<T> rope_cos, rope_sin;      // [max_seq_len, head_dim/2]
-  std::vector<T> residual;                // [L+1, N, d]: input of layer l; [L] = final
+  std::vector<T> residual;                // [L+1, N, d]: input of layer l; [L] = final (L: the model's layers)
   // From here to act: [L, ...] (FULL: [1, ...]).
   std::vector<T> ln1, ln1_rstd;           // [L, N, d], [L, N]
   std::vector<T> q, k, v_;                // [L, N, qd], [L, N, kvd] x2 (after RoPE)
@@ -64,11 +65,14 @@ struct LlamaModel<T>::Activations {
     bool backward_scratch;
     bool shared;  // one for every slot, in slot 0
   };
-  static std::vector<Buffer> Table(const LlamaShape& s, int max_batch, int max_seq_len, Recompute recompute) {
+  static std::vector<Buffer> Table(const LlamaShape& s, int max_batch, int max_seq_len, Recompute recompute,
+                                   int first, int end) {
     const int64_t N = static_cast<int64_t>(max_batch) * max_seq_len, d = s.hidden_size;
     // Layers kept: L holds every layer's intermediates, the probabilities Lp.
-    const int64_t L = recompute == Recompute::kFull ? 1 : s.num_layers;
-    const int64_t Lp = recompute == Recompute::kNone ? s.num_layers : 1;
+    const int64_t layers = end - first;
+    const int64_t L = recompute == Recompute::kFull ? 1 : layers;
+    const int64_t Lp = recompute == Recompute::kNone ? layers : 1;
+    const int64_t head = end == s.num_layers ? 1 : 0;  // the final norm's and the head's buffers
     const int64_t qd = s.q_dim(), kvd = s.kv_dim(), f = s.intermediate_size;
     const int64_t probs_elements = Lp * max_batch * s.num_heads * static_cast<int64_t>(max_seq_len) * max_seq_len;
     const int64_t rope_elements = static_cast<int64_t>(max_seq_len) * s.head_dim() / 2;
@@ -76,7 +80,7 @@ struct LlamaModel<T>::Activations {
     return {
         {&A::rope_cos, rope_elements, false, true},
         {&A::rope_sin, rope_elements, false, true},
-        {&A::residual, (s.num_layers + 1) * N * d, false, false},
+        {&A::residual, (layers + 1) * N * d, false, false},
         {&A::ln1, L * N * d, false, false},
         {&A::ln1_rstd, L * N, false, false},
         {&A::q, L * N * qd, false, false},
@@ -90,10 +94,10 @@ struct LlamaModel<T>::Activations {
         {&A::gate, L * N * f, false, false},
         {&A::up, L * N * f, false, false},
         {&A::act, L * N * f, false, false},
-        {&A::lnf, N * d, false, true},
-        {&A::lnf_rstd, N, false, true},
-        {&A::logits, N * s.vocab_size, false, true},
-        {&A::losses, N, false, true},
+        {&A::lnf, head * N * d, false, true},
+        {&A::lnf_rstd, head * N, false, true},
+        {&A::logits, head * N * s.vocab_size, false, true},
+        {&A::losses, head * N, false, true},
         {&A::dresidual, N * d, true, false},
         {&A::dln, N * d, true, true},
         {&A::datt, N * qd, true, true},
@@ -108,8 +112,9 @@ struct LlamaModel<T>::Activations {
   }
   // Sizes every buffer of the table that `backward_scratch` selects, the
   // shared ones only in slot 0 (`owns_shared`); grows, never shrinks.
-  void Allocate(const LlamaShape& s, int max_batch, int max_seq_len, bool backward_scratch, bool owns_shared) {
-    for (const Buffer& b : Table(s, max_batch, max_seq_len, recompute)) {
+  void Allocate(const LlamaShape& s, int max_batch, int max_seq_len, int end, bool backward_scratch,
+                bool owns_shared) {
+    for (const Buffer& b : Table(s, max_batch, max_seq_len, recompute, static_cast<int>(first), end)) {
       std::vector<T>& v = this->*b.member;
       if (b.backward_scratch == backward_scratch && (owns_shared || !b.shared) &&
           static_cast<int64_t>(v.size()) < b.elements) {
@@ -118,7 +123,8 @@ struct LlamaModel<T>::Activations {
     }
   }
 
-  Layer layer(int64_t l) {
+  Layer layer(int64_t global_l) {
+    const int64_t l = global_l - first;
     const int64_t i = recompute == Recompute::kFull ? 0 : l;   // where layer l's intermediates live
     const int64_t p = recompute == Recompute::kNone ? l : 0;   // and its probabilities
     return {residual.data() + l * N * d,      residual.data() + (l + 1) * N * d, ln1.data() + i * N * d,
@@ -133,9 +139,10 @@ struct LlamaModel<T>::Activations {
 
 template <typename T>
 int64_t LlamaModel<T>::ActivationBytes(const LlamaShape& shape, int max_batch, int max_seq_len, Recompute recompute,
-                                       int slots) {
+                                       int slots, LayerRange layers) {
+  const int end = layers.end < 0 ? shape.num_layers : layers.end;
   int64_t floats = 0;
-  for (const auto& b : Activations::Table(shape, max_batch, max_seq_len, recompute)) {
+  for (const auto& b : Activations::Table(shape, max_batch, max_seq_len, recompute, layers.first, end)) {
     floats += b.shared ? b.elements : slots * b.elements;
   }
   const int64_t tokens = static_cast<int64_t>(max_batch) * max_seq_len;
@@ -143,9 +150,17 @@ int64_t LlamaModel<T>::ActivationBytes(const LlamaShape& shape, int max_batch, i
 }
 
 template <typename T>
-LlamaModel<T>::LlamaModel(const LlamaShape& shape, int max_batch, int max_seq_len, Recompute recompute, int slots)
-    : layout_(shape), max_batch_(max_batch), max_seq_len_(max_seq_len) {
+LlamaModel<T>::LlamaModel(const LlamaShape& shape, int max_batch, int max_seq_len, Recompute recompute, int slots,
+                          LayerRange layers)
+    : layout_(shape),
+      max_batch_(max_batch),
+      max_seq_len_(max_seq_len),
+      first_layer_(layers.first),
+      end_layer_(layers.end < 0 ? shape.num_layers : layers.end) {
   CHECK_GE(slots, 1);
+  CHECK(0 <= first_layer_ && first_layer_ <= end_layer_ && end_layer_ <= shape.num_layers &&
+        (first_layer_ < end_layer_ || shape.num_layers == 0))
+      << "layers [" << first_layer_ << ", " << end_layer_ << ") of " << shape.num_layers;
   for (int i = 0; i < slots; ++i) {
     acts_.push_back(std::make_unique<Activations>());
     Activations& a = *acts_.back();
@@ -158,12 +173,13 @@ LlamaModel<T>::LlamaModel(const LlamaShape& shape, int max_batch, int max_seq_le
     a.f = shape.intermediate_size;
     a.v = shape.vocab_size;
     a.tt = static_cast<int64_t>(max_seq_len) * max_seq_len;
-    a.L = shape.num_layers;
+    a.L = end_layer_ - first_layer_;
+    a.first = first_layer_;
     a.H = shape.num_heads;
     a.KV = shape.num_kv_heads;
     a.tokens.resize(a.N);
     a.targets.resize(a.N);
-    a.Allocate(shape, max_batch, max_seq_len, /*backward_scratch=*/false, /*owns_shared=*/i == 0);
+    a.Allocate(shape, max_batch, max_seq_len, end_layer_, /*backward_scratch=*/false, /*owns_shared=*/i == 0);
   }
   Activations& s = *acts_[0];
   RopeTables(s.rope_cos.data(), s.rope_sin.data(), max_seq_len, shape.head_dim(), shape.rope_theta,
@@ -202,7 +218,7 @@ double LlamaModel<T>::HeadForward(Activations& a, const T* params) {
   Activations& sh = *acts_[0];
   const LlamaShape& s = layout_.shape();
   const int64_t N = static_cast<int64_t>(a.B) * a.Tcur, d = a.d;
-  const T* x_final = a.residual.data() + s.num_layers * a.N * d;
+  const T* x_final = a.residual.data() + a.L * a.N * d;
   trace::Span span("head forward", "compute");
   RmsNormForward(sh.lnf.data(), sh.lnf_rstd.data(), x_final, params + layout_.final_norm(), N, d, s.rms_norm_eps);
   MatmulForward(sh.logits.data(), sh.lnf.data(), params + layout_.lm_head(), N, d, a.v);
@@ -213,6 +229,7 @@ double LlamaModel<T>::HeadForward(Activations& a, const T* params) {
 template <typename T>
 double LlamaModel<T>::Forward(const T* params, const int32_t* tokens, const int32_t* targets, int B, int T_,
                               const NeedUpTo& need) {
+  CHECK(embeds() && has_head()) << "Forward on a model of part of the layers: use StageForward";
   Activations& a = *acts_[0];
   const LlamaShape& s = layout_.shape();
   if (need) need(s.num_layers > 0 ? layout_.layer(0).input_norm : layout_.final_norm());
@@ -257,14 +274,9 @@ void LlamaModel<T>::LayerForward(Activations& a, const T* params, int l, bool to
 template <typename T>
 void LlamaModel<T>::HeadBackward(Activations& a, const T* params, T* grads, double loss_scale) {
   Activations& sh = *acts_[0];
-  const LlamaShape& s = layout_.shape();
   CHECK(a.has_targets) << "LlamaModel::Backward needs a Forward with targets first";
   const int64_t N = static_cast<int64_t>(a.B) * a.Tcur, d = a.d;
-  // Scratch on first use; the attention scratch is per thread and grows
-  // with this call's thread count.
-  for (size_t i = 0; i < acts_.size(); ++i) {
-    acts_[i]->Allocate(s, max_batch_, max_seq_len_, /*backward_scratch=*/true, /*owns_shared=*/i == 0);
-  }
+  BackwardScratch();
   T* dres = a.dresidual.data();
   T* dln = sh.dln.data();
   // Loss -> logits (in place) -> lm_head -> final norm.
@@ -273,9 +285,19 @@ void LlamaModel<T>::HeadBackward(Activations& a, const T* params, T* grads, doub
   CrossEntropyBackward(dlogits, sh.logits.data(), a.targets.data(), N, a.v, loss_scale);
   MatmulBackward(dln, grads + layout_.lm_head(), dlogits, sh.lnf.data(), params + layout_.lm_head(), N, d, a.v);
   std::fill(dres, dres + N * d, T(0));
-  const T* x_final = a.residual.data() + s.num_layers * a.N * d;
+  const T* x_final = a.residual.data() + a.L * a.N * d;
   RmsNormBackward(dres, grads + layout_.final_norm(), dln, x_final, params + layout_.final_norm(), sh.lnf_rstd.data(),
                   N, d);
+}
+
+// Scratch on first use; the attention scratch is per thread and grows with
+// this call's thread count.
+template <typename T>
+void LlamaModel<T>::BackwardScratch() {
+  for (size_t i = 0; i < acts_.size(); ++i) {
+    acts_[i]->Allocate(shape(), max_batch_, max_seq_len_, end_layer_, /*backward_scratch=*/true,
+                       /*owns_shared=*/i == 0);
+  }
 }
 
 template <typename T>
@@ -327,6 +349,7 @@ void LlamaModel<T>::EmbedBackward(Activations& a, T* grads) {
 template <typename T>
 void LlamaModel<T>::Backward(const T* params, T* grads, double loss_scale, const FinalFrom& final_from,
                              const NeedFrom& need_from) {
+  CHECK(embeds() && has_head()) << "Backward on a model of part of the layers: use StageBackward";
   Activations& a = *acts_[0];
   if (need_from) need_from(layout_.final_norm());
   HeadBackward(a, params, grads, loss_scale);
@@ -346,6 +369,7 @@ double LlamaModel<T>::ForwardBackwardLayerMajor(const T* params, T* grads, const
                                                 const std::vector<const int32_t*>& targets, int B, int T_,
                                                 double loss_scale, const NeedUpTo& need, const NeedFrom& need_from,
                                                 const FinalFrom& final_from) {
+  CHECK(embeds() && has_head()) << "a layer-major pass on a model of part of the layers";
   const LlamaShape& s = layout_.shape();
   const size_t M = tokens.size();
   CHECK(M >= 1 && M <= acts_.size() && targets.size() == M) << "layer-major pass over " << M << " micro-batches, "
@@ -375,6 +399,79 @@ double LlamaModel<T>::ForwardBackwardLayerMajor(const T* params, T* grads, const
   for (size_t m = 0; m < M; ++m) EmbedBackward(*acts_[m], grads);
   if (final_from) final_from(0);
   return loss;
+}
+
+template <typename T>
+double LlamaModel<T>::StageForward(int slot, const T* params, const int32_t* tokens, const int32_t* targets,
+                                   const T* input, int B, int T_, T* grads, double loss_scale, const NeedUpTo& need) {
+  Activations& a = *acts_.at(slot);
+  const int64_t N = static_cast<int64_t>(B) * T_;
+  if (embeds()) {
+    if (need) need(first_layer_ < end_layer_ ? layout_.layer(first_layer_).input_norm : layout_.final_norm());
+    EmbedForward(a, params, tokens, targets, B, T_);
+  } else {
+    CHECK(input != nullptr) << "stage of layers " << first_layer_ << "+ needs the previous stage's output";
+    a.B = B;
+    a.Tcur = T_;
+    a.has_targets = targets != nullptr;
+    if (targets != nullptr && has_head()) std::copy(targets, targets + N, a.targets.begin());
+    if (input != a.residual.data()) std::copy(input, input + N * a.d, a.residual.begin());
+  }
+  for (int l = first_layer_; l < end_layer_; ++l) {
+    if (need) need(LayerEnd(l));
+    trace::Span span("layer forward", "compute", {"layer", l});
+    LayerForward(a, params, l, /*to_output=*/true);
+  }
+  if (!has_head()) return 0.0;
+  if (need) need(layout_.size());
+  const double loss = HeadForward(a, params);
+  HeadBackward(a, params, grads, loss_scale);
+  return loss;
+}
+
+template <typename T>
+T* LlamaModel<T>::StageInput(int slot) {
+  return acts_.at(slot)->residual.data();
+}
+
+template <typename T>
+const T* LlamaModel<T>::StageOutput(int slot) const {
+  const Activations& a = *acts_.at(slot);
+  return a.residual.data() + a.L * a.N * a.d;
+}
+
+template <typename T>
+T* LlamaModel<T>::StageOutputGrad(int slot) {
+  BackwardScratch();
+  return acts_.at(slot)->dresidual.data();
+}
+
+template <typename T>
+void LlamaModel<T>::StageBackward(int slot, const T* params, T* grads, const T* output_grad,
+                                  const FinalFrom& final_from, const NeedFrom& need_from) {
+  Activations& a = *acts_.at(slot);
+  BackwardScratch();
+  if (has_head()) {
+    CHECK(output_grad == nullptr) << "the head's stage starts backward from its own loss";
+    if (final_from) final_from(layout_.final_norm());
+  } else {
+    CHECK(output_grad != nullptr) << "stage of layers " << first_layer_ << "+ needs the next stage's gradient";
+    const int64_t n = static_cast<int64_t>(a.B) * a.Tcur * a.d;
+    if (output_grad != a.dresidual.data()) std::copy(output_grad, output_grad + n, a.dresidual.begin());
+  }
+  for (int l = end_layer_ - 1; l >= first_layer_; --l) {
+    if (need_from) need_from(layout_.layer(l).input_norm);
+    LayerBackward(a, params, grads, l);
+    if (final_from) final_from(layout_.layer(l).input_norm);
+  }
+  if (!embeds()) return;
+  EmbedBackward(a, grads);
+  if (final_from) final_from(0);
+}
+
+template <typename T>
+const T* LlamaModel<T>::StageInputGrad(int slot) const {
+  return acts_.at(slot)->dresidual.data();
 }
 
 template class LlamaModel<float>;

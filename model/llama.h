@@ -16,6 +16,14 @@
 
 namespace herd {
 
+// The decoder layers [first, end) a model computes (end -1: through the
+// last). The model that starts at layer 0 embeds the tokens; the one that
+// ends at the last layer holds the final norm and the head. A pipeline
+// stage (sharding/pipeline_split.h) is a model over its layers.
+struct LayerRange {
+  int first = 0, end = -1;
+};
+
 template <typename T>
 class LlamaModel {
  public:
@@ -25,8 +33,12 @@ class LlamaModel {
   // same bit for bit whatever it says. `slots`: micro-batches a
   // layer-major pass (ForwardBackwardLayerMajor) holds at once, each with
   // its own activations (the head's and backward's scratch are shared).
+  //
+  // `layers`: the layers this model computes; activations are allocated
+  // for those alone. A model over part of the layers runs the stage passes
+  // below, not Forward and Backward.
   LlamaModel(const LlamaShape& shape, int max_batch, int max_seq_len, Recompute recompute = Recompute::kNone,
-             int slots = 1);
+             int slots = 1, LayerRange layers = {});
   ~LlamaModel();
   LlamaModel(const LlamaModel&) = delete;
   LlamaModel& operator=(const LlamaModel&) = delete;
@@ -36,6 +48,10 @@ class LlamaModel {
   int max_batch() const { return max_batch_; }
   int max_seq_len() const { return max_seq_len_; }
   int slots() const { return static_cast<int>(acts_.size()); }
+  int first_layer() const { return first_layer_; }
+  int end_layer() const { return end_layer_; }
+  bool embeds() const { return first_layer_ == 0; }
+  bool has_head() const { return end_layer_ == shape().num_layers; }
 
   // Forward over tokens[B, T_]. With targets, returns the mean cross-entropy
   // and keeps what Backward needs; without, returns 0 and only logits()
@@ -86,6 +102,37 @@ class LlamaModel {
                                    const NeedUpTo& need = nullptr, const NeedFrom& need_from = nullptr,
                                    const FinalFrom& final_from = nullptr);
 
+  // Stage passes: one micro-batch in `slot` through this model's layers,
+  // which may be any LayerRange. Forward starts from `tokens` on the model
+  // that embeds (input null) or from the previous stage's output `input`
+  // ([B*T_, hidden]); the model with the head also runs the head's
+  // backward at once (its buffers are shared by the slots: the scheme of
+  // ForwardBackwardLayerMajor), adding to `grads`, and returns the
+  // micro-batch's mean loss (0 elsewhere). StageOutput(slot): this
+  // stage's output, the next stage's input (not on the head's stage).
+  //
+  // StageBackward: the layers' backward for the micro-batch in `slot`,
+  // from `output_grad` (d loss / d StageOutput, from the next stage; null
+  // on the head's stage, which has it from its forward). Adds to `grads`
+  // exactly what Backward adds for those layers (the embedding on the
+  // first stage), so stages that take the micro-batches in the same order
+  // as one model does accumulate bitwise the same gradients; with tied
+  // embeddings the head's part of the embedding's gradient is on the last
+  // stage and the embedding's own on the first. StageInputGrad(slot):
+  // d loss / d input, for the previous stage (not on the first).
+  // The hooks are called as by Forward and Backward, over this model's
+  // ranges only.
+  double StageForward(int slot, const T* params, const int32_t* tokens, const int32_t* targets, const T* input, int B,
+                      int T_, T* grads, double loss_scale, const NeedUpTo& need = nullptr);
+  const T* StageOutput(int slot) const;
+  // Where StageForward's `input` and StageBackward's `output_grad` may be
+  // received for `slot` ([B*T_, hidden] each), so that nothing is copied.
+  T* StageInput(int slot);
+  T* StageOutputGrad(int slot);
+  void StageBackward(int slot, const T* params, T* grads, const T* output_grad, const FinalFrom& final_from = nullptr,
+                     const NeedFrom& need_from = nullptr);
+  const T* StageInputGrad(int slot) const;
+
   // [B*T_, vocab] logits of the last Forward (overwritten by Backward).
   const T* logits() const;
 
@@ -93,7 +140,7 @@ class LlamaModel {
   // shape allocates for max_batch x max_seq_len (at the current OpenMP
   // thread count) and `slots`: the worker's share of a memory plan.
   static int64_t ActivationBytes(const LlamaShape& shape, int max_batch, int max_seq_len,
-                                 Recompute recompute = Recompute::kNone, int slots = 1);
+                                 Recompute recompute = Recompute::kNone, int slots = 1, LayerRange layers = {});
 
  private:
   struct Activations;
@@ -109,9 +156,11 @@ class LlamaModel {
   void LayerBackward(Activations& a, const T* params, T* grads, int l);
   void EmbedBackward(Activations& a, T* grads);
   int64_t LayerEnd(int l) const;  // where layer l's tensors end
+  void BackwardScratch();         // allocated on the first backward
 
   ParamLayout layout_;
   int max_batch_, max_seq_len_;
+  int first_layer_, end_layer_;  // the LayerRange, resolved
   // One per slot, each holding the recompute mode, which shapes it; slot 0
   // holds the shared buffers too.
   std::vector<std::unique_ptr<Activations>> acts_;
