@@ -335,6 +335,22 @@ void CheckCluster(const config::ClusterConfig& cl, const Rules& need) {
          std::to_string(cl.shard_group_size()) + " does not divide cluster.workers " +
              std::to_string(cl.workers()) + " into groups of that size");
   }
+  need(cl.pipeline_stages() >= 1, "cluster.pipeline_stages", "must be >= 1 (1: no pipeline)");
+  need(cl.virtual_stages() >= 1, "cluster.virtual_stages", "must be >= 1");
+  need(cl.pipeline_stages() > 1 || cl.pipeline_split().empty(), "cluster.pipeline_split",
+       "applies to cluster.pipeline_stages > 1 only");
+  if (cl.pipeline_stages() > 1) {
+    const std::string P = std::to_string(cl.pipeline_stages());
+    need(cl.workers() % cl.pipeline_stages() == 0, "cluster.pipeline_stages",
+         P + " does not divide cluster.workers " + std::to_string(cl.workers()) +
+             ": every stage needs as many data-parallel replicas");
+    need(cl.sync() == config::ClusterConfig::ALLREDUCE, "cluster.pipeline_stages",
+         "pipeline stages run with sync ALLREDUCE only yet (stages over parameter servers are not built)");
+    need(cl.zero_stage() == 0, "cluster.zero_stage", "ZeRO inside pipeline stages is not built yet");
+    need(cl.pipeline_schedule() != config::ClusterConfig::ZERO_BUBBLE, "cluster.pipeline_schedule",
+         "ZERO_BUBBLE is not built yet (its backward split into input and weight gradients): use ONE_F_ONE_B, "
+         "GPIPE or INTERLEAVED_1F1B");
+  }
   need(cl.reshard_after_forward() || cl.zero_stage() == 3, "cluster.reshard_after_forward",
        "applies to cluster.zero_stage 3 only");
   bool devices_named = true;
@@ -365,6 +381,12 @@ std::vector<Violation> CheckValues(const JobConfig& c) {
        "cluster.nccl: false reduces CUDA workers' gradients through the ring)");
   need(c.cluster().shard_group_size() == 0 || !nccl_reduces, "cluster.shard_group_size",
        "hybrid sharding of CUDA workers runs over the UCX ring only yet: set cluster.nccl: false");
+  if (c.cluster().pipeline_stages() > 1) {
+    need(c.device().kind() == config::DeviceConfig::CPU, "device.kind", "pipeline stages run on CPU workers only yet");
+    need(c.log().eval_every() == 0 && c.log().sample_tokens() == 0, "log.eval_every",
+         "evaluation and samples through pipeline stages are not built yet: set log.eval_every: 0 and "
+         "log.sample_tokens: 0");
+  }
   return v;
 }
 
@@ -443,6 +465,10 @@ bool ShardsInGroups(const config::ClusterConfig& cluster) {
 
 int NumWorkers(const JobConfig& config) {
   return config.cluster().sync() == config::ClusterConfig::NONE ? 1 : config.cluster().workers();
+}
+
+int DataParallelReplicas(const JobConfig& config) {
+  return NumWorkers(config) / std::max(1, config.cluster().pipeline_stages());
 }
 
 std::string ConfigToText(const JobConfig& config) {

@@ -44,6 +44,9 @@ std::string ConfigToText(const JobConfig& config);
 
 // The job's workers: cluster.workers, or 1 for one process (sync NONE).
 int NumWorkers(const JobConfig& config);
+// The replicas that each take a share of the global batch: the workers,
+// over cluster.pipeline_stages (a pipeline's stages share one).
+int DataParallelReplicas(const JobConfig& config);
 
 // Parameter-server mode steps each bucket as soon as its sum is complete
 // (and workers pull it at once) when nothing global enters the update: no

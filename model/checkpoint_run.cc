@@ -86,15 +86,15 @@ constexpr const char* kResumableFields[] = {
 
 namespace {
 
-// Sequences per step: train.batch_size x train.grad_accum x workers.
+// Sequences per step: train.batch_size x train.grad_accum x data-parallel replicas.
 int64_t GlobalBatch(const config::JobConfig& c) {
-  return int64_t{c.train().batch_size()} * c.train().grad_accum() * NumWorkers(c);
+  return int64_t{c.train().batch_size()} * c.train().grad_accum() * DataParallelReplicas(c);
 }
 
 std::string DescribeGlobalBatch(const config::JobConfig& c) {
   return std::to_string(GlobalBatch(c)) + " sequences per step (train.batch_size " +
          std::to_string(c.train().batch_size()) + " x train.grad_accum " + std::to_string(c.train().grad_accum()) +
-         " x " + std::to_string(NumWorkers(c)) + " worker(s))";
+         " x " + std::to_string(DataParallelReplicas(c)) + " replica(s))";
 }
 
 }  // namespace
@@ -131,7 +131,7 @@ Status CheckSameRun(const std::string& step_dir, const config::JobConfig& config
   // Another global batch is another run's schedule of data (the data goes on
   // right after the last sequence taken): only when asked for.
   if (GlobalBatch(saved) != GlobalBatch(config) && !new_global_batch) {
-    const int64_t split = int64_t{config.train().grad_accum()} * NumWorkers(config);
+    const int64_t split = int64_t{config.train().grad_accum()} * DataParallelReplicas(config);
     const bool splits = GlobalBatch(saved) % split == 0;
     return Status::InvalidArgument(
         "--resume: " + step_dir + " was written with a global batch of " + DescribeGlobalBatch(saved) +

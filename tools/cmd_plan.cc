@@ -20,6 +20,7 @@
 #include "common/strings.h"
 #include "model/param_layout.h"
 #include "sharding/memory_plan.h"
+#include "sharding/pipeline_plan.h"
 #include "sharding/traffic_plan.h"
 #include "tools/args.h"
 #include "tools/commands.h"
@@ -64,8 +65,51 @@ void PrintJson(const config::JobConfig& config, const MemoryPlan& plan, const Wo
   std::printf("}\n");
 }
 
+// A pipeline's stages (layers, ranges, share of the FLOPs), its schedule's
+// table and the idle share theory gives it.
+void PrintPipeline(const PipelinePlan& p) {
+  const PipelineSchedule& s = p.schedule;
+  double flops = 0;
+  for (const PipelineStage& st : p.split.stages()) flops += st.flops_per_token;
+  // Backward as twice forward, as the schedules' theory counts it.
+  const double idle = TheoreticalBubble(s.kind, s.devices, s.chunks, s.micro_batches, PipelineTimes{});
+  std::string virtual_stages;
+  if (s.chunks > 1) {
+    virtual_stages = " x ";
+    virtual_stages += std::to_string(s.chunks);
+    virtual_stages += " virtual";
+  }
+  std::printf("pipeline: %d stages%s, %s, %d micro-batches, %d replica%s: idle %.1f%% of a step in theory\n",
+              s.devices, virtual_stages.c_str(),
+              PipelineScheduleName(s.kind), s.micro_batches, p.replicas, p.replicas == 1 ? "" : "s", 100 * idle);
+  for (int vs = 0; vs < s.virtual_stages(); ++vs) {
+    const PipelineStage& st = p.split.stage(vs);
+    const int device = s.DeviceOf(vs);
+    std::string who = "worker ";
+    who += std::to_string(p.RankOf(device, 0));
+    if (p.replicas > 1) {
+      who += '-';
+      who += std::to_string(p.RankOf(device, p.replicas - 1));
+    }
+    std::string chunk;
+    if (s.chunks > 1) {
+      chunk = '.';
+      chunk += std::to_string(s.ChunkOf(vs));
+    }
+    std::printf("  stage %d%s (%s): layers %d-%d%s%s, %s, %.0f%% of the FLOPs\n", device, chunk.c_str(), who.c_str(),
+                st.layers.first,
+                st.layers.end - 1, vs == 0 ? " + embedding" : "",
+                vs == s.virtual_stages() - 1 ? (st.reads_embedding ? " + norm, head (tied)" : " + norm, head") : "",
+                FormatRange(st.params.begin, st.params.end).c_str(), 100 * st.flops_per_token / flops);
+  }
+  std::printf("schedule (F forward, B backward of a micro-batch%s):\n", s.chunks > 1 ? ".chunk" : "");
+  const std::vector<std::string> lines = Split(RenderPipelineSchedule(s), '\n');
+  for (size_t d = 0; d < lines.size(); ++d) std::printf("  stage %zu: %s\n", d, lines[d].c_str());
+}
+
 void PrintTable(const std::string& path, const config::JobConfig& config, const MemoryPlan& plan,
-                const WorkerTraffic& traffic, const config::JobConfig* fit, int64_t mem, int64_t gpu_mem) {
+                const WorkerTraffic& traffic, const config::JobConfig* fit, int64_t mem, int64_t gpu_mem,
+                const PipelinePlan* pipeline) {
   const bool gpu = config.device().kind() == config::DeviceConfig::CUDA;
   const auto& cl = config.cluster();
   std::printf("%s: %.2fM parameters, sync %s", path.c_str(), plan.parameters / 1e6,
@@ -93,6 +137,7 @@ void PrintTable(const std::string& path, const config::JobConfig& config, const 
     std::printf("a worker's link per step: %s sent, %s received\n", FormatBytes(traffic.sent).c_str(),
                 FormatBytes(traffic.received).c_str());
   }
+  if (pipeline != nullptr) PrintPipeline(*pipeline);
   if (fit != nullptr) {
     const ParamLayout layout(LlamaShape::FromConfig(fit->model()));
     std::string budget = mem > 0 ? FormatBytes(mem) + " per process" : "";
@@ -283,7 +328,14 @@ int RunPlan(int argc, char** argv) {
   if (args.Has("json")) {
     PrintJson(*config, *plan, *traffic, fit ? &*fit : nullptr, budget[0], budget[1]);
   } else {
-    PrintTable(args.positional()[0], *config, *plan, *traffic, fit ? &*fit : nullptr, budget[0], budget[1]);
+    std::optional<PipelinePlan> pipeline;
+    if (HasPipeline(*config)) {
+      auto made = PipelinePlan::FromConfig(*config);
+      if (!made.ok()) return ReportError(made.status().WithContext(args.positional()[0] + ": "));
+      pipeline = *std::move(made);
+    }
+    PrintTable(args.positional()[0], *config, *plan, *traffic, fit ? &*fit : nullptr, budget[0], budget[1],
+               pipeline ? &*pipeline : nullptr);
   }
   return 0;
 }

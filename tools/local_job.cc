@@ -30,6 +30,7 @@
 #include "data/prepare.h"
 #include "model/checkpoint_run.h"
 #include "sharding/memory_plan.h"
+#include "sharding/pipeline_plan.h"
 #include "sharding/shard_plan.h"
 #include "transport/coordinator.h"
 #include "transport/rendezvous.h"
@@ -407,6 +408,10 @@ int LocalJob::Run() {
   auto plan =
       ShardPlan::Create(ParamLayout(LlamaShape::FromConfig(config_.model())), ShardPlanOptions::FromConfig(cluster));
   if (!plan.ok()) return ReportError(plan.status().WithContext(options_.config_path + ": "));
+  if (HasPipeline(config_)) {
+    auto pipeline = PipelinePlan::FromConfig(config_);
+    if (!pipeline.ok()) return ReportError(pipeline.status().WithContext(options_.config_path + ": "));
+  }
   Status st = CheckJobFitsHere(config_, options_.config_path + ": the job's " + std::to_string(S) + " servers and " +
                                             std::to_string(W) + " workers (herd plan)");
   if (!st.ok()) return ReportError(st);

@@ -9,16 +9,17 @@ namespace {
 
 class Fixed : public ShareSchedule {
  public:
-  Fixed(SyncStrategy& sync, int rank) : sync_(sync), rank_(rank) {}
+  Fixed(SyncStrategy& sync, int share, bool leads) : sync_(sync), share_(share), leads_(leads) {}
 
   int max_shares() const override { return 1; }
-  bool leads() const override { return rank_ == 0; }
-  StatusOr<std::vector<int>> SharesOf(int64_t, StepBoundary&) override { return std::vector<int>{rank_}; }
+  bool leads() const override { return leads_; }
+  StatusOr<std::vector<int>> SharesOf(int64_t, StepBoundary&) override { return std::vector<int>{share_}; }
   Status AwaitWeights(int64_t, bool, const Redo&) override { return sync_.FinishWeights(); }
 
  private:
   SyncStrategy& sync_;
-  const int rank_;
+  const int share_;
+  const bool leads_;
 };
 
 class Elastic : public ShareSchedule {
@@ -97,7 +98,9 @@ class Elastic : public ShareSchedule {
 
 }  // namespace
 
-std::unique_ptr<ShareSchedule> FixedShare(SyncStrategy& sync, int rank) { return std::make_unique<Fixed>(sync, rank); }
+std::unique_ptr<ShareSchedule> FixedShare(SyncStrategy& sync, int share, bool leads) {
+  return std::make_unique<Fixed>(sync, share, leads);
+}
 
 std::unique_ptr<ShareSchedule> ElasticSchedule(const ElasticScheduleParts& parts) {
   return std::make_unique<Elastic>(parts);

@@ -2,8 +2,9 @@
 // does while it waits for the weights a step makes. The step loop asks,
 // and never knows which schedule it has.
 //
-//   FixedShare: its own rank's share, every step; worker 0 leads (prints
-//     progress, evaluates, samples).
+//   FixedShare: the same share every step (a worker's rank; a pipeline
+//     stage's, its replica's); worker 0 leads (prints progress,
+//     evaluates, samples).
 //   ElasticSchedule (cluster.elastic, parameter-server mode): the shares
 //     follow the job's membership (worker/elastic_shares.h), settled at
 //     each step boundary once the weights are in; while it waits for a
@@ -47,7 +48,7 @@ class ShareSchedule {
   virtual Status AwaitWeights(int64_t version, bool made_here, const Redo& redo) = 0;
 };
 
-std::unique_ptr<ShareSchedule> FixedShare(SyncStrategy& sync, int rank);
+std::unique_ptr<ShareSchedule> FixedShare(SyncStrategy& sync, int share, bool leads);
 
 struct ElasticScheduleParts {
   const ElasticShares* shares = nullptr;

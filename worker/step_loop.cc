@@ -36,9 +36,11 @@ StepLoop::StepLoop(const StepLoopParts& parts)
       total_steps_(config_.train().steps()),
       last_step_(parts.options.LastStep(total_steps_)),
       tokens_per_step_(static_cast<int64_t>(config_.train().batch_size()) * config_.train().seq_len() *
-                       config_.train().grad_accum() * parts.num_workers),
+                       config_.train().grad_accum() * parts.data_parallel),
       flops_per_token_(TrainingFlopsPerToken(LlamaShape::FromConfig(config_.model()), config_.train().seq_len())),
-      peak_tflops_(config_.log().peak_tflops() > 0 ? config_.log().peak_tflops() : parts.model->PeakTflops()) {}
+      peak_tflops_(config_.log().peak_tflops() > 0 ? config_.log().peak_tflops()
+                   : parts.model != nullptr                ? parts.model->PeakTflops()
+                                                           : 0) {}
 
 Status StepLoop::Run(int64_t start) {
   const int B = config_.train().batch_size(), T = config_.train().seq_len(), A = config_.train().grad_accum();

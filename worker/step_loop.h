@@ -66,6 +66,9 @@ struct StepLoopParts {
   const TokenFile* val = nullptr;         // held-out data, or null
   float* weights = nullptr;               // the whole flat space the model computes on
   int rank = 0, num_workers = 1;
+  // Replicas of the model that each take a share of the global batch:
+  // num_workers, but for a pipeline (num_workers / its stages).
+  int data_parallel = 1;
   // Null for one process: nobody to wait for or vote with.
   transport::CoordinatorClient* client = nullptr;
 };

@@ -19,6 +19,7 @@
 #include "model/optim/optimizer_shard.h"
 #include "sharding/job_options.h"
 #include "sharding/memory_plan.h"
+#include "sharding/pipeline_plan.h"
 #include "sharding/shard_plan.h"
 #include "transport/exchanges.h"
 #include "transport/join.h"
@@ -32,6 +33,8 @@
 #include "worker/model_factory.h"
 #include "worker/nccl_gradients.h"
 #include "worker/parameter_server_sync.h"
+#include "worker/pipeline_passes.h"
+#include "worker/pipeline_sync.h"
 #include "worker/share_compute.h"
 #include "worker/share_schedule.h"
 #include "worker/step_loop.h"
@@ -48,17 +51,19 @@ enum class Mode {
   kOneGpu,           // the whole job, its whole step on one GPU (DeviceResidentSync)
   kParameterServer,  // one worker of a parameter-server job
   kAllReduce,        // one worker of an all-reduce job
+  kPipelineStage,    // one stage's worker of an all-reduce job's pipeline
 };
 
 Mode ModeOf(const config::JobConfig& config, bool in_job) {
   if (!in_job) return config.device().kind() == config::DeviceConfig::CUDA ? Mode::kOneGpu : Mode::kOneProcess;
-  return config.cluster().sync() == ClusterConfig::PARAMETER_SERVER ? Mode::kParameterServer : Mode::kAllReduce;
+  if (config.cluster().sync() == ClusterConfig::PARAMETER_SERVER) return Mode::kParameterServer;
+  return HasPipeline(config) ? Mode::kPipelineStage : Mode::kAllReduce;
 }
 
 // The lines a run starts with, from worker 0.
 void PrintRunHeader(const config::JobConfig& config, const JobOptions& job, const ParamLayout& layout,
                     const std::string& device, int64_t train_tokens, const ShardPlan* plan, int num_workers, bool nccl,
-                    const transport::UcxTransport* transport) {
+                    const transport::UcxTransport* transport, const PipelinePlan* pipeline) {
   const LlamaShape& shape = layout.shape();
   const auto& train = config.train();
   const auto& cluster = config.cluster();
@@ -66,7 +71,16 @@ void PrintRunHeader(const config::JobConfig& config, const JobOptions& job, cons
               layout.num_parameters() / 1e6, shape.num_layers, shape.hidden_size, shape.num_heads, shape.num_kv_heads,
               shape.vocab_size, transport ? "worker 0 on " : "", device.c_str());
   const long long tokens = static_cast<long long>(train.batch_size()) * train.seq_len() * train.grad_accum();
-  if (transport == nullptr) {
+  if (pipeline != nullptr) {
+    std::printf("pipeline: %d stages (first layers %s), schedule %s, %d micro-batches, %d replica%s%s | "
+                "batch %d x %d tokens x %d accum x %d replicas = %lld tokens/step\n",
+                pipeline->devices(), pipeline->split.Describe().c_str(),
+                PipelineScheduleName(pipeline->schedule.kind), pipeline->schedule.micro_batches, pipeline->replicas,
+                pipeline->replicas == 1 ? "" : "s",
+                config.cluster().pipeline_wire_dtype() == ClusterConfig::BF16 ? ", activations bf16 on the wire" : "",
+                train.batch_size(), train.seq_len(), train.grad_accum(), pipeline->replicas,
+                tokens * pipeline->replicas);
+  } else if (transport == nullptr) {
     std::printf("data: %s (%lld tokens) | batch %d x %d tokens x %d accum = %lld tokens/step\n",
                 config.data().train().c_str(), static_cast<long long>(train_tokens), train.batch_size(),
                 train.seq_len(), train.grad_accum(), tokens);
@@ -136,6 +150,10 @@ class WorkerProcess {
   // What depends on the rank (in a job, before any peer can send to us):
   // the data sampler and the model.
   Status Prepare(transport::CoordinatorClient* client);
+  // A pipeline stage's chunk models, and its wire to the other stages
+  // (over `runtime`'s transport, before any peer can send).
+  Status PreparePipelineStage();
+  void OpenPipelineWire(transport::NodeRuntime& runtime);
   // In a job: joins it through the NodeRuntime (Prepare runs in there)
   // and registers the spaces with its transport.
   Status JoinJob();
@@ -180,6 +198,7 @@ class WorkerProcess {
 
   // Settled before the loop starts, constant afterwards.
   std::optional<ShardPlan> plan_;  // the modes of a job
+  std::optional<PipelinePlan> pipeline_;  // a pipeline stage's worker
   std::optional<VerifiedCheckpoint> resume_from_;
   // A worker joining an elastic job under way: its state (the step, the
   // data position, the weights) comes from the servers, not a checkpoint.
@@ -197,6 +216,9 @@ class WorkerProcess {
   // gradients, where they are still needed (ZeRO-2: grads_ stays empty).
   PagedBuffer paged_weights_, paged_grads_;
   std::unique_ptr<Model> model_holder_;                      // none when the GPU trainer has its own
+  // A pipeline stage: one model per chunk, over its layers (model_ stays
+  // null).
+  std::vector<std::unique_ptr<LlamaModel<float>>> chunk_models_;
   std::unique_ptr<DeviceGradientReduction> device_reduction_;  // CUDA workers in all-reduce mode: NCCL
   std::optional<DistributedSampler> sampler_;
   std::optional<ElasticShares> shares_;  // cluster.elastic
@@ -209,6 +231,9 @@ class WorkerProcess {
   std::unique_ptr<transport::NodeRuntime> runtime_;
   // Goes before the runtime: a commit under way votes through its client.
   std::unique_ptr<CheckpointWriter> checkpoints_;
+  // A pipeline stage's wire to the others, over the runtime's transport:
+  // goes before it.
+  std::unique_ptr<transport::PipelineWire> pipeline_wire_;
 };
 
 StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Create(const config::JobConfig& config,
@@ -221,6 +246,8 @@ StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Create(const config::Job
     HERD_ASSIGN_OR_RETURN(w->plan_, ShardPlan::Create(w->layout_, ShardPlanOptions::FromConfig(config.cluster())));
   } else if (w->mode_ == Mode::kAllReduce) {
     HERD_ASSIGN_OR_RETURN(w->plan_, CollectivePlan(w->layout_, config.cluster(), config.cluster().workers()));
+  } else if (w->mode_ == Mode::kPipelineStage) {
+    HERD_ASSIGN_OR_RETURN(w->pipeline_, PipelinePlan::FromConfig(config));
   }
   if (!w->joining_) {
     HERD_ASSIGN_OR_RETURN(w->resume_from_, ResumePoint(config, options));
@@ -269,8 +296,11 @@ Status WorkerProcess::Prepare(transport::CoordinatorClient* client) {
       HERD_RETURN_IF_ERROR(transport::AgreeOnResume(*client, resume_from_ ? BaseName(resume_from_->dir) : "none"));
     }
   }
+  // The workers of a pipeline's replica draw the same sequences.
+  const int replicas = pipeline_ ? pipeline_->replicas : num_workers_;
+  const int replica = pipeline_ ? pipeline_->ReplicaOf(rank_) : rank_;
   HERD_ASSIGN_OR_RETURN(sampler_,
-                        DistributedSampler::Create(data_.train, train.seq_len(), num_workers_, rank_, train.seed()));
+                        DistributedSampler::Create(data_.train, train.seq_len(), replicas, replica, train.seed()));
   HERD_RETURN_IF_ERROR(sampler_->CheckBatch(train.batch_size()).WithContext("train.batch_size: "));
   if (resume_from_) {
     // Every worker's state holds the same global position: worker 0's
@@ -280,6 +310,7 @@ Status WorkerProcess::Prepare(transport::CoordinatorClient* client) {
     HERD_RETURN_IF_ERROR(sampler_->RestoreState(loader).WithContext(path + ": "));
   }
   if (mode_ == Mode::kOneGpu) return Status::OK();  // the GPU trainer brings its model
+  if (pipeline_) return PreparePipelineStage();
   HERD_ASSIGN_OR_RETURN(model_holder_, CreateModel(config_, job_, LocalRank(rank_)));
   model_ = model_holder_.get();
   const bool gpu = config_.device().kind() == config::DeviceConfig::CUDA;
@@ -288,6 +319,29 @@ Status WorkerProcess::Prepare(transport::CoordinatorClient* client) {
                                                                      config_.cluster().zero_stage() > 0));
   }
   return Status::OK();
+}
+
+Status WorkerProcess::PreparePipelineStage() {
+  const PipelineSchedule& s = pipeline_->schedule;
+  const int device = pipeline_->DeviceOf(rank_);
+  const std::vector<int> slots = ChunkSlots(s, device);
+  for (int c = 0; c < s.chunks; ++c) {
+    const PipelineStage& stage = pipeline_->split.stage(s.VirtualStage(device, c));
+    chunk_models_.push_back(std::make_unique<LlamaModel<float>>(job_.shape, job_.batch, job_.seq_len, job_.recompute,
+                                                                slots[c], stage.layers));
+  }
+  return Status::OK();
+}
+
+void WorkerProcess::OpenPipelineWire(transport::NodeRuntime& runtime) {
+  // Activations, their gradients and (tied) the embedding's gradient; a
+  // neighbour runs ahead by at most the micro-batches a chunk holds.
+  const PipelineSchedule& s = pipeline_->schedule;
+  const int64_t activation = static_cast<int64_t>(job_.batch) * job_.seq_len * job_.shape.hidden_size;
+  const int64_t largest = std::max(activation, layout_.layer(0).input_norm);
+  pipeline_wire_ = std::make_unique<transport::PipelineWire>(
+      &runtime.transport(), config_.cluster().pipeline_wire_dtype() == ClusterConfig::BF16, largest,
+      2 * s.micro_batches * s.chunks + 2);
 }
 
 Status WorkerProcess::JoinJob() {
@@ -301,6 +355,11 @@ Status WorkerProcess::JoinJob() {
   HERD_ASSIGN_OR_RETURN(runtime_,
                         transport::NodeRuntime::Join(o, [this](transport::NodeRuntime& rt, transport::CoordinatorClient& c) {
                           if (mode_ == Mode::kAllReduce) rt.StartRing(c, config_.cluster().shard_group_size());
+                          // A pipeline's stages are groups of replicas (stage-major ranks).
+                          if (mode_ == Mode::kPipelineStage) {
+                            rt.StartRing(c, pipeline_->replicas > 1 ? pipeline_->replicas : 0);
+                          }
+                          if (mode_ == Mode::kPipelineStage) OpenPipelineWire(rt);
                           return Prepare(&c);
                         }));
   // A paged buffer is not registered whole (that would back and pin all
@@ -371,6 +430,23 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeStrategy() {
       home_ = std::move(parts.home);
       return std::move(parts.sync);
     }
+    case Mode::kPipelineStage: {
+      const int replica = pipeline_->ReplicaOf(rank_);
+      PipelineSyncOptions p;
+      p.job = &job_;
+      p.layout = &layout_;
+      p.split = &pipeline_->split;
+      p.schedule = &pipeline_->schedule;
+      p.device = pipeline_->DeviceOf(rank_);
+      p.everyone = runtime_->ring();
+      p.stage_replicas = runtime_->shard_ring();
+      p.gradient_wire = cluster.wire_dtype() == ClusterConfig::BF16 ? transport::Wire::kBf16 : transport::Wire::kFloat32;
+      p.wire = pipeline_wire_.get();
+      p.first_stage = transport::MemberPeerId(runtime_->client(), wire::WORKER, pipeline_->RankOf(0, replica));
+      p.last_stage = transport::MemberPeerId(runtime_->client(), wire::WORKER,
+                                             pipeline_->RankOf(pipeline_->devices() - 1, replica));
+      return CreatePipelineSync(p, weights(), resume_from_);
+    }
   }
   return Status::Internal("unknown worker mode");
 }
@@ -381,7 +457,7 @@ Status WorkerProcess::MakeAxes() {
   compute_ = MakeCompute();
   checkpoints_ = MakeCheckpointWriter();
   if (!config_.cluster().elastic() || mode_ != Mode::kParameterServer) {
-    schedule_ = FixedShare(*strategy_, rank_);
+    schedule_ = FixedShare(*strategy_, pipeline_ ? pipeline_->ReplicaOf(rank_) : rank_, /*leads=*/rank_ == 0);
     return Status::OK();
   }
   FollowMembership();
@@ -397,6 +473,29 @@ Status WorkerProcess::MakeAxes() {
 
 std::unique_ptr<ShareCompute> WorkerProcess::MakeCompute() {
   if (device_sync_ != nullptr) return DeviceResidentSteps(*device_sync_);
+  if (pipeline_) {
+    PipelinePassOptions p;
+    p.schedule = &pipeline_->schedule;
+    p.split = &pipeline_->split;
+    p.device = pipeline_->DeviceOf(rank_);
+    p.wire = pipeline_wire_.get();
+    for (int d = 0; d < pipeline_->devices(); ++d) {
+      p.peers.push_back(transport::MemberPeerId(runtime_->client(), wire::WORKER,
+                                                pipeline_->RankOf(d, pipeline_->ReplicaOf(rank_))));
+    }
+    p.home = home_.get();
+    p.sync = strategy_.get();
+    p.weights = weights();
+    p.grads = grads();
+    p.flat_size = layout_.size();
+    p.batch = job_.batch;
+    p.seq_len = job_.seq_len;
+    p.loss_scale = 1.0 / static_cast<double>(static_cast<int64_t>(job_.batch) * job_.seq_len * job_.grad_accum *
+                                             pipeline_->replicas);
+    std::vector<LlamaModel<float>*> models;
+    for (const auto& m : chunk_models_) models.push_back(m.get());
+    return PipelinePasses(p, std::move(models));
+  }
   PassOptions o;
   o.model = model_;
   o.home = home_.get();
@@ -464,9 +563,10 @@ StatusOr<int64_t> WorkerProcess::StartingStep() {
   } else if (!config_.checkpoint().init_from().empty()) {
     std::printf("initial weights from %s\n", config_.checkpoint().init_from().c_str());
   }
-  PrintRunHeader(config_, job_, layout_, model_->Describe(), data_.train.size(), plan_ ? &*plan_ : nullptr,
-                 num_workers_, device_reduction_ != nullptr, runtime_ ? &runtime_->transport() : nullptr);
-  if (config_.log().peak_tflops() == 0 && model_->PeakTflops() > 0) {
+  PrintRunHeader(config_, job_, layout_, model_ ? model_->Describe() : "CPU", data_.train.size(),
+                 plan_ ? &*plan_ : nullptr, num_workers_, device_reduction_ != nullptr,
+                 runtime_ ? &runtime_->transport() : nullptr, pipeline_ ? &*pipeline_ : nullptr);
+  if (config_.log().peak_tflops() == 0 && model_ != nullptr && model_->PeakTflops() > 0) {
     std::printf("mfu: against the datasheet peak of %s, %g TFLOP/s (log.peak_tflops overrides it)\n",
                 model_->Describe().c_str(), model_->PeakTflops());
     std::fflush(stdout);
@@ -490,6 +590,7 @@ StepLoopParts WorkerProcess::LoopParts() {
   parts.weights = weights();
   parts.rank = rank_;
   parts.num_workers = num_workers_;
+  parts.data_parallel = pipeline_ ? pipeline_->replicas : num_workers_;
   parts.client = runtime_ ? &runtime_->client() : nullptr;
   return parts;
 }

@@ -1,0 +1,118 @@
+"""Pipeline stages (cluster.pipeline_stages) in all-reduce mode, through
+`herd launch`, against one process with the same micro-batches
+(train.grad_accum) on a 4-layer tiny model:
+
+* untied embeddings without clipping: every step's loss bitwise one
+  process's, for P = 2 (GPipe, 1F1B), P = 4 (1F1B) and P = 2 with two
+  virtual stages each (interleaved 1F1B): each stage accumulates its
+  layers' gradients in the same order as one model, and the update does
+  not depend on the norm, which is summed stage by stage;
+* data x pipeline 2 x 2 (four workers): bitwise DDP's steps with two
+  (tied and clipped: within 1e-5);
+* with clipping, and with tied embeddings (their two parts added head
+  part first on the first and the last stage): within 1e-5 relative;
+* stop at step 10 and --resume: bitwise the straight run; the pipeline's
+  checkpoint (one file of pieces per stage) resumes as one process, also
+  bitwise;
+* bad inputs, each one line and a non-zero exit before any process
+  starts: stages not dividing the workers, more stages than layers, a
+  split that is not increasing, virtual stages without the interleaved
+  schedule, fewer micro-batches than stages for 1F1B."""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import herdtest  # noqa: E402
+from ps_equivalence_test import metrics  # noqa: E402
+
+STEPS = 20
+
+
+def main():
+    a = herdtest.parse_args()
+    sb = herdtest.Sandbox(a.build)
+    sb.training_data()
+
+    def job(name, cluster="", tied=False, clip=0.0, accum=4, steps=STEPS, every=0):
+        text = herdtest.tiny_config("train.bin", steps=steps, ckpt=name, every=every, metrics=name + ".jsonl",
+                                    extra=cluster)
+        text = text.replace("num_hidden_layers: 2", "num_hidden_layers: 4" +
+                            ("" if tied else " tie_word_embeddings: false"))
+        text = text.replace("batch_size: 4", f"batch_size: 2 grad_accum: {accum}")
+        text = text.replace("clip_norm: 1.0", f"clip_norm: {clip}")
+        return sb.write(name + ".textproto", text)
+
+    def pipeline(stages, schedule="ONE_F_ONE_B", more=""):
+        return (f"cluster {{ sync: ALLREDUCE workers: {stages} pipeline_stages: {stages} "
+                f"pipeline_schedule: {schedule} {more} }}")
+
+    def losses(name):
+        return [m["loss"] for m in metrics(sb.path(name + ".jsonl"))]
+
+    def close(a_, b_, what):
+        assert len(a_) == len(b_), what
+        worst = max(abs(x - y) / abs(y) for x, y in zip(a_, b_))
+        assert worst < 1e-5, f"{what}: {worst:.3g} relative"
+        return worst
+
+    # Untied, no clipping: bitwise.
+    sb.run("launch", job("one"))
+    reference = losses("one")
+    runs = [("gpipe_p2", pipeline(2, "GPIPE")), ("ofob_p2", pipeline(2)), ("ofob_p4", pipeline(4)),
+            ("interleaved_p2v2", pipeline(2, "INTERLEAVED_1F1B", "virtual_stages: 2"))]
+    for name, cluster in runs:
+        sb.run("launch", job(name, cluster))
+        assert losses(name) == reference, f"{name}: {losses(name)[:3]} vs one process {reference[:3]}"
+    print(f"untied, no clipping: GPipe, 1F1B (P=2, 4) and interleaved (P=2, v=2) bitwise one process over {STEPS} "
+          "steps")
+
+    # Data x pipeline, 2 x 2: each stage's gradients all-reduced between its
+    # two replicas, as DDP with two workers sums them: bitwise DDP's steps.
+    sb.run("launch", job("ddp2", "cluster { sync: ALLREDUCE workers: 2 }"))
+    sb.run("launch", job("dp2_pp2", pipeline(2).replace("workers: 2", "workers: 4")))
+    assert losses("dp2_pp2") == losses("ddp2"), "2 x 2 against DDP with 2 workers"
+    sb.run("launch", job("ddp2_tied", "cluster { sync: ALLREDUCE workers: 2 }", tied=True, clip=1.0))
+    sb.run("launch", job("dp2_pp2_tied", pipeline(2).replace("workers: 2", "workers: 4"), tied=True, clip=1.0))
+    w0 = close(losses("dp2_pp2_tied"), losses("ddp2_tied"), "2 x 2 tied, clipped")
+    print(f"data x pipeline 2 x 2: bitwise DDP's steps with 2 workers; tied and clipped within {w0:.2g}")
+
+    # Clipping, and tied embeddings: within rounding.
+    sb.run("launch", job("one_tied", tied=True, clip=1.0))
+    sb.run("launch", job("p2_tied", pipeline(2), tied=True, clip=1.0))
+    w1 = close(losses("p2_tied"), losses("one_tied"), "tied, clipped, P=2")
+    sb.run("launch", job("one_clip", clip=1.0))
+    sb.run("launch", job("p4_clip", pipeline(4), clip=1.0))
+    w2 = close(losses("p4_clip"), losses("one_clip"), "untied, clipped, P=4")
+    print(f"tied P=2 within {w1:.2g}, clipped P=4 within {w2:.2g} of one process")
+
+    # Resume: a stop at 10 and --resume is the straight run, bitwise; the
+    # pipeline's checkpoint goes on as one process.
+    sb.run("launch", job("stop", pipeline(2), every=10), "--stop-at", "10")
+    sb.run("launch", job("stop", pipeline(2), every=10), "--resume")
+    assert losses("stop") == reference, "P=2 stopped at 10 and resumed"
+    one_from = job("one_from", every=10)
+    os.makedirs(sb.path("one_from"))
+    os.symlink(sb.path("stop", "step_00000010"), sb.path("one_from", "step_00000010"))
+    sb.run("launch", one_from, "--resume")
+    assert losses("one_from") == reference[10:], "P=2's step-10 checkpoint resumed as one process"
+    print("P=2 resumed at step 10 bitwise; its checkpoint resumed as one process bitwise")
+
+    # Bad inputs: one line, before anything starts.
+    bad = [
+        ("three_of_four", pipeline(2).replace("workers: 2", "workers: 3"), "does not divide cluster.workers"),
+        ("too_many", pipeline(8, "GPIPE"), "model has 4 layers"),
+        ("split", pipeline(2, more='pipeline_split: "0,0"'), "not increasing"),
+        ("virtual", pipeline(2, more="virtual_stages: 2"), "INTERLEAVED_1F1B"),
+    ]
+    for name, cluster, says in bad:
+        p = sb.run("launch", job(name, cluster), check=False)
+        err = p.stderr.strip().splitlines()
+        assert p.returncode != 0 and any(says in line for line in err), f"{name}: {p.returncode} {p.stderr}"
+        assert not os.path.exists(sb.path(name + ".jsonl")), f"{name}: a process started"
+    p = sb.run("launch", job("few_micro", pipeline(4), accum=2), check=False)
+    assert p.returncode != 0 and "grad_accum" in p.stderr, p.stderr
+    print("bad inputs: one line each, nothing started")
+
+
+if __name__ == "__main__":
+    main()

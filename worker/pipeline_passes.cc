@@ -1,0 +1,140 @@
+#include "worker/pipeline_passes.h"
+
+#include <algorithm>
+
+#include "common/trace.h"
+
+namespace herd {
+namespace {
+
+using transport::PipelineWire;
+using transport::StageMessage;
+
+class PipelineSteps : public ShareCompute {
+ public:
+  PipelineSteps(const PipelinePassOptions& o, std::vector<LlamaModel<float>*> models)
+      : o_(o), s_(*o.schedule), models_(std::move(models)), last_vs_(s_.virtual_stages() - 1) {
+    for (LlamaModel<float>* m : models_) pending_.emplace_back(m->slots(), kNone);
+  }
+
+  StatusOr<double> Compute(int64_t t, int share, const ShareBatches& batches, StepBoundary& previous) override {
+    // This stage's weights are its own, stepped in place: all in already.
+    HERD_RETURN_IF_ERROR(previous.Settle());
+    WeightHome& home = *o_.home;
+    home.ClearGradients(o_.grads, o_.flat_size);
+    o_.sync->BeginStep(o_.grads, {static_cast<uint64_t>(t), share, batches.drawn_to});
+    o_.wire->SetStep(static_cast<uint64_t>(t));
+    const int M = s_.micro_batches;
+    std::vector<double> losses(M, 0.0);
+    for (const PipelineAction& a : s_.actions[o_.device]) {
+      const int vs = s_.VirtualStage(o_.device, a.chunk);
+      LlamaModel<float>& model = *models_[a.chunk];
+      const int slot = a.micro_batch % model.slots();
+      HERD_RETURN_IF_ERROR(WaitSlot(a.chunk, slot));
+      if (a.kind == PipelineAction::kForward) {
+        HERD_RETURN_IF_ERROR(Forward(t, a, vs, slot, batches, &losses[a.micro_batch]));
+      } else {
+        HERD_RETURN_IF_ERROR(Backward(t, a, vs, slot, &losses[a.micro_batch]));
+      }
+    }
+    for (size_t c = 0; c < models_.size(); ++c) {
+      for (int slot = 0; slot < models_[c]->slots(); ++slot) HERD_RETURN_IF_ERROR(WaitSlot(c, slot));
+    }
+    double loss = 0;
+    for (double l : losses) loss += l;  // micro-batch order, as one process adds them
+    return loss / M;
+  }
+
+ private:
+  static constexpr PipelineWire::Handle kNone = 0;
+
+  Status Forward(int64_t t, const PipelineAction& a, int vs, int slot, const ShareBatches& batches,
+                 double* loss) {
+    LlamaModel<float>& model = *models_[a.chunk];
+    const int m = a.micro_batch;
+    const int64_t elements = static_cast<int64_t>(o_.batch) * o_.seq_len * model.shape().hidden_size;
+    const float* input = nullptr;
+    if (vs > 0) {
+      trace::Span span("wait for activations", "wait", {"step", t + 1}, {"micro", m});
+      const StageMessage expected{StageMessage::kActivation, static_cast<uint64_t>(t), m, vs, elements};
+      HERD_ASSIGN_OR_RETURN(const double ignored,
+                            o_.wire->Receive(o_.peers[s_.DeviceOf(vs - 1)], expected, model.StageInput(slot)));
+      (void)ignored;
+      input = model.StageInput(slot);
+    }
+    {
+      trace::Span span("forward", "compute", {"step", t + 1}, {"micro", m}, {"chunk", a.chunk});
+      const double l = model.StageForward(slot, o_.weights, batches.inputs[m], batches.targets[m], input, o_.batch,
+                                          o_.seq_len, o_.grads, o_.loss_scale, o_.home->ForwardNeed(false));
+      if (vs == last_vs_) *loss = l;
+    }
+    if (vs < last_vs_) {
+      const StageMessage out{StageMessage::kActivation, static_cast<uint64_t>(t), m, vs + 1, elements};
+      pending_[a.chunk][slot] = o_.wire->Send(o_.peers[s_.DeviceOf(vs + 1)], out, model.StageOutput(slot));
+    }
+    return Status::OK();
+  }
+
+  Status Backward(int64_t t, const PipelineAction& a, int vs, int slot, double* loss) {
+    LlamaModel<float>& model = *models_[a.chunk];
+    const int m = a.micro_batch;
+    const int64_t elements = static_cast<int64_t>(o_.batch) * o_.seq_len * model.shape().hidden_size;
+    const float* output_grad = nullptr;
+    if (vs < last_vs_) {
+      trace::Span span("wait for gradients", "wait", {"step", t + 1}, {"micro", m});
+      const StageMessage expected{StageMessage::kGradient, static_cast<uint64_t>(t), m, vs, elements};
+      HERD_ASSIGN_OR_RETURN(*loss,
+                            o_.wire->Receive(o_.peers[s_.DeviceOf(vs + 1)], expected, model.StageOutputGrad(slot)));
+      output_grad = model.StageOutputGrad(slot);
+    }
+    {
+      trace::Span span("backward", "compute", {"step", t + 1}, {"micro", m}, {"chunk", a.chunk});
+      const bool last_micro = m == s_.micro_batches - 1;
+      model.StageBackward(slot, o_.weights, o_.grads, output_grad, o_.home->BackwardDone(last_micro),
+                          o_.home->BackwardNeed());
+    }
+    if (vs > 0) {
+      StageMessage out{StageMessage::kGradient, static_cast<uint64_t>(t), m, vs - 1, elements};
+      out.loss = *loss;
+      pending_[a.chunk][slot] = o_.wire->Send(o_.peers[s_.DeviceOf(vs - 1)], out, model.StageInputGrad(slot));
+    }
+    return Status::OK();
+  }
+
+  // A slot's buffers are reused only once what was sent from them is out.
+  Status WaitSlot(size_t chunk, int slot) {
+    PipelineWire::Handle& h = pending_[chunk][slot];
+    if (h == kNone) return Status::OK();
+    const PipelineWire::Handle sent = h;
+    h = kNone;
+    trace::Span span("wait for send", "wait");
+    return o_.wire->WaitSent(sent);
+  }
+
+  const PipelinePassOptions o_;
+  const PipelineSchedule& s_;
+  const std::vector<LlamaModel<float>*> models_;
+  const int last_vs_;
+  std::vector<std::vector<PipelineWire::Handle>> pending_;  // [chunk][slot]: the last send from it
+};
+
+}  // namespace
+
+std::vector<int> ChunkSlots(const PipelineSchedule& schedule, int device) {
+  std::vector<int> in_flight(schedule.chunks, 0), most(schedule.chunks, 1);
+  for (const PipelineAction& a : schedule.actions[device]) {
+    if (a.kind == PipelineAction::kForward) {
+      most[a.chunk] = std::max(most[a.chunk], ++in_flight[a.chunk]);
+    } else if (a.kind == PipelineAction::kBackward) {
+      --in_flight[a.chunk];
+    }
+  }
+  return most;
+}
+
+std::unique_ptr<ShareCompute> PipelinePasses(const PipelinePassOptions& options,
+                                             std::vector<LlamaModel<float>*> models) {
+  return std::make_unique<PipelineSteps>(options, std::move(models));
+}
+
+}  // namespace herd

@@ -1,0 +1,56 @@
+// How a pipeline stage's worker computes its share of a step
+// (cluster.pipeline_stages, DESIGN.md "Parallel axes"): the step's
+// micro-batches pass through the stages in the order of the schedule's
+// table for this worker's device (sharding/pipeline_schedule.h), each
+// chunk a LlamaModel over its layers (sharding/pipeline_split.h). A
+// forward receives its input activations from the previous virtual stage
+// (the first embeds the tokens) and sends its output to the next; a
+// backward receives the gradient of its output from the next (the last
+// starts from its loss) and sends the gradient of its input back, with the
+// micro-batch's loss, so that every stage knows the step's loss. Messages
+// travel over transport/pipeline_wire.h.
+//
+// Each chunk takes its micro-batches' backwards in ascending order (the
+// schedules promise it), so a chunk's gradients accumulate bitwise as one
+// whole model's do. A chunk keeps as many micro-batches' activations as
+// the table has in flight on it (slots: micro-batch m in slot m % slots).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "model/llama.h"
+#include "sharding/pipeline_schedule.h"
+#include "sharding/pipeline_split.h"
+#include "transport/pipeline_wire.h"
+#include "worker/share_compute.h"
+#include "worker/sync_strategy.h"
+#include "worker/weight_home.h"
+
+namespace herd {
+
+struct PipelinePassOptions {
+  const PipelineSchedule* schedule = nullptr;
+  const PipelineSplit* split = nullptr;  // one stage per virtual stage
+  int device = 0;                        // this worker's place in the pipeline
+  transport::PipelineWire* wire = nullptr;
+  // [device]: the PeerId of the worker of this replica at each device.
+  std::vector<transport::PeerId> peers;
+  WeightHome* home = nullptr;
+  SyncStrategy* sync = nullptr;
+  const float* weights = nullptr;  // the whole flat space (this stage's ranges held)
+  float* grads = nullptr;
+  int64_t flat_size = 0;
+  int batch = 0, seq_len = 0;
+  double loss_scale = 0;  // 1 / the global batch's tokens
+};
+
+// The micro-batches a chunk of `schedule` on `device` holds at once.
+std::vector<int> ChunkSlots(const PipelineSchedule& schedule, int device);
+
+// `models[c]`: chunk c's model over split->stage(VirtualStage(device, c))'s
+// layers, with ChunkSlots(...)[c] slots.
+std::unique_ptr<ShareCompute> PipelinePasses(const PipelinePassOptions& options,
+                                             std::vector<LlamaModel<float>*> models);
+
+}  // namespace herd
