@@ -8,6 +8,7 @@
 #include "model/cuda/device_memory.h"
 #include "model/llama.h"
 #include "sharding/job_options.h"
+#include "sharding/pipeline_plan.h"
 #include "sharding/weight_window.h"
 
 namespace herd {
@@ -19,7 +20,7 @@ const ProcessMemory& MemoryPlan::largest() const {
 
 int64_t MemoryPlan::JobTotal(int workers) const {
   int64_t total = 0;
-  for (const ProcessMemory& p : processes) total += p.role == "worker" ? workers * p.total() : p.total();
+  for (const ProcessMemory& p : processes) total += (p.role == "worker" ? workers : p.count) * p.total();
   return total;
 }
 
@@ -196,6 +197,45 @@ StatusOr<ProcessMemory> TrainerMemory(const JobSizes& j) {
   return t;
 }
 
+// Each stage's worker of a pipeline (all-reduce mode, CPU workers).
+StatusOr<std::vector<ProcessMemory>> StageMemory(const JobSizes& j) {
+  HERD_ASSIGN_OR_RETURN(const PipelinePlan pipeline, PipelinePlan::FromConfig(j.config));
+  const PipelineSchedule& s = pipeline.schedule;
+  const int64_t B = j.train.batch_size(), T = j.train.seq_len();
+  const int64_t embedding = j.layout.layer(0).input_norm;
+  const int64_t activation = B * T * j.shape.hidden_size;
+  const bool wire_bf16 = j.cluster.pipeline_wire_dtype() == config::ClusterConfig::BF16;
+  std::vector<ProcessMemory> out;
+  for (int d = 0; d < s.devices; ++d) {
+    ProcessMemory m;
+    m.role = "stage";
+    m.rank = d;
+    m.count = pipeline.replicas;
+    const std::vector<int> slots = ChunkSlots(s, d);
+    int64_t held = 0;
+    for (int c = 0; c < s.chunks; ++c) {
+      const PipelineStage& st = pipeline.split.stage(s.VirtualStage(d, c));
+      held += st.params.size();
+      m.activations += LlamaModel<float>::ActivationBytes(j.shape, B, T, j.job.recompute, slots[c], st.layers);
+      if (c == 0) m.range.begin = st.params.begin;
+      m.range.end = st.params.end;
+    }
+    const bool tied_end = j.shape.tie_word_embeddings && s.devices > 1 && (d == 0 || d == s.devices - 1);
+    if (tied_end && d == s.devices - 1) held += embedding;  // its copy, stepped alike
+    m.weights = held * kF32;
+    m.gradients = held * kF32;
+    m.optimizer = 2 * held * kF32;
+    // The step's drawn micro-batches, as every worker holds them.
+    m.activations += 2 * B * T * j.train.grad_accum() * static_cast<int64_t>(sizeof(int32_t));
+    const int rings = pipeline.replicas > 1 ? 3 : 1;
+    m.buffers = rings * (kRingChunksAhead + (j.bf16 ? kRingChunksInFlight : 0)) * kRingChunkBytes +
+                2 * activation * (wire_bf16 ? 2 : kF32) + (tied_end ? embedding * kF32 : 0);
+    m.runtime = kRuntimeBytes;
+    out.push_back(m);
+  }
+  return out;
+}
+
 }  // namespace
 
 StatusOr<MemoryPlan> PlanMemory(const config::JobConfig& config) {
@@ -206,6 +246,10 @@ StatusOr<MemoryPlan> PlanMemory(const config::JobConfig& config) {
     HERD_ASSIGN_OR_RETURN(ShardPlan shards, ShardPlan::Create(j.layout, ShardPlanOptions::FromConfig(j.cluster)));
     for (int s = 0; s < shards.num_servers(); ++s) plan.processes.push_back(ServerMemory(j, shards, s));
     plan.processes.push_back(PsWorkerMemory(j, shards));
+    return plan;
+  }
+  if (HasPipeline(config)) {
+    HERD_ASSIGN_OR_RETURN(plan.processes, StageMemory(j));
     return plan;
   }
   HERD_ASSIGN_OR_RETURN(ProcessMemory trainer, TrainerMemory(j));

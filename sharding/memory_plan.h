@@ -13,6 +13,14 @@
 //            with cluster.stream_weights, the weights, gradients and
 //            staging of its window at its fullest (sharding/weight_window.h)
 //            instead of the whole model's;
+//   stage    a pipeline stage's worker (cluster.pipeline_stages): the
+//            weights, gradients and AdamW state of its own ranges (the last
+//            stage's copy of a tied embedding too), its chunks'
+//            activations for the micro-batches its schedule holds at once
+//            (sharding/pipeline_schedule.h's ChunkSlots: GPipe all of them,
+//            1F1B at most the stages after it), the rings' chunk buffers
+//            and the wire's buffers (a message each way, the tied
+//            embedding's exchange);
 //   single / all-reduce: weights + gradients + AdamW state + activations;
 //            under ZeRO the AdamW state of the worker's slices (1/W of
 //            it), under ZeRO-2 the gradients of its slices and of the
@@ -40,8 +48,9 @@
 namespace herd {
 
 struct ProcessMemory {
-  std::string role;  // "server", "worker" (each worker alike) or "trainer"
-  int rank = -1;     // servers: their rank; -1: every worker
+  std::string role;  // "server", "worker" (each worker alike), "stage" or "trainer"
+  int rank = -1;     // servers: their rank; stages: their place in the pipeline; -1: every worker
+  int count = 1;     // processes of the job alike (a stage's replicas); workers: every worker
   ParamRange range;  // the server's range; the whole space otherwise
   int64_t weights = 0, optimizer = 0, gradients = 0, activations = 0, buffers = 0, runtime = 0;
   int64_t device = 0;  // GPU bytes (CUDA workers), not part of total()

@@ -156,6 +156,18 @@ StatusOr<PipelineSchedule> MakePipelineSchedule(PipelineScheduleKind kind, int d
   return s;
 }
 
+std::vector<int> ChunkSlots(const PipelineSchedule& schedule, int device) {
+  std::vector<int> in_flight(schedule.chunks, 0), most(schedule.chunks, 1);
+  for (const PipelineAction& a : schedule.actions[device]) {
+    if (a.kind == PipelineAction::kForward) {
+      most[a.chunk] = std::max(most[a.chunk], ++in_flight[a.chunk]);
+    } else if (a.kind == PipelineAction::kBackward) {
+      --in_flight[a.chunk];
+    }
+  }
+  return most;
+}
+
 StatusOr<PipelineSimulation> SimulatePipeline(const PipelineSchedule& s, const PipelineTimes& t) {
   if (t.forward < 0 || t.backward < 0 || t.weight_grad < 0) {
     return Status::InvalidArgument("pipeline times must be >= 0 (forward " + std::to_string(t.forward) + ", backward " +

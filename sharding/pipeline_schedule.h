@@ -90,6 +90,12 @@ struct PipelineSchedule {
 // cluster.pipeline_stages, cluster.virtual_stages, train.grad_accum.
 StatusOr<PipelineSchedule> MakePipelineSchedule(PipelineScheduleKind kind, int devices, int chunks, int micro_batches);
 
+// [chunk]: the most micro-batches whose activations chunk c of `device`
+// holds at once (forward run, backward not): the slots its model needs,
+// micro-batch m in slot m % slots (the micro-batches in flight on a chunk
+// are consecutive, since both its forwards and backwards ascend).
+std::vector<int> ChunkSlots(const PipelineSchedule& schedule, int device);
+
 // What one pass of one chunk takes. For every schedule but ZERO_BUBBLE a
 // kBackward runs both parts and takes backward + weight_grad.
 struct PipelineTimes {

@@ -4,6 +4,7 @@
 
 #include "model/llama.h"
 #include "sharding/job_options.h"
+#include "sharding/pipeline_plan.h"
 #include "sharding/shard_plan.h"
 #include "sharding/weight_window.h"
 
@@ -43,6 +44,22 @@ StatusOr<WorkerTraffic> PlanWorkerTraffic(const config::JobConfig& config) {
   const int W = cluster.workers(), G = ShardGroupSize(cluster, W), R = W / G;
   // One pass of a ring of n over `elements`, each way.
   auto pass = [](int n, double elements, double bytes) { return (n - 1) / static_cast<double>(n) * elements * bytes; };
+  if (HasPipeline(config)) {
+    // Each boundary between virtual stages carries every micro-batch's
+    // activations one way and their gradients the other; a tied
+    // embedding's gradient parts cross between the first and the last
+    // stage; each stage's replicas all-reduce its range. Averaged over
+    // the workers, as for the other modes.
+    HERD_ASSIGN_OR_RETURN(const PipelinePlan pipeline, PipelinePlan::FromConfig(config));
+    const PipelineSchedule& s = pipeline.schedule;
+    const double act_bytes = cluster.pipeline_wire_dtype() == config::ClusterConfig::BF16 ? 2 : 4;
+    const double activation = static_cast<double>(job.batch) * job.seq_len * job.shape.hidden_size * act_bytes;
+    double replica = (s.virtual_stages() - 1) * 2.0 * s.micro_batches * activation;
+    if (job.shape.tie_word_embeddings && s.devices > 1) replica += 2.0 * layout.layer(0).input_norm * 4;
+    const double per_worker = replica / s.devices + 2 * pass(pipeline.replicas, P / s.devices, wire);
+    t.sent = t.received = static_cast<int64_t>(per_worker);
+    return t;
+  }
   double bytes = 0;
   switch (cluster.zero_stage()) {
     case 0:

@@ -31,6 +31,9 @@ namespace {
 std::string Name(const ProcessMemory& p, int workers) {
   if (p.role == "server") return "server " + std::to_string(p.rank);
   if (p.role == "worker") return workers > 1 ? "worker (each of " + std::to_string(workers) + ")" : "worker";
+  if (p.role == "stage") {
+    return "stage " + std::to_string(p.rank) + (p.count > 1 ? " (each of " + std::to_string(p.count) + ")" : "");
+  }
   return p.role;
 }
 

@@ -120,18 +120,6 @@ class PipelineSteps : public ShareCompute {
 
 }  // namespace
 
-std::vector<int> ChunkSlots(const PipelineSchedule& schedule, int device) {
-  std::vector<int> in_flight(schedule.chunks, 0), most(schedule.chunks, 1);
-  for (const PipelineAction& a : schedule.actions[device]) {
-    if (a.kind == PipelineAction::kForward) {
-      most[a.chunk] = std::max(most[a.chunk], ++in_flight[a.chunk]);
-    } else if (a.kind == PipelineAction::kBackward) {
-      --in_flight[a.chunk];
-    }
-  }
-  return most;
-}
-
 std::unique_ptr<ShareCompute> PipelinePasses(const PipelinePassOptions& options,
                                              std::vector<LlamaModel<float>*> models) {
   return std::make_unique<PipelineSteps>(options, std::move(models));

@@ -45,9 +45,6 @@ struct PipelinePassOptions {
   double loss_scale = 0;  // 1 / the global batch's tokens
 };
 
-// The micro-batches a chunk of `schedule` on `device` holds at once.
-std::vector<int> ChunkSlots(const PipelineSchedule& schedule, int device);
-
 // `models[c]`: chunk c's model over split->stage(VirtualStage(device, c))'s
 // layers, with ChunkSlots(...)[c] slots.
 std::unique_ptr<ShareCompute> PipelinePasses(const PipelinePassOptions& options,

@@ -60,6 +60,11 @@ Mode ModeOf(const config::JobConfig& config, bool in_job) {
   return HasPipeline(config) ? Mode::kPipelineStage : Mode::kAllReduce;
 }
 
+// How gradients travel on the all-reduce rings (cluster.wire_dtype).
+transport::Wire GradientWire(const ClusterConfig& cluster) {
+  return cluster.wire_dtype() == ClusterConfig::BF16 ? transport::Wire::kBf16 : transport::Wire::kFloat32;
+}
+
 // The lines a run starts with, from worker 0.
 void PrintRunHeader(const config::JobConfig& config, const JobOptions& job, const ParamLayout& layout,
                     const std::string& device, int64_t train_tokens, const ShardPlan* plan, int num_workers, bool nccl,
@@ -191,7 +196,11 @@ class WorkerProcess {
   const bool streamed_;  // cluster.stream_weights
   // The weights are a window: streamed, or gathered (ZeRO-3).
   const bool windowed_;
-  // The gradients are paged: a window's, or ZeRO-2's slices.
+  // The weights are paged: a window's (guarded), or a pipeline stage's
+  // ranges (the rest of the flat space never backed).
+  const bool pages_weights_;
+  // The gradients are paged: a window's, ZeRO-2's slices, or a pipeline
+  // stage's ranges.
   const bool pages_grads_;
   const JobData data_;
   const ParamLayout layout_;
@@ -264,8 +273,9 @@ WorkerProcess::WorkerProcess(const config::JobConfig& config, const TrainOptions
       mode_(ModeOf(config, join != nullptr)),
       streamed_(mode_ == Mode::kParameterServer && config.cluster().stream_weights()),
       windowed_(WorkersHoldAWindow(config)),
-      pages_grads_(windowed_ || (mode_ == Mode::kAllReduce && config.cluster().zero_stage() == 2 &&
-                                 config.device().kind() == config::DeviceConfig::CPU)),
+      pages_weights_(windowed_ || mode_ == Mode::kPipelineStage),
+      pages_grads_(pages_weights_ || (mode_ == Mode::kAllReduce && config.cluster().zero_stage() == 2 &&
+                                      config.device().kind() == config::DeviceConfig::CPU)),
       data_(std::move(data)),
       layout_(std::move(layout)),
       joining_(join != nullptr && join->join && !join->resume_if_forming) {}
@@ -275,9 +285,9 @@ Status WorkerProcess::AllocateSpaces() {
   if (pages_grads_) {
     HERD_ASSIGN_OR_RETURN(paged_grads_, PagedBuffer::Reserve(P * sizeof(float), /*guarded=*/false));
   }
-  if (windowed_) {
-    // Weights are guarded: a read outside the window faults.
-    HERD_ASSIGN_OR_RETURN(paged_weights_, PagedBuffer::Reserve(P * sizeof(float), /*guarded=*/true));
+  if (pages_weights_) {
+    // A window's weights are guarded: a read outside it faults.
+    HERD_ASSIGN_OR_RETURN(paged_weights_, PagedBuffer::Reserve(P * sizeof(float), /*guarded=*/windowed_));
     return Status::OK();
   }
   weights_.resize(P);
@@ -360,12 +370,15 @@ Status WorkerProcess::JoinJob() {
                             rt.StartRing(c, pipeline_->replicas > 1 ? pipeline_->replicas : 0);
                           }
                           if (mode_ == Mode::kPipelineStage) OpenPipelineWire(rt);
-                          return Prepare(&c);
+                          HERD_RETURN_IF_ERROR(Prepare(&c));
+                          // The step the others' first messages are for, before they can send.
+                          if (pipeline_wire_) pipeline_wire_->SetStep(resume_from_ ? resume_from_->manifest.step : 0);
+                          return Status::OK();
                         }));
   // A paged buffer is not registered whole (that would back and pin all
   // of it): UCX registers what it moves as it goes.
   const uint64_t bytes = layout_.size() * sizeof(float);
-  if (!windowed_) HERD_RETURN_IF_ERROR(runtime_->transport().RegisterMemory(weights_.data(), bytes));
+  if (!pages_weights_) HERD_RETURN_IF_ERROR(runtime_->transport().RegisterMemory(weights_.data(), bytes));
   if (!pages_grads_) HERD_RETURN_IF_ERROR(runtime_->transport().RegisterMemory(grads_.data(), bytes));
   return Status::OK();
 }
@@ -418,7 +431,7 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeStrategy() {
       c.collectives = runtime_->ring();
       c.shard_group = runtime_->shard_ring();
       c.replicas = runtime_->replica_ring();
-      c.gradient_wire = cluster.wire_dtype() == ClusterConfig::BF16 ? transport::Wire::kBf16 : transport::Wire::kFloat32;
+      c.gradient_wire = GradientWire(cluster);
       c.device_reduction = device_reduction_.get();
       if (pages_grads_) c.paged_grads = &paged_grads_;
       c.recycle_gradient_pages = pages_grads_ && cluster.zero_stage() == 2 && OneBackwardWritesTheGradients();
@@ -440,7 +453,7 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeStrategy() {
       p.device = pipeline_->DeviceOf(rank_);
       p.everyone = runtime_->ring();
       p.stage_replicas = runtime_->shard_ring();
-      p.gradient_wire = cluster.wire_dtype() == ClusterConfig::BF16 ? transport::Wire::kBf16 : transport::Wire::kFloat32;
+      p.gradient_wire = GradientWire(cluster);
       p.wire = pipeline_wire_.get();
       p.first_stage = transport::MemberPeerId(runtime_->client(), wire::WORKER, pipeline_->RankOf(0, replica));
       p.last_stage = transport::MemberPeerId(runtime_->client(), wire::WORKER,
@@ -453,7 +466,7 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeStrategy() {
 
 Status WorkerProcess::MakeAxes() {
   HERD_ASSIGN_OR_RETURN(strategy_, MakeStrategy());
-  if (home_ == nullptr) home_ = WholeWeights(*strategy_);
+  if (home_ == nullptr) home_ = WholeWeights(*strategy_, pipeline_ ? &paged_grads_ : nullptr);
   compute_ = MakeCompute();
   checkpoints_ = MakeCheckpointWriter();
   if (!config_.cluster().elastic() || mode_ != Mode::kParameterServer) {
@@ -626,8 +639,10 @@ Status WorkerProcess::ReportSummary(const StepLoop& loop, int64_t start) {
   run.role = "worker";
   run.rank = rank_;
   run.steps = loop.last_step() - start;
-  run.plan_bytes = memory->processes.back().total();
-  run.device_plan_bytes = memory->processes.back().device;
+  // This worker's line of the plan: its stage's, or the workers' (last).
+  const ProcessMemory& mine = pipeline_ ? memory->processes[pipeline_->DeviceOf(rank_)] : memory->processes.back();
+  run.plan_bytes = mine.total();
+  run.device_plan_bytes = mine.device;
   run.device_peak_bytes = model_holder_ ? model_holder_->DevicePeakBytes() : 0;
   run.shares_computed = loop.shares_computed();
   const transport::UcxStats ucx = runtime_->transport().stats();
