@@ -4,16 +4,18 @@
 
 * untied embeddings without clipping: every step's loss bitwise one
   process's, for P = 2 (GPipe, 1F1B), P = 4 (1F1B) and P = 2 with two
-  virtual stages each (interleaved 1F1B): each stage accumulates its
+  virtual stages each (interleaved 1F1B), and on 8 layers P = 3 (GPipe,
+  1F1B, 1F1B with recompute FULL): each stage accumulates its
   layers' gradients in the same order as one model, and the update does
   not depend on the norm, which is summed stage by stage;
 * data x pipeline 2 x 2 (four workers): bitwise DDP's steps with two
   (tied and clipped: within 1e-5);
 * with clipping, and with tied embeddings (their two parts added head
-  part first on the first and the last stage): within 1e-5 relative;
+  part first on the first and the last stage): within 1e-5 relative
+  (with --long also the ~20M shape at P = 2 and 4);
 * stop at step 10 and --resume: bitwise the straight run; the pipeline's
-  checkpoint (one file of pieces per stage) resumes as one process, also
-  bitwise;
+  checkpoint (one file of pieces per stage) resumes as one process, and a
+  4-stage one at 2 stages, also bitwise;
 * bad inputs, each one line and a non-zero exit before any process
   starts: stages not dividing the workers, more stages than layers, a
   split that is not increasing, virtual stages without the interleaved
@@ -33,12 +35,12 @@ def main():
     sb = herdtest.Sandbox(a.build)
     sb.training_data()
 
-    def job(name, cluster="", tied=False, clip=0.0, accum=4, steps=STEPS, every=0):
-        text = herdtest.tiny_config("train.bin", steps=steps, ckpt=name, every=every, metrics=name + ".jsonl",
-                                    extra=cluster)
-        text = text.replace("num_hidden_layers: 2", "num_hidden_layers: 4" +
+    def job(name, cluster="", tied=False, clip=0.0, accum=4, steps=STEPS, every=0, layers=4, ckpt=None, train=""):
+        text = herdtest.tiny_config("train.bin", steps=steps, ckpt=ckpt or name, every=every,
+                                    metrics=name + ".jsonl", extra=cluster)
+        text = text.replace("num_hidden_layers: 2", f"num_hidden_layers: {layers}" +
                             ("" if tied else " tie_word_embeddings: false"))
-        text = text.replace("batch_size: 4", f"batch_size: 2 grad_accum: {accum}")
+        text = text.replace("batch_size: 4", f"batch_size: 2 grad_accum: {accum} {train}")
         text = text.replace("clip_norm: 1.0", f"clip_norm: {clip}")
         return sb.write(name + ".textproto", text)
 
@@ -63,8 +65,15 @@ def main():
     for name, cluster in runs:
         sb.run("launch", job(name, cluster))
         assert losses(name) == reference, f"{name}: {losses(name)[:3]} vs one process {reference[:3]}"
-    print(f"untied, no clipping: GPipe, 1F1B (P=2, 4) and interleaved (P=2, v=2) bitwise one process over {STEPS} "
-          "steps")
+    # Eight layers in three stages (3, 3, 2), and recomputation inside the
+    # stages: the same kernels on the same inputs, the same bits.
+    sb.run("launch", job("one8", layers=8))
+    for name, cluster, train in [("gpipe_p3", pipeline(3, "GPIPE"), ""), ("ofob_p3", pipeline(3), ""),
+                                 ("ofob_p3_full", pipeline(3), "recompute: FULL")]:
+        sb.run("launch", job(name, cluster, layers=8, train=train))
+        assert losses(name) == losses("one8"), f"{name}: {losses(name)[:3]} vs one process {losses('one8')[:3]}"
+    print(f"untied, no clipping: GPipe, 1F1B (P=2, 3, 4) and interleaved (P=2, v=2) bitwise one process over {STEPS} "
+          "steps on 4 and 8 layers, with recompute FULL too")
 
     # Data x pipeline, 2 x 2: each stage's gradients all-reduced between its
     # two replicas, as DDP with two workers sums them: bitwise DDP's steps.
@@ -95,7 +104,26 @@ def main():
     os.symlink(sb.path("stop", "step_00000010"), sb.path("one_from", "step_00000010"))
     sb.run("launch", one_from, "--resume")
     assert losses("one_from") == reference[10:], "P=2's step-10 checkpoint resumed as one process"
-    print("P=2 resumed at step 10 bitwise; its checkpoint resumed as one process bitwise")
+    # A 4-stage checkpoint goes on as 2 stages.
+    sb.run("launch", job("p4_stop", pipeline(4), every=10), "--stop-at", "10")
+    sb.run("launch", job("p2_from_p4", pipeline(2), every=10, ckpt="p4_stop"), "--resume")
+    assert losses("p2_from_p4") == reference[10:], "P=4's step-10 checkpoint resumed at P=2"
+    print("P=2 resumed at step 10 bitwise; its checkpoint resumed as one process, and P=4's at P=2, bitwise")
+
+    if herdtest.LONG:
+        # The ~20M shape (d512, 8 layers, tied), 10 steps: within 1e-5.
+        def big(name, cluster=""):
+            text = job(name, cluster, tied=True, clip=1.0, steps=10)
+            with open(text) as f:
+                body = f.read()
+            body = body.replace(herdtest.TINY_MODEL.replace("num_hidden_layers: 2", "num_hidden_layers: 4"),
+                                herdtest.LLAMA20M_MODEL)
+            return sb.write(name + ".textproto", body)
+        sb.run("launch", big("one20m"))
+        for P in (2, 4):
+            sb.run("launch", big(f"p{P}_20m", pipeline(P)))
+            w = close(losses(f"p{P}_20m"), losses("one20m"), f"~20M, P={P}")
+            print(f"~20M shape, P={P}: within {w:.2g} of one process")
 
     # Bad inputs: one line, before anything starts.
     bad = [
