@@ -344,8 +344,11 @@ void CheckCluster(const config::ClusterConfig& cl, const Rules& need) {
     need(cl.workers() % cl.pipeline_stages() == 0, "cluster.pipeline_stages",
          P + " does not divide cluster.workers " + std::to_string(cl.workers()) +
              ": every stage needs as many data-parallel replicas");
-    need(cl.sync() == config::ClusterConfig::ALLREDUCE, "cluster.pipeline_stages",
-         "pipeline stages run with sync ALLREDUCE only yet (stages over parameter servers are not built)");
+    need(cl.sync() != config::ClusterConfig::NONE, "cluster.pipeline_stages",
+         "pipeline stages need workers: sync ALLREDUCE or PARAMETER_SERVER");
+    need(!cl.stream_weights(), "cluster.stream_weights",
+         "streamed weights inside pipeline stages are not built yet");
+    need(!cl.elastic(), "cluster.elastic", "elastic pipeline stages are not built yet");
     need(cl.zero_stage() == 0, "cluster.zero_stage", "ZeRO inside pipeline stages is not built yet");
     need(cl.pipeline_schedule() != config::ClusterConfig::ZERO_BUBBLE, "cluster.pipeline_schedule",
          "ZERO_BUBBLE is not built yet (its backward split into input and weight gradients): use ONE_F_ONE_B, "

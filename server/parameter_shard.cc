@@ -18,7 +18,8 @@ namespace herd {
 struct ParameterShard::LocalBucket {
   int index = 0;               // in the plan's list of buckets
   int64_t begin = 0, end = 0;  // relative to the shard's range
-  int next_share = 0;          // the contributions of shares 0..next_share-1 are summed
+  std::vector<int> shares;     // those that push it, ascending (every share but in a pipeline)
+  int next_share = 0;          // the contributions of shares[0..next_share-1] are summed
   std::vector<void*> pending;  // per share: landed, not yet summed
   std::vector<bool> arrived;   // per share: landed this step
   std::vector<int> landing;    // per share: transfers under way this step
@@ -56,6 +57,11 @@ ParameterShard::ParameterShard(const ParameterShardOptions& options, std::unique
     lb.index = static_cast<int>(i);
     lb.begin = b.range.begin - range_.begin;
     lb.end = b.range.end - range_.begin;
+    if (i < options_.contributors.size()) {
+      lb.shares = options_.contributors[i];
+    } else {
+      for (int w = 0; w < options_.num_workers; ++w) lb.shares.push_back(w);
+    }
     lb.pending.assign(options_.num_workers, nullptr);
     lb.arrived.assign(options_.num_workers, false);
     lb.landing.assign(options_.num_workers, 0);
@@ -126,6 +132,10 @@ StatusOr<void*> ParameterShard::PushTarget(const transport::Request& push) {
     return Status::InvalidArgument(what + " is not one of this server's buckets");
   }
   LocalBucket& b = *found;
+  if (!std::binary_search(b.shares.begin(), b.shares.end(), share)) {
+    return Status::InvalidArgument(what + from + ": share " + std::to_string(share) +
+                                   " does not compute this bucket (another pipeline stage does)");
+  }
   if (b.arrived[share] || b.landing[share] > 0) {
     if (!options_.elastic) {
       return Status::InvalidArgument(what + from + " pushed this bucket twice in step " + std::to_string(step));
@@ -135,9 +145,12 @@ StatusOr<void*> ParameterShard::PushTarget(const transport::Request& push) {
     if (b.arrived[share]) return Discard(push.length);
   }
   ++b.landing[share];
-  // Worker 0's fp32 gradients start the sum: they land in place (not in an
-  // elastic job, where a copy that fails half-way must not touch the sum).
-  if (!options_.bf16_wire && !options_.elastic && share == 0) return static_cast<void*>(acc_.data() + b.begin);
+  // The first share's fp32 gradients start the sum: they land in place (not
+  // in an elastic job, where a copy that fails half-way must not touch the
+  // sum).
+  if (!options_.bf16_wire && !options_.elastic && share == b.shares.front()) {
+    return static_cast<void*>(acc_.data() + b.begin);
+  }
   return TakeScratch(push.length);
 }
 
@@ -183,10 +196,11 @@ void ParameterShard::ReleaseScratch(void* p) {
 void ParameterShard::Drain(LocalBucket& b) {
   const int64_t n = b.end - b.begin;
   float* acc = acc_.data() + b.begin;
-  while (b.next_share < options_.num_workers && b.pending[b.next_share] != nullptr) {
-    trace::Span span("sum", "server", {"bucket", b.index}, {"share", b.next_share},
-                     {"step", optimizer_->step() + 1});
-    void* in = b.pending[b.next_share];
+  const int shares = static_cast<int>(b.shares.size());
+  while (b.next_share < shares && b.pending[b.shares[b.next_share]] != nullptr) {
+    const int share = b.shares[b.next_share];
+    trace::Span span("sum", "server", {"bucket", b.index}, {"share", share}, {"step", optimizer_->step() + 1});
+    void* in = b.pending[share];
     if (options_.bf16_wire) {
       const uint16_t* g = static_cast<const uint16_t*>(in);
       if (b.next_share == 0) {
@@ -203,10 +217,10 @@ void ParameterShard::Drain(LocalBucket& b) {
       }
     }
     ReleaseScratch(in);
-    b.pending[b.next_share] = nullptr;
+    b.pending[share] = nullptr;
     ++b.next_share;
   }
-  if (b.next_share == options_.num_workers && !b.done) {
+  if (b.next_share == shares && !b.done) {
     trace::Span span("sum of squares", "server", {"bucket", b.index}, {"step", optimizer_->step() + 1});
     b.done = true;
     b.sum_of_squares = SumOfSquares(acc, n);

@@ -5,8 +5,9 @@
 // Step t, as seen from here:
 //   1. each of the W shares of the global batch (a worker's sequences;
 //      transport::PushTag) arrives once per bucket, tagged with step t and
-//      the share; the W contributions to a bucket are summed in share
-//      order (a fixed order: reruns are bitwise identical, and so is a run
+//      the share (a pipeline's bucket: the shares of the workers that
+//      compute it, options.contributors); the contributions to a bucket
+//      are summed in share order (a fixed order: reruns are bitwise identical, and so is a run
 //      whose shares moved to other workers) as soon as that order allows;
 //   2. the step thread (ServeSteps) gets the shard's partial squared norm,
 //      combines the partials of all servers into the global norm, checks
@@ -65,6 +66,12 @@ struct ParameterShardOptions {
   // bucket is stepped before every share of every bucket of every server
   // is in, so a worker redoing a share still finds the step's weights.
   bool elastic = false;
+  // A pipeline (cluster.pipeline_stages): [plan bucket index] -> the shares
+  // (worker ranks) that push it, ascending: the workers of the stage that
+  // computes it (a tied embedding's: the first and the last stage's). A
+  // bucket's sum is theirs, in share order. Empty: every share, every
+  // bucket.
+  std::vector<std::vector<int>> contributors;
 };
 
 class ParameterShard : public transport::ShardHandler {

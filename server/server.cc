@@ -21,6 +21,7 @@
 #include "server/parameter_shard.h"
 #include "sharding/job_options.h"
 #include "sharding/memory_plan.h"
+#include "sharding/pipeline_plan.h"
 #include "sharding/shard_plan.h"
 #include "transport/checkpoint_commit.h"
 #include "transport/exchanges.h"
@@ -108,7 +109,8 @@ class ServerProcess {
 StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Create(const config::JobConfig& config,
                                                                const TrainOptions& options) {
   const ParamLayout layout(LlamaShape::FromConfig(config.model()));
-  HERD_ASSIGN_OR_RETURN(ShardPlan plan, ShardPlan::Create(layout, ShardPlanOptions::FromConfig(config.cluster())));
+  HERD_ASSIGN_OR_RETURN(const ShardPlanOptions plan_options, ShardPlanOptionsOf(config));
+  HERD_ASSIGN_OR_RETURN(ShardPlan plan, ShardPlan::Create(layout, plan_options));
   HERD_ASSIGN_OR_RETURN(std::optional<VerifiedCheckpoint> resume_from, ResumePoint(config, options));
   return std::unique_ptr<ServerProcess>(new ServerProcess(config, options, std::move(plan), std::move(resume_from)));
 }
@@ -139,6 +141,10 @@ Status ServerProcess::Prepare(transport::NodeRuntime& runtime, transport::Coordi
   o.collects_losses = rank_ == 0;
   o.elastic = config_.cluster().elastic();
   o.stream_updates = StreamsUpdates(config_);
+  if (HasPipeline(config_)) {
+    HERD_ASSIGN_OR_RETURN(const PipelinePlan pipeline, PipelinePlan::FromConfig(config_));
+    for (const Bucket& b : plan_.buckets()) o.contributors.push_back(pipeline.ContributorsOf(b.range, layout_));
+  }
   shard_ = std::make_unique<ParameterShard>(o, std::move(optimizer));
   const uint64_t bytes = plan_.shard(rank_).size() * sizeof(float);
   HERD_RETURN_IF_ERROR(runtime.transport().RegisterMemory(shard_->weights(), bytes));

@@ -197,8 +197,10 @@ StatusOr<ProcessMemory> TrainerMemory(const JobSizes& j) {
   return t;
 }
 
-// Each stage's worker of a pipeline (all-reduce mode, CPU workers).
+// Each stage's worker of a pipeline (CPU workers; with parameter servers
+// the optimizer's state is theirs).
 StatusOr<std::vector<ProcessMemory>> StageMemory(const JobSizes& j) {
+  const bool ps = j.cluster.sync() == config::ClusterConfig::PARAMETER_SERVER;
   HERD_ASSIGN_OR_RETURN(const PipelinePlan pipeline, PipelinePlan::FromConfig(j.config));
   const PipelineSchedule& s = pipeline.schedule;
   const int64_t B = j.train.batch_size(), T = j.train.seq_len();
@@ -224,12 +226,13 @@ StatusOr<std::vector<ProcessMemory>> StageMemory(const JobSizes& j) {
     if (tied_end && d == s.devices - 1) held += embedding;  // its copy, stepped alike
     m.weights = held * kF32;
     m.gradients = held * kF32;
-    m.optimizer = 2 * held * kF32;
+    m.optimizer = ps ? 0 : 2 * held * kF32;
     // The step's drawn micro-batches, as every worker holds them.
     m.activations += 2 * B * T * j.train.grad_accum() * static_cast<int64_t>(sizeof(int32_t));
-    const int rings = pipeline.replicas > 1 ? 3 : 1;
+    const int rings = ps ? 0 : pipeline.replicas > 1 ? 3 : 1;
     m.buffers = rings * (kRingChunksAhead + (j.bf16 ? kRingChunksInFlight : 0)) * kRingChunkBytes +
-                2 * activation * (wire_bf16 ? 2 : kF32) + (tied_end ? embedding * kF32 : 0);
+                2 * activation * (wire_bf16 ? 2 : kF32) + (tied_end && !ps ? embedding * kF32 : 0) +
+                (ps && j.bf16 ? held * 2 : 0);
     m.runtime = kRuntimeBytes;
     out.push_back(m);
   }
@@ -243,9 +246,15 @@ StatusOr<MemoryPlan> PlanMemory(const config::JobConfig& config) {
   MemoryPlan plan;
   plan.parameters = j.layout.num_parameters();
   if (j.cluster.sync() == config::ClusterConfig::PARAMETER_SERVER) {
-    HERD_ASSIGN_OR_RETURN(ShardPlan shards, ShardPlan::Create(j.layout, ShardPlanOptions::FromConfig(j.cluster)));
+    HERD_ASSIGN_OR_RETURN(const ShardPlanOptions plan_options, ShardPlanOptionsOf(config));
+    HERD_ASSIGN_OR_RETURN(ShardPlan shards, ShardPlan::Create(j.layout, plan_options));
     for (int s = 0; s < shards.num_servers(); ++s) plan.processes.push_back(ServerMemory(j, shards, s));
-    plan.processes.push_back(PsWorkerMemory(j, shards));
+    if (HasPipeline(config)) {
+      HERD_ASSIGN_OR_RETURN(const std::vector<ProcessMemory> stages, StageMemory(j));
+      plan.processes.insert(plan.processes.end(), stages.begin(), stages.end());
+    } else {
+      plan.processes.push_back(PsWorkerMemory(j, shards));
+    }
     return plan;
   }
   if (HasPipeline(config)) {

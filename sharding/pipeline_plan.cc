@@ -33,4 +33,56 @@ StatusOr<PipelinePlan> PipelinePlan::FromConfig(const config::JobConfig& config)
 
 bool HasPipeline(const config::JobConfig& config) { return config.cluster().pipeline_stages() > 1; }
 
+namespace {
+
+// A tied embedding that two stages compute: [0, its end); else empty.
+ParamRange SharedEmbedding(const PipelinePlan& p, const ParamLayout& layout) {
+  if (!layout.shape().tie_word_embeddings || p.devices() < 2) return {};
+  return {0, layout.layer(0).input_norm};
+}
+
+}  // namespace
+
+std::vector<ParamRange> PipelinePlan::RangesOf(int device, const ParamLayout& layout) const {
+  std::vector<ParamRange> out;
+  const ParamRange shared = SharedEmbedding(*this, layout);
+  if (device == devices() - 1 && shared.size() > 0) out.push_back(shared);
+  for (int c = 0; c < schedule.chunks; ++c) out.push_back(split.stage(schedule.VirtualStage(device, c)).params);
+  return out;
+}
+
+std::vector<int> PipelinePlan::ContributorsOf(ParamRange range, const ParamLayout& layout) const {
+  std::vector<int> devices_of;
+  const ParamRange shared = SharedEmbedding(*this, layout);
+  if (shared.size() > 0 && range.end <= shared.end) {
+    devices_of = {0, devices() - 1};
+  } else {
+    for (int vs = 0; vs < split.size(); ++vs) {
+      const ParamRange r = split.stage(vs).params;
+      if (range.begin >= r.begin && range.end <= r.end) devices_of = {schedule.DeviceOf(vs)};
+    }
+  }
+  std::vector<int> ranks;
+  for (int d : devices_of) {
+    for (int r = 0; r < replicas; ++r) ranks.push_back(RankOf(d, r));
+  }
+  return ranks;
+}
+
+std::vector<int64_t> PipelinePlan::BucketCuts(const ParamLayout& layout) const {
+  std::vector<int64_t> cuts;
+  for (int vs = 1; vs < split.size(); ++vs) cuts.push_back(split.stage(vs).params.begin);
+  const ParamRange shared = SharedEmbedding(*this, layout);
+  if (shared.size() > 0) cuts.push_back(shared.end);
+  return cuts;
+}
+
+StatusOr<ShardPlanOptions> ShardPlanOptionsOf(const config::JobConfig& config) {
+  ShardPlanOptions o = ShardPlanOptions::FromConfig(config.cluster());
+  if (!HasPipeline(config)) return o;
+  HERD_ASSIGN_OR_RETURN(const PipelinePlan pipeline, PipelinePlan::FromConfig(config));
+  o.bucket_cuts = pipeline.BucketCuts(ParamLayout(LlamaShape::FromConfig(config.model())));
+  return o;
+}
+
 }  // namespace herd

@@ -11,6 +11,7 @@
 #include "proto/herd.pb.h"
 #include "sharding/pipeline_schedule.h"
 #include "sharding/pipeline_split.h"
+#include "sharding/shard_plan.h"
 
 namespace herd {
 
@@ -25,6 +26,17 @@ struct PipelinePlan {
   static StatusOr<PipelinePlan> FromConfig(const config::JobConfig& config);
 
   int devices() const { return schedule.devices; }
+  // The ranges of the flat space `device` computes and holds: its chunks'
+  // (ascending) and, on the last device with tied embeddings, the
+  // embedding's too (first).
+  std::vector<ParamRange> RangesOf(int device, const ParamLayout& layout) const;
+  // The worker ranks whose gradients of `range` (inside one stage's range)
+  // are summed: its stage's replicas; a tied embedding's, the first and
+  // the last stage's, first stage first.
+  std::vector<int> ContributorsOf(ParamRange range, const ParamLayout& layout) const;
+  // Where buckets must be cut: between the stages, and at the end of a
+  // tied embedding (which two stages push).
+  std::vector<int64_t> BucketCuts(const ParamLayout& layout) const;
   int DeviceOf(int rank) const { return rank / replicas; }
   int ReplicaOf(int rank) const { return rank % replicas; }
   int RankOf(int device, int replica) const { return device * replicas + replica; }
@@ -32,5 +44,9 @@ struct PipelinePlan {
 
 // Whether the job runs a pipeline (cluster.pipeline_stages > 1).
 bool HasPipeline(const config::JobConfig& config);
+
+// A parameter-server job's shard plan options: the cluster's, with a
+// pipeline's bucket cuts.
+StatusOr<ShardPlanOptions> ShardPlanOptionsOf(const config::JobConfig& config);
 
 }  // namespace herd

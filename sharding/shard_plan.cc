@@ -85,7 +85,10 @@ StatusOr<ShardPlan> ShardPlan::Create(const ParamLayout& layout, const ShardPlan
   for (int s = S - 1; s >= 0; --s) {
     const ParamRange& r = plan.shards_[s];
     for (int64_t end = r.end; end > r.begin;) {
-      const int64_t begin = std::max(r.begin, end - bucket);
+      int64_t begin = std::max(r.begin, end - bucket);
+      for (int64_t cut : options.bucket_cuts) {
+        if (cut > begin && cut < end) begin = cut;
+      }
       plan.buckets_.push_back({s, {begin, end}});
       end = begin;
     }

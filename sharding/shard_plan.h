@@ -30,6 +30,9 @@ struct ShardPlanOptions {
   int servers = 1;
   config::ClusterConfig::ShardStrategy strategy = config::ClusterConfig::BALANCED;
   int64_t bucket_elements = 1 << 20;  // rounded down to the 64-element alignment
+  // Offsets no bucket straddles (a pipeline's stage boundaries: each
+  // bucket is one stage's to push and pull).
+  std::vector<int64_t> bucket_cuts;
 
   // servers, strategy and bucket_mb (MiB of fp32 gradients) from the config.
   static ShardPlanOptions FromConfig(const config::ClusterConfig& cluster);

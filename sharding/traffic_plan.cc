@@ -33,7 +33,8 @@ StatusOr<WorkerTraffic> PlanWorkerTraffic(const config::JobConfig& config) {
   if (cluster.sync() == config::ClusterConfig::PARAMETER_SERVER) {
     double pulled = P;
     if (cluster.stream_weights()) {
-      HERD_ASSIGN_OR_RETURN(ShardPlan shards, ShardPlan::Create(layout, ShardPlanOptions::FromConfig(cluster)));
+      HERD_ASSIGN_OR_RETURN(const ShardPlanOptions plan_options, ShardPlanOptionsOf(config));
+      HERD_ASSIGN_OR_RETURN(ShardPlan shards, ShardPlan::Create(layout, plan_options));
       pulled = static_cast<double>(WindowPulls(shards, layout, config, job));
     }
     t.sent = static_cast<int64_t>(P * wire);

@@ -1,6 +1,6 @@
-"""Pipeline stages (cluster.pipeline_stages) in all-reduce mode, through
-`herd launch`, against one process with the same micro-batches
-(train.grad_accum) on a 4-layer tiny model:
+"""Pipeline stages (cluster.pipeline_stages) in all-reduce and
+parameter-server mode, through `herd launch`, against one process with
+the same micro-batches (train.grad_accum) on a 4-layer tiny model:
 
 * untied embeddings without clipping: every step's loss bitwise one
   process's, for P = 2 (GPipe, 1F1B), P = 4 (1F1B) and P = 2 with two
@@ -10,6 +10,10 @@
   not depend on the norm, which is summed stage by stage;
 * data x pipeline 2 x 2 (four workers): bitwise DDP's steps with two
   (tied and clipped: within 1e-5);
+* over parameter servers (S=2), each stage pushing and pulling its own
+  buckets: P = 2 (1F1B, GPipe) and 4 bitwise one process, 2 x 2 bitwise
+  PS with two workers, tied and clipped within 1e-5, a stop and --resume
+  bitwise, and the servers' checkpoint on as an all-reduce pipeline;
 * with clipping, and with tied embeddings (their two parts added head
   part first on the first and the last stage): within 1e-5 relative
   (with --long also the ~20M shape at P = 2 and 4);
@@ -60,6 +64,7 @@ def main():
     # Untied, no clipping: bitwise.
     sb.run("launch", job("one"))
     reference = losses("one")
+    sb.run("launch", job("one_tied_ref", tied=True, clip=1.0))
     runs = [("gpipe_p2", pipeline(2, "GPIPE")), ("ofob_p2", pipeline(2)), ("ofob_p4", pipeline(4)),
             ("interleaved_p2v2", pipeline(2, "INTERLEAVED_1F1B", "virtual_stages: 2"))]
     for name, cluster in runs:
@@ -74,6 +79,29 @@ def main():
         assert losses(name) == losses("one8"), f"{name}: {losses(name)[:3]} vs one process {losses('one8')[:3]}"
     print(f"untied, no clipping: GPipe, 1F1B (P=2, 3, 4) and interleaved (P=2, v=2) bitwise one process over {STEPS} "
           "steps on 4 and 8 layers, with recompute FULL too")
+
+    # Over parameter servers: each stage pushes and pulls its own buckets,
+    # a bucket's sum is its stage's workers', in rank order.
+    ps = "cluster { sync: PARAMETER_SERVER servers: 2 workers: %d pipeline_stages: %d %s }"
+    for name, cluster in [("ps_p2", ps % (2, 2, "")), ("ps_p4", ps % (4, 4, "")),
+                          ("ps_p2_gpipe", ps % (2, 2, "pipeline_schedule: GPIPE"))]:
+        sb.run("launch", job(name, cluster))
+        assert losses(name) == reference, f"{name}: {losses(name)[:3]} vs one process {reference[:3]}"
+    sb.run("launch", job("ps_dp2_pp2", ps % (4, 2, "")))
+    sb.run("launch", job("ps_w2", "cluster { sync: PARAMETER_SERVER servers: 2 workers: 2 }"))
+    assert losses("ps_dp2_pp2") == losses("ps_w2"), "PS 2 x 2 against PS with 2 workers"
+    sb.run("launch", job("ps_p2_tied", ps % (2, 2, ""), tied=True, clip=1.0))
+    wps = close(losses("ps_p2_tied"), losses("one_tied_ref"), "PS, tied, clipped, P=2")
+    sb.run("launch", job("ps_stop", ps % (2, 2, ""), every=10), "--stop-at", "10")
+    sb.run("launch", job("ps_stop", ps % (2, 2, ""), every=10), "--resume")
+    assert losses("ps_stop") == reference, "PS P=2 stopped at 10 and resumed"
+    # The servers' checkpoint goes on as an all-reduce pipeline of 4 stages.
+    os.makedirs(sb.path("ar_from_ps"))
+    os.symlink(sb.path("ps_stop", "step_00000010"), sb.path("ar_from_ps", "step_00000010"))
+    sb.run("launch", job("ar_from_ps", pipeline(4), every=10), "--resume")
+    assert losses("ar_from_ps") == reference[10:], "PS P=2's step-10 checkpoint resumed as all-reduce P=4"
+    print(f"over parameter servers: P=2 (1F1B, GPipe) and 4 bitwise one process, 2 x 2 bitwise PS with 2 workers, "
+          f"tied and clipped within {wps:.2g}; stop at 10 and --resume bitwise, and on as all-reduce P=4 bitwise")
 
     # Data x pipeline, 2 x 2: each stage's gradients all-reduced between its
     # two replicas, as DDP with two workers sums them: bitwise DDP's steps.

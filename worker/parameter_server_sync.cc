@@ -23,12 +23,19 @@ class PushPullSync : public SyncStrategy {
  public:
   PushPullSync(const ParameterServerSyncOptions& o, transport::PushPullClient* client)
       : plan_(*o.plan),
+        tag_with_rank_(!o.ranges.empty()),
         bf16_(o.bf16),
         wire_bytes_(o.bf16 ? 2 : 4),
         client_(client),
         first_server_(o.first_server),
         reports_(plan_.num_servers()),
-        share_(o.rank) {}
+        share_(o.rank) {
+    for (const Bucket& b : plan_.buckets()) {
+      bool inside = o.ranges.empty();
+      for (const ParamRange& r : o.ranges) inside |= b.range.begin >= r.begin && b.range.end <= r.end;
+      if (inside) mine_.push_back(&b);
+    }
+  }
 
   // The bf16 staging memory to register whole with the transport.
   virtual std::vector<std::pair<void*, size_t>> wire_buffers() { return {}; }
@@ -37,7 +44,7 @@ class PushPullSync : public SyncStrategy {
   void BeginStep(float* grads, const StepShare& share) override {
     grads_ = grads;
     step_ = share.step;
-    share_ = share.share;
+    if (!tag_with_rank_) share_ = share.share;
     loss_.data = share.drawn_to;
     next_bucket_ = 0;
   }
@@ -142,6 +149,10 @@ class PushPullSync : public SyncStrategy {
   int64_t wire_elements() const { return plan_.shard(plan_.num_servers() - 1).end; }
 
   const ShardPlan& plan_;
+  // The buckets this worker pushes and pulls (all, but a pipeline stage's),
+  // in the plan's (backward) order.
+  std::vector<const Bucket*> mine_;
+  const bool tag_with_rank_;  // a pipeline stage: pushes carry its rank
   const bool bf16_;
   const int wire_bytes_;
   transport::PushPullClient* const client_;
@@ -177,7 +188,7 @@ class WholeWeightsSync : public PushPullSync {
       // weights it waits for may be landing; they must not share a buffer.
       if (o.elastic) push_wire_.resize(wire_.size());
     }
-    early_pulls_.resize(plan_.buckets().size());
+    early_pulls_.resize(mine_.size());
   }
 
   std::vector<std::pair<void*, size_t>> wire_buffers() override {
@@ -190,9 +201,8 @@ class WholeWeightsSync : public PushPullSync {
 
   // Backward has finished every gradient at offsets >= `offset`.
   void FinalFrom(int64_t offset) override {
-    const auto& buckets = plan_.buckets();
-    while (next_bucket_ < buckets.size() && buckets[next_bucket_].range.begin >= offset) {
-      const Bucket& b = buckets[next_bucket_++];
+    while (next_bucket_ < mine_.size() && mine_[next_bucket_]->range.begin >= offset) {
+      const Bucket& b = *mine_[next_bucket_++];
       push_tickets_.push_back(PushBucket(b, push_wire()));
       // bf16: the pull lands where the push left from; its answer needs
       // every worker's push of this bucket, ours included, to have landed.
@@ -203,7 +213,7 @@ class WholeWeightsSync : public PushPullSync {
     }
   }
   Status FinishStep(double loss) override {
-    CHECK_EQ(next_bucket_, plan_.buckets().size()) << "backward did not finish every bucket";
+    CHECK_EQ(next_bucket_, mine_.size()) << "backward did not finish every bucket";
     return PushLossAndWait(loss);
   }
 
@@ -214,11 +224,10 @@ class WholeWeightsSync : public PushPullSync {
     pulls_.clear();
     next_pull_ = 0;
     // Buckets are listed in backward order; forward waits in reverse.
-    const auto& buckets = plan_.buckets();
     const bool issued = early_version_ == static_cast<int64_t>(version);
     early_version_ = -1;
-    for (size_t i = buckets.size(); i-- > 0;) {
-      pulls_.emplace_back(&buckets[i], issued ? early_pulls_[i] : PullBucket(buckets[i], version, wire_.data()));
+    for (size_t i = mine_.size(); i-- > 0;) {
+      pulls_.emplace_back(mine_[i], issued ? early_pulls_[i] : PullBucket(*mine_[i], version, wire_.data()));
     }
     PullReports();
   }

@@ -44,6 +44,12 @@ struct ParameterServerSyncOptions {
   PagedBuffer* streamed_grads = nullptr;
   const ParamLayout* layout = nullptr;
   int prefetch_layers = 1;  // cluster.stream_prefetch_layers
+  // A pipeline stage's worker: the ranges it computes (its buckets are
+  // pushed and pulled, no other), and its pushes carry its rank as their
+  // share whatever share of the data it computes (the servers know a
+  // bucket's contributors by rank). Empty: every bucket. Not with
+  // streamed weights or elastic.
+  std::vector<ParamRange> ranges;
 };
 
 // The strategy and where its weights live: whole, or (streamed weights)

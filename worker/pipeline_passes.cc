@@ -37,6 +37,9 @@ class PipelineSteps : public ShareCompute {
         HERD_RETURN_IF_ERROR(Backward(t, a, vs, slot, &losses[a.micro_batch]));
       }
     }
+    // Every gradient this stage computes is final now (a tied
+    // embedding's head part on the last stage too).
+    o_.sync->FinalFrom(0);
     for (size_t c = 0; c < models_.size(); ++c) {
       for (int slot = 0; slot < models_[c]->slots(); ++slot) HERD_RETURN_IF_ERROR(WaitSlot(c, slot));
     }

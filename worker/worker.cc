@@ -51,7 +51,8 @@ enum class Mode {
   kOneGpu,           // the whole job, its whole step on one GPU (DeviceResidentSync)
   kParameterServer,  // one worker of a parameter-server job
   kAllReduce,        // one worker of an all-reduce job
-  kPipelineStage,    // one stage's worker of an all-reduce job's pipeline
+  kPipelineStage,    // one stage's worker of an all-reduce job's pipeline (a parameter-server job's stage
+                     // workers are kParameterServer with a pipeline)
 };
 
 Mode ModeOf(const config::JobConfig& config, bool in_job) {
@@ -252,10 +253,12 @@ StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Create(const config::Job
   HERD_ASSIGN_OR_RETURN(JobData data, OpenJobData(config.data(), shape.vocab_size));
   std::unique_ptr<WorkerProcess> w(new WorkerProcess(config, options, join, std::move(data), ParamLayout(shape)));
   if (w->mode_ == Mode::kParameterServer) {
-    HERD_ASSIGN_OR_RETURN(w->plan_, ShardPlan::Create(w->layout_, ShardPlanOptions::FromConfig(config.cluster())));
+    HERD_ASSIGN_OR_RETURN(const ShardPlanOptions plan_options, ShardPlanOptionsOf(config));
+    HERD_ASSIGN_OR_RETURN(w->plan_, ShardPlan::Create(w->layout_, plan_options));
   } else if (w->mode_ == Mode::kAllReduce) {
     HERD_ASSIGN_OR_RETURN(w->plan_, CollectivePlan(w->layout_, config.cluster(), config.cluster().workers()));
-  } else if (w->mode_ == Mode::kPipelineStage) {
+  }
+  if (HasPipeline(config) && w->join_ != nullptr) {
     HERD_ASSIGN_OR_RETURN(w->pipeline_, PipelinePlan::FromConfig(config));
   }
   if (!w->joining_) {
@@ -273,7 +276,7 @@ WorkerProcess::WorkerProcess(const config::JobConfig& config, const TrainOptions
       mode_(ModeOf(config, join != nullptr)),
       streamed_(mode_ == Mode::kParameterServer && config.cluster().stream_weights()),
       windowed_(WorkersHoldAWindow(config)),
-      pages_weights_(windowed_ || mode_ == Mode::kPipelineStage),
+      pages_weights_(windowed_ || (join != nullptr && HasPipeline(config))),
       pages_grads_(pages_weights_ || (mode_ == Mode::kAllReduce && config.cluster().zero_stage() == 2 &&
                                       config.device().kind() == config::DeviceConfig::CPU)),
       data_(std::move(data)),
@@ -358,6 +361,8 @@ Status WorkerProcess::JoinJob() {
   transport::NodeRuntime::Options o;
   o.join = *join_;
   o.connect_to = {mode_ == Mode::kParameterServer ? wire::SERVER : wire::WORKER};
+  // A pipeline's stages exchange activations in either mode.
+  if (mode_ == Mode::kParameterServer && pipeline_) o.connect_to.push_back(wire::WORKER);
   if (mode_ == Mode::kParameterServer) {
     o.push_pull_piece_bytes =
         LargestBucketBytes(*plan_, config_.cluster().wire_dtype() == ClusterConfig::BF16 ? 2 : 4);
@@ -369,7 +374,7 @@ Status WorkerProcess::JoinJob() {
                           if (mode_ == Mode::kPipelineStage) {
                             rt.StartRing(c, pipeline_->replicas > 1 ? pipeline_->replicas : 0);
                           }
-                          if (mode_ == Mode::kPipelineStage) OpenPipelineWire(rt);
+                          if (pipeline_) OpenPipelineWire(rt);
                           HERD_RETURN_IF_ERROR(Prepare(&c));
                           // The step the others' first messages are for, before they can send.
                           if (pipeline_wire_) pipeline_wire_->SetStep(resume_from_ ? resume_from_->manifest.step : 0);
@@ -411,6 +416,7 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeStrategy() {
       po.stream = StreamsUpdates(config_);  // as the servers do
       po.rank = rank_;
       po.first_server = transport::MemberPeerId(runtime_->client(), wire::SERVER, 0);
+      if (pipeline_) po.ranges = pipeline_->RangesOf(pipeline_->DeviceOf(rank_), layout_);
       if (streamed_) {
         po.streamed_weights = &paged_weights_;
         po.streamed_grads = &paged_grads_;
@@ -419,7 +425,8 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeStrategy() {
       }
       HERD_ASSIGN_OR_RETURN(ParameterServerSyncParts parts,
                             CreateParameterServerSync(po, &runtime_->transport(), runtime_->push_pull()));
-      home_ = std::move(parts.home);
+      // A stage's gradients are paged (MakeAxes makes its home).
+      if (!pipeline_) home_ = std::move(parts.home);
       return std::move(parts.sync);
     }
     case Mode::kAllReduce: {
@@ -640,9 +647,12 @@ Status WorkerProcess::ReportSummary(const StepLoop& loop, int64_t start) {
   run.rank = rank_;
   run.steps = loop.last_step() - start;
   // This worker's line of the plan: its stage's, or the workers' (last).
-  const ProcessMemory& mine = pipeline_ ? memory->processes[pipeline_->DeviceOf(rank_)] : memory->processes.back();
-  run.plan_bytes = mine.total();
-  run.device_plan_bytes = mine.device;
+  const ProcessMemory* mine = &memory->processes.back();
+  for (const ProcessMemory& p : memory->processes) {
+    if (pipeline_ && p.role == "stage" && p.rank == pipeline_->DeviceOf(rank_)) mine = &p;
+  }
+  run.plan_bytes = mine->total();
+  run.device_plan_bytes = mine->device;
   run.device_peak_bytes = model_holder_ ? model_holder_->DevicePeakBytes() : 0;
   run.shares_computed = loop.shares_computed();
   const transport::UcxStats ucx = runtime_->transport().stats();
