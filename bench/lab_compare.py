@@ -4,7 +4,9 @@ links capped with tbf in both directions), in BytePS's layout — W worker
 nodes and, for PS, S = W CPU-only server nodes — at several link rates.
 
 For each rate and mode (ps, ps_streamed: parameter servers with
-cluster.stream_weights, allreduce: DDP, allreduce_zero1/2/3) it starts the job
+cluster.stream_weights, allreduce: DDP, allreduce_zero1/2/3, pipeline: one
+pipeline of W stages in all-reduce mode, 1F1B, the global batch's W
+micro-batches flowing through it) it starts the job
 by hand, the way a cluster does: a coordinator on its own node, then every
 server and worker with --rank and --coordinator inside its node. It prints
 one JSON line per rate and mode: step time, tokens/s, the share of the step
@@ -25,7 +27,7 @@ and each mode's step against DDP's at the same rate.
     sudo /usr/bin/python3 bench/lab_compare.py [--build build] [--workers 2]
         [--rates 0.5gbit,1gbit,2.5gbit,10gbit] [--modes ps,allreduce,allreduce_zero1]
         [--steps 8] [--warmup 2] [--set path=value ...]
-        (modes: ps,ps_streamed,allreduce,allreduce_zero1,allreduce_zero2,allreduce_zero3)
+        (modes: ps,ps_streamed,allreduce,allreduce_zero1,allreduce_zero2,allreduce_zero3,pipeline)
 
 Needs root (network namespaces). The default job is configs/llama20m.textproto
 at batch 1 x 64 tokens per worker, so that communication, not compute,
@@ -63,9 +65,18 @@ def job_sets(args, mode, workdir, steps):
     if mode.startswith("ps"):
         sets += ["cluster.sync=PARAMETER_SERVER", f"cluster.servers={args.workers}", "cluster.zero_stage=0",
                  f"cluster.stream_weights={'true' if mode == 'ps_streamed' else 'false'}"]
+    elif mode == "pipeline":
+        # One replica of W stages: the same global batch as W data-parallel
+        # workers, as W micro-batches (train.grad_accum is per replica).
+        sets += ["cluster.sync=ALLREDUCE", "cluster.servers=0", "cluster.zero_stage=0",
+                 f"cluster.pipeline_stages={args.workers}", "cluster.pipeline_schedule=ONE_F_ONE_B"]
     else:
         sets += ["cluster.sync=ALLREDUCE", "cluster.servers=0", f"cluster.zero_stage={zero_stage(mode)}"]
-    return sets + list(args.set)
+    sets += list(args.set)
+    if mode == "pipeline":
+        accum = next((int(s.split("=")[1]) for s in reversed(sets) if s.startswith("train.grad_accum=")), 1)
+        sets.append(f"train.grad_accum={accum * args.workers}")
+    return sets
 
 
 def zero_stage(mode):
@@ -81,6 +92,8 @@ def formula_bytes(mode, M, W):
     all-gather are two, ZeRO-3's gathers for forward and backward and its
     reduce-scatter three."""
     ring = (W - 1) / W * M
+    if mode == "pipeline":
+        return None  # activations, not weights: herd plan's figure alone
     return {"ps": (M, M), "ps_streamed": (M, 2 * M), "allreduce": (2 * ring, 2 * ring),
             "allreduce_zero1": (2 * ring, 2 * ring), "allreduce_zero2": (2 * ring, 2 * ring),
             "allreduce_zero3": (3 * ring, 3 * ring)}.get(mode)
@@ -262,7 +275,7 @@ def main():
         r["rate"] = "uncapped"
         print(json.dumps(r), flush=True)
         uncapped[mode] = r["step_s"]
-    planned = {mode: planned_bytes(args, mode) for mode in modes if formula_bytes(mode, M, W) is not None}
+    planned = {mode: planned_bytes(args, mode) for mode in modes}
     for rate in args.rates.split(","):
         B = netlab.parse_rate(rate) / 8  # bytes/s per link and direction
         by_mode = {}
@@ -284,7 +297,8 @@ def main():
                               "worker_link_MB": {"tx": round(tx / 1e6, 2), "rx": round(rx / 1e6, 2)},
                               "predicted_MB": {"tx": round(predicted[0] / 1e6, 2), "rx": round(predicted[1] / 1e6, 2)},
                               "bytes_ratio": {"tx": round(tx / predicted[0], 3), "rx": round(rx / predicted[1], 3)},
-                              "formula_MB": {"tx": round(formula[0] / 1e6, 2), "rx": round(formula[1] / 1e6, 2)},
+                              "formula_MB": {"tx": round(formula[0] / 1e6, 2), "rx": round(formula[1] / 1e6, 2)}
+                              if formula else None,
                               "comm_s": r["comm_s"], "predicted_comm_s": round(busier / B, 4),
                               "time_ratio": round(r["comm_s"] / (busier / B), 3),
                               "vs_allreduce_step": round(r["step_s"] / by_mode["allreduce"]["step_s"], 3)

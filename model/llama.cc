@@ -425,7 +425,7 @@ double LlamaModel<T>::StageForward(int slot, const T* params, const int32_t* tok
   if (!has_head()) return 0.0;
   if (need) need(layout_.size());
   const double loss = HeadForward(a, params);
-  HeadBackward(a, params, grads, loss_scale);
+  if (grads != nullptr) HeadBackward(a, params, grads, loss_scale);
   return loss;
 }
 

@@ -108,8 +108,9 @@ class LlamaModel {
   // ([B*T_, hidden]); the model with the head also runs the head's
   // backward at once (its buffers are shared by the slots: the scheme of
   // ForwardBackwardLayerMajor), adding to `grads`, and returns the
-  // micro-batch's mean loss (0 elsewhere). StageOutput(slot): this
-  // stage's output, the next stage's input (not on the head's stage).
+  // micro-batch's mean loss (0 elsewhere); with `grads` null it computes
+  // the forward alone (evaluation). StageOutput(slot): this stage's
+  // output, the next stage's input (not on the head's stage).
   //
   // StageBackward: the layers' backward for the micro-batch in `slot`,
   // from `output_grad` (d loss / d StageOutput, from the next stage; null

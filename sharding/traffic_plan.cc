@@ -23,6 +23,36 @@ int64_t WindowPulls(const ShardPlan& plan, const ParamLayout& layout, const conf
 
 }  // namespace
 
+namespace {
+
+// A pipeline's worker, averaged over the workers: each boundary between
+// virtual stages carries every micro-batch's activations one way and their
+// gradients the other. All-reduce: a tied embedding's gradient parts
+// cross between the first and the last stage, and each stage's replicas
+// all-reduce its range. Parameter servers: each stage pushes its range's
+// gradients and pulls its weights (the tied embedding by two stages).
+StatusOr<WorkerTraffic> PipelineTraffic(const config::JobConfig& config, const JobOptions& job,
+                                        const ParamLayout& layout, double wire) {
+  HERD_ASSIGN_OR_RETURN(const PipelinePlan pipeline, PipelinePlan::FromConfig(config));
+  const PipelineSchedule& s = pipeline.schedule;
+  const double act_bytes = config.cluster().pipeline_wire_dtype() == config::ClusterConfig::BF16 ? 2 : 4;
+  const double activation = static_cast<double>(job.batch) * job.seq_len * job.shape.hidden_size * act_bytes;
+  const double embedding = job.shape.tie_word_embeddings ? static_cast<double>(layout.layer(0).input_norm) : 0;
+  const double P = static_cast<double>(layout.size()), R = pipeline.replicas, W = R * s.devices;
+  const double messages = (s.virtual_stages() - 1) * 2.0 * s.micro_batches * activation * R / W;
+  WorkerTraffic t;
+  if (config.cluster().sync() == config::ClusterConfig::PARAMETER_SERVER) {
+    const double moved = (P + embedding) * R * wire / W;  // pushed, and pulled
+    t.sent = t.received = static_cast<int64_t>(messages + moved);
+    return t;
+  }
+  const double ring = 2 * (R - 1) / R * (P / s.devices) * wire;
+  t.sent = t.received = static_cast<int64_t>(messages + 2 * embedding * 4 * R / W + ring);
+  return t;
+}
+
+}  // namespace
+
 StatusOr<WorkerTraffic> PlanWorkerTraffic(const config::JobConfig& config) {
   const config::ClusterConfig& cluster = config.cluster();
   const JobOptions job = JobOptions::FromConfig(config);
@@ -30,6 +60,7 @@ StatusOr<WorkerTraffic> PlanWorkerTraffic(const config::JobConfig& config) {
   const double P = static_cast<double>(layout.size());
   const double wire = cluster.wire_dtype() == config::ClusterConfig::BF16 ? 2 : 4;  // gradients' bytes
   WorkerTraffic t;
+  if (HasPipeline(config)) return PipelineTraffic(config, job, layout, wire);
   if (cluster.sync() == config::ClusterConfig::PARAMETER_SERVER) {
     double pulled = P;
     if (cluster.stream_weights()) {
@@ -45,22 +76,6 @@ StatusOr<WorkerTraffic> PlanWorkerTraffic(const config::JobConfig& config) {
   const int W = cluster.workers(), G = ShardGroupSize(cluster, W), R = W / G;
   // One pass of a ring of n over `elements`, each way.
   auto pass = [](int n, double elements, double bytes) { return (n - 1) / static_cast<double>(n) * elements * bytes; };
-  if (HasPipeline(config)) {
-    // Each boundary between virtual stages carries every micro-batch's
-    // activations one way and their gradients the other; a tied
-    // embedding's gradient parts cross between the first and the last
-    // stage; each stage's replicas all-reduce its range. Averaged over
-    // the workers, as for the other modes.
-    HERD_ASSIGN_OR_RETURN(const PipelinePlan pipeline, PipelinePlan::FromConfig(config));
-    const PipelineSchedule& s = pipeline.schedule;
-    const double act_bytes = cluster.pipeline_wire_dtype() == config::ClusterConfig::BF16 ? 2 : 4;
-    const double activation = static_cast<double>(job.batch) * job.seq_len * job.shape.hidden_size * act_bytes;
-    double replica = (s.virtual_stages() - 1) * 2.0 * s.micro_batches * activation;
-    if (job.shape.tie_word_embeddings && s.devices > 1) replica += 2.0 * layout.layer(0).input_norm * 4;
-    const double per_worker = replica / s.devices + 2 * pass(pipeline.replicas, P / s.devices, wire);
-    t.sent = t.received = static_cast<int64_t>(per_worker);
-    return t;
-  }
   double bytes = 0;
   switch (cluster.zero_stage()) {
     case 0:

@@ -20,6 +20,8 @@ the same micro-batches (train.grad_accum) on a 4-layer tiny model:
 * stop at step 10 and --resume: bitwise the straight run; the pipeline's
   checkpoint (one file of pieces per stage) resumes as one process, and a
   4-stage one at 2 stages, also bitwise;
+* the held-out loss (log.eval_every) through the stages: bitwise one
+  process's;
 * bad inputs, each one line and a non-zero exit before any process
   starts: stages not dividing the workers, more stages than layers, a
   split that is not increasing, virtual stages without the interleaved
@@ -39,9 +41,10 @@ def main():
     sb = herdtest.Sandbox(a.build)
     sb.training_data()
 
-    def job(name, cluster="", tied=False, clip=0.0, accum=4, steps=STEPS, every=0, layers=4, ckpt=None, train=""):
-        text = herdtest.tiny_config("train.bin", steps=steps, ckpt=ckpt or name, every=every,
-                                    metrics=name + ".jsonl", extra=cluster)
+    def job(name, cluster="", tied=False, clip=0.0, accum=4, steps=STEPS, every=0, layers=4, ckpt=None, train="",
+            eval_every=0):
+        text = herdtest.tiny_config("train.bin", val="val.bin" if eval_every else "", steps=steps, ckpt=ckpt or name,
+                                    every=every, metrics=name + ".jsonl", extra=cluster, eval_every=eval_every)
         text = text.replace("num_hidden_layers: 2", f"num_hidden_layers: {layers}" +
                             ("" if tied else " tie_word_embeddings: false"))
         text = text.replace("batch_size: 4", f"batch_size: 2 grad_accum: {accum} {train}")
@@ -70,6 +73,17 @@ def main():
     for name, cluster in runs:
         sb.run("launch", job(name, cluster))
         assert losses(name) == reference, f"{name}: {losses(name)[:3]} vs one process {reference[:3]}"
+    # Evaluation through the stages: the held-out loss is one process's.
+    sb.run("prepare", "corpus.txt", "--out", "val.bin")
+    sb.run("launch", job("one_eval", eval_every=5))
+    for name, cluster in [("eval_p2", pipeline(2)), ("eval_p2v2", pipeline(2, "INTERLEAVED_1F1B", "virtual_stages: 2")),
+                          ("eval_ps_p2", "cluster { sync: PARAMETER_SERVER servers: 2 workers: 2 pipeline_stages: 2 }")]:
+        sb.run("launch", job(name, cluster, eval_every=5))
+        vals = [m.get("val_loss") for m in metrics(sb.path(name + ".jsonl"))]
+        expected = [m.get("val_loss") for m in metrics(sb.path("one_eval.jsonl"))]
+        assert any(v is not None for v in vals) and vals == expected, f"{name}: {vals} vs {expected}"
+    print("held-out loss through 2 stages (1F1B, interleaved, over parameter servers) bitwise one process's")
+
     # Eight layers in three stages (3, 3, 2), and recomputation inside the
     # stages: the same kernels on the same inputs, the same bits.
     sb.run("launch", job("one8", layers=8))

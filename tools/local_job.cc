@@ -48,6 +48,7 @@ constexpr const char* kPlacementVars[] = {"SLURM_PROCID",     "SLURM_NTASKS",  "
 
 struct Child {
   std::string name;  // "server 0"
+  std::string place;  // where it sits in a pipeline, for failure lines: " (pipeline stage 1)"; else empty
   bool worker = false;
   pid_t pid = -1;
   // Read by the forwarder while the reaper may start a child in a free
@@ -529,6 +530,10 @@ Status JobAttempt::StartCoordinator() {
 
 Status JobAttempt::SpawnChild(Child& c, bool server, int rank, bool join) {
   c.name = (server ? "server " : "worker ") + std::to_string(rank);
+  if (!server && config_.cluster().pipeline_stages() > 1) {
+    // Ranks are stage-major (sharding/pipeline_plan.h).
+    c.place = " (pipeline stage " + std::to_string(rank / (workers_ / config_.cluster().pipeline_stages())) + ")";
+  }
   c.worker = !server;
   const std::string binary = JoinPath(bin_dir_, server ? "herd-server" : "herd-worker");
   std::vector<std::string> argv = {binary, options_.config_path};
@@ -700,7 +705,7 @@ Outcome JobAttempt::Conclude(const Status& spawned) {
                        : lost_first              ? coordinator_result_.message()
                        : code > 128              ? "killed by " + SignalName(code - 128)
                                                  : "no message";
-    out_.cause = root->name + " failed (exit code " + std::to_string(code) + "): " + what;
+    out_.cause = root->name + root->place + " failed (exit code " + std::to_string(code) + "): " + what;
     out_.exit_code = stopped_by_ != 0 ? 128 + stopped_by_ : code;
     out_.bad_input = code == kExitBadInput;
     return out_;

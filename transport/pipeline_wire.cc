@@ -281,6 +281,11 @@ StatusOr<double> PipelineWire::Receive(PeerId from, const StageMessage& expected
   return loss;
 }
 
+uint64_t PipelineWire::step() {
+  MutexLock lock(&mu_);
+  return step_;
+}
+
 void PipelineWire::SetStep(uint64_t step) {
   MutexLock lock(&mu_);
   step_ = step;

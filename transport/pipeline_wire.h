@@ -132,6 +132,7 @@ class PipelineWire {
   // delivered ones outside [step, step+1] are dropped (the former with a
   // warning: no Receive took them). Starts at 0.
   void SetStep(uint64_t step) LOCKS_EXCLUDED(mu_);
+  uint64_t step() LOCKS_EXCLUDED(mu_);
 
   // Fails every waiter and every later call with `status` (a peer died,
   // the job stops). The first failure stays.

@@ -1,6 +1,9 @@
 #include "worker/pipeline_passes.h"
 
+#include <glog/logging.h>
+
 #include <algorithm>
+#include <string>
 
 #include "common/trace.h"
 
@@ -121,11 +124,92 @@ class PipelineSteps : public ShareCompute {
   std::vector<std::vector<PipelineWire::Handle>> pending_;  // [chunk][slot]: the last send from it
 };
 
+class PipelineForward : public Model {
+ public:
+  PipelineForward(const PipelinePassOptions& o, std::vector<LlamaModel<float>*> models, std::string name)
+      : o_(o), s_(*o.schedule), models_(std::move(models)), name_(std::move(name)) {}
+
+  const ParamLayout& layout() const override { return models_[0]->layout(); }
+  int max_batch() const override { return models_[0]->max_batch(); }
+  int max_seq_len() const override { return models_[0]->max_seq_len(); }
+  std::string Describe() const override { return name_; }
+
+  double Forward(const float* params, const int32_t* tokens, const int32_t* targets, int B, int T,
+                 const NeedUpTo& need) override {
+    const uint64_t step = o_.wire->step();
+    if (step != step_) step_ = step, next_ = 0;
+    const int micro = s_.micro_batches + next_++;
+    const int last_vs = s_.virtual_stages() - 1;
+    const int64_t elements = static_cast<int64_t>(B) * T * layout().shape().hidden_size;
+    double loss = 0;
+    for (int c = 0; c < s_.chunks; ++c) {
+      const int vs = s_.VirtualStage(o_.device, c);
+      LlamaModel<float>& model = *models_[c];
+      const float* input = nullptr;
+      if (vs > 0) {
+        const StageMessage in{StageMessage::kActivation, step, micro, vs, elements};
+        Check(o_.wire->Receive(o_.peers[s_.DeviceOf(vs - 1)], in, model.StageInput(0)).status());
+        input = model.StageInput(0);
+      }
+      const double l = model.StageForward(0, params, tokens, targets, input, B, T, /*grads=*/nullptr, 0, need);
+      if (vs < last_vs) {
+        const StageMessage out{StageMessage::kActivation, step, micro, vs + 1, elements};
+        Check(o_.wire->WaitSent(o_.wire->Send(o_.peers[s_.DeviceOf(vs + 1)], out, model.StageOutput(0))));
+        continue;
+      }
+      // The last stage: the loss to every other worker of the replica.
+      loss = l;
+      const float payload = static_cast<float>(l);
+      for (int d = 0; d < s_.devices; ++d) {
+        if (d == o_.device) continue;
+        StageMessage out{StageMessage::kGradient, step, micro, s_.VirtualStage(d, 0), 1};
+        out.loss = l;
+        Check(o_.wire->WaitSent(o_.wire->Send(o_.peers[d], out, &payload)));
+      }
+    }
+    if (s_.DeviceOf(last_vs) != o_.device) {
+      float payload = 0;
+      const StageMessage in{StageMessage::kGradient, step, micro, s_.VirtualStage(o_.device, 0), 1};
+      const StatusOr<double> got = o_.wire->Receive(o_.peers[s_.DeviceOf(last_vs)], in, &payload);
+      Check(got.status());
+      loss = *got;
+    }
+    return loss;
+  }
+
+  void Backward(const float*, float*, double, const FinalFrom&, bool, const NeedFrom&) override {
+    LOG(FATAL) << "the pipeline's evaluator computes no gradients";
+  }
+  const float* logits() override {
+    LOG(FATAL) << "samples through pipeline stages are not built (log.sample_tokens must be 0)";
+    return nullptr;
+  }
+
+ private:
+  // Evaluation has no way to return a failure: a peer that died or a bad
+  // message ends the process with its line, as the step would.
+  static void Check(const Status& st) {
+    if (!st.ok()) LOG(FATAL) << "evaluation through the pipeline: " << st.message();
+  }
+
+  const PipelinePassOptions o_;
+  const PipelineSchedule& s_;
+  const std::vector<LlamaModel<float>*> models_;
+  const std::string name_;
+  uint64_t step_ = ~uint64_t{0};  // the wire's step of the last Forward
+  int next_ = 0;                  // the Forwards since the step changed
+};
+
 }  // namespace
 
 std::unique_ptr<ShareCompute> PipelinePasses(const PipelinePassOptions& options,
                                              std::vector<LlamaModel<float>*> models) {
   return std::make_unique<PipelineSteps>(options, std::move(models));
+}
+
+std::unique_ptr<Model> PipelineEvaluator(const PipelinePassOptions& options, std::vector<LlamaModel<float>*> models,
+                                         const std::string& device_name) {
+  return std::make_unique<PipelineForward>(options, std::move(models), device_name);
 }
 
 }  // namespace herd

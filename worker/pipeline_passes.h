@@ -17,9 +17,11 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "model/llama.h"
+#include "model/model.h"
 #include "sharding/pipeline_schedule.h"
 #include "sharding/pipeline_split.h"
 #include "transport/pipeline_wire.h"
@@ -49,5 +51,16 @@ struct PipelinePassOptions {
 // layers, with ChunkSlots(...)[c] slots.
 std::unique_ptr<ShareCompute> PipelinePasses(const PipelinePassOptions& options,
                                              std::vector<LlamaModel<float>*> models);
+
+// Evaluation through the stages, as a Model for the step loop's held-out
+// loss (worker/evaluate.h): every worker of a replica calls Forward for
+// the same batches in the same order at a step boundary; each passes the
+// batch through its chunks (forward only, slot 0), and the last stage
+// sends the loss to the others, so that every worker returns it. Its
+// messages are the wire's of the step just taken, micro-batches numbered
+// after the step's own. Backward and logits() are not served: samples
+// through the stages are refused by the config (log.sample_tokens 0).
+std::unique_ptr<Model> PipelineEvaluator(const PipelinePassOptions& options, std::vector<LlamaModel<float>*> models,
+                                         const std::string& device_name);
 
 }  // namespace herd

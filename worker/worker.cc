@@ -354,7 +354,7 @@ void WorkerProcess::OpenPipelineWire(transport::NodeRuntime& runtime) {
   const int64_t largest = std::max(activation, layout_.layer(0).input_norm);
   pipeline_wire_ = std::make_unique<transport::PipelineWire>(
       &runtime.transport(), config_.cluster().pipeline_wire_dtype() == ClusterConfig::BF16, largest,
-      2 * s.micro_batches * s.chunks + 2);
+      2 * s.micro_batches * s.chunks + 2 + config_.log().eval_batches());
 }
 
 Status WorkerProcess::JoinJob() {
@@ -514,6 +514,8 @@ std::unique_ptr<ShareCompute> WorkerProcess::MakeCompute() {
                                              pipeline_->replicas);
     std::vector<LlamaModel<float>*> models;
     for (const auto& m : chunk_models_) models.push_back(m.get());
+    model_holder_ = PipelineEvaluator(p, models, "CPU, pipeline stage " + std::to_string(p.device));
+    model_ = model_holder_.get();
     return PipelinePasses(p, std::move(models));
   }
   PassOptions o;
