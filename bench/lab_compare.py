@@ -104,7 +104,8 @@ def planned_bytes(args, mode):
     the formula, but with what the weight window actually pulls or gathers
     (units held across the turn from forward to backward are not fetched
     again)."""
-    sets = [s for s in job_sets(args, mode, "/nonexistent", args.steps) if s.startswith("cluster.")]
+    sets = [s for s in job_sets(args, mode, "/nonexistent", args.steps)
+            if s.startswith(("cluster.", "train.", "log.sample_tokens", "log.eval_every"))]
     p = subprocess.run(with_sets([os.path.join(args.build, "herd"), "plan", args.config, "--json"], sets),
                        capture_output=True, text=True, check=True)
     t = json.loads(p.stdout)["worker_traffic"]
