@@ -281,10 +281,15 @@ StatusOr<config::JobConfig> LargestFitting(const config::JobConfig& config, int6
     HERD_ASSIGN_OR_RETURN(MemoryPlan plan, PlanMemory(c));
     return FitsBudget(plan, bytes, gpu_bytes);
   };
-  HERD_ASSIGN_OR_RETURN(bool one, fits(1));
-  if (!one) return Status::NotFound("not even one layer of this width fits in " + std::to_string(bytes) + " bytes");
+  // A pipeline needs a layer a stage.
+  const int least = std::max(1, config.cluster().pipeline_stages() * config.cluster().virtual_stages());
+  HERD_ASSIGN_OR_RETURN(bool one, fits(least));
+  if (!one) {
+    return Status::NotFound("not even " + std::to_string(least) + " layer(s) of this width fit in " +
+                            std::to_string(bytes) + " bytes");
+  }
   // Memory grows with depth: double, then bisect.
-  int lo = 1, hi = 2;
+  int lo = least, hi = 2 * least;
   for (;;) {
     HERD_ASSIGN_OR_RETURN(bool ok, fits(hi));
     if (!ok) break;

@@ -12,7 +12,9 @@ paper tabulates it — and its predictions hold when run.
   - the deepest model it names for each PS mode trains a step here,
     every process's measured peak RSS within the budget and within 10% of
     its plan;
-  - at W=4 a hybrid row (ZeRO-3 in 2 groups) needs at least ZeRO-3's memory;
+  - at W=4 a hybrid row (ZeRO-3 in 2 groups) needs at least ZeRO-3's memory,
+    and the pipeline rows (a stage a worker) fit at least DDP's depth and
+    deeper than PS;
   - --frontier without a budget is refused in one line."""
 import json
 import os
@@ -60,6 +62,18 @@ def main():
     assert list(four).index("HSDP (ZeRO-3, 2 groups)") == 4 and 1 <= hsdp["layers"] <= z3["layers"], four
     assert all(s["largest_process"] >= z3["shapes"][k]["largest_process"] for k, s in hsdp["shapes"].items()), four
     print(f"ok  at W=4, HSDP (ZeRO-3, 2 groups) {hsdp['layers']} layers, ZeRO-3 {z3['layers']}")
+    # And pipeline rows: a stage a worker holds a quarter of the weights,
+    # gradients and (all-reduce) AdamW state, and its layers' activations
+    # for the micro-batches in flight (1F1B's first stage: four, a whole
+    # model's worth of one micro-batch, as DDP holds; here, where
+    # activations bind, no deeper than DDP, but deeper than PS).
+    pp, ps_pp = four["pipeline stages"], four["PS + pipeline stages"]
+    assert pp["layers"] >= four["DDP"]["layers"] and ps_pp["layers"] > four["PS"]["layers"], four
+    for f in (pp, ps_pp):
+        for shape, sh in f["shapes"].items():
+            assert sh["fits"] == (sh["largest_process"] <= 0.98 * BUDGET), (f["mode"], shape, sh)
+    print(f"ok  at W=4, pipeline {pp['layers']} layers (DDP {four['DDP']['layers']}), "
+          f"PS pipeline {ps_pp['layers']} (PS {four['PS']['layers']})")
 
     for mode, recompute, stream in (("PS", "NONE", False), ("PS + recompute", "FULL", False),
                                     ("PS + streaming", "NONE", True), ("PS + streaming + recompute", "FULL", True)):

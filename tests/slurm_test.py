@@ -3,8 +3,9 @@
 directory, nothing of the system's changed) runs examples/slurm's batch
 scripts as a user would submit them:
 
-* herd_ps.sbatch (2 servers, 2 workers) and herd_allreduce.sbatch (2
-  workers): srun starts the processes, herd takes ranks from SLURM_PROCID
+* herd_ps.sbatch (2 servers, 2 workers), herd_allreduce.sbatch (2
+  workers) and herd_pipeline.sbatch (2 pipeline stages): srun starts the
+  processes, herd takes ranks from SLURM_PROCID
   and SLURM_NTASKS and the coordinator from the script; the losses equal
   `herd launch`'s for the same config bitwise;
 * workers that every step refuses (SLURM_NTASKS not the config's,
@@ -175,7 +176,9 @@ def main():
         # Both scripts, against herd launch on the same config.
         for name, script, cluster_text in (
                 ("ps", "herd_ps.sbatch", "cluster { sync: PARAMETER_SERVER servers: 2 workers: 2 }"),
-                ("allreduce", "herd_allreduce.sbatch", "cluster { sync: ALLREDUCE workers: 2 }")):
+                ("allreduce", "herd_allreduce.sbatch", "cluster { sync: ALLREDUCE workers: 2 }"),
+                ("pipeline", "herd_pipeline.sbatch",
+                 "cluster { sync: ALLREDUCE workers: 2 pipeline_stages: 2 pipeline_schedule: GPIPE }")):
             cfg = job(name, cluster_text, 20, 10)
             t0 = time.time()
             jid = cluster.sbatch(script, cfg, cwd=sb.dir, env=env)

@@ -159,6 +159,7 @@ struct Mode {
   config::TrainConfig::Recompute recompute;
   bool stream;     // cluster.stream_weights
   int replicas = 1;  // > 1: hybrid sharding, shard groups of workers / replicas
+  bool pipeline = false;  // a stage a worker (1F1B, at least a micro-batch a stage)
 };
 constexpr Mode kModes[] = {
     {"DDP", config::ClusterConfig::ALLREDUCE, 0, config::TrainConfig::NONE, false},
@@ -170,6 +171,9 @@ constexpr Mode kModes[] = {
     {"PS + recompute", config::ClusterConfig::PARAMETER_SERVER, 0, config::TrainConfig::FULL, false},
     {"PS + streaming", config::ClusterConfig::PARAMETER_SERVER, 0, config::TrainConfig::NONE, true},
     {"PS + streaming + recompute", config::ClusterConfig::PARAMETER_SERVER, 0, config::TrainConfig::FULL, true},
+    {"pipeline stages", config::ClusterConfig::ALLREDUCE, 0, config::TrainConfig::NONE, false, 1, true},
+    {"PS + pipeline stages", config::ClusterConfig::PARAMETER_SERVER, 0, config::TrainConfig::NONE, false, 1,
+     true},
 };
 
 // Standard shapes, from their HuggingFace config.json.
@@ -207,6 +211,11 @@ config::JobConfig InMode(const config::JobConfig& job, const Mode& mode) {
   cl->set_shard_group_size(mode.replicas > 1 ? cl->workers() / mode.replicas : 0);
   // CUDA workers shard in groups over the UCX ring only.
   if (c.device().kind() == config::DeviceConfig::CUDA && mode.replicas > 1) cl->set_nccl(false);
+  cl->set_pipeline_stages(mode.pipeline ? cl->workers() : 1);
+  if (mode.pipeline) {
+    cl->set_pipeline_schedule(config::ClusterConfig::ONE_F_ONE_B);
+    c.mutable_train()->set_grad_accum(std::max(c.train().grad_accum(), cl->workers()));
+  }
   return c;
 }
 
@@ -247,6 +256,7 @@ Status PrintFrontier(const config::JobConfig& job, int64_t mem, int64_t gpu_mem,
     // Hybrid: groups of at least 2 workers.
     const int workers = std::max(1, job.cluster().workers());
     if (kModes[i].replicas > 1 && (workers % kModes[i].replicas != 0 || workers < 2 * kModes[i].replicas)) continue;
+    if (kModes[i].pipeline && workers < 2) continue;
     const config::JobConfig c = InMode(job, kModes[i]);
     int layers = 0;
     int64_t parameters = 0;
