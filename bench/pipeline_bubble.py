@@ -64,7 +64,7 @@ def idle_shares(merged, warmup):
     window and of its mean forward and backward pass."""
     events = merged["traceEvents"]
     names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
-    spans = [e for e in events if e["ph"] == "X" and e["name"] in ("forward", "backward")]
+    spans = [e for e in events if e["ph"] == "X" and e["name"] in ("forward", "backward", "weight gradients")]
     steps = sorted({e["args"]["step"] for e in spans})[warmup:]
     out = {}
     for pid, name in names.items():
@@ -79,7 +79,9 @@ def idle_shares(merged, warmup):
             mine = [e for e in of_step if e["pid"] == pid]
             shares.append(1 - sum(e["dur"] for e in mine) / (t1 - t0))
             forward.append(statistics.mean(e["dur"] for e in mine if e["name"] == "forward"))
-            backward.append(statistics.mean(e["dur"] for e in mine if e["name"] == "backward"))
+            # A split backward's two parts (ZERO_BUBBLE) count as the backward.
+            backward.append(statistics.mean(e["dur"] for e in mine if e["name"] == "backward") +
+                            statistics.mean([e["dur"] for e in mine if e["name"] == "weight gradients"] or [0]))
         out[stage] = (statistics.median(shares), statistics.median(forward), statistics.median(backward))
     return out
 

@@ -350,9 +350,7 @@ void CheckCluster(const config::ClusterConfig& cl, const Rules& need) {
          "streamed weights inside pipeline stages are not built yet");
     need(!cl.elastic(), "cluster.elastic", "elastic pipeline stages are not built yet");
     need(cl.zero_stage() == 0, "cluster.zero_stage", "ZeRO inside pipeline stages is not built yet");
-    need(cl.pipeline_schedule() != config::ClusterConfig::ZERO_BUBBLE, "cluster.pipeline_schedule",
-         "ZERO_BUBBLE is not built yet (its backward split into input and weight gradients): use ONE_F_ONE_B, "
-         "GPIPE or INTERLEAVED_1F1B");
+
   }
   need(cl.reshard_after_forward() || cl.zero_stage() == 3, "cluster.reshard_after_forward",
        "applies to cluster.zero_stage 3 only");
@@ -388,6 +386,9 @@ std::vector<Violation> CheckValues(const JobConfig& c) {
     need(c.device().kind() == config::DeviceConfig::CPU, "device.kind", "pipeline stages run on CPU workers only yet");
     need(c.log().sample_tokens() == 0, "log.sample_tokens",
          "samples through pipeline stages are not built yet: set log.sample_tokens: 0");
+    need(c.cluster().pipeline_schedule() != config::ClusterConfig::ZERO_BUBBLE ||
+             c.train().recompute() == config::TrainConfig::NONE,
+         "train.recompute", "ZERO_BUBBLE keeps the activations its deferred weight gradients read: no recomputation");
   }
   return v;
 }

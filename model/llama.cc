@@ -24,6 +24,7 @@ struct LlamaModel<T>::Activations {
   int64_t N = 0, d = 0, qd = 0, kvd = 0, f = 0, v = 0, tt = 0, L = 0, H = 0, KV = 0;
   int64_t first = 0;  // the model's first layer: layer l's buffers are at l - first
   Recompute recompute = Recompute::kNone;
+  bool split = false;  // the backward split in two (SplitBackward): the weight part's inputs kept
 
   std::vector<int32_t> tokens, targets;   // [N]
   std::vector<T> rope_cos, rope_sin;      // [max_seq_len, head_dim/2]
@@ -43,6 +44,10 @@ struct LlamaModel<T>::Activations {
   // scratch reused by every layer.
   std::vector<T> dresidual;
   std::vector<T> dln, datt, dq, dk, dv, dact, dgate, dup, attn_scratch;
+  // A split backward (zero-bubble pipelines): each layer's gradients of its
+  // products' and norms' outputs, kept from the input-gradient part for
+  // the weight-gradient part: [L, N, ...].
+  std::vector<T> w_down, w_gate, w_up, w_post, w_o, w_q, w_k, w_v, w_in;
 
   int B = 0, Tcur = 0;  // shape of the last Forward
   bool has_targets = false;
@@ -66,13 +71,14 @@ struct LlamaModel<T>::Activations {
     bool shared;  // one for every slot, in slot 0
   };
   static std::vector<Buffer> Table(const LlamaShape& s, int max_batch, int max_seq_len, Recompute recompute,
-                                   int first, int end) {
+                                   int first, int end, bool split) {
     const int64_t N = static_cast<int64_t>(max_batch) * max_seq_len, d = s.hidden_size;
     // Layers kept: L holds every layer's intermediates, the probabilities Lp.
     const int64_t layers = end - first;
     const int64_t L = recompute == Recompute::kFull ? 1 : layers;
     const int64_t Lp = recompute == Recompute::kNone ? layers : 1;
     const int64_t head = end == s.num_layers ? 1 : 0;  // the final norm's and the head's buffers
+    const int64_t W = split ? layers : 0;               // layers whose weight part is kept for later
     const int64_t qd = s.q_dim(), kvd = s.kv_dim(), f = s.intermediate_size;
     const int64_t probs_elements = Lp * max_batch * s.num_heads * static_cast<int64_t>(max_seq_len) * max_seq_len;
     const int64_t rope_elements = static_cast<int64_t>(max_seq_len) * s.head_dim() / 2;
@@ -108,13 +114,22 @@ struct LlamaModel<T>::Activations {
         {&A::dgate, N * f, true, true},
         {&A::dup, N * f, true, true},
         {&A::attn_scratch, AttentionScratchSize(max_seq_len, s.num_heads, s.num_kv_heads), true, true},
+        {&A::w_down, W * N * d, true, false},
+        {&A::w_gate, W * N * f, true, false},
+        {&A::w_up, W * N * f, true, false},
+        {&A::w_post, W * N * d, true, false},
+        {&A::w_o, W * N * d, true, false},
+        {&A::w_q, W * N * qd, true, false},
+        {&A::w_k, W * N * kvd, true, false},
+        {&A::w_v, W * N * kvd, true, false},
+        {&A::w_in, W * N * d, true, false},
     };
   }
   // Sizes every buffer of the table that `backward_scratch` selects, the
   // shared ones only in slot 0 (`owns_shared`); grows, never shrinks.
   void Allocate(const LlamaShape& s, int max_batch, int max_seq_len, int end, bool backward_scratch,
                 bool owns_shared) {
-    for (const Buffer& b : Table(s, max_batch, max_seq_len, recompute, static_cast<int>(first), end)) {
+    for (const Buffer& b : Table(s, max_batch, max_seq_len, recompute, static_cast<int>(first), end, split)) {
       std::vector<T>& v = this->*b.member;
       if (b.backward_scratch == backward_scratch && (owns_shared || !b.shared) &&
           static_cast<int64_t>(v.size()) < b.elements) {
@@ -139,10 +154,11 @@ struct LlamaModel<T>::Activations {
 
 template <typename T>
 int64_t LlamaModel<T>::ActivationBytes(const LlamaShape& shape, int max_batch, int max_seq_len, Recompute recompute,
-                                       int slots, LayerRange layers) {
+                                       int slots, LayerRange layers, bool split_backward) {
   const int end = layers.end < 0 ? shape.num_layers : layers.end;
   int64_t floats = 0;
-  for (const auto& b : Activations::Table(shape, max_batch, max_seq_len, recompute, layers.first, end)) {
+  for (const auto& b :
+       Activations::Table(shape, max_batch, max_seq_len, recompute, layers.first, end, split_backward)) {
     floats += b.shared ? b.elements : slots * b.elements;
   }
   const int64_t tokens = static_cast<int64_t>(max_batch) * max_seq_len;
@@ -151,7 +167,7 @@ int64_t LlamaModel<T>::ActivationBytes(const LlamaShape& shape, int max_batch, i
 
 template <typename T>
 LlamaModel<T>::LlamaModel(const LlamaShape& shape, int max_batch, int max_seq_len, Recompute recompute, int slots,
-                          LayerRange layers)
+                          LayerRange layers, bool split_backward)
     : layout_(shape),
       max_batch_(max_batch),
       max_seq_len_(max_seq_len),
@@ -161,10 +177,13 @@ LlamaModel<T>::LlamaModel(const LlamaShape& shape, int max_batch, int max_seq_le
   CHECK(0 <= first_layer_ && first_layer_ <= end_layer_ && end_layer_ <= shape.num_layers &&
         (first_layer_ < end_layer_ || shape.num_layers == 0))
       << "layers [" << first_layer_ << ", " << end_layer_ << ") of " << shape.num_layers;
+  CHECK(!split_backward || recompute == Recompute::kNone)
+      << "a split backward keeps the activations its weight part reads: no recomputation";
   for (int i = 0; i < slots; ++i) {
     acts_.push_back(std::make_unique<Activations>());
     Activations& a = *acts_.back();
     a.recompute = recompute;
+    a.split = split_backward;
     a.N = static_cast<int64_t>(max_batch) * max_seq_len;
     a.max_batch = max_batch;
     a.d = shape.hidden_size;
@@ -467,6 +486,97 @@ void LlamaModel<T>::StageBackward(int slot, const T* params, T* grads, const T* 
   if (!embeds()) return;
   EmbedBackward(a, grads);
   if (final_from) final_from(0);
+}
+
+template <typename T>
+void LlamaModel<T>::LayerBackwardInput(Activations& a, const T* params, int l) {
+  Activations& sh = *acts_[0];
+  const LlamaShape& s = layout_.shape();
+  const int B = a.B, T_ = a.Tcur;
+  const int64_t N = static_cast<int64_t>(B) * T_, d = a.d, qd = a.qd, kvd = a.kvd, f = a.f;
+  const int64_t hd = s.head_dim();
+  T* dres = a.dresidual.data();
+  T* dln = sh.dln.data();
+  const LayerOffsets& w = layout_.layer(l);
+  const auto [x, x_out, ln1, ln1_rstd, q, k, v, probs, att, mid, ln2, ln2_rstd, gate, up, act] = a.layer(l);
+  const int64_t i = l - a.first;
+  auto keep = [](std::vector<T>& into, int64_t at, const T* from, int64_t n) {
+    std::copy(from, from + n, into.begin() + at * n);
+  };
+  trace::Span span("layer backward (inputs)", "compute", {"layer", l});
+  keep(a.w_down, i, dres, N * d);
+  MatmulBackward(sh.dact.data(), static_cast<T*>(nullptr), dres, act, params + w.down_proj, N, f, d);
+  SwigluBackward(sh.dgate.data(), sh.dup.data(), sh.dact.data(), gate, up, N * f);
+  MatmulBackward(dln, static_cast<T*>(nullptr), sh.dgate.data(), ln2, params + w.gate_proj, N, d, f);
+  MatmulBackward(dln, static_cast<T*>(nullptr), sh.dup.data(), ln2, params + w.up_proj, N, d, f, true);
+  keep(a.w_gate, i, sh.dgate.data(), N * f);
+  keep(a.w_up, i, sh.dup.data(), N * f);
+  keep(a.w_post, i, dln, N * d);
+  RmsNormBackward(dres, static_cast<T*>(nullptr), dln, mid, params + w.post_norm, ln2_rstd, N, d);
+  keep(a.w_o, i, dres, N * d);
+  MatmulBackward(sh.datt.data(), static_cast<T*>(nullptr), dres, att, params + w.o_proj, N, qd, d);
+  AttentionBackward(sh.dq.data(), sh.dk.data(), sh.dv.data(), sh.datt.data(), probs, q, k, v, B, T_, a.H, a.KV, hd,
+                    sh.attn_scratch.data());
+  RopeBackward(sh.dq.data(), sh.rope_cos.data(), sh.rope_sin.data(), B, T_, a.H, hd);
+  RopeBackward(sh.dk.data(), sh.rope_cos.data(), sh.rope_sin.data(), B, T_, a.KV, hd);
+  keep(a.w_q, i, sh.dq.data(), N * qd);
+  keep(a.w_k, i, sh.dk.data(), N * kvd);
+  keep(a.w_v, i, sh.dv.data(), N * kvd);
+  MatmulBackward(dln, static_cast<T*>(nullptr), sh.dq.data(), ln1, params + w.q_proj, N, d, qd);
+  MatmulBackward(dln, static_cast<T*>(nullptr), sh.dk.data(), ln1, params + w.k_proj, N, d, kvd, true);
+  MatmulBackward(dln, static_cast<T*>(nullptr), sh.dv.data(), ln1, params + w.v_proj, N, d, kvd, true);
+  keep(a.w_in, i, dln, N * d);
+  RmsNormBackward(dres, static_cast<T*>(nullptr), dln, x, params + w.input_norm, ln1_rstd, N, d);
+}
+
+template <typename T>
+void LlamaModel<T>::LayerBackwardWeights(Activations& a, T* grads, int l) {
+  const int64_t N = static_cast<int64_t>(a.B) * a.Tcur, d = a.d, qd = a.qd, kvd = a.kvd, f = a.f;
+  const LayerOffsets& w = layout_.layer(l);
+  const auto [x, x_out, ln1, ln1_rstd, q, k, v, probs, att, mid, ln2, ln2_rstd, gate, up, act] = a.layer(l);
+  const int64_t i = l - a.first;
+  trace::Span span("layer backward (weights)", "compute", {"layer", l});
+  // The weights are not read: the input part used them.
+  const T* none = nullptr;
+  MatmulBackward(static_cast<T*>(nullptr), grads + w.down_proj, a.w_down.data() + i * N * d, act, none, N, f, d);
+  MatmulBackward(static_cast<T*>(nullptr), grads + w.gate_proj, a.w_gate.data() + i * N * f, ln2, none, N, d, f);
+  MatmulBackward(static_cast<T*>(nullptr), grads + w.up_proj, a.w_up.data() + i * N * f, ln2, none, N, d, f);
+  RmsNormBackward(static_cast<T*>(nullptr), grads + w.post_norm, a.w_post.data() + i * N * d, mid, none, ln2_rstd, N,
+                  d);
+  MatmulBackward(static_cast<T*>(nullptr), grads + w.o_proj, a.w_o.data() + i * N * d, att, none, N, qd, d);
+  MatmulBackward(static_cast<T*>(nullptr), grads + w.q_proj, a.w_q.data() + i * N * qd, ln1, none, N, d, qd);
+  MatmulBackward(static_cast<T*>(nullptr), grads + w.k_proj, a.w_k.data() + i * N * kvd, ln1, none, N, d, kvd);
+  MatmulBackward(static_cast<T*>(nullptr), grads + w.v_proj, a.w_v.data() + i * N * kvd, ln1, none, N, d, kvd);
+  RmsNormBackward(static_cast<T*>(nullptr), grads + w.input_norm, a.w_in.data() + i * N * d, x, none, ln1_rstd, N,
+                  d);
+}
+
+template <typename T>
+void LlamaModel<T>::StageBackwardInput(int slot, const T* params, T* grads, const T* output_grad) {
+  Activations& a = *acts_.at(slot);
+  CHECK(a.split) << "StageBackwardInput on a model made without split_backward";
+  BackwardScratch();
+  if (has_head()) {
+    CHECK(output_grad == nullptr) << "the head's stage starts backward from its own loss";
+  } else {
+    CHECK(output_grad != nullptr) << "stage of layers " << first_layer_ << "+ needs the next stage's gradient";
+    const int64_t n = static_cast<int64_t>(a.B) * a.Tcur * a.d;
+    if (output_grad != a.dresidual.data()) std::copy(output_grad, output_grad + n, a.dresidual.begin());
+  }
+  for (int l = end_layer_ - 1; l >= first_layer_; --l) LayerBackwardInput(a, params, l);
+  if (embeds()) EmbedBackward(a, grads);
+}
+
+template <typename T>
+void LlamaModel<T>::StageBackwardWeights(int slot, T* grads, const FinalFrom& final_from) {
+  Activations& a = *acts_.at(slot);
+  CHECK(a.split) << "StageBackwardWeights on a model made without split_backward";
+  if (has_head() && final_from) final_from(layout_.final_norm());
+  for (int l = end_layer_ - 1; l >= first_layer_; --l) {
+    LayerBackwardWeights(a, grads, l);
+    if (final_from) final_from(layout_.layer(l).input_norm);
+  }
+  if (embeds() && final_from) final_from(0);
 }
 
 template <typename T>

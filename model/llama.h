@@ -36,9 +36,12 @@ class LlamaModel {
   //
   // `layers`: the layers this model computes; activations are allocated
   // for those alone. A model over part of the layers runs the stage passes
-  // below, not Forward and Backward.
+  // below, not Forward and Backward. `split_backward` (no recomputation):
+  // StageBackward may be split in two, StageBackwardInput then
+  // StageBackwardWeights (zero-bubble pipelines), for which each slot
+  // keeps its layers' output gradients between the two.
   LlamaModel(const LlamaShape& shape, int max_batch, int max_seq_len, Recompute recompute = Recompute::kNone,
-             int slots = 1, LayerRange layers = {});
+             int slots = 1, LayerRange layers = {}, bool split_backward = false);
   ~LlamaModel();
   LlamaModel(const LlamaModel&) = delete;
   LlamaModel& operator=(const LlamaModel&) = delete;
@@ -133,6 +136,15 @@ class LlamaModel {
   void StageBackward(int slot, const T* params, T* grads, const T* output_grad, const FinalFrom& final_from = nullptr,
                      const NeedFrom& need_from = nullptr);
   const T* StageInputGrad(int slot) const;
+  // StageBackward in two parts (a model made with split_backward): the
+  // input gradients (on a pipeline's critical path: StageInputGrad is
+  // ready after it; the embedding's gradient on the first stage too), then,
+  // any time before the slot's next StageForward, the weight gradients,
+  // which add to `grads` bitwise what StageBackward adds. final_from is
+  // called by the second part (the head's first, then each layer's, then
+  // the embedding's).
+  void StageBackwardInput(int slot, const T* params, T* grads, const T* output_grad);
+  void StageBackwardWeights(int slot, T* grads, const FinalFrom& final_from = nullptr);
 
   // [B*T_, vocab] logits of the last Forward (overwritten by Backward).
   const T* logits() const;
@@ -141,7 +153,8 @@ class LlamaModel {
   // shape allocates for max_batch x max_seq_len (at the current OpenMP
   // thread count) and `slots`: the worker's share of a memory plan.
   static int64_t ActivationBytes(const LlamaShape& shape, int max_batch, int max_seq_len,
-                                 Recompute recompute = Recompute::kNone, int slots = 1, LayerRange layers = {});
+                                 Recompute recompute = Recompute::kNone, int slots = 1, LayerRange layers = {},
+                                 bool split_backward = false);
 
  private:
   struct Activations;
@@ -155,6 +168,10 @@ class LlamaModel {
   double HeadForward(Activations& a, const T* params);  // the mean loss (0 without targets)
   void HeadBackward(Activations& a, const T* params, T* grads, double loss_scale);
   void LayerBackward(Activations& a, const T* params, T* grads, int l);
+  // LayerBackward's two parts: the input gradients (its output gradients
+  // kept in the slot's w_* buffers), then the weight gradients from them.
+  void LayerBackwardInput(Activations& a, const T* params, int l);
+  void LayerBackwardWeights(Activations& a, T* grads, int l);
   void EmbedBackward(Activations& a, T* grads);
   int64_t LayerEnd(int l) const;  // where layer l's tensors end
   void BackwardScratch();         // allocated on the first backward

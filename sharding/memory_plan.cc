@@ -218,7 +218,8 @@ StatusOr<std::vector<ProcessMemory>> StageMemory(const JobSizes& j) {
     for (int c = 0; c < s.chunks; ++c) {
       const PipelineStage& st = pipeline.split.stage(s.VirtualStage(d, c));
       held += st.params.size();
-      m.activations += LlamaModel<float>::ActivationBytes(j.shape, B, T, j.job.recompute, slots[c], st.layers);
+      m.activations += LlamaModel<float>::ActivationBytes(j.shape, B, T, j.job.recompute, slots[c], st.layers,
+                                                          s.kind == PipelineScheduleKind::kZeroBubble);
       if (c == 0) m.range.begin = st.params.begin;
       m.range.end = st.params.end;
     }

@@ -157,11 +157,15 @@ StatusOr<PipelineSchedule> MakePipelineSchedule(PipelineScheduleKind kind, int d
 }
 
 std::vector<int> ChunkSlots(const PipelineSchedule& schedule, int device) {
+  // A split backward's weight part still reads the micro-batch's
+  // activations: they are held until it has run.
+  const PipelineAction::Kind last = schedule.kind == PipelineScheduleKind::kZeroBubble ? PipelineAction::kWeightGrad
+                                                                                      : PipelineAction::kBackward;
   std::vector<int> in_flight(schedule.chunks, 0), most(schedule.chunks, 1);
   for (const PipelineAction& a : schedule.actions[device]) {
     if (a.kind == PipelineAction::kForward) {
       most[a.chunk] = std::max(most[a.chunk], ++in_flight[a.chunk]);
-    } else if (a.kind == PipelineAction::kBackward) {
+    } else if (a.kind == last) {
       --in_flight[a.chunk];
     }
   }

@@ -91,7 +91,8 @@ struct PipelineSchedule {
 StatusOr<PipelineSchedule> MakePipelineSchedule(PipelineScheduleKind kind, int devices, int chunks, int micro_batches);
 
 // [chunk]: the most micro-batches whose activations chunk c of `device`
-// holds at once (forward run, backward not): the slots its model needs,
+// holds at once (forward run, backward not; ZERO_BUBBLE: its weight part
+// not): the slots its model needs,
 // micro-batch m in slot m % slots (the micro-batches in flight on a chunk
 // are consecutive, since both its forwards and backwards ascend).
 std::vector<int> ChunkSlots(const PipelineSchedule& schedule, int device);

@@ -1,8 +1,10 @@
 """`herd plan` against measured memory for pipeline stages: a 4-layer model
 with large activations (batch 4 x 256 tokens, 8 micro-batches) cut into 2
 stages, under GPipe (every stage keeps all 8 micro-batches' activations)
-and 1F1B (stage 0 keeps 2, stage 1 one). Each stage worker's peak RSS
-must be within 5% above and 10% below its stage's line of the plan, and
+and 1F1B (stage 0 keeps 2, stage 1 one), and ZB-H1 (1F1B's, each held
+until its deferred weight part, with the output gradients that part
+reads). Each stage worker's peak RSS must be within 5% above and 10%
+below its stage's line of the plan, and
 what GPipe holds beyond 1F1B on each stage (activations alone: the rest
 is the same) within 3% of what the plan says it holds beyond it."""
 import json
@@ -18,7 +20,7 @@ def main():
     sb = herdtest.Sandbox(a.build)
     sb.training_data()
     planned, measured = {}, {}
-    for schedule in ("GPIPE", "ONE_F_ONE_B"):
+    for schedule in ("GPIPE", "ONE_F_ONE_B", "ZERO_BUBBLE"):
         name = schedule.lower()
         text = f"""
 model {{ vocab_size: 256 hidden_size: 64 intermediate_size: 160 num_hidden_layers: 4

@@ -5,7 +5,9 @@
 // does, whatever the order the stages interleave (GPipe's or 1F1B's); with
 // tied embeddings the embedding's two parts (the head's on the last
 // stage, the lookup's on the first) are summed in a fixed order, equal to
-// one model's within float rounding (and bitwise for one micro-batch). The
+// one model's within float rounding (and bitwise for one micro-batch). A
+// backward split into its input and weight parts (zero-bubble schedules),
+// the weight parts run after every input part, adds the same bits. The
 // split tiles the flat space in order and refuses bad inputs in one line.
 #include <gtest/gtest.h>
 
@@ -69,7 +71,7 @@ Step WholeModel(const LlamaShape& s, const std::vector<float>& w, int micro, Rec
   return out;
 }
 
-enum class Order { kGPipe, kOneFOneB };
+enum class Order { kGPipe, kOneFOneB, kSplitBackward };
 
 // The stages of `split` in one process. Each stage keeps its gradients in
 // a flat buffer of its own; the step's gradient is each stage's range of
@@ -77,11 +79,12 @@ enum class Order { kGPipe, kOneFOneB };
 Step Staged(const LlamaShape& s, const std::vector<float>& w, const PipelineSplit& split, int micro,
             Recompute recompute, Order order) {
   const int P = split.size();
-  const int slots = order == Order::kGPipe ? micro : P;
+  const int slots = order == Order::kOneFOneB ? P : micro;
+  const bool split_backward = order == Order::kSplitBackward;
   std::vector<std::unique_ptr<LlamaModel<float>>> stages;
   std::vector<std::vector<float>> grads(P, std::vector<float>(w.size(), 0.0f));
   for (const PipelineStage& st : split.stages()) {
-    stages.push_back(std::make_unique<LlamaModel<float>>(s, B, T, recompute, slots, st.layers));
+    stages.push_back(std::make_unique<LlamaModel<float>>(s, B, T, recompute, slots, st.layers, split_backward));
   }
   Step out;
   out.losses.assign(micro, 0.0);
@@ -100,11 +103,22 @@ Step Staged(const LlamaShape& s, const std::vector<float>& w, const PipelineSpli
   auto backward = [&](int m) {
     const float* output_grad = nullptr;
     for (int p = P - 1; p >= 0; --p) {
-      stages[p]->StageBackward(m % slots, w.data(), grads[p].data(), output_grad);
+      if (split_backward) {
+        stages[p]->StageBackwardInput(m % slots, w.data(), grads[p].data(), output_grad);
+      } else {
+        stages[p]->StageBackward(m % slots, w.data(), grads[p].data(), output_grad);
+      }
       output_grad = p > 0 ? stages[p]->StageInputGrad(m % slots) : nullptr;
     }
   };
-  if (order == Order::kGPipe) {
+  if (split_backward) {
+    // Every input part first, then the weight parts, micro-batch order.
+    for (int m = 0; m < micro; ++m) forward(m);
+    for (int m = 0; m < micro; ++m) backward(m);
+    for (int m = 0; m < micro; ++m) {
+      for (int p = 0; p < P; ++p) stages[p]->StageBackwardWeights(m % slots, grads[p].data());
+    }
+  } else if (order == Order::kGPipe) {
     for (int m = 0; m < micro; ++m) forward(m);
     for (int m = 0; m < micro; ++m) backward(m);
   } else {
@@ -214,6 +228,17 @@ TEST(PipelineStages, AccumulateTheWholeModelsGradientsBitwiseWhenUntied) {
         }
       }
     }
+  }
+}
+
+TEST(PipelineStages, SplitTheirBackwardIntoInputAndWeightPartsBitwise) {
+  const LlamaShape s = Shape(4, /*tied=*/false);
+  const auto w = Weights(s);
+  const Step whole = WholeModel(s, w, 3, Recompute::kNone);
+  for (int P = 1; P <= 4; ++P) {
+    const Step staged = Staged(s, w, *PipelineSplit::Make(s, P, "", T), 3, Recompute::kNone, Order::kSplitBackward);
+    EXPECT_EQ(staged.losses, whole.losses);
+    EXPECT_EQ(std::memcmp(staged.grads.data(), whole.grads.data(), w.size() * sizeof(float)), 0) << "P=" << P;
   }
 }
 

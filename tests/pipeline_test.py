@@ -3,15 +3,16 @@ parameter-server mode, through `herd launch`, against one process with
 the same micro-batches (train.grad_accum) on a 4-layer tiny model:
 
 * untied embeddings without clipping: every step's loss bitwise one
-  process's, for P = 2 (GPipe, 1F1B), P = 4 (1F1B) and P = 2 with two
-  virtual stages each (interleaved 1F1B), and on 8 layers P = 3 (GPipe,
+  process's, for P = 2 (GPipe, 1F1B), P = 4 (1F1B), P = 2 with two
+  virtual stages each (interleaved 1F1B), ZB-H1 (backward split into its
+  input and weight parts) at P = 2 and 4, and on 8 layers P = 3 (GPipe,
   1F1B, 1F1B with recompute FULL): each stage accumulates its
   layers' gradients in the same order as one model, and the update does
   not depend on the norm, which is summed stage by stage;
 * data x pipeline 2 x 2 (four workers): bitwise DDP's steps with two
   (tied and clipped: within 1e-5);
 * over parameter servers (S=2), each stage pushing and pulling its own
-  buckets: P = 2 (1F1B, GPipe) and 4 bitwise one process, 2 x 2 bitwise
+  buckets: P = 2 (1F1B, GPipe, ZB-H1) and 4 bitwise one process, 2 x 2 bitwise
   PS with two workers, tied and clipped within 1e-5, a stop and --resume
   bitwise, and the servers' checkpoint on as an all-reduce pipeline;
 * with clipping, and with tied embeddings (their two parts added head
@@ -25,7 +26,8 @@ the same micro-batches (train.grad_accum) on a 4-layer tiny model:
 * bad inputs, each one line and a non-zero exit before any process
   starts: stages not dividing the workers, more stages than layers, a
   split that is not increasing, virtual stages without the interleaved
-  schedule, fewer micro-batches than stages for 1F1B."""
+  schedule, fewer micro-batches than stages for 1F1B, recomputation with
+  the zero-bubble schedule."""
 import os
 import sys
 
@@ -69,7 +71,8 @@ def main():
     reference = losses("one")
     sb.run("launch", job("one_tied_ref", tied=True, clip=1.0))
     runs = [("gpipe_p2", pipeline(2, "GPIPE")), ("ofob_p2", pipeline(2)), ("ofob_p4", pipeline(4)),
-            ("interleaved_p2v2", pipeline(2, "INTERLEAVED_1F1B", "virtual_stages: 2"))]
+            ("interleaved_p2v2", pipeline(2, "INTERLEAVED_1F1B", "virtual_stages: 2")),
+            ("zb_p2", pipeline(2, "ZERO_BUBBLE")), ("zb_p4", pipeline(4, "ZERO_BUBBLE"))]
     for name, cluster in runs:
         sb.run("launch", job(name, cluster))
         assert losses(name) == reference, f"{name}: {losses(name)[:3]} vs one process {reference[:3]}"
@@ -91,14 +94,15 @@ def main():
                                  ("ofob_p3_full", pipeline(3), "recompute: FULL")]:
         sb.run("launch", job(name, cluster, layers=8, train=train))
         assert losses(name) == losses("one8"), f"{name}: {losses(name)[:3]} vs one process {losses('one8')[:3]}"
-    print(f"untied, no clipping: GPipe, 1F1B (P=2, 3, 4) and interleaved (P=2, v=2) bitwise one process over {STEPS} "
-          "steps on 4 and 8 layers, with recompute FULL too")
+    print(f"untied, no clipping: GPipe, 1F1B (P=2, 3, 4), interleaved (P=2, v=2) and zero bubble (P=2, 4) bitwise one "
+          f"process over {STEPS} steps on 4 and 8 layers, with recompute FULL too")
 
     # Over parameter servers: each stage pushes and pulls its own buckets,
     # a bucket's sum is its stage's workers', in rank order.
     ps = "cluster { sync: PARAMETER_SERVER servers: 2 workers: %d pipeline_stages: %d %s }"
     for name, cluster in [("ps_p2", ps % (2, 2, "")), ("ps_p4", ps % (4, 4, "")),
-                          ("ps_p2_gpipe", ps % (2, 2, "pipeline_schedule: GPIPE"))]:
+                          ("ps_p2_gpipe", ps % (2, 2, "pipeline_schedule: GPIPE")),
+                          ("ps_p2_zb", ps % (2, 2, "pipeline_schedule: ZERO_BUBBLE"))]:
         sb.run("launch", job(name, cluster))
         assert losses(name) == reference, f"{name}: {losses(name)[:3]} vs one process {reference[:3]}"
     sb.run("launch", job("ps_dp2_pp2", ps % (4, 2, "")))
@@ -114,7 +118,7 @@ def main():
     os.symlink(sb.path("ps_stop", "step_00000010"), sb.path("ar_from_ps", "step_00000010"))
     sb.run("launch", job("ar_from_ps", pipeline(4), every=10), "--resume")
     assert losses("ar_from_ps") == reference[10:], "PS P=2's step-10 checkpoint resumed as all-reduce P=4"
-    print(f"over parameter servers: P=2 (1F1B, GPipe) and 4 bitwise one process, 2 x 2 bitwise PS with 2 workers, "
+    print(f"over parameter servers: P=2 (1F1B, GPipe, zero bubble) and 4 bitwise one process, 2 x 2 bitwise PS with 2 workers, "
           f"tied and clipped within {wps:.2g}; stop at 10 and --resume bitwise, and on as all-reduce P=4 bitwise")
 
     # Data x pipeline, 2 x 2: each stage's gradients all-reduced between its
@@ -181,6 +185,8 @@ def main():
         assert not os.path.exists(sb.path(name + ".jsonl")), f"{name}: a process started"
     p = sb.run("launch", job("few_micro", pipeline(4), accum=2), check=False)
     assert p.returncode != 0 and "grad_accum" in p.stderr, p.stderr
+    p = sb.run("launch", job("zb_recompute", pipeline(2, "ZERO_BUBBLE"), train="recompute: FULL"), check=False)
+    assert p.returncode != 0 and "ZERO_BUBBLE" in p.stderr and "recomput" in p.stderr, p.stderr
     print("bad inputs: one line each, nothing started")
 
 

@@ -74,8 +74,10 @@ void PrintPipeline(const PipelinePlan& p) {
   const PipelineSchedule& s = p.schedule;
   double flops = 0;
   for (const PipelineStage& st : p.split.stages()) flops += st.flops_per_token;
-  // Backward as twice forward, as the schedules' theory counts it.
-  const double idle = TheoreticalBubble(s.kind, s.devices, s.chunks, s.micro_batches, PipelineTimes{});
+  // Backward as twice forward, as the schedules' theory counts it; split
+  // (ZERO_BUBBLE), its input and weight parts as long as a forward each.
+  const PipelineTimes times = s.kind == PipelineScheduleKind::kZeroBubble ? PipelineTimes{1, 1, 1} : PipelineTimes{};
+  const double idle = TheoreticalBubble(s.kind, s.devices, s.chunks, s.micro_batches, times);
   std::string virtual_stages;
   if (s.chunks > 1) {
     virtual_stages = " x ";

@@ -16,7 +16,11 @@ using transport::StageMessage;
 class PipelineSteps : public ShareCompute {
  public:
   PipelineSteps(const PipelinePassOptions& o, std::vector<LlamaModel<float>*> models)
-      : o_(o), s_(*o.schedule), models_(std::move(models)), last_vs_(s_.virtual_stages() - 1) {
+      : o_(o),
+        s_(*o.schedule),
+        models_(std::move(models)),
+        last_vs_(s_.virtual_stages() - 1),
+        split_(s_.kind == PipelineScheduleKind::kZeroBubble) {
     for (LlamaModel<float>* m : models_) pending_.emplace_back(m->slots(), kNone);
   }
 
@@ -36,8 +40,12 @@ class PipelineSteps : public ShareCompute {
       HERD_RETURN_IF_ERROR(WaitSlot(a.chunk, slot));
       if (a.kind == PipelineAction::kForward) {
         HERD_RETURN_IF_ERROR(Forward(t, a, vs, slot, batches, &losses[a.micro_batch]));
-      } else {
+      } else if (a.kind == PipelineAction::kBackward) {
         HERD_RETURN_IF_ERROR(Backward(t, a, vs, slot, &losses[a.micro_batch]));
+      } else {
+        trace::Span span("weight gradients", "compute", {"step", t + 1}, {"micro", a.micro_batch},
+                         {"chunk", a.chunk});
+        model.StageBackwardWeights(slot, o_.grads, o_.home->BackwardDone(a.micro_batch == M - 1));
       }
     }
     // Every gradient this stage computes is final now (a tied
@@ -95,9 +103,14 @@ class PipelineSteps : public ShareCompute {
     }
     {
       trace::Span span("backward", "compute", {"step", t + 1}, {"micro", m}, {"chunk", a.chunk});
-      const bool last_micro = m == s_.micro_batches - 1;
-      model.StageBackward(slot, o_.weights, o_.grads, output_grad, o_.home->BackwardDone(last_micro),
-                          o_.home->BackwardNeed());
+      if (split_) {
+        // ZERO_BUBBLE: the input gradients now, the weights' later.
+        model.StageBackwardInput(slot, o_.weights, o_.grads, output_grad);
+      } else {
+        const bool last_micro = m == s_.micro_batches - 1;
+        model.StageBackward(slot, o_.weights, o_.grads, output_grad, o_.home->BackwardDone(last_micro),
+                            o_.home->BackwardNeed());
+      }
     }
     if (vs > 0) {
       StageMessage out{StageMessage::kGradient, static_cast<uint64_t>(t), m, vs - 1, elements};
@@ -121,6 +134,7 @@ class PipelineSteps : public ShareCompute {
   const PipelineSchedule& s_;
   const std::vector<LlamaModel<float>*> models_;
   const int last_vs_;
+  const bool split_;  // ZERO_BUBBLE: backward in two parts (kBackward, kWeightGrad)
   std::vector<std::vector<PipelineWire::Handle>> pending_;  // [chunk][slot]: the last send from it
 };
 

@@ -51,8 +51,8 @@ enum class Mode {
   kOneGpu,           // the whole job, its whole step on one GPU (DeviceResidentSync)
   kParameterServer,  // one worker of a parameter-server job
   kAllReduce,        // one worker of an all-reduce job
-  kPipelineStage,    // one stage's worker of an all-reduce job's pipeline (a parameter-server job's stage
-                     // workers are kParameterServer with a pipeline)
+  kPipelineStage,    // one stage's worker of an all-reduce job's pipeline (a parameter-server
+                     // pipeline's stage workers are kParameterServer, with pipeline_ set)
 };
 
 Mode ModeOf(const config::JobConfig& config, bool in_job) {
@@ -156,9 +156,10 @@ class WorkerProcess {
   // What depends on the rank (in a job, before any peer can send to us):
   // the data sampler and the model.
   Status Prepare(transport::CoordinatorClient* client);
-  // A pipeline stage's chunk models, and its wire to the other stages
-  // (over `runtime`'s transport, before any peer can send).
+  // A pipeline stage's models, one per chunk of its layers.
   Status PreparePipelineStage();
+  // A pipeline stage's wire to the other stages, over `runtime`'s
+  // transport (in the join, before any peer can send).
   void OpenPipelineWire(transport::NodeRuntime& runtime);
   // In a job: joins it through the NodeRuntime (Prepare runs in there)
   // and registers the spaces with its transport.
@@ -226,8 +227,8 @@ class WorkerProcess {
   // gradients, where they are still needed (ZeRO-2: grads_ stays empty).
   PagedBuffer paged_weights_, paged_grads_;
   std::unique_ptr<Model> model_holder_;                      // none when the GPU trainer has its own
-  // A pipeline stage: one model per chunk, over its layers (model_ stays
-  // null).
+  // A pipeline stage: one model per chunk, over its layers (model_ is
+  // then the evaluator through the stages, in model_holder_).
   std::vector<std::unique_ptr<LlamaModel<float>>> chunk_models_;
   std::unique_ptr<DeviceGradientReduction> device_reduction_;  // CUDA workers in all-reduce mode: NCCL
   std::optional<DistributedSampler> sampler_;
@@ -341,7 +342,8 @@ Status WorkerProcess::PreparePipelineStage() {
   for (int c = 0; c < s.chunks; ++c) {
     const PipelineStage& stage = pipeline_->split.stage(s.VirtualStage(device, c));
     chunk_models_.push_back(std::make_unique<LlamaModel<float>>(job_.shape, job_.batch, job_.seq_len, job_.recompute,
-                                                                slots[c], stage.layers));
+                                                                slots[c], stage.layers,
+                                                                s.kind == PipelineScheduleKind::kZeroBubble));
   }
   return Status::OK();
 }

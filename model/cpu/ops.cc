@@ -83,20 +83,23 @@ template <typename T>
 void RmsNormBackward(T* din, T* dweight, const T* dout, const T* in, const T* weight, const T* rstd, int64_t N,
                      int64_t C) {
   // din: rows are independent.
+  if (din != nullptr) {
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < N; ++i) {
-    const T* x = in + i * C;
-    const T* g = dout + i * C;
-    T* dx = din + i * C;
-    const T r = rstd[i];
-    T dot = 0;  // sum_c g_c w_c xhat_c
+    for (int64_t i = 0; i < N; ++i) {
+      const T* x = in + i * C;
+      const T* g = dout + i * C;
+      T* dx = din + i * C;
+      const T r = rstd[i];
+      T dot = 0;  // sum_c g_c w_c xhat_c
 #pragma omp simd reduction(+ : dot)
-    for (int64_t c = 0; c < C; ++c) dot += g[c] * weight[c] * (x[c] * r);
-    const T mean = dot / T(C);
+      for (int64_t c = 0; c < C; ++c) dot += g[c] * weight[c] * (x[c] * r);
+      const T mean = dot / T(C);
 #pragma omp simd
-    for (int64_t c = 0; c < C; ++c) dx[c] += r * (g[c] * weight[c] - (x[c] * r) * mean);
+      for (int64_t c = 0; c < C; ++c) dx[c] += r * (g[c] * weight[c] - (x[c] * r) * mean);
+    }
   }
   // dweight: channel blocks per thread, rows in order.
+  if (dweight == nullptr) return;
 #pragma omp parallel
   {
     int64_t lo, hi;
@@ -124,7 +127,7 @@ void MatmulBackward(T* din, T* dweight, const T* dout, const T* in, const T* wei
   if (din != nullptr) {
     Gemm(false, false, N, Cin, Cout, T(1), dout, Cout, weight, Cin, accumulate_din ? T(1) : T(0), din, Cin);
   }
-  Gemm(true, false, Cout, Cin, N, T(1), dout, Cout, in, Cin, T(1), dweight, Cin);
+  if (dweight != nullptr) Gemm(true, false, Cout, Cin, N, T(1), dout, Cout, in, Cin, T(1), dweight, Cin);
 }
 
 // ---------------------------------------------------------------- RoPE

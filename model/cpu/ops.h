@@ -27,7 +27,9 @@ void EmbeddingBackward(T* dtable, const T* dout, const int32_t* tokens, int64_t 
 // out = in * rstd * weight, rstd[i] = 1/sqrt(mean(in[i]^2) + eps)
 template <typename T>
 void RmsNormForward(T* out, T* rstd, const T* in, const T* weight, int64_t N, int64_t C, double eps);
-// din += (the residual stream sums its branches), dweight += ...
+// din += (the residual stream sums its branches), dweight += ...; either
+// may be null (that part not computed: a pipeline's split backward takes
+// them apart, the same arithmetic each).
 template <typename T>
 void RmsNormBackward(T* din, T* dweight, const T* dout, const T* in, const T* weight, const T* rstd,
                      int64_t N, int64_t C);
@@ -36,7 +38,7 @@ void RmsNormBackward(T* din, T* dweight, const T* dout, const T* in, const T* we
 template <typename T>
 void MatmulForward(T* out, const T* in, const T* weight, int64_t N, int64_t Cin, int64_t Cout);
 // din = dout @ weight (overwritten, or added when accumulate_din);
-// dweight += dout^T @ in. din may be null (not needed).
+// dweight += dout^T @ in. Either may be null (not needed).
 template <typename T>
 void MatmulBackward(T* din, T* dweight, const T* dout, const T* in, const T* weight, int64_t N, int64_t Cin,
                     int64_t Cout, bool accumulate_din = false);
