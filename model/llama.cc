@@ -319,6 +319,10 @@ void LlamaModel<T>::BackwardScratch() {
   }
 }
 
+// With `grads` null (a split backward's input part) the weight gradients
+// are not computed; what they need besides the kept activations, each
+// product's and norm's output gradient, is kept in the slot's w_* buffers
+// for LayerBackwardWeights.
 template <typename T>
 void LlamaModel<T>::LayerBackward(Activations& a, const T* params, T* grads, int l) {
   Activations& sh = *acts_[0];
@@ -330,6 +334,12 @@ void LlamaModel<T>::LayerBackward(Activations& a, const T* params, T* grads, int
   T* dln = sh.dln.data();
   const LayerOffsets& w = layout_.layer(l);
   const auto [x, x_out, ln1, ln1_rstd, q, k, v, probs, att, mid, ln2, ln2_rstd, gate, up, act] = a.layer(l);
+  const bool split = grads == nullptr;
+  CHECK(!split || a.split) << "a split backward on a model made without split_backward";
+  auto gw = [&](int64_t offset) { return split ? static_cast<T*>(nullptr) : grads + offset; };
+  auto keep = [&](std::vector<T>& into, const T* from, int64_t n) {
+    if (split) std::copy(from, from + n, into.begin() + (l - a.first) * n);
+  };
   if (a.recompute == Recompute::kFull) {
     trace::Span span("layer recompute", "compute", {"layer", l});
     LayerForward(a, params, l, /*to_output=*/false);
@@ -337,25 +347,34 @@ void LlamaModel<T>::LayerBackward(Activations& a, const T* params, T* grads, int
     trace::Span span("attention recompute", "compute", {"layer", l});
     AttentionForward(att, probs, q, k, v, B, T_, a.H, a.KV, hd);
   }
-  trace::Span span("layer backward", "compute", {"layer", l});
+  trace::Span span(split ? "layer backward (inputs)" : "layer backward", "compute", {"layer", l});
 
   // MLP branch: dres is d(layer output) = d(mid) through the skip.
-  MatmulBackward(sh.dact.data(), grads + w.down_proj, dres, act, params + w.down_proj, N, f, d);
+  keep(a.w_down, dres, N * d);
+  MatmulBackward(sh.dact.data(), gw(w.down_proj), dres, act, params + w.down_proj, N, f, d);
   SwigluBackward(sh.dgate.data(), sh.dup.data(), sh.dact.data(), gate, up, N * f);
-  MatmulBackward(dln, grads + w.gate_proj, sh.dgate.data(), ln2, params + w.gate_proj, N, d, f);
-  MatmulBackward(dln, grads + w.up_proj, sh.dup.data(), ln2, params + w.up_proj, N, d, f, /*accumulate_din=*/true);
-  RmsNormBackward(dres, grads + w.post_norm, dln, mid, params + w.post_norm, ln2_rstd, N, d);
+  MatmulBackward(dln, gw(w.gate_proj), sh.dgate.data(), ln2, params + w.gate_proj, N, d, f);
+  MatmulBackward(dln, gw(w.up_proj), sh.dup.data(), ln2, params + w.up_proj, N, d, f, /*accumulate_din=*/true);
+  keep(a.w_gate, sh.dgate.data(), N * f);
+  keep(a.w_up, sh.dup.data(), N * f);
+  keep(a.w_post, dln, N * d);
+  RmsNormBackward(dres, gw(w.post_norm), dln, mid, params + w.post_norm, ln2_rstd, N, d);
 
   // Attention branch: dres is now d(mid) = d(layer input) through the skip.
-  MatmulBackward(sh.datt.data(), grads + w.o_proj, dres, att, params + w.o_proj, N, qd, d);
+  keep(a.w_o, dres, N * d);
+  MatmulBackward(sh.datt.data(), gw(w.o_proj), dres, att, params + w.o_proj, N, qd, d);
   AttentionBackward(sh.dq.data(), sh.dk.data(), sh.dv.data(), sh.datt.data(), probs, q, k, v, B, T_, a.H, a.KV, hd,
                     sh.attn_scratch.data());
   RopeBackward(sh.dq.data(), sh.rope_cos.data(), sh.rope_sin.data(), B, T_, a.H, hd);
   RopeBackward(sh.dk.data(), sh.rope_cos.data(), sh.rope_sin.data(), B, T_, a.KV, hd);
-  MatmulBackward(dln, grads + w.q_proj, sh.dq.data(), ln1, params + w.q_proj, N, d, qd);
-  MatmulBackward(dln, grads + w.k_proj, sh.dk.data(), ln1, params + w.k_proj, N, d, kvd, true);
-  MatmulBackward(dln, grads + w.v_proj, sh.dv.data(), ln1, params + w.v_proj, N, d, kvd, true);
-  RmsNormBackward(dres, grads + w.input_norm, dln, x, params + w.input_norm, ln1_rstd, N, d);
+  keep(a.w_q, sh.dq.data(), N * qd);
+  keep(a.w_k, sh.dk.data(), N * kvd);
+  keep(a.w_v, sh.dv.data(), N * kvd);
+  MatmulBackward(dln, gw(w.q_proj), sh.dq.data(), ln1, params + w.q_proj, N, d, qd);
+  MatmulBackward(dln, gw(w.k_proj), sh.dk.data(), ln1, params + w.k_proj, N, d, kvd, true);
+  MatmulBackward(dln, gw(w.v_proj), sh.dv.data(), ln1, params + w.v_proj, N, d, kvd, true);
+  keep(a.w_in, dln, N * d);
+  RmsNormBackward(dres, gw(w.input_norm), dln, x, params + w.input_norm, ln1_rstd, N, d);
 }
 
 template <typename T>
@@ -489,47 +508,6 @@ void LlamaModel<T>::StageBackward(int slot, const T* params, T* grads, const T* 
 }
 
 template <typename T>
-void LlamaModel<T>::LayerBackwardInput(Activations& a, const T* params, int l) {
-  Activations& sh = *acts_[0];
-  const LlamaShape& s = layout_.shape();
-  const int B = a.B, T_ = a.Tcur;
-  const int64_t N = static_cast<int64_t>(B) * T_, d = a.d, qd = a.qd, kvd = a.kvd, f = a.f;
-  const int64_t hd = s.head_dim();
-  T* dres = a.dresidual.data();
-  T* dln = sh.dln.data();
-  const LayerOffsets& w = layout_.layer(l);
-  const auto [x, x_out, ln1, ln1_rstd, q, k, v, probs, att, mid, ln2, ln2_rstd, gate, up, act] = a.layer(l);
-  const int64_t i = l - a.first;
-  auto keep = [](std::vector<T>& into, int64_t at, const T* from, int64_t n) {
-    std::copy(from, from + n, into.begin() + at * n);
-  };
-  trace::Span span("layer backward (inputs)", "compute", {"layer", l});
-  keep(a.w_down, i, dres, N * d);
-  MatmulBackward(sh.dact.data(), static_cast<T*>(nullptr), dres, act, params + w.down_proj, N, f, d);
-  SwigluBackward(sh.dgate.data(), sh.dup.data(), sh.dact.data(), gate, up, N * f);
-  MatmulBackward(dln, static_cast<T*>(nullptr), sh.dgate.data(), ln2, params + w.gate_proj, N, d, f);
-  MatmulBackward(dln, static_cast<T*>(nullptr), sh.dup.data(), ln2, params + w.up_proj, N, d, f, true);
-  keep(a.w_gate, i, sh.dgate.data(), N * f);
-  keep(a.w_up, i, sh.dup.data(), N * f);
-  keep(a.w_post, i, dln, N * d);
-  RmsNormBackward(dres, static_cast<T*>(nullptr), dln, mid, params + w.post_norm, ln2_rstd, N, d);
-  keep(a.w_o, i, dres, N * d);
-  MatmulBackward(sh.datt.data(), static_cast<T*>(nullptr), dres, att, params + w.o_proj, N, qd, d);
-  AttentionBackward(sh.dq.data(), sh.dk.data(), sh.dv.data(), sh.datt.data(), probs, q, k, v, B, T_, a.H, a.KV, hd,
-                    sh.attn_scratch.data());
-  RopeBackward(sh.dq.data(), sh.rope_cos.data(), sh.rope_sin.data(), B, T_, a.H, hd);
-  RopeBackward(sh.dk.data(), sh.rope_cos.data(), sh.rope_sin.data(), B, T_, a.KV, hd);
-  keep(a.w_q, i, sh.dq.data(), N * qd);
-  keep(a.w_k, i, sh.dk.data(), N * kvd);
-  keep(a.w_v, i, sh.dv.data(), N * kvd);
-  MatmulBackward(dln, static_cast<T*>(nullptr), sh.dq.data(), ln1, params + w.q_proj, N, d, qd);
-  MatmulBackward(dln, static_cast<T*>(nullptr), sh.dk.data(), ln1, params + w.k_proj, N, d, kvd, true);
-  MatmulBackward(dln, static_cast<T*>(nullptr), sh.dv.data(), ln1, params + w.v_proj, N, d, kvd, true);
-  keep(a.w_in, i, dln, N * d);
-  RmsNormBackward(dres, static_cast<T*>(nullptr), dln, x, params + w.input_norm, ln1_rstd, N, d);
-}
-
-template <typename T>
 void LlamaModel<T>::LayerBackwardWeights(Activations& a, T* grads, int l) {
   const int64_t N = static_cast<int64_t>(a.B) * a.Tcur, d = a.d, qd = a.qd, kvd = a.kvd, f = a.f;
   const LayerOffsets& w = layout_.layer(l);
@@ -563,7 +541,7 @@ void LlamaModel<T>::StageBackwardInput(int slot, const T* params, T* grads, cons
     const int64_t n = static_cast<int64_t>(a.B) * a.Tcur * a.d;
     if (output_grad != a.dresidual.data()) std::copy(output_grad, output_grad + n, a.dresidual.begin());
   }
-  for (int l = end_layer_ - 1; l >= first_layer_; --l) LayerBackwardInput(a, params, l);
+  for (int l = end_layer_ - 1; l >= first_layer_; --l) LayerBackward(a, params, /*grads=*/nullptr, l);
   if (embeds()) EmbedBackward(a, grads);
 }
 

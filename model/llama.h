@@ -167,10 +167,9 @@ class LlamaModel {
   void LayerForward(Activations& a, const T* params, int l, bool to_output);
   double HeadForward(Activations& a, const T* params);  // the mean loss (0 without targets)
   void HeadBackward(Activations& a, const T* params, T* grads, double loss_scale);
+  // `grads` null: the input part of a split backward (the layer's output
+  // gradients kept in the slot for LayerBackwardWeights, its second part).
   void LayerBackward(Activations& a, const T* params, T* grads, int l);
-  // LayerBackward's two parts: the input gradients (its output gradients
-  // kept in the slot's w_* buffers), then the weight gradients from them.
-  void LayerBackwardInput(Activations& a, const T* params, int l);
   void LayerBackwardWeights(Activations& a, T* grads, int l);
   void EmbedBackward(Activations& a, T* grads);
   int64_t LayerEnd(int l) const;  // where layer l's tensors end
