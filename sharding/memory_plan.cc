@@ -286,8 +286,8 @@ StatusOr<config::JobConfig> LargestFitting(const config::JobConfig& config, int6
   const int least = std::max(1, config.cluster().pipeline_stages() * config.cluster().virtual_stages());
   HERD_ASSIGN_OR_RETURN(bool one, fits(least));
   if (!one) {
-    return Status::NotFound("not even " + std::to_string(least) + " layer(s) of this width fit in " +
-                            std::to_string(bytes) + " bytes");
+    const std::string what = least == 1 ? "one layer" : std::to_string(least) + " layers (one a pipeline stage)";
+    return Status::NotFound("not even " + what + " of this width fits in " + std::to_string(bytes) + " bytes");
   }
   // Memory grows with depth: double, then bisect.
   int lo = least, hi = 2 * least;
