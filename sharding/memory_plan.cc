@@ -217,14 +217,14 @@ StatusOr<std::vector<ProcessMemory>> StageMemory(const JobSizes& j) {
     int64_t held = 0;
     for (int c = 0; c < s.chunks; ++c) {
       const PipelineStage& st = pipeline.split.stage(s.VirtualStage(d, c));
-      held += st.params.size();
       m.activations += LlamaModel<float>::ActivationBytes(j.shape, B, T, j.job.recompute, slots[c], st.layers,
                                                           s.kind == PipelineScheduleKind::kZeroBubble);
       if (c == 0) m.range.begin = st.params.begin;
       m.range.end = st.params.end;
     }
     const bool tied_end = j.shape.tie_word_embeddings && s.devices > 1 && (d == 0 || d == s.devices - 1);
-    if (tied_end && d == s.devices - 1) held += embedding;  // its copy, stepped alike
+    // Its own ranges (the last stage's copy of a tied embedding too).
+    for (const ParamRange& r : pipeline.RangesOf(d, j.layout)) held += r.size();
     m.weights = held * kF32;
     m.gradients = held * kF32;
     m.optimizer = ps ? 0 : 2 * held * kF32;
