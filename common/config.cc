@@ -346,8 +346,6 @@ void CheckCluster(const config::ClusterConfig& cl, const Rules& need) {
              ": every stage needs as many data-parallel replicas");
     need(cl.sync() != config::ClusterConfig::NONE, "cluster.pipeline_stages",
          "pipeline stages need workers: sync ALLREDUCE or PARAMETER_SERVER");
-    need(!cl.stream_weights(), "cluster.stream_weights",
-         "streamed weights inside pipeline stages are not built yet");
     need(!cl.elastic(), "cluster.elastic", "elastic pipeline stages are not built yet");
     need(cl.zero_stage() == 0, "cluster.zero_stage", "ZeRO inside pipeline stages is not built yet");
 

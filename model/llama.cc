@@ -530,7 +530,8 @@ void LlamaModel<T>::LayerBackwardWeights(Activations& a, T* grads, int l) {
 }
 
 template <typename T>
-void LlamaModel<T>::StageBackwardInput(int slot, const T* params, T* grads, const T* output_grad) {
+void LlamaModel<T>::StageBackwardInput(int slot, const T* params, T* grads, const T* output_grad,
+                                       const FinalFrom& done, const NeedFrom& need_from) {
   Activations& a = *acts_.at(slot);
   CHECK(a.split) << "StageBackwardInput on a model made without split_backward";
   BackwardScratch();
@@ -541,8 +542,15 @@ void LlamaModel<T>::StageBackwardInput(int slot, const T* params, T* grads, cons
     const int64_t n = static_cast<int64_t>(a.B) * a.Tcur * a.d;
     if (output_grad != a.dresidual.data()) std::copy(output_grad, output_grad + n, a.dresidual.begin());
   }
-  for (int l = end_layer_ - 1; l >= first_layer_; --l) LayerBackward(a, params, /*grads=*/nullptr, l);
-  if (embeds()) EmbedBackward(a, grads);
+  if (has_head() && done) done(layout_.final_norm());  // the head's backward ran with its forward
+  for (int l = end_layer_ - 1; l >= first_layer_; --l) {
+    if (need_from) need_from(layout_.layer(l).input_norm);
+    LayerBackward(a, params, /*grads=*/nullptr, l);
+    if (done) done(layout_.layer(l).input_norm);
+  }
+  if (!embeds()) return;
+  EmbedBackward(a, grads);
+  if (done) done(0);
 }
 
 template <typename T>

@@ -140,10 +140,13 @@ class LlamaModel {
   // input gradients (on a pipeline's critical path: StageInputGrad is
   // ready after it; the embedding's gradient on the first stage too), then,
   // any time before the slot's next StageForward, the weight gradients,
-  // which add to `grads` bitwise what StageBackward adds. final_from is
-  // called by the second part (the head's first, then each layer's, then
-  // the embedding's).
-  void StageBackwardInput(int slot, const T* params, T* grads, const T* output_grad);
+  // which add to `grads` bitwise what StageBackward adds. The first part
+  // reads the weights: need_from(x) before it reads a layer's, done(x)
+  // once it no longer does; final_from is called by the second part,
+  // which reads none (the head's first, then each layer's, then the
+  // embedding's).
+  void StageBackwardInput(int slot, const T* params, T* grads, const T* output_grad, const FinalFrom& done = nullptr,
+                          const NeedFrom& need_from = nullptr);
   void StageBackwardWeights(int slot, T* grads, const FinalFrom& final_from = nullptr);
 
   // [B*T_, vocab] logits of the last Forward (overwritten by Backward).

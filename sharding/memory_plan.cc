@@ -197,9 +197,10 @@ StatusOr<ProcessMemory> TrainerMemory(const JobSizes& j) {
   return t;
 }
 
-// Each stage's worker of a pipeline (CPU workers; with parameter servers
-// the optimizer's state is theirs).
-StatusOr<std::vector<ProcessMemory>> StageMemory(const JobSizes& j) {
+// Each stage's worker of a pipeline (CPU workers; with parameter servers,
+// `shards` theirs, the optimizer's state is theirs, and with
+// cluster.stream_weights a window over the stage's ranges).
+StatusOr<std::vector<ProcessMemory>> StageMemory(const JobSizes& j, const ShardPlan* shards = nullptr) {
   const bool ps = j.cluster.sync() == config::ClusterConfig::PARAMETER_SERVER;
   HERD_ASSIGN_OR_RETURN(const PipelinePlan pipeline, PipelinePlan::FromConfig(j.config));
   const PipelineSchedule& s = pipeline.schedule;
@@ -228,12 +229,28 @@ StatusOr<std::vector<ProcessMemory>> StageMemory(const JobSizes& j) {
     m.weights = held * kF32;
     m.gradients = held * kF32;
     m.optimizer = ps ? 0 : 2 * held * kF32;
+    int64_t staging = ps && j.bf16 ? held * 2 : 0;
+    if (j.streamed) {
+      // The window over the stage's ranges at its fullest, replayed
+      // through the stage's passes in its schedule's order; each bucket
+      // boundary may keep one shared page of weights, gradients and
+      // staging backed.
+      StageReplay stage;
+      stage.schedule = &s;
+      stage.device = d;
+      for (int c = 0; c < s.chunks; ++c) stage.chunk_layers.push_back(pipeline.split.stage(s.VirtualStage(d, c)).layers);
+      stage.ranges = pipeline.RangesOf(d, j.layout);
+      const StreamedPeak peak =
+          ReplayStreamedStage(*shards, j.layout, ReplayOfJob(j.config, j.job.micro_batch_slots), stage);
+      m.weights = peak.weights;
+      m.gradients = peak.gradients;
+      staging = peak.staging + static_cast<int64_t>(shards->buckets().size() + 1) * (j.bf16 ? 3 : 2) * kPageBytes;
+    }
     // The step's drawn micro-batches, as every worker holds them.
     m.activations += 2 * B * T * j.train.grad_accum() * static_cast<int64_t>(sizeof(int32_t));
     const int rings = ps ? 0 : pipeline.replicas > 1 ? 3 : 1;
     m.buffers = rings * (kRingChunksAhead + (j.bf16 ? kRingChunksInFlight : 0)) * kRingChunkBytes +
-                2 * activation * (wire_bf16 ? 2 : kF32) + (tied_end && !ps ? embedding * kF32 : 0) +
-                (ps && j.bf16 ? held * 2 : 0);
+                2 * activation * (wire_bf16 ? 2 : kF32) + (tied_end && !ps ? embedding * kF32 : 0) + staging;
     m.runtime = kRuntimeBytes;
     out.push_back(m);
   }
@@ -251,7 +268,7 @@ StatusOr<MemoryPlan> PlanMemory(const config::JobConfig& config) {
     HERD_ASSIGN_OR_RETURN(ShardPlan shards, ShardPlan::Create(j.layout, plan_options));
     for (int s = 0; s < shards.num_servers(); ++s) plan.processes.push_back(ServerMemory(j, shards, s));
     if (HasPipeline(config)) {
-      HERD_ASSIGN_OR_RETURN(const std::vector<ProcessMemory> stages, StageMemory(j));
+      HERD_ASSIGN_OR_RETURN(const std::vector<ProcessMemory> stages, StageMemory(j, &shards));
       plan.processes.insert(plan.processes.end(), stages.begin(), stages.end());
     } else {
       plan.processes.push_back(PsWorkerMemory(j, shards));

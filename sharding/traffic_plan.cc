@@ -21,16 +21,16 @@ int64_t WindowPulls(const ShardPlan& plan, const ParamLayout& layout, const conf
   return passes * ReplayStreamedStep(plan, layout, replay).pulled;
 }
 
-}  // namespace
-
-namespace {
+// One pass of a ring of n over `elements`, each way.
+double RingPass(int n, double elements, double bytes) { return (n - 1) / static_cast<double>(n) * elements * bytes; }
 
 // A pipeline's worker, averaged over the workers: each boundary between
 // virtual stages carries every micro-batch's activations one way and their
 // gradients the other. All-reduce: a tied embedding's gradient parts
 // cross between the first and the last stage, and each stage's replicas
 // all-reduce its range. Parameter servers: each stage pushes its range's
-// gradients and pulls its weights (the tied embedding by two stages).
+// gradients and pulls its weights (the tied embedding by two stages), with
+// streamed weights as often as its window takes them again.
 StatusOr<WorkerTraffic> PipelineTraffic(const config::JobConfig& config, const JobOptions& job,
                                         const ParamLayout& layout, double wire) {
   HERD_ASSIGN_OR_RETURN(const PipelinePlan pipeline, PipelinePlan::FromConfig(config));
@@ -42,11 +42,28 @@ StatusOr<WorkerTraffic> PipelineTraffic(const config::JobConfig& config, const J
   const double messages = (s.virtual_stages() - 1) * 2.0 * s.micro_batches * activation * R / W;
   WorkerTraffic t;
   if (config.cluster().sync() == config::ClusterConfig::PARAMETER_SERVER) {
-    const double moved = (P + embedding) * R * wire / W;  // pushed, and pulled
-    t.sent = t.received = static_cast<int64_t>(messages + moved);
+    const double pushed = (P + embedding) * R * wire / W;
+    double pulled = pushed;
+    if (config.cluster().stream_weights()) {
+      HERD_ASSIGN_OR_RETURN(const ShardPlanOptions plan_options, ShardPlanOptionsOf(config));
+      HERD_ASSIGN_OR_RETURN(const ShardPlan shards, ShardPlan::Create(layout, plan_options));
+      const StreamedReplay replay = ReplayOfJob(config, job.micro_batch_slots);
+      double elements = 0;
+      for (int d = 0; d < s.devices; ++d) {
+        StageReplay stage;
+        stage.schedule = &s;
+        stage.device = d;
+        for (int c = 0; c < s.chunks; ++c) stage.chunk_layers.push_back(pipeline.split.stage(s.VirtualStage(d, c)).layers);
+        stage.ranges = pipeline.RangesOf(d, layout);
+        elements += static_cast<double>(ReplayStreamedStage(shards, layout, replay, stage).pulled);
+      }
+      pulled = elements * R * wire / W;
+    }
+    t.sent = static_cast<int64_t>(messages + pushed);
+    t.received = static_cast<int64_t>(messages + pulled);
     return t;
   }
-  const double ring = 2 * (R - 1) / R * (P / s.devices) * wire;
+  const double ring = 2 * RingPass(static_cast<int>(R), P / s.devices, wire);
   t.sent = t.received = static_cast<int64_t>(messages + 2 * embedding * 4 * R / W + ring);
   return t;
 }
@@ -74,25 +91,23 @@ StatusOr<WorkerTraffic> PlanWorkerTraffic(const config::JobConfig& config) {
   }
   if (cluster.sync() != config::ClusterConfig::ALLREDUCE || cluster.workers() < 2) return t;
   const int W = cluster.workers(), G = ShardGroupSize(cluster, W), R = W / G;
-  // One pass of a ring of n over `elements`, each way.
-  auto pass = [](int n, double elements, double bytes) { return (n - 1) / static_cast<double>(n) * elements * bytes; };
   double bytes = 0;
   switch (cluster.zero_stage()) {
     case 0:
-      bytes = 2 * pass(W, P, wire);
+      bytes = 2 * RingPass(W, P, wire);
       break;
     case 1:
     case 2:
-      bytes = pass(G, P, wire) + pass(G, P, 4);
+      bytes = RingPass(G, P, wire) + RingPass(G, P, 4);
       break;
     default: {
       HERD_ASSIGN_OR_RETURN(ShardPlan plan, CollectivePlan(layout, cluster, W));
-      bytes = pass(G, P, wire) + pass(G, static_cast<double>(WindowPulls(plan, layout, config, job)), 4);
+      bytes = RingPass(G, P, wire) + RingPass(G, static_cast<double>(WindowPulls(plan, layout, config, job)), 4);
     }
   }
   // Hybrid: each worker's slices (1/G of the model) all-reduced among its
   // R replicas.
-  if (cluster.zero_stage() > 0 && R > 1) bytes += 2 * pass(R, P / G, wire);
+  if (cluster.zero_stage() > 0 && R > 1) bytes += 2 * RingPass(R, P / G, wire);
   t.sent = t.received = static_cast<int64_t>(bytes);
   return t;
 }

@@ -15,6 +15,14 @@
 // layer, and the final norm with the head; buckets (sharding/shard_plan.h)
 // are what moves, so a bucket is held while any unit in it is in use.
 //
+// A window may cover part of the space (a pipeline stage's ranges, whose
+// buckets are cut at their ends): its buckets are those alone, and a pass
+// may start at any unit (a stage's first): a pass that starts below where
+// the last one got to holds from its own first unit on, not from the
+// space's start. Tied embeddings on a stage that has the head but not the
+// embedding: the head's need holds the embedding too, until the version
+// is let go (such a stage never reaches DoneFrom(0)).
+//
 // Weights: the units a pass needs now are waited for, the next `prefetch`
 // ones are pulled meanwhile; forward lets a bucket go once the pass is past
 // its end, backward once it is done with its start. Tied embeddings are
@@ -29,7 +37,9 @@
 #include <set>
 #include <vector>
 
+#include "model/llama.h"
 #include "model/param_layout.h"
+#include "sharding/pipeline_schedule.h"
 #include "sharding/shard_plan.h"
 
 namespace herd {
@@ -48,13 +58,17 @@ class WeightWindow {
   // `prefetch` >= 0 units ahead of the one in use. `keep_after_forward`:
   // forward lets nothing go; each bucket stays until backward is done
   // with it (ZeRO-3 with cluster.reshard_after_forward false).
-  WeightWindow(const ShardPlan& plan, const ParamLayout& layout, int prefetch, bool keep_after_forward = false);
+  // `ranges` (empty: the whole space): the part the window covers, each
+  // of the plan's buckets inside one of them or outside all.
+  WeightWindow(const ShardPlan& plan, const ParamLayout& layout, int prefetch, bool keep_after_forward = false,
+               const std::vector<ParamRange>& ranges = {});
 
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
   const Bucket& bucket(int i) const { return buckets_[i]; }
   bool held(int i) const { return held_.count(i) > 0; }
 
-  // A new version's first units, pulled before a forward asks for them.
+  // A new version's first units (from the window's first bucket), pulled
+  // before a forward asks for them.
   Actions Start();
   Actions NeedUpTo(int64_t end);
   Actions NeedFrom(int64_t begin);
@@ -115,6 +129,21 @@ struct StreamedReplay {
   std::vector<int64_t> kept_on_retire;
 };
 StreamedPeak ReplayStreamedStep(const ShardPlan& plan, const ParamLayout& layout, const StreamedReplay& replay);
+// A pipeline stage's worker streaming its weights (cluster.stream_weights
+// with cluster.pipeline_stages): `device`'s actions of `schedule`, each
+// pass through its chunk's layers calling the hooks LlamaModel's stage
+// passes call, through a window over `ranges` (the stage's,
+// PipelinePlan::RangesOf). Its gradients accumulate whole over the
+// micro-batches (more than one), as the stage's worker keeps them, and
+// are pushed on the last. `replay` gives the prefetch and the wire.
+struct StageReplay {
+  const PipelineSchedule* schedule = nullptr;
+  int device = 0;
+  std::vector<LayerRange> chunk_layers;  // [chunk]
+  std::vector<ParamRange> ranges;
+};
+StreamedPeak ReplayStreamedStage(const ShardPlan& plan, const ParamLayout& layout, const StreamedReplay& replay,
+                                 const StageReplay& stage);
 // The replay of the window a worker of `config` runs (parameter servers
 // with stream_weights, or ZeRO-3): its prefetch, its staging's wire
 // bytes, whether its gradients accumulate whole (a CPU worker's

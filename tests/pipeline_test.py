@@ -15,6 +15,9 @@ the same micro-batches (train.grad_accum) on a 4-layer tiny model:
   buckets: P = 2 (1F1B, GPipe, ZB-H1) and 4 bitwise one process, 2 x 2 bitwise
   PS with two workers, tied and clipped within 1e-5, a stop and --resume
   bitwise, and the servers' checkpoint on as an all-reduce pipeline;
+  with streamed weights inside the stages (a window over each stage's
+  buckets): ZB-H1 bitwise one process, tied and clipped bitwise the same
+  stages holding their weights whole (--long: P = 4, interleaved, 2 x 2);
 * with clipping, and with tied embeddings (their two parts added head
   part first on the first and the last stage): within 1e-5 relative
   (with --long also the ~20M shape at P = 2 and 4);
@@ -120,6 +123,23 @@ def main():
     assert losses("ar_from_ps") == reference[10:], "PS P=2's step-10 checkpoint resumed as all-reduce P=4"
     print(f"over parameter servers: P=2 (1F1B, GPipe, zero bubble) and 4 bitwise one process, 2 x 2 bitwise PS with 2 workers, "
           f"tied and clipped within {wps:.2g}; stop at 10 and --resume bitwise, and on as all-reduce P=4 bitwise")
+
+    # Streamed weights inside the stages: each stage's window over its own
+    # buckets (small ones, no prefetch), the same bytes when read.
+    streamed = "stream_weights: true stream_prefetch_layers: 0 bucket_mb: 0.004"
+    sb.run("launch", job("ps_p2_stream_zb", ps % (2, 2, streamed + " pipeline_schedule: ZERO_BUBBLE")))
+    assert losses("ps_p2_stream_zb") == reference, "PS P=2 zero bubble, streamed weights"
+    sb.run("launch", job("ps_p2_stream_tied", ps % (2, 2, streamed), tied=True, clip=1.0))
+    assert losses("ps_p2_stream_tied") == losses("ps_p2_tied"), "PS P=2 tied, clipped: streamed against whole stages"
+    more = [("ps_p4_stream", ps % (4, 4, streamed)),
+            ("ps_p2v2_stream", ps % (2, 2, streamed + " pipeline_schedule: INTERLEAVED_1F1B virtual_stages: 2")),
+            ("ps_dp2_pp2_stream", ps % (4, 2, streamed))] if herdtest.LONG else []
+    for name, cluster in more:
+        sb.run("launch", job(name, cluster))
+        expected = losses("ps_w2") if "dp2" in name else reference
+        assert losses(name) == expected, f"{name}: {losses(name)[:3]} vs {expected[:3]}"
+    print("streamed weights inside the stages: zero bubble P=2 bitwise one process, tied and clipped bitwise the same "
+          "stages holding their weights" + (", P=4, interleaved and 2 x 2 bitwise too" if more else ""))
 
     # Data x pipeline, 2 x 2: each stage's gradients all-reduced between its
     # two replicas, as DDP with two workers sums them: bitwise DDP's steps.

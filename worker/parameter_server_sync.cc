@@ -283,7 +283,8 @@ class StreamedWeightsSync : public PushPullSync, public WindowHooks, private Buc
   StreamedWeightsSync(const ParameterServerSyncOptions& o, transport::PushPullClient* client)
       : PushPullSync(o, client),
         paged_grads_(o.streamed_grads),
-        runner_(WeightWindow(plan_, *o.layout, o.prefetch_layers), o.streamed_weights, this),
+        runner_(WeightWindow(plan_, *o.layout, o.prefetch_layers, /*keep_after_forward=*/false, o.ranges),
+                o.streamed_weights, this),
         window_(runner_.window()),
         pulls_of_(window_.num_buckets()),
         pushes_of_(window_.num_buckets()) {}

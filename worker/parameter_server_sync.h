@@ -47,8 +47,8 @@ struct ParameterServerSyncOptions {
   // A pipeline stage's worker: the ranges it computes (its buckets are
   // pushed and pulled, no other), and its pushes carry its rank as their
   // share whatever share of the data it computes (the servers know a
-  // bucket's contributors by rank). Empty: every bucket. Not with
-  // streamed weights or elastic.
+  // bucket's contributors by rank). Empty: every bucket. With streamed
+  // weights, the window covers these ranges alone. Not elastic.
   std::vector<ParamRange> ranges;
 };
 

@@ -25,7 +25,8 @@ class PipelineSteps : public ShareCompute {
   }
 
   StatusOr<double> Compute(int64_t t, int share, const ShareBatches& batches, StepBoundary& previous) override {
-    // This stage's weights are its own, stepped in place: all in already.
+    // The stage's weights are all in (or, streamed, the window's hooks
+    // bring them as the passes reach them).
     HERD_RETURN_IF_ERROR(previous.Settle());
     WeightHome& home = *o_.home;
     home.ClearGradients(o_.grads, o_.flat_size);
@@ -45,7 +46,10 @@ class PipelineSteps : public ShareCompute {
       } else {
         trace::Span span("weight gradients", "compute", {"step", t + 1}, {"micro", a.micro_batch},
                          {"chunk", a.chunk});
-        model.StageBackwardWeights(slot, o_.grads, o_.home->BackwardDone(a.micro_batch == M - 1));
+        // It reads no weights: its hook is the final gradients' alone.
+        Model::FinalFrom final_from = nullptr;
+        if (a.micro_batch == M - 1) final_from = [this](int64_t x) { o_.sync->FinalFrom(x); };
+        model.StageBackwardWeights(slot, o_.grads, final_from);
       }
     }
     // Every gradient this stage computes is final now (a tied
@@ -105,7 +109,8 @@ class PipelineSteps : public ShareCompute {
       trace::Span span("backward", "compute", {"step", t + 1}, {"micro", m}, {"chunk", a.chunk});
       if (split_) {
         // ZERO_BUBBLE: the input gradients now, the weights' later.
-        model.StageBackwardInput(slot, o_.weights, o_.grads, output_grad);
+        model.StageBackwardInput(slot, o_.weights, o_.grads, output_grad, o_.home->BackwardDone(false),
+                                 o_.home->BackwardNeed());
       } else {
         const bool last_micro = m == s_.micro_batches - 1;
         model.StageBackward(slot, o_.weights, o_.grads, output_grad, o_.home->BackwardDone(last_micro),

@@ -78,12 +78,13 @@ void PrintRunHeader(const config::JobConfig& config, const JobOptions& job, cons
               shape.vocab_size, transport ? "worker 0 on " : "", device.c_str());
   const long long tokens = static_cast<long long>(train.batch_size()) * train.seq_len() * train.grad_accum();
   if (pipeline != nullptr) {
-    std::printf("pipeline: %d stages (first layers %s), schedule %s, %d micro-batches, %d replica%s%s | "
+    std::printf("pipeline: %d stages (first layers %s), schedule %s, %d micro-batches, %d replica%s%s%s | "
                 "batch %d x %d tokens x %d accum x %d replicas = %lld tokens/step\n",
                 pipeline->devices(), pipeline->split.Describe().c_str(),
                 PipelineScheduleName(pipeline->schedule.kind), pipeline->schedule.micro_batches, pipeline->replicas,
                 pipeline->replicas == 1 ? "" : "s",
                 config.cluster().pipeline_wire_dtype() == ClusterConfig::BF16 ? ", activations bf16 on the wire" : "",
+                cluster.stream_weights() ? ", each stage's weights streamed" : "",
                 train.batch_size(), train.seq_len(), train.grad_accum(), pipeline->replicas,
                 tokens * pipeline->replicas);
   } else if (transport == nullptr) {
@@ -427,8 +428,9 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeStrategy() {
       }
       HERD_ASSIGN_OR_RETURN(ParameterServerSyncParts parts,
                             CreateParameterServerSync(po, &runtime_->transport(), runtime_->push_pull()));
-      // A stage's gradients are paged (MakeAxes makes its home).
-      if (!pipeline_) home_ = std::move(parts.home);
+      // A stage's gradients are paged: with its weights whole, MakeAxes
+      // makes its home.
+      if (!pipeline_ || streamed_) home_ = std::move(parts.home);
       return std::move(parts.sync);
     }
     case Mode::kAllReduce: {
