@@ -1,12 +1,13 @@
 """Every CUDA path of herd on one GPU node, in one bounded run: the CUDA
 tests, the compute sanitizers, `herd bench gpu` against PyTorch eager and
 torch.compile, a per-kernel profile, one-GPU jobs in every mode and bf16
-against fp32 on the default GPU job. It runs herd from a kit made by
+against fp32 on the default GPU job; and, on the node's CPU cores, the
+idle share of pipeline stages against theory (bubble, not by default). It runs herd from a kit made by
 scripts/gpu_kit.sh (so the node needs only the driver, CUDA, NCCL and
 Python with PyTorch), from the source tree's root:
 
     python3 scripts/gpu_check.py --kit herd-gpu-kit.tar.xz --out DIR \\
-        [--phases env,tests,bench,modes,converge,sanitize,profile] [--deadline-s 540]
+        [--phases env,tests,bench,modes,converge,sanitize,profile,bubble] [--deadline-s 540]
 
 Each phase prints and appends JSON lines to DIR/results.jsonl (one per
 figure, each with its "phase"), and the output of every command to
@@ -34,9 +35,10 @@ import tempfile
 import time
 
 SOURCE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PHASES = ("env", "tests", "bench", "modes", "converge", "sanitize", "profile")
+PHASES = ("env", "tests", "bench", "modes", "converge", "sanitize", "profile", "bubble")
 # The least time each phase needs to say anything useful, in seconds.
-NEEDS = {"env": 5, "tests": 90, "bench": 150, "modes": 120, "converge": 60, "sanitize": 120, "profile": 60}
+NEEDS = {"env": 5, "tests": 90, "bench": 150, "modes": 120, "converge": 60, "sanitize": 120, "profile": 60,
+         "bubble": 150}
 
 # SmolLM-135M's shape, as `herd bench gpu` measures it.
 SMOLLM_135M = ("model { vocab_size: 49152 hidden_size: 576 intermediate_size: 1536 num_hidden_layers: 30 "
@@ -428,8 +430,35 @@ def phase_profile(c):
                       for k, (n, t) in top], ok=code == 0 and total > 0)
 
 
+def phase_bubble(c):
+    """Pipeline stages' idle share of a step against the schedules' theory
+    (bench/pipeline_bubble.py: CPU stage workers, one thread each) for
+    p = 2 and 4 stages and m = 4, 8 and 16 micro-batches, on the node's CPU
+    cores, which a 2-core machine lacks for p = 4. Each row says whether
+    the stage's idle share is within 20% of theory."""
+    bench = os.path.join(SOURCE, "bench", "pipeline_bubble.py")
+    cores = os.cpu_count() or 1
+    for stages in (2, 4):
+        if stages + 1 > cores:
+            c.record("bubble", stages=stages, skipped=f"{cores} cores: {stages} stages need {stages + 1}")
+            continue
+        how = ["--micro", "4,8", "--steps", "3", "--warmup", "1", "--schedules", "ONE_F_ONE_B"] if c.a.small else \
+            ["--micro", "4,8,16", "--steps", "5", "--warmup", "2",
+             "--schedules", "GPIPE,ONE_F_ONE_B,INTERLEAVED_1F1B,ZERO_BUBBLE"]
+        sets = ["--set", "model.num_hidden_layers=8"] if c.a.small else []
+        code, out, err = c.run(f"pipeline bubble, {stages} stages",
+                               [sys.executable, bench, "--build", c.bin, "--stages", str(stages), *how, *sets], 300)
+        rows = json_lines(out)
+        for row in rows:
+            row.pop("bench", None)
+            c.record("bubble", within_20pct=row["ratio"] <= 1.2, **row)
+        c.record("bubble", what=f"pipeline bubble, {stages} stages", exit=code, lines=len(rows),
+                 ok=code == 0 and len(rows) > 0, said=err.strip().splitlines()[-2:] if code != 0 else [])
+
+
 RUN = {"env": phase_env, "tests": phase_tests, "bench": phase_bench, "modes": phase_modes,
-       "converge": phase_converge, "sanitize": phase_sanitize, "profile": phase_profile}
+       "converge": phase_converge, "sanitize": phase_sanitize, "profile": phase_profile,
+       "bubble": phase_bubble}
 
 
 def main():
