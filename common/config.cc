@@ -382,8 +382,6 @@ std::vector<Violation> CheckValues(const JobConfig& c) {
        "hybrid sharding of CUDA workers runs over the UCX ring only yet: set cluster.nccl: false");
   if (c.cluster().pipeline_stages() > 1) {
     need(c.device().kind() == config::DeviceConfig::CPU, "device.kind", "pipeline stages run on CPU workers only yet");
-    need(c.log().sample_tokens() == 0, "log.sample_tokens",
-         "samples through pipeline stages are not built yet: set log.sample_tokens: 0");
     need(c.cluster().pipeline_schedule() != config::ClusterConfig::ZERO_BUBBLE ||
              c.train().recompute() == config::TrainConfig::NONE,
          "train.recompute", "ZERO_BUBBLE keeps the activations its deferred weight gradients read: no recomputation");

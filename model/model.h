@@ -56,6 +56,10 @@ class Model {
                         bool last_micro_batch = true, const NeedFrom& need_from = nullptr) = 0;
   // Host [B*T, vocab] logits of the last Forward (before any Backward).
   virtual const float* logits() = 0;
+  // The last Forward's logits at position T - 1 of its first sequence
+  // ([vocab]), what sampling reads: a row of logits(), unless the model's
+  // logits are elsewhere (a pipeline's, on its last stage).
+  virtual const float* LastLogits(int T) { return logits() + static_cast<int64_t>(T - 1) * shape().vocab_size; }
 
   // LlamaModel::ForwardBackwardLayerMajor's contract, for up to
   // layer_major_slots() micro-batches (0: the model has no such pass).

@@ -25,7 +25,8 @@ the same micro-batches (train.grad_accum) on a 4-layer tiny model:
   checkpoint (one file of pieces per stage) resumes as one process, and a
   4-stage one at 2 stages, also bitwise;
 * the held-out loss (log.eval_every) through the stages: bitwise one
-  process's;
+  process's, and the sample drawn at the end (the last stage sends the
+  last position's logits to the others) one process's text;
 * bad inputs, each one line and a non-zero exit before any process
   starts: stages not dividing the workers, more stages than layers, a
   split that is not increasing, virtual stages without the interleaved
@@ -47,9 +48,10 @@ def main():
     sb.training_data()
 
     def job(name, cluster="", tied=False, clip=0.0, accum=4, steps=STEPS, every=0, layers=4, ckpt=None, train="",
-            eval_every=0):
+            eval_every=0, sample=0):
         text = herdtest.tiny_config("train.bin", val="val.bin" if eval_every else "", steps=steps, ckpt=ckpt or name,
                                     every=every, metrics=name + ".jsonl", extra=cluster, eval_every=eval_every)
+        text = text.replace("sample_tokens: 0", f"sample_tokens: {sample} sample_temperature: 0.8")
         text = text.replace("num_hidden_layers: 2", f"num_hidden_layers: {layers}" +
                             ("" if tied else " tie_word_embeddings: false"))
         text = text.replace("batch_size: 4", f"batch_size: 2 grad_accum: {accum} {train}")
@@ -59,6 +61,14 @@ def main():
     def pipeline(stages, schedule="ONE_F_ONE_B", more=""):
         return (f"cluster {{ sync: ALLREDUCE workers: {stages} pipeline_stages: {stages} "
                 f"pipeline_schedule: {schedule} {more} }}")
+
+    def sample_of(launched):
+        """The sample text a launch printed (worker 0's, its prefix taken off)."""
+        lines = [line.split(": ", 1)[1] if line.startswith("worker 0: ") else line
+                 for line in launched.stdout.splitlines()]
+        start = next(i for i, line in enumerate(lines) if line.startswith("sample ("))
+        end = next(i for i in range(start, len(lines)) if lines[i].startswith("done:"))
+        return "\n".join(lines[start:end])
 
     def losses(name):
         return [m["loss"] for m in metrics(sb.path(name + ".jsonl"))]
@@ -70,15 +80,17 @@ def main():
         return worst
 
     # Untied, no clipping: bitwise.
-    sb.run("launch", job("one"))
+    # Each run ends with a sample drawn through the stages: one process's text.
+    reference_sample = sample_of(sb.run("launch", job("one", sample=40)))
     reference = losses("one")
     sb.run("launch", job("one_tied_ref", tied=True, clip=1.0))
     runs = [("gpipe_p2", pipeline(2, "GPIPE")), ("ofob_p2", pipeline(2)), ("ofob_p4", pipeline(4)),
             ("interleaved_p2v2", pipeline(2, "INTERLEAVED_1F1B", "virtual_stages: 2")),
             ("zb_p2", pipeline(2, "ZERO_BUBBLE")), ("zb_p4", pipeline(4, "ZERO_BUBBLE"))]
     for name, cluster in runs:
-        sb.run("launch", job(name, cluster))
+        text = sample_of(sb.run("launch", job(name, cluster, sample=40)))
         assert losses(name) == reference, f"{name}: {losses(name)[:3]} vs one process {reference[:3]}"
+        assert text == reference_sample, f"{name}: sampled {text!r}, one process {reference_sample!r}"
     # Evaluation through the stages: the held-out loss is one process's.
     sb.run("prepare", "corpus.txt", "--out", "val.bin")
     sb.run("launch", job("one_eval", eval_every=5))
@@ -98,7 +110,8 @@ def main():
         sb.run("launch", job(name, cluster, layers=8, train=train))
         assert losses(name) == losses("one8"), f"{name}: {losses(name)[:3]} vs one process {losses('one8')[:3]}"
     print(f"untied, no clipping: GPipe, 1F1B (P=2, 3, 4), interleaved (P=2, v=2) and zero bubble (P=2, 4) bitwise one "
-          f"process over {STEPS} steps on 4 and 8 layers, with recompute FULL too")
+          f"process over {STEPS} steps on 4 and 8 layers, with recompute FULL too; each one's sample through the "
+          f"stages one process's text")
 
     # Over parameter servers: each stage pushes and pulls its own buckets,
     # a bucket's sum is its stage's workers', in rank order.
@@ -127,8 +140,10 @@ def main():
     # Streamed weights inside the stages: each stage's window over its own
     # buckets (small ones, no prefetch), the same bytes when read.
     streamed = "stream_weights: true stream_prefetch_layers: 0 bucket_mb: 0.004"
-    sb.run("launch", job("ps_p2_stream_zb", ps % (2, 2, streamed + " pipeline_schedule: ZERO_BUBBLE")))
+    text = sample_of(sb.run("launch", job("ps_p2_stream_zb", ps % (2, 2, streamed + " pipeline_schedule: ZERO_BUBBLE"),
+                                          sample=40)))
     assert losses("ps_p2_stream_zb") == reference, "PS P=2 zero bubble, streamed weights"
+    assert text == reference_sample, f"PS P=2 zero bubble, streamed weights: sampled {text!r}"
     sb.run("launch", job("ps_p2_stream_tied", ps % (2, 2, streamed), tied=True, clip=1.0))
     assert losses("ps_p2_stream_tied") == losses("ps_p2_tied"), "PS P=2 tied, clipped: streamed against whole stages"
     more = [("ps_p4_stream", ps % (4, 4, streamed)),

@@ -215,13 +215,16 @@ TEST(PipelineWire, Bf16ArrivesRoundedAsFloatsToBf16AndTheSourceMayBeReusedAtOnce
     }
   }
   EXPECT_EQ(s.transport(0).stats().rendezvous_received, 2u);
-  // A tied embedding's gradient stays fp32 on a bf16 wire.
-  const std::vector<float> embed = RandomFloats(5000, 3);
-  std::vector<float> got(embed.size());
-  const StageMessage m{StageMessage::kEmbeddingGradient, 0, 0, 0, static_cast<int64_t>(embed.size())};
-  ASSERT_TRUE(s.wire(1).WaitSent(s.wire(1).Send(0, m, embed.data())).ok());
-  ASSERT_TRUE(s.wire(0).Receive(1, m, got.data()).ok());
-  EXPECT_TRUE(SameBits(got, embed));
+  // A tied embedding's gradient, and a sample's logits, stay fp32 on a
+  // bf16 wire.
+  for (StageMessage::Kind kind : {StageMessage::kEmbeddingGradient, StageMessage::kLogits}) {
+    const std::vector<float> exact = RandomFloats(5000, 3);
+    std::vector<float> got(exact.size());
+    const StageMessage m{kind, 0, 0, 0, static_cast<int64_t>(exact.size())};
+    ASSERT_TRUE(s.wire(1).WaitSent(s.wire(1).Send(0, m, exact.data())).ok());
+    ASSERT_TRUE(s.wire(0).Receive(1, m, got.data()).ok());
+    EXPECT_TRUE(SameBits(got, exact)) << StageMessageKindName(kind);
+  }
 }
 
 TEST(PipelineWire, MicroBatchesArrivingOutOfOrderAreReceivedInOrder) {

@@ -17,7 +17,7 @@ static_assert(std::endian::native == std::endian::little, "headers are sent in h
 
 bool KnownKind(uint8_t kind) {
   return kind == StageMessage::kActivation || kind == StageMessage::kGradient ||
-         kind == StageMessage::kEmbeddingGradient;
+         kind == StageMessage::kEmbeddingGradient || kind == StageMessage::kLogits;
 }
 
 // "activation for step 8 micro-batch 2 virtual stage 1" (steps from 1).
@@ -48,6 +48,8 @@ std::string StageMessageKindName(int kind) {
       return "gradient";
     case StageMessage::kEmbeddingGradient:
       return "embedding gradient";
+    case StageMessage::kLogits:
+      return "logits";
   }
   return "kind " + std::to_string(kind);
 }

@@ -57,6 +57,10 @@ struct StageMessage {
     // stage: always fp32 on the wire (both ends must add bitwise the same
     // values), whatever the wire's dtype.
     kEmbeddingGradient = 3,
+    // The last stage's logits at a sampled sequence's last position, to
+    // every other stage: fp32 too, so that every stage draws the same
+    // token as one process.
+    kLogits = 4,
   };
   Kind kind = kActivation;
   uint64_t step = 0;          // 0-based training step
@@ -66,7 +70,7 @@ struct StageMessage {
   double loss = 0;            // gradients carry the micro-batch's loss back from the last stage
 };
 
-// "activation", "gradient", "embedding gradient"; "kind N" for others.
+// "activation", "gradient", "embedding gradient", "logits"; "kind N" for others.
 std::string StageMessageKindName(int kind);
 
 // A message's header as it travels: little-endian, 40 bytes, no padding.
@@ -184,7 +188,9 @@ class PipelineWire {
   void DropEarly(Early& e) REQUIRES(mu_);
 
   // Whether messages of `kind` travel as bf16 here.
-  bool WireBf16(uint8_t kind) const { return bf16_ && kind != StageMessage::kEmbeddingGradient; }
+  bool WireBf16(uint8_t kind) const {
+    return bf16_ && kind != StageMessage::kEmbeddingGradient && kind != StageMessage::kLogits;
+  }
   // What is wrong with a caller's header, or "".
   std::string CheckLocal(const StageMessage& m) const;
   Buffer TakeBuffer(size_t bytes) REQUIRES(mu_);

@@ -40,7 +40,7 @@ std::vector<int32_t> Generate(Model& model, const float* params, std::vector<int
     const int T = std::min<int>(static_cast<int>(tokens.size()), model.max_seq_len());
     const int32_t* context = tokens.data() + tokens.size() - T;
     model.Forward(params, context, nullptr, 1, T, need);
-    const float* logits = model.logits() + static_cast<int64_t>(T - 1) * V;
+    const float* logits = model.LastLogits(T);
     int32_t next = 0;
     if (temperature <= 0) {
       next = static_cast<int32_t>(std::max_element(logits, logits + V) - logits);

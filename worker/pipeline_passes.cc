@@ -160,6 +160,8 @@ class PipelineForward : public Model {
     const int micro = s_.micro_batches + next_++;
     const int last_vs = s_.virtual_stages() - 1;
     const int64_t elements = static_cast<int64_t>(B) * T * layout().shape().hidden_size;
+    const int vocab = layout().shape().vocab_size;
+    last_logits_.resize(vocab);
     double loss = 0;
     for (int c = 0; c < s_.chunks; ++c) {
       const int vs = s_.VirtualStage(o_.device, c);
@@ -176,20 +178,33 @@ class PipelineForward : public Model {
         Check(o_.wire->WaitSent(o_.wire->Send(o_.peers[s_.DeviceOf(vs + 1)], out, model.StageOutput(0))));
         continue;
       }
-      // The last stage: the loss to every other worker of the replica.
+      // The last stage: the loss (evaluation) or the last position's
+      // logits (sampling) to every other worker of the replica.
       loss = l;
       const float payload = static_cast<float>(l);
       for (int d = 0; d < s_.devices; ++d) {
         if (d == o_.device) continue;
         StageMessage out{StageMessage::kGradient, step, micro, s_.VirtualStage(d, 0), 1};
         out.loss = l;
-        Check(o_.wire->WaitSent(o_.wire->Send(o_.peers[d], out, &payload)));
+        const float* data = &payload;
+        if (targets == nullptr) {
+          out.kind = StageMessage::kLogits;
+          out.elements = vocab;
+          data = model.logits() + static_cast<int64_t>(T - 1) * vocab;
+        }
+        Check(o_.wire->WaitSent(o_.wire->Send(o_.peers[d], out, data)));
       }
     }
     if (s_.DeviceOf(last_vs) != o_.device) {
       float payload = 0;
-      const StageMessage in{StageMessage::kGradient, step, micro, s_.VirtualStage(o_.device, 0), 1};
-      const StatusOr<double> got = o_.wire->Receive(o_.peers[s_.DeviceOf(last_vs)], in, &payload);
+      StageMessage in{StageMessage::kGradient, step, micro, s_.VirtualStage(o_.device, 0), 1};
+      float* into = &payload;
+      if (targets == nullptr) {
+        in.kind = StageMessage::kLogits;
+        in.elements = vocab;
+        into = last_logits_.data();
+      }
+      const StatusOr<double> got = o_.wire->Receive(o_.peers[s_.DeviceOf(last_vs)], in, into);
       Check(got.status());
       loss = *got;
     }
@@ -200,8 +215,13 @@ class PipelineForward : public Model {
     LOG(FATAL) << "the pipeline's evaluator computes no gradients";
   }
   const float* logits() override {
-    LOG(FATAL) << "samples through pipeline stages are not built (log.sample_tokens must be 0)";
+    LOG(FATAL) << "a pipeline's logits are on its last stage: read LastLogits";
     return nullptr;
+  }
+  const float* LastLogits(int T) override {
+    const int last_vs = s_.virtual_stages() - 1;
+    if (s_.DeviceOf(last_vs) != o_.device) return last_logits_.data();
+    return models_[s_.ChunkOf(last_vs)]->logits() + static_cast<int64_t>(T - 1) * layout().shape().vocab_size;
   }
 
  private:
@@ -217,6 +237,7 @@ class PipelineForward : public Model {
   const std::string name_;
   uint64_t step_ = ~uint64_t{0};  // the wire's step of the last Forward
   int next_ = 0;                  // the Forwards since the step changed
+  std::vector<float> last_logits_;  // a sampled sequence's, from the last stage (not on it)
 };
 
 }  // namespace

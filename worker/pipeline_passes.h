@@ -58,8 +58,11 @@ std::unique_ptr<ShareCompute> PipelinePasses(const PipelinePassOptions& options,
 // batch through its chunks (forward only, slot 0), and the last stage
 // sends the loss to the others, so that every worker returns it. Its
 // messages are the wire's of the step just taken, micro-batches numbered
-// after the step's own. Backward and logits() are not served: samples
-// through the stages are refused by the config (log.sample_tokens 0).
+// after the step's own. Sampling (no targets, one sequence) passes the
+// tokens through the stages alike, and the last stage sends the last
+// position's logits, fp32, to the others (LastLogits), so that every
+// worker draws the same tokens as one process. Backward and logits() are
+// not served.
 std::unique_ptr<Model> PipelineEvaluator(const PipelinePassOptions& options, std::vector<LlamaModel<float>*> models,
                                          const std::string& device_name);
 
