@@ -347,7 +347,10 @@ void CheckCluster(const config::ClusterConfig& cl, const Rules& need) {
     need(cl.sync() != config::ClusterConfig::NONE, "cluster.pipeline_stages",
          "pipeline stages need workers: sync ALLREDUCE or PARAMETER_SERVER");
     need(!cl.elastic(), "cluster.elastic", "elastic pipeline stages are not built yet");
-    need(cl.zero_stage() == 0, "cluster.zero_stage", "ZeRO inside pipeline stages is not built yet");
+    need(cl.zero_stage() <= 1, "cluster.zero_stage",
+         "ZeRO-1 inside pipeline stages is built (each stage's optimizer state sharded over its replicas); "
+         "ZeRO-2 and -3 are not yet");
+    need(cl.shard_group_size() == 0, "cluster.shard_group_size", "hybrid sharding inside pipeline stages is not built yet");
 
   }
   need(cl.reshard_after_forward() || cl.zero_stage() == 3, "cluster.reshard_after_forward",

@@ -229,6 +229,20 @@ StatusOr<std::vector<ProcessMemory>> StageMemory(const JobSizes& j, const ShardP
     m.weights = held * kF32;
     m.gradients = held * kF32;
     m.optimizer = ps ? 0 : 2 * held * kF32;
+    if (!ps && j.cluster.zero_stage() > 0) {
+      // ZeRO-1 among the stage's replicas: the first one's slices (the
+      // largest) of the stage's buckets.
+      HERD_ASSIGN_OR_RETURN(const ShardPlan plan, PipelineCollectivePlan(j.config));
+      int64_t owned = 0;
+      for (const Bucket& b : plan.buckets()) {
+        for (const ParamRange& r : pipeline.RangesOf(d, j.layout)) {
+          if (b.range.begin >= r.begin && b.range.end <= r.end) {
+            owned += SliceOf(b, OwnerParts(b, pipeline.replicas), 0).size();
+          }
+        }
+      }
+      m.optimizer = 2 * owned * kF32;
+    }
     int64_t staging = ps && j.bf16 ? held * 2 : 0;
     if (j.streamed) {
       // The window over the stage's ranges at its fullest, replayed

@@ -85,4 +85,11 @@ StatusOr<ShardPlanOptions> ShardPlanOptionsOf(const config::JobConfig& config) {
   return o;
 }
 
+StatusOr<ShardPlan> PipelineCollectivePlan(const config::JobConfig& config) {
+  HERD_ASSIGN_OR_RETURN(ShardPlanOptions o, ShardPlanOptionsOf(config));
+  o.servers = 1;
+  o.strategy = config::ClusterConfig::BALANCED;
+  return ShardPlan::Create(ParamLayout(LlamaShape::FromConfig(config.model())), o);
+}
+
 }  // namespace herd

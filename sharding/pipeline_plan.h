@@ -48,5 +48,8 @@ bool HasPipeline(const config::JobConfig& config);
 // A parameter-server job's shard plan options: the cluster's, with a
 // pipeline's bucket cuts.
 StatusOr<ShardPlanOptions> ShardPlanOptionsOf(const config::JobConfig& config);
+// An all-reduce pipeline's buckets (ZeRO-1 inside the stages): the whole
+// space in the cluster's bucket size, cut at the stages' ends, one "server".
+StatusOr<ShardPlan> PipelineCollectivePlan(const config::JobConfig& config);
 
 }  // namespace herd

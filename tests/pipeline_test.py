@@ -10,7 +10,9 @@ the same micro-batches (train.grad_accum) on a 4-layer tiny model:
   layers' gradients in the same order as one model, and the update does
   not depend on the norm, which is summed stage by stage;
 * data x pipeline 2 x 2 (four workers): bitwise DDP's steps with two
-  (tied and clipped: within 1e-5);
+  (tied and clipped: within 1e-5), with ZeRO-1 inside the stages too
+  (each stage's AdamW state sharded over its replicas), stopped and
+  resumed, and its checkpoint on without ZeRO;
 * over parameter servers (S=2), each stage pushing and pulling its own
   buckets: P = 2 (1F1B, GPipe, ZB-H1) and 4 bitwise one process, 2 x 2 bitwise
   PS with two workers, tied and clipped within 1e-5, a stop and --resume
@@ -164,7 +166,18 @@ def main():
     sb.run("launch", job("ddp2_tied", "cluster { sync: ALLREDUCE workers: 2 }", tied=True, clip=1.0))
     sb.run("launch", job("dp2_pp2_tied", pipeline(2).replace("workers: 2", "workers: 4"), tied=True, clip=1.0))
     w0 = close(losses("dp2_pp2_tied"), losses("ddp2_tied"), "2 x 2 tied, clipped")
-    print(f"data x pipeline 2 x 2: bitwise DDP's steps with 2 workers; tied and clipped within {w0:.2g}")
+    # ZeRO-1 inside the stages: each stage's AdamW state sharded over its
+    # two replicas, stopped, resumed, and its checkpoint on without ZeRO.
+    zero = pipeline(2, more="zero_stage: 1").replace("workers: 2", "workers: 4")
+    sb.run("launch", job("zero_pp2", zero, every=10), "--stop-at", "10")
+    sb.run("launch", job("zero_pp2", zero, every=10), "--resume")
+    assert losses("zero_pp2") == losses("ddp2"), "2 x 2 with ZeRO-1 in the stages, stopped and resumed, against DDP"
+    os.makedirs(sb.path("from_zero"))
+    os.symlink(sb.path("zero_pp2", "step_00000010"), sb.path("from_zero", "step_00000010"))
+    sb.run("launch", job("from_zero", pipeline(2).replace("workers: 2", "workers: 4"), every=10), "--resume")
+    assert losses("from_zero") == losses("ddp2")[10:], "ZeRO-1 stages' checkpoint resumed without ZeRO"
+    print(f"data x pipeline 2 x 2: bitwise DDP's steps with 2 workers, with ZeRO-1 in the stages too (stopped, "
+          f"resumed, and its checkpoint on without ZeRO); tied and clipped within {w0:.2g}")
 
     # Clipping, and tied embeddings: within rounding.
     sb.run("launch", job("one_tied", tied=True, clip=1.0))

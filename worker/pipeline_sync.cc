@@ -6,6 +6,8 @@
 #include "common/file_util.h"
 #include "common/trace.h"
 #include "model/checkpoint_format.h"
+#include "model/checkpoint_load.h"
+#include "model/hf_io.h"
 #include "model/optim/adamw.h"
 #include "model/optim/optimizer_shard.h"
 #include "transport/ps_protocol.h"
@@ -19,10 +21,16 @@ using transport::StageMessage;
 
 class PipelineSync : public SyncStrategy {
  public:
+  // `buckets` (ZeRO): the stage's buckets, a tied embedding's on the last
+  // stage too, in ascending offsets; `weights` the whole flat space.
   PipelineSync(const PipelineSyncOptions& o, std::unique_ptr<OptimizerSlices> own,
-               std::unique_ptr<OptimizerSlices> embedding)
+               std::unique_ptr<OptimizerSlices> embedding, std::vector<Bucket> buckets, float* weights)
       : o_(o),
         replica_(o.stage_replicas != nullptr ? o.stage_replicas->rank() : 0),
+        replicas_(o.stage_replicas != nullptr ? o.stage_replicas->size() : 1),
+        zero_(o.zero_plan != nullptr),
+        buckets_(std::move(buckets)),
+        weights_(weights),
         first_(o.device == 0),
         last_(o.device == o.schedule->devices - 1),
         embedding_end_(o.layout->shape().tie_word_embeddings && o.schedule->devices > 1
@@ -32,6 +40,7 @@ class PipelineSync : public SyncStrategy {
         embedding_(std::move(embedding)) {
     report_.version = static_cast<uint64_t>(own_->step());
     if (embedding_end_ > 0) scratch_.resize(embedding_end_);
+    for (const Bucket& b : buckets_) parts_.push_back(OwnerParts(b, replicas_));
   }
 
   void BeginStep(float* grads, const StepShare& share) override {
@@ -43,9 +52,12 @@ class PipelineSync : public SyncStrategy {
   Status FinishStep(double loss) override {
     Status st = ReduceAmongReplicas();
     if (st.ok()) st = ExchangeEmbedding();
-    // Every replica holds the same sums: the first one's are counted.
+    // Every replica holds the same sums: the first one's are counted
+    // (ZeRO: each its own slices').
     double sumsq = 0;
-    for (const ParamRange& r : own_->ranges()) sumsq += replica_ == 0 ? SumOfSquares(grads_ + r.begin, r.size()) : 0;
+    for (const ParamRange& r : own_->ranges()) {
+      sumsq += replica_ == 0 || zero_ ? SumOfSquares(grads_ + r.begin, r.size()) : 0;
+    }
     // Every stage of a replica knows its loss: the last stage's alone is
     // added, so that the mean over the replicas is exact.
     double sums[2] = {sumsq, last_ ? loss : 0.0};
@@ -57,11 +69,14 @@ class PipelineSync : public SyncStrategy {
     HERD_RETURN_IF_ERROR(st.WithContext("step " + std::to_string(step_ + 1) + ": "));
     const double norm = std::sqrt(sums[0]), mean_loss = sums[1] / (c.size() / o_.schedule->devices);
     HERD_RETURN_IF_ERROR(CheckNotDiverged("gradient norm", norm));
-    trace::Span span("adamw", "compute", {"step", static_cast<int64_t>(step_ + 1)});
-    const OptimizerShard::Scalars s = own_->Step(grads_, norm, mean_loss);
-    if (embedding_ != nullptr) embedding_->Step(grads_, norm, mean_loss);
+    OptimizerShard::Scalars s;
+    {
+      trace::Span span("adamw", "compute", {"step", static_cast<int64_t>(step_ + 1)});
+      s = own_->Step(grads_, norm, mean_loss);
+      if (embedding_ != nullptr) embedding_->Step(grads_, norm, mean_loss);
+    }
     report_ = ReportOf(s.step, norm, s.lr, mean_loss, s.spike);
-    return Status::OK();
+    return GatherAmongReplicas();
   }
 
   // The weights are this worker's own, stepped in place.
@@ -72,30 +87,55 @@ class PipelineSync : public SyncStrategy {
   double TakeWaitSeconds() override { return wait_.Take(); }
 
   Status WriteCheckpointParts(const std::string& step_dir) override {
+    // Stage-major ranks: stage `device`'s replica r is rank device * R + r.
+    if (zero_) return own_->Save(JoinPath(step_dir, ShardFileName(o_.device * replicas_ + replica_)));
     if (replica_ != 0) return Status::OK();
     return own_->Save(JoinPath(step_dir, ShardFileName(o_.device)));
   }
-  int shard_files() const override { return o_.schedule->devices; }
+  int shard_files() const override { return o_.schedule->devices * (zero_ ? replicas_ : 1); }
 
  private:
-  // DDP inside the stage: its ranges (and the last stage's part of a tied
-  // embedding) all-reduced among its replicas, all issued, then waited for.
+  // Inside the stage: its ranges (and the last stage's part of a tied
+  // embedding) all-reduced among its replicas (ZeRO-1: each bucket
+  // reduce-scattered to its owners), all issued, then waited for.
   Status ReduceAmongReplicas() {
     Collectives* replicas = o_.stage_replicas;
     if (replicas == nullptr) return Status::OK();
-    trace::Span span("stage all-reduce", "collective", {"step", static_cast<int64_t>(step_ + 1)});
-    std::vector<ParamRange> ranges = own_->ranges();
-    if (embedding_ != nullptr) ranges.insert(ranges.begin(), embedding_->ranges().begin(), embedding_->ranges().end());
+    trace::Span span(zero_ ? "stage reduce-scatter" : "stage all-reduce", "collective",
+                     {"step", static_cast<int64_t>(step_ + 1)});
     std::vector<Collectives::Handle> handles;
-    for (const ParamRange& r : ranges) {
-      handles.push_back(replicas->AllReduce(grads_ + r.begin, r.size(), DType::kFloat32, o_.gradient_wire));
+    if (zero_) {
+      for (size_t i = 0; i < buckets_.size(); ++i) {
+        handles.push_back(replicas->ReduceScatter(grads_ + buckets_[i].range.begin, parts_[i], o_.gradient_wire));
+      }
+    } else {
+      std::vector<ParamRange> ranges = own_->ranges();
+      if (embedding_ != nullptr) ranges.insert(ranges.begin(), embedding_->ranges().begin(), embedding_->ranges().end());
+      for (const ParamRange& r : ranges) {
+        handles.push_back(replicas->AllReduce(grads_ + r.begin, r.size(), DType::kFloat32, o_.gradient_wire));
+      }
     }
+    return WaitAll(handles, zero_ ? "reduce-scatter" : "all-reduce");
+  }
+
+  // ZeRO-1: every replica's stepped slices to the others.
+  Status GatherAmongReplicas() {
+    if (!zero_ || o_.stage_replicas == nullptr) return Status::OK();
+    trace::Span span("stage all-gather", "collective", {"step", static_cast<int64_t>(step_ + 1)});
+    std::vector<Collectives::Handle> handles;
+    for (size_t i = 0; i < buckets_.size(); ++i) {
+      handles.push_back(o_.stage_replicas->AllGather(weights_ + buckets_[i].range.begin, parts_[i]));
+    }
+    return WaitAll(handles, "all-gather").WithContext("step " + std::to_string(step_ + 1) + ": ");
+  }
+
+  Status WaitAll(const std::vector<Collectives::Handle>& handles, const std::string& what) {
     Status first;
     for (Collectives::Handle h : handles) {
-      Status st = wait_.Timed([&] { return replicas->Wait(h); });
+      Status st = wait_.Timed([&] { return o_.stage_replicas->Wait(h); });
       if (first.ok()) first = st;
     }
-    return first.WithContext("all-reduce among stage " + std::to_string(o_.device) + "'s replicas: ");
+    return first.WithContext(what + " among stage " + std::to_string(o_.device) + "'s replicas: ");
   }
 
   // Tied embeddings: the first and the last stage swap their parts of the
@@ -120,7 +160,11 @@ class PipelineSync : public SyncStrategy {
   }
 
   const PipelineSyncOptions o_;
-  const int replica_;  // among the stage's replicas
+  const int replica_, replicas_;  // this worker's place among the stage's replicas, and their number
+  const bool zero_;               // ZeRO-1 among them
+  const std::vector<Bucket> buckets_;  // ZeRO: the stage's, ascending
+  std::vector<Partition> parts_;       // per bucket: its owners' slices
+  float* const weights_;
   const bool first_, last_;
   const int64_t embedding_end_;  // tied across stages: the embedding's end; else 0
   const std::unique_ptr<OptimizerSlices> own_;        // this worker's virtual stages
@@ -134,21 +178,89 @@ class PipelineSync : public SyncStrategy {
 
 }  // namespace
 
+namespace {
+
+// The buckets of `plan` inside `ranges`, ascending.
+std::vector<Bucket> BucketsIn(const ShardPlan& plan, const std::vector<ParamRange>& ranges) {
+  std::vector<Bucket> out;
+  for (auto b = plan.buckets().rbegin(); b != plan.buckets().rend(); ++b) {
+    for (const ParamRange& r : ranges) {
+      if (b->range.begin >= r.begin && b->range.end <= r.end) out.push_back(*b);
+    }
+  }
+  return out;
+}
+
+// `replica`'s slices of `buckets` among `replicas` (OwnerParts), empty ones left out.
+std::vector<ParamRange> SlicesOf(const std::vector<Bucket>& buckets, int replicas, int replica) {
+  std::vector<ParamRange> out;
+  for (const Bucket& b : buckets) {
+    const ParamRange r = SliceOf(b, OwnerParts(b, replicas), replica);
+    if (r.size() > 0) out.push_back(r);
+  }
+  return out;
+}
+
+// The weights of `ranges` whole, where the optimizer holds slices of them:
+// from the checkpoint, init_from's file or the initialisation (a function
+// of the seed and the tensor, so every replica starts alike).
+Status LoadWhole(const PipelineSyncOptions& o, const std::vector<ParamRange>& ranges,
+                 const std::optional<VerifiedCheckpoint>& resume_from, float* weights) {
+  if (resume_from) {
+    return ReadShardRanges(resume_from->dir, resume_from->manifest, ranges, false, weights).status();
+  }
+  const WeightInit& init = o.job->init;
+  for (const ParamRange& r : ranges) {
+    if (init.init_from.empty()) {
+      InitParameterRange(*o.layout, init.seed, init.initializer_range, r.begin, r.end, weights + r.begin);
+      continue;
+    }
+    HERD_ASSIGN_OR_RETURN(std::vector<float> loaded, LoadInitialWeights(init.init_from, init.model, r.begin, r.end));
+    std::copy(loaded.begin(), loaded.end(), weights + r.begin);
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
 StatusOr<std::unique_ptr<SyncStrategy>> CreatePipelineSync(const PipelineSyncOptions& o, float* weights,
                                                            const std::optional<VerifiedCheckpoint>& resume_from) {
   const PipelineSchedule& s = *o.schedule;
   std::vector<ParamRange> ranges;
   for (int c = 0; c < s.chunks; ++c) ranges.push_back(o.split->stage(s.VirtualStage(o.device, c)).params);
-  HERD_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerSlices> own,
-                        OptimizerSlices::InitOrResume(o.job->optimizer, o.job->init, *o.layout, ranges, resume_from,
-                                                      weights));
-  std::unique_ptr<OptimizerSlices> embedding;
+  std::vector<ParamRange> embedding_ranges;
   if (o.split->stage(s.virtual_stages() - 1).reads_embedding && o.device == s.devices - 1) {
-    const ParamRange embed{0, o.layout->layer(0).input_norm};
-    HERD_ASSIGN_OR_RETURN(embedding, OptimizerSlices::InitOrResume(o.job->optimizer, o.job->init, *o.layout, {embed},
-                                                                   resume_from, weights));
+    embedding_ranges.push_back({0, o.layout->layer(0).input_norm});
   }
-  return std::unique_ptr<SyncStrategy>(std::make_unique<PipelineSync>(o, std::move(own), std::move(embedding)));
+  // ZeRO-1: the optimizer's ranges are this replica's slices of the
+  // stage's buckets; the weights are loaded whole beside them.
+  std::vector<Bucket> buckets;
+  const int replicas = o.stage_replicas != nullptr ? o.stage_replicas->size() : 1;
+  const int replica = o.stage_replicas != nullptr ? o.stage_replicas->rank() : 0;
+  std::vector<ParamRange> own_ranges = ranges, embedding_own = embedding_ranges;
+  if (o.zero_plan != nullptr) {
+    std::vector<ParamRange> all = embedding_ranges;
+    all.insert(all.end(), ranges.begin(), ranges.end());
+    buckets = BucketsIn(*o.zero_plan, all);
+    own_ranges = SlicesOf(BucketsIn(*o.zero_plan, ranges), replicas, replica);
+    embedding_own = SlicesOf(BucketsIn(*o.zero_plan, embedding_ranges), replicas, replica);
+    if (own_ranges.empty()) {
+      return Status::InvalidArgument("cluster.zero_stage: stage " + std::to_string(o.device) +
+                                     "'s buckets are too small to shard over its " + std::to_string(replicas) +
+                                     " replicas");
+    }
+    HERD_RETURN_IF_ERROR(LoadWhole(o, all, resume_from, weights));
+  }
+  HERD_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerSlices> own,
+                        OptimizerSlices::InitOrResume(o.job->optimizer, o.job->init, *o.layout, own_ranges,
+                                                      resume_from, weights));
+  std::unique_ptr<OptimizerSlices> embedding;
+  if (!embedding_own.empty()) {
+    HERD_ASSIGN_OR_RETURN(embedding, OptimizerSlices::InitOrResume(o.job->optimizer, o.job->init, *o.layout,
+                                                                   embedding_own, resume_from, weights));
+  }
+  return std::unique_ptr<SyncStrategy>(
+      std::make_unique<PipelineSync>(o, std::move(own), std::move(embedding), std::move(buckets), weights));
 }
 
 }  // namespace herd

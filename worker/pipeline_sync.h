@@ -15,6 +15,15 @@
 // workers by one all-reduce; AdamW on this worker's ranges. Every stage reports the same
 // step (the loss travels back with the gradients, worker/pipeline_passes.h).
 //
+// ZeRO-1 inside the stages (cluster.zero_stage 1 with replicas): each
+// bucket of the stage's ranges (`plan`, cut at the stages' ends) is
+// reduce-scattered among the stage's replicas rather than all-reduced,
+// each replica steps its owned slice (OwnerParts: 1/R of the stage's
+// AdamW state) and the slices are all-gathered back, so every replica
+// holds the stage's weights whole, as DDP inside the stage does. A tied
+// embedding's parts are exchanged after the reduce-scatter; every worker
+// writes its slices to the checkpoint (shard file = its rank).
+//
 // The norm is summed stage by stage, not in one process's order, so a run
 // with clipping or the spike guard is within rounding of one process; the
 // update itself is bitwise (untied embeddings) when neither is on.
@@ -33,6 +42,7 @@
 #include "sharding/job_options.h"
 #include "sharding/pipeline_schedule.h"
 #include "sharding/pipeline_split.h"
+#include "sharding/shard_plan.h"
 #include "transport/collectives.h"
 #include "transport/pipeline_wire.h"
 #include "worker/sync_strategy.h"
@@ -54,6 +64,9 @@ struct PipelineSyncOptions {
   // The tied embedding's exchange between the first and the last stage.
   transport::PipelineWire* wire = nullptr;
   transport::PeerId first_stage = 0, last_stage = 0;  // of this worker's replica
+  // ZeRO-1 among the stage's replicas: the buckets of the whole space, cut
+  // at the stages' ends (null: DDP inside the stage).
+  const ShardPlan* zero_plan = nullptr;
 };
 
 // Loads or initialises this worker's ranges of `weights` (the whole flat

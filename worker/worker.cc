@@ -262,6 +262,9 @@ StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Create(const config::Job
   }
   if (HasPipeline(config) && w->join_ != nullptr) {
     HERD_ASSIGN_OR_RETURN(w->pipeline_, PipelinePlan::FromConfig(config));
+    if (w->mode_ == Mode::kPipelineStage && config.cluster().zero_stage() > 0) {
+      HERD_ASSIGN_OR_RETURN(w->plan_, PipelineCollectivePlan(config));  // ZeRO-1 among a stage's replicas
+    }
   }
   if (!w->joining_) {
     HERD_ASSIGN_OR_RETURN(w->resume_from_, ResumePoint(config, options));
@@ -469,6 +472,7 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeStrategy() {
       p.first_stage = transport::MemberPeerId(runtime_->client(), wire::WORKER, pipeline_->RankOf(0, replica));
       p.last_stage = transport::MemberPeerId(runtime_->client(), wire::WORKER,
                                              pipeline_->RankOf(pipeline_->devices() - 1, replica));
+      if (plan_) p.zero_plan = &*plan_;
       return CreatePipelineSync(p, weights(), resume_from_);
     }
   }
