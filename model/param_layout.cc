@@ -89,11 +89,16 @@ void InitParameterRange(const ParamLayout& layout, uint64_t seed, double std, in
   }
 }
 
+double LayerTrainingFlopsPerToken(const LlamaShape& s, int seq_len) {
+  const double d = s.hidden_size;
+  const double matrices = d * s.q_dim() * 2 + d * s.kv_dim() * 2 + d * s.intermediate_size * 3.0;
+  return 6.0 * matrices + 12.0 * d * seq_len;
+}
+
+double HeadTrainingFlopsPerToken(const LlamaShape& s) { return 6.0 * s.hidden_size * static_cast<double>(s.vocab_size); }
+
 double TrainingFlopsPerToken(const LlamaShape& shape, int seq_len) {
-  const double weights = static_cast<double>(ParamLayout(shape).num_parameters());
-  const double lookup = shape.tie_word_embeddings ? 0.0 : static_cast<double>(shape.vocab_size) * shape.hidden_size;
-  const double norms = static_cast<double>(2 * shape.num_layers + 1) * shape.hidden_size;  // scale, not multiply
-  return 6.0 * (weights - lookup - norms) + 12.0 * shape.num_layers * shape.hidden_size * static_cast<double>(seq_len);
+  return shape.num_layers * LayerTrainingFlopsPerToken(shape, seq_len) + HeadTrainingFlopsPerToken(shape);
 }
 
 }  // namespace herd

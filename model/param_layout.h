@@ -86,5 +86,9 @@ void InitTensor(const TensorSpec& tensor, uint64_t seed, double std, float* data
 // and their use (PaLM's and torchtitan's convention; causal masking not
 // discounted).
 double TrainingFlopsPerToken(const LlamaShape& shape, int seq_len);
+// Its parts: one decoder layer's (its products and attention) and the
+// head's; TrainingFlopsPerToken is num_layers of the first and the second.
+double LayerTrainingFlopsPerToken(const LlamaShape& shape, int seq_len);
+double HeadTrainingFlopsPerToken(const LlamaShape& shape);
 
 }  // namespace herd

@@ -9,17 +9,6 @@
 namespace herd {
 namespace {
 
-// Training FLOPs per token of one decoder layer and of the head, in
-// TrainingFlopsPerToken's convention (6 per matrix weight, 12 x hidden x
-// seq_len for attention); the embedding's lookup is no product.
-double LayerFlops(const LlamaShape& s, int seq_len) {
-  const double d = s.hidden_size;
-  const double matrices = d * s.q_dim() * 2 + d * s.kv_dim() * 2 + d * s.intermediate_size * 3.0;
-  return 6.0 * matrices + 12.0 * d * seq_len;
-}
-
-double HeadFlops(const LlamaShape& s) { return 6.0 * s.hidden_size * static_cast<double>(s.vocab_size); }
-
 // The first layer of each of `stages` contiguous runs of the layers that
 // minimises the costliest run, the head's cost on the last; ties go to
 // the cut that gives the earlier runs more layers (the last run holds the
@@ -92,7 +81,7 @@ StatusOr<PipelineSplit> PipelineSplit::Make(const LlamaShape& shape, int stages,
                                    " stages, but the model has " + std::to_string(L) +
                                    " layers: every stage needs at least one");
   }
-  const double layer = LayerFlops(shape, seq_len), head = HeadFlops(shape);
+  const double layer = LayerTrainingFlopsPerToken(shape, seq_len), head = HeadTrainingFlopsPerToken(shape);
   std::vector<int> cuts;
   if (split.empty()) {
     cuts = BalancedCuts(L, stages, layer, head);

@@ -3,6 +3,7 @@
 #include <glog/logging.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "common/trace.h"
@@ -153,62 +154,18 @@ class PipelineForward : public Model {
   int max_seq_len() const override { return models_[0]->max_seq_len(); }
   std::string Describe() const override { return name_; }
 
+  // Evaluation and sampling have no way to return a failure: a peer that
+  // died or a bad message fails the wire (so that the next step fails
+  // with its line), is said once, and every Forward until then returns NaN.
   double Forward(const float* params, const int32_t* tokens, const int32_t* targets, int B, int T,
                  const NeedUpTo& need) override {
-    const uint64_t step = o_.wire->step();
-    if (step != step_) step_ = step, next_ = 0;
-    const int micro = s_.micro_batches + next_++;
-    const int last_vs = s_.virtual_stages() - 1;
-    const int64_t elements = static_cast<int64_t>(B) * T * layout().shape().hidden_size;
-    const int vocab = layout().shape().vocab_size;
-    last_logits_.resize(vocab);
-    double loss = 0;
-    for (int c = 0; c < s_.chunks; ++c) {
-      const int vs = s_.VirtualStage(o_.device, c);
-      LlamaModel<float>& model = *models_[c];
-      const float* input = nullptr;
-      if (vs > 0) {
-        const StageMessage in{StageMessage::kActivation, step, micro, vs, elements};
-        Check(o_.wire->Receive(o_.peers[s_.DeviceOf(vs - 1)], in, model.StageInput(0)).status());
-        input = model.StageInput(0);
-      }
-      const double l = model.StageForward(0, params, tokens, targets, input, B, T, /*grads=*/nullptr, 0, need);
-      if (vs < last_vs) {
-        const StageMessage out{StageMessage::kActivation, step, micro, vs + 1, elements};
-        Check(o_.wire->WaitSent(o_.wire->Send(o_.peers[s_.DeviceOf(vs + 1)], out, model.StageOutput(0))));
-        continue;
-      }
-      // The last stage: the loss (evaluation) or the last position's
-      // logits (sampling) to every other worker of the replica.
-      loss = l;
-      const float payload = static_cast<float>(l);
-      for (int d = 0; d < s_.devices; ++d) {
-        if (d == o_.device) continue;
-        StageMessage out{StageMessage::kGradient, step, micro, s_.VirtualStage(d, 0), 1};
-        out.loss = l;
-        const float* data = &payload;
-        if (targets == nullptr) {
-          out.kind = StageMessage::kLogits;
-          out.elements = vocab;
-          data = model.logits() + static_cast<int64_t>(T - 1) * vocab;
-        }
-        Check(o_.wire->WaitSent(o_.wire->Send(o_.peers[d], out, data)));
-      }
-    }
-    if (s_.DeviceOf(last_vs) != o_.device) {
-      float payload = 0;
-      StageMessage in{StageMessage::kGradient, step, micro, s_.VirtualStage(o_.device, 0), 1};
-      float* into = &payload;
-      if (targets == nullptr) {
-        in.kind = StageMessage::kLogits;
-        in.elements = vocab;
-        into = last_logits_.data();
-      }
-      const StatusOr<double> got = o_.wire->Receive(o_.peers[s_.DeviceOf(last_vs)], in, into);
-      Check(got.status());
-      loss = *got;
-    }
-    return loss;
+    if (!failed_.ok()) return std::nan("");
+    StatusOr<double> loss = Pass(params, tokens, targets, B, T, need);
+    if (loss.ok()) return *loss;
+    failed_ = loss.status().WithContext("evaluation through the pipeline: ");
+    LOG(ERROR) << failed_.message();
+    o_.wire->Fail(failed_);
+    return std::nan("");
   }
 
   void Backward(const float*, float*, double, const FinalFrom&, bool, const NeedFrom&) override {
@@ -225,10 +182,60 @@ class PipelineForward : public Model {
   }
 
  private:
-  // Evaluation has no way to return a failure: a peer that died or a bad
-  // message ends the process with its line, as the step would.
-  static void Check(const Status& st) {
-    if (!st.ok()) LOG(FATAL) << "evaluation through the pipeline: " << st.message();
+  StatusOr<double> Pass(const float* params, const int32_t* tokens, const int32_t* targets, int B, int T,
+                        const NeedUpTo& need) {
+    const uint64_t step = o_.wire->step();
+    if (step != step_) step_ = step, next_ = 0;
+    const int micro = s_.micro_batches + next_++;
+    const int last_vs = s_.virtual_stages() - 1;
+    const int64_t elements = static_cast<int64_t>(B) * T * layout().shape().hidden_size;
+    const int vocab = layout().shape().vocab_size;
+    last_logits_.resize(vocab);
+    double loss = 0;
+    for (int c = 0; c < s_.chunks; ++c) {
+      const int vs = s_.VirtualStage(o_.device, c);
+      LlamaModel<float>& model = *models_[c];
+      const float* input = nullptr;
+      if (vs > 0) {
+        const StageMessage in{StageMessage::kActivation, step, micro, vs, elements};
+        HERD_RETURN_IF_ERROR(o_.wire->Receive(o_.peers[s_.DeviceOf(vs - 1)], in, model.StageInput(0)).status());
+        input = model.StageInput(0);
+      }
+      const double l = model.StageForward(0, params, tokens, targets, input, B, T, /*grads=*/nullptr, 0, need);
+      if (vs < last_vs) {
+        const StageMessage out{StageMessage::kActivation, step, micro, vs + 1, elements};
+        HERD_RETURN_IF_ERROR(o_.wire->WaitSent(o_.wire->Send(o_.peers[s_.DeviceOf(vs + 1)], out, model.StageOutput(0))));
+        continue;
+      }
+      // The last stage: the loss (evaluation) or the last position's
+      // logits (sampling) to every other worker of the replica.
+      loss = l;
+      const float payload = static_cast<float>(l);
+      for (int d = 0; d < s_.devices; ++d) {
+        if (d == o_.device) continue;
+        StageMessage out{StageMessage::kGradient, step, micro, s_.VirtualStage(d, 0), 1};
+        out.loss = l;
+        const float* data = &payload;
+        if (targets == nullptr) {
+          out.kind = StageMessage::kLogits;
+          out.elements = vocab;
+          data = model.logits() + static_cast<int64_t>(T - 1) * vocab;
+        }
+        HERD_RETURN_IF_ERROR(o_.wire->WaitSent(o_.wire->Send(o_.peers[d], out, data)));
+      }
+    }
+    if (s_.DeviceOf(last_vs) != o_.device) {
+      float payload = 0;
+      StageMessage in{StageMessage::kGradient, step, micro, s_.VirtualStage(o_.device, 0), 1};
+      float* into = &payload;
+      if (targets == nullptr) {
+        in.kind = StageMessage::kLogits;
+        in.elements = vocab;
+        into = last_logits_.data();
+      }
+      HERD_ASSIGN_OR_RETURN(loss, o_.wire->Receive(o_.peers[s_.DeviceOf(last_vs)], in, into));
+    }
+    return loss;
   }
 
   const PipelinePassOptions o_;
@@ -238,6 +245,7 @@ class PipelineForward : public Model {
   uint64_t step_ = ~uint64_t{0};  // the wire's step of the last Forward
   int next_ = 0;                  // the Forwards since the step changed
   std::vector<float> last_logits_;  // a sampled sequence's, from the last stage (not on it)
+  Status failed_;                   // the first failed pass
 };
 
 }  // namespace
