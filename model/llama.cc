@@ -40,6 +40,7 @@ struct LlamaModel<T>::Activations {
   std::vector<T> lnf, lnf_rstd;           // [N, d], [N]
   std::vector<T> logits;                  // [N, v] (dlogits in place in backward)
   std::vector<T> losses;                  // [N]
+  std::vector<T> lse;                     // [N]: tensor-parallel, each row's log-sum-exp over the vocabulary
   // Backward: d(the current layer's output), carried down the layers; and
   // scratch reused by every layer.
   std::vector<T> dresidual;
@@ -104,6 +105,7 @@ struct LlamaModel<T>::Activations {
         {&A::lnf_rstd, head * N, false, true},
         {&A::logits, head * N * s.vocab_size, false, true},
         {&A::losses, head * N, false, true},
+        {&A::lse, head * N, false, true},
         {&A::dresidual, N * d, true, false},
         {&A::dln, N * d, true, true},
         {&A::datt, N * qd, true, true},
@@ -229,7 +231,10 @@ void LlamaModel<T>::EmbedForward(Activations& a, const T* params, const int32_t*
   std::copy(tokens, tokens + N, a.tokens.begin());
   if (targets != nullptr) std::copy(targets, targets + N, a.targets.begin());
   trace::Span span("embedding forward", "compute");
-  EmbeddingForward(a.residual.data(), tokens, params + layout_.embed(), N, a.d);
+  if (tp_.ranks == 1) return EmbeddingForward(a.residual.data(), tokens, params + layout_.embed(), N, a.d);
+  // This rank's rows of the vocabulary, the others' summed in.
+  EmbeddingForward(a.residual.data(), tokens, params + layout_.embed(), N, a.d, tp_.vocab_first, a.v);
+  AllReduce(a.residual.data(), N * a.d);
 }
 
 template <typename T>
@@ -242,7 +247,11 @@ double LlamaModel<T>::HeadForward(Activations& a, const T* params) {
   RmsNormForward(sh.lnf.data(), sh.lnf_rstd.data(), x_final, params + layout_.final_norm(), N, d, s.rms_norm_eps);
   MatmulForward(sh.logits.data(), sh.lnf.data(), params + layout_.lm_head(), N, d, a.v);
   if (!a.has_targets) return 0.0;
-  return CrossEntropyForward(sh.losses.data(), sh.logits.data(), a.targets.data(), N, a.v);
+  if (tp_.ranks == 1) return CrossEntropyForward(sh.losses.data(), sh.logits.data(), a.targets.data(), N, a.v);
+  std::vector<T> stats(N * VocabStatsWidth(tp_.ranks));
+  VocabParallelStats(stats.data(), sh.logits.data(), a.targets.data(), N, a.v, tp_.vocab_first, tp_.rank, tp_.ranks);
+  AllReduce(stats.data(), static_cast<int64_t>(stats.size()));
+  return VocabParallelLoss(sh.lse.data(), sh.losses.data(), stats.data(), N, tp_.ranks);
 }
 
 template <typename T>
@@ -280,6 +289,7 @@ void LlamaModel<T>::LayerForward(Activations& a, const T* params, int l, bool to
   RopeForward(k, sh.rope_cos.data(), sh.rope_sin.data(), B, T_, a.KV, hd);
   AttentionForward(att, probs, q, k, v, B, T_, a.H, a.KV, hd);
   MatmulForward(mid, att, params + w.o_proj, N, qd, d);  // o_proj(att), then the residual
+  AllReduce(mid, N * d);                                 // tensor-parallel: each rank's heads' part
   AddForward(mid, mid, x, N * d);
   RmsNormForward(ln2, ln2_rstd, mid, params + w.post_norm, N, d, s.rms_norm_eps);
   MatmulForward(gate, ln2, params + w.gate_proj, N, d, f);
@@ -287,6 +297,7 @@ void LlamaModel<T>::LayerForward(Activations& a, const T* params, int l, bool to
   SwigluForward(act, gate, up, N * f);
   if (!to_output) return;
   MatmulForward(x_out, act, params + w.down_proj, N, f, d);
+  AllReduce(x_out, N * d);
   AddForward(x_out, x_out, mid, N * d);
 }
 
@@ -301,8 +312,14 @@ void LlamaModel<T>::HeadBackward(Activations& a, const T* params, T* grads, doub
   // Loss -> logits (in place) -> lm_head -> final norm.
   trace::Span span("head backward", "compute");
   T* dlogits = sh.logits.data();
-  CrossEntropyBackward(dlogits, sh.logits.data(), a.targets.data(), N, a.v, loss_scale);
+  if (tp_.ranks == 1) {
+    CrossEntropyBackward(dlogits, sh.logits.data(), a.targets.data(), N, a.v, loss_scale);
+  } else {
+    VocabParallelBackward(dlogits, sh.logits.data(), sh.lse.data(), a.targets.data(), N, a.v, tp_.vocab_first,
+                          loss_scale);
+  }
   MatmulBackward(dln, grads + layout_.lm_head(), dlogits, sh.lnf.data(), params + layout_.lm_head(), N, d, a.v);
+  AllReduce(dln, N * d);
   std::fill(dres, dres + N * d, T(0));
   const T* x_final = a.residual.data() + a.L * a.N * d;
   RmsNormBackward(dres, grads + layout_.final_norm(), dln, x_final, params + layout_.final_norm(), sh.lnf_rstd.data(),
@@ -355,6 +372,7 @@ void LlamaModel<T>::LayerBackward(Activations& a, const T* params, T* grads, int
   SwigluBackward(sh.dgate.data(), sh.dup.data(), sh.dact.data(), gate, up, N * f);
   MatmulBackward(dln, gw(w.gate_proj), sh.dgate.data(), ln2, params + w.gate_proj, N, d, f);
   MatmulBackward(dln, gw(w.up_proj), sh.dup.data(), ln2, params + w.up_proj, N, d, f, /*accumulate_din=*/true);
+  AllReduce(dln, N * d);  // tensor-parallel: each rank's columns' part
   keep(a.w_gate, sh.dgate.data(), N * f);
   keep(a.w_up, sh.dup.data(), N * f);
   keep(a.w_post, dln, N * d);
@@ -373,6 +391,7 @@ void LlamaModel<T>::LayerBackward(Activations& a, const T* params, T* grads, int
   MatmulBackward(dln, gw(w.q_proj), sh.dq.data(), ln1, params + w.q_proj, N, d, qd);
   MatmulBackward(dln, gw(w.k_proj), sh.dk.data(), ln1, params + w.k_proj, N, d, kvd, true);
   MatmulBackward(dln, gw(w.v_proj), sh.dv.data(), ln1, params + w.v_proj, N, d, kvd, true);
+  AllReduce(dln, N * d);
   keep(a.w_in, dln, N * d);
   RmsNormBackward(dres, gw(w.input_norm), dln, x, params + w.input_norm, ln1_rstd, N, d);
 }
@@ -381,7 +400,7 @@ template <typename T>
 void LlamaModel<T>::EmbedBackward(Activations& a, T* grads) {
   trace::Span span("embedding backward", "compute");
   EmbeddingBackward(grads + layout_.embed(), a.dresidual.data(), a.tokens.data(), static_cast<int64_t>(a.B) * a.Tcur,
-                    a.d);
+                    a.d, tp_.vocab_first, tp_.ranks > 1 ? a.v : -1);
 }
 
 template <typename T>

@@ -24,6 +24,23 @@ struct LayerRange {
   int first = 0, end = -1;
 };
 
+// A tensor-parallel rank's part (cluster.tensor_parallel, Megatron's
+// split): a LlamaModel made with the rank's shape (sharding/tensor_slices.h:
+// its heads, intermediate columns and vocabulary rows, of `ranks`) computes
+// its part of every product, and `all_reduce` sums over the ranks, in
+// place and the same on every rank, what the layers need whole: o_proj's
+// and down_proj's outputs forward, the norms' input gradients backward,
+// the embedding's lookup (each rank's rows from `vocab_first`), the
+// head's input gradient and the cross-entropy's statistics (no rank holds
+// a whole row of logits). Every rank calls it in the same order with the
+// same sizes.
+template <typename T>
+struct TensorGroup {
+  int ranks = 1, rank = 0;
+  int64_t vocab_first = 0;
+  std::function<void(T* data, int64_t n)> all_reduce;
+};
+
 template <typename T>
 class LlamaModel {
  public:
@@ -149,8 +166,12 @@ class LlamaModel {
                           const NeedFrom& need_from = nullptr);
   void StageBackwardWeights(int slot, T* grads, const FinalFrom& final_from = nullptr);
 
-  // [B*T_, vocab] logits of the last Forward (overwritten by Backward).
+  // [B*T_, vocab] logits of the last Forward (overwritten by Backward);
+  // a tensor-parallel rank's: its vocabulary's columns.
   const T* logits() const;
+
+  // Makes this model a tensor-parallel rank's (before any pass).
+  void SetTensorGroup(TensorGroup<T> group) { tp_ = std::move(group); }
 
   // Bytes of every activation and backward scratch buffer a model of this
   // shape allocates for max_batch x max_seq_len (at the current OpenMP
@@ -177,6 +198,10 @@ class LlamaModel {
   void EmbedBackward(Activations& a, T* grads);
   int64_t LayerEnd(int l) const;  // where layer l's tensors end
   void BackwardScratch();         // allocated on the first backward
+  // The sum over the tensor-parallel ranks (none without).
+  void AllReduce(T* data, int64_t n) {
+    if (tp_.ranks > 1) tp_.all_reduce(data, n);
+  }
 
   ParamLayout layout_;
   int max_batch_, max_seq_len_;
@@ -184,6 +209,7 @@ class LlamaModel {
   // One per slot, each holding the recompute mode, which shapes it; slot 0
   // holds the shared buffers too.
   std::vector<std::unique_ptr<Activations>> acts_;
+  TensorGroup<T> tp_;
 };
 
 extern template class LlamaModel<float>;

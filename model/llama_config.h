@@ -19,8 +19,12 @@ struct LlamaShape {
   RopeScaling rope_scaling;  // unset: plain RoPE
   double rms_norm_eps = 1e-5;
   bool tie_word_embeddings = true;
+  // 0: hidden_size / num_heads. A tensor-parallel rank's shape
+  // (sharding/tensor_slices.h), whose heads are a part of the model's,
+  // keeps the model's head size here.
+  int explicit_head_dim = 0;
 
-  int head_dim() const { return hidden_size / num_heads; }
+  int head_dim() const { return explicit_head_dim > 0 ? explicit_head_dim : hidden_size / num_heads; }
   int q_dim() const { return num_heads * head_dim(); }
   int kv_dim() const { return num_kv_heads * head_dim(); }
 

@@ -37,15 +37,22 @@ inline void Block(int64_t n, int parts, int i, int64_t* lo, int64_t* hi) {
 // ---------------------------------------------------------------- embedding
 
 template <typename T>
-void EmbeddingForward(T* out, const int32_t* tokens, const T* table, int64_t N, int64_t C) {
+void EmbeddingForward(T* out, const int32_t* tokens, const T* table, int64_t N, int64_t C, int64_t first,
+                      int64_t rows) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < N; ++i) {
-    std::memcpy(out + i * C, table + static_cast<int64_t>(tokens[i]) * C, sizeof(T) * C);
+    const int64_t row = static_cast<int64_t>(tokens[i]) - first;
+    if (rows >= 0 && (row < 0 || row >= rows)) {
+      std::fill(out + i * C, out + (i + 1) * C, T(0));
+      continue;
+    }
+    std::memcpy(out + i * C, table + row * C, sizeof(T) * C);
   }
 }
 
 template <typename T>
-void EmbeddingBackward(T* dtable, const T* dout, const int32_t* tokens, int64_t N, int64_t C) {
+void EmbeddingBackward(T* dtable, const T* dout, const int32_t* tokens, int64_t N, int64_t C, int64_t first,
+                       int64_t rows) {
   // Each thread owns a block of channels and walks all tokens in order:
   // no atomics, and every element's sum order is fixed.
 #pragma omp parallel
@@ -53,7 +60,9 @@ void EmbeddingBackward(T* dtable, const T* dout, const int32_t* tokens, int64_t 
     int64_t lo, hi;
     Block(C, omp_get_num_threads(), omp_get_thread_num(), &lo, &hi);
     for (int64_t i = 0; i < N; ++i) {
-      T* row = dtable + static_cast<int64_t>(tokens[i]) * C;
+      const int64_t r = static_cast<int64_t>(tokens[i]) - first;
+      if (rows >= 0 && (r < 0 || r >= rows)) continue;
+      T* row = dtable + r * C;
       const T* g = dout + i * C;
 #pragma omp simd
       for (int64_t c = lo; c < hi; ++c) row[c] += g[c];
@@ -366,9 +375,66 @@ void CrossEntropyBackward(T* dlogits, const T* logits, const int32_t* targets, i
 
 // ---------------------------------------------------------------- instantiation
 
+template <typename T>
+void VocabParallelStats(T* stats, const T* logits, const int32_t* targets, int64_t N, int64_t V, int64_t first,
+                        int rank, int ranks) {
+  const int64_t W = VocabStatsWidth(ranks);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; ++i) {
+    const T* x = logits + i * V;
+    T* row = stats + i * W;
+    std::fill(row, row + W, T(0));
+    T mx = -std::numeric_limits<T>::infinity();
+    for (int64_t j = 0; j < V; ++j) mx = std::max(mx, x[j]);
+    T sum = 0;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t j = 0; j < V; ++j) sum += Exp(x[j] - mx);
+    row[2 * rank] = mx;
+    row[2 * rank + 1] = sum;
+    const int64_t t = static_cast<int64_t>(targets[i]) - first;
+    if (t >= 0 && t < V) row[W - 1] = x[t];
+  }
+}
+
+template <typename T>
+double VocabParallelLoss(T* lse, T* losses, const T* stats, int64_t N, int ranks) {
+  const int64_t W = VocabStatsWidth(ranks);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; ++i) {
+    const T* row = stats + i * W;
+    T mx = -std::numeric_limits<T>::infinity();
+    for (int r = 0; r < ranks; ++r) mx = std::max(mx, row[2 * r]);
+    T sum = 0;
+    for (int r = 0; r < ranks; ++r) sum += row[2 * r + 1] * Exp(row[2 * r] - mx);
+    lse[i] = mx + std::log(sum);
+    losses[i] = lse[i] - row[W - 1];
+  }
+  double total = 0;  // in order: the mean does not depend on threads
+  for (int64_t i = 0; i < N; ++i) total += losses[i];
+  return N > 0 ? total / static_cast<double>(N) : 0.0;
+}
+
+template <typename T>
+void VocabParallelBackward(T* dlogits, const T* logits, const T* lse, const int32_t* targets, int64_t N, int64_t V,
+                           int64_t first, double scale) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < N; ++i) {
+    const T* x = logits + i * V;
+    T* dx = dlogits + i * V;
+    const T s = static_cast<T>(scale);
+#pragma omp simd
+    for (int64_t j = 0; j < V; ++j) dx[j] = s * Exp(x[j] - lse[i]);
+    const int64_t t = static_cast<int64_t>(targets[i]) - first;
+    if (t >= 0 && t < V) dx[t] -= s;
+  }
+}
+
 #define HERD_INSTANTIATE_OPS(T)                                                                                    \
-  template void EmbeddingForward<T>(T*, const int32_t*, const T*, int64_t, int64_t);                               \
-  template void EmbeddingBackward<T>(T*, const T*, const int32_t*, int64_t, int64_t);                              \
+  template void EmbeddingForward<T>(T*, const int32_t*, const T*, int64_t, int64_t, int64_t, int64_t);             \
+  template void EmbeddingBackward<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t, int64_t);            \
+  template void VocabParallelStats<T>(T*, const T*, const int32_t*, int64_t, int64_t, int64_t, int, int);          \
+  template double VocabParallelLoss<T>(T*, T*, const T*, int64_t, int);                                            \
+  template void VocabParallelBackward<T>(T*, const T*, const T*, const int32_t*, int64_t, int64_t, int64_t, double); \
   template void RmsNormForward<T>(T*, T*, const T*, const T*, int64_t, int64_t, double);                           \
   template void RmsNormBackward<T>(T*, T*, const T*, const T*, const T*, const T*, int64_t, int64_t);              \
   template void MatmulForward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t);                               \

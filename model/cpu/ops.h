@@ -17,12 +17,18 @@
 
 namespace herd::cpu {
 
-// out[i, :] = table[tokens[i], :] for i < N; table is [vocab, C].
+// out[i, :] = table[tokens[i], :] for i < N; table is [vocab, C]. With
+// `rows` (a vocabulary-parallel rank's part): table holds the rows
+// [first, first + rows) of the vocabulary, and a token outside them looks
+// up zeros.
 template <typename T>
-void EmbeddingForward(T* out, const int32_t* tokens, const T* table, int64_t N, int64_t C);
-// dtable[tokens[i]] += dout[i]  (no atomics: split over channels)
+void EmbeddingForward(T* out, const int32_t* tokens, const T* table, int64_t N, int64_t C, int64_t first = 0,
+                      int64_t rows = -1);
+// dtable[tokens[i]] += dout[i]  (no atomics: split over channels); with
+// `rows`, only for the tokens in [first, first + rows).
 template <typename T>
-void EmbeddingBackward(T* dtable, const T* dout, const int32_t* tokens, int64_t N, int64_t C);
+void EmbeddingBackward(T* dtable, const T* dout, const int32_t* tokens, int64_t N, int64_t C, int64_t first = 0,
+                       int64_t rows = -1);
 
 // out = in * rstd * weight, rstd[i] = 1/sqrt(mean(in[i]^2) + eps)
 template <typename T>
@@ -87,5 +93,27 @@ double CrossEntropyForward(T* losses, const T* logits, const int32_t* targets, i
 // dlogits = scale * (softmax(logits) - onehot(targets)); may alias logits.
 template <typename T>
 void CrossEntropyBackward(T* dlogits, const T* logits, const int32_t* targets, int64_t N, int64_t V, double scale);
+
+// The cross-entropy over a vocabulary split among `ranks` (Megatron's
+// vocabulary-parallel one): each rank holds the logits of the vocabulary's
+// columns [first, first + V) and none materialises the whole row. Around
+// one sum over the ranks of [N, VocabStatsWidth(ranks)] values:
+//  - VocabParallelStats writes, in this rank's slot of each row, its
+//    columns' max and sum of exp(x - max), and the target's logit where
+//    the target is this rank's; zeros elsewhere (so the sum gathers);
+//  - VocabParallelLoss turns the summed stats into each row's log-sum-exp
+//    over the whole vocabulary (ranks in order, the same on every rank)
+//    and loss, and returns the mean;
+//  - VocabParallelBackward: dlogits = scale * (exp(logits - lse) -
+//    onehot(targets - first)); may alias logits.
+inline int64_t VocabStatsWidth(int ranks) { return 2 * static_cast<int64_t>(ranks) + 1; }
+template <typename T>
+void VocabParallelStats(T* stats, const T* logits, const int32_t* targets, int64_t N, int64_t V, int64_t first,
+                        int rank, int ranks);
+template <typename T>
+double VocabParallelLoss(T* lse, T* losses, const T* stats, int64_t N, int ranks);
+template <typename T>
+void VocabParallelBackward(T* dlogits, const T* logits, const T* lse, const int32_t* targets, int64_t N, int64_t V,
+                           int64_t first, double scale);
 
 }  // namespace herd::cpu
