@@ -353,6 +353,20 @@ void CheckCluster(const config::ClusterConfig& cl, const Rules& need) {
     need(cl.shard_group_size() == 0, "cluster.shard_group_size", "hybrid sharding inside pipeline stages is not built yet");
 
   }
+  need(cl.tensor_parallel() >= 1, "cluster.tensor_parallel", "must be >= 1 (1: no tensor parallelism)");
+  if (cl.tensor_parallel() > 1) {
+    const std::string T = std::to_string(cl.tensor_parallel());
+    need(cl.workers() % cl.tensor_parallel() == 0, "cluster.tensor_parallel",
+         T + " does not divide cluster.workers " + std::to_string(cl.workers()) +
+             ": every data-parallel replica needs as many tensor-parallel ranks");
+    need(cl.sync() == config::ClusterConfig::ALLREDUCE, "cluster.tensor_parallel",
+         "tensor parallelism runs in sync ALLREDUCE only yet");
+    need(cl.pipeline_stages() == 1, "cluster.tensor_parallel", "tensor parallelism inside pipeline stages is not built yet");
+    need(cl.zero_stage() == 0, "cluster.zero_stage", "ZeRO with tensor parallelism is not built yet");
+    need(cl.shard_group_size() == 0, "cluster.shard_group_size", "hybrid sharding with tensor parallelism is not built yet");
+    need(cl.wire_dtype() == config::ClusterConfig::FP32, "cluster.wire_dtype",
+         "BF16 gradients with tensor parallelism are not built yet");
+  }
   need(cl.reshard_after_forward() || cl.zero_stage() == 3, "cluster.reshard_after_forward",
        "applies to cluster.zero_stage 3 only");
   bool devices_named = true;
@@ -383,6 +397,20 @@ std::vector<Violation> CheckValues(const JobConfig& c) {
        "cluster.nccl: false reduces CUDA workers' gradients through the ring)");
   need(c.cluster().shard_group_size() == 0 || !nccl_reduces, "cluster.shard_group_size",
        "hybrid sharding of CUDA workers runs over the UCX ring only yet: set cluster.nccl: false");
+  if (const int T = c.cluster().tensor_parallel(); T > 1) {
+    const config::ModelConfig& m = c.model();
+    need(c.device().kind() == config::DeviceConfig::CPU, "device.kind", "tensor parallelism runs on CPU workers only yet");
+    auto divides = [&](int n, const char* field, const char* what) {
+      need(n % T == 0, field,
+           std::to_string(n) + " " + what + " do not split over cluster.tensor_parallel " + std::to_string(T));
+    };
+    divides(m.num_attention_heads(), "model.num_attention_heads", "attention heads");
+    divides(m.num_key_value_heads(), "model.num_key_value_heads", "key/value heads");
+    divides(m.intermediate_size(), "model.intermediate_size", "intermediate columns");
+    divides(m.vocab_size(), "model.vocab_size", "vocabulary rows");
+    need(c.log().sample_tokens() == 0, "log.sample_tokens",
+         "samples with tensor parallelism are not built yet: set log.sample_tokens: 0");
+  }
   if (c.cluster().pipeline_stages() > 1) {
     need(c.device().kind() == config::DeviceConfig::CPU, "device.kind", "pipeline stages run on CPU workers only yet");
     need(c.cluster().pipeline_schedule() != config::ClusterConfig::ZERO_BUBBLE ||
@@ -470,7 +498,8 @@ int NumWorkers(const JobConfig& config) {
 }
 
 int DataParallelReplicas(const JobConfig& config) {
-  return NumWorkers(config) / std::max(1, config.cluster().pipeline_stages());
+  return NumWorkers(config) /
+         (std::max(1, config.cluster().pipeline_stages()) * std::max(1, config.cluster().tensor_parallel()));
 }
 
 std::string ConfigToText(const JobConfig& config) {

@@ -24,23 +24,6 @@ struct LayerRange {
   int first = 0, end = -1;
 };
 
-// A tensor-parallel rank's part (cluster.tensor_parallel, Megatron's
-// split): a LlamaModel made with the rank's shape (sharding/tensor_slices.h:
-// its heads, intermediate columns and vocabulary rows, of `ranks`) computes
-// its part of every product, and `all_reduce` sums over the ranks, in
-// place and the same on every rank, what the layers need whole: o_proj's
-// and down_proj's outputs forward, the norms' input gradients backward,
-// the embedding's lookup (each rank's rows from `vocab_first`), the
-// head's input gradient and the cross-entropy's statistics (no rank holds
-// a whole row of logits). Every rank calls it in the same order with the
-// same sizes.
-template <typename T>
-struct TensorGroup {
-  int ranks = 1, rank = 0;
-  int64_t vocab_first = 0;
-  std::function<void(T* data, int64_t n)> all_reduce;
-};
-
 template <typename T>
 class LlamaModel {
  public:

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "model/rope_scaling.h"
 #include "proto/herd.pb.h"
@@ -47,6 +48,23 @@ struct LlamaShape {
     s.tie_word_embeddings = m.tie_word_embeddings();
     return s;
   }
+};
+
+// A tensor-parallel rank's part (cluster.tensor_parallel, Megatron's
+// split): a LlamaModel (model/llama.h) made with the rank's shape (sharding/tensor_slices.h:
+// its heads, intermediate columns and vocabulary rows, of `ranks`) computes
+// its part of every product, and `all_reduce` sums over the ranks, in
+// place and the same on every rank, what the layers need whole: o_proj's
+// and down_proj's outputs forward, the norms' input gradients backward,
+// the embedding's lookup (each rank's rows from `vocab_first`), the
+// head's input gradient and the cross-entropy's statistics (no rank holds
+// a whole row of logits). Every rank calls it in the same order with the
+// same sizes.
+template <typename T>
+struct TensorGroup {
+  int ranks = 1, rank = 0;
+  int64_t vocab_first = 0;
+  std::function<void(T* data, int64_t n)> all_reduce;
 };
 
 // What backward recomputes rather than keeps (train.recompute).

@@ -10,8 +10,11 @@ namespace {
 
 class CpuModel final : public Model {
  public:
-  CpuModel(const LlamaShape& shape, int max_batch, int max_seq_len, Recompute recompute, int slots)
-      : model_(shape, max_batch, max_seq_len, recompute, slots) {}
+  CpuModel(const LlamaShape& shape, int max_batch, int max_seq_len, Recompute recompute, int slots,
+           TensorGroup<float> group)
+      : model_(shape, max_batch, max_seq_len, recompute, slots) {
+    model_.SetTensorGroup(std::move(group));
+  }
 
   const ParamLayout& layout() const override { return model_.layout(); }
   int max_batch() const override { return model_.max_batch(); }
@@ -43,8 +46,8 @@ class CpuModel final : public Model {
 }  // namespace
 
 std::unique_ptr<Model> NewCpuModel(const LlamaShape& shape, int max_batch, int max_seq_len, Recompute recompute,
-                                   int slots) {
-  return std::make_unique<CpuModel>(shape, max_batch, max_seq_len, recompute, slots);
+                                   int slots, TensorGroup<float> group) {
+  return std::make_unique<CpuModel>(shape, max_batch, max_seq_len, recompute, slots, std::move(group));
 }
 
 }  // namespace herd

@@ -74,8 +74,10 @@ class Model {
 };
 
 // The CPU model (LlamaModel<float>, OpenMP threads), keeping what
-// `recompute` says (llama_config.h), with `slots` for layer-major passes.
+// `recompute` says (llama_config.h), with `slots` for layer-major passes;
+// with `group`, a tensor-parallel rank's (`shape` its slice's).
 std::unique_ptr<Model> NewCpuModel(const LlamaShape& shape, int max_batch, int max_seq_len,
-                                   Recompute recompute = Recompute::kNone, int slots = 1);
+                                   Recompute recompute = Recompute::kNone, int slots = 1,
+                                   TensorGroup<float> group = {});
 
 }  // namespace herd

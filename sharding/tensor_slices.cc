@@ -50,43 +50,32 @@ TensorSlices::TensorSlices(const LlamaShape& shape, int ranks, int rank)
     const TensorSpec& g = flat.tensors()[i];
     const TensorSpec& l = local_.tensors()[i];
     if (g.shape.size() == 1) {
-      copies_.push_back({g.offset, 0, l.offset, g.numel, 1});
+      runs_.push_back({{g.offset, g.offset + g.numel}, l.offset, /*replicated=*/true});
     } else if (SplitsColumns(g.name)) {
+      // Each row's columns [rank * mine, (rank + 1) * mine).
       const int64_t rows = g.shape[0], cols = g.shape[1], mine = cols / ranks;
-      copies_.push_back({g.offset + rank * mine, cols, l.offset, mine, rows});
+      for (int64_t row = 0; row < rows; ++row) {
+        const int64_t begin = g.offset + row * cols + rank * mine;
+        runs_.push_back({{begin, begin + mine}, l.offset + row * mine});
+      }
     } else {
       const int64_t mine = l.numel;  // rows [rank * r, (rank + 1) * r) whole
-      copies_.push_back({g.offset + rank * mine, 0, l.offset, mine, 1});
+      runs_.push_back({{g.offset + rank * mine, g.offset + (rank + 1) * mine}, l.offset});
     }
   }
 }
 
 void TensorSlices::Pack(const float* flat, float* local) const {
-  for (const Copy& c : copies_) {
-    for (int64_t i = 0; i < c.rows; ++i) {
-      std::memcpy(local + c.local_begin + i * c.length, flat + c.flat_begin + i * c.flat_stride,
-                  c.length * sizeof(float));
-    }
-  }
+  for (const Run& r : runs_) std::memcpy(local + r.local, flat + r.flat.begin, r.flat.size() * sizeof(float));
 }
 
 void TensorSlices::Unpack(const float* local, float* flat) const {
-  for (const Copy& c : copies_) {
-    for (int64_t i = 0; i < c.rows; ++i) {
-      std::memcpy(flat + c.flat_begin + i * c.flat_stride, local + c.local_begin + i * c.length,
-                  c.length * sizeof(float));
-    }
-  }
+  for (const Run& r : runs_) std::memcpy(flat + r.flat.begin, local + r.local, r.flat.size() * sizeof(float));
 }
 
 std::vector<ParamRange> TensorSlices::Ranges() const {
   std::vector<ParamRange> out;
-  for (const Copy& c : copies_) {
-    for (int64_t i = 0; i < c.rows; ++i) {
-      const int64_t begin = c.flat_begin + i * c.flat_stride;
-      out.push_back({begin, begin + c.length});
-    }
-  }
+  for (const Run& r : runs_) out.push_back(r.flat);
   return out;
 }
 

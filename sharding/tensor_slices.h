@@ -44,27 +44,30 @@ class TensorSlices {
   // The first of the rank's vocabulary rows.
   int64_t vocab_first() const { return vocab_first_; }
 
+  // The rank's part of the flat space as runs, ascending and disjoint:
+  // `flat` of the flat space is [local, local + flat.size()) of the
+  // rank's; `replicated`: a norm's, which every rank holds alike.
+  struct Run {
+    ParamRange flat;
+    int64_t local = 0;
+    bool replicated = false;
+  };
+  const std::vector<Run>& runs() const { return runs_; }
   // flat (the model's flat space) -> local (layout()'s), every element of
   // the rank's part.
   void Pack(const float* flat, float* local) const;
   // local -> flat, the rank's part of flat only.
   void Unpack(const float* local, float* flat) const;
-  // The rank's part of the flat space, ascending and disjoint.
+  // The runs' flat ranges.
   std::vector<ParamRange> Ranges() const;
 
  private:
-  // `rows` runs of `length` elements: run i from flat + flat_begin + i *
-  // flat_stride to local + local_begin + i * length.
-  struct Copy {
-    int64_t flat_begin, flat_stride, local_begin, length, rows;
-  };
-
   TensorSlices(const LlamaShape& shape, int ranks, int rank);
 
   int ranks_, rank_;
   ParamLayout local_;
   int64_t vocab_first_ = 0;
-  std::vector<Copy> copies_;  // in the flat space's order
+  std::vector<Run> runs_;
 };
 
 }  // namespace herd

@@ -20,6 +20,7 @@
 #include "sharding/job_options.h"
 #include "sharding/memory_plan.h"
 #include "sharding/pipeline_plan.h"
+#include "sharding/tensor_slices.h"
 #include "sharding/shard_plan.h"
 #include "transport/exchanges.h"
 #include "transport/join.h"
@@ -38,6 +39,7 @@
 #include "worker/share_compute.h"
 #include "worker/share_schedule.h"
 #include "worker/step_loop.h"
+#include "worker/tensor_parallel_sync.h"
 #include "worker/weight_home.h"
 
 namespace herd {
@@ -53,12 +55,14 @@ enum class Mode {
   kAllReduce,        // one worker of an all-reduce job
   kPipelineStage,    // one stage's worker of an all-reduce job's pipeline (a parameter-server
                      // pipeline's stage workers are kParameterServer, with pipeline_ set)
+  kTensorParallel,   // one tensor-parallel rank's worker of an all-reduce job
 };
 
 Mode ModeOf(const config::JobConfig& config, bool in_job) {
   if (!in_job) return config.device().kind() == config::DeviceConfig::CUDA ? Mode::kOneGpu : Mode::kOneProcess;
   if (config.cluster().sync() == ClusterConfig::PARAMETER_SERVER) return Mode::kParameterServer;
-  return HasPipeline(config) ? Mode::kPipelineStage : Mode::kAllReduce;
+  if (HasPipeline(config)) return Mode::kPipelineStage;
+  return config.cluster().tensor_parallel() > 1 ? Mode::kTensorParallel : Mode::kAllReduce;
 }
 
 // How gradients travel on the all-reduce rings (cluster.wire_dtype).
@@ -87,6 +91,13 @@ void PrintRunHeader(const config::JobConfig& config, const JobOptions& job, cons
                 cluster.stream_weights() ? ", each stage's weights streamed" : "",
                 train.batch_size(), train.seq_len(), train.grad_accum(), pipeline->replicas,
                 tokens * pipeline->replicas);
+  } else if (cluster.tensor_parallel() > 1) {
+    const int T = cluster.tensor_parallel(), replicas = num_workers / T;
+    std::printf("tensor parallel: %d ranks a replica (%d heads, %d intermediate columns and %d vocabulary rows "
+                "each), %d replica%s | batch %d x %d tokens x %d accum x %d replicas = %lld tokens/step\n",
+                T, shape.num_heads / T, shape.intermediate_size / T, shape.vocab_size / T, replicas,
+                replicas == 1 ? "" : "s", train.batch_size(), train.seq_len(), train.grad_accum(), replicas,
+                tokens * replicas);
   } else if (transport == nullptr) {
     std::printf("data: %s (%lld tokens) | batch %d x %d tokens x %d accum = %lld tokens/step\n",
                 config.data().train().c_str(), static_cast<long long>(train_tokens), train.batch_size(),
@@ -159,6 +170,12 @@ class WorkerProcess {
   Status Prepare(transport::CoordinatorClient* client);
   // A pipeline stage's models, one per chunk of its layers.
   Status PreparePipelineStage();
+  // A tensor-parallel worker's slices and its model over them.
+  Status PrepareTensorParallel();
+  // The data-parallel replicas (of a pipeline or a tensor-parallel group)
+  // and this worker's: whose sequences it computes.
+  int Replicas() const;
+  int ReplicaIndex() const;
   // A pipeline stage's wire to the other stages, over `runtime`'s
   // transport (in the join, before any peer can send).
   void OpenPipelineWire(transport::NodeRuntime& runtime);
@@ -211,6 +228,11 @@ class WorkerProcess {
   // Settled before the loop starts, constant afterwards.
   std::optional<ShardPlan> plan_;  // the modes of a job
   std::optional<PipelinePlan> pipeline_;  // a pipeline stage's worker
+  // A tensor-parallel worker: its rank's slices (set in Prepare), and the
+  // packed space's size (every rank's alike).
+  std::optional<TensorSlices> slices_;
+  int64_t packed_size_ = 0;
+  std::unique_ptr<TensorRing> tensor_ring_;
   std::optional<VerifiedCheckpoint> resume_from_;
   // A worker joining an elastic job under way: its state (the step, the
   // data position, the weights) comes from the servers, not a checkpoint.
@@ -266,6 +288,10 @@ StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Create(const config::Job
       HERD_ASSIGN_OR_RETURN(w->plan_, PipelineCollectivePlan(config));  // ZeRO-1 among a stage's replicas
     }
   }
+  if (w->mode_ == Mode::kTensorParallel) {
+    HERD_ASSIGN_OR_RETURN(const TensorSlices any, TensorSlices::Make(shape, config.cluster().tensor_parallel(), 0));
+    w->packed_size_ = any.layout().size();
+  }
   if (!w->joining_) {
     HERD_ASSIGN_OR_RETURN(w->resume_from_, ResumePoint(config, options));
   }
@@ -289,7 +315,7 @@ WorkerProcess::WorkerProcess(const config::JobConfig& config, const TrainOptions
       joining_(join != nullptr && join->join && !join->resume_if_forming) {}
 
 Status WorkerProcess::AllocateSpaces() {
-  const int64_t P = layout_.size();
+  const int64_t P = packed_size_ > 0 ? packed_size_ : layout_.size();
   if (pages_grads_) {
     HERD_ASSIGN_OR_RETURN(paged_grads_, PagedBuffer::Reserve(P * sizeof(float), /*guarded=*/false));
   }
@@ -314,9 +340,10 @@ Status WorkerProcess::Prepare(transport::CoordinatorClient* client) {
       HERD_RETURN_IF_ERROR(transport::AgreeOnResume(*client, resume_from_ ? BaseName(resume_from_->dir) : "none"));
     }
   }
-  // The workers of a pipeline's replica draw the same sequences.
-  const int replicas = pipeline_ ? pipeline_->replicas : num_workers_;
-  const int replica = pipeline_ ? pipeline_->ReplicaOf(rank_) : rank_;
+  // The workers of a pipeline's replica, or of a tensor-parallel group,
+  // draw the same sequences.
+  const int replicas = Replicas();
+  const int replica = ReplicaIndex();
   HERD_ASSIGN_OR_RETURN(sampler_,
                         DistributedSampler::Create(data_.train, train.seq_len(), replicas, replica, train.seed()));
   HERD_RETURN_IF_ERROR(sampler_->CheckBatch(train.batch_size()).WithContext("train.batch_size: "));
@@ -329,6 +356,7 @@ Status WorkerProcess::Prepare(transport::CoordinatorClient* client) {
   }
   if (mode_ == Mode::kOneGpu) return Status::OK();  // the GPU trainer brings its model
   if (pipeline_) return PreparePipelineStage();
+  if (mode_ == Mode::kTensorParallel) return PrepareTensorParallel();
   HERD_ASSIGN_OR_RETURN(model_holder_, CreateModel(config_, job_, LocalRank(rank_)));
   model_ = model_holder_.get();
   const bool gpu = config_.device().kind() == config::DeviceConfig::CUDA;
@@ -350,6 +378,25 @@ Status WorkerProcess::PreparePipelineStage() {
                                                                 s.kind == PipelineScheduleKind::kZeroBubble));
   }
   return Status::OK();
+}
+
+Status WorkerProcess::PrepareTensorParallel() {
+  const int T = config_.cluster().tensor_parallel();
+  HERD_ASSIGN_OR_RETURN(slices_, TensorSlices::Make(job_.shape, T, rank_ % T));
+  model_holder_ = NewCpuModel(slices_->shape(), job_.batch, job_.seq_len, job_.recompute, job_.micro_batch_slots,
+                              tensor_ring_->Group(*slices_));
+  model_ = model_holder_.get();
+  return Status::OK();
+}
+
+int WorkerProcess::Replicas() const {
+  if (pipeline_) return pipeline_->replicas;
+  return num_workers_ / std::max(1, config_.cluster().tensor_parallel());
+}
+
+int WorkerProcess::ReplicaIndex() const {
+  if (pipeline_) return pipeline_->ReplicaOf(rank_);
+  return rank_ / std::max(1, config_.cluster().tensor_parallel());
 }
 
 void WorkerProcess::OpenPipelineWire(transport::NodeRuntime& runtime) {
@@ -376,6 +423,15 @@ Status WorkerProcess::JoinJob() {
   HERD_ASSIGN_OR_RETURN(runtime_,
                         transport::NodeRuntime::Join(o, [this](transport::NodeRuntime& rt, transport::CoordinatorClient& c) {
                           if (mode_ == Mode::kAllReduce) rt.StartRing(c, config_.cluster().shard_group_size());
+                          // A tensor-parallel group is a ring of its own, its ranks' replicas another.
+                          if (mode_ == Mode::kTensorParallel) {
+                            rt.StartRing(c, config_.cluster().tensor_parallel());
+                            // The group is this replica's consecutive ranks: the shard ring, or
+                            // every worker when there is one replica.
+                            tensor_ring_ = std::make_unique<TensorRing>(
+                                rt.shard_ring() != nullptr ? static_cast<transport::Collectives*>(rt.shard_ring())
+                                                           : rt.ring());
+                          }
                           // A pipeline's stages are groups of replicas (stage-major ranks).
                           if (mode_ == Mode::kPipelineStage) {
                             rt.StartRing(c, pipeline_->replicas > 1 ? pipeline_->replicas : 0);
@@ -388,7 +444,7 @@ Status WorkerProcess::JoinJob() {
                         }));
   // A paged buffer is not registered whole (that would back and pin all
   // of it): UCX registers what it moves as it goes.
-  const uint64_t bytes = layout_.size() * sizeof(float);
+  const uint64_t bytes = (packed_size_ > 0 ? packed_size_ : layout_.size()) * sizeof(float);
   if (!pages_weights_) HERD_RETURN_IF_ERROR(runtime_->transport().RegisterMemory(weights_.data(), bytes));
   if (!pages_grads_) HERD_RETURN_IF_ERROR(runtime_->transport().RegisterMemory(grads_.data(), bytes));
   return Status::OK();
@@ -457,6 +513,16 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeStrategy() {
       home_ = std::move(parts.home);
       return std::move(parts.sync);
     }
+    case Mode::kTensorParallel: {
+      TensorParallelSyncOptions t;
+      t.job = &job_;
+      t.layout = &layout_;
+      t.slices = &*slices_;
+      t.tensor_ring = tensor_ring_.get();
+      t.everyone = runtime_->ring();
+      t.replicas = runtime_->replica_ring();
+      return CreateTensorParallelSync(t, weights(), resume_from_);
+    }
     case Mode::kPipelineStage: {
       const int replica = pipeline_->ReplicaOf(rank_);
       PipelineSyncOptions p;
@@ -485,7 +551,7 @@ Status WorkerProcess::MakeAxes() {
   compute_ = MakeCompute();
   checkpoints_ = MakeCheckpointWriter();
   if (!config_.cluster().elastic() || mode_ != Mode::kParameterServer) {
-    schedule_ = FixedShare(*strategy_, pipeline_ ? pipeline_->ReplicaOf(rank_) : rank_, /*leads=*/rank_ == 0);
+    schedule_ = FixedShare(*strategy_, ReplicaIndex(), /*leads=*/rank_ == 0);
     return Status::OK();
   }
   FollowMembership();
@@ -536,7 +602,7 @@ std::unique_ptr<ShareCompute> WorkerProcess::MakeCompute() {
   o.seq_len = job_.seq_len;
   // 1 / the global batch's tokens.
   o.loss_scale =
-      1.0 / static_cast<double>(static_cast<int64_t>(job_.batch) * job_.seq_len * job_.grad_accum * num_workers_);
+      1.0 / static_cast<double>(static_cast<int64_t>(job_.batch) * job_.seq_len * job_.grad_accum * Replicas());
   // Paged gradients (streamed weights, ZeRO-2): every micro-batch through
   // each unit at once, so that each unit is pulled once a pass and its
   // gradients leave (and are let go) once a step.
@@ -620,7 +686,7 @@ StepLoopParts WorkerProcess::LoopParts() {
   parts.weights = weights();
   parts.rank = rank_;
   parts.num_workers = num_workers_;
-  parts.data_parallel = pipeline_ ? pipeline_->replicas : num_workers_;
+  parts.data_parallel = Replicas();
   parts.client = runtime_ ? &runtime_->client() : nullptr;
   return parts;
 }

@@ -1,0 +1,101 @@
+"""Tensor parallelism (cluster.tensor_parallel) in all-reduce mode,
+through `herd launch`, against one process on the same global batch, on
+the tiny model (tied, clipped), 30 steps:
+
+* T = 2 (and T = 4 with as many key/value heads as heads): every step's
+  loss within 1e-5 relative of one process's (the row-parallel products
+  and the cross-entropy add their parts in another order: not bitwise);
+  a rerun bitwise the same;
+* data x tensor 2 x 2: within 1e-5 of DDP with two workers;
+* the held-out loss through the ranks within 1e-5 of one process's;
+* stop at step 15 and --resume: bitwise the straight run; the checkpoint
+  (each rank's slices as pieces of the flat space) goes on as one process
+  within 1e-5 of the straight tensor-parallel run, and one process's
+  checkpoint goes on at T = 2 within 1e-5 of one process;
+* bad inputs, one line each before any process starts: T not dividing
+  the workers, the heads or the vocabulary."""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import herdtest  # noqa: E402
+from ps_equivalence_test import metrics  # noqa: E402
+
+STEPS = 30
+
+
+def main():
+    a = herdtest.parse_args()
+    sb = herdtest.Sandbox(a.build)
+    sb.training_data()
+    sb.run("prepare", "corpus.txt", "--out", "val.bin")
+
+    def job(name, cluster="", every=0, ckpt=None, eval_every=0, kv=2, vocab=256):
+        text = herdtest.tiny_config("train.bin", val="val.bin" if eval_every else "", steps=STEPS, ckpt=ckpt or name,
+                                    every=every, metrics=name + ".jsonl", extra=cluster, eval_every=eval_every)
+        text = text.replace("num_key_value_heads: 2", f"num_key_value_heads: {kv}")
+        text = text.replace("vocab_size: 256", f"vocab_size: {vocab}")
+        text = text.replace("batch_size: 4", "batch_size: 2 grad_accum: 2")
+        return sb.write(name + ".textproto", text)
+
+    def tp(workers, T):
+        return f"cluster {{ sync: ALLREDUCE workers: {workers} tensor_parallel: {T} }}"
+
+    def losses(name, key="loss"):
+        return [m.get(key) for m in metrics(sb.path(name + ".jsonl"))]
+
+    def close(x, y, what):
+        assert len(x) == len(y) and x, f"{what}: {len(x)} against {len(y)} steps"
+        worst = max(abs(p - q) / abs(q) for p, q in zip(x, y))
+        assert worst < 1e-5, f"{what}: {worst:.3g} relative"
+        return worst
+
+    sb.run("launch", job("one"))
+    sb.run("launch", job("t2", tp(2, 2)))
+    w2 = close(losses("t2"), losses("one"), "T=2")
+    sb.run("launch", job("t2_again", tp(2, 2)))
+    assert losses("t2_again") == losses("t2"), "T=2 rerun"
+    sb.run("launch", job("one_kv4", kv=4))
+    sb.run("launch", job("t4", tp(4, 4), kv=4))
+    w4 = close(losses("t4"), losses("one_kv4"), "T=4")
+    sb.run("launch", job("ddp2", "cluster { sync: ALLREDUCE workers: 2 }"))
+    sb.run("launch", job("d2t2", tp(4, 2)))
+    w22 = close(losses("d2t2"), losses("ddp2"), "2 x 2")
+    print(f"T=2 within {w2:.2g} of one process over {STEPS} steps (a rerun bitwise), T=4 within {w4:.2g}, "
+          f"data x tensor 2 x 2 within {w22:.2g} of DDP with 2 workers")
+
+    sb.run("launch", job("one_eval", eval_every=10))
+    sb.run("launch", job("t2_eval", tp(2, 2), eval_every=10))
+    vals = [v for v in losses("t2_eval", "val_loss") if v is not None]
+    expected = [v for v in losses("one_eval", "val_loss") if v is not None]
+    we = close(vals, expected, "held-out loss")
+    print(f"held-out loss through the ranks within {we:.2g} of one process's")
+
+    sb.run("launch", job("stop", tp(2, 2), every=15), "--stop-at", "15")
+    sb.run("launch", job("stop", tp(2, 2), every=15), "--resume")
+    assert losses("stop") == losses("t2"), "T=2 stopped at 15 and resumed"
+    os.makedirs(sb.path("one_from"))
+    os.symlink(sb.path("stop", "step_00000015"), sb.path("one_from", "step_00000015"))
+    sb.run("launch", job("one_from", every=15), "--resume")
+    wr1 = close(losses("one_from"), losses("t2")[15:], "T=2's checkpoint as one process")
+    sb.run("launch", job("one_stop", every=15), "--stop-at", "15")
+    os.makedirs(sb.path("t2_from"))
+    os.symlink(sb.path("one_stop", "step_00000015"), sb.path("t2_from", "step_00000015"))
+    sb.run("launch", job("t2_from", tp(2, 2), every=15), "--resume")
+    wr2 = close(losses("t2_from"), losses("one")[15:], "one process's checkpoint at T=2")
+    print(f"T=2 resumed at step 15 bitwise; its checkpoint as one process within {wr1:.2g}, one process's at T=2 "
+          f"within {wr2:.2g}")
+
+    bad = [("three", tp(3, 2), {}, "does not divide cluster.workers"),
+           ("heads", tp(3, 3), {}, "model.num_attention_heads"),
+           ("vocab", tp(2, 2), {"vocab": 257}, "model.vocab_size")]
+    for name, cluster, more, says in bad:
+        p = sb.run("launch", job(name, cluster, **more), check=False)
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode != 0 and any(says in line for line in lines), f"{name}: {p.returncode} {p.stderr}"
+        assert not os.path.exists(sb.path(name + ".jsonl")), f"{name}: a process started"
+    print("bad inputs: one line each, nothing started")
+
+
+if __name__ == "__main__":
+    main()

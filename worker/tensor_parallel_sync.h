@@ -1,0 +1,66 @@
+// All-reduce mode's strategy for a tensor-parallel worker
+// (cluster.tensor_parallel; see worker/sync_strategy.h): the worker holds
+// its rank's slices of the model packed (sharding/tensor_slices.h), and
+// its weights, gradients and AdamW state are those of the packed space,
+// so no worker holds a layer whole.
+//
+// A step: with data-parallel replicas, the packed gradients all-reduced
+// among the workers of the same tensor-parallel rank (DDP over the
+// slice); the global norm from each rank's slices (the norms, which
+// every rank holds alike, counted on rank 0 alone) and the losses added
+// over all the workers by one all-reduce; AdamW on the packed space.
+// The model's own sums over the tensor-parallel group (model/llama.h's
+// TensorGroup) run inside its passes through TensorRing; a failure there
+// is kept and returned by FinishStep.
+//
+// Checkpoints stay the flat space: the first replica's worker of each
+// tensor-parallel rank writes its slices as pieces of shard file `rank`
+// (the norms by rank 0), so the checkpoint resumes at any other grid, mode
+// or worker count with the same global batch, and any checkpoint resumes
+// here (each rank reads its slices' runs).
+#pragma once
+
+#include <memory>
+#include <optional>
+
+#include "common/status.h"
+#include "model/checkpoint_load.h"
+#include "model/llama.h"
+#include "sharding/job_options.h"
+#include "sharding/tensor_slices.h"
+#include "transport/collectives.h"
+#include "worker/sync_strategy.h"
+
+namespace herd {
+
+// The tensor-parallel group's sums for a model (TensorGroup::all_reduce)
+// over `ring`: a failure (a peer gone) is kept and the sums after it are
+// skipped, so a pass runs to its end and the step fails with the line.
+class TensorRing {
+ public:
+  explicit TensorRing(transport::Collectives* ring) : ring_(ring) {}
+  TensorGroup<float> Group(const TensorSlices& slices);
+  const Status& failure() const { return failure_; }
+
+ private:
+  transport::Collectives* const ring_;
+  Status failure_;  // the first failed sum
+};
+
+struct TensorParallelSyncOptions {
+  const JobOptions* job = nullptr;
+  const ParamLayout* layout = nullptr;  // the model's flat space
+  const TensorSlices* slices = nullptr;
+  const TensorRing* tensor_ring = nullptr;
+  transport::Collectives* everyone = nullptr;  // the norm and the losses
+  // This rank's data-parallel replicas (null: one replica).
+  transport::Collectives* replicas = nullptr;
+};
+
+// Loads or initialises the packed `weights` (slices->layout().size()) and
+// their optimizer state; `resume_from` continues this run.
+StatusOr<std::unique_ptr<SyncStrategy>> CreateTensorParallelSync(const TensorParallelSyncOptions& options,
+                                                                 float* weights,
+                                                                 const std::optional<VerifiedCheckpoint>& resume_from);
+
+}  // namespace herd
