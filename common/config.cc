@@ -408,8 +408,6 @@ std::vector<Violation> CheckValues(const JobConfig& c) {
     divides(m.num_key_value_heads(), "model.num_key_value_heads", "key/value heads");
     divides(m.intermediate_size(), "model.intermediate_size", "intermediate columns");
     divides(m.vocab_size(), "model.vocab_size", "vocabulary rows");
-    need(c.log().sample_tokens() == 0, "log.sample_tokens",
-         "samples with tensor parallelism are not built yet: set log.sample_tokens: 0");
   }
   if (c.cluster().pipeline_stages() > 1) {
     need(c.device().kind() == config::DeviceConfig::CPU, "device.kind", "pipeline stages run on CPU workers only yet");

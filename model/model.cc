@@ -2,6 +2,9 @@
 
 #include <omp.h>
 
+#include <algorithm>
+#include <vector>
+
 #include "model/llama.h"
 
 namespace herd {
@@ -12,7 +15,7 @@ class CpuModel final : public Model {
  public:
   CpuModel(const LlamaShape& shape, int max_batch, int max_seq_len, Recompute recompute, int slots,
            TensorGroup<float> group)
-      : model_(shape, max_batch, max_seq_len, recompute, slots) {
+      : model_(shape, max_batch, max_seq_len, recompute, slots), group_(group) {
     model_.SetTensorGroup(std::move(group));
   }
 
@@ -30,6 +33,17 @@ class CpuModel final : public Model {
     model_.Backward(params, grads, loss_scale, final_from, need_from);
   }
   const float* logits() override { return model_.logits(); }
+  // A tensor-parallel rank's: its columns of the row, the others' summed in.
+  const float* LastLogits(int T) override {
+    const int V = shape().vocab_size;
+    const float* mine = model_.logits() + static_cast<int64_t>(T - 1) * V;
+    if (group_.ranks == 1) return mine;
+    row_.assign(vocab_size(), 0.0f);
+    std::copy(mine, mine + V, row_.begin() + group_.vocab_first);
+    group_.all_reduce(row_.data(), vocab_size());
+    return row_.data();
+  }
+  int vocab_size() const override { return shape().vocab_size * group_.ranks; }
   int layer_major_slots() const override { return model_.slots(); }
   double ForwardBackwardLayerMajor(const float* params, float* grads, const std::vector<const int32_t*>& tokens,
                                    const std::vector<const int32_t*>& targets, int B, int T, double loss_scale,
@@ -41,6 +55,8 @@ class CpuModel final : public Model {
 
  private:
   LlamaModel<float> model_;
+  const TensorGroup<float> group_;
+  std::vector<float> row_;  // a tensor-parallel rank's gathered row of logits
 };
 
 }  // namespace

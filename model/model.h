@@ -60,6 +60,9 @@ class Model {
   // ([vocab]), what sampling reads: a row of logits(), unless the model's
   // logits are elsewhere (a pipeline's, on its last stage).
   virtual const float* LastLogits(int T) { return logits() + static_cast<int64_t>(T - 1) * shape().vocab_size; }
+  // How many logits LastLogits gives: the vocabulary (a tensor-parallel
+  // rank's model, whose shape holds its part: the whole model's).
+  virtual int vocab_size() const { return shape().vocab_size; }
 
   // LlamaModel::ForwardBackwardLayerMajor's contract, for up to
   // layer_major_slots() micro-batches (0: the model has no such pass).

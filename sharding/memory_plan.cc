@@ -9,6 +9,7 @@
 #include "model/llama.h"
 #include "sharding/job_options.h"
 #include "sharding/pipeline_plan.h"
+#include "sharding/tensor_slices.h"
 #include "sharding/weight_window.h"
 
 namespace herd {
@@ -271,6 +272,32 @@ StatusOr<std::vector<ProcessMemory>> StageMemory(const JobSizes& j, const ShardP
   return out;
 }
 
+// A tensor-parallel worker (CPU): its rank's packed slices' weights,
+// gradients and AdamW state, its slice model's activations (every rank's
+// alike), the rings' buffers (all the workers, its group, its replicas),
+// and one tensor whole while it initialises.
+StatusOr<ProcessMemory> TensorParallelMemory(const JobSizes& j) {
+  HERD_ASSIGN_OR_RETURN(const TensorSlices slices, TensorSlices::Make(j.shape, j.cluster.tensor_parallel(), 0));
+  const int64_t n = slices.layout().size();
+  ProcessMemory t;
+  t.role = "worker";
+  t.count = j.W;
+  t.range = {0, j.P};  // the span its slices lie in
+  t.weights = n * kF32;
+  t.gradients = n * kF32;
+  t.optimizer = 2 * n * kF32;
+  t.activations =
+      LlamaModel<float>::ActivationBytes(slices.shape(), j.train.batch_size(), j.train.seq_len(), j.job.recompute,
+                                         j.job.micro_batch_slots) +
+      2 * static_cast<int64_t>(j.train.batch_size()) * j.train.seq_len() * static_cast<int64_t>(sizeof(int32_t));
+  const int rings = j.W > j.cluster.tensor_parallel() ? 3 : 1;
+  int64_t largest = 0;
+  for (const TensorSpec& x : j.layout.tensors()) largest = std::max(largest, x.numel);
+  t.buffers = rings * kRingChunksAhead * kRingChunkBytes + largest * kF32;
+  t.runtime = kRuntimeBytes;
+  return t;
+}
+
 }  // namespace
 
 StatusOr<MemoryPlan> PlanMemory(const config::JobConfig& config) {
@@ -291,6 +318,11 @@ StatusOr<MemoryPlan> PlanMemory(const config::JobConfig& config) {
   }
   if (HasPipeline(config)) {
     HERD_ASSIGN_OR_RETURN(plan.processes, StageMemory(j));
+    return plan;
+  }
+  if (config.cluster().tensor_parallel() > 1) {
+    HERD_ASSIGN_OR_RETURN(ProcessMemory worker, TensorParallelMemory(j));
+    plan.processes.push_back(worker);
     return plan;
   }
   HERD_ASSIGN_OR_RETURN(ProcessMemory trainer, TrainerMemory(j));

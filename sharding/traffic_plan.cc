@@ -6,6 +6,7 @@
 #include "sharding/job_options.h"
 #include "sharding/pipeline_plan.h"
 #include "sharding/shard_plan.h"
+#include "sharding/tensor_slices.h"
 #include "sharding/weight_window.h"
 
 namespace herd {
@@ -68,6 +69,26 @@ StatusOr<WorkerTraffic> PipelineTraffic(const config::JobConfig& config, const J
   return t;
 }
 
+// A tensor-parallel worker: the group's sums in each micro-batch's passes
+// (Megatron's count: the lookup and o_proj's and down_proj's outputs
+// forward, the head's and each layer's two norms' input gradients
+// backward, o_proj's again where FULL recomputation reruns the layer, all
+// of B x T x hidden floats; the cross-entropy's statistics, 2T + 1 per
+// token), each an all-reduce over the group's ring; and the packed
+// gradients' all-reduce among the rank's replicas.
+StatusOr<WorkerTraffic> TensorParallelTraffic(const config::JobConfig& config, const JobOptions& job) {
+  const int T = config.cluster().tensor_parallel(), R = config.cluster().workers() / T;
+  HERD_ASSIGN_OR_RETURN(const TensorSlices slices, TensorSlices::Make(job.shape, T, 0));
+  const double tokens = static_cast<double>(job.batch) * job.seq_len, L = job.shape.num_layers;
+  const double recomputed = job.recompute == Recompute::kFull ? L : 0;
+  const double sums = tokens * job.shape.hidden_size * (2 + 4 * L + recomputed) + tokens * (2.0 * T + 1);
+  const double bytes = job.grad_accum * 2 * RingPass(T, sums, 4) +
+                       2 * RingPass(R, static_cast<double>(slices.layout().size()), 4);
+  WorkerTraffic t;
+  t.sent = t.received = static_cast<int64_t>(bytes);
+  return t;
+}
+
 }  // namespace
 
 StatusOr<WorkerTraffic> PlanWorkerTraffic(const config::JobConfig& config) {
@@ -78,6 +99,7 @@ StatusOr<WorkerTraffic> PlanWorkerTraffic(const config::JobConfig& config) {
   const double wire = cluster.wire_dtype() == config::ClusterConfig::BF16 ? 2 : 4;  // gradients' bytes
   WorkerTraffic t;
   if (HasPipeline(config)) return PipelineTraffic(config, job, layout, wire);
+  if (cluster.tensor_parallel() > 1) return TensorParallelTraffic(config, job);
   if (cluster.sync() == config::ClusterConfig::PARAMETER_SERVER) {
     double pulled = P;
     if (cluster.stream_weights()) {

@@ -17,7 +17,12 @@
 //                      reduce-scatter and the gathers the window makes
 //                      (the same replay); hybrid sharding, these within
 //                      the group and an all-reduce of the owned slices
-//                      among the replicas.
+//                      among the replicas;
+//   tensor parallel    the group's all-reduces of each micro-batch's
+//                      activations and their gradients (Megatron's: 2 a
+//                      layer forward, 2 backward) and of the
+//                      cross-entropy's statistics, and the packed
+//                      gradients' all-reduce among the rank's replicas.
 #pragma once
 
 #include <cstdint>

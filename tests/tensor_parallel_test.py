@@ -5,7 +5,8 @@ the tiny model (tied, clipped), 30 steps:
 * T = 2 (and T = 4 with as many key/value heads as heads): every step's
   loss within 1e-5 relative of one process's (the row-parallel products
   and the cross-entropy add their parts in another order: not bitwise);
-  a rerun bitwise the same;
+  a rerun bitwise the same, the sample drawn through the ranks (each
+  rank's columns of the last position's logits gathered) too;
 * data x tensor 2 x 2: within 1e-5 of DDP with two workers;
 * the held-out loss through the ranks within 1e-5 of one process's;
 * stop at step 15 and --resume: bitwise the straight run; the checkpoint
@@ -30,9 +31,10 @@ def main():
     sb.training_data()
     sb.run("prepare", "corpus.txt", "--out", "val.bin")
 
-    def job(name, cluster="", every=0, ckpt=None, eval_every=0, kv=2, vocab=256):
+    def job(name, cluster="", every=0, ckpt=None, eval_every=0, kv=2, vocab=256, sample=0):
         text = herdtest.tiny_config("train.bin", val="val.bin" if eval_every else "", steps=STEPS, ckpt=ckpt or name,
                                     every=every, metrics=name + ".jsonl", extra=cluster, eval_every=eval_every)
+        text = text.replace("sample_tokens: 0", f"sample_tokens: {sample}")
         text = text.replace("num_key_value_heads: 2", f"num_key_value_heads: {kv}")
         text = text.replace("vocab_size: 256", f"vocab_size: {vocab}")
         text = text.replace("batch_size: 4", "batch_size: 2 grad_accum: 2")
@@ -50,18 +52,28 @@ def main():
         assert worst < 1e-5, f"{what}: {worst:.3g} relative"
         return worst
 
-    sb.run("launch", job("one"))
-    sb.run("launch", job("t2", tp(2, 2)))
+    def sample_of(launched):
+        """The sample text a launch printed (worker 0's, its prefix taken off)."""
+        lines = [line.split(": ", 1)[1] if line.startswith("worker 0: ") else line
+                 for line in launched.stdout.splitlines()]
+        start = next(i for i, line in enumerate(lines) if line.startswith("sample ("))
+        end = next(i for i in range(start, len(lines)) if lines[i].startswith("done:"))
+        return "\n".join(lines[start + 1:end])
+
+    one_sample = sample_of(sb.run("launch", job("one", sample=40)))
+    t2_sample = sample_of(sb.run("launch", job("t2", tp(2, 2), sample=40)))
     w2 = close(losses("t2"), losses("one"), "T=2")
-    sb.run("launch", job("t2_again", tp(2, 2)))
-    assert losses("t2_again") == losses("t2"), "T=2 rerun"
+    again = sample_of(sb.run("launch", job("t2_again", tp(2, 2), sample=40)))
+    assert losses("t2_again") == losses("t2") and again == t2_sample, "T=2 rerun"
+    assert len(t2_sample) > 0, "no sample through the ranks"
     sb.run("launch", job("one_kv4", kv=4))
     sb.run("launch", job("t4", tp(4, 4), kv=4))
     w4 = close(losses("t4"), losses("one_kv4"), "T=4")
     sb.run("launch", job("ddp2", "cluster { sync: ALLREDUCE workers: 2 }"))
     sb.run("launch", job("d2t2", tp(4, 2)))
     w22 = close(losses("d2t2"), losses("ddp2"), "2 x 2")
-    print(f"T=2 within {w2:.2g} of one process over {STEPS} steps (a rerun bitwise), T=4 within {w4:.2g}, "
+    print(f"T=2 within {w2:.2g} of one process over {STEPS} steps (a rerun bitwise, its sample too: "
+          f"{'the same as' if t2_sample == one_sample else 'not'} one process's text), T=4 within {w4:.2g}, "
           f"data x tensor 2 x 2 within {w22:.2g} of DDP with 2 workers")
 
     sb.run("launch", job("one_eval", eval_every=10))

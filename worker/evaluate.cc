@@ -33,7 +33,7 @@ StatusOr<EvalResult> EvaluateLoss(Model& model, const float* params, const Token
 std::vector<int32_t> Generate(Model& model, const float* params, std::vector<int32_t> tokens, int count,
                               double temperature, uint64_t seed, const Model::NeedUpTo& need) {
   Rng rng(seed);
-  const int V = model.shape().vocab_size;
+  const int V = model.vocab_size();
   std::vector<double> probs(V);
   if (tokens.empty()) tokens.push_back(0);
   for (int n = 0; n < count; ++n) {
