@@ -14,13 +14,15 @@ the tiny model (tied, clipped), 30 steps:
   within 1e-5 of the straight tensor-parallel run, and one process's
   checkpoint goes on at T = 2 within 1e-5 of one process;
 * bad inputs, one line each before any process starts: T not dividing
-  the workers, the heads or the vocabulary."""
+  the workers, the heads or the vocabulary;
+* a rank killed mid-run stops the job in one line naming it."""
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import herdtest  # noqa: E402
 from ps_equivalence_test import metrics  # noqa: E402
+from ps_failure_test import kill_mid_run  # noqa: E402
 
 STEPS = 30
 
@@ -107,6 +109,11 @@ def main():
         assert p.returncode != 0 and any(says in line for line in lines), f"{name}: {p.returncode} {p.stderr}"
         assert not os.path.exists(sb.path(name + ".jsonl")), f"{name}: a process started"
     print("bad inputs: one line each, nothing started")
+
+    # A rank killed mid-run: the job stops, naming it, with its exit code.
+    stopped = kill_mid_run(sb, "worker", 1, tag="_tp",
+                           cluster="cluster { sync: ALLREDUCE workers: 2 tensor_parallel: 2 heartbeat_timeout_s: 5 }")
+    print(f"a tensor-parallel rank killed with -9: the job stopped in {stopped:.2f} s, naming it")
 
 
 if __name__ == "__main__":
