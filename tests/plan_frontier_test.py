@@ -13,8 +13,9 @@ paper tabulates it — and its predictions hold when run.
     every process's measured peak RSS within the budget and within 10% of
     its plan;
   - at W=4 a hybrid row (ZeRO-3 in 2 groups) needs at least ZeRO-3's memory,
-    and the pipeline rows (a stage a worker) fit at least DDP's depth and
-    deeper than PS;
+    the pipeline rows (a stage a worker) fit at least DDP's depth and
+    deeper than PS, and the tensor-parallel row (one group of four) deeper
+    than DDP, marking the shapes whose heads four does not split;
   - --frontier without a budget is refused in one line."""
 import json
 import os
@@ -74,6 +75,17 @@ def main():
             assert sh["fits"] == (sh["largest_process"] <= 0.98 * BUDGET), (f["mode"], shape, sh)
     print(f"ok  at W=4, pipeline {pp['layers']} layers (DDP {four['DDP']['layers']}), "
           f"PS pipeline {ps_pp['layers']} (PS {four['PS']['layers']})")
+    # And a tensor-parallel row: each of the four holds a quarter of the
+    # weights, gradients and AdamW state and of the heads' and MLP's
+    # activations: deeper than DDP; shapes whose heads four does not split
+    # are marked so.
+    tp = four["tensor parallel"]
+    assert tp["layers"] > four["DDP"]["layers"], four
+    assert not tp["shapes"]["SmolLM-135M"]["splits"], tp  # 9 heads
+    for shape, sh in tp["shapes"].items():
+        if sh.get("splits", True):
+            assert sh["fits"] == (sh["largest_process"] <= 0.98 * BUDGET), ("tensor parallel", shape, sh)
+    print(f"ok  at W=4, tensor parallel {tp['layers']} layers (DDP {four['DDP']['layers']})")
 
     for mode, recompute, stream in (("PS", "NONE", False), ("PS + recompute", "FULL", False),
                                     ("PS + streaming", "NONE", True), ("PS + streaming + recompute", "FULL", True)):

@@ -162,6 +162,7 @@ struct Mode {
   bool stream;     // cluster.stream_weights
   int replicas = 1;  // > 1: hybrid sharding, shard groups of workers / replicas
   bool pipeline = false;  // a stage a worker (1F1B, at least a micro-batch a stage)
+  bool tensor = false;    // every worker a tensor-parallel rank of one group (CPU workers)
 };
 constexpr Mode kModes[] = {
     {"DDP", config::ClusterConfig::ALLREDUCE, 0, config::TrainConfig::NONE, false},
@@ -176,6 +177,7 @@ constexpr Mode kModes[] = {
     {"pipeline stages", config::ClusterConfig::ALLREDUCE, 0, config::TrainConfig::NONE, false, 1, true},
     {"PS + pipeline stages", config::ClusterConfig::PARAMETER_SERVER, 0, config::TrainConfig::NONE, false, 1,
      true},
+    {"tensor parallel", config::ClusterConfig::ALLREDUCE, 0, config::TrainConfig::NONE, false, 1, false, true},
 };
 
 // Standard shapes, from their HuggingFace config.json.
@@ -214,6 +216,7 @@ config::JobConfig InMode(const config::JobConfig& job, const Mode& mode) {
   // CUDA workers shard in groups over the UCX ring only.
   if (c.device().kind() == config::DeviceConfig::CUDA && mode.replicas > 1) cl->set_nccl(false);
   cl->set_pipeline_stages(mode.pipeline ? cl->workers() : 1);
+  cl->set_tensor_parallel(mode.tensor ? cl->workers() : 1);
   if (mode.pipeline) {
     cl->set_pipeline_schedule(config::ClusterConfig::ONE_F_ONE_B);
     c.mutable_train()->set_grad_accum(std::max(c.train().grad_accum(), cl->workers()));
@@ -259,10 +262,18 @@ Status PrintFrontier(const config::JobConfig& job, int64_t mem, int64_t gpu_mem,
     const int workers = std::max(1, job.cluster().workers());
     if (kModes[i].replicas > 1 && (workers % kModes[i].replicas != 0 || workers < 2 * kModes[i].replicas)) continue;
     if (kModes[i].pipeline && workers < 2) continue;
+    if (kModes[i].tensor && (workers < 2 || gpu)) continue;
     const config::JobConfig c = InMode(job, kModes[i]);
     int layers = 0;
     int64_t parameters = 0;
-    auto best = LargestFitting(c, host, gpu_mem);
+    // Tensor parallelism splits the heads, the intermediate columns and the
+    // vocabulary: a shape the workers do not divide has no row entry.
+    auto splits = [&](const config::ModelConfig& m) {
+      const int T = c.cluster().tensor_parallel();
+      return m.num_attention_heads() % T == 0 && m.num_key_value_heads() % T == 0 && m.intermediate_size() % T == 0 &&
+             m.vocab_size() % T == 0;
+    };
+    auto best = splits(c.model()) ? LargestFitting(c, host, gpu_mem) : StatusOr<config::JobConfig>(Status::NotFound(""));
     if (best.ok()) {
       layers = best->model().num_hidden_layers();
       parameters = ParamLayout(LlamaShape::FromConfig(best->model())).num_parameters();
@@ -278,7 +289,16 @@ Status PrintFrontier(const config::JobConfig& job, int64_t mem, int64_t gpu_mem,
       std::printf("%-27s %-26s", kModes[i].name, deepest.c_str());
     }
     for (size_t k = 0; k < std::size(kShapes); ++k) {
-      HERD_ASSIGN_OR_RETURN(const MemoryPlan plan, PlanMemory(WithShape(c, kShapes[k])));
+      const config::JobConfig shaped = WithShape(c, kShapes[k]);
+      if (!splits(shaped.model())) {
+        if (json) {
+          std::printf("%s\"%s\": {\"fits\": false, \"splits\": false}", k ? ", " : "", kShapes[k].name);
+        } else {
+          std::printf(" %15s", ("T=" + std::to_string(c.cluster().tensor_parallel()) + ": no split").c_str());
+        }
+        continue;
+      }
+      HERD_ASSIGN_OR_RETURN(const MemoryPlan plan, PlanMemory(shaped));
       const bool fits = FitsBudget(plan, host, gpu_mem);
       int64_t device = 0;
       for (const ProcessMemory& p : plan.processes) device = std::max(device, p.device);
