@@ -75,7 +75,7 @@ class TensorParallelSync : public SyncStrategy {
   void WaitUpTo(int64_t) override {}
   Status FinishWeights() override { return Status::OK(); }
   const StepReport& report() const override { return report_; }
-  double TakeWaitSeconds() override { return wait_.Take(); }
+  double TakeWaitSeconds() override { return wait_.Take() + o_.tensor_ring->TakeWaitSeconds(); }
 
   // The slices as pieces of the flat space; the norms by rank 0.
   Status WriteCheckpointParts(const std::string& step_dir) override {
@@ -111,7 +111,7 @@ TensorGroup<float> TensorRing::Group(const TensorSlices& slices) {
   g.all_reduce = [this](float* data, int64_t n) {
     if (!failure_.ok()) return;
     trace::Span span("tensor-parallel sum", "collective");
-    failure_ = ring_->Wait(ring_->AllReduce(data, n, DType::kFloat32));
+    failure_ = wait_.Timed([&] { return ring_->Wait(ring_->AllReduce(data, n, DType::kFloat32)); });
   };
   return g;
 }

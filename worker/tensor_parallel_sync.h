@@ -41,17 +41,21 @@ class TensorRing {
   explicit TensorRing(transport::Collectives* ring) : ring_(ring) {}
   TensorGroup<float> Group(const TensorSlices& slices);
   const Status& failure() const { return failure_; }
+  // Seconds the sums blocked the passes since the last call (the step's
+  // time waiting on the network, with the strategy's own).
+  double TakeWaitSeconds() { return wait_.Take(); }
 
  private:
   transport::Collectives* const ring_;
   Status failure_;  // the first failed sum
+  WaitClock wait_;
 };
 
 struct TensorParallelSyncOptions {
   const JobOptions* job = nullptr;
   const ParamLayout* layout = nullptr;  // the model's flat space
   const TensorSlices* slices = nullptr;
-  const TensorRing* tensor_ring = nullptr;
+  TensorRing* tensor_ring = nullptr;
   transport::Collectives* everyone = nullptr;  // the norm and the losses
   // This rank's data-parallel replicas (null: one replica).
   transport::Collectives* replicas = nullptr;
