@@ -4,7 +4,8 @@ directory, nothing of the system's changed) runs examples/slurm's batch
 scripts as a user would submit them:
 
 * herd_ps.sbatch (2 servers, 2 workers), herd_allreduce.sbatch (2
-  workers) and herd_pipeline.sbatch (2 pipeline stages): srun starts the
+  workers), herd_pipeline.sbatch (2 pipeline stages) and
+  herd_tensor.sbatch (2 tensor-parallel ranks): srun starts the
   processes, herd takes ranks from SLURM_PROCID
   and SLURM_NTASKS and the coordinator from the script; the losses equal
   `herd launch`'s for the same config bitwise;
@@ -178,7 +179,8 @@ def main():
                 ("ps", "herd_ps.sbatch", "cluster { sync: PARAMETER_SERVER servers: 2 workers: 2 }"),
                 ("allreduce", "herd_allreduce.sbatch", "cluster { sync: ALLREDUCE workers: 2 }"),
                 ("pipeline", "herd_pipeline.sbatch",
-                 "cluster { sync: ALLREDUCE workers: 2 pipeline_stages: 2 pipeline_schedule: GPIPE }")):
+                 "cluster { sync: ALLREDUCE workers: 2 pipeline_stages: 2 pipeline_schedule: GPIPE }"),
+                ("tensor", "herd_tensor.sbatch", "cluster { sync: ALLREDUCE workers: 2 tensor_parallel: 2 }")):
             cfg = job(name, cluster_text, 20, 10)
             t0 = time.time()
             jid = cluster.sbatch(script, cfg, cwd=sb.dir, env=env)
