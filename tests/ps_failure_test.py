@@ -26,7 +26,10 @@ def children(pid, name):
 
 
 def kill_mid_run(sb, role, rank,
-                 cluster="cluster { sync: PARAMETER_SERVER servers: 2 workers: 2 heartbeat_timeout_s: 5 }", tag=""):
+                 cluster="cluster { sync: PARAMETER_SERVER servers: 2 workers: 2 heartbeat_timeout_s: 5 }", tag="",
+                 place=""):
+    """Kills `role` `rank` with -9 at step 20; the job must stop in one line
+    naming it (with `place`, where it sits: " (tensor rank 1 of replica 0)")."""
     name = f"kill_{role}{tag}"
     cfg = sb.write(f"{name}.textproto", herdtest.tiny_config(
         "train.bin", steps=100000, ckpt=name, every=5, extra=cluster))
@@ -51,7 +54,7 @@ def kill_mid_run(sb, role, rank,
     stderr = open(sb.path(f"{name}.err")).read()
     assert rc == 128 + signal.SIGKILL, (rc, stderr[-2000:])
     assert f"{role} rank {rank}" in stderr and "was lost" in stderr, stderr[-2000:]
-    assert f"herd: error: {role} {rank} failed (exit code 137)" in stderr, stderr[-2000:]
+    assert f"herd: error: {role} {rank}{place} failed (exit code 137)" in stderr, stderr[-2000:]
     assert stopped_in < 15, f"stopping took {stopped_in:.1f} s"
     # Every step directory that has a manifest verifies; others are ignored.
     root = sb.path(name)

@@ -15,7 +15,8 @@ the tiny model (tied, clipped), 30 steps:
   checkpoint goes on at T = 2 within 1e-5 of one process;
 * bad inputs, one line each before any process starts: T not dividing
   the workers, the heads or the vocabulary;
-* a rank killed mid-run stops the job in one line naming it."""
+* a rank killed mid-run stops the job in one line naming it and its
+  place ("worker 1 (tensor rank 1 of replica 0) failed")."""
 import os
 import sys
 
@@ -111,7 +112,7 @@ def main():
     print("bad inputs: one line each, nothing started")
 
     # A rank killed mid-run: the job stops, naming it, with its exit code.
-    stopped = kill_mid_run(sb, "worker", 1, tag="_tp",
+    stopped = kill_mid_run(sb, "worker", 1, tag="_tp", place=" (tensor rank 1 of replica 0)",
                            cluster="cluster { sync: ALLREDUCE workers: 2 tensor_parallel: 2 heartbeat_timeout_s: 5 }")
     print(f"a tensor-parallel rank killed with -9: the job stopped in {stopped:.2f} s, naming it")
 

@@ -48,7 +48,7 @@ constexpr const char* kPlacementVars[] = {"SLURM_PROCID",     "SLURM_NTASKS",  "
 
 struct Child {
   std::string name;  // "server 0"
-  std::string place;  // where it sits in a pipeline, for failure lines: " (pipeline stage 1)"; else empty
+  std::string place;  // where it sits in a pipeline or a tensor group, for failure lines: " (pipeline stage 1)"; else empty
   bool worker = false;
   pid_t pid = -1;
   // Read by the forwarder while the reaper may start a child in a free
@@ -533,6 +533,10 @@ Status JobAttempt::SpawnChild(Child& c, bool server, int rank, bool join) {
   if (!server && config_.cluster().pipeline_stages() > 1) {
     // Ranks are stage-major (sharding/pipeline_plan.h).
     c.place = " (pipeline stage " + std::to_string(rank / (workers_ / config_.cluster().pipeline_stages())) + ")";
+  }
+  if (const int T = config_.cluster().tensor_parallel(); !server && T > 1) {
+    // Ranks are tensor-innermost (worker/tensor_parallel_sync.h).
+    c.place = " (tensor rank " + std::to_string(rank % T) + " of replica " + std::to_string(rank / T) + ")";
   }
   c.worker = !server;
   const std::string binary = JoinPath(bin_dir_, server ? "herd-server" : "herd-worker");
