@@ -14,8 +14,8 @@ the same micro-batches (train.grad_accum) on a 4-layer tiny model:
   (each stage's AdamW state sharded over its replicas), stopped and
   resumed, and its checkpoint on without ZeRO;
 * over parameter servers (S=2), each stage pushing and pulling its own
-  buckets: P = 2 (1F1B, GPipe, ZB-H1) and 4 bitwise one process, 2 x 2 bitwise
-  PS with two workers, tied and clipped within 1e-5, a stop and --resume
+  buckets: P = 2 (1F1B, GPipe, ZB-H1) and 4 bitwise one process (with bf16
+  on the wire, bitwise PS with one worker), 2 x 2 bitwise PS with two workers, tied and clipped within 1e-5, a stop and --resume
   bitwise, and the servers' checkpoint on as an all-reduce pipeline;
   with streamed weights inside the stages (a window over each stage's
   buckets): ZB-H1 bitwise one process, tied and clipped bitwise the same
@@ -123,6 +123,10 @@ def main():
                           ("ps_p2_zb", ps % (2, 2, "pipeline_schedule: ZERO_BUBBLE"))]:
         sb.run("launch", job(name, cluster))
         assert losses(name) == reference, f"{name}: {losses(name)[:3]} vs one process {reference[:3]}"
+    # bf16 on the servers' wire: each stage's staging is its own buckets'.
+    sb.run("launch", job("ps_w1_bf16", "cluster { sync: PARAMETER_SERVER servers: 2 workers: 1 wire_dtype: BF16 }"))
+    sb.run("launch", job("ps_p2_bf16", ps % (2, 2, "wire_dtype: BF16")))
+    assert losses("ps_p2_bf16") == losses("ps_w1_bf16"), "PS P=2 with bf16 on the wire against PS with one worker"
     sb.run("launch", job("ps_dp2_pp2", ps % (4, 2, "")))
     sb.run("launch", job("ps_w2", "cluster { sync: PARAMETER_SERVER servers: 2 workers: 2 }"))
     assert losses("ps_dp2_pp2") == losses("ps_w2"), "PS 2 x 2 against PS with 2 workers"

@@ -181,14 +181,24 @@ class PushPullSync : public SyncStrategy {
 class WholeWeightsSync : public PushPullSync {
  public:
   WholeWeightsSync(const ParameterServerSyncOptions& o, transport::PushPullClient* client)
-      : PushPullSync(o, client), stream_(o.stream) {
-    if (bf16_) {
-      wire_.resize(wire_elements());
-      // Elastic: a worker redoing a lost one's share pushes while the
-      // weights it waits for may be landing; they must not share a buffer.
-      if (o.elastic) push_wire_.resize(wire_.size());
-    }
+      : PushPullSync(o, client), stream_(o.stream), elastic_(o.elastic) {
     early_pulls_.resize(mine_.size());
+  }
+
+  // bf16: the staging spans the flat space; a pipeline stage's is paged,
+  // backed only where its own buckets go (and, so, not registered whole).
+  Status ReserveStaging() {
+    if (!bf16_) return Status::OK();
+    if (tag_with_rank_) {
+      HERD_ASSIGN_OR_RETURN(paged_wire_,
+                            PagedBuffer::Reserve(wire_elements() * sizeof(uint16_t), /*guarded=*/false));
+      return Status::OK();
+    }
+    wire_.resize(wire_elements());
+    // Elastic: a worker redoing a lost one's share pushes while the
+    // weights it waits for may be landing; they must not share a buffer.
+    if (elastic_) push_wire_.resize(wire_.size());
+    return Status::OK();
   }
 
   std::vector<std::pair<void*, size_t>> wire_buffers() override {
@@ -207,7 +217,7 @@ class WholeWeightsSync : public PushPullSync {
       // bf16: the pull lands where the push left from; its answer needs
       // every worker's push of this bucket, ours included, to have landed.
       if (stream_) {
-        early_pulls_[next_bucket_ - 1] = PullBucket(b, step_ + 1, wire_.data());
+        early_pulls_[next_bucket_ - 1] = PullBucket(b, step_ + 1, wire());
         early_version_ = static_cast<int64_t>(step_ + 1);
       }
     }
@@ -227,7 +237,7 @@ class WholeWeightsSync : public PushPullSync {
     const bool issued = early_version_ == static_cast<int64_t>(version);
     early_version_ = -1;
     for (size_t i = mine_.size(); i-- > 0;) {
-      pulls_.emplace_back(mine_[i], issued ? early_pulls_[i] : PullBucket(*mine_[i], version, wire_.data()));
+      pulls_.emplace_back(mine_[i], issued ? early_pulls_[i] : PullBucket(*mine_[i], version, wire()));
     }
     PullReports();
   }
@@ -242,7 +252,8 @@ class WholeWeightsSync : public PushPullSync {
   }
 
  private:
-  uint16_t* push_wire() { return push_wire_.empty() ? wire_.data() : push_wire_.data(); }
+  uint16_t* wire() { return paged_wire_.data() ? reinterpret_cast<uint16_t*>(paged_wire_.data()) : wire_.data(); }
+  uint16_t* push_wire() { return push_wire_.empty() ? wire() : push_wire_.data(); }
 
   // The pulls of weights below flat offset `end`, in forward order; false
   // when interrupted first (what is in stays in). Failures are kept for
@@ -256,13 +267,14 @@ class WholeWeightsSync : public PushPullSync {
       if (!st) return false;
       ++next_pull_;
       KeepPullFailure(*st);
-      if (bf16_ && st->ok()) Unstage(*bucket, wire_.data());
+      if (bf16_ && st->ok()) Unstage(*bucket, wire());
     }
     return true;
   }
 
-  const bool stream_;
+  const bool stream_, elastic_;
   std::vector<uint16_t> wire_;       // bf16 staging for pulls (and pushes, unless push_wire_)
+  PagedBuffer paged_wire_;           // a pipeline stage's, in wire_'s place
   std::vector<uint16_t> push_wire_;  // bf16 staging for pushes in an elastic job
   // Pulls in flight: bucket tickets in forward order, the next to wait for.
   std::vector<std::pair<const Bucket*, transport::PushPullClient::Ticket>> pulls_;
@@ -406,8 +418,10 @@ StatusOr<ParameterServerSyncParts> CreateParameterServerSync(const ParameterServ
     parts.home = WindowedWeights(*streamed, *streamed, options.streamed_grads);
     strategy = std::move(streamed);
   } else {
-    strategy = std::make_unique<WholeWeightsSync>(options, client);
-    parts.home = WholeWeights(*strategy);
+    auto whole = std::make_unique<WholeWeightsSync>(options, client);
+    HERD_RETURN_IF_ERROR(whole->ReserveStaging());
+    parts.home = WholeWeights(*whole);
+    strategy = std::move(whole);
   }
   for (auto [base, bytes] : strategy->wire_buffers()) HERD_RETURN_IF_ERROR(transport->RegisterMemory(base, bytes));
   parts.sync = std::move(strategy);
