@@ -117,6 +117,16 @@ log {{ every: 1 metrics: "{metrics}" sample_tokens: 0 {f"eval_every: {eval_every
 """
 
 
+def sample_text(launched):
+    """The sample a `herd launch` printed at its end (worker 0's lines, their
+    prefix taken off), from its "sample (temperature ...)" line on."""
+    lines = [line.split(": ", 1)[1] if line.startswith("worker 0: ") else line
+             for line in launched.stdout.splitlines()]
+    start = next(i for i, line in enumerate(lines) if line.startswith("sample ("))
+    end = next(i for i in range(start, len(lines)) if lines[i].startswith("done:"))
+    return "\n".join(lines[start:end])
+
+
 # tiny_config's model block, for a test to swap in another shape.
 TINY_MODEL = "\n".join(tiny_config("x").split("\n")[1:3])
 # configs/llama20m.textproto's model (d512, 8 layers, ~20M parameters).

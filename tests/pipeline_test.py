@@ -14,9 +14,10 @@ the same micro-batches (train.grad_accum) on a 4-layer tiny model:
   (each stage's AdamW state sharded over its replicas), stopped and
   resumed, and its checkpoint on without ZeRO;
 * over parameter servers (S=2), each stage pushing and pulling its own
-  buckets: P = 2 (1F1B, GPipe, ZB-H1) and 4 bitwise one process (with bf16
-  on the wire, bitwise PS with one worker), 2 x 2 bitwise PS with two workers, tied and clipped within 1e-5, a stop and --resume
-  bitwise, and the servers' checkpoint on as an all-reduce pipeline;
+  buckets: P = 2 (1F1B, GPipe, ZB-H1) and 4 bitwise one process (with
+  bf16 on the wire, bitwise PS with one worker), 2 x 2 bitwise PS with two
+  workers, tied and clipped within 1e-5, a stop and --resume bitwise, and
+  the servers' checkpoint on as an all-reduce pipeline;
   with streamed weights inside the stages (a window over each stage's
   buckets): ZB-H1 bitwise one process, tied and clipped bitwise the same
   stages holding their weights whole (--long: P = 4, interleaved, 2 x 2);
@@ -64,14 +65,6 @@ def main():
         return (f"cluster {{ sync: ALLREDUCE workers: {stages} pipeline_stages: {stages} "
                 f"pipeline_schedule: {schedule} {more} }}")
 
-    def sample_of(launched):
-        """The sample text a launch printed (worker 0's, its prefix taken off)."""
-        lines = [line.split(": ", 1)[1] if line.startswith("worker 0: ") else line
-                 for line in launched.stdout.splitlines()]
-        start = next(i for i, line in enumerate(lines) if line.startswith("sample ("))
-        end = next(i for i in range(start, len(lines)) if lines[i].startswith("done:"))
-        return "\n".join(lines[start:end])
-
     def losses(name):
         return [m["loss"] for m in metrics(sb.path(name + ".jsonl"))]
 
@@ -83,14 +76,14 @@ def main():
 
     # Untied, no clipping: bitwise.
     # Each run ends with a sample drawn through the stages: one process's text.
-    reference_sample = sample_of(sb.run("launch", job("one", sample=40)))
+    reference_sample = herdtest.sample_text(sb.run("launch", job("one", sample=40)))
     reference = losses("one")
     sb.run("launch", job("one_tied_ref", tied=True, clip=1.0))
     runs = [("gpipe_p2", pipeline(2, "GPIPE")), ("ofob_p2", pipeline(2)), ("ofob_p4", pipeline(4)),
             ("interleaved_p2v2", pipeline(2, "INTERLEAVED_1F1B", "virtual_stages: 2")),
             ("zb_p2", pipeline(2, "ZERO_BUBBLE")), ("zb_p4", pipeline(4, "ZERO_BUBBLE"))]
     for name, cluster in runs:
-        text = sample_of(sb.run("launch", job(name, cluster, sample=40)))
+        text = herdtest.sample_text(sb.run("launch", job(name, cluster, sample=40)))
         assert losses(name) == reference, f"{name}: {losses(name)[:3]} vs one process {reference[:3]}"
         assert text == reference_sample, f"{name}: sampled {text!r}, one process {reference_sample!r}"
     # Evaluation through the stages: the held-out loss is one process's.
@@ -146,8 +139,8 @@ def main():
     # Streamed weights inside the stages: each stage's window over its own
     # buckets (small ones, no prefetch), the same bytes when read.
     streamed = "stream_weights: true stream_prefetch_layers: 0 bucket_mb: 0.004"
-    text = sample_of(sb.run("launch", job("ps_p2_stream_zb", ps % (2, 2, streamed + " pipeline_schedule: ZERO_BUBBLE"),
-                                          sample=40)))
+    zb_streamed = ps % (2, 2, streamed + " pipeline_schedule: ZERO_BUBBLE")
+    text = herdtest.sample_text(sb.run("launch", job("ps_p2_stream_zb", zb_streamed, sample=40)))
     assert losses("ps_p2_stream_zb") == reference, "PS P=2 zero bubble, streamed weights"
     assert text == reference_sample, f"PS P=2 zero bubble, streamed weights: sampled {text!r}"
     sb.run("launch", job("ps_p2_stream_tied", ps % (2, 2, streamed), tied=True, clip=1.0))
