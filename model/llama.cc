@@ -248,10 +248,12 @@ double LlamaModel<T>::HeadForward(Activations& a, const T* params) {
   MatmulForward(sh.logits.data(), sh.lnf.data(), params + layout_.lm_head(), N, d, a.v);
   if (!a.has_targets) return 0.0;
   if (tp_.ranks == 1) return CrossEntropyForward(sh.losses.data(), sh.logits.data(), a.targets.data(), N, a.v);
-  std::vector<T> stats(N * VocabStatsWidth(tp_.ranks));
-  VocabParallelStats(stats.data(), sh.logits.data(), a.targets.data(), N, a.v, tp_.vocab_first, tp_.rank, tp_.ranks);
-  AllReduce(stats.data(), static_cast<int64_t>(stats.size()));
-  return VocabParallelLoss(sh.lse.data(), sh.losses.data(), stats.data(), N, tp_.ranks);
+  const int64_t n = N * VocabStatsWidth(tp_.ranks);
+  if (static_cast<int64_t>(vocab_stats_.size()) < n) vocab_stats_.resize(n);
+  VocabParallelStats(vocab_stats_.data(), sh.logits.data(), a.targets.data(), N, a.v, tp_.vocab_first, tp_.rank,
+                     tp_.ranks);
+  AllReduce(vocab_stats_.data(), n);
+  return VocabParallelLoss(sh.lse.data(), sh.losses.data(), vocab_stats_.data(), N, tp_.ranks);
 }
 
 template <typename T>

@@ -193,6 +193,7 @@ class LlamaModel {
   // holds the shared buffers too.
   std::vector<std::unique_ptr<Activations>> acts_;
   TensorGroup<T> tp_;
+  std::vector<T> vocab_stats_;  // tensor-parallel: the cross-entropy's statistics, summed over the ranks
 };
 
 extern template class LlamaModel<float>;

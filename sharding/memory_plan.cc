@@ -1,6 +1,7 @@
 #include "sharding/memory_plan.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "common/config.h"
 #include "common/memory.h"
@@ -209,6 +210,11 @@ StatusOr<std::vector<ProcessMemory>> StageMemory(const JobSizes& j, const ShardP
   const int64_t embedding = j.layout.layer(0).input_norm;
   const int64_t activation = B * T * j.shape.hidden_size;
   const bool wire_bf16 = j.cluster.pipeline_wire_dtype() == config::ClusterConfig::BF16;
+  // ZeRO-1 among a stage's replicas: its buckets, cut at the stages' ends.
+  std::optional<ShardPlan> zero_plan;
+  if (!ps && j.cluster.zero_stage() > 0) {
+    HERD_ASSIGN_OR_RETURN(zero_plan, PipelineCollectivePlan(j.config));
+  }
   std::vector<ProcessMemory> out;
   for (int d = 0; d < s.devices; ++d) {
     ProcessMemory m;
@@ -226,22 +232,15 @@ StatusOr<std::vector<ProcessMemory>> StageMemory(const JobSizes& j, const ShardP
     }
     const bool tied_end = j.shape.tie_word_embeddings && s.devices > 1 && (d == 0 || d == s.devices - 1);
     // Its own ranges (the last stage's copy of a tied embedding too).
-    for (const ParamRange& r : pipeline.RangesOf(d, j.layout)) held += r.size();
+    const std::vector<ParamRange> ranges = pipeline.RangesOf(d, j.layout);
+    for (const ParamRange& r : ranges) held += r.size();
     m.weights = held * kF32;
     m.gradients = held * kF32;
     m.optimizer = ps ? 0 : 2 * held * kF32;
-    if (!ps && j.cluster.zero_stage() > 0) {
-      // ZeRO-1 among the stage's replicas: the first one's slices (the
-      // largest) of the stage's buckets.
-      HERD_ASSIGN_OR_RETURN(const ShardPlan plan, PipelineCollectivePlan(j.config));
+    if (zero_plan) {
+      // The first replica's slices (the largest).
       int64_t owned = 0;
-      for (const Bucket& b : plan.buckets()) {
-        for (const ParamRange& r : pipeline.RangesOf(d, j.layout)) {
-          if (b.range.begin >= r.begin && b.range.end <= r.end) {
-            owned += SliceOf(b, OwnerParts(b, pipeline.replicas), 0).size();
-          }
-        }
-      }
+      for (const ParamRange& r : OwnedSlices(BucketsWithin(*zero_plan, ranges), pipeline.replicas, 0)) owned += r.size();
       m.optimizer = 2 * owned * kF32;
     }
     int64_t staging = ps && j.bf16 ? held * 2 : 0;
@@ -250,13 +249,8 @@ StatusOr<std::vector<ProcessMemory>> StageMemory(const JobSizes& j, const ShardP
       // through the stage's passes in its schedule's order; each bucket
       // boundary may keep one shared page of weights, gradients and
       // staging backed.
-      StageReplay stage;
-      stage.schedule = &s;
-      stage.device = d;
-      for (int c = 0; c < s.chunks; ++c) stage.chunk_layers.push_back(pipeline.split.stage(s.VirtualStage(d, c)).layers);
-      stage.ranges = pipeline.RangesOf(d, j.layout);
-      const StreamedPeak peak =
-          ReplayStreamedStage(*shards, j.layout, ReplayOfJob(j.config, j.job.micro_batch_slots), stage);
+      const StreamedPeak peak = ReplayStreamedStage(*shards, j.layout, ReplayOfJob(j.config, j.job.micro_batch_slots),
+                                                    StageReplayOf(pipeline, d, j.layout));
       m.weights = peak.weights;
       m.gradients = peak.gradients;
       staging = peak.staging + static_cast<int64_t>(shards->buckets().size() + 1) * (j.bf16 ? 3 : 2) * kPageBytes;

@@ -127,13 +127,27 @@ ParamRange SliceOf(const Bucket& bucket, const Partition& parts, int rank) {
 }
 
 std::vector<ParamRange> OwnedSlices(const ShardPlan& plan, int ranks, int rank) {
+  return OwnedSlices(plan.buckets(), ranks, rank);
+}
+
+std::vector<ParamRange> OwnedSlices(const std::vector<Bucket>& buckets, int ranks, int rank) {
   std::vector<ParamRange> slices;
-  for (const Bucket& b : plan.buckets()) {
+  for (const Bucket& b : buckets) {
     const ParamRange mine = SliceOf(b, OwnerParts(b, ranks), rank);
     if (mine.size() > 0) slices.push_back(mine);
   }
   std::sort(slices.begin(), slices.end(), [](const ParamRange& a, const ParamRange& b) { return a.begin < b.begin; });
   return slices;
+}
+
+std::vector<Bucket> BucketsWithin(const ShardPlan& plan, const std::vector<ParamRange>& ranges) {
+  std::vector<Bucket> out;
+  for (auto b = plan.buckets().rbegin(); b != plan.buckets().rend(); ++b) {
+    for (const ParamRange& r : ranges) {
+      if (b->range.begin >= r.begin && b->range.end <= r.end) out.push_back(*b);
+    }
+  }
+  return out;
 }
 
 int ShardGroupSize(const config::ClusterConfig& cluster, int workers) {

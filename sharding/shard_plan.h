@@ -69,6 +69,11 @@ Partition OwnerParts(const Bucket& bucket, int ranks);
 ParamRange SliceOf(const Bucket& bucket, const Partition& parts, int rank);
 // Rank `rank`'s slices of every bucket, ascending offsets, empty ones left out.
 std::vector<ParamRange> OwnedSlices(const ShardPlan& plan, int ranks, int rank);
+// The same of some buckets (BucketsWithin's: a pipeline stage's).
+std::vector<ParamRange> OwnedSlices(const std::vector<Bucket>& buckets, int ranks, int rank);
+// The plan's buckets that lie inside one of `ranges`, ascending offsets
+// (none for no ranges).
+std::vector<Bucket> BucketsWithin(const ShardPlan& plan, const std::vector<ParamRange>& ranges);
 // The workers ZeRO cuts each bucket among: a shard group of
 // cluster.shard_group_size (hybrid sharding), or all `workers`.
 int ShardGroupSize(const config::ClusterConfig& cluster, int workers);

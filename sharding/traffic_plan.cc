@@ -51,12 +51,8 @@ StatusOr<WorkerTraffic> PipelineTraffic(const config::JobConfig& config, const J
       const StreamedReplay replay = ReplayOfJob(config, job.micro_batch_slots);
       double elements = 0;
       for (int d = 0; d < s.devices; ++d) {
-        StageReplay stage;
-        stage.schedule = &s;
-        stage.device = d;
-        for (int c = 0; c < s.chunks; ++c) stage.chunk_layers.push_back(pipeline.split.stage(s.VirtualStage(d, c)).layers);
-        stage.ranges = pipeline.RangesOf(d, layout);
-        elements += static_cast<double>(ReplayStreamedStage(shards, layout, replay, stage).pulled);
+        elements += static_cast<double>(
+            ReplayStreamedStage(shards, layout, replay, StageReplayOf(pipeline, d, layout)).pulled);
       }
       pulled = elements * R * wire / W;
     }

@@ -7,24 +7,9 @@
 
 namespace herd {
 
-namespace {
-
-// The plan's buckets inside `ranges` (all when empty), in forward order.
-std::vector<Bucket> BucketsWithin(const ShardPlan& plan, const std::vector<ParamRange>& ranges) {
-  std::vector<Bucket> out;
-  for (auto b = plan.buckets().rbegin(); b != plan.buckets().rend(); ++b) {
-    bool inside = ranges.empty();
-    for (const ParamRange& r : ranges) inside |= b->range.begin >= r.begin && b->range.end <= r.end;
-    if (inside) out.push_back(*b);
-  }
-  return out;
-}
-
-}  // namespace
-
 WeightWindow::WeightWindow(const ShardPlan& plan, const ParamLayout& layout, int prefetch, bool keep_after_forward,
                            const std::vector<ParamRange>& ranges)
-    : buckets_(BucketsWithin(plan, ranges)),
+    : buckets_(ranges.empty() ? BucketsWithin(plan, {{0, layout.size()}}) : BucketsWithin(plan, ranges)),
       units_(layout.UnitBoundaries()),
       prefetch_(std::max(prefetch, 0)),
       keep_after_forward_(keep_after_forward) {
@@ -319,6 +304,16 @@ StreamedPeak ReplayStreamedStage(const ShardPlan& plan, const ParamLayout& layou
   // head part on the last stage too).
   r.Apply(w.FinalFrom(0));
   return r.Finish();
+}
+
+StageReplay StageReplayOf(const PipelinePlan& pipeline, int device, const ParamLayout& layout) {
+  const PipelineSchedule& s = pipeline.schedule;
+  StageReplay stage;
+  stage.schedule = &s;
+  stage.device = device;
+  for (int c = 0; c < s.chunks; ++c) stage.chunk_layers.push_back(pipeline.split.stage(s.VirtualStage(device, c)).layers);
+  stage.ranges = pipeline.RangesOf(device, layout);
+  return stage;
 }
 
 StreamedReplay ReplayOfJob(const config::JobConfig& config, int micro_batch_slots) {

@@ -39,6 +39,7 @@
 
 #include "model/llama.h"
 #include "model/param_layout.h"
+#include "sharding/pipeline_plan.h"
 #include "sharding/pipeline_schedule.h"
 #include "sharding/shard_plan.h"
 
@@ -144,6 +145,8 @@ struct StageReplay {
 };
 StreamedPeak ReplayStreamedStage(const ShardPlan& plan, const ParamLayout& layout, const StreamedReplay& replay,
                                  const StageReplay& stage);
+// `device`'s of `pipeline`: its schedule, its chunks' layers, its ranges.
+StageReplay StageReplayOf(const PipelinePlan& pipeline, int device, const ParamLayout& layout);
 // The replay of the window a worker of `config` runs (parameter servers
 // with stream_weights, or ZeRO-3): its prefetch, its staging's wire
 // bytes, whether its gradients accumulate whole (a CPU worker's

@@ -327,13 +327,7 @@ TEST(StageWindow, PlanCountsWhatEachStagesWindowHolds) {
                                       << (c.tied ? " tied" : " untied") << ", prefetch " << prefetch);
       const Outcome streamed = RunStages(c, bucket, prefetch, /*streamed=*/true);
       for (int d = 0; d < c.devices; ++d) {
-        StageReplay stage;
-        stage.schedule = &pipeline.schedule;
-        stage.device = d;
-        for (int ch = 0; ch < c.chunks; ++ch) {
-          stage.chunk_layers.push_back(pipeline.split.stage(pipeline.schedule.VirtualStage(d, ch)).layers);
-        }
-        stage.ranges = pipeline.RangesOf(d, layout);
+        const StageReplay stage = StageReplayOf(pipeline, d, layout);
         StreamedReplay replay;
         replay.prefetch = prefetch;
         const StreamedPeak peak = ReplayStreamedStage(*plan, layout, replay, stage);

@@ -180,27 +180,6 @@ class PipelineSync : public SyncStrategy {
 
 namespace {
 
-// The buckets of `plan` inside `ranges`, ascending.
-std::vector<Bucket> BucketsIn(const ShardPlan& plan, const std::vector<ParamRange>& ranges) {
-  std::vector<Bucket> out;
-  for (auto b = plan.buckets().rbegin(); b != plan.buckets().rend(); ++b) {
-    for (const ParamRange& r : ranges) {
-      if (b->range.begin >= r.begin && b->range.end <= r.end) out.push_back(*b);
-    }
-  }
-  return out;
-}
-
-// `replica`'s slices of `buckets` among `replicas` (OwnerParts), empty ones left out.
-std::vector<ParamRange> SlicesOf(const std::vector<Bucket>& buckets, int replicas, int replica) {
-  std::vector<ParamRange> out;
-  for (const Bucket& b : buckets) {
-    const ParamRange r = SliceOf(b, OwnerParts(b, replicas), replica);
-    if (r.size() > 0) out.push_back(r);
-  }
-  return out;
-}
-
 // The weights of `ranges` whole, where the optimizer holds slices of them:
 // from the checkpoint, init_from's file or the initialisation (a function
 // of the seed and the tensor, so every replica starts alike).
@@ -241,9 +220,9 @@ StatusOr<std::unique_ptr<SyncStrategy>> CreatePipelineSync(const PipelineSyncOpt
   if (o.zero_plan != nullptr) {
     std::vector<ParamRange> all = embedding_ranges;
     all.insert(all.end(), ranges.begin(), ranges.end());
-    buckets = BucketsIn(*o.zero_plan, all);
-    own_ranges = SlicesOf(BucketsIn(*o.zero_plan, ranges), replicas, replica);
-    embedding_own = SlicesOf(BucketsIn(*o.zero_plan, embedding_ranges), replicas, replica);
+    buckets = BucketsWithin(*o.zero_plan, all);
+    own_ranges = OwnedSlices(BucketsWithin(*o.zero_plan, ranges), replicas, replica);
+    embedding_own = OwnedSlices(BucketsWithin(*o.zero_plan, embedding_ranges), replicas, replica);
     if (own_ranges.empty()) {
       return Status::InvalidArgument("cluster.zero_stage: stage " + std::to_string(o.device) +
                                      "'s buckets are too small to shard over its " + std::to_string(replicas) +
