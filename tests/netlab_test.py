@@ -7,9 +7,11 @@ capped at a rate carries about that rate in both directions at once.
 Skipped (77) where namespaces cannot be made (not root, no iproute2)."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import herdtest
@@ -22,7 +24,8 @@ import netlab  # noqa: E402
 NODE_PROC = "import time; print('up', flush=True); time.sleep(600)"
 
 OWNER = r"""
-import json, os, subprocess, sys, time
+import faulthandler, json, os, signal, subprocess, sys, time
+faulthandler.register(signal.SIGUSR1, file=open(os.environ["NETLAB_TEST_STACKS"], "w"), all_threads=True)
 sys.path.insert(0, {scripts!r})
 import netlab
 with netlab.Lab(nodes=5, rate="1gbit") as lab:
@@ -47,11 +50,26 @@ def wait_clean(owner, timeout=15):
         time.sleep(0.1)
 
 
-def one_cycle(how):
+def stuck(p, stacks):
+    """What a lab owner that has not ended is doing: its Python stack, and
+    the processes of its session, its guardian and any `ip`/`tc`, each with
+    the kernel function it sleeps in."""
+    os.kill(p.pid, signal.SIGUSR1)
+    time.sleep(1)
+    ps = subprocess.run(["ps", "-eo", "pid,ppid,pgid,sid,stat,wchan:32,etime,args"], capture_output=True,
+                        text=True).stdout.splitlines()
+    mine = [line[:200] for line in ps[1:]
+            if line.split()[3] == str(p.pid) or f"_guard {p.pid}" in line or re.search(r" (ip|tc) ", line)]
+    with open(stacks) as f:
+        return "\n".join([ps[0]] + mine) + "\nowner's stack:\n" + f.read()
+
+
+def one_cycle(how, stacks):
     script = OWNER.format(scripts=os.path.join(HERE, "..", "scripts"), node_proc=NODE_PROC)
     # Its traceback on Ctrl-C is expected; the checks are what is left.
     p = subprocess.Popen([sys.executable, "-c", script, how], stdout=subprocess.PIPE,
-                         stderr=subprocess.DEVNULL if how == "sigint" else None, text=True, start_new_session=True)
+                         stderr=subprocess.DEVNULL if how == "sigint" else None, text=True, start_new_session=True,
+                         env=dict(os.environ, NETLAB_TEST_STACKS=stacks))
     line = p.stdout.readline()
     assert json.loads(line)["ready"] == p.pid, line
     t0 = time.time()
@@ -63,7 +81,10 @@ def one_cycle(how):
         p.kill()
     # Generous: beside a heavy test on two cores, tearing five namespaces
     # down has taken over 30 s; what matters is that nothing is left.
-    p.wait(timeout=120)
+    try:
+        p.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"{how}: the lab's owner has not ended in 120 s:\n{stuck(p, stacks)}")
     left = wait_clean(p.pid)
     assert not any(left.values()), f"{how}: left behind {left}"
     return time.time() - t0
@@ -86,9 +107,10 @@ def main():
     # A lab made later sweeps a dead owner's leftovers: each cycle is
     # checked before the next lab is made, so the sweep cannot hide them.
     times = {}
-    for i in range(20):
-        how = ("return", "sigint", "sigterm", "sigkill")[i % 4]
-        times.setdefault(how, []).append(one_cycle(how))
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(20):
+            how = ("return", "sigint", "sigterm", "sigkill")[i % 4]
+            times.setdefault(how, []).append(one_cycle(how, os.path.join(tmp, "stacks")))
     for how, ts in times.items():
         print(f"ok  5 nodes made and removed {len(ts)}x, owner ending by {how}: nothing left "
               f"(removed within {max(ts):.1f} s)")
