@@ -354,6 +354,8 @@ void CheckCluster(const config::ClusterConfig& cl, const Rules& need) {
 
   }
   need(cl.tensor_parallel() >= 1, "cluster.tensor_parallel", "must be >= 1 (1: no tensor parallelism)");
+  need(!cl.sequence_parallel() || cl.tensor_parallel() > 1, "cluster.sequence_parallel",
+       "splits the tensor-parallel group's tokens: needs cluster.tensor_parallel > 1");
   if (cl.tensor_parallel() > 1) {
     const std::string T = std::to_string(cl.tensor_parallel());
     need(cl.workers() % cl.tensor_parallel() == 0, "cluster.tensor_parallel",

@@ -22,12 +22,15 @@ using namespace cpu;  // NOLINT: the kernels are this file's vocabulary
 template <typename T>
 struct LlamaModel<T>::Activations {
   int64_t N = 0, d = 0, qd = 0, kvd = 0, f = 0, v = 0, tt = 0, L = 0, H = 0, KV = 0;
+  int seq_ranks = 1;  // the sequence-parallel ranks
+  int64_t R = 0;      // rows of the residual stream's and norms' buffers: N / seq_ranks, rounded up
   int64_t first = 0;  // the model's first layer: layer l's buffers are at l - first
   Recompute recompute = Recompute::kNone;
   bool split = false;  // the backward split in two (SplitBackward): the weight part's inputs kept
 
   std::vector<int32_t> tokens, targets;   // [N]
   std::vector<T> rope_cos, rope_sin;      // [max_seq_len, head_dim/2]
+  // Sequence parallelism keeps R of the N rows of residual, ln1, residual_mid, ln2 and their rstds.
   std::vector<T> residual;                // [L+1, N, d]: input of layer l; [L] = final (L: the model's layers)
   // From here to act: [L, ...] (FULL: [1, ...]).
   std::vector<T> ln1, ln1_rstd;           // [L, N, d], [L, N]
@@ -37,7 +40,8 @@ struct LlamaModel<T>::Activations {
   std::vector<T> residual_mid;            // [L, N, d] after the attention branch
   std::vector<T> ln2, ln2_rstd;           // [L, N, d], [L, N]
   std::vector<T> gate, up, act;           // [L, N, f]
-  std::vector<T> lnf, lnf_rstd;           // [N, d], [N]
+  std::vector<T> lnf, lnf_rstd;           // [N, d], [R]
+  std::vector<T> whole;                   // [N, d]: sequence parallelism's gathered rows and partial sums
   std::vector<T> logits;                  // [N, v] (dlogits in place in backward)
   std::vector<T> losses;                  // [N]
   std::vector<T> lse;                     // [N]: tensor-parallel, each row's log-sum-exp over the vocabulary
@@ -72,8 +76,9 @@ struct LlamaModel<T>::Activations {
     bool shared;  // one for every slot, in slot 0
   };
   static std::vector<Buffer> Table(const LlamaShape& s, int max_batch, int max_seq_len, Recompute recompute,
-                                   int first, int end, bool split) {
+                                   int first, int end, bool split, int seq_ranks) {
     const int64_t N = static_cast<int64_t>(max_batch) * max_seq_len, d = s.hidden_size;
+    const int64_t R = (N + seq_ranks - 1) / seq_ranks;
     // Layers kept: L holds every layer's intermediates, the probabilities Lp.
     const int64_t layers = end - first;
     const int64_t L = recompute == Recompute::kFull ? 1 : layers;
@@ -87,26 +92,27 @@ struct LlamaModel<T>::Activations {
     return {
         {&A::rope_cos, rope_elements, false, true},
         {&A::rope_sin, rope_elements, false, true},
-        {&A::residual, (layers + 1) * N * d, false, false},
-        {&A::ln1, L * N * d, false, false},
-        {&A::ln1_rstd, L * N, false, false},
+        {&A::residual, (layers + 1) * R * d, false, false},
+        {&A::ln1, L * R * d, false, false},
+        {&A::ln1_rstd, L * R, false, false},
         {&A::q, L * N * qd, false, false},
         {&A::k, L * N * kvd, false, false},
         {&A::v_, L * N * kvd, false, false},
         {&A::probs, probs_elements, false, false},
         {&A::att, L * N * qd, false, false},
-        {&A::residual_mid, L * N * d, false, false},
-        {&A::ln2, L * N * d, false, false},
-        {&A::ln2_rstd, L * N, false, false},
+        {&A::residual_mid, L * R * d, false, false},
+        {&A::ln2, L * R * d, false, false},
+        {&A::ln2_rstd, L * R, false, false},
         {&A::gate, L * N * f, false, false},
         {&A::up, L * N * f, false, false},
         {&A::act, L * N * f, false, false},
         {&A::lnf, head * N * d, false, true},
-        {&A::lnf_rstd, head * N, false, true},
+        {&A::lnf_rstd, head * R, false, true},
+        {&A::whole, seq_ranks > 1 ? N * d : 0, false, true},
         {&A::logits, head * N * s.vocab_size, false, true},
         {&A::losses, head * N, false, true},
         {&A::lse, head * N, false, true},
-        {&A::dresidual, N * d, true, false},
+        {&A::dresidual, R * d, true, false},
         {&A::dln, N * d, true, true},
         {&A::datt, N * qd, true, true},
         {&A::dq, N * qd, true, true},
@@ -131,7 +137,8 @@ struct LlamaModel<T>::Activations {
   // shared ones only in slot 0 (`owns_shared`); grows, never shrinks.
   void Allocate(const LlamaShape& s, int max_batch, int max_seq_len, int end, bool backward_scratch,
                 bool owns_shared) {
-    for (const Buffer& b : Table(s, max_batch, max_seq_len, recompute, static_cast<int>(first), end, split)) {
+    for (const Buffer& b :
+         Table(s, max_batch, max_seq_len, recompute, static_cast<int>(first), end, split, seq_ranks)) {
       std::vector<T>& v = this->*b.member;
       if (b.backward_scratch == backward_scratch && (owns_shared || !b.shared) &&
           static_cast<int64_t>(v.size()) < b.elements) {
@@ -144,11 +151,11 @@ struct LlamaModel<T>::Activations {
     const int64_t l = global_l - first;
     const int64_t i = recompute == Recompute::kFull ? 0 : l;   // where layer l's intermediates live
     const int64_t p = recompute == Recompute::kNone ? l : 0;   // and its probabilities
-    return {residual.data() + l * N * d,      residual.data() + (l + 1) * N * d, ln1.data() + i * N * d,
-            ln1_rstd.data() + i * N,          q.data() + i * N * qd,             k.data() + i * N * kvd,
+    return {residual.data() + l * R * d,      residual.data() + (l + 1) * R * d, ln1.data() + i * R * d,
+            ln1_rstd.data() + i * R,          q.data() + i * N * qd,             k.data() + i * N * kvd,
             v_.data() + i * N * kvd,          probs.data() + p * max_batch * H * tt,
-            att.data() + i * N * qd,          residual_mid.data() + i * N * d,   ln2.data() + i * N * d,
-            ln2_rstd.data() + i * N,          gate.data() + i * N * f,           up.data() + i * N * f,
+            att.data() + i * N * qd,          residual_mid.data() + i * R * d,   ln2.data() + i * R * d,
+            ln2_rstd.data() + i * R,          gate.data() + i * N * f,           up.data() + i * N * f,
             act.data() + i * N * f};
   }
 };
@@ -156,11 +163,11 @@ struct LlamaModel<T>::Activations {
 
 template <typename T>
 int64_t LlamaModel<T>::ActivationBytes(const LlamaShape& shape, int max_batch, int max_seq_len, Recompute recompute,
-                                       int slots, LayerRange layers, bool split_backward) {
+                                       int slots, LayerRange layers, bool split_backward, int sequence_ranks) {
   const int end = layers.end < 0 ? shape.num_layers : layers.end;
   int64_t floats = 0;
-  for (const auto& b :
-       Activations::Table(shape, max_batch, max_seq_len, recompute, layers.first, end, split_backward)) {
+  for (const auto& b : Activations::Table(shape, max_batch, max_seq_len, recompute, layers.first, end,
+                                          split_backward, sequence_ranks)) {
     floats += b.shared ? b.elements : slots * b.elements;
   }
   const int64_t tokens = static_cast<int64_t>(max_batch) * max_seq_len;
@@ -169,24 +176,29 @@ int64_t LlamaModel<T>::ActivationBytes(const LlamaShape& shape, int max_batch, i
 
 template <typename T>
 LlamaModel<T>::LlamaModel(const LlamaShape& shape, int max_batch, int max_seq_len, Recompute recompute, int slots,
-                          LayerRange layers, bool split_backward)
+                          LayerRange layers, bool split_backward, int sequence_ranks)
     : layout_(shape),
       max_batch_(max_batch),
       max_seq_len_(max_seq_len),
       first_layer_(layers.first),
-      end_layer_(layers.end < 0 ? shape.num_layers : layers.end) {
+      end_layer_(layers.end < 0 ? shape.num_layers : layers.end),
+      seq_ranks_(sequence_ranks) {
   CHECK_GE(slots, 1);
   CHECK(0 <= first_layer_ && first_layer_ <= end_layer_ && end_layer_ <= shape.num_layers &&
         (first_layer_ < end_layer_ || shape.num_layers == 0))
       << "layers [" << first_layer_ << ", " << end_layer_ << ") of " << shape.num_layers;
   CHECK(!split_backward || recompute == Recompute::kNone)
       << "a split backward keeps the activations its weight part reads: no recomputation";
+  CHECK(sequence_ranks == 1 || (embeds() && has_head() && !split_backward))
+      << "sequence parallelism needs a model of all the layers whose backward is not split";
   for (int i = 0; i < slots; ++i) {
     acts_.push_back(std::make_unique<Activations>());
     Activations& a = *acts_.back();
     a.recompute = recompute;
     a.split = split_backward;
     a.N = static_cast<int64_t>(max_batch) * max_seq_len;
+    a.seq_ranks = seq_ranks_;
+    a.R = (a.N + seq_ranks_ - 1) / seq_ranks_;
     a.max_batch = max_batch;
     a.d = shape.hidden_size;
     a.qd = shape.q_dim();
@@ -211,6 +223,53 @@ template <typename T>
 LlamaModel<T>::~LlamaModel() = default;
 
 template <typename T>
+void LlamaModel<T>::SetTensorGroup(TensorGroup<T> group) {
+  CHECK_EQ(group.sequence_parallel && group.ranks > 1 ? group.ranks : 1, seq_ranks_)
+      << "a sequence-parallel group's model is made with its ranks (sequence_ranks)";
+  tp_ = std::move(group);
+}
+
+template <typename T>
+Partition LlamaModel<T>::RowParts(int64_t N, int64_t width) const {
+  Partition parts = EvenPartition(N, seq_ranks_);
+  for (int64_t& p : parts) p *= width;
+  return parts;
+}
+
+template <typename T>
+int64_t LlamaModel<T>::FirstRow(int64_t N) const {
+  const Partition rows = EvenPartition(N, seq_ranks_);
+  int64_t first = 0;
+  for (int r = 0; r < tp_.rank && seq_ranks_ > 1; ++r) first += rows[r];
+  return first;
+}
+
+template <typename T>
+int64_t LlamaModel<T>::HeldRows(int64_t N) const {
+  return seq_ranks_ > 1 ? EvenPartition(N, seq_ranks_)[tp_.rank] : N;
+}
+
+template <typename T>
+const T* LlamaModel<T>::Gathered(const T* mine, int64_t N, int64_t d) {
+  if (seq_ranks_ == 1) return mine;
+  T* whole = acts_[0]->whole.data();
+  T* at = whole + FirstRow(N) * d;
+  if (mine != at) std::copy(mine, mine + HeldRows(N) * d, at);
+  tp_.all_gather(whole, RowParts(N, d));
+  return whole;
+}
+
+template <typename T>
+const T* LlamaModel<T>::Summed(T* part, int64_t N, int64_t d) {
+  if (seq_ranks_ == 1) {
+    AllReduce(part, N * d);
+    return part;
+  }
+  tp_.reduce_scatter(part, RowParts(N, d));
+  return part + FirstRow(N) * d;
+}
+
+template <typename T>
 const T* LlamaModel<T>::logits() const {
   return acts_[0]->logits.data();
 }
@@ -233,8 +292,10 @@ void LlamaModel<T>::EmbedForward(Activations& a, const T* params, const int32_t*
   trace::Span span("embedding forward", "compute");
   if (tp_.ranks == 1) return EmbeddingForward(a.residual.data(), tokens, params + layout_.embed(), N, a.d);
   // This rank's rows of the vocabulary, the others' summed in.
-  EmbeddingForward(a.residual.data(), tokens, params + layout_.embed(), N, a.d, tp_.vocab_first, a.v);
-  AllReduce(a.residual.data(), N * a.d);
+  T* lookup = seq_ranks_ > 1 ? acts_[0]->whole.data() : a.residual.data();
+  EmbeddingForward(lookup, tokens, params + layout_.embed(), N, a.d, tp_.vocab_first, a.v);
+  const T* mine = Summed(lookup, N, a.d);
+  if (mine != a.residual.data()) std::copy(mine, mine + HeldRows(N) * a.d, a.residual.begin());
 }
 
 template <typename T>
@@ -242,9 +303,13 @@ double LlamaModel<T>::HeadForward(Activations& a, const T* params) {
   Activations& sh = *acts_[0];
   const LlamaShape& s = layout_.shape();
   const int64_t N = static_cast<int64_t>(a.B) * a.Tcur, d = a.d;
-  const T* x_final = a.residual.data() + a.L * a.N * d;
+  const T* x_final = a.residual.data() + a.L * a.R * d;
   trace::Span span("head forward", "compute");
-  RmsNormForward(sh.lnf.data(), sh.lnf_rstd.data(), x_final, params + layout_.final_norm(), N, d, s.rms_norm_eps);
+  // The final norm of this rank's rows, where the gather puts them.
+  T* lnf_mine = sh.lnf.data() + FirstRow(N) * d;
+  RmsNormForward(lnf_mine, sh.lnf_rstd.data(), x_final, params + layout_.final_norm(), HeldRows(N), d,
+                 s.rms_norm_eps);
+  if (seq_ranks_ > 1) tp_.all_gather(sh.lnf.data(), RowParts(N, d));
   MatmulForward(sh.logits.data(), sh.lnf.data(), params + layout_.lm_head(), N, d, a.v);
   if (!a.has_targets) return 0.0;
   if (tp_.ranks == 1) return CrossEntropyForward(sh.losses.data(), sh.logits.data(), a.targets.data(), N, a.v);
@@ -283,24 +348,32 @@ void LlamaModel<T>::LayerForward(Activations& a, const T* params, int l, bool to
   const LayerOffsets& w = layout_.layer(l);
   const auto [x, x_out, ln1, ln1_rstd, q, k, v, probs, att, mid, ln2, ln2_rstd, gate, up, act] = a.layer(l);
 
-  RmsNormForward(ln1, ln1_rstd, x, params + w.input_norm, N, d, s.rms_norm_eps);
-  MatmulForward(q, ln1, params + w.q_proj, N, d, qd);
-  MatmulForward(k, ln1, params + w.k_proj, N, d, kvd);
-  MatmulForward(v, ln1, params + w.v_proj, N, d, kvd);
+  // Tensor-parallel: o_proj's and down_proj's outputs are each rank's
+  // heads' and columns' parts, summed over the group (Summed); with
+  // sequence parallelism the norms and residual adds run on this rank's
+  // n of the N rows, gathered whole for the products that read them.
+  T* whole = acts_[0]->whole.data();
+  const int64_t n = HeldRows(N);
+  RmsNormForward(ln1, ln1_rstd, x, params + w.input_norm, n, d, s.rms_norm_eps);
+  const T* ln1_all = Gathered(ln1, N, d);
+  MatmulForward(q, ln1_all, params + w.q_proj, N, d, qd);
+  MatmulForward(k, ln1_all, params + w.k_proj, N, d, kvd);
+  MatmulForward(v, ln1_all, params + w.v_proj, N, d, kvd);
   RopeForward(q, sh.rope_cos.data(), sh.rope_sin.data(), B, T_, a.H, hd);
   RopeForward(k, sh.rope_cos.data(), sh.rope_sin.data(), B, T_, a.KV, hd);
   AttentionForward(att, probs, q, k, v, B, T_, a.H, a.KV, hd);
-  MatmulForward(mid, att, params + w.o_proj, N, qd, d);  // o_proj(att), then the residual
-  AllReduce(mid, N * d);                                 // tensor-parallel: each rank's heads' part
-  AddForward(mid, mid, x, N * d);
-  RmsNormForward(ln2, ln2_rstd, mid, params + w.post_norm, N, d, s.rms_norm_eps);
-  MatmulForward(gate, ln2, params + w.gate_proj, N, d, f);
-  MatmulForward(up, ln2, params + w.up_proj, N, d, f);
+  T* o_out = seq_ranks_ > 1 ? whole : mid;
+  MatmulForward(o_out, att, params + w.o_proj, N, qd, d);  // o_proj(att), then the residual
+  AddForward(mid, Summed(o_out, N, d), x, n * d);
+  RmsNormForward(ln2, ln2_rstd, mid, params + w.post_norm, n, d, s.rms_norm_eps);
+  const T* ln2_all = Gathered(ln2, N, d);
+  MatmulForward(gate, ln2_all, params + w.gate_proj, N, d, f);
+  MatmulForward(up, ln2_all, params + w.up_proj, N, d, f);
   SwigluForward(act, gate, up, N * f);
   if (!to_output) return;
-  MatmulForward(x_out, act, params + w.down_proj, N, f, d);
-  AllReduce(x_out, N * d);
-  AddForward(x_out, x_out, mid, N * d);
+  T* down_out = seq_ranks_ > 1 ? whole : x_out;
+  MatmulForward(down_out, act, params + w.down_proj, N, f, d);
+  AddForward(x_out, Summed(down_out, N, d), mid, n * d);
 }
 
 template <typename T>
@@ -321,11 +394,12 @@ void LlamaModel<T>::HeadBackward(Activations& a, const T* params, T* grads, doub
                           loss_scale);
   }
   MatmulBackward(dln, grads + layout_.lm_head(), dlogits, sh.lnf.data(), params + layout_.lm_head(), N, d, a.v);
-  AllReduce(dln, N * d);
-  std::fill(dres, dres + N * d, T(0));
-  const T* x_final = a.residual.data() + a.L * a.N * d;
-  RmsNormBackward(dres, grads + layout_.final_norm(), dln, x_final, params + layout_.final_norm(), sh.lnf_rstd.data(),
-                  N, d);
+  const T* dln_mine = Summed(dln, N, d);
+  const int64_t n = HeldRows(N);
+  std::fill(dres, dres + n * d, T(0));
+  const T* x_final = a.residual.data() + a.L * a.R * d;
+  RmsNormBackward(dres, grads + layout_.final_norm(), dln_mine, x_final, params + layout_.final_norm(),
+                  sh.lnf_rstd.data(), n, d);
 }
 
 // Scratch on first use; the attention scratch is per thread and grows with
@@ -369,20 +443,26 @@ void LlamaModel<T>::LayerBackward(Activations& a, const T* params, T* grads, int
   trace::Span span(split ? "layer backward (inputs)" : "layer backward", "compute", {"layer", l});
 
   // MLP branch: dres is d(layer output) = d(mid) through the skip.
+  // Sequence parallelism: dres holds this rank's n rows, gathered whole
+  // for the row-parallel product's backward; the norms' inputs are
+  // gathered again (kept as rows alone) for the products' weight
+  // gradients, and the input gradients' partial sums reduce-scattered.
+  const int64_t n = HeldRows(N);
   keep(a.w_down, dres, N * d);
-  MatmulBackward(sh.dact.data(), gw(w.down_proj), dres, act, params + w.down_proj, N, f, d);
+  MatmulBackward(sh.dact.data(), gw(w.down_proj), Gathered(dres, N, d), act, params + w.down_proj, N, f, d);
   SwigluBackward(sh.dgate.data(), sh.dup.data(), sh.dact.data(), gate, up, N * f);
-  MatmulBackward(dln, gw(w.gate_proj), sh.dgate.data(), ln2, params + w.gate_proj, N, d, f);
-  MatmulBackward(dln, gw(w.up_proj), sh.dup.data(), ln2, params + w.up_proj, N, d, f, /*accumulate_din=*/true);
-  AllReduce(dln, N * d);  // tensor-parallel: each rank's columns' part
+  const T* ln2_all = Gathered(ln2, N, d);
+  MatmulBackward(dln, gw(w.gate_proj), sh.dgate.data(), ln2_all, params + w.gate_proj, N, d, f);
+  MatmulBackward(dln, gw(w.up_proj), sh.dup.data(), ln2_all, params + w.up_proj, N, d, f, /*accumulate_din=*/true);
+  const T* dln_mine = Summed(dln, N, d);  // tensor-parallel: each rank's columns' part
   keep(a.w_gate, sh.dgate.data(), N * f);
   keep(a.w_up, sh.dup.data(), N * f);
   keep(a.w_post, dln, N * d);
-  RmsNormBackward(dres, gw(w.post_norm), dln, mid, params + w.post_norm, ln2_rstd, N, d);
+  RmsNormBackward(dres, gw(w.post_norm), dln_mine, mid, params + w.post_norm, ln2_rstd, n, d);
 
   // Attention branch: dres is now d(mid) = d(layer input) through the skip.
   keep(a.w_o, dres, N * d);
-  MatmulBackward(sh.datt.data(), gw(w.o_proj), dres, att, params + w.o_proj, N, qd, d);
+  MatmulBackward(sh.datt.data(), gw(w.o_proj), Gathered(dres, N, d), att, params + w.o_proj, N, qd, d);
   AttentionBackward(sh.dq.data(), sh.dk.data(), sh.dv.data(), sh.datt.data(), probs, q, k, v, B, T_, a.H, a.KV, hd,
                     sh.attn_scratch.data());
   RopeBackward(sh.dq.data(), sh.rope_cos.data(), sh.rope_sin.data(), B, T_, a.H, hd);
@@ -390,19 +470,21 @@ void LlamaModel<T>::LayerBackward(Activations& a, const T* params, T* grads, int
   keep(a.w_q, sh.dq.data(), N * qd);
   keep(a.w_k, sh.dk.data(), N * kvd);
   keep(a.w_v, sh.dv.data(), N * kvd);
-  MatmulBackward(dln, gw(w.q_proj), sh.dq.data(), ln1, params + w.q_proj, N, d, qd);
-  MatmulBackward(dln, gw(w.k_proj), sh.dk.data(), ln1, params + w.k_proj, N, d, kvd, true);
-  MatmulBackward(dln, gw(w.v_proj), sh.dv.data(), ln1, params + w.v_proj, N, d, kvd, true);
-  AllReduce(dln, N * d);
+  const T* ln1_all = Gathered(ln1, N, d);
+  MatmulBackward(dln, gw(w.q_proj), sh.dq.data(), ln1_all, params + w.q_proj, N, d, qd);
+  MatmulBackward(dln, gw(w.k_proj), sh.dk.data(), ln1_all, params + w.k_proj, N, d, kvd, true);
+  MatmulBackward(dln, gw(w.v_proj), sh.dv.data(), ln1_all, params + w.v_proj, N, d, kvd, true);
+  const T* dln_in = Summed(dln, N, d);
   keep(a.w_in, dln, N * d);
-  RmsNormBackward(dres, gw(w.input_norm), dln, x, params + w.input_norm, ln1_rstd, N, d);
+  RmsNormBackward(dres, gw(w.input_norm), dln_in, x, params + w.input_norm, ln1_rstd, n, d);
 }
 
 template <typename T>
 void LlamaModel<T>::EmbedBackward(Activations& a, T* grads) {
   trace::Span span("embedding backward", "compute");
-  EmbeddingBackward(grads + layout_.embed(), a.dresidual.data(), a.tokens.data(), static_cast<int64_t>(a.B) * a.Tcur,
-                    a.d, tp_.vocab_first, tp_.ranks > 1 ? a.v : -1);
+  const int64_t N = static_cast<int64_t>(a.B) * a.Tcur;
+  EmbeddingBackward(grads + layout_.embed(), Gathered(a.dresidual.data(), N, a.d), a.tokens.data(), N, a.d,
+                    tp_.vocab_first, tp_.ranks > 1 ? a.v : -1);
 }
 
 template <typename T>
@@ -496,7 +578,7 @@ T* LlamaModel<T>::StageInput(int slot) {
 template <typename T>
 const T* LlamaModel<T>::StageOutput(int slot) const {
   const Activations& a = *acts_.at(slot);
-  return a.residual.data() + a.L * a.N * a.d;
+  return a.residual.data() + a.L * a.R * a.d;
 }
 
 template <typename T>

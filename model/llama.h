@@ -40,8 +40,12 @@ class LlamaModel {
   // StageBackward may be split in two, StageBackwardInput then
   // StageBackwardWeights (zero-bubble pipelines), for which each slot
   // keeps its layers' output gradients between the two.
+  //
+  // `sequence_ranks`: a sequence-parallel group's ranks (1: none), whose
+  // rows alone of the residual stream and the norms are kept (the model
+  // of all the layers, backward not split; see TensorGroup).
   LlamaModel(const LlamaShape& shape, int max_batch, int max_seq_len, Recompute recompute = Recompute::kNone,
-             int slots = 1, LayerRange layers = {}, bool split_backward = false);
+             int slots = 1, LayerRange layers = {}, bool split_backward = false, int sequence_ranks = 1);
   ~LlamaModel();
   LlamaModel(const LlamaModel&) = delete;
   LlamaModel& operator=(const LlamaModel&) = delete;
@@ -153,15 +157,17 @@ class LlamaModel {
   // a tensor-parallel rank's: its vocabulary's columns.
   const T* logits() const;
 
-  // Makes this model a tensor-parallel rank's (before any pass).
-  void SetTensorGroup(TensorGroup<T> group) { tp_ = std::move(group); }
+  // Makes this model a tensor-parallel rank's (before any pass); a
+  // sequence-parallel group's must match sequence_ranks.
+  void SetTensorGroup(TensorGroup<T> group);
 
   // Bytes of every activation and backward scratch buffer a model of this
   // shape allocates for max_batch x max_seq_len (at the current OpenMP
   // thread count) and `slots`: the worker's share of a memory plan.
+  // `sequence_ranks`: a sequence-parallel group's ranks (1: none).
   static int64_t ActivationBytes(const LlamaShape& shape, int max_batch, int max_seq_len,
                                  Recompute recompute = Recompute::kNone, int slots = 1, LayerRange layers = {},
-                                 bool split_backward = false);
+                                 bool split_backward = false, int sequence_ranks = 1);
 
  private:
   struct Activations;
@@ -185,6 +191,17 @@ class LlamaModel {
   void AllReduce(T* data, int64_t n) {
     if (tp_.ranks > 1) tp_.all_reduce(data, n);
   }
+  // Sequence parallelism's rows of N tokens: the parts of a [N, width]
+  // buffer (elements per rank), this rank's first row, and its rows.
+  Partition RowParts(int64_t N, int64_t width) const;
+  int64_t FirstRow(int64_t N) const;
+  int64_t HeldRows(int64_t N) const;
+  // [N, d] whole from this rank's rows `mine` (itself without sequence
+  // parallelism; else gathered in the shared `whole` buffer).
+  const T* Gathered(const T* mine, int64_t N, int64_t d);
+  // The group's sum of the [N, d] partial sums `part`, in place: this
+  // rank's rows of it (all of them without sequence parallelism).
+  const T* Summed(T* part, int64_t N, int64_t d);
 
   ParamLayout layout_;
   int max_batch_, max_seq_len_;
@@ -192,6 +209,7 @@ class LlamaModel {
   // One per slot, each holding the recompute mode, which shapes it; slot 0
   // holds the shared buffers too.
   std::vector<std::unique_ptr<Activations>> acts_;
+  const int seq_ranks_;  // the sequence-parallel group's ranks (1: none)
   TensorGroup<T> tp_;
   std::vector<T> vocab_stats_;  // tensor-parallel: the cross-entropy's statistics, summed over the ranks
 };

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 
+#include "common/partition.h"
 #include "model/rope_scaling.h"
 #include "proto/herd.pb.h"
 
@@ -60,11 +61,24 @@ struct LlamaShape {
 // head's input gradient and the cross-entropy's statistics (no rank holds
 // a whole row of logits). Every rank calls it in the same order with the
 // same sizes.
+//
+// Sequence parallelism (cluster.sequence_parallel, Korthikanti et al.
+// 2022): the norms and the residual stream hold this rank's rows of the
+// B x T tokens alone (EvenPartition(B x T, ranks), rank order), so their
+// activations are divided by `ranks`; where the layers would all-reduce a
+// [tokens, hidden] sum, `reduce_scatter` leaves each rank its rows' sums,
+// and `all_gather` makes the products' inputs whole from every rank's
+// rows. Both take the elements of each rank's part (`parts`), work in
+// place and are called by every rank in the same order. The norms'
+// weight gradients are then each rank's rows' part: the caller sums them
+// over the group.
 template <typename T>
 struct TensorGroup {
   int ranks = 1, rank = 0;
   int64_t vocab_first = 0;
   std::function<void(T* data, int64_t n)> all_reduce;
+  bool sequence_parallel = false;
+  std::function<void(T* data, const Partition& parts)> all_gather, reduce_scatter;
 };
 
 // What backward recomputes rather than keeps (train.recompute).

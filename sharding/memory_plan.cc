@@ -268,7 +268,8 @@ StatusOr<std::vector<ProcessMemory>> StageMemory(const JobSizes& j, const ShardP
 
 // A tensor-parallel worker (CPU): its rank's packed slices' weights,
 // gradients and AdamW state, its slice model's activations (every rank's
-// alike), the rings' buffers (all the workers, its group, its replicas),
+// alike; with sequence parallelism, the residual's and norms' rows of its
+// share, rounded up), the rings' buffers (all the workers, its group, its replicas),
 // and one tensor whole while it initialises.
 StatusOr<ProcessMemory> TensorParallelMemory(const JobSizes& j) {
   HERD_ASSIGN_OR_RETURN(const TensorSlices slices, TensorSlices::Make(j.shape, j.cluster.tensor_parallel(), 0));
@@ -282,7 +283,8 @@ StatusOr<ProcessMemory> TensorParallelMemory(const JobSizes& j) {
   t.optimizer = 2 * n * kF32;
   t.activations =
       LlamaModel<float>::ActivationBytes(slices.shape(), j.train.batch_size(), j.train.seq_len(), j.job.recompute,
-                                         j.job.micro_batch_slots) +
+                                         j.job.micro_batch_slots, {}, false,
+                                         j.cluster.sequence_parallel() ? j.cluster.tensor_parallel() : 1) +
       2 * static_cast<int64_t>(j.train.batch_size()) * j.train.seq_len() * static_cast<int64_t>(sizeof(int32_t));
   const int rings = j.W > j.cluster.tensor_parallel() ? 3 : 1;
   int64_t largest = 0;

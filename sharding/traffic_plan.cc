@@ -72,16 +72,30 @@ StatusOr<WorkerTraffic> PipelineTraffic(const config::JobConfig& config, const J
 // of B x T x hidden floats; the cross-entropy's statistics, 2T + 1 per
 // token), each an all-reduce over the group's ring; and the packed
 // gradients' all-reduce among the rank's replicas.
+//
+// Sequence parallelism moves each all-reduce's two halves as a
+// reduce-scatter and an all-gather (the same bytes), and adds what
+// Megatron-LM's backward does too: each layer's two norm outputs gathered
+// again for the products' weight gradients (the rows alone are kept);
+// where FULL recomputation reruns a layer, its two gathers and one
+// reduce-scatter are one half more than the all-reduce they replace;
+// once a step, the norms' gradients summed over the group.
 StatusOr<WorkerTraffic> TensorParallelTraffic(const config::JobConfig& config, const JobOptions& job) {
   const int T = config.cluster().tensor_parallel(), R = config.cluster().workers() / T;
   HERD_ASSIGN_OR_RETURN(const TensorSlices slices, TensorSlices::Make(job.shape, T, 0));
   const double tokens = static_cast<double>(job.batch) * job.seq_len, L = job.shape.num_layers;
+  const double d = job.shape.hidden_size;
   const double recomputed = job.recompute == Recompute::kFull ? L : 0;
-  const double sums = tokens * job.shape.hidden_size * (2 + 4 * L + recomputed) + tokens * (2.0 * T + 1);
-  const double bytes = job.grad_accum * 2 * RingPass(T, sums, 4) +
-                       2 * RingPass(R, static_cast<double>(slices.layout().size()), 4);
+  const double sums = tokens * d * (2 + 4 * L + recomputed) + tokens * (2.0 * T + 1);
+  double passes = 2 * RingPass(T, sums, 4);
+  double step = 2 * RingPass(R, static_cast<double>(slices.layout().size()), 4);
+  if (config.cluster().sequence_parallel()) {
+    const double gathered_again = tokens * d * (2 * L + recomputed);
+    passes += RingPass(T, gathered_again, 4);
+    step += 2 * RingPass(T, (2 * L + 1) * d, 4);
+  }
   WorkerTraffic t;
-  t.sent = t.received = static_cast<int64_t>(bytes);
+  t.sent = t.received = static_cast<int64_t>(job.grad_accum * passes + step);
   return t;
 }
 

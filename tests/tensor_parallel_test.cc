@@ -73,6 +73,36 @@ class InProcessSum {
     std::copy(sum_.begin(), sum_.end(), data);
     barrier_.arrive_and_wait();
   }
+  // The sum, of which each rank keeps its part.
+  void ReduceScatter(int rank, V* data, const Partition& parts) {
+    int64_t n = 0, at = 0;
+    for (size_t r = 0; r < parts.size(); ++r) {
+      if (static_cast<int>(r) < rank) at += parts[r];
+      n += parts[r];
+    }
+    slots_[rank] = data;
+    barrier_.arrive_and_wait();
+    if (rank == 0) {
+      sum_.assign(n, V(0));
+      for (V* slot : slots_) {
+        for (int64_t i = 0; i < n; ++i) sum_[i] += slot[i];
+      }
+    }
+    barrier_.arrive_and_wait();
+    std::copy(sum_.begin() + at, sum_.begin() + at + parts[rank], data + at);
+    barrier_.arrive_and_wait();
+  }
+  // Every rank's part from that rank.
+  void AllGather(int rank, V* data, const Partition& parts) {
+    slots_[rank] = data;
+    barrier_.arrive_and_wait();
+    int64_t at = 0;
+    for (size_t r = 0; r < parts.size(); ++r) {
+      if (static_cast<int>(r) != rank) std::copy(slots_[r] + at, slots_[r] + at + parts[r], data + at);
+      at += parts[r];
+    }
+    barrier_.arrive_and_wait();
+  }
 
  private:
   std::vector<V*> slots_;
@@ -97,79 +127,104 @@ struct Rank {
 
 template <typename V>
 std::vector<Rank<V>> MakeRanks(const LlamaShape& shape, int ranks, const std::vector<float>& flat, InProcessSum<V>* sum,
-                               int batch, int seq) {
+                               int batch, int seq, bool sequence_parallel = false) {
   std::vector<Rank<V>> out;
   for (int r = 0; r < ranks; ++r) {
     auto slices = TensorSlices::Make(shape, ranks, r);
     EXPECT_TRUE(slices.ok()) << slices.status().message();
-    Rank<V> k{*slices, std::make_unique<LlamaModel<V>>(slices->shape(), batch, seq), {}, {}};
+    Rank<V> k{*slices,
+              std::make_unique<LlamaModel<V>>(slices->shape(), batch, seq, Recompute::kNone, 1, LayerRange{}, false,
+                                              sequence_parallel ? ranks : 1),
+              {},
+              {}};
     std::vector<float> packed(slices->layout().size(), 0.0f);
     slices->Pack(flat.data(), packed.data());
     k.weights.assign(packed.begin(), packed.end());
     k.grads.assign(packed.size(), V(0));
-    k.model->SetTensorGroup({ranks, r, slices->vocab_first(), [sum, r](V* data, int64_t n) { sum->AllReduce(r, data, n); }});
+    TensorGroup<V> group{ranks, r, slices->vocab_first(), [sum, r](V* data, int64_t n) { sum->AllReduce(r, data, n); }};
+    group.sequence_parallel = sequence_parallel;
+    group.all_gather = [sum, r](V* data, const Partition& parts) { sum->AllGather(r, data, parts); };
+    group.reduce_scatter = [sum, r](V* data, const Partition& parts) { sum->ReduceScatter(r, data, parts); };
+    k.model->SetTensorGroup(std::move(group));
     out.push_back(std::move(k));
   }
   return out;
 }
 
+// Sequence parallelism leaves each rank its rows' part of the norms'
+// gradients: summed over the ranks (rank order), as the worker does.
+template <typename V>
+void SumNormGradients(std::vector<Rank<V>>& rk) {
+  for (const TensorSpec& t : rk[0].slices.layout().tensors()) {
+    if (t.shape.size() != 1) continue;
+    for (int64_t i = t.offset; i < t.offset + t.numel; ++i) {
+      V sum = 0;
+      for (const Rank<V>& k : rk) sum += k.grads[i];
+      for (Rank<V>& k : rk) k.grads[i] = sum;
+    }
+  }
+}
+
 TEST(TensorParallel, MatchesTheWholeModel) {
   for (bool tied : {true, false}) {
     for (int ranks : {2, 4}) {
-      SCOPED_TRACE(testing::Message() << (tied ? "tied" : "untied") << ", T=" << ranks);
-      const LlamaShape shape = Shape(tied);
-      const ParamLayout layout(shape);
-      std::vector<float> flat(layout.size());
-      InitParameters(layout, 5, 0.05, flat.data());
-      // One whole model.
-      LlamaModel<float> whole(shape, B, T);
-      std::vector<float> whole_grads(layout.size(), 0.0f);
-      std::vector<double> whole_losses;
-      for (int m = 0; m < kMicro; ++m) {
-        whole_losses.push_back(
-            whole.Forward(flat.data(), Tokens(shape, m, 0).data(), Tokens(shape, m, 5).data(), B, T));
-        whole.Backward(flat.data(), whole_grads.data(), 1.0 / (kMicro * B * T));
-      }
-      // T ranks.
-      InProcessSum<float> sum(ranks);
-      std::vector<Rank<float>> rk = MakeRanks<float>(shape, ranks, flat, &sum, B, T);
-      std::vector<std::vector<double>> losses(ranks);
-      OnRanks(ranks, [&](int r) {
+      for (bool sp : {false, true}) {
+        SCOPED_TRACE(testing::Message() << (tied ? "tied" : "untied") << ", T=" << ranks << (sp ? " + SP" : ""));
+        const LlamaShape shape = Shape(tied);
+        const ParamLayout layout(shape);
+        std::vector<float> flat(layout.size());
+        InitParameters(layout, 5, 0.05, flat.data());
+        // One whole model.
+        LlamaModel<float> whole(shape, B, T);
+        std::vector<float> whole_grads(layout.size(), 0.0f);
+        std::vector<double> whole_losses;
         for (int m = 0; m < kMicro; ++m) {
-          losses[r].push_back(rk[r].model->Forward(rk[r].weights.data(), Tokens(shape, m, 0).data(),
-                                                   Tokens(shape, m, 5).data(), B, T));
-          rk[r].model->Backward(rk[r].weights.data(), rk[r].grads.data(), 1.0 / (kMicro * B * T));
+          whole_losses.push_back(
+              whole.Forward(flat.data(), Tokens(shape, m, 0).data(), Tokens(shape, m, 5).data(), B, T));
+          whole.Backward(flat.data(), whole_grads.data(), 1.0 / (kMicro * B * T));
         }
-      });
-      for (int r = 1; r < ranks; ++r) EXPECT_EQ(losses[r], losses[0]) << "rank " << r;
-      for (int m = 0; m < kMicro; ++m) EXPECT_NEAR(losses[0][m], whole_losses[m], 1e-6 * whole_losses[m]);
-      // Every rank's gradients in the flat space; the norms' alike on all.
-      std::vector<float> tp_grads(layout.size(), 0.0f);
-      rk[0].slices.Unpack(rk[0].grads.data(), tp_grads.data());
-      for (int r = 1; r < ranks; ++r) {
-        std::vector<float> mine(layout.size(), 0.0f);
-        rk[r].slices.Unpack(rk[r].grads.data(), mine.data());
-        for (const TensorSpec& t : layout.tensors()) {
-          const bool norm = t.shape.size() == 1;
-          for (int64_t i = t.offset; i < t.offset + t.numel; ++i) {
-            if (norm) {
-              ASSERT_EQ(mine[i], tp_grads[i]) << t.name << " on rank " << r;
-            } else if (mine[i] != 0.0f) {
-              tp_grads[i] = mine[i];
+        // T ranks.
+        InProcessSum<float> sum(ranks);
+        std::vector<Rank<float>> rk = MakeRanks<float>(shape, ranks, flat, &sum, B, T, sp);
+        std::vector<std::vector<double>> losses(ranks);
+        OnRanks(ranks, [&](int r) {
+          for (int m = 0; m < kMicro; ++m) {
+            losses[r].push_back(rk[r].model->Forward(rk[r].weights.data(), Tokens(shape, m, 0).data(),
+                                                     Tokens(shape, m, 5).data(), B, T));
+            rk[r].model->Backward(rk[r].weights.data(), rk[r].grads.data(), 1.0 / (kMicro * B * T));
+          }
+        });
+        if (sp) SumNormGradients(rk);
+        for (int r = 1; r < ranks; ++r) EXPECT_EQ(losses[r], losses[0]) << "rank " << r;
+        for (int m = 0; m < kMicro; ++m) EXPECT_NEAR(losses[0][m], whole_losses[m], 1e-6 * whole_losses[m]);
+        // Every rank's gradients in the flat space; the norms' alike on all.
+        std::vector<float> tp_grads(layout.size(), 0.0f);
+        rk[0].slices.Unpack(rk[0].grads.data(), tp_grads.data());
+        for (int r = 1; r < ranks; ++r) {
+          std::vector<float> mine(layout.size(), 0.0f);
+          rk[r].slices.Unpack(rk[r].grads.data(), mine.data());
+          for (const TensorSpec& t : layout.tensors()) {
+            const bool norm = t.shape.size() == 1;
+            for (int64_t i = t.offset; i < t.offset + t.numel; ++i) {
+              if (norm) {
+                ASSERT_EQ(mine[i], tp_grads[i]) << t.name << " on rank " << r;
+              } else if (mine[i] != 0.0f) {
+                tp_grads[i] = mine[i];
+              }
             }
           }
         }
+        float largest = 0, worst = 0;
+        for (size_t i = 0; i < flat.size(); ++i) {
+          largest = std::max(largest, std::fabs(whole_grads[i]));
+          worst = std::max(worst, std::fabs(whole_grads[i] - tp_grads[i]));
+        }
+        EXPECT_GT(largest, 0.0f);
+        EXPECT_LE(worst, 1e-5f * largest) << "worst " << worst << " of " << largest;
+        std::printf("[ tensor parallel ] %s T=%d%s: loss off by %.2e relative, gradients by %.2e of the largest\n",
+                    tied ? "tied" : "untied", ranks, sp ? " + SP" : "",
+                    std::fabs(losses[0][0] - whole_losses[0]) / whole_losses[0], worst / largest);
       }
-      float largest = 0, worst = 0;
-      for (size_t i = 0; i < flat.size(); ++i) {
-        largest = std::max(largest, std::fabs(whole_grads[i]));
-        worst = std::max(worst, std::fabs(whole_grads[i] - tp_grads[i]));
-      }
-      EXPECT_GT(largest, 0.0f);
-      EXPECT_LE(worst, 1e-5f * largest) << "worst " << worst << " of " << largest;
-      std::printf("[ tensor parallel ] %s T=%d: loss off by %.2e relative, gradients by %.2e of the largest\n",
-                  tied ? "tied" : "untied", ranks, std::fabs(losses[0][0] - whole_losses[0]) / whole_losses[0],
-                  worst / largest);
     }
   }
 }
@@ -182,7 +237,9 @@ double RankLoss(std::vector<Rank<double>>& rk, const std::vector<int32_t>& x, co
   return loss[0];
 }
 
-TEST(TensorParallel, GradientsMatchFiniteDifferencesInDouble) {
+// Every rank's every weight against finite differences of the ranks' loss;
+// with sequence parallelism the 5 tokens split 3 + 2, so uneven rows too.
+void CheckFiniteDifferences(bool sequence_parallel) {
   LlamaShape shape;
   shape.vocab_size = 12;
   shape.hidden_size = 8;
@@ -203,12 +260,13 @@ TEST(TensorParallel, GradientsMatchFiniteDifferencesInDouble) {
     }
   }
   InProcessSum<double> sum(ranks);
-  std::vector<Rank<double>> rk = MakeRanks<double>(shape, ranks, flat, &sum, 1, seq);
+  std::vector<Rank<double>> rk = MakeRanks<double>(shape, ranks, flat, &sum, 1, seq, sequence_parallel);
   const std::vector<int32_t> x{1, 7, 3, 11, 4}, y{7, 3, 11, 4, 9};
   OnRanks(ranks, [&](int r) {
     rk[r].model->Forward(rk[r].weights.data(), x.data(), y.data(), 1, seq);
     rk[r].model->Backward(rk[r].weights.data(), rk[r].grads.data(), 1.0 / seq);
   });
+  if (sequence_parallel) SumNormGradients(rk);
   const double L = RankLoss(rk, x, y, seq);
   const double h = 2e-4;
   double worst_rel = 0;
@@ -242,9 +300,13 @@ TEST(TensorParallel, GradientsMatchFiniteDifferencesInDouble) {
       }
     }
   }
-  std::printf("[ tensor parallel ] finite differences: %lld weights, worst relative error %.2e\n",
-              static_cast<long long>(checked), worst_rel);
+  std::printf("[ tensor parallel%s ] finite differences: %lld weights, worst relative error %.2e\n",
+              sequence_parallel ? " + SP" : "", static_cast<long long>(checked), worst_rel);
 }
+
+TEST(TensorParallel, GradientsMatchFiniteDifferencesInDouble) { CheckFiniteDifferences(false); }
+
+TEST(TensorParallel, SequenceParallelGradientsMatchFiniteDifferencesInDouble) { CheckFiniteDifferences(true); }
 
 TEST(TensorSlices, EveryElementIsOneRanksButTheNormsEveryRanks) {
   for (bool tied : {true, false}) {

@@ -7,6 +7,8 @@ the tiny model (tied, clipped), 30 steps:
   and the cross-entropy add their parts in another order: not bitwise);
   a rerun bitwise the same, the sample drawn through the ranks (each
   rank's columns of the last position's logits gathered) too;
+* T = 2 with sequence parallelism (the prompt's odd lengths split
+  unevenly while sampling) within 1e-5 of one process;
 * data x tensor 2 x 2: within 1e-5 of DDP with two workers;
 * the held-out loss through the ranks within 1e-5 of one process's;
 * stop at step 15 and --resume: bitwise the straight run; the checkpoint
@@ -14,7 +16,8 @@ the tiny model (tied, clipped), 30 steps:
   within 1e-5 of the straight tensor-parallel run, and one process's
   checkpoint goes on at T = 2 within 1e-5 of one process;
 * bad inputs, one line each before any process starts: T not dividing
-  the workers, the heads or the vocabulary;
+  the workers, the heads or the vocabulary; sequence parallelism without
+  tensor parallelism;
 * a rank killed mid-run stops the job in one line naming it and its
   place ("worker 1 (tensor rank 1 of replica 0) failed")."""
 import os
@@ -43,8 +46,9 @@ def main():
         text = text.replace("batch_size: 4", "batch_size: 2 grad_accum: 2")
         return sb.write(name + ".textproto", text)
 
-    def tp(workers, T):
-        return f"cluster {{ sync: ALLREDUCE workers: {workers} tensor_parallel: {T} }}"
+    def tp(workers, T, sp=False):
+        return (f"cluster {{ sync: ALLREDUCE workers: {workers} tensor_parallel: {T} "
+                f"sequence_parallel: {'true' if sp else 'false'} }}")
 
     def losses(name, key="loss"):
         return [m.get(key) for m in metrics(sb.path(name + ".jsonl"))]
@@ -61,6 +65,8 @@ def main():
     again = herdtest.sample_text(sb.run("launch", job("t2_again", tp(2, 2), sample=40)))
     assert losses("t2_again") == losses("t2") and again == t2_sample, "T=2 rerun"
     assert len(t2_sample.splitlines()) > 1, f"no sample through the ranks: {t2_sample!r}"
+    sp_sample = herdtest.sample_text(sb.run("launch", job("t2sp", tp(2, 2, sp=True), sample=40)))
+    wsp = close(losses("t2sp"), losses("one"), "T=2 with sequence parallelism")
     sb.run("launch", job("one_kv4", kv=4))
     sb.run("launch", job("t4", tp(4, 4), kv=4))
     w4 = close(losses("t4"), losses("one_kv4"), "T=4")
@@ -69,7 +75,8 @@ def main():
     w22 = close(losses("d2t2"), losses("ddp2"), "2 x 2")
     print(f"T=2 within {w2:.2g} of one process over {STEPS} steps (a rerun bitwise, its sample too: "
           f"{'the same as' if t2_sample == one_sample else 'not'} one process's text), T=4 within {w4:.2g}, "
-          f"data x tensor 2 x 2 within {w22:.2g} of DDP with 2 workers")
+          f"data x tensor 2 x 2 within {w22:.2g} of DDP with 2 workers; T=2 with sequence parallelism within "
+          f"{wsp:.2g} (its sample {'the same as' if sp_sample == t2_sample else 'not'} T=2's)")
 
     sb.run("launch", job("one_eval", eval_every=10))
     sb.run("launch", job("t2_eval", tp(2, 2), eval_every=10))
@@ -94,6 +101,8 @@ def main():
           f"within {wr2:.2g}")
 
     bad = [("three", tp(3, 2), {}, "does not divide cluster.workers"),
+           ("sp_alone", "cluster { sync: ALLREDUCE workers: 2 sequence_parallel: true }", {},
+            "cluster.sequence_parallel"),
            ("heads", tp(3, 3), {}, "model.num_attention_heads"),
            ("vocab", tp(2, 2), {"vocab": 257}, "model.vocab_size")]
     for name, cluster, more, says in bad:

@@ -26,6 +26,11 @@ class TensorParallelSync : public SyncStrategy {
         replicas_(o.replicas != nullptr ? o.replicas->size() : 1),
         optimizer_(std::move(optimizer)) {
     report_.version = static_cast<uint64_t>(optimizer_->step());
+    if (o.sequence_parallel) {
+      for (const TensorSlices::Run& r : o.slices->runs()) {
+        if (r.replicated) norms_size_ += r.flat.size();
+      }
+    }
   }
 
   void BeginStep(float* grads, const StepShare& share) override {
@@ -37,6 +42,7 @@ class TensorParallelSync : public SyncStrategy {
   Status FinishStep(double loss) override {
     const std::string at = "step " + std::to_string(step_ + 1) + ": ";
     HERD_RETURN_IF_ERROR(o_.tensor_ring->failure().WithContext(at + "tensor-parallel sum: "));
+    if (norms_size_ > 0) HERD_RETURN_IF_ERROR(SumNormGradients().WithContext(at + "tensor-parallel sum: "));
     const int64_t n = optimizer_->size();
     if (o_.replicas != nullptr) {
       trace::Span span("slice all-reduce", "collective", {"step", static_cast<int64_t>(step_ + 1)});
@@ -92,9 +98,32 @@ class TensorParallelSync : public SyncStrategy {
   int shard_files() const override { return o_.slices->ranks(); }
 
  private:
+  // Sequence parallelism: the norms' gradients, each rank's rows' part,
+  // summed over the group in one sum (packed together, then back).
+  Status SumNormGradients() {
+    trace::Span span("norm gradients' sum", "collective", {"step", static_cast<int64_t>(step_ + 1)});
+    norms_.resize(norms_size_);
+    int64_t at = 0;
+    for (const TensorSlices::Run& r : o_.slices->runs()) {
+      if (!r.replicated) continue;
+      std::copy(grads_ + r.local, grads_ + r.local + r.flat.size(), norms_.begin() + at);
+      at += r.flat.size();
+    }
+    HERD_RETURN_IF_ERROR(o_.tensor_ring->Sum(norms_.data(), norms_size_));
+    at = 0;
+    for (const TensorSlices::Run& r : o_.slices->runs()) {
+      if (!r.replicated) continue;
+      std::copy(norms_.begin() + at, norms_.begin() + at + r.flat.size(), grads_ + r.local);
+      at += r.flat.size();
+    }
+    return Status::OK();
+  }
+
   const TensorParallelSyncOptions o_;
   const int replica_, replicas_;  // among the rank's data-parallel replicas
   const std::unique_ptr<OptimizerShard> optimizer_;  // the packed space, weights attached
+  int64_t norms_size_ = 0;   // sequence parallelism: the norms' elements
+  std::vector<float> norms_;  // their gradients packed for the sum
   float* grads_ = nullptr;
   uint64_t step_ = 0;
   StepReport report_;
@@ -103,17 +132,31 @@ class TensorParallelSync : public SyncStrategy {
 
 }  // namespace
 
-TensorGroup<float> TensorRing::Group(const TensorSlices& slices) {
+TensorGroup<float> TensorRing::Group(const TensorSlices& slices, bool sequence_parallel) {
   TensorGroup<float> g;
   g.ranks = slices.ranks();
   g.rank = slices.rank();
   g.vocab_first = slices.vocab_first();
-  g.all_reduce = [this](float* data, int64_t n) {
+  g.all_reduce = [this](float* data, int64_t n) { Sum(data, n); };
+  g.sequence_parallel = sequence_parallel;
+  g.all_gather = [this](float* data, const Partition& parts) {
     if (!failure_.ok()) return;
-    trace::Span span("tensor-parallel sum", "collective");
-    failure_ = wait_.Timed([&] { return ring_->Wait(ring_->AllReduce(data, n, DType::kFloat32)); });
+    trace::Span span("tensor-parallel gather", "collective");
+    failure_ = wait_.Timed([&] { return ring_->Wait(ring_->AllGather(data, parts)); });
+  };
+  g.reduce_scatter = [this](float* data, const Partition& parts) {
+    if (!failure_.ok()) return;
+    trace::Span span("tensor-parallel reduce-scatter", "collective");
+    failure_ = wait_.Timed([&] { return ring_->Wait(ring_->ReduceScatter(data, parts)); });
   };
   return g;
+}
+
+Status TensorRing::Sum(float* data, int64_t n) {
+  if (!failure_.ok()) return failure_;
+  trace::Span span("tensor-parallel sum", "collective");
+  failure_ = wait_.Timed([&] { return ring_->Wait(ring_->AllReduce(data, n, DType::kFloat32)); });
+  return failure_;
 }
 
 StatusOr<std::unique_ptr<SyncStrategy>> CreateTensorParallelSync(const TensorParallelSyncOptions& o, float* weights,

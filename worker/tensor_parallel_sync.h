@@ -4,9 +4,10 @@
 // its weights, gradients and AdamW state are those of the packed space,
 // so no worker holds a layer whole.
 //
-// A step: with data-parallel replicas, the packed gradients all-reduced
-// among the workers of the same tensor-parallel rank (DDP over the
-// slice); the global norm from each rank's slices (the norms, which
+// A step: with sequence parallelism, the norms' gradients (each rank's
+// rows' part) summed over the tensor-parallel group; with data-parallel
+// replicas, the packed gradients all-reduced among the workers of the
+// same tensor-parallel rank (DDP over the slice); the global norm from each rank's slices (the norms, which
 // every rank holds alike, counted on rank 0 alone) and the losses added
 // over all the workers by one all-reduce; AdamW on the packed space.
 // The model's own sums over the tensor-parallel group (model/llama.h's
@@ -39,7 +40,12 @@ namespace herd {
 class TensorRing {
  public:
   explicit TensorRing(transport::Collectives* ring) : ring_(ring) {}
-  TensorGroup<float> Group(const TensorSlices& slices);
+  // The group's sums for `slices`' rank; with sequence parallelism its
+  // gathers and reduce-scatters too.
+  TensorGroup<float> Group(const TensorSlices& slices, bool sequence_parallel);
+  // data[0, n) summed over the group outside the passes (a failure kept as
+  // in them, and returned).
+  Status Sum(float* data, int64_t n);
   const Status& failure() const { return failure_; }
   // Seconds the sums blocked the passes since the last call (the step's
   // time waiting on the network, with the strategy's own).
@@ -57,6 +63,7 @@ struct TensorParallelSyncOptions {
   const TensorSlices* slices = nullptr;
   TensorRing* tensor_ring = nullptr;
   transport::Collectives* everyone = nullptr;  // the norm and the losses
+  bool sequence_parallel = false;
   // This rank's data-parallel replicas (null: one replica).
   transport::Collectives* replicas = nullptr;
 };

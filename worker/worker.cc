@@ -94,9 +94,10 @@ void PrintRunHeader(const config::JobConfig& config, const JobOptions& job, cons
   } else if (cluster.tensor_parallel() > 1) {
     const int T = cluster.tensor_parallel(), replicas = num_workers / T;
     std::printf("tensor parallel: %d ranks a replica (%d heads, %d intermediate columns and %d vocabulary rows "
-                "each), %d replica%s | batch %d x %d tokens x %d accum x %d replicas = %lld tokens/step\n",
-                T, shape.num_heads / T, shape.intermediate_size / T, shape.vocab_size / T, replicas,
-                replicas == 1 ? "" : "s", train.batch_size(), train.seq_len(), train.grad_accum(), replicas,
+                "each%s), %d replica%s | batch %d x %d tokens x %d accum x %d replicas = %lld tokens/step\n",
+                T, shape.num_heads / T, shape.intermediate_size / T, shape.vocab_size / T,
+                cluster.sequence_parallel() ? "; sequence parallel: the norms' and residual's rows split too" : "",
+                replicas, replicas == 1 ? "" : "s", train.batch_size(), train.seq_len(), train.grad_accum(), replicas,
                 tokens * replicas);
   } else if (transport == nullptr) {
     std::printf("data: %s (%lld tokens) | batch %d x %d tokens x %d accum = %lld tokens/step\n",
@@ -384,7 +385,7 @@ Status WorkerProcess::PrepareTensorParallel() {
   const int T = config_.cluster().tensor_parallel();
   HERD_ASSIGN_OR_RETURN(slices_, TensorSlices::Make(job_.shape, T, rank_ % T));
   model_holder_ = NewCpuModel(slices_->shape(), job_.batch, job_.seq_len, job_.recompute, job_.micro_batch_slots,
-                              tensor_ring_->Group(*slices_));
+                              tensor_ring_->Group(*slices_, config_.cluster().sequence_parallel()));
   model_ = model_holder_.get();
   return Status::OK();
 }
@@ -521,6 +522,7 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeStrategy() {
       t.tensor_ring = tensor_ring_.get();
       t.everyone = runtime_->ring();
       t.replicas = runtime_->replica_ring();
+      t.sequence_parallel = config_.cluster().sequence_parallel();
       return CreateTensorParallelSync(t, weights(), resume_from_);
     }
     case Mode::kPipelineStage: {
