@@ -7,7 +7,8 @@ For each rate and mode (ps, ps_streamed: parameter servers with
 cluster.stream_weights, allreduce: DDP, allreduce_zero1/2/3, pipeline: one
 pipeline of W stages in all-reduce mode, 1F1B, the global batch's W
 micro-batches flowing through it; tensor: one tensor-parallel group of W
-ranks, the global batch's W micro-batches through it) it starts the job
+ranks, the global batch's W micro-batches through it; tensor_sp: the same
+with sequence parallelism) it starts the job
 by hand, the way a cluster does: a coordinator on its own node, then every
 server and worker with --rank and --coordinator inside its node. It prints
 one JSON line per rate and mode: step time, tokens/s, the share of the step
@@ -28,7 +29,8 @@ and each mode's step against DDP's at the same rate.
     sudo /usr/bin/python3 bench/lab_compare.py [--build build] [--workers 2]
         [--rates 0.5gbit,1gbit,2.5gbit,10gbit] [--modes ps,allreduce,allreduce_zero1]
         [--steps 8] [--warmup 2] [--set path=value ...]
-        (modes: ps,ps_streamed,allreduce,allreduce_zero1,allreduce_zero2,allreduce_zero3,pipeline,tensor)
+        (modes: ps,ps_streamed,allreduce,allreduce_zero1,allreduce_zero2,allreduce_zero3,pipeline,tensor,
+         tensor_sp)
 
 Needs root (network namespaces). The default job is configs/llama20m.textproto
 at batch 1 x 64 tokens per worker, so that communication, not compute,
@@ -71,15 +73,16 @@ def job_sets(args, mode, workdir, steps):
         # workers, as W micro-batches (train.grad_accum is per replica).
         sets += ["cluster.sync=ALLREDUCE", "cluster.servers=0", "cluster.zero_stage=0",
                  f"cluster.pipeline_stages={args.workers}", "cluster.pipeline_schedule=ONE_F_ONE_B"]
-    elif mode == "tensor":
-        # One group of W tensor-parallel ranks: as pipeline, the global
-        # batch as W micro-batches.
+    elif mode in ("tensor", "tensor_sp"):
+        # One group of W tensor-parallel ranks (tensor_sp: with sequence
+        # parallelism): as pipeline, the global batch as W micro-batches.
         sets += ["cluster.sync=ALLREDUCE", "cluster.servers=0", "cluster.zero_stage=0",
-                 f"cluster.tensor_parallel={args.workers}"]
+                 f"cluster.tensor_parallel={args.workers}",
+                 f"cluster.sequence_parallel={'true' if mode == 'tensor_sp' else 'false'}"]
     else:
         sets += ["cluster.sync=ALLREDUCE", "cluster.servers=0", f"cluster.zero_stage={zero_stage(mode)}"]
     sets += list(args.set)
-    if mode in ("pipeline", "tensor"):
+    if mode in ("pipeline", "tensor", "tensor_sp"):
         accum = next((int(s.split("=")[1]) for s in reversed(sets) if s.startswith("train.grad_accum=")), 1)
         sets.append(f"train.grad_accum={accum * args.workers}")
     return sets
@@ -98,8 +101,8 @@ def formula_bytes(mode, M, W):
     all-gather are two, ZeRO-3's gathers for forward and backward and its
     reduce-scatter three."""
     ring = (W - 1) / W * M
-    if mode in ("pipeline", "tensor"):
-        return None  # activations, not weights: herd plan's figure (tensor: see tensor_formula_bytes)
+    if mode in ("pipeline", "tensor", "tensor_sp"):
+        return None  # activations, not weights: herd plan's figure (tensor: bench/tensor_traffic.py per layer)
     return {"ps": (M, M), "ps_streamed": (M, 2 * M), "allreduce": (2 * ring, 2 * ring),
             "allreduce_zero1": (2 * ring, 2 * ring), "allreduce_zero2": (2 * ring, 2 * ring),
             "allreduce_zero3": (3 * ring, 3 * ring)}.get(mode)
@@ -111,7 +114,7 @@ def planned_bytes(args, mode):
     (units held across the turn from forward to backward are not fetched
     again)."""
     sets = [s for s in job_sets(args, mode, "/nonexistent", args.steps)
-            if s.startswith(("cluster.", "train.", "log.sample_tokens", "log.eval_every"))]
+            if s.startswith(("cluster.", "train.", "model.", "log.sample_tokens", "log.eval_every"))]
     p = subprocess.run(with_sets([os.path.join(args.build, "herd"), "plan", args.config, "--json"], sets),
                        capture_output=True, text=True, check=True)
     t = json.loads(p.stdout)["worker_traffic"]
