@@ -23,6 +23,8 @@ template <typename T>
 struct LlamaModel<T>::Activations {
   int64_t N = 0, d = 0, qd = 0, kvd = 0, f = 0, v = 0, tt = 0, L = 0, H = 0, KV = 0;
   int seq_ranks = 1;  // the sequence-parallel ranks
+  int ctx_ranks = 1;  // the context-parallel ranks: N is max_batch x max_seq_len / ctx_ranks tokens
+  int64_t Tk = 0;     // keys of the last Forward: its whole sequences' length
   int64_t R = 0;      // rows of the residual stream's and norms' buffers: N / seq_ranks, rounded up
   int64_t first = 0;  // the model's first layer: layer l's buffers are at l - first
   Recompute recompute = Recompute::kNone;
@@ -42,6 +44,12 @@ struct LlamaModel<T>::Activations {
   std::vector<T> gate, up, act;           // [L, N, f]
   std::vector<T> lnf, lnf_rstd;           // [N, d], [R]
   std::vector<T> whole;                   // [N, d]: sequence parallelism's gathered rows and partial sums
+  // Context parallelism (ctx_ranks C > 1; S = max_seq_len, N = B x S / C):
+  std::vector<int32_t> positions;         // [S / C]: this rank's tokens' positions in their sequence
+  std::vector<T> rope_local_cos, rope_local_sin;  // [S / C, head_dim/2]: the RoPE tables' rows at positions
+  std::vector<T> kv_ranks;                // [C, 2, B, S / C, kvd]: the group's keys and values as gathered
+  std::vector<T> k_all, v_all;            // [B, S, kvd]: in position order
+  std::vector<T> dk_all, dv_all;          // [B, S, kvd]: their gradients from this rank's queries
   std::vector<T> logits;                  // [N, v] (dlogits in place in backward)
   std::vector<T> losses;                  // [N]
   std::vector<T> lse;                     // [N]: tensor-parallel, each row's log-sum-exp over the vocabulary
@@ -76,9 +84,11 @@ struct LlamaModel<T>::Activations {
     bool shared;  // one for every slot, in slot 0
   };
   static std::vector<Buffer> Table(const LlamaShape& s, int max_batch, int max_seq_len, Recompute recompute,
-                                   int first, int end, bool split, int seq_ranks) {
-    const int64_t N = static_cast<int64_t>(max_batch) * max_seq_len, d = s.hidden_size;
-    const int64_t R = (N + seq_ranks - 1) / seq_ranks;
+                                   int first, int end, bool split, TokenSplit ranks) {
+    const int64_t C = ranks.context, S = max_seq_len, Sl = S / C;  // Sl: a rank's tokens of a sequence
+    const int64_t N = max_batch * Sl, d = s.hidden_size;
+    const int64_t R = (N + ranks.sequence - 1) / ranks.sequence;
+    const int64_t all_kv = C > 1 ? max_batch * S * s.kv_dim() : 0;
     // Layers kept: L holds every layer's intermediates, the probabilities Lp.
     const int64_t layers = end - first;
     const int64_t L = recompute == Recompute::kFull ? 1 : layers;
@@ -86,7 +96,7 @@ struct LlamaModel<T>::Activations {
     const int64_t head = end == s.num_layers ? 1 : 0;  // the final norm's and the head's buffers
     const int64_t W = split ? layers : 0;               // layers whose weight part is kept for later
     const int64_t qd = s.q_dim(), kvd = s.kv_dim(), f = s.intermediate_size;
-    const int64_t probs_elements = Lp * max_batch * s.num_heads * static_cast<int64_t>(max_seq_len) * max_seq_len;
+    const int64_t probs_elements = Lp * max_batch * s.num_heads * Sl * S;
     const int64_t rope_elements = static_cast<int64_t>(max_seq_len) * s.head_dim() / 2;
     using A = Activations;
     return {
@@ -108,7 +118,14 @@ struct LlamaModel<T>::Activations {
         {&A::act, L * N * f, false, false},
         {&A::lnf, head * N * d, false, true},
         {&A::lnf_rstd, head * R, false, true},
-        {&A::whole, seq_ranks > 1 ? N * d : 0, false, true},
+        {&A::whole, ranks.sequence > 1 ? N * d : 0, false, true},
+        {&A::rope_local_cos, C > 1 ? Sl * s.head_dim() / 2 : 0, false, true},
+        {&A::rope_local_sin, C > 1 ? Sl * s.head_dim() / 2 : 0, false, true},
+        {&A::kv_ranks, 2 * all_kv, false, true},
+        {&A::k_all, all_kv, false, true},
+        {&A::v_all, all_kv, false, true},
+        {&A::dk_all, all_kv, true, true},
+        {&A::dv_all, all_kv, true, true},
         {&A::logits, head * N * s.vocab_size, false, true},
         {&A::losses, head * N, false, true},
         {&A::lse, head * N, false, true},
@@ -121,7 +138,7 @@ struct LlamaModel<T>::Activations {
         {&A::dact, N * f, true, true},
         {&A::dgate, N * f, true, true},
         {&A::dup, N * f, true, true},
-        {&A::attn_scratch, AttentionScratchSize(max_seq_len, s.num_heads, s.num_kv_heads), true, true},
+        {&A::attn_scratch, AttentionScratchSize(Sl, s.num_heads, s.num_kv_heads, S), true, true},
         {&A::w_down, W * N * d, true, false},
         {&A::w_gate, W * N * f, true, false},
         {&A::w_up, W * N * f, true, false},
@@ -138,7 +155,7 @@ struct LlamaModel<T>::Activations {
   void Allocate(const LlamaShape& s, int max_batch, int max_seq_len, int end, bool backward_scratch,
                 bool owns_shared) {
     for (const Buffer& b :
-         Table(s, max_batch, max_seq_len, recompute, static_cast<int>(first), end, split, seq_ranks)) {
+         Table(s, max_batch, max_seq_len, recompute, static_cast<int>(first), end, split, {seq_ranks, ctx_ranks})) {
       std::vector<T>& v = this->*b.member;
       if (b.backward_scratch == backward_scratch && (owns_shared || !b.shared) &&
           static_cast<int64_t>(v.size()) < b.elements) {
@@ -163,41 +180,45 @@ struct LlamaModel<T>::Activations {
 
 template <typename T>
 int64_t LlamaModel<T>::ActivationBytes(const LlamaShape& shape, int max_batch, int max_seq_len, Recompute recompute,
-                                       int slots, LayerRange layers, bool split_backward, int sequence_ranks) {
+                                       int slots, LayerRange layers, bool split_backward, TokenSplit split) {
   const int end = layers.end < 0 ? shape.num_layers : layers.end;
   int64_t floats = 0;
-  for (const auto& b : Activations::Table(shape, max_batch, max_seq_len, recompute, layers.first, end,
-                                          split_backward, sequence_ranks)) {
+  for (const auto& b :
+       Activations::Table(shape, max_batch, max_seq_len, recompute, layers.first, end, split_backward, split)) {
     floats += b.shared ? b.elements : slots * b.elements;
   }
-  const int64_t tokens = static_cast<int64_t>(max_batch) * max_seq_len;
+  const int64_t tokens = static_cast<int64_t>(max_batch) * (max_seq_len / split.context);
   return floats * static_cast<int64_t>(sizeof(T)) + slots * 2 * tokens * static_cast<int64_t>(sizeof(int32_t));
 }
 
 template <typename T>
 LlamaModel<T>::LlamaModel(const LlamaShape& shape, int max_batch, int max_seq_len, Recompute recompute, int slots,
-                          LayerRange layers, bool split_backward, int sequence_ranks)
+                          LayerRange layers, bool split_backward, TokenSplit split)
     : layout_(shape),
       max_batch_(max_batch),
       max_seq_len_(max_seq_len),
       first_layer_(layers.first),
       end_layer_(layers.end < 0 ? shape.num_layers : layers.end),
-      seq_ranks_(sequence_ranks) {
+      seq_ranks_(split.sequence),
+      ctx_ranks_(split.context) {
   CHECK_GE(slots, 1);
   CHECK(0 <= first_layer_ && first_layer_ <= end_layer_ && end_layer_ <= shape.num_layers &&
         (first_layer_ < end_layer_ || shape.num_layers == 0))
       << "layers [" << first_layer_ << ", " << end_layer_ << ") of " << shape.num_layers;
   CHECK(!split_backward || recompute == Recompute::kNone)
       << "a split backward keeps the activations its weight part reads: no recomputation";
-  CHECK(sequence_ranks == 1 || (embeds() && has_head() && !split_backward))
-      << "sequence parallelism needs a model of all the layers whose backward is not split";
+  CHECK((split.sequence == 1 && split.context == 1) || (embeds() && has_head() && !split_backward))
+      << "sequence and context parallelism need a model of all the layers whose backward is not split";
+  CHECK(split.context == 1 || (split.context > 1 && max_seq_len % (2 * split.context) == 0))
+      << "context parallelism cuts each sequence into 2 x " << split.context << " chunks: " << max_seq_len;
   for (int i = 0; i < slots; ++i) {
     acts_.push_back(std::make_unique<Activations>());
     Activations& a = *acts_.back();
     a.recompute = recompute;
     a.split = split_backward;
-    a.N = static_cast<int64_t>(max_batch) * max_seq_len;
+    a.N = static_cast<int64_t>(max_batch) * (max_seq_len / ctx_ranks_);
     a.seq_ranks = seq_ranks_;
+    a.ctx_ranks = ctx_ranks_;
     a.R = (a.N + seq_ranks_ - 1) / seq_ranks_;
     a.max_batch = max_batch;
     a.d = shape.hidden_size;
@@ -205,7 +226,7 @@ LlamaModel<T>::LlamaModel(const LlamaShape& shape, int max_batch, int max_seq_le
     a.kvd = shape.kv_dim();
     a.f = shape.intermediate_size;
     a.v = shape.vocab_size;
-    a.tt = static_cast<int64_t>(max_seq_len) * max_seq_len;
+    a.tt = static_cast<int64_t>(max_seq_len / ctx_ranks_) * max_seq_len;
     a.L = end_layer_ - first_layer_;
     a.first = first_layer_;
     a.H = shape.num_heads;
@@ -227,6 +248,60 @@ void LlamaModel<T>::SetTensorGroup(TensorGroup<T> group) {
   CHECK_EQ(group.sequence_parallel && group.ranks > 1 ? group.ranks : 1, seq_ranks_)
       << "a sequence-parallel group's model is made with its ranks (sequence_ranks)";
   tp_ = std::move(group);
+}
+
+template <typename T>
+void LlamaModel<T>::SetContextGroup(ContextGroup<T> group) {
+  CHECK_EQ(group.ranks, ctx_ranks_) << "a context-parallel group's model is made with its ranks (split.context)";
+  cp_ = std::move(group);
+}
+
+template <typename T>
+void LlamaModel<T>::GatherKeysValues(Activations& a, const T* k, const T* v) {
+  Activations& sh = *acts_[0];
+  const int64_t C = ctx_ranks_, Tl = a.Tcur, S = a.Tk, kvd = a.kvd, part = 2 * a.B * Tl * kvd;
+  T* mine = sh.kv_ranks.data() + cp_.rank * part;
+  std::copy(k, k + a.B * Tl * kvd, mine);
+  std::copy(v, v + a.B * Tl * kvd, mine + a.B * Tl * kvd);
+  cp_.all_gather(sh.kv_ranks.data(), Partition(C, part));
+  // Rank q's tokens sit at its chunks' positions (every rank's alike but
+  // for q): chunk q, then chunk 2C - 1 - q.
+  const int64_t chunk = Tl / 2;
+  for (int64_t q = 0; q < C; ++q) {
+    const T* kq = sh.kv_ranks.data() + q * part;
+    const T* vq = kq + a.B * Tl * kvd;
+    for (int64_t b = 0; b < a.B; ++b) {
+      for (int64_t t = 0; t < Tl; ++t) {
+        const int64_t pos = t < chunk ? q * chunk + t : (2 * C - 1 - q) * chunk + (t - chunk);
+        std::copy(kq + (b * Tl + t) * kvd, kq + (b * Tl + t + 1) * kvd, sh.k_all.begin() + (b * S + pos) * kvd);
+        std::copy(vq + (b * Tl + t) * kvd, vq + (b * Tl + t + 1) * kvd, sh.v_all.begin() + (b * S + pos) * kvd);
+      }
+    }
+  }
+}
+
+template <typename T>
+void LlamaModel<T>::ScatterKeyValueGrads(Activations& a, T* dk, T* dv) {
+  Activations& sh = *acts_[0];
+  const int64_t C = ctx_ranks_, Tl = a.Tcur, S = a.Tk, kvd = a.kvd, part = 2 * a.B * Tl * kvd;
+  const int64_t chunk = Tl / 2;
+  for (int64_t q = 0; q < C; ++q) {
+    T* kq = sh.kv_ranks.data() + q * part;
+    T* vq = kq + a.B * Tl * kvd;
+    for (int64_t b = 0; b < a.B; ++b) {
+      for (int64_t t = 0; t < Tl; ++t) {
+        const int64_t pos = t < chunk ? q * chunk + t : (2 * C - 1 - q) * chunk + (t - chunk);
+        std::copy(sh.dk_all.begin() + (b * S + pos) * kvd, sh.dk_all.begin() + (b * S + pos + 1) * kvd,
+                  kq + (b * Tl + t) * kvd);
+        std::copy(sh.dv_all.begin() + (b * S + pos) * kvd, sh.dv_all.begin() + (b * S + pos + 1) * kvd,
+                  vq + (b * Tl + t) * kvd);
+      }
+    }
+  }
+  cp_.reduce_scatter(sh.kv_ranks.data(), Partition(C, part));
+  const T* mine = sh.kv_ranks.data() + cp_.rank * part;
+  std::copy(mine, mine + a.B * Tl * kvd, dk);
+  std::copy(mine + a.B * Tl * kvd, mine + part, dv);
 }
 
 template <typename T>
@@ -283,12 +358,37 @@ int64_t LlamaModel<T>::LayerEnd(int l) const {
 template <typename T>
 void LlamaModel<T>::EmbedForward(Activations& a, const T* params, const int32_t* tokens, const int32_t* targets, int B,
                                  int T_) {
-  const int64_t N = static_cast<int64_t>(B) * T_;
   a.B = B;
-  a.Tcur = T_;
+  a.Tk = T_;
   a.has_targets = targets != nullptr;
-  std::copy(tokens, tokens + N, a.tokens.begin());
-  if (targets != nullptr) std::copy(targets, targets + N, a.targets.begin());
+  if (ctx_ranks_ == 1) {
+    a.Tcur = T_;
+    std::copy(tokens, tokens + static_cast<int64_t>(B) * T_, a.tokens.begin());
+    if (targets != nullptr) std::copy(targets, targets + static_cast<int64_t>(B) * T_, a.targets.begin());
+  } else {
+    // This rank's chunks of every sequence, and RoPE's rows at their positions.
+    CHECK_EQ(T_ % (2 * ctx_ranks_), 0) << "context parallelism cuts each sequence into 2 x " << ctx_ranks_
+                                       << " chunks: " << T_;
+    Activations& sh = *acts_[0];
+    const int64_t C = ctx_ranks_, chunk = T_ / (2 * C), Tl = 2 * chunk, half = layout_.shape().head_dim() / 2;
+    a.Tcur = static_cast<int>(Tl);
+    sh.positions.resize(Tl);
+    for (int64_t t = 0; t < Tl; ++t) {
+      sh.positions[t] = static_cast<int32_t>(t < chunk ? cp_.rank * chunk + t : (2 * C - 1 - cp_.rank) * chunk + t - chunk);
+      std::copy(sh.rope_cos.begin() + sh.positions[t] * half, sh.rope_cos.begin() + (sh.positions[t] + 1) * half,
+                sh.rope_local_cos.begin() + t * half);
+      std::copy(sh.rope_sin.begin() + sh.positions[t] * half, sh.rope_sin.begin() + (sh.positions[t] + 1) * half,
+                sh.rope_local_sin.begin() + t * half);
+    }
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t t = 0; t < Tl; ++t) {
+        a.tokens[b * Tl + t] = tokens[b * T_ + sh.positions[t]];
+        if (targets != nullptr) a.targets[b * Tl + t] = targets[b * T_ + sh.positions[t]];
+      }
+    }
+  }
+  const int64_t N = static_cast<int64_t>(B) * a.Tcur;
+  tokens = a.tokens.data();
   trace::Span span("embedding forward", "compute");
   if (tp_.ranks == 1) return EmbeddingForward(a.residual.data(), tokens, params + layout_.embed(), N, a.d);
   // This rank's rows of the vocabulary, the others' summed in.
@@ -359,9 +459,19 @@ void LlamaModel<T>::LayerForward(Activations& a, const T* params, int l, bool to
   MatmulForward(q, ln1_all, params + w.q_proj, N, d, qd);
   MatmulForward(k, ln1_all, params + w.k_proj, N, d, kvd);
   MatmulForward(v, ln1_all, params + w.v_proj, N, d, kvd);
-  RopeForward(q, sh.rope_cos.data(), sh.rope_sin.data(), B, T_, a.H, hd);
-  RopeForward(k, sh.rope_cos.data(), sh.rope_sin.data(), B, T_, a.KV, hd);
-  AttentionForward(att, probs, q, k, v, B, T_, a.H, a.KV, hd);
+  const bool cp = ctx_ranks_ > 1;
+  const T* cos = cp ? sh.rope_local_cos.data() : sh.rope_cos.data();
+  const T* sin = cp ? sh.rope_local_sin.data() : sh.rope_sin.data();
+  RopeForward(q, cos, sin, B, T_, a.H, hd);
+  RopeForward(k, cos, sin, B, T_, a.KV, hd);
+  if (cp) {
+    // This rank's queries against every rank's keys and values.
+    GatherKeysValues(a, k, v);
+    AttentionForward(att, probs, q, sh.k_all.data(), sh.v_all.data(), B, T_, a.H, a.KV, hd, a.Tk,
+                     sh.positions.data());
+  } else {
+    AttentionForward(att, probs, q, k, v, B, T_, a.H, a.KV, hd);
+  }
   T* o_out = seq_ranks_ > 1 ? whole : mid;
   MatmulForward(o_out, att, params + w.o_proj, N, qd, d);  // o_proj(att), then the residual
   AddForward(mid, Summed(o_out, N, d), x, n * d);
@@ -436,9 +546,17 @@ void LlamaModel<T>::LayerBackward(Activations& a, const T* params, T* grads, int
   if (a.recompute == Recompute::kFull) {
     trace::Span span("layer recompute", "compute", {"layer", l});
     LayerForward(a, params, l, /*to_output=*/false);
-  } else if (a.recompute == Recompute::kAttention) {
+  }
+  const bool cp = ctx_ranks_ > 1;
+  // Context parallelism: the keys and values gathered again (FULL
+  // recomputation has just done it).
+  if (cp && a.recompute != Recompute::kFull) GatherKeysValues(a, k, v);
+  const T* k_in = cp ? sh.k_all.data() : k;
+  const T* v_in = cp ? sh.v_all.data() : v;
+  const int32_t* positions = cp ? sh.positions.data() : nullptr;
+  if (a.recompute == Recompute::kAttention) {
     trace::Span span("attention recompute", "compute", {"layer", l});
-    AttentionForward(att, probs, q, k, v, B, T_, a.H, a.KV, hd);
+    AttentionForward(att, probs, q, k_in, v_in, B, T_, a.H, a.KV, hd, a.Tk, positions);
   }
   trace::Span span(split ? "layer backward (inputs)" : "layer backward", "compute", {"layer", l});
 
@@ -463,10 +581,14 @@ void LlamaModel<T>::LayerBackward(Activations& a, const T* params, T* grads, int
   // Attention branch: dres is now d(mid) = d(layer input) through the skip.
   keep(a.w_o, dres, N * d);
   MatmulBackward(sh.datt.data(), gw(w.o_proj), Gathered(dres, N, d), att, params + w.o_proj, N, qd, d);
-  AttentionBackward(sh.dq.data(), sh.dk.data(), sh.dv.data(), sh.datt.data(), probs, q, k, v, B, T_, a.H, a.KV, hd,
-                    sh.attn_scratch.data());
-  RopeBackward(sh.dq.data(), sh.rope_cos.data(), sh.rope_sin.data(), B, T_, a.H, hd);
-  RopeBackward(sh.dk.data(), sh.rope_cos.data(), sh.rope_sin.data(), B, T_, a.KV, hd);
+  AttentionBackward(sh.dq.data(), cp ? sh.dk_all.data() : sh.dk.data(), cp ? sh.dv_all.data() : sh.dv.data(),
+                    sh.datt.data(), probs, q, k_in, v_in, B, T_, a.H, a.KV, hd, sh.attn_scratch.data(), a.Tk,
+                    positions);
+  if (cp) ScatterKeyValueGrads(a, sh.dk.data(), sh.dv.data());
+  const T* cos = cp ? sh.rope_local_cos.data() : sh.rope_cos.data();
+  const T* sin = cp ? sh.rope_local_sin.data() : sh.rope_sin.data();
+  RopeBackward(sh.dq.data(), cos, sin, B, T_, a.H, hd);
+  RopeBackward(sh.dk.data(), cos, sin, B, T_, a.KV, hd);
   keep(a.w_q, sh.dq.data(), N * qd);
   keep(a.w_k, sh.dk.data(), N * kvd);
   keep(a.w_v, sh.dv.data(), N * kvd);
@@ -554,6 +676,7 @@ double LlamaModel<T>::StageForward(int slot, const T* params, const int32_t* tok
     CHECK(input != nullptr) << "stage of layers " << first_layer_ << "+ needs the previous stage's output";
     a.B = B;
     a.Tcur = T_;
+    a.Tk = T_;
     a.has_targets = targets != nullptr;
     if (targets != nullptr && has_head()) std::copy(targets, targets + N, a.targets.begin());
     if (input != a.residual.data()) std::copy(input, input + N * a.d, a.residual.begin());

@@ -41,11 +41,13 @@ class LlamaModel {
   // StageBackwardWeights (zero-bubble pipelines), for which each slot
   // keeps its layers' output gradients between the two.
   //
-  // `sequence_ranks`: a sequence-parallel group's ranks (1: none), whose
-  // rows alone of the residual stream and the norms are kept (the model
-  // of all the layers, backward not split; see TensorGroup).
+  // `split`: a sequence-parallel group's ranks, whose rows alone of the
+  // residual stream and the norms are kept (TensorGroup), and a
+  // context-parallel group's, whose chunks of each sequence alone are
+  // computed (ContextGroup; 2 x context must divide max_seq_len): a model
+  // of all the layers whose backward is not split.
   LlamaModel(const LlamaShape& shape, int max_batch, int max_seq_len, Recompute recompute = Recompute::kNone,
-             int slots = 1, LayerRange layers = {}, bool split_backward = false, int sequence_ranks = 1);
+             int slots = 1, LayerRange layers = {}, bool split_backward = false, TokenSplit split = {});
   ~LlamaModel();
   LlamaModel(const LlamaModel&) = delete;
   LlamaModel& operator=(const LlamaModel&) = delete;
@@ -158,16 +160,18 @@ class LlamaModel {
   const T* logits() const;
 
   // Makes this model a tensor-parallel rank's (before any pass); a
-  // sequence-parallel group's must match sequence_ranks.
+  // sequence-parallel group's must match split.sequence.
   void SetTensorGroup(TensorGroup<T> group);
+  // Makes this model a context-parallel rank's (before any pass); the
+  // group's ranks must be split.context.
+  void SetContextGroup(ContextGroup<T> group);
 
   // Bytes of every activation and backward scratch buffer a model of this
   // shape allocates for max_batch x max_seq_len (at the current OpenMP
   // thread count) and `slots`: the worker's share of a memory plan.
-  // `sequence_ranks`: a sequence-parallel group's ranks (1: none).
   static int64_t ActivationBytes(const LlamaShape& shape, int max_batch, int max_seq_len,
                                  Recompute recompute = Recompute::kNone, int slots = 1, LayerRange layers = {},
-                                 bool split_backward = false, int sequence_ranks = 1);
+                                 bool split_backward = false, TokenSplit split = {});
 
  private:
   struct Activations;
@@ -202,6 +206,12 @@ class LlamaModel {
   // The group's sum of the [N, d] partial sums `part`, in place: this
   // rank's rows of it (all of them without sequence parallelism).
   const T* Summed(T* part, int64_t N, int64_t d);
+  // Context parallelism: the group's keys and values of layer l's `k` and
+  // `v` ([B, Tl, kv]) in k_all and v_all, each [B, T, kv] in position
+  // order; and the sums of dk_all's and dv_all's, this rank's
+  // positions' rows, into dk and dv.
+  void GatherKeysValues(Activations& a, const T* k, const T* v);
+  void ScatterKeyValueGrads(Activations& a, T* dk, T* dv);
 
   ParamLayout layout_;
   int max_batch_, max_seq_len_;
@@ -210,7 +220,9 @@ class LlamaModel {
   // holds the shared buffers too.
   std::vector<std::unique_ptr<Activations>> acts_;
   const int seq_ranks_;  // the sequence-parallel group's ranks (1: none)
+  const int ctx_ranks_;  // the context-parallel group's ranks (1: none)
   TensorGroup<T> tp_;
+  ContextGroup<T> cp_;
   std::vector<T> vocab_stats_;  // tensor-parallel: the cross-entropy's statistics, summed over the ranks
 };
 

@@ -81,6 +81,29 @@ struct TensorGroup {
   std::function<void(T* data, const Partition& parts)> all_gather, reduce_scatter;
 };
 
+// A context-parallel rank's part (cluster.context_parallel: C ranks): each
+// sequence of a micro-batch is cut into 2C chunks and rank r computes
+// chunks r and 2C - 1 - r, an early one and a late one, so that every
+// rank's causal attention costs alike (torchtitan's load balance). A
+// model given the whole sequences computes its chunks' tokens alone: it
+// gathers the group's keys and values for attention (`all_gather`, before
+// its forward's and again before its backward's) and reduce-scatters
+// their gradients' sums back (`reduce_scatter`; both as TensorGroup's). The
+// loss it returns is its tokens' mean; the caller sums the gradients over
+// the group, as over data-parallel replicas.
+template <typename T>
+struct ContextGroup {
+  int ranks = 1, rank = 0;
+  std::function<void(T* data, const Partition& parts)> all_gather, reduce_scatter;
+};
+
+// How a model's tokens are split across ranks: sequence parallelism's
+// rows of the norms and residual stream (TensorGroup), context
+// parallelism's chunks of every sequence (ContextGroup).
+struct TokenSplit {
+  int sequence = 1, context = 1;
+};
+
 // What backward recomputes rather than keeps (train.recompute).
 enum class Recompute { kNone, kAttention, kFull };
 

@@ -16,7 +16,7 @@ class CpuModel final : public Model {
   CpuModel(const LlamaShape& shape, int max_batch, int max_seq_len, Recompute recompute, int slots,
            TensorGroup<float> group)
       : model_(shape, max_batch, max_seq_len, recompute, slots, {}, false,
-               group.sequence_parallel ? group.ranks : 1),
+               TokenSplit{group.sequence_parallel ? group.ranks : 1, 1}),
         group_(group) {
     model_.SetTensorGroup(std::move(group));
   }

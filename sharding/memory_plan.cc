@@ -284,7 +284,7 @@ StatusOr<ProcessMemory> TensorParallelMemory(const JobSizes& j) {
   t.activations =
       LlamaModel<float>::ActivationBytes(slices.shape(), j.train.batch_size(), j.train.seq_len(), j.job.recompute,
                                          j.job.micro_batch_slots, {}, false,
-                                         j.cluster.sequence_parallel() ? j.cluster.tensor_parallel() : 1) +
+                                         TokenSplit{j.cluster.sequence_parallel() ? j.cluster.tensor_parallel() : 1, 1}) +
       2 * static_cast<int64_t>(j.train.batch_size()) * j.train.seq_len() * static_cast<int64_t>(sizeof(int32_t));
   const int rings = j.W > j.cluster.tensor_parallel() ? 3 : 1;
   int64_t largest = 0;

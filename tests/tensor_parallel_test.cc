@@ -20,16 +20,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <barrier>
 #include <cmath>
 #include <cstring>
 #include <functional>
-#include <thread>
 #include <vector>
 
 #include "model/llama.h"
 #include "model/param_layout.h"
 #include "sharding/tensor_slices.h"
+#include "tests/in_process_group.h"
 
 namespace herd {
 namespace {
@@ -54,68 +53,6 @@ std::vector<int32_t> Tokens(const LlamaShape& s, int micro, int salt) {
   return t;
 }
 
-// The ranks' sum: each rank's buffer added in rank order into one result
-// every rank copies, so all ranks hold the same bits.
-template <typename V>
-class InProcessSum {
- public:
-  explicit InProcessSum(int ranks) : slots_(ranks), barrier_(ranks) {}
-  void AllReduce(int rank, V* data, int64_t n) {
-    slots_[rank] = data;
-    barrier_.arrive_and_wait();
-    if (rank == 0) {
-      sum_.assign(n, V(0));
-      for (V* slot : slots_) {
-        for (int64_t i = 0; i < n; ++i) sum_[i] += slot[i];
-      }
-    }
-    barrier_.arrive_and_wait();
-    std::copy(sum_.begin(), sum_.end(), data);
-    barrier_.arrive_and_wait();
-  }
-  // The sum, of which each rank keeps its part.
-  void ReduceScatter(int rank, V* data, const Partition& parts) {
-    int64_t n = 0, at = 0;
-    for (size_t r = 0; r < parts.size(); ++r) {
-      if (static_cast<int>(r) < rank) at += parts[r];
-      n += parts[r];
-    }
-    slots_[rank] = data;
-    barrier_.arrive_and_wait();
-    if (rank == 0) {
-      sum_.assign(n, V(0));
-      for (V* slot : slots_) {
-        for (int64_t i = 0; i < n; ++i) sum_[i] += slot[i];
-      }
-    }
-    barrier_.arrive_and_wait();
-    std::copy(sum_.begin() + at, sum_.begin() + at + parts[rank], data + at);
-    barrier_.arrive_and_wait();
-  }
-  // Every rank's part from that rank.
-  void AllGather(int rank, V* data, const Partition& parts) {
-    slots_[rank] = data;
-    barrier_.arrive_and_wait();
-    int64_t at = 0;
-    for (size_t r = 0; r < parts.size(); ++r) {
-      if (static_cast<int>(r) != rank) std::copy(slots_[r] + at, slots_[r] + at + parts[r], data + at);
-      at += parts[r];
-    }
-    barrier_.arrive_and_wait();
-  }
-
- private:
-  std::vector<V*> slots_;
-  std::vector<V> sum_;
-  std::barrier<> barrier_;
-};
-
-void OnRanks(int ranks, const std::function<void(int)>& fn) {
-  std::vector<std::thread> threads;
-  for (int r = 0; r < ranks; ++r) threads.emplace_back(fn, r);
-  for (std::thread& t : threads) t.join();
-}
-
 // Each rank's model on its packed slice of `flat`, in a group summing over
 // `sum`.
 template <typename V>
@@ -134,14 +71,18 @@ std::vector<Rank<V>> MakeRanks(const LlamaShape& shape, int ranks, const std::ve
     EXPECT_TRUE(slices.ok()) << slices.status().message();
     Rank<V> k{*slices,
               std::make_unique<LlamaModel<V>>(slices->shape(), batch, seq, Recompute::kNone, 1, LayerRange{}, false,
-                                              sequence_parallel ? ranks : 1),
+                                              TokenSplit{sequence_parallel ? ranks : 1, 1}),
               {},
               {}};
     std::vector<float> packed(slices->layout().size(), 0.0f);
     slices->Pack(flat.data(), packed.data());
     k.weights.assign(packed.begin(), packed.end());
     k.grads.assign(packed.size(), V(0));
-    TensorGroup<V> group{ranks, r, slices->vocab_first(), [sum, r](V* data, int64_t n) { sum->AllReduce(r, data, n); }};
+    TensorGroup<V> group;
+    group.ranks = ranks;
+    group.rank = r;
+    group.vocab_first = slices->vocab_first();
+    group.all_reduce = [sum, r](V* data, int64_t n) { sum->AllReduce(r, data, n); };
     group.sequence_parallel = sequence_parallel;
     group.all_gather = [sum, r](V* data, const Partition& parts) { sum->AllGather(r, data, parts); };
     group.reduce_scatter = [sum, r](V* data, const Partition& parts) { sum->ReduceScatter(r, data, parts); };

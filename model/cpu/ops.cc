@@ -221,84 +221,89 @@ void RopeBackward(T* dx, const T* cos, const T* sin, int64_t B, int64_t T_, int6
 
 template <typename T>
 void AttentionForward(T* out, T* probs, const T* q, const T* k, const T* v, int64_t B, int64_t T_, int64_t H,
-                      int64_t KV, int64_t head_dim) {
+                      int64_t KV, int64_t head_dim, int64_t Tk, const int32_t* positions) {
   const int64_t hd = head_dim, group = H / KV;
+  if (Tk == 0) Tk = T_;
   const T scale = T(1) / std::sqrt(static_cast<T>(hd));
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t h = 0; h < H; ++h) {
       const int64_t kvh = h / group;
       const T* qb = q + (b * T_ * H + h) * hd;
-      const T* kb = k + (b * T_ * KV + kvh) * hd;
-      const T* vb = v + (b * T_ * KV + kvh) * hd;
-      T* p = probs + (b * H + h) * T_ * T_;
+      const T* kb = k + (b * Tk * KV + kvh) * hd;
+      const T* vb = v + (b * Tk * KV + kvh) * hd;
+      T* p = probs + (b * H + h) * T_ * Tk;
       T* ob = out + (b * T_ * H + h) * hd;
-      // Scores for the whole square (BLAS is faster than skipping the upper
-      // triangle by hand); the mask is applied in the softmax.
-      Gemm(false, true, T_, T_, hd, scale, qb, H * hd, kb, KV * hd, T(0), p, T_);
+      // Scores for the whole rectangle (BLAS is faster than skipping the
+      // masked part by hand); the mask is applied in the softmax.
+      Gemm(false, true, T_, Tk, hd, scale, qb, H * hd, kb, KV * hd, T(0), p, Tk);
       for (int64_t t = 0; t < T_; ++t) {
-        T* row = p + t * T_;
+        const int64_t last = positions != nullptr ? positions[t] : t;
+        T* row = p + t * Tk;
         T mx = row[0];
-        for (int64_t s = 1; s <= t; ++s) mx = std::max(mx, row[s]);
+        for (int64_t s = 1; s <= last; ++s) mx = std::max(mx, row[s]);
         T sum = 0;
 #pragma omp simd reduction(+ : sum)
-        for (int64_t s = 0; s <= t; ++s) {
+        for (int64_t s = 0; s <= last; ++s) {
           row[s] = Exp(row[s] - mx);
           sum += row[s];
         }
         const T inv = T(1) / sum;
 #pragma omp simd
-        for (int64_t s = 0; s <= t; ++s) row[s] *= inv;
-        std::fill(row + t + 1, row + T_, T(0));
+        for (int64_t s = 0; s <= last; ++s) row[s] *= inv;
+        std::fill(row + last + 1, row + Tk, T(0));
       }
-      Gemm(false, false, T_, hd, T_, T(1), p, T_, vb, KV * hd, T(0), ob, H * hd);
+      Gemm(false, false, T_, hd, Tk, T(1), p, Tk, vb, KV * hd, T(0), ob, H * hd);
     }
   }
 }
 
-int64_t AttentionScratchSize(int64_t T_, int64_t /*H*/, int64_t /*KV*/) {
-  return static_cast<int64_t>(omp_get_max_threads()) * T_ * T_;
+int64_t AttentionScratchSize(int64_t T_, int64_t /*H*/, int64_t /*KV*/, int64_t Tk) {
+  return static_cast<int64_t>(omp_get_max_threads()) * T_ * (Tk == 0 ? T_ : Tk);
 }
 
 template <typename T>
 void AttentionBackward(T* dq, T* dk, T* dv, const T* dout, const T* probs, const T* q, const T* k, const T* v,
-                       int64_t B, int64_t T_, int64_t H, int64_t KV, int64_t head_dim, T* scratch) {
+                       int64_t B, int64_t T_, int64_t H, int64_t KV, int64_t head_dim, T* scratch, int64_t Tk,
+                       const int32_t* positions) {
   const int64_t hd = head_dim, group = H / KV;
+  if (Tk == 0) Tk = T_;
   const T scale = T(1) / std::sqrt(static_cast<T>(hd));
   // One task per (batch, kv head): it alone writes that kv head's dk/dv,
   // summing the heads of its group in order.
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t kvh = 0; kvh < KV; ++kvh) {
-      T* ds = scratch + static_cast<int64_t>(omp_get_thread_num()) * T_ * T_;
-      const T* kb = k + (b * T_ * KV + kvh) * hd;
-      const T* vb = v + (b * T_ * KV + kvh) * hd;
-      T* dkb = dk + (b * T_ * KV + kvh) * hd;
-      T* dvb = dv + (b * T_ * KV + kvh) * hd;
+      T* ds = scratch + static_cast<int64_t>(omp_get_thread_num()) * T_ * Tk;
+      const T* kb = k + (b * Tk * KV + kvh) * hd;
+      const T* vb = v + (b * Tk * KV + kvh) * hd;
+      T* dkb = dk + (b * Tk * KV + kvh) * hd;
+      T* dvb = dv + (b * Tk * KV + kvh) * hd;
       for (int64_t g = 0; g < group; ++g) {
         const int64_t h = kvh * group + g;
         const T* qb = q + (b * T_ * H + h) * hd;
         const T* dob = dout + (b * T_ * H + h) * hd;
-        const T* p = probs + (b * H + h) * T_ * T_;
+        const T* p = probs + (b * H + h) * T_ * Tk;
         T* dqb = dq + (b * T_ * H + h) * hd;
         const T beta = g == 0 ? T(0) : T(1);
         // dV += P^T dO
-        Gemm(true, false, T_, hd, T_, T(1), p, T_, dob, H * hd, beta, dvb, KV * hd);
+        Gemm(true, false, Tk, hd, T_, T(1), p, Tk, dob, H * hd, beta, dvb, KV * hd);
         // dP = dO V^T, then dS = P * (dP - rowsum(P * dP)) in place.
-        Gemm(false, true, T_, T_, hd, T(1), dob, H * hd, vb, KV * hd, T(0), ds, T_);
+        Gemm(false, true, T_, Tk, hd, T(1), dob, H * hd, vb, KV * hd, T(0), ds, Tk);
         for (int64_t t = 0; t < T_; ++t) {
-          T* row = ds + t * T_;
-          const T* prow = p + t * T_;
+          const int64_t last = positions != nullptr ? positions[t] : t;
+          T* row = ds + t * Tk;
+          const T* prow = p + t * Tk;
           T dot = 0;
 #pragma omp simd reduction(+ : dot)
-          for (int64_t s = 0; s <= t; ++s) dot += prow[s] * row[s];
+          for (int64_t s = 0; s <= last; ++s) dot += prow[s] * row[s];
 #pragma omp simd
-          for (int64_t s = 0; s <= t; ++s) row[s] = prow[s] * (row[s] - dot);
-          std::fill(row + t + 1, row + T_, T(0));
+          for (int64_t s = 0; s <= last; ++s) row[s] = prow[s] * (row[s] - dot);
+          std::fill(row + last + 1, row + Tk, T(0));
         }
         // dQ = scale dS K;  dK += scale dS^T Q
-        Gemm(false, false, T_, hd, T_, scale, ds, T_, kb, KV * hd, T(0), dqb, H * hd);
-        Gemm(true, false, T_, hd, T_, scale, ds, T_, qb, H * hd, beta, dkb, KV * hd);
+        Gemm(false, false, T_, hd, Tk, scale, ds, Tk, kb, KV * hd, T(0), dqb, H * hd);
+        Gemm(true, false, Tk, hd, T_, scale, ds, Tk, qb, H * hd, beta, dkb, KV * hd);
       }
     }
   }
@@ -443,9 +448,9 @@ void VocabParallelBackward(T* dlogits, const T* logits, const T* lse, const int3
   template void RopeForward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t);                        \
   template void RopeBackward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t);                       \
   template void AttentionForward<T>(T*, T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, int64_t,      \
-                                    int64_t);                                                                      \
+                                    int64_t, int64_t, const int32_t*);                                             \
   template void AttentionBackward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, int64_t,        \
-                                     int64_t, int64_t, int64_t, int64_t, T*);                                      \
+                                     int64_t, int64_t, int64_t, int64_t, T*, int64_t, const int32_t*);             \
   template void SwigluForward<T>(T*, const T*, const T*, int64_t);                                                 \
   template void SwigluBackward<T>(T*, T*, const T*, const T*, const T*, int64_t);                                  \
   template void AddForward<T>(T*, const T*, const T*, int64_t);                                                    \

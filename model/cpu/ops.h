@@ -65,16 +65,22 @@ void RopeBackward(T* dx, const T* cos, const T* sin, int64_t B, int64_t T_, int6
 // Causal grouped-query attention. q[B, T, H, hd], k/v[B, T, KV, hd]; head h
 // reads kv head h / (H / KV). probs[B, H, T, T] keeps the softmax (lower
 // triangle) for backward. out[B, T, H, hd].
+//
+// Context parallelism: `Tk` keys (k/v[B, Tk, KV, hd], probs[B, H, T, Tk])
+// and the queries' positions among them (`positions[T]`, the same for
+// every sequence): query t attends to keys 0..positions[t]. Defaults: Tk
+// = T, positions t.
 template <typename T>
 void AttentionForward(T* out, T* probs, const T* q, const T* k, const T* v, int64_t B, int64_t T_, int64_t H,
-                      int64_t KV, int64_t head_dim);
-// dq, dk, dv overwritten. `scratch` holds T*T elements per thread of the
-// current OpenMP thread count
+                      int64_t KV, int64_t head_dim, int64_t Tk = 0, const int32_t* positions = nullptr);
+// dq, dk, dv overwritten (dk, dv: [B, Tk, KV, hd]). `scratch` holds T*Tk
+// elements per thread of the current OpenMP thread count
 // (AttentionScratchSize).
 template <typename T>
 void AttentionBackward(T* dq, T* dk, T* dv, const T* dout, const T* probs, const T* q, const T* k, const T* v,
-                       int64_t B, int64_t T_, int64_t H, int64_t KV, int64_t head_dim, T* scratch);
-int64_t AttentionScratchSize(int64_t T_, int64_t H, int64_t KV);
+                       int64_t B, int64_t T_, int64_t H, int64_t KV, int64_t head_dim, T* scratch, int64_t Tk = 0,
+                       const int32_t* positions = nullptr);
+int64_t AttentionScratchSize(int64_t T_, int64_t H, int64_t KV, int64_t Tk = 0);
 
 // out = silu(gate) * up, elementwise over n.
 template <typename T>

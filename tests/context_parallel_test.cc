@@ -1,0 +1,189 @@
+// Context parallelism in one process: C ranks, each a thread computing a
+// LlamaModel made for its chunks of every sequence (model/llama_config.h's
+// ContextGroup: chunks r and 2C - 1 - r), given the whole sequences, the
+// group's keys and values gathered and their gradients reduce-scattered
+// by an in-process group (tests/in_process_group.h).
+//
+//  - Against one whole model on the same micro-batches: the mean of the
+//    ranks' losses within 1e-6 relative, and the sum of the ranks'
+//    gradients within 1e-5 of the largest (fp32: attention's rows and the
+//    weights' sums are added in another order), C = 2 and 4, tied and
+//    untied, grouped-query attention, without recomputation and with
+//    attention's or the full layer's (the keys and values gathered again).
+//  - A finite-difference check in double of every weight at C = 2 (ring
+//    attention's chunks, the gathers and the reduce-scatters), five-point
+//    stencil, h = 2e-4, tests/gradcheck_test.cc's tolerance: |a - n| <=
+//    1e-7 (|a| + |n|) + 1e-10 max(1, |L|).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "model/llama.h"
+#include "model/param_layout.h"
+#include "tests/in_process_group.h"
+
+namespace herd {
+namespace {
+
+LlamaShape Shape(bool tied) {
+  LlamaShape s;
+  s.vocab_size = 96;
+  s.hidden_size = 64;
+  s.intermediate_size = 128;
+  s.num_layers = 2;
+  s.num_heads = 8;
+  s.num_kv_heads = 4;
+  s.tie_word_embeddings = tied;
+  return s;
+}
+
+std::vector<int32_t> Tokens(int n, int vocab, int micro, int salt) {
+  std::vector<int32_t> t(n);
+  for (int i = 0; i < n; ++i) t[i] = (i * 31 + micro * 7 + salt) % vocab;
+  return t;
+}
+
+template <typename V>
+struct Rank {
+  std::unique_ptr<LlamaModel<V>> model;
+  std::vector<V> grads;
+};
+
+template <typename V>
+std::vector<Rank<V>> MakeRanks(const LlamaShape& shape, int ranks, InProcessSum<V>* group, int batch, int seq,
+                               Recompute recompute) {
+  std::vector<Rank<V>> out;
+  for (int r = 0; r < ranks; ++r) {
+    Rank<V> k{std::make_unique<LlamaModel<V>>(shape, batch, seq, recompute, 1, LayerRange{}, false, TokenSplit{1, ranks}),
+              std::vector<V>(ParamLayout(shape).size(), V(0))};
+    ContextGroup<V> g;
+    g.ranks = ranks;
+    g.rank = r;
+    g.all_gather = [group, r](V* data, const Partition& parts) { group->AllGather(r, data, parts); };
+    g.reduce_scatter = [group, r](V* data, const Partition& parts) { group->ReduceScatter(r, data, parts); };
+    k.model->SetContextGroup(std::move(g));
+    out.push_back(std::move(k));
+  }
+  return out;
+}
+
+template <typename V>
+std::vector<V> SummedGradients(const std::vector<Rank<V>>& rk) {
+  std::vector<V> sum(rk[0].grads.size(), V(0));
+  for (const Rank<V>& k : rk) {
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += k.grads[i];
+  }
+  return sum;
+}
+
+TEST(ContextParallel, MatchesTheWholeModel) {
+  constexpr int B = 2, T = 16, kMicro = 2;
+  for (bool tied : {true, false}) {
+    for (int ranks : {2, 4}) {
+      for (Recompute recompute : {Recompute::kNone, Recompute::kAttention, Recompute::kFull}) {
+        SCOPED_TRACE(testing::Message() << (tied ? "tied" : "untied") << ", C=" << ranks << ", recompute "
+                                        << static_cast<int>(recompute));
+        const LlamaShape shape = Shape(tied);
+        const ParamLayout layout(shape);
+        std::vector<float> flat(layout.size());
+        InitParameters(layout, 5, 0.05, flat.data());
+        LlamaModel<float> whole(shape, B, T);
+        std::vector<float> whole_grads(layout.size(), 0.0f);
+        std::vector<double> whole_losses;
+        for (int m = 0; m < kMicro; ++m) {
+          whole_losses.push_back(whole.Forward(flat.data(), Tokens(B * T, shape.vocab_size, m, 0).data(),
+                                               Tokens(B * T, shape.vocab_size, m, 5).data(), B, T));
+          whole.Backward(flat.data(), whole_grads.data(), 1.0 / (kMicro * B * T));
+        }
+        InProcessSum<float> group(ranks);
+        std::vector<Rank<float>> rk = MakeRanks<float>(shape, ranks, &group, B, T, recompute);
+        std::vector<std::vector<double>> losses(ranks);
+        OnRanks(ranks, [&](int r) {
+          for (int m = 0; m < kMicro; ++m) {
+            losses[r].push_back(rk[r].model->Forward(flat.data(), Tokens(B * T, shape.vocab_size, m, 0).data(),
+                                                     Tokens(B * T, shape.vocab_size, m, 5).data(), B, T));
+            rk[r].model->Backward(flat.data(), rk[r].grads.data(), 1.0 / (kMicro * B * T));
+          }
+        });
+        double worst_loss = 0;
+        for (int m = 0; m < kMicro; ++m) {
+          double mean = 0;
+          for (int r = 0; r < ranks; ++r) mean += losses[r][m] / ranks;
+          EXPECT_NEAR(mean, whole_losses[m], 1e-6 * whole_losses[m]);
+          worst_loss = std::max(worst_loss, std::fabs(mean - whole_losses[m]) / whole_losses[m]);
+        }
+        const std::vector<float> cp_grads = SummedGradients(rk);
+        float largest = 0, worst = 0;
+        for (size_t i = 0; i < flat.size(); ++i) {
+          largest = std::max(largest, std::fabs(whole_grads[i]));
+          worst = std::max(worst, std::fabs(whole_grads[i] - cp_grads[i]));
+        }
+        EXPECT_GT(largest, 0.0f);
+        EXPECT_LE(worst, 1e-5f * largest) << "worst " << worst << " of " << largest;
+        std::printf("[ context parallel ] %s C=%d recompute %d: loss off by %.2e relative, gradients by %.2e of "
+                    "the largest\n",
+                    tied ? "tied" : "untied", ranks, static_cast<int>(recompute), worst_loss, worst / largest);
+      }
+    }
+  }
+}
+
+TEST(ContextParallel, GradientsMatchFiniteDifferencesInDouble) {
+  LlamaShape shape;
+  shape.vocab_size = 12;
+  shape.hidden_size = 8;
+  shape.intermediate_size = 8;
+  shape.num_layers = 1;
+  shape.num_heads = 2;
+  shape.num_kv_heads = 1;
+  shape.tie_word_embeddings = false;
+  const int ranks = 2, seq = 8;
+  const ParamLayout layout(shape);
+  std::vector<float> init(layout.size());
+  InitParameters(layout, 3, 0.3, init.data());
+  std::vector<double> w(init.begin(), init.end());
+  for (const TensorSpec& t : layout.tensors()) {
+    if (t.shape.size() == 1) {
+      for (int64_t i = 0; i < t.numel; ++i) w[t.offset + i] = 0.7 + 0.05 * static_cast<double>(i % 7);
+    }
+  }
+  InProcessSum<double> group(ranks);
+  std::vector<Rank<double>> rk = MakeRanks<double>(shape, ranks, &group, 1, seq, Recompute::kNone);
+  const std::vector<int32_t> x{1, 7, 3, 11, 4, 0, 9, 2}, y{7, 3, 11, 4, 9, 5, 2, 8};
+  // The sequence's mean loss: the mean of the ranks' (each its half of the tokens).
+  auto loss = [&]() {
+    std::vector<double> l(ranks);
+    OnRanks(ranks, [&](int r) { l[r] = rk[r].model->Forward(w.data(), x.data(), y.data(), 1, seq); });
+    return (l[0] + l[1]) / 2;
+  };
+  OnRanks(ranks, [&](int r) {
+    rk[r].model->Forward(w.data(), x.data(), y.data(), 1, seq);
+    rk[r].model->Backward(w.data(), rk[r].grads.data(), 1.0 / seq);
+  });
+  const std::vector<double> analytic = SummedGradients(rk);
+  const double L = loss(), h = 2e-4;
+  double worst_rel = 0;
+  for (size_t i = 0; i < w.size(); ++i) {
+    auto at = [&](double delta) {
+      w[i] += delta;
+      const double l = loss();
+      w[i] -= delta;
+      return l;
+    };
+    const double numeric = (8 * (at(h) - at(-h)) - (at(2 * h) - at(-2 * h))) / (12 * h);
+    const double err = std::fabs(analytic[i] - numeric);
+    EXPECT_LE(err, 1e-7 * (std::fabs(analytic[i]) + std::fabs(numeric)) + 1e-10 * std::max(1.0, std::fabs(L)))
+        << "weight " << i << ": analytic " << analytic[i] << " numeric " << numeric;
+    if (std::fabs(analytic[i]) + std::fabs(numeric) > 1e-6) {
+      worst_rel = std::max(worst_rel, err / (std::fabs(analytic[i]) + std::fabs(numeric)));
+    }
+  }
+  std::printf("[ context parallel ] finite differences: %zu weights, worst relative error %.2e\n", w.size(),
+              worst_rel);
+}
+
+}  // namespace
+}  // namespace herd
