@@ -354,6 +354,20 @@ void CheckCluster(const config::ClusterConfig& cl, const Rules& need) {
 
   }
   need(cl.tensor_parallel() >= 1, "cluster.tensor_parallel", "must be >= 1 (1: no tensor parallelism)");
+  need(cl.context_parallel() >= 1, "cluster.context_parallel", "must be >= 1 (1: no context parallelism)");
+  if (cl.context_parallel() > 1) {
+    const std::string C = std::to_string(cl.context_parallel());
+    need(cl.workers() % cl.context_parallel() == 0, "cluster.context_parallel",
+         C + " does not divide cluster.workers " + std::to_string(cl.workers()) +
+             ": every data-parallel replica needs as many context-parallel ranks");
+    need(cl.sync() == config::ClusterConfig::ALLREDUCE, "cluster.context_parallel",
+         "context parallelism runs in sync ALLREDUCE only yet");
+    need(cl.pipeline_stages() == 1, "cluster.context_parallel", "context parallelism with pipeline stages is not built yet");
+    need(cl.tensor_parallel() == 1, "cluster.context_parallel", "context parallelism with tensor parallelism is not built yet");
+    need(cl.zero_stage() <= 1, "cluster.zero_stage", "ZeRO-2 and -3 with context parallelism are not built yet");
+    need(cl.shard_group_size() == 0, "cluster.shard_group_size", "hybrid sharding with context parallelism is not built yet");
+    need(!cl.elastic(), "cluster.elastic", "is not supported together with cluster.context_parallel yet");
+  }
   need(!cl.sequence_parallel() || cl.tensor_parallel() > 1, "cluster.sequence_parallel",
        "splits the tensor-parallel group's tokens: needs cluster.tensor_parallel > 1");
   if (cl.tensor_parallel() > 1) {
@@ -399,6 +413,12 @@ std::vector<Violation> CheckValues(const JobConfig& c) {
        "cluster.nccl: false reduces CUDA workers' gradients through the ring)");
   need(c.cluster().shard_group_size() == 0 || !nccl_reduces, "cluster.shard_group_size",
        "hybrid sharding of CUDA workers runs over the UCX ring only yet: set cluster.nccl: false");
+  if (const int C = c.cluster().context_parallel(); C > 1) {
+    need(c.device().kind() == config::DeviceConfig::CPU, "device.kind", "context parallelism runs on CPU workers only yet");
+    need(c.train().seq_len() % (2 * C) == 0, "train.seq_len",
+         std::to_string(c.train().seq_len()) + " does not split into 2 x cluster.context_parallel " +
+             std::to_string(C) + " equal chunks");
+  }
   if (const int T = c.cluster().tensor_parallel(); T > 1) {
     const config::ModelConfig& m = c.model();
     need(c.device().kind() == config::DeviceConfig::CPU, "device.kind", "tensor parallelism runs on CPU workers only yet");
@@ -498,8 +518,9 @@ int NumWorkers(const JobConfig& config) {
 }
 
 int DataParallelReplicas(const JobConfig& config) {
-  return NumWorkers(config) /
-         (std::max(1, config.cluster().pipeline_stages()) * std::max(1, config.cluster().tensor_parallel()));
+  return NumWorkers(config) / (std::max(1, config.cluster().pipeline_stages()) *
+                               std::max(1, config.cluster().tensor_parallel()) *
+                               std::max(1, config.cluster().context_parallel()));
 }
 
 std::string ConfigToText(const JobConfig& config) {

@@ -45,8 +45,9 @@ std::string ConfigToText(const JobConfig& config);
 // The job's workers: cluster.workers, or 1 for one process (sync NONE).
 int NumWorkers(const JobConfig& config);
 // The replicas that each take a share of the global batch: the workers,
-// over cluster.pipeline_stages and cluster.tensor_parallel (a pipeline's
-// stages, and a tensor-parallel group, share one).
+// over cluster.pipeline_stages, cluster.tensor_parallel and
+// cluster.context_parallel (a pipeline's stages, a tensor-parallel group
+// and a context-parallel group share one).
 int DataParallelReplicas(const JobConfig& config);
 
 // Parameter-server mode steps each bucket as soon as its sum is complete

@@ -1,8 +1,10 @@
 #include "model/model.h"
 
+#include <glog/logging.h>
 #include <omp.h>
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "model/llama.h"
@@ -14,11 +16,13 @@ namespace {
 class CpuModel final : public Model {
  public:
   CpuModel(const LlamaShape& shape, int max_batch, int max_seq_len, Recompute recompute, int slots,
-           TensorGroup<float> group)
+           TensorGroup<float> group, ContextGroup<float> context)
       : model_(shape, max_batch, max_seq_len, recompute, slots, {}, false,
-               TokenSplit{group.sequence_parallel ? group.ranks : 1, 1}),
-        group_(group) {
+               TokenSplit{group.sequence_parallel ? group.ranks : 1, context.ranks}),
+        group_(group),
+        context_(context) {
     model_.SetTensorGroup(std::move(group));
+    if (context_.ranks > 1) model_.SetContextGroup(context_);
   }
 
   const ParamLayout& layout() const override { return model_.layout(); }
@@ -27,7 +31,16 @@ class CpuModel final : public Model {
   std::string Describe() const override { return "cpu (" + std::to_string(omp_get_max_threads()) + " threads)"; }
   double Forward(const float* params, const int32_t* tokens, const int32_t* targets, int B, int T,
                  const NeedUpTo& need) override {
-    return model_.Forward(params, tokens, targets, B, T, need);
+    if (context_.ranks == 1) return model_.Forward(params, tokens, targets, B, T, need);
+    const int chunks = 2 * context_.ranks;
+    forward_len_ = (T + chunks - 1) / chunks * chunks;
+    if (forward_len_ != T) {
+      CHECK(targets == nullptr) << "a context-parallel loss over " << T << " tokens: not " << chunks << " chunks";
+      padded_.assign(static_cast<size_t>(B) * forward_len_, 0);
+      for (int b = 0; b < B; ++b) std::copy(tokens + b * T, tokens + (b + 1) * T, padded_.begin() + b * forward_len_);
+      tokens = padded_.data();
+    }
+    return GroupMean(model_.Forward(params, tokens, targets, B, forward_len_, need));
   }
   void Backward(const float* params, float* grads, double loss_scale, const FinalFrom& final_from,
                 bool /*last_micro_batch: the CPU's gradients are always in host memory*/,
@@ -38,6 +51,7 @@ class CpuModel final : public Model {
   // A tensor-parallel rank's: its columns of the row, the others' summed in.
   const float* LastLogits(int T) override {
     const int V = shape().vocab_size;
+    if (context_.ranks > 1) return ContextLastLogits(T);
     const float* mine = model_.logits() + static_cast<int64_t>(T - 1) * V;
     if (group_.ranks == 1) return mine;
     row_.assign(vocab_size(), 0.0f);
@@ -51,21 +65,59 @@ class CpuModel final : public Model {
                                    const std::vector<const int32_t*>& targets, int B, int T, double loss_scale,
                                    const NeedUpTo& need, const NeedFrom& need_from,
                                    const FinalFrom& final_from) override {
-    return model_.ForwardBackwardLayerMajor(params, grads, tokens, targets, B, T, loss_scale, need, need_from,
-                                            final_from);
+    const double loss = model_.ForwardBackwardLayerMajor(params, grads, tokens, targets, B, T, loss_scale, need,
+                                                         need_from, final_from);
+    return context_.ranks > 1 ? GroupMean(loss) : loss;
   }
 
  private:
+  // The context-parallel group's mean of each rank's `loss` (its tokens'
+  // mean: the ranks hold as many): the doubles' bits gathered, then added
+  // in rank order, so that every rank has the same bits.
+  double GroupMean(double loss) {
+    const int C = context_.ranks;
+    std::vector<float> bits(2 * C);
+    std::memcpy(bits.data() + 2 * context_.rank, &loss, sizeof(double));
+    context_.all_gather(bits.data(), Partition(C, 2));
+    double sum = 0;
+    for (int r = 0; r < C; ++r) {
+      double x;
+      std::memcpy(&x, bits.data() + 2 * r, sizeof(double));
+      sum += x;
+    }
+    return sum / C;
+  }
+
+  // Position T - 1 of the last Forward (forward_len_ long) is in one
+  // rank's chunk: its row, gathered.
+  const float* ContextLastLogits(int T) {
+    const int V = shape().vocab_size, C = context_.ranks;
+    const int chunk = forward_len_ / (2 * C), k = (T - 1) / chunk;
+    const int owner = k < C ? k : 2 * C - 1 - k;
+    const int local = (k < C ? 0 : chunk) + (T - 1) % chunk;
+    row_.assign(static_cast<size_t>(C) * V, 0.0f);
+    if (context_.rank == owner) {
+      const float* mine = model_.logits() + static_cast<int64_t>(local) * V;
+      std::copy(mine, mine + V, row_.begin() + static_cast<int64_t>(owner) * V);
+    }
+    context_.all_gather(row_.data(), Partition(C, V));
+    return row_.data() + static_cast<int64_t>(owner) * V;
+  }
+
   LlamaModel<float> model_;
   const TensorGroup<float> group_;
-  std::vector<float> row_;  // a tensor-parallel rank's gathered row of logits
+  const ContextGroup<float> context_;
+  std::vector<float> row_;          // a tensor-parallel rank's gathered row of logits (context: every rank's)
+  std::vector<int32_t> padded_;     // context parallelism: a Forward's tokens padded to whole chunks
+  int forward_len_ = 0;             // context parallelism: the last Forward's length, padded
 };
 
 }  // namespace
 
 std::unique_ptr<Model> NewCpuModel(const LlamaShape& shape, int max_batch, int max_seq_len, Recompute recompute,
-                                   int slots, TensorGroup<float> group) {
-  return std::make_unique<CpuModel>(shape, max_batch, max_seq_len, recompute, slots, std::move(group));
+                                   int slots, TensorGroup<float> group, ContextGroup<float> context) {
+  return std::make_unique<CpuModel>(shape, max_batch, max_seq_len, recompute, slots, std::move(group),
+                                    std::move(context));
 }
 
 }  // namespace herd

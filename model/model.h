@@ -78,9 +78,13 @@ class Model {
 
 // The CPU model (LlamaModel<float>, OpenMP threads), keeping what
 // `recompute` says (llama_config.h), with `slots` for layer-major passes;
-// with `group`, a tensor-parallel rank's (`shape` its slice's).
+// with `group`, a tensor-parallel rank's (`shape` its slice's); with
+// `context`, a context-parallel rank's: given whole sequences it computes
+// its chunks, returns the group's mean loss (every rank the same bits),
+// and a length its chunks do not divide (a prompt being sampled) is
+// padded at the end, which causal attention never reads.
 std::unique_ptr<Model> NewCpuModel(const LlamaShape& shape, int max_batch, int max_seq_len,
                                    Recompute recompute = Recompute::kNone, int slots = 1,
-                                   TensorGroup<float> group = {});
+                                   TensorGroup<float> group = {}, ContextGroup<float> context = {});
 
 }  // namespace herd

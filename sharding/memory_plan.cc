@@ -54,7 +54,8 @@ struct JobSizes {
         windowed(WorkersHoldAWindow(c)) {
     const int64_t activations =
         LlamaModel<float>::ActivationBytes(shape, train.batch_size(), train.seq_len(), job.recompute,
-                                           job.micro_batch_slots) +
+                                           job.micro_batch_slots, {}, false,
+                                           TokenSplit{1, std::max(1, cluster.context_parallel())}) +
         2 * static_cast<int64_t>(train.batch_size()) * train.seq_len() * static_cast<int64_t>(sizeof(int32_t));
     const bool gpu_bf16 = config.device().dtype() == config::DeviceConfig::BF16;
     if (gpu && windowed) {
@@ -181,8 +182,9 @@ StatusOr<ProcessMemory> TrainerMemory(const JobSizes& j) {
   if (j.cluster.sync() == config::ClusterConfig::ALLREDUCE && j.W > 1 && !(j.gpu && j.cluster.nccl())) {
     // Each ring's chunk buffers (common/ring_memory.h): the chunks sent
     // ahead of this worker, and with a bf16 wire its rounded copies being
-    // sent. A hybrid worker runs three rings (all, its group, its replicas).
-    const int G = ShardGroupSize(j.cluster, j.W);
+    // sent. A hybrid worker runs three rings (all, its group, its
+    // replicas), and so does a context-parallel one.
+    const int G = j.cluster.context_parallel() > 1 ? j.cluster.context_parallel() : ShardGroupSize(j.cluster, j.W);
     const int rings = G < j.W ? 3 : 1;
     t.buffers += rings * (kRingChunksAhead + (j.bf16 ? kRingChunksInFlight : 0)) * kRingChunkBytes;
   }

@@ -140,6 +140,14 @@ StatusOr<WorkerTraffic> PlanWorkerTraffic(const config::JobConfig& config) {
   // Hybrid: each worker's slices (1/G of the model) all-reduced among its
   // R replicas.
   if (cluster.zero_stage() > 0 && R > 1) bytes += 2 * RingPass(R, P / G, wire);
+  // Context parallelism: each micro-batch's layers gather the group's keys
+  // and values forward and again backward, and reduce-scatter their
+  // gradients (B x T x kv_dim floats each, twice: keys and values); each
+  // micro-batch's loss is gathered (two floats a rank).
+  if (const int C = cluster.context_parallel(); C > 1) {
+    const double kv = 2.0 * job.batch * job.seq_len * job.shape.kv_dim();
+    bytes += job.grad_accum * (3 * job.shape.num_layers * RingPass(C, kv, 4) + RingPass(C, 2.0 * C, 4));
+  }
   t.sent = t.received = static_cast<int64_t>(bytes);
   return t;
 }

@@ -538,6 +538,9 @@ Status JobAttempt::SpawnChild(Child& c, bool server, int rank, bool join) {
     // Ranks are tensor-innermost (worker/tensor_parallel_sync.h).
     c.place = " (tensor rank " + std::to_string(rank % T) + " of replica " + std::to_string(rank / T) + ")";
   }
+  if (const int C = config_.cluster().context_parallel(); !server && C > 1) {
+    c.place = " (context rank " + std::to_string(rank % C) + " of replica " + std::to_string(rank / C) + ")";
+  }
   c.worker = !server;
   const std::string binary = JoinPath(bin_dir_, server ? "herd-server" : "herd-worker");
   std::vector<std::string> argv = {binary, options_.config_path};

@@ -152,6 +152,23 @@ TensorGroup<float> TensorRing::Group(const TensorSlices& slices, bool sequence_p
   return g;
 }
 
+ContextGroup<float> TensorRing::Context(int ranks, int rank) {
+  ContextGroup<float> g;
+  g.ranks = ranks;
+  g.rank = rank;
+  g.all_gather = [this](float* data, const Partition& parts) {
+    if (!failure_.ok()) return;
+    trace::Span span("context-parallel gather", "collective");
+    failure_ = wait_.Timed([&] { return ring_->Wait(ring_->AllGather(data, parts)); });
+  };
+  g.reduce_scatter = [this](float* data, const Partition& parts) {
+    if (!failure_.ok()) return;
+    trace::Span span("context-parallel reduce-scatter", "collective");
+    failure_ = wait_.Timed([&] { return ring_->Wait(ring_->ReduceScatter(data, parts)); });
+  };
+  return g;
+}
+
 Status TensorRing::Sum(float* data, int64_t n) {
   if (!failure_.ok()) return failure_;
   trace::Span span("tensor-parallel sum", "collective");

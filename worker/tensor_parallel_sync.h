@@ -35,14 +35,18 @@
 namespace herd {
 
 // The tensor-parallel group's sums for a model (TensorGroup::all_reduce)
-// over `ring`: a failure (a peer gone) is kept and the sums after it are
-// skipped, so a pass runs to its end and the step fails with the line.
+// over `ring`, or a context-parallel group's gathers: a failure (a peer
+// gone) is kept and the collectives after it are skipped, so a pass runs
+// to its end and the step fails with the line (a context-parallel
+// worker's, at the gradients' all-reduce, which the lost peer is in too).
 class TensorRing {
  public:
   explicit TensorRing(transport::Collectives* ring) : ring_(ring) {}
   // The group's sums for `slices`' rank; with sequence parallelism its
   // gathers and reduce-scatters too.
   TensorGroup<float> Group(const TensorSlices& slices, bool sequence_parallel);
+  // The same ring as a context-parallel group's gathers (ContextGroup).
+  ContextGroup<float> Context(int ranks, int rank);
   // data[0, n) summed over the group outside the passes (a failure kept as
   // in them, and returned).
   Status Sum(float* data, int64_t n);

@@ -99,6 +99,12 @@ void PrintRunHeader(const config::JobConfig& config, const JobOptions& job, cons
                 cluster.sequence_parallel() ? "; sequence parallel: the norms' and residual's rows split too" : "",
                 replicas, replicas == 1 ? "" : "s", train.batch_size(), train.seq_len(), train.grad_accum(), replicas,
                 tokens * replicas);
+  } else if (cluster.context_parallel() > 1) {
+    const int C = cluster.context_parallel(), replicas = num_workers / C;
+    std::printf("context parallel: %d ranks a replica (chunks r and %d-r of each sequence's %d, %d tokens each), "
+                "%d replica%s | batch %d x %d tokens x %d accum x %d replicas = %lld tokens/step\n",
+                C, 2 * C - 1, 2 * C, train.seq_len() / C, replicas, replicas == 1 ? "" : "s", train.batch_size(),
+                train.seq_len(), train.grad_accum(), replicas, tokens * replicas);
   } else if (transport == nullptr) {
     std::printf("data: %s (%lld tokens) | batch %d x %d tokens x %d accum = %lld tokens/step\n",
                 config.data().train().c_str(), static_cast<long long>(train_tokens), train.batch_size(),
@@ -177,6 +183,9 @@ class WorkerProcess {
   // and this worker's: whose sequences it computes.
   int Replicas() const;
   int ReplicaIndex() const;
+  // The workers of a tensor- or context-parallel group (consecutive
+  // ranks), which draw the same sequences; 1 without.
+  int GroupRanks() const;
   // A pipeline stage's wire to the other stages, over `runtime`'s
   // transport (in the join, before any peer can send).
   void OpenPipelineWire(transport::NodeRuntime& runtime);
@@ -234,6 +243,9 @@ class WorkerProcess {
   std::optional<TensorSlices> slices_;
   int64_t packed_size_ = 0;
   std::unique_ptr<TensorRing> tensor_ring_;
+  // A context-parallel worker (all-reduce mode): its group's ring, for the
+  // model's gathers (set in JoinJob).
+  std::unique_ptr<TensorRing> context_ring_;
   std::optional<VerifiedCheckpoint> resume_from_;
   // A worker joining an elastic job under way: its state (the step, the
   // data position, the weights) comes from the servers, not a checkpoint.
@@ -358,6 +370,13 @@ Status WorkerProcess::Prepare(transport::CoordinatorClient* client) {
   if (mode_ == Mode::kOneGpu) return Status::OK();  // the GPU trainer brings its model
   if (pipeline_) return PreparePipelineStage();
   if (mode_ == Mode::kTensorParallel) return PrepareTensorParallel();
+  if (context_ring_) {
+    const int C = config_.cluster().context_parallel();
+    model_holder_ = NewCpuModel(job_.shape, job_.batch, job_.seq_len, job_.recompute, job_.micro_batch_slots, {},
+                                context_ring_->Context(C, rank_ % C));
+    model_ = model_holder_.get();
+    return Status::OK();
+  }
   HERD_ASSIGN_OR_RETURN(model_holder_, CreateModel(config_, job_, LocalRank(rank_)));
   model_ = model_holder_.get();
   const bool gpu = config_.device().kind() == config::DeviceConfig::CUDA;
@@ -392,12 +411,16 @@ Status WorkerProcess::PrepareTensorParallel() {
 
 int WorkerProcess::Replicas() const {
   if (pipeline_) return pipeline_->replicas;
-  return num_workers_ / std::max(1, config_.cluster().tensor_parallel());
+  return num_workers_ / GroupRanks();
+}
+
+int WorkerProcess::GroupRanks() const {
+  return std::max(1, config_.cluster().tensor_parallel()) * std::max(1, config_.cluster().context_parallel());
 }
 
 int WorkerProcess::ReplicaIndex() const {
   if (pipeline_) return pipeline_->ReplicaOf(rank_);
-  return rank_ / std::max(1, config_.cluster().tensor_parallel());
+  return rank_ / GroupRanks();
 }
 
 void WorkerProcess::OpenPipelineWire(transport::NodeRuntime& runtime) {
@@ -423,7 +446,16 @@ Status WorkerProcess::JoinJob() {
   }
   HERD_ASSIGN_OR_RETURN(runtime_,
                         transport::NodeRuntime::Join(o, [this](transport::NodeRuntime& rt, transport::CoordinatorClient& c) {
-                          if (mode_ == Mode::kAllReduce) rt.StartRing(c, config_.cluster().shard_group_size());
+                          const int context = config_.cluster().context_parallel();
+                          if (mode_ == Mode::kAllReduce && context > 1) {
+                            // A context-parallel group is a ring of its own (its replicas one too).
+                            rt.StartRing(c, context);
+                            context_ring_ = std::make_unique<TensorRing>(
+                                rt.shard_ring() != nullptr ? static_cast<transport::Collectives*>(rt.shard_ring())
+                                                           : rt.ring());
+                          } else if (mode_ == Mode::kAllReduce) {
+                            rt.StartRing(c, config_.cluster().shard_group_size());
+                          }
                           // A tensor-parallel group is a ring of its own, its ranks' replicas another.
                           if (mode_ == Mode::kTensorParallel) {
                             rt.StartRing(c, config_.cluster().tensor_parallel());
@@ -500,8 +532,10 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeStrategy() {
       c.plan = &*plan_;
       c.zero_stage = cluster.zero_stage();
       c.collectives = runtime_->ring();
-      c.shard_group = runtime_->shard_ring();
-      c.replicas = runtime_->replica_ring();
+      // A context-parallel group's rings are its own: every worker's
+      // gradients are summed over all of them.
+      c.shard_group = context_ring_ ? nullptr : runtime_->shard_ring();
+      c.replicas = context_ring_ ? nullptr : runtime_->replica_ring();
       c.gradient_wire = GradientWire(cluster);
       c.device_reduction = device_reduction_.get();
       if (pages_grads_) c.paged_grads = &paged_grads_;

@@ -1,0 +1,101 @@
+"""Context parallelism (cluster.context_parallel) in all-reduce mode,
+through `herd launch`, against one process on the same global batch, on
+the tiny model (tied, clipped, 32 tokens a sequence), 30 steps:
+
+* C = 2 and C = 4: every step's loss within 1e-5 relative of one
+  process's (attention's rows and the gradients' sums add their parts in
+  another order: not bitwise); a rerun bitwise the same; the sample drawn
+  through the ranks (the prompt padded to whole chunks, the last
+  position's logits gathered from the rank that holds it) too;
+* data x context 2 x 2: within 1e-5 of DDP with two workers;
+* the held-out loss through the ranks within 1e-5 of one process's;
+* stop at step 15 and --resume: bitwise the straight run; its checkpoint
+  goes on as one process within 1e-5 of the straight run;
+* bad inputs, one line each before any process starts: C not dividing the
+  workers, 2C not dividing seq_len, C with tensor parallelism;
+* a rank killed mid-run stops the job in one line naming it and its
+  place ("worker 1 (context rank 1 of replica 0) failed")."""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import herdtest  # noqa: E402
+from ps_equivalence_test import metrics  # noqa: E402
+from ps_failure_test import kill_mid_run  # noqa: E402
+
+STEPS = 30
+
+
+def main():
+    a = herdtest.parse_args()
+    sb = herdtest.Sandbox(a.build)
+    sb.training_data()
+    sb.run("prepare", "corpus.txt", "--out", "val.bin")
+
+    def job(name, cluster="", every=0, ckpt=None, eval_every=0, sample=0, seq=32):
+        text = herdtest.tiny_config("train.bin", val="val.bin" if eval_every else "", steps=STEPS, ckpt=ckpt or name,
+                                    every=every, metrics=name + ".jsonl", extra=cluster, eval_every=eval_every)
+        text = text.replace("sample_tokens: 0", f"sample_tokens: {sample}")
+        text = text.replace("batch_size: 4 seq_len: 32", f"batch_size: 2 grad_accum: 2 seq_len: {seq}")
+        return sb.write(name + ".textproto", text)
+
+    def cp(workers, C, more=""):
+        return f"cluster {{ sync: ALLREDUCE workers: {workers} context_parallel: {C} {more} }}"
+
+    def losses(name, key="loss"):
+        return [m.get(key) for m in metrics(sb.path(name + ".jsonl"))]
+
+    def close(x, y, what):
+        assert len(x) == len(y) and x, f"{what}: {len(x)} against {len(y)} steps"
+        worst = max(abs(p - q) / abs(q) for p, q in zip(x, y))
+        assert worst < 1e-5, f"{what}: {worst:.3g} relative"
+        return worst
+
+    one_sample = herdtest.sample_text(sb.run("launch", job("one", sample=40)))
+    c2_sample = herdtest.sample_text(sb.run("launch", job("c2", cp(2, 2), sample=40)))
+    w2 = close(losses("c2"), losses("one"), "C=2")
+    again = herdtest.sample_text(sb.run("launch", job("c2_again", cp(2, 2), sample=40)))
+    assert losses("c2_again") == losses("c2") and again == c2_sample, "C=2 rerun"
+    assert len(c2_sample.splitlines()) > 1, f"no sample through the ranks: {c2_sample!r}"
+    sb.run("launch", job("c4", cp(4, 4)))
+    w4 = close(losses("c4"), losses("one"), "C=4")
+    sb.run("launch", job("ddp2", "cluster { sync: ALLREDUCE workers: 2 }"))
+    sb.run("launch", job("d2c2", cp(4, 2)))
+    w22 = close(losses("d2c2"), losses("ddp2"), "2 x 2")
+    print(f"C=2 within {w2:.2g} of one process over {STEPS} steps (a rerun bitwise, its sample too: "
+          f"{'the same as' if c2_sample == one_sample else 'not'} one process's text), C=4 within {w4:.2g}, "
+          f"data x context 2 x 2 within {w22:.2g} of DDP with 2 workers")
+
+    sb.run("launch", job("one_eval", eval_every=10))
+    sb.run("launch", job("c2_eval", cp(2, 2), eval_every=10))
+    vals = [v for v in losses("c2_eval", "val_loss") if v is not None]
+    expected = [v for v in losses("one_eval", "val_loss") if v is not None]
+    we = close(vals, expected, "held-out loss")
+    print(f"held-out loss through the ranks within {we:.2g} of one process's")
+
+    sb.run("launch", job("stop", cp(2, 2), every=15), "--stop-at", "15")
+    sb.run("launch", job("stop", cp(2, 2), every=15), "--resume")
+    assert losses("stop") == losses("c2"), "C=2 stopped at 15 and resumed"
+    os.makedirs(sb.path("one_from"))
+    os.symlink(sb.path("stop", "step_00000015"), sb.path("one_from", "step_00000015"))
+    sb.run("launch", job("one_from", every=15), "--resume")
+    wr = close(losses("one_from"), losses("c2")[15:], "C=2's checkpoint as one process")
+    print(f"C=2 resumed at step 15 bitwise; its checkpoint as one process within {wr:.2g}")
+
+    bad = [("three", cp(3, 2), {}, "does not divide cluster.workers"),
+           ("chunks", cp(2, 2), {"seq": 30}, "train.seq_len"),
+           ("with_tp", cp(4, 2, "tensor_parallel: 2"), {}, "cluster.context_parallel")]
+    for name, cluster, more, says in bad:
+        p = sb.run("launch", job(name, cluster, **more), check=False)
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode != 0 and any(says in line for line in lines), f"{name}: {p.returncode} {p.stderr}"
+        assert not os.path.exists(sb.path(name + ".jsonl")), f"{name}: a process started"
+    print("bad inputs: one line each, nothing started")
+
+    stopped = kill_mid_run(sb, "worker", 1, tag="_cp", place=" (context rank 1 of replica 0)",
+                           cluster="cluster { sync: ALLREDUCE workers: 2 context_parallel: 2 heartbeat_timeout_s: 5 }")
+    print(f"a context-parallel rank killed with -9: the job stopped in {stopped:.2f} s, naming it")
+
+
+if __name__ == "__main__":
+    main()
