@@ -8,7 +8,8 @@ cluster.stream_weights, allreduce: DDP, allreduce_zero1/2/3, pipeline: one
 pipeline of W stages in all-reduce mode, 1F1B, the global batch's W
 micro-batches flowing through it; tensor: one tensor-parallel group of W
 ranks, the global batch's W micro-batches through it; tensor_sp: the same
-with sequence parallelism) it starts the job
+with sequence parallelism; context: one context-parallel group of W ranks,
+likewise) it starts the job
 by hand, the way a cluster does: a coordinator on its own node, then every
 server and worker with --rank and --coordinator inside its node. It prints
 one JSON line per rate and mode: step time, tokens/s, the share of the step
@@ -30,7 +31,7 @@ and each mode's step against DDP's at the same rate.
         [--rates 0.5gbit,1gbit,2.5gbit,10gbit] [--modes ps,allreduce,allreduce_zero1]
         [--steps 8] [--warmup 2] [--set path=value ...]
         (modes: ps,ps_streamed,allreduce,allreduce_zero1,allreduce_zero2,allreduce_zero3,pipeline,tensor,
-         tensor_sp)
+         tensor_sp,context)
 
 Needs root (network namespaces). The default job is configs/llama20m.textproto
 at batch 1 x 64 tokens per worker, so that communication, not compute,
@@ -79,10 +80,15 @@ def job_sets(args, mode, workdir, steps):
         sets += ["cluster.sync=ALLREDUCE", "cluster.servers=0", "cluster.zero_stage=0",
                  f"cluster.tensor_parallel={args.workers}",
                  f"cluster.sequence_parallel={'true' if mode == 'tensor_sp' else 'false'}"]
+    elif mode == "context":
+        # One group of W context-parallel ranks: as tensor, the global
+        # batch as W micro-batches.
+        sets += ["cluster.sync=ALLREDUCE", "cluster.servers=0", "cluster.zero_stage=0",
+                 f"cluster.context_parallel={args.workers}"]
     else:
         sets += ["cluster.sync=ALLREDUCE", "cluster.servers=0", f"cluster.zero_stage={zero_stage(mode)}"]
     sets += list(args.set)
-    if mode in ("pipeline", "tensor", "tensor_sp"):
+    if mode in ("pipeline", "tensor", "tensor_sp", "context"):
         accum = next((int(s.split("=")[1]) for s in reversed(sets) if s.startswith("train.grad_accum=")), 1)
         sets.append(f"train.grad_accum={accum * args.workers}")
     return sets
@@ -101,7 +107,7 @@ def formula_bytes(mode, M, W):
     all-gather are two, ZeRO-3's gathers for forward and backward and its
     reduce-scatter three."""
     ring = (W - 1) / W * M
-    if mode in ("pipeline", "tensor", "tensor_sp"):
+    if mode in ("pipeline", "tensor", "tensor_sp", "context"):
         return None  # activations, not weights: herd plan's figure (tensor: bench/tensor_traffic.py per layer)
     return {"ps": (M, M), "ps_streamed": (M, 2 * M), "allreduce": (2 * ring, 2 * ring),
             "allreduce_zero1": (2 * ring, 2 * ring), "allreduce_zero2": (2 * ring, 2 * ring),
@@ -119,6 +125,13 @@ def planned_bytes(args, mode):
                        capture_output=True, text=True, check=True)
     t = json.loads(p.stdout)["worker_traffic"]
     return t["sent"], t["received"]
+
+
+def with_defaults(defaults, sets):
+    """`defaults` for the fields `sets` does not give, then `sets` (herd
+    refuses a field set twice)."""
+    given = {s.split("=")[0] for s in sets}
+    return [d for d in defaults if d.split("=")[0] not in given] + list(sets)
 
 
 def with_sets(argv, sets):
@@ -260,7 +273,8 @@ def main():
     args = ap.parse_args()
     if args.steps < args.warmup + 3:
         ap.error("--steps must be at least --warmup + 3 (the link counters span the steps between two marks)")
-    args.set = ["train.batch_size=1", "train.seq_len=64", "optimizer.clip_norm=0", "cluster.bucket_mb=1"] + args.set
+    args.set = with_defaults(["train.batch_size=1", "train.seq_len=64", "optimizer.clip_norm=0", "cluster.bucket_mb=1"],
+                             args.set)
     args.config = os.path.abspath(args.config)
     scratch = tempfile.mkdtemp(prefix="herd_lab_compare_")
     # The fortunes that data.prepare_from names in the config; herd prepare
