@@ -17,7 +17,8 @@ StatusOr<std::unique_ptr<NodeRuntime>> NodeRuntime::Join(const Options& options,
                                             [&](CoordinatorClient& client) { return prepare(rt, client); }));
   rt.client_->OnFailure([&rt](const Status& failure) {
     if (rt.push_pull_) rt.push_pull_->Fail(-1, failure);
-    for (RingCollectives* ring : {rt.ring_.get(), rt.shard_ring_.get(), rt.replica_ring_.get()}) {
+    for (RingCollectives* ring :
+         {rt.ring_.get(), rt.shard_ring_.get(), rt.replica_ring_.get(), rt.context_ring_.get()}) {
       if (ring != nullptr) ring->Fail(failure);
     }
   });
@@ -38,6 +39,15 @@ void NodeRuntime::StartRing(CoordinatorClient& client, int shard_group_size) {
     replica_ring_ = std::make_unique<RingCollectives>(transport_.get(), rank / G, peers_of(rank % G, G, W / G),
                                                       kRingChunkBytes, kAmReplicaRing);
   }
+}
+
+void NodeRuntime::StartContextRing(CoordinatorClient& client, int tensor, int context) {
+  const int rank = client.rank(), T = tensor, C = context;
+  const int first = rank / (T * C) * (T * C) + rank % T;
+  std::vector<PeerId> peers;
+  for (int c = 0; c < C; ++c) peers.push_back(MemberPeerId(client, wire::WORKER, first + c * T));
+  context_ring_ = std::make_unique<RingCollectives>(transport_.get(), (rank / T) % C, peers, kRingChunkBytes,
+                                                    kAmContextRing);
 }
 
 void NodeRuntime::Serve(ShardHandler* shard) { served_ = std::make_unique<PushPullServer>(transport_.get(), shard); }

@@ -53,6 +53,10 @@ class NodeRuntime {
   // and one through the groups' workers of the same place in their group
   // (its replicas).
   void StartRing(CoordinatorClient& client, int shard_group_size = 0);
+  // In prepare, after StartRing: a context-parallel group's ring, whose
+  // `context` ranks are `tensor` apart (ranks are laid out replica-major,
+  // then context, then tensor innermost: (replica·C + c)·T + t).
+  void StartContextRing(CoordinatorClient& client, int tensor, int context);
   // In prepare: answers the workers' pushes and pulls with `shard`.
   void Serve(ShardHandler* shard);
 
@@ -71,6 +75,8 @@ class NodeRuntime {
   // Null unless hybrid (StartRing).
   RingCollectives* shard_ring() { return shard_ring_.get(); }
   RingCollectives* replica_ring() { return replica_ring_.get(); }
+  // Null unless started (StartContextRing).
+  RingCollectives* context_ring() { return context_ring_.get(); }
 
  private:
   NodeRuntime() = default;
@@ -81,6 +87,7 @@ class NodeRuntime {
   std::unique_ptr<RingCollectives> ring_;
   std::unique_ptr<RingCollectives> shard_ring_;
   std::unique_ptr<RingCollectives> replica_ring_;
+  std::unique_ptr<RingCollectives> context_ring_;
   std::unique_ptr<CoordinatorClient> client_;
 };
 

@@ -38,10 +38,12 @@
 namespace herd::transport {
 
 // A process may run several rings over one transport (hybrid sharding: the
-// job's, its shard group's, its replicas'), each on an AM id of its own.
+// job's, its shard group's, its replicas'; a context-parallel group's),
+// each on an AM id of its own.
 inline constexpr uint16_t kAmRing = 10;
 inline constexpr uint16_t kAmShardRing = 11;
 inline constexpr uint16_t kAmReplicaRing = 12;
+inline constexpr uint16_t kAmContextRing = 14;
 
 class RingCollectives : public Collectives {
  public:

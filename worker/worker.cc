@@ -186,6 +186,8 @@ class WorkerProcess {
   // The workers of a tensor- or context-parallel group (consecutive
   // ranks), which draw the same sequences; 1 without.
   int GroupRanks() const;
+  // This worker's context-parallel group (none without).
+  ContextGroup<float> ContextGroupOf();
   // A pipeline stage's wire to the other stages, over `runtime`'s
   // transport (in the join, before any peer can send).
   void OpenPipelineWire(transport::NodeRuntime& runtime);
@@ -371,9 +373,8 @@ Status WorkerProcess::Prepare(transport::CoordinatorClient* client) {
   if (pipeline_) return PreparePipelineStage();
   if (mode_ == Mode::kTensorParallel) return PrepareTensorParallel();
   if (context_ring_) {
-    const int C = config_.cluster().context_parallel();
     model_holder_ = NewCpuModel(job_.shape, job_.batch, job_.seq_len, job_.recompute, job_.micro_batch_slots, {},
-                                context_ring_->Context(C, rank_ % C));
+                                ContextGroupOf());
     model_ = model_holder_.get();
     return Status::OK();
   }
@@ -404,7 +405,7 @@ Status WorkerProcess::PrepareTensorParallel() {
   const int T = config_.cluster().tensor_parallel();
   HERD_ASSIGN_OR_RETURN(slices_, TensorSlices::Make(job_.shape, T, rank_ % T));
   model_holder_ = NewCpuModel(slices_->shape(), job_.batch, job_.seq_len, job_.recompute, job_.micro_batch_slots,
-                              tensor_ring_->Group(*slices_, config_.cluster().sequence_parallel()));
+                              tensor_ring_->Group(*slices_, config_.cluster().sequence_parallel()), ContextGroupOf());
   model_ = model_holder_.get();
   return Status::OK();
 }
@@ -412,6 +413,12 @@ Status WorkerProcess::PrepareTensorParallel() {
 int WorkerProcess::Replicas() const {
   if (pipeline_) return pipeline_->replicas;
   return num_workers_ / GroupRanks();
+}
+
+ContextGroup<float> WorkerProcess::ContextGroupOf() {
+  if (!context_ring_) return {};
+  const int T = std::max(1, config_.cluster().tensor_parallel()), C = config_.cluster().context_parallel();
+  return context_ring_->Context(C, (rank_ / T) % C);
 }
 
 int WorkerProcess::GroupRanks() const {
@@ -446,16 +453,7 @@ Status WorkerProcess::JoinJob() {
   }
   HERD_ASSIGN_OR_RETURN(runtime_,
                         transport::NodeRuntime::Join(o, [this](transport::NodeRuntime& rt, transport::CoordinatorClient& c) {
-                          const int context = config_.cluster().context_parallel();
-                          if (mode_ == Mode::kAllReduce && context > 1) {
-                            // A context-parallel group is a ring of its own (its replicas one too).
-                            rt.StartRing(c, context);
-                            context_ring_ = std::make_unique<TensorRing>(
-                                rt.shard_ring() != nullptr ? static_cast<transport::Collectives*>(rt.shard_ring())
-                                                           : rt.ring());
-                          } else if (mode_ == Mode::kAllReduce) {
-                            rt.StartRing(c, config_.cluster().shard_group_size());
-                          }
+                          if (mode_ == Mode::kAllReduce) rt.StartRing(c, config_.cluster().shard_group_size());
                           // A tensor-parallel group is a ring of its own, its ranks' replicas another.
                           if (mode_ == Mode::kTensorParallel) {
                             rt.StartRing(c, config_.cluster().tensor_parallel());
@@ -464,6 +462,11 @@ Status WorkerProcess::JoinJob() {
                             tensor_ring_ = std::make_unique<TensorRing>(
                                 rt.shard_ring() != nullptr ? static_cast<transport::Collectives*>(rt.shard_ring())
                                                            : rt.ring());
+                          }
+                          // A context-parallel group is a ring of its own, inside its tensor rank's.
+                          if (const int C = config_.cluster().context_parallel(); C > 1) {
+                            rt.StartContextRing(c, std::max(1, config_.cluster().tensor_parallel()), C);
+                            context_ring_ = std::make_unique<TensorRing>(rt.context_ring());
                           }
                           // A pipeline's stages are groups of replicas (stage-major ranks).
                           if (mode_ == Mode::kPipelineStage) {
@@ -532,10 +535,8 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeStrategy() {
       c.plan = &*plan_;
       c.zero_stage = cluster.zero_stage();
       c.collectives = runtime_->ring();
-      // A context-parallel group's rings are its own: every worker's
-      // gradients are summed over all of them.
-      c.shard_group = context_ring_ ? nullptr : runtime_->shard_ring();
-      c.replicas = context_ring_ ? nullptr : runtime_->replica_ring();
+      c.shard_group = runtime_->shard_ring();
+      c.replicas = runtime_->replica_ring();
       c.gradient_wire = GradientWire(cluster);
       c.device_reduction = device_reduction_.get();
       if (pages_grads_) c.paged_grads = &paged_grads_;
