@@ -357,13 +357,14 @@ void CheckCluster(const config::ClusterConfig& cl, const Rules& need) {
   need(cl.context_parallel() >= 1, "cluster.context_parallel", "must be >= 1 (1: no context parallelism)");
   if (cl.context_parallel() > 1) {
     const std::string C = std::to_string(cl.context_parallel());
-    need(cl.workers() % cl.context_parallel() == 0, "cluster.context_parallel",
-         C + " does not divide cluster.workers " + std::to_string(cl.workers()) +
-             ": every data-parallel replica needs as many context-parallel ranks");
+    const int group = cl.context_parallel() * std::max(1, cl.tensor_parallel());
+    need(cl.workers() % group == 0, "cluster.context_parallel",
+         (cl.tensor_parallel() > 1 ? C + " x cluster.tensor_parallel " + std::to_string(cl.tensor_parallel()) : C) +
+             " does not divide cluster.workers " + std::to_string(cl.workers()) +
+             ": every data-parallel replica needs as many context-parallel (and tensor-parallel) ranks");
     need(cl.sync() == config::ClusterConfig::ALLREDUCE, "cluster.context_parallel",
          "context parallelism runs in sync ALLREDUCE only yet");
     need(cl.pipeline_stages() == 1, "cluster.context_parallel", "context parallelism with pipeline stages is not built yet");
-    need(cl.tensor_parallel() == 1, "cluster.context_parallel", "context parallelism with tensor parallelism is not built yet");
     need(cl.zero_stage() <= 1, "cluster.zero_stage", "ZeRO-2 and -3 with context parallelism are not built yet");
     need(cl.shard_group_size() == 0, "cluster.shard_group_size", "hybrid sharding with context parallelism is not built yet");
     need(!cl.elastic(), "cluster.elastic", "is not supported together with cluster.context_parallel yet");

@@ -183,9 +183,9 @@ StatusOr<ProcessMemory> TrainerMemory(const JobSizes& j) {
     // Each ring's chunk buffers (common/ring_memory.h): the chunks sent
     // ahead of this worker, and with a bf16 wire its rounded copies being
     // sent. A hybrid worker runs three rings (all, its group, its
-    // replicas), and so does a context-parallel one.
-    const int G = j.cluster.context_parallel() > 1 ? j.cluster.context_parallel() : ShardGroupSize(j.cluster, j.W);
-    const int rings = G < j.W ? 3 : 1;
+    // replicas); a context-parallel one its group's too.
+    const int G = ShardGroupSize(j.cluster, j.W);
+    const int rings = (G < j.W ? 3 : 1) + (j.cluster.context_parallel() > 1 ? 1 : 0);
     t.buffers += rings * (kRingChunksAhead + (j.bf16 ? kRingChunksInFlight : 0)) * kRingChunkBytes;
   }
   t.device = j.gpu_bytes;
@@ -286,9 +286,10 @@ StatusOr<ProcessMemory> TensorParallelMemory(const JobSizes& j) {
   t.activations =
       LlamaModel<float>::ActivationBytes(slices.shape(), j.train.batch_size(), j.train.seq_len(), j.job.recompute,
                                          j.job.micro_batch_slots, {}, false,
-                                         TokenSplit{j.cluster.sequence_parallel() ? j.cluster.tensor_parallel() : 1, 1}) +
+                                         TokenSplit{j.cluster.sequence_parallel() ? j.cluster.tensor_parallel() : 1,
+                                                    std::max(1, j.cluster.context_parallel())}) +
       2 * static_cast<int64_t>(j.train.batch_size()) * j.train.seq_len() * static_cast<int64_t>(sizeof(int32_t));
-  const int rings = j.W > j.cluster.tensor_parallel() ? 3 : 1;
+  const int rings = (j.W > j.cluster.tensor_parallel() ? 3 : 1) + (j.cluster.context_parallel() > 1 ? 1 : 0);
   int64_t largest = 0;
   for (const TensorSpec& x : j.layout.tensors()) largest = std::max(largest, x.numel);
   t.buffers = rings * kRingChunksAhead * kRingChunkBytes + largest * kF32;

@@ -80,10 +80,22 @@ StatusOr<WorkerTraffic> PipelineTraffic(const config::JobConfig& config, const J
 // where FULL recomputation reruns a layer, its two gathers and one
 // reduce-scatter are one half more than the all-reduce they replace;
 // once a step, the norms' gradients summed over the group.
+// Context parallelism (C ranks): each micro-batch's layers gather the
+// group's keys and values forward and again backward, and reduce-scatter
+// their gradients (B x T x kv_dim floats each, twice: keys and values);
+// each micro-batch's loss is gathered (two floats a rank).
+double ContextTraffic(const JobOptions& job, int C, int64_t kv_dim) {
+  if (C <= 1) return 0;
+  const double kv = 2.0 * job.batch * job.seq_len * kv_dim;
+  return job.grad_accum * (3 * job.shape.num_layers * RingPass(C, kv, 4) + RingPass(C, 2.0 * C, 4));
+}
+
 StatusOr<WorkerTraffic> TensorParallelTraffic(const config::JobConfig& config, const JobOptions& job) {
   const int T = config.cluster().tensor_parallel(), R = config.cluster().workers() / T;
+  const int C = std::max(1, config.cluster().context_parallel());
   HERD_ASSIGN_OR_RETURN(const TensorSlices slices, TensorSlices::Make(job.shape, T, 0));
-  const double tokens = static_cast<double>(job.batch) * job.seq_len, L = job.shape.num_layers;
+  // A context-parallel rank's tokens: its chunks of each sequence.
+  const double tokens = static_cast<double>(job.batch) * job.seq_len / C, L = job.shape.num_layers;
   const double d = job.shape.hidden_size;
   const double recomputed = job.recompute == Recompute::kFull ? L : 0;
   const double sums = tokens * d * (2 + 4 * L + recomputed) + tokens * (2.0 * T + 1);
@@ -95,7 +107,8 @@ StatusOr<WorkerTraffic> TensorParallelTraffic(const config::JobConfig& config, c
     step += 2 * RingPass(T, (2 * L + 1) * d, 4);
   }
   WorkerTraffic t;
-  t.sent = t.received = static_cast<int64_t>(job.grad_accum * passes + step);
+  t.sent = t.received =
+      static_cast<int64_t>(job.grad_accum * passes + step + ContextTraffic(job, C, slices.shape().kv_dim()));
   return t;
 }
 
@@ -140,14 +153,7 @@ StatusOr<WorkerTraffic> PlanWorkerTraffic(const config::JobConfig& config) {
   // Hybrid: each worker's slices (1/G of the model) all-reduced among its
   // R replicas.
   if (cluster.zero_stage() > 0 && R > 1) bytes += 2 * RingPass(R, P / G, wire);
-  // Context parallelism: each micro-batch's layers gather the group's keys
-  // and values forward and again backward, and reduce-scatter their
-  // gradients (B x T x kv_dim floats each, twice: keys and values); each
-  // micro-batch's loss is gathered (two floats a rank).
-  if (const int C = cluster.context_parallel(); C > 1) {
-    const double kv = 2.0 * job.batch * job.seq_len * job.shape.kv_dim();
-    bytes += job.grad_accum * (3 * job.shape.num_layers * RingPass(C, kv, 4) + RingPass(C, 2.0 * C, 4));
-  }
+  bytes += ContextTraffic(job, cluster.context_parallel(), job.shape.kv_dim());
   t.sent = t.received = static_cast<int64_t>(bytes);
   return t;
 }

@@ -10,6 +10,11 @@
 //    weights' sums are added in another order), C = 2 and 4, tied and
 //    untied, grouped-query attention, without recomputation and with
 //    attention's or the full layer's (the keys and values gathered again).
+//  - Composed with tensor parallelism (T = 2 x C = 2, four threads, rank
+//    (c, t) in a tensor group of the same c and a context group of the
+//    same t), with and without sequence parallelism: the same, gradients
+//    unpacked from each tensor rank's slices, the norms' summed over the
+//    context ranks (and the tensor ranks' rows with sequence parallelism).
 //  - A finite-difference check in double of every weight at C = 2 (ring
 //    attention's chunks, the gathers and the reduce-scatters), five-point
 //    stencil, h = 2e-4, tests/gradcheck_test.cc's tolerance: |a - n| <=
@@ -23,6 +28,7 @@
 
 #include "model/llama.h"
 #include "model/param_layout.h"
+#include "sharding/tensor_slices.h"
 #include "tests/in_process_group.h"
 
 namespace herd {
@@ -128,6 +134,85 @@ TEST(ContextParallel, MatchesTheWholeModel) {
                     tied ? "tied" : "untied", ranks, static_cast<int>(recompute), worst_loss, worst / largest);
       }
     }
+  }
+}
+
+TEST(ContextParallel, ComposesWithTensorParallelism) {
+  constexpr int B = 2, S = 16, T = 2, C = 2;
+  for (bool sp : {false, true}) {
+    SCOPED_TRACE(sp ? "with sequence parallelism" : "tensor x context");
+    const LlamaShape shape = Shape(false);
+    const ParamLayout layout(shape);
+    std::vector<float> flat(layout.size());
+    InitParameters(layout, 5, 0.05, flat.data());
+    LlamaModel<float> whole(shape, B, S);
+    std::vector<float> whole_grads(layout.size(), 0.0f);
+    const double whole_loss = whole.Forward(flat.data(), Tokens(B * S, shape.vocab_size, 0, 0).data(),
+                                            Tokens(B * S, shape.vocab_size, 0, 5).data(), B, S);
+    whole.Backward(flat.data(), whole_grads.data(), 1.0 / (B * S));
+    // Rank (c, t) = c * T + t: tensor group c, context group t.
+    std::vector<std::unique_ptr<InProcessSum<float>>> tensor_groups, context_groups;
+    for (int c = 0; c < C; ++c) tensor_groups.push_back(std::make_unique<InProcessSum<float>>(T));
+    for (int t = 0; t < T; ++t) context_groups.push_back(std::make_unique<InProcessSum<float>>(C));
+    std::vector<TensorSlices> slices;
+    std::vector<std::unique_ptr<LlamaModel<float>>> models;
+    std::vector<std::vector<float>> weights, grads;
+    for (int rank = 0; rank < T * C; ++rank) {
+      const int c = rank / T, t = rank % T;
+      slices.push_back(*TensorSlices::Make(shape, T, t));
+      models.push_back(std::make_unique<LlamaModel<float>>(slices.back().shape(), B, S, Recompute::kNone, 1,
+                                                           LayerRange{}, false, TokenSplit{sp ? T : 1, C}));
+      InProcessSum<float>* tg = tensor_groups[c].get();
+      InProcessSum<float>* cg = context_groups[t].get();
+      TensorGroup<float> g;
+      g.ranks = T;
+      g.rank = t;
+      g.vocab_first = slices.back().vocab_first();
+      g.all_reduce = [tg, t](float* data, int64_t n) { tg->AllReduce(t, data, n); };
+      g.sequence_parallel = sp;
+      g.all_gather = [tg, t](float* data, const Partition& parts) { tg->AllGather(t, data, parts); };
+      g.reduce_scatter = [tg, t](float* data, const Partition& parts) { tg->ReduceScatter(t, data, parts); };
+      models.back()->SetTensorGroup(std::move(g));
+      ContextGroup<float> k;
+      k.ranks = C;
+      k.rank = c;
+      k.all_gather = [cg, c](float* data, const Partition& parts) { cg->AllGather(c, data, parts); };
+      k.reduce_scatter = [cg, c](float* data, const Partition& parts) { cg->ReduceScatter(c, data, parts); };
+      models.back()->SetContextGroup(std::move(k));
+      weights.emplace_back(slices.back().layout().size(), 0.0f);
+      slices.back().Pack(flat.data(), weights.back().data());
+      grads.emplace_back(weights.back().size(), 0.0f);
+    }
+    std::vector<double> losses(T * C);
+    OnRanks(T * C, [&](int rank) {
+      losses[rank] = models[rank]->Forward(weights[rank].data(), Tokens(B * S, shape.vocab_size, 0, 0).data(),
+                                           Tokens(B * S, shape.vocab_size, 0, 5).data(), B, S);
+      models[rank]->Backward(weights[rank].data(), grads[rank].data(), 1.0 / (B * S));
+    });
+    double mean = 0;
+    for (int c = 0; c < C; ++c) mean += losses[c * T] / C;
+    EXPECT_NEAR(mean, whole_loss, 1e-6 * whole_loss);
+    // Every rank's slices unpacked and added: a norm's (every tensor
+    // rank's alike, or its rows' part with sequence parallelism) once per
+    // tensor rank unless its rows were split.
+    std::vector<float> sum(layout.size(), 0.0f);
+    for (int rank = 0; rank < T * C; ++rank) {
+      std::vector<float> mine(layout.size(), 0.0f);
+      slices[rank].Unpack(grads[rank].data(), mine.data());
+      for (const TensorSpec& x : layout.tensors()) {
+        const bool norm = x.shape.size() == 1;
+        if (norm && !sp && rank % T != 0) continue;
+        for (int64_t i = x.offset; i < x.offset + x.numel; ++i) sum[i] += mine[i];
+      }
+    }
+    float largest = 0, worst = 0;
+    for (size_t i = 0; i < sum.size(); ++i) {
+      largest = std::max(largest, std::fabs(whole_grads[i]));
+      worst = std::max(worst, std::fabs(whole_grads[i] - sum[i]));
+    }
+    EXPECT_LE(worst, 1e-5f * largest) << "worst " << worst << " of " << largest;
+    std::printf("[ context parallel ] T=2 x C=2%s: loss off by %.2e relative, gradients by %.2e of the largest\n",
+                sp ? " + SP" : "", std::fabs(mean - whole_loss) / whole_loss, worst / largest);
   }
 }
 

@@ -7,12 +7,14 @@ the tiny model (tied, clipped, 32 tokens a sequence), 30 steps:
   another order: not bitwise); a rerun bitwise the same; the sample drawn
   through the ranks (the prompt padded to whole chunks, the last
   position's logits gathered from the rank that holds it) too;
-* data x context 2 x 2: within 1e-5 of DDP with two workers;
+* data x context 2 x 2: within 1e-5 of DDP with two workers; the grids
+  tensor x context 2 x 2 within 1e-5 of one process, and data x tensor x
+  context 2 x 2 x 2 (eight workers) of DDP with two;
 * the held-out loss through the ranks within 1e-5 of one process's;
 * stop at step 15 and --resume: bitwise the straight run; its checkpoint
   goes on as one process within 1e-5 of the straight run;
 * bad inputs, one line each before any process starts: C not dividing the
-  workers, 2C not dividing seq_len, C with tensor parallelism;
+  workers (or T x C not), 2C not dividing seq_len;
 * a rank killed mid-run stops the job in one line naming it and its
   place ("worker 1 (context rank 1 of replica 0) failed")."""
 import os
@@ -62,9 +64,14 @@ def main():
     sb.run("launch", job("ddp2", "cluster { sync: ALLREDUCE workers: 2 }"))
     sb.run("launch", job("d2c2", cp(4, 2)))
     w22 = close(losses("d2c2"), losses("ddp2"), "2 x 2")
+    sb.run("launch", job("t2c2", cp(4, 2, "tensor_parallel: 2")))
+    wtc = close(losses("t2c2"), losses("one"), "tensor x context 2 x 2")
+    sb.run("launch", job("d2t2c2", cp(8, 2, "tensor_parallel: 2")))
+    wdtc = close(losses("d2t2c2"), losses("ddp2"), "data x tensor x context 2 x 2 x 2")
     print(f"C=2 within {w2:.2g} of one process over {STEPS} steps (a rerun bitwise, its sample too: "
           f"{'the same as' if c2_sample == one_sample else 'not'} one process's text), C=4 within {w4:.2g}, "
-          f"data x context 2 x 2 within {w22:.2g} of DDP with 2 workers")
+          f"data x context 2 x 2 within {w22:.2g} of DDP with 2 workers; tensor x context 2 x 2 within {wtc:.2g} "
+          f"of one process, data x tensor x context 2 x 2 x 2 within {wdtc:.2g} of DDP")
 
     sb.run("launch", job("one_eval", eval_every=10))
     sb.run("launch", job("c2_eval", cp(2, 2), eval_every=10))
@@ -84,7 +91,7 @@ def main():
 
     bad = [("three", cp(3, 2), {}, "does not divide cluster.workers"),
            ("chunks", cp(2, 2), {"seq": 30}, "train.seq_len"),
-           ("with_tp", cp(4, 2, "tensor_parallel: 2"), {}, "cluster.context_parallel")]
+           ("grid", cp(6, 2, "tensor_parallel: 2"), {}, "2 x cluster.tensor_parallel 2 does not divide")]
     for name, cluster, more, says in bad:
         p = sb.run("launch", job(name, cluster, **more), check=False)
         lines = p.stderr.strip().splitlines()

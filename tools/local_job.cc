@@ -539,7 +539,10 @@ Status JobAttempt::SpawnChild(Child& c, bool server, int rank, bool join) {
     c.place = " (tensor rank " + std::to_string(rank % T) + " of replica " + std::to_string(rank / T) + ")";
   }
   if (const int C = config_.cluster().context_parallel(); !server && C > 1) {
-    c.place = " (context rank " + std::to_string(rank % C) + " of replica " + std::to_string(rank / C) + ")";
+    // Context ranks are next to the tensor ranks: (replica·C + c)·T + t.
+    const int T = std::max(1, config_.cluster().tensor_parallel());
+    c.place = " (" + (T > 1 ? "tensor rank " + std::to_string(rank % T) + ", " : std::string()) + "context rank " +
+              std::to_string(rank / T % C) + " of replica " + std::to_string(rank / (T * C)) + ")";
   }
   c.worker = !server;
   const std::string binary = JoinPath(bin_dir_, server ? "herd-server" : "herd-worker");

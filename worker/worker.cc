@@ -96,7 +96,10 @@ void PrintRunHeader(const config::JobConfig& config, const JobOptions& job, cons
     std::printf("tensor parallel: %d ranks a replica (%d heads, %d intermediate columns and %d vocabulary rows "
                 "each%s), %d replica%s | batch %d x %d tokens x %d accum x %d replicas = %lld tokens/step\n",
                 T, shape.num_heads / T, shape.intermediate_size / T, shape.vocab_size / T,
-                cluster.sequence_parallel() ? "; sequence parallel: the norms' and residual's rows split too" : "",
+                cluster.sequence_parallel() ? "; sequence parallel: the norms' and residual's rows split too"
+                : cluster.context_parallel() > 1
+                    ? ("; context parallel over " + std::to_string(cluster.context_parallel()) + " such groups").c_str()
+                    : "",
                 replicas, replicas == 1 ? "" : "s", train.batch_size(), train.seq_len(), train.grad_accum(), replicas,
                 tokens * replicas);
   } else if (cluster.context_parallel() > 1) {
