@@ -524,6 +524,11 @@ int DataParallelReplicas(const JobConfig& config) {
                                std::max(1, config.cluster().context_parallel()));
 }
 
+GridPlace GridPlaceOf(const JobConfig& config, int rank) {
+  const int T = std::max(1, config.cluster().tensor_parallel()), C = std::max(1, config.cluster().context_parallel());
+  return {rank / (T * C), rank / T % C, rank % T};
+}
+
 std::string ConfigToText(const JobConfig& config) {
   // Fill every default in so that the text is a complete record of the job.
   JobConfig full = config;

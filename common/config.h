@@ -50,6 +50,14 @@ int NumWorkers(const JobConfig& config);
 // and a context-parallel group share one).
 int DataParallelReplicas(const JobConfig& config);
 
+// Where a worker sits in the grid data x context x tensor, tensor
+// innermost (a tensor group on consecutive ranks, so on one node):
+// rank = (replica * C + context) * T + tensor.
+struct GridPlace {
+  int replica = 0, context = 0, tensor = 0;
+};
+GridPlace GridPlaceOf(const JobConfig& config, int rank);
+
 // Parameter-server mode steps each bucket as soon as its sum is complete
 // (and workers pull it at once) when nothing global enters the update: no
 // clipping (the norm), no spike guard (the norm and the loss), and not an

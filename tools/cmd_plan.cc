@@ -37,6 +37,40 @@ std::string Name(const ProcessMemory& p, int workers) {
   return p.role;
 }
 
+// The grid data x context x tensor (common/config.h's GridPlace): each
+// worker's place and the workers it sums with, by group.
+struct GridRank {
+  int rank;
+  GridPlace place;
+  std::vector<int> tensor_group, context_group, gradient_group;
+};
+
+std::vector<GridRank> Grid(const config::JobConfig& config) {
+  const int W = NumWorkers(config), T = std::max(1, config.cluster().tensor_parallel()),
+            C = std::max(1, config.cluster().context_parallel());
+  std::vector<GridRank> grid;
+  for (int w = 0; w < W; ++w) {
+    GridRank g{w, GridPlaceOf(config, w), {}, {}, {}};
+    for (int t = 0; t < T; ++t) g.tensor_group.push_back((g.place.replica * C + g.place.context) * T + t);
+    for (int c = 0; c < C; ++c) g.context_group.push_back((g.place.replica * C + c) * T + g.place.tensor);
+    // A tensor rank's slices with its kind across replicas and context
+    // ranks; without tensor parallelism every worker's gradients.
+    for (int v = g.place.tensor; v < W; v += T) g.gradient_group.push_back(v);
+    grid.push_back(std::move(g));
+  }
+  return grid;
+}
+
+std::string Ranks(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) s += (s.empty() ? "" : ",") + std::to_string(r);
+  return s;
+}
+
+bool HasGrid(const config::JobConfig& config) {
+  return config.cluster().tensor_parallel() > 1 || config.cluster().context_parallel() > 1;
+}
+
 void PrintJson(const config::JobConfig& config, const MemoryPlan& plan, const WorkerTraffic& traffic,
                const config::JobConfig* fit, int64_t mem, int64_t gpu_mem) {
   // The job's process counts, for scripts that start it (examples/slurm).
@@ -57,6 +91,19 @@ void PrintJson(const config::JobConfig& config, const MemoryPlan& plan, const Wo
   }
   std::printf("], \"worker_traffic\": {\"sent\": %lld, \"received\": %lld}", static_cast<long long>(traffic.sent),
               static_cast<long long>(traffic.received));
+  if (HasGrid(config)) {
+    std::printf(", \"grid\": {\"data\": %d, \"context\": %d, \"tensor\": %d, \"workers\": [",
+                DataParallelReplicas(config), std::max(1, config.cluster().context_parallel()),
+                std::max(1, config.cluster().tensor_parallel()));
+    const std::vector<GridRank> grid = Grid(config);
+    for (const GridRank& g : grid) {
+      std::printf("%s{\"rank\": %d, \"replica\": %d, \"context\": %d, \"tensor\": %d, \"tensor_group\": [%s], "
+                  "\"context_group\": [%s], \"gradient_group\": [%s]}",
+                  g.rank ? ", " : "", g.rank, g.place.replica, g.place.context, g.place.tensor,
+                  Ranks(g.tensor_group).c_str(), Ranks(g.context_group).c_str(), Ranks(g.gradient_group).c_str());
+    }
+    std::printf("]}");
+  }
   if (fit != nullptr) {
     const ParamLayout layout(LlamaShape::FromConfig(fit->model()));
     std::printf(
@@ -143,6 +190,22 @@ void PrintTable(const std::string& path, const config::JobConfig& config, const 
                 FormatBytes(traffic.received).c_str());
   }
   if (pipeline != nullptr) PrintPipeline(*pipeline);
+  if (HasGrid(config)) {
+    const int T = std::max(1, cl.tensor_parallel()), C = std::max(1, cl.context_parallel());
+    std::printf("grid: data %d x context %d x tensor %d (rank = (replica x %d + context) x %d + tensor)\n",
+                DataParallelReplicas(config), C, T, C, T);
+    const std::vector<GridRank> grid = Grid(config);
+    for (const GridRank& g : grid) {
+      if (g.rank == 8 && grid.size() > 9) {
+        std::printf("  ... (--json lists every worker)\n");
+        break;
+      }
+      std::printf("  worker %d: replica %d, context rank %d, tensor rank %d; sums with: tensor group %s, context "
+                  "group %s, gradients %s\n",
+                  g.rank, g.place.replica, g.place.context, g.place.tensor, Ranks(g.tensor_group).c_str(),
+                  Ranks(g.context_group).c_str(), Ranks(g.gradient_group).c_str());
+    }
+  }
   if (fit != nullptr) {
     const ParamLayout layout(LlamaShape::FromConfig(fit->model()));
     std::string budget = mem > 0 ? FormatBytes(mem) + " per process" : "";

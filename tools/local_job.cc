@@ -534,15 +534,12 @@ Status JobAttempt::SpawnChild(Child& c, bool server, int rank, bool join) {
     // Ranks are stage-major (sharding/pipeline_plan.h).
     c.place = " (pipeline stage " + std::to_string(rank / (workers_ / config_.cluster().pipeline_stages())) + ")";
   }
-  if (const int T = config_.cluster().tensor_parallel(); !server && T > 1) {
-    // Ranks are tensor-innermost (worker/tensor_parallel_sync.h).
-    c.place = " (tensor rank " + std::to_string(rank % T) + " of replica " + std::to_string(rank / T) + ")";
-  }
-  if (const int C = config_.cluster().context_parallel(); !server && C > 1) {
-    // Context ranks are next to the tensor ranks: (replica·C + c)·T + t.
-    const int T = std::max(1, config_.cluster().tensor_parallel());
-    c.place = " (" + (T > 1 ? "tensor rank " + std::to_string(rank % T) + ", " : std::string()) + "context rank " +
-              std::to_string(rank / T % C) + " of replica " + std::to_string(rank / (T * C)) + ")";
+  const int T = config_.cluster().tensor_parallel(), C = config_.cluster().context_parallel();
+  if (!server && (T > 1 || C > 1)) {
+    const GridPlace g = GridPlaceOf(config_, rank);
+    c.place = " (" + (T > 1 ? "tensor rank " + std::to_string(g.tensor) + (C > 1 ? ", " : "") : std::string()) +
+              (C > 1 ? "context rank " + std::to_string(g.context) : std::string()) + " of replica " +
+              std::to_string(g.replica) + ")";
   }
   c.worker = !server;
   const std::string binary = JoinPath(bin_dir_, server ? "herd-server" : "herd-worker");

@@ -406,7 +406,7 @@ Status WorkerProcess::PreparePipelineStage() {
 
 Status WorkerProcess::PrepareTensorParallel() {
   const int T = config_.cluster().tensor_parallel();
-  HERD_ASSIGN_OR_RETURN(slices_, TensorSlices::Make(job_.shape, T, rank_ % T));
+  HERD_ASSIGN_OR_RETURN(slices_, TensorSlices::Make(job_.shape, T, GridPlaceOf(config_, rank_).tensor));
   model_holder_ = NewCpuModel(slices_->shape(), job_.batch, job_.seq_len, job_.recompute, job_.micro_batch_slots,
                               tensor_ring_->Group(*slices_, config_.cluster().sequence_parallel()), ContextGroupOf());
   model_ = model_holder_.get();
@@ -420,8 +420,7 @@ int WorkerProcess::Replicas() const {
 
 ContextGroup<float> WorkerProcess::ContextGroupOf() {
   if (!context_ring_) return {};
-  const int T = std::max(1, config_.cluster().tensor_parallel()), C = config_.cluster().context_parallel();
-  return context_ring_->Context(C, (rank_ / T) % C);
+  return context_ring_->Context(config_.cluster().context_parallel(), GridPlaceOf(config_, rank_).context);
 }
 
 int WorkerProcess::GroupRanks() const {
@@ -430,7 +429,7 @@ int WorkerProcess::GroupRanks() const {
 
 int WorkerProcess::ReplicaIndex() const {
   if (pipeline_) return pipeline_->ReplicaOf(rank_);
-  return rank_ / GroupRanks();
+  return GridPlaceOf(config_, rank_).replica;
 }
 
 void WorkerProcess::OpenPipelineWire(transport::NodeRuntime& runtime) {
