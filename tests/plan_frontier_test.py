@@ -15,7 +15,8 @@ paper tabulates it — and its predictions hold when run.
   - at W=4 a hybrid row (ZeRO-3 in 2 groups) needs at least ZeRO-3's memory,
     the pipeline rows (a stage a worker) fit at least DDP's depth and
     deeper than PS, and the tensor-parallel row (one group of four) deeper
-    than DDP, marking the shapes whose heads four does not split;
+    than DDP, marking the shapes whose heads four does not split, and the
+    context-parallel row (one group of four) deeper than DDP too;
   - --frontier without a budget is refused in one line."""
 import json
 import os
@@ -86,6 +87,14 @@ def main():
         if sh.get("splits", True):
             assert sh["fits"] == (sh["largest_process"] <= 0.98 * BUDGET), ("tensor parallel", shape, sh)
     print(f"ok  at W=4, tensor parallel {tp['layers']} layers (DDP {four['DDP']['layers']})")
+    # And a context-parallel row: each of the four holds every weight but a
+    # quarter of each sequence's activations, where they bind: deeper
+    # than DDP.
+    cp = four["context parallel"]
+    assert cp["layers"] > four["DDP"]["layers"], four
+    for shape, sh in cp["shapes"].items():
+        assert sh["fits"] == (sh["largest_process"] <= 0.98 * BUDGET), ("context parallel", shape, sh)
+    print(f"ok  at W=4, context parallel {cp['layers']} layers (DDP {four['DDP']['layers']})")
 
     for mode, recompute, stream in (("PS", "NONE", False), ("PS + recompute", "FULL", False),
                                     ("PS + streaming", "NONE", True), ("PS + streaming + recompute", "FULL", True)):

@@ -219,11 +219,13 @@ void RopeBackward(T* dx, const T* cos, const T* sin, int64_t B, int64_t T_, int6
 
 // ---------------------------------------------------------------- attention
 
-template <typename T>
-void AttentionForward(T* out, T* probs, const T* q, const T* k, const T* v, int64_t B, int64_t T_, int64_t H,
-                      int64_t KV, int64_t head_dim, int64_t Tk, const int32_t* positions) {
+// kPositions: the queries' positions among the keys are `positions`; else
+// query t is at key t (the compiler then sees the bound it always saw, and
+// the loops vectorise, and round, as they always did).
+template <typename T, bool kPositions>
+void AttentionForwardOver(T* out, T* probs, const T* q, const T* k, const T* v, int64_t B, int64_t T_, int64_t H,
+                          int64_t KV, int64_t head_dim, int64_t Tk, const int32_t* positions) {
   const int64_t hd = head_dim, group = H / KV;
-  if (Tk == 0) Tk = T_;
   const T scale = T(1) / std::sqrt(static_cast<T>(hd));
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t b = 0; b < B; ++b) {
@@ -238,7 +240,7 @@ void AttentionForward(T* out, T* probs, const T* q, const T* k, const T* v, int6
       // masked part by hand); the mask is applied in the softmax.
       Gemm(false, true, T_, Tk, hd, scale, qb, H * hd, kb, KV * hd, T(0), p, Tk);
       for (int64_t t = 0; t < T_; ++t) {
-        const int64_t last = positions != nullptr ? positions[t] : t;
+        const int64_t last = kPositions ? positions[t] : t;
         T* row = p + t * Tk;
         T mx = row[0];
         for (int64_t s = 1; s <= last; ++s) mx = std::max(mx, row[s]);
@@ -258,16 +260,24 @@ void AttentionForward(T* out, T* probs, const T* q, const T* k, const T* v, int6
   }
 }
 
+template <typename T>
+void AttentionForward(T* out, T* probs, const T* q, const T* k, const T* v, int64_t B, int64_t T_, int64_t H,
+                      int64_t KV, int64_t head_dim, int64_t Tk, const int32_t* positions) {
+  if (positions != nullptr) {
+    return AttentionForwardOver<T, true>(out, probs, q, k, v, B, T_, H, KV, head_dim, Tk, positions);
+  }
+  AttentionForwardOver<T, false>(out, probs, q, k, v, B, T_, H, KV, head_dim, Tk == 0 ? T_ : Tk, nullptr);
+}
+
 int64_t AttentionScratchSize(int64_t T_, int64_t /*H*/, int64_t /*KV*/, int64_t Tk) {
   return static_cast<int64_t>(omp_get_max_threads()) * T_ * (Tk == 0 ? T_ : Tk);
 }
 
-template <typename T>
-void AttentionBackward(T* dq, T* dk, T* dv, const T* dout, const T* probs, const T* q, const T* k, const T* v,
-                       int64_t B, int64_t T_, int64_t H, int64_t KV, int64_t head_dim, T* scratch, int64_t Tk,
-                       const int32_t* positions) {
+template <typename T, bool kPositions>
+void AttentionBackwardOver(T* dq, T* dk, T* dv, const T* dout, const T* probs, const T* q, const T* k, const T* v,
+                           int64_t B, int64_t T_, int64_t H, int64_t KV, int64_t head_dim, T* scratch, int64_t Tk,
+                           const int32_t* positions) {
   const int64_t hd = head_dim, group = H / KV;
-  if (Tk == 0) Tk = T_;
   const T scale = T(1) / std::sqrt(static_cast<T>(hd));
   // One task per (batch, kv head): it alone writes that kv head's dk/dv,
   // summing the heads of its group in order.
@@ -291,7 +301,7 @@ void AttentionBackward(T* dq, T* dk, T* dv, const T* dout, const T* probs, const
         // dP = dO V^T, then dS = P * (dP - rowsum(P * dP)) in place.
         Gemm(false, true, T_, Tk, hd, T(1), dob, H * hd, vb, KV * hd, T(0), ds, Tk);
         for (int64_t t = 0; t < T_; ++t) {
-          const int64_t last = positions != nullptr ? positions[t] : t;
+          const int64_t last = kPositions ? positions[t] : t;
           T* row = ds + t * Tk;
           const T* prow = p + t * Tk;
           T dot = 0;
@@ -307,6 +317,18 @@ void AttentionBackward(T* dq, T* dk, T* dv, const T* dout, const T* probs, const
       }
     }
   }
+}
+
+template <typename T>
+void AttentionBackward(T* dq, T* dk, T* dv, const T* dout, const T* probs, const T* q, const T* k, const T* v,
+                       int64_t B, int64_t T_, int64_t H, int64_t KV, int64_t head_dim, T* scratch, int64_t Tk,
+                       const int32_t* positions) {
+  if (positions != nullptr) {
+    return AttentionBackwardOver<T, true>(dq, dk, dv, dout, probs, q, k, v, B, T_, H, KV, head_dim, scratch, Tk,
+                                          positions);
+  }
+  AttentionBackwardOver<T, false>(dq, dk, dv, dout, probs, q, k, v, B, T_, H, KV, head_dim, scratch,
+                                  Tk == 0 ? T_ : Tk, nullptr);
 }
 
 // ---------------------------------------------------------------- SwiGLU
