@@ -34,18 +34,6 @@
 namespace herd {
 namespace {
 
-LlamaShape Shape(bool tied) {
-  LlamaShape s;
-  s.vocab_size = 96;
-  s.hidden_size = 64;
-  s.intermediate_size = 128;
-  s.num_layers = 2;
-  s.num_heads = 8;
-  s.num_kv_heads = 4;
-  s.tie_word_embeddings = tied;
-  return s;
-}
-
 std::vector<int32_t> Tokens(int n, int vocab, int micro, int salt) {
   std::vector<int32_t> t(n);
   for (int i = 0; i < n; ++i) t[i] = (i * 31 + micro * 7 + salt) % vocab;
@@ -92,7 +80,7 @@ TEST(ContextParallel, MatchesTheWholeModel) {
       for (Recompute recompute : {Recompute::kNone, Recompute::kAttention, Recompute::kFull}) {
         SCOPED_TRACE(testing::Message() << (tied ? "tied" : "untied") << ", C=" << ranks << ", recompute "
                                         << static_cast<int>(recompute));
-        const LlamaShape shape = Shape(tied);
+        const LlamaShape shape = GroupTestShape(tied);
         const ParamLayout layout(shape);
         std::vector<float> flat(layout.size());
         InitParameters(layout, 5, 0.05, flat.data());
@@ -141,7 +129,7 @@ TEST(ContextParallel, ComposesWithTensorParallelism) {
   constexpr int B = 2, S = 16, T = 2, C = 2;
   for (bool sp : {false, true}) {
     SCOPED_TRACE(sp ? "with sequence parallelism" : "tensor x context");
-    const LlamaShape shape = Shape(false);
+    const LlamaShape shape = GroupTestShape(false);
     const ParamLayout layout(shape);
     std::vector<float> flat(layout.size());
     InitParameters(layout, 5, 0.05, flat.data());

@@ -16,7 +16,12 @@ the tiny model (tied, clipped, 32 tokens a sequence), 30 steps:
 * bad inputs, one line each before any process starts: C not dividing the
   workers (or T x C not), 2C not dividing seq_len;
 * a rank killed mid-run stops the job in one line naming it and its
-  place ("worker 1 (context rank 1 of replica 0) failed")."""
+  place ("worker 1 (context rank 1 of replica 0) failed").
+
+With --long (HERD_TEST_LONG=1), the ~20M shape (d512, 8 layers, 128
+tokens a sequence, 30 steps) too: T = 2, T = 2 with sequence parallelism,
+T = 4, C = 2, C = 4 and data x tensor x context 2 x 2 x 2, each within 1e-5
+of one process (or of DDP with two workers)."""
 import os
 import sys
 
@@ -47,27 +52,21 @@ def main():
     def losses(name, key="loss"):
         return [m.get(key) for m in metrics(sb.path(name + ".jsonl"))]
 
-    def close(x, y, what):
-        assert len(x) == len(y) and x, f"{what}: {len(x)} against {len(y)} steps"
-        worst = max(abs(p - q) / abs(q) for p, q in zip(x, y))
-        assert worst < 1e-5, f"{what}: {worst:.3g} relative"
-        return worst
-
     one_sample = herdtest.sample_text(sb.run("launch", job("one", sample=40)))
     c2_sample = herdtest.sample_text(sb.run("launch", job("c2", cp(2, 2), sample=40)))
-    w2 = close(losses("c2"), losses("one"), "C=2")
+    w2 = herdtest.within(losses("c2"), losses("one"), "C=2")
     again = herdtest.sample_text(sb.run("launch", job("c2_again", cp(2, 2), sample=40)))
     assert losses("c2_again") == losses("c2") and again == c2_sample, "C=2 rerun"
     assert len(c2_sample.splitlines()) > 1, f"no sample through the ranks: {c2_sample!r}"
     sb.run("launch", job("c4", cp(4, 4)))
-    w4 = close(losses("c4"), losses("one"), "C=4")
+    w4 = herdtest.within(losses("c4"), losses("one"), "C=4")
     sb.run("launch", job("ddp2", "cluster { sync: ALLREDUCE workers: 2 }"))
     sb.run("launch", job("d2c2", cp(4, 2)))
-    w22 = close(losses("d2c2"), losses("ddp2"), "2 x 2")
+    w22 = herdtest.within(losses("d2c2"), losses("ddp2"), "2 x 2")
     sb.run("launch", job("t2c2", cp(4, 2, "tensor_parallel: 2")))
-    wtc = close(losses("t2c2"), losses("one"), "tensor x context 2 x 2")
+    wtc = herdtest.within(losses("t2c2"), losses("one"), "tensor x context 2 x 2")
     sb.run("launch", job("d2t2c2", cp(8, 2, "tensor_parallel: 2")))
-    wdtc = close(losses("d2t2c2"), losses("ddp2"), "data x tensor x context 2 x 2 x 2")
+    wdtc = herdtest.within(losses("d2t2c2"), losses("ddp2"), "data x tensor x context 2 x 2 x 2")
     print(f"C=2 within {w2:.2g} of one process over {STEPS} steps (a rerun bitwise, its sample too: "
           f"{'the same as' if c2_sample == one_sample else 'not'} one process's text), C=4 within {w4:.2g}, "
           f"data x context 2 x 2 within {w22:.2g} of DDP with 2 workers; tensor x context 2 x 2 within {wtc:.2g} "
@@ -77,7 +76,7 @@ def main():
     sb.run("launch", job("c2_eval", cp(2, 2), eval_every=10))
     vals = [v for v in losses("c2_eval", "val_loss") if v is not None]
     expected = [v for v in losses("one_eval", "val_loss") if v is not None]
-    we = close(vals, expected, "held-out loss")
+    we = herdtest.within(vals, expected, "held-out loss")
     print(f"held-out loss through the ranks within {we:.2g} of one process's")
 
     sb.run("launch", job("stop", cp(2, 2), every=15), "--stop-at", "15")
@@ -86,22 +85,44 @@ def main():
     os.makedirs(sb.path("one_from"))
     os.symlink(sb.path("stop", "step_00000015"), sb.path("one_from", "step_00000015"))
     sb.run("launch", job("one_from", every=15), "--resume")
-    wr = close(losses("one_from"), losses("c2")[15:], "C=2's checkpoint as one process")
+    wr = herdtest.within(losses("one_from"), losses("c2")[15:], "C=2's checkpoint as one process")
     print(f"C=2 resumed at step 15 bitwise; its checkpoint as one process within {wr:.2g}")
 
     bad = [("three", cp(3, 2), {}, "does not divide cluster.workers"),
            ("chunks", cp(2, 2), {"seq": 30}, "train.seq_len"),
            ("grid", cp(6, 2, "tensor_parallel: 2"), {}, "2 x cluster.tensor_parallel 2 does not divide")]
-    for name, cluster, more, says in bad:
-        p = sb.run("launch", job(name, cluster, **more), check=False)
-        lines = p.stderr.strip().splitlines()
-        assert p.returncode != 0 and any(says in line for line in lines), f"{name}: {p.returncode} {p.stderr}"
-        assert not os.path.exists(sb.path(name + ".jsonl")), f"{name}: a process started"
+    herdtest.refused_before_start(sb, [(name, job(name, cluster, **more), says) for name, cluster, more, says in bad])
     print("bad inputs: one line each, nothing started")
 
     stopped = kill_mid_run(sb, "worker", 1, tag="_cp", place=" (context rank 1 of replica 0)",
                            cluster="cluster { sync: ALLREDUCE workers: 2 context_parallel: 2 heartbeat_timeout_s: 5 }")
     print(f"a context-parallel rank killed with -9: the job stopped in {stopped:.2f} s, naming it")
+    if herdtest.LONG:
+        m20(sb)
+
+
+def m20(sb):
+    """The ~20M shape's grid against one process (or DDP with two workers)."""
+    def run(name, cluster):
+        sb.run("launch", sb.write(f"{name}.textproto", herdtest.LLAMA20M_MODEL + f"""
+train {{ steps: {STEPS} batch_size: 2 grad_accum: 2 seq_len: 128 seed: 7 }}
+data {{ train: "train.bin" }}
+log {{ every: 1 metrics: "{name}.jsonl" sample_tokens: 0 }}
+{cluster}
+"""))
+        return [m["loss"] for m in metrics(sb.path(name + ".jsonl"))]
+    one = run("m20_one", "")
+    ddp = run("m20_ddp2", "cluster { sync: ALLREDUCE workers: 2 }")
+    cases = [("T=2", "tensor_parallel: 2", 2, one), ("T=2 + SP", "tensor_parallel: 2 sequence_parallel: true", 2, one),
+             ("T=4", "tensor_parallel: 4", 4, one), ("C=2", "context_parallel: 2", 2, one),
+             ("C=4", "context_parallel: 4", 4, one),
+             ("data x tensor x context 2 x 2 x 2", "tensor_parallel: 2 context_parallel: 2", 8, ddp)]
+    report = []
+    for what, more, workers, against in cases:
+        losses = run("m20_" + "".join(c for c in what if c.isalnum()),
+                     f"cluster {{ sync: ALLREDUCE workers: {workers} {more} }}")
+        report.append(f"{what} {herdtest.within(losses, against, '~20M ' + what):.2g}")
+    print(f"~20M shape, {STEPS} steps: " + ", ".join(report))
 
 
 if __name__ == "__main__":

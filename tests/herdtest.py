@@ -117,6 +117,25 @@ log {{ every: 1 metrics: "{metrics}" sample_tokens: 0 {f"eval_every: {eval_every
 """
 
 
+def within(x, y, what, tolerance=1e-5):
+    """The worst relative difference of series `x` from `y` (as long, not
+    empty), which must be under `tolerance`."""
+    assert len(x) == len(y) and x, f"{what}: {len(x)} against {len(y)} steps"
+    worst = max(abs(p - q) / abs(q) for p, q in zip(x, y))
+    assert worst < tolerance, f"{what}: {worst:.3g} relative"
+    return worst
+
+
+def refused_before_start(sb, cases):
+    """Each (name, config, says): `herd launch config` exits non-zero with a
+    line of stderr that says `says`, and no process started (no NAME.jsonl)."""
+    for name, config, says in cases:
+        p = sb.run("launch", config, check=False)
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode != 0 and any(says in line for line in lines), f"{name}: {p.returncode} {p.stderr}"
+        assert not os.path.exists(sb.path(name + ".jsonl")), f"{name}: a process started"
+
+
 def sample_text(launched):
     """The sample a `herd launch` printed at its end (worker 0's lines, their
     prefix taken off), from its "sample (temperature ...)" line on."""

@@ -33,18 +33,6 @@
 namespace herd {
 namespace {
 
-LlamaShape Shape(bool tied) {
-  LlamaShape s;
-  s.vocab_size = 96;
-  s.hidden_size = 64;
-  s.intermediate_size = 128;
-  s.num_layers = 2;
-  s.num_heads = 8;
-  s.num_kv_heads = 4;
-  s.tie_word_embeddings = tied;
-  return s;
-}
-
 constexpr int B = 2, T = 12, kMicro = 2;
 
 std::vector<int32_t> Tokens(const LlamaShape& s, int micro, int salt) {
@@ -111,7 +99,7 @@ TEST(TensorParallel, MatchesTheWholeModel) {
     for (int ranks : {2, 4}) {
       for (bool sp : {false, true}) {
         SCOPED_TRACE(testing::Message() << (tied ? "tied" : "untied") << ", T=" << ranks << (sp ? " + SP" : ""));
-        const LlamaShape shape = Shape(tied);
+        const LlamaShape shape = GroupTestShape(tied);
         const ParamLayout layout(shape);
         std::vector<float> flat(layout.size());
         InitParameters(layout, 5, 0.05, flat.data());
@@ -251,7 +239,7 @@ TEST(TensorParallel, SequenceParallelGradientsMatchFiniteDifferencesInDouble) { 
 
 TEST(TensorSlices, EveryElementIsOneRanksButTheNormsEveryRanks) {
   for (bool tied : {true, false}) {
-    const LlamaShape shape = Shape(tied);
+    const LlamaShape shape = GroupTestShape(tied);
     const ParamLayout layout(shape);
     std::vector<float> flat(layout.size());
     for (size_t i = 0; i < flat.size(); ++i) flat[i] = static_cast<float>(i + 1);
@@ -292,16 +280,16 @@ TEST(TensorSlices, RefusesShapesTheRanksDoNotDivideInOneLine) {
     EXPECT_EQ(m.find('\n'), std::string::npos) << m;
     return m;
   };
-  LlamaShape s = Shape(true);
+  LlamaShape s = GroupTestShape(true);
   EXPECT_NE(error(s, 3).find("model.num_attention_heads"), std::string::npos);
   s.num_kv_heads = 2;
   EXPECT_NE(error(s, 4).find("model.num_key_value_heads"), std::string::npos);
-  s = Shape(true);
+  s = GroupTestShape(true);
   s.num_kv_heads = 8;
   s.intermediate_size = 100;
   EXPECT_NE(error(s, 8).find("model.intermediate_size"), std::string::npos);
   EXPECT_NE(error(s, 8).find("cluster.tensor_parallel"), std::string::npos);
-  s = Shape(true);
+  s = GroupTestShape(true);
   s.vocab_size = 97;
   EXPECT_NE(error(s, 2).find("model.vocab_size"), std::string::npos);
 }

@@ -53,26 +53,20 @@ def main():
     def losses(name, key="loss"):
         return [m.get(key) for m in metrics(sb.path(name + ".jsonl"))]
 
-    def close(x, y, what):
-        assert len(x) == len(y) and x, f"{what}: {len(x)} against {len(y)} steps"
-        worst = max(abs(p - q) / abs(q) for p, q in zip(x, y))
-        assert worst < 1e-5, f"{what}: {worst:.3g} relative"
-        return worst
-
     one_sample = herdtest.sample_text(sb.run("launch", job("one", sample=40)))
     t2_sample = herdtest.sample_text(sb.run("launch", job("t2", tp(2, 2), sample=40)))
-    w2 = close(losses("t2"), losses("one"), "T=2")
+    w2 = herdtest.within(losses("t2"), losses("one"), "T=2")
     again = herdtest.sample_text(sb.run("launch", job("t2_again", tp(2, 2), sample=40)))
     assert losses("t2_again") == losses("t2") and again == t2_sample, "T=2 rerun"
     assert len(t2_sample.splitlines()) > 1, f"no sample through the ranks: {t2_sample!r}"
     sp_sample = herdtest.sample_text(sb.run("launch", job("t2sp", tp(2, 2, sp=True), sample=40)))
-    wsp = close(losses("t2sp"), losses("one"), "T=2 with sequence parallelism")
+    wsp = herdtest.within(losses("t2sp"), losses("one"), "T=2 with sequence parallelism")
     sb.run("launch", job("one_kv4", kv=4))
     sb.run("launch", job("t4", tp(4, 4), kv=4))
-    w4 = close(losses("t4"), losses("one_kv4"), "T=4")
+    w4 = herdtest.within(losses("t4"), losses("one_kv4"), "T=4")
     sb.run("launch", job("ddp2", "cluster { sync: ALLREDUCE workers: 2 }"))
     sb.run("launch", job("d2t2", tp(4, 2)))
-    w22 = close(losses("d2t2"), losses("ddp2"), "2 x 2")
+    w22 = herdtest.within(losses("d2t2"), losses("ddp2"), "2 x 2")
     print(f"T=2 within {w2:.2g} of one process over {STEPS} steps (a rerun bitwise, its sample too: "
           f"{'the same as' if t2_sample == one_sample else 'not'} one process's text), T=4 within {w4:.2g}, "
           f"data x tensor 2 x 2 within {w22:.2g} of DDP with 2 workers; T=2 with sequence parallelism within "
@@ -82,7 +76,7 @@ def main():
     sb.run("launch", job("t2_eval", tp(2, 2), eval_every=10))
     vals = [v for v in losses("t2_eval", "val_loss") if v is not None]
     expected = [v for v in losses("one_eval", "val_loss") if v is not None]
-    we = close(vals, expected, "held-out loss")
+    we = herdtest.within(vals, expected, "held-out loss")
     print(f"held-out loss through the ranks within {we:.2g} of one process's")
 
     sb.run("launch", job("stop", tp(2, 2), every=15), "--stop-at", "15")
@@ -91,12 +85,12 @@ def main():
     os.makedirs(sb.path("one_from"))
     os.symlink(sb.path("stop", "step_00000015"), sb.path("one_from", "step_00000015"))
     sb.run("launch", job("one_from", every=15), "--resume")
-    wr1 = close(losses("one_from"), losses("t2")[15:], "T=2's checkpoint as one process")
+    wr1 = herdtest.within(losses("one_from"), losses("t2")[15:], "T=2's checkpoint as one process")
     sb.run("launch", job("one_stop", every=15), "--stop-at", "15")
     os.makedirs(sb.path("t2_from"))
     os.symlink(sb.path("one_stop", "step_00000015"), sb.path("t2_from", "step_00000015"))
     sb.run("launch", job("t2_from", tp(2, 2), every=15), "--resume")
-    wr2 = close(losses("t2_from"), losses("one")[15:], "one process's checkpoint at T=2")
+    wr2 = herdtest.within(losses("t2_from"), losses("one")[15:], "one process's checkpoint at T=2")
     print(f"T=2 resumed at step 15 bitwise; its checkpoint as one process within {wr1:.2g}, one process's at T=2 "
           f"within {wr2:.2g}")
 
@@ -105,11 +99,7 @@ def main():
             "cluster.sequence_parallel"),
            ("heads", tp(3, 3), {}, "model.num_attention_heads"),
            ("vocab", tp(2, 2), {"vocab": 257}, "model.vocab_size")]
-    for name, cluster, more, says in bad:
-        p = sb.run("launch", job(name, cluster, **more), check=False)
-        lines = p.stderr.strip().splitlines()
-        assert p.returncode != 0 and any(says in line for line in lines), f"{name}: {p.returncode} {p.stderr}"
-        assert not os.path.exists(sb.path(name + ".jsonl")), f"{name}: a process started"
+    herdtest.refused_before_start(sb, [(name, job(name, cluster, **more), says) for name, cluster, more, says in bad])
     print("bad inputs: one line each, nothing started")
 
     # A rank killed mid-run: the job stops, naming it, with its exit code.

@@ -139,33 +139,33 @@ TensorGroup<float> TensorRing::Group(const TensorSlices& slices, bool sequence_p
   g.vocab_first = slices.vocab_first();
   g.all_reduce = [this](float* data, int64_t n) { Sum(data, n); };
   g.sequence_parallel = sequence_parallel;
-  g.all_gather = [this](float* data, const Partition& parts) {
+  g.all_gather = Gathers("tensor-parallel gather");
+  g.reduce_scatter = ReduceScatters("tensor-parallel reduce-scatter");
+  return g;
+}
+
+std::function<void(float*, const Partition&)> TensorRing::Gathers(const char* span_name) {
+  return [this, span_name](float* data, const Partition& parts) {
     if (!failure_.ok()) return;
-    trace::Span span("tensor-parallel gather", "collective");
+    trace::Span span(span_name, "collective");
     failure_ = wait_.Timed([&] { return ring_->Wait(ring_->AllGather(data, parts)); });
   };
-  g.reduce_scatter = [this](float* data, const Partition& parts) {
+}
+
+std::function<void(float*, const Partition&)> TensorRing::ReduceScatters(const char* span_name) {
+  return [this, span_name](float* data, const Partition& parts) {
     if (!failure_.ok()) return;
-    trace::Span span("tensor-parallel reduce-scatter", "collective");
+    trace::Span span(span_name, "collective");
     failure_ = wait_.Timed([&] { return ring_->Wait(ring_->ReduceScatter(data, parts)); });
   };
-  return g;
 }
 
 ContextGroup<float> TensorRing::Context(int ranks, int rank) {
   ContextGroup<float> g;
   g.ranks = ranks;
   g.rank = rank;
-  g.all_gather = [this](float* data, const Partition& parts) {
-    if (!failure_.ok()) return;
-    trace::Span span("context-parallel gather", "collective");
-    failure_ = wait_.Timed([&] { return ring_->Wait(ring_->AllGather(data, parts)); });
-  };
-  g.reduce_scatter = [this](float* data, const Partition& parts) {
-    if (!failure_.ok()) return;
-    trace::Span span("context-parallel reduce-scatter", "collective");
-    failure_ = wait_.Timed([&] { return ring_->Wait(ring_->ReduceScatter(data, parts)); });
-  };
+  g.all_gather = Gathers("context-parallel gather");
+  g.reduce_scatter = ReduceScatters("context-parallel reduce-scatter");
   return g;
 }
 

@@ -56,6 +56,11 @@ class TensorRing {
   double TakeWaitSeconds() { return wait_.Take(); }
 
  private:
+  // The group's gathers and reduce-scatters over the ring, each a span
+  // named `span_name` in the trace.
+  std::function<void(float*, const Partition&)> Gathers(const char* span_name);
+  std::function<void(float*, const Partition&)> ReduceScatters(const char* span_name);
+
   transport::Collectives* const ring_;
   Status failure_;  // the first failed sum
   WaitClock wait_;
