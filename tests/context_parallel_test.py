@@ -12,7 +12,8 @@ the tiny model (tied, clipped, 32 tokens a sequence), 30 steps:
   context 2 x 2 x 2 (eight workers) of DDP with two;
 * the held-out loss through the ranks within 1e-5 of one process's;
 * stop at step 15 and --resume: bitwise the straight run; its checkpoint
-  goes on as one process within 1e-5 of the straight run;
+  goes on as one process, and as tensor x context 2 x 2, within 1e-5 of
+  the straight run;
 * bad inputs, one line each before any process starts: C not dividing the
   workers (or T x C not), 2C not dividing seq_len;
 * a rank killed mid-run stops the job in one line naming it and its
@@ -86,7 +87,12 @@ def main():
     os.symlink(sb.path("stop", "step_00000015"), sb.path("one_from", "step_00000015"))
     sb.run("launch", job("one_from", every=15), "--resume")
     wr = herdtest.within(losses("one_from"), losses("c2")[15:], "C=2's checkpoint as one process")
-    print(f"C=2 resumed at step 15 bitwise; its checkpoint as one process within {wr:.2g}")
+    os.makedirs(sb.path("grid_from"))
+    os.symlink(sb.path("stop", "step_00000015"), sb.path("grid_from", "step_00000015"))
+    sb.run("launch", job("grid_from", cp(4, 2, "tensor_parallel: 2"), every=15), "--resume")
+    wg = herdtest.within(losses("grid_from"), losses("c2")[15:], "C=2's checkpoint at tensor x context 2 x 2")
+    print(f"C=2 resumed at step 15 bitwise; its checkpoint as one process within {wr:.2g}, at tensor x context "
+          f"2 x 2 within {wg:.2g}")
 
     bad = [("three", cp(3, 2), {}, "does not divide cluster.workers"),
            ("chunks", cp(2, 2), {"seq": 30}, "train.seq_len"),
