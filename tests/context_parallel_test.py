@@ -83,13 +83,10 @@ def main():
     sb.run("launch", job("stop", cp(2, 2), every=15), "--stop-at", "15")
     sb.run("launch", job("stop", cp(2, 2), every=15), "--resume")
     assert losses("stop") == losses("c2"), "C=2 stopped at 15 and resumed"
-    os.makedirs(sb.path("one_from"))
-    os.symlink(sb.path("stop", "step_00000015"), sb.path("one_from", "step_00000015"))
-    sb.run("launch", job("one_from", every=15), "--resume")
+    herdtest.resume_from(sb, "one_from", job("one_from", every=15), "stop/step_00000015")
     wr = herdtest.within(losses("one_from"), losses("c2")[15:], "C=2's checkpoint as one process")
-    os.makedirs(sb.path("grid_from"))
-    os.symlink(sb.path("stop", "step_00000015"), sb.path("grid_from", "step_00000015"))
-    sb.run("launch", job("grid_from", cp(4, 2, "tensor_parallel: 2"), every=15), "--resume")
+    herdtest.resume_from(sb, "grid_from", job("grid_from", cp(4, 2, "tensor_parallel: 2"), every=15),
+                         "stop/step_00000015")
     wg = herdtest.within(losses("grid_from"), losses("c2")[15:], "C=2's checkpoint at tensor x context 2 x 2")
     print(f"C=2 resumed at step 15 bitwise; its checkpoint as one process within {wr:.2g}, at tensor x context "
           f"2 x 2 within {wg:.2g}")

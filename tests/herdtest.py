@@ -126,6 +126,14 @@ def within(x, y, what, tolerance=1e-5):
     return worst
 
 
+def resume_from(sb, name, config, step_dir):
+    """`herd launch config --resume` (its checkpoint dir `name`) from another
+    run's checkpoint `step_dir` (under sb), linked in as name's own."""
+    os.makedirs(sb.path(name))
+    os.symlink(sb.path(step_dir), sb.path(name, os.path.basename(step_dir)))
+    sb.run("launch", config, "--resume")
+
+
 def refused_before_start(sb, cases):
     """Each (name, config, says): `herd launch config` exits non-zero with a
     line of stderr that says `says`, and no process started (no NAME.jsonl)."""

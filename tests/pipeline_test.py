@@ -129,9 +129,7 @@ def main():
     sb.run("launch", job("ps_stop", ps % (2, 2, ""), every=10), "--resume")
     assert losses("ps_stop") == reference, "PS P=2 stopped at 10 and resumed"
     # The servers' checkpoint goes on as an all-reduce pipeline of 4 stages.
-    os.makedirs(sb.path("ar_from_ps"))
-    os.symlink(sb.path("ps_stop", "step_00000010"), sb.path("ar_from_ps", "step_00000010"))
-    sb.run("launch", job("ar_from_ps", pipeline(4), every=10), "--resume")
+    herdtest.resume_from(sb, "ar_from_ps", job("ar_from_ps", pipeline(4), every=10), "ps_stop/step_00000010")
     assert losses("ar_from_ps") == reference[10:], "PS P=2's step-10 checkpoint resumed as all-reduce P=4"
     print(f"over parameter servers: P=2 (1F1B, GPipe, zero bubble) and 4 bitwise one process, 2 x 2 bitwise PS with 2 workers, "
           f"tied and clipped within {wps:.2g}; stop at 10 and --resume bitwise, and on as all-reduce P=4 bitwise")
@@ -169,9 +167,8 @@ def main():
     sb.run("launch", job("zero_pp2", zero, every=10), "--stop-at", "10")
     sb.run("launch", job("zero_pp2", zero, every=10), "--resume")
     assert losses("zero_pp2") == losses("ddp2"), "2 x 2 with ZeRO-1 in the stages, stopped and resumed, against DDP"
-    os.makedirs(sb.path("from_zero"))
-    os.symlink(sb.path("zero_pp2", "step_00000010"), sb.path("from_zero", "step_00000010"))
-    sb.run("launch", job("from_zero", pipeline(2).replace("workers: 2", "workers: 4"), every=10), "--resume")
+    herdtest.resume_from(sb, "from_zero", job("from_zero", pipeline(2).replace("workers: 2", "workers: 4"), every=10),
+                         "zero_pp2/step_00000010")
     assert losses("from_zero") == losses("ddp2")[10:], "ZeRO-1 stages' checkpoint resumed without ZeRO"
     print(f"data x pipeline 2 x 2: bitwise DDP's steps with 2 workers, with ZeRO-1 in the stages too (stopped, "
           f"resumed, and its checkpoint on without ZeRO); tied and clipped within {w0:.2g}")
@@ -191,9 +188,7 @@ def main():
     sb.run("launch", job("stop", pipeline(2), every=10), "--resume")
     assert losses("stop") == reference, "P=2 stopped at 10 and resumed"
     one_from = job("one_from", every=10)
-    os.makedirs(sb.path("one_from"))
-    os.symlink(sb.path("stop", "step_00000010"), sb.path("one_from", "step_00000010"))
-    sb.run("launch", one_from, "--resume")
+    herdtest.resume_from(sb, "one_from", one_from, "stop/step_00000010")
     assert losses("one_from") == reference[10:], "P=2's step-10 checkpoint resumed as one process"
     # A 4-stage checkpoint goes on as 2 stages.
     sb.run("launch", job("p4_stop", pipeline(4), every=10), "--stop-at", "10")

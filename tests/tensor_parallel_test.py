@@ -82,14 +82,10 @@ def main():
     sb.run("launch", job("stop", tp(2, 2), every=15), "--stop-at", "15")
     sb.run("launch", job("stop", tp(2, 2), every=15), "--resume")
     assert losses("stop") == losses("t2"), "T=2 stopped at 15 and resumed"
-    os.makedirs(sb.path("one_from"))
-    os.symlink(sb.path("stop", "step_00000015"), sb.path("one_from", "step_00000015"))
-    sb.run("launch", job("one_from", every=15), "--resume")
+    herdtest.resume_from(sb, "one_from", job("one_from", every=15), "stop/step_00000015")
     wr1 = herdtest.within(losses("one_from"), losses("t2")[15:], "T=2's checkpoint as one process")
     sb.run("launch", job("one_stop", every=15), "--stop-at", "15")
-    os.makedirs(sb.path("t2_from"))
-    os.symlink(sb.path("one_stop", "step_00000015"), sb.path("t2_from", "step_00000015"))
-    sb.run("launch", job("t2_from", tp(2, 2), every=15), "--resume")
+    herdtest.resume_from(sb, "t2_from", job("t2_from", tp(2, 2), every=15), "one_stop/step_00000015")
     wr2 = herdtest.within(losses("t2_from"), losses("one")[15:], "one process's checkpoint at T=2")
     print(f"T=2 resumed at step 15 bitwise; its checkpoint as one process within {wr1:.2g}, one process's at T=2 "
           f"within {wr2:.2g}")
