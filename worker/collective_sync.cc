@@ -47,7 +47,9 @@ class CollectiveStep : public SyncStrategy {
   }
 
   const StepReport& report() const override { return report_; }
-  double TakeWaitSeconds() override { return wait_.Take(); }
+  double TakeWaitSeconds() override {
+    return wait_.Take() + (o_.context_ring != nullptr ? o_.context_ring->TakeWaitSeconds() : 0.0);
+  }
 
   Status WriteCheckpointParts(const std::string& step_dir) override {
     if ((!zero_ && rank_ != 0) || !writes_shards_) return Status::OK();
@@ -78,6 +80,10 @@ class CollectiveStep : public SyncStrategy {
   // the workers by one all-reduce, once the gradients' reductions have
   // gone as `reduced` says.
   Status ExchangeNorm(double sumsq, double loss, Status reduced, double* norm, double* mean_loss) {
+    if (o_.context_ring != nullptr) {
+      HERD_RETURN_IF_ERROR(o_.context_ring->failure().WithContext("step " + std::to_string(step_ + 1) +
+                                                                 ": context-parallel gather: "));
+    }
     double sums[2] = {writes_shards_ ? sumsq : 0.0, loss};
     if (reduced.ok()) {
       trace::Span span("norm exchange", "collective", {"step", static_cast<int64_t>(step_ + 1)});

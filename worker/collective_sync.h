@@ -70,6 +70,7 @@
 #include "sharding/job_options.h"
 #include "sharding/shard_plan.h"
 #include "transport/collectives.h"
+#include "worker/group_ring.h"
 #include "worker/sync_strategy.h"
 #include "worker/weight_home.h"
 
@@ -93,6 +94,9 @@ struct CollectiveSyncOptions {
   int zero_stage = 0;  // cluster.zero_stage: 0 (DDP), 1, 2 or 3
   // All the workers: the norm and the losses, a fresh start's broadcast.
   transport::Collectives* collectives = nullptr;
+  // Context parallelism: the group's gathers in the model's passes, whose
+  // waits and failures are the step's too (null without).
+  GroupRing* context_ring = nullptr;
   // Hybrid sharding (cluster.shard_group_size): the ring of this worker's
   // shard group, which the slices are cut among (reduce-scatters and
   // gathers), and the ring of its replicas (the workers of the same place

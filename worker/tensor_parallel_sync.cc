@@ -42,6 +42,9 @@ class TensorParallelSync : public SyncStrategy {
   Status FinishStep(double loss) override {
     const std::string at = "step " + std::to_string(step_ + 1) + ": ";
     HERD_RETURN_IF_ERROR(o_.tensor_ring->failure().WithContext(at + "tensor-parallel sum: "));
+    if (o_.context_ring != nullptr) {
+      HERD_RETURN_IF_ERROR(o_.context_ring->failure().WithContext(at + "context-parallel gather: "));
+    }
     if (norms_size_ > 0) HERD_RETURN_IF_ERROR(SumNormGradients().WithContext(at + "tensor-parallel sum: "));
     const int64_t n = optimizer_->size();
     if (o_.replicas != nullptr) {
@@ -81,7 +84,10 @@ class TensorParallelSync : public SyncStrategy {
   void WaitUpTo(int64_t) override {}
   Status FinishWeights() override { return Status::OK(); }
   const StepReport& report() const override { return report_; }
-  double TakeWaitSeconds() override { return wait_.Take() + o_.tensor_ring->TakeWaitSeconds(); }
+  double TakeWaitSeconds() override {
+    return wait_.Take() + o_.tensor_ring->TakeWaitSeconds() +
+           (o_.context_ring != nullptr ? o_.context_ring->TakeWaitSeconds() : 0.0);
+  }
 
   // The slices as pieces of the flat space; the norms by rank 0.
   Status WriteCheckpointParts(const std::string& step_dir) override {
@@ -131,50 +137,6 @@ class TensorParallelSync : public SyncStrategy {
 };
 
 }  // namespace
-
-TensorGroup<float> TensorRing::Group(const TensorSlices& slices, bool sequence_parallel) {
-  TensorGroup<float> g;
-  g.ranks = slices.ranks();
-  g.rank = slices.rank();
-  g.vocab_first = slices.vocab_first();
-  g.all_reduce = [this](float* data, int64_t n) { Sum(data, n); };
-  g.sequence_parallel = sequence_parallel;
-  g.all_gather = Gathers("tensor-parallel gather");
-  g.reduce_scatter = ReduceScatters("tensor-parallel reduce-scatter");
-  return g;
-}
-
-std::function<void(float*, const Partition&)> TensorRing::Gathers(const char* span_name) {
-  return [this, span_name](float* data, const Partition& parts) {
-    if (!failure_.ok()) return;
-    trace::Span span(span_name, "collective");
-    failure_ = wait_.Timed([&] { return ring_->Wait(ring_->AllGather(data, parts)); });
-  };
-}
-
-std::function<void(float*, const Partition&)> TensorRing::ReduceScatters(const char* span_name) {
-  return [this, span_name](float* data, const Partition& parts) {
-    if (!failure_.ok()) return;
-    trace::Span span(span_name, "collective");
-    failure_ = wait_.Timed([&] { return ring_->Wait(ring_->ReduceScatter(data, parts)); });
-  };
-}
-
-ContextGroup<float> TensorRing::Context(int ranks, int rank) {
-  ContextGroup<float> g;
-  g.ranks = ranks;
-  g.rank = rank;
-  g.all_gather = Gathers("context-parallel gather");
-  g.reduce_scatter = ReduceScatters("context-parallel reduce-scatter");
-  return g;
-}
-
-Status TensorRing::Sum(float* data, int64_t n) {
-  if (!failure_.ok()) return failure_;
-  trace::Span span("tensor-parallel sum", "collective");
-  failure_ = wait_.Timed([&] { return ring_->Wait(ring_->AllReduce(data, n, DType::kFloat32)); });
-  return failure_;
-}
 
 StatusOr<std::unique_ptr<SyncStrategy>> CreateTensorParallelSync(const TensorParallelSyncOptions& o, float* weights,
                                                                  const std::optional<VerifiedCheckpoint>& resume_from) {

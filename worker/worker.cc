@@ -247,10 +247,10 @@ class WorkerProcess {
   // packed space's size (every rank's alike).
   std::optional<TensorSlices> slices_;
   int64_t packed_size_ = 0;
-  std::unique_ptr<TensorRing> tensor_ring_;
+  std::unique_ptr<GroupRing> tensor_ring_;
   // A context-parallel worker (all-reduce mode): its group's ring, for the
   // model's gathers (set in JoinJob).
-  std::unique_ptr<TensorRing> context_ring_;
+  std::unique_ptr<GroupRing> context_ring_;
   std::optional<VerifiedCheckpoint> resume_from_;
   // A worker joining an elastic job under way: its state (the step, the
   // data position, the weights) comes from the servers, not a checkpoint.
@@ -461,14 +461,14 @@ Status WorkerProcess::JoinJob() {
                             rt.StartRing(c, config_.cluster().tensor_parallel());
                             // The group is this replica's consecutive ranks: the shard ring, or
                             // every worker when there is one replica.
-                            tensor_ring_ = std::make_unique<TensorRing>(
+                            tensor_ring_ = std::make_unique<GroupRing>(
                                 rt.shard_ring() != nullptr ? static_cast<transport::Collectives*>(rt.shard_ring())
                                                            : rt.ring());
                           }
                           // A context-parallel group is a ring of its own, inside its tensor rank's.
                           if (const int C = config_.cluster().context_parallel(); C > 1) {
                             rt.StartContextRing(c, std::max(1, config_.cluster().tensor_parallel()), C);
-                            context_ring_ = std::make_unique<TensorRing>(rt.context_ring());
+                            context_ring_ = std::make_unique<GroupRing>(rt.context_ring());
                           }
                           // A pipeline's stages are groups of replicas (stage-major ranks).
                           if (mode_ == Mode::kPipelineStage) {
@@ -539,6 +539,7 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeStrategy() {
       c.collectives = runtime_->ring();
       c.shard_group = runtime_->shard_ring();
       c.replicas = runtime_->replica_ring();
+      c.context_ring = context_ring_.get();
       c.gradient_wire = GradientWire(cluster);
       c.device_reduction = device_reduction_.get();
       if (pages_grads_) c.paged_grads = &paged_grads_;
@@ -560,6 +561,7 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeStrategy() {
       t.everyone = runtime_->ring();
       t.replicas = runtime_->replica_ring();
       t.sequence_parallel = config_.cluster().sequence_parallel();
+      t.context_ring = context_ring_.get();
       return CreateTensorParallelSync(t, weights(), resume_from_);
     }
     case Mode::kPipelineStage: {
