@@ -7,7 +7,8 @@ the tiny model (tied, clipped, 32 tokens a sequence), 30 steps:
   another order: not bitwise); a rerun bitwise the same; the sample drawn
   through the ranks (the prompt padded to whole chunks, the last
   position's logits gathered from the rank that holds it) too;
-* data x context 2 x 2: within 1e-5 of DDP with two workers; the grids
+* data x context 2 x 2: within 1e-5 of DDP with two workers, and with
+  ZeRO-1 (the optimizer state sharded over all four) bitwise the same; the grids
   tensor x context 2 x 2 within 1e-5 of one process, and data x tensor x
   context 2 x 2 x 2 (eight workers) of DDP with two;
 * the held-out loss through the ranks within 1e-5 of one process's;
@@ -64,13 +65,16 @@ def main():
     sb.run("launch", job("ddp2", "cluster { sync: ALLREDUCE workers: 2 }"))
     sb.run("launch", job("d2c2", cp(4, 2)))
     w22 = herdtest.within(losses("d2c2"), losses("ddp2"), "2 x 2")
+    sb.run("launch", job("d2c2_zero1", cp(4, 2, "zero_stage: 1")))
+    assert losses("d2c2_zero1") == losses("d2c2"), "data x context 2 x 2 with ZeRO-1 against without"
     sb.run("launch", job("t2c2", cp(4, 2, "tensor_parallel: 2")))
     wtc = herdtest.within(losses("t2c2"), losses("one"), "tensor x context 2 x 2")
     sb.run("launch", job("d2t2c2", cp(8, 2, "tensor_parallel: 2")))
     wdtc = herdtest.within(losses("d2t2c2"), losses("ddp2"), "data x tensor x context 2 x 2 x 2")
     print(f"C=2 within {w2:.2g} of one process over {STEPS} steps (a rerun bitwise, its sample too: "
           f"{'the same as' if c2_sample == one_sample else 'not'} one process's text), C=4 within {w4:.2g}, "
-          f"data x context 2 x 2 within {w22:.2g} of DDP with 2 workers; tensor x context 2 x 2 within {wtc:.2g} "
+          f"data x context 2 x 2 within {w22:.2g} of DDP with 2 workers (with ZeRO-1 bitwise the same); "
+          f"tensor x context 2 x 2 within {wtc:.2g} "
           f"of one process, data x tensor x context 2 x 2 x 2 within {wdtc:.2g} of DDP")
 
     sb.run("launch", job("one_eval", eval_every=10))

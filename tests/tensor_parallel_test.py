@@ -9,7 +9,8 @@ the tiny model (tied, clipped), 30 steps:
   rank's columns of the last position's logits gathered) too;
 * T = 2 with sequence parallelism (the prompt's odd lengths split
   unevenly while sampling) within 1e-5 of one process;
-* data x tensor 2 x 2: within 1e-5 of DDP with two workers;
+* data x tensor 2 x 2, without and with sequence parallelism: within
+  1e-5 of DDP with two workers;
 * the held-out loss through the ranks within 1e-5 of one process's;
 * stop at step 15 and --resume: bitwise the straight run; the checkpoint
   (each rank's slices as pieces of the flat space) goes on as one process
@@ -67,9 +68,12 @@ def main():
     sb.run("launch", job("ddp2", "cluster { sync: ALLREDUCE workers: 2 }"))
     sb.run("launch", job("d2t2", tp(4, 2)))
     w22 = herdtest.within(losses("d2t2"), losses("ddp2"), "2 x 2")
+    sb.run("launch", job("d2t2sp", tp(4, 2, sp=True)))
+    w22sp = herdtest.within(losses("d2t2sp"), losses("ddp2"), "2 x 2 with sequence parallelism")
     print(f"T=2 within {w2:.2g} of one process over {STEPS} steps (a rerun bitwise, its sample too: "
           f"{'the same as' if t2_sample == one_sample else 'not'} one process's text), T=4 within {w4:.2g}, "
-          f"data x tensor 2 x 2 within {w22:.2g} of DDP with 2 workers; T=2 with sequence parallelism within "
+          f"data x tensor 2 x 2 within {w22:.2g} of DDP with 2 workers ({w22sp:.2g} with sequence parallelism); "
+          f"T=2 with sequence parallelism within "
           f"{wsp:.2g} (its sample {'the same as' if sp_sample == t2_sample else 'not'} T=2's)")
 
     sb.run("launch", job("one_eval", eval_every=10))
