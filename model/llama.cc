@@ -256,52 +256,56 @@ void LlamaModel<T>::SetContextGroup(ContextGroup<T> group) {
   cp_ = std::move(group);
 }
 
+// kv_ranks holds rank q's keys, then its values, each [B, Tl, kvd]; its
+// rows sit at its chunks' positions (ContextPosition).
 template <typename T>
-void LlamaModel<T>::GatherKeysValues(Activations& a, const T* k, const T* v) {
-  Activations& sh = *acts_[0];
-  const int64_t C = ctx_ranks_, Tl = a.Tcur, S = a.Tk, kvd = a.kvd, part = 2 * a.B * Tl * kvd;
-  T* mine = sh.kv_ranks.data() + cp_.rank * part;
-  std::copy(k, k + a.B * Tl * kvd, mine);
-  std::copy(v, v + a.B * Tl * kvd, mine + a.B * Tl * kvd);
-  cp_.all_gather(sh.kv_ranks.data(), Partition(C, part));
-  // Rank q's tokens sit at its chunks' positions (every rank's alike but
-  // for q): chunk q, then chunk 2C - 1 - q.
-  const int64_t chunk = Tl / 2;
-  for (int64_t q = 0; q < C; ++q) {
-    const T* kq = sh.kv_ranks.data() + q * part;
-    const T* vq = kq + a.B * Tl * kvd;
+template <typename F>
+void LlamaModel<T>::ForEachKeyRow(const Activations& a, F fn) const {
+  const int64_t Tl = a.Tcur, chunk = Tl / 2;
+  for (int q = 0; q < ctx_ranks_; ++q) {
     for (int64_t b = 0; b < a.B; ++b) {
       for (int64_t t = 0; t < Tl; ++t) {
-        const int64_t pos = t < chunk ? q * chunk + t : (2 * C - 1 - q) * chunk + (t - chunk);
-        std::copy(kq + (b * Tl + t) * kvd, kq + (b * Tl + t + 1) * kvd, sh.k_all.begin() + (b * S + pos) * kvd);
-        std::copy(vq + (b * Tl + t) * kvd, vq + (b * Tl + t + 1) * kvd, sh.v_all.begin() + (b * S + pos) * kvd);
+        fn(2 * q * a.B * Tl + b * Tl + t, b * a.Tk + ContextPosition(q, ctx_ranks_, chunk, t));
       }
     }
   }
 }
 
 template <typename T>
+void LlamaModel<T>::GatherKeysValues(Activations& a, const T* k, const T* v) {
+  Activations& sh = *acts_[0];
+  const int64_t kvd = a.kvd, rows = a.B * a.Tcur, part = 2 * rows * kvd;
+  T* mine = sh.kv_ranks.data() + cp_.rank * part;
+  std::copy(k, k + rows * kvd, mine);
+  std::copy(v, v + rows * kvd, mine + rows * kvd);
+  cp_.all_gather(sh.kv_ranks.data(), Partition(ctx_ranks_, part));
+  ForEachKeyRow(a, [&](int64_t from, int64_t to) {
+    const T* key = sh.kv_ranks.data() + from * kvd;
+    std::copy(key, key + kvd, sh.k_all.begin() + to * kvd);
+    std::copy(key + rows * kvd, key + (rows + 1) * kvd, sh.v_all.begin() + to * kvd);
+  });
+}
+
+template <typename T>
 void LlamaModel<T>::ScatterKeyValueGrads(Activations& a, T* dk, T* dv) {
   Activations& sh = *acts_[0];
-  const int64_t C = ctx_ranks_, Tl = a.Tcur, S = a.Tk, kvd = a.kvd, part = 2 * a.B * Tl * kvd;
-  const int64_t chunk = Tl / 2;
-  for (int64_t q = 0; q < C; ++q) {
-    T* kq = sh.kv_ranks.data() + q * part;
-    T* vq = kq + a.B * Tl * kvd;
-    for (int64_t b = 0; b < a.B; ++b) {
-      for (int64_t t = 0; t < Tl; ++t) {
-        const int64_t pos = t < chunk ? q * chunk + t : (2 * C - 1 - q) * chunk + (t - chunk);
-        std::copy(sh.dk_all.begin() + (b * S + pos) * kvd, sh.dk_all.begin() + (b * S + pos + 1) * kvd,
-                  kq + (b * Tl + t) * kvd);
-        std::copy(sh.dv_all.begin() + (b * S + pos) * kvd, sh.dv_all.begin() + (b * S + pos + 1) * kvd,
-                  vq + (b * Tl + t) * kvd);
-      }
-    }
-  }
-  cp_.reduce_scatter(sh.kv_ranks.data(), Partition(C, part));
+  const int64_t kvd = a.kvd, rows = a.B * a.Tcur, part = 2 * rows * kvd;
+  ForEachKeyRow(a, [&](int64_t to, int64_t from) {
+    T* key = sh.kv_ranks.data() + to * kvd;
+    std::copy(sh.dk_all.begin() + from * kvd, sh.dk_all.begin() + (from + 1) * kvd, key);
+    std::copy(sh.dv_all.begin() + from * kvd, sh.dv_all.begin() + (from + 1) * kvd, key + rows * kvd);
+  });
+  cp_.reduce_scatter(sh.kv_ranks.data(), Partition(ctx_ranks_, part));
   const T* mine = sh.kv_ranks.data() + cp_.rank * part;
-  std::copy(mine, mine + a.B * Tl * kvd, dk);
-  std::copy(mine + a.B * Tl * kvd, mine + part, dv);
+  std::copy(mine, mine + rows * kvd, dk);
+  std::copy(mine + rows * kvd, mine + part, dv);
+}
+
+template <typename T>
+std::pair<const T*, const T*> LlamaModel<T>::RopeRows() const {
+  const Activations& sh = *acts_[0];
+  if (ctx_ranks_ > 1) return {sh.rope_local_cos.data(), sh.rope_local_sin.data()};
+  return {sh.rope_cos.data(), sh.rope_sin.data()};
 }
 
 template <typename T>
@@ -370,11 +374,11 @@ void LlamaModel<T>::EmbedForward(Activations& a, const T* params, const int32_t*
     CHECK_EQ(T_ % (2 * ctx_ranks_), 0) << "context parallelism cuts each sequence into 2 x " << ctx_ranks_
                                        << " chunks: " << T_;
     Activations& sh = *acts_[0];
-    const int64_t C = ctx_ranks_, chunk = T_ / (2 * C), Tl = 2 * chunk, half = layout_.shape().head_dim() / 2;
+    const int64_t chunk = T_ / (2 * ctx_ranks_), Tl = 2 * chunk, half = layout_.shape().head_dim() / 2;
     a.Tcur = static_cast<int>(Tl);
     sh.positions.resize(Tl);
     for (int64_t t = 0; t < Tl; ++t) {
-      sh.positions[t] = static_cast<int32_t>(t < chunk ? cp_.rank * chunk + t : (2 * C - 1 - cp_.rank) * chunk + t - chunk);
+      sh.positions[t] = static_cast<int32_t>(ContextPosition(cp_.rank, ctx_ranks_, chunk, t));
       std::copy(sh.rope_cos.begin() + sh.positions[t] * half, sh.rope_cos.begin() + (sh.positions[t] + 1) * half,
                 sh.rope_local_cos.begin() + t * half);
       std::copy(sh.rope_sin.begin() + sh.positions[t] * half, sh.rope_sin.begin() + (sh.positions[t] + 1) * half,
@@ -460,8 +464,7 @@ void LlamaModel<T>::LayerForward(Activations& a, const T* params, int l, bool to
   MatmulForward(k, ln1_all, params + w.k_proj, N, d, kvd);
   MatmulForward(v, ln1_all, params + w.v_proj, N, d, kvd);
   const bool cp = ctx_ranks_ > 1;
-  const T* cos = cp ? sh.rope_local_cos.data() : sh.rope_cos.data();
-  const T* sin = cp ? sh.rope_local_sin.data() : sh.rope_sin.data();
+  const auto [cos, sin] = RopeRows();
   RopeForward(q, cos, sin, B, T_, a.H, hd);
   RopeForward(k, cos, sin, B, T_, a.KV, hd);
   if (cp) {
@@ -585,8 +588,7 @@ void LlamaModel<T>::LayerBackward(Activations& a, const T* params, T* grads, int
                     sh.datt.data(), probs, q, k_in, v_in, B, T_, a.H, a.KV, hd, sh.attn_scratch.data(), a.Tk,
                     positions);
   if (cp) ScatterKeyValueGrads(a, sh.dk.data(), sh.dv.data());
-  const T* cos = cp ? sh.rope_local_cos.data() : sh.rope_cos.data();
-  const T* sin = cp ? sh.rope_local_sin.data() : sh.rope_sin.data();
+  const auto [cos, sin] = RopeRows();
   RopeBackward(sh.dq.data(), cos, sin, B, T_, a.H, hd);
   RopeBackward(sh.dk.data(), cos, sin, B, T_, a.KV, hd);
   keep(a.w_q, sh.dq.data(), N * qd);

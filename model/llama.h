@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "model/llama_config.h"
@@ -212,6 +213,14 @@ class LlamaModel {
   // positions' rows, into dk and dv.
   void GatherKeysValues(Activations& a, const T* k, const T* v);
   void ScatterKeyValueGrads(Activations& a, T* dk, T* dv);
+  // Calls fn(ranks_row, position_row) for every key row of the last
+  // Forward: its offset (rows) in the gathered kv_ranks buffer's keys, and
+  // in k_all (values: the same, kv_ranks' value half and v_all).
+  template <typename F>
+  void ForEachKeyRow(const Activations& a, F fn) const;
+  // RoPE's tables for this model's rows: its positions' with context
+  // parallelism, else from position 0.
+  std::pair<const T*, const T*> RopeRows() const;
 
   ParamLayout layout_;
   int max_batch_, max_seq_len_;

@@ -97,6 +97,22 @@ struct ContextGroup {
   std::function<void(T* data, const Partition& parts)> all_gather, reduce_scatter;
 };
 
+// The one cut of context parallelism: row t of the 2 x `chunk` rows that
+// `rank` of `ranks` computes is this position of its sequence ...
+inline int64_t ContextPosition(int rank, int ranks, int64_t chunk, int64_t t) {
+  return t < chunk ? rank * chunk + t : (2 * ranks - 1 - rank) * chunk + (t - chunk);
+}
+// ... and position p is row `row` of rank `rank`.
+struct ContextRow {
+  int rank;
+  int64_t row;
+};
+inline ContextRow ContextRowOf(int ranks, int64_t chunk, int64_t position) {
+  const int64_t k = position / chunk;  // the chunk it is in
+  return k < ranks ? ContextRow{static_cast<int>(k), position % chunk}
+                   : ContextRow{static_cast<int>(2 * ranks - 1 - k), chunk + position % chunk};
+}
+
 // How a model's tokens are split across ranks: sequence parallelism's
 // rows of the norms and residual stream (TensorGroup), context
 // parallelism's chunks of every sequence (ContextGroup).

@@ -92,12 +92,11 @@ class CpuModel final : public Model {
   // rank's chunk: its row, gathered.
   const float* ContextLastLogits(int T) {
     const int V = shape().vocab_size, C = context_.ranks;
-    const int chunk = forward_len_ / (2 * C), k = (T - 1) / chunk;
-    const int owner = k < C ? k : 2 * C - 1 - k;
-    const int local = (k < C ? 0 : chunk) + (T - 1) % chunk;
+    const ContextRow at = ContextRowOf(C, forward_len_ / (2 * C), T - 1);
+    const int owner = at.rank;
     row_.assign(static_cast<size_t>(C) * V, 0.0f);
     if (context_.rank == owner) {
-      const float* mine = model_.logits() + static_cast<int64_t>(local) * V;
+      const float* mine = model_.logits() + at.row * V;
       std::copy(mine, mine + V, row_.begin() + static_cast<int64_t>(owner) * V);
     }
     context_.all_gather(row_.data(), Partition(C, V));
