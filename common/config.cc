@@ -376,8 +376,11 @@ void CheckCluster(const config::ClusterConfig& cl, const Rules& need) {
     need(cl.workers() % cl.tensor_parallel() == 0, "cluster.tensor_parallel",
          T + " does not divide cluster.workers " + std::to_string(cl.workers()) +
              ": every data-parallel replica needs as many tensor-parallel ranks");
-    need(cl.sync() == config::ClusterConfig::ALLREDUCE, "cluster.tensor_parallel",
-         "tensor parallelism runs in sync ALLREDUCE only yet");
+    need(cl.sync() != config::ClusterConfig::NONE, "cluster.tensor_parallel",
+         "tensor parallelism needs workers: sync ALLREDUCE or PARAMETER_SERVER");
+    need(!cl.elastic(), "cluster.elastic", "is not supported together with cluster.tensor_parallel yet");
+    need(!cl.stream_weights(), "cluster.stream_weights",
+         "is not supported together with cluster.tensor_parallel yet (each rank holds only its slices already)");
     need(cl.pipeline_stages() == 1, "cluster.tensor_parallel", "tensor parallelism inside pipeline stages is not built yet");
     need(cl.zero_stage() == 0, "cluster.zero_stage", "ZeRO with tensor parallelism is not built yet");
     need(cl.shard_group_size() == 0, "cluster.shard_group_size", "hybrid sharding with tensor parallelism is not built yet");

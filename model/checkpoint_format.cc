@@ -173,28 +173,50 @@ ShardHeader HeaderOf(const ShardView& shard) {
 
 }  // namespace
 
-void ShardImage::Capture(const ShardView& shard) {
-  const size_t array = static_cast<size_t>(shard.end - shard.begin) * sizeof(float);
-  size_ = sizeof(ShardHeader) + 3 * array;
+void ShardImage::Capture(const ShardView& shard) { Capture(std::vector<ShardView>{shard}); }
+
+void ShardImage::Capture(const std::vector<ShardView>& pieces) {
+  CHECK(!pieces.empty()) << "a checkpoint snapshot of no pieces";
+  ShardView hull = pieces.front();
+  hull.end = pieces.back().end;
+  ShardHeader h = HeaderOf(hull);
+  std::vector<int64_t> table;
+  if (pieces.size() > 1) {
+    h.version = kPiecesVersion;
+    table.push_back(static_cast<int64_t>(pieces.size()));
+    for (const ShardView& p : pieces) {
+      table.push_back(p.begin);
+      table.push_back(p.end);
+    }
+  }
+  size_t elements = 0;
+  for (const ShardView& p : pieces) elements += static_cast<size_t>(p.end - p.begin);
+  arrays_at_ = sizeof(ShardHeader) + table.size() * sizeof(int64_t);
+  size_ = arrays_at_ + 3 * elements * sizeof(float);
   const size_t padded = (size_ + kDirectIoAlignment - 1) / kDirectIoAlignment * kDirectIoAlignment;
   if (padded != capacity_) {
     bytes_.reset(static_cast<char*>(std::aligned_alloc(kDirectIoAlignment, padded)));
     CHECK(bytes_ != nullptr) << "out of memory for a checkpoint snapshot of " << padded << " bytes";
     capacity_ = padded;
   }
-  const ShardHeader h = HeaderOf(shard);
   char* p = bytes_.get();
   std::memcpy(p, &h, sizeof h);
-  std::memcpy(p + sizeof h, shard.weights, array);
-  std::memcpy(p + sizeof h + array, shard.m, array);
-  std::memcpy(p + sizeof h + 2 * array, shard.v, array);
-  std::memset(p + size_, 0, padded - size_);
+  std::memcpy(p + sizeof h, table.data(), table.size() * sizeof(int64_t));
+  p += arrays_at_;
+  for (auto array : {&ShardView::weights, &ShardView::m, &ShardView::v}) {
+    for (const ShardView& piece : pieces) {
+      const size_t bytes = static_cast<size_t>(piece.end - piece.begin) * sizeof(float);
+      std::memcpy(p, piece.*array, bytes);
+      p += bytes;
+    }
+  }
+  std::memset(bytes_.get() + size_, 0, padded - size_);
 }
 
 Status ShardImage::Write(const std::string& path) {
   ShardHeader h;
   std::memcpy(&h, bytes_.get(), sizeof h);
-  h.payload_crc = Crc32(bytes_.get() + sizeof h, size_ - sizeof h);
+  h.payload_crc = Crc32(bytes_.get() + arrays_at_, size_ - arrays_at_);
   std::memcpy(bytes_.get(), &h, sizeof h);
   return WriteAlignedFileAtomic(path, bytes_.get(), size_);
 }

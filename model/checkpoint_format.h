@@ -74,6 +74,9 @@ class ShardImage {
  public:
   // Copies the arrays; the checksum is left to Write.
   void Capture(const ShardView& shard);
+  // Several ranges as WriteShardPieces writes them (ascending, disjoint,
+  // of one step): a tensor-parallel server's.
+  void Capture(const std::vector<ShardView>& pieces);
   // The last capture, as a shard file.
   Status Write(const std::string& path);
 
@@ -82,6 +85,7 @@ class ShardImage {
     void operator()(char* p) const { std::free(p); }
   };
   size_t size_ = 0, capacity_ = 0;
+  size_t arrays_at_ = 0;  // the checksummed arrays' first byte (after the piece table)
   std::unique_ptr<char, Free> bytes_;  // aligned for direct writes
 };
 

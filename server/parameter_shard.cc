@@ -23,6 +23,7 @@ struct ParameterShard::LocalBucket {
   std::vector<void*> pending;  // per share: landed, not yet summed
   std::vector<bool> arrived;   // per share: landed this step
   std::vector<int> landing;    // per share: transfers under way this step
+  std::vector<ParamRange> counted;  // relative to the shard's range: in the global norm
   double sum_of_squares = 0;
   bool done = false;     // every contribution summed
   bool applied = false;  // stepped: pulls of the next version may read it
@@ -62,6 +63,15 @@ ParameterShard::ParameterShard(const ParameterShardOptions& options, std::unique
     } else {
       for (int w = 0; w < options_.num_workers; ++w) lb.shares.push_back(w);
     }
+    // The bucket less the uncounted ranges (ascending), in pieces.
+    int64_t from = lb.begin;
+    for (const ParamRange& u : options_.uncounted) {
+      const int64_t lo = std::max(lb.begin, u.begin - range_.begin), hi = std::min(lb.end, u.end - range_.begin);
+      if (lo >= hi) continue;
+      if (from < lo) lb.counted.push_back({from, lo});
+      from = hi;
+    }
+    if (from < lb.end) lb.counted.push_back({from, lb.end});
     lb.pending.assign(options_.num_workers, nullptr);
     lb.arrived.assign(options_.num_workers, false);
     lb.landing.assign(options_.num_workers, 0);
@@ -223,7 +233,8 @@ void ParameterShard::Drain(LocalBucket& b) {
   if (b.next_share == shares && !b.done) {
     trace::Span span("sum of squares", "server", {"bucket", b.index}, {"step", optimizer_->step() + 1});
     b.done = true;
-    b.sum_of_squares = SumOfSquares(acc, n);
+    b.sum_of_squares = 0;
+    for (const ParamRange& c : b.counted) b.sum_of_squares += SumOfSquares(acc_.data() + c.begin, c.size());
     ++buckets_done_;
   }
 }

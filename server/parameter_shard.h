@@ -72,6 +72,11 @@ struct ParameterShardOptions {
   // bucket's sum is theirs, in share order. Empty: every share, every
   // bucket.
   std::vector<std::vector<int>> contributors;
+  // Ranges of the space whose gradients are copies of others' (the norms
+  // every tensor-parallel rank holds: sharding/tensor_slices.h's
+  // TensorParallelSpace): stepped like the rest, left out of the global
+  // norm.
+  std::vector<ParamRange> uncounted;
 };
 
 class ParameterShard : public transport::ShardHandler {

@@ -23,6 +23,7 @@
 #include "sharding/memory_plan.h"
 #include "sharding/pipeline_plan.h"
 #include "sharding/shard_plan.h"
+#include "sharding/tensor_slices.h"
 #include "transport/checkpoint_commit.h"
 #include "transport/exchanges.h"
 #include "transport/join.h"
@@ -74,7 +75,7 @@ class ServerProcess {
 
  private:
   ServerProcess(const config::JobConfig& config, const TrainOptions& options, ShardPlan plan,
-                std::optional<VerifiedCheckpoint> resume_from);
+                std::optional<TensorParallelSpace> space, std::optional<VerifiedCheckpoint> resume_from);
 
   // Before any peer can reach this server: the shard, loaded or made, and
   // served.
@@ -85,6 +86,9 @@ class ServerProcess {
   // names, in the background from a snapshot (checkpoint.background) or
   // in place while the workers wait.
   Status CheckpointAfter(int64_t step);
+  // What this server's shard file holds: its range of the flat space, or
+  // (tensor parallelism) its runs of the ranks' slices, as pieces of it.
+  std::vector<ShardView> CheckpointPieces() const;
   Status ReportSummary(int64_t steps) const;
 
   // Constant after construction.
@@ -92,6 +96,9 @@ class ServerProcess {
   const TrainOptions options_;
   const ParamLayout layout_;
   const ShardPlan plan_;
+  // Tensor parallelism: the space the plan cuts (the ranks' packed parts);
+  // otherwise the plan cuts the flat space.
+  const std::optional<TensorParallelSpace> space_;
   const std::optional<VerifiedCheckpoint> resume_from_;
   const int64_t last_step_;
 
@@ -109,18 +116,23 @@ class ServerProcess {
 StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Create(const config::JobConfig& config,
                                                                const TrainOptions& options) {
   const ParamLayout layout(LlamaShape::FromConfig(config.model()));
-  HERD_ASSIGN_OR_RETURN(const ShardPlanOptions plan_options, ShardPlanOptionsOf(config));
-  HERD_ASSIGN_OR_RETURN(ShardPlan plan, ShardPlan::Create(layout, plan_options));
+  HERD_ASSIGN_OR_RETURN(ShardPlan plan, ParameterServerPlan(config));
+  std::optional<TensorParallelSpace> space;
+  if (const int T = config.cluster().tensor_parallel(); T > 1) {
+    HERD_ASSIGN_OR_RETURN(space, TensorParallelSpace::Make(layout.shape(), T));
+  }
   HERD_ASSIGN_OR_RETURN(std::optional<VerifiedCheckpoint> resume_from, ResumePoint(config, options));
-  return std::unique_ptr<ServerProcess>(new ServerProcess(config, options, std::move(plan), std::move(resume_from)));
+  return std::unique_ptr<ServerProcess>(
+      new ServerProcess(config, options, std::move(plan), std::move(space), std::move(resume_from)));
 }
 
 ServerProcess::ServerProcess(const config::JobConfig& config, const TrainOptions& options, ShardPlan plan,
-                             std::optional<VerifiedCheckpoint> resume_from)
+                             std::optional<TensorParallelSpace> space, std::optional<VerifiedCheckpoint> resume_from)
     : config_(config),
       options_(options),
       layout_(LlamaShape::FromConfig(config.model())),
       plan_(std::move(plan)),
+      space_(std::move(space)),
       resume_from_(std::move(resume_from)),
       last_step_(options.LastStep(config.train().steps())) {}
 
@@ -129,8 +141,14 @@ Status ServerProcess::Prepare(transport::NodeRuntime& runtime, transport::Coordi
   HERD_RETURN_IF_ERROR(transport::AgreeOnResume(client, resume_from_ ? BaseName(resume_from_->dir) : "none"));
   Stopwatch sw;
   const JobOptions job = JobOptions::FromConfig(config_);
-  HERD_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerShard> optimizer,
-                        job.MakeOptimizer(layout_, plan_.shard(rank_), resume_from_));
+  const ParamRange range = plan_.shard(rank_);
+  std::unique_ptr<OptimizerShard> optimizer;
+  if (space_) {
+    HERD_ASSIGN_OR_RETURN(ShardState state, space_->Load(range, job.init, layout_, resume_from_));
+    optimizer = std::make_unique<OptimizerShard>(space_->DecaySegmentsOf(range), job.optimizer, std::move(state));
+  } else {
+    HERD_ASSIGN_OR_RETURN(optimizer, job.MakeOptimizer(layout_, range, resume_from_));
+  }
   ParameterShardOptions o;
   o.layout = &layout_;
   o.plan = &plan_;
@@ -144,6 +162,16 @@ Status ServerProcess::Prepare(transport::NodeRuntime& runtime, transport::Coordi
   if (HasPipeline(config_)) {
     HERD_ASSIGN_OR_RETURN(const PipelinePlan pipeline, PipelinePlan::FromConfig(config_));
     for (const Bucket& b : plan_.buckets()) o.contributors.push_back(pipeline.ContributorsOf(b.range, layout_));
+  }
+  if (space_) {
+    // A rank's part is pushed by the workers of that tensor-parallel rank.
+    for (const Bucket& b : plan_.buckets()) {
+      std::vector<int>& workers = o.contributors.emplace_back();
+      for (int w = 0; w < o.num_workers; ++w) {
+        if (GridPlaceOf(config_, w).tensor == b.range.begin / space_->part()) workers.push_back(w);
+      }
+    }
+    o.uncounted = space_->Copies();
   }
   shard_ = std::make_unique<ParameterShard>(o, std::move(optimizer));
   const uint64_t bytes = plan_.shard(rank_).size() * sizeof(float);
@@ -234,12 +262,17 @@ Status ServerProcess::CheckpointAfter(int64_t step) {
     return Status::OK();
   };
   if (!config_.checkpoint().background()) {
-    return commit([&] { return WriteShard(path, shard_->optimizer().view()); });
+    return commit([&] { return WriteShardPieces(path, CheckpointPieces()); });
   }
   HERD_RETURN_IF_ERROR(background_.Wait());  // the previous checkpoint first
-  snapshot_.Capture(shard_->optimizer().view());
+  snapshot_.Capture(CheckpointPieces());
   background_.Start([commit, snapshot = &snapshot_, path] { return commit([&] { return snapshot->Write(path); }); });
   return Status::OK();
+}
+
+std::vector<ShardView> ServerProcess::CheckpointPieces() const {
+  const ShardView whole = shard_->optimizer().view();
+  return space_ ? space_->FlatPieces(whole) : std::vector<ShardView>{whole};
 }
 
 Status ServerProcess::ReportSummary(int64_t steps) const {

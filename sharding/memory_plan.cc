@@ -100,9 +100,11 @@ ProcessMemory ServerMemory(const JobSizes& j, const ShardPlan& shards, int s) {
   m.weights = n * kF32;
   m.optimizer = 2 * n * kF32;
   m.gradients = n * kF32;
-  // Worker 0's fp32 gradients land in the accumulator; the others (all
-  // of them with bf16) in a receive buffer each.
-  m.buffers = (j.bf16 ? n * 2 : 0) + (j.W - (j.bf16 ? 0 : 1)) * bucket * j.wire;
+  // A bucket's first contributor's fp32 gradients land in the
+  // accumulator; the others' (all of them with bf16) in a receive buffer
+  // each. A tensor-parallel rank's part has its replicas' workers alone.
+  const int contributors = j.W / std::max(1, j.cluster.tensor_parallel());
+  m.buffers = (j.bf16 ? n * 2 : 0) + (contributors - (j.bf16 ? 0 : 1)) * bucket * j.wire;
   // A background checkpoint's snapshot of weights, m and v.
   if (!j.config.checkpoint().dir().empty() && j.config.checkpoint().background()) m.buffers += 3 * n * kF32;
   m.runtime = kRuntimeBytes;
@@ -269,11 +271,13 @@ StatusOr<std::vector<ProcessMemory>> StageMemory(const JobSizes& j, const ShardP
 }
 
 // A tensor-parallel worker (CPU): its rank's packed slices' weights,
-// gradients and AdamW state, its slice model's activations (every rank's
-// alike; with sequence parallelism, the residual's and norms' rows of its
-// share, rounded up), the rings' buffers (all the workers, its group, its replicas),
-// and one tensor whole while it initialises.
+// gradients and (all-reduce mode) AdamW state, its slice model's
+// activations (every rank's alike; with sequence parallelism, the
+// residual's and norms' rows of its share, rounded up), the rings' buffers
+// (all the workers, its group, its replicas), and (all-reduce mode) one
+// tensor whole while it initialises; parameter servers hold the rest.
 StatusOr<ProcessMemory> TensorParallelMemory(const JobSizes& j) {
+  const bool ps = j.cluster.sync() == config::ClusterConfig::PARAMETER_SERVER;
   HERD_ASSIGN_OR_RETURN(const TensorSlices slices, TensorSlices::Make(j.shape, j.cluster.tensor_parallel(), 0));
   const int64_t n = slices.layout().size();
   ProcessMemory t;
@@ -282,7 +286,7 @@ StatusOr<ProcessMemory> TensorParallelMemory(const JobSizes& j) {
   t.range = {0, j.P};  // the span its slices lie in
   t.weights = n * kF32;
   t.gradients = n * kF32;
-  t.optimizer = 2 * n * kF32;
+  t.optimizer = ps ? 0 : 2 * n * kF32;
   t.activations =
       LlamaModel<float>::ActivationBytes(slices.shape(), j.train.batch_size(), j.train.seq_len(), j.job.recompute,
                                          j.job.micro_batch_slots, {}, false,
@@ -292,7 +296,7 @@ StatusOr<ProcessMemory> TensorParallelMemory(const JobSizes& j) {
   const int rings = (j.W > j.cluster.tensor_parallel() ? 3 : 1) + (j.cluster.context_parallel() > 1 ? 1 : 0);
   int64_t largest = 0;
   for (const TensorSpec& x : j.layout.tensors()) largest = std::max(largest, x.numel);
-  t.buffers = rings * kRingChunksAhead * kRingChunkBytes + largest * kF32;
+  t.buffers = rings * kRingChunksAhead * kRingChunkBytes + (ps ? 0 : largest * kF32);
   t.runtime = kRuntimeBytes;
   return t;
 }
@@ -304,12 +308,14 @@ StatusOr<MemoryPlan> PlanMemory(const config::JobConfig& config) {
   MemoryPlan plan;
   plan.parameters = j.layout.num_parameters();
   if (j.cluster.sync() == config::ClusterConfig::PARAMETER_SERVER) {
-    HERD_ASSIGN_OR_RETURN(const ShardPlanOptions plan_options, ShardPlanOptionsOf(config));
-    HERD_ASSIGN_OR_RETURN(ShardPlan shards, ShardPlan::Create(j.layout, plan_options));
+    HERD_ASSIGN_OR_RETURN(ShardPlan shards, ParameterServerPlan(config));
     for (int s = 0; s < shards.num_servers(); ++s) plan.processes.push_back(ServerMemory(j, shards, s));
     if (HasPipeline(config)) {
       HERD_ASSIGN_OR_RETURN(const std::vector<ProcessMemory> stages, StageMemory(j, &shards));
       plan.processes.insert(plan.processes.end(), stages.begin(), stages.end());
+    } else if (j.cluster.tensor_parallel() > 1) {
+      HERD_ASSIGN_OR_RETURN(ProcessMemory worker, TensorParallelMemory(j));
+      plan.processes.push_back(worker);
     } else {
       plan.processes.push_back(PsWorkerMemory(j, shards));
     }

@@ -1,5 +1,7 @@
 #include "sharding/pipeline_plan.h"
 
+#include "sharding/tensor_slices.h"
+
 namespace herd {
 namespace {
 
@@ -77,12 +79,28 @@ std::vector<int64_t> PipelinePlan::BucketCuts(const ParamLayout& layout) const {
   return cuts;
 }
 
+namespace {
+
+// The cluster's shard plan options, with a pipeline's bucket cuts.
 StatusOr<ShardPlanOptions> ShardPlanOptionsOf(const config::JobConfig& config) {
   ShardPlanOptions o = ShardPlanOptions::FromConfig(config.cluster());
   if (!HasPipeline(config)) return o;
   HERD_ASSIGN_OR_RETURN(const PipelinePlan pipeline, PipelinePlan::FromConfig(config));
   o.bucket_cuts = pipeline.BucketCuts(ParamLayout(LlamaShape::FromConfig(config.model())));
   return o;
+}
+
+}  // namespace
+
+StatusOr<ShardPlan> ParameterServerPlan(const config::JobConfig& config) {
+  HERD_ASSIGN_OR_RETURN(ShardPlanOptions o, ShardPlanOptionsOf(config));
+  const LlamaShape shape = LlamaShape::FromConfig(config.model());
+  if (const int T = config.cluster().tensor_parallel(); T > 1) {
+    HERD_ASSIGN_OR_RETURN(const TensorParallelSpace space, TensorParallelSpace::Make(shape, T));
+    o.bucket_cuts = space.RankCuts();
+    return ShardPlan::Create(space.size(), space.TensorStarts(), o);
+  }
+  return ShardPlan::Create(ParamLayout(shape), o);
 }
 
 StatusOr<ShardPlan> PipelineCollectivePlan(const config::JobConfig& config) {

@@ -45,9 +45,12 @@ struct PipelinePlan {
 // Whether the job runs a pipeline (cluster.pipeline_stages > 1).
 bool HasPipeline(const config::JobConfig& config);
 
-// A parameter-server job's shard plan options: the cluster's, with a
-// pipeline's bucket cuts.
-StatusOr<ShardPlanOptions> ShardPlanOptionsOf(const config::JobConfig& config);
+// A parameter-server job's shard plan (every process computes it alike):
+// the cluster's servers, strategy and buckets over the flat space, cut at a
+// pipeline's stages; with tensor parallelism, over the servers' space of
+// the ranks' packed parts (sharding/tensor_slices.h's TensorParallelSpace),
+// cut at each part's end.
+StatusOr<ShardPlan> ParameterServerPlan(const config::JobConfig& config);
 // An all-reduce pipeline's buckets (ZeRO-1 inside the stages): the whole
 // space in the cluster's bucket size, cut at the stages' ends, one "server".
 StatusOr<ShardPlan> PipelineCollectivePlan(const config::JobConfig& config);

@@ -25,10 +25,7 @@ std::vector<int64_t> BalancedCuts(int64_t P, int S) {
 
 // Server boundaries only at tensor starts: boundary k goes to the tensor
 // start nearest k*P/S that keeps every range non-empty.
-std::vector<int64_t> PerTensorCuts(const ParamLayout& layout, int S) {
-  std::vector<int64_t> starts;
-  for (const TensorSpec& t : layout.tensors()) starts.push_back(t.offset);
-  const int64_t P = layout.size();
+std::vector<int64_t> PerTensorCuts(const std::vector<int64_t>& starts, int64_t P, int S) {
   std::vector<int64_t> cuts = {0};
   size_t next = 1;  // candidates are starts[next..]
   for (int k = 1; k < S; ++k) {
@@ -57,8 +54,15 @@ ShardPlanOptions ShardPlanOptions::FromConfig(const config::ClusterConfig& clust
 }
 
 StatusOr<ShardPlan> ShardPlan::Create(const ParamLayout& layout, const ShardPlanOptions& options) {
+  std::vector<int64_t> starts;
+  for (const TensorSpec& t : layout.tensors()) starts.push_back(t.offset);
+  return Create(layout.size(), starts, options);
+}
+
+StatusOr<ShardPlan> ShardPlan::Create(int64_t size, const std::vector<int64_t>& tensor_starts,
+                                      const ShardPlanOptions& options) {
   const int S = options.servers;
-  const int64_t P = layout.size();
+  const int64_t P = size;
   if (S < 1) return Status::InvalidArgument("cluster.servers: must be >= 1 for a shard plan");
   if (P / kAlign < S) {
     return Status::InvalidArgument("cluster.servers: " + std::to_string(S) + " servers for a model of only " +
@@ -66,12 +70,12 @@ StatusOr<ShardPlan> ShardPlan::Create(const ParamLayout& layout, const ShardPlan
   }
   std::vector<int64_t> cuts;
   if (options.strategy == config::ClusterConfig::PER_TENSOR) {
-    if (static_cast<int64_t>(layout.tensors().size()) < S) {
+    if (static_cast<int64_t>(tensor_starts.size()) < S) {
       return Status::InvalidArgument("cluster.servers: " + std::to_string(S) + " servers with shard_strategy " +
-                                     "PER_TENSOR but the model has only " + std::to_string(layout.tensors().size()) +
+                                     "PER_TENSOR but the model has only " + std::to_string(tensor_starts.size()) +
                                      " tensors");
     }
-    cuts = PerTensorCuts(layout, S);
+    cuts = PerTensorCuts(tensor_starts, P, S);
   } else {
     cuts = BalancedCuts(P, S);
   }

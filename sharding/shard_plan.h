@@ -42,6 +42,11 @@ class ShardPlan {
  public:
   // Errors: fewer elements (or tensors, per-tensor) than servers.
   static StatusOr<ShardPlan> Create(const ParamLayout& layout, const ShardPlanOptions& options);
+  // The same over a space of `size` elements whose tensors start at
+  // `tensor_starts` (ascending, the first 0): a tensor-parallel job's
+  // servers' (sharding/tensor_slices.h's TensorParallelSpace).
+  static StatusOr<ShardPlan> Create(int64_t size, const std::vector<int64_t>& tensor_starts,
+                                    const ShardPlanOptions& options);
 
   int num_servers() const { return static_cast<int>(shards_.size()); }
   const ParamRange& shard(int server) const { return shards_[server]; }

@@ -1,8 +1,11 @@
 #include "sharding/tensor_slices.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <string_view>
+
+#include "model/hf_io.h"
 
 namespace herd {
 namespace {
@@ -77,6 +80,149 @@ std::vector<ParamRange> TensorSlices::Ranges() const {
   std::vector<ParamRange> out;
   for (const Run& r : runs_) out.push_back(r.flat);
   return out;
+}
+
+std::vector<TensorSlices::Run> TensorSlices::RunsWithin(ParamRange local) const {
+  std::vector<Run> out;
+  for (const Run& r : runs_) {
+    const int64_t lo = std::max(local.begin, r.local), hi = std::min(local.end, r.local + r.flat.size());
+    if (lo < hi) out.push_back({{r.flat.begin + (lo - r.local), r.flat.begin + (hi - r.local)}, lo, r.replicated});
+  }
+  return out;
+}
+
+Status LoadPackedRange(const TensorSlices& slices, ParamRange local, const WeightInit& init, const ParamLayout& flat,
+                       const std::optional<VerifiedCheckpoint>& resume_from, const PackedInto& into) {
+  const std::vector<TensorSlices::Run> runs = slices.RunsWithin(local);
+  // A run's first element in `into`'s arrays.
+  auto to = [&](const TensorSlices::Run& r) { return r.local - local.begin; };
+  if (resume_from) {
+    // Each run from whatever shards wrote it.
+    std::vector<ParamRange> ranges;
+    for (const TensorSlices::Run& r : runs) ranges.push_back(r.flat);
+    HERD_ASSIGN_OR_RETURN(std::vector<ShardState> read,
+                          ReadShardRanges(resume_from->dir, resume_from->manifest, ranges, /*with_moments=*/true));
+    for (size_t i = 0; i < read.size(); ++i) {
+      std::copy(read[i].weights.begin(), read[i].weights.end(), into.weights + to(runs[i]));
+      std::copy(read[i].m.begin(), read[i].m.end(), into.m + to(runs[i]));
+      std::copy(read[i].v.begin(), read[i].v.end(), into.v + to(runs[i]));
+    }
+    *into.step = resume_from->manifest.step;
+    if (!read.empty()) *into.spikes = read.front().spikes;
+    return Status::OK();
+  }
+  // Tensor by tensor (a function of the seed and the tensor, or
+  // init_from's file), the runs of it kept.
+  size_t next = 0;
+  std::vector<float> tensor;
+  for (const TensorSpec& t : flat.tensors()) {
+    if (next == runs.size()) break;
+    if (runs[next].flat.begin >= t.offset + t.numel) continue;
+    if (init.init_from.empty()) {
+      tensor.resize(t.numel);
+      InitTensor(t, init.seed, init.initializer_range, tensor.data());
+    } else {
+      HERD_ASSIGN_OR_RETURN(tensor, LoadInitialWeights(init.init_from, init.model, t.offset, t.offset + t.numel));
+    }
+    for (; next < runs.size() && runs[next].flat.begin < t.offset + t.numel; ++next) {
+      const TensorSlices::Run& r = runs[next];
+      std::copy(tensor.begin() + (r.flat.begin - t.offset), tensor.begin() + (r.flat.end - t.offset),
+                into.weights + to(r));
+    }
+  }
+  return Status::OK();
+}
+
+StatusOr<TensorParallelSpace> TensorParallelSpace::Make(const LlamaShape& shape, int ranks) {
+  std::vector<TensorSlices> slices;
+  for (int r = 0; r < ranks; ++r) {
+    HERD_ASSIGN_OR_RETURN(TensorSlices s, TensorSlices::Make(shape, ranks, r));
+    slices.push_back(std::move(s));
+  }
+  if (slices.empty()) return Status::InvalidArgument("cluster.tensor_parallel: no ranks");
+  return TensorParallelSpace(std::move(slices));
+}
+
+std::vector<int64_t> TensorParallelSpace::RankCuts() const {
+  std::vector<int64_t> cuts;
+  for (int r = 1; r < ranks(); ++r) cuts.push_back(r * part());
+  return cuts;
+}
+
+std::vector<int64_t> TensorParallelSpace::TensorStarts() const {
+  std::vector<int64_t> starts;
+  for (int r = 0; r < ranks(); ++r) {
+    for (const TensorSpec& t : slices_[r].layout().tensors()) starts.push_back(r * part() + t.offset);
+  }
+  return starts;
+}
+
+std::vector<ParamRange> TensorParallelSpace::Copies() const {
+  std::vector<ParamRange> out;
+  for (int r = 1; r < ranks(); ++r) {
+    for (const TensorSlices::Run& run : slices_[r].runs()) {
+      if (run.replicated) out.push_back({r * part() + run.local, r * part() + run.local + run.flat.size()});
+    }
+  }
+  return out;
+}
+
+std::vector<DecaySegment> TensorParallelSpace::DecaySegmentsOf(ParamRange range) const {
+  std::vector<DecaySegment> out;
+  for (int r = 0; r < ranks(); ++r) {
+    const int64_t base = r * part();
+    const int64_t lo = std::max(range.begin, base), hi = std::min(range.end, base + part());
+    if (lo >= hi) continue;
+    for (DecaySegment d : DecaySegments(slices_[r].layout(), lo - base, hi - base)) {
+      out.push_back({d.begin + base, d.end + base, d.decay});
+    }
+  }
+  return out;
+}
+
+std::vector<TensorParallelSpace::Run> TensorParallelSpace::RunsWithin(ParamRange range) const {
+  std::vector<Run> out;
+  for (int r = 0; r < ranks(); ++r) {
+    const int64_t base = r * part();
+    const int64_t lo = std::max(range.begin, base), hi = std::min(range.end, base + part());
+    if (lo >= hi) continue;
+    for (const TensorSlices::Run& run : slices_[r].RunsWithin({lo - base, hi - base})) {
+      out.push_back({run.flat, base + run.local, run.replicated && r > 0});
+    }
+  }
+  return out;
+}
+
+StatusOr<ShardState> TensorParallelSpace::Load(ParamRange range, const WeightInit& init, const ParamLayout& flat,
+                                               const std::optional<VerifiedCheckpoint>& resume_from) const {
+  ShardState state;
+  state.begin = range.begin;
+  state.end = range.end;
+  state.weights.assign(range.size(), 0.0f);
+  state.m.assign(range.size(), 0.0f);
+  state.v.assign(range.size(), 0.0f);
+  for (int r = 0; r < ranks(); ++r) {
+    const int64_t base = r * part();
+    const int64_t lo = std::max(range.begin, base), hi = std::min(range.end, base + part());
+    if (lo >= hi) continue;
+    const int64_t at = lo - range.begin;
+    HERD_RETURN_IF_ERROR(LoadPackedRange(
+        slices_[r], {lo - base, hi - base}, init, flat, resume_from,
+        {state.weights.data() + at, state.m.data() + at, state.v.data() + at, &state.step, &state.spikes}));
+  }
+  return state;
+}
+
+std::vector<ShardView> TensorParallelSpace::FlatPieces(const ShardView& range) const {
+  std::vector<ShardView> pieces;
+  for (const Run& run : RunsWithin({range.begin, range.end})) {
+    if (run.copy) continue;
+    const int64_t at = run.at - range.begin;
+    pieces.push_back({run.flat.begin, run.flat.end, range.step, range.weights + at, range.m + at, range.v + at,
+                      range.spikes});
+  }
+  std::sort(pieces.begin(), pieces.end(), [](const ShardView& a, const ShardView& b) { return a.begin < b.begin; });
+  return pieces;
 }
 
 }  // namespace herd

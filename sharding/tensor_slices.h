@@ -21,10 +21,14 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "common/status.h"
+#include "model/checkpoint_load.h"
 #include "model/llama_config.h"
+#include "model/optim/adamw.h"
+#include "model/optim/optimizer_shard.h"
 #include "model/param_layout.h"
 
 namespace herd {
@@ -60,6 +64,9 @@ class TensorSlices {
   void Unpack(const float* local, float* flat) const;
   // The runs' flat ranges.
   std::vector<ParamRange> Ranges() const;
+  // The runs that meet `local` (a range of the packed space), cut to it,
+  // ascending.
+  std::vector<Run> RunsWithin(ParamRange local) const;
 
  private:
   TensorSlices(const LlamaShape& shape, int ranks, int rank);
@@ -68,6 +75,77 @@ class TensorSlices {
   ParamLayout local_;
   int64_t vocab_first_ = 0;
   std::vector<Run> runs_;
+};
+
+// Where LoadPackedRange writes a range: arrays as long as it, zero there.
+struct PackedInto {
+  float *weights = nullptr, *m = nullptr, *v = nullptr;
+  int64_t* step = nullptr;
+  SpikeStats* spikes = nullptr;
+};
+// [local.begin, local.end) of `slices`' packed space into `into`: the
+// weights (the padding left zero) and AdamW state, fresh from `init`
+// (tensor by tensor, no more than one tensor of the flat space `flat` held
+// whole; zero moments) or the checkpoint's, whatever grid, mode or worker
+// count wrote it; and the step and spike statistics.
+Status LoadPackedRange(const TensorSlices& slices, ParamRange local, const WeightInit& init, const ParamLayout& flat,
+                       const std::optional<VerifiedCheckpoint>& resume_from, const PackedInto& into);
+
+// The parameter servers' space in a tensor-parallel job: the ranks' packed
+// spaces one after the other, rank r's at r·part(). A rank pushes its
+// gradients and pulls its weights as they lie in its packed buffer, bucket
+// by bucket (a bucket never crosses from one rank's part to the next:
+// RankCuts), with no gather of the strided columns of o_proj and
+// down_proj; and a server's shard holds whole runs of slices, balanced by
+// bytes like any shard.
+//
+// The norms, which every rank holds whole, lie in every rank's part. Every
+// rank's copy takes the same gradients (each rank computes them whole, or
+// with sequence parallelism sums its rows' parts over the group before
+// pushing) and so the same steps; only rank 0's is counted in the global
+// norm and written to checkpoints (the others are copies: Copies()).
+class TensorParallelSpace {
+ public:
+  static StatusOr<TensorParallelSpace> Make(const LlamaShape& shape, int ranks);
+
+  int ranks() const { return static_cast<int>(slices_.size()); }
+  // One rank's packed size (every rank's alike).
+  int64_t part() const { return slices_.front().layout().size(); }
+  int64_t size() const { return part() * ranks(); }
+  const TensorSlices& slices(int rank) const { return slices_[rank]; }
+  ParamRange RankRange(int rank) const { return {rank * part(), (rank + 1) * part()}; }
+  // The offsets no bucket may straddle: each rank's part's end but the last.
+  std::vector<int64_t> RankCuts() const;
+  // Every tensor slice's first element, ascending (PER_TENSOR shards).
+  std::vector<int64_t> TensorStarts() const;
+  // The ranks > 0's norms: the same as rank 0's (see above).
+  std::vector<ParamRange> Copies() const;
+  // Weight decay over [range.begin, range.end) of this space.
+  std::vector<DecaySegment> DecaySegmentsOf(ParamRange range) const;
+
+  // A run of the space that is a run of the flat space: [at, at +
+  // flat.size()) of this space holds `flat`; `copy`: a norm's copy.
+  struct Run {
+    ParamRange flat;
+    int64_t at = 0;
+    bool copy = false;
+  };
+  // The runs meeting `range` of this space, cut to it, ascending in it.
+  std::vector<Run> RunsWithin(ParamRange range) const;
+
+  // [range.begin, range.end) of this space: LoadPackedRange of each rank's
+  // part of it, in place.
+  StatusOr<ShardState> Load(ParamRange range, const WeightInit& init, const ParamLayout& flat,
+                            const std::optional<VerifiedCheckpoint>& resume_from) const;
+  // The state of `range` of this space (a server's optimizer view) as
+  // pieces of the flat space, ascending, copies left out: what a shard
+  // file of it holds.
+  std::vector<ShardView> FlatPieces(const ShardView& range) const;
+
+ private:
+  explicit TensorParallelSpace(std::vector<TensorSlices> slices) : slices_(std::move(slices)) {}
+
+  std::vector<TensorSlices> slices_;  // rank r's at r
 };
 
 }  // namespace herd

@@ -46,8 +46,7 @@ StatusOr<WorkerTraffic> PipelineTraffic(const config::JobConfig& config, const J
     const double pushed = (P + embedding) * R * wire / W;
     double pulled = pushed;
     if (config.cluster().stream_weights()) {
-      HERD_ASSIGN_OR_RETURN(const ShardPlanOptions plan_options, ShardPlanOptionsOf(config));
-      HERD_ASSIGN_OR_RETURN(const ShardPlan shards, ShardPlan::Create(layout, plan_options));
+      HERD_ASSIGN_OR_RETURN(const ShardPlan shards, ParameterServerPlan(config));
       const StreamedReplay replay = ReplayOfJob(config, job.micro_batch_slots);
       double elements = 0;
       for (int d = 0; d < s.devices; ++d) {
@@ -71,7 +70,8 @@ StatusOr<WorkerTraffic> PipelineTraffic(const config::JobConfig& config, const J
 // backward, o_proj's again where FULL recomputation reruns the layer, all
 // of B x T x hidden floats; the cross-entropy's statistics, 2T + 1 per
 // token), each an all-reduce over the group's ring; and the packed
-// gradients' all-reduce among the rank's replicas.
+// gradients' all-reduce among the rank's replicas (parameter servers: the
+// packed gradients pushed, the packed weights pulled).
 //
 // Sequence parallelism moves each all-reduce's two halves as a
 // reduce-scatter and an all-gather (the same bytes), and adds what
@@ -100,7 +100,11 @@ StatusOr<WorkerTraffic> TensorParallelTraffic(const config::JobConfig& config, c
   const double recomputed = job.recompute == Recompute::kFull ? L : 0;
   const double sums = tokens * d * (2 + 4 * L + recomputed) + tokens * (2.0 * T + 1);
   double passes = 2 * RingPass(T, sums, 4);
-  double step = 2 * RingPass(R, static_cast<double>(slices.layout().size()), 4);
+  // The packed gradients all-reduced among the rank's replicas, or pushed
+  // to the servers and the weights pulled back (one of each way).
+  const double packed = static_cast<double>(slices.layout().size());
+  double step = config.cluster().sync() == config::ClusterConfig::PARAMETER_SERVER ? packed * 4
+                                                                                  : 2 * RingPass(R, packed, 4);
   if (config.cluster().sequence_parallel()) {
     const double gathered_again = tokens * d * (2 * L + recomputed);
     passes += RingPass(T, gathered_again, 4);
@@ -126,8 +130,7 @@ StatusOr<WorkerTraffic> PlanWorkerTraffic(const config::JobConfig& config) {
   if (cluster.sync() == config::ClusterConfig::PARAMETER_SERVER) {
     double pulled = P;
     if (cluster.stream_weights()) {
-      HERD_ASSIGN_OR_RETURN(const ShardPlanOptions plan_options, ShardPlanOptionsOf(config));
-      HERD_ASSIGN_OR_RETURN(ShardPlan shards, ShardPlan::Create(layout, plan_options));
+      HERD_ASSIGN_OR_RETURN(ShardPlan shards, ParameterServerPlan(config));
       pulled = static_cast<double>(WindowPulls(shards, layout, config, job));
     }
     t.sent = static_cast<int64_t>(P * wire);

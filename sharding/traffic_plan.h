@@ -22,7 +22,9 @@
 //                      activations and their gradients (Megatron's: 2 a
 //                      layer forward, 2 backward) and of the
 //                      cross-entropy's statistics, and the packed
-//                      gradients' all-reduce among the rank's replicas.
+//                      gradients' all-reduce among the rank's replicas
+//                      (parameter servers: the packed gradients pushed
+//                      and the packed weights pulled).
 #pragma once
 
 #include <cstdint>

@@ -150,6 +150,39 @@ TEST(ShardPlan, CheckpointRangesAssembleAcrossServerCounts) {
   EXPECT_NE(beyond.status().message().find("do not cover"), std::string::npos) << beyond.status().message();
 }
 
+// A background checkpoint's snapshot writes the bytes the foreground
+// writer does, of one range (version 2) and of several pieces (version 3).
+TEST(ShardImage, WritesWhatWriteShardPiecesWrites) {
+  const std::string dir = ::testing::TempDir() + "/herd_shard_image";
+  ASSERT_TRUE(BeginCheckpointPart(dir).ok());
+  std::vector<float> w(300), m(300), v(300);
+  for (int i = 0; i < 300; ++i) {
+    w[i] = i;
+    m[i] = -i;
+    v[i] = 0.5f * i;
+  }
+  SpikeStats spikes;
+  spikes.count = 3;
+  const ShardView one{0, 300, 9, w.data(), m.data(), v.data(), spikes};
+  const std::vector<ShardView> pieces = {{10, 74, 9, w.data(), m.data(), v.data(), spikes},
+                                         {128, 200, 9, w.data() + 64, m.data() + 64, v.data() + 64, spikes},
+                                         {640, 700, 9, w.data() + 136, m.data() + 136, v.data() + 136, spikes}};
+  for (const std::vector<ShardView>& shard : {std::vector<ShardView>{one}, pieces}) {
+    ASSERT_TRUE(WriteShardPieces(JoinPath(dir, "written.bin"), shard).ok());
+    ShardImage image;
+    image.Capture(shard);
+    ASSERT_TRUE(image.Write(JoinPath(dir, "captured.bin")).ok());
+    auto written = ReadFile(JoinPath(dir, "written.bin"));
+    auto captured = ReadFile(JoinPath(dir, "captured.bin"));
+    ASSERT_TRUE(written.ok() && captured.ok());
+    EXPECT_EQ(*captured, *written) << shard.size() << " pieces";
+    auto read = ReadShardPieces(JoinPath(dir, "captured.bin"));
+    ASSERT_TRUE(read.ok()) << read.status().message();
+    ASSERT_EQ(read->size(), shard.size());
+    EXPECT_EQ(read->back().v.back(), shard.back().v[shard.back().end - shard.back().begin - 1]);
+  }
+}
+
 // A push of gradients of step `step`, of the share of rank `share` (by
 // default the pushing worker's own).
 transport::Request Gradients(transport::PeerId client, uint64_t step, uint64_t offset, uint64_t length,

@@ -294,5 +294,72 @@ TEST(TensorSlices, RefusesShapesTheRanksDoNotDivideInOneLine) {
   EXPECT_NE(error(s, 2).find("model.vocab_size"), std::string::npos);
 }
 
+// The servers' space of a tensor-parallel job: the ranks' packed parts one
+// after the other. Cut anywhere (as servers' shards are), its runs hold
+// every element of the flat space once but the norms' copies, its flat
+// pieces tile the flat space in order, its decay is the matrices', and
+// what it loads fresh is each rank's Pack of the initial weights.
+TEST(TensorParallelSpace, AnyCutHoldsTheFlatSpaceOnceAndDecaysTheMatrices) {
+  for (bool tied : {true, false}) {
+    const LlamaShape shape = GroupTestShape(tied);
+    const ParamLayout layout(shape);
+    std::vector<float> flat(layout.size());
+    const WeightInit init{11, 0.02, "", {}};
+    InitParameters(layout, init.seed, init.initializer_range, flat.data());
+    for (int ranks : {2, 4}) {
+      auto space = TensorParallelSpace::Make(shape, ranks);
+      ASSERT_TRUE(space.ok()) << space.status().message();
+      std::vector<float> packed(space->size(), 0.0f);
+      for (int r = 0; r < ranks; ++r) space->slices(r).Pack(flat.data(), packed.data() + space->RankRange(r).begin);
+      std::vector<bool> decays(space->size(), false);
+      for (int r = 0; r < ranks; ++r) {
+        for (const TensorSpec& t : space->slices(r).layout().tensors()) {
+          std::fill_n(decays.begin() + space->RankRange(r).begin + t.offset, t.numel, t.decay());
+        }
+      }
+      // Shards cut at 64-element steps that do not fall on the parts' ends.
+      std::vector<int64_t> cuts = {0};
+      for (int64_t at = 64 * 7; at < space->size(); at += 64 * 13) cuts.push_back(at);
+      cuts.push_back(space->size());
+      std::vector<int> held(layout.size(), 0);
+      int64_t copied = 0, last_end = 0;
+      for (size_t k = 0; k + 1 < cuts.size(); ++k) {
+        const ParamRange range{cuts[k], cuts[k + 1]};
+        for (const TensorParallelSpace::Run& run : space->RunsWithin(range)) {
+          ASSERT_GE(run.at, range.begin);
+          ASSERT_LE(run.at + run.flat.size(), range.end);
+          for (int64_t i = 0; i < run.flat.size(); ++i) ASSERT_EQ(packed[run.at + i], flat[run.flat.begin + i]);
+          if (run.copy) copied += run.flat.size();
+        }
+        auto state = space->Load(range, init, layout, std::nullopt);
+        ASSERT_TRUE(state.ok()) << state.status().message();
+        ASSERT_TRUE(std::equal(state->weights.begin(), state->weights.end(), packed.begin() + range.begin));
+        for (const DecaySegment& d : space->DecaySegmentsOf(range)) {
+          for (int64_t i = d.begin; i < d.end; ++i) ASSERT_EQ(d.decay, decays[i]) << "element " << i;
+        }
+        const ShardView view{range.begin, range.end, 0, packed.data() + range.begin, packed.data() + range.begin,
+                             packed.data() + range.begin, {}};
+        for (const ShardView& piece : space->FlatPieces(view)) {
+          for (int64_t i = piece.begin; i < piece.end; ++i) {
+            ++held[i];
+            ASSERT_EQ(piece.weights[i - piece.begin], flat[i]);
+          }
+        }
+        last_end = range.end;
+      }
+      EXPECT_EQ(last_end, space->size());
+      int64_t norms = 0;
+      for (const TensorSpec& t : layout.tensors()) {
+        if (t.shape.size() == 1) norms += t.numel;
+        for (int64_t i = t.offset; i < t.offset + t.numel; ++i) ASSERT_EQ(held[i], 1) << t.name << " at T=" << ranks;
+      }
+      EXPECT_EQ(copied, (ranks - 1) * norms);
+      int64_t copies = 0;
+      for (const ParamRange& c : space->Copies()) copies += c.size();
+      EXPECT_EQ(copies, copied);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace herd

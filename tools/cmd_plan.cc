@@ -201,9 +201,10 @@ void PrintTable(const std::string& path, const config::JobConfig& config, const 
         break;
       }
       std::printf("  worker %d: replica %d, context rank %d, tensor rank %d; sums with: tensor group %s, context "
-                  "group %s, gradients %s\n",
+                  "group %s, gradients %s%s\n",
                   g.rank, g.place.replica, g.place.context, g.place.tensor, Ranks(g.tensor_group).c_str(),
-                  Ranks(g.context_group).c_str(), Ranks(g.gradient_group).c_str());
+                  Ranks(g.context_group).c_str(), Ranks(g.gradient_group).c_str(),
+                  cl.sync() == config::ClusterConfig::PARAMETER_SERVER ? " (on the servers)" : "");
     }
   }
   if (fit != nullptr) {

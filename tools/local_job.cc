@@ -406,9 +406,7 @@ int LocalJob::Run() {
   const int S = cluster.servers(), W = cluster.workers();
   // What every process would refuse, refused once here, before anything is
   // written or started.
-  auto plan_options = ShardPlanOptionsOf(config_);  // a pipeline's schedule and split checked too
-  if (!plan_options.ok()) return ReportError(plan_options.status().WithContext(options_.config_path + ": "));
-  auto plan = ShardPlan::Create(ParamLayout(LlamaShape::FromConfig(config_.model())), *plan_options);
+  auto plan = ParameterServerPlan(config_);  // a pipeline's schedule and split checked too
   if (!plan.ok()) return ReportError(plan.status().WithContext(options_.config_path + ": "));
   Status st = CheckJobFitsHere(config_, options_.config_path + ": the job's " + std::to_string(S) + " servers and " +
                                             std::to_string(W) + " workers (herd plan)");

@@ -24,6 +24,8 @@ class PushPullSync : public SyncStrategy {
   PushPullSync(const ParameterServerSyncOptions& o, transport::PushPullClient* client)
       : plan_(*o.plan),
         tag_with_rank_(!o.ranges.empty()),
+        origin_(o.origin),
+        wire_end_(o.ranges.empty() ? o.plan->shard(o.plan->num_servers() - 1).end : o.ranges.back().end),
         bf16_(o.bf16),
         wire_bytes_(o.bf16 ? 2 : 4),
         client_(client),
@@ -124,35 +126,40 @@ class PushPullSync : public SyncStrategy {
   // Bucket b's gradients of the step to its server (through `wire`, the
   // bf16 staging buffer, with bf16 on the wire).
   transport::PushPullClient::Ticket PushBucket(const Bucket& b, uint16_t* wire) {
-    const void* data = grads_ + b.range.begin;
+    const int64_t at = b.range.begin - origin_;
+    const void* data = grads_ + at;
     if (bf16_) {
-      FloatsToBf16(grads_ + b.range.begin, wire + b.range.begin, b.range.size());
-      data = wire + b.range.begin;
+      FloatsToBf16(grads_ + at, wire + at, b.range.size());
+      data = wire + at;
     }
     return client_->Push(first_server_ + b.server, transport::RequestKind::kGradients, ByteOffset(b), data,
                          b.range.size() * wire_bytes_, transport::PushTag(step_, share_));
   }
   // Bucket b's weights of `version`, into the weights (or `wire` with bf16).
   transport::PushPullClient::Ticket PullBucket(const Bucket& b, uint64_t version, uint16_t* wire) {
-    void* dst = bf16_ ? static_cast<void*>(wire + b.range.begin) : weights_ + b.range.begin;
+    const int64_t at = b.range.begin - origin_;
+    void* dst = bf16_ ? static_cast<void*>(wire + at) : weights_ + at;
     return client_->Pull(first_server_ + b.server, transport::RequestKind::kWeights, ByteOffset(b), dst,
                          b.range.size() * wire_bytes_, version);
   }
   // bf16: bucket b's pulled weights from `wire` into the weights.
   void Unstage(const Bucket& b, const uint16_t* wire) {
-    Bf16ToFloats(wire + b.range.begin, weights_ + b.range.begin, b.range.size());
+    Bf16ToFloats(wire + (b.range.begin - origin_), weights_ + (b.range.begin - origin_), b.range.size());
   }
   uint64_t ByteOffset(const Bucket& b) const {
     return static_cast<uint64_t>(b.range.begin - plan_.shard(b.server).begin) * wire_bytes_;
   }
-  // The bf16 staging span: up to the last shard's end.
-  int64_t wire_elements() const { return plan_.shard(plan_.num_servers() - 1).end; }
+  // The bf16 staging span: from the origin up to the end of the last
+  // bucket this worker moves.
+  int64_t wire_elements() const { return wire_end_ - origin_; }
 
   const ShardPlan& plan_;
   // The buckets this worker pushes and pulls (all, but a pipeline stage's),
   // in the plan's (backward) order.
   std::vector<const Bucket*> mine_;
-  const bool tag_with_rank_;  // a pipeline stage: pushes carry its rank
+  const bool tag_with_rank_;  // a pipeline stage or tensor-parallel rank: pushes carry its rank
+  const int64_t origin_;      // the servers' space's element at the worker's element 0
+  const int64_t wire_end_;    // the end of the last bucket this worker moves
   const bool bf16_;
   const int wire_bytes_;
   transport::PushPullClient* const client_;
@@ -211,7 +218,7 @@ class WholeWeightsSync : public PushPullSync {
 
   // Backward has finished every gradient at offsets >= `offset`.
   void FinalFrom(int64_t offset) override {
-    while (next_bucket_ < mine_.size() && mine_[next_bucket_]->range.begin >= offset) {
+    while (next_bucket_ < mine_.size() && mine_[next_bucket_]->range.begin - origin_ >= offset) {
       const Bucket& b = *mine_[next_bucket_++];
       push_tickets_.push_back(PushBucket(b, push_wire()));
       // bf16: the pull lands where the push left from; its answer needs
@@ -259,7 +266,7 @@ class WholeWeightsSync : public PushPullSync {
   // when interrupted first (what is in stays in). Failures are kept for
   // FinishWeights.
   bool WaitPulls(int64_t end, const std::function<bool()>& interrupted) {
-    while (next_pull_ < pulls_.size() && pulls_[next_pull_].first->range.begin < end) {
+    while (next_pull_ < pulls_.size() && pulls_[next_pull_].first->range.begin - origin_ < end) {
       const auto [bucket, ticket] = pulls_[next_pull_];
       trace::Span span("wait for weights", "wait", {"bucket", bucket - plan_.buckets().data()},
                        {"version", static_cast<int64_t>(version_)});
@@ -407,8 +414,9 @@ StatusOr<ParameterServerSyncParts> CreateParameterServerSync(const ParameterServ
                                                                     transport::UcxTransport* transport,
                                                                     transport::PushPullClient* client) {
   if (options.streamed_weights != nullptr && (options.layout == nullptr || options.streamed_grads == nullptr ||
-                                              options.elastic)) {
-    return Status::InvalidArgument("streamed weights need the layout and a paged gradient buffer, and no elastic job");
+                                              options.elastic || options.origin != 0)) {
+    return Status::InvalidArgument(
+        "streamed weights need the layout and a paged gradient buffer, and neither an elastic job nor an origin");
   }
   ParameterServerSyncParts parts;
   std::unique_ptr<PushPullSync> strategy;

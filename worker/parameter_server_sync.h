@@ -50,6 +50,11 @@ struct ParameterServerSyncOptions {
   // bucket's contributors by rank). Empty: every bucket. With streamed
   // weights, the window covers these ranges alone. Not elastic.
   std::vector<ParamRange> ranges;
+  // Element 0 of the worker's weights and gradients is this element of the
+  // servers' space, and the offsets the model names (FinalFrom, WaitUpTo)
+  // count from it: a tensor-parallel rank's packed part, `ranges` then
+  // being that part alone. Not with streamed weights.
+  int64_t origin = 0;
 };
 
 // The strategy and where its weights live: whole, or (streamed weights)

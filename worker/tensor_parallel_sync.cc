@@ -7,7 +7,6 @@
 #include "common/file_util.h"
 #include "common/trace.h"
 #include "model/checkpoint_format.h"
-#include "model/hf_io.h"
 #include "model/optim/adamw.h"
 #include "model/optim/optimizer_shard.h"
 #include "transport/ps_protocol.h"
@@ -18,19 +17,66 @@ namespace {
 using transport::Collectives;
 using transport::DType;
 
+// What a tensor-parallel worker's step adds in either mode: a failure of
+// the model's group collectives (kept by their rings) ends the step, and
+// with sequence parallelism the norms' gradients (each rank's rows' part)
+// are summed over the group, packed together into one sum and back.
+class GroupGradients {
+ public:
+  explicit GroupGradients(const TensorParallelSyncOptions& o) : o_(o) {
+    if (!o.sequence_parallel) return;
+    for (const TensorSlices::Run& r : o.slices->runs()) {
+      if (r.replicated) norms_size_ += r.flat.size();
+    }
+  }
+
+  // Before step `step`'s gradients `grads` (the packed space) leave.
+  Status Finish(float* grads, uint64_t step) {
+    const std::string at = "step " + std::to_string(step + 1) + ": ";
+    HERD_RETURN_IF_ERROR(o_.tensor_ring->failure().WithContext(at + "tensor-parallel sum: "));
+    if (o_.context_ring != nullptr) {
+      HERD_RETURN_IF_ERROR(o_.context_ring->failure().WithContext(at + "context-parallel gather: "));
+    }
+    if (norms_size_ == 0) return Status::OK();
+    trace::Span span("norm gradients' sum", "collective", {"step", static_cast<int64_t>(step + 1)});
+    norms_.resize(norms_size_);
+    int64_t n = 0;
+    for (const TensorSlices::Run& r : o_.slices->runs()) {
+      if (!r.replicated) continue;
+      std::copy(grads + r.local, grads + r.local + r.flat.size(), norms_.begin() + n);
+      n += r.flat.size();
+    }
+    HERD_RETURN_IF_ERROR(o_.tensor_ring->Sum(norms_.data(), norms_size_).WithContext(at + "tensor-parallel sum: "));
+    n = 0;
+    for (const TensorSlices::Run& r : o_.slices->runs()) {
+      if (!r.replicated) continue;
+      std::copy(norms_.begin() + n, norms_.begin() + n + r.flat.size(), grads + r.local);
+      n += r.flat.size();
+    }
+    return Status::OK();
+  }
+
+  // The group rings' waits since the last call.
+  double TakeWaitSeconds() {
+    return o_.tensor_ring->TakeWaitSeconds() +
+           (o_.context_ring != nullptr ? o_.context_ring->TakeWaitSeconds() : 0.0);
+  }
+
+ private:
+  const TensorParallelSyncOptions o_;
+  int64_t norms_size_ = 0;    // sequence parallelism: the norms' elements
+  std::vector<float> norms_;  // their gradients packed for the sum
+};
+
 class TensorParallelSync : public SyncStrategy {
  public:
   TensorParallelSync(const TensorParallelSyncOptions& o, std::unique_ptr<OptimizerShard> optimizer)
       : o_(o),
         replica_(o.replicas != nullptr ? o.replicas->rank() : 0),
         replicas_(o.replicas != nullptr ? o.replicas->size() : 1),
-        optimizer_(std::move(optimizer)) {
+        optimizer_(std::move(optimizer)),
+        group_(o) {
     report_.version = static_cast<uint64_t>(optimizer_->step());
-    if (o.sequence_parallel) {
-      for (const TensorSlices::Run& r : o.slices->runs()) {
-        if (r.replicated) norms_size_ += r.flat.size();
-      }
-    }
   }
 
   void BeginStep(float* grads, const StepShare& share) override {
@@ -41,11 +87,7 @@ class TensorParallelSync : public SyncStrategy {
 
   Status FinishStep(double loss) override {
     const std::string at = "step " + std::to_string(step_ + 1) + ": ";
-    HERD_RETURN_IF_ERROR(o_.tensor_ring->failure().WithContext(at + "tensor-parallel sum: "));
-    if (o_.context_ring != nullptr) {
-      HERD_RETURN_IF_ERROR(o_.context_ring->failure().WithContext(at + "context-parallel gather: "));
-    }
-    if (norms_size_ > 0) HERD_RETURN_IF_ERROR(SumNormGradients().WithContext(at + "tensor-parallel sum: "));
+    HERD_RETURN_IF_ERROR(group_.Finish(grads_, step_));
     const int64_t n = optimizer_->size();
     if (o_.replicas != nullptr) {
       trace::Span span("slice all-reduce", "collective", {"step", static_cast<int64_t>(step_ + 1)});
@@ -84,10 +126,7 @@ class TensorParallelSync : public SyncStrategy {
   void WaitUpTo(int64_t) override {}
   Status FinishWeights() override { return Status::OK(); }
   const StepReport& report() const override { return report_; }
-  double TakeWaitSeconds() override {
-    return wait_.Take() + o_.tensor_ring->TakeWaitSeconds() +
-           (o_.context_ring != nullptr ? o_.context_ring->TakeWaitSeconds() : 0.0);
-  }
+  double TakeWaitSeconds() override { return wait_.Take() + group_.TakeWaitSeconds(); }
 
   // The slices as pieces of the flat space; the norms by rank 0.
   Status WriteCheckpointParts(const std::string& step_dir) override {
@@ -104,36 +143,54 @@ class TensorParallelSync : public SyncStrategy {
   int shard_files() const override { return o_.slices->ranks(); }
 
  private:
-  // Sequence parallelism: the norms' gradients, each rank's rows' part,
-  // summed over the group in one sum (packed together, then back).
-  Status SumNormGradients() {
-    trace::Span span("norm gradients' sum", "collective", {"step", static_cast<int64_t>(step_ + 1)});
-    norms_.resize(norms_size_);
-    int64_t at = 0;
-    for (const TensorSlices::Run& r : o_.slices->runs()) {
-      if (!r.replicated) continue;
-      std::copy(grads_ + r.local, grads_ + r.local + r.flat.size(), norms_.begin() + at);
-      at += r.flat.size();
-    }
-    HERD_RETURN_IF_ERROR(o_.tensor_ring->Sum(norms_.data(), norms_size_));
-    at = 0;
-    for (const TensorSlices::Run& r : o_.slices->runs()) {
-      if (!r.replicated) continue;
-      std::copy(norms_.begin() + at, norms_.begin() + at + r.flat.size(), grads_ + r.local);
-      at += r.flat.size();
-    }
-    return Status::OK();
-  }
-
   const TensorParallelSyncOptions o_;
   const int replica_, replicas_;  // among the rank's data-parallel replicas
   const std::unique_ptr<OptimizerShard> optimizer_;  // the packed space, weights attached
-  int64_t norms_size_ = 0;   // sequence parallelism: the norms' elements
-  std::vector<float> norms_;  // their gradients packed for the sum
+  GroupGradients group_;
   float* grads_ = nullptr;
   uint64_t step_ = 0;
   StepReport report_;
   WaitClock wait_;
+};
+
+// Parameter-server mode: `pushes` moves the rank's packed part to and
+// from the servers; the group's part comes first. With sequence
+// parallelism no bucket leaves before the norms' gradients are summed, so
+// the pushes wait for backward's end.
+class TensorParallelPushPull : public SyncStrategy {
+ public:
+  TensorParallelPushPull(const TensorParallelSyncOptions& o, std::unique_ptr<SyncStrategy> pushes)
+      : pushes_(std::move(pushes)), hold_pushes_(o.sequence_parallel), group_(o) {}
+
+  void BeginStep(float* grads, const StepShare& share) override {
+    grads_ = grads;
+    step_ = share.step;
+    pushes_->BeginStep(grads, share);
+  }
+  void FinalFrom(int64_t offset) override {
+    if (!hold_pushes_) pushes_->FinalFrom(offset);
+  }
+  Status FinishStep(double loss) override {
+    HERD_RETURN_IF_ERROR(group_.Finish(grads_, step_));
+    if (hold_pushes_) pushes_->FinalFrom(0);
+    return pushes_->FinishStep(loss);
+  }
+  void IssueWeights(float* weights, uint64_t version) override { pushes_->IssueWeights(weights, version); }
+  void WaitUpTo(int64_t end) override { pushes_->WaitUpTo(end); }
+  Status FinishWeights() override { return pushes_->FinishWeights(); }
+  const StepReport& report() const override { return pushes_->report(); }
+  double TakeWaitSeconds() override { return pushes_->TakeWaitSeconds() + group_.TakeWaitSeconds(); }
+  Status WriteCheckpointParts(const std::string& step_dir) override {
+    return pushes_->WriteCheckpointParts(step_dir);
+  }
+  int shard_files() const override { return pushes_->shard_files(); }
+
+ private:
+  const std::unique_ptr<SyncStrategy> pushes_;
+  const bool hold_pushes_;
+  GroupGradients group_;
+  float* grads_ = nullptr;
+  uint64_t step_ = 0;
 };
 
 }  // namespace
@@ -147,45 +204,16 @@ StatusOr<std::unique_ptr<SyncStrategy>> CreateTensorParallelSync(const TensorPar
   state.end = n;
   state.m.assign(n, 0.0f);
   state.v.assign(n, 0.0f);
-  std::fill(weights, weights + n, 0.0f);  // the packed space's padding
-  if (resume_from) {
-    // Each run of the slices from whatever shards wrote it.
-    HERD_ASSIGN_OR_RETURN(std::vector<ShardState> runs,
-                          ReadShardRanges(resume_from->dir, resume_from->manifest, slices.Ranges(), true));
-    for (size_t i = 0; i < runs.size(); ++i) {
-      const TensorSlices::Run& r = slices.runs()[i];
-      std::copy(runs[i].weights.begin(), runs[i].weights.end(), weights + r.local);
-      std::copy(runs[i].m.begin(), runs[i].m.end(), state.m.begin() + r.local);
-      std::copy(runs[i].v.begin(), runs[i].v.end(), state.v.begin() + r.local);
-    }
-    if (!runs.empty()) {
-      state.step = runs.front().step;
-      state.spikes = runs.front().spikes;
-    }
-  } else {
-    // Tensor by tensor (a function of the seed and the tensor, or
-    // init_from's file), this rank's runs of it kept: no more than one
-    // tensor is ever held whole.
-    const WeightInit& init = o.job->init;
-    const std::vector<TensorSlices::Run>& runs = slices.runs();
-    size_t next = 0;
-    std::vector<float> tensor;
-    for (const TensorSpec& t : o.layout->tensors()) {
-      if (init.init_from.empty()) {
-        tensor.resize(t.numel);
-        InitTensor(t, init.seed, init.initializer_range, tensor.data());
-      } else {
-        HERD_ASSIGN_OR_RETURN(tensor, LoadInitialWeights(init.init_from, init.model, t.offset, t.offset + t.numel));
-      }
-      for (; next < runs.size() && runs[next].flat.begin < t.offset + t.numel; ++next) {
-        const TensorSlices::Run& r = runs[next];
-        std::copy(tensor.begin() + (r.flat.begin - t.offset), tensor.begin() + (r.flat.end - t.offset),
-                  weights + r.local);
-      }
-    }
-  }
+  std::fill(weights, weights + n, 0.0f);
+  HERD_RETURN_IF_ERROR(LoadPackedRange(slices, {0, n}, o.job->init, *o.layout, resume_from,
+                                       {weights, state.m.data(), state.v.data(), &state.step, &state.spikes}));
   auto optimizer = std::make_unique<OptimizerShard>(slices.layout(), o.job->optimizer, std::move(state), weights);
   return std::unique_ptr<SyncStrategy>(std::make_unique<TensorParallelSync>(o, std::move(optimizer)));
+}
+
+std::unique_ptr<SyncStrategy> TensorParallelPushes(const TensorParallelSyncOptions& options,
+                                                   std::unique_ptr<SyncStrategy> pushes) {
+  return std::make_unique<TensorParallelPushPull>(options, std::move(pushes));
 }
 
 }  // namespace herd

@@ -55,4 +55,16 @@ StatusOr<std::unique_ptr<SyncStrategy>> CreateTensorParallelSync(const TensorPar
                                                                  float* weights,
                                                                  const std::optional<VerifiedCheckpoint>& resume_from);
 
+// Parameter-server mode's strategy for a tensor-parallel worker: `pushes`
+// (worker/parameter_server_sync.h's over the rank's part of the servers'
+// space: sharding/tensor_slices.h's TensorParallelSpace) moves the packed
+// gradients and weights; before they leave, a failure of the group's
+// collectives ends the step and, with sequence parallelism, the norms'
+// gradients are summed over the group (the pushes then wait for
+// backward's end). The servers hold the optimizer and write the
+// checkpoints. Only `tensor_ring`, `context_ring`, `slices` and
+// `sequence_parallel` of the options are read.
+std::unique_ptr<SyncStrategy> TensorParallelPushes(const TensorParallelSyncOptions& options,
+                                                   std::unique_ptr<SyncStrategy> pushes);
+
 }  // namespace herd

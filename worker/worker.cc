@@ -51,7 +51,8 @@ using config::ClusterConfig;
 enum class Mode {
   kOneProcess,       // the whole job, on the CPU (LocalSync)
   kOneGpu,           // the whole job, its whole step on one GPU (DeviceResidentSync)
-  kParameterServer,  // one worker of a parameter-server job
+  kParameterServer,  // one worker of a parameter-server job (a tensor-parallel rank's too,
+                     // with slices_ set)
   kAllReduce,        // one worker of an all-reduce job
   kPipelineStage,    // one stage's worker of an all-reduce job's pipeline (a parameter-server
                      // pipeline's stage workers are kParameterServer, with pipeline_ set)
@@ -94,14 +95,17 @@ void PrintRunHeader(const config::JobConfig& config, const JobOptions& job, cons
   } else if (cluster.tensor_parallel() > 1) {
     const int T = cluster.tensor_parallel(), replicas = num_workers / T;
     std::printf("tensor parallel: %d ranks a replica (%d heads, %d intermediate columns and %d vocabulary rows "
-                "each%s), %d replica%s | batch %d x %d tokens x %d accum x %d replicas = %lld tokens/step\n",
+                "each%s), %d replica%s%s | batch %d x %d tokens x %d accum x %d replicas = %lld tokens/step\n",
                 T, shape.num_heads / T, shape.intermediate_size / T, shape.vocab_size / T,
                 cluster.sequence_parallel() ? "; sequence parallel: the norms' and residual's rows split too"
                 : cluster.context_parallel() > 1
                     ? ("; context parallel over " + std::to_string(cluster.context_parallel()) + " such groups").c_str()
                     : "",
-                replicas, replicas == 1 ? "" : "s", train.batch_size(), train.seq_len(), train.grad_accum(), replicas,
-                tokens * replicas);
+                replicas, replicas == 1 ? "" : "s",
+                plan != nullptr ? (", each rank's slices on " + std::to_string(plan->num_servers()) +
+                                   " parameter server" + (plan->num_servers() == 1 ? "" : "s")).c_str()
+                                : "",
+                train.batch_size(), train.seq_len(), train.grad_accum(), replicas, tokens * replicas);
   } else if (cluster.context_parallel() > 1) {
     const int C = cluster.context_parallel(), replicas = num_workers / C;
     std::printf("context parallel: %d ranks a replica (chunks r and %d-r of each sequence's %d, %d tokens each), "
@@ -204,6 +208,7 @@ class WorkerProcess {
   Status MakeAxes();
   StatusOr<std::unique_ptr<SyncStrategy>> MakeStrategy();
   std::unique_ptr<ShareCompute> MakeCompute();
+  TensorParallelSyncOptions TensorParallelOptions();
   // Whether the step's last backward is the only pass that writes its
   // gradients: one micro-batch, or paged gradients computed layer-major.
   bool OneBackwardWritesTheGradients() const;
@@ -295,8 +300,7 @@ StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Create(const config::Job
   HERD_ASSIGN_OR_RETURN(JobData data, OpenJobData(config.data(), shape.vocab_size));
   std::unique_ptr<WorkerProcess> w(new WorkerProcess(config, options, join, std::move(data), ParamLayout(shape)));
   if (w->mode_ == Mode::kParameterServer) {
-    HERD_ASSIGN_OR_RETURN(const ShardPlanOptions plan_options, ShardPlanOptionsOf(config));
-    HERD_ASSIGN_OR_RETURN(w->plan_, ShardPlan::Create(w->layout_, plan_options));
+    HERD_ASSIGN_OR_RETURN(w->plan_, ParameterServerPlan(config));
   } else if (w->mode_ == Mode::kAllReduce) {
     HERD_ASSIGN_OR_RETURN(w->plan_, CollectivePlan(w->layout_, config.cluster(), config.cluster().workers()));
   }
@@ -306,7 +310,7 @@ StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Create(const config::Job
       HERD_ASSIGN_OR_RETURN(w->plan_, PipelineCollectivePlan(config));  // ZeRO-1 among a stage's replicas
     }
   }
-  if (w->mode_ == Mode::kTensorParallel) {
+  if (config.cluster().tensor_parallel() > 1 && w->join_ != nullptr) {
     HERD_ASSIGN_OR_RETURN(const TensorSlices any, TensorSlices::Make(shape, config.cluster().tensor_parallel(), 0));
     w->packed_size_ = any.layout().size();
   }
@@ -374,7 +378,7 @@ Status WorkerProcess::Prepare(transport::CoordinatorClient* client) {
   }
   if (mode_ == Mode::kOneGpu) return Status::OK();  // the GPU trainer brings its model
   if (pipeline_) return PreparePipelineStage();
-  if (mode_ == Mode::kTensorParallel) return PrepareTensorParallel();
+  if (tensor_ring_) return PrepareTensorParallel();
   if (context_ring_) {
     model_holder_ = NewCpuModel(job_.shape, job_.batch, job_.seq_len, job_.recompute, job_.micro_batch_slots, {},
                                 ContextGroupOf());
@@ -447,18 +451,20 @@ Status WorkerProcess::JoinJob() {
   transport::NodeRuntime::Options o;
   o.join = *join_;
   o.connect_to = {mode_ == Mode::kParameterServer ? wire::SERVER : wire::WORKER};
-  // A pipeline's stages exchange activations in either mode.
-  if (mode_ == Mode::kParameterServer && pipeline_) o.connect_to.push_back(wire::WORKER);
+  // A pipeline's stages exchange activations in either mode, a
+  // tensor-parallel group its sums.
+  const int T = config_.cluster().tensor_parallel();
+  if (mode_ == Mode::kParameterServer && (pipeline_ || T > 1)) o.connect_to.push_back(wire::WORKER);
   if (mode_ == Mode::kParameterServer) {
     o.push_pull_piece_bytes =
         LargestBucketBytes(*plan_, config_.cluster().wire_dtype() == ClusterConfig::BF16 ? 2 : 4);
   }
   HERD_ASSIGN_OR_RETURN(runtime_,
-                        transport::NodeRuntime::Join(o, [this](transport::NodeRuntime& rt, transport::CoordinatorClient& c) {
+                        transport::NodeRuntime::Join(o, [this, T](transport::NodeRuntime& rt, transport::CoordinatorClient& c) {
                           if (mode_ == Mode::kAllReduce) rt.StartRing(c, config_.cluster().shard_group_size());
                           // A tensor-parallel group is a ring of its own, its ranks' replicas another.
-                          if (mode_ == Mode::kTensorParallel) {
-                            rt.StartRing(c, config_.cluster().tensor_parallel());
+                          if (T > 1) {
+                            rt.StartRing(c, T);
                             // The group is this replica's consecutive ranks: the shard ring, or
                             // every worker when there is one replica.
                             tensor_ring_ = std::make_unique<GroupRing>(
@@ -517,6 +523,11 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeStrategy() {
       po.rank = rank_;
       po.first_server = transport::MemberPeerId(runtime_->client(), wire::SERVER, 0);
       if (pipeline_) po.ranges = pipeline_->RangesOf(pipeline_->DeviceOf(rank_), layout_);
+      if (slices_) {
+        // The rank's packed part of the servers' space (TensorParallelSpace).
+        po.origin = slices_->rank() * packed_size_;
+        po.ranges = {{po.origin, po.origin + packed_size_}};
+      }
       if (streamed_) {
         po.streamed_weights = &paged_weights_;
         po.streamed_grads = &paged_grads_;
@@ -526,7 +537,9 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeStrategy() {
       HERD_ASSIGN_OR_RETURN(ParameterServerSyncParts parts,
                             CreateParameterServerSync(po, &runtime_->transport(), runtime_->push_pull()));
       // A stage's gradients are paged: with its weights whole, MakeAxes
-      // makes its home.
+      // makes its home; so it does for a tensor-parallel rank, whose
+      // strategy wraps these pushes.
+      if (slices_) return TensorParallelPushes(TensorParallelOptions(), std::move(parts.sync));
       if (!pipeline_ || streamed_) home_ = std::move(parts.home);
       return std::move(parts.sync);
     }
@@ -552,18 +565,8 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeStrategy() {
       home_ = std::move(parts.home);
       return std::move(parts.sync);
     }
-    case Mode::kTensorParallel: {
-      TensorParallelSyncOptions t;
-      t.job = &job_;
-      t.layout = &layout_;
-      t.slices = &*slices_;
-      t.tensor_ring = tensor_ring_.get();
-      t.everyone = runtime_->ring();
-      t.replicas = runtime_->replica_ring();
-      t.sequence_parallel = config_.cluster().sequence_parallel();
-      t.context_ring = context_ring_.get();
-      return CreateTensorParallelSync(t, weights(), resume_from_);
-    }
+    case Mode::kTensorParallel:
+      return CreateTensorParallelSync(TensorParallelOptions(), weights(), resume_from_);
     case Mode::kPipelineStage: {
       const int replica = pipeline_->ReplicaOf(rank_);
       PipelineSyncOptions p;
@@ -584,6 +587,19 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeStrategy() {
     }
   }
   return Status::Internal("unknown worker mode");
+}
+
+TensorParallelSyncOptions WorkerProcess::TensorParallelOptions() {
+  TensorParallelSyncOptions t;
+  t.job = &job_;
+  t.layout = &layout_;
+  t.slices = &*slices_;
+  t.tensor_ring = tensor_ring_.get();
+  t.everyone = runtime_->ring();
+  t.replicas = runtime_->replica_ring();
+  t.sequence_parallel = config_.cluster().sequence_parallel();
+  t.context_ring = context_ring_.get();
+  return t;
 }
 
 Status WorkerProcess::MakeAxes() {

@@ -11,8 +11,11 @@
 namespace herd {
 
 OptimizerShard::OptimizerShard(const ParamLayout& layout, const OptimizerOptions& options, ShardState state)
+    : OptimizerShard(DecaySegments(layout, state.begin, state.end), options, std::move(state)) {}
+
+OptimizerShard::OptimizerShard(std::vector<DecaySegment> segments, const OptimizerOptions& options, ShardState state)
     : range_{state.begin, state.end},
-      segments_(DecaySegments(layout, state.begin, state.end)),
+      segments_(std::move(segments)),
       options_(options),
       own_weights_(std::move(state.weights)),
       weights_(own_weights_.data()),

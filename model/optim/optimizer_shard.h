@@ -61,6 +61,9 @@ class OptimizerShard {
                                                                 const std::optional<VerifiedCheckpoint>& resume_from);
   // From a given state (its range, weights, moments and step).
   OptimizerShard(const ParamLayout& layout, const OptimizerOptions& options, ShardState state);
+  // The same over a space that is not a layout's (a tensor-parallel job's
+  // servers'): `segments` say which of [state.begin, state.end) decays.
+  OptimizerShard(std::vector<DecaySegment> segments, const OptimizerOptions& options, ShardState state);
   // From a given state whose weights are already [begin, end) of `space`
   // (attached, as AttachWeights leaves them; state.weights is empty).
   OptimizerShard(const ParamLayout& layout, const OptimizerOptions& options, ShardState state, float* space);
