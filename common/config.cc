@@ -381,7 +381,16 @@ void CheckCluster(const config::ClusterConfig& cl, const Rules& need) {
     need(!cl.elastic(), "cluster.elastic", "is not supported together with cluster.tensor_parallel yet");
     need(!cl.stream_weights(), "cluster.stream_weights",
          "is not supported together with cluster.tensor_parallel yet (each rank holds only its slices already)");
-    need(cl.pipeline_stages() == 1, "cluster.tensor_parallel", "tensor parallelism inside pipeline stages is not built yet");
+    if (cl.pipeline_stages() > 1) {
+      need(cl.workers() % (cl.pipeline_stages() * cl.tensor_parallel()) == 0, "cluster.tensor_parallel",
+           "cluster.pipeline_stages " + std::to_string(cl.pipeline_stages()) + " x " + T +
+               " does not divide cluster.workers " + std::to_string(cl.workers()) +
+               ": every data-parallel replica needs as many stages, each as many tensor-parallel ranks");
+      need(cl.sync() == config::ClusterConfig::ALLREDUCE, "cluster.tensor_parallel",
+           "tensor parallelism inside pipeline stages runs in sync ALLREDUCE only yet");
+      need(!cl.sequence_parallel(), "cluster.sequence_parallel",
+           "sequence parallelism inside pipeline stages is not built yet");
+    }
     need(cl.zero_stage() == 0, "cluster.zero_stage", "ZeRO with tensor parallelism is not built yet");
     need(cl.shard_group_size() == 0, "cluster.shard_group_size", "hybrid sharding with tensor parallelism is not built yet");
     need(cl.wire_dtype() == config::ClusterConfig::FP32, "cluster.wire_dtype",
@@ -529,7 +538,23 @@ int DataParallelReplicas(const JobConfig& config) {
 
 GridPlace GridPlaceOf(const JobConfig& config, int rank) {
   const int T = std::max(1, config.cluster().tensor_parallel()), C = std::max(1, config.cluster().context_parallel());
-  return {rank / (T * C), rank / T % C, rank % T};
+  if (config.cluster().pipeline_stages() > 1) {
+    const int R = DataParallelReplicas(config);
+    return {rank / T % R, rank / T / R, 0, rank % T};
+  }
+  return {rank / (T * C), 0, rank / T % C, rank % T};
+}
+
+std::string GridPlaceName(const JobConfig& config, int rank) {
+  const GridPlace g = GridPlaceOf(config, rank);
+  std::vector<std::string> axes;
+  if (config.cluster().pipeline_stages() > 1) axes.push_back("pipeline stage " + std::to_string(g.stage));
+  if (config.cluster().tensor_parallel() > 1) axes.push_back("tensor rank " + std::to_string(g.tensor));
+  if (config.cluster().context_parallel() > 1) axes.push_back("context rank " + std::to_string(g.context));
+  if (axes.empty()) return "";
+  std::string out = " (";
+  for (size_t i = 0; i < axes.size(); ++i) out += (i ? ", " : "") + axes[i];
+  return out + " of replica " + std::to_string(g.replica) + ")";
 }
 
 std::string ConfigToText(const JobConfig& config) {

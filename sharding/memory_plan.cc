@@ -205,13 +205,20 @@ StatusOr<ProcessMemory> TrainerMemory(const JobSizes& j) {
 
 // Each stage's worker of a pipeline (CPU workers; with parameter servers,
 // `shards` theirs, the optimizer's state is theirs, and with
-// cluster.stream_weights a window over the stage's ranges).
+// cluster.stream_weights a window over the stage's ranges; with tensor
+// parallelism, a rank's packed model over its stage's layers).
 StatusOr<std::vector<ProcessMemory>> StageMemory(const JobSizes& j, const ShardPlan* shards = nullptr) {
   const bool ps = j.cluster.sync() == config::ClusterConfig::PARAMETER_SERVER;
   HERD_ASSIGN_OR_RETURN(const PipelinePlan pipeline, PipelinePlan::FromConfig(j.config));
   const PipelineSchedule& s = pipeline.schedule;
   const int64_t B = j.train.batch_size(), T = j.train.seq_len();
-  const int64_t embedding = j.layout.layer(0).input_norm;
+  LlamaShape shape = j.shape;
+  if (pipeline.tensor > 1) {
+    HERD_ASSIGN_OR_RETURN(const TensorSlices slices, TensorSlices::Make(j.shape, pipeline.tensor, 0));
+    shape = slices.shape();
+  }
+  const ParamLayout layout(shape);  // the space a stage's worker computes in
+  const int64_t embedding = layout.layer(0).input_norm;
   const int64_t activation = B * T * j.shape.hidden_size;
   const bool wire_bf16 = j.cluster.pipeline_wire_dtype() == config::ClusterConfig::BF16;
   // ZeRO-1 among a stage's replicas: its buckets, cut at the stages' ends.
@@ -224,19 +231,19 @@ StatusOr<std::vector<ProcessMemory>> StageMemory(const JobSizes& j, const ShardP
     ProcessMemory m;
     m.role = "stage";
     m.rank = d;
-    m.count = pipeline.replicas;
+    m.count = pipeline.replicas * pipeline.tensor;
     const std::vector<int> slots = ChunkSlots(s, d);
     int64_t held = 0;
     for (int c = 0; c < s.chunks; ++c) {
       const PipelineStage& st = pipeline.split.stage(s.VirtualStage(d, c));
-      m.activations += LlamaModel<float>::ActivationBytes(j.shape, B, T, j.job.recompute, slots[c], st.layers,
+      m.activations += LlamaModel<float>::ActivationBytes(shape, B, T, j.job.recompute, slots[c], st.layers,
                                                           s.kind == PipelineScheduleKind::kZeroBubble);
       if (c == 0) m.range.begin = st.params.begin;
       m.range.end = st.params.end;
     }
-    const bool tied_end = j.shape.tie_word_embeddings && s.devices > 1 && (d == 0 || d == s.devices - 1);
+    const bool tied_end = shape.tie_word_embeddings && s.devices > 1 && (d == 0 || d == s.devices - 1);
     // Its own ranges (the last stage's copy of a tied embedding too).
-    const std::vector<ParamRange> ranges = pipeline.RangesOf(d, j.layout);
+    const std::vector<ParamRange> ranges = pipeline.RangesOf(d, layout);
     for (const ParamRange& r : ranges) held += r.size();
     m.weights = held * kF32;
     m.gradients = held * kF32;
@@ -261,7 +268,13 @@ StatusOr<std::vector<ProcessMemory>> StageMemory(const JobSizes& j, const ShardP
     }
     // The step's drawn micro-batches, as every worker holds them.
     m.activations += 2 * B * T * j.train.grad_accum() * static_cast<int64_t>(sizeof(int32_t));
-    const int rings = ps ? 0 : pipeline.replicas > 1 ? 3 : 1;
+    // Everyone's; with replicas the stage's (and the others StartRing
+    // makes); with tensor parallelism the group's too, and the stage's
+    // replicas' strided ring.
+    const int rings = ps                   ? 0
+                      : pipeline.tensor > 1 ? 3 + (pipeline.replicas > 1 ? 1 : 0)
+                      : pipeline.replicas > 1 ? 3
+                                              : 1;
     m.buffers = rings * (kRingChunksAhead + (j.bf16 ? kRingChunksInFlight : 0)) * kRingChunkBytes +
                 2 * activation * (wire_bf16 ? 2 : kF32) + (tied_end && !ps ? embedding * kF32 : 0) + staging;
     m.runtime = kRuntimeBytes;

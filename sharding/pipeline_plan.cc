@@ -1,5 +1,7 @@
 #include "sharding/pipeline_plan.h"
 
+#include <algorithm>
+
 #include "sharding/tensor_slices.h"
 
 namespace herd {
@@ -27,9 +29,15 @@ StatusOr<PipelinePlan> PipelinePlan::FromConfig(const config::JobConfig& config)
   const int P = cl.pipeline_stages(), v = cl.virtual_stages();
   HERD_ASSIGN_OR_RETURN(plan.schedule, MakePipelineSchedule(KindOf(cl.pipeline_schedule()), P, v,
                                                             config.train().grad_accum()));
-  HERD_ASSIGN_OR_RETURN(plan.split, PipelineSplit::Make(LlamaShape::FromConfig(config.model()), P * v,
-                                                        cl.pipeline_split(), config.train().seq_len()));
-  plan.replicas = config.cluster().workers() / P;
+  plan.tensor = std::max(1, cl.tensor_parallel());
+  LlamaShape shape = LlamaShape::FromConfig(config.model());
+  if (plan.tensor > 1) {
+    HERD_ASSIGN_OR_RETURN(const TensorSlices slices, TensorSlices::Make(shape, plan.tensor, 0));
+    shape = slices.shape();
+  }
+  HERD_ASSIGN_OR_RETURN(plan.split,
+                        PipelineSplit::Make(shape, P * v, cl.pipeline_split(), config.train().seq_len()));
+  plan.replicas = cl.workers() / (P * plan.tensor);
   return plan;
 }
 

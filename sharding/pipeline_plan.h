@@ -1,10 +1,14 @@
 // A job's pipeline (cluster.pipeline_stages > 1): its layers cut into
 // virtual stages (sharding/pipeline_split.h), the schedule every device
 // follows (sharding/pipeline_schedule.h) and where each worker sits.
-// Worker ranks are stage-major: device p's replicas are ranks p·R …
-// p·R+R−1, R = workers / pipeline_stages data-parallel replicas, so that
-// the workers of one stage are neighbours (Megatron puts the pipeline
-// outermost the same way).
+// Worker ranks are stage-major, tensor innermost: device p's replica r's
+// tensor rank t is rank (p·R + r)·T + t, R = workers / (pipeline_stages ·
+// T) data-parallel replicas, T = cluster.tensor_parallel (1 without), so
+// that a tensor group is consecutive ranks (one node) and the workers of
+// one stage are neighbours (Megatron puts the pipeline outermost the same
+// way). With tensor parallelism the split is of a rank's packed model
+// (sharding/tensor_slices.h: its heads, intermediate columns and
+// vocabulary divided by T), and the ranges are of its packed space.
 #pragma once
 
 #include "common/status.h"
@@ -19,6 +23,7 @@ struct PipelinePlan {
   PipelineSplit split;
   PipelineSchedule schedule;
   int replicas = 1;
+  int tensor = 1;  // ranks of a stage's tensor-parallel group
 
   // From the config; errors in one line naming the fields (a split or a
   // schedule the model or the micro-batches cannot take), before any
@@ -37,9 +42,12 @@ struct PipelinePlan {
   // Where buckets must be cut: between the stages, and at the end of a
   // tied embedding (which two stages push).
   std::vector<int64_t> BucketCuts(const ParamLayout& layout) const;
-  int DeviceOf(int rank) const { return rank / replicas; }
-  int ReplicaOf(int rank) const { return rank % replicas; }
-  int RankOf(int device, int replica) const { return device * replicas + replica; }
+  int DeviceOf(int rank) const { return rank / tensor / replicas; }
+  int ReplicaOf(int rank) const { return rank / tensor % replicas; }
+  int TensorRankOf(int rank) const { return rank % tensor; }
+  int RankOf(int device, int replica, int tensor_rank = 0) const {
+    return (device * replicas + replica) * tensor + tensor_rank;
+  }
 };
 
 // Whether the job runs a pipeline (cluster.pipeline_stages > 1).

@@ -91,6 +91,17 @@ std::vector<TensorSlices::Run> TensorSlices::RunsWithin(ParamRange local) const 
   return out;
 }
 
+std::vector<ShardView> TensorSlices::FlatPieces(const ShardView& local, bool with_norms) const {
+  std::vector<ShardView> pieces;
+  for (const Run& run : RunsWithin({local.begin, local.end})) {
+    if (run.replicated && !with_norms) continue;
+    const int64_t at = run.local - local.begin;
+    pieces.push_back({run.flat.begin, run.flat.end, local.step, local.weights + at, local.m + at, local.v + at,
+                      local.spikes});
+  }
+  return pieces;
+}
+
 Status LoadPackedRange(const TensorSlices& slices, ParamRange local, const WeightInit& init, const ParamLayout& flat,
                        const std::optional<VerifiedCheckpoint>& resume_from, const PackedInto& into) {
   const std::vector<TensorSlices::Run> runs = slices.RunsWithin(local);
@@ -215,11 +226,14 @@ StatusOr<ShardState> TensorParallelSpace::Load(ParamRange range, const WeightIni
 
 std::vector<ShardView> TensorParallelSpace::FlatPieces(const ShardView& range) const {
   std::vector<ShardView> pieces;
-  for (const Run& run : RunsWithin({range.begin, range.end})) {
-    if (run.copy) continue;
-    const int64_t at = run.at - range.begin;
-    pieces.push_back({run.flat.begin, run.flat.end, range.step, range.weights + at, range.m + at, range.v + at,
-                      range.spikes});
+  for (int r = 0; r < ranks(); ++r) {
+    const int64_t base = r * part();
+    const int64_t lo = std::max(range.begin, base), hi = std::min(range.end, base + part());
+    if (lo >= hi) continue;
+    const int64_t at = lo - range.begin;
+    const ShardView mine{lo - base,         hi - base,    range.step, range.weights + at,
+                         range.m + at,      range.v + at, range.spikes};
+    for (const ShardView& p : slices_[r].FlatPieces(mine, /*with_norms=*/r == 0)) pieces.push_back(p);
   }
   std::sort(pieces.begin(), pieces.end(), [](const ShardView& a, const ShardView& b) { return a.begin < b.begin; });
   return pieces;

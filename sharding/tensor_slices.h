@@ -67,6 +67,10 @@ class TensorSlices {
   // The runs that meet `local` (a range of the packed space), cut to it,
   // ascending.
   std::vector<Run> RunsWithin(ParamRange local) const;
+  // `local`, the state of a range of the packed space, as pieces of the
+  // flat space (what a shard file holds), ascending; the norms' runs left
+  // out unless `with_norms` (every rank holds them alike: one writes them).
+  std::vector<ShardView> FlatPieces(const ShardView& local, bool with_norms) const;
 
  private:
   TensorSlices(const LlamaShape& shape, int ranks, int rank);

@@ -25,6 +25,34 @@ int64_t WindowPulls(const ShardPlan& plan, const ParamLayout& layout, const conf
 // One pass of a ring of n over `elements`, each way.
 double RingPass(int n, double elements, double bytes) { return (n - 1) / static_cast<double>(n) * elements * bytes; }
 
+// A tensor-parallel worker: the group's sums in each micro-batch's passes
+// (Megatron's count: the lookup and o_proj's and down_proj's outputs
+// forward, the head's and each layer's two norms' input gradients
+// backward, o_proj's again where FULL recomputation reruns the layer, all
+// of B x T x hidden floats; the cross-entropy's statistics, 2T + 1 per
+// token), each an all-reduce over the group's ring; and the packed
+// gradients' all-reduce among the rank's replicas (parameter servers: the
+// packed gradients pushed, the packed weights pulled).
+//
+// Sequence parallelism moves each all-reduce's two halves as a
+// reduce-scatter and an all-gather (the same bytes), and adds what
+// Megatron-LM's backward does too: each layer's two norm outputs gathered
+// again for the products' weight gradients (the rows alone are kept);
+// where FULL recomputation reruns a layer, its two gathers and one
+// reduce-scatter are one half more than the all-reduce they replace;
+// once a step, the norms' gradients summed over the group.
+double TensorGroupSums(const config::JobConfig& config, const JobOptions& job) {
+  const int T = config.cluster().tensor_parallel(), C = std::max(1, config.cluster().context_parallel());
+  // A context-parallel rank's tokens: its chunks of each sequence.
+  const double tokens = static_cast<double>(job.batch) * job.seq_len / C, L = job.shape.num_layers;
+  const double d = job.shape.hidden_size;
+  const double recomputed = job.recompute == Recompute::kFull ? L : 0;
+  const double sums = tokens * d * (2 + 4 * L + recomputed) + tokens * (2.0 * T + 1);
+  double passes = 2 * RingPass(T, sums, 4);
+  if (config.cluster().sequence_parallel()) passes += RingPass(T, tokens * d * (2 * L + recomputed), 4);
+  return job.grad_accum * passes;
+}
+
 // A pipeline's worker, averaged over the workers: each boundary between
 // virtual stages carries every micro-batch's activations one way and their
 // gradients the other. All-reduce: a tied embedding's gradient parts
@@ -32,10 +60,21 @@ double RingPass(int n, double elements, double bytes) { return (n - 1) / static_
 // all-reduce its range. Parameter servers: each stage pushes its range's
 // gradients and pulls its weights (the tied embedding by two stages), with
 // streamed weights as often as its window takes them again.
+//
+// With tensor parallelism each rank of a stage sends the whole activations
+// to the same rank of the next, its ranges are of its packed space, and
+// its group's sums are those of its stage's layers (on average over the
+// stages, the whole model's over the stages).
 StatusOr<WorkerTraffic> PipelineTraffic(const config::JobConfig& config, const JobOptions& job,
-                                        const ParamLayout& layout, double wire) {
+                                        const ParamLayout& flat, double wire) {
   HERD_ASSIGN_OR_RETURN(const PipelinePlan pipeline, PipelinePlan::FromConfig(config));
   const PipelineSchedule& s = pipeline.schedule;
+  LlamaShape shape = flat.shape();
+  if (pipeline.tensor > 1) {
+    HERD_ASSIGN_OR_RETURN(const TensorSlices slices, TensorSlices::Make(shape, pipeline.tensor, 0));
+    shape = slices.shape();
+  }
+  const ParamLayout layout(shape);  // the space a stage's worker computes in
   const double act_bytes = config.cluster().pipeline_wire_dtype() == config::ClusterConfig::BF16 ? 2 : 4;
   const double activation = static_cast<double>(job.batch) * job.seq_len * job.shape.hidden_size * act_bytes;
   const double embedding = job.shape.tie_word_embeddings ? static_cast<double>(layout.layer(0).input_norm) : 0;
@@ -60,26 +99,11 @@ StatusOr<WorkerTraffic> PipelineTraffic(const config::JobConfig& config, const J
     return t;
   }
   const double ring = 2 * RingPass(static_cast<int>(R), P / s.devices, wire);
-  t.sent = t.received = static_cast<int64_t>(messages + 2 * embedding * 4 * R / W + ring);
+  const double group = pipeline.tensor > 1 ? TensorGroupSums(config, job) / s.devices : 0;
+  t.sent = t.received = static_cast<int64_t>(messages + 2 * embedding * 4 * R / W + ring + group);
   return t;
 }
 
-// A tensor-parallel worker: the group's sums in each micro-batch's passes
-// (Megatron's count: the lookup and o_proj's and down_proj's outputs
-// forward, the head's and each layer's two norms' input gradients
-// backward, o_proj's again where FULL recomputation reruns the layer, all
-// of B x T x hidden floats; the cross-entropy's statistics, 2T + 1 per
-// token), each an all-reduce over the group's ring; and the packed
-// gradients' all-reduce among the rank's replicas (parameter servers: the
-// packed gradients pushed, the packed weights pulled).
-//
-// Sequence parallelism moves each all-reduce's two halves as a
-// reduce-scatter and an all-gather (the same bytes), and adds what
-// Megatron-LM's backward does too: each layer's two norm outputs gathered
-// again for the products' weight gradients (the rows alone are kept);
-// where FULL recomputation reruns a layer, its two gathers and one
-// reduce-scatter are one half more than the all-reduce they replace;
-// once a step, the norms' gradients summed over the group.
 // Context parallelism (C ranks): each micro-batch's layers gather the
 // group's keys and values forward and again backward, and reduce-scatter
 // their gradients (B x T x kv_dim floats each, twice: keys and values);
@@ -94,25 +118,17 @@ StatusOr<WorkerTraffic> TensorParallelTraffic(const config::JobConfig& config, c
   const int T = config.cluster().tensor_parallel(), R = config.cluster().workers() / T;
   const int C = std::max(1, config.cluster().context_parallel());
   HERD_ASSIGN_OR_RETURN(const TensorSlices slices, TensorSlices::Make(job.shape, T, 0));
-  // A context-parallel rank's tokens: its chunks of each sequence.
-  const double tokens = static_cast<double>(job.batch) * job.seq_len / C, L = job.shape.num_layers;
-  const double d = job.shape.hidden_size;
-  const double recomputed = job.recompute == Recompute::kFull ? L : 0;
-  const double sums = tokens * d * (2 + 4 * L + recomputed) + tokens * (2.0 * T + 1);
-  double passes = 2 * RingPass(T, sums, 4);
   // The packed gradients all-reduced among the rank's replicas, or pushed
   // to the servers and the weights pulled back (one of each way).
   const double packed = static_cast<double>(slices.layout().size());
   double step = config.cluster().sync() == config::ClusterConfig::PARAMETER_SERVER ? packed * 4
                                                                                   : 2 * RingPass(R, packed, 4);
   if (config.cluster().sequence_parallel()) {
-    const double gathered_again = tokens * d * (2 * L + recomputed);
-    passes += RingPass(T, gathered_again, 4);
-    step += 2 * RingPass(T, (2 * L + 1) * d, 4);
+    step += 2 * RingPass(T, (2 * job.shape.num_layers + 1) * job.shape.hidden_size, 4);
   }
   WorkerTraffic t;
   t.sent = t.received =
-      static_cast<int64_t>(job.grad_accum * passes + step + ContextTraffic(job, C, slices.shape().kv_dim()));
+      static_cast<int64_t>(TensorGroupSums(config, job) + step + ContextTraffic(job, C, slices.shape().kv_dim()));
   return t;
 }
 

@@ -11,9 +11,14 @@
 #include <algorithm>
 #include <map>
 #include <random>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
+
+#include "common/config.h"
+#include "sharding/pipeline_plan.h"
+#include "sharding/tensor_slices.h"
 
 namespace herd {
 namespace {
@@ -361,6 +366,35 @@ TEST(PipelineScheduleTest, NamesAreTheConfigs) {
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().code(), Status::Code::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("cluster.pipeline_schedule"), std::string::npos);
+}
+
+// The grid data x pipeline x tensor: every rank has one place, ranks are
+// stage-major with the tensor group innermost (consecutive ranks), and the
+// place of a rank is the rank of its place.
+TEST(PipelinePlan, RanksAreStageMajorWithTheTensorGroupInnermost) {
+  auto config = ParseJobConfig(
+      "model { vocab_size: 256 hidden_size: 64 intermediate_size: 160 num_hidden_layers: 4 num_attention_heads: 4 "
+      "num_key_value_heads: 2 } train { batch_size: 2 grad_accum: 2 seq_len: 32 } "
+      "cluster { sync: ALLREDUCE workers: 12 pipeline_stages: 2 tensor_parallel: 2 }",
+      "grid");
+  ASSERT_TRUE(config.ok()) << config.status().message();
+  auto plan = PipelinePlan::FromConfig(*config);
+  ASSERT_TRUE(plan.ok()) << plan.status().message();
+  EXPECT_EQ(plan->replicas, 3);
+  EXPECT_EQ(plan->tensor, 2);
+  std::set<std::tuple<int, int, int>> places;
+  for (int rank = 0; rank < 12; ++rank) {
+    const int d = plan->DeviceOf(rank), r = plan->ReplicaOf(rank), t = plan->TensorRankOf(rank);
+    EXPECT_EQ(plan->RankOf(d, r, t), rank);
+    EXPECT_EQ(t, GridPlaceOf(*config, rank).tensor) << "one tensor rank for the pipeline and the grid";
+    places.insert({d, r, t});
+    if (t > 0) EXPECT_EQ(plan->RankOf(d, r, t - 1), rank - 1) << "a tensor group is consecutive ranks";
+  }
+  EXPECT_EQ(places.size(), 12u);
+  // The split is of a rank's packed model: its ranges tile that space.
+  auto slices = TensorSlices::Make(LlamaShape::FromConfig(config->model()), 2, 0);
+  ASSERT_TRUE(slices.ok());
+  EXPECT_EQ(plan->split.stage(plan->split.size() - 1).params.end, slices->layout().size());
 }
 
 }  // namespace

@@ -37,8 +37,9 @@ std::string Name(const ProcessMemory& p, int workers) {
   return p.role;
 }
 
-// The grid data x context x tensor (common/config.h's GridPlace): each
-// worker's place and the workers it sums with, by group.
+// The grid data x context x tensor, or data x pipeline x tensor
+// (common/config.h's GridPlace): each worker's place and the workers it
+// sums with, by group.
 struct GridRank {
   int rank;
   GridPlace place;
@@ -48,14 +49,18 @@ struct GridRank {
 std::vector<GridRank> Grid(const config::JobConfig& config) {
   const int W = NumWorkers(config), T = std::max(1, config.cluster().tensor_parallel()),
             C = std::max(1, config.cluster().context_parallel());
+  const bool pipeline = config.cluster().pipeline_stages() > 1;
   std::vector<GridRank> grid;
   for (int w = 0; w < W; ++w) {
     GridRank g{w, GridPlaceOf(config, w), {}, {}, {}};
-    for (int t = 0; t < T; ++t) g.tensor_group.push_back((g.place.replica * C + g.place.context) * T + t);
+    for (int t = 0; t < T; ++t) g.tensor_group.push_back(w / T * T + t);
     for (int c = 0; c < C; ++c) g.context_group.push_back((g.place.replica * C + c) * T + g.place.tensor);
     // A tensor rank's slices with its kind across replicas and context
-    // ranks; without tensor parallelism every worker's gradients.
-    for (int v = g.place.tensor; v < W; v += T) g.gradient_group.push_back(v);
+    // ranks (a pipeline's: of its stage); without tensor parallelism every
+    // worker's gradients (of its stage).
+    for (int v = g.place.tensor; v < W; v += T) {
+      if (!pipeline || GridPlaceOf(config, v).stage == g.place.stage) g.gradient_group.push_back(v);
+    }
     grid.push_back(std::move(g));
   }
   return grid;
@@ -69,6 +74,20 @@ std::string Ranks(const std::vector<int>& ranks) {
 
 bool HasGrid(const config::JobConfig& config) {
   return config.cluster().tensor_parallel() > 1 || config.cluster().context_parallel() > 1;
+}
+
+// "data 2 x pipeline 2 x tensor 2 (rank = (stage x 2 + replica) x 2 + tensor)".
+std::string GridShape(const config::JobConfig& config) {
+  const int T = std::max(1, config.cluster().tensor_parallel()), C = std::max(1, config.cluster().context_parallel());
+  const int R = DataParallelReplicas(config), P = config.cluster().pipeline_stages();
+  const std::string t = std::to_string(T), r = std::to_string(R);
+  if (P > 1) {
+    return "data " + r + " x pipeline " + std::to_string(P) + " x tensor " + t + " (rank = (stage x " + r +
+           " + replica) x " + t + " + tensor)";
+  }
+  const std::string c = std::to_string(C);
+  return "data " + r + " x context " + c + " x tensor " + t + " (rank = (replica x " + c + " + context) x " + t +
+         " + tensor)";
 }
 
 void PrintJson(const config::JobConfig& config, const MemoryPlan& plan, const WorkerTraffic& traffic,
@@ -92,14 +111,14 @@ void PrintJson(const config::JobConfig& config, const MemoryPlan& plan, const Wo
   std::printf("], \"worker_traffic\": {\"sent\": %lld, \"received\": %lld}", static_cast<long long>(traffic.sent),
               static_cast<long long>(traffic.received));
   if (HasGrid(config)) {
-    std::printf(", \"grid\": {\"data\": %d, \"context\": %d, \"tensor\": %d, \"workers\": [",
-                DataParallelReplicas(config), std::max(1, config.cluster().context_parallel()),
-                std::max(1, config.cluster().tensor_parallel()));
+    std::printf(", \"grid\": {\"data\": %d, \"pipeline\": %d, \"context\": %d, \"tensor\": %d, \"workers\": [",
+                DataParallelReplicas(config), std::max(1, config.cluster().pipeline_stages()),
+                std::max(1, config.cluster().context_parallel()), std::max(1, config.cluster().tensor_parallel()));
     const std::vector<GridRank> grid = Grid(config);
     for (const GridRank& g : grid) {
-      std::printf("%s{\"rank\": %d, \"replica\": %d, \"context\": %d, \"tensor\": %d, \"tensor_group\": [%s], "
-                  "\"context_group\": [%s], \"gradient_group\": [%s]}",
-                  g.rank ? ", " : "", g.rank, g.place.replica, g.place.context, g.place.tensor,
+      std::printf("%s{\"rank\": %d, \"replica\": %d, \"stage\": %d, \"context\": %d, \"tensor\": %d, "
+                  "\"tensor_group\": [%s], \"context_group\": [%s], \"gradient_group\": [%s]}",
+                  g.rank ? ", " : "", g.rank, g.place.replica, g.place.stage, g.place.context, g.place.tensor,
                   Ranks(g.tensor_group).c_str(), Ranks(g.context_group).c_str(), Ranks(g.gradient_group).c_str());
     }
     std::printf("]}");
@@ -139,9 +158,9 @@ void PrintPipeline(const PipelinePlan& p) {
     const int device = s.DeviceOf(vs);
     std::string who = "worker ";
     who += std::to_string(p.RankOf(device, 0));
-    if (p.replicas > 1) {
+    if (p.replicas * p.tensor > 1) {
       who += '-';
-      who += std::to_string(p.RankOf(device, p.replicas - 1));
+      who += std::to_string(p.RankOf(device, p.replicas - 1, p.tensor - 1));
     }
     std::string chunk;
     if (s.chunks > 1) {
@@ -191,19 +210,20 @@ void PrintTable(const std::string& path, const config::JobConfig& config, const 
   }
   if (pipeline != nullptr) PrintPipeline(*pipeline);
   if (HasGrid(config)) {
-    const int T = std::max(1, cl.tensor_parallel()), C = std::max(1, cl.context_parallel());
-    std::printf("grid: data %d x context %d x tensor %d (rank = (replica x %d + context) x %d + tensor)\n",
-                DataParallelReplicas(config), C, T, C, T);
+    std::printf("grid: %s\n", GridShape(config).c_str());
+    const bool pipeline_grid = cl.pipeline_stages() > 1;
     const std::vector<GridRank> grid = Grid(config);
     for (const GridRank& g : grid) {
       if (g.rank == 8 && grid.size() > 9) {
         std::printf("  ... (--json lists every worker)\n");
         break;
       }
-      std::printf("  worker %d: replica %d, context rank %d, tensor rank %d; sums with: tensor group %s, context "
-                  "group %s, gradients %s%s\n",
-                  g.rank, g.place.replica, g.place.context, g.place.tensor, Ranks(g.tensor_group).c_str(),
-                  Ranks(g.context_group).c_str(), Ranks(g.gradient_group).c_str(),
+      const std::string where = pipeline_grid ? "stage " + std::to_string(g.place.stage)
+                                              : "context rank " + std::to_string(g.place.context);
+      const std::string groups = pipeline_grid ? "" : ", context group " + Ranks(g.context_group);
+      std::printf("  worker %d: replica %d, %s, tensor rank %d; sums with: tensor group %s%s, gradients %s%s\n",
+                  g.rank, g.place.replica, where.c_str(), g.place.tensor, Ranks(g.tensor_group).c_str(),
+                  groups.c_str(), Ranks(g.gradient_group).c_str(),
                   cl.sync() == config::ClusterConfig::PARAMETER_SERVER ? " (on the servers)" : "");
     }
   }

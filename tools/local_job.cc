@@ -528,17 +528,7 @@ Status JobAttempt::StartCoordinator() {
 
 Status JobAttempt::SpawnChild(Child& c, bool server, int rank, bool join) {
   c.name = (server ? "server " : "worker ") + std::to_string(rank);
-  if (!server && config_.cluster().pipeline_stages() > 1) {
-    // Ranks are stage-major (sharding/pipeline_plan.h).
-    c.place = " (pipeline stage " + std::to_string(rank / (workers_ / config_.cluster().pipeline_stages())) + ")";
-  }
-  const int T = config_.cluster().tensor_parallel(), C = config_.cluster().context_parallel();
-  if (!server && (T > 1 || C > 1)) {
-    const GridPlace g = GridPlaceOf(config_, rank);
-    c.place = " (" + (T > 1 ? "tensor rank " + std::to_string(g.tensor) + (C > 1 ? ", " : "") : std::string()) +
-              (C > 1 ? "context rank " + std::to_string(g.context) : std::string()) + " of replica " +
-              std::to_string(g.replica) + ")";
-  }
+  if (!server) c.place = GridPlaceName(config_, rank);
   c.worker = !server;
   const std::string binary = JoinPath(bin_dir_, server ? "herd-server" : "herd-worker");
   std::vector<std::string> argv = {binary, options_.config_path};

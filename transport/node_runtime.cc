@@ -1,5 +1,7 @@
 #include "transport/node_runtime.h"
 
+#include <glog/logging.h>
+
 #include "transport/wire.h"
 
 namespace herd::transport {
@@ -18,7 +20,7 @@ StatusOr<std::unique_ptr<NodeRuntime>> NodeRuntime::Join(const Options& options,
   rt.client_->OnFailure([&rt](const Status& failure) {
     if (rt.push_pull_) rt.push_pull_->Fail(-1, failure);
     for (RingCollectives* ring :
-         {rt.ring_.get(), rt.shard_ring_.get(), rt.replica_ring_.get(), rt.context_ring_.get()}) {
+         {rt.ring_.get(), rt.shard_ring_.get(), rt.replica_ring_.get(), rt.strided_ring_.get()}) {
       if (ring != nullptr) ring->Fail(failure);
     }
   });
@@ -41,13 +43,14 @@ void NodeRuntime::StartRing(CoordinatorClient& client, int shard_group_size) {
   }
 }
 
-void NodeRuntime::StartContextRing(CoordinatorClient& client, int tensor, int context) {
-  const int rank = client.rank(), T = tensor, C = context;
-  const int first = rank / (T * C) * (T * C) + rank % T;
+void NodeRuntime::StartStridedRing(CoordinatorClient& client, int stride, int count) {
+  CHECK(strided_ring_ == nullptr) << "a second strided ring";
+  const int rank = client.rank();
+  const int first = rank / (stride * count) * (stride * count) + rank % stride;
   std::vector<PeerId> peers;
-  for (int c = 0; c < C; ++c) peers.push_back(MemberPeerId(client, wire::WORKER, first + c * T));
-  context_ring_ = std::make_unique<RingCollectives>(transport_.get(), (rank / T) % C, peers, kRingChunkBytes,
-                                                    kAmContextRing);
+  for (int i = 0; i < count; ++i) peers.push_back(MemberPeerId(client, wire::WORKER, first + i * stride));
+  strided_ring_ = std::make_unique<RingCollectives>(transport_.get(), (rank / stride) % count, peers, kRingChunkBytes,
+                                                    kAmStridedRing);
 }
 
 void NodeRuntime::Serve(ShardHandler* shard) { served_ = std::make_unique<PushPullServer>(transport_.get(), shard); }

@@ -53,10 +53,12 @@ class NodeRuntime {
   // and one through the groups' workers of the same place in their group
   // (its replicas).
   void StartRing(CoordinatorClient& client, int shard_group_size = 0);
-  // In prepare, after StartRing: a context-parallel group's ring, whose
-  // `context` ranks are `tensor` apart (ranks are laid out replica-major,
-  // then context, then tensor innermost: (replica·C + c)·T + t).
-  void StartContextRing(CoordinatorClient& client, int tensor, int context);
+  // In prepare, after StartRing: a ring of `count` ranks `stride` apart
+  // inside this worker's block of stride·count consecutive ranks: a
+  // context-parallel group (ranks (replica·C + c)·T + t: C ranks T apart)
+  // or a pipeline stage's replicas with tensor parallelism (ranks (p·R +
+  // r)·T + t: R ranks T apart). At most one a process.
+  void StartStridedRing(CoordinatorClient& client, int stride, int count);
   // In prepare: answers the workers' pushes and pulls with `shard`.
   void Serve(ShardHandler* shard);
 
@@ -75,8 +77,8 @@ class NodeRuntime {
   // Null unless hybrid (StartRing).
   RingCollectives* shard_ring() { return shard_ring_.get(); }
   RingCollectives* replica_ring() { return replica_ring_.get(); }
-  // Null unless started (StartContextRing).
-  RingCollectives* context_ring() { return context_ring_.get(); }
+  // Null unless started (StartStridedRing).
+  RingCollectives* strided_ring() { return strided_ring_.get(); }
 
  private:
   NodeRuntime() = default;
@@ -87,7 +89,7 @@ class NodeRuntime {
   std::unique_ptr<RingCollectives> ring_;
   std::unique_ptr<RingCollectives> shard_ring_;
   std::unique_ptr<RingCollectives> replica_ring_;
-  std::unique_ptr<RingCollectives> context_ring_;
+  std::unique_ptr<RingCollectives> strided_ring_;
   std::unique_ptr<CoordinatorClient> client_;
 };
 

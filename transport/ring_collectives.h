@@ -43,7 +43,7 @@ namespace herd::transport {
 inline constexpr uint16_t kAmRing = 10;
 inline constexpr uint16_t kAmShardRing = 11;
 inline constexpr uint16_t kAmReplicaRing = 12;
-inline constexpr uint16_t kAmContextRing = 14;
+inline constexpr uint16_t kAmStridedRing = 14;
 
 class RingCollectives : public Collectives {
  public:

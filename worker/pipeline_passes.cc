@@ -176,10 +176,18 @@ class PipelineForward : public Model {
     return nullptr;
   }
   const float* LastLogits(int T) override {
-    const int last_vs = s_.virtual_stages() - 1;
-    if (s_.DeviceOf(last_vs) != o_.device) return last_logits_.data();
-    return models_[s_.ChunkOf(last_vs)]->logits() + static_cast<int64_t>(T - 1) * layout().shape().vocab_size;
+    const int last_vs = s_.virtual_stages() - 1, V = layout().shape().vocab_size;
+    const float* mine = s_.DeviceOf(last_vs) != o_.device
+                            ? last_logits_.data()
+                            : models_[s_.ChunkOf(last_vs)]->logits() + static_cast<int64_t>(T - 1) * V;
+    const TensorGroup<float>& g = o_.tensor;
+    if (g.ranks == 1) return mine;
+    row_.assign(vocab_size(), 0.0f);
+    std::copy(mine, mine + V, row_.begin() + g.vocab_first);
+    g.all_reduce(row_.data(), vocab_size());
+    return row_.data();
   }
+  int vocab_size() const override { return layout().shape().vocab_size * o_.tensor.ranks; }
 
  private:
   StatusOr<double> Pass(const float* params, const int32_t* tokens, const int32_t* targets, int B, int T,
@@ -245,6 +253,7 @@ class PipelineForward : public Model {
   uint64_t step_ = ~uint64_t{0};  // the wire's step of the last Forward
   int next_ = 0;                  // the Forwards since the step changed
   std::vector<float> last_logits_;  // a sampled sequence's, from the last stage (not on it)
+  std::vector<float> row_;          // tensor parallelism: the group's rows of it gathered
   Status failed_;                   // the first failed pass
 };
 

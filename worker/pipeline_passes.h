@@ -45,6 +45,10 @@ struct PipelinePassOptions {
   int64_t flat_size = 0;
   int batch = 0, seq_len = 0;
   double loss_scale = 0;  // 1 / the global batch's tokens
+  // Tensor parallelism inside the stages: this worker's group (its models
+  // hold its rank's slices), over which a sampled position's logits, each
+  // rank's vocabulary rows, are gathered. One rank without.
+  TensorGroup<float> tensor;
 };
 
 // `models[c]`: chunk c's model over split->stage(VirtualStage(device, c))'s
@@ -61,8 +65,9 @@ std::unique_ptr<ShareCompute> PipelinePasses(const PipelinePassOptions& options,
 // after the step's own. Sampling (no targets, one sequence) passes the
 // tokens through the stages alike, and the last stage sends the last
 // position's logits, fp32, to the others (LastLogits), so that every
-// worker draws the same tokens as one process. Backward and logits() are
-// not served.
+// worker draws the same tokens as one process (with tensor parallelism
+// each rank's vocabulary rows of them, gathered over its group). Backward
+// and logits() are not served.
 std::unique_ptr<Model> PipelineEvaluator(const PipelinePassOptions& options, std::vector<LlamaModel<float>*> models,
                                          const std::string& device_name);
 

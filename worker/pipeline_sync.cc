@@ -36,11 +36,23 @@ class PipelineSync : public SyncStrategy {
         embedding_end_(o.layout->shape().tie_word_embeddings && o.schedule->devices > 1
                            ? o.layout->layer(0).input_norm
                            : 0),
+        tensor_rank_(o.slices != nullptr ? o.slices->rank() : 0),
+        tensor_ranks_(o.slices != nullptr ? o.slices->ranks() : 1),
         own_(std::move(own)),
         embedding_(std::move(embedding)) {
     report_.version = static_cast<uint64_t>(own_->step());
     if (embedding_end_ > 0) scratch_.resize(embedding_end_);
     for (const Bucket& b : buckets_) parts_.push_back(OwnerParts(b, replicas_));
+    // The ranges counted in the norm: the norms on tensor rank 0 alone.
+    for (const ParamRange& r : own_->ranges()) {
+      if (o.slices == nullptr) {
+        counted_.push_back(r);
+        continue;
+      }
+      for (const TensorSlices::Run& run : o.slices->RunsWithin(r)) {
+        if (!run.replicated || tensor_rank_ == 0) counted_.push_back({run.local, run.local + run.flat.size()});
+      }
+    }
   }
 
   void BeginStep(float* grads, const StepShare& share) override {
@@ -55,19 +67,18 @@ class PipelineSync : public SyncStrategy {
     // Every replica holds the same sums: the first one's are counted
     // (ZeRO: each its own slices').
     double sumsq = 0;
-    for (const ParamRange& r : own_->ranges()) {
-      sumsq += replica_ == 0 || zero_ ? SumOfSquares(grads_ + r.begin, r.size()) : 0;
-    }
-    // Every stage of a replica knows its loss: the last stage's alone is
-    // added, so that the mean over the replicas is exact.
-    double sums[2] = {sumsq, last_ ? loss : 0.0};
+    for (const ParamRange& r : counted_) sumsq += replica_ == 0 || zero_ ? SumOfSquares(grads_ + r.begin, r.size()) : 0;
+    // Every stage of a replica knows its loss: the last stage's (tensor
+    // rank 0's) alone is added, so that the mean over the replicas is exact.
+    double sums[2] = {sumsq, last_ && tensor_rank_ == 0 ? loss : 0.0};
     Collectives& c = *o_.everyone;
     if (st.ok()) {
       trace::Span span("norm exchange", "collective", {"step", static_cast<int64_t>(step_ + 1)});
       st = wait_.Timed([&] { return c.Wait(c.AllReduce(sums, 2, DType::kFloat64)); });
     }
     HERD_RETURN_IF_ERROR(st.WithContext("step " + std::to_string(step_ + 1) + ": "));
-    const double norm = std::sqrt(sums[0]), mean_loss = sums[1] / (c.size() / o_.schedule->devices);
+    const double norm = std::sqrt(sums[0]),
+                 mean_loss = sums[1] / (c.size() / (o_.schedule->devices * tensor_ranks_));
     HERD_RETURN_IF_ERROR(CheckNotDiverged("gradient norm", norm));
     OptimizerShard::Scalars s;
     {
@@ -90,9 +101,15 @@ class PipelineSync : public SyncStrategy {
     // Stage-major ranks: stage `device`'s replica r is rank device * R + r.
     if (zero_) return own_->Save(JoinPath(step_dir, ShardFileName(o_.device * replicas_ + replica_)));
     if (replica_ != 0) return Status::OK();
-    return own_->Save(JoinPath(step_dir, ShardFileName(o_.device)));
+    const std::string path = JoinPath(step_dir, ShardFileName(o_.device * tensor_ranks_ + tensor_rank_));
+    if (o_.slices == nullptr) return own_->Save(path);
+    std::vector<ShardView> pieces;
+    for (const ShardView& v : own_->views()) {
+      for (const ShardView& p : o_.slices->FlatPieces(v, /*with_norms=*/tensor_rank_ == 0)) pieces.push_back(p);
+    }
+    return WriteShardPieces(path, pieces);
   }
-  int shard_files() const override { return o_.schedule->devices * (zero_ ? replicas_ : 1); }
+  int shard_files() const override { return o_.schedule->devices * (zero_ ? replicas_ : tensor_ranks_); }
 
  private:
   // Inside the stage: its ranges (and the last stage's part of a tied
@@ -167,6 +184,8 @@ class PipelineSync : public SyncStrategy {
   float* const weights_;
   const bool first_, last_;
   const int64_t embedding_end_;  // tied across stages: the embedding's end; else 0
+  const int tensor_rank_, tensor_ranks_;  // in the stage's tensor-parallel group (0 of 1 without)
+  std::vector<ParamRange> counted_;       // the own ranges' parts counted in the global norm
   const std::unique_ptr<OptimizerSlices> own_;        // this worker's virtual stages
   const std::unique_ptr<OptimizerSlices> embedding_;  // the last stage's copy of a tied embedding
   std::vector<float> scratch_;                        // the other stage's part of the embedding's gradient
@@ -230,13 +249,30 @@ StatusOr<std::unique_ptr<SyncStrategy>> CreatePipelineSync(const PipelineSyncOpt
     }
     HERD_RETURN_IF_ERROR(LoadWhole(o, all, resume_from, weights));
   }
-  HERD_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerSlices> own,
-                        OptimizerSlices::InitOrResume(o.job->optimizer, o.job->init, *o.layout, own_ranges,
-                                                      resume_from, weights));
+  // The optimizer of `rs`: initialised or resumed over the flat space, or
+  // (tensor parallelism) through the slices into the packed one.
+  auto load = [&](const std::vector<ParamRange>& rs) -> StatusOr<std::unique_ptr<OptimizerSlices>> {
+    if (o.slices == nullptr) {
+      return OptimizerSlices::InitOrResume(o.job->optimizer, o.job->init, *o.layout, rs, resume_from, weights);
+    }
+    std::vector<ShardState> states;
+    for (const ParamRange& r : rs) {
+      ShardState& state = states.emplace_back();
+      state.begin = r.begin;
+      state.end = r.end;
+      state.m.assign(r.size(), 0.0f);
+      state.v.assign(r.size(), 0.0f);
+      std::fill(weights + r.begin, weights + r.end, 0.0f);
+      HERD_RETURN_IF_ERROR(LoadPackedRange(*o.slices, r, o.job->init, *o.flat, resume_from,
+                                           {weights + r.begin, state.m.data(), state.v.data(), &state.step,
+                                            &state.spikes}));
+    }
+    return OptimizerSlices::Attached(*o.layout, o.job->optimizer, std::move(states), weights);
+  };
+  HERD_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerSlices> own, load(own_ranges));
   std::unique_ptr<OptimizerSlices> embedding;
   if (!embedding_own.empty()) {
-    HERD_ASSIGN_OR_RETURN(embedding, OptimizerSlices::InitOrResume(o.job->optimizer, o.job->init, *o.layout,
-                                                                   embedding_own, resume_from, weights));
+    HERD_ASSIGN_OR_RETURN(embedding, load(embedding_own));
   }
   return std::unique_ptr<SyncStrategy>(
       std::make_unique<PipelineSync>(o, std::move(own), std::move(embedding), std::move(buckets), weights));

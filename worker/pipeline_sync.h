@@ -32,6 +32,15 @@
 // as shard file `device` (pieces, model/checkpoint_format.h), so a pipeline's
 // checkpoint resumes at any other pipeline depth, mode or worker count with
 // the same global batch, and any checkpoint resumes here.
+//
+// Tensor parallelism inside the stages (`slices`): the worker's space is
+// its rank's packed one (sharding/tensor_slices.h), the stage's ranges are
+// of it, its replicas are those of the same stage and tensor rank, and the
+// tied embedding's exchange is with the same tensor rank's other end. The
+// norms, which every rank of a group holds alike, are counted in the global
+// norm by tensor rank 0 alone, the loss added by the last stage's rank 0
+// alone; the first replica's rank t of stage p writes its ranges' runs as
+// pieces of the flat space, shard file p·T + t (the norms by t = 0).
 #pragma once
 
 #include <memory>
@@ -43,6 +52,7 @@
 #include "sharding/pipeline_schedule.h"
 #include "sharding/pipeline_split.h"
 #include "sharding/shard_plan.h"
+#include "sharding/tensor_slices.h"
 #include "transport/collectives.h"
 #include "transport/pipeline_wire.h"
 #include "worker/sync_strategy.h"
@@ -67,10 +77,15 @@ struct PipelineSyncOptions {
   // ZeRO-1 among the stage's replicas: the buckets of the whole space, cut
   // at the stages' ends (null: DDP inside the stage).
   const ShardPlan* zero_plan = nullptr;
+  // Tensor parallelism: this worker's rank's slices (`layout` is then their
+  // packed layout) and the model's flat space; not with `zero_plan`.
+  const TensorSlices* slices = nullptr;
+  const ParamLayout* flat = nullptr;
 };
 
 // Loads or initialises this worker's ranges of `weights` (the whole flat
-// space) and their optimizer state; `resume_from` continues this run.
+// space, or with `slices` the packed one) and their optimizer state;
+// `resume_from` continues this run.
 StatusOr<std::unique_ptr<SyncStrategy>> CreatePipelineSync(const PipelineSyncOptions& options, float* weights,
                                                            const std::optional<VerifiedCheckpoint>& resume_from);
 

@@ -131,14 +131,8 @@ class TensorParallelSync : public SyncStrategy {
   // The slices as pieces of the flat space; the norms by rank 0.
   Status WriteCheckpointParts(const std::string& step_dir) override {
     if (replica_ != 0) return Status::OK();
-    const ShardView whole = optimizer_->view();
-    std::vector<ShardView> pieces;
-    for (const TensorSlices::Run& r : o_.slices->runs()) {
-      if (r.replicated && o_.slices->rank() != 0) continue;
-      pieces.push_back({r.flat.begin, r.flat.end, whole.step, whole.weights + r.local, whole.m + r.local,
-                        whole.v + r.local, whole.spikes});
-    }
-    return WriteShardPieces(JoinPath(step_dir, ShardFileName(o_.slices->rank())), pieces);
+    return WriteShardPieces(JoinPath(step_dir, ShardFileName(o_.slices->rank())),
+                            o_.slices->FlatPieces(optimizer_->view(), /*with_norms=*/o_.slices->rank() == 0));
   }
   int shard_files() const override { return o_.slices->ranks(); }
 

@@ -83,9 +83,12 @@ void PrintRunHeader(const config::JobConfig& config, const JobOptions& job, cons
               shape.vocab_size, transport ? "worker 0 on " : "", device.c_str());
   const long long tokens = static_cast<long long>(train.batch_size()) * train.seq_len() * train.grad_accum();
   if (pipeline != nullptr) {
-    std::printf("pipeline: %d stages (first layers %s), schedule %s, %d micro-batches, %d replica%s%s%s | "
+    std::printf("pipeline: %d stages (first layers %s)%s, schedule %s, %d micro-batches, %d replica%s%s%s | "
                 "batch %d x %d tokens x %d accum x %d replicas = %lld tokens/step\n",
                 pipeline->devices(), pipeline->split.Describe().c_str(),
+                pipeline->tensor > 1
+                    ? (", each stage tensor-parallel over " + std::to_string(pipeline->tensor) + " ranks").c_str()
+                    : "",
                 PipelineScheduleName(pipeline->schedule.kind), pipeline->schedule.micro_batches, pipeline->replicas,
                 pipeline->replicas == 1 ? "" : "s",
                 config.cluster().pipeline_wire_dtype() == ClusterConfig::BF16 ? ", activations bf16 on the wire" : "",
@@ -221,6 +224,9 @@ class WorkerProcess {
   StepLoopParts LoopParts();
   Status ReportSummary(const StepLoop& loop, int64_t start);
 
+  // The space this worker computes in: the model's flat space, or a
+  // tensor-parallel rank's packed one.
+  const ParamLayout& stage_layout() const { return slices_ ? slices_->layout() : layout_; }
   float* weights() {
     return paged_weights_.data() ? reinterpret_cast<float*>(paged_weights_.data()) : weights_.data();
   }
@@ -399,11 +405,15 @@ Status WorkerProcess::PreparePipelineStage() {
   const PipelineSchedule& s = pipeline_->schedule;
   const int device = pipeline_->DeviceOf(rank_);
   const std::vector<int> slots = ChunkSlots(s, device);
+  if (tensor_ring_) {
+    HERD_ASSIGN_OR_RETURN(slices_, TensorSlices::Make(job_.shape, pipeline_->tensor, pipeline_->TensorRankOf(rank_)));
+  }
   for (int c = 0; c < s.chunks; ++c) {
     const PipelineStage& stage = pipeline_->split.stage(s.VirtualStage(device, c));
-    chunk_models_.push_back(std::make_unique<LlamaModel<float>>(job_.shape, job_.batch, job_.seq_len, job_.recompute,
-                                                                slots[c], stage.layers,
+    chunk_models_.push_back(std::make_unique<LlamaModel<float>>(stage_layout().shape(), job_.batch, job_.seq_len,
+                                                                job_.recompute, slots[c], stage.layers,
                                                                 s.kind == PipelineScheduleKind::kZeroBubble));
+    if (slices_) chunk_models_.back()->SetTensorGroup(tensor_ring_->Group(*slices_, /*sequence_parallel=*/false));
   }
   return Status::OK();
 }
@@ -461,24 +471,28 @@ Status WorkerProcess::JoinJob() {
   }
   HERD_ASSIGN_OR_RETURN(runtime_,
                         transport::NodeRuntime::Join(o, [this, T](transport::NodeRuntime& rt, transport::CoordinatorClient& c) {
-                          if (mode_ == Mode::kAllReduce) rt.StartRing(c, config_.cluster().shard_group_size());
-                          // A tensor-parallel group is a ring of its own, its ranks' replicas another.
+                          // A tensor-parallel group is consecutive ranks: the shard ring, or every
+                          // worker when there is one group. A context-parallel group, or a
+                          // pipeline stage's replicas beside tensor parallelism, are ranks T
+                          // apart: the strided ring. A pipeline stage's replicas without it are
+                          // consecutive (stage-major ranks): the shard ring.
+                          const int C = config_.cluster().context_parallel();
                           if (T > 1) {
                             rt.StartRing(c, T);
-                            // The group is this replica's consecutive ranks: the shard ring, or
-                            // every worker when there is one replica.
                             tensor_ring_ = std::make_unique<GroupRing>(
                                 rt.shard_ring() != nullptr ? static_cast<transport::Collectives*>(rt.shard_ring())
                                                            : rt.ring());
-                          }
-                          // A context-parallel group is a ring of its own, inside its tensor rank's.
-                          if (const int C = config_.cluster().context_parallel(); C > 1) {
-                            rt.StartContextRing(c, std::max(1, config_.cluster().tensor_parallel()), C);
-                            context_ring_ = std::make_unique<GroupRing>(rt.context_ring());
-                          }
-                          // A pipeline's stages are groups of replicas (stage-major ranks).
-                          if (mode_ == Mode::kPipelineStage) {
+                          } else if (mode_ == Mode::kAllReduce) {
+                            rt.StartRing(c, config_.cluster().shard_group_size());
+                          } else if (mode_ == Mode::kPipelineStage) {
                             rt.StartRing(c, pipeline_->replicas > 1 ? pipeline_->replicas : 0);
+                          }
+                          if (C > 1) {
+                            rt.StartStridedRing(c, std::max(1, T), C);
+                            context_ring_ = std::make_unique<GroupRing>(rt.strided_ring());
+                          }
+                          if (mode_ == Mode::kPipelineStage && T > 1 && pipeline_->replicas > 1) {
+                            rt.StartStridedRing(c, T, pipeline_->replicas);
                           }
                           if (pipeline_) OpenPipelineWire(rt);
                           HERD_RETURN_IF_ERROR(Prepare(&c));
@@ -568,21 +582,27 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeStrategy() {
     case Mode::kTensorParallel:
       return CreateTensorParallelSync(TensorParallelOptions(), weights(), resume_from_);
     case Mode::kPipelineStage: {
-      const int replica = pipeline_->ReplicaOf(rank_);
+      const int replica = pipeline_->ReplicaOf(rank_), t = pipeline_->TensorRankOf(rank_);
       PipelineSyncOptions p;
       p.job = &job_;
-      p.layout = &layout_;
+      p.layout = &stage_layout();
       p.split = &pipeline_->split;
       p.schedule = &pipeline_->schedule;
       p.device = pipeline_->DeviceOf(rank_);
       p.everyone = runtime_->ring();
-      p.stage_replicas = runtime_->shard_ring();
+      // The stage's replicas: consecutive ranks, or with tensor parallelism
+      // the same tensor rank's, T apart (JoinJob).
+      p.stage_replicas = slices_ ? runtime_->strided_ring() : runtime_->shard_ring();
       p.gradient_wire = GradientWire(cluster);
       p.wire = pipeline_wire_.get();
-      p.first_stage = transport::MemberPeerId(runtime_->client(), wire::WORKER, pipeline_->RankOf(0, replica));
+      p.first_stage = transport::MemberPeerId(runtime_->client(), wire::WORKER, pipeline_->RankOf(0, replica, t));
       p.last_stage = transport::MemberPeerId(runtime_->client(), wire::WORKER,
-                                             pipeline_->RankOf(pipeline_->devices() - 1, replica));
+                                             pipeline_->RankOf(pipeline_->devices() - 1, replica, t));
       if (plan_) p.zero_plan = &*plan_;
+      if (slices_) {
+        p.slices = &*slices_;
+        p.flat = &layout_;
+      }
       return CreatePipelineSync(p, weights(), resume_from_);
     }
   }
@@ -631,18 +651,20 @@ std::unique_ptr<ShareCompute> WorkerProcess::MakeCompute() {
     p.device = pipeline_->DeviceOf(rank_);
     p.wire = pipeline_wire_.get();
     for (int d = 0; d < pipeline_->devices(); ++d) {
-      p.peers.push_back(transport::MemberPeerId(runtime_->client(), wire::WORKER,
-                                                pipeline_->RankOf(d, pipeline_->ReplicaOf(rank_))));
+      p.peers.push_back(transport::MemberPeerId(
+          runtime_->client(), wire::WORKER,
+          pipeline_->RankOf(d, pipeline_->ReplicaOf(rank_), pipeline_->TensorRankOf(rank_))));
     }
     p.home = home_.get();
     p.sync = strategy_.get();
     p.weights = weights();
     p.grads = grads();
-    p.flat_size = layout_.size();
+    p.flat_size = stage_layout().size();
     p.batch = job_.batch;
     p.seq_len = job_.seq_len;
     p.loss_scale = 1.0 / static_cast<double>(static_cast<int64_t>(job_.batch) * job_.seq_len * job_.grad_accum *
                                              pipeline_->replicas);
+    if (slices_) p.tensor = tensor_ring_->Group(*slices_, /*sequence_parallel=*/false);
     std::vector<LlamaModel<float>*> models;
     for (const auto& m : chunk_models_) models.push_back(m.get());
     model_holder_ = PipelineEvaluator(p, models, "CPU, pipeline stage " + std::to_string(p.device));

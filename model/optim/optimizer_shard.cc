@@ -157,6 +157,22 @@ StatusOr<std::unique_ptr<OptimizerSlices>> OptimizerSlices::InitOrResume(
   return out;
 }
 
+std::unique_ptr<OptimizerSlices> OptimizerSlices::Attached(const ParamLayout& layout, const OptimizerOptions& options,
+                                                           std::vector<ShardState> states, float* space) {
+  auto out = std::make_unique<OptimizerSlices>();
+  for (ShardState& state : states) {
+    out->ranges_.push_back({state.begin, state.end});
+    out->slices_.push_back(std::make_unique<OptimizerShard>(layout, options, std::move(state), space));
+  }
+  return out;
+}
+
+std::vector<ShardView> OptimizerSlices::views() const {
+  std::vector<ShardView> views;
+  for (const auto& slice : slices_) views.push_back(slice->view());
+  return views;
+}
+
 int64_t OptimizerSlices::size() const {
   int64_t n = 0;
   for (const ParamRange& r : ranges_) n += r.size();
@@ -173,10 +189,6 @@ OptimizerShard::Scalars OptimizerSlices::Step(const float* grads, double global_
   return s;
 }
 
-Status OptimizerSlices::Save(const std::string& path) const {
-  std::vector<ShardView> views;
-  for (const auto& slice : slices_) views.push_back(slice->view());
-  return WriteShardPieces(path, views);
-}
+Status OptimizerSlices::Save(const std::string& path) const { return WriteShardPieces(path, views()); }
 
 }  // namespace herd

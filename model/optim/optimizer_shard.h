@@ -137,7 +137,15 @@ class OptimizerSlices {
       const std::vector<ParamRange>& ranges, const std::optional<VerifiedCheckpoint>& resume_from,
       float* space = nullptr);
 
+  // Of given states (ascending, disjoint ranges of `layout`'s space) whose
+  // weights are already in `space` (state.weights empty): a tensor-parallel
+  // pipeline stage's, loaded through its slices.
+  static std::unique_ptr<OptimizerSlices> Attached(const ParamLayout& layout, const OptimizerOptions& options,
+                                                   std::vector<ShardState> states, float* space);
+
   const std::vector<ParamRange>& ranges() const { return ranges_; }
+  // Each range's state.
+  std::vector<ShardView> views() const;
   int64_t step() const { return slices_.empty() ? 0 : slices_.front()->step(); }
   // Elements over all ranges.
   int64_t size() const;
