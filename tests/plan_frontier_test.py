@@ -87,6 +87,15 @@ def main():
         if sh.get("splits", True):
             assert sh["fits"] == (sh["largest_process"] <= 0.98 * BUDGET), ("tensor parallel", shape, sh)
     print(f"ok  at W=4, tensor parallel {tp['layers']} layers (DDP {four['DDP']['layers']})")
+    # The same group on parameter servers, and two stages of a group of
+    # two: each holds a part of every layer it computes, deeper than DDP.
+    ps_tp, pp_tp = four["PS + tensor parallel"], four["pipeline 2 x tensor"]
+    assert ps_tp["layers"] > four["DDP"]["layers"] and pp_tp["layers"] > four["DDP"]["layers"], four
+    for f in (ps_tp, pp_tp):
+        for shape, sh in f["shapes"].items():
+            if sh.get("splits", True):
+                assert sh["fits"] == (sh["largest_process"] <= 0.98 * BUDGET), (f["mode"], shape, sh)
+    print(f"ok  at W=4, PS + tensor parallel {ps_tp['layers']} layers, pipeline 2 x tensor 2 {pp_tp['layers']}")
     # And a context-parallel row: each of the four holds every weight but a
     # quarter of each sequence's activations, where they bind: deeper
     # than DDP.

@@ -246,7 +246,8 @@ struct Mode {
   bool stream;     // cluster.stream_weights
   int replicas = 1;  // > 1: hybrid sharding, shard groups of workers / replicas
   bool pipeline = false;  // a stage a worker (1F1B, at least a micro-batch a stage)
-  bool tensor = false;    // every worker a tensor-parallel rank of one group (CPU workers)
+  bool tensor = false;    // every worker a tensor-parallel rank of one group (CPU workers);
+                          // with `pipeline`, two stages of a group of half the workers each
   bool context = false;   // every worker a context-parallel rank of one group (CPU workers)
 };
 constexpr Mode kModes[] = {
@@ -263,6 +264,9 @@ constexpr Mode kModes[] = {
     {"PS + pipeline stages", config::ClusterConfig::PARAMETER_SERVER, 0, config::TrainConfig::NONE, false, 1,
      true},
     {"tensor parallel", config::ClusterConfig::ALLREDUCE, 0, config::TrainConfig::NONE, false, 1, false, true},
+    {"PS + tensor parallel", config::ClusterConfig::PARAMETER_SERVER, 0, config::TrainConfig::NONE, false, 1, false,
+     true},
+    {"pipeline 2 x tensor", config::ClusterConfig::ALLREDUCE, 0, config::TrainConfig::NONE, false, 1, true, true},
     {"context parallel", config::ClusterConfig::ALLREDUCE, 0, config::TrainConfig::NONE, false, 1, false, false,
      true},
 };
@@ -302,12 +306,13 @@ config::JobConfig InMode(const config::JobConfig& job, const Mode& mode) {
   cl->set_shard_group_size(mode.replicas > 1 ? cl->workers() / mode.replicas : 0);
   // CUDA workers shard in groups over the UCX ring only.
   if (c.device().kind() == config::DeviceConfig::CUDA && mode.replicas > 1) cl->set_nccl(false);
-  cl->set_pipeline_stages(mode.pipeline ? cl->workers() : 1);
-  cl->set_tensor_parallel(mode.tensor ? cl->workers() : 1);
+  const int stages = !mode.pipeline ? 1 : mode.tensor ? 2 : cl->workers();
+  cl->set_pipeline_stages(stages);
+  cl->set_tensor_parallel(mode.tensor ? cl->workers() / stages : 1);
   cl->set_context_parallel(mode.context ? cl->workers() : 1);
   if (mode.pipeline) {
     cl->set_pipeline_schedule(config::ClusterConfig::ONE_F_ONE_B);
-    c.mutable_train()->set_grad_accum(std::max(c.train().grad_accum(), cl->workers()));
+    c.mutable_train()->set_grad_accum(std::max(c.train().grad_accum(), stages));
   }
   return c;
 }
@@ -351,6 +356,7 @@ Status PrintFrontier(const config::JobConfig& job, int64_t mem, int64_t gpu_mem,
     if (kModes[i].replicas > 1 && (workers % kModes[i].replicas != 0 || workers < 2 * kModes[i].replicas)) continue;
     if (kModes[i].pipeline && workers < 2) continue;
     if (kModes[i].tensor && (workers < 2 || gpu)) continue;
+    if (kModes[i].tensor && kModes[i].pipeline && (workers < 4 || workers % 2 != 0)) continue;
     // Context parallelism: each sequence in 2 x workers equal chunks.
     if (kModes[i].context && (workers < 2 || gpu || train.seq_len() % (2 * workers) != 0)) continue;
     const config::JobConfig c = InMode(job, kModes[i]);
