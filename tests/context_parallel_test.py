@@ -111,13 +111,7 @@ def main():
 def m20(sb):
     """The ~20M shape's grid against one process (or DDP with two workers)."""
     def run(name, cluster):
-        sb.run("launch", sb.write(f"{name}.textproto", herdtest.LLAMA20M_MODEL + f"""
-train {{ steps: {STEPS} batch_size: 2 grad_accum: 2 seq_len: 128 seed: 7 }}
-data {{ train: "train.bin" }}
-log {{ every: 1 metrics: "{name}.jsonl" sample_tokens: 0 }}
-{cluster}
-"""))
-        return [m["loss"] for m in metrics(sb.path(name + ".jsonl"))]
+        return herdtest.m20_losses(sb, name, cluster, STEPS)
     one = run("m20_one", "")
     ddp = run("m20_ddp2", "cluster { sync: ALLREDUCE workers: 2 }")
     cases = [("T=2", "tensor_parallel: 2", 2, one), ("T=2 + SP", "tensor_parallel: 2 sequence_parallel: true", 2, one),

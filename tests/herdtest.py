@@ -117,6 +117,20 @@ log {{ every: 1 metrics: "{metrics}" sample_tokens: 0 {f"eval_every: {eval_every
 """
 
 
+def m20_losses(sb, name, cluster, steps):
+    """Every step's loss of `herd launch` on the ~20M shape (LLAMA20M_MODEL),
+    2 micro-batches of 2 x 128 tokens a step, `steps` steps, with `cluster`
+    (a cluster block; "" for one process); its metrics in NAME.jsonl."""
+    sb.run("launch", sb.write(f"{name}.textproto", LLAMA20M_MODEL + f"""
+train {{ steps: {steps} batch_size: 2 grad_accum: 2 seq_len: 128 seed: 7 }}
+data {{ train: "train.bin" }}
+log {{ every: 1 metrics: "{name}.jsonl" sample_tokens: 0 }}
+{cluster}
+"""))
+    with open(sb.path(name + ".jsonl")) as f:
+        return [json.loads(line)["loss"] for line in f]
+
+
 def within(x, y, what, tolerance=1e-5):
     """The worst relative difference of series `x` from `y` (as long, not
     empty), which must be under `tolerance`."""

@@ -18,7 +18,11 @@ tensor innermost: (stage x R + replica) x T + tensor.
   process, and one process's goes on at 2 x 2, within 1e-5;
 * bad inputs, one line each before any process starts: stages x tensor
   ranks not dividing the workers, sequence parallelism inside the
-  stages, parameter servers."""
+  stages, parameter servers.
+
+With --long (HERD_TEST_LONG=1), the ~20M shape (d512, 8 layers, 128
+tokens a sequence, 30 steps) too: pipeline x tensor 2 x 2 within 1e-5 of
+one process and data x pipeline x tensor 2 x 2 x 2 of DDP with two."""
 import os
 import sys
 
@@ -86,6 +90,21 @@ def main():
            ("ps", grid(4).replace("ALLREDUCE", "PARAMETER_SERVER servers: 1"), "cluster.tensor_parallel")]
     herdtest.refused_before_start(sb, [(name, job(name, cluster), says) for name, cluster, says in bad])
     print("bad inputs: one line each, nothing started")
+    if herdtest.LONG:
+        m20(sb)
+
+
+def m20(sb):
+    """The ~20M shape's grid against one process (or DDP with two workers)."""
+    def run(name, cluster):
+        return herdtest.m20_losses(sb, name, cluster, STEPS)
+    one = run("m20_one", "")
+    ddp = run("m20_ddp2", "cluster { sync: ALLREDUCE workers: 2 }")
+    p2t2 = run("m20_p2t2", "cluster { sync: ALLREDUCE workers: 4 pipeline_stages: 2 tensor_parallel: 2 }")
+    d2p2t2 = run("m20_d2p2t2", "cluster { sync: ALLREDUCE workers: 8 pipeline_stages: 2 tensor_parallel: 2 }")
+    print(f"~20M shape, {STEPS} steps: pipeline x tensor 2 x 2 "
+          f"{herdtest.within(p2t2, one, '~20M 2 x 2'):.2g} of one process, data x pipeline x tensor 2 x 2 x 2 "
+          f"{herdtest.within(d2p2t2, ddp, '~20M 2 x 2 x 2'):.2g} of DDP")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,12 @@ TensorParallelSpace): each rank pushes and pulls its own part only.
 * bad inputs, one line each before any process starts: tensor parallelism
   with streamed weights or an elastic job;
 * a rank killed mid-run stops the job in one line naming it and its
-  place."""
+  place.
+
+With --long (HERD_TEST_LONG=1), the ~20M shape (d512, 8 layers, 128
+tokens a sequence, 30 steps) too: T = 2, T = 4 and data x tensor 2 x 2
+with sequence parallelism on two servers, each within 1e-5 of one process
+(or of DDP with two workers)."""
 import os
 import sys
 
@@ -88,6 +93,24 @@ def main():
                            cluster="cluster { sync: PARAMETER_SERVER servers: 1 workers: 2 tensor_parallel: 2 "
                                    "heartbeat_timeout_s: 5 }")
     print(f"a tensor-parallel rank killed with -9: the job stopped in {stopped:.2f} s, naming it")
+    if herdtest.LONG:
+        m20(sb)
+
+
+def m20(sb):
+    """The ~20M shape on parameter servers against one process (or DDP)."""
+    def run(name, cluster):
+        return herdtest.m20_losses(sb, name, cluster, STEPS)
+    one = run("m20_one", "")
+    ddp = run("m20_ddp2", "cluster { sync: ALLREDUCE workers: 2 }")
+    cases = [("T=2", "tensor_parallel: 2", 2, one), ("T=4", "tensor_parallel: 4", 4, one),
+             ("data x tensor 2 x 2 + SP", "tensor_parallel: 2 sequence_parallel: true", 4, ddp)]
+    report = []
+    for what, more, workers, against in cases:
+        losses = run("m20_" + "".join(c for c in what if c.isalnum()),
+                     f"cluster {{ sync: PARAMETER_SERVER servers: 2 workers: {workers} {more} }}")
+        report.append(f"{what} {herdtest.within(losses, against, '~20M on servers ' + what):.2g}")
+    print(f"~20M shape on parameter servers, {STEPS} steps: " + ", ".join(report))
 
 
 if __name__ == "__main__":
