@@ -405,6 +405,25 @@ void CheckCluster(const config::ClusterConfig& cl, const Rules& need) {
   }
   need(cl.data_interface().empty() || devices_named, "cluster.data_interface",
        "must be comma-separated interface or RDMA port names (\"eth1\", \"ib0,mlx5_0:1\"), without spaces");
+  if (const config::DilocoConfig& d = cl.diloco(); d.regions() != 1) {
+    const std::string R = std::to_string(d.regions());
+    need(d.regions() > 1, "cluster.diloco.regions", "must be >= 1 (1: no regions)");
+    need(cl.sync() == config::ClusterConfig::PARAMETER_SERVER, "cluster.diloco.regions",
+         "regions are parameter-server jobs of their own: sync PARAMETER_SERVER");
+    need(d.regions() > 0 && cl.servers() % d.regions() == 0, "cluster.diloco.regions",
+         R + " does not divide cluster.servers " + std::to_string(cl.servers()) +
+             ": every region needs as many servers");
+    need(d.regions() > 0 && cl.workers() % d.regions() == 0, "cluster.diloco.regions",
+         R + " does not divide cluster.workers " + std::to_string(cl.workers()) +
+             ": every region needs as many workers");
+    need(d.every() >= 1, "cluster.diloco.every", "must be >= 1 inner step between outer steps");
+    need(d.outer_lr() > 0, "cluster.diloco.outer_lr", "must be > 0");
+    need(d.outer_momentum() >= 0 && d.outer_momentum() < 1, "cluster.diloco.outer_momentum", "must be in [0, 1)");
+    need(!cl.elastic(), "cluster.elastic", "is not supported together with cluster.diloco yet");
+    need(!cl.stream_weights(), "cluster.stream_weights", "is not supported together with cluster.diloco yet");
+    need(cl.pipeline_stages() == 1 && cl.tensor_parallel() == 1 && cl.context_parallel() == 1,
+         "cluster.diloco.regions", "pipeline stages, tensor and context parallelism inside regions are not built yet");
+  }
   if (cl.stream_weights()) {
     need(cl.sync() == config::ClusterConfig::PARAMETER_SERVER, "cluster.stream_weights",
          "streamed weights need sync PARAMETER_SERVER (the servers are where the weights stream from)");
@@ -426,6 +445,8 @@ std::vector<Violation> CheckValues(const JobConfig& c) {
        "cluster.nccl: false reduces CUDA workers' gradients through the ring)");
   need(c.cluster().shard_group_size() == 0 || !nccl_reduces, "cluster.shard_group_size",
        "hybrid sharding of CUDA workers runs over the UCX ring only yet: set cluster.nccl: false");
+  need(c.cluster().diloco().regions() <= 1 || c.checkpoint().dir().empty(), "checkpoint.dir",
+       "checkpoints of a job in regions (cluster.diloco) are not built yet: leave checkpoint.dir empty");
   if (const int C = c.cluster().context_parallel(); C > 1) {
     need(c.device().kind() == config::DeviceConfig::CPU, "device.kind", "context parallelism runs on CPU workers only yet");
     need(c.train().seq_len() % (2 * C) == 0, "train.seq_len",
@@ -528,6 +549,12 @@ bool ShardsInGroups(const config::ClusterConfig& cluster) {
 
 int NumWorkers(const JobConfig& config) {
   return config.cluster().sync() == config::ClusterConfig::NONE ? 1 : config.cluster().workers();
+}
+
+int Regions(const JobConfig& config) {
+  return config.cluster().sync() == config::ClusterConfig::PARAMETER_SERVER
+             ? std::max(1, config.cluster().diloco().regions())
+             : 1;
 }
 
 int DataParallelReplicas(const JobConfig& config) {

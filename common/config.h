@@ -44,6 +44,9 @@ std::string ConfigToText(const JobConfig& config);
 
 // The job's workers: cluster.workers, or 1 for one process (sync NONE).
 int NumWorkers(const JobConfig& config);
+// The regions of a parameter-server job (cluster.diloco.regions; 1
+// without): region k's servers are ranks k·S/R …, its workers k·W/R ….
+int Regions(const JobConfig& config);
 // The replicas that each take a share of the global batch: the workers,
 // over cluster.pipeline_stages, cluster.tensor_parallel and
 // cluster.context_parallel (a pipeline's stages, a tensor-parallel group

@@ -404,13 +404,19 @@ void ParameterShard::CheckStepProtocol(const LocalBucket& b) {
 }
 
 void ParameterShard::ApplyBucket(LocalBucket& b, const OptimizerShard::Scalars& step) {
+  StepBucket(b, step);
+  PublishBucket(b);
+}
+
+void ParameterShard::StepBucket(LocalBucket& b, const OptimizerShard::Scalars& step) {
   CheckStepProtocol(b);
-  {
-    trace::Span span("adamw", "server", {"bucket", b.index}, {"step", step.step});
-    optimizer_->Apply(step, {range_.begin + b.begin, range_.begin + b.end}, acc_.data() + b.begin);
-    if (options_.bf16_wire) {
-      FloatsToBf16(optimizer_->weights() + b.begin, wire_copy_.data() + b.begin, b.end - b.begin);
-    }
+  trace::Span span("adamw", "server", {"bucket", b.index}, {"step", step.step});
+  optimizer_->Apply(step, {range_.begin + b.begin, range_.begin + b.end}, acc_.data() + b.begin);
+}
+
+void ParameterShard::PublishBucket(LocalBucket& b) {
+  if (options_.bf16_wire) {
+    FloatsToBf16(optimizer_->weights() + b.begin, wire_copy_.data() + b.begin, b.end - b.begin);
   }
   Replies replies;
   {
@@ -442,6 +448,20 @@ void ParameterShard::ApplyStep(const OptimizerShard::Scalars& step) {
   }
   for (LocalBucket* b : ascending) ApplyBucket(*b, step);
   FinishStep(step);
+}
+
+Status ParameterShard::ApplyStepReplacing(const OptimizerShard::Scalars& step,
+                                          const std::function<Status(float*)>& replace) {
+  std::vector<LocalBucket*> ascending;  // the buckets never move (buckets_)
+  {
+    MutexLock lock(&mu_);
+    for (LocalBucket& b : buckets_) ascending.push_back(&b);
+  }
+  for (LocalBucket* b : ascending) StepBucket(*b, step);
+  HERD_RETURN_IF_ERROR(replace(optimizer_->weights()));
+  for (LocalBucket* b : ascending) PublishBucket(*b);
+  FinishStep(step);
+  return Status::OK();
 }
 
 void ParameterShard::FinishStep(const OptimizerShard::Scalars& step) {
@@ -497,7 +517,10 @@ Status ParameterShard::ServeSteps(int64_t last, const StepHooks& hooks) {
     trace::Span span("server step", "step", {"step", step});
     const std::string at = "step " + std::to_string(step) + ": ";
     OptimizerShard::Scalars scalars;
-    if (options_.stream_updates) {
+    // A step whose weights are replaced is served whole, once replaced.
+    const bool replaced = hooks.replaces && hooks.replaces(step);
+    const bool stream = options_.stream_updates && !replaced;
+    if (stream) {
       // Without clipping the norm does not enter the update: each bucket
       // is stepped as soon as its sum is complete, and its pulls answered,
       // while the workers are still pushing the others.
@@ -510,9 +533,13 @@ Status ParameterShard::ServeSteps(int64_t last, const StepHooks& hooks) {
     HERD_ASSIGN_OR_RETURN(const double partial, WaitForGradients());
     HERD_ASSIGN_OR_RETURN(const StepHooks::Global global, hooks.global_scalars(step, partial, MeanLoss()));
     HERD_RETURN_IF_ERROR(CheckNotDiverged("gradient norm", global.norm).WithContext(at));
-    if (options_.stream_updates) {
+    if (stream) {
       scalars.global_norm = global.norm;  // for the step's report
       FinishStep(scalars);
+    } else if (replaced) {
+      HERD_RETURN_IF_ERROR(ApplyStepReplacing(optimizer_->BeginStep(global.norm, global.loss),
+                                              [&](float* weights) { return hooks.replace(step, weights); })
+                               .WithContext(at));
     } else {
       ApplyStep(optimizer_->BeginStep(global.norm, global.loss));
     }

@@ -106,6 +106,13 @@ class ParameterShard : public transport::ShardHandler {
     std::function<StatusOr<Global>(int64_t step, double partial, double loss)> global_scalars;
     // After step `step` is applied (checkpoints); may be empty.
     std::function<Status(int64_t step)> after_step;
+    // Steps whose weights are replaced before they are served (a job of
+    // regions: DiLoCo's outer step every H steps): `replaces(step)` says
+    // which; `replace(step, weights)` rewrites the shard's weights (its
+    // whole range) once the step's AdamW is applied and before any pull of
+    // the new version is answered. Both empty: none.
+    std::function<bool(int64_t step)> replaces;
+    std::function<Status(int64_t step, float* weights)> replace;
   };
   // Step thread: the server's half of every step until the version reaches
   // `last` — wait for the gradients, combine the norm, stop on divergence,
@@ -154,8 +161,15 @@ class ParameterShard : public transport::ShardHandler {
   // Whether every bucket overlapping the byte range is stepped (`all`), or
   // any of them.
   bool AppliedOver(uint64_t offset, uint64_t length, bool all) const REQUIRES(mu_);
-  // Step thread: AdamW on one bucket, then the pulls it makes answerable.
+  // Step thread: AdamW on one bucket, then the pulls it makes answerable
+  // (StepBucket, then PublishBucket).
   void ApplyBucket(LocalBucket& b, const OptimizerShard::Scalars& step) LOCKS_EXCLUDED(mu_);
+  void StepBucket(LocalBucket& b, const OptimizerShard::Scalars& step) LOCKS_EXCLUDED(mu_);
+  void PublishBucket(LocalBucket& b) LOCKS_EXCLUDED(mu_);
+  // Step thread: ApplyStep whose weights `replace` rewrites after every
+  // bucket's AdamW and before any of them is served.
+  Status ApplyStepReplacing(const OptimizerShard::Scalars& step, const std::function<Status(float*)>& replace)
+      LOCKS_EXCLUDED(mu_);
   // Debug builds: checks the protocol that lets ApplyBucket write bucket
   // b's weights and read its gradients outside mu_ (see optimizer_).
   void CheckStepProtocol(const LocalBucket& b) LOCKS_EXCLUDED(mu_);

@@ -18,6 +18,7 @@
 #include "model/checkpoint_run.h"
 #include "model/optim/adamw.h"
 #include "model/optim/optimizer_shard.h"
+#include "model/optim/outer_optimizer.h"
 #include "server/parameter_shard.h"
 #include "sharding/job_options.h"
 #include "sharding/memory_plan.h"
@@ -35,27 +36,32 @@
 namespace herd {
 namespace {
 
-// The servers' squared partial norms summed in rank order (every server
-// computes the same value), and server 0's loss (the one server that
-// collects the workers').
+// The squared partial norms of the `count` servers from rank `first` (this
+// server's region's: all of them without regions) summed in rank order
+// (every one of them computes the same value), and the first one's loss
+// (the one server of those that collects their workers').
 StatusOr<ParameterShard::StepHooks::Global> GlobalScalars(transport::CoordinatorClient& client, int64_t step,
-                                                          double partial, double loss) {
-  if (client.num_servers() == 1) return ParameterShard::StepHooks::Global{std::sqrt(partial), loss};
+                                                          double partial, double loss, int first, int count) {
+  if (count == 1) return ParameterShard::StepHooks::Global{std::sqrt(partial), loss};
   trace::Span span("norm exchange", "server", {"step", step});
   wire::NormShare mine;
   mine.set_sum_of_squares(partial);
   mine.set_loss(loss);
   HERD_ASSIGN_OR_RETURN(std::vector<wire::NormShare> all,
                         transport::Gather(client, transport::NormExchange(step), mine));
+  if (static_cast<int>(all.size()) < first + count) {
+    return Status::Corruption("step " + std::to_string(step) + ": " + std::to_string(all.size()) +
+                              " servers' partial norms for " + std::to_string(first + count));
+  }
   double total = 0;
-  for (size_t i = 0; i < all.size(); ++i) {
+  for (int i = first; i < first + count; ++i) {
     if (!all[i].has_sum_of_squares() || !all[i].has_loss()) {
       return Status::Corruption("step " + std::to_string(step) + ": server " + std::to_string(i) +
                                 " sent no partial norm and loss");
     }
     total += all[i].sum_of_squares();
   }
-  return ParameterShard::StepHooks::Global{std::sqrt(total), all[0].loss()};
+  return ParameterShard::StepHooks::Global{std::sqrt(total), all[first].loss()};
 }
 
 // One parameter server's process. Members in the order they are made;
@@ -90,6 +96,9 @@ class ServerProcess {
   // (tensor parallelism) its runs of the ranks' slices, as pieces of it.
   std::vector<ShardView> CheckpointPieces() const;
   Status ReportSummary(int64_t steps) const;
+  // A job of regions: DiLoCo's outer step of this server's range after
+  // inner step `step`, on `weights` (the shard's), over the strided ring.
+  Status OuterStep(int64_t step, float* weights);
 
   // Constant after construction.
   const config::JobConfig& config_;
@@ -105,9 +114,18 @@ class ServerProcess {
   // Set once the coordinator has given this process its rank (Prepare).
   int rank_ = -1;
 
+  // Set once the coordinator has given this process its rank (Prepare):
+  // its region (cluster.diloco; 0 of 1 without), the region's servers and
+  // its index among them (the plan's server it is).
+  int region_ = 0, region_servers_ = 1, local_ = 0;
+
   // Owned by the thread that runs Run; in lifetime order.
   transport::TraceSession trace_;  // log.trace
   std::unique_ptr<ParameterShard> shard_;
+  // A job of regions: the outer optimizer of this server's range, and its
+  // pseudo-gradient's sum over the regions (on the runtime's strided ring).
+  std::unique_ptr<OuterOptimizer> outer_;
+  std::vector<float> delta_;
   std::unique_ptr<transport::NodeRuntime> runtime_;
   ShardImage snapshot_;
   transport::BackgroundCommit background_;
@@ -138,10 +156,14 @@ ServerProcess::ServerProcess(const config::JobConfig& config, const TrainOptions
 
 Status ServerProcess::Prepare(transport::NodeRuntime& runtime, transport::CoordinatorClient& client) {
   rank_ = client.rank();
+  const int regions = Regions(config_);
+  region_servers_ = client.num_servers() / regions;
+  region_ = rank_ / region_servers_;
+  local_ = rank_ % region_servers_;
   HERD_RETURN_IF_ERROR(transport::AgreeOnResume(client, resume_from_ ? BaseName(resume_from_->dir) : "none"));
   Stopwatch sw;
   const JobOptions job = JobOptions::FromConfig(config_);
-  const ParamRange range = plan_.shard(rank_);
+  const ParamRange range = plan_.shard(local_);
   std::unique_ptr<OptimizerShard> optimizer;
   if (space_) {
     HERD_ASSIGN_OR_RETURN(ShardState state, space_->Load(range, job.init, layout_, resume_from_));
@@ -152,11 +174,11 @@ Status ServerProcess::Prepare(transport::NodeRuntime& runtime, transport::Coordi
   ParameterShardOptions o;
   o.layout = &layout_;
   o.plan = &plan_;
-  o.server = rank_;
-  o.num_workers = client.num_workers();
-  o.first_worker_peer = transport::MemberPeerId(client, wire::WORKER, 0);
+  o.server = local_;
+  o.num_workers = client.num_workers() / regions;
+  o.first_worker_peer = transport::MemberPeerId(client, wire::WORKER, region_ * o.num_workers);
   o.bf16_wire = config_.cluster().wire_dtype() == config::ClusterConfig::BF16;
-  o.collects_losses = rank_ == 0;
+  o.collects_losses = local_ == 0;
   o.elastic = config_.cluster().elastic();
   o.stream_updates = StreamsUpdates(config_);
   if (HasPipeline(config_)) {
@@ -174,11 +196,18 @@ Status ServerProcess::Prepare(transport::NodeRuntime& runtime, transport::Coordi
     o.uncounted = space_->Copies();
   }
   shard_ = std::make_unique<ParameterShard>(o, std::move(optimizer));
-  const uint64_t bytes = plan_.shard(rank_).size() * sizeof(float);
+  if (regions > 1) {
+    // The same range's servers of every region, region order.
+    runtime.StartStridedRing(client, region_servers_, regions, wire::SERVER);
+    const config::DilocoConfig& d = config_.cluster().diloco();
+    outer_ = std::make_unique<OuterOptimizer>(OuterOptions{d.outer_lr(), d.outer_momentum()}, shard_->weights(),
+                                              range.size());
+  }
+  const uint64_t bytes = range.size() * sizeof(float);
   HERD_RETURN_IF_ERROR(runtime.transport().RegisterMemory(shard_->weights(), bytes));
   HERD_RETURN_IF_ERROR(runtime.transport().RegisterMemory(shard_->gradients(), bytes));
   runtime.Serve(shard_.get());
-  LOG(INFO) << "server " << rank_ << ": [" << plan_.shard(rank_).begin << ", " << plan_.shard(rank_).end << ") "
+  LOG(INFO) << "server " << rank_ << ": [" << range.begin << ", " << range.end << ") "
             << (resume_from_ ? "loaded from " + resume_from_->dir : std::string("initialised")) << " in "
             << sw.Seconds() << " s";
   return Status::OK();
@@ -201,6 +230,7 @@ Status ServerProcess::Run(const transport::JoinOptions& join) {
   transport::NodeRuntime::Options ro;
   ro.join = join;
   ro.connect_to = {wire::WORKER};
+  if (Regions(config_) > 1) ro.connect_to.push_back(wire::SERVER);  // the outer steps
   HERD_ASSIGN_OR_RETURN(runtime_, transport::NodeRuntime::Join(ro, [this](transport::NodeRuntime& rt,
                                                                           transport::CoordinatorClient& client) {
                           return Prepare(rt, client);
@@ -213,10 +243,17 @@ Status ServerProcess::Run(const transport::JoinOptions& join) {
   // The workers' pushes drive the shard's steps.
   const int64_t start = shard_->optimizer().step();
   ParameterShard::StepHooks hooks;
-  hooks.global_scalars = [client](int64_t step, double partial, double loss) {
-    return GlobalScalars(*client, step, partial, loss);
+  hooks.global_scalars = [this, client](int64_t step, double partial, double loss) {
+    return GlobalScalars(*client, step, partial, loss, region_ * region_servers_, region_servers_);
   };
   hooks.after_step = [this](int64_t step) { return CheckpointAfter(step); };
+  if (outer_) {
+    // Every H steps, and at the run's end, so that every region ends with
+    // the same weights.
+    const int64_t every = config_.cluster().diloco().every();
+    hooks.replaces = [this, every](int64_t step) { return step % every == 0 || step == last_step_; };
+    hooks.replace = [this](int64_t step, float* weights) { return OuterStep(step, weights); };
+  }
   Status served = shard_->ServeSteps(last_step_, hooks);
   Status written = background_.Wait();
   HERD_RETURN_IF_ERROR(runtime_->Conclude(served.ok() ? written : served));
@@ -267,6 +304,17 @@ Status ServerProcess::CheckpointAfter(int64_t step) {
   HERD_RETURN_IF_ERROR(background_.Wait());  // the previous checkpoint first
   snapshot_.Capture(CheckpointPieces());
   background_.Start([commit, snapshot = &snapshot_, path] { return commit([&] { return snapshot->Write(path); }); });
+  return Status::OK();
+}
+
+Status ServerProcess::OuterStep(int64_t step, float* weights) {
+  trace::Span span("outer step", "server", {"step", step});
+  transport::Collectives& ring = *runtime_->strided_ring();
+  delta_.resize(outer_->size());
+  outer_->PseudoGradient(weights, delta_.data());
+  HERD_RETURN_IF_ERROR(ring.Wait(ring.AllReduce(delta_.data(), outer_->size(), transport::DType::kFloat32))
+                           .WithContext("the outer step's sum over the regions: "));
+  outer_->Step(delta_.data(), ring.size(), weights);
   return Status::OK();
 }
 

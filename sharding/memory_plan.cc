@@ -103,10 +103,16 @@ ProcessMemory ServerMemory(const JobSizes& j, const ShardPlan& shards, int s) {
   // A bucket's first contributor's fp32 gradients land in the
   // accumulator; the others' (all of them with bf16) in a receive buffer
   // each. A tensor-parallel rank's part has its replicas' workers alone.
-  const int contributors = j.W / std::max(1, j.cluster.tensor_parallel());
+  const int contributors = j.W / std::max(1, j.cluster.tensor_parallel()) / Regions(j.config);
   m.buffers = (j.bf16 ? n * 2 : 0) + (contributors - (j.bf16 ? 0 : 1)) * bucket * j.wire;
   // A background checkpoint's snapshot of weights, m and v.
   if (!j.config.checkpoint().dir().empty() && j.config.checkpoint().background()) m.buffers += 3 * n * kF32;
+  // A job of regions: the outer step's weights and momentum, the
+  // pseudo-gradient summed over the regions and its ring's buffers.
+  if (Regions(j.config) > 1) {
+    m.optimizer += 2 * n * kF32;
+    m.buffers += n * kF32 + kRingChunksAhead * kRingChunkBytes;
+  }
   m.runtime = kRuntimeBytes;
   return m;
 }
@@ -322,7 +328,12 @@ StatusOr<MemoryPlan> PlanMemory(const config::JobConfig& config) {
   plan.parameters = j.layout.num_parameters();
   if (j.cluster.sync() == config::ClusterConfig::PARAMETER_SERVER) {
     HERD_ASSIGN_OR_RETURN(ShardPlan shards, ParameterServerPlan(config));
-    for (int s = 0; s < shards.num_servers(); ++s) plan.processes.push_back(ServerMemory(j, shards, s));
+    // Each region's servers hold the plan's shards alike.
+    for (int s = 0; s < shards.num_servers() * Regions(config); ++s) {
+      ProcessMemory m = ServerMemory(j, shards, s % shards.num_servers());
+      m.rank = s;
+      plan.processes.push_back(m);
+    }
     if (HasPipeline(config)) {
       HERD_ASSIGN_OR_RETURN(const std::vector<ProcessMemory> stages, StageMemory(j, &shards));
       plan.processes.insert(plan.processes.end(), stages.begin(), stages.end());

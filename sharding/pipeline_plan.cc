@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "common/config.h"
 #include "sharding/tensor_slices.h"
 
 namespace herd {
@@ -102,6 +103,7 @@ StatusOr<ShardPlanOptions> ShardPlanOptionsOf(const config::JobConfig& config) {
 
 StatusOr<ShardPlan> ParameterServerPlan(const config::JobConfig& config) {
   HERD_ASSIGN_OR_RETURN(ShardPlanOptions o, ShardPlanOptionsOf(config));
+  o.servers /= Regions(config);  // each region's servers hold the whole space
   const LlamaShape shape = LlamaShape::FromConfig(config.model());
   if (const int T = config.cluster().tensor_parallel(); T > 1) {
     HERD_ASSIGN_OR_RETURN(const TensorParallelSpace space, TensorParallelSpace::Make(shape, T));

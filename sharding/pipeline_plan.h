@@ -57,7 +57,8 @@ bool HasPipeline(const config::JobConfig& config);
 // the cluster's servers, strategy and buckets over the flat space, cut at a
 // pipeline's stages; with tensor parallelism, over the servers' space of
 // the ranks' packed parts (sharding/tensor_slices.h's TensorParallelSpace),
-// cut at each part's end.
+// cut at each part's end. In a job of regions (cluster.diloco) the plan
+// of one region's servers, each region's alike.
 StatusOr<ShardPlan> ParameterServerPlan(const config::JobConfig& config);
 // An all-reduce pipeline's buckets (ZeRO-1 inside the stages): the whole
 // space in the cluster's bucket size, cut at the stages' ends, one "server".

@@ -43,12 +43,12 @@ void NodeRuntime::StartRing(CoordinatorClient& client, int shard_group_size) {
   }
 }
 
-void NodeRuntime::StartStridedRing(CoordinatorClient& client, int stride, int count) {
+void NodeRuntime::StartStridedRing(CoordinatorClient& client, int stride, int count, wire::Role role) {
   CHECK(strided_ring_ == nullptr) << "a second strided ring";
   const int rank = client.rank();
   const int first = rank / (stride * count) * (stride * count) + rank % stride;
   std::vector<PeerId> peers;
-  for (int i = 0; i < count; ++i) peers.push_back(MemberPeerId(client, wire::WORKER, first + i * stride));
+  for (int i = 0; i < count; ++i) peers.push_back(MemberPeerId(client, role, first + i * stride));
   strided_ring_ = std::make_unique<RingCollectives>(transport_.get(), (rank / stride) % count, peers, kRingChunkBytes,
                                                     kAmStridedRing);
 }

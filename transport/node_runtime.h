@@ -53,12 +53,14 @@ class NodeRuntime {
   // and one through the groups' workers of the same place in their group
   // (its replicas).
   void StartRing(CoordinatorClient& client, int shard_group_size = 0);
-  // In prepare, after StartRing: a ring of `count` ranks `stride` apart
-  // inside this worker's block of stride·count consecutive ranks: a
-  // context-parallel group (ranks (replica·C + c)·T + t: C ranks T apart)
-  // or a pipeline stage's replicas with tensor parallelism (ranks (p·R +
-  // r)·T + t: R ranks T apart). At most one a process.
-  void StartStridedRing(CoordinatorClient& client, int stride, int count);
+  // In prepare: a ring of `count` members of `role` (this process's),
+  // `stride` ranks apart inside this process's block of stride·count
+  // consecutive ranks: a context-parallel group (workers (replica·C +
+  // c)·T + t: C ranks T apart), a pipeline stage's replicas with tensor
+  // parallelism (workers (p·R + r)·T + t: R ranks T apart), or the servers
+  // of one range in a job of regions (servers k·S/R + j: R ranks S/R
+  // apart). At most one a process.
+  void StartStridedRing(CoordinatorClient& client, int stride, int count, wire::Role role = wire::WORKER);
   // In prepare: answers the workers' pushes and pulls with `shard`.
   void Serve(ShardHandler* shard);
 

@@ -23,7 +23,8 @@ class PushPullSync : public SyncStrategy {
  public:
   PushPullSync(const ParameterServerSyncOptions& o, transport::PushPullClient* client)
       : plan_(*o.plan),
-        tag_with_rank_(!o.ranges.empty()),
+        ranged_(!o.ranges.empty()),
+        tag_with_rank_(!o.elastic),
         origin_(o.origin),
         wire_end_(o.ranges.empty() ? o.plan->shard(o.plan->num_servers() - 1).end : o.ranges.back().end),
         bf16_(o.bf16),
@@ -157,7 +158,10 @@ class PushPullSync : public SyncStrategy {
   // The buckets this worker pushes and pulls (all, but a pipeline stage's),
   // in the plan's (backward) order.
   std::vector<const Bucket*> mine_;
-  const bool tag_with_rank_;  // a pipeline stage or tensor-parallel rank: pushes carry its rank
+  const bool ranged_;  // a pipeline stage's or tensor-parallel rank's buckets alone
+  // Pushes carry the worker's rank among its servers' workers whatever
+  // share of the data it computes (not elastic: there they carry the share).
+  const bool tag_with_rank_;
   const int64_t origin_;      // the servers' space's element at the worker's element 0
   const int64_t wire_end_;    // the end of the last bucket this worker moves
   const bool bf16_;
@@ -179,7 +183,7 @@ class PushPullSync : public SyncStrategy {
   std::vector<transport::PushPullClient::Ticket> report_tickets_;
   size_t next_report_ = 0;
   ShareLoss loss_;  // pushed to server 0: the share's loss and the step's data position
-  int share_;       // whose sequences the step's gradients are
+  int share_;       // whose the step's gradients are, to the servers
 };
 
 // Every weight held: the next version pulled bucket by bucket in forward
@@ -196,7 +200,7 @@ class WholeWeightsSync : public PushPullSync {
   // backed only where its own buckets go (and, so, not registered whole).
   Status ReserveStaging() {
     if (!bf16_) return Status::OK();
-    if (tag_with_rank_) {
+    if (ranged_) {
       HERD_ASSIGN_OR_RETURN(paged_wire_,
                             PagedBuffer::Reserve(wire_elements() * sizeof(uint16_t), /*guarded=*/false));
       return Status::OK();

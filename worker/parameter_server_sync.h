@@ -35,7 +35,10 @@ struct ParameterServerSyncOptions {
   bool bf16 = false;    // cluster.wire_dtype BF16
   bool stream = false;  // the servers step each bucket as its sum completes
   bool elastic = false;  // cluster.elastic: this worker may compute other ranks' shares
-  int rank = 0;          // this worker's: the share it computes unless BeginStep says another
+  // This worker's rank among its servers' workers (its region's, in a job
+  // of regions), which its pushes carry; elastic: the share it computes
+  // unless BeginStep says another.
+  int rank = 0;
   transport::PeerId first_server = 0;  // server s is PeerId first_server + s
   // Streamed weights: the worker's weights (guarded) and gradients, each
   // spanning the flat space; null otherwise. Needs `layout`, not

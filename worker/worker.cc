@@ -129,8 +129,15 @@ void PrintRunHeader(const config::JobConfig& config, const JobOptions& job, cons
                       ? "this UCX could move CUDA memory itself; direct transfers are not used yet"
                       : "this UCX has no CUDA memory support");
     }
+    if (ps && Regions(config) > 1) {
+      const config::DilocoConfig& d = cluster.diloco();
+      std::printf("regions: %d, each %d parameter servers and %d workers (inner AdamW); every %d steps an outer "
+                  "step (Nesterov, lr %g, momentum %g) | ",
+                  d.regions(), plan->num_servers(), num_workers / d.regions(), d.every(), d.outer_lr(),
+                  d.outer_momentum());
+    }
     if (ps) {
-      std::printf("parameter servers: %d, workers: %d, wire %s", plan->num_servers(), num_workers,
+      std::printf("parameter servers: %d, workers: %d, wire %s", plan->num_servers() * Regions(config), num_workers,
                   cluster.wire_dtype() == ClusterConfig::BF16 ? "bf16" : "fp32");
       if (cluster.stream_weights()) {
         std::printf(", weights streamed (%d layer%s of prefetch%s)", cluster.stream_prefetch_layers(),
@@ -534,8 +541,12 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeStrategy() {
       po.bf16 = cluster.wire_dtype() == ClusterConfig::BF16;
       po.elastic = cluster.elastic();
       po.stream = StreamsUpdates(config_);  // as the servers do
-      po.rank = rank_;
-      po.first_server = transport::MemberPeerId(runtime_->client(), wire::SERVER, 0);
+      // Its region's servers and its rank among the region's workers (the
+      // whole job's without regions).
+      const int regions = Regions(config_), region_workers = num_workers_ / regions;
+      po.rank = rank_ % region_workers;
+      po.first_server =
+          transport::MemberPeerId(runtime_->client(), wire::SERVER, rank_ / region_workers * plan_->num_servers());
       if (pipeline_) po.ranges = pipeline_->RangesOf(pipeline_->DeviceOf(rank_), layout_);
       if (slices_) {
         // The rank's packed part of the servers' space (TensorParallelSpace).
@@ -679,9 +690,10 @@ std::unique_ptr<ShareCompute> WorkerProcess::MakeCompute() {
   o.grads = grads();
   o.batch = job_.batch;
   o.seq_len = job_.seq_len;
-  // 1 / the global batch's tokens.
-  o.loss_scale =
-      1.0 / static_cast<double>(static_cast<int64_t>(job_.batch) * job_.seq_len * job_.grad_accum * Replicas());
+  // 1 / the global batch's tokens (in a job of regions, the region's:
+  // each region's gradient is its own batch's mean).
+  o.loss_scale = 1.0 / static_cast<double>(static_cast<int64_t>(job_.batch) * job_.seq_len * job_.grad_accum *
+                                           (Replicas() / Regions(config_)));
   // Paged gradients (streamed weights, ZeRO-2): every micro-batch through
   // each unit at once, so that each unit is pulled once a pass and its
   // gradients leave (and are let go) once a step.

@@ -1,0 +1,32 @@
+#include "model/optim/outer_optimizer.h"
+
+#include <algorithm>
+
+namespace herd {
+
+OuterOptimizer::OuterOptimizer(const OuterOptions& options, const float* weights, int64_t n)
+    : options_(options), outer_(weights, weights + n), momentum_(n, 0.0f) {}
+
+void OuterOptimizer::PseudoGradient(const float* weights, float* delta) const {
+  const int64_t n = size();
+  const float* outer = outer_.data();
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) delta[i] = outer[i] - weights[i];
+}
+
+void OuterOptimizer::Step(const float* summed, int regions, float* weights) {
+  const int64_t n = size();
+  const float r = static_cast<float>(regions), mu = static_cast<float>(options_.momentum),
+              lr = static_cast<float>(options_.lr);
+  float* outer = outer_.data();
+  float* b = momentum_.data();
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    const float delta = summed[i] / r;
+    b[i] = mu * b[i] + delta;
+    outer[i] -= lr * (delta + mu * b[i]);
+    weights[i] = outer[i];
+  }
+}
+
+}  // namespace herd

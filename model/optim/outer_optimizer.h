@@ -1,0 +1,43 @@
+// DiLoCo's outer optimizer (Douillard et al. 2023) over one range of the
+// flat space: a server's shard in a job of regions (cluster.diloco). It
+// keeps the weights of the last outer step and the momentum buffer. Every
+// H inner steps each region's copy of the range gives its pseudo-gradient,
+// the weights of the last outer step minus the region's weights now; the
+// regions' pseudo-gradients are summed (in the same order for all, so that
+// every region computes the same bits) and the mean Δ takes one step of
+// SGD with Nesterov momentum, in PyTorch's SGD(nesterov=True) order:
+//   b = μ·b + Δ;  θ_outer = θ_outer − lr·(Δ + μ·b);
+// every region goes on from θ_outer. With lr 1 and μ 0 that is θ_outer −
+// mean_k(θ_outer − θ_k): the mean of the regions' weights, to rounding.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace herd {
+
+struct OuterOptions {
+  double lr = 0.7;        // cluster.diloco.outer_lr
+  double momentum = 0.9;  // cluster.diloco.outer_momentum (Nesterov's)
+};
+
+class OuterOptimizer {
+ public:
+  // Starts from `weights` (n floats): the first outer step's reference.
+  OuterOptimizer(const OuterOptions& options, const float* weights, int64_t n);
+
+  int64_t size() const { return static_cast<int64_t>(outer_.size()); }
+  // This region's pseudo-gradient of `weights` into `delta`: θ_outer − θ.
+  void PseudoGradient(const float* weights, float* delta) const;
+  // The outer step from `summed`, the sum of `regions` regions'
+  // pseudo-gradients; the new θ_outer is written to `weights` as well.
+  void Step(const float* summed, int regions, float* weights);
+  // The weights of the last outer step.
+  const float* outer() const { return outer_.data(); }
+
+ private:
+  const OuterOptions options_;
+  std::vector<float> outer_, momentum_;
+};
+
+}  // namespace herd

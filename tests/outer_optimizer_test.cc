@@ -1,0 +1,86 @@
+// DiLoCo's outer optimizer against a double-precision reference of SGD
+// with Nesterov momentum (PyTorch's order) over several outer steps, and
+// its degenerate case: lr 1 and no momentum give the mean of the regions'
+// weights, to rounding (each element within 2 ulps, of the larger of it and
+// the outer weight, of the mean computed in double).
+#include "model/optim/outer_optimizer.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+namespace herd {
+namespace {
+
+TEST(OuterOptimizer, IsNesterovSgdOnTheRegionsMeanPseudoGradient) {
+  const int64_t n = 1000;
+  const int regions = 3;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> start(n);
+  for (float& x : start) x = normal(rng);
+  const OuterOptions options{0.7, 0.9};
+  // Every region's optimizer starts alike and sees the same sums.
+  std::vector<OuterOptimizer> outer;
+  for (int k = 0; k < regions; ++k) outer.emplace_back(options, start.data(), n);
+  std::vector<double> ref_outer(start.begin(), start.end()), ref_buf(n, 0.0);
+  for (int step = 0; step < 4; ++step) {
+    // Each region's weights wander off from the outer weights.
+    std::vector<std::vector<float>> weights(regions, std::vector<float>(n));
+    std::vector<float> summed(n, 0.0f);
+    std::vector<double> ref_sum(n, 0.0);
+    for (int k = 0; k < regions; ++k) {
+      for (int64_t i = 0; i < n; ++i) weights[k][i] = outer[0].outer()[i] + 0.01f * normal(rng);
+      std::vector<float> delta(n);
+      outer[k].PseudoGradient(weights[k].data(), delta.data());
+      for (int64_t i = 0; i < n; ++i) {
+        summed[i] += delta[i];
+        ref_sum[i] += static_cast<double>(outer[0].outer()[i]) - weights[k][i];
+      }
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      const double d = ref_sum[i] / regions;
+      ref_buf[i] = 0.9 * ref_buf[i] + d;
+      ref_outer[i] -= 0.7 * (d + 0.9 * ref_buf[i]);
+    }
+    for (int k = 0; k < regions; ++k) outer[k].Step(summed.data(), regions, weights[k].data());
+    for (int64_t i = 0; i < n; ++i) {
+      for (int k = 0; k < regions; ++k) ASSERT_EQ(weights[k][i], outer[0].outer()[i]) << "every region alike";
+      ASSERT_NEAR(outer[0].outer()[i], ref_outer[i], 1e-5 * (1 + std::abs(ref_outer[i]))) << "element " << i;
+    }
+  }
+}
+
+TEST(OuterOptimizer, LrOneWithoutMomentumAveragesTheRegions) {
+  const int64_t n = 4096;
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int regions : {2, 3, 4}) {
+    std::vector<float> start(n);
+    for (float& x : start) x = normal(rng);
+    OuterOptimizer outer({1.0, 0.0}, start.data(), n);
+    std::vector<float> summed(n, 0.0f), delta(n), mine(n);
+    std::vector<double> mean(n, 0.0);
+    for (int k = 0; k < regions; ++k) {
+      std::vector<float> w(n);
+      for (int64_t i = 0; i < n; ++i) w[i] = start[i] - 0.003f * normal(rng);
+      outer.PseudoGradient(w.data(), delta.data());
+      for (int64_t i = 0; i < n; ++i) {
+        summed[i] += delta[i];
+        mean[i] += static_cast<double>(w[i]) / regions;
+      }
+    }
+    outer.Step(summed.data(), regions, mine.data());
+    for (int64_t i = 0; i < n; ++i) {
+      const float m = static_cast<float>(mean[i]), big = std::max(std::abs(m), std::abs(start[i]));
+      const float ulp = std::nextafter(big, INFINITY) - big;
+      ASSERT_LE(std::abs(mine[i] - m), 2 * ulp) << "element " << i << " of " << regions << " regions";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace herd
