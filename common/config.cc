@@ -445,8 +445,6 @@ std::vector<Violation> CheckValues(const JobConfig& c) {
        "cluster.nccl: false reduces CUDA workers' gradients through the ring)");
   need(c.cluster().shard_group_size() == 0 || !nccl_reduces, "cluster.shard_group_size",
        "hybrid sharding of CUDA workers runs over the UCX ring only yet: set cluster.nccl: false");
-  need(c.cluster().diloco().regions() <= 1 || c.checkpoint().dir().empty(), "checkpoint.dir",
-       "checkpoints of a job in regions (cluster.diloco) are not built yet: leave checkpoint.dir empty");
   if (const int C = c.cluster().context_parallel(); C > 1) {
     need(c.device().kind() == config::DeviceConfig::CPU, "device.kind", "context parallelism runs on CPU workers only yet");
     need(c.train().seq_len() % (2 * C) == 0, "train.seq_len",

@@ -147,6 +147,24 @@ std::string ShardFileName(int shard_index) {
   return name;
 }
 
+std::string RegionShardPrefix(int region) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "region_%02d_shard_", region);
+  return name;
+}
+
+std::string RegionShardFileName(int region, int shard_index) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "%05d.bin", shard_index);
+  return RegionShardPrefix(region) + name;
+}
+
+std::string OuterFileName(int shard_index) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "outer_%05d.bin", shard_index);
+  return name;
+}
+
 std::string WorkerFileName(int worker_rank) {
   char name[32];
   std::snprintf(name, sizeof(name), "worker_%05d.state", worker_rank);

@@ -53,7 +53,7 @@ bool HasCheckpoints(const std::string& root) {
 
 StatusOr<std::vector<ShardState>> ReadShardRanges(const std::string& step_dir, const Manifest& manifest,
                                                   const std::vector<ParamRange>& ranges, bool with_moments,
-                                                  float* weights_into) {
+                                                  float* weights_into, std::string_view prefix) {
   std::vector<ShardState> out(ranges.size());
   for (size_t i = 0; i < ranges.size(); ++i) {
     const size_t n = static_cast<size_t>(ranges[i].size());
@@ -73,7 +73,7 @@ StatusOr<std::vector<ShardState>> ReadShardRanges(const std::string& step_dir, c
   const int64_t lo = ranges.front().begin, hi = ranges.back().end;
   std::vector<std::vector<std::pair<int64_t, int64_t>>> covered(ranges.size());
   for (const std::string& part : manifest.parts) {
-    if (!part.starts_with("shard_")) continue;
+    if (!part.starts_with(prefix)) continue;
     const std::string path = JoinPath(step_dir, part);
     // Shards outside the ranges are not read (a server reads only its own).
     HERD_ASSIGN_OR_RETURN(ShardExtent extent, ReadShardExtent(path));
@@ -122,9 +122,9 @@ StatusOr<std::vector<ShardState>> ReadShardRanges(const std::string& step_dir, c
 }
 
 StatusOr<ShardState> ReadShardRange(const std::string& step_dir, const Manifest& manifest, int64_t begin, int64_t end,
-                                    bool with_moments) {
+                                    bool with_moments, std::string_view prefix) {
   HERD_ASSIGN_OR_RETURN(std::vector<ShardState> one,
-                        ReadShardRanges(step_dir, manifest, {ParamRange{begin, end}}, with_moments));
+                        ReadShardRanges(step_dir, manifest, {ParamRange{begin, end}}, with_moments, nullptr, prefix));
   return std::move(one[0]);
 }
 

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
@@ -37,14 +38,18 @@ bool HasCheckpoints(const std::string& root);
 // `step_dir` lists, whatever number of servers wrote them; weights always,
 // AdamW moments when `with_moments`. Errors name the step directory when
 // the shards leave part of the range uncovered or disagree on the step.
+// `prefix`: the parts that tile the flat space ("shard_"; a job of regions
+// also writes each further region's replica, "region_K_shard_", and the
+// outer optimizer's state, "outer_": model/checkpoint_format.h).
 StatusOr<ShardState> ReadShardRange(const std::string& step_dir, const Manifest& manifest, int64_t begin, int64_t end,
-                                    bool with_moments);
+                                    bool with_moments, std::string_view prefix = kShardPrefix);
 // ReadShardRange of several ranges (ascending, disjoint) at once, each
 // shard file read once: a ZeRO owner's slices. With `weights_into` (the
 // whole flat space) the weights land there and the states' stay empty.
 StatusOr<std::vector<ShardState>> ReadShardRanges(const std::string& step_dir, const Manifest& manifest,
                                                   const std::vector<ParamRange>& ranges, bool with_moments,
-                                                  float* weights_into = nullptr);
+                                                  float* weights_into = nullptr,
+                                                  std::string_view prefix = kShardPrefix);
 
 // A whole model read back from a checkpoint: its job config and the fp32
 // weights of the full flat space (shards assembled, checked to tile it).

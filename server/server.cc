@@ -3,6 +3,7 @@
 #include <glog/logging.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -99,6 +100,9 @@ class ServerProcess {
   // A job of regions: DiLoCo's outer step of this server's range after
   // inner step `step`, on `weights` (the shard's), over the strided ring.
   Status OuterStep(int64_t step, float* weights);
+  // Region 0's: the outer step's weights and momentum of this server's
+  // range, as a shard file (model/checkpoint_format.h's OuterFileName).
+  Status WriteOuterState(const std::string& path) const;
 
   // Constant after construction.
   const config::JobConfig& config_;
@@ -165,9 +169,22 @@ Status ServerProcess::Prepare(transport::NodeRuntime& runtime, transport::Coordi
   const JobOptions job = JobOptions::FromConfig(config_);
   const ParamRange range = plan_.shard(local_);
   std::unique_ptr<OptimizerShard> optimizer;
+  // A job of regions resumes each region's replica from its own parts
+  // (region 0's are the shard files), and the outer step's state from
+  // its; a checkpoint without them (of another mode) starts every region
+  // from its shards, the outer momentum from zero.
+  auto has_parts = [this](std::string_view prefix) {
+    return resume_from_ && std::any_of(resume_from_->manifest.parts.begin(), resume_from_->manifest.parts.end(),
+                                       [&](const std::string& p) { return p.starts_with(prefix); });
+  };
   if (space_) {
     HERD_ASSIGN_OR_RETURN(ShardState state, space_->Load(range, job.init, layout_, resume_from_));
     optimizer = std::make_unique<OptimizerShard>(space_->DecaySegmentsOf(range), job.optimizer, std::move(state));
+  } else if (region_ > 0 && has_parts(RegionShardPrefix(region_))) {
+    HERD_ASSIGN_OR_RETURN(ShardState state, ReadShardRange(resume_from_->dir, resume_from_->manifest, range.begin,
+                                                           range.end, /*with_moments=*/true,
+                                                           RegionShardPrefix(region_)));
+    optimizer = std::make_unique<OptimizerShard>(layout_, job.optimizer, std::move(state));
   } else {
     HERD_ASSIGN_OR_RETURN(optimizer, job.MakeOptimizer(layout_, range, resume_from_));
   }
@@ -200,8 +217,15 @@ Status ServerProcess::Prepare(transport::NodeRuntime& runtime, transport::Coordi
     // The same range's servers of every region, region order.
     runtime.StartStridedRing(client, region_servers_, regions, wire::SERVER);
     const config::DilocoConfig& d = config_.cluster().diloco();
-    outer_ = std::make_unique<OuterOptimizer>(OuterOptions{d.outer_lr(), d.outer_momentum()}, shard_->weights(),
-                                              range.size());
+    const OuterOptions outer{d.outer_lr(), d.outer_momentum()};
+    if (has_parts(kOuterPrefix)) {
+      HERD_ASSIGN_OR_RETURN(const ShardState state, ReadShardRange(resume_from_->dir, resume_from_->manifest,
+                                                                   range.begin, range.end, /*with_moments=*/true,
+                                                                   kOuterPrefix));
+      outer_ = std::make_unique<OuterOptimizer>(outer, state.weights.data(), range.size(), state.m.data());
+    } else {
+      outer_ = std::make_unique<OuterOptimizer>(outer, shard_->weights(), range.size());
+    }
   }
   const uint64_t bytes = range.size() * sizeof(float);
   HERD_RETURN_IF_ERROR(runtime.transport().RegisterMemory(shard_->weights(), bytes));
@@ -251,7 +275,8 @@ Status ServerProcess::Run(const transport::JoinOptions& join) {
     // Every H steps, and at the run's end, so that every region ends with
     // the same weights.
     const int64_t every = config_.cluster().diloco().every();
-    hooks.replaces = [this, every](int64_t step) { return step % every == 0 || step == last_step_; };
+    const int64_t end = config_.train().steps();  // not --stop-at's: a stop changes no step
+    hooks.replaces = [every, end](int64_t step) { return step % every == 0 || step == end; };
     hooks.replace = [this](int64_t step, float* weights) { return OuterStep(step, weights); };
   }
   Status served = shard_->ServeSteps(last_step_, hooks);
@@ -271,14 +296,22 @@ Status ServerProcess::CheckpointAfter(int64_t step) {
   // writes every worker's data file: the step's data position (the same
   // for every rank), which the workers' loss pushes brought it.
   const bool elastic = config_.cluster().elastic();
-  const std::string path = JoinPath(step_dir, ShardFileName(rank_));
+  // A job of regions: region 0's servers write the shard files (and the
+  // outer step's state), the others their replicas' own parts.
+  const std::string path =
+      JoinPath(step_dir, region_ == 0 ? ShardFileName(local_) : RegionShardFileName(region_, local_));
+  std::vector<std::string> parts = CheckpointParts(region_servers_, runtime_->client().num_workers());
+  for (int k = 1; k < Regions(config_); ++k) {
+    for (int j = 0; j < region_servers_; ++j) parts.push_back(RegionShardFileName(k, j));
+  }
+  for (int j = 0; outer_ && j < region_servers_; ++j) parts.push_back(OuterFileName(j));
   std::string data_position;
   if (elastic && rank_ == 0) {
     const DataPosition& d = shard_->report().data;
     data_position = SamplerStateLine(d.epoch, d.taken, d.tokens, config_.train().seq_len(), config_.train().seed());
   }
   transport::CoordinatorClient* client = &runtime_->client();
-  auto commit = [client, step_dir, step, &config = config_, rank = rank_, elastic,
+  auto commit = [client, step_dir, step, &config = config_, rank = rank_, elastic, parts,
                  data_position](const std::function<Status()>& write) {
     Stopwatch sw;
     auto write_parts = [&]() -> Status {
@@ -290,16 +323,20 @@ Status ServerProcess::CheckpointAfter(int64_t step) {
       return Status::OK();
     };
     HERD_RETURN_IF_ERROR(transport::CommitCheckpoint(client, step_dir, step, config, /*committer=*/rank == 0,
-                                                     CheckpointParts(client->num_servers(), client->num_workers()),
-                                                     write_parts, elastic ? wire::SERVERS : wire::EVERYONE));
+                                                     parts, write_parts, elastic ? wire::SERVERS : wire::EVERYONE));
     if (elastic && rank == 0) {
       std::printf("checkpoint: %s (%.1fs)\n", step_dir.c_str(), sw.Seconds());
       std::fflush(stdout);
     }
     return Status::OK();
   };
-  if (!config_.checkpoint().background()) {
-    return commit([&] { return WriteShardPieces(path, CheckpointPieces()); });
+  // A job of regions writes in the foreground yet (its outer state is a
+  // second file that the snapshot does not hold).
+  if (!config_.checkpoint().background() || outer_) {
+    return commit([&]() -> Status {
+      HERD_RETURN_IF_ERROR(WriteShardPieces(path, CheckpointPieces()));
+      return region_ == 0 && outer_ ? WriteOuterState(JoinPath(step_dir, OuterFileName(local_))) : Status::OK();
+    });
   }
   HERD_RETURN_IF_ERROR(background_.Wait());  // the previous checkpoint first
   snapshot_.Capture(CheckpointPieces());
@@ -316,6 +353,12 @@ Status ServerProcess::OuterStep(int64_t step, float* weights) {
                            .WithContext("the outer step's sum over the regions: "));
   outer_->Step(delta_.data(), ring.size(), weights);
   return Status::OK();
+}
+
+Status ServerProcess::WriteOuterState(const std::string& path) const {
+  const ShardView now = shard_->optimizer().view();
+  const std::vector<float> zero(outer_->size(), 0.0f);
+  return WriteShard(path, {now.begin, now.end, now.step, outer_->outer(), outer_->momentum(), zero.data(), now.spikes});
 }
 
 std::vector<ShardView> ServerProcess::CheckpointPieces() const {

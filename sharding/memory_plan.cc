@@ -106,7 +106,9 @@ ProcessMemory ServerMemory(const JobSizes& j, const ShardPlan& shards, int s) {
   const int contributors = j.W / std::max(1, j.cluster.tensor_parallel()) / Regions(j.config);
   m.buffers = (j.bf16 ? n * 2 : 0) + (contributors - (j.bf16 ? 0 : 1)) * bucket * j.wire;
   // A background checkpoint's snapshot of weights, m and v.
-  if (!j.config.checkpoint().dir().empty() && j.config.checkpoint().background()) m.buffers += 3 * n * kF32;
+  if (!j.config.checkpoint().dir().empty() && j.config.checkpoint().background() && Regions(j.config) == 1) {
+    m.buffers += 3 * n * kF32;
+  }
   // A job of regions: the outer step's weights and momentum, the
   // pseudo-gradient summed over the regions and its ring's buffers.
   if (Regions(j.config) > 1) {

@@ -4,8 +4,10 @@
 
 namespace herd {
 
-OuterOptimizer::OuterOptimizer(const OuterOptions& options, const float* weights, int64_t n)
-    : options_(options), outer_(weights, weights + n), momentum_(n, 0.0f) {}
+OuterOptimizer::OuterOptimizer(const OuterOptions& options, const float* weights, int64_t n, const float* momentum)
+    : options_(options),
+      outer_(weights, weights + n),
+      momentum_(momentum != nullptr ? std::vector<float>(momentum, momentum + n) : std::vector<float>(n, 0.0f)) {}
 
 void OuterOptimizer::PseudoGradient(const float* weights, float* delta) const {
   const int64_t n = size();

@@ -23,8 +23,9 @@ struct OuterOptions {
 
 class OuterOptimizer {
  public:
-  // Starts from `weights` (n floats): the first outer step's reference.
-  OuterOptimizer(const OuterOptions& options, const float* weights, int64_t n);
+  // Starts from `weights` (n floats): the first outer step's reference;
+  // the momentum from `momentum` (a checkpoint's), or zero.
+  OuterOptimizer(const OuterOptions& options, const float* weights, int64_t n, const float* momentum = nullptr);
 
   int64_t size() const { return static_cast<int64_t>(outer_.size()); }
   // This region's pseudo-gradient of `weights` into `delta`: θ_outer − θ.
@@ -32,8 +33,9 @@ class OuterOptimizer {
   // The outer step from `summed`, the sum of `regions` regions'
   // pseudo-gradients; the new θ_outer is written to `weights` as well.
   void Step(const float* summed, int regions, float* weights);
-  // The weights of the last outer step.
+  // The weights of the last outer step, and the momentum.
   const float* outer() const { return outer_.data(); }
+  const float* momentum() const { return momentum_.data(); }
 
  private:
   const OuterOptions options_;
