@@ -159,10 +159,17 @@ std::string RegionShardFileName(int region, int shard_index) {
   return RegionShardPrefix(region) + name;
 }
 
-std::string OuterFileName(int shard_index) {
+std::string OuterPrefix(int region) {
+  if (region == 0) return "outer_";
   char name[32];
-  std::snprintf(name, sizeof(name), "outer_%05d.bin", shard_index);
+  std::snprintf(name, sizeof(name), "region_%02d_outer_", region);
   return name;
+}
+
+std::string OuterFileName(int region, int shard_index) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "%05d.bin", shard_index);
+  return OuterPrefix(region) + name;
 }
 
 std::string WorkerFileName(int worker_rank) {

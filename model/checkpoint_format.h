@@ -60,14 +60,16 @@ std::string StepDirName(const std::string& root, int64_t step);
 std::string ShardFileName(int shard_index);   // "shard_00000.bin"
 inline constexpr std::string_view kShardPrefix = "shard_";
 // A job of regions (cluster.diloco): region k's servers' replica, k >= 1
-// ("region_01_shard_00000.bin"; region 0's are the shard files), and the
-// outer optimizer's state of shard j ("outer_00000.bin": the weights of
-// the last outer step, the momentum as m, v zero), both in the shard
-// file format; a reader of the flat space (ReadShardRange) passes them by.
+// ("region_01_shard_00000.bin"; region 0's are the shard files), and each
+// region's outer optimizer state of shard j ("outer_00000.bin" for region
+// 0, "region_01_outer_00000.bin": the weights of the last outer step, the
+// momentum as m, the kept rounding error of a bf16 wire as v), all in the
+// shard file format; a reader of the flat space (ReadShardRange) passes
+// them by.
 std::string RegionShardFileName(int region, int shard_index);
 std::string RegionShardPrefix(int region);  // "region_01_shard_"
-std::string OuterFileName(int shard_index);
-inline constexpr std::string_view kOuterPrefix = "outer_";
+std::string OuterFileName(int region, int shard_index);
+std::string OuterPrefix(int region);  // "outer_", "region_01_outer_"
 std::string WorkerFileName(int worker_rank);  // "worker_00000.state"
 
 Status WriteShard(const std::string& path, const ShardView& shard);

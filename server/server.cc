@@ -100,8 +100,9 @@ class ServerProcess {
   // A job of regions: DiLoCo's outer step of this server's range after
   // inner step `step`, on `weights` (the shard's), over the strided ring.
   Status OuterStep(int64_t step, float* weights);
-  // Region 0's: the outer step's weights and momentum of this server's
-  // range, as a shard file (model/checkpoint_format.h's OuterFileName).
+  // The outer step's weights, momentum and kept rounding error of this
+  // server's range, as a shard file (model/checkpoint_format.h's
+  // OuterFileName).
   Status WriteOuterState(const std::string& path) const;
 
   // Constant after construction.
@@ -218,11 +219,12 @@ Status ServerProcess::Prepare(transport::NodeRuntime& runtime, transport::Coordi
     runtime.StartStridedRing(client, region_servers_, regions, wire::SERVER);
     const config::DilocoConfig& d = config_.cluster().diloco();
     const OuterOptions outer{d.outer_lr(), d.outer_momentum()};
-    if (has_parts(kOuterPrefix)) {
+    if (has_parts(OuterPrefix(region_))) {
       HERD_ASSIGN_OR_RETURN(const ShardState state, ReadShardRange(resume_from_->dir, resume_from_->manifest,
                                                                    range.begin, range.end, /*with_moments=*/true,
-                                                                   kOuterPrefix));
-      outer_ = std::make_unique<OuterOptimizer>(outer, state.weights.data(), range.size(), state.m.data());
+                                                                   OuterPrefix(region_)));
+      outer_ = std::make_unique<OuterOptimizer>(outer, state.weights.data(), range.size(), state.m.data(),
+                                                state.v.data());
     } else {
       outer_ = std::make_unique<OuterOptimizer>(outer, shard_->weights(), range.size());
     }
@@ -296,15 +298,17 @@ Status ServerProcess::CheckpointAfter(int64_t step) {
   // writes every worker's data file: the step's data position (the same
   // for every rank), which the workers' loss pushes brought it.
   const bool elastic = config_.cluster().elastic();
-  // A job of regions: region 0's servers write the shard files (and the
-  // outer step's state), the others their replicas' own parts.
+  // A job of regions: region 0's servers write the shard files, the
+  // others their replicas' own parts; each its outer step's state.
   const std::string path =
       JoinPath(step_dir, region_ == 0 ? ShardFileName(local_) : RegionShardFileName(region_, local_));
   std::vector<std::string> parts = CheckpointParts(region_servers_, runtime_->client().num_workers());
   for (int k = 1; k < Regions(config_); ++k) {
     for (int j = 0; j < region_servers_; ++j) parts.push_back(RegionShardFileName(k, j));
   }
-  for (int j = 0; outer_ && j < region_servers_; ++j) parts.push_back(OuterFileName(j));
+  for (int k = 0; outer_ && k < Regions(config_); ++k) {
+    for (int j = 0; j < region_servers_; ++j) parts.push_back(OuterFileName(k, j));
+  }
   std::string data_position;
   if (elastic && rank_ == 0) {
     const DataPosition& d = shard_->report().data;
@@ -335,7 +339,7 @@ Status ServerProcess::CheckpointAfter(int64_t step) {
   if (!config_.checkpoint().background() || outer_) {
     return commit([&]() -> Status {
       HERD_RETURN_IF_ERROR(WriteShardPieces(path, CheckpointPieces()));
-      return region_ == 0 && outer_ ? WriteOuterState(JoinPath(step_dir, OuterFileName(local_))) : Status::OK();
+      return outer_ ? WriteOuterState(JoinPath(step_dir, OuterFileName(region_, local_))) : Status::OK();
     });
   }
   HERD_RETURN_IF_ERROR(background_.Wait());  // the previous checkpoint first
@@ -348,8 +352,14 @@ Status ServerProcess::OuterStep(int64_t step, float* weights) {
   trace::Span span("outer step", "server", {"step", step});
   transport::Collectives& ring = *runtime_->strided_ring();
   delta_.resize(outer_->size());
-  outer_->PseudoGradient(weights, delta_.data());
-  HERD_RETURN_IF_ERROR(ring.Wait(ring.AllReduce(delta_.data(), outer_->size(), transport::DType::kFloat32))
+  const bool bf16 = config_.cluster().diloco().wire_dtype() == config::DilocoConfig::BF16;
+  if (bf16) {
+    outer_->RoundedPseudoGradient(weights, delta_.data());
+  } else {
+    outer_->PseudoGradient(weights, delta_.data());
+  }
+  HERD_RETURN_IF_ERROR(ring.Wait(ring.AllReduce(delta_.data(), outer_->size(), transport::DType::kFloat32,
+                                                bf16 ? transport::Wire::kBf16 : transport::Wire::kFloat32))
                            .WithContext("the outer step's sum over the regions: "));
   outer_->Step(delta_.data(), ring.size(), weights);
   return Status::OK();
@@ -357,8 +367,9 @@ Status ServerProcess::OuterStep(int64_t step, float* weights) {
 
 Status ServerProcess::WriteOuterState(const std::string& path) const {
   const ShardView now = shard_->optimizer().view();
-  const std::vector<float> zero(outer_->size(), 0.0f);
-  return WriteShard(path, {now.begin, now.end, now.step, outer_->outer(), outer_->momentum(), zero.data(), now.spikes});
+  const std::vector<float> zero(outer_->error() != nullptr ? 0 : outer_->size(), 0.0f);
+  return WriteShard(path, {now.begin, now.end, now.step, outer_->outer(), outer_->momentum(),
+                           outer_->error() != nullptr ? outer_->error() : zero.data(), now.spikes});
 }
 
 std::vector<ShardView> ServerProcess::CheckpointPieces() const {

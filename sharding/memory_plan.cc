@@ -112,7 +112,8 @@ ProcessMemory ServerMemory(const JobSizes& j, const ShardPlan& shards, int s) {
   // A job of regions: the outer step's weights and momentum, the
   // pseudo-gradient summed over the regions and its ring's buffers.
   if (Regions(j.config) > 1) {
-    m.optimizer += 2 * n * kF32;
+    const bool bf16 = j.cluster.diloco().wire_dtype() == config::DilocoConfig::BF16;
+    m.optimizer += (bf16 ? 3 : 2) * n * kF32;  // with a bf16 wire, the kept rounding error too
     m.buffers += n * kF32 + kRingChunksAhead * kRingChunkBytes;
   }
   m.runtime = kRuntimeBytes;

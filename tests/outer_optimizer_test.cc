@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
+#include <cstdint>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -79,6 +81,31 @@ TEST(OuterOptimizer, LrOneWithoutMomentumAveragesTheRegions) {
       const float ulp = std::nextafter(big, INFINITY) - big;
       ASSERT_LE(std::abs(mine[i] - m), 2 * ulp) << "element " << i << " of " << regions << " regions";
     }
+  }
+}
+
+// A bf16 wire's pseudo-gradient: every value a bf16 one, and what it left
+// out kept, so that what is sent plus the new error is exactly the
+// pseudo-gradient plus the old error: nothing is lost for good.
+TEST(OuterOptimizer, RoundedPseudoGradientFeedsItsErrorBack) {
+  const int64_t n = 2048;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> start(n);
+  for (float& x : start) x = normal(rng);
+  OuterOptimizer outer({0.7, 0.9}, start.data(), n);
+  std::vector<float> before(n, 0.0f), delta(n), exact(n);
+  for (int step = 0; step < 3; ++step) {
+    std::vector<float> w(n);
+    for (int64_t i = 0; i < n; ++i) w[i] = start[i] - 0.01f * normal(rng);
+    outer.PseudoGradient(w.data(), exact.data());
+    outer.RoundedPseudoGradient(w.data(), delta.data());
+    ASSERT_NE(outer.error(), nullptr);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(delta[i]) & 0xffffu, 0u) << "a bf16 value";
+      ASSERT_EQ(delta[i] + outer.error()[i], exact[i] + before[i]) << "element " << i << ", step " << step;
+    }
+    std::copy(outer.error(), outer.error() + n, before.begin());
   }
 }
 

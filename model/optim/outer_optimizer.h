@@ -24,22 +24,32 @@ struct OuterOptions {
 class OuterOptimizer {
  public:
   // Starts from `weights` (n floats): the first outer step's reference;
-  // the momentum from `momentum` (a checkpoint's), or zero.
-  OuterOptimizer(const OuterOptions& options, const float* weights, int64_t n, const float* momentum = nullptr);
+  // the momentum and the kept rounding error from `momentum` and `error`
+  // (a checkpoint's), or zero.
+  OuterOptimizer(const OuterOptions& options, const float* weights, int64_t n, const float* momentum = nullptr,
+                 const float* error = nullptr);
 
   int64_t size() const { return static_cast<int64_t>(outer_.size()); }
   // This region's pseudo-gradient of `weights` into `delta`: θ_outer − θ.
   void PseudoGradient(const float* weights, float* delta) const;
+  // The same rounded to bf16 (exactly representable in `delta`'s floats)
+  // with error feedback: the rounding's error is kept and added to the
+  // next outer step's pseudo-gradient before it is rounded, so that no
+  // part of a region's movement is lost for good.
+  void RoundedPseudoGradient(const float* weights, float* delta);
   // The outer step from `summed`, the sum of `regions` regions'
   // pseudo-gradients; the new θ_outer is written to `weights` as well.
   void Step(const float* summed, int regions, float* weights);
   // The weights of the last outer step, and the momentum.
   const float* outer() const { return outer_.data(); }
   const float* momentum() const { return momentum_.data(); }
+  // RoundedPseudoGradient's kept error (null while there is none).
+  const float* error() const { return error_.empty() ? nullptr : error_.data(); }
 
  private:
   const OuterOptions options_;
   std::vector<float> outer_, momentum_;
+  std::vector<float> error_;  // RoundedPseudoGradient's kept rounding error (empty until used)
 };
 
 }  // namespace herd
