@@ -37,32 +37,27 @@
 namespace herd {
 namespace {
 
-// The squared partial norms of the `count` servers from rank `first` (this
-// server's region's: all of them without regions) summed in rank order
-// (every one of them computes the same value), and the first one's loss
-// (the one server of those that collects their workers').
+// The servers' squared partial norms summed in rank order (every server
+// computes the same value), and server 0's loss (the one server that
+// collects the workers').
 StatusOr<ParameterShard::StepHooks::Global> GlobalScalars(transport::CoordinatorClient& client, int64_t step,
-                                                          double partial, double loss, int first, int count) {
-  if (count == 1) return ParameterShard::StepHooks::Global{std::sqrt(partial), loss};
+                                                          double partial, double loss) {
+  if (client.num_servers() == 1) return ParameterShard::StepHooks::Global{std::sqrt(partial), loss};
   trace::Span span("norm exchange", "server", {"step", step});
   wire::NormShare mine;
   mine.set_sum_of_squares(partial);
   mine.set_loss(loss);
   HERD_ASSIGN_OR_RETURN(std::vector<wire::NormShare> all,
                         transport::Gather(client, transport::NormExchange(step), mine));
-  if (static_cast<int>(all.size()) < first + count) {
-    return Status::Corruption("step " + std::to_string(step) + ": " + std::to_string(all.size()) +
-                              " servers' partial norms for " + std::to_string(first + count));
-  }
   double total = 0;
-  for (int i = first; i < first + count; ++i) {
+  for (size_t i = 0; i < all.size(); ++i) {
     if (!all[i].has_sum_of_squares() || !all[i].has_loss()) {
       return Status::Corruption("step " + std::to_string(step) + ": server " + std::to_string(i) +
                                 " sent no partial norm and loss");
     }
     total += all[i].sum_of_squares();
   }
-  return ParameterShard::StepHooks::Global{std::sqrt(total), all[first].loss()};
+  return ParameterShard::StepHooks::Global{std::sqrt(total), all[0].loss()};
 }
 
 // One parameter server's process. Members in the order they are made;
@@ -100,6 +95,10 @@ class ServerProcess {
   // A job of regions: DiLoCo's outer step of this server's range after
   // inner step `step`, on `weights` (the shard's), over the strided ring.
   Status OuterStep(int64_t step, float* weights);
+  // A job of regions: GlobalScalars over this region's servers alone, on
+  // their ring (so that the regions never wait for each other between
+  // outer steps).
+  StatusOr<ParameterShard::StepHooks::Global> RegionScalars(int64_t step, double partial, double loss);
   // The outer step's weights, momentum and kept rounding error of this
   // server's range, as a shard file (model/checkpoint_format.h's
   // OuterFileName).
@@ -215,8 +214,9 @@ Status ServerProcess::Prepare(transport::NodeRuntime& runtime, transport::Coordi
   }
   shard_ = std::make_unique<ParameterShard>(o, std::move(optimizer));
   if (regions > 1) {
-    // The same range's servers of every region, region order.
-    runtime.StartStridedRing(client, region_servers_, regions, wire::SERVER);
+    // A region's servers (their norm) and the same range's servers of
+    // every region, in region order (the outer steps).
+    runtime.StartRing(client, region_servers_, wire::SERVER);
     const config::DilocoConfig& d = config_.cluster().diloco();
     const OuterOptions outer{d.outer_lr(), d.outer_momentum()};
     if (has_parts(OuterPrefix(region_))) {
@@ -270,7 +270,8 @@ Status ServerProcess::Run(const transport::JoinOptions& join) {
   const int64_t start = shard_->optimizer().step();
   ParameterShard::StepHooks hooks;
   hooks.global_scalars = [this, client](int64_t step, double partial, double loss) {
-    return GlobalScalars(*client, step, partial, loss, region_ * region_servers_, region_servers_);
+    return outer_ ? RegionScalars(step, partial, loss)
+                  : GlobalScalars(*client, step, partial, loss);
   };
   hooks.after_step = [this](int64_t step) { return CheckpointAfter(step); };
   if (outer_) {
@@ -348,9 +349,21 @@ Status ServerProcess::CheckpointAfter(int64_t step) {
   return Status::OK();
 }
 
+StatusOr<ParameterShard::StepHooks::Global> ServerProcess::RegionScalars(int64_t step, double partial,
+                                                                          double loss) {
+  if (region_servers_ == 1) return ParameterShard::StepHooks::Global{std::sqrt(partial), loss};
+  trace::Span span("norm exchange", "server", {"step", step});
+  // The loss is the region's first server's (the others know none).
+  double sums[2] = {partial, local_ == 0 ? loss : 0.0};
+  transport::Collectives& ring = *runtime_->shard_ring();
+  HERD_RETURN_IF_ERROR(ring.Wait(ring.AllReduce(sums, 2, transport::DType::kFloat64))
+                           .WithContext("step " + std::to_string(step) + ": the region's norm: "));
+  return ParameterShard::StepHooks::Global{std::sqrt(sums[0]), sums[1]};
+}
+
 Status ServerProcess::OuterStep(int64_t step, float* weights) {
   trace::Span span("outer step", "server", {"step", step});
-  transport::Collectives& ring = *runtime_->strided_ring();
+  transport::Collectives& ring = *runtime_->replica_ring();
   delta_.resize(outer_->size());
   const bool bf16 = config_.cluster().diloco().wire_dtype() == config::DilocoConfig::BF16;
   if (bf16) {

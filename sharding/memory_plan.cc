@@ -110,11 +110,12 @@ ProcessMemory ServerMemory(const JobSizes& j, const ShardPlan& shards, int s) {
     m.buffers += 3 * n * kF32;
   }
   // A job of regions: the outer step's weights and momentum, the
-  // pseudo-gradient summed over the regions and its ring's buffers.
+  // pseudo-gradient summed over the regions, and the buffers of the rings
+  // (the servers', the region's, the range's across the regions).
   if (Regions(j.config) > 1) {
     const bool bf16 = j.cluster.diloco().wire_dtype() == config::DilocoConfig::BF16;
     m.optimizer += (bf16 ? 3 : 2) * n * kF32;  // with a bf16 wire, the kept rounding error too
-    m.buffers += n * kF32 + kRingChunksAhead * kRingChunkBytes;
+    m.buffers += n * kF32 + 3 * kRingChunksAhead * kRingChunkBytes;
   }
   m.runtime = kRuntimeBytes;
   return m;

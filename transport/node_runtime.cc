@@ -27,11 +27,12 @@ StatusOr<std::unique_ptr<NodeRuntime>> NodeRuntime::Join(const Options& options,
   return runtime;
 }
 
-void NodeRuntime::StartRing(CoordinatorClient& client, int shard_group_size) {
-  const int W = client.num_workers(), rank = client.rank(), G = shard_group_size;
+void NodeRuntime::StartRing(CoordinatorClient& client, int shard_group_size, wire::Role role) {
+  const int W = role == wire::WORKER ? client.num_workers() : client.num_servers(), rank = client.rank(),
+            G = shard_group_size;
   auto peers_of = [&](int first, int stride, int count) {
     std::vector<PeerId> peers;
-    for (int i = 0; i < count; ++i) peers.push_back(MemberPeerId(client, wire::WORKER, first + i * stride));
+    for (int i = 0; i < count; ++i) peers.push_back(MemberPeerId(client, role, first + i * stride));
     return peers;
   };
   ring_ = std::make_unique<RingCollectives>(transport_.get(), rank, peers_of(0, 1, W));
@@ -43,12 +44,12 @@ void NodeRuntime::StartRing(CoordinatorClient& client, int shard_group_size) {
   }
 }
 
-void NodeRuntime::StartStridedRing(CoordinatorClient& client, int stride, int count, wire::Role role) {
+void NodeRuntime::StartStridedRing(CoordinatorClient& client, int stride, int count) {
   CHECK(strided_ring_ == nullptr) << "a second strided ring";
   const int rank = client.rank();
   const int first = rank / (stride * count) * (stride * count) + rank % stride;
   std::vector<PeerId> peers;
-  for (int i = 0; i < count; ++i) peers.push_back(MemberPeerId(client, role, first + i * stride));
+  for (int i = 0; i < count; ++i) peers.push_back(MemberPeerId(client, wire::WORKER, first + i * stride));
   strided_ring_ = std::make_unique<RingCollectives>(transport_.get(), (rank / stride) % count, peers, kRingChunkBytes,
                                                     kAmStridedRing);
 }

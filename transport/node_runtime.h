@@ -47,20 +47,20 @@ class NodeRuntime {
   NodeRuntime(const NodeRuntime&) = delete;
   NodeRuntime& operator=(const NodeRuntime&) = delete;
 
-  // In prepare: a ring among the job's workers (all-reduce mode). With
-  // 0 < shard_group_size < workers (hybrid sharding) also a ring within
-  // this worker's shard group (ranks g·G … g·G+G−1, G = shard_group_size)
-  // and one through the groups' workers of the same place in their group
-  // (its replicas).
-  void StartRing(CoordinatorClient& client, int shard_group_size = 0);
-  // In prepare: a ring of `count` members of `role` (this process's),
-  // `stride` ranks apart inside this process's block of stride·count
-  // consecutive ranks: a context-parallel group (workers (replica·C +
-  // c)·T + t: C ranks T apart), a pipeline stage's replicas with tensor
-  // parallelism (workers (p·R + r)·T + t: R ranks T apart), or the servers
-  // of one range in a job of regions (servers k·S/R + j: R ranks S/R
-  // apart). At most one a process.
-  void StartStridedRing(CoordinatorClient& client, int stride, int count, wire::Role role = wire::WORKER);
+  // In prepare: a ring among the job's members of `role` (this process's:
+  // the workers in all-reduce mode). With 0 < shard_group_size < members
+  // (hybrid sharding) also a ring within this member's group (ranks g·G …
+  // g·G+G−1, G = shard_group_size) and one through the groups' members of
+  // the same place in their group (its replicas). A job of regions'
+  // servers: the group is a region's servers (their norm), the replicas
+  // one range's servers across the regions (the outer steps).
+  void StartRing(CoordinatorClient& client, int shard_group_size = 0, wire::Role role = wire::WORKER);
+  // In prepare, after StartRing: a ring of `count` workers `stride` ranks
+  // apart inside this worker's block of stride·count consecutive ranks: a
+  // context-parallel group (ranks (replica·C + c)·T + t: C ranks T apart)
+  // or a pipeline stage's replicas with tensor parallelism (ranks (p·R +
+  // r)·T + t: R ranks T apart). At most one a process.
+  void StartStridedRing(CoordinatorClient& client, int stride, int count);
   // In prepare: answers the workers' pushes and pulls with `shard`.
   void Serve(ShardHandler* shard);
 
