@@ -93,7 +93,8 @@ class ServerProcess {
   std::vector<ShardView> CheckpointPieces() const;
   Status ReportSummary(int64_t steps) const;
   // A job of regions: DiLoCo's outer step of this server's range after
-  // inner step `step`, on `weights` (the shard's), over the strided ring.
+  // inner step `step`, on `weights` (the shard's), over the ring of this
+  // range's servers across the regions.
   Status OuterStep(int64_t step, float* weights);
   // A job of regions: GlobalScalars over this region's servers alone, on
   // their ring (so that the regions never wait for each other between
@@ -127,7 +128,7 @@ class ServerProcess {
   transport::TraceSession trace_;  // log.trace
   std::unique_ptr<ParameterShard> shard_;
   // A job of regions: the outer optimizer of this server's range, and its
-  // pseudo-gradient's sum over the regions (on the runtime's strided ring).
+  // pseudo-gradient's sum over the regions (on the runtime's replica ring).
   std::unique_ptr<OuterOptimizer> outer_;
   std::vector<float> delta_;
   std::unique_ptr<transport::NodeRuntime> runtime_;

@@ -110,21 +110,15 @@ def main():
 
 def m20(sb):
     """The ~20M shape's grid against one process (or DDP with two workers)."""
-    def run(name, cluster):
-        return herdtest.m20_losses(sb, name, cluster, STEPS)
-    one = run("m20_one", "")
-    ddp = run("m20_ddp2", "cluster { sync: ALLREDUCE workers: 2 }")
-    cases = [("T=2", "tensor_parallel: 2", 2, one), ("T=2 + SP", "tensor_parallel: 2 sequence_parallel: true", 2, one),
-             ("T=4", "tensor_parallel: 4", 4, one), ("C=2", "context_parallel: 2", 2, one),
-             ("C=4", "context_parallel: 4", 4, one),
-             ("data x tensor x context 2 x 2 x 2", "tensor_parallel: 2 context_parallel: 2", 8, ddp)]
-    report = []
-    for what, more, workers, against in cases:
-        losses = run("m20_" + "".join(c for c in what if c.isalnum()),
-                     f"cluster {{ sync: ALLREDUCE workers: {workers} {more} }}")
-        report.append(f"{what} {herdtest.within(losses, against, '~20M ' + what):.2g}")
+    def ar(workers, more):
+        return f"cluster {{ sync: ALLREDUCE workers: {workers} {more} }}"
+    report = herdtest.m20_within(sb, STEPS, [
+        ("T=2", ar(2, "tensor_parallel: 2"), "one"),
+        ("T=2 + SP", ar(2, "tensor_parallel: 2 sequence_parallel: true"), "one"),
+        ("T=4", ar(4, "tensor_parallel: 4"), "one"), ("C=2", ar(2, "context_parallel: 2"), "one"),
+        ("C=4", ar(4, "context_parallel: 4"), "one"),
+        ("data x tensor x context 2 x 2 x 2", ar(8, "tensor_parallel: 2 context_parallel: 2"), "ddp2")])
     print(f"~20M shape, {STEPS} steps: " + ", ".join(report))
-
 
 if __name__ == "__main__":
     main()

@@ -131,6 +131,20 @@ log {{ every: 1 metrics: "{name}.jsonl" sample_tokens: 0 }}
         return [json.loads(line)["loss"] for line in f]
 
 
+def m20_within(sb, steps, cases):
+    """Each (what, cluster, against) of `cases` on the ~20M shape
+    (m20_losses), within 1e-5 of one process (`against` "one") or of DDP
+    with two workers ("ddp2") on the same global batch; "what 2.3e-08" of
+    each, the worst relative difference."""
+    runs = {"one": m20_losses(sb, "m20_one", "", steps),
+            "ddp2": m20_losses(sb, "m20_ddp2", "cluster { sync: ALLREDUCE workers: 2 }", steps)}
+    report = []
+    for what, cluster, against in cases:
+        losses = m20_losses(sb, "m20_" + "".join(c for c in what if c.isalnum()), cluster, steps)
+        report.append(f"{what} {within(losses, runs[against], '~20M ' + what):.2g}")
+    return report
+
+
 def within(x, y, what, tolerance=1e-5):
     """The worst relative difference of series `x` from `y` (as long, not
     empty), which must be under `tolerance`."""

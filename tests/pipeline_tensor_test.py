@@ -96,16 +96,12 @@ def main():
 
 def m20(sb):
     """The ~20M shape's grid against one process (or DDP with two workers)."""
-    def run(name, cluster):
-        return herdtest.m20_losses(sb, name, cluster, STEPS)
-    one = run("m20_one", "")
-    ddp = run("m20_ddp2", "cluster { sync: ALLREDUCE workers: 2 }")
-    p2t2 = run("m20_p2t2", "cluster { sync: ALLREDUCE workers: 4 pipeline_stages: 2 tensor_parallel: 2 }")
-    d2p2t2 = run("m20_d2p2t2", "cluster { sync: ALLREDUCE workers: 8 pipeline_stages: 2 tensor_parallel: 2 }")
-    print(f"~20M shape, {STEPS} steps: pipeline x tensor 2 x 2 "
-          f"{herdtest.within(p2t2, one, '~20M 2 x 2'):.2g} of one process, data x pipeline x tensor 2 x 2 x 2 "
-          f"{herdtest.within(d2p2t2, ddp, '~20M 2 x 2 x 2'):.2g} of DDP")
-
+    report = herdtest.m20_within(sb, STEPS, [
+        ("pipeline x tensor 2 x 2", "cluster { sync: ALLREDUCE workers: 4 pipeline_stages: 2 tensor_parallel: 2 }",
+         "one"),
+        ("data x pipeline x tensor 2 x 2 x 2",
+         "cluster { sync: ALLREDUCE workers: 8 pipeline_stages: 2 tensor_parallel: 2 }", "ddp2")])
+    print(f"~20M shape, {STEPS} steps: " + ", ".join(report))
 
 if __name__ == "__main__":
     main()

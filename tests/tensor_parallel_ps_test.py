@@ -99,19 +99,12 @@ def main():
 
 def m20(sb):
     """The ~20M shape on parameter servers against one process (or DDP)."""
-    def run(name, cluster):
-        return herdtest.m20_losses(sb, name, cluster, STEPS)
-    one = run("m20_one", "")
-    ddp = run("m20_ddp2", "cluster { sync: ALLREDUCE workers: 2 }")
-    cases = [("T=2", "tensor_parallel: 2", 2, one), ("T=4", "tensor_parallel: 4", 4, one),
-             ("data x tensor 2 x 2 + SP", "tensor_parallel: 2 sequence_parallel: true", 4, ddp)]
-    report = []
-    for what, more, workers, against in cases:
-        losses = run("m20_" + "".join(c for c in what if c.isalnum()),
-                     f"cluster {{ sync: PARAMETER_SERVER servers: 2 workers: {workers} {more} }}")
-        report.append(f"{what} {herdtest.within(losses, against, '~20M on servers ' + what):.2g}")
+    def ps(workers, more):
+        return f"cluster {{ sync: PARAMETER_SERVER servers: 2 workers: {workers} {more} }}"
+    report = herdtest.m20_within(sb, STEPS, [
+        ("T=2", ps(2, "tensor_parallel: 2"), "one"), ("T=4", ps(4, "tensor_parallel: 4"), "one"),
+        ("data x tensor 2 x 2 + SP", ps(4, "tensor_parallel: 2 sequence_parallel: true"), "ddp2")])
     print(f"~20M shape on parameter servers, {STEPS} steps: " + ", ".join(report))
-
 
 if __name__ == "__main__":
     main()
