@@ -417,7 +417,18 @@ void CheckCluster(const config::ClusterConfig& cl, const Rules& need) {
          R + " does not divide cluster.workers " + std::to_string(cl.workers()) +
              ": every region needs as many workers");
     need(d.every() >= 1, "cluster.diloco.every", "must be >= 1 inner step between outer steps");
-    need(d.outer_lr() > 0, "cluster.diloco.outer_lr", "must be > 0");
+    const bool quantised = d.wire_dtype() == config::DilocoConfig::INT8 || d.wire_dtype() == config::DilocoConfig::FP4;
+    need(d.outer_lr() > 0, "cluster.diloco.outer_lr",
+         quantised ? "must be > 0: with outer_lr 0 the outer weights never move and a quantised wire's kept error "
+                     "grows without end"
+                   : "must be > 0");
+    need(d.fragments() >= 1, "cluster.diloco.fragments", "must be >= 1 (1: the whole range at once)");
+    need(d.fragments() <= d.every(), "cluster.diloco.fragments",
+         std::to_string(d.fragments()) + " is above cluster.diloco.every " + std::to_string(d.every()) +
+             ": each fragment needs a step of its own");
+    need(d.overlap() >= 0 && (d.overlap() == 0 || d.overlap() < d.every() / std::max(1, d.fragments())),
+         "cluster.diloco.overlap",
+         "must be in [0, every / fragments): one fragment's exchange in flight at a time");
     need(d.outer_momentum() >= 0 && d.outer_momentum() < 1, "cluster.diloco.outer_momentum", "must be in [0, 1)");
     need(!cl.elastic(), "cluster.elastic", "is not supported together with cluster.diloco yet");
     need(!cl.stream_weights(), "cluster.stream_weights", "is not supported together with cluster.diloco yet");

@@ -20,7 +20,9 @@
 #include "model/optim/adamw.h"
 #include "model/optim/optimizer_shard.h"
 #include "model/optim/outer_optimizer.h"
+#include "server/outer_steps.h"
 #include "server/parameter_shard.h"
+#include "sharding/diloco_plan.h"
 #include "sharding/job_options.h"
 #include "sharding/memory_plan.h"
 #include "sharding/pipeline_plan.h"
@@ -92,10 +94,6 @@ class ServerProcess {
   // (tensor parallelism) its runs of the ranks' slices, as pieces of it.
   std::vector<ShardView> CheckpointPieces() const;
   Status ReportSummary(int64_t steps) const;
-  // A job of regions: DiLoCo's outer step of this server's range after
-  // inner step `step`, on `weights` (the shard's), over the ring of this
-  // range's servers across the regions.
-  Status OuterStep(int64_t step, float* weights);
   // A job of regions: GlobalScalars over this region's servers alone, on
   // their ring (so that the regions never wait for each other between
   // outer steps).
@@ -127,11 +125,10 @@ class ServerProcess {
   // Owned by the thread that runs Run; in lifetime order.
   transport::TraceSession trace_;  // log.trace
   std::unique_ptr<ParameterShard> shard_;
-  // A job of regions: the outer optimizer of this server's range, and its
-  // pseudo-gradient's sum over the regions (on the runtime's replica ring).
-  std::unique_ptr<OuterOptimizer> outer_;
-  std::vector<float> delta_;
   std::unique_ptr<transport::NodeRuntime> runtime_;
+  // A job of regions: the outer steps of this server's range (on the
+  // runtime's replica ring, so after it).
+  std::unique_ptr<OuterSteps> outer_;
   ShardImage snapshot_;
   transport::BackgroundCommit background_;
 };
@@ -220,15 +217,23 @@ Status ServerProcess::Prepare(transport::NodeRuntime& runtime, transport::Coordi
     runtime.StartRing(client, region_servers_, wire::SERVER);
     const config::DilocoConfig& d = config_.cluster().diloco();
     const OuterOptions outer{d.outer_lr(), d.outer_momentum()};
+    HERD_ASSIGN_OR_RETURN(DilocoPlan diloco, DilocoPlan::Make(d, plan_, config_.train().steps()));
+    std::unique_ptr<OuterOptimizer> optimizer;
+    // A checkpoint taken while a fragment's exchange was in flight holds
+    // its outer step taken; the fragment lands when it is due.
+    std::optional<DilocoPlan::Exchange> landing;
     if (has_parts(OuterPrefix(region_))) {
       HERD_ASSIGN_OR_RETURN(const ShardState state, ReadShardRange(resume_from_->dir, resume_from_->manifest,
                                                                    range.begin, range.end, /*with_moments=*/true,
                                                                    OuterPrefix(region_)));
-      outer_ = std::make_unique<OuterOptimizer>(outer, state.weights.data(), range.size(), state.m.data(),
-                                                state.v.data());
+      optimizer = std::make_unique<OuterOptimizer>(outer, state.weights.data(), range.size(), state.m.data(),
+                                                   state.v.data());
+      landing = diloco.InFlightAfter(shard_->optimizer().step());
     } else {
-      outer_ = std::make_unique<OuterOptimizer>(outer, shard_->weights(), range.size());
+      optimizer = std::make_unique<OuterOptimizer>(outer, shard_->weights(), range.size());
     }
+    outer_ = std::make_unique<OuterSteps>(d, std::move(diloco), local_, std::move(optimizer), runtime.replica_ring(),
+                                          landing);
   }
   const uint64_t bytes = range.size() * sizeof(float);
   HERD_RETURN_IF_ERROR(runtime.transport().RegisterMemory(shard_->weights(), bytes));
@@ -276,14 +281,13 @@ Status ServerProcess::Run(const transport::JoinOptions& join) {
   };
   hooks.after_step = [this](int64_t step) { return CheckpointAfter(step); };
   if (outer_) {
-    // Every H steps, and at the run's end, so that every region ends with
-    // the same weights.
-    const int64_t every = config_.cluster().diloco().every();
-    const int64_t end = config_.train().steps();  // not --stop-at's: a stop changes no step
-    hooks.replaces = [every, end](int64_t step) { return step % every == 0 || step == end; };
-    hooks.replace = [this](int64_t step, float* weights) { return OuterStep(step, weights); };
+    // As the plan schedules them (a pure function of the config: a stop
+    // with --stop-at changes no step).
+    hooks.replaces = [this](int64_t step) { return outer_->Replaces(step); };
+    hooks.replace = [this](int64_t step, float* weights) { return outer_->After(step, weights); };
   }
   Status served = shard_->ServeSteps(last_step_, hooks);
+  if (outer_ && !served.ok()) outer_->Abandon(served);
   Status written = background_.Wait();
   HERD_RETURN_IF_ERROR(runtime_->Conclude(served.ok() ? written : served));
   HERD_RETURN_IF_ERROR(trace_.Finish(client));
@@ -341,7 +345,9 @@ Status ServerProcess::CheckpointAfter(int64_t step) {
   if (!config_.checkpoint().background() || outer_) {
     return commit([&]() -> Status {
       HERD_RETURN_IF_ERROR(WriteShardPieces(path, CheckpointPieces()));
-      return outer_ ? WriteOuterState(JoinPath(step_dir, OuterFileName(region_, local_))) : Status::OK();
+      if (!outer_) return Status::OK();
+      HERD_RETURN_IF_ERROR(outer_->Settle());
+      return WriteOuterState(JoinPath(step_dir, OuterFileName(region_, local_)));
     });
   }
   HERD_RETURN_IF_ERROR(background_.Wait());  // the previous checkpoint first
@@ -362,28 +368,12 @@ StatusOr<ParameterShard::StepHooks::Global> ServerProcess::RegionScalars(int64_t
   return ParameterShard::StepHooks::Global{std::sqrt(sums[0]), sums[1]};
 }
 
-Status ServerProcess::OuterStep(int64_t step, float* weights) {
-  trace::Span span("outer step", "server", {"step", step});
-  transport::Collectives& ring = *runtime_->replica_ring();
-  delta_.resize(outer_->size());
-  const bool bf16 = config_.cluster().diloco().wire_dtype() == config::DilocoConfig::BF16;
-  if (bf16) {
-    outer_->RoundedPseudoGradient(weights, delta_.data());
-  } else {
-    outer_->PseudoGradient(weights, delta_.data());
-  }
-  HERD_RETURN_IF_ERROR(ring.Wait(ring.AllReduce(delta_.data(), outer_->size(), transport::DType::kFloat32,
-                                                bf16 ? transport::Wire::kBf16 : transport::Wire::kFloat32))
-                           .WithContext("the outer step's sum over the regions: "));
-  outer_->Step(delta_.data(), ring.size(), weights);
-  return Status::OK();
-}
-
 Status ServerProcess::WriteOuterState(const std::string& path) const {
   const ShardView now = shard_->optimizer().view();
-  const std::vector<float> zero(outer_->error() != nullptr ? 0 : outer_->size(), 0.0f);
-  return WriteShard(path, {now.begin, now.end, now.step, outer_->outer(), outer_->momentum(),
-                           outer_->error() != nullptr ? outer_->error() : zero.data(), now.spikes});
+  const OuterOptimizer& outer = outer_->optimizer();
+  const std::vector<float> zero(outer.error() != nullptr ? 0 : outer.size(), 0.0f);
+  return WriteShard(path, {now.begin, now.end, now.step, outer.outer(), outer.momentum(),
+                           outer.error() != nullptr ? outer.error() : zero.data(), now.spikes});
 }
 
 std::vector<ShardView> ServerProcess::CheckpointPieces() const {

@@ -8,6 +8,8 @@
 #include "common/ring_memory.h"
 #include "model/cuda/device_memory.h"
 #include "model/llama.h"
+#include "model/optim/block_quantizer.h"
+#include "sharding/diloco_plan.h"
 #include "sharding/job_options.h"
 #include "sharding/pipeline_plan.h"
 #include "sharding/tensor_slices.h"
@@ -109,13 +111,26 @@ ProcessMemory ServerMemory(const JobSizes& j, const ShardPlan& shards, int s) {
   if (!j.config.checkpoint().dir().empty() && j.config.checkpoint().background() && Regions(j.config) == 1) {
     m.buffers += 3 * n * kF32;
   }
-  // A job of regions: the outer step's weights and momentum, the
-  // pseudo-gradient summed over the regions, and the buffers of the rings
-  // (the servers', the region's, the range's across the regions).
-  if (Regions(j.config) > 1) {
-    const bool bf16 = j.cluster.diloco().wire_dtype() == config::DilocoConfig::BF16;
-    m.optimizer += (bf16 ? 3 : 2) * n * kF32;  // with a bf16 wire, the kept rounding error too
-    m.buffers += n * kF32 + 3 * kRingChunksAhead * kRingChunkBytes;
+  // A job of regions: the outer step's weights and momentum (and the kept
+  // error of a rounded or quantised wire), the longest fragment's
+  // pseudo-gradient summed over the regions (and every region's codes of
+  // it), and the buffers of the rings (the servers', the region's, the
+  // range's across the regions).
+  if (const int R = Regions(j.config); R > 1) {
+    const config::DilocoConfig& d = j.cluster.diloco();
+    const bool exact = d.wire_dtype() == config::DilocoConfig::FP32;
+    m.optimizer += (exact ? 2 : 3) * n * kF32;
+    auto diloco = DilocoPlan::Make(d, shards, j.config.train().steps());
+    int64_t longest = n;  // a plan the job refuses: its whole range
+    if (diloco.ok()) {
+      longest = 0;
+      for (int f = 0; f < diloco->fragments(); ++f) longest = std::max(longest, diloco->RunOf(s, f).size());
+    }
+    m.buffers += longest * kF32 + 3 * kRingChunksAhead * kRingChunkBytes;
+    if (d.wire_dtype() == config::DilocoConfig::INT8 || d.wire_dtype() == config::DilocoConfig::FP4) {
+      const BlockCode code = d.wire_dtype() == config::DilocoConfig::INT8 ? BlockCode::kInt8 : BlockCode::kFp4;
+      m.buffers += R * ((QuantizedBytes(code, longest) + 3) / 4 * 4);
+    }
   }
   m.runtime = kRuntimeBytes;
   return m;

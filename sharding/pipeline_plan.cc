@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "common/config.h"
+#include "sharding/diloco_plan.h"
 #include "sharding/tensor_slices.h"
 
 namespace herd {
@@ -110,7 +111,12 @@ StatusOr<ShardPlan> ParameterServerPlan(const config::JobConfig& config) {
     o.bucket_cuts = space.RankCuts();
     return ShardPlan::Create(space.size(), space.TensorStarts(), o);
   }
-  return ShardPlan::Create(ParamLayout(shape), o);
+  HERD_ASSIGN_OR_RETURN(ShardPlan plan, ShardPlan::Create(ParamLayout(shape), o));
+  if (Regions(config) > 1) {
+    // The fragments are runs of the plan's buckets.
+    HERD_RETURN_IF_ERROR(DilocoPlan::Make(config.cluster().diloco(), plan, config.train().steps()).status());
+  }
+  return plan;
 }
 
 StatusOr<ShardPlan> PipelineCollectivePlan(const config::JobConfig& config) {

@@ -37,7 +37,7 @@ TEST(OuterOptimizer, IsNesterovSgdOnTheRegionsMeanPseudoGradient) {
     for (int k = 0; k < regions; ++k) {
       for (int64_t i = 0; i < n; ++i) weights[k][i] = outer[0].outer()[i] + 0.01f * normal(rng);
       std::vector<float> delta(n);
-      outer[k].PseudoGradient(weights[k].data(), delta.data());
+      outer[k].PseudoGradient(0, n, weights[k].data(), delta.data());
       for (int64_t i = 0; i < n; ++i) {
         summed[i] += delta[i];
         ref_sum[i] += static_cast<double>(outer[0].outer()[i]) - weights[k][i];
@@ -48,7 +48,10 @@ TEST(OuterOptimizer, IsNesterovSgdOnTheRegionsMeanPseudoGradient) {
       ref_buf[i] = 0.9 * ref_buf[i] + d;
       ref_outer[i] -= 0.7 * (d + 0.9 * ref_buf[i]);
     }
-    for (int k = 0; k < regions; ++k) outer[k].Step(summed.data(), regions, weights[k].data());
+    for (int k = 0; k < regions; ++k) {
+      outer[k].Step(0, n, summed.data(), regions);
+      std::copy(outer[k].outer(), outer[k].outer() + n, weights[k].begin());
+    }
     for (int64_t i = 0; i < n; ++i) {
       for (int k = 0; k < regions; ++k) ASSERT_EQ(weights[k][i], outer[0].outer()[i]) << "every region alike";
       ASSERT_NEAR(outer[0].outer()[i], ref_outer[i], 1e-5 * (1 + std::abs(ref_outer[i]))) << "element " << i;
@@ -69,13 +72,14 @@ TEST(OuterOptimizer, LrOneWithoutMomentumAveragesTheRegions) {
     for (int k = 0; k < regions; ++k) {
       std::vector<float> w(n);
       for (int64_t i = 0; i < n; ++i) w[i] = start[i] - 0.003f * normal(rng);
-      outer.PseudoGradient(w.data(), delta.data());
+      outer.PseudoGradient(0, n, w.data(), delta.data());
       for (int64_t i = 0; i < n; ++i) {
         summed[i] += delta[i];
         mean[i] += static_cast<double>(w[i]) / regions;
       }
     }
-    outer.Step(summed.data(), regions, mine.data());
+    outer.Step(0, n, summed.data(), regions);
+    std::copy(outer.outer(), outer.outer() + n, mine.begin());
     for (int64_t i = 0; i < n; ++i) {
       const float m = static_cast<float>(mean[i]), big = std::max(std::abs(m), std::abs(start[i]));
       const float ulp = std::nextafter(big, INFINITY) - big;
@@ -98,14 +102,55 @@ TEST(OuterOptimizer, RoundedPseudoGradientFeedsItsErrorBack) {
   for (int step = 0; step < 3; ++step) {
     std::vector<float> w(n);
     for (int64_t i = 0; i < n; ++i) w[i] = start[i] - 0.01f * normal(rng);
-    outer.PseudoGradient(w.data(), exact.data());
-    outer.RoundedPseudoGradient(w.data(), delta.data());
+    outer.PseudoGradient(0, n, w.data(), exact.data());
+    outer.RoundedPseudoGradient(0, n, w.data(), delta.data());
     ASSERT_NE(outer.error(), nullptr);
     for (int64_t i = 0; i < n; ++i) {
       ASSERT_EQ(std::bit_cast<uint32_t>(delta[i]) & 0xffffu, 0u) << "a bf16 value";
       ASSERT_EQ(delta[i] + outer.error()[i], exact[i] + before[i]) << "element " << i << ", step " << step;
     }
     std::copy(outer.error(), outer.error() + n, before.begin());
+  }
+}
+
+// INT8 and FP4 wires alike, on a fragment [at, at + m) of the range: what
+// the codes carry (dequantised as a receiving region does) plus the new
+// error is exactly the pseudo-gradient plus the old error; each value is
+// within half a code's gap of what was wanted; the rest of the range's
+// error is untouched.
+TEST(OuterOptimizer, QuantizedPseudoGradientFeedsItsErrorBack) {
+  const int64_t n = 3000, at = 700, m = 1100;  // m is no multiple of either block
+  std::mt19937 rng(4);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> start(n);
+  for (float& x : start) x = normal(rng);
+  for (const BlockCode code : {BlockCode::kInt8, BlockCode::kFp4}) {
+    OuterOptimizer outer({0.7, 0.9}, start.data(), n);
+    std::vector<float> before(n, 0.0f), exact(m);
+    std::vector<uint8_t> bytes(QuantizedBytes(code, m));
+    for (int step = 0; step < 3; ++step) {
+      std::vector<float> w(m);
+      for (int64_t i = 0; i < m; ++i) w[i] = start[at + i] - 0.01f * normal(rng);
+      outer.PseudoGradient(at, m, w.data(), exact.data());
+      ASSERT_TRUE(outer.QuantizedPseudoGradient(at, m, w.data(), code, bytes.data()).ok());
+      std::vector<float> sent(m, 0.0f);
+      ASSERT_TRUE(AddDequantized(bytes.data(), m, code, sent.data()).ok());
+      const float gap = code == BlockCode::kInt8 ? 1.0f / 127 : 2.0f / 6;  // the widest, over the block's amax
+      for (int64_t i = 0; i < m; ++i) {
+        const float want = exact[i] + before[at + i];
+        ASSERT_EQ(sent[i] + outer.error()[at + i], want) << "element " << i << ", step " << step;
+        float amax = 0;
+        const int64_t b = BlockValues(code), first = i / b * b;
+        for (int64_t j = first; j < std::min(m, first + b); ++j) amax = std::max(amax, std::abs(exact[j] + before[at + j]));
+        ASSERT_LE(std::abs(outer.error()[at + i]), 0.5f * gap * amax * (1 + 1e-6f)) << "element " << i;
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        if (i < at || i >= at + m) {
+          ASSERT_EQ(outer.error()[i], 0.0f) << "outside the fragment";
+        }
+      }
+      std::copy(outer.error(), outer.error() + n, before.begin());
+    }
   }
 }
 

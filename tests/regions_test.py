@@ -23,9 +23,17 @@ tiny model, 30 steps, through `herd launch`:
   replica, the outer weights and momentum and the kept rounding errors in
   the checkpoint); its shard files (region 0's replica) go on as one
   process;
+* INT8 and FP4 pseudo-gradients (blocks with fp32 scales, the error fed
+  back): within 1% and 3% of fp32's losses, int8 a rerun bitwise and a
+  stop at 12 + --resume bitwise, the outer ring's bytes as the blocks'
+  sizes give;
+* 2 fragments (Streaming DiLoCo), each overlapping one inner step: a rerun
+  bitwise, it learns, and a stop after step 12, with a fragment in flight,
+  resumes bitwise;
 * bad inputs, one line each before any process starts: regions not
   dividing the servers or the workers, H < 1, regions in all-reduce
-  mode."""
+  mode, more fragments than buckets, an overlap of two fragments'
+  exchanges, a quantised wire with outer_lr 0."""
 import json
 import os
 import sys
@@ -48,8 +56,8 @@ def main():
         text = text.replace("clip_norm: 1.0", f"clip_norm: {clip}")
         return sb.write(name + ".textproto", text)
 
-    def regions(servers, workers=4, R=2, H=5, more=""):
-        return (f"cluster {{ sync: PARAMETER_SERVER servers: {servers} workers: {workers} "
+    def regions(servers, workers=4, R=2, H=5, more="", cluster=""):
+        return (f"cluster {{ sync: PARAMETER_SERVER servers: {servers} workers: {workers} {cluster} "
                 f"diloco {{ regions: {R} every: {H} {more} }} }}")
 
     def losses(name):
@@ -90,6 +98,34 @@ def main():
     print(f"a bf16 wire: within {wb:.2g} of fp32, a rerun bitwise; the servers sent {saved:.0f} bytes a step "
           f"fewer, {expected:.0f} expected")
 
+    # INT8 and FP4 blocks between the regions: each region's codes
+    # gathered, summed in region order by every server.
+    for name, wire in (("r2_int8", "INT8"), ("r2_int8_again", "INT8"), ("r2_fp4", "FP4")):
+        text = open(job(name, regions(2, more=f"wire_dtype: {wire}"))).read()
+        sb.run("launch", sb.write(name + ".textproto", text.replace("log {", f'log {{ summary_dir: "{name}_sum"')))
+    assert losses("r2_int8_again") == losses("r2_int8"), "an int8 wire, rerun"
+    wi = herdtest.within(losses("r2_int8"), losses("r2"), "an int8 wire against fp32", 0.01)
+    wf = herdtest.within(losses("r2_fp4"), losses("r2"), "an fp4 wire against fp32", 0.03)
+    # With 2 regions each server sends its range's codes once an outer
+    # step: 256 int8 codes and a 4-byte scale a block, 64 fp4 codes (32
+    # bytes) and a scale.
+    for name, block, block_bytes in (("r2_int8", 256, 260), ("r2_fp4", 64, 36)):
+        codes = -(-n // block) * block_bytes
+        sent = server_bytes("r2_f32") - server_bytes(name)
+        expected = 2 * (4 * n - codes) * 6 / STEPS
+        assert abs(sent / expected - 1) < 0.05, (name, sent, expected)
+    print(f"an int8 wire within {wi:.2g} of fp32 (a rerun bitwise), fp4 within {wf:.2g}; the outer ring's bytes "
+          f"as the blocks' sizes give")
+
+    # Streaming DiLoCo: 2 fragments (bucket runs) sent at staggered steps,
+    # each landing one inner step later.
+    frag = regions(2, more="fragments: 2 overlap: 1", cluster="bucket_mb: 0.05")
+    sb.run("launch", job("r2_frag", frag))
+    sb.run("launch", job("r2_frag_again", frag))
+    assert losses("r2_frag_again") == losses("r2_frag"), "2 fragments overlapped, rerun"
+    assert drop(losses("r2_frag")) > 0.5 * drop(losses("sync")), (losses("r2_frag"), losses("sync"))
+    print(f"2 fragments, overlap 1: a rerun bitwise; its loss dropped {drop(losses('r2_frag')):.3f}")
+
     sb.run("launch", job("r2_clip", regions(2), clip=1.0))
     sb.run("launch", job("r2s4_clip", regions(4), clip=1.0))
     wc = herdtest.within(losses("r2s4_clip"), losses("r2_clip"), "2 servers a region, clipped", 1e-6)
@@ -106,17 +142,30 @@ def main():
     sb.run("launch", job("stop_bf16", bf16, ckpt="stop_bf16", every=6), "--stop-at", "12")
     sb.run("launch", job("stop_bf16", bf16, ckpt="stop_bf16", every=6), "--resume")
     assert losses("stop_bf16") == losses("r2_bf16"), "a bf16 wire stopped at 12 and resumed (its kept errors too)"
+    # Stopped after step 12, whose fragment is in flight (sent after 12,
+    # landing after 13): the checkpoint holds its outer step taken.
+    sb.run("launch", job("stop_frag", frag, ckpt="stop_frag", every=6), "--stop-at", "12")
+    sb.run("launch", job("stop_frag", frag, ckpt="stop_frag", every=6), "--resume")
+    assert losses("stop_frag") == losses("r2_frag"), "2 fragments stopped with one in flight and resumed"
+    int8 = regions(2, more="wire_dtype: INT8")
+    sb.run("launch", job("stop_int8", int8, ckpt="stop_int8", every=6), "--stop-at", "12")
+    sb.run("launch", job("stop_int8", int8, ckpt="stop_int8", every=6), "--resume")
+    assert losses("stop_int8") == losses("r2_int8"), "an int8 wire stopped at 12 and resumed"
     one_from = sb.write("one_from.textproto", open(job("one_from", "", ckpt="one_from")).read().replace(
         "batch_size: 4", "batch_size: 16"))  # the same global batch in one process
     herdtest.resume_from(sb, "one_from", one_from, "stop/step_00000012")
     assert len(losses("one_from")) == STEPS - 12, "the regions' checkpoint as one process"
-    print("stopped at 12 (between outer steps) and resumed bitwise, with a bf16 wire too; its shard files go on "
-          "as one process")
+    print("stopped at 12 and resumed bitwise: between outer steps with fp32, bf16 and int8 wires, and with a "
+          "fragment's exchange in flight; its shard files go on as one process")
 
     bad = [("three_servers", regions(3), "cluster.diloco.regions"),
            ("three_workers", regions(2, workers=3), "cluster.diloco.regions"),
            ("h0", regions(2, H=0), "cluster.diloco.every"),
-           ("allreduce", "cluster { sync: ALLREDUCE workers: 4 diloco { regions: 2 } }", "cluster.diloco.regions")]
+           ("allreduce", "cluster { sync: ALLREDUCE workers: 4 diloco { regions: 2 } }", "cluster.diloco.regions"),
+           ("fragments", regions(2, more="fragments: 2"), "buckets"),
+           ("overlap", regions(2, H=10, more="fragments: 2 overlap: 5", cluster="bucket_mb: 0.05"),
+            "cluster.diloco.overlap"),
+           ("int8_lr0", regions(2, more="wire_dtype: INT8 outer_lr: 0"), "cluster.diloco.outer_lr")]
     herdtest.refused_before_start(sb, [(name, job(name, cluster), says) for name, cluster, says in bad])
     print("bad inputs: one line each, nothing started")
 

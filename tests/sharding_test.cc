@@ -1,7 +1,8 @@
 // Shard plans (tiling, alignment, balance, per-tensor cuts, bucket order),
 // initialisation of a range, reading a checkpoint range across shards
 // written by another number of servers, and the parameter shard's
-// synchronous step driven through its push/pull handler interface.
+// synchronous step driven through its push/pull handler interface; the
+// DiLoCo schedule of a job of regions (fragments, offsets, overlap).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,6 +17,7 @@
 #include "model/checkpoint_load.h"
 #include "model/optim/adamw.h"
 #include "server/parameter_shard.h"
+#include "sharding/diloco_plan.h"
 #include "sharding/shard_plan.h"
 #include "transport/ps_protocol.h"
 
@@ -432,6 +434,72 @@ TEST_F(ParameterShardTest, ElasticSharesMoveBetweenWorkersAndAreAddedOnce) {
   ASSERT_TRUE(PushAll(0, g0, 1).ok());
   ASSERT_TRUE(shard_->WaitForGradients().ok());
   for (size_t i = 0; i < n; ++i) ASSERT_EQ(shard_->gradients()[i], reference[i]) << i;
+}
+
+// Streaming DiLoCo's schedule: fragment f goes after the steps s with
+// s mod H = ⌊H(f+1)/F⌋ mod H (torchft's offsets), lands `overlap` steps
+// later (never past the last step), the last step sends the whole range;
+// each server's fragments tile its range; the settings' bounds refused.
+TEST(DilocoPlan, StaggersFragmentsOverTheOuterPeriod) {
+  const ParamLayout layout(SmallShape());
+  const ShardPlan plan = MakePlan(layout, 2, 2048);
+  ASSERT_GE(plan.buckets().size(), 4u);
+  config::DilocoConfig d;
+  d.set_regions(2);
+  d.set_every(10);
+  d.set_fragments(4);
+  d.set_overlap(1);
+  auto made = DilocoPlan::Make(d, plan, /*last_step=*/37);
+  ASSERT_TRUE(made.ok()) << made.status().message();
+  const DilocoPlan& p = *made;
+  std::map<int64_t, int> sent;
+  for (int64_t s = 1; s <= 40; ++s) {
+    if (auto e = p.SentAfter(s)) {
+      sent[s] = e->fragment;
+      EXPECT_EQ(e->sent, s);
+      EXPECT_EQ(e->lands, s == 37 ? 37 : std::min<int64_t>(s + 1, 37)) << s;
+    }
+  }
+  const std::map<int64_t, int> want = {{2, 0},  {5, 1},  {7, 2},  {10, 3}, {12, 0}, {15, 1}, {17, 2},
+                                       {20, 3}, {22, 0}, {25, 1}, {27, 2}, {30, 3}, {32, 0}, {35, 1},
+                                       {37, DilocoPlan::kWhole}};
+  EXPECT_EQ(sent, want);
+  EXPECT_FALSE(p.InFlightAfter(4).has_value());
+  ASSERT_TRUE(p.InFlightAfter(5).has_value());
+  EXPECT_EQ(p.InFlightAfter(5)->fragment, 1);
+  EXPECT_EQ(p.InFlightAfter(5)->lands, 6);
+  EXPECT_FALSE(p.InFlightAfter(6).has_value());
+  EXPECT_FALSE(p.InFlightAfter(37).has_value()) << "the last step lands everything";
+  for (int server = 0; server < 2; ++server) {
+    std::vector<ParamRange> runs;
+    for (int f = 0; f < 4; ++f) {
+      if (p.RunOf(server, f).size() > 0) runs.push_back(p.RunOf(server, f));
+    }
+    std::sort(runs.begin(), runs.end(), [](const ParamRange& a, const ParamRange& b) { return a.begin < b.begin; });
+    int64_t at = 0;
+    for (const ParamRange& r : runs) {
+      EXPECT_EQ(r.begin, at) << "server " << server;
+      at = r.end;
+    }
+    EXPECT_EQ(at, plan.shard(server).size()) << "server " << server << "'s fragments tile its range";
+    EXPECT_EQ(p.RunOf(server, DilocoPlan::kWhole).size(), plan.shard(server).size());
+  }
+  d.set_overlap(0);
+  EXPECT_EQ(DilocoPlan::Make(d, plan, 37)->SentAfter(5)->lands, 5) << "no overlap: lands at once";
+
+  auto refused = [&](int fragments, int every, int overlap, const std::string& says) {
+    config::DilocoConfig bad = d;
+    bad.set_fragments(fragments);
+    bad.set_every(every);
+    bad.set_overlap(overlap);
+    auto r = DilocoPlan::Make(bad, plan, 37);
+    ASSERT_FALSE(r.ok()) << fragments << " " << every << " " << overlap;
+    EXPECT_NE(r.status().message().find(says), std::string::npos) << r.status().message();
+  };
+  refused(static_cast<int>(plan.buckets().size()) + 1, 1000, 0, "buckets");
+  refused(4, 3, 0, "cluster.diloco.every");
+  refused(4, 10, 2, "cluster.diloco.overlap");
+  refused(0, 10, 0, "cluster.diloco.fragments");
 }
 
 }  // namespace

@@ -13,18 +13,16 @@ OuterOptimizer::OuterOptimizer(const OuterOptions& options, const float* weights
       momentum_(momentum != nullptr ? std::vector<float>(momentum, momentum + n) : std::vector<float>(n, 0.0f)),
       error_(error != nullptr ? std::vector<float>(error, error + n) : std::vector<float>()) {}
 
-void OuterOptimizer::PseudoGradient(const float* weights, float* delta) const {
-  const int64_t n = size();
-  const float* outer = outer_.data();
+void OuterOptimizer::PseudoGradient(int64_t at, int64_t n, const float* weights, float* delta) const {
+  const float* outer = outer_.data() + at;
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) delta[i] = outer[i] - weights[i];
 }
 
-void OuterOptimizer::RoundedPseudoGradient(const float* weights, float* delta) {
-  const int64_t n = size();
-  if (error_.empty()) error_.assign(n, 0.0f);
-  const float* outer = outer_.data();
-  float* e = error_.data();
+void OuterOptimizer::RoundedPseudoGradient(int64_t at, int64_t n, const float* weights, float* delta) {
+  if (error_.empty()) error_.assign(size(), 0.0f);
+  const float* outer = outer_.data() + at;
+  float* e = error_.data() + at;
   for (int64_t i = 0; i < n; ++i) {
     const float want = (outer[i] - weights[i]) + e[i];
     delta[i] = Bf16ToFloat(FloatToBf16(want));
@@ -32,18 +30,26 @@ void OuterOptimizer::RoundedPseudoGradient(const float* weights, float* delta) {
   }
 }
 
-void OuterOptimizer::Step(const float* summed, int regions, float* weights) {
-  const int64_t n = size();
+Status OuterOptimizer::QuantizedPseudoGradient(int64_t at, int64_t n, const float* weights, BlockCode code,
+                                               uint8_t* out) {
+  if (error_.empty()) error_.assign(size(), 0.0f);
+  const float* outer = outer_.data() + at;
+  float* e = error_.data() + at;
+  // The error becomes what is wanted, then what its codes leave of it.
+  for (int64_t i = 0; i < n; ++i) e[i] += outer[i] - weights[i];
+  return QuantizeKeepingError(e, n, code, out);
+}
+
+void OuterOptimizer::Step(int64_t at, int64_t n, const float* summed, int regions) {
   const float r = static_cast<float>(regions), mu = static_cast<float>(options_.momentum),
               lr = static_cast<float>(options_.lr);
-  float* outer = outer_.data();
-  float* b = momentum_.data();
+  float* outer = outer_.data() + at;
+  float* b = momentum_.data() + at;
 #pragma omp parallel for simd schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const float delta = summed[i] / r;
     b[i] = mu * b[i] + delta;
     outer[i] -= lr * (delta + mu * b[i]);
-    weights[i] = outer[i];
   }
 }
 

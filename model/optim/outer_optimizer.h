@@ -14,6 +14,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/status.h"
+#include "model/optim/block_quantizer.h"
+
 namespace herd {
 
 struct OuterOptions {
@@ -30,26 +33,35 @@ class OuterOptimizer {
                  const float* error = nullptr);
 
   int64_t size() const { return static_cast<int64_t>(outer_.size()); }
+
+  // Each call below works on the run [at, at + n) of the range (a
+  // fragment, or the whole); its `weights`, `delta` and `summed` hold that
+  // run alone, from its first element.
+
   // This region's pseudo-gradient of `weights` into `delta`: θ_outer − θ.
-  void PseudoGradient(const float* weights, float* delta) const;
+  void PseudoGradient(int64_t at, int64_t n, const float* weights, float* delta) const;
   // The same rounded to bf16 (exactly representable in `delta`'s floats)
   // with error feedback: the rounding's error is kept and added to the
   // next outer step's pseudo-gradient before it is rounded, so that no
   // part of a region's movement is lost for good.
-  void RoundedPseudoGradient(const float* weights, float* delta);
+  void RoundedPseudoGradient(int64_t at, int64_t n, const float* weights, float* delta);
+  // The same quantised to `code`'s blocks (block_quantizer.h) into `out`,
+  // QuantizedBytes(code, n) bytes, the error kept alike. Fails on a
+  // pseudo-gradient that is not finite.
+  Status QuantizedPseudoGradient(int64_t at, int64_t n, const float* weights, BlockCode code, uint8_t* out);
   // The outer step from `summed`, the sum of `regions` regions'
-  // pseudo-gradients; the new θ_outer is written to `weights` as well.
-  void Step(const float* summed, int regions, float* weights);
+  // pseudo-gradients; every region goes on from outer() + at.
+  void Step(int64_t at, int64_t n, const float* summed, int regions);
   // The weights of the last outer step, and the momentum.
   const float* outer() const { return outer_.data(); }
   const float* momentum() const { return momentum_.data(); }
-  // RoundedPseudoGradient's kept error (null while there is none).
+  // The rounding or quantising error kept (null while there is none).
   const float* error() const { return error_.empty() ? nullptr : error_.data(); }
 
  private:
   const OuterOptions options_;
   std::vector<float> outer_, momentum_;
-  std::vector<float> error_;  // RoundedPseudoGradient's kept rounding error (empty until used)
+  std::vector<float> error_;  // the kept rounding or quantising error (empty until used)
 };
 
 }  // namespace herd
