@@ -14,6 +14,11 @@ nodes) where the network, not the loopback, sets the pace.
 
 As a library (bench/, tests/): `with Lab(nodes=3, rate="1gbit") as lab:
 lab.popen(0, [...])`, `lab.set_rate(i, ...)`, `lab.link(i, up=False)`.
+Sites joined by slower links: `Lab(nodes=6, rate="1gbit", sites=[0, 0, 0,
+1, 1, 1], between="50mbit")` puts each site's nodes on a bridge of its own
+and joins every site's bridge to a core bridge by an uplink capped at
+`between` both ways (one L2 segment still: the addresses do not change);
+`lab.uplink_counters(k)` is what crossed site k's uplink.
 
 Nothing is left behind: the lab is removed when its owner returns, fails,
 gets Ctrl-C or SIGTERM, and, when the owner is killed outright, by a
@@ -85,6 +90,11 @@ def _names(owner):
     return {"bridge": f"{PREFIX}{owner}br"}
 
 
+def _site_names(owner, k):
+    """Site k's bridge and its uplink's two ends (on the site's bridge, on the core's)."""
+    return {"bridge": f"{PREFIX}{owner}g{k}", "site_end": f"{PREFIX}{owner}u{k}", "core_end": f"{PREFIX}{owner}w{k}"}
+
+
 def _node_names(owner, i):
     return {"netns": f"{PREFIX}{owner}n{i}", "host_veth": f"{PREFIX}{owner}v{i}"}
 
@@ -137,8 +147,9 @@ def remove_lab(owner):
         _ip("link", "del", lab["bridge"], check=False)
     # Host ends of the pairs go with their namespaces; any left (a namespace
     # that was never made) are removed by name.
+    # Sites' bridges and uplinks (deleting one end of a pair deletes both).
     for line in _ip("-o", "link", "show", check=False).stdout.splitlines():
-        m = re.search(rf"\d+: ({PREFIX}{owner}v\d+)[@:]", line)
+        m = re.search(rf"\d+: ({PREFIX}{owner}[vguw]\d+)[@:]", line)
         if m:
             _ip("link", "del", m.group(1), check=False)
     return {"owner": owner, "netns": len(lab["netns"]), "processes_killed": killed}
@@ -153,13 +164,19 @@ class Lab:
     """N nodes n0..n{N-1} at SUBNET.1..N on one bridge; `rate` caps each
     node's link in both directions (None: uncapped)."""
 
-    def __init__(self, nodes, rate=None):
+    def __init__(self, nodes, rate=None, sites=None, between=None):
         if nodes < 1 or nodes > 200:
             raise ValueError(f"netlab: --nodes {nodes}: between 1 and 200")
         if rate is not None:
             parse_rate(rate)
+        if sites is not None and (len(sites) != nodes or sorted(set(sites)) != list(range(max(sites) + 1))):
+            raise ValueError(f"netlab: sites {sites}: one site number a node, 0 .. K-1, each used")
+        if between is not None:
+            parse_rate(between)
         self.nodes = nodes
         self.rate = rate
+        self.sites = sites
+        self.between = between
         self.owner = os.getpid()
         self._procs = []
         self._guardian = None
@@ -195,8 +212,21 @@ class Lab:
             if p.returncode != 0:
                 raise Unavailable(f"netlab: cannot make a bridge: {p.stderr.strip()}")
             _ip("link", "set", bridge, "up")
+            site_bridges = []
+            for k in range(max(self.sites) + 1 if self.sites else 0):
+                n = _site_names(self.owner, k)
+                _ip("link", "add", n["bridge"], "type", "bridge")
+                _ip("link", "set", n["bridge"], "up")
+                _ip("link", "add", n["site_end"], "type", "veth", "peer", "name", n["core_end"])
+                _ip("link", "set", n["site_end"], "master", n["bridge"])
+                _ip("link", "set", n["core_end"], "master", bridge)
+                for end in ("site_end", "core_end"):
+                    _ip("link", "set", n[end], "up")
+                    if self.between is not None:
+                        _tbf(n[end], self.between)
+                site_bridges.append(n["bridge"])
             for i in range(self.nodes):
-                self._make_node(i, bridge)
+                self._make_node(i, site_bridges[self.sites[i]] if self.sites else bridge)
         except BaseException:
             self.close()
             raise
@@ -285,6 +315,19 @@ class Lab:
         return c
 
 
+    def uplink_counters(self, k):
+        """Bytes that left site k over its uplink (tx) and came in (rx),
+        and packets the uplink's limiters dropped each way."""
+        n = _site_names(self.owner, k)
+        stats = json.loads(_ip("-s", "-j", "link", "show", n["site_end"]).stdout)[0]["stats64"]
+        c = {"tx_bytes": stats["tx"]["bytes"], "rx_bytes": stats["rx"]["bytes"], "tx_drops": 0, "rx_drops": 0}
+        if self.between is not None:
+            for key, dev in (("tx_drops", n["site_end"]), ("rx_drops", n["core_end"])):
+                qdiscs = json.loads(_ip("tc", "-s", "-j", "qdisc", "show", "dev", dev).stdout)
+                c[key] = sum(q.get("drops", 0) for q in qdiscs)
+        return c
+
+
 def leftovers(owner=None):
     """What exists of `owner`'s lab (or of every lab): namespaces, links,
     processes inside the namespaces."""
@@ -292,7 +335,7 @@ def leftovers(owner=None):
     netns = sum(len(l["netns"]) for l in labs.values())
     who = str(owner) if owner is not None else r"\d+"
     links = [l for l in _ip("-o", "link", "show", check=False).stdout.splitlines()
-             if re.search(rf"\d+: {PREFIX}{who}(br|v\d+)[@:]", l)]
+             if re.search(rf"\d+: {PREFIX}{who}(br|[vguw]\d+)[@:]", l)]
     procs = sum(len(_ip("netns", "pids", ns, check=False).stdout.split()) for l in labs.values() for ns in l["netns"])
     return {"netns": netns, "links": len(links), "processes": procs}
 
