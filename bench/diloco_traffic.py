@@ -21,6 +21,8 @@ One JSON line per job:
    "vs_sync_ps": .., "vs_ddp": .., "tokens_per_s": .., "vs_uncapped": .., "longest_stall_s": ..,
    "step_s_median": .., "uplink_drops": ..}
 
+`planned_MB_per_1000_steps`: `herd plan`'s payload bytes between regions
+(the kernel's count adds TCP/IP headers and control messages);
 `uplink_MB_per_1000_steps`: bytes that left every site over its uplink
 (the kernel's counters), per 1000 inner steps (sync_ps and ddp: measured
 over the steps after --warmup and scaled; diloco: the whole run's, whose
@@ -154,6 +156,17 @@ def run_job(args, name, cluster_sets, steps, between, scratch):
             "uplink_drops": sum(c["tx_drops"] + c["rx_drops"] for c in last), "steps": steps}
 
 
+def planned(args, cluster_sets):
+    """`herd plan`'s bytes between regions per 1000 inner steps (sharding/traffic_plan.h)."""
+    sets = [f"cluster.workers={args.workers}", "train.steps=1000"] + cluster_sets + [
+        s for s in args.set if s.startswith(("model.", "cluster."))]
+    p = subprocess.run(lab_compare.with_sets([os.path.join(args.build, "herd"), "plan",
+                                              os.path.join(ROOT, "configs", "llama20m.textproto"), "--json"], sets),
+                       capture_output=True, text=True, check=True)
+    t = json.loads(p.stdout)["region_traffic"]
+    return round(t["per_outer_period"] * 1000 / t["every"] / 1e6, 1)
+
+
 def cluster_sets_diloco(cluster_sets):
     return any(s.startswith("cluster.diloco.regions=") for s in cluster_sets)
 
@@ -200,6 +213,7 @@ def main():
         diloco = ps + [f"cluster.diloco.regions={args.regions}", f"cluster.diloco.every={H}",
                        f"cluster.diloco.wire_dtype={wire}"]
         r = run_job(args, f"diloco_{wire}", diloco, 2 * H, args.between, scratch)
+        r["planned_MB_per_1000_steps"] = planned(args, diloco)
         if wire == wires[-1]:
             anchor = run_job(args, f"uncapped_{wire}", diloco, 2 * H, None, scratch)
             r["vs_uncapped"] = round(r["tokens_per_s"] / anchor["tokens_per_s"], 3)

@@ -3,6 +3,8 @@
 #include <algorithm>
 
 #include "model/llama.h"
+#include "model/optim/block_quantizer.h"
+#include "sharding/diloco_plan.h"
 #include "sharding/job_options.h"
 #include "sharding/pipeline_plan.h"
 #include "sharding/shard_plan.h"
@@ -175,6 +177,31 @@ StatusOr<WorkerTraffic> PlanWorkerTraffic(const config::JobConfig& config) {
   bytes += ContextTraffic(job, cluster.context_parallel(), job.shape.kv_dim());
   t.sent = t.received = static_cast<int64_t>(bytes);
   return t;
+}
+
+StatusOr<int64_t> PlanRegionTraffic(const config::JobConfig& config) {
+  const int R = Regions(config);
+  if (R < 2) return 0;
+  const config::DilocoConfig& d = config.cluster().diloco();
+  HERD_ASSIGN_OR_RETURN(const ShardPlan shards, ParameterServerPlan(config));
+  HERD_ASSIGN_OR_RETURN(const DilocoPlan diloco, DilocoPlan::Make(d, shards, config.train().steps()));
+  double bytes = 0;  // one region's servers'
+  for (int s = 0; s < shards.num_servers(); ++s) {
+    for (int f = 0; f < diloco.fragments(); ++f) {
+      const int64_t n = diloco.RunOf(s, f).size();
+      switch (d.wire_dtype()) {
+        case config::DilocoConfig::INT8:
+        case config::DilocoConfig::FP4: {
+          const BlockCode code = d.wire_dtype() == config::DilocoConfig::INT8 ? BlockCode::kInt8 : BlockCode::kFp4;
+          bytes += (R - 1) * static_cast<double>((QuantizedBytes(code, n) + 3) / 4 * 4);
+          break;
+        }
+        default:
+          bytes += 2 * RingPass(R, static_cast<double>(n), d.wire_dtype() == config::DilocoConfig::BF16 ? 2 : 4);
+      }
+    }
+  }
+  return static_cast<int64_t>(R * bytes);
 }
 
 }  // namespace herd

@@ -91,7 +91,7 @@ std::string GridShape(const config::JobConfig& config) {
 }
 
 void PrintJson(const config::JobConfig& config, const MemoryPlan& plan, const WorkerTraffic& traffic,
-               const config::JobConfig* fit, int64_t mem, int64_t gpu_mem) {
+               int64_t region_bytes, const config::JobConfig* fit, int64_t mem, int64_t gpu_mem) {
   // The job's process counts, for scripts that start it (examples/slurm).
   std::printf("{\"parameters\": %lld, \"sync\": \"%s\", \"servers\": %d, \"workers\": %d, \"processes\": [",
               static_cast<long long>(plan.parameters), config::ClusterConfig::Sync_Name(config.cluster().sync()).c_str(),
@@ -110,6 +110,10 @@ void PrintJson(const config::JobConfig& config, const MemoryPlan& plan, const Wo
   }
   std::printf("], \"worker_traffic\": {\"sent\": %lld, \"received\": %lld}", static_cast<long long>(traffic.sent),
               static_cast<long long>(traffic.received));
+  if (region_bytes > 0) {
+    std::printf(", \"region_traffic\": {\"per_outer_period\": %lld, \"every\": %d}",
+                static_cast<long long>(region_bytes), config.cluster().diloco().every());
+  }
   if (HasGrid(config)) {
     std::printf(", \"grid\": {\"data\": %d, \"pipeline\": %d, \"context\": %d, \"tensor\": %d, \"workers\": [",
                 DataParallelReplicas(config), std::max(1, config.cluster().pipeline_stages()),
@@ -179,8 +183,8 @@ void PrintPipeline(const PipelinePlan& p) {
 }
 
 void PrintTable(const std::string& path, const config::JobConfig& config, const MemoryPlan& plan,
-                const WorkerTraffic& traffic, const config::JobConfig* fit, int64_t mem, int64_t gpu_mem,
-                const PipelinePlan* pipeline) {
+                const WorkerTraffic& traffic, int64_t region_bytes, const config::JobConfig* fit, int64_t mem,
+                int64_t gpu_mem, const PipelinePlan* pipeline) {
   const bool gpu = config.device().kind() == config::DeviceConfig::CUDA;
   const auto& cl = config.cluster();
   std::printf("%s: %.2fM parameters, sync %s", path.c_str(), plan.parameters / 1e6,
@@ -207,6 +211,14 @@ void PrintTable(const std::string& path, const config::JobConfig& config, const 
   if (traffic.sent > 0 || traffic.received > 0) {
     std::printf("a worker's link per step: %s sent, %s received\n", FormatBytes(traffic.sent).c_str(),
                 FormatBytes(traffic.received).c_str());
+  }
+  if (region_bytes > 0) {
+    const config::DilocoConfig& d = cl.diloco();
+    std::printf("regions: %d (%d servers, %d workers each), an outer step every %d steps in %d fragment%s, wire %s: "
+                "%s between regions a period, %s per 1000 steps\n",
+                d.regions(), cl.servers() / d.regions(), cl.workers() / d.regions(), d.every(), d.fragments(),
+                d.fragments() == 1 ? "" : "s", config::DilocoConfig::WireDtype_Name(d.wire_dtype()).c_str(),
+                FormatBytes(region_bytes).c_str(), FormatBytes(region_bytes * 1000 / d.every()).c_str());
   }
   if (pipeline != nullptr) PrintPipeline(*pipeline);
   if (HasGrid(config)) {
@@ -456,8 +468,10 @@ int RunPlan(int argc, char** argv) {
   }
   auto traffic = PlanWorkerTraffic(*config);
   if (!traffic.ok()) return ReportError(traffic.status().WithContext(args.positional()[0] + ": "));
+  auto region_bytes = PlanRegionTraffic(*config);
+  if (!region_bytes.ok()) return ReportError(region_bytes.status().WithContext(args.positional()[0] + ": "));
   if (args.Has("json")) {
-    PrintJson(*config, *plan, *traffic, fit ? &*fit : nullptr, budget[0], budget[1]);
+    PrintJson(*config, *plan, *traffic, *region_bytes, fit ? &*fit : nullptr, budget[0], budget[1]);
   } else {
     std::optional<PipelinePlan> pipeline;
     if (HasPipeline(*config)) {
@@ -465,8 +479,8 @@ int RunPlan(int argc, char** argv) {
       if (!made.ok()) return ReportError(made.status().WithContext(args.positional()[0] + ": "));
       pipeline = *std::move(made);
     }
-    PrintTable(args.positional()[0], *config, *plan, *traffic, fit ? &*fit : nullptr, budget[0], budget[1],
-               pipeline ? &*pipeline : nullptr);
+    PrintTable(args.positional()[0], *config, *plan, *traffic, *region_bytes, fit ? &*fit : nullptr, budget[0],
+               budget[1], pipeline ? &*pipeline : nullptr);
   }
   return 0;
 }
