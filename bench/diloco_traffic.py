@@ -65,12 +65,7 @@ def stalls(trace_dir, warmup):
     largest, and the steps' durations."""
     longest, steps_s = 0.0, []
     for path in sorted(glob.glob(os.path.join(trace_dir, "worker_*.trace.json"))):
-        events = []
-        with open(path) as f:
-            for line in f:
-                line = line.strip().rstrip(",")
-                if line.startswith("{"):
-                    events.append(json.loads(line))
+        events = lab_compare.trace_events(path)
         steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "step"
                        and e.get("name") == "step" and e.get("ph") == "X")[warmup:]
         waits = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "wait" and e.get("ph") == "X"]
@@ -94,31 +89,13 @@ def run_job(args, name, cluster_sets, steps, between, scratch):
     token = os.path.join(workdir, "job.token")
     with open(os.open(token, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
         f.write(secrets.token_hex(16))
-    herd = os.path.join(args.build, "herd")
     config = os.path.join(ROOT, "configs", "llama20m.textproto")
     # node 0: the coordinator (site 0); then servers, then workers, each
     # rank range cut evenly over the sites in order (a region's ranks).
     sites = [0] + [r * R // S for r in range(S)] + [r * R // W for r in range(W)]
     with netlab.Lab(nodes=len(sites), rate=args.rate, sites=sites, between=between) as lab:
-        coord = lab.address(0)
-        logs = []
-
-        def start(node, argv, log_name):
-            log = open(os.path.join(workdir, log_name + ".log"), "w")
-            logs.append(log)
-            return lab.popen(node, argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                             env=dict(os.environ, OMP_NUM_THREADS="1", UCX_TLS="tcp"))
-
-        procs = [start(0, lab_compare.with_sets([herd, "coordinator", config, "--listen", f"{coord}:{PORT}",
-                                                 "--token-file", token], sets), "coordinator")]
-        time.sleep(0.3)
-        common = ["--coordinator", f"{coord}:{PORT}", "--token-file", token]
-        for r in range(S):
-            procs.append(start(1 + r, lab_compare.with_sets([herd + "-server", config, "--rank", str(r)] + common,
-                                                            sets), f"server{r}"))
-        for r in range(W):
-            procs.append(start(1 + S + r, lab_compare.with_sets([herd + "-worker", config, "--rank", str(r)] + common,
-                                                                sets), f"worker{r}"))
+        procs, logs = lab_compare.start_job(lab, args.build, config, sets, workdir, token, PORT,
+                                            servers=[1 + r for r in range(S)], workers=[1 + S + r for r in range(W)])
         uplinks = lambda: [lab.uplink_counters(k) for k in range(R)]  # noqa: E731
         first = uplinks()
         marks = {args.warmup + 1: None, steps - 1: None}
@@ -186,6 +163,8 @@ def main():
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--set", action="append", default=[], help="path=value for every job")
     args = ap.parse_args()
+    if args.sync_steps < args.warmup + 3:
+        ap.error(f"--sync-steps {args.sync_steps}: at least --warmup + 3 (steps measured between two marks)")
     scratch = tempfile.mkdtemp(prefix="diloco_traffic_")
     herd = os.path.join(args.build, "herd")
     corpus = sorted(glob.glob("/usr/share/games/fortunes/*"))

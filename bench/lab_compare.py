@@ -150,31 +150,10 @@ def run_mode(args, mode, rate, scratch):
     token = os.path.join(workdir, "job.token")
     with open(os.open(token, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
         f.write(secrets.token_hex(16))
-    herd = os.path.join(args.build, "herd")
     # node 0: coordinator; 1..W: workers; W+1..W+S: servers.
     with netlab.Lab(nodes=1 + W + S, rate=rate) as lab:
-        coord = lab.address(0)
-        logs = []
-
-        def start(node, argv, name):
-            log = open(os.path.join(workdir, name + ".log"), "w")
-            logs.append(log)
-            # UCX takes the namespaces for one host (even with host names of
-            # their own) and would move bytes through shared memory, around
-            # the links: TCP between nodes.
-            return lab.popen(node, argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                             env=dict(os.environ, OMP_NUM_THREADS="1", UCX_TLS="tcp"))
-
-        procs = [start(0, with_sets([herd, "coordinator", args.config, "--listen", f"{coord}:{PORT}",
-                                     "--token-file", token], sets), "coordinator")]
-        time.sleep(0.3)
-        common = ["--coordinator", f"{coord}:{PORT}", "--token-file", token]
-        for r in range(S):
-            procs.append(start(1 + W + r, with_sets([herd + "-server", args.config, "--rank", str(r)] + common, sets),
-                               f"server{r}"))
-        for r in range(W):
-            procs.append(start(1 + r, with_sets([herd + "-worker", args.config, "--rank", str(r)] + common, sets),
-                               f"worker{r}"))
+        procs, logs = start_job(lab, args.build, args.config, sets, workdir, token, PORT,
+                                servers=[1 + W + r for r in range(S)], workers=[1 + r for r in range(W)])
         # Link counters when worker 0 has logged step `warmup + 1` and the
         # step before the last: a step's line is written once the next
         # step has begun (streamed and gathered weights: during its
@@ -204,6 +183,45 @@ def run_mode(args, mode, rate, scratch):
     per_step = [{k: (a[k] - b[k]) / n for k in ("tx_bytes", "rx_bytes", "tx_drops", "rx_drops")}
                 for a, b in zip(after, before)]
     return figures(args, mode, rate, workdir, W, S, per_step)
+
+
+def start_job(lab, build, config, sets, workdir, token, port, servers, workers):
+    """Starts a job by hand, as a cluster does: a coordinator on node 0,
+    then server rank r on node servers[r] and worker rank r on workers[r],
+    each logging to WORKDIR/NAME.log. Returns (processes, open logs)."""
+    herd = os.path.join(build, "herd")
+    coord = lab.address(0)
+    logs = []
+
+    def start(node, argv, name):
+        log = open(os.path.join(workdir, name + ".log"), "w")
+        logs.append(log)
+        # UCX takes the namespaces for one host (even with host names of
+        # their own) and would move bytes through shared memory, around
+        # the links: TCP between nodes.
+        return lab.popen(node, argv, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                         env=dict(os.environ, OMP_NUM_THREADS="1", UCX_TLS="tcp"))
+
+    procs = [start(0, with_sets([herd, "coordinator", config, "--listen", f"{coord}:{port}", "--token-file", token],
+                                sets), "coordinator")]
+    time.sleep(0.3)
+    common = ["--coordinator", f"{coord}:{port}", "--token-file", token]
+    for role, nodes in (("server", servers), ("worker", workers)):
+        for r, node in enumerate(nodes):
+            procs.append(start(node, with_sets([f"{herd}-{role}", config, "--rank", str(r)] + common, sets),
+                               f"{role}{r}"))
+    return procs, logs
+
+
+def trace_events(path):
+    """The events of one process's log.trace file (JSON, one event a line)."""
+    events = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip().rstrip(",")
+            if line.startswith("{"):
+                events.append(json.loads(line))
+    return events
 
 
 def count_lines(path):

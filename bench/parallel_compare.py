@@ -63,12 +63,7 @@ def trace_shares(trace_dir, warmup):
     and in-flight time over the step's; the medians over them."""
     blocking, in_flight = collections.defaultdict(list), collections.defaultdict(list)
     for path in sorted(glob.glob(os.path.join(trace_dir, "worker_*.trace.json"))):
-        events = []
-        with open(path) as f:
-            for line in f:
-                line = line.strip().rstrip(",")
-                if line.startswith("{"):
-                    events.append(json.loads(line))
+        events = lab_compare.trace_events(path)
         steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "step"
                        and e.get("name") == "step" and e.get("ph") == "X")[warmup:]
         spans = [(e["name"], e["ts"], e["ts"] + e["dur"]) for e in events
