@@ -3,7 +3,10 @@ every node is made and removed 20 times in a row, its owner ending in turn
 normally, by Ctrl-C (SIGINT to its process group), by SIGTERM and by
 SIGKILL; after each, no namespace, link or process of any lab is left.
 Also: each node has its own address and reaches the others, and a link
-capped at a rate carries about that rate in both directions at once.
+capped at a rate carries about that rate in both directions at once; with
+sites, a transfer between two sites crosses their uplinks at about the
+uplinks' rate and is counted there, one within a site is not, and the
+sites' bridges and uplinks go with the lab.
 Skipped (77) where namespaces cannot be made (not root, no iproute2)."""
 import json
 import os
@@ -104,6 +107,20 @@ def main():
         assert 90e6 < r < 135e6, f"a 1gbit link carried {r / 1e6:.0f} MB/s (expected about 120)"
     print(f"ok  a 1gbit link carries {rate[0] / 1e6:.0f} and {rate[1] / 1e6:.0f} MB/s in its two directions at once")
 
+    with netlab.Lab(nodes=3, rate="1gbit", sites=[0, 0, 1], between="50mbit") as lab:
+        crossed = {}
+        for to in (2, 1):
+            before = lab.uplink_counters(0)["tx_bytes"]
+            rate = transfer(lab, 0, to, megabytes=4)
+            crossed[to] = (lab.uplink_counters(0)["tx_bytes"] - before, rate)
+    assert netlab.leftovers(os.getpid()) == {"netns": 0, "links": 0, "processes": 0}, netlab.leftovers(os.getpid())
+    across, rate = crossed[2]
+    assert 5e6 < rate < 7.5e6, f"between sites over a 50mbit uplink: {rate / 1e6:.1f} MB/s (expected about 6.25)"
+    assert across >= 4 << 20, f"4 MiB sent to the other site, {across} bytes counted on the uplink"
+    assert crossed[1][0] < 1 << 20, f"4 MiB sent within a site, {crossed[1][0]} bytes counted on the uplink"
+    print(f"ok  between sites over a 50mbit uplink: {rate / 1e6:.2f} MB/s, {across / 2**20:.2f} MiB counted for "
+          f"4 MiB; within a site {crossed[1][0]} bytes")
+
     # A lab made later sweeps a dead owner's leftovers: each cycle is
     # checked before the next lab is made, so the sweep cannot hide them.
     times = {}
@@ -131,7 +148,7 @@ print(got / (time.time() - t0), flush=True)
 SEND = r"""
 import socket, sys
 c = socket.create_connection((sys.argv[1], 5000)); buf = b"x" * (1 << 20)
-for _ in range(120): c.sendall(buf)
+for _ in range(int(sys.argv[2]) if len(sys.argv) > 2 else 120): c.sendall(buf)
 c.close()
 """
 
@@ -145,6 +162,15 @@ def measure_duplex(lab):
     for s in senders:
         assert s.wait(timeout=60) == 0
     return [float(r.stdout.readline()) for r in receivers]
+
+
+def transfer(lab, src, dst, megabytes):
+    """MiB from node src to node dst; the rate the receiver saw (bytes/s)."""
+    receiver = lab.popen(dst, [sys.executable, "-c", RECV, lab.address(dst)], stdout=subprocess.PIPE, text=True)
+    assert receiver.stdout.readline().strip() == "listening"
+    sender = lab.popen(src, [sys.executable, "-c", SEND, lab.address(dst), str(megabytes)])
+    assert sender.wait(timeout=60) == 0
+    return float(receiver.stdout.readline())
 
 
 if __name__ == "__main__":
