@@ -4,8 +4,9 @@ directory, nothing of the system's changed) runs examples/slurm's batch
 scripts as a user would submit them:
 
 * herd_ps.sbatch (2 servers, 2 workers), herd_allreduce.sbatch (2
-  workers), herd_pipeline.sbatch (2 pipeline stages) and
-  herd_tensor.sbatch (2 tensor-parallel ranks): srun starts the
+  workers), herd_pipeline.sbatch (2 pipeline stages),
+  herd_tensor.sbatch (2 tensor-parallel ranks) and herd_regions.sbatch
+  (2 regions of a server and 2 workers): srun starts the
   processes, herd takes ranks from SLURM_PROCID
   and SLURM_NTASKS and the coordinator from the script; the losses equal
   `herd launch`'s for the same config bitwise;
@@ -180,7 +181,9 @@ def main():
                 ("allreduce", "herd_allreduce.sbatch", "cluster { sync: ALLREDUCE workers: 2 }"),
                 ("pipeline", "herd_pipeline.sbatch",
                  "cluster { sync: ALLREDUCE workers: 2 pipeline_stages: 2 pipeline_schedule: GPIPE }"),
-                ("tensor", "herd_tensor.sbatch", "cluster { sync: ALLREDUCE workers: 2 tensor_parallel: 2 }")):
+                ("tensor", "herd_tensor.sbatch", "cluster { sync: ALLREDUCE workers: 2 tensor_parallel: 2 }"),
+                ("regions", "herd_regions.sbatch",
+                 "cluster { sync: PARAMETER_SERVER servers: 2 workers: 4 diloco { regions: 2 every: 5 } }")):
             cfg = job(name, cluster_text, 20, 10)
             t0 = time.time()
             jid = cluster.sbatch(script, cfg, cwd=sb.dir, env=env)
