@@ -99,9 +99,9 @@ class ServerProcess {
   // outer steps).
   StatusOr<ParameterShard::StepHooks::Global> RegionScalars(int64_t step, double partial, double loss);
   // The outer step's weights, momentum and kept rounding error of this
-  // server's range, as a shard file (model/checkpoint_format.h's
-  // OuterFileName).
-  Status WriteOuterState(const std::string& path) const;
+  // server's range (zeros where none is kept), as a shard file's arrays
+  // (model/checkpoint_format.h's OuterFileName).
+  ShardView OuterState();
 
   // Constant after construction.
   const config::JobConfig& config_;
@@ -129,7 +129,8 @@ class ServerProcess {
   // A job of regions: the outer steps of this server's range (on the
   // runtime's replica ring, so after it).
   std::unique_ptr<OuterSteps> outer_;
-  ShardImage snapshot_;
+  std::vector<float> no_error_;  // OuterState's zeros, made once
+  ShardImage snapshot_, outer_snapshot_;
   transport::BackgroundCommit background_;
 };
 
@@ -340,19 +341,25 @@ Status ServerProcess::CheckpointAfter(int64_t step) {
     }
     return Status::OK();
   };
-  // A job of regions writes in the foreground yet (its outer state is a
-  // second file that the snapshot does not hold).
-  if (!config_.checkpoint().background() || outer_) {
+  // A job of regions: its outer state too, once the exchange in flight
+  // has taken its outer step.
+  const std::string outer_path = outer_ ? JoinPath(step_dir, OuterFileName(region_, local_)) : "";
+  if (outer_) HERD_RETURN_IF_ERROR(outer_->Settle());
+  if (!config_.checkpoint().background()) {
     return commit([&]() -> Status {
       HERD_RETURN_IF_ERROR(WriteShardPieces(path, CheckpointPieces()));
-      if (!outer_) return Status::OK();
-      HERD_RETURN_IF_ERROR(outer_->Settle());
-      return WriteOuterState(JoinPath(step_dir, OuterFileName(region_, local_)));
+      return outer_ ? WriteShard(outer_path, OuterState()) : Status::OK();
     });
   }
   HERD_RETURN_IF_ERROR(background_.Wait());  // the previous checkpoint first
   snapshot_.Capture(CheckpointPieces());
-  background_.Start([commit, snapshot = &snapshot_, path] { return commit([&] { return snapshot->Write(path); }); });
+  if (outer_) outer_snapshot_.Capture(OuterState());
+  background_.Start([commit, snapshot = &snapshot_, outer = &outer_snapshot_, path, outer_path] {
+    return commit([&]() -> Status {
+      HERD_RETURN_IF_ERROR(snapshot->Write(path));
+      return outer_path.empty() ? Status::OK() : outer->Write(outer_path);
+    });
+  });
   return Status::OK();
 }
 
@@ -368,12 +375,12 @@ StatusOr<ParameterShard::StepHooks::Global> ServerProcess::RegionScalars(int64_t
   return ParameterShard::StepHooks::Global{std::sqrt(sums[0]), sums[1]};
 }
 
-Status ServerProcess::WriteOuterState(const std::string& path) const {
+ShardView ServerProcess::OuterState() {
   const ShardView now = shard_->optimizer().view();
   const OuterOptimizer& outer = outer_->optimizer();
-  const std::vector<float> zero(outer.error() != nullptr ? 0 : outer.size(), 0.0f);
-  return WriteShard(path, {now.begin, now.end, now.step, outer.outer(), outer.momentum(),
-                           outer.error() != nullptr ? outer.error() : zero.data(), now.spikes});
+  if (outer.error() == nullptr) no_error_.resize(outer.size(), 0.0f);
+  return {now.begin, now.end, now.step, outer.outer(), outer.momentum(),
+          outer.error() != nullptr ? outer.error() : no_error_.data(), now.spikes};
 }
 
 std::vector<ShardView> ServerProcess::CheckpointPieces() const {

@@ -107,9 +107,10 @@ ProcessMemory ServerMemory(const JobSizes& j, const ShardPlan& shards, int s) {
   // each. A tensor-parallel rank's part has its replicas' workers alone.
   const int contributors = j.W / std::max(1, j.cluster.tensor_parallel()) / Regions(j.config);
   m.buffers = (j.bf16 ? n * 2 : 0) + (contributors - (j.bf16 ? 0 : 1)) * bucket * j.wire;
-  // A background checkpoint's snapshot of weights, m and v.
-  if (!j.config.checkpoint().dir().empty() && j.config.checkpoint().background() && Regions(j.config) == 1) {
-    m.buffers += 3 * n * kF32;
+  // A background checkpoint's snapshot of weights, m and v (a job of
+  // regions: and of the outer weights, momentum and kept error).
+  if (!j.config.checkpoint().dir().empty() && j.config.checkpoint().background()) {
+    m.buffers += (Regions(j.config) > 1 ? 6 : 3) * n * kF32;
   }
   // A job of regions: the outer step's weights and momentum (and the kept
   // error of a rounded or quantised wire), the longest fragment's
