@@ -210,6 +210,17 @@ class Rules {
   std::vector<Violation>* v_;
 };
 
+// The fragments of a DiLoCo schedule against its period and overlap.
+void CheckDilocoSchedule(const config::DilocoConfig& d, const Rules& need) {
+  need(d.fragments() >= 1, "cluster.diloco.fragments", "must be >= 1 (1: the whole range at once)");
+  need(d.fragments() <= d.every(), "cluster.diloco.fragments",
+       std::to_string(d.fragments()) + " is above cluster.diloco.every " + std::to_string(d.every()) +
+           ": each fragment needs a step of its own");
+  need(d.overlap() >= 0 && (d.overlap() == 0 || d.overlap() < d.every() / std::max(1, d.fragments())),
+       "cluster.diloco.overlap",
+       "must be in [0, every / fragments): one fragment's exchange in flight at a time");
+}
+
 void CheckModel(const config::ModelConfig& m, const Rules& need) {
   need(m.vocab_size() > 0, "model.vocab_size", "must be > 0");
   need(m.hidden_size() > 0, "model.hidden_size", "must be > 0");
@@ -422,13 +433,7 @@ void CheckCluster(const config::ClusterConfig& cl, const Rules& need) {
          quantised ? "must be > 0: with outer_lr 0 the outer weights never move and a quantised wire's kept error "
                      "grows without end"
                    : "must be > 0");
-    need(d.fragments() >= 1, "cluster.diloco.fragments", "must be >= 1 (1: the whole range at once)");
-    need(d.fragments() <= d.every(), "cluster.diloco.fragments",
-         std::to_string(d.fragments()) + " is above cluster.diloco.every " + std::to_string(d.every()) +
-             ": each fragment needs a step of its own");
-    need(d.overlap() >= 0 && (d.overlap() == 0 || d.overlap() < d.every() / std::max(1, d.fragments())),
-         "cluster.diloco.overlap",
-         "must be in [0, every / fragments): one fragment's exchange in flight at a time");
+    CheckDilocoSchedule(d, need);
     need(d.outer_momentum() >= 0 && d.outer_momentum() < 1, "cluster.diloco.outer_momentum", "must be in [0, 1)");
     need(!cl.elastic(), "cluster.elastic", "is not supported together with cluster.diloco yet");
     need(!cl.stream_weights(), "cluster.stream_weights", "is not supported together with cluster.diloco yet");
@@ -530,10 +535,21 @@ Status ApplyOverride(const std::string& assignment, JobConfig* config) {
   return ApplyOverrideImpl(assignment, config, &field);
 }
 
-Status ValidateJobConfig(const JobConfig& config) {
-  std::vector<Violation> violations = CheckValues(config);
+namespace {
+
+Status FirstViolation(const std::vector<Violation>& violations) {
   if (violations.empty()) return Status::OK();
   return Status::InvalidArgument(violations.front().field + ": " + violations.front().message);
+}
+
+}  // namespace
+
+Status ValidateJobConfig(const JobConfig& config) { return FirstViolation(CheckValues(config)); }
+
+Status ValidateDilocoSchedule(const config::DilocoConfig& diloco) {
+  std::vector<Violation> violations;
+  CheckDilocoSchedule(diloco, Rules(&violations));
+  return FirstViolation(violations);
 }
 
 bool StreamsUpdates(const JobConfig& config) {

@@ -37,6 +37,10 @@ Status ApplyOverride(const std::string& assignment, JobConfig* config);
 // Checks values and their relations (e.g. heads divisible by kv heads).
 // Errors name the field path, e.g. "model.num_key_value_heads: ...".
 Status ValidateJobConfig(const JobConfig& config);
+// The part of it that a DiLoCo schedule's fragments, period and overlap
+// keep among themselves (sharding/diloco_plan.h checks them again where a
+// plan is made from a config no one validated).
+Status ValidateDilocoSchedule(const config::DilocoConfig& diloco);
 
 // Text format of the whole config with defaults filled in, for logs and
 // checkpoints.

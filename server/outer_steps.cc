@@ -7,18 +7,6 @@
 #include "model/optim/block_quantizer.h"
 
 namespace herd {
-namespace {
-
-std::optional<BlockCode> CodeOf(config::DilocoConfig::WireDtype wire) {
-  if (wire == config::DilocoConfig::INT8) return BlockCode::kInt8;
-  if (wire == config::DilocoConfig::FP4) return BlockCode::kFp4;
-  return std::nullopt;
-}
-
-// The floats a region's codes of n values take in the gathered buffer.
-int64_t Words(BlockCode code, int64_t n) { return (QuantizedBytes(code, n) + 3) / 4; }
-
-}  // namespace
 
 OuterSteps::OuterSteps(const config::DilocoConfig& diloco, DilocoPlan plan, int server,
                        std::unique_ptr<OuterOptimizer> outer, transport::Collectives* ring,
@@ -29,10 +17,11 @@ OuterSteps::OuterSteps(const config::DilocoConfig& diloco, DilocoPlan plan, int 
       outer_(std::move(outer)),
       ring_(ring),
       in_flight_(landing) {
-  int64_t longest = 0;
-  for (int f = 0; f < plan_.fragments(); ++f) longest = std::max(longest, RunOf(f).size());
+  const int64_t longest = plan_.LongestRun(server_);
   sum_.resize(longest);
-  if (const std::optional<BlockCode> code = CodeOf(wire_)) gathered_.resize(ring_->size() * Words(*code, longest));
+  if (const std::optional<BlockCode> code = BlockCodeOf(wire_)) {
+    gathered_.resize(ring_->size() * QuantizedFloats(*code, longest));
+  }
 }
 
 OuterSteps::~OuterSteps() {
@@ -92,8 +81,8 @@ Status OuterSteps::Take(const ParamRange& run, const float* weights) {
       return Status::OK();
     case config::DilocoConfig::INT8:
     case config::DilocoConfig::FP4: {
-      const BlockCode code = *CodeOf(wire_);
-      auto* mine = reinterpret_cast<uint8_t*>(gathered_.data() + ring_->rank() * Words(code, n));
+      const BlockCode code = *BlockCodeOf(wire_);
+      auto* mine = reinterpret_cast<uint8_t*>(gathered_.data() + ring_->rank() * QuantizedFloats(code, n));
       return outer_->QuantizedPseudoGradient(run.begin, n, w, code, mine);
     }
     default:
@@ -107,8 +96,8 @@ Status OuterSteps::SumAndStep(const ParamRange& run, int64_t step) {
   if (n == 0) return Status::OK();  // the same range's servers of every region hold no part of it alike
   trace::Span span("outer step", "server", {"step", step});
   const int regions = ring_->size();
-  if (const std::optional<BlockCode> code = CodeOf(wire_)) {
-    const int64_t words = Words(*code, n);
+  if (const std::optional<BlockCode> code = BlockCodeOf(wire_)) {
+    const int64_t words = QuantizedFloats(*code, n);
     HERD_RETURN_IF_ERROR(ring_->Wait(ring_->AllGather(gathered_.data(), transport::Partition(regions, words)))
                              .WithContext("the outer step's gather over the regions: "));
     std::fill(sum_.begin(), sum_.begin() + n, 0.0f);

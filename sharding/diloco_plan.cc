@@ -6,22 +6,12 @@
 namespace herd {
 
 StatusOr<DilocoPlan> DilocoPlan::Make(const config::DilocoConfig& diloco, const ShardPlan& plan, int64_t last_step) {
-  const int64_t F = diloco.fragments(), H = diloco.every(), B = static_cast<int64_t>(plan.buckets().size());
-  const std::string f = std::to_string(F);
-  if (F < 1) return Status::InvalidArgument("cluster.diloco.fragments: " + f + " must be >= 1");
-  if (F > H) {
-    return Status::InvalidArgument("cluster.diloco.fragments: " + f + " is above cluster.diloco.every " +
-                                   std::to_string(H) + ": each fragment needs a step of its own");
-  }
+  HERD_RETURN_IF_ERROR(ValidateDilocoSchedule(diloco));
+  const int64_t F = diloco.fragments(), B = static_cast<int64_t>(plan.buckets().size());
   if (F > B) {
-    return Status::InvalidArgument("cluster.diloco.fragments: " + f + " is above the job's " + std::to_string(B) +
+    return Status::InvalidArgument("cluster.diloco.fragments: " + std::to_string(F) + " is above the job's " +
+                                   std::to_string(B) +
                                    " buckets (a fragment is a run of buckets; lower cluster.bucket_mb for more)");
-  }
-  const int64_t overlap = diloco.overlap();
-  if (overlap < 0 || (overlap > 0 && overlap >= H / F)) {
-    return Status::InvalidArgument("cluster.diloco.overlap: " + std::to_string(overlap) + " must be in [0, " +
-                                   std::to_string(H / F) +
-                                   ") (every / fragments): one fragment's exchange in flight at a time");
   }
   return DilocoPlan(diloco, plan, last_step);
 }
@@ -32,6 +22,12 @@ DilocoPlan::DilocoPlan(const config::DilocoConfig& diloco, const ShardPlan& plan
       last_step_(last_step),
       fragments_(diloco.fragments()),
       plan_(plan) {}
+
+int64_t DilocoPlan::LongestRun(int server) const {
+  int64_t longest = 0;
+  for (int f = 0; f < fragments_; ++f) longest = std::max(longest, RunOf(server, f).size());
+  return longest;
+}
 
 ParamRange DilocoPlan::RunOf(int server, int fragment) const {
   const ParamRange& range = plan_.shard(server);

@@ -35,13 +35,16 @@ class DilocoPlan {
   };
 
   // Errors, each naming its setting: fragments < 1, above H or above the
-  // plan's buckets; overlap < 0, or ≥ ⌊H/F⌋ when above 0.
+  // plan's buckets; overlap < 0, or ≥ ⌊H/F⌋ when above 0 (common/config.h's
+  // ValidateDilocoSchedule, and the buckets).
   static StatusOr<DilocoPlan> Make(const config::DilocoConfig& diloco, const ShardPlan& plan, int64_t last_step);
 
   int fragments() const { return fragments_; }
   // Fragment f's run of server `server`'s range (kWhole: the whole range),
   // as offsets into that range.
   ParamRange RunOf(int server, int fragment) const;
+  // The longest of server `server`'s fragments' runs: its buffers' size.
+  int64_t LongestRun(int server) const;
   // The exchange sent after `step`, if one is.
   std::optional<Exchange> SentAfter(int64_t step) const;
   // The exchange in flight after `step`: sent after it or before, landing

@@ -122,15 +122,10 @@ ProcessMemory ServerMemory(const JobSizes& j, const ShardPlan& shards, int s) {
     const bool exact = d.wire_dtype() == config::DilocoConfig::FP32;
     m.optimizer += (exact ? 2 : 3) * n * kF32;
     auto diloco = DilocoPlan::Make(d, shards, j.config.train().steps());
-    int64_t longest = n;  // a plan the job refuses: its whole range
-    if (diloco.ok()) {
-      longest = 0;
-      for (int f = 0; f < diloco->fragments(); ++f) longest = std::max(longest, diloco->RunOf(s, f).size());
-    }
+    const int64_t longest = diloco.ok() ? diloco->LongestRun(s) : n;  // a plan the job refuses: its whole range
     m.buffers += longest * kF32 + 3 * kRingChunksAhead * kRingChunkBytes;
-    if (d.wire_dtype() == config::DilocoConfig::INT8 || d.wire_dtype() == config::DilocoConfig::FP4) {
-      const BlockCode code = d.wire_dtype() == config::DilocoConfig::INT8 ? BlockCode::kInt8 : BlockCode::kFp4;
-      m.buffers += R * ((QuantizedBytes(code, longest) + 3) / 4 * 4);
+    if (const std::optional<BlockCode> code = BlockCodeOf(d.wire_dtype())) {
+      m.buffers += R * QuantizedFloats(*code, longest) * kF32;
     }
   }
   m.runtime = kRuntimeBytes;

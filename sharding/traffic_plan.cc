@@ -189,15 +189,10 @@ StatusOr<int64_t> PlanRegionTraffic(const config::JobConfig& config) {
   for (int s = 0; s < shards.num_servers(); ++s) {
     for (int f = 0; f < diloco.fragments(); ++f) {
       const int64_t n = diloco.RunOf(s, f).size();
-      switch (d.wire_dtype()) {
-        case config::DilocoConfig::INT8:
-        case config::DilocoConfig::FP4: {
-          const BlockCode code = d.wire_dtype() == config::DilocoConfig::INT8 ? BlockCode::kInt8 : BlockCode::kFp4;
-          bytes += (R - 1) * static_cast<double>((QuantizedBytes(code, n) + 3) / 4 * 4);
-          break;
-        }
-        default:
-          bytes += 2 * RingPass(R, static_cast<double>(n), d.wire_dtype() == config::DilocoConfig::BF16 ? 2 : 4);
+      if (const std::optional<BlockCode> code = BlockCodeOf(d.wire_dtype())) {
+        bytes += (R - 1) * 4.0 * static_cast<double>(QuantizedFloats(*code, n));
+      } else {
+        bytes += 2 * RingPass(R, static_cast<double>(n), d.wire_dtype() == config::DilocoConfig::BF16 ? 2 : 4);
       }
     }
   }

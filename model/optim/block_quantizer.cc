@@ -29,7 +29,15 @@ float Fp4Value(uint8_t code) { return (code & 8) != 0 ? -kFp4[code & 7] : kFp4[c
 
 }  // namespace
 
+std::optional<BlockCode> BlockCodeOf(config::DilocoConfig::WireDtype wire) {
+  if (wire == config::DilocoConfig::INT8) return BlockCode::kInt8;
+  if (wire == config::DilocoConfig::FP4) return BlockCode::kFp4;
+  return std::nullopt;
+}
+
 int64_t BlockValues(BlockCode code) { return code == BlockCode::kInt8 ? 256 : 64; }
+
+int64_t QuantizedFloats(BlockCode code, int64_t n) { return (QuantizedBytes(code, n) + 3) / 4; }
 
 int64_t QuantizedBytes(BlockCode code, int64_t n) {
   const int64_t b = BlockValues(code), full = n / b, tail = n % b;

@@ -10,15 +10,23 @@
 
 #include <cstdint>
 
+#include <optional>
+
+#include "common/config.h"
 #include "common/status.h"
 
 namespace herd {
 
 enum class BlockCode { kInt8, kFp4 };
 
+// The code of a wire dtype between regions; none for FP32 and BF16.
+std::optional<BlockCode> BlockCodeOf(config::DilocoConfig::WireDtype wire);
+
 // Values a block holds, and the bytes n values take.
 int64_t BlockValues(BlockCode code);
 int64_t QuantizedBytes(BlockCode code, int64_t n);
+// The same in whole floats, as the codes travel in a gather of floats.
+int64_t QuantizedFloats(BlockCode code, int64_t n);
 
 // Quantises x[0, n) into out[0, QuantizedBytes) and leaves in x what the
 // codes lose (x − dequantised): error feedback's kept remainder. Fails on
