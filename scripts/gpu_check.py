@@ -86,7 +86,7 @@ class Check:
         """Runs `cmd` for at most cap_s (and never past the deadline less a
         margin); its output goes to the log. Returns (returncode or None
         when stopped, 127 when there is no such program; stdout, stderr)."""
-        limit = max(1.0, min(cap_s, self.left() - 10))
+        limit = max(1.0, min(cap_s, self.a.cap_s or cap_s, self.left() - 10))
         self.log.write(f"\n=== {what}: {' '.join(cmd)} (limit {limit:.0f} s)\n")
         self.log.flush()
         started = time.monotonic()
@@ -371,23 +371,39 @@ def phase_converge(c):
         c.record("converge", what="bf16 final held-out loss within 2% of fp32's", gap=gap, ok=gap <= 0.02)
 
 
+# Each sanitizer over the tests where its verdict means something:
+#  memcheck and synccheck over every CUDA test. memcheck's API-error
+#  reports are off: herd stops on any CUDA error of its own calls
+#  (HERD_CUDA_CHECK), and NCCL's init probes kernels built for other
+#  devices with cudaFuncGetAttributes, which reports an error it expects.
+#  racecheck and initcheck over the kernel tests, which take every kernel
+#  (the tensor-core attention included). The model tests add no kernel but
+#  run them for tens of seconds under racecheck; and initcheck does not see
+#  cuBLASLt's bf16 products (Hopper's bulk tensor stores) write their
+#  outputs, so a kernel reading one is reported as reading uninitialised
+#  memory. The kernel tests start every buffer as NaN instead.
+SANITIZERS = (("memcheck", "all", ["--report-api-errors", "no"]), ("synccheck", "all", []),
+              ("racecheck", "kernels", []), ("initcheck", "kernels", []))
+
+
 def phase_sanitize(c):
     sanitizer = tool_path("compute-sanitizer")
     if sanitizer is None:
         c.record("sanitize", skipped="no compute-sanitizer found")
         return
-    tools = ("memcheck", "racecheck", "synccheck", "initcheck")
-    for i, tool in enumerate(tools):
-        share = c.left() / (len(tools) - i) - 5
+    filters = {"all": c.a.sanitize_filter or cuda_test_filter(), "kernels": c.a.sanitize_kernel_filter}
+    for i, (tool, tests, flags) in enumerate(SANITIZERS):
+        share = c.left() / (len(SANITIZERS) - i) - 5
         if share < 30:
             c.record("sanitize", what=tool, skipped="out of time")
             continue
         code, out, err = c.run("compute-sanitizer " + tool, [
-            sanitizer, "--tool", tool, "--error-exitcode", "9", "--print-limit", "20",
-            os.path.join(c.bin, "herd_tests"), "--gtest_filter=" + c.a.sanitize_filter], share, env=c.test_env)
+            sanitizer, "--tool", tool, *flags, "--error-exitcode", "9", "--print-limit", "20",
+            os.path.join(c.bin, "herd_tests"), "--gtest_filter=" + filters[tests]], share, env=c.test_env)
         summary = re.findall(r"========= (ERROR SUMMARY: .*|RACECHECK SUMMARY: .*)", out + err)
-        c.record("sanitize", what=tool, exit=code, summary=summary[-1:] if summary else None,
-                 ok=code == 0, timed_out=code is None)
+        ran = re.findall(r"\[  PASSED  \] (\d+) test", out)
+        c.record("sanitize", what=tool, tests=tests, passed=int(ran[-1]) if ran else 0, exit=code,
+                 summary=summary[-1:] if summary else None, ok=code == 0, timed_out=code is None)
 
 
 def kernel_times(lines):
@@ -467,9 +483,14 @@ def main():
     ap.add_argument("--out", required=True, help="where results.jsonl, log.txt, curves.jsonl, profile.csv go")
     ap.add_argument("--phases", default=",".join(PHASES[:5]), help="comma-separated, from " + ",".join(PHASES))
     ap.add_argument("--deadline-s", type=float, default=540, help="stop starting work after this many seconds")
+    ap.add_argument("--cap-s", type=float, default=0,
+                    help="stop any one command after this many seconds (0: each phase's own limits), so that "
+                         "one hung command cannot take a short lease's whole time")
     ap.add_argument("--python", default="python3", help="the Python with PyTorch (CUDA) for the anchors")
-    ap.add_argument("--sanitize-filter", default="KernelTest/*.*:OptimizerKernels.*",
-                    help="the gtests the sanitizers run")
+    ap.add_argument("--sanitize-filter", default="",
+                    help="the gtests memcheck and synccheck run (default: every CUDA test)")
+    ap.add_argument("--sanitize-kernel-filter", default="KernelTest/*.*:OptimizerKernels.*",
+                    help="the gtests racecheck and initcheck run")
     ap.add_argument("--small", action="store_true", help="tiny shapes throughout (a dry run on the emulated device)")
     ap.add_argument("--modes", default="", help="modes: only those whose name this regular expression finds")
     ap.add_argument("--trace", action="store_true", help="modes: trace each job (log.trace) and say where its steps go")
