@@ -1,6 +1,6 @@
-// What a CPU ring (transport/ring_collectives.h) holds beside its callers'
-// buffers, bounded by design so that the memory plan
-// (sharding/memory_plan.h) can count it.
+// What a CPU ring (transport/ring_collectives.h) and the outer steps' wire
+// (transport/outer_wire.h) hold beside their callers' buffers, bounded by
+// design so that the memory plan (sharding/memory_plan.h) can count it.
 #pragma once
 
 #include <cstdint>
@@ -22,5 +22,10 @@ inline constexpr int kRingChunksInFlight = 8;
 // be arriving while the next one's come early), the left-hand neighbour's
 // chunks being received, and this rank's bf16 copies being sent.
 inline constexpr int kRingChunkBuffers = 2 * kRingChunksAhead + 2 * kRingChunksInFlight;
+
+// The outer wire: the exchanges of another region it holds at most, each
+// one contribution (a region runs at most one exchange ahead of another:
+// it cannot land the one in flight without this server's contribution).
+inline constexpr int kOuterHeldPerRegion = 2;
 
 }  // namespace herd

@@ -1,27 +1,41 @@
 #include "server/outer_steps.h"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
+#include "common/bf16.h"
 #include "common/trace.h"
 #include "model/optim/block_quantizer.h"
 
 namespace herd {
 
+transport::OuterWire::Options OuterSteps::WireOptions(const config::DilocoConfig& diloco, const DilocoPlan& plan,
+                                                      int server, int region, std::vector<transport::PeerId> peers) {
+  transport::OuterWire::Options o;
+  o.region = region;
+  o.peers = std::move(peers);
+  o.payload = BlockCodeOf(diloco.wire_dtype())               ? transport::OuterWire::Payload::kCodes
+              : diloco.wire_dtype() == config::DilocoConfig::BF16 ? transport::OuterWire::Payload::kBf16
+                                                                : transport::OuterWire::Payload::kFloat32;
+  for (int f = 0; f < plan.fragments(); ++f) {
+    o.fragment_bytes.push_back(ContributionBytes(diloco.wire_dtype(), plan.RunOf(server, f).size()));
+  }
+  return o;
+}
+
 OuterSteps::OuterSteps(const config::DilocoConfig& diloco, DilocoPlan plan, int server,
-                       std::unique_ptr<OuterOptimizer> outer, transport::Collectives* ring,
+                       std::unique_ptr<OuterOptimizer> outer, transport::OuterWire* wire,
                        std::optional<DilocoPlan::Exchange> landing)
-    : wire_(diloco.wire_dtype()),
+    : wire_dtype_(diloco.wire_dtype()),
       plan_(std::move(plan)),
       server_(server),
       outer_(std::move(outer)),
-      ring_(ring),
+      wire_(wire),
       in_flight_(landing) {
   const int64_t longest = plan_.LongestRun(server_);
   sum_.resize(longest);
-  if (const std::optional<BlockCode> code = BlockCodeOf(wire_)) {
-    gathered_.resize(ring_->size() * QuantizedFloats(*code, longest));
-  }
+  mine_.resize((ContributionBytes(wire_dtype_, longest) + 3) / 4);
 }
 
 OuterSteps::~OuterSteps() {
@@ -48,7 +62,7 @@ Status OuterSteps::After(int64_t step, float* weights) {
     for (int f = 0; f < plan_.fragments(); ++f) {
       const ParamRange run = RunOf(f);
       HERD_RETURN_IF_ERROR(Take(run, weights).WithContext(at));
-      HERD_RETURN_IF_ERROR(SumAndStep(run, step).WithContext(at));
+      HERD_RETURN_IF_ERROR(SumAndStep(run, step, f).WithContext(at));
       Land(run, weights);
     }
     return Status::OK();
@@ -56,12 +70,13 @@ Status OuterSteps::After(int64_t step, float* weights) {
   const ParamRange run = RunOf(sent->fragment);
   HERD_RETURN_IF_ERROR(Take(run, weights).WithContext(at));
   if (sent->lands == step) {
-    HERD_RETURN_IF_ERROR(SumAndStep(run, step).WithContext(at));
+    HERD_RETURN_IF_ERROR(SumAndStep(run, step, sent->fragment).WithContext(at));
     Land(run, weights);
     return Status::OK();
   }
   in_flight_ = sent;
-  exchange_ = std::async(std::launch::async, [this, run, step] { return SumAndStep(run, step); });
+  exchange_ = std::async(std::launch::async,
+                         [this, run, step, fragment = sent->fragment] { return SumAndStep(run, step, fragment); });
   return Status::OK();
 }
 
@@ -70,49 +85,54 @@ Status OuterSteps::Settle() {
   return failed_;
 }
 
-void OuterSteps::Abandon(const Status& why) { ring_->Fail(why); }
+void OuterSteps::Abandon(const Status& why) { wire_->Fail(why); }
 
 Status OuterSteps::Take(const ParamRange& run, const float* weights) {
   const int64_t n = run.size();
   const float* w = weights + run.begin;
-  switch (wire_) {
+  switch (wire_dtype_) {
     case config::DilocoConfig::BF16:
+      // Rounded to bf16 values (the error kept), then their bits: exact.
       outer_->RoundedPseudoGradient(run.begin, n, w, sum_.data());
+      FloatsToBf16(sum_.data(), reinterpret_cast<uint16_t*>(mine_.data()), n);
       return Status::OK();
     case config::DilocoConfig::INT8:
-    case config::DilocoConfig::FP4: {
-      const BlockCode code = *BlockCodeOf(wire_);
-      auto* mine = reinterpret_cast<uint8_t*>(gathered_.data() + ring_->rank() * QuantizedFloats(code, n));
-      return outer_->QuantizedPseudoGradient(run.begin, n, w, code, mine);
-    }
+    case config::DilocoConfig::FP4:
+      return outer_->QuantizedPseudoGradient(run.begin, n, w, *BlockCodeOf(wire_dtype_),
+                                             reinterpret_cast<uint8_t*>(mine_.data()));
     default:
-      outer_->PseudoGradient(run.begin, n, w, sum_.data());
+      outer_->PseudoGradient(run.begin, n, w, mine_.data());
       return Status::OK();
   }
 }
 
-Status OuterSteps::SumAndStep(const ParamRange& run, int64_t step) {
+Status OuterSteps::Add(const void* bytes, const ParamRange& run) {
+  const int64_t n = run.size();
+  float* sum = sum_.data();
+  if (const std::optional<BlockCode> code = BlockCodeOf(wire_dtype_)) {
+    return AddDequantized(static_cast<const uint8_t*>(bytes), n, *code, sum);
+  }
+  const bool bf16 = wire_dtype_ == config::DilocoConfig::BF16;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = bf16 ? Bf16ToFloat(static_cast<const uint16_t*>(bytes)[i]) : static_cast<const float*>(bytes)[i];
+    if (!std::isfinite(v)) {
+      return Status::Corruption("the value at flat offset " + std::to_string(run.begin + i) + " is " +
+                                std::to_string(v));
+    }
+    sum[i] += v;
+  }
+  return Status::OK();
+}
+
+Status OuterSteps::SumAndStep(const ParamRange& run, int64_t step, int fragment) {
   const int64_t n = run.size();
   if (n == 0) return Status::OK();  // the same range's servers of every region hold no part of it alike
   trace::Span span("outer step", "server", {"step", step});
-  const int regions = ring_->size();
-  if (const std::optional<BlockCode> code = BlockCodeOf(wire_)) {
-    const int64_t words = QuantizedFloats(*code, n);
-    HERD_RETURN_IF_ERROR(ring_->Wait(ring_->AllGather(gathered_.data(), transport::Partition(regions, words)))
-                             .WithContext("the outer step's gather over the regions: "));
-    std::fill(sum_.begin(), sum_.begin() + n, 0.0f);
-    for (int k = 0; k < regions; ++k) {
-      const auto* codes = reinterpret_cast<const uint8_t*>(gathered_.data() + k * words);
-      HERD_RETURN_IF_ERROR(AddDequantized(codes, n, *code, sum_.data())
-                               .WithContext("region " + std::to_string(k) + "'s pseudo-gradient of [" +
-                                            std::to_string(run.begin) + ", " + std::to_string(run.end) + "): "));
-    }
-  } else {
-    const transport::Wire wire = wire_ == config::DilocoConfig::BF16 ? transport::Wire::kBf16 : transport::Wire::kFloat32;
-    HERD_RETURN_IF_ERROR(ring_->Wait(ring_->AllReduce(sum_.data(), n, transport::DType::kFloat32, wire))
-                             .WithContext("the outer step's sum over the regions: "));
-  }
-  outer_->Step(run.begin, n, sum_.data(), regions);
+  HERD_RETURN_IF_ERROR(wire_->Send(step, fragment, mine_.data()));
+  std::fill(sum_.begin(), sum_.begin() + n, 0.0f);
+  HERD_RETURN_IF_ERROR(
+      wire_->Sum(step, fragment, mine_.data(), [this, &run](int, const void* bytes) { return Add(bytes, run); }));
+  outer_->Step(run.begin, n, sum_.data(), wire_->regions());
   return Status::OK();
 }
 

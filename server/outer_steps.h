@@ -1,7 +1,7 @@
 // A server's part in a job of regions (cluster.diloco): DiLoCo's outer
 // steps of its range, fragment by fragment as the DilocoPlan schedules
-// them, over the ring of the same range's servers across the regions
-// (ring rank = region).
+// them, with the same range's servers of the other regions over the outer
+// wire (transport/outer_wire.h).
 //
 // After an inner step that sends a fragment, its pseudo-gradient is taken
 // from the region's weights at once (rounded or quantised, the error kept,
@@ -9,8 +9,10 @@
 // step run on a thread of their own while the inner steps go on (overlap
 // > 0) or before the step's weights are served (overlap 0). After the
 // step it lands on, the fragment's weights become the new outer weights.
-// Every region sums the same contributions in the same order, so every
-// region lands the same bits.
+// Every region sums the same contributions in region order, so every
+// region lands the same bits. A contribution is checked before it is
+// added: fp32 and bf16 values must be finite, block codes as
+// AddDequantized checks them.
 #pragma once
 
 #include <cstdint>
@@ -23,7 +25,7 @@
 #include "common/status.h"
 #include "model/optim/outer_optimizer.h"
 #include "sharding/diloco_plan.h"
-#include "transport/collectives.h"
+#include "transport/outer_wire.h"
 
 namespace herd {
 
@@ -32,25 +34,30 @@ class OuterSteps {
   // `server`: this server's index in its region's plan. `landing`: an
   // exchange whose outer step the optimizer's state already holds (a
   // checkpoint taken while it was in flight), to land when it is due.
+  // `wire`: made from WireOptions.
   OuterSteps(const config::DilocoConfig& diloco, DilocoPlan plan, int server, std::unique_ptr<OuterOptimizer> outer,
-             transport::Collectives* ring, std::optional<DilocoPlan::Exchange> landing);
-  // Waits for the exchange in flight (Abandon first where the ring may
+             transport::OuterWire* wire, std::optional<DilocoPlan::Exchange> landing);
+  // Waits for the exchange in flight (Abandon first where the wire may
   // never finish it).
   ~OuterSteps();
+
+  // The outer wire this server's contributions travel on: `peers[k]` is
+  // region k's server of the same range.
+  static transport::OuterWire::Options WireOptions(const config::DilocoConfig& diloco, const DilocoPlan& plan,
+                                                   int server, int region, std::vector<transport::PeerId> peers);
 
   // Whether After(step) changes the weights served for the next step (a
   // fragment sent with no overlap, or one that lands).
   bool Replaces(int64_t step) const;
   // The step thread, after inner step `step`'s update and before its
   // weights are served: lands what is due, sends what the plan sends.
-  // Errors: the ring's (a lost region), or bytes a region sent that no
-  // quantiser writes.
+  // Errors: the wire's (a lost region), or a contribution that fails its
+  // check.
   Status After(int64_t step, float* weights);
   // Waits until the exchange in flight has taken its outer step (not
   // landed): the optimizer's state is then a checkpoint's.
   Status Settle();
-  // Fails the ring's operations with `why`, so that an exchange in flight
-  // ends.
+  // Fails the wire with `why`, so that an exchange in flight ends.
   void Abandon(const Status& why);
 
   const OuterOptimizer& optimizer() const { return *outer_; }
@@ -58,26 +65,30 @@ class OuterSteps {
  private:
   // This server's run of the exchange's fragment(s).
   ParamRange RunOf(int fragment) const { return plan_.RunOf(server_, fragment); }
-  // Step thread: the pseudo-gradient of `run` of `weights` into the
-  // buffers the exchange sends.
+  // Step thread: the pseudo-gradient of `run` of `weights`, as the wire
+  // carries it, into mine_.
   Status Take(const ParamRange& run, const float* weights);
-  // The sum over the regions of what Take left, and the outer step.
-  Status SumAndStep(const ParamRange& run, int64_t step);
+  // Sends what Take left, sums the regions' contributions to exchange
+  // (step, fragment), and takes the outer step.
+  Status SumAndStep(const ParamRange& run, int64_t step, int fragment);
+  // Adds one region's contribution to `run` to sum_, checked.
+  Status Add(const void* bytes, const ParamRange& run);
   // The fragment's weights become the outer weights.
   void Land(const ParamRange& run, float* weights) const;
 
   // Constant after construction.
-  const config::DilocoConfig::WireDtype wire_;
+  const config::DilocoConfig::WireDtype wire_dtype_;
   const DilocoPlan plan_;
   const int server_;
 
   // Owned by the step thread, and by the exchange's thread while one is in
-  // flight (exchange_ valid): the outer state, the pseudo-gradient (fp32,
-  // the regions' sum) and the gathered codes of every region.
+  // flight (exchange_ valid): the outer state, this server's contribution
+  // as it travels (fp32, bf16 or codes, in words of 4 bytes) and the
+  // regions' sum.
   std::unique_ptr<OuterOptimizer> outer_;
-  transport::Collectives* const ring_;
+  transport::OuterWire* const wire_;
+  std::vector<float> mine_;
   std::vector<float> sum_;
-  std::vector<float> gathered_;
   std::optional<DilocoPlan::Exchange> in_flight_;
   Status failed_;  // the last exchange's, once settled
   // Last: its destructor waits for the thread that uses the above.

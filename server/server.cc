@@ -127,7 +127,7 @@ class ServerProcess {
   std::unique_ptr<ParameterShard> shard_;
   std::unique_ptr<transport::NodeRuntime> runtime_;
   // A job of regions: the outer steps of this server's range (on the
-  // runtime's replica ring, so after it).
+  // runtime's outer wire, so after it).
   std::unique_ptr<OuterSteps> outer_;
   std::vector<float> no_error_;  // OuterState's zeros, made once
   ShardImage snapshot_, outer_snapshot_;
@@ -213,9 +213,8 @@ Status ServerProcess::Prepare(transport::NodeRuntime& runtime, transport::Coordi
   }
   shard_ = std::make_unique<ParameterShard>(o, std::move(optimizer));
   if (regions > 1) {
-    // A region's servers (their norm) and the same range's servers of
-    // every region, in region order (the outer steps).
-    runtime.StartRing(client, region_servers_, wire::SERVER);
+    // A region's servers (their norm).
+    runtime.StartGroupRing(client, region_servers_, wire::SERVER);
     const config::DilocoConfig& d = config_.cluster().diloco();
     const OuterOptions outer{d.outer_lr(), d.outer_momentum()};
     HERD_ASSIGN_OR_RETURN(DilocoPlan diloco, DilocoPlan::Make(d, plan_, config_.train().steps()));
@@ -233,8 +232,14 @@ Status ServerProcess::Prepare(transport::NodeRuntime& runtime, transport::Coordi
     } else {
       optimizer = std::make_unique<OuterOptimizer>(outer, shard_->weights(), range.size());
     }
-    outer_ = std::make_unique<OuterSteps>(d, std::move(diloco), local_, std::move(optimizer), runtime.replica_ring(),
-                                          landing);
+    // The same range's servers of every region (the outer steps).
+    std::vector<transport::PeerId> peers;
+    for (int k = 0; k < regions; ++k) {
+      peers.push_back(transport::MemberPeerId(client, wire::SERVER, k * region_servers_ + local_));
+    }
+    transport::OuterWire* wire =
+        runtime.StartOuterWire(OuterSteps::WireOptions(d, diloco, local_, region_, std::move(peers)));
+    outer_ = std::make_unique<OuterSteps>(d, std::move(diloco), local_, std::move(optimizer), wire, landing);
   }
   const uint64_t bytes = range.size() * sizeof(float);
   HERD_RETURN_IF_ERROR(runtime.transport().RegisterMemory(shard_->weights(), bytes));

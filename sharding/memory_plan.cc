@@ -113,20 +113,20 @@ ProcessMemory ServerMemory(const JobSizes& j, const ShardPlan& shards, int s) {
     m.buffers += (Regions(j.config) > 1 ? 6 : 3) * n * kF32;
   }
   // A job of regions: the outer step's weights and momentum (and the kept
-  // error of a rounded or quantised wire), the longest fragment's
-  // pseudo-gradient summed over the regions (and every region's codes of
-  // it), and the buffers of the rings (the servers', the region's, the
-  // range's across the regions).
+  // error of a rounded or quantised wire); for the longest fragment, the
+  // regions' sum, this server's contribution as it travels, the outer
+  // wire's copy of it and the other regions' contributions it may hold
+  // (kOuterHeldPerRegion each); the buffers of the region's
+  // ring.
   if (const int R = Regions(j.config); R > 1) {
     const config::DilocoConfig& d = j.cluster.diloco();
     const bool exact = d.wire_dtype() == config::DilocoConfig::FP32;
     m.optimizer += (exact ? 2 : 3) * n * kF32;
     auto diloco = DilocoPlan::Make(d, shards, j.config.train().steps());
     const int64_t longest = diloco.ok() ? diloco->LongestRun(s) : n;  // a plan the job refuses: its whole range
-    m.buffers += longest * kF32 + 3 * kRingChunksAhead * kRingChunkBytes;
-    if (const std::optional<BlockCode> code = BlockCodeOf(d.wire_dtype())) {
-      m.buffers += R * QuantizedFloats(*code, longest) * kF32;
-    }
+    const int64_t contribution = ContributionBytes(d.wire_dtype(), longest);
+    m.buffers += longest * kF32 + (2 + kOuterHeldPerRegion * (R - 1)) * contribution +
+                 kRingChunksAhead * kRingChunkBytes;
   }
   m.runtime = kRuntimeBytes;
   return m;

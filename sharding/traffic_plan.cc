@@ -188,12 +188,9 @@ StatusOr<int64_t> PlanRegionTraffic(const config::JobConfig& config) {
   double bytes = 0;  // one region's servers'
   for (int s = 0; s < shards.num_servers(); ++s) {
     for (int f = 0; f < diloco.fragments(); ++f) {
+      // Its contribution to every other region's server of the range.
       const int64_t n = diloco.RunOf(s, f).size();
-      if (const std::optional<BlockCode> code = BlockCodeOf(d.wire_dtype())) {
-        bytes += (R - 1) * 4.0 * static_cast<double>(QuantizedFloats(*code, n));
-      } else {
-        bytes += 2 * RingPass(R, static_cast<double>(n), d.wire_dtype() == config::DilocoConfig::BF16 ? 2 : 4);
-      }
+      if (n > 0) bytes += (R - 1) * static_cast<double>(ContributionBytes(d.wire_dtype(), n));
     }
   }
   return static_cast<int64_t>(R * bytes);

@@ -43,10 +43,10 @@ StatusOr<WorkerTraffic> PlanWorkerTraffic(const config::JobConfig& config);
 // A job of regions (cluster.diloco): the payload bytes the servers send
 // between regions over one outer period (every fragment's outer step
 // once), summed over every server; nothing else crosses between regions
-// but control messages. A range of n floats on each of its R servers:
-// the fp32 or bf16 ring all-reduce sends 2(R−1)/R · n values from each
-// server; INT8 and FP4 gather (R−1) times each server's codes of every
-// fragment's run. Zero without regions.
+// but control messages and the outer wire's headers: each server sends
+// its contribution to every fragment's run (ContributionBytes: fp32, bf16
+// or block codes) to the same range's server of each of the R−1 other
+// regions. Zero without regions.
 StatusOr<int64_t> PlanRegionTraffic(const config::JobConfig& config);
 
 }  // namespace herd

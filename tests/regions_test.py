@@ -12,7 +12,7 @@ tiny model, 30 steps, through `herd launch`:
   global batch makes;
 * pseudo-gradients in bf16 between the regions (each server's rounding
   error fed back into its next one): within 1% of fp32's losses, a rerun
-  bitwise, and the servers send the outer ring's bytes halved;
+  bitwise, and the servers send the outer wire's bytes halved;
 * with clipping (each region's norm over its own servers, summed on
   their ring: the regions never wait for each other between outer
   steps), 2 servers a region within 1e-6 of 1; and
@@ -25,7 +25,7 @@ tiny model, 30 steps, through `herd launch`:
   process;
 * INT8 and FP4 pseudo-gradients (blocks with fp32 scales, the error fed
   back): within 1% and 3% of fp32's losses, int8 a rerun bitwise and a
-  stop at 12 + --resume bitwise, the outer ring's bytes as the blocks'
+  stop at 12 + --resume bitwise, the outer wire's bytes as the blocks'
   sizes give;
 * 2 fragments (Streaming DiLoCo), each overlapping one inner step: a rerun
   bitwise, it learns, and a stop after step 12, with a fragment in flight,
@@ -76,7 +76,7 @@ def main():
     print(f"2 regions, H=5: a rerun and 2 servers a region bitwise the same; its loss dropped "
           f"{drop(losses('r2')):.3f} against synchronous PS's {drop(losses('sync')):.3f}")
 
-    # A bf16 wire between the regions: half the outer ring's bytes, its
+    # A bf16 wire between the regions: half the outer wire's bytes, its
     # rounding fed back into the next outer step.
     def server_bytes(name):
         return sum(json.load(open(sb.path(name + "_sum", f)))["bytes_sent_per_step"]
@@ -88,8 +88,8 @@ def main():
     assert losses("r2_f32") == losses("r2"), "FP32 is the default wire"
     assert losses("r2_bf16_again") == losses("r2_bf16"), "a bf16 wire, rerun"
     wb = herdtest.within(losses("r2_bf16"), losses("r2"), "a bf16 wire against fp32", 0.01)
-    # Each of the 2 servers (one a region) sends 2(R-1)/R of its range's
-    # floats, the whole flat space here, every outer step (6 in 30 steps):
+    # Each of the 2 servers (one a region) sends its range's values to
+    # the other region's server (R-1 = 1 contribution), the whole flat space here, every outer step (6 in 30 steps):
     # 2 bytes each fewer with bf16.
     n = 102_720  # the tiny model's flat space, padding included
     saved = server_bytes("r2_f32") - server_bytes("r2_bf16")
@@ -98,8 +98,8 @@ def main():
     print(f"a bf16 wire: within {wb:.2g} of fp32, a rerun bitwise; the servers sent {saved:.0f} bytes a step "
           f"fewer, {expected:.0f} expected")
 
-    # INT8 and FP4 blocks between the regions: each region's codes
-    # gathered, summed in region order by every server.
+    # INT8 and FP4 blocks between the regions: each region's codes sent
+    # to every other, summed in region order by every server.
     for name, wire in (("r2_int8", "INT8"), ("r2_int8_again", "INT8"), ("r2_fp4", "FP4")):
         text = open(job(name, regions(2, more=f"wire_dtype: {wire}"))).read()
         sb.run("launch", sb.write(name + ".textproto", text.replace("log {", f'log {{ summary_dir: "{name}_sum"')))
@@ -114,7 +114,7 @@ def main():
         sent = server_bytes("r2_f32") - server_bytes(name)
         expected = 2 * (4 * n - codes) * 6 / STEPS
         assert abs(sent / expected - 1) < 0.05, (name, sent, expected)
-    print(f"an int8 wire within {wi:.2g} of fp32 (a rerun bitwise), fp4 within {wf:.2g}; the outer ring's bytes "
+    print(f"an int8 wire within {wi:.2g} of fp32 (a rerun bitwise), fp4 within {wf:.2g}; the outer wire's bytes "
           f"as the blocks' sizes give")
 
     # Streaming DiLoCo: 2 fragments (bucket runs) sent at staggered steps,

@@ -23,6 +23,7 @@ StatusOr<std::unique_ptr<NodeRuntime>> NodeRuntime::Join(const Options& options,
          {rt.ring_.get(), rt.shard_ring_.get(), rt.replica_ring_.get(), rt.strided_ring_.get()}) {
       if (ring != nullptr) ring->Fail(failure);
     }
+    if (rt.outer_wire_) rt.outer_wire_->Fail(failure);
   });
   return runtime;
 }
@@ -42,6 +43,18 @@ void NodeRuntime::StartRing(CoordinatorClient& client, int shard_group_size, wir
     replica_ring_ = std::make_unique<RingCollectives>(transport_.get(), rank / G, peers_of(rank % G, G, W / G),
                                                       kRingChunkBytes, kAmReplicaRing);
   }
+}
+
+void NodeRuntime::StartGroupRing(CoordinatorClient& client, int group_size, wire::Role role) {
+  const int rank = client.rank(), G = group_size;
+  std::vector<PeerId> peers;
+  for (int i = 0; i < G; ++i) peers.push_back(MemberPeerId(client, role, rank / G * G + i));
+  shard_ring_ = std::make_unique<RingCollectives>(transport_.get(), rank % G, peers, kRingChunkBytes, kAmShardRing);
+}
+
+OuterWire* NodeRuntime::StartOuterWire(OuterWire::Options options) {
+  outer_wire_ = std::make_unique<OuterWire>(transport_.get(), std::move(options));
+  return outer_wire_.get();
 }
 
 void NodeRuntime::StartStridedRing(CoordinatorClient& client, int stride, int count) {

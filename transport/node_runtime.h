@@ -18,6 +18,7 @@
 #include "common/status.h"
 #include "transport/coordinator_client.h"
 #include "transport/join.h"
+#include "transport/outer_wire.h"
 #include "transport/push_pull.h"
 #include "transport/ring_collectives.h"
 #include "transport/ucx_transport.h"
@@ -55,6 +56,12 @@ class NodeRuntime {
   // servers: the group is a region's servers (their norm), the replicas
   // one range's servers across the regions (the outer steps).
   void StartRing(CoordinatorClient& client, int shard_group_size = 0, wire::Role role = wire::WORKER);
+  // In prepare: a ring within this member's group of `group_size` members
+  // of `role` (ranks g·G … g·G+G−1) alone, as shard_ring(): a job of
+  // regions' servers, whose group is a region's servers (their norm).
+  void StartGroupRing(CoordinatorClient& client, int group_size, wire::Role role);
+  // In prepare: the wire of a job of regions' outer steps (a server's).
+  OuterWire* StartOuterWire(OuterWire::Options options);
   // In prepare, after StartRing: a ring of `count` workers `stride` ranks
   // apart inside this worker's block of stride·count consecutive ranks: a
   // context-parallel group (ranks (replica·C + c)·T + t: C ranks T apart)
@@ -81,6 +88,8 @@ class NodeRuntime {
   RingCollectives* replica_ring() { return replica_ring_.get(); }
   // Null unless started (StartStridedRing).
   RingCollectives* strided_ring() { return strided_ring_.get(); }
+  // Null unless started (StartOuterWire).
+  OuterWire* outer_wire() { return outer_wire_.get(); }
 
  private:
   NodeRuntime() = default;
@@ -92,6 +101,7 @@ class NodeRuntime {
   std::unique_ptr<RingCollectives> shard_ring_;
   std::unique_ptr<RingCollectives> replica_ring_;
   std::unique_ptr<RingCollectives> strided_ring_;
+  std::unique_ptr<OuterWire> outer_wire_;
   std::unique_ptr<CoordinatorClient> client_;
 };
 

@@ -37,7 +37,10 @@ std::optional<BlockCode> BlockCodeOf(config::DilocoConfig::WireDtype wire) {
 
 int64_t BlockValues(BlockCode code) { return code == BlockCode::kInt8 ? 256 : 64; }
 
-int64_t QuantizedFloats(BlockCode code, int64_t n) { return (QuantizedBytes(code, n) + 3) / 4; }
+int64_t ContributionBytes(config::DilocoConfig::WireDtype wire, int64_t n) {
+  if (const std::optional<BlockCode> code = BlockCodeOf(wire)) return n > 0 ? QuantizedBytes(*code, n) : 0;
+  return n * (wire == config::DilocoConfig::BF16 ? 2 : 4);
+}
 
 int64_t QuantizedBytes(BlockCode code, int64_t n) {
   const int64_t b = BlockValues(code), full = n / b, tail = n % b;

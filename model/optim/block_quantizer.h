@@ -25,8 +25,9 @@ std::optional<BlockCode> BlockCodeOf(config::DilocoConfig::WireDtype wire);
 // Values a block holds, and the bytes n values take.
 int64_t BlockValues(BlockCode code);
 int64_t QuantizedBytes(BlockCode code, int64_t n);
-// The same in whole floats, as the codes travel in a gather of floats.
-int64_t QuantizedFloats(BlockCode code, int64_t n);
+// The bytes n values of a pseudo-gradient take on `wire`: 4 or 2 a value
+// for FP32 and BF16, the block codes' QuantizedBytes for the others.
+int64_t ContributionBytes(config::DilocoConfig::WireDtype wire, int64_t n);
 
 // Quantises x[0, n) into out[0, QuantizedBytes) and leaves in x what the
 // codes lose (x − dequantised): error feedback's kept remainder. Fails on

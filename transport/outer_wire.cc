@@ -1,0 +1,247 @@
+#include "transport/outer_wire.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstdio>
+#include <cstring>
+#include <utility>
+
+namespace herd::transport {
+namespace {
+
+static_assert(std::endian::native == std::endian::little, "headers are sent in host order: little-endian only");
+
+const char* PayloadName(uint8_t payload) {
+  switch (payload) {
+    case static_cast<uint8_t>(OuterWire::Payload::kFloat32):
+      return "fp32";
+    case static_cast<uint8_t>(OuterWire::Payload::kBf16):
+      return "bf16";
+    case static_cast<uint8_t>(OuterWire::Payload::kCodes):
+      return "block codes";
+  }
+  return "an unknown payload";
+}
+
+std::string Hex(uint32_t v) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "0x%08x", v);
+  return buf;
+}
+
+// "step 10 fragment 0" (steps from 1).
+std::string Describe(uint64_t step, int32_t fragment) {
+  return "step " + std::to_string(step + 1) + " fragment " + std::to_string(fragment);
+}
+
+}  // namespace
+
+OuterWire::OuterWire(UcxTransport* transport, Options options)
+    : transport_(transport), options_(std::move(options)), held_(options_.peers.size()) {
+  transport_->SetHandler(kAmOuter, [this](PeerId from, std::string_view header, IncomingPayload& payload) {
+    OnMessage(from, header, payload);
+  });
+  transport_->OnPeerFailure([this](PeerId peer, const Status& status) {
+    for (int k = 0; k < regions(); ++k) {
+      if (k == options_.region || options_.peers[k] != peer) continue;
+      MutexLock lock(&mu_);
+      FailLocked(status.WithContext("outer wire: " + Sender(peer)));
+    }
+  });
+}
+
+OuterWire::~OuterWire() { transport_->Shutdown(); }
+
+std::string OuterWire::Sender(PeerId from) const {
+  for (int k = 0; k < regions(); ++k) {
+    if (k != options_.region && options_.peers[k] == from) {
+      return "region " + std::to_string(k) + "'s server (peer " + std::to_string(from) + "): ";
+    }
+  }
+  return "peer " + std::to_string(from) + ": ";
+}
+
+// ---- sending ------------------------------------------------------------------
+
+Status OuterWire::Send(uint64_t step, int fragment, const void* data) {
+  const std::string what = Describe(step, fragment);
+  if (fragment < 0 || fragment >= static_cast<int>(options_.fragment_bytes.size()) ||
+      options_.fragment_bytes[fragment] <= 0) {
+    return Status::InvalidArgument("outer wire: sending " + what + ": this server has no part of that fragment");
+  }
+  const int64_t bytes = options_.fragment_bytes[fragment];
+  OuterWireHeader h;
+  h.payload = static_cast<uint8_t>(options_.payload);
+  h.region = options_.region;
+  h.fragment = fragment;
+  h.step = step;
+  h.bytes = bytes;
+  std::string header(sizeof h, '\0');
+  std::memcpy(header.data(), &h, sizeof h);
+  const char* copy;
+  {
+    MutexLock lock(&mu_);
+    if (!failed_.ok()) return failed_;
+    if (sending_ > 0) return Status::FailedPrecondition("outer wire: sending " + what + " while a send is in flight");
+    if (outgoing_ == nullptr) {
+      outgoing_.reset(new char[*std::max_element(options_.fragment_bytes.begin(), options_.fragment_bytes.end())]);
+    }
+    std::memcpy(outgoing_.get(), data, bytes);
+    copy = outgoing_.get();
+    sending_ = regions() - 1;
+  }
+  for (int k = 0; k < regions(); ++k) {
+    if (k == options_.region) continue;
+    const PeerId to = options_.peers[k];
+    transport_->AddBusy(1);  // until it completes
+    // Not under mu_: a shut-down transport completes at once, on this thread.
+    transport_->Send(to, kAmOuter, header, copy, bytes, [this, to, what](const Status& sent) {
+      transport_->AddBusy(-1);
+      MutexLock lock(&mu_);
+      --sending_;
+      if (!sent.ok()) FailLocked(sent.WithContext("outer wire: sending " + what + " to " + Sender(to)));
+      cv_.SignalAll();
+    });
+  }
+  MutexLock lock(&mu_);
+  while (sending_ > 0 && failed_.ok()) cv_.Wait(&mu_);
+  return failed_;
+}
+
+// ---- summing ------------------------------------------------------------------
+
+Status OuterWire::Sum(uint64_t step, int fragment, const void* mine,
+                      const std::function<Status(int region, const void* bytes)>& add) {
+  const Exchange exchange{step, fragment};
+  std::vector<const void*> parts(regions(), nullptr);
+  {
+    MutexLock lock(&mu_);
+    if (summed_any_ && exchange <= last_summed_) {
+      return Status::FailedPrecondition("outer wire: summing " + Describe(step, fragment) +
+                                        ", at or before the last exchange summed");
+    }
+    auto arrived = [&]() REQUIRES(mu_) {
+      for (int k = 0; k < regions(); ++k) {
+        if (k == options_.region) continue;
+        auto it = held_[k].find(exchange);
+        if (it == held_[k].end() || !it->second.landed) return false;
+      }
+      return true;
+    };
+    transport_->AddBusy(1);
+    while (failed_.ok() && !arrived()) cv_.Wait(&mu_);
+    transport_->AddBusy(-1);
+    if (!failed_.ok()) return failed_;
+    summed_any_ = true;
+    last_summed_ = exchange;
+    for (int k = 0; k < regions(); ++k) {
+      parts[k] = k == options_.region ? mine : held_[k].at(exchange).bytes.get();
+    }
+  }
+  // The landed buffers are the caller's until they go back below: no
+  // handler touches an exchange that was summed.
+  Status st;
+  for (int k = 0; k < regions() && st.ok(); ++k) {
+    st = add(k, parts[k]).WithContext("region " + std::to_string(k) + "'s contribution to " +
+                                      Describe(step, fragment) + ": ");
+  }
+  MutexLock lock(&mu_);
+  for (int k = 0; k < regions(); ++k) {
+    if (k == options_.region) continue;
+    held_[k].erase(exchange);
+    --stats_.held;
+  }
+  return st;
+}
+
+void OuterWire::Fail(const Status& status) {
+  MutexLock lock(&mu_);
+  FailLocked(status);
+}
+
+void OuterWire::FailLocked(const Status& status) {
+  if (failed_.ok()) failed_ = status.ok() ? Status::Aborted("outer wire failed") : status;
+  cv_.SignalAll();
+}
+
+OuterWire::Stats OuterWire::stats() {
+  MutexLock lock(&mu_);
+  return stats_;
+}
+
+// ---- the handler (progress thread) ---------------------------------------------
+
+std::string OuterWire::Check(PeerId from, const OuterWireHeader& h, size_t bytes) const {
+  const std::string what = Describe(h.step, h.fragment);
+  if (h.region < 0 || h.region >= regions() || h.region == options_.region || options_.peers[h.region] != from) {
+    return what + " names region " + std::to_string(h.region) + ", of which it is not the server of this range";
+  }
+  if (h.payload != static_cast<uint8_t>(options_.payload)) {
+    return what + " carries " + PayloadName(h.payload) + ", expected " +
+           PayloadName(static_cast<uint8_t>(options_.payload)) +
+           " (cluster.diloco.wire_dtype must be the same in every region)";
+  }
+  if (h.fragment < 0 || h.fragment >= static_cast<int>(options_.fragment_bytes.size()) ||
+      options_.fragment_bytes[h.fragment] <= 0) {
+    return what + ": this server has no part of that fragment";
+  }
+  const int64_t want = options_.fragment_bytes[h.fragment];
+  if (h.bytes != want || bytes != static_cast<size_t>(want)) {
+    return what + " carries " + std::to_string(bytes) + " bytes (its header says " + std::to_string(h.bytes) +
+           "), expected " + std::to_string(want);
+  }
+  if (summed_any_ && Exchange{h.step, h.fragment} <= last_summed_) {
+    return what + " arrived after " + Describe(std::get<0>(last_summed_), std::get<1>(last_summed_)) +
+           " was summed";
+  }
+  const std::map<Exchange, Held>& held = held_[h.region];
+  if (held.count({h.step, h.fragment}) != 0) return what + " arrived twice";
+  if (static_cast<int>(held.size()) >= kHeldPerRegion) {
+    return what + " arrived while " + std::to_string(held.size()) + " of its exchanges are held, the most a region " +
+           "may be ahead";
+  }
+  return "";
+}
+
+void OuterWire::OnMessage(PeerId from, std::string_view header, IncomingPayload& payload) {
+  MutexLock lock(&mu_);
+  auto refuse = [&](const std::string& why) REQUIRES(mu_) {
+    payload.Reject();
+    FailLocked(Status::Corruption("outer wire: " + Sender(from) + why));
+  };
+  if (!failed_.ok()) return payload.Reject();
+  if (header.size() != sizeof(OuterWireHeader)) {
+    return refuse("a header of " + std::to_string(header.size()) + " bytes, expected " +
+                  std::to_string(sizeof(OuterWireHeader)));
+  }
+  OuterWireHeader h;
+  std::memcpy(&h, header.data(), sizeof h);
+  if (h.magic != OuterWireHeader::kMagic || h.version != OuterWireHeader::kVersion) {
+    return refuse("not an outer-step header (magic " + Hex(h.magic) + " version " + std::to_string(h.version) +
+                  ", expected " + Hex(OuterWireHeader::kMagic) + " version " +
+                  std::to_string(OuterWireHeader::kVersion) + ")");
+  }
+  if (const std::string bad = Check(from, h, payload.size()); !bad.empty()) return refuse(bad);
+  const Exchange exchange{h.step, h.fragment};
+  Held& held = held_[h.region][exchange];
+  held.bytes.reset(new char[payload.size()]);
+  stats_.peak_held = std::max(stats_.peak_held, ++stats_.held);
+  ++stats_.received;
+  if (const void* eager = payload.eager_data(); eager != nullptr) {
+    std::memcpy(held.bytes.get(), eager, payload.size());
+    held.landed = true;
+    cv_.SignalAll();
+    return;
+  }
+  // The entry stays until it has landed (Sum erases only landed ones), so
+  // UCX never writes into a buffer that went.
+  const std::string where = "outer wire: " + Sender(from) + Describe(h.step, h.fragment) + ": ";
+  payload.ReceiveInto(held.bytes.get(), [this, region = h.region, exchange, where](const Status& received) {
+    MutexLock lock(&mu_);
+    held_[region][exchange].landed = true;
+    if (!received.ok()) FailLocked(received.WithContext(where));
+    cv_.SignalAll();
+  });
+}
+
+}  // namespace herd::transport

@@ -1,0 +1,153 @@
+// The outer steps' wire between regions (cluster.diloco): for each
+// exchange — the inner step after which it was sent and its fragment —
+// every server sends its contribution (its run of the fragment's
+// pseudo-gradient: fp32 or bf16 values, or block codes) to the same
+// range's server of every other region, and sums the regions'
+// contributions in region order, its own included. Point to point rather
+// than a ring: the sum is the same bits in every region whichever order
+// the contributions arrive in, and no region's contribution passes
+// through another's server.
+//
+// Each contribution is one UCX active message on kAmOuter: a fixed-size
+// header (OuterWireHeader) and the payload. Every message is checked
+// before it is kept: its header (size, magic, version), that its sender is
+// the server of the region it names, its payload kind (the wire's), its
+// fragment (one this server has a part of) and its payload's size (that
+// fragment's here), that its exchange was not summed already, that it is
+// not a second copy of one held, and that its sender has at most
+// kHeldPerRegion exchanges held (a region runs at most one exchange ahead
+// of another: it cannot land the one in flight without this server's
+// contribution). One that does not fit fails the wire with one line naming
+// the sender and what was wrong ("outer wire: region 1's server (peer 3):
+// step 10 fragment 0 carries 4096 bytes, expected 8192"; steps counted
+// from 1, as herd's logs count them). A failed wire fails every waiter and
+// every later call with that status; so does the failure of a peer's
+// endpoint.
+//
+// Threading: the handler and completions run on the transport's progress
+// thread; Send, Sum and Fail may be called from any thread (the exchange's,
+// in practice), one exchange at a time.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "common/mutex.h"
+#include "common/ring_memory.h"
+#include "common/status.h"
+#include "transport/ucx_transport.h"
+
+namespace herd::transport {
+
+// Free of the push/pull (1-3), ring (10-12, 14) and pipeline (13) ids.
+inline constexpr uint16_t kAmOuter = 15;
+
+// A contribution's header as it travels: little-endian, 32 bytes.
+struct OuterWireHeader {
+  static constexpr uint32_t kMagic = 0x4f445248;  // "HRDO" in memory
+  static constexpr uint8_t kVersion = 1;
+
+  uint32_t magic = kMagic;
+  uint8_t version = kVersion;
+  uint8_t payload = 0;  // OuterWire::Payload
+  uint16_t reserved = 0;
+  int32_t region = 0;    // the sender's
+  int32_t fragment = 0;
+  uint64_t step = 0;     // 0-based: the inner step after which it was sent
+  int64_t bytes = 0;     // of the payload
+};
+static_assert(sizeof(OuterWireHeader) == 32, "OuterWireHeader travels as is");
+
+class OuterWire {
+ public:
+  enum class Payload : uint8_t { kFloat32 = 0, kBf16 = 1, kCodes = 2 };
+  // Exchanges a region's sender may have held here at once.
+  static constexpr int kHeldPerRegion = kOuterHeldPerRegion;
+
+  struct Options {
+    int region = 0;             // this server's
+    std::vector<PeerId> peers;  // [k]: region k's server of this range (this region's entry unused)
+    Payload payload = Payload::kFloat32;
+    // [f]: the bytes of fragment f's contribution here; 0 where this
+    // server has no part of f (no contribution is sent or expected).
+    std::vector<int64_t> fragment_bytes;
+  };
+
+  // Registers its handler for kAmOuter on `transport` (construct before
+  // peers may send) and fails itself when one of `peers` fails.
+  OuterWire(UcxTransport* transport, Options options);
+  // Shuts the transport down (as every service over it does): afterwards no
+  // handler or completion runs, so the wire's buffers may go.
+  ~OuterWire();
+  OuterWire(const OuterWire&) = delete;
+  OuterWire& operator=(const OuterWire&) = delete;
+
+  int regions() const { return static_cast<int>(options_.peers.size()); }
+  int region() const { return options_.region; }
+
+  // Sends `data` (fragment_bytes[fragment] bytes, copied: the caller may
+  // reuse it at once) to every other region's server and returns once
+  // every send completed (or the wire failed).
+  Status Send(uint64_t step, int fragment, const void* data) LOCKS_EXCLUDED(mu_);
+
+  // Blocks until every other region's contribution to (step, fragment) has
+  // arrived, then calls add(k, bytes) for k = 0 … regions-1 in order,
+  // `mine` for this region; stops at the first error `add` returns (named
+  // with the region). The contributions' buffers go back afterwards, and
+  // later messages for this exchange, or an earlier one, fail the wire.
+  Status Sum(uint64_t step, int fragment, const void* mine,
+             const std::function<Status(int region, const void* bytes)>& add) LOCKS_EXCLUDED(mu_);
+
+  // Fails every waiter and every later call with `status` (a peer died,
+  // the job stops). The first failure stays.
+  void Fail(const Status& status) LOCKS_EXCLUDED(mu_);
+
+  // For tests.
+  struct Stats {
+    int held = 0;          // contributions held now (landed or landing)
+    int peak_held = 0;
+    int64_t received = 0;  // contributions taken
+  };
+  Stats stats() LOCKS_EXCLUDED(mu_);
+
+ private:
+  // An exchange: in the order exchanges happen.
+  using Exchange = std::tuple<uint64_t, int32_t>;  // step, fragment
+  struct Held {
+    std::unique_ptr<char[]> bytes;
+    bool landed = false;
+  };
+
+  // Progress thread.
+  void OnMessage(PeerId from, std::string_view header, IncomingPayload& payload) LOCKS_EXCLUDED(mu_);
+  // What is wrong with a message's header and payload size, or "".
+  std::string Check(PeerId from, const OuterWireHeader& h, size_t bytes) const REQUIRES(mu_);
+  // "region 1's server (peer 3): " or "peer 3: ".
+  std::string Sender(PeerId from) const;
+  void FailLocked(const Status& status) REQUIRES(mu_);
+
+  // Constant after construction.
+  UcxTransport* const transport_;
+  const Options options_;
+
+  Mutex mu_;
+  CondVar cv_;  // a contribution landed, a send completed, the wire failed
+  // [region]: its contributions held, by exchange.
+  std::vector<std::map<Exchange, Held>> held_ GUARDED_BY(mu_);
+  // The last exchange summed: anything at or before it is stale.
+  bool summed_any_ GUARDED_BY(mu_) = false;
+  Exchange last_summed_ GUARDED_BY(mu_){0, 0};
+  // Send's copy of the contribution, which UCX reads until the sends
+  // complete or the transport shuts down; sends not yet completed.
+  std::unique_ptr<char[]> outgoing_ GUARDED_BY(mu_);
+  int sending_ GUARDED_BY(mu_) = 0;
+  Stats stats_ GUARDED_BY(mu_);
+  Status failed_ GUARDED_BY(mu_);
+};
+
+}  // namespace herd::transport
