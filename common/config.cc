@@ -582,6 +582,11 @@ int Regions(const JobConfig& config) {
              : 1;
 }
 
+int RegionOf(const JobConfig& config, bool server, int rank) {
+  const int per_region = (server ? config.cluster().servers() : NumWorkers(config)) / Regions(config);
+  return per_region > 0 ? rank / per_region : 0;
+}
+
 int DataParallelReplicas(const JobConfig& config) {
   return NumWorkers(config) / (std::max(1, config.cluster().pipeline_stages()) *
                                std::max(1, config.cluster().tensor_parallel()) *

@@ -51,6 +51,8 @@ int NumWorkers(const JobConfig& config);
 // The regions of a parameter-server job (cluster.diloco.regions; 1
 // without): region k's servers are ranks k·S/R …, its workers k·W/R ….
 int Regions(const JobConfig& config);
+// The region of a server or worker of that rank (0 without regions).
+int RegionOf(const JobConfig& config, bool server, int rank);
 // The replicas that each take a share of the global batch: the workers,
 // over cluster.pipeline_stages, cluster.tensor_parallel and
 // cluster.context_parallel (a pipeline's stages, a tensor-parallel group

@@ -16,15 +16,17 @@ Status WriteRunSummary(const std::string& dir, const RunSummary& s) {
   HERD_RETURN_IF_ERROR(MakeDirs(dir).WithContext("log.summary_dir: "));
   char name[48];
   std::snprintf(name, sizeof name, "%s_%05d.json", s.role.c_str(), s.rank);
-  char json[640];
+  char json[704];
   std::snprintf(json, sizeof json,
                 "{\"role\": \"%s\", \"rank\": %d, \"steps\": %lld, \"peak_rss_bytes\": %lld, \"plan_bytes\": %lld, "
                 "\"bytes_sent_per_step\": %.17g, \"shares_computed\": %lld, \"pushes_dropped\": %lld, "
-                "\"device_peak_bytes\": %lld, \"device_plan_bytes\": %lld, \"unauthenticated_dropped\": %lld}\n",
+                "\"device_peak_bytes\": %lld, \"device_plan_bytes\": %lld, \"unauthenticated_dropped\": %lld, "
+                "\"weights_crc32\": %u}\n",
                 s.role.c_str(), s.rank, static_cast<long long>(s.steps), static_cast<long long>(s.peak_rss_bytes),
                 static_cast<long long>(s.plan_bytes), s.bytes_sent_per_step, static_cast<long long>(s.shares_computed),
                 static_cast<long long>(s.pushes_dropped), static_cast<long long>(s.device_peak_bytes),
-                static_cast<long long>(s.device_plan_bytes), static_cast<long long>(s.unauthenticated_dropped));
+                static_cast<long long>(s.device_plan_bytes), static_cast<long long>(s.unauthenticated_dropped),
+                static_cast<unsigned>(s.weights_crc32));
   return WriteFileAtomic(JoinPath(dir, name), json).WithContext("log.summary_dir: ");
 }
 

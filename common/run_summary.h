@@ -31,6 +31,9 @@ struct RunSummary {
   // Data-plane messages dropped for not carrying the job's key (something
   // other than the job's processes reached this one's UCX worker).
   int64_t unauthenticated_dropped = 0;
+  // A server's: the CRC-32 of its range of the final weights (a job of
+  // regions' servers of the same range end with equal ones).
+  uint32_t weights_crc32 = 0;
 };
 
 // The end of a run (`run`: role, rank, steps, plan_bytes and the elastic

@@ -7,6 +7,7 @@
 #include "common/bf16.h"
 #include "common/trace.h"
 #include "model/optim/block_quantizer.h"
+#include "transport/exchanges.h"
 
 namespace herd {
 
@@ -24,14 +25,16 @@ transport::OuterWire::Options OuterSteps::WireOptions(const config::DilocoConfig
   return o;
 }
 
-OuterSteps::OuterSteps(const config::DilocoConfig& diloco, DilocoPlan plan, int server,
+OuterSteps::OuterSteps(const config::DilocoConfig& diloco, DilocoPlan plan, int server, int region_servers,
                        std::unique_ptr<OuterOptimizer> outer, transport::OuterWire* wire,
-                       std::optional<DilocoPlan::Exchange> landing)
+                       transport::CoordinatorClient* client, std::optional<DilocoPlan::Exchange> landing)
     : wire_dtype_(diloco.wire_dtype()),
       plan_(std::move(plan)),
       server_(server),
+      region_servers_(region_servers),
       outer_(std::move(outer)),
       wire_(wire),
+      client_(client),
       in_flight_(landing) {
   const int64_t longest = plan_.LongestRun(server_);
   sum_.resize(longest);
@@ -126,14 +129,35 @@ Status OuterSteps::Add(const void* bytes, const ParamRange& run) {
 
 Status OuterSteps::SumAndStep(const ParamRange& run, int64_t step, int fragment) {
   const int64_t n = run.size();
-  if (n == 0) return Status::OK();  // the same range's servers of every region hold no part of it alike
   trace::Span span("outer step", "server", {"step", step});
-  HERD_RETURN_IF_ERROR(wire_->Send(step, fragment, mine_.data()));
+  // The same range's servers of every region hold no part of it alike:
+  // they only vote.
+  if (n > 0) {
+    HERD_RETURN_IF_ERROR(wire_->Send(step, fragment, mine_.data()));
+    HERD_RETURN_IF_ERROR(wire_->Await(step, fragment).status());
+  }
+  HERD_ASSIGN_OR_RETURN(const std::vector<bool> counted, Vote(step, fragment));
+  if (n == 0) return Status::OK();
   std::fill(sum_.begin(), sum_.begin() + n, 0.0f);
-  HERD_RETURN_IF_ERROR(
-      wire_->Sum(step, fragment, mine_.data(), [this, &run](int, const void* bytes) { return Add(bytes, run); }));
-  outer_->Step(run.begin, n, sum_.data(), wire_->regions());
+  HERD_RETURN_IF_ERROR(wire_->Sum(step, fragment, mine_.data(), counted,
+                                  [this, &run](int, const void* bytes) { return Add(bytes, run); }));
+  outer_->Step(run.begin, n, sum_.data(), static_cast<int>(std::count(counted.begin(), counted.end(), true)));
   return Status::OK();
+}
+
+StatusOr<std::vector<bool>> OuterSteps::Vote(int64_t step, int fragment) {
+  wire::OuterVote ready;
+  ready.set_ready(true);
+  HERD_ASSIGN_OR_RETURN(const std::vector<wire::OuterVote> all,
+                        transport::Gather(*client_, transport::OuterVoteExchange(step, fragment), ready));
+  const int regions = wire_->regions();
+  if (static_cast<int>(all.size()) != regions * region_servers_) {
+    return Status::Internal("the outer step's vote has " + std::to_string(all.size()) + " servers' votes, expected " +
+                            std::to_string(regions * region_servers_));
+  }
+  std::vector<bool> counted(regions);
+  for (int k = 0; k < regions; ++k) counted[k] = all[k * region_servers_ + server_].ready();
+  return counted;
 }
 
 void OuterSteps::Land(const ParamRange& run, float* weights) const {

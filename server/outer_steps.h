@@ -13,6 +13,15 @@
 // region lands the same bits. A contribution is checked before it is
 // added: fp32 and bf16 values must be finite, block codes as
 // AddDequantized checks them.
+//
+// A region the coordinator let go (Lose) is left out of every exchange
+// from then on. Which regions an exchange counts, the servers agree on:
+// once a server has the contributions of every region it knows live, it
+// votes (a coordinator all-gather over the servers); a region counts when
+// its server's vote is in the result, which the coordinator leaves empty
+// for a server it has let go by then. A region that counts was live when
+// every server voted, so every server has its contribution; every region
+// still adds the same contributions, and lands the same bits.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +34,7 @@
 #include "common/status.h"
 #include "model/optim/outer_optimizer.h"
 #include "sharding/diloco_plan.h"
+#include "transport/coordinator_client.h"
 #include "transport/outer_wire.h"
 
 namespace herd {
@@ -34,9 +44,12 @@ class OuterSteps {
   // `server`: this server's index in its region's plan. `landing`: an
   // exchange whose outer step the optimizer's state already holds (a
   // checkpoint taken while it was in flight), to land when it is due.
-  // `wire`: made from WireOptions.
-  OuterSteps(const config::DilocoConfig& diloco, DilocoPlan plan, int server, std::unique_ptr<OuterOptimizer> outer,
-             transport::OuterWire* wire, std::optional<DilocoPlan::Exchange> landing);
+  // `wire`: made from WireOptions; `client`: the servers' votes go
+  // through it (a region's servers are `region_servers` consecutive
+  // ranks).
+  OuterSteps(const config::DilocoConfig& diloco, DilocoPlan plan, int server, int region_servers,
+             std::unique_ptr<OuterOptimizer> outer, transport::OuterWire* wire, transport::CoordinatorClient* client,
+             std::optional<DilocoPlan::Exchange> landing);
   // Waits for the exchange in flight (Abandon first where the wire may
   // never finish it).
   ~OuterSteps();
@@ -59,6 +72,8 @@ class OuterSteps {
   Status Settle();
   // Fails the wire with `why`, so that an exchange in flight ends.
   void Abandon(const Status& why);
+  // The coordinator let `region` go (any thread).
+  void Lose(int region) { wire_->Lose(region); }
 
   const OuterOptimizer& optimizer() const { return *outer_; }
 
@@ -68,9 +83,13 @@ class OuterSteps {
   // Step thread: the pseudo-gradient of `run` of `weights`, as the wire
   // carries it, into mine_.
   Status Take(const ParamRange& run, const float* weights);
-  // Sends what Take left, sums the regions' contributions to exchange
-  // (step, fragment), and takes the outer step.
+  // Sends what Take left, sums the contributions to exchange (step,
+  // fragment) of the regions the servers' vote counts, and takes the outer
+  // step.
   Status SumAndStep(const ParamRange& run, int64_t step, int fragment);
+  // The servers' vote on exchange (step, fragment): [k], whether region k
+  // counts.
+  StatusOr<std::vector<bool>> Vote(int64_t step, int fragment);
   // Adds one region's contribution to `run` to sum_, checked.
   Status Add(const void* bytes, const ParamRange& run);
   // The fragment's weights become the outer weights.
@@ -80,6 +99,7 @@ class OuterSteps {
   const config::DilocoConfig::WireDtype wire_dtype_;
   const DilocoPlan plan_;
   const int server_;
+  const int region_servers_;
 
   // Owned by the step thread, and by the exchange's thread while one is in
   // flight (exchange_ valid): the outer state, this server's contribution
@@ -87,6 +107,7 @@ class OuterSteps {
   // regions' sum.
   std::unique_ptr<OuterOptimizer> outer_;
   transport::OuterWire* const wire_;
+  transport::CoordinatorClient* const client_;
   std::vector<float> mine_;
   std::vector<float> sum_;
   std::optional<DilocoPlan::Exchange> in_flight_;

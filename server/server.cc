@@ -237,9 +237,12 @@ Status ServerProcess::Prepare(transport::NodeRuntime& runtime, transport::Coordi
     for (int k = 0; k < regions; ++k) {
       peers.push_back(transport::MemberPeerId(client, wire::SERVER, k * region_servers_ + local_));
     }
-    transport::OuterWire* wire =
-        runtime.StartOuterWire(OuterSteps::WireOptions(d, diloco, local_, region_, std::move(peers)));
-    outer_ = std::make_unique<OuterSteps>(d, std::move(diloco), local_, std::move(optimizer), wire, landing);
+    transport::OuterWire::Options wire = OuterSteps::WireOptions(d, diloco, local_, region_, std::move(peers));
+    // The coordinator declares a dead process lost within its heartbeat
+    // timeout; an endpoint that fails without that is a failure.
+    wire.unreachable_timeout_s = 2 * config_.cluster().heartbeat_timeout_s() + 5;
+    outer_ = std::make_unique<OuterSteps>(d, std::move(diloco), local_, region_servers_, std::move(optimizer),
+                                          runtime.StartOuterWire(std::move(wire)), &client, landing);
   }
   const uint64_t bytes = range.size() * sizeof(float);
   HERD_RETURN_IF_ERROR(runtime.transport().RegisterMemory(shard_->weights(), bytes));
@@ -254,8 +257,16 @@ Status ServerProcess::Prepare(transport::NodeRuntime& runtime, transport::Coordi
 void ServerProcess::Watch(transport::CoordinatorClient& client) {
   ParameterShard& shard = *shard_;
   client.OnFailure([&shard](const Status& failure) { shard.Fail(failure); });
-  client.OnMembershipChange([rank = rank_, &shard](const transport::MembershipChange& change) {
+  client.OnMembershipChange([this, rank = rank_, &shard](const transport::MembershipChange& change) {
     shard.SetMembershipEpoch(change.epoch);
+    if (outer_ && !change.joined) {
+      // A job of regions goes on without the lost member's region.
+      const int k = RegionOf(config_, change.member.role() == wire::SERVER, change.member.rank());
+      outer_->Lose(k);
+      LOG(WARNING) << "server " << rank << ": region " << k << " was let go (" << transport::DescribeMember(change.member)
+                   << " was lost: " << change.reason << "); the outer steps go on without it";
+      return;
+    }
     LOG_IF(INFO, change.joined) << "server " << rank << ": " << transport::DescribeMember(change.member)
                                 << " joined; the job goes on with " << change.live_workers.size() << " workers";
     LOG_IF(WARNING, !change.joined) << "server " << rank << ": " << transport::DescribeMember(change.member)
@@ -350,6 +361,7 @@ Status ServerProcess::CheckpointAfter(int64_t step) {
   // has taken its outer step.
   const std::string outer_path = outer_ ? JoinPath(step_dir, OuterFileName(region_, local_)) : "";
   if (outer_) HERD_RETURN_IF_ERROR(outer_->Settle());
+
   if (!config_.checkpoint().background()) {
     return commit([&]() -> Status {
       HERD_RETURN_IF_ERROR(WriteShardPieces(path, CheckpointPieces()));
@@ -402,6 +414,8 @@ Status ServerProcess::ReportSummary(int64_t steps) const {
   run.steps = steps;
   run.plan_bytes = memory->processes[rank_].total();
   run.pushes_dropped = shard_->pushes_dropped();
+  const ShardView final_weights = shard_->optimizer().view();
+  run.weights_crc32 = Crc32(final_weights.weights, (final_weights.end - final_weights.begin) * sizeof(float));
   const transport::UcxStats ucx = runtime_->transport().stats();
   run.unauthenticated_dropped = static_cast<int64_t>(ucx.unauthenticated_dropped);
   return ReportRunSummary(run, ucx.bytes_sent, config_.log().summary_dir());

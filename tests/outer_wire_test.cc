@@ -75,9 +75,13 @@ struct Seen {
   std::vector<std::vector<char>> bytes;
 };
 
+// Await, then Sum of every region that is here (as if every server had
+// voted so).
 StatusOr<Seen> SumOf(OuterWire& wire, uint64_t step, int fragment, const std::vector<char>& mine) {
+  StatusOr<std::vector<bool>> here = wire.Await(step, fragment);
+  if (!here.ok()) return here.status();
   Seen seen;
-  const Status st = wire.Sum(step, fragment, mine.data(), [&](int region, const void* bytes) {
+  const Status st = wire.Sum(step, fragment, mine.data(), *here, [&](int region, const void* bytes) {
     seen.order.push_back(region);
     seen.bytes.emplace_back(static_cast<const char*>(bytes), static_cast<const char*>(bytes) + mine.size());
     return Status::OK();
@@ -110,7 +114,8 @@ TEST(OuterWire, EveryRegionSumsEveryContributionInRegionOrderWhicheverArrivesFir
     }
   }
   // Not the same exchange twice, nor an earlier one.
-  EXPECT_EQ(s.wire(0).Sum(5, 0, nullptr, {}).code(), Status::Code::kFailedPrecondition);
+  EXPECT_EQ(s.wire(0).Await(5, 0).status().code(), Status::Code::kFailedPrecondition);
+  EXPECT_EQ(s.wire(0).Sum(5, 0, nullptr, {true, true, true}, {}).code(), Status::Code::kFailedPrecondition);
   EXPECT_EQ(s.wire(0).Send(5, 1, nullptr).code(), Status::Code::kInvalidArgument);
 }
 
@@ -140,7 +145,8 @@ TEST(OuterWire, AnErrorOfAddIsNamedWithTheRegionAndTheExchange) {
   Regions s(2, {16});
   const std::vector<char> data(16);
   ASSERT_TRUE(s.wire(0).Send(3, 0, data.data()).ok());
-  const Status st = s.wire(1).Sum(3, 0, data.data(), [](int region, const void*) {
+  ASSERT_TRUE(s.wire(1).Await(3, 0).ok());
+  const Status st = s.wire(1).Sum(3, 0, data.data(), {true, true}, [](int region, const void*) {
     return region == 0 ? Status::Corruption("the value at flat offset 7 is nan") : Status::OK();
   });
   EXPECT_EQ(st.message(), "region 0's contribution to step 4 fragment 0: the value at flat offset 7 is nan");
@@ -224,11 +230,56 @@ TEST(OuterWire, MessagesThatDoNotFitFailTheWireWithOneLineNamingTheSender) {
     SCOPED_TRACE(c.name);
     Regions s(3, bytes);
     c.send(s);
-    // The wire has failed: the next Sum says why, in one line.
-    const Status st = s.wire(0).Sum(99, 0, b64.data(), [](int, const void*) { return Status::OK(); });
-    EXPECT_EQ(st.message(), c.says);
+    // The wire has failed: the next Await says why, in one line.
+    EXPECT_EQ(s.wire(0).Await(99, 0).status().message(), c.says);
     EXPECT_EQ(s.wire(0).Send(99, 0, b64.data()).message(), c.says);
   }
+}
+
+TEST(OuterWire, ALostRegionIsWaitedForNoLongerAndWhatItStillSendsIsDropped) {
+  Regions s(3, {64});
+  const std::vector<char> a = RandomBytes(64, 1), c = RandomBytes(64, 3);
+  ASSERT_TRUE(s.wire(2).Send(0, 0, c.data()).ok());
+  WaitUntil([&] { return s.wire(0).stats().held == 1; });
+  // Region 0 waits for region 1, which is let go: Await returns with
+  // regions 0 and 2 here, and the vote counts them.
+  auto waiting = std::async(std::launch::async, [&] { return s.wire(0).Await(0, 0); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  s.wire(0).Lose(1);
+  StatusOr<std::vector<bool>> here = waiting.get();
+  ASSERT_TRUE(here.ok()) << here.status().ToString();
+  EXPECT_EQ(*here, (std::vector<bool>{true, false, true}));
+  std::vector<int> added;
+  ASSERT_TRUE(s.wire(0).Sum(0, 0, a.data(), *here, [&](int k, const void*) {
+                added.push_back(k);
+                return Status::OK();
+              }).ok());
+  EXPECT_EQ(added, (std::vector<int>{0, 2}));
+  // What region 1 sends from now on is dropped, no failure; a send to it
+  // is skipped.
+  ASSERT_TRUE(s.wire(1).Send(10, 0, a.data()).ok());
+  ASSERT_TRUE(s.wire(2).Send(10, 0, c.data()).ok());
+  WaitUntil([&] { return s.wire(0).stats().held == 1; });
+  here = s.wire(0).Await(10, 0);
+  ASSERT_TRUE(here.ok()) << here.status().ToString();
+  EXPECT_EQ(*here, (std::vector<bool>{true, false, true}));
+  EXPECT_EQ(s.wire(0).stats().received, 2);
+  // A vote that counts a region whose contribution is not here is an error.
+  EXPECT_EQ(s.wire(0).Sum(10, 0, a.data(), {true, true, true}, {}).code(), Status::Code::kInternal);
+}
+
+TEST(OuterWire, ARegionUnreachableAndNotLostFailsTheWireAfterTheTimeout) {
+  // Region 1's server cannot be reached (no endpoint: every send to it
+  // fails), and no coordinator says it was lost.
+  auto t0 = UcxTransport::Create(UcxOptions(0));
+  ASSERT_TRUE(t0.ok());
+  OuterWire wire((*t0).get(), OuterWire::Options{0, {0, 1}, OuterWire::Payload::kFloat32, {64}, 0.2});
+  const std::vector<char> a(64);
+  EXPECT_TRUE(wire.Send(0, 0, a.data()).ok());
+  const Status st = wire.Await(0, 0).status();
+  EXPECT_NE(st.message().find("outer wire: region 1's server (peer 1): unreachable for 0.2 s and not declared lost"),
+            std::string::npos)
+      << st.ToString();
 }
 
 TEST(OuterWire, FailWakesAWaitingSum) {

@@ -61,9 +61,12 @@ struct Child {
   std::optional<int> exit_code;
   int exit_order = -1;  // 0 for the first to exit, ...
   bool killed_after_grace = false;  // by the launcher: a consequence, not a cause
-  bool dropped = false;             // a worker an elastic job went on without
+  bool dropped = false;             // a worker an elastic job (or a region a job of regions) went on without
   bool replaced = false;            // ... and another has been started to join in its place
 };
+
+// The rank in a child's name ("server 3" -> 3).
+int RankOf(const Child& c) { return std::stoi(c.name.substr(c.name.rfind(' ') + 1)); }
 
 // `passive_wait`: the child's idle OpenMP threads sleep rather than spin
 // (OMP_WAIT_POLICY=PASSIVE) unless the environment says otherwise. A
@@ -550,7 +553,17 @@ Status JobAttempt::SpawnChild(Child& c, bool server, int rank, bool join) {
 }
 
 bool JobAttempt::GoesOnWithout(const Child& c) const {
-  if (!config_.cluster().elastic() || !formed_ || !c.worker) return false;
+  if (!formed_) return false;
+  if (Regions(config_) > 1) {
+    // A job of regions goes on without the child's region while another
+    // region has a process running.
+    auto region = [this](const Child& x) { return RegionOf(config_, !x.worker, RankOf(x)); };
+    for (const Child& other : children_) {
+      if (other.pid > 0 && !other.exit_code && region(other) != region(c)) return true;
+    }
+    return false;
+  }
+  if (!config_.cluster().elastic() || !c.worker) return false;
   for (const Child& other : children_) {
     if (&other != &c && other.worker && other.pid > 0 && !other.exit_code) return true;
   }
@@ -571,7 +584,7 @@ void JobAttempt::ReplaceDropped() {
       if (finishing || !dropped_by_job_.count(c.pid)) continue;
     }
     c.replaced = true;
-    const int rank = std::stoi(c.name.substr(c.name.rfind(' ') + 1));
+    const int rank = RankOf(c);
     Child& fresh = children_[next_slot_++];
     if (Status started = SpawnChild(fresh, false, rank, true); !started.ok()) {
       std::printf("launch: cannot start a worker to join in place of %s: %s\n", c.name.c_str(),
@@ -594,9 +607,14 @@ void JobAttempt::OnExit(Child& c, int status) {
   if (*c.exit_code == 0 || first_failure_) return;
   if (GoesOnWithout(c)) {
     c.dropped = true;
-    std::printf("launch: %s exited (%s); the job goes on without it (cluster.elastic)\n", c.name.c_str(),
+    const std::string without = Regions(config_) > 1
+                                    ? "its region " + std::to_string(RegionOf(config_, !c.worker, RankOf(c))) +
+                                          " (cluster.diloco)"
+                                    : "it (cluster.elastic)";
+    std::printf("launch: %s exited (%s); the job goes on without %s\n", c.name.c_str(),
                 *c.exit_code > 128 ? ("killed by " + SignalName(*c.exit_code - 128)).c_str()
-                                   : ("exit code " + std::to_string(*c.exit_code)).c_str());
+                                   : ("exit code " + std::to_string(*c.exit_code)).c_str(),
+                without.c_str());
     std::fflush(stdout);
     return;
   }

@@ -16,9 +16,13 @@ namespace herd::transport {
 namespace {
 
 // One phase's vote: everyone reports how its part went; OK when all
-// succeeded, else the first failure, naming its process.
-Status AllSucceeded(CoordinatorClient& client, const Exchange<wire::CheckpointVote>& vote, const Status& mine) {
+// succeeded, else the first failure, naming its process. `lost`: set when
+// a voter's share is empty (a member lost since; only a job of regions
+// goes on without one).
+Status AllSucceeded(CoordinatorClient& client, const Exchange<wire::CheckpointVote>& vote, const Status& mine,
+                    bool* lost = nullptr) {
   wire::CheckpointVote my_vote;
+  my_vote.set_voted(true);
   if (!mine.ok()) my_vote.set_error(mine.message());
   HERD_ASSIGN_OR_RETURN(std::vector<wire::CheckpointVote> all, Gather(client, vote, my_vote));
   // Scope order is membership order: servers, then workers.
@@ -26,6 +30,7 @@ Status AllSucceeded(CoordinatorClient& client, const Exchange<wire::CheckpointVo
   if (!mine.ok()) return mine;  // this process's own failure, not a consequence
   for (size_t i = 0; i < all.size(); ++i) {
     if (all[i].has_error()) return Status::Aborted(DescribeMember(client.members()[first + i]) + ": " + all[i].error());
+    if (!all[i].voted() && lost != nullptr) *lost = true;
   }
   return Status::OK();
 }
@@ -48,8 +53,15 @@ Status CommitCheckpoint(CoordinatorClient* client, const std::string& step_dir, 
   }
   trace::Span span("checkpoint vote", "checkpoint", {"step", step});
   const std::string where = "checkpoint " + step_dir + ": ";
-  HERD_RETURN_IF_ERROR(
-      AllSucceeded(*client, PartsWrittenVote(step, voters), part).WithContext(where));
+  bool lost = false;
+  HERD_RETURN_IF_ERROR(AllSucceeded(*client, PartsWrittenVote(step, voters), part, &lost).WithContext(where));
+  if (lost) {
+    // Every voter saw the same shares: none writes the manifest, so the
+    // step is never loaded, and the job goes on.
+    LOG(WARNING) << where << "abandoned: a process that writes part of it was lost (a job of regions went on "
+                 << "without its region)";
+    return Status::OK();
+  }
   Status committed;
   if (committer) committed = WriteManifest(step_dir, step, parts);
   return AllSucceeded(*client, CommittedVote(step, voters), committed).WithContext(where);

@@ -340,6 +340,7 @@ class Coordinator::Impl {
         shape_.heartbeat_timeout_s = h.heartbeat_timeout_ms() / 1000.0;
         shape_.join_timeout_s = h.join_timeout_ms() / 1000.0;
         shape_.elastic = h.elastic();
+        shape_.regions = std::max(1, h.regions());
         ArmJoinTimer(shape_.join_timeout_s);
       }
       LOG(INFO) << "coordinator: job of " << servers_ << " servers and " << workers_ << " workers, config hash "
@@ -544,6 +545,10 @@ class Coordinator::Impl {
       WorkerLost(s, reason);
       return TellLost(s, who, reason);
     }
+    if (shape_.regions > 1 && failure_.ok() && LiveRegions() > 1) {
+      RegionLost(s, reason);
+      return TellLost(s, who, reason);
+    }
     if (restarts_ < options_.max_restarts && failure_.ok()) {
       Restart(failure, s);
     } else {
@@ -616,6 +621,59 @@ class Coordinator::Impl {
     if (options_.on_worker_dropped) options_.on_worker_dropped(lost->hello.pid());
     RecheckCollectives();
     MaybeWelcomeJoiner();
+  }
+
+  // A job of regions: the region of member `index` (servers by rank, then
+  // workers), its members a block of consecutive ranks of each role.
+  int RegionOf(int index) const {
+    const int R = shape_.regions;
+    return index < servers_ ? index / std::max(1, servers_ / R) : (index - servers_) / std::max(1, workers_ / R);
+  }
+  int LiveRegions() const {
+    std::set<int> live;
+    for (size_t i = 0; i < members_.size(); ++i) {
+      if (!lost_members_.count(static_cast<int>(i))) live.insert(RegionOf(static_cast<int>(i)));
+    }
+    return static_cast<int>(live.size());
+  }
+
+  // A job of regions goes on without a lost member's region: its other
+  // members are let go (told who was lost, their connections closed), the
+  // others told (MembershipChanged naming them all), and barriers and
+  // all-gathers that waited only for the region complete.
+  void RegionLost(const SessionPtr& lost, const std::string& reason) {
+    const int region = RegionOf(MemberIndex(lost));
+    ++membership_epoch_;
+    wire::Envelope m;
+    auto* c = m.mutable_membership_changed();
+    c->set_epoch(membership_epoch_);
+    auto describe = [](const SessionPtr& s, wire::Member* who) {
+      who->set_role(s->role());
+      who->set_rank(s->rank);
+      who->set_host(s->hello.host());
+      who->set_pid(s->hello.pid());
+    };
+    describe(lost, c->mutable_lost());
+    const std::string why = lost->Describe() + " was lost: " + reason + "; region " + std::to_string(region) +
+                            " is let go, the other regions go on";
+    c->set_reason(why.substr(0, kMaxReasonBytes));
+    const wire::Envelope let_go = PeerLostMessage(Status::Unavailable(why), lost);
+    for (size_t i = 0; i < members_.size(); ++i) {
+      const SessionPtr& s = members_[i];
+      if (RegionOf(static_cast<int>(i)) != region || lost_members_.count(static_cast<int>(i))) continue;
+      lost_members_.insert(static_cast<int>(i));
+      if (s == lost) continue;
+      describe(s, c->add_let_go());
+      if (s->left) continue;
+      s->left = true;  // its going is expected now
+      SendAndClose(s, let_go);
+    }
+    for (int r = 0; r < workers_; ++r) {
+      if (!lost_members_.count(servers_ + r)) c->add_live_workers(r);
+    }
+    LOG(WARNING) << "coordinator: " << why << " (" << LiveRegions() << " regions left)";
+    SendToLiveInScope(wire::EVERYONE, m);
+    RecheckCollectives();
   }
 
   // Barriers and all-gathers that may have been waiting only for members
@@ -878,7 +936,7 @@ class Coordinator::Impl {
   std::map<int, std::vector<SessionPtr>> pending_;  // by role, in arrival order
   bool formed_ = false;
   std::vector<SessionPtr> members_;  // by member index: servers then workers
-  std::set<int> lost_members_;       // member indices of the workers an elastic job lost
+  std::set<int> lost_members_;       // member indices an elastic job (its workers) or a job of regions lost
   int membership_epoch_ = 0;         // changes so far (MembershipChanged)
   // Joining (elastic): the worker admitted and not yet welcomed, the
   // members whose acknowledgement it waits for, the workers waiting their

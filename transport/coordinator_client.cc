@@ -290,6 +290,7 @@ class CoordinatorClient::Impl {
     h->set_heartbeat_timeout_ms(static_cast<int32_t>(options_.job.heartbeat_timeout_s * 1000));
     h->set_join_timeout_ms(static_cast<int32_t>(options_.job.join_timeout_s * 1000));
     h->set_elastic(options_.job.elastic);
+    h->set_regions(options_.job.regions);
     h->set_join(options_.join);
     h->set_resume_if_forming(options_.join && options_.resume_if_forming);
     conn_->Send(m);
@@ -411,18 +412,29 @@ class CoordinatorClient::Impl {
     bool invalid = false;
     {
       MutexLock lock(&mu_);
-      int workers = 0;
-      for (const auto& member : members_) workers += member.role() == wire::WORKER;
+      int workers = 0, servers = 0;
+      for (const auto& member : members_) {
+        workers += member.role() == wire::WORKER;
+        servers += member.role() == wire::SERVER;
+      }
+      // A member of the job: a worker, or (a job of regions) a server.
+      auto known = [&](const wire::Member& m) {
+        return m.rank() >= 0 && ((m.role() == wire::WORKER && m.rank() < workers) ||
+                                 (m.role() == wire::SERVER && m.rank() < servers && options_.job.regions > 1));
+      };
       change.joined = c.has_joined();
       change.member = change.joined ? c.joined() : c.lost();
-      bool valid = welcomed_ && c.epoch() == latest_epoch_ + 1 && change.member.rank() < workers;
-      for (int r : c.live_workers()) valid = valid && r < workers;
+      bool valid = welcomed_ && c.epoch() == latest_epoch_ + 1 && known(change.member) &&
+                   (!change.joined || change.member.role() == wire::WORKER);
+      for (int r : c.live_workers()) valid = valid && r >= 0 && r < workers;
+      for (const wire::Member& m : c.let_go()) valid = valid && known(m) && options_.job.regions > 1;
       if (!valid) {
         invalid = true;
       } else {
         change.epoch = c.epoch();
         change.reason = c.reason();
         change.live_workers.assign(c.live_workers().begin(), c.live_workers().end());
+        change.let_go.assign(c.let_go().begin(), c.let_go().end());
         latest_epoch_ = change.epoch;
         changes_.push_back(change);
         handlers = on_membership_change_;

@@ -56,9 +56,12 @@ struct JoinOptions {
 struct MembershipChange {
   int epoch = 0;  // 1 for the job's first change, then 2, 3, ...
   bool joined = false;
-  wire::Member member;  // the worker lost (joined: the one that joined)
+  wire::Member member;  // the worker lost (joined: the one that joined); a job of regions: a server too
   std::string reason;
   std::vector<int> live_workers;  // ascending ranks
+  // A job of regions: the lost member's region's other members, let go
+  // with it.
+  std::vector<wire::Member> let_go;
 };
 
 // An elastic job's membership when this process was welcomed into it.

@@ -39,6 +39,11 @@ inline Exchange<wire::CheckpointVote> PartsWrittenVote(int64_t step, wire::Scope
 inline Exchange<wire::CheckpointVote> CommittedVote(int64_t step, wire::Scope voters) {
   return {"herd/committed/" + std::to_string(step), voters};
 }
+// A job of regions: the servers' vote on the outer step's exchange sent
+// after step `step` (0-based) of `fragment`.
+inline Exchange<wire::OuterVote> OuterVoteExchange(int64_t step, int fragment) {
+  return {"herd/outer/" + std::to_string(step) + "/" + std::to_string(fragment), wire::SERVERS};
+}
 // Worker 0's ncclUniqueId.
 inline Exchange<wire::NcclId> NcclIdExchange() { return {"herd/nccl-id", wire::WORKERS}; }
 

@@ -41,9 +41,12 @@ StatusOr<std::unique_ptr<CoordinatorClient>> JoinJob(const JoinOptions& options,
   // hears that this process has acted on the change.
   CoordinatorClient* c = client.get();
   client->OnMembershipChange([transport, c, connect_to](const MembershipChange& change) {
-    const PeerId peer = MemberPeerId(*c, wire::WORKER, change.member.rank());
+    const PeerId peer = MemberPeerId(*c, change.member.role(), change.member.rank());
     if (!change.joined) {
-      transport->Disconnect(peer, Status::Unavailable(DescribeMember(change.member) + " was lost: " + change.reason));
+      const Status why = Status::Unavailable(DescribeMember(change.member) + " was lost: " + change.reason);
+      transport->Disconnect(peer, why);
+      // A job of regions goes on without the lost member's whole region.
+      for (const wire::Member& m : change.let_go) transport->Disconnect(MemberPeerId(*c, m.role(), m.rank()), why);
       return;
     }
     if (std::find(connect_to.begin(), connect_to.end(), wire::WORKER) == connect_to.end()) return;

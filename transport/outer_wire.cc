@@ -1,6 +1,7 @@
 #include "transport/outer_wire.h"
 
 #include <algorithm>
+#include <optional>
 #include <bit>
 #include <cstdio>
 #include <cstring>
@@ -37,7 +38,12 @@ std::string Describe(uint64_t step, int32_t fragment) {
 }  // namespace
 
 OuterWire::OuterWire(UcxTransport* transport, Options options)
-    : transport_(transport), options_(std::move(options)), held_(options_.peers.size()) {
+    : transport_(transport),
+      options_(std::move(options)),
+      held_(options_.peers.size()),
+      lost_(options_.peers.size(), false),
+      unreachable_since_(options_.peers.size()),
+      unreachable_why_(options_.peers.size()) {
   transport_->SetHandler(kAmOuter, [this](PeerId from, std::string_view header, IncomingPayload& payload) {
     OnMessage(from, header, payload);
   });
@@ -45,7 +51,7 @@ OuterWire::OuterWire(UcxTransport* transport, Options options)
     for (int k = 0; k < regions(); ++k) {
       if (k == options_.region || options_.peers[k] != peer) continue;
       MutexLock lock(&mu_);
-      FailLocked(status.WithContext("outer wire: " + Sender(peer)));
+      UnreachableLocked(k, status);
     }
   });
 }
@@ -79,6 +85,7 @@ Status OuterWire::Send(uint64_t step, int fragment, const void* data) {
   std::string header(sizeof h, '\0');
   std::memcpy(header.data(), &h, sizeof h);
   const char* copy;
+  std::vector<int> to_regions;
   {
     MutexLock lock(&mu_);
     if (!failed_.ok()) return failed_;
@@ -88,18 +95,20 @@ Status OuterWire::Send(uint64_t step, int fragment, const void* data) {
     }
     std::memcpy(outgoing_.get(), data, bytes);
     copy = outgoing_.get();
-    sending_ = regions() - 1;
+    for (int k = 0; k < regions(); ++k) {
+      if (k != options_.region && !lost_[k]) to_regions.push_back(k);
+    }
+    sending_ = static_cast<int>(to_regions.size());
   }
-  for (int k = 0; k < regions(); ++k) {
-    if (k == options_.region) continue;
+  for (const int k : to_regions) {
     const PeerId to = options_.peers[k];
     transport_->AddBusy(1);  // until it completes
     // Not under mu_: a shut-down transport completes at once, on this thread.
-    transport_->Send(to, kAmOuter, header, copy, bytes, [this, to, what](const Status& sent) {
+    transport_->Send(to, kAmOuter, header, copy, bytes, [this, k, to, what](const Status& sent) {
       transport_->AddBusy(-1);
       MutexLock lock(&mu_);
       --sending_;
-      if (!sent.ok()) FailLocked(sent.WithContext("outer wire: sending " + what + " to " + Sender(to)));
+      if (!sent.ok()) UnreachableLocked(k, sent.WithContext("outer wire: sending " + what + " to " + Sender(to)));
       cv_.SignalAll();
     });
   }
@@ -110,48 +119,108 @@ Status OuterWire::Send(uint64_t step, int fragment, const void* data) {
 
 // ---- summing ------------------------------------------------------------------
 
-Status OuterWire::Sum(uint64_t step, int fragment, const void* mine,
+StatusOr<std::vector<bool>> OuterWire::Await(uint64_t step, int fragment) {
+  const Exchange exchange{step, fragment};
+  MutexLock lock(&mu_);
+  if (summed_any_ && exchange <= last_summed_) {
+    return Status::FailedPrecondition("outer wire: awaiting " + Describe(step, fragment) +
+                                      ", at or before the last exchange summed");
+  }
+  auto here = [&](int k) REQUIRES(mu_) {
+    if (k == options_.region) return true;
+    auto it = held_[k].find(exchange);
+    return it != held_[k].end() && it->second.landed;
+  };
+  transport_->AddBusy(1);
+  for (;;) {
+    bool all = true;
+    std::optional<std::chrono::steady_clock::time_point> next_deadline;
+    for (int k = 0; k < regions(); ++k) {
+      if (lost_[k] || here(k)) continue;
+      all = false;
+      if (const auto since = unreachable_since_[k]) {
+        const auto deadline = *since + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                           std::chrono::duration<double>(options_.unreachable_timeout_s));
+        if (std::chrono::steady_clock::now() >= deadline) {
+          char seconds[32];
+          std::snprintf(seconds, sizeof seconds, "%g", options_.unreachable_timeout_s);
+          FailLocked(Status::Unavailable("outer wire: " + Sender(options_.peers[k]) + "unreachable for " + seconds +
+                                         " s and not declared lost (" + unreachable_why_[k].message() + ")"));
+        }
+        if (!next_deadline || deadline < *next_deadline) next_deadline = deadline;
+      }
+    }
+    if (all || !failed_.ok()) break;
+    if (next_deadline) {
+      cv_.WaitUntil(&mu_, *next_deadline);
+    } else {
+      cv_.Wait(&mu_);
+    }
+  }
+  transport_->AddBusy(-1);
+  if (!failed_.ok()) return failed_;
+  std::vector<bool> present(regions());
+  for (int k = 0; k < regions(); ++k) present[k] = here(k);
+  return present;
+}
+
+Status OuterWire::Sum(uint64_t step, int fragment, const void* mine, const std::vector<bool>& counted,
                       const std::function<Status(int region, const void* bytes)>& add) {
   const Exchange exchange{step, fragment};
   std::vector<const void*> parts(regions(), nullptr);
   {
     MutexLock lock(&mu_);
+    if (!failed_.ok()) return failed_;
     if (summed_any_ && exchange <= last_summed_) {
       return Status::FailedPrecondition("outer wire: summing " + Describe(step, fragment) +
                                         ", at or before the last exchange summed");
     }
-    auto arrived = [&]() REQUIRES(mu_) {
-      for (int k = 0; k < regions(); ++k) {
-        if (k == options_.region) continue;
-        auto it = held_[k].find(exchange);
-        if (it == held_[k].end() || !it->second.landed) return false;
+    for (int k = 0; k < regions(); ++k) {
+      if (!counted[k]) continue;
+      if (k == options_.region) {
+        parts[k] = mine;
+        continue;
       }
-      return true;
-    };
-    transport_->AddBusy(1);
-    while (failed_.ok() && !arrived()) cv_.Wait(&mu_);
-    transport_->AddBusy(-1);
-    if (!failed_.ok()) return failed_;
+      auto it = held_[k].find(exchange);
+      if (it == held_[k].end() || !it->second.landed) {
+        return Status::Internal("outer wire: " + Describe(step, fragment) + " counts region " + std::to_string(k) +
+                                ", whose contribution is not here");
+      }
+      parts[k] = it->second.bytes.get();
+    }
     summed_any_ = true;
     last_summed_ = exchange;
-    for (int k = 0; k < regions(); ++k) {
-      parts[k] = k == options_.region ? mine : held_[k].at(exchange).bytes.get();
-    }
   }
   // The landed buffers are the caller's until they go back below: no
   // handler touches an exchange that was summed.
   Status st;
   for (int k = 0; k < regions() && st.ok(); ++k) {
+    if (!counted[k]) continue;
     st = add(k, parts[k]).WithContext("region " + std::to_string(k) + "'s contribution to " +
                                       Describe(step, fragment) + ": ");
   }
   MutexLock lock(&mu_);
   for (int k = 0; k < regions(); ++k) {
-    if (k == options_.region) continue;
-    held_[k].erase(exchange);
+    auto it = held_[k].find(exchange);
+    if (it == held_[k].end() || !it->second.landed) continue;
+    held_[k].erase(it);
     --stats_.held;
   }
   return st;
+}
+
+void OuterWire::Lose(int region) {
+  MutexLock lock(&mu_);
+  if (region < 0 || region >= regions() || region == options_.region) return;
+  lost_[region] = true;
+  cv_.SignalAll();
+}
+
+void OuterWire::UnreachableLocked(int k, const Status& why) {
+  if (lost_[k] || unreachable_since_[k]) return;
+  unreachable_since_[k] = std::chrono::steady_clock::now();
+  unreachable_why_[k] = why;
+  cv_.SignalAll();
 }
 
 void OuterWire::Fail(const Status& status) {
@@ -220,6 +289,10 @@ void OuterWire::OnMessage(PeerId from, std::string_view header, IncomingPayload&
     return refuse("not an outer-step header (magic " + Hex(h.magic) + " version " + std::to_string(h.version) +
                   ", expected " + Hex(OuterWireHeader::kMagic) + " version " +
                   std::to_string(OuterWireHeader::kVersion) + ")");
+  }
+  // A region let go may still be sending: dropped, no failure.
+  if (h.region >= 0 && h.region < regions() && lost_[h.region] && options_.peers[h.region] == from) {
+    return payload.Reject();
   }
   if (const std::string bad = Check(from, h, payload.size()); !bad.empty()) return refuse(bad);
   const Exchange exchange{h.step, h.fragment};

@@ -21,18 +21,29 @@
 // the sender and what was wrong ("outer wire: region 1's server (peer 3):
 // step 10 fragment 0 carries 4096 bytes, expected 8192"; steps counted
 // from 1, as herd's logs count them). A failed wire fails every waiter and
-// every later call with that status; so does the failure of a peer's
-// endpoint.
+// every later call with that status.
+//
+// A region can be lost (Lose: the coordinator let it go): the wire waits
+// for none of its contributions from then on, drops what it still sends,
+// and a send to it that fails is no error. A region's server whose
+// endpoint fails or whose send fails is only unreachable until the
+// coordinator says whether it was lost; one still unreachable and not lost
+// after unreachable_timeout_s fails the wire. Which regions an exchange
+// counts is the caller's to agree with the others (Await, then a vote, then
+// Sum): every region has the contributions of the regions that no server
+// knew lost when it was ready.
 //
 // Threading: the handler and completions run on the transport's progress
 // thread; Send, Sum and Fail may be called from any thread (the exchange's,
 // in practice), one exchange at a time.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -76,10 +87,13 @@ class OuterWire {
     // [f]: the bytes of fragment f's contribution here; 0 where this
     // server has no part of f (no contribution is sent or expected).
     std::vector<int64_t> fragment_bytes;
+    // How long a region's server may be unreachable without the
+    // coordinator declaring it lost.
+    double unreachable_timeout_s = 30;
   };
 
   // Registers its handler for kAmOuter on `transport` (construct before
-  // peers may send) and fails itself when one of `peers` fails.
+  // peers may send) and watches `peers`' endpoints.
   OuterWire(UcxTransport* transport, Options options);
   // Shuts the transport down (as every service over it does): afterwards no
   // handler or completion runs, so the wire's buffers may go.
@@ -91,20 +105,26 @@ class OuterWire {
   int region() const { return options_.region; }
 
   // Sends `data` (fragment_bytes[fragment] bytes, copied: the caller may
-  // reuse it at once) to every other region's server and returns once
-  // every send completed (or the wire failed).
+  // reuse it at once) to every other region's server not lost, and returns
+  // once every send completed (or the wire failed).
   Status Send(uint64_t step, int fragment, const void* data) LOCKS_EXCLUDED(mu_);
 
-  // Blocks until every other region's contribution to (step, fragment) has
-  // arrived, then calls add(k, bytes) for k = 0 … regions-1 in order,
-  // `mine` for this region; stops at the first error `add` returns (named
-  // with the region). The contributions' buffers go back afterwards, and
-  // later messages for this exchange, or an earlier one, fail the wire.
-  Status Sum(uint64_t step, int fragment, const void* mine,
+  // Blocks until every region not lost has its contribution to (step,
+  // fragment) here; returns which regions have (this one's included).
+  StatusOr<std::vector<bool>> Await(uint64_t step, int fragment) LOCKS_EXCLUDED(mu_);
+  // Calls add(k, bytes) for the regions `counted` names (this one's, if
+  // named, with `mine`), in region order; stops at the first error `add`
+  // returns (named with the region). Every contribution to the exchange
+  // goes back afterwards, and later messages for it, or an earlier one,
+  // fail the wire. A counted region whose contribution is not here is an
+  // error: the vote that counted it was wrong.
+  Status Sum(uint64_t step, int fragment, const void* mine, const std::vector<bool>& counted,
              const std::function<Status(int region, const void* bytes)>& add) LOCKS_EXCLUDED(mu_);
 
-  // Fails every waiter and every later call with `status` (a peer died,
-  // the job stops). The first failure stays.
+  // The coordinator let `region` go.
+  void Lose(int region) LOCKS_EXCLUDED(mu_);
+  // Fails every waiter and every later call with `status` (the job
+  // stops). The first failure stays.
   void Fail(const Status& status) LOCKS_EXCLUDED(mu_);
 
   // For tests.
@@ -130,6 +150,9 @@ class OuterWire {
   // "region 1's server (peer 3): " or "peer 3: ".
   std::string Sender(PeerId from) const;
   void FailLocked(const Status& status) REQUIRES(mu_);
+  // Region k's server could not be reached: a failure once it has been so
+  // for unreachable_timeout_s without being lost.
+  void UnreachableLocked(int k, const Status& why) REQUIRES(mu_);
 
   // Constant after construction.
   UcxTransport* const transport_;
@@ -139,6 +162,11 @@ class OuterWire {
   CondVar cv_;  // a contribution landed, a send completed, the wire failed
   // [region]: its contributions held, by exchange.
   std::vector<std::map<Exchange, Held>> held_ GUARDED_BY(mu_);
+  // [region]: the coordinator let it go; its endpoint or a send to it
+  // failed (and since when, and why) and it was not let go yet.
+  std::vector<bool> lost_ GUARDED_BY(mu_);
+  std::vector<std::optional<std::chrono::steady_clock::time_point>> unreachable_since_ GUARDED_BY(mu_);
+  std::vector<Status> unreachable_why_ GUARDED_BY(mu_);
   // The last exchange summed: anything at or before it is stale.
   bool summed_any_ GUARDED_BY(mu_) = false;
   Exchange last_summed_ GUARDED_BY(mu_){0, 0};

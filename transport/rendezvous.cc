@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/config.h"
 #include "common/file_util.h"
 #include "common/rng.h"
 #include "common/strings.h"
@@ -166,6 +167,7 @@ JobShape JobShape::FromConfig(const JobConfig& config) {
   shape.join_timeout_s = c.join_timeout_s();
   shape.max_message_bytes = static_cast<size_t>(c.max_control_message_mb() * (1 << 20));
   shape.elastic = c.elastic();
+  shape.regions = Regions(config);
   return shape;
 }
 

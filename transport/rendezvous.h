@@ -54,6 +54,7 @@ struct JobShape {
   double join_timeout_s = 300.0;
   size_t max_message_bytes = 16u << 20;  // cluster.max_control_message_mb
   bool elastic = false;                   // cluster.elastic: a lost worker does not end the job
+  int regions = 1;                        // cluster.diloco.regions: a lost region does not end the job
 
   static JobShape FromConfig(const JobConfig& config);
 };

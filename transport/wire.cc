@@ -87,12 +87,27 @@ Status CheckPeerLost(const wire::PeerLost& p) {
   return Status::OK();
 }
 
-// Exactly one worker lost or joined, and the live workers after it.
+// Exactly one member lost (a worker; a job of regions: a server too, and
+// its region's other members let go) or one worker joined, and the live
+// workers after it.
 Status CheckMembershipChange(const wire::MembershipChanged& c) {
   if (c.epoch() <= 0) return Bad("membership change: epoch must be >= 1");
   if (c.has_lost() == c.has_joined()) return Bad("membership change: names neither or both a lost and a joined worker");
   const wire::Member& who = c.has_lost() ? c.lost() : c.joined();
-  if (who.role() != wire::WORKER) return Bad("membership change: only a worker can be lost or join");
+  if (!KnownRole(who.role()) || (c.has_joined() && who.role() != wire::WORKER)) {
+    return Bad("membership change: only a worker can join, and only a server or a worker be lost");
+  }
+  if (c.has_joined() && c.let_go_size() > 0) return Bad("membership change: a join lets members go");
+  for (const wire::Member& m : c.let_go()) {
+    if (!KnownRole(m.role())) return Bad("membership change: a member let go is neither a server nor a worker");
+    HERD_RETURN_IF_ERROR(CheckRank(m.rank(), false));
+    if (m.host().size() > kMaxHostBytes || m.ucx_address().size() > kMaxUcxAddressBytes) {
+      return Bad("membership change: field too long");
+    }
+    const bool live = m.role() == wire::WORKER &&
+                      std::find(c.live_workers().begin(), c.live_workers().end(), m.rank()) != c.live_workers().end();
+    if (live) return Bad("membership change: a worker let go is listed as live");
+  }
   HERD_RETURN_IF_ERROR(CheckRank(who.rank(), false));
   if (who.host().size() > kMaxHostBytes || c.reason().size() > kMaxReasonBytes) {
     return Bad("membership change: field too long");
@@ -101,7 +116,8 @@ Status CheckMembershipChange(const wire::MembershipChanged& c) {
   if (c.has_joined() && who.ucx_address().empty()) return Bad("membership change: the joined worker has no UCX address");
   if (c.live_workers_size() == 0) return Bad("membership change: no live workers");
   HERD_RETURN_IF_ERROR(CheckAscendingRanks(c.live_workers(), "membership change"));
-  const bool listed = std::find(c.live_workers().begin(), c.live_workers().end(), who.rank()) != c.live_workers().end();
+  const bool listed = who.role() == wire::WORKER &&
+                      std::find(c.live_workers().begin(), c.live_workers().end(), who.rank()) != c.live_workers().end();
   if (c.has_lost() && listed) return Bad("membership change: the lost worker is listed as live");
   if (c.has_joined() && !listed) return Bad("membership change: the joined worker is not listed as live");
   return Status::OK();
