@@ -20,6 +20,7 @@ import json
 import os
 import random
 import signal
+import statistics
 import subprocess
 import sys
 
@@ -82,8 +83,15 @@ def trial(sb, name, rng):
     committed = sorted(int(os.path.basename(os.path.dirname(m)).split("_")[-1])
                        for m in glob.glob(os.path.join(workdir, "ckpt", "step_*", "manifest.json")))
     assert all(step <= at + 50 for step in committed), f"{name}: checkpoints {committed} after a loss at {at}"
+    # What the loss cost the others: the longest step after the kill
+    # against the median step.
+    elapsed = {r["step"]: r["elapsed_s"] for r in rows}
+    took = {s: elapsed[s] - elapsed[s - 1] for s in elapsed if s - 1 in elapsed}
+    median = statistics.median(took.values())
+    hiccup = max(took[s] for s in took if s > at)
     print(f"{name}: {role} {region} killed at step {at}: the other regions finished all {STEPS} steps with the "
-          f"same weights (crc {summaries[live[0]]:08x}); loss {before:.3f} -> {last:.3f}; checkpoints {committed}")
+          f"same weights (crc {summaries[live[0]]:08x}); loss {before:.3f} -> {last:.3f}; checkpoints {committed}; "
+          f"longest step after the kill {1e3 * hiccup:.0f} ms against a median of {1e3 * median:.1f} ms")
 
 
 def main():
