@@ -35,7 +35,8 @@ OuterSteps::OuterSteps(const config::DilocoConfig& diloco, DilocoPlan plan, int 
       outer_(std::move(outer)),
       wire_(wire),
       client_(client),
-      in_flight_(landing) {
+      in_flight_(landing),
+      live_(wire->regions(), true) {
   const int64_t longest = plan_.LongestRun(server_);
   sum_.resize(longest);
   mine_.resize((ContributionBytes(wire_dtype_, longest) + 3) / 4);
@@ -157,6 +158,7 @@ StatusOr<std::vector<bool>> OuterSteps::Vote(int64_t step, int fragment) {
   }
   std::vector<bool> counted(regions);
   for (int k = 0; k < regions; ++k) counted[k] = all[k * region_servers_ + server_].ready();
+  live_ = counted;
   return counted;
 }
 

@@ -76,6 +76,10 @@ class OuterSteps {
   void Lose(int region) { wire_->Lose(region); }
 
   const OuterOptimizer& optimizer() const { return *outer_; }
+  // [k]: whether the last exchange's vote counted region k (every region
+  // before the first); read after Settle, when every server has voted as
+  // often.
+  const std::vector<bool>& live_regions() const { return live_; }
 
  private:
   // This server's run of the exchange's fragment(s).
@@ -111,6 +115,7 @@ class OuterSteps {
   std::vector<float> mine_;
   std::vector<float> sum_;
   std::optional<DilocoPlan::Exchange> in_flight_;
+  std::vector<bool> live_;
   Status failed_;  // the last exchange's, once settled
   // Last: its destructor waits for the thread that uses the above.
   std::future<Status> exchange_;

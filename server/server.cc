@@ -222,10 +222,17 @@ Status ServerProcess::Prepare(transport::NodeRuntime& runtime, transport::Coordi
     // A checkpoint taken while a fragment's exchange was in flight holds
     // its outer step taken; the fragment lands when it is due.
     std::optional<DilocoPlan::Exchange> landing;
-    if (has_parts(OuterPrefix(region_))) {
-      HERD_ASSIGN_OR_RETURN(const ShardState state, ReadShardRange(resume_from_->dir, resume_from_->manifest,
-                                                                   range.begin, range.end, /*with_moments=*/true,
-                                                                   OuterPrefix(region_)));
+    // A region lost before the checkpoint has no outer parts in it: it
+    // takes the first region's that has (the outer weights and momentum
+    // are every region's alike), without its kept error (a region's own).
+    int from = region_;
+    for (int k = 0; k < regions && !has_parts(OuterPrefix(from)); ++k) {
+      if (has_parts(OuterPrefix(k))) from = k;
+    }
+    if (has_parts(OuterPrefix(from))) {
+      HERD_ASSIGN_OR_RETURN(ShardState state, ReadShardRange(resume_from_->dir, resume_from_->manifest, range.begin,
+                                                             range.end, /*with_moments=*/true, OuterPrefix(from)));
+      if (from != region_) std::fill(state.v.begin(), state.v.end(), 0.0f);
       optimizer = std::make_unique<OuterOptimizer>(outer, state.weights.data(), range.size(), state.m.data(),
                                                    state.v.data());
       landing = diloco.InFlightAfter(shard_->optimizer().step());
@@ -317,28 +324,44 @@ Status ServerProcess::CheckpointAfter(int64_t step) {
   if (!CheckpointDue(config_.checkpoint(), step, last_step_)) return Status::OK();
   const std::string step_dir = StepDirName(config_.checkpoint().dir(), step);
   // Server 0 commits: the servers hold the optimizer state. In an elastic
-  // job the workers come and go, so the servers alone vote, and server 0
-  // writes every worker's data file: the step's data position (the same
-  // for every rank), which the workers' loss pushes brought it.
-  const bool elastic = config_.cluster().elastic();
-  // A job of regions: region 0's servers write the shard files, the
-  // others their replicas' own parts; each its outer step's state.
+  // job the workers come and go, and in a job of regions a region may be
+  // lost, so the servers alone vote, and the committer writes every
+  // worker's data file: the step's data position (the same for every
+  // rank), which the workers' loss pushes brought it.
+  //
+  // A job of regions: the regions the last outer step counted write (every
+  // server knows the same last step once the one in flight has settled).
+  // The first of them writes the shard files and commits; the others
+  // their replicas' own parts; each its outer step's state.
+  const int R = Regions(config_);
+  std::vector<bool> live(R, true);
+  if (outer_) {
+    HERD_RETURN_IF_ERROR(outer_->Settle());
+    live = outer_->live_regions();
+  }
+  const int first = static_cast<int>(std::find(live.begin(), live.end(), true) - live.begin());
+  const bool servers_vote = config_.cluster().elastic() || R > 1;
+  const bool committer = region_ == first && local_ == 0;
   const std::string path =
-      JoinPath(step_dir, region_ == 0 ? ShardFileName(local_) : RegionShardFileName(region_, local_));
+      JoinPath(step_dir, region_ == first ? ShardFileName(local_) : RegionShardFileName(region_, local_));
   std::vector<std::string> parts = CheckpointParts(region_servers_, runtime_->client().num_workers());
-  for (int k = 1; k < Regions(config_); ++k) {
-    for (int j = 0; j < region_servers_; ++j) parts.push_back(RegionShardFileName(k, j));
+  for (int k = first + 1; k < R; ++k) {
+    for (int j = 0; live[k] && j < region_servers_; ++j) parts.push_back(RegionShardFileName(k, j));
   }
-  for (int k = 0; outer_ && k < Regions(config_); ++k) {
-    for (int j = 0; j < region_servers_; ++j) parts.push_back(OuterFileName(k, j));
+  for (int k = 0; outer_ && k < R; ++k) {
+    for (int j = 0; live[k] && j < region_servers_; ++j) parts.push_back(OuterFileName(k, j));
   }
+  // The voters that write a part (a server of a live region): one of them
+  // lost since abandons the checkpoint.
+  std::vector<bool> writers(runtime_->client().num_servers());
+  for (size_t i = 0; i < writers.size(); ++i) writers[i] = live[static_cast<int>(i) / region_servers_];
   std::string data_position;
-  if (elastic && rank_ == 0) {
+  if (servers_vote && committer) {
     const DataPosition& d = shard_->report().data;
     data_position = SamplerStateLine(d.epoch, d.taken, d.tokens, config_.train().seq_len(), config_.train().seed());
   }
   transport::CoordinatorClient* client = &runtime_->client();
-  auto commit = [client, step_dir, step, &config = config_, rank = rank_, elastic, parts,
+  auto commit = [client, step_dir, step, &config = config_, committer, servers_vote, parts, writers,
                  data_position](const std::function<Status()>& write) {
     Stopwatch sw;
     auto write_parts = [&]() -> Status {
@@ -349,9 +372,9 @@ Status ServerProcess::CheckpointAfter(int64_t step) {
       }
       return Status::OK();
     };
-    HERD_RETURN_IF_ERROR(transport::CommitCheckpoint(client, step_dir, step, config, /*committer=*/rank == 0,
-                                                     parts, write_parts, elastic ? wire::SERVERS : wire::EVERYONE));
-    if (elastic && rank == 0) {
+    HERD_RETURN_IF_ERROR(transport::CommitCheckpoint(client, step_dir, step, config, committer, parts, write_parts,
+                                                     servers_vote ? wire::SERVERS : wire::EVERYONE, writers));
+    if (servers_vote && committer) {
       std::printf("checkpoint: %s (%.1fs)\n", step_dir.c_str(), sw.Seconds());
       std::fflush(stdout);
     }
@@ -360,7 +383,6 @@ Status ServerProcess::CheckpointAfter(int64_t step) {
   // A job of regions: its outer state too, once the exchange in flight
   // has taken its outer step.
   const std::string outer_path = outer_ ? JoinPath(step_dir, OuterFileName(region_, local_)) : "";
-  if (outer_) HERD_RETURN_IF_ERROR(outer_->Settle());
 
   if (!config_.checkpoint().background()) {
     return commit([&]() -> Status {

@@ -17,10 +17,10 @@ namespace {
 
 // One phase's vote: everyone reports how its part went; OK when all
 // succeeded, else the first failure, naming its process. `lost`: set when
-// a voter's share is empty (a member lost since; only a job of regions
-// goes on without one).
+// the share of one of `writers` (every voter when empty) is empty (a
+// member lost since; only a job of regions goes on without one).
 Status AllSucceeded(CoordinatorClient& client, const Exchange<wire::CheckpointVote>& vote, const Status& mine,
-                    bool* lost = nullptr) {
+                    const std::vector<bool>& writers = {}, bool* lost = nullptr) {
   wire::CheckpointVote my_vote;
   my_vote.set_voted(true);
   if (!mine.ok()) my_vote.set_error(mine.message());
@@ -30,7 +30,7 @@ Status AllSucceeded(CoordinatorClient& client, const Exchange<wire::CheckpointVo
   if (!mine.ok()) return mine;  // this process's own failure, not a consequence
   for (size_t i = 0; i < all.size(); ++i) {
     if (all[i].has_error()) return Status::Aborted(DescribeMember(client.members()[first + i]) + ": " + all[i].error());
-    if (!all[i].voted() && lost != nullptr) *lost = true;
+    if (!all[i].voted() && lost != nullptr && (writers.empty() || (i < writers.size() && writers[i]))) *lost = true;
   }
   return Status::OK();
 }
@@ -39,7 +39,8 @@ Status AllSucceeded(CoordinatorClient& client, const Exchange<wire::CheckpointVo
 
 Status CommitCheckpoint(CoordinatorClient* client, const std::string& step_dir, int64_t step,
                         const config::JobConfig& config, bool committer, const std::vector<std::string>& parts,
-                        const std::function<Status()>& write_parts, wire::Scope voters) {
+                        const std::function<Status()>& write_parts, wire::Scope voters,
+                        const std::vector<bool>& writers) {
   if (client == nullptr) {
     trace::Span span("checkpoint write", "checkpoint", {"step", step});
     return CommitOneProcessCheckpoint(step_dir, step, config, parts, write_parts);
@@ -54,7 +55,7 @@ Status CommitCheckpoint(CoordinatorClient* client, const std::string& step_dir, 
   trace::Span span("checkpoint vote", "checkpoint", {"step", step});
   const std::string where = "checkpoint " + step_dir + ": ";
   bool lost = false;
-  HERD_RETURN_IF_ERROR(AllSucceeded(*client, PartsWrittenVote(step, voters), part, &lost).WithContext(where));
+  HERD_RETURN_IF_ERROR(AllSucceeded(*client, PartsWrittenVote(step, voters), part, writers, &lost).WithContext(where));
   if (lost) {
     // Every voter saw the same shares: none writes the manifest, so the
     // step is never loaded, and the job goes on.

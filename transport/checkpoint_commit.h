@@ -29,10 +29,16 @@ namespace herd::transport {
 // the manifest itself, without votes, whatever `committer` says, and
 // returns its first error as it is (model/checkpoint_commit.h's
 // CommitOneProcessCheckpoint). `voters`: the processes that write parts and
-// vote (an elastic job's servers write the workers' parts too).
+// vote (an elastic job's servers, or a job of regions', write the
+// workers' parts too). A voter lost since the job formed has an empty
+// share: when it is one of `writers` ([i]: voter i in scope order; empty:
+// every voter), its parts are missing, and every voter abandons the
+// checkpoint alike (no manifest; OK is returned); the others are no
+// concern (a job of regions' servers of regions lost before).
 Status CommitCheckpoint(CoordinatorClient* client, const std::string& step_dir, int64_t step,
                         const config::JobConfig& config, bool committer, const std::vector<std::string>& parts,
-                        const std::function<Status()>& write_parts, wire::Scope voters = wire::EVERYONE);
+                        const std::function<Status()>& write_parts, wire::Scope voters = wire::EVERYONE,
+                        const std::vector<bool>& writers = {});
 
 // Checkpoint commits on a thread of their own, one at a time, so that
 // training goes on while a checkpoint is written. Whatever a commit reads

@@ -706,8 +706,11 @@ bool WorkerProcess::OneBackwardWritesTheGradients() const {
 }
 
 std::unique_ptr<CheckpointWriter> WorkerProcess::MakeCheckpointWriter() {
-  // An elastic job's servers write the data position too.
-  if (mode_ == Mode::kParameterServer && config_.cluster().elastic()) return NoCheckpoints();
+  // An elastic job's servers, and a job of regions', write the data
+  // position too.
+  if (mode_ == Mode::kParameterServer && (config_.cluster().elastic() || Regions(config_) > 1)) {
+    return NoCheckpoints();
+  }
   CheckpointWriterParts c;
   c.config = &config_;
   c.sync = strategy_.get();
