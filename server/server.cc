@@ -351,10 +351,10 @@ Status ServerProcess::CheckpointAfter(int64_t step) {
   for (int k = 0; outer_ && k < R; ++k) {
     for (int j = 0; live[k] && j < region_servers_; ++j) parts.push_back(OuterFileName(k, j));
   }
-  // The voters that write a part (a server of a live region): one of them
-  // lost since abandons the checkpoint.
-  std::vector<bool> writers(runtime_->client().num_servers());
-  for (size_t i = 0; i < writers.size(); ++i) writers[i] = live[static_cast<int>(i) / region_servers_];
+  // A job of regions: the voters that write a part (the servers of the
+  // live regions); one of them lost since abandons the checkpoint.
+  std::vector<bool> writers;
+  for (int i = 0; R > 1 && i < runtime_->client().num_servers(); ++i) writers.push_back(live[i / region_servers_]);
   std::string data_position;
   if (servers_vote && committer) {
     const DataPosition& d = shard_->report().data;
