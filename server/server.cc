@@ -161,7 +161,7 @@ Status ServerProcess::Prepare(transport::NodeRuntime& runtime, transport::Coordi
   rank_ = client.rank();
   const int regions = Regions(config_);
   region_servers_ = client.num_servers() / regions;
-  region_ = rank_ / region_servers_;
+  region_ = RegionOf(config_, /*server=*/true, rank_);
   local_ = rank_ % region_servers_;
   HERD_RETURN_IF_ERROR(transport::AgreeOnResume(client, resume_from_ ? BaseName(resume_from_->dir) : "none"));
   Stopwatch sw;

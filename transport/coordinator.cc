@@ -593,6 +593,14 @@ class Coordinator::Impl {
     ArmJoinTimer(shape_.join_timeout_s);
   }
 
+  // A member as a membership change names it (no UCX address: it is gone).
+  static void MemberOf(const SessionPtr& s, wire::Member* who) {
+    who->set_role(s->role());
+    who->set_rank(s->rank);
+    who->set_host(s->hello.host());
+    who->set_pid(s->hello.pid());
+  }
+
   // An elastic job goes on without a lost worker: the others are told,
   // and barriers and all-gathers that waited only for it complete.
   void WorkerLost(const SessionPtr& lost, const std::string& reason) {
@@ -601,11 +609,7 @@ class Coordinator::Impl {
     wire::Envelope m;
     auto* c = m.mutable_membership_changed();
     c->set_epoch(membership_epoch_);
-    auto* who = c->mutable_lost();
-    who->set_role(lost->role());
-    who->set_rank(lost->rank);
-    who->set_host(lost->hello.host());
-    who->set_pid(lost->hello.pid());
+    MemberOf(lost, c->mutable_lost());
     c->set_reason(reason.substr(0, kMaxReasonBytes));
     for (int r = 0; r < workers_; ++r) {
       if (!lost_members_.count(servers_ + r)) c->add_live_workers(r);
@@ -647,13 +651,7 @@ class Coordinator::Impl {
     wire::Envelope m;
     auto* c = m.mutable_membership_changed();
     c->set_epoch(membership_epoch_);
-    auto describe = [](const SessionPtr& s, wire::Member* who) {
-      who->set_role(s->role());
-      who->set_rank(s->rank);
-      who->set_host(s->hello.host());
-      who->set_pid(s->hello.pid());
-    };
-    describe(lost, c->mutable_lost());
+    MemberOf(lost, c->mutable_lost());
     const std::string why = lost->Describe() + " was lost: " + reason + "; region " + std::to_string(region) +
                             " is let go, the other regions go on";
     c->set_reason(why.substr(0, kMaxReasonBytes));
@@ -663,7 +661,7 @@ class Coordinator::Impl {
       if (RegionOf(static_cast<int>(i)) != region || lost_members_.count(static_cast<int>(i))) continue;
       lost_members_.insert(static_cast<int>(i));
       if (s == lost) continue;
-      describe(s, c->add_let_go());
+      MemberOf(s, c->add_let_go());
       if (s->left) continue;
       s->left = true;  // its going is expected now
       SendAndClose(s, let_go);
