@@ -84,6 +84,41 @@ Status OuterSteps::After(int64_t step, float* weights) {
   return Status::OK();
 }
 
+void OuterSteps::Lose(int region) {
+  {
+    MutexLock lock(&heard_mu_);
+    heard_.erase(region);
+  }
+  wire_->Lose(region);
+}
+
+void OuterSteps::Heard(int region) {
+  MutexLock lock(&heard_mu_);
+  heard_.insert(region);
+}
+
+std::vector<int> OuterSteps::Admit() {
+  // Only once nothing is in flight: voted_in_ is the exchange thread's
+  // until then.
+  if (in_flight_ || exchange_.valid()) return {};
+  std::vector<int> admitted;
+  for (int k : voted_in_) {
+    MutexLock lock(&heard_mu_);
+    if (heard_.erase(k) == 0) continue;  // lost since
+    wire_->Rejoin(k);
+    admitted.push_back(k);
+  }
+  voted_in_.clear();
+  return admitted;
+}
+
+void OuterSteps::StartFrom(const std::vector<bool>& in_job, const std::vector<bool>& counted) {
+  for (int k = 0; k < static_cast<int>(in_job.size()); ++k) {
+    if (!in_job[k]) wire_->Lose(k);
+  }
+  live_ = counted;
+}
+
 Status OuterSteps::Settle() {
   if (exchange_.valid()) failed_ = exchange_.get();
   return failed_;
@@ -149,15 +184,43 @@ Status OuterSteps::SumAndStep(const ParamRange& run, int64_t step, int fragment)
 StatusOr<std::vector<bool>> OuterSteps::Vote(int64_t step, int fragment) {
   wire::OuterVote ready;
   ready.set_ready(true);
-  HERD_ASSIGN_OR_RETURN(const std::vector<wire::OuterVote> all,
-                        transport::Gather(*client_, transport::OuterVoteExchange(step, fragment), ready));
+  {
+    MutexLock lock(&heard_mu_);
+    for (int k : heard_) ready.add_joining(k);
+  }
+  // The voters: every server of the regions in the job here (servers'
+  // member indices are their ranks).
   const int regions = wire_->regions();
+  const std::vector<bool> in_job = wire_->InJob();
+  std::vector<int> voters;
+  for (int k = 0; k < regions; ++k) {
+    for (int j = 0; in_job[k] && j < region_servers_; ++j) voters.push_back(k * region_servers_ + j);
+  }
+  HERD_ASSIGN_OR_RETURN(const std::vector<wire::OuterVote> all,
+                        transport::Gather(*client_, transport::OuterVoteExchange(step, fragment), ready, voters));
   if (static_cast<int>(all.size()) != regions * region_servers_) {
     return Status::Internal("the outer step's vote has " + std::to_string(all.size()) + " servers' votes, expected " +
                             std::to_string(regions * region_servers_));
   }
   std::vector<bool> counted(regions);
   for (int k = 0; k < regions; ++k) counted[k] = all[k * region_servers_ + server_].ready();
+  // A region rejoining is admitted when every voter names it.
+  std::vector<int> named(regions, 0);
+  int voted = 0;
+  for (const wire::OuterVote& v : all) {
+    if (!v.ready()) continue;
+    ++voted;
+    std::set<int> names;
+    for (int k : v.joining()) {
+      if (k >= 0 && k < regions && names.insert(k).second) ++named[k];
+    }
+  }
+  for (int k = 0; k < regions; ++k) {
+    if (named[k] == voted && voted > 0 && !counted[k] &&
+        std::find(voted_in_.begin(), voted_in_.end(), k) == voted_in_.end()) {
+      voted_in_.push_back(k);
+    }
+  }
   live_ = counted;
   return counted;
 }

@@ -22,15 +22,30 @@
 // for a server it has let go by then. A region that counts was live when
 // every server voted, so every server has its contribution; every region
 // still adds the same contributions, and lands the same bits.
+//
+// A region lost can rejoin (its processes started again with --join; the
+// coordinator admits them, transport/coordinator.cc). Each server that has
+// heard of it (Heard) names it in its votes; the exchange every counted
+// voter names it in admits it. Once that exchange has landed (the same
+// step everywhere: the first After that ends with no exchange in flight),
+// every server awaits its contributions again (Admit), and the same
+// range's server of the first region that exchange counted gives it the
+// job's state (server/region_state.h): the new outer weights, which become
+// its weights, the outer momentum and that server's inner AdamW state. It
+// counts from the next exchange on. The votes name their voters (the
+// servers of the regions in the job here: CoordinatorClient::AllGather),
+// so that a rejoined region's servers are waited for exactly from then.
 #pragma once
 
 #include <cstdint>
 #include <future>
 #include <memory>
 #include <optional>
+#include <set>
 #include <vector>
 
 #include "common/config.h"
+#include "common/mutex.h"
 #include "common/status.h"
 #include "model/optim/outer_optimizer.h"
 #include "sharding/diloco_plan.h"
@@ -72,10 +87,22 @@ class OuterSteps {
   Status Settle();
   // Fails the wire with `why`, so that an exchange in flight ends.
   void Abandon(const Status& why);
-  // The coordinator let `region` go (any thread).
-  void Lose(int region) { wire_->Lose(region); }
+  // The coordinator let `region` go (any thread): it is left out, and no
+  // longer heard rejoining.
+  void Lose(int region) LOCKS_EXCLUDED(heard_mu_);
+  // The coordinator admitted `region`, rejoining (any thread): this
+  // server names it in its votes from now on.
+  void Heard(int region) LOCKS_EXCLUDED(heard_mu_);
+  // Step thread, after After(step): the regions the exchange that landed
+  // by then admitted and that are not lost since; they are in the job
+  // from now on (their contributions awaited from the next exchange on).
+  std::vector<int> Admit() LOCKS_EXCLUDED(heard_mu_);
+  // A region rejoining: the regions out of the job (state.in_job false),
+  // and the last exchange's count.
+  void StartFrom(const std::vector<bool>& in_job, const std::vector<bool>& counted);
 
   const OuterOptimizer& optimizer() const { return *outer_; }
+  transport::OuterWire& wire() { return *wire_; }
   // [k]: whether the last exchange's vote counted region k (every region
   // before the first); read after Settle, when every server has voted as
   // often.
@@ -116,7 +143,16 @@ class OuterSteps {
   std::vector<float> sum_;
   std::optional<DilocoPlan::Exchange> in_flight_;
   std::vector<bool> live_;
+  // The regions the votes since the last landing admitted (written by the
+  // exchange's thread: read once nothing is in flight), and those the
+  // exchange that landed admitted.
+  std::vector<int> voted_in_;
+  std::vector<int> admitted_;
   Status failed_;  // the last exchange's, once settled
+  // Regions heard rejoining and not admitted yet (the coordinator's thread
+  // adds, the exchange's reads).
+  Mutex heard_mu_;
+  std::set<int> heard_ GUARDED_BY(heard_mu_);
   // Last: its destructor waits for the thread that uses the above.
   std::future<Status> exchange_;
 };

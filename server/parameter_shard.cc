@@ -50,6 +50,7 @@ ParameterShard::ParameterShard(const ParameterShardOptions& options, std::unique
     FloatsToBf16(optimizer_->weights(), wire_copy_.data(), range_.size());
   }
   report_.version = static_cast<uint64_t>(optimizer_->step());
+  report_.data = options_.data;
   const std::vector<Bucket>& plan_buckets = options_.plan->buckets();
   for (size_t i = 0; i < plan_buckets.size(); ++i) {
     const Bucket& b = plan_buckets[i];

@@ -54,6 +54,9 @@ struct ParameterShardOptions {
   transport::PeerId first_worker_peer = 0;  // worker rank r is this + r
   bool bf16_wire = false;
   bool collects_losses = false;  // server 0: the workers' losses
+  // The data position its first report carries (the optimizer's step's):
+  // a rejoining region's first server's, which its workers start from.
+  DataPosition data;
   // No clipping (optimizer.clip_norm 0): the global norm does not enter
   // the update, so each bucket is stepped as soon as its sum is complete
   // and the workers' pulls of it overlap their remaining pushes (BytePS's

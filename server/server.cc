@@ -22,6 +22,7 @@
 #include "model/optim/outer_optimizer.h"
 #include "server/outer_steps.h"
 #include "server/parameter_shard.h"
+#include "server/region_state.h"
 #include "sharding/diloco_plan.h"
 #include "sharding/job_options.h"
 #include "sharding/memory_plan.h"
@@ -82,8 +83,26 @@ class ServerProcess {
                 std::optional<TensorParallelSpace> space, std::optional<VerifiedCheckpoint> resume_from);
 
   // Before any peer can reach this server: the shard, loaded or made, and
-  // served.
+  // served; a job of regions' rings and outer wire. A server rejoining
+  // with its region makes its shard once it has the job's state
+  // (TakeUpState).
   Status Prepare(transport::NodeRuntime& runtime, transport::CoordinatorClient& client);
+  // The shard over `optimizer`, its first report at data position `data`.
+  Status MakeShard(transport::CoordinatorClient& client, std::unique_ptr<OptimizerShard> optimizer,
+                   const DataPosition& data);
+  // A job of regions: the outer steps over `outer` (landing: Create's).
+  Status MakeOuterSteps(transport::CoordinatorClient& client, std::unique_ptr<OuterOptimizer> outer,
+                        std::optional<DilocoPlan::Exchange> landing);
+  // The shard's memory registered, and its pushes and pulls answered.
+  Status ServeShard(transport::NodeRuntime& runtime);
+  // A server rejoining with its region: waits for the job's state (a
+  // region that goes on gives it, server/outer_steps.h), makes the shard
+  // and the outer steps from it and serves; then its region's workers
+  // may start (kRegionServesBarrier).
+  Status TakeUpState(transport::NodeRuntime& runtime, transport::CoordinatorClient& client);
+  // After step `step`: the regions the outer step admitted are in the job;
+  // the first region it counted gives them the job's state.
+  Status GiveState(int64_t step);
   // Failures and membership changes reach the shard.
   void Watch(transport::CoordinatorClient& client);
   // After step `step`: this server's part of the checkpoint the schedule
@@ -119,15 +138,19 @@ class ServerProcess {
 
   // Set once the coordinator has given this process its rank (Prepare):
   // its region (cluster.diloco; 0 of 1 without), the region's servers and
-  // its index among them (the plan's server it is).
+  // its index among them (the plan's server it is); whether it rejoins the
+  // job with its region.
   int region_ = 0, region_servers_ = 1, local_ = 0;
+  bool rejoining_ = false;
 
   // Owned by the thread that runs Run; in lifetime order.
   transport::TraceSession trace_;  // log.trace
   std::unique_ptr<ParameterShard> shard_;
   std::unique_ptr<transport::NodeRuntime> runtime_;
-  // A job of regions: the outer steps of this server's range (on the
-  // runtime's outer wire, so after it).
+  // A job of regions: the runtime's outer wire, and the outer steps of
+  // this server's range over it (so after the runtime).
+  transport::OuterWire* outer_wire_ = nullptr;
+  std::optional<DilocoPlan> diloco_;
   std::unique_ptr<OuterSteps> outer_;
   std::vector<float> no_error_;  // OuterState's zeros, made once
   ShardImage snapshot_, outer_snapshot_;
@@ -163,10 +186,32 @@ Status ServerProcess::Prepare(transport::NodeRuntime& runtime, transport::Coordi
   region_servers_ = client.num_servers() / regions;
   region_ = RegionOf(config_, /*server=*/true, rank_);
   local_ = rank_ % region_servers_;
-  HERD_RETURN_IF_ERROR(transport::AgreeOnResume(client, resume_from_ ? BaseName(resume_from_->dir) : "none"));
+  rejoining_ = client.joining_region() >= 0;
+  if (!rejoining_) {
+    HERD_RETURN_IF_ERROR(transport::AgreeOnResume(client, resume_from_ ? BaseName(resume_from_->dir) : "none"));
+  }
+  const ParamRange range = plan_.shard(local_);
+  if (regions > 1) {
+    // A region's servers (their norm).
+    runtime.StartGroupRing(client, region_servers_, wire::SERVER);
+    const config::DilocoConfig& d = config_.cluster().diloco();
+    HERD_ASSIGN_OR_RETURN(DilocoPlan diloco, DilocoPlan::Make(d, plan_, config_.train().steps()));
+    diloco_.emplace(std::move(diloco));
+    // The same range's servers of every region (the outer steps).
+    std::vector<transport::PeerId> peers;
+    for (int k = 0; k < regions; ++k) {
+      peers.push_back(transport::MemberPeerId(client, wire::SERVER, k * region_servers_ + local_));
+    }
+    transport::OuterWire::Options wire = OuterSteps::WireOptions(d, *diloco_, local_, region_, std::move(peers));
+    // The coordinator declares a dead process lost within its heartbeat
+    // timeout; an endpoint that fails without that is a failure.
+    wire.unreachable_timeout_s = 2 * config_.cluster().heartbeat_timeout_s() + 5;
+    if (rejoining_) wire.state_bytes = RegionState::Bytes(regions, range.size());
+    outer_wire_ = runtime.StartOuterWire(std::move(wire));
+  }
+  if (rejoining_) return Status::OK();
   Stopwatch sw;
   const JobOptions job = JobOptions::FromConfig(config_);
-  const ParamRange range = plan_.shard(local_);
   std::unique_ptr<OptimizerShard> optimizer;
   // A job of regions resumes each region's replica from its own parts
   // (region 0's are the shard files), and the outer step's state from
@@ -187,37 +232,10 @@ Status ServerProcess::Prepare(transport::NodeRuntime& runtime, transport::Coordi
   } else {
     HERD_ASSIGN_OR_RETURN(optimizer, job.MakeOptimizer(layout_, range, resume_from_));
   }
-  ParameterShardOptions o;
-  o.layout = &layout_;
-  o.plan = &plan_;
-  o.server = local_;
-  o.num_workers = client.num_workers() / regions;
-  o.first_worker_peer = transport::MemberPeerId(client, wire::WORKER, region_ * o.num_workers);
-  o.bf16_wire = config_.cluster().wire_dtype() == config::ClusterConfig::BF16;
-  o.collects_losses = local_ == 0;
-  o.elastic = config_.cluster().elastic();
-  o.stream_updates = StreamsUpdates(config_);
-  if (HasPipeline(config_)) {
-    HERD_ASSIGN_OR_RETURN(const PipelinePlan pipeline, PipelinePlan::FromConfig(config_));
-    for (const Bucket& b : plan_.buckets()) o.contributors.push_back(pipeline.ContributorsOf(b.range, layout_));
-  }
-  if (space_) {
-    // A rank's part is pushed by the workers of that tensor-parallel rank.
-    for (const Bucket& b : plan_.buckets()) {
-      std::vector<int>& workers = o.contributors.emplace_back();
-      for (int w = 0; w < o.num_workers; ++w) {
-        if (GridPlaceOf(config_, w).tensor == b.range.begin / space_->part()) workers.push_back(w);
-      }
-    }
-    o.uncounted = space_->Copies();
-  }
-  shard_ = std::make_unique<ParameterShard>(o, std::move(optimizer));
+  HERD_RETURN_IF_ERROR(MakeShard(client, std::move(optimizer), DataPosition{}));
   if (regions > 1) {
-    // A region's servers (their norm).
-    runtime.StartGroupRing(client, region_servers_, wire::SERVER);
     const config::DilocoConfig& d = config_.cluster().diloco();
     const OuterOptions outer{d.outer_lr(), d.outer_momentum()};
-    HERD_ASSIGN_OR_RETURN(DilocoPlan diloco, DilocoPlan::Make(d, plan_, config_.train().steps()));
     std::unique_ptr<OuterOptimizer> optimizer;
     // A checkpoint taken while a fragment's exchange was in flight holds
     // its outer step taken; the fragment lands when it is due.
@@ -235,29 +253,138 @@ Status ServerProcess::Prepare(transport::NodeRuntime& runtime, transport::Coordi
       if (from != region_) std::fill(state.v.begin(), state.v.end(), 0.0f);
       optimizer = std::make_unique<OuterOptimizer>(outer, state.weights.data(), range.size(), state.m.data(),
                                                    state.v.data());
-      landing = diloco.InFlightAfter(shard_->optimizer().step());
+      landing = diloco_->InFlightAfter(shard_->optimizer().step());
     } else {
       optimizer = std::make_unique<OuterOptimizer>(outer, shard_->weights(), range.size());
     }
-    // The same range's servers of every region (the outer steps).
-    std::vector<transport::PeerId> peers;
-    for (int k = 0; k < regions; ++k) {
-      peers.push_back(transport::MemberPeerId(client, wire::SERVER, k * region_servers_ + local_));
-    }
-    transport::OuterWire::Options wire = OuterSteps::WireOptions(d, diloco, local_, region_, std::move(peers));
-    // The coordinator declares a dead process lost within its heartbeat
-    // timeout; an endpoint that fails without that is a failure.
-    wire.unreachable_timeout_s = 2 * config_.cluster().heartbeat_timeout_s() + 5;
-    outer_ = std::make_unique<OuterSteps>(d, std::move(diloco), local_, region_servers_, std::move(optimizer),
-                                          runtime.StartOuterWire(std::move(wire)), &client, landing);
+    HERD_RETURN_IF_ERROR(MakeOuterSteps(client, std::move(optimizer), landing));
   }
-  const uint64_t bytes = range.size() * sizeof(float);
-  HERD_RETURN_IF_ERROR(runtime.transport().RegisterMemory(shard_->weights(), bytes));
-  HERD_RETURN_IF_ERROR(runtime.transport().RegisterMemory(shard_->gradients(), bytes));
-  runtime.Serve(shard_.get());
+  HERD_RETURN_IF_ERROR(ServeShard(runtime));
   LOG(INFO) << "server " << rank_ << ": [" << range.begin << ", " << range.end << ") "
             << (resume_from_ ? "loaded from " + resume_from_->dir : std::string("initialised")) << " in "
             << sw.Seconds() << " s";
+  return Status::OK();
+}
+
+Status ServerProcess::MakeShard(transport::CoordinatorClient& client, std::unique_ptr<OptimizerShard> optimizer,
+                                const DataPosition& data) {
+  const int regions = Regions(config_);
+  ParameterShardOptions o;
+  o.layout = &layout_;
+  o.plan = &plan_;
+  o.server = local_;
+  o.num_workers = client.num_workers() / regions;
+  o.first_worker_peer = transport::MemberPeerId(client, wire::WORKER, region_ * o.num_workers);
+  o.bf16_wire = config_.cluster().wire_dtype() == config::ClusterConfig::BF16;
+  o.collects_losses = local_ == 0;
+  o.data = data;
+  o.elastic = config_.cluster().elastic();
+  o.stream_updates = StreamsUpdates(config_);
+  if (HasPipeline(config_)) {
+    HERD_ASSIGN_OR_RETURN(const PipelinePlan pipeline, PipelinePlan::FromConfig(config_));
+    for (const Bucket& b : plan_.buckets()) o.contributors.push_back(pipeline.ContributorsOf(b.range, layout_));
+  }
+  if (space_) {
+    // A rank's part is pushed by the workers of that tensor-parallel rank.
+    for (const Bucket& b : plan_.buckets()) {
+      std::vector<int>& workers = o.contributors.emplace_back();
+      for (int w = 0; w < o.num_workers; ++w) {
+        if (GridPlaceOf(config_, w).tensor == b.range.begin / space_->part()) workers.push_back(w);
+      }
+    }
+    o.uncounted = space_->Copies();
+  }
+  shard_ = std::make_unique<ParameterShard>(o, std::move(optimizer));
+  return Status::OK();
+}
+
+Status ServerProcess::MakeOuterSteps(transport::CoordinatorClient& client, std::unique_ptr<OuterOptimizer> outer,
+                                     std::optional<DilocoPlan::Exchange> landing) {
+  outer_ = std::make_unique<OuterSteps>(config_.cluster().diloco(), *diloco_, local_, region_servers_,
+                                        std::move(outer), outer_wire_, &client, landing);
+  return Status::OK();
+}
+
+Status ServerProcess::ServeShard(transport::NodeRuntime& runtime) {
+  const uint64_t bytes = shard_->optimizer().range().size() * sizeof(float);
+  HERD_RETURN_IF_ERROR(runtime.transport().RegisterMemory(shard_->weights(), bytes));
+  HERD_RETURN_IF_ERROR(runtime.transport().RegisterMemory(shard_->gradients(), bytes));
+  runtime.Serve(shard_.get());
+  return Status::OK();
+}
+
+Status ServerProcess::TakeUpState(transport::NodeRuntime& runtime, transport::CoordinatorClient& client) {
+  Stopwatch sw;
+  const ParamRange range = plan_.shard(local_);
+  const int regions = Regions(config_);
+  // A region is admitted at the first outer step after every region has
+  // heard of it: within H inner steps of the job's, unless the job ends
+  // first.
+  HERD_ASSIGN_OR_RETURN(auto sent, outer_wire_->AwaitState(config_.cluster().join_timeout_s()));
+  const int from = sent.first;
+  HERD_ASSIGN_OR_RETURN(RegionState state,
+                        RegionState::Decode(sent.second, regions, range.size(), last_step_, region_,
+                                            "region " + std::to_string(from) + "'s server " + std::to_string(local_)));
+  ShardState inner;
+  inner.begin = range.begin;
+  inner.end = range.end;
+  inner.step = state.steps;
+  inner.weights = state.outer;  // the job's newest outer weights
+  inner.m = std::move(state.m);
+  inner.v = std::move(state.v);
+  inner.spikes = state.spikes;
+  HERD_RETURN_IF_ERROR(MakeShard(client, std::make_unique<OptimizerShard>(layout_, JobOptions::FromConfig(config_).optimizer,
+                                                                          std::move(inner)),
+                                 state.data));
+  const config::DilocoConfig& d = config_.cluster().diloco();
+  HERD_RETURN_IF_ERROR(MakeOuterSteps(client,
+                                      std::make_unique<OuterOptimizer>(OuterOptions{d.outer_lr(), d.outer_momentum()},
+                                                                       state.outer.data(), range.size(),
+                                                                       state.momentum.data(), nullptr),
+                                      diloco_->InFlightAfter(state.steps)));
+  outer_->StartFrom(state.in_job, state.counted);
+  HERD_RETURN_IF_ERROR(ServeShard(runtime));
+  HERD_RETURN_IF_ERROR(client.Barrier(transport::kRegionServesBarrier, wire::REGION));
+  if (local_ == 0) {
+    std::printf("region %d rejoined the job: from step %lld on, with the job's state from region %d (%.1f MB in %.2f s)\n",
+                region_, static_cast<long long>(state.steps + 1), from, sent.second.size() / 1e6, sw.Seconds());
+    std::fflush(stdout);
+  }
+  return Status::OK();
+}
+
+Status ServerProcess::GiveState(int64_t step) {
+  if (!outer_) return Status::OK();
+  const std::vector<int> admitted = outer_->Admit();
+  if (admitted.empty()) return Status::OK();
+  const std::vector<bool>& live = outer_->live_regions();
+  const int first = static_cast<int>(std::find(live.begin(), live.end(), true) - live.begin());
+  for (int k : admitted) {
+    LOG(INFO) << "server " << rank_ << ": region " << k << " is admitted after step " << step
+              << "; it counts from the next outer step on" << (region_ == first ? ", its state from this region" : "");
+  }
+  if (region_ != first) return Status::OK();
+  const ShardView now = shard_->optimizer().view();
+  const OuterOptimizer& outer = outer_->optimizer();
+  const int64_t n = now.end - now.begin;
+  RegionState state;
+  state.steps = step;
+  state.in_job = outer_->wire().InJob();
+  state.counted = live;
+  state.spikes = now.spikes;
+  if (local_ == 0) state.data = shard_->report().data;
+  state.outer.assign(outer.outer(), outer.outer() + n);
+  state.momentum.assign(outer.momentum(), outer.momentum() + n);
+  state.m.assign(now.m, now.m + n);
+  state.v.assign(now.v, now.v + n);
+  const std::string bytes = state.Encode();
+  for (int k : admitted) {
+    // A region lost again meanwhile is let go again: not this server's
+    // failure.
+    if (Status sent = outer_->wire().SendState(k, bytes); !sent.ok()) {
+      LOG(WARNING) << "server " << rank_ << ": could not give region " << k << " the job's state: " << sent.message();
+    }
+  }
   return Status::OK();
 }
 
@@ -266,6 +393,14 @@ void ServerProcess::Watch(transport::CoordinatorClient& client) {
   client.OnFailure([&shard](const Status& failure) { shard.Fail(failure); });
   client.OnMembershipChange([this, rank = rank_, &shard](const transport::MembershipChange& change) {
     shard.SetMembershipEpoch(change.epoch);
+    if (outer_ && change.joined) {
+      const int k = RegionOf(config_, change.member.role() == wire::SERVER, change.member.rank());
+      if (k == region_) return;  // this one's own region, rejoining
+      outer_->Heard(k);
+      LOG(INFO) << "server " << rank << ": region " << k << " rejoins the job; it is admitted at the next outer "
+                << "step every region has heard of it by";
+      return;
+    }
     if (outer_ && !change.joined) {
       // A job of regions goes on without the lost member's region.
       const int k = RegionOf(config_, change.member.role() == wire::SERVER, change.member.rank());
@@ -292,6 +427,7 @@ Status ServerProcess::Run(const transport::JoinOptions& join) {
                           return Prepare(rt, client);
                         }));
   transport::CoordinatorClient* client = &runtime_->client();
+  if (rejoining_) HERD_RETURN_IF_ERROR(TakeUpState(*runtime_, *client));
   HERD_RETURN_IF_ERROR(trace_.Start(config_.log().trace(), wire::SERVER, rank_, client));
   Watch(*client);
   if (rank_ == 0) LOG(INFO) << "shard plan: " << plan_.Describe();
@@ -303,7 +439,12 @@ Status ServerProcess::Run(const transport::JoinOptions& join) {
     return outer_ ? RegionScalars(step, partial, loss)
                   : GlobalScalars(*client, step, partial, loss);
   };
-  hooks.after_step = [this](int64_t step) { return CheckpointAfter(step); };
+  // A region admitted after a step starts from the next: the step's
+  // checkpoint is the job's before it.
+  hooks.after_step = [this](int64_t step) {
+    HERD_RETURN_IF_ERROR(CheckpointAfter(step));
+    return GiveState(step);
+  };
   if (outer_) {
     // As the plan schedules them (a pure function of the config: a stop
     // with --stop-at changes no step).
@@ -340,6 +481,16 @@ Status ServerProcess::CheckpointAfter(int64_t step) {
     live = outer_->live_regions();
   }
   const int first = static_cast<int>(std::find(live.begin(), live.end(), true) - live.begin());
+  // A region rejoined since the last outer step votes but writes nothing:
+  // the parts are the counted regions'.
+  const bool writes = live[region_];
+  std::vector<int> voters;
+  if (outer_) {
+    const std::vector<bool> in_job = outer_->wire().InJob();
+    for (int i = 0; i < runtime_->client().num_servers(); ++i) {
+      if (in_job[i / region_servers_]) voters.push_back(i);
+    }
+  }
   const bool servers_vote = config_.cluster().elastic() || R > 1;
   const bool committer = region_ == first && local_ == 0;
   const std::string path =
@@ -361,10 +512,11 @@ Status ServerProcess::CheckpointAfter(int64_t step) {
     data_position = SamplerStateLine(d.epoch, d.taken, d.tokens, config_.train().seq_len(), config_.train().seed());
   }
   transport::CoordinatorClient* client = &runtime_->client();
-  auto commit = [client, step_dir, step, &config = config_, committer, servers_vote, parts, writers,
+  auto commit = [client, step_dir, step, &config = config_, committer, servers_vote, parts, writers, voters, writes,
                  data_position](const std::function<Status()>& write) {
     Stopwatch sw;
     auto write_parts = [&]() -> Status {
+      if (!writes) return Status::OK();
       HERD_RETURN_IF_ERROR(write());
       if (data_position.empty()) return Status::OK();
       for (int r = 0; r < client->num_workers(); ++r) {
@@ -373,7 +525,7 @@ Status ServerProcess::CheckpointAfter(int64_t step) {
       return Status::OK();
     };
     HERD_RETURN_IF_ERROR(transport::CommitCheckpoint(client, step_dir, step, config, committer, parts, write_parts,
-                                                     servers_vote ? wire::SERVERS : wire::EVERYONE, writers));
+                                                     servers_vote ? wire::SERVERS : wire::EVERYONE, writers, voters));
     if (servers_vote && committer) {
       std::printf("checkpoint: %s (%.1fs)\n", step_dir.c_str(), sw.Seconds());
       std::fflush(stdout);

@@ -1,8 +1,11 @@
 """A job of regions (cluster.diloco) that loses a region goes on without
-it: 3 regions of one server and one worker each, H = 5, the tiny model,
-through `herd launch`; a process of region 1 or 2 (its server or its
-worker) is killed with SIGKILL at a random step, 2 trials (10 with
-scripts/test.sh --long, the killed process and step drawn anew):
+it, and the region can rejoin: 3 regions of one server and one worker
+each, H = 5, the tiny model, through `herd launch`; a process of region 1
+or 2 (its server or its worker) is killed with SIGKILL at a random step.
+2 trials of each kind (10 with scripts/test.sh --long), the killed
+process and step drawn anew.
+
+Without restarts (the region is lost for good):
 
 * the job finishes every step and exits 0; the launcher says it went on
   without the killed process's region, and the region's other process is
@@ -22,11 +25,26 @@ scripts/test.sh --long, the killed process and step drawn anew):
   lost region, starts all three regions again (the lost one from the
   first surviving region's replica and outer state) and finishes; the
   three regions end with the same weights, and a second resume from the
-  same checkpoint ends bitwise where the first did."""
+  same checkpoint ends bitwise where the first did.
+
+With --max-restarts 1 (the region rejoins while the job runs):
+
+* the launcher starts the region's two processes again with --join; its
+  server takes up the job's state from another region's at the next
+  outer step (it says from which step it computes), its worker starts
+  there, and the job finishes every step, exit code 0;
+* all three regions end with the same weights, bit for bit; the
+  rejoined server served exactly the steps from its start to the end;
+* the loss goes on falling; at most one checkpoint is missing (the one
+  the loss abandoned);
+* --resume from the last checkpoint, written by all three regions after
+  the rejoin, ends bitwise where the rejoined run ended: the rejoin left
+  the job in a state a checkpoint holds exactly."""
 import glob
 import json
 import os
 import random
+import re
 import signal
 import statistics
 import subprocess
@@ -48,7 +66,7 @@ def processes(launch_pid):
     return out
 
 
-def trial(sb, name, rng):
+def trial(sb, name, rng, rejoin=False):
     workdir = sb.path(name)
     os.makedirs(workdir)
     text = herdtest.tiny_config(sb.path("train.bin"), steps=STEPS, metrics="metrics.jsonl", ckpt="ckpt", every=50,
@@ -59,10 +77,11 @@ def trial(sb, name, rng):
     out_path, err_path = os.path.join(workdir, "launch.out"), os.path.join(workdir, "launch.err")
     metrics = os.path.join(workdir, "metrics.jsonl")
     role, region = rng.choice(["server", "worker"]), rng.randrange(1, REGIONS)
-    at = rng.randrange(20, STEPS // 2)
+    # A region rejoins at an outer step: early enough that one is left.
+    at = rng.randrange(20, STEPS // 3 if rejoin else STEPS // 2)
     with open(out_path, "w") as out_file, open(err_path, "w") as err_file:
-        p = subprocess.Popen([sb.herd, "launch", "job.textproto"], cwd=workdir, stdout=out_file, stderr=err_file,
-                             env=dict(os.environ, OMP_NUM_THREADS="1"))
+        p = subprocess.Popen([sb.herd, "launch", "job.textproto", *(["--max-restarts", "1"] if rejoin else [])],
+                             cwd=workdir, stdout=out_file, stderr=err_file, env=dict(os.environ, OMP_NUM_THREADS="1"))
     try:
         herdtest.wait_for_step(metrics, at, name)
         os.kill(processes(p.pid)[(role, region)], signal.SIGKILL)
@@ -78,13 +97,23 @@ def trial(sb, name, rng):
             f"{name}: no '{said} ...; the job goes on without its region {region}':\n{out[-3000:]}\n{err[-3000:]}"
     rows = herdtest.metrics_rows(metrics)
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1)), f"{name}: steps {rows[0]['step']}..{rows[-1]['step']}"
-    summaries = {}
+    summaries, served = {}, {}
     for path in glob.glob(os.path.join(workdir, "summary", "server_*.json")):
         s = json.load(open(path))
-        summaries[s["rank"]] = s["weights_crc32"]
-    live = [k for k in range(REGIONS) if k != region]
+        summaries[s["rank"]], served[s["rank"]] = s["weights_crc32"], s["steps"]
+    live = list(range(REGIONS)) if rejoin else [k for k in range(REGIONS) if k != region]
     assert sorted(summaries) == live, f"{name}: run summaries of servers {sorted(summaries)}, expected {live}"
-    assert len({summaries[k] for k in live}) == 1, f"{name}: the surviving regions' final weights differ: {summaries}"
+    assert len({summaries[k] for k in live}) == 1, f"{name}: the regions' final weights differ: {summaries}"
+    rejoined_at = None
+    if rejoin:
+        said = re.search(rf"server {region}: region {region} rejoined the job: from step (\d+) on", out)
+        assert f"launch: region {region} starts again, its 2 processes with --join" in out and said, \
+            f"{name}: no restart and rejoin of region {region}:\n{out[-3000:]}\n{err[-3000:]}"
+        rejoined_at = int(said.group(1))
+        assert f"worker {region}: worker {region} rejoined the job with region {region}: it computes from step " \
+               f"{rejoined_at} on" in out, f"{name}: worker {region} did not start at step {rejoined_at}:\n{out[-3000:]}"
+        assert at < rejoined_at <= STEPS and served[region] == STEPS - rejoined_at + 1, \
+            f"{name}: region {region} rejoined at step {rejoined_at}, its server served {served[region]} steps"
     losses = [r["loss"] for r in rows]
     before, last = sum(losses[at - 10:at]) / 10, sum(losses[-10:]) / 10
     assert last < before, f"{name}: the loss went from {before:.3f} before the kill to {last:.3f}"
@@ -100,10 +129,12 @@ def trial(sb, name, rng):
     took = {s: elapsed[s] - elapsed[s - 1] for s in elapsed if s - 1 in elapsed}
     median = statistics.median(took.values())
     hiccup = max(took[s] for s in took if s > at)
-    print(f"{name}: {role} {region} killed at step {at}: the other regions finished all {STEPS} steps with the "
-          f"same weights (crc {summaries[live[0]]:08x}); loss {before:.3f} -> {last:.3f}; checkpoints {committed}; "
+    print(f"{name}: {role} {region} killed at step {at}"
+          f"{f', the region rejoined from step {rejoined_at} on' if rejoin else ''}: "
+          f"regions {live} finished all {STEPS} steps with the same weights (crc {summaries[live[0]]:08x}); "
+          f"loss {before:.3f} -> {last:.3f}; checkpoints {committed}; "
           f"longest step after the kill {1e3 * hiccup:.0f} ms against a median of {1e3 * median:.1f} ms")
-    return at, committed
+    return at, committed, summaries[live[0]]
 
 
 def resumed(sb, name, step, tag):
@@ -132,8 +163,17 @@ def main():
     sb = herdtest.Sandbox(a.build)
     sb.training_data()
     rng = random.Random(11)
-    for t in range(10 if herdtest.LONG else 2):
-        at, committed = trial(sb, f"trial{t}", rng)
+    trials = 10 if herdtest.LONG else 2
+    for t in range(trials):
+        at, committed, crc = trial(sb, f"rejoin{t}", rng, rejoin=True)
+        if t == 0:
+            resume = committed[-2] if committed[-1] == STEPS else committed[-1]
+            again = resumed(sb, f"rejoin{t}", resume, "resumed")
+            assert sorted(again) == list(range(REGIONS)) and set(again.values()) == {crc}, (crc, again)
+            print(f"rejoin{t}: resumed from step {resume} (written by all {REGIONS} regions after the rejoin): ended "
+                  f"bitwise where the rejoined run did (crc {crc:08x})")
+    for t in range(trials):
+        at, committed, _ = trial(sb, f"trial{t}", rng)
         after = [step for step in committed if at < step < STEPS]
         if t == 0 and after:
             first = resumed(sb, f"trial{t}", after[-1], "resumed")

@@ -63,6 +63,7 @@ struct Child {
   bool killed_after_grace = false;  // by the launcher: a consequence, not a cause
   bool dropped = false;             // a worker an elastic job (or a region a job of regions) went on without
   bool replaced = false;            // ... and another has been started to join in its place
+  bool rejoins = false;             // started with --join in place of a lost region's process
 };
 
 // The rank in a child's name ("server 3" -> 3).
@@ -335,6 +336,7 @@ class JobAttempt {
   // without.
   bool GoesOnWithout(const Child& c) const;
   void ReplaceDropped();
+  void RestartDroppedRegions();
   // The attempt's outcome once every process has exited.
   Outcome Conclude(const Status& spawned);
   Outcome SetupFailure(const Status& st);
@@ -467,12 +469,14 @@ JobAttempt::JobAttempt(const config::JobConfig& config, const LocalJobOptions& o
       bin_dir_(bin_dir),
       servers_(config.cluster().servers()),
       workers_(config.cluster().workers()),
-      replaces_(config.cluster().elastic() && replacements > 0),
+      replaces_((config.cluster().elastic() || Regions(config) > 1) && replacements > 0),
       cores_(std::max(1, static_cast<int>(std::thread::hardware_concurrency()))),
       pick_threads_(config.train().threads() == 0 && std::getenv("OMP_NUM_THREADS") == nullptr),
       stopped_by_(*stopped_by),
       running_(*running),
-      children_(servers_ + workers_ + (replaces_ ? replacements : 0)),
+      // A region's every process starts again; an elastic job's one worker.
+      children_(servers_ + workers_ +
+                (replaces_ ? replacements * (Regions(config) > 1 ? (servers_ + workers_) / Regions(config) : 1) : 0)),
       grace_s_(config.cluster().heartbeat_timeout_s() + 10),
       stop_order_(servers_ + workers_),
       next_slot_(servers_ + workers_) {}
@@ -493,7 +497,7 @@ transport::CoordinatorOptions JobAttempt::CoordinatorOptionsForJob(const std::st
     if (!replaces_) ::unlink(token_file_.c_str());
     formed_ = true;
   };
-  o.on_worker_dropped = [this](int64_t pid) {
+  o.on_member_dropped = [this](int64_t pid) {
     MutexLock lock(&spawned_mu_);
     dropped_by_job_.insert(static_cast<pid_t>(pid));
   };
@@ -574,6 +578,7 @@ bool JobAttempt::GoesOnWithout(const Child& c) const {
 // coordinator has dropped it, so its place is free) is replaced by one
 // that joins, unless the job is ending (a worker has finished).
 void JobAttempt::ReplaceDropped() {
+  if (Regions(config_) > 1) return RestartDroppedRegions();
   for (size_t i = 0; i < next_slot_ && next_slot_ < children_.size(); ++i) {
     Child& c = children_[i];
     if (!c.dropped || c.replaced || first_failure_ || stopped_by_ != 0) continue;
@@ -600,11 +605,65 @@ void JobAttempt::ReplaceDropped() {
   }
 }
 
+// A job of regions, with restarts left: a region the job went on without
+// whose every process has exited (the coordinator has let each go) starts
+// again, each process with --join in its place, unless the job is ending
+// (a worker has finished).
+void JobAttempt::RestartDroppedRegions() {
+  const int R = Regions(config_);
+  const size_t region_size = static_cast<size_t>((servers_ + workers_) / R);
+  for (int k = 0; k < R; ++k) {
+    if (first_failure_ || stopped_by_ != 0 || next_slot_ + region_size > children_.size()) return;
+    std::vector<Child*> dropped;
+    bool running = false, finishing = false;
+    for (size_t i = 0; i < next_slot_; ++i) {
+      Child& c = children_[i];
+      finishing |= c.worker && c.exit_code == 0;
+      if (RegionOf(config_, !c.worker, RankOf(c)) != k || c.replaced) continue;
+      running |= c.pid > 0 && !c.exit_code;
+      if (c.dropped) dropped.push_back(&c);
+    }
+    if (finishing) return;
+    if (running || dropped.size() != region_size) continue;
+    {
+      MutexLock lock(&spawned_mu_);
+      bool all_let_go = true;
+      for (const Child* c : dropped) all_let_go &= dropped_by_job_.count(c->pid) > 0;
+      if (!all_let_go) continue;
+    }
+    ++out_.replaced;
+    std::printf("launch: region %d starts again, its %zu processes with --join (restart %d of %d)\n", k,
+                region_size, options_.max_restarts - replacements_ + out_.replaced, options_.max_restarts);
+    std::fflush(stdout);
+    for (Child* c : dropped) {
+      c->replaced = true;
+      Child& fresh = children_[next_slot_++];
+      fresh.rejoins = true;
+      if (Status started = SpawnChild(fresh, !c->worker, RankOf(*c), true); !started.ok()) {
+        std::printf("launch: cannot start %s again: %s\n", c->name.c_str(), started.message().c_str());
+        continue;
+      }
+      ++alive_;
+    }
+    forwarder_->Wake();
+  }
+}
+
 void JobAttempt::OnExit(Child& c, int status) {
   c.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   c.exit_order = exits_++;
   --alive_;
   if (*c.exit_code == 0 || first_failure_) return;
+  bool finished = false;
+  for (const Child& other : children_) finished |= other.worker && other.exit_code == 0;
+  if (c.rejoins && finished) {
+    // The coordinator stopped it: the run ended before its region was
+    // admitted at an outer step.
+    std::printf("launch: %s exited (exit code %d): the job finished before its region rejoined\n", c.name.c_str(),
+                *c.exit_code);
+    std::fflush(stdout);
+    return;
+  }
   if (GoesOnWithout(c)) {
     c.dropped = true;
     const std::string without = Regions(config_) > 1

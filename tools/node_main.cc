@@ -5,12 +5,17 @@
 //   herd-server CONFIG [--set path=value ...] [--rank R] [--coordinator HOST:PORT]
 //               [--token-file F] [--resume | --resume-if-any | --overwrite]
 //               [--allow-global-batch-change] [--stop-at STEP] [--max-restarts N]
-//   herd-worker (the same flags) [--join]
+//   herd-worker (the same flags)
+//   either with --join: a worker joining an elastic job, or a region's
+//   process rejoining a job of regions
 //
 // herd-worker --join joins an elastic job (cluster.elastic) under way in
 // place of a lost worker: it takes the lowest lost rank (or --rank's, if
 // that one is lost) and the step, the data position and the weights from
-// the servers, so it needs neither --resume nor a checkpoint. With
+// the servers, so it needs neither --resume nor a checkpoint. In a job of
+// regions (cluster.diloco) a lost region's processes, servers and workers,
+// start again with --join and --rank: the region rejoins whole, its
+// servers taking the job's state from another region's. With
 // --resume-if-any too, a worker that finds the job forming (not started,
 // or starting again after a failure) takes part in that instead, from the
 // newest checkpoint: what a supervisor can always start a worker with.
@@ -66,11 +71,8 @@ namespace {
 constexpr char kUsage[] =
     "usage: " HERD_NODE_NAME
     " CONFIG [--set path=value ...] [--rank R] [--coordinator HOST:PORT] [--token-file F] "
-    "[--resume | --resume-if-any | --overwrite] [--allow-global-batch-change] [--stop-at STEP] [--max-restarts N]"
-#if !HERD_NODE_SERVER
-    " [--join]"
-#endif
-    ;
+    "[--resume | --resume-if-any | --overwrite] [--allow-global-batch-change] [--stop-at STEP] [--max-restarts N] "
+    "[--join]";
 
 // This process's command line for its next start: one restart fewer, and
 // --resume-if-any in place of --resume / --overwrite; a worker of an
@@ -143,10 +145,19 @@ Status Run(int argc, char** argv, long long* max_restarts, bool* elastic_worker)
                                          args.Get("coordinator"), args.Get("token-file")));
   join.join = args.Has("join");
   join.resume_if_forming = args.Has("resume-if-any");  // meaningful with --join only
-  if (join.join && HERD_NODE_SERVER) return Status::InvalidArgument("--join: only a worker can join a job under way");
-  if (join.join && !config.cluster().elastic()) {
+  const bool regions = config.cluster().diloco().regions() > 1;
+  if (join.join && HERD_NODE_SERVER && !regions) {
+    return Status::InvalidArgument("--join: only a worker can join a job under way (a server: with its region, in a "
+                                   "job of regions)");
+  }
+  if (join.join && !config.cluster().elastic() && !regions) {
     return Status::InvalidArgument("--join: " + args.positional()[0] +
-                                   " is not an elastic job (cluster.elastic); only a worker of one can join it");
+                                   " is neither an elastic job (cluster.elastic) nor one of regions "
+                                   "(cluster.diloco.regions); only a worker of one can join it");
+  }
+  if (join.join && regions && (join.rank < 0 || join.resume_if_forming)) {
+    return Status::InvalidArgument("--join: a process rejoining a job of regions names its --rank, and takes the "
+                                   "job's state from the other regions (no --resume-if-any)");
   }
   if (join.join && (args.Has("resume") || args.Has("overwrite"))) {
     return Status::InvalidArgument(

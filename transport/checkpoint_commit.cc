@@ -19,12 +19,13 @@ namespace {
 // succeeded, else the first failure, naming its process. `lost`: set when
 // the share of one of `writers` (every voter when empty) is empty (a
 // member lost since; only a job of regions goes on without one).
+// `named`: the voters, when not the whole scope (Gather's members).
 Status AllSucceeded(CoordinatorClient& client, const Exchange<wire::CheckpointVote>& vote, const Status& mine,
-                    const std::vector<bool>& writers = {}, bool* lost = nullptr) {
+                    const std::vector<int>& named, const std::vector<bool>& writers = {}, bool* lost = nullptr) {
   wire::CheckpointVote my_vote;
   my_vote.set_voted(true);
   if (!mine.ok()) my_vote.set_error(mine.message());
-  HERD_ASSIGN_OR_RETURN(std::vector<wire::CheckpointVote> all, Gather(client, vote, my_vote));
+  HERD_ASSIGN_OR_RETURN(std::vector<wire::CheckpointVote> all, Gather(client, vote, my_vote, named));
   // Scope order is membership order: servers, then workers.
   const size_t first = vote.scope == wire::WORKERS ? client.num_servers() : 0;
   if (!mine.ok()) return mine;  // this process's own failure, not a consequence
@@ -40,7 +41,7 @@ Status AllSucceeded(CoordinatorClient& client, const Exchange<wire::CheckpointVo
 Status CommitCheckpoint(CoordinatorClient* client, const std::string& step_dir, int64_t step,
                         const config::JobConfig& config, bool committer, const std::vector<std::string>& parts,
                         const std::function<Status()>& write_parts, wire::Scope voters,
-                        const std::vector<bool>& writers) {
+                        const std::vector<bool>& writers, const std::vector<int>& named) {
   if (client == nullptr) {
     trace::Span span("checkpoint write", "checkpoint", {"step", step});
     return CommitOneProcessCheckpoint(step_dir, step, config, parts, write_parts);
@@ -55,7 +56,7 @@ Status CommitCheckpoint(CoordinatorClient* client, const std::string& step_dir, 
   trace::Span span("checkpoint vote", "checkpoint", {"step", step});
   const std::string where = "checkpoint " + step_dir + ": ";
   bool lost = false;
-  HERD_RETURN_IF_ERROR(AllSucceeded(*client, PartsWrittenVote(step, voters), part, writers, &lost).WithContext(where));
+  HERD_RETURN_IF_ERROR(AllSucceeded(*client, PartsWrittenVote(step, voters), part, named, writers, &lost).WithContext(where));
   if (lost) {
     // Every voter saw the same shares: none writes the manifest, so the
     // step is never loaded, and the job goes on.
@@ -65,7 +66,7 @@ Status CommitCheckpoint(CoordinatorClient* client, const std::string& step_dir, 
   }
   Status committed;
   if (committer) committed = WriteManifest(step_dir, step, parts);
-  return AllSucceeded(*client, CommittedVote(step, voters), committed).WithContext(where);
+  return AllSucceeded(*client, CommittedVote(step, voters), committed, named).WithContext(where);
 }
 
 BackgroundCommit::~BackgroundCommit() { Wait(); }

@@ -34,11 +34,13 @@ namespace herd::transport {
 // share: when it is one of `writers` ([i]: voter i in scope order; empty:
 // every voter), its parts are missing, and every voter abandons the
 // checkpoint alike (no manifest; OK is returned); the others are no
-// concern (a job of regions' servers of regions lost before).
+// concern (a job of regions' servers of regions lost before). `named`:
+// the voters by member index, when they are not every member of `voters`
+// that takes part (a job of regions' servers, as regions come and go).
 Status CommitCheckpoint(CoordinatorClient* client, const std::string& step_dir, int64_t step,
                         const config::JobConfig& config, bool committer, const std::vector<std::string>& parts,
                         const std::function<Status()>& write_parts, wire::Scope voters = wire::EVERYONE,
-                        const std::vector<bool>& writers = {});
+                        const std::vector<bool>& writers = {}, const std::vector<int>& named = {});
 
 // Checkpoint commits on a thread of their own, one at a time, so that
 // training goes on while a checkpoint is written. Whatever a commit reads

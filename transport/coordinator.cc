@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/trace.h"
+#include "transport/exchanges.h"
 #include "transport/framed_connection.h"
 #include "transport/rendezvous.h"
 #include "transport/wire.h"
@@ -120,6 +121,9 @@ class WarningLimiter {
 }  // namespace
 
 class Coordinator::Impl {
+  struct PendingBarrier;
+  struct PendingGather;
+
  public:
   explicit Impl(const CoordinatorOptions& options)
       : options_(options),
@@ -434,14 +438,19 @@ class Coordinator::Impl {
   int MemberIndex(const SessionPtr& s) const { return s->role() == wire::SERVER ? s->rank : servers_ + s->rank; }
 
   void Barrier(const SessionPtr& s, const wire::Barrier& b) {
-    if (!InScope(b.scope(), s->role())) {
+    const int index = MemberIndex(s);
+    const bool region_scope = b.scope() == wire::REGION;
+    if (region_scope ? shape_.regions <= 1 : !InScope(b.scope(), s->role()) || joining_members_.count(index)) {
       return ProtocolError(s, Status::Corruption("barrier '" + b.name() + "' of scope " +
                                                  wire::Scope_Name(b.scope()) + " entered by a non-member"));
     }
-    const std::string key = wire::Scope_Name(b.scope()) + "/" + b.name();
+    const int region = region_scope ? RegionOf(index) : -1;
+    const std::string key =
+        wire::Scope_Name(b.scope()) + (region_scope ? std::to_string(region) : "") + "/" + b.name();
     auto& pending = barriers_[key];
     pending.barrier = b;
-    pending.arrived.insert(MemberIndex(s));
+    pending.region = region;
+    pending.arrived.insert(index);
     MaybeCompleteBarrier(key);
   }
 
@@ -464,23 +473,60 @@ class Coordinator::Impl {
     }
   }
 
+  // Whether member `index` is waited for in a barrier of `scope` (a
+  // REGION barrier: of `region`): a member that takes part, or (a region's
+  // barrier) a member of the region joining now.
+  bool InBarrier(int index, wire::Scope scope, int region) const {
+    if (scope == wire::REGION) {
+      return RegionOf(index) == region && (Takes(index) || joining_members_.count(index));
+    }
+    return InScope(scope, members_[index]->role()) && Takes(index) && !unserved_members_.count(index);
+  }
+
   void MaybeCompleteBarrier(const std::string& key) {
     auto it = barriers_.find(key);
     const wire::Scope scope = it->second.barrier.scope();
-    int arrived = 0, waived = 0;
+    const int region = it->second.region;
+    int arrived = 0, waived = 0, expected = 0;
     for (size_t i = 0; i < members_.size(); ++i) {
-      if (!InScope(scope, members_[i]->role()) || !Takes(static_cast<int>(i))) continue;
+      if (!InBarrier(static_cast<int>(i), scope, region)) continue;
+      ++expected;
       if (it->second.arrived.count(static_cast<int>(i))) {
         ++arrived;
       } else if (members_[i]->left) {
         ++waived;  // gone for good: it will not arrive
       }
     }
-    if (arrived + waived < LiveInScope(scope)) return;
+    if (arrived + waived < expected) return;
     wire::Envelope m;
     *m.mutable_barrier() = it->second.barrier;
     barriers_.erase(it);
-    SendToLiveInScope(scope, m);
+    for (size_t i = 0; i < members_.size(); ++i) {
+      if (InBarrier(static_cast<int>(i), scope, region)) Send(members_[i], m);
+    }
+    // A region joining under way is connected: the job takes it in; it
+    // serves once its servers have the job's state.
+    if (scope == wire::REGION && region == joining_region_ && m.barrier().name() == kUcxConnectedBarrier) {
+      AdmitRegion();
+    }
+    if (scope == wire::REGION && m.barrier().name() == kRegionServesBarrier) {
+      for (auto it = unserved_members_.begin(); it != unserved_members_.end();) {
+        it = RegionOf(*it) == region ? unserved_members_.erase(it) : std::next(it);
+      }
+    }
+    // The job is done before a region admitted took up its state (it was
+    // admitted after the last outer step): it stops.
+    if (scope == wire::EVERYONE && m.barrier().name() == kDoneBarrier) {
+      wire::Envelope stop;
+      stop.mutable_shutdown()->set_reason("the job finished before this process's region took up its state");
+      for (int index : unserved_members_) {
+        const SessionPtr& s = members_[index];
+        if (s->left) continue;
+        s->left = true;
+        SendAndClose(s, stop);
+      }
+      unserved_members_.clear();
+    }
   }
 
   void AllGather(const SessionPtr& s, const wire::AllGather& g) {
@@ -496,28 +542,49 @@ class Coordinator::Impl {
                                                  std::to_string(share) + " bytes (the message bound / " +
                                                  std::to_string(n) + ")"));
     }
+    const int self = MemberIndex(s);
+    bool named_self = g.members().empty();
+    for (int32_t index : g.members()) {
+      if (index >= static_cast<int>(members_.size()) || !InScope(g.scope(), members_[index]->role())) {
+        return ProtocolError(s, Status::Corruption("all-gather '" + g.name() + "' names member " +
+                                                   std::to_string(index) + ", not one of its scope"));
+      }
+      named_self |= index == self;
+    }
+    if (!named_self || joining_members_.count(self)) {
+      return ProtocolError(s, Status::Corruption("all-gather '" + g.name() + "' entered by a member not taking part"));
+    }
     const std::string key = wire::Scope_Name(g.scope()) + "/" + g.name();
     auto& pending = gathers_[key];
     pending.name = g.name();
     pending.scope = g.scope();
-    pending.parts[MemberIndex(s)] = g.data();
+    pending.named.insert(g.members().begin(), g.members().end());
+    pending.parts[self] = g.data();
     MaybeCompleteGather(key);
   }
 
-  // Complete once every live member of the scope has contributed; a lost
-  // member's share is empty (scope order is kept).
+  // Whether member `index` is waited for in `pending`: the members its
+  // contributors named, or every member of its scope that takes part;
+  // either way not one lost.
+  bool InGather(int index, const PendingGather& pending) const {
+    if (!InScope(pending.scope, members_[index]->role())) return false;
+    return pending.named.empty() ? Takes(index) : pending.named.count(index) && !lost_members_.count(index);
+  }
+
+  // Complete once every member it waits for has contributed; a share not
+  // waited for (a lost member's) is empty (scope order is kept).
   void MaybeCompleteGather(const std::string& key) {
     auto it = gathers_.find(key);
     PendingGather& pending = it->second;
-    int arrived = 0;
-    for (const auto& [index, data] : pending.parts) arrived += Takes(index) ? 1 : 0;
-    if (arrived < LiveInScope(pending.scope)) return;
+    for (size_t i = 0; i < members_.size(); ++i) {
+      if (InGather(static_cast<int>(i), pending) && !pending.parts.count(static_cast<int>(i))) return;
+    }
     wire::Envelope m;
     m.mutable_all_gather_result()->set_name(pending.name);
     for (size_t i = 0; i < members_.size(); ++i) {
       if (!InScope(pending.scope, members_[i]->role())) continue;
       auto part = pending.parts.find(static_cast<int>(i));
-      const bool counted = part != pending.parts.end() && Takes(static_cast<int>(i));
+      const bool counted = part != pending.parts.end() && InGather(static_cast<int>(i), pending);
       m.mutable_all_gather_result()->add_data(counted ? std::move(part->second) : std::string());
     }
     const wire::Scope scope = pending.scope;
@@ -538,6 +605,7 @@ class Coordinator::Impl {
       return;
     }
     s->left = true;  // it cannot be lost twice
+    if (joining_members_.count(MemberIndex(s))) return RegionJoinFailed(s, reason);
     const Status failure = Status::Unavailable(who + " was lost: " + reason);
     // A worker lost while it was joining leaves the job as it was.
     if (shape_.elastic && failure_.ok() && s->role() == wire::WORKER &&
@@ -588,6 +656,13 @@ class Coordinator::Impl {
     join_queue_.clear();
     awaiting_ack_.clear();
     joined_at_.clear();
+    for (const auto& [region, arrived] : region_arrivals_) {
+      for (const auto& [index, s] : arrived) Refuse(s, "--join: the job is starting again (--max-restarts)");
+    }
+    region_arrivals_.clear();
+    joining_members_.clear();
+    unserved_members_.clear();
+    joining_region_ = -1;
     barriers_.clear();
     gathers_.clear();
     ArmJoinTimer(shape_.join_timeout_s);
@@ -622,7 +697,7 @@ class Coordinator::Impl {
       awaiting_ack_.erase(MemberIndex(lost));
     }
     SendToLiveInScope(wire::EVERYONE, m);
-    if (options_.on_worker_dropped) options_.on_worker_dropped(lost->hello.pid());
+    if (options_.on_member_dropped) options_.on_member_dropped(lost->hello.pid());
     RecheckCollectives();
     MaybeWelcomeJoiner();
   }
@@ -671,6 +746,11 @@ class Coordinator::Impl {
     }
     LOG(WARNING) << "coordinator: " << why << " (" << LiveRegions() << " regions left)";
     SendToLiveInScope(wire::EVERYONE, m);
+    if (options_.on_member_dropped) {
+      for (size_t i = 0; i < members_.size(); ++i) {
+        if (RegionOf(static_cast<int>(i)) == region) options_.on_member_dropped(members_[i]->hello.pid());
+      }
+    }
     RecheckCollectives();
   }
 
@@ -693,8 +773,10 @@ class Coordinator::Impl {
   // new epoch), and only then is the newcomer welcomed. It takes no part in
   // barriers and all-gathers before that.
   void QueueJoin(const SessionPtr& s) {
+    if (shape_.regions > 1) return ArriveForRegion(s);
     if (!shape_.elastic) {
-      return Refuse(s, "--join: the job is not elastic (cluster.elastic); a worker can join only an elastic job");
+      return Refuse(s, "--join: the job is not elastic (cluster.elastic) nor one of regions (cluster.diloco); a "
+                       "worker can join only an elastic job");
     }
     if (s->role() != wire::WORKER) return Refuse(s, "--join: only a worker can join a job under way");
     join_queue_.push_back(s);
@@ -803,15 +885,153 @@ class Coordinator::Impl {
     NextJoin();
   }
 
+  // Every member; a lost one (not one joining now) without its UCX
+  // address: nobody is to connect to it.
   void FillMembers(wire::Welcome* welcome) const {
-    for (const auto& s : members_) {
+    for (size_t i = 0; i < members_.size(); ++i) {
+      const SessionPtr& s = members_[i];
       wire::Member* m = welcome->add_members();
       m->set_role(s->role());
       m->set_rank(s->rank);
       m->set_host(s->hello.host());
       m->set_pid(s->hello.pid());
-      m->set_ucx_address(s->hello.ucx_address());
+      const int index = static_cast<int>(i);
+      if (!lost_members_.count(index) || joining_members_.count(index)) m->set_ucx_address(s->hello.ucx_address());
     }
+  }
+
+  // ---- a region rejoining a job of regions under way ------------------------
+  // A lost region's processes start again with --join, each naming its
+  // rank. Once all of a region's have arrived they are welcomed (one
+  // region at a time) and connect to the job's members and each other,
+  // the others not knowing them yet; when all of them have (a REGION
+  // barrier) the region is admitted: every member is told
+  // (MembershipChanged with `joined` and `joined_with`) and it takes part
+  // from then on. Its servers take up the job's state from the other
+  // regions' at the next outer step's exchange (server/outer_steps.h).
+  int RegionSize() const { return servers_ / shape_.regions + workers_ / shape_.regions; }
+
+  void ArriveForRegion(const SessionPtr& s) {
+    const wire::Hello& h = s->hello;
+    const bool server = h.role() == wire::SERVER;
+    const int count = server ? servers_ : workers_;
+    if (h.rank() < 0 || h.rank() >= count) {
+      return Refuse(s, "--join: a process rejoining a job of regions names its rank (--rank), one of the job's " +
+                           std::to_string(count) + (server ? " servers" : " workers"));
+    }
+    const int index = server ? h.rank() : servers_ + h.rank();
+    const int region = RegionOf(index);
+    if (!lost_members_.count(index) || joining_members_.count(index)) {
+      return Refuse(s, "--join: " + DescribeRole(h.role(), h.rank()) + " of region " + std::to_string(region) +
+                           " is not lost; a lost region's processes rejoin in its place");
+    }
+    for (size_t i = 0; i < members_.size(); ++i) {
+      if (Takes(static_cast<int>(i)) && members_[i]->left) {
+        return Refuse(s, "--join: the job is finishing (its processes are leaving)");
+      }
+    }
+    auto& arrived = region_arrivals_[region];
+    if (auto other = arrived.find(index); other != arrived.end() && sessions_.count(other->second->id)) {
+      return Refuse(s, DescribeRole(h.role(), h.rank()) + " is already taken by " + other->second->Describe());
+    }
+    arrived[index] = s;
+    LOG(INFO) << "coordinator: " << s->Describe() << " arrived from " << s->conn->peer() << " to rejoin region "
+              << region << " [" << arrived.size() << "/" << RegionSize() << "]";
+    NextRegionJoin();
+  }
+
+  // Welcomes the next region whose processes have all arrived, unless one
+  // is joining now.
+  void NextRegionJoin() {
+    if (joining_region_ >= 0) return;
+    for (auto& [region, arrived] : region_arrivals_) {
+      for (auto it = arrived.begin(); it != arrived.end();) {
+        it = sessions_.count(it->second->id) ? std::next(it) : arrived.erase(it);  // went away while it waited
+      }
+      if (static_cast<int>(arrived.size()) < RegionSize()) continue;
+      joining_region_ = region;
+      std::map<int, SessionPtr> joiners = std::move(arrived);
+      region_arrivals_.erase(region);
+      for (const auto& [index, s] : joiners) {
+        s->admitted = true;
+        s->rank = index < servers_ ? index : index - servers_;
+        s->conn->set_max_body_bytes(shape_.max_message_bytes);
+        members_[index] = s;
+        joining_members_.insert(index);
+      }
+      wire::Welcome w;
+      FillMembers(&w);
+      w.set_membership_epoch(membership_epoch_);
+      w.set_joining_region(region);
+      for (int r = 0; r < workers_; ++r) {
+        if (lost_members_.count(servers_ + r)) continue;
+        w.add_live_workers(r);
+        w.add_joined_at(0);
+      }
+      LOG(INFO) << "coordinator: region " << region << "'s " << joiners.size()
+                << " processes rejoin the job; welcomed, they connect";
+      for (const auto& [index, s] : joiners) {
+        wire::Envelope m;
+        *m.mutable_welcome() = w;
+        m.mutable_welcome()->set_role(s->role());
+        m.mutable_welcome()->set_rank(s->rank);
+        Send(s, m);
+      }
+      return;
+    }
+  }
+
+  // The joining region's processes have connected: it takes part, and
+  // every member is told.
+  void AdmitRegion() {
+    const int region = joining_region_;
+    ++membership_epoch_;
+    wire::Envelope m;
+    auto* c = m.mutable_membership_changed();
+    c->set_epoch(membership_epoch_);
+    for (int index : joining_members_) {
+      lost_members_.erase(index);
+      unserved_members_.insert(index);
+      const SessionPtr& s = members_[index];
+      wire::Member* who = c->has_joined() ? c->add_joined_with() : c->mutable_joined();
+      MemberOf(s, who);
+      who->set_ucx_address(s->hello.ucx_address());
+    }
+    c->set_reason("region " + std::to_string(region) + " rejoined");
+    for (int r = 0; r < workers_; ++r) {
+      if (!lost_members_.count(servers_ + r)) c->add_live_workers(r);
+    }
+    joining_members_.clear();
+    joining_region_ = -1;
+    LOG(INFO) << "coordinator: region " << region << " rejoined the job (membership epoch " << membership_epoch_
+              << ", " << LiveRegions() << " regions)";
+    SendToLiveInScope(wire::EVERYONE, m);
+    NextRegionJoin();
+  }
+
+  // A process of the region joining now was lost before the region was
+  // admitted: the others never heard of it, and its other processes are let
+  // go (the region is lost as it was).
+  void RegionJoinFailed(const SessionPtr& lost, const std::string& reason) {
+    const int region = joining_region_;
+    const std::string why = lost->Describe() + " was lost while region " + std::to_string(region) +
+                            " rejoined: " + reason + "; the region stays lost";
+    LOG(WARNING) << "coordinator: " << why;
+    wire::Envelope m;
+    m.mutable_shutdown()->set_reason(why.substr(0, kMaxReasonBytes));
+    m.mutable_shutdown()->set_declared_lost(true);
+    for (int index : joining_members_) {
+      const SessionPtr& s = members_[index];
+      if (s->left && s != lost) continue;
+      s->left = true;
+      SendAndClose(s, m);
+    }
+    joining_members_.clear();
+    joining_region_ = -1;
+    for (auto it = barriers_.begin(); it != barriers_.end();) {
+      it = it->second.region == region ? barriers_.erase(it) : std::next(it);
+    }
+    NextRegionJoin();
   }
 
   static wire::Envelope PeerLostMessage(const Status& failure, const SessionPtr& lost) {
@@ -944,13 +1164,25 @@ class Coordinator::Impl {
   std::set<int> awaiting_ack_;  // member indices
   std::deque<SessionPtr> join_queue_;
   std::map<int, int> joined_at_;
+  // A job of regions: the processes arrived to rejoin a lost region, by
+  // region and member index; the region joining now (-1: none), and its
+  // members, welcomed and not yet admitted (they stay in lost_members_).
+  std::map<int, std::map<int, SessionPtr>> region_arrivals_;
+  int joining_region_ = -1;
+  std::set<int> joining_members_;
+  // Members of a region admitted whose servers have not yet taken up the
+  // job's state (kRegionServesBarrier): the job's done barrier does not
+  // wait for them.
+  std::set<int> unserved_members_;
   struct PendingBarrier {
     wire::Barrier barrier;
+    int region = -1;        // a REGION barrier's
     std::set<int> arrived;  // member indices
   };
   struct PendingGather {
     std::string name;
     wire::Scope scope = wire::EVERYONE;
+    std::set<int> named;               // member indices its contributors named (none: the scope's)
     std::map<int, std::string> parts;  // by member index
   };
   std::map<std::string, PendingBarrier> barriers_;  // by scope/name

@@ -54,9 +54,10 @@ struct CoordinatorOptions {
   std::function<void()> on_formed;
   std::function<void(int64_t pid)> on_silent;
   // Called on the coordinator's thread, with the pid its host reported,
-  // when an elastic job goes on without a lost worker: its place is free
-  // for a worker that joins.
-  std::function<void(int64_t pid)> on_worker_dropped;
+  // when an elastic job goes on without a lost worker, or a job of regions
+  // without a lost region's member (once for each): its place is free for
+  // a process that joins.
+  std::function<void(int64_t pid)> on_member_dropped;
 
   // Address and fixed shape from the job config; the caller adds the token.
   static CoordinatorOptions FromConfig(const JobConfig& config);

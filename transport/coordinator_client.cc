@@ -89,11 +89,13 @@ class CoordinatorClient::Impl {
     return failure_.WithContext("barrier '" + name + "': ");
   }
 
-  StatusOr<std::vector<std::string>> AllGather(const std::string& name, const std::string& data, wire::Scope scope) {
+  StatusOr<std::vector<std::string>> AllGather(const std::string& name, const std::string& data, wire::Scope scope,
+                                               const std::vector<int>& members) {
     wire::Envelope m;
     m.mutable_all_gather()->set_name(name);
     m.mutable_all_gather()->set_scope(scope);
     m.mutable_all_gather()->set_data(data);
+    for (int index : members) m.mutable_all_gather()->add_members(index);
     HERD_RETURN_IF_ERROR(ValidateMessage(m));
     Post(m);
     MutexLock lock(&mu_);
@@ -197,6 +199,18 @@ class CoordinatorClient::Impl {
       added.set_value();
     });
     added.get_future().wait();
+  }
+
+  // A job of regions: the region of member (role, rank), its members a
+  // block of consecutive ranks of each role.
+  int RegionOf(wire::Role role, int rank) const {
+    const int count = role == wire::SERVER ? options_.job.servers : options_.job.workers;
+    return rank / std::max(1, count / std::max(1, options_.job.regions));
+  }
+
+  int joining_region() const {
+    MutexLock lock(&mu_);
+    return joining_region_;
   }
 
   bool joined_under_way() const {
@@ -383,8 +397,14 @@ class CoordinatorClient::Impl {
     // has changed; a founding member's has no changes.
     const bool joined = std::find(w.live_workers().begin(), w.live_workers().end(), w.rank()) !=
                         w.live_workers().end();
-    const bool under_way = w.membership_epoch() >= 1 && joined;
-    const bool founding = w.membership_epoch() == 0 && w.live_workers_size() == 0;
+    // A job of regions' lost region rejoining: its processes' welcome names
+    // the region, theirs.
+    const bool region = w.joining_region() >= 0;
+    const bool rejoins = region && options_.job.regions > 1 && w.membership_epoch() >= 1 &&
+                         w.joining_region() < options_.job.regions && w.rank() >= 0 &&
+                         RegionOf(w.role(), w.rank()) == w.joining_region();
+    const bool under_way = w.membership_epoch() >= 1 && (joined || rejoins) && (!region || rejoins);
+    const bool founding = w.membership_epoch() == 0 && w.live_workers_size() == 0 && !region;
     const bool consistent = options_.join ? under_way || (options_.resume_if_forming && founding) : founding;
     bool accepted = false;
     {
@@ -393,6 +413,7 @@ class CoordinatorClient::Impl {
           (options_.rank < 0 || w.rank() == options_.rank)) {
         welcome_ = w;
         joined_under_way_ = options_.join && under_way;
+        joining_region_ = options_.join && rejoins ? w.joining_region() : -1;
         members_.assign(w.members().begin(), w.members().end());
         latest_epoch_ = w.membership_epoch();
         welcomed_ = true;
@@ -425,9 +446,10 @@ class CoordinatorClient::Impl {
       change.joined = c.has_joined();
       change.member = change.joined ? c.joined() : c.lost();
       bool valid = welcomed_ && c.epoch() == latest_epoch_ + 1 && known(change.member) &&
-                   (!change.joined || change.member.role() == wire::WORKER);
+                   (!change.joined || change.member.role() == wire::WORKER || options_.job.regions > 1);
       for (int r : c.live_workers()) valid = valid && r >= 0 && r < workers;
       for (const wire::Member& m : c.let_go()) valid = valid && known(m) && options_.job.regions > 1;
+      for (const wire::Member& m : c.joined_with()) valid = valid && known(m) && options_.job.regions > 1;
       if (!valid) {
         invalid = true;
       } else {
@@ -435,6 +457,7 @@ class CoordinatorClient::Impl {
         change.reason = c.reason();
         change.live_workers.assign(c.live_workers().begin(), c.live_workers().end());
         change.let_go.assign(c.let_go().begin(), c.let_go().end());
+        change.joined_with.assign(c.joined_with().begin(), c.joined_with().end());
         latest_epoch_ = change.epoch;
         changes_.push_back(change);
         handlers = on_membership_change_;
@@ -492,6 +515,7 @@ class CoordinatorClient::Impl {
   bool ended_ GUARDED_BY(mu_) = false;
   bool failing_ GUARDED_BY(mu_) = false;
   bool joined_under_way_ GUARDED_BY(mu_) = false;  // welcomed in place of a lost worker (JoinOptions::join)
+  int joining_region_ GUARDED_BY(mu_) = -1;       // welcomed as a lost region's process rejoining
   // Written once, with welcomed_, before Join() returns; from then on
   // constant, and welcome()/members() hand out references without mu_.
   wire::Welcome welcome_ GUARDED_BY(mu_);
@@ -532,8 +556,8 @@ const wire::Member& CoordinatorClient::member(wire::Role role, int rank) const {
 }
 Status CoordinatorClient::Barrier(const std::string& name, wire::Scope scope) { return impl_->Barrier(name, scope); }
 StatusOr<std::vector<std::string>> CoordinatorClient::AllGather(const std::string& name, const std::string& data,
-                                                                wire::Scope scope) {
-  return impl_->AllGather(name, data, scope);
+                                                                wire::Scope scope, const std::vector<int>& members) {
+  return impl_->AllGather(name, data, scope, members);
 }
 void CoordinatorClient::OnFailure(std::function<void(const Status&)> handler) { impl_->OnFailure(std::move(handler)); }
 Status CoordinatorClient::health() const { return impl_->health(); }
@@ -542,6 +566,7 @@ void CoordinatorClient::OnMembershipChange(std::function<void(const MembershipCh
 }
 WelcomedMembership CoordinatorClient::welcomed_membership() const { return impl_->welcomed_membership(); }
 bool CoordinatorClient::joined_under_way() const { return impl_->joined_under_way(); }
+int CoordinatorClient::joining_region() const { return impl_->joining_region(); }
 
 Status CoordinatorClient::Explain(const Status& local, double wait_s) const {
   if (local.code() != Status::Code::kUnavailable) return local;

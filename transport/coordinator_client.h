@@ -52,7 +52,8 @@ struct JoinOptions {
 };
 
 // An elastic job went on without a lost worker, or a worker joined in
-// place of a lost one (wire::MembershipChanged).
+// place of a lost one; a job of regions went on without a lost region, or
+// a region rejoined (wire::MembershipChanged).
 struct MembershipChange {
   int epoch = 0;  // 1 for the job's first change, then 2, 3, ...
   bool joined = false;
@@ -60,8 +61,9 @@ struct MembershipChange {
   std::string reason;
   std::vector<int> live_workers;  // ascending ranks
   // A job of regions: the lost member's region's other members, let go
-  // with it.
+  // with it; or the joined member's, joining with it.
   std::vector<wire::Member> let_go;
+  std::vector<wire::Member> joined_with;
 };
 
 // An elastic job's membership when this process was welcomed into it.
@@ -98,9 +100,13 @@ class CoordinatorClient {
   // Waits until every process in `scope` has entered barrier `name`.
   Status Barrier(const std::string& name, wire::Scope scope = wire::EVERYONE);
   // Everyone in `scope` contributes `data`; returns all contributions in
-  // scope order (servers by rank, then workers by rank).
+  // scope order (servers by rank, then workers by rank). `members`, when
+  // given, names the members of the scope that take part (indices into
+  // members(), this one's among them; every contributor names the same):
+  // the others' shares are empty, as a lost member's.
   StatusOr<std::vector<std::string>> AllGather(const std::string& name, const std::string& data,
-                                               wire::Scope scope = wire::EVERYONE);
+                                               wire::Scope scope = wire::EVERYONE,
+                                               const std::vector<int>& members = {});
 
   // `handler` runs once, on the client's thread, when the job fails (a peer
   // lost, the coordinator gone or shutting down); handlers run in the order
@@ -115,8 +121,11 @@ class CoordinatorClient {
   void OnMembershipChange(std::function<void(const MembershipChange&)> handler);
   WelcomedMembership welcomed_membership() const;
   // Whether this process was welcomed into a job under way (it joined in
-  // place of a lost worker), rather than at the job's formation.
+  // place of a lost worker, or with its region in place of a lost
+  // region's), rather than at the job's formation.
   bool joined_under_way() const;
+  // A job of regions: the region this process rejoins the job with, or -1.
+  int joining_region() const;
   // OK while the job is healthy; the failure otherwise.
   Status health() const;
   // What a process that fails with `local` should say. A data-plane

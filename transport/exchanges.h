@@ -48,17 +48,21 @@ inline Exchange<wire::OuterVote> OuterVoteExchange(int64_t step, int fragment) {
 inline Exchange<wire::NcclId> NcclIdExchange() { return {"herd/nccl-id", wire::WORKERS}; }
 
 // Barriers: every process is done training (it then leaves); every
-// process of a forming job has connected its UCX endpoints.
+// process of a forming job (or of a region rejoining one) has connected
+// its UCX endpoints; a rejoining region's servers have taken up the job's
+// state and serve.
 inline constexpr char kDoneBarrier[] = "herd/done";
 inline constexpr char kUcxConnectedBarrier[] = "herd/ucx-connected";
+inline constexpr char kRegionServesBarrier[] = "herd/region-serves";
 
-// Everyone in the exchange's scope contributes `mine`; every contribution,
+// Everyone in the exchange's scope contributes `mine` (or, named, the
+// `members` of it: CoordinatorClient::AllGather); every contribution,
 // parsed, in scope order (servers by rank, then workers by rank).
 template <typename Message>
 StatusOr<std::vector<Message>> Gather(CoordinatorClient& client, const Exchange<Message>& exchange,
-                                      const Message& mine) {
+                                      const Message& mine, const std::vector<int>& members = {}) {
   HERD_ASSIGN_OR_RETURN(std::vector<std::string> all,
-                        client.AllGather(exchange.key, mine.SerializeAsString(), exchange.scope));
+                        client.AllGather(exchange.key, mine.SerializeAsString(), exchange.scope, members));
   const size_t first = exchange.scope == wire::WORKERS ? client.num_servers() : 0;
   std::vector<Message> out(all.size());
   for (size_t i = 0; i < all.size(); ++i) {

@@ -49,9 +49,20 @@ StatusOr<std::unique_ptr<CoordinatorClient>> JoinJob(const JoinOptions& options,
       for (const wire::Member& m : change.let_go) transport->Disconnect(MemberPeerId(*c, m.role(), m.rank()), why);
       return;
     }
-    if (std::find(connect_to.begin(), connect_to.end(), wire::WORKER) == connect_to.end()) return;
-    const Status connected = transport->Connect(peer, change.member.ucx_address(), DescribeMember(change.member));
-    if (!connected.ok()) LOG(WARNING) << "cannot connect to the worker that joined: " << connected.message();
+    // A job of regions: a region rejoins whole; its own processes have
+    // connected to each other already.
+    std::vector<wire::Member> joined = change.joined_with;
+    joined.push_back(change.member);
+    const PeerId self = MemberPeerId(*c, c->role(), c->rank());
+    for (const wire::Member& m : joined) {
+      if (MemberPeerId(*c, m.role(), m.rank()) == self) return;
+    }
+    for (const wire::Member& m : joined) {
+      if (std::find(connect_to.begin(), connect_to.end(), m.role()) == connect_to.end()) continue;
+      const Status connected = transport->Connect(MemberPeerId(*c, m.role(), m.rank()), m.ucx_address(),
+                                                  DescribeMember(m));
+      if (!connected.ok()) LOG(WARNING) << "cannot connect to " << DescribeMember(m) << ", which joined: " << connected.message();
+    }
   });
   const PeerId self = MemberPeerId(*client, client->role(), client->rank());
   transport->set_self(self);
@@ -60,14 +71,22 @@ StatusOr<std::unique_ptr<CoordinatorClient>> JoinJob(const JoinOptions& options,
     const wire::Member& m = client->members()[i];
     if (static_cast<PeerId>(i) == self) continue;
     if (std::find(connect_to.begin(), connect_to.end(), m.role()) == connect_to.end()) continue;
+    if (m.ucx_address().empty()) continue;  // lost: a job of regions went on without it
     Status connected = transport->Connect(static_cast<PeerId>(i), m.ucx_address(), DescribeMember(m));
     // A peer that stopped because the job was stopped cannot be reached:
     // that is the job's failure, not this process's.
     if (!connected.ok()) return client->health().ok() ? connected : client->health();
   }
   // A worker joining a job under way is welcomed once every member has
-  // connected to it; the others passed this barrier long ago.
-  if (!client->joined_under_way()) HERD_RETURN_IF_ERROR(client->Barrier(kUcxConnectedBarrier));
+  // connected to it; the others passed this barrier long ago. A region
+  // rejoining is admitted once its own processes have all connected (the
+  // job's members then connect to them before they hear of anything to
+  // send).
+  if (client->joining_region() >= 0) {
+    HERD_RETURN_IF_ERROR(client->Barrier(kUcxConnectedBarrier, wire::REGION));
+  } else if (!client->joined_under_way()) {
+    HERD_RETURN_IF_ERROR(client->Barrier(kUcxConnectedBarrier));
+  }
   LOG(INFO) << DescribeRole(client->role(), client->rank()) << ": joined a job of " << client->num_servers()
             << " servers and " << client->num_workers() << " workers";
   return client;

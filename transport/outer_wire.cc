@@ -47,6 +47,9 @@ OuterWire::OuterWire(UcxTransport* transport, Options options)
   transport_->SetHandler(kAmOuter, [this](PeerId from, std::string_view header, IncomingPayload& payload) {
     OnMessage(from, header, payload);
   });
+  transport_->SetHandler(kAmOuterState, [this](PeerId from, std::string_view header, IncomingPayload& payload) {
+    OnState(from, header, payload);
+  });
   transport_->OnPeerFailure([this](PeerId peer, const Status& status) {
     for (int k = 0; k < regions(); ++k) {
       if (k == options_.region || options_.peers[k] != peer) continue;
@@ -216,6 +219,79 @@ void OuterWire::Lose(int region) {
   cv_.SignalAll();
 }
 
+void OuterWire::Rejoin(int region) {
+  MutexLock lock(&mu_);
+  if (region < 0 || region >= regions() || region == options_.region) return;
+  lost_[region] = false;
+  unreachable_since_[region].reset();
+  // What its lost server sent and nobody summed (landed: a buffer UCX
+  // still writes into stays until it has).
+  for (auto it = held_[region].begin(); it != held_[region].end();) {
+    if (!it->second.landed) {
+      ++it;
+      continue;
+    }
+    it = held_[region].erase(it);
+    --stats_.held;
+  }
+  cv_.SignalAll();
+}
+
+std::vector<bool> OuterWire::InJob() {
+  MutexLock lock(&mu_);
+  std::vector<bool> in(regions());
+  for (int k = 0; k < regions(); ++k) in[k] = !lost_[k];
+  return in;
+}
+
+Status OuterWire::SendState(int to, const std::string& bytes) {
+  if (to < 0 || to >= regions() || to == options_.region) {
+    return Status::InvalidArgument("outer wire: a state for region " + std::to_string(to));
+  }
+  OuterStateHeader h;
+  h.region = options_.region;
+  h.to = to;
+  std::string header(sizeof h, '\0');
+  std::memcpy(header.data(), &h, sizeof h);
+  // UCX reads the bytes until the send completes: they stay here until then.
+  auto copy = std::make_shared<std::string>(bytes);
+  bool done = false;
+  Status sent_status;
+  transport_->AddBusy(1);
+  transport_->Send(options_.peers[to], kAmOuterState, header, copy->data(), copy->size(),
+                   [this, copy, &done, &sent_status](const Status& sent) {
+                     transport_->AddBusy(-1);
+                     MutexLock lock(&mu_);
+                     sent_status = sent;
+                     done = true;
+                     cv_.SignalAll();
+                   });
+  MutexLock lock(&mu_);
+  // A failed wire shuts nothing down by itself: the send still completes
+  // (or the transport's shutdown completes it), so it is waited for.
+  while (!done) cv_.Wait(&mu_);
+  if (!sent_status.ok()) {
+    return sent_status.WithContext("outer wire: sending the job's state to region " + std::to_string(to) + ": ");
+  }
+  return failed_;
+}
+
+StatusOr<std::pair<int, std::string>> OuterWire::AwaitState(double timeout_s) {
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(timeout_s));
+  MutexLock lock(&mu_);
+  while (!state_landed_ && failed_.ok() && std::chrono::steady_clock::now() < deadline) cv_.WaitUntil(&mu_, deadline);
+  if (!failed_.ok()) return failed_;
+  if (!state_landed_) {
+    char seconds[32];
+    std::snprintf(seconds, sizeof seconds, "%g", timeout_s);
+    return Status::Unavailable(std::string("outer wire: no region gave this one the job's state within ") +
+                                    seconds + " s (cluster.join_timeout_s): was it admitted before the run's end?");
+  }
+  return std::make_pair(state_from_, std::move(state_));
+}
+
 void OuterWire::UnreachableLocked(int k, const Status& why) {
   if (lost_[k] || unreachable_since_[k]) return;
   unreachable_since_[k] = std::chrono::steady_clock::now();
@@ -238,7 +314,54 @@ OuterWire::Stats OuterWire::stats() {
   return stats_;
 }
 
-// ---- the handler (progress thread) ---------------------------------------------
+// ---- the handlers (progress thread) --------------------------------------------
+
+void OuterWire::OnState(PeerId from, std::string_view header, IncomingPayload& payload) {
+  MutexLock lock(&mu_);
+  auto refuse = [&](const std::string& why) REQUIRES(mu_) {
+    payload.Reject();
+    FailLocked(Status::Corruption("outer wire: " + Sender(from) + "the job's state: " + why));
+  };
+  if (!failed_.ok()) return payload.Reject();
+  if (header.size() != sizeof(OuterStateHeader)) {
+    return refuse("a header of " + std::to_string(header.size()) + " bytes, expected " +
+                  std::to_string(sizeof(OuterStateHeader)));
+  }
+  OuterStateHeader h;
+  std::memcpy(&h, header.data(), sizeof h);
+  if (h.magic != OuterStateHeader::kMagic || h.version != OuterStateHeader::kVersion) {
+    return refuse("not a state header (magic " + Hex(h.magic) + " version " + std::to_string(h.version) + ")");
+  }
+  if (h.region < 0 || h.region >= regions() || h.region == options_.region || options_.peers[h.region] != from) {
+    return refuse("it names region " + std::to_string(h.region) + ", of which it is not the server of this range");
+  }
+  if (h.to != options_.region) {
+    return refuse("it is for region " + std::to_string(h.to) + ", this server is region " +
+                  std::to_string(options_.region) + "'s");
+  }
+  if (options_.state_bytes <= 0) return refuse("this server is not rejoining the job");
+  if (state_from_ >= 0) return refuse("a second one (the first came from region " + std::to_string(state_from_) + ")");
+  if (payload.size() != static_cast<size_t>(options_.state_bytes)) {
+    return refuse(std::to_string(payload.size()) + " bytes, expected " + std::to_string(options_.state_bytes));
+  }
+  state_from_ = h.region;
+  state_.resize(payload.size());
+  if (const void* eager = payload.eager_data(); eager != nullptr) {
+    std::memcpy(state_.data(), eager, payload.size());
+    state_landed_ = true;
+    cv_.SignalAll();
+    return;
+  }
+  payload.ReceiveInto(state_.data(), [this, from](const Status& received) {
+    MutexLock lock(&mu_);
+    if (!received.ok()) {
+      FailLocked(received.WithContext("outer wire: " + Sender(from) + "the job's state: "));
+    } else {
+      state_landed_ = true;
+    }
+    cv_.SignalAll();
+  });
+}
 
 std::string OuterWire::Check(PeerId from, const OuterWireHeader& h, size_t bytes) const {
   const std::string what = Describe(h.step, h.fragment);

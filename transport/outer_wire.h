@@ -57,6 +57,7 @@ namespace herd::transport {
 
 // Free of the push/pull (1-3), ring (10-12, 14) and pipeline (13) ids.
 inline constexpr uint16_t kAmOuter = 15;
+inline constexpr uint16_t kAmOuterState = 16;
 
 // A contribution's header as it travels: little-endian, 32 bytes.
 struct OuterWireHeader {
@@ -74,6 +75,19 @@ struct OuterWireHeader {
 };
 static_assert(sizeof(OuterWireHeader) == 32, "OuterWireHeader travels as is");
 
+// A rejoining region's state's header (SendState): little-endian, 16 bytes.
+struct OuterStateHeader {
+  static constexpr uint32_t kMagic = 0x53445248;  // "HRDS" in memory
+  static constexpr uint8_t kVersion = 1;
+
+  uint32_t magic = kMagic;
+  uint8_t version = kVersion;
+  uint8_t reserved[3] = {0, 0, 0};
+  int32_t region = 0;  // the sender's
+  int32_t to = 0;      // the region it is for
+};
+static_assert(sizeof(OuterStateHeader) == 16, "OuterStateHeader travels as is");
+
 class OuterWire {
  public:
   enum class Payload : uint8_t { kFloat32 = 0, kBf16 = 1, kCodes = 2 };
@@ -90,6 +104,10 @@ class OuterWire {
     // How long a region's server may be unreachable without the
     // coordinator declaring it lost.
     double unreachable_timeout_s = 30;
+    // A server of a region rejoining the job: the bytes of the state it
+    // awaits (AwaitState; exactly these); 0: it awaits none, and one that
+    // arrives fails the wire.
+    int64_t state_bytes = 0;
   };
 
   // Registers its handler for kAmOuter on `transport` (construct before
@@ -123,6 +141,21 @@ class OuterWire {
 
   // The coordinator let `region` go.
   void Lose(int region) LOCKS_EXCLUDED(mu_);
+  // `region`, lost, rejoined the job (with another process as its server):
+  // its contributions to the exchanges after the last summed are awaited
+  // again.
+  void Rejoin(int region) LOCKS_EXCLUDED(mu_);
+  // [k]: whether region k is in the job here (not lost; this one's true).
+  std::vector<bool> InJob() LOCKS_EXCLUDED(mu_);
+
+  // A region rejoining takes up the job's state from the same range's
+  // server of a region that goes on: sends `bytes` (copied) to region
+  // `to`'s, and returns once the send completed.
+  Status SendState(int to, const std::string& bytes) LOCKS_EXCLUDED(mu_);
+  // Blocks until the state (state_bytes of it) has arrived from another
+  // region's server, for at most `timeout_s`; returns the sender's region
+  // and the bytes. The caller checks what the bytes say.
+  StatusOr<std::pair<int, std::string>> AwaitState(double timeout_s) LOCKS_EXCLUDED(mu_);
   // Fails every waiter and every later call with `status` (the job
   // stops). The first failure stays.
   void Fail(const Status& status) LOCKS_EXCLUDED(mu_);
@@ -145,6 +178,7 @@ class OuterWire {
 
   // Progress thread.
   void OnMessage(PeerId from, std::string_view header, IncomingPayload& payload) LOCKS_EXCLUDED(mu_);
+  void OnState(PeerId from, std::string_view header, IncomingPayload& payload) LOCKS_EXCLUDED(mu_);
   // What is wrong with a message's header and payload size, or "".
   std::string Check(PeerId from, const OuterWireHeader& h, size_t bytes) const REQUIRES(mu_);
   // "region 1's server (peer 3): " or "peer 3: ".
@@ -175,6 +209,11 @@ class OuterWire {
   std::unique_ptr<char[]> outgoing_ GUARDED_BY(mu_);
   int sending_ GUARDED_BY(mu_) = 0;
   Stats stats_ GUARDED_BY(mu_);
+  // A rejoining region's server: the state, once it started arriving
+  // (its sender's region), and whether it has landed.
+  std::string state_ GUARDED_BY(mu_);
+  int state_from_ GUARDED_BY(mu_) = -1;
+  bool state_landed_ GUARDED_BY(mu_) = false;
   Status failed_ GUARDED_BY(mu_);
 };
 

@@ -73,6 +73,7 @@ Status CheckWelcome(const wire::Welcome& w) {
   if (!self_listed) return Bad("welcome: the membership does not include the receiver");
   if (w.membership_epoch() < 0) return Bad("welcome: membership epoch below 0");
   if (w.joined_at_size() != w.live_workers_size()) return Bad("welcome: joined_at does not match live_workers");
+  if (w.joining_region() < -1) return Bad("welcome: joining region below -1");
   HERD_RETURN_IF_ERROR(CheckAscendingRanks(w.live_workers(), "welcome"));
   for (int32_t epoch : w.joined_at()) {
     if (epoch < 0 || epoch > w.membership_epoch()) return Bad("welcome: a join epoch outside 0..membership_epoch");
@@ -87,39 +88,52 @@ Status CheckPeerLost(const wire::PeerLost& p) {
   return Status::OK();
 }
 
+// A member a change names beside its lost or joined one.
+Status CheckListedMember(const wire::Member& m, const wire::MembershipChanged& c, const char* what) {
+  if (!KnownRole(m.role())) return Bad(std::string("membership change: a member ") + what + " is neither a server nor a worker");
+  HERD_RETURN_IF_ERROR(CheckRank(m.rank(), false));
+  if (m.host().size() > kMaxHostBytes || m.ucx_address().size() > kMaxUcxAddressBytes) {
+    return Bad("membership change: field too long");
+  }
+  const bool live = m.role() == wire::WORKER &&
+                    std::find(c.live_workers().begin(), c.live_workers().end(), m.rank()) != c.live_workers().end();
+  if (m.role() == wire::WORKER && live == c.has_lost()) {
+    return Bad(std::string("membership change: a worker ") + what + (live ? " is listed as live" : " is not listed as live"));
+  }
+  return Status::OK();
+}
+
 // Exactly one member lost (a worker; a job of regions: a server too, and
-// its region's other members let go) or one worker joined, and the live
-// workers after it.
+// its region's other members let go) or joined (a worker in place of a
+// lost one; a job of regions: a server or a worker, its region's other
+// members joining with it), and the live workers after it. Whether a
+// server may be named is the receiver's to check (it knows the job).
 Status CheckMembershipChange(const wire::MembershipChanged& c) {
   if (c.epoch() <= 0) return Bad("membership change: epoch must be >= 1");
   if (c.has_lost() == c.has_joined()) return Bad("membership change: names neither or both a lost and a joined worker");
   const wire::Member& who = c.has_lost() ? c.lost() : c.joined();
-  if (!KnownRole(who.role()) || (c.has_joined() && who.role() != wire::WORKER)) {
-    return Bad("membership change: only a worker can join, and only a server or a worker be lost");
-  }
+  if (!KnownRole(who.role())) return Bad("membership change: a member is neither a server nor a worker");
   if (c.has_joined() && c.let_go_size() > 0) return Bad("membership change: a join lets members go");
-  for (const wire::Member& m : c.let_go()) {
-    if (!KnownRole(m.role())) return Bad("membership change: a member let go is neither a server nor a worker");
-    HERD_RETURN_IF_ERROR(CheckRank(m.rank(), false));
-    if (m.host().size() > kMaxHostBytes || m.ucx_address().size() > kMaxUcxAddressBytes) {
-      return Bad("membership change: field too long");
-    }
-    const bool live = m.role() == wire::WORKER &&
-                      std::find(c.live_workers().begin(), c.live_workers().end(), m.rank()) != c.live_workers().end();
-    if (live) return Bad("membership change: a worker let go is listed as live");
+  if (c.has_lost() && c.joined_with_size() > 0) return Bad("membership change: a loss has members join");
+  for (const wire::Member& m : c.let_go()) HERD_RETURN_IF_ERROR(CheckListedMember(m, c, "let go"));
+  for (const wire::Member& m : c.joined_with()) {
+    HERD_RETURN_IF_ERROR(CheckListedMember(m, c, "joining"));
+    if (m.ucx_address().empty()) return Bad("membership change: a joining member has no UCX address");
   }
   HERD_RETURN_IF_ERROR(CheckRank(who.rank(), false));
   if (who.host().size() > kMaxHostBytes || c.reason().size() > kMaxReasonBytes) {
     return Bad("membership change: field too long");
   }
   if (who.ucx_address().size() > kMaxUcxAddressBytes) return Bad("membership change: UCX address too long");
-  if (c.has_joined() && who.ucx_address().empty()) return Bad("membership change: the joined worker has no UCX address");
+  if (c.has_joined() && who.ucx_address().empty()) return Bad("membership change: the joined member has no UCX address");
   if (c.live_workers_size() == 0) return Bad("membership change: no live workers");
   HERD_RETURN_IF_ERROR(CheckAscendingRanks(c.live_workers(), "membership change"));
   const bool listed = who.role() == wire::WORKER &&
                       std::find(c.live_workers().begin(), c.live_workers().end(), who.rank()) != c.live_workers().end();
   if (c.has_lost() && listed) return Bad("membership change: the lost worker is listed as live");
-  if (c.has_joined() && !listed) return Bad("membership change: the joined worker is not listed as live");
+  if (c.has_joined() && who.role() == wire::WORKER && !listed) {
+    return Bad("membership change: the joined worker is not listed as live");
+  }
   return Status::OK();
 }
 
@@ -171,6 +185,10 @@ Status ValidateMessage(const wire::Envelope& m) {
       return CheckName(m.barrier().name(), "barrier");
     case E::kAllGather:
       if (!wire::Scope_IsValid(m.all_gather().scope())) return Bad("all-gather: unknown scope");
+      if (m.all_gather().scope() == wire::REGION) return Bad("all-gather: a region's scope is for barriers");
+      for (int32_t member : m.all_gather().members()) {
+        if (member < 0) return Bad("all-gather: a member index below 0");
+      }
       return CheckName(m.all_gather().name(), "all-gather");
     case E::kAllGatherResult:
       return CheckName(m.all_gather_result().name(), "all-gather result");

@@ -732,17 +732,33 @@ void WorkerProcess::FollowMembership() {
 
 StatusOr<int64_t> WorkerProcess::StartingStep() {
   if (joining_) {
-    const int epoch = shares_->joined_at();
-    HERD_ASSIGN_OR_RETURN(const StepReport at,
-                          FindJoinPoint(runtime_->push_pull(), transport::MemberPeerId(runtime_->client(), wire::SERVER, 0),
-                                        epoch, options_.LastStep(config_.train().steps())));
+    transport::CoordinatorClient& client = runtime_->client();
+    // A region rejoining: its own servers, once they have the job's state,
+    // hold where it stands (their first report); an elastic job's server 0
+    // the first step dealt with this worker.
+    const int region = client.joining_region();
+    int epoch = 0;
+    transport::PeerId server = transport::MemberPeerId(client, wire::SERVER, 0);
+    if (region >= 0) {
+      HERD_RETURN_IF_ERROR(client.Barrier(transport::kRegionServesBarrier, wire::REGION));
+      server = transport::MemberPeerId(client, wire::SERVER, region * (client.num_servers() / Regions(config_)));
+    } else {
+      epoch = shares_->joined_at();
+    }
+    HERD_ASSIGN_OR_RETURN(const StepReport at, FindJoinPoint(runtime_->push_pull(), server, epoch,
+                                                             options_.LastStep(config_.train().steps())));
     if (at.data.tokens > 0) {  // a step's report, not the servers' first
       HERD_RETURN_IF_ERROR(sampler_->RestoreState(SamplerStateLine(at.data.epoch, at.data.taken, at.data.tokens,
                                                                    config_.train().seq_len(), config_.train().seed()))
                                .WithContext("the servers' data position: "));
     }
-    std::printf("worker %d joined the job: it computes from step %lld on (membership epoch %d)\n", rank_,
-                static_cast<long long>(at.version + 1), epoch);
+    if (region >= 0) {
+      std::printf("worker %d rejoined the job with region %d: it computes from step %lld on\n", rank_, region,
+                  static_cast<long long>(at.version + 1));
+    } else {
+      std::printf("worker %d joined the job: it computes from step %lld on (membership epoch %d)\n", rank_,
+                  static_cast<long long>(at.version + 1), epoch);
+    }
     std::fflush(stdout);
     return static_cast<int64_t>(at.version);
   }
