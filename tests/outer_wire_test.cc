@@ -21,9 +21,11 @@ namespace herd::transport {
 namespace {
 
 // Region r: PeerId r, its own transport and wire, connected to every other.
+// `state_bytes` (not 0): the last region rejoins, awaiting that state.
 class Regions {
  public:
-  Regions(int n, std::vector<int64_t> fragment_bytes, OuterWire::Payload payload = OuterWire::Payload::kFloat32) {
+  Regions(int n, std::vector<int64_t> fragment_bytes, OuterWire::Payload payload = OuterWire::Payload::kFloat32,
+          int64_t state_bytes = 0) {
     std::vector<PeerId> peers;
     for (int r = 0; r < n; ++r) peers.push_back(r);
     for (int r = 0; r < n; ++r) {
@@ -32,8 +34,9 @@ class Regions {
       transports_.push_back(std::move(*t));
     }
     for (int r = 0; r < n; ++r) {
-      wires_.push_back(std::make_unique<OuterWire>(transports_[r].get(),
-                                                   OuterWire::Options{r, peers, payload, fragment_bytes}));
+      OuterWire::Options o{r, peers, payload, fragment_bytes};
+      if (r == n - 1) o.state_bytes = state_bytes;
+      wires_.push_back(std::make_unique<OuterWire>(transports_[r].get(), std::move(o)));
     }
     for (int r = 0; r < n; ++r) {
       for (int p = 0; p < n; ++p) {
@@ -290,6 +293,71 @@ TEST(OuterWire, FailWakesAWaitingSum) {
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   s.wire(0).Fail(Status::Unavailable("region 1 was lost"));
   EXPECT_EQ(waiting.get().message(), "region 1 was lost");
+}
+
+// A region lost and rejoined: the others await its contributions again
+// from the next exchange on, and one of them gives it the job's state, which
+// it awaits (and nothing else: a state it does not await, of another size
+// or a second one fails the wire with one line naming the sender).
+TEST(OuterWire, ARegionRejoinedIsAwaitedAgainAndTakesUpTheStateGivenIt) {
+  Regions s(3, {64}, OuterWire::Payload::kFloat32, /*state_bytes=*/100);
+  const std::vector<char> a = RandomBytes(64, 1), b = RandomBytes(64, 2), c = RandomBytes(64, 3);
+  s.wire(0).Lose(2);
+  s.wire(1).Lose(2);
+  EXPECT_EQ(s.wire(0).InJob(), (std::vector<bool>{true, true, false}));
+  ASSERT_TRUE(s.wire(1).Send(4, 0, b.data()).ok());
+  StatusOr<Seen> seen = SumOf(s.wire(0), 4, 0, a);
+  ASSERT_TRUE(seen.ok()) << seen.status().ToString();
+  EXPECT_EQ(seen->order, (std::vector<int>{0, 1}));
+
+  s.wire(0).Rejoin(2);
+  EXPECT_EQ(s.wire(0).InJob(), (std::vector<bool>{true, true, true}));
+  const std::string state = std::string(RandomBytes(100, 4).data(), 100);
+  ASSERT_TRUE(s.wire(0).SendState(2, state).ok());
+  StatusOr<std::pair<int, std::string>> got = s.wire(2).AwaitState(10);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_EQ(got->first, 0);
+  EXPECT_TRUE(got->second == state);
+  // The next exchange waits for region 2's contribution.
+  ASSERT_TRUE(s.wire(1).Send(9, 0, b.data()).ok());
+  auto waiting = std::async(std::launch::async, [&] { return SumOf(s.wire(0), 9, 0, a); });
+  EXPECT_EQ(waiting.wait_for(std::chrono::milliseconds(50)), std::future_status::timeout);
+  ASSERT_TRUE(s.wire(2).Send(9, 0, c.data()).ok());
+  seen = waiting.get();
+  ASSERT_TRUE(seen.ok()) << seen.status().ToString();
+  EXPECT_EQ(seen->order, (std::vector<int>{0, 1, 2}));
+
+  // A second state fails region 2's wire.
+  ASSERT_TRUE(s.wire(1).SendState(2, state).ok());
+  WaitUntil([&] { return !s.wire(2).AwaitState(0).ok(); });
+  EXPECT_NE(s.wire(2).AwaitState(0).status().message().find(
+                "outer wire: region 1's server (peer 1): the job's state: a second one (the first came from region 0)"),
+            std::string::npos)
+      << s.wire(2).AwaitState(0).status().ToString();
+}
+
+TEST(OuterWire, AStateNotAwaitedOrOfAnotherSizeFailsTheWire) {
+  Regions s(3, {64}, OuterWire::Payload::kFloat32, /*state_bytes=*/100);
+  ASSERT_TRUE(s.wire(0).SendState(2, std::string(99, 'x')).ok());
+  ASSERT_TRUE(s.wire(2).SendState(0, std::string(100, 'x')).ok());  // region 0 rejoins nothing
+  const std::vector<char> a(64);
+  const Status not_awaited = s.wire(0).Await(0, 0).status();
+  EXPECT_NE(not_awaited.message().find("outer wire: region 2's server (peer 2): the job's state: this server is not "
+                                       "rejoining the job"),
+            std::string::npos)
+      << not_awaited.ToString();
+  const Status short_state = s.wire(2).AwaitState(10).status();
+  EXPECT_NE(short_state.message().find("region 0's server (peer 0): the job's state: 99 bytes, expected 100"),
+            std::string::npos)
+      << short_state.ToString();
+}
+
+TEST(OuterWire, AStateThatDoesNotComeIsAnErrorAfterTheTimeout) {
+  Regions s(2, {64}, OuterWire::Payload::kFloat32, /*state_bytes=*/100);
+  const Status st = s.wire(1).AwaitState(0.05).status();
+  EXPECT_NE(st.message().find("no region gave this one the job's state within 0.05 s (cluster.join_timeout_s)"),
+            std::string::npos)
+      << st.ToString();
 }
 
 }  // namespace

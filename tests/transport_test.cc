@@ -226,12 +226,14 @@ class TestCoordinator {
     o.ucx_address = ucx_address;
     return CoordinatorClient::Join(o);
   }
-  // A worker joining the job under way (--join).
-  StatusOr<std::unique_ptr<CoordinatorClient>> JoinRunning(int rank = -1, const std::string& ucx_address = "addr") {
+  // A worker joining the job under way (--join); a job of regions: a
+  // region's process, rejoining.
+  StatusOr<std::unique_ptr<CoordinatorClient>> JoinRunning(int rank = -1, const std::string& ucx_address = "addr",
+                                                           wire::Role role = wire::WORKER) {
     JoinOptions o;
     o.coordinator = "127.0.0.1:" + std::to_string(coordinator_->port());
     o.token = "secret";
-    o.role = wire::WORKER;
+    o.role = role;
     o.rank = rank;
     o.job = shape_;
     o.ucx_address = ucx_address;
@@ -474,6 +476,124 @@ TEST(Coordinator, JoiningAJobThatIsNotElasticIsRefused) {
   ASSERT_FALSE(refused.ok());
   EXPECT_THAT(refused.status().message(), HasSubstr("the job is not elastic (cluster.elastic)"));
   for (auto& m : members) EXPECT_TRUE(m->Leave().ok());
+  EXPECT_TRUE(coordinator.Finish().ok());
+}
+
+// A job of regions: a lost region's processes rejoin in its place, each
+// naming its rank; they are welcomed once all of the region's have come,
+// connect (a REGION barrier among them alone), and only then is every
+// member told (one change naming them all). The servers' votes name their
+// voters: a region lost is not waited for, a region rejoined is from then on.
+TEST(Coordinator, ALostRegionRejoinsWholeOnceItsProcessesHaveConnected) {
+  TestCoordinator coordinator(JobShape{.servers = 2, .workers = 2, .heartbeat_interval_s = 0.2,
+                                       .heartbeat_timeout_s = 5, .join_timeout_s = 20, .regions = 2});
+  auto members = FormJob(coordinator, 2, 2);  // server 0, server 1, worker 0, worker 1
+  std::mutex mu;
+  std::vector<MembershipChange> seen;  // by server 0
+  members[0]->OnMembershipChange([&](const MembershipChange& c) {
+    std::lock_guard<std::mutex> lock(mu);
+    seen.push_back(c);
+  });
+  auto heard = [&](size_t n) {
+    for (int i = 0; i < 500; ++i) {
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (seen.size() >= n) return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  };
+  members[1].reset();  // server 1 dies: region 1 (with worker 1) is let go
+  ASSERT_TRUE(heard(1));
+  EXPECT_FALSE(members[3]->health().ok());
+  // Server 0's vote names the servers of the regions in the job.
+  auto alone = members[0]->AllGather("vote/1", "a", wire::SERVERS, {0});
+  ASSERT_TRUE(alone.ok()) << alone.status().message();
+  EXPECT_EQ(*alone, (std::vector<std::string>{"a", ""}));
+
+  auto refused = coordinator.JoinRunning(0, "x", wire::SERVER);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), HasSubstr("server rank 0 of region 0 is not lost"));
+  refused = coordinator.JoinRunning(-1, "x", wire::WORKER);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), HasSubstr("names its rank (--rank)"));
+
+  // Region 1's processes come back; welcomed together, they connect.
+  StatusOr<std::unique_ptr<CoordinatorClient>> server1 = Status::Internal("not joined");
+  StatusOr<std::unique_ptr<CoordinatorClient>> worker1 = Status::Internal("not joined");
+  std::thread s1([&] { server1 = coordinator.JoinRunning(1, "new-server-1", wire::SERVER); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_EQ(seen.size(), 1u) << "a region is not admitted before all its processes have come";
+  }
+  std::thread w1([&] { worker1 = coordinator.JoinRunning(1, "new-worker-1", wire::WORKER); });
+  s1.join();
+  w1.join();
+  ASSERT_TRUE(server1.ok()) << server1.status().message();
+  ASSERT_TRUE(worker1.ok()) << worker1.status().message();
+  EXPECT_EQ((*server1)->joining_region(), 1);
+  EXPECT_TRUE((*worker1)->joined_under_way());
+  EXPECT_EQ((*server1)->members()[0].ucx_address(), "server-0") << "they connect to the live members";
+  EXPECT_EQ((*server1)->members()[2].ucx_address(), "worker-0");
+  EXPECT_EQ((*server1)->members()[3].ucx_address(), "new-worker-1");
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_EQ(seen.size(), 1u) << "the job hears of the region once its processes have connected";
+  }
+  std::vector<std::thread> threads;
+  std::vector<std::string> results(2);
+  CoordinatorClient* region[2] = {server1->get(), worker1->get()};
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] { results[i] = region[i]->Barrier("herd/ucx-connected", wire::REGION).ToString(); });
+  }
+  for (auto& t : threads) t.join();
+  threads.clear();
+  EXPECT_EQ(results, (std::vector<std::string>{"ok", "ok"}));
+  ASSERT_TRUE(heard(2));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_TRUE(seen[1].joined);
+    EXPECT_EQ(seen[1].epoch, 2);
+    EXPECT_EQ(seen[1].member.role(), wire::SERVER);
+    EXPECT_EQ(seen[1].member.rank(), 1);
+    EXPECT_EQ(seen[1].member.ucx_address(), "new-server-1");
+    ASSERT_EQ(seen[1].joined_with.size(), 1u);
+    EXPECT_EQ(seen[1].joined_with[0].ucx_address(), "new-worker-1");
+    EXPECT_EQ(seen[1].live_workers, (std::vector<int>{0, 1}));
+  }
+  // From now on the servers' votes name both; each waits for the other.
+  members[1] = std::move(*server1);
+  members[3] = std::move(*worker1);
+  std::vector<std::string> gathered(2);
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] {
+      auto all = members[i]->AllGather("vote/2", std::string(1, static_cast<char>('a' + i)), wire::SERVERS, {0, 1});
+      gathered[i] = all.ok() ? (*all)[0] + (*all)[1] : all.status().message();
+    });
+  }
+  for (auto& t : threads) t.join();
+  threads.clear();
+  EXPECT_EQ(gathered, (std::vector<std::string>{"ab", "ab"}));
+  // Its servers serve (they have the job's state): the job's end waits
+  // for the region from now on.
+  for (int i : {1, 3}) {
+    threads.emplace_back([&, i] { results[i / 2] = members[i]->Barrier("herd/region-serves", wire::REGION).ToString(); });
+  }
+  for (auto& t : threads) t.join();
+  threads.clear();
+  EXPECT_EQ(results, (std::vector<std::string>{"ok", "ok"}));
+  std::vector<std::string> done(4);
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&, i] {
+      Status st = members[i]->Barrier("herd/done");
+      done[i] = (st.ok() ? members[i]->Leave() : st).ToString();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(done[i], "ok") << i;
   EXPECT_TRUE(coordinator.Finish().ok());
 }
 

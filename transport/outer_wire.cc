@@ -270,10 +270,7 @@ Status OuterWire::SendState(int to, const std::string& bytes) {
   // A failed wire shuts nothing down by itself: the send still completes
   // (or the transport's shutdown completes it), so it is waited for.
   while (!done) cv_.Wait(&mu_);
-  if (!sent_status.ok()) {
-    return sent_status.WithContext("outer wire: sending the job's state to region " + std::to_string(to) + ": ");
-  }
-  return failed_;
+  return sent_status.WithContext("outer wire: sending the job's state to region " + std::to_string(to) + ": ");
 }
 
 StatusOr<std::pair<int, std::string>> OuterWire::AwaitState(double timeout_s) {

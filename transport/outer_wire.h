@@ -150,7 +150,8 @@ class OuterWire {
 
   // A region rejoining takes up the job's state from the same range's
   // server of a region that goes on: sends `bytes` (copied) to region
-  // `to`'s, and returns once the send completed.
+  // `to`'s, and returns once the send completed (its error, if it
+  // failed).
   Status SendState(int to, const std::string& bytes) LOCKS_EXCLUDED(mu_);
   // Blocks until the state (state_bytes of it) has arrived from another
   // region's server, for at most `timeout_s`; returns the sender's region
