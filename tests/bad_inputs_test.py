@@ -240,6 +240,26 @@ def main():
     expect_error(sb, ["prepare", "no_such.txt", "--out", "x.bin"], "no_such.txt", files_before=before)
     expect_error(sb, ["prepare", "corpus.txt", "--out", "/proc/herd/x.bin"], "/proc/herd", files_before=before)
 
+    # --join: who may join a job under way, and how a region's processes
+    # name themselves; refused before anything connects.
+    regions = "cluster { sync: PARAMETER_SERVER servers: 2 workers: 2 diloco { regions: 2 every: 5 } }"
+    sb.write("ps.textproto", herdtest.tiny_config("good.bin", extra="cluster { sync: PARAMETER_SERVER servers: 1 workers: 1 }"))
+    sb.write("regions.textproto", herdtest.tiny_config("good.bin", extra=regions))
+    for node, cfg, extra, said in (
+            ("herd-server", "ps.textproto", ["--rank", "0"], "--join: only a worker can join a job under way (a server: "
+                                                             "with its region, in a job of regions)"),
+            ("herd-worker", "ps.textproto", ["--rank", "0"], "is neither an elastic job (cluster.elastic) nor one of "
+                                                             "regions"),
+            ("herd-server", "regions.textproto", [], "--join: a process rejoining a job of regions names its --rank"),
+            ("herd-worker", "regions.textproto", ["--rank", "1", "--resume-if-any"], "names its --rank, and takes the "
+                                                                                     "job's state from the other regions")):
+        p = subprocess.run([os.path.join(os.path.dirname(sb.herd), node), cfg, "--join", "--coordinator",
+                            "127.0.0.1:9", *extra], cwd=sb.dir, capture_output=True, text=True,
+                           env=dict(os.environ, HERD_JOB_TOKEN="t"))
+        errors = [l for l in p.stderr.splitlines() if l.startswith("herd: error:")]
+        assert p.returncode == 2 and len(errors) == 1 and said in errors[0], f"{node} {cfg}: {p.returncode}\n{p.stderr}"
+        print(f"ok  {node} {cfg} --join {' '.join(extra):24s} -> {errors[0]}")
+
 
 if __name__ == "__main__":
     main()

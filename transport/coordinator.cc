@@ -1022,6 +1022,7 @@ class Coordinator::Impl {
     m.mutable_shutdown()->set_declared_lost(true);
     for (int index : joining_members_) {
       const SessionPtr& s = members_[index];
+      if (options_.on_member_dropped) options_.on_member_dropped(s->hello.pid());
       if (s->left && s != lost) continue;
       s->left = true;
       SendAndClose(s, m);
