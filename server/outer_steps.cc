@@ -189,12 +189,13 @@ StatusOr<std::vector<bool>> OuterSteps::Vote(int64_t step, int fragment) {
     for (int k : heard_) ready.add_joining(k);
   }
   // The voters: every server of the regions in the job here (servers'
-  // member indices are their ranks).
+  // member indices are their ranks), as of the membership read first.
   const int regions = wire_->regions();
+  transport::Voters voters;
+  voters.epoch = client_->membership_epoch();
   const std::vector<bool> in_job = wire_->InJob();
-  std::vector<int> voters;
   for (int k = 0; k < regions; ++k) {
-    for (int j = 0; in_job[k] && j < region_servers_; ++j) voters.push_back(k * region_servers_ + j);
+    for (int j = 0; in_job[k] && j < region_servers_; ++j) voters.members.push_back(k * region_servers_ + j);
   }
   HERD_ASSIGN_OR_RETURN(const std::vector<wire::OuterVote> all,
                         transport::Gather(*client_, transport::OuterVoteExchange(step, fragment), ready, voters));

@@ -484,11 +484,12 @@ Status ServerProcess::CheckpointAfter(int64_t step) {
   // A region rejoined since the last outer step votes but writes nothing:
   // the parts are the counted regions'.
   const bool writes = live[region_];
-  std::vector<int> voters;
+  transport::Voters voters;
   if (outer_) {
+    voters.epoch = runtime_->client().membership_epoch();  // before the names it holds for
     const std::vector<bool> in_job = outer_->wire().InJob();
     for (int i = 0; i < runtime_->client().num_servers(); ++i) {
-      if (in_job[i / region_servers_]) voters.push_back(i);
+      if (in_job[i / region_servers_]) voters.members.push_back(i);
     }
   }
   const bool servers_vote = config_.cluster().elastic() || R > 1;

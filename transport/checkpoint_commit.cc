@@ -19,9 +19,9 @@ namespace {
 // succeeded, else the first failure, naming its process. `lost`: set when
 // the share of one of `writers` (every voter when empty) is empty (a
 // member lost since; only a job of regions goes on without one).
-// `named`: the voters, when not the whole scope (Gather's members).
+// `named`: the voters, when not the whole scope (Gather's).
 Status AllSucceeded(CoordinatorClient& client, const Exchange<wire::CheckpointVote>& vote, const Status& mine,
-                    const std::vector<int>& named, const std::vector<bool>& writers = {}, bool* lost = nullptr) {
+                    const Voters& named, const std::vector<bool>& writers = {}, bool* lost = nullptr) {
   wire::CheckpointVote my_vote;
   my_vote.set_voted(true);
   if (!mine.ok()) my_vote.set_error(mine.message());
@@ -41,7 +41,7 @@ Status AllSucceeded(CoordinatorClient& client, const Exchange<wire::CheckpointVo
 Status CommitCheckpoint(CoordinatorClient* client, const std::string& step_dir, int64_t step,
                         const config::JobConfig& config, bool committer, const std::vector<std::string>& parts,
                         const std::function<Status()>& write_parts, wire::Scope voters,
-                        const std::vector<bool>& writers, const std::vector<int>& named) {
+                        const std::vector<bool>& writers, const Voters& named) {
   if (client == nullptr) {
     trace::Span span("checkpoint write", "checkpoint", {"step", step});
     return CommitOneProcessCheckpoint(step_dir, step, config, parts, write_parts);

@@ -40,7 +40,7 @@ namespace herd::transport {
 Status CommitCheckpoint(CoordinatorClient* client, const std::string& step_dir, int64_t step,
                         const config::JobConfig& config, bool committer, const std::vector<std::string>& parts,
                         const std::function<Status()>& write_parts, wire::Scope voters = wire::EVERYONE,
-                        const std::vector<bool>& writers = {}, const std::vector<int>& named = {});
+                        const std::vector<bool>& writers = {}, const Voters& named = {});
 
 // Checkpoint commits on a thread of their own, one at a time, so that
 // training goes on while a checkpoint is written. Whatever a commit reads

@@ -555,7 +555,12 @@ class Coordinator::Impl {
       return ProtocolError(s, Status::Corruption("all-gather '" + g.name() + "' entered by a member not taking part"));
     }
     const std::string key = wire::Scope_Name(g.scope()) + "/" + g.name();
-    auto& pending = gathers_[key];
+    auto [it, opened] = gathers_.try_emplace(key);
+    auto& pending = it->second;
+    if (g.members_size() > 0) {
+      pending.named_epoch = opened || pending.named.empty() ? g.members_epoch()
+                                                            : std::min(pending.named_epoch, g.members_epoch());
+    }
     pending.name = g.name();
     pending.scope = g.scope();
     pending.named.insert(g.members().begin(), g.members().end());
@@ -565,10 +570,15 @@ class Coordinator::Impl {
 
   // Whether member `index` is waited for in `pending`: the members its
   // contributors named, or every member of its scope that takes part;
-  // either way not one lost.
+  // either way not one lost, nor one whose process joined after the
+  // epoch the names were chosen at (its index named the process it
+  // replaced, which was lost).
   bool InGather(int index, const PendingGather& pending) const {
     if (!InScope(pending.scope, members_[index]->role())) return false;
-    return pending.named.empty() ? Takes(index) : pending.named.count(index) && !lost_members_.count(index);
+    if (pending.named.empty()) return Takes(index);
+    const auto since = member_since_.find(index);
+    const bool later = since != member_since_.end() && since->second > pending.named_epoch;
+    return pending.named.count(index) && !lost_members_.count(index) && !later;
   }
 
   // Complete once every member it waits for has contributed; a share not
@@ -656,6 +666,7 @@ class Coordinator::Impl {
     join_queue_.clear();
     awaiting_ack_.clear();
     joined_at_.clear();
+    member_since_.clear();
     for (const auto& [region, arrived] : region_arrivals_) {
       for (const auto& [index, s] : arrived) Refuse(s, "--join: the job is starting again (--max-restarts)");
     }
@@ -829,6 +840,7 @@ class Coordinator::Impl {
     joining_ = s;
     join_epoch_ = ++membership_epoch_;
     joined_at_[rank] = join_epoch_;
+    member_since_[index] = join_epoch_;
     wire::Envelope m;
     auto* c = m.mutable_membership_changed();
     c->set_epoch(join_epoch_);
@@ -992,6 +1004,7 @@ class Coordinator::Impl {
     for (int index : joining_members_) {
       lost_members_.erase(index);
       unserved_members_.insert(index);
+      member_since_[index] = membership_epoch_;
       const SessionPtr& s = members_[index];
       wire::Member* who = c->has_joined() ? c->add_joined_with() : c->mutable_joined();
       MemberOf(s, who);
@@ -1165,6 +1178,9 @@ class Coordinator::Impl {
   std::set<int> awaiting_ack_;  // member indices
   std::deque<SessionPtr> join_queue_;
   std::map<int, int> joined_at_;
+  // By member index, the membership epoch at which its process joined the
+  // job under way (none: there since the job formed).
+  std::map<int, int> member_since_;
   // A job of regions: the processes arrived to rejoin a lost region, by
   // region and member index; the region joining now (-1: none), and its
   // members, welcomed and not yet admitted (they stay in lost_members_).
@@ -1183,6 +1199,7 @@ class Coordinator::Impl {
   struct PendingGather {
     std::string name;
     wire::Scope scope = wire::EVERYONE;
+    int named_epoch = 0;               // the membership epoch its members were named as of (the least)
     std::set<int> named;               // member indices its contributors named (none: the scope's)
     std::map<int, std::string> parts;  // by member index
   };

@@ -90,12 +90,13 @@ class CoordinatorClient::Impl {
   }
 
   StatusOr<std::vector<std::string>> AllGather(const std::string& name, const std::string& data, wire::Scope scope,
-                                               const std::vector<int>& members) {
+                                               const Voters& voters) {
     wire::Envelope m;
     m.mutable_all_gather()->set_name(name);
     m.mutable_all_gather()->set_scope(scope);
     m.mutable_all_gather()->set_data(data);
-    for (int index : members) m.mutable_all_gather()->add_members(index);
+    for (int index : voters.members) m.mutable_all_gather()->add_members(index);
+    if (!voters.members.empty()) m.mutable_all_gather()->set_members_epoch(voters.epoch);
     HERD_RETURN_IF_ERROR(ValidateMessage(m));
     Post(m);
     MutexLock lock(&mu_);
@@ -206,6 +207,11 @@ class CoordinatorClient::Impl {
   int RegionOf(wire::Role role, int rank) const {
     const int count = role == wire::SERVER ? options_.job.servers : options_.job.workers;
     return rank / std::max(1, count / std::max(1, options_.job.regions));
+  }
+
+  int membership_epoch() const {
+    MutexLock lock(&mu_);
+    return latest_epoch_;
   }
 
   int joining_region() const {
@@ -556,8 +562,8 @@ const wire::Member& CoordinatorClient::member(wire::Role role, int rank) const {
 }
 Status CoordinatorClient::Barrier(const std::string& name, wire::Scope scope) { return impl_->Barrier(name, scope); }
 StatusOr<std::vector<std::string>> CoordinatorClient::AllGather(const std::string& name, const std::string& data,
-                                                                wire::Scope scope, const std::vector<int>& members) {
-  return impl_->AllGather(name, data, scope, members);
+                                                                wire::Scope scope, const Voters& voters) {
+  return impl_->AllGather(name, data, scope, voters);
 }
 void CoordinatorClient::OnFailure(std::function<void(const Status&)> handler) { impl_->OnFailure(std::move(handler)); }
 Status CoordinatorClient::health() const { return impl_->health(); }
@@ -567,6 +573,7 @@ void CoordinatorClient::OnMembershipChange(std::function<void(const MembershipCh
 WelcomedMembership CoordinatorClient::welcomed_membership() const { return impl_->welcomed_membership(); }
 bool CoordinatorClient::joined_under_way() const { return impl_->joined_under_way(); }
 int CoordinatorClient::joining_region() const { return impl_->joining_region(); }
+int CoordinatorClient::membership_epoch() const { return impl_->membership_epoch(); }
 
 Status CoordinatorClient::Explain(const Status& local, double wait_s) const {
   if (local.code() != Status::Code::kUnavailable) return local;

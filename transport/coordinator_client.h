@@ -73,6 +73,16 @@ struct WelcomedMembership {
   std::vector<int> joined_at;     // per live worker, the epoch it joined at (0: since the job formed)
 };
 
+// The members of a gather's scope that take part (indices into members():
+// servers by rank, then workers by rank), named as of membership epoch
+// `epoch`, the caller's view when it chose them (read before choosing):
+// a member index whose process joined the job after it names the process
+// that one replaced, which was lost. Every contributor names the same.
+struct Voters {
+  std::vector<int> members;  // empty: every member of the scope that takes part
+  int epoch = 0;
+};
+
 // This process's clock against the coordinator's (trace::Now on both).
 struct ClockOffset {
   int64_t local_ns = 0;   // when it was measured, on this process's clock
@@ -100,13 +110,11 @@ class CoordinatorClient {
   // Waits until every process in `scope` has entered barrier `name`.
   Status Barrier(const std::string& name, wire::Scope scope = wire::EVERYONE);
   // Everyone in `scope` contributes `data`; returns all contributions in
-  // scope order (servers by rank, then workers by rank). `members`, when
-  // given, names the members of the scope that take part (indices into
-  // members(), this one's among them; every contributor names the same):
-  // the others' shares are empty, as a lost member's.
+  // scope order (servers by rank, then workers by rank). `voters`, when
+  // named, are the members of the scope that take part (this one among
+  // them): the others' shares are empty, as a lost member's.
   StatusOr<std::vector<std::string>> AllGather(const std::string& name, const std::string& data,
-                                               wire::Scope scope = wire::EVERYONE,
-                                               const std::vector<int>& members = {});
+                                               wire::Scope scope = wire::EVERYONE, const Voters& voters = {});
 
   // `handler` runs once, on the client's thread, when the job fails (a peer
   // lost, the coordinator gone or shutting down); handlers run in the order
@@ -120,6 +128,8 @@ class CoordinatorClient {
   // a joining worker is welcomed only when every member has acted on it.
   void OnMembershipChange(std::function<void(const MembershipChange&)> handler);
   WelcomedMembership welcomed_membership() const;
+  // The membership changes seen so far (the newest epoch).
+  int membership_epoch() const;
   // Whether this process was welcomed into a job under way (it joined in
   // place of a lost worker, or with its region in place of a lost
   // region's), rather than at the job's formation.

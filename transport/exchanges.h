@@ -56,13 +56,13 @@ inline constexpr char kUcxConnectedBarrier[] = "herd/ucx-connected";
 inline constexpr char kRegionServesBarrier[] = "herd/region-serves";
 
 // Everyone in the exchange's scope contributes `mine` (or, named, the
-// `members` of it: CoordinatorClient::AllGather); every contribution,
+// `voters` of it: CoordinatorClient::AllGather); every contribution,
 // parsed, in scope order (servers by rank, then workers by rank).
 template <typename Message>
 StatusOr<std::vector<Message>> Gather(CoordinatorClient& client, const Exchange<Message>& exchange,
-                                      const Message& mine, const std::vector<int>& members = {}) {
+                                      const Message& mine, const Voters& voters = {}) {
   HERD_ASSIGN_OR_RETURN(std::vector<std::string> all,
-                        client.AllGather(exchange.key, mine.SerializeAsString(), exchange.scope, members));
+                        client.AllGather(exchange.key, mine.SerializeAsString(), exchange.scope, voters));
   const size_t first = exchange.scope == wire::WORKERS ? client.num_servers() : 0;
   std::vector<Message> out(all.size());
   for (size_t i = 0; i < all.size(); ++i) {
