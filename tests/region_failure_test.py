@@ -39,7 +39,13 @@ With --max-restarts 1 (the region rejoins while the job runs):
   the loss abandoned);
 * --resume from the last checkpoint, written by all three regions after
   the rejoin, ends bitwise where the rejoined run ended: the rejoin left
-  the job in a state a checkpoint holds exactly."""
+  the job in a state a checkpoint holds exactly.
+
+Started by hand (`herd coordinator` and each process with --max-restarts
+2; one trial): this test plays the supervisor that starts the killed
+process again with --join --resume-if-any; its region's other process,
+let go, starts itself again with --join. The region rejoins, every
+process exits 0, and the three regions end bitwise alike."""
 import glob
 import json
 import os
@@ -137,6 +143,60 @@ def trial(sb, name, rng, rejoin=False):
     return at, committed, summaries[live[0]]
 
 
+def by_hand_trial(sb, name, rng):
+    workdir = sb.path(name)
+    os.makedirs(workdir)
+    text = herdtest.tiny_config(sb.path("train.bin"), steps=STEPS, metrics="metrics.jsonl", ckpt="ckpt", every=50,
+                                extra=f"cluster {{ sync: PARAMETER_SERVER servers: {REGIONS} workers: {REGIONS} "
+                                      f"diloco {{ regions: {REGIONS} every: 5 outer_lr: 1 outer_momentum: 0 }} }}")
+    with open(os.path.join(workdir, "job.textproto"), "w") as f:
+        f.write(text.replace("log {", 'log { summary_dir: "summary"'))
+    addr = f"127.0.0.1:{herdtest.free_port()}"
+    env = dict(os.environ, HERD_JOB_TOKEN="region-rejoin-test-token-0123", OMP_NUM_THREADS="1")
+    procs = {}
+
+    def start(key, argv):
+        out = open(os.path.join(workdir, key + ".out"), "a")
+        procs[key] = subprocess.Popen(argv, cwd=workdir, stdout=out, stderr=subprocess.STDOUT, env=env)
+
+    def node(role, rank, *extra):
+        start(f"{role}{rank}", [os.path.join(sb.build, "herd-" + role), "job.textproto", "--rank", str(rank),
+                                "--coordinator", addr, "--max-restarts", "2", *extra])
+
+    start("coordinator", [sb.herd, "coordinator", "job.textproto", "--listen", addr, "--max-restarts", "2"])
+    for r in range(REGIONS):
+        node("server", r)
+        node("worker", r)
+    role, region = rng.choice(["server", "worker"]), rng.randrange(1, REGIONS)
+    at = rng.randrange(20, STEPS // 3)
+    try:
+        herdtest.wait_for_step(os.path.join(workdir, "metrics.jsonl"), at, name)
+        procs[f"{role}{region}"].kill()
+        procs[f"{role}{region}"].wait()
+        node(role, region, "--join", "--resume-if-any")  # the supervisor's part
+        for k, p in procs.items():
+            assert p.wait(timeout=120) == 0, f"{name}: {k} exited {p.returncode}:\n" + \
+                open(os.path.join(workdir, k + ".out")).read()[-3000:]
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+    other = "worker" if role == "server" else "server"
+    own = [l.strip() for l in open(os.path.join(workdir, f"{other}{region}.out")) if ": restart after: " in l]
+    assert own, f"{name}: {other} {region}, let go, did not start itself again"
+    said = re.search(rf"region {region} rejoined the job: from step (\d+) on",
+                     open(os.path.join(workdir, f"server{region}.out")).read())
+    assert said, f"{name}: region {region} did not rejoin"
+    rows = herdtest.metrics_rows(os.path.join(workdir, "metrics.jsonl"))
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1)), f"{name}: steps {rows[0]['step']}..{rows[-1]['step']}"
+    crcs = {json.load(open(p))["weights_crc32"] for p in glob.glob(os.path.join(workdir, "summary", "server_*.json"))}
+    assert len(glob.glob(os.path.join(workdir, "summary", "server_*.json"))) == REGIONS and len(crcs) == 1, \
+        f"{name}: the regions' final weights: {crcs}"
+    print(f"{name} (by hand): {role} {region} killed at step {at} and started again with --join --resume-if-any, "
+          f"{other} {region} started itself again ('{own[0][:90]}...'); the region rejoined from step "
+          f"{said.group(1)} on, every process exited 0, all {REGIONS} regions alike (crc {crcs.pop():08x})")
+
+
 def resumed(sb, name, step, tag):
     """--resume from trial `name`'s checkpoint of `step`, in a new folder
     (`tag`): the servers' final weights' CRC-32 by rank."""
@@ -172,6 +232,7 @@ def main():
             assert sorted(again) == list(range(REGIONS)) and set(again.values()) == {crc}, (crc, again)
             print(f"rejoin{t}: resumed from step {resume} (written by all {REGIONS} regions after the rejoin): ended "
                   f"bitwise where the rejoined run did (crc {crc:08x})")
+    by_hand_trial(sb, "by_hand", rng)
     for t in range(trials):
         at, committed, _ = trial(sb, f"trial{t}", rng)
         after = [step for step in committed if at < step < STEPS]

@@ -15,7 +15,9 @@
 // the servers, so it needs neither --resume nor a checkpoint. In a job of
 // regions (cluster.diloco) a lost region's processes, servers and workers,
 // start again with --join and --rank: the region rejoins whole, its
-// servers taking the job's state from another region's. With
+// servers taking the job's state from another region's (with
+// --resume-if-any too, should the job be forming, they take part in
+// that). With
 // --resume-if-any too, a worker that finds the job forming (not started,
 // or starting again after a failure) takes part in that instead, from the
 // newest checkpoint: what a supervisor can always start a worker with.
@@ -29,8 +31,9 @@
 // With --max-restarts N, a process whose job fails (a peer or the
 // coordinator lost, an error of its own other than bad input) starts
 // itself again, up to N times: it executes itself anew with
-// --resume-if-any (a worker of an elastic job with --join too, for the job
-// may have gone on without it), rejoins the coordinator (waiting up to
+// --resume-if-any (a worker of an elastic job, or any process of a job of
+// regions, with --join too, for the job may have gone on without it),
+// rejoins the coordinator (waiting up to
 // cluster.join_timeout_s for it to come back) and continues from the
 // newest complete checkpoint, or the job's step if it joined one under
 // way. A run that failed within 10 s of its start waits before the next
@@ -76,9 +79,10 @@ constexpr char kUsage[] =
 
 // This process's command line for its next start: one restart fewer, and
 // --resume-if-any in place of --resume / --overwrite; a worker of an
-// elastic job adds --join, for the job it comes back to may be under way
-// without it or forming again.
-std::vector<std::string> RestartArgv(int argc, char** argv, long long restarts_left, bool elastic_worker) {
+// elastic job, and any process of a job of regions, adds --join, for the
+// job it comes back to may be under way without it (or its region) or
+// forming again.
+std::vector<std::string> RestartArgv(int argc, char** argv, long long restarts_left, bool joins) {
   std::vector<std::string> out = {argv[0]};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -93,7 +97,7 @@ std::vector<std::string> RestartArgv(int argc, char** argv, long long restarts_l
     out.push_back(a);
   }
   out.push_back("--resume-if-any");
-  if (elastic_worker) out.push_back("--join");
+  if (joins) out.push_back("--join");
   out.insert(out.end(), {"--max-restarts", std::to_string(restarts_left)});
   return out;
 }
@@ -122,7 +126,7 @@ Status ExecAgain(const std::vector<std::string>& argv) {
   return Status::IOError(self + ": cannot start again: " + std::strerror(errno));
 }
 
-Status Run(int argc, char** argv, long long* max_restarts, bool* elastic_worker) {
+Status Run(int argc, char** argv, long long* max_restarts, bool* joins) {
   tools::Args args({"set", "rank", "coordinator", "token-file", "stop-at", "max-restarts"},
                    {"resume", "resume-if-any", "overwrite", "allow-global-batch-change", "join"});
   HERD_RETURN_IF_ERROR(args.Parse(argc, argv));
@@ -130,7 +134,7 @@ Status Run(int argc, char** argv, long long* max_restarts, bool* elastic_worker)
   HERD_ASSIGN_OR_RETURN(*max_restarts, args.GetInt("max-restarts", 0, 0));
   HERD_ASSIGN_OR_RETURN(JobConfig config, LoadJobConfig(args.positional()[0], args.GetAll("set")));
   const auto sync = config.cluster().sync();
-  *elastic_worker = !HERD_NODE_SERVER && config.cluster().elastic();
+  *joins = (!HERD_NODE_SERVER && config.cluster().elastic()) || config.cluster().diloco().regions() > 1;
   if (sync == config::ClusterConfig::NONE || (HERD_NODE_SERVER && sync != config::ClusterConfig::PARAMETER_SERVER)) {
     return Status::InvalidArgument(
         args.positional()[0] + ": cluster.sync is " + config::ClusterConfig::Sync_Name(sync) +
@@ -155,9 +159,9 @@ Status Run(int argc, char** argv, long long* max_restarts, bool* elastic_worker)
                                    " is neither an elastic job (cluster.elastic) nor one of regions "
                                    "(cluster.diloco.regions); only a worker of one can join it");
   }
-  if (join.join && regions && (join.rank < 0 || join.resume_if_forming)) {
-    return Status::InvalidArgument("--join: a process rejoining a job of regions names its --rank, and takes the "
-                                   "job's state from the other regions (no --resume-if-any)");
+  if (join.join && regions && join.rank < 0) {
+    return Status::InvalidArgument("--join: a process rejoining a job of regions names its rank (--rank, or the "
+                                   "launcher's variables): it rejoins in its own place in its region");
   }
   if (join.join && (args.Has("resume") || args.Has("overwrite"))) {
     return Status::InvalidArgument(
@@ -204,9 +208,9 @@ int main(int argc, char** argv) {
     return 0;
   }
   long long max_restarts = 0;
-  bool elastic_worker = false;
+  bool joins = false;
   const auto started = std::chrono::steady_clock::now();
-  herd::Status st = herd::Run(argc, argv, &max_restarts, &elastic_worker);
+  herd::Status st = herd::Run(argc, argv, &max_restarts, &joins);
   if (st.ok()) return 0;
   const bool retry = st.code() != herd::Status::Code::kInvalidArgument && st.code() != herd::Status::Code::kCancelled;
   if (max_restarts > 0 && retry) {
@@ -218,7 +222,7 @@ int main(int argc, char** argv) {
     std::printf("\n");
     std::fflush(stdout);
     std::this_thread::sleep_for(std::chrono::duration<double>(wait_s));
-    st = herd::ExecAgain(herd::RestartArgv(argc, argv, max_restarts - 1, elastic_worker));
+    st = herd::ExecAgain(herd::RestartArgv(argc, argv, max_restarts - 1, joins));
   }
   return herd::ReportError(st);
 }
