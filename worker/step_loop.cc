@@ -45,7 +45,11 @@ StepLoop::StepLoop(const StepLoopParts& parts)
 Status StepLoop::Run(int64_t start) {
   const int B = config_.train().batch_size(), T = config_.train().seq_len(), A = config_.train().grad_accum();
   start_ = start;
-  if (leader_) HERD_RETURN_IF_ERROR(log_.Open(config_.log().metrics(), config_.log().tensorboard(), p_.options.resume));
+  if (leader_) {
+    HERD_RETURN_IF_ERROR(p_.joined_under_way
+                             ? log_.TakeOver(config_.log().metrics(), config_.log().tensorboard())
+                             : log_.Open(config_.log().metrics(), config_.log().tensorboard(), p_.options.resume));
+  }
   // A step's micro-batches are all drawn before its first forward; micro-
   // batch a holds each of the step's shares' rows one after the other.
   inputs_.assign(A, std::vector<int32_t>(static_cast<size_t>(schedule_.max_shares()) * B * T));

@@ -71,6 +71,9 @@ struct StepLoopParts {
   int data_parallel = 1;
   // Null for one process: nobody to wait for or vote with.
   transport::CoordinatorClient* client = nullptr;
+  // A worker that joined the job under way: leading, it continues the
+  // metrics file (ProgressLog::TakeOver) rather than starting it.
+  bool joined_under_way = false;
 };
 
 class StepLoop {

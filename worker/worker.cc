@@ -798,6 +798,7 @@ StepLoopParts WorkerProcess::LoopParts() {
   parts.num_workers = num_workers_;
   parts.data_parallel = Replicas();
   parts.client = runtime_ ? &runtime_->client() : nullptr;
+  parts.joined_under_way = joining_;
   return parts;
 }
 
