@@ -90,9 +90,10 @@ class ServerProcess {
   // The shard over `optimizer`, its first report at data position `data`.
   Status MakeShard(transport::CoordinatorClient& client, std::unique_ptr<OptimizerShard> optimizer,
                    const DataPosition& data);
-  // A job of regions: the outer steps over `outer` (landing: Create's).
-  Status MakeOuterSteps(transport::CoordinatorClient& client, std::unique_ptr<OuterOptimizer> outer,
-                        std::optional<DilocoPlan::Exchange> landing);
+  // A job of regions: the outer steps over `outer`, landing `landing`
+  // when it is due (OuterSteps' constructor).
+  void MakeOuterSteps(transport::CoordinatorClient& client, std::unique_ptr<OuterOptimizer> outer,
+                      std::optional<DilocoPlan::Exchange> landing);
   // The shard's memory registered, and its pushes and pulls answered.
   Status ServeShard(transport::NodeRuntime& runtime);
   // A server rejoining with its region: waits for the job's state (a
@@ -257,7 +258,7 @@ Status ServerProcess::Prepare(transport::NodeRuntime& runtime, transport::Coordi
     } else {
       optimizer = std::make_unique<OuterOptimizer>(outer, shard_->weights(), range.size());
     }
-    HERD_RETURN_IF_ERROR(MakeOuterSteps(client, std::move(optimizer), landing));
+    MakeOuterSteps(client, std::move(optimizer), landing);
   }
   HERD_RETURN_IF_ERROR(ServeShard(runtime));
   LOG(INFO) << "server " << rank_ << ": [" << range.begin << ", " << range.end << ") "
@@ -298,11 +299,10 @@ Status ServerProcess::MakeShard(transport::CoordinatorClient& client, std::uniqu
   return Status::OK();
 }
 
-Status ServerProcess::MakeOuterSteps(transport::CoordinatorClient& client, std::unique_ptr<OuterOptimizer> outer,
-                                     std::optional<DilocoPlan::Exchange> landing) {
+void ServerProcess::MakeOuterSteps(transport::CoordinatorClient& client, std::unique_ptr<OuterOptimizer> outer,
+                                   std::optional<DilocoPlan::Exchange> landing) {
   outer_ = std::make_unique<OuterSteps>(config_.cluster().diloco(), *diloco_, local_, region_servers_,
                                         std::move(outer), outer_wire_, &client, landing);
-  return Status::OK();
 }
 
 Status ServerProcess::ServeShard(transport::NodeRuntime& runtime) {
@@ -337,11 +337,10 @@ Status ServerProcess::TakeUpState(transport::NodeRuntime& runtime, transport::Co
                                                                           std::move(inner)),
                                  state.data));
   const config::DilocoConfig& d = config_.cluster().diloco();
-  HERD_RETURN_IF_ERROR(MakeOuterSteps(client,
-                                      std::make_unique<OuterOptimizer>(OuterOptions{d.outer_lr(), d.outer_momentum()},
-                                                                       state.outer.data(), range.size(),
-                                                                       state.momentum.data(), nullptr),
-                                      diloco_->InFlightAfter(state.steps)));
+  MakeOuterSteps(client,
+                 std::make_unique<OuterOptimizer>(OuterOptions{d.outer_lr(), d.outer_momentum()}, state.outer.data(),
+                                                  range.size(), state.momentum.data(), nullptr),
+                 diloco_->InFlightAfter(state.steps));
   outer_->StartFrom(state.in_job, state.counted);
   HERD_RETURN_IF_ERROR(ServeShard(runtime));
   HERD_RETURN_IF_ERROR(client.Barrier(transport::kRegionServesBarrier, wire::REGION));

@@ -510,8 +510,8 @@ class Coordinator::Impl {
       AdmitRegion();
     }
     if (scope == wire::REGION && m.barrier().name() == kRegionServesBarrier) {
-      for (auto it = unserved_members_.begin(); it != unserved_members_.end();) {
-        it = RegionOf(*it) == region ? unserved_members_.erase(it) : std::next(it);
+      for (auto u = unserved_members_.begin(); u != unserved_members_.end();) {
+        u = RegionOf(*u) == region ? unserved_members_.erase(u) : std::next(u);
       }
     }
     // The job is done before a region admitted took up its state (it was

@@ -189,6 +189,7 @@ Status ValidateMessage(const wire::Envelope& m) {
       for (int32_t member : m.all_gather().members()) {
         if (member < 0) return Bad("all-gather: a member index below 0");
       }
+      if (m.all_gather().members_epoch() < 0) return Bad("all-gather: a membership epoch below 0");
       return CheckName(m.all_gather().name(), "all-gather");
     case E::kAllGatherResult:
       return CheckName(m.all_gather_result().name(), "all-gather result");
