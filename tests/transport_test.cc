@@ -114,8 +114,36 @@ TEST(Wire, GarbageAndInvalidMessagesRefused) {
   *change->mutable_lost() = change->joined();
   expect_bad(c, "neither or both");
   change->clear_lost();
-  change->mutable_joined()->clear_ucx_address();
+  // A region rejoining: the members joining with the first, each with an
+  // address; a loss names none.
+  wire::Member* with = change->add_joined_with();
+  with->set_role(wire::SERVER);
+  with->set_rank(1);
+  expect_bad(c, "a joining member has no UCX address");
+  with->set_ucx_address("addr2");
+  EXPECT_TRUE(ValidateMessage(c).ok()) << ValidateMessage(c).message();
+  *change->mutable_lost() = change->joined();
+  change->clear_joined();
+  change->mutable_lost()->clear_ucx_address();
+  change->clear_live_workers();
+  change->add_live_workers(0);
+  expect_bad(c, "a loss has members join");
+  change->clear_joined_with();
+  change->clear_lost();
+  change->mutable_joined()->set_role(wire::WORKER);
+  change->mutable_joined()->set_rank(1);
+  change->add_live_workers(1);
   expect_bad(c, "no UCX address");
+  wire::Envelope g;
+  g.mutable_all_gather()->set_name("vote");
+  g.mutable_all_gather()->add_members(-1);
+  expect_bad(g, "a member index below 0");
+  g.mutable_all_gather()->set_members(0, 0);
+  g.mutable_all_gather()->set_members_epoch(-1);
+  expect_bad(g, "a membership epoch below 0");
+  g.mutable_all_gather()->set_members_epoch(0);
+  g.mutable_all_gather()->set_scope(wire::REGION);
+  expect_bad(g, "a region's scope is for barriers");
   wire::Envelope ack;
   ack.mutable_membership_ack()->set_epoch(0);
   expect_bad(ack, "epoch must be >= 1");
