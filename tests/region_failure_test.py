@@ -74,7 +74,10 @@ def processes(launch_pid):
     return out
 
 
-def trial(sb, name, rng, rejoin=False, region=None):
+def job_dir(sb, name):
+    """A folder of its own holding the job's config (every run's the same
+    text): REGIONS regions of one server and one worker, H = 5, the mean
+    as outer step; run summaries in summary/."""
     workdir = sb.path(name)
     os.makedirs(workdir)
     text = herdtest.tiny_config(sb.path("train.bin"), steps=STEPS, metrics="metrics.jsonl", ckpt="ckpt", every=50,
@@ -82,6 +85,11 @@ def trial(sb, name, rng, rejoin=False, region=None):
                                       f"diloco {{ regions: {REGIONS} every: 5 outer_lr: 1 outer_momentum: 0 }} }}")
     with open(os.path.join(workdir, "job.textproto"), "w") as f:
         f.write(text.replace("log {", 'log { summary_dir: "summary"'))
+    return workdir
+
+
+def trial(sb, name, rng, rejoin=False, region=None):
+    workdir = job_dir(sb, name)
     out_path, err_path = os.path.join(workdir, "launch.out"), os.path.join(workdir, "launch.err")
     metrics = os.path.join(workdir, "metrics.jsonl")
     role, drawn = rng.choice(["server", "worker"]), rng.randrange(1, REGIONS)
@@ -156,13 +164,7 @@ def trial(sb, name, rng, rejoin=False, region=None):
 
 
 def by_hand_trial(sb, name, rng):
-    workdir = sb.path(name)
-    os.makedirs(workdir)
-    text = herdtest.tiny_config(sb.path("train.bin"), steps=STEPS, metrics="metrics.jsonl", ckpt="ckpt", every=50,
-                                extra=f"cluster {{ sync: PARAMETER_SERVER servers: {REGIONS} workers: {REGIONS} "
-                                      f"diloco {{ regions: {REGIONS} every: 5 outer_lr: 1 outer_momentum: 0 }} }}")
-    with open(os.path.join(workdir, "job.textproto"), "w") as f:
-        f.write(text.replace("log {", 'log { summary_dir: "summary"'))
+    workdir = job_dir(sb, name)
     addr = f"127.0.0.1:{herdtest.free_port()}"
     env = dict(os.environ, HERD_JOB_TOKEN="region-rejoin-test-token-0123", OMP_NUM_THREADS="1")
     procs = {}
