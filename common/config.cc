@@ -583,7 +583,11 @@ int Regions(const JobConfig& config) {
 }
 
 int RegionOf(const JobConfig& config, bool server, int rank) {
-  const int per_region = (server ? config.cluster().servers() : NumWorkers(config)) / Regions(config);
+  return RegionOfRank(rank, server ? config.cluster().servers() : NumWorkers(config), Regions(config));
+}
+
+int RegionOfRank(int rank, int count, int regions) {
+  const int per_region = count / std::max(1, regions);
   return per_region > 0 ? rank / per_region : 0;
 }
 

@@ -53,6 +53,9 @@ int NumWorkers(const JobConfig& config);
 int Regions(const JobConfig& config);
 // The region of a server or worker of that rank (0 without regions).
 int RegionOf(const JobConfig& config, bool server, int rank);
+// The same from the counts alone: rank `rank` of `count` processes of a
+// role, in `regions` blocks of consecutive ranks.
+int RegionOfRank(int rank, int count, int regions);
 // The replicas that each take a share of the global batch: the workers,
 // over cluster.pipeline_stages, cluster.tensor_parallel and
 // cluster.context_parallel (a pipeline's stages, a tensor-parallel group

@@ -144,10 +144,8 @@ class OuterSteps {
   std::optional<DilocoPlan::Exchange> in_flight_;
   std::vector<bool> live_;
   // The regions the votes since the last landing admitted (written by the
-  // exchange's thread: read once nothing is in flight), and those the
-  // exchange that landed admitted.
+  // exchange's thread: read once nothing is in flight).
   std::vector<int> voted_in_;
-  std::vector<int> admitted_;
   Status failed_;  // the last exchange's, once settled
   // Regions heard rejoining and not admitted yet (the coordinator's thread
   // adds, the exchange's reads).

@@ -335,6 +335,8 @@ class JobAttempt {
   // worker runs), and starting workers in place of those it went on
   // without.
   bool GoesOnWithout(const Child& c) const;
+  // Whether the job is ending: a worker has finished its run.
+  bool Finishing() const;
   void ReplaceDropped();
   void RestartDroppedRegions();
   // The attempt's outcome once every process has exited.
@@ -574,6 +576,10 @@ bool JobAttempt::GoesOnWithout(const Child& c) const {
   return false;
 }
 
+bool JobAttempt::Finishing() const {
+  return std::any_of(children_.begin(), children_.end(), [](const Child& c) { return c.worker && c.exit_code == 0; });
+}
+
 // Elastic, with restarts left: a worker the job went on without (the
 // coordinator has dropped it, so its place is free) is replaced by one
 // that joins, unless the job is ending (a worker has finished).
@@ -582,11 +588,9 @@ void JobAttempt::ReplaceDropped() {
   for (size_t i = 0; i < next_slot_ && next_slot_ < children_.size(); ++i) {
     Child& c = children_[i];
     if (!c.dropped || c.replaced || first_failure_ || stopped_by_ != 0) continue;
-    bool finishing = false;
-    for (const Child& other : children_) finishing |= other.worker && other.exit_code == 0;
     {
       MutexLock lock(&spawned_mu_);
-      if (finishing || !dropped_by_job_.count(c.pid)) continue;
+      if (Finishing() || !dropped_by_job_.count(c.pid)) continue;
     }
     c.replaced = true;
     const int rank = RankOf(c);
@@ -613,17 +617,15 @@ void JobAttempt::RestartDroppedRegions() {
   const int R = Regions(config_);
   const size_t region_size = static_cast<size_t>((servers_ + workers_) / R);
   for (int k = 0; k < R; ++k) {
-    if (first_failure_ || stopped_by_ != 0 || next_slot_ + region_size > children_.size()) return;
+    if (first_failure_ || stopped_by_ != 0 || Finishing() || next_slot_ + region_size > children_.size()) return;
     std::vector<Child*> dropped;
-    bool running = false, finishing = false;
+    bool running = false;
     for (size_t i = 0; i < next_slot_; ++i) {
       Child& c = children_[i];
-      finishing |= c.worker && c.exit_code == 0;
       if (RegionOf(config_, !c.worker, RankOf(c)) != k || c.replaced) continue;
       running |= c.pid > 0 && !c.exit_code;
       if (c.dropped) dropped.push_back(&c);
     }
-    if (finishing) return;
     if (running || dropped.size() != region_size) continue;
     {
       MutexLock lock(&spawned_mu_);
@@ -654,9 +656,7 @@ void JobAttempt::OnExit(Child& c, int status) {
   c.exit_order = exits_++;
   --alive_;
   if (*c.exit_code == 0 || first_failure_) return;
-  bool finished = false;
-  for (const Child& other : children_) finished |= other.worker && other.exit_code == 0;
-  if (c.rejoins && finished) {
+  if (c.rejoins && Finishing()) {
     // The coordinator stopped it: the run ended before its region was
     // admitted at an outer step.
     std::printf("launch: %s exited (exit code %d): the job finished before its region rejoined\n", c.name.c_str(),

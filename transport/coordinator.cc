@@ -506,7 +506,7 @@ class Coordinator::Impl {
     }
     // A region joining under way is connected: the job takes it in; it
     // serves once its servers have the job's state.
-    if (scope == wire::REGION && region == joining_region_ && m.barrier().name() == kUcxConnectedBarrier) {
+    if (scope == wire::REGION && region == JoiningRegion() && m.barrier().name() == kUcxConnectedBarrier) {
       AdmitRegion();
     }
     if (scope == wire::REGION && m.barrier().name() == kRegionServesBarrier) {
@@ -576,8 +576,8 @@ class Coordinator::Impl {
   bool InGather(int index, const PendingGather& pending) const {
     if (!InScope(pending.scope, members_[index]->role())) return false;
     if (pending.named.empty()) return Takes(index);
-    const auto since = member_since_.find(index);
-    const bool later = since != member_since_.end() && since->second > pending.named_epoch;
+    const auto since = joined_at_.find(index);
+    const bool later = since != joined_at_.end() && since->second > pending.named_epoch;
     return pending.named.count(index) && !lost_members_.count(index) && !later;
   }
 
@@ -666,14 +666,12 @@ class Coordinator::Impl {
     join_queue_.clear();
     awaiting_ack_.clear();
     joined_at_.clear();
-    member_since_.clear();
     for (const auto& [region, arrived] : region_arrivals_) {
       for (const auto& [index, s] : arrived) Refuse(s, "--join: the job is starting again (--max-restarts)");
     }
     region_arrivals_.clear();
     joining_members_.clear();
     unserved_members_.clear();
-    joining_region_ = -1;
     barriers_.clear();
     gathers_.clear();
     ArmJoinTimer(shape_.join_timeout_s);
@@ -716,8 +714,8 @@ class Coordinator::Impl {
   // A job of regions: the region of member `index` (servers by rank, then
   // workers), its members a block of consecutive ranks of each role.
   int RegionOf(int index) const {
-    const int R = shape_.regions;
-    return index < servers_ ? index / std::max(1, servers_ / R) : (index - servers_) / std::max(1, workers_ / R);
+    return index < servers_ ? RegionOfRank(index, servers_, shape_.regions)
+                            : RegionOfRank(index - servers_, workers_, shape_.regions);
   }
   int LiveRegions() const {
     std::set<int> live;
@@ -839,8 +837,7 @@ class Coordinator::Impl {
     lost_members_.erase(index);
     joining_ = s;
     join_epoch_ = ++membership_epoch_;
-    joined_at_[rank] = join_epoch_;
-    member_since_[index] = join_epoch_;
+    joined_at_[index] = join_epoch_;
     wire::Envelope m;
     auto* c = m.mutable_membership_changed();
     c->set_epoch(join_epoch_);
@@ -887,7 +884,7 @@ class Coordinator::Impl {
       for (int r = 0; r < workers_; ++r) {
         if (lost_members_.count(servers_ + r)) continue;
         w->add_live_workers(r);
-        auto at = joined_at_.find(r);
+        auto at = joined_at_.find(servers_ + r);
         w->add_joined_at(at == joined_at_.end() ? 0 : at->second);
       }
       LOG(INFO) << "coordinator: " << s->Describe() << " joined; the job goes on with " << w->live_workers_size()
@@ -922,6 +919,8 @@ class Coordinator::Impl {
   // from then on. Its servers take up the job's state from the other
   // regions' at the next outer step's exchange (server/outer_steps.h).
   int RegionSize() const { return servers_ / shape_.regions + workers_ / shape_.regions; }
+  // The region joining now, or -1.
+  int JoiningRegion() const { return joining_members_.empty() ? -1 : RegionOf(*joining_members_.begin()); }
 
   void ArriveForRegion(const SessionPtr& s) {
     const wire::Hello& h = s->hello;
@@ -955,13 +954,12 @@ class Coordinator::Impl {
   // Welcomes the next region whose processes have all arrived, unless one
   // is joining now.
   void NextRegionJoin() {
-    if (joining_region_ >= 0) return;
+    if (!joining_members_.empty()) return;
     for (auto& [region, arrived] : region_arrivals_) {
       for (auto it = arrived.begin(); it != arrived.end();) {
         it = sessions_.count(it->second->id) ? std::next(it) : arrived.erase(it);  // went away while it waited
       }
       if (static_cast<int>(arrived.size()) < RegionSize()) continue;
-      joining_region_ = region;
       std::map<int, SessionPtr> joiners = std::move(arrived);
       region_arrivals_.erase(region);
       for (const auto& [index, s] : joiners) {
@@ -996,7 +994,7 @@ class Coordinator::Impl {
   // The joining region's processes have connected: it takes part, and
   // every member is told.
   void AdmitRegion() {
-    const int region = joining_region_;
+    const int region = JoiningRegion();
     ++membership_epoch_;
     wire::Envelope m;
     auto* c = m.mutable_membership_changed();
@@ -1004,7 +1002,7 @@ class Coordinator::Impl {
     for (int index : joining_members_) {
       lost_members_.erase(index);
       unserved_members_.insert(index);
-      member_since_[index] = membership_epoch_;
+      joined_at_[index] = membership_epoch_;
       const SessionPtr& s = members_[index];
       wire::Member* who = c->has_joined() ? c->add_joined_with() : c->mutable_joined();
       MemberOf(s, who);
@@ -1015,7 +1013,6 @@ class Coordinator::Impl {
       if (!lost_members_.count(servers_ + r)) c->add_live_workers(r);
     }
     joining_members_.clear();
-    joining_region_ = -1;
     LOG(INFO) << "coordinator: region " << region << " rejoined the job (membership epoch " << membership_epoch_
               << ", " << LiveRegions() << " regions)";
     SendToLiveInScope(wire::EVERYONE, m);
@@ -1026,7 +1023,7 @@ class Coordinator::Impl {
   // admitted: the others never heard of it, and its other processes are let
   // go (the region is lost as it was).
   void RegionJoinFailed(const SessionPtr& lost, const std::string& reason) {
-    const int region = joining_region_;
+    const int region = JoiningRegion();
     const std::string why = lost->Describe() + " was lost while region " + std::to_string(region) +
                             " rejoined: " + reason + "; the region stays lost";
     LOG(WARNING) << "coordinator: " << why;
@@ -1041,7 +1038,6 @@ class Coordinator::Impl {
       SendAndClose(s, m);
     }
     joining_members_.clear();
-    joining_region_ = -1;
     for (auto it = barriers_.begin(); it != barriers_.end();) {
       it = it->second.region == region ? barriers_.erase(it) : std::next(it);
     }
@@ -1177,15 +1173,14 @@ class Coordinator::Impl {
   int join_epoch_ = 0;
   std::set<int> awaiting_ack_;  // member indices
   std::deque<SessionPtr> join_queue_;
-  std::map<int, int> joined_at_;
   // By member index, the membership epoch at which its process joined the
-  // job under way (none: there since the job formed).
-  std::map<int, int> member_since_;
+  // job under way (an elastic job's worker, a region's member; none: there
+  // since the job formed).
+  std::map<int, int> joined_at_;
   // A job of regions: the processes arrived to rejoin a lost region, by
-  // region and member index; the region joining now (-1: none), and its
-  // members, welcomed and not yet admitted (they stay in lost_members_).
+  // region and member index; the members of the region joining now,
+  // welcomed and not yet admitted (they stay in lost_members_).
   std::map<int, std::map<int, SessionPtr>> region_arrivals_;
-  int joining_region_ = -1;
   std::set<int> joining_members_;
   // Members of a region admitted whose servers have not yet taken up the
   // job's state (kRegionServesBarrier): the job's done barrier does not

@@ -202,13 +202,6 @@ class CoordinatorClient::Impl {
     added.get_future().wait();
   }
 
-  // A job of regions: the region of member (role, rank), its members a
-  // block of consecutive ranks of each role.
-  int RegionOf(wire::Role role, int rank) const {
-    const int count = role == wire::SERVER ? options_.job.servers : options_.job.workers;
-    return rank / std::max(1, count / std::max(1, options_.job.regions));
-  }
-
   int membership_epoch() const {
     MutexLock lock(&mu_);
     return latest_epoch_;
@@ -408,7 +401,8 @@ class CoordinatorClient::Impl {
     const bool region = w.joining_region() >= 0;
     const bool rejoins = region && options_.job.regions > 1 && w.membership_epoch() >= 1 &&
                          w.joining_region() < options_.job.regions && w.rank() >= 0 &&
-                         RegionOf(w.role(), w.rank()) == w.joining_region();
+                         RegionOfRank(w.rank(), w.role() == wire::SERVER ? options_.job.servers : options_.job.workers,
+                                      options_.job.regions) == w.joining_region();
     const bool under_way = w.membership_epoch() >= 1 && (joined || rejoins) && (!region || rejoins);
     const bool founding = w.membership_epoch() == 0 && w.live_workers_size() == 0 && !region;
     const bool consistent = options_.join ? under_way || (options_.resume_if_forming && founding) : founding;

@@ -253,13 +253,12 @@ Status OuterWire::SendState(int to, const std::string& bytes) {
   h.to = to;
   std::string header(sizeof h, '\0');
   std::memcpy(header.data(), &h, sizeof h);
-  // UCX reads the bytes until the send completes: they stay here until then.
-  auto copy = std::make_shared<std::string>(bytes);
+  // UCX reads `bytes` until the send completes, which this waits for.
   bool done = false;
   Status sent_status;
   transport_->AddBusy(1);
-  transport_->Send(options_.peers[to], kAmOuterState, header, copy->data(), copy->size(),
-                   [this, copy, &done, &sent_status](const Status& sent) {
+  transport_->Send(options_.peers[to], kAmOuterState, header, bytes.data(), bytes.size(),
+                   [this, &done, &sent_status](const Status& sent) {
                      transport_->AddBusy(-1);
                      MutexLock lock(&mu_);
                      sent_status = sent;

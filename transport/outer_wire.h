@@ -149,7 +149,7 @@ class OuterWire {
   std::vector<bool> InJob() LOCKS_EXCLUDED(mu_);
 
   // A region rejoining takes up the job's state from the same range's
-  // server of a region that goes on: sends `bytes` (copied) to region
+  // server of a region that goes on: sends `bytes` to region
   // `to`'s, and returns once the send completed (its error, if it
   // failed).
   Status SendState(int to, const std::string& bytes) LOCKS_EXCLUDED(mu_);
