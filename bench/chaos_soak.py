@@ -55,8 +55,9 @@ metrics), the final step, final_bytes_equal, and the targets (>= 100
 faults, goodput >= 0.8, final bytes equal). Every fault, exit and restart
 is logged to stderr with a timestamp (and to events.jsonl in the work
 directory). Exits 1 when a job fails to finish (hangs past --stall-limit-s
-without a new step, or past its deadline), 0 otherwise (the targets are
-reported, not enforced).
+without a new step, or past its deadline) or when the final checkpoints
+differ in any byte, 0 otherwise (the other targets, faults and goodput,
+are reported, not enforced).
 
     /usr/bin/python3 bench/chaos_soak.py [--minutes 30] [--seed 1] [--workdir DIR]
         [--netlab] [--steps N] [--worker-fault-s 10,30] [--big-fault-s 120,240]
@@ -69,8 +70,9 @@ minute of calibration: an hour at the default 30.
 
 The work directory holds each run's processes' logs, metrics, the final
 checkpoint and events.jsonl: by default a fresh one under the system's
-temporary directory, removed after a run whose jobs finished (unless
---keep); a --workdir must be new or empty, and is kept. The binaries are
+temporary directory, removed after a run whose jobs finished with equal
+final bytes (unless --keep; otherwise its path is the last line on
+stderr); a --workdir must be new or empty, and is kept. The binaries are
 copied there first, so that a rebuild meanwhile cannot swap them under
 the processes that execute themselves anew. --netlab needs root.
 Use Debian's /usr/bin/python3.
@@ -833,9 +835,14 @@ def main():
         if not a.netlab:
             summary["link_cuts"] = "not injected: needs --netlab (emulated nodes)"
         print(json.dumps(summary), flush=True)
-        ok = dis_ok
         if not dis_ok:
             raise SystemExit(1)
+        if not equal:
+            # The work directory is kept (below), for the differing files to be compared.
+            log("verdict", f"the final checkpoints differ: {len(differ)} files, {', '.join(differ[:3])}"
+                f"{' ...' if len(differ) > 3 else ''} (step {steps}: {ref.ckpt} and {dis.ckpt})")
+            raise SystemExit(1)
+        ok = True
     finally:
         kill_everything()
         if lab is not None:
