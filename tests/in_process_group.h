@@ -2,18 +2,23 @@
 // context-parallel tests: OnRanks runs a function on each, and
 // InProcessSum gives them the collectives a group's model calls (sum,
 // reduce-scatter, all-gather), each rank's part added in rank order so
-// that every rank holds the same bits; GroupTestShape, the model they run.
+// that every rank holds the same bits; GroupTestShape, the model they run;
+// ExpectGradientsMatch, their gradients against one whole model's.
 #pragma once
 
 #include <algorithm>
 #include <barrier>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <thread>
 #include <vector>
 
+#include <gtest/gtest.h>
+
 #include "common/partition.h"
 #include "model/llama_config.h"
+#include "model/param_layout.h"
 
 namespace herd {
 
@@ -85,6 +90,41 @@ inline void OnRanks(int ranks, const std::function<void(int)>& fn) {
   std::vector<std::thread> threads;
   for (int r = 0; r < ranks; ++r) threads.emplace_back(fn, r);
   for (std::thread& t : threads) t.join();
+}
+
+// How far a group's fp32 gradients (its ranks' parts added in another
+// order than one model adds them) may stray from one whole model's, element
+// by element: relative to the pair, plus a floor for elements whose terms
+// cancel, scaled by the largest gradient of the element's own tensor, so
+// that a small tensor is held to its own size and not the model's. The
+// clean gap stays under ~1e-6 of a tensor's largest (the "[ ... ]" lines
+// print the worst share of this tolerance used).
+constexpr double kGroupGradRel = 1e-5, kGroupGradAbs = 2e-6;
+
+// Every element of `got` against `want` (the flat space of `layout`); a
+// failure names the tensor and index. Returns the largest share of its
+// tolerance an element used (under 1 when all pass).
+inline double ExpectGradientsMatch(const ParamLayout& layout, const std::vector<float>& want,
+                                   const std::vector<float>& got) {
+  double worst = 0;
+  int failures = 0;
+  for (const TensorSpec& t : layout.tensors()) {
+    double largest = 0;
+    for (int64_t i = t.offset; i < t.offset + t.numel; ++i) largest = std::max(largest, std::fabs(double(want[i])));
+    EXPECT_GT(largest, 0.0) << t.name << ": no gradient at all";
+    for (int64_t i = t.offset; i < t.offset + t.numel; ++i) {
+      const double w = want[i], g = got[i];
+      const double tolerance = kGroupGradRel * (std::fabs(w) + std::fabs(g)) + kGroupGradAbs * largest;
+      const double used = std::fabs(g - w) / tolerance;
+      worst = std::max(worst, std::isfinite(used) ? used : HUGE_VAL);
+      if (!(used <= 1) && ++failures <= 5) {
+        ADD_FAILURE() << t.name << "[" << i - t.offset << "]: " << g << " against one model's " << w
+                      << " (its tensor's largest " << largest << ")";
+      }
+    }
+  }
+  EXPECT_EQ(failures, 0) << failures << " gradients out of tolerance";
+  return worst;
 }
 
 }  // namespace herd
