@@ -27,12 +27,13 @@ def children(pid, name):
 
 def kill_mid_run(sb, role, rank,
                  cluster="cluster { sync: PARAMETER_SERVER servers: 2 workers: 2 heartbeat_timeout_s: 5 }", tag="",
-                 place=""):
+                 place="", edit=lambda text: text):
     """Kills `role` `rank` with -9 at step 20; the job must stop in one line
-    naming it (with `place`, where it sits: " (tensor rank 1 of replica 0)")."""
+    naming it (with `place`, where it sits: " (tensor rank 1 of replica 0)").
+    `edit`: what the tiny model's config becomes before the run."""
     name = f"kill_{role}{tag}"
-    cfg = sb.write(f"{name}.textproto", herdtest.tiny_config(
-        "train.bin", steps=100000, ckpt=name, every=5, extra=cluster))
+    cfg = sb.write(f"{name}.textproto", edit(herdtest.tiny_config(
+        "train.bin", steps=100000, ckpt=name, every=5, extra=cluster)))
     out, err = open(sb.path(f"{name}.out"), "w"), open(sb.path(f"{name}.err"), "w")
     env = dict(os.environ, OMP_NUM_THREADS="1")
     p = subprocess.Popen([sb.herd, "launch", cfg], cwd=sb.dir, stdout=out, stderr=err, env=env)

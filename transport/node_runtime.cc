@@ -24,6 +24,10 @@ StatusOr<std::unique_ptr<NodeRuntime>> NodeRuntime::Join(const Options& options,
       if (ring != nullptr) ring->Fail(failure);
     }
     if (rt.outer_wire_) rt.outer_wire_->Fail(failure);
+    // A stage waiting on a lost neighbour: UCX may not fail the endpoint of
+    // a peer killed on this machine for longer than the launcher waits, so
+    // the coordinator's word is what ends the wait.
+    if (rt.pipeline_wire_) rt.pipeline_wire_->Fail(failure);
   });
   return runtime;
 }
@@ -55,6 +59,12 @@ void NodeRuntime::StartGroupRing(CoordinatorClient& client, int group_size, wire
 OuterWire* NodeRuntime::StartOuterWire(OuterWire::Options options) {
   outer_wire_ = std::make_unique<OuterWire>(transport_.get(), std::move(options));
   return outer_wire_.get();
+}
+
+PipelineWire* NodeRuntime::StartPipelineWire(bool bf16, int64_t max_elements, int max_early) {
+  CHECK(pipeline_wire_ == nullptr) << "a second pipeline wire";
+  pipeline_wire_ = std::make_unique<PipelineWire>(transport_.get(), bf16, max_elements, max_early);
+  return pipeline_wire_.get();
 }
 
 void NodeRuntime::StartStridedRing(CoordinatorClient& client, int stride, int count) {

@@ -19,6 +19,7 @@
 #include "transport/coordinator_client.h"
 #include "transport/join.h"
 #include "transport/outer_wire.h"
+#include "transport/pipeline_wire.h"
 #include "transport/push_pull.h"
 #include "transport/ring_collectives.h"
 #include "transport/ucx_transport.h"
@@ -62,6 +63,9 @@ class NodeRuntime {
   void StartGroupRing(CoordinatorClient& client, int group_size, wire::Role role);
   // In prepare: the wire of a job of regions' outer steps (a server's).
   OuterWire* StartOuterWire(OuterWire::Options options);
+  // In prepare: the wire between a pipeline's stages (a stage's worker;
+  // PipelineWire's arguments).
+  PipelineWire* StartPipelineWire(bool bf16, int64_t max_elements, int max_early);
   // In prepare, after StartRing: a ring of `count` workers `stride` ranks
   // apart inside this worker's block of stride·count consecutive ranks: a
   // context-parallel group (ranks (replica·C + c)·T + t: C ranks T apart)
@@ -90,6 +94,8 @@ class NodeRuntime {
   RingCollectives* strided_ring() { return strided_ring_.get(); }
   // Null unless started (StartOuterWire).
   OuterWire* outer_wire() { return outer_wire_.get(); }
+  // Null unless started (StartPipelineWire).
+  PipelineWire* pipeline_wire() { return pipeline_wire_.get(); }
 
  private:
   NodeRuntime() = default;
@@ -102,6 +108,7 @@ class NodeRuntime {
   std::unique_ptr<RingCollectives> replica_ring_;
   std::unique_ptr<RingCollectives> strided_ring_;
   std::unique_ptr<OuterWire> outer_wire_;
+  std::unique_ptr<PipelineWire> pipeline_wire_;
   std::unique_ptr<CoordinatorClient> client_;
 };
 

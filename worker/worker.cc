@@ -301,9 +301,9 @@ class WorkerProcess {
   std::unique_ptr<transport::NodeRuntime> runtime_;
   // Goes before the runtime: a commit under way votes through its client.
   std::unique_ptr<CheckpointWriter> checkpoints_;
-  // A pipeline stage's wire to the others, over the runtime's transport:
-  // goes before it.
-  std::unique_ptr<transport::PipelineWire> pipeline_wire_;
+  // A pipeline stage's wire to the others: the runtime's, failed with the
+  // job as its other services are.
+  transport::PipelineWire* pipeline_wire_ = nullptr;
 };
 
 StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Create(const config::JobConfig& config,
@@ -459,9 +459,8 @@ void WorkerProcess::OpenPipelineWire(transport::NodeRuntime& runtime) {
   const PipelineSchedule& s = pipeline_->schedule;
   const int64_t activation = static_cast<int64_t>(job_.batch) * job_.seq_len * job_.shape.hidden_size;
   const int64_t largest = std::max(activation, layout_.layer(0).input_norm);
-  pipeline_wire_ = std::make_unique<transport::PipelineWire>(
-      &runtime.transport(), config_.cluster().pipeline_wire_dtype() == ClusterConfig::BF16, largest,
-      2 * s.micro_batches * s.chunks + 2 + config_.log().eval_batches());
+  pipeline_wire_ = runtime.StartPipelineWire(config_.cluster().pipeline_wire_dtype() == ClusterConfig::BF16, largest,
+                                             2 * s.micro_batches * s.chunks + 2 + config_.log().eval_batches());
 }
 
 Status WorkerProcess::JoinJob() {
@@ -605,7 +604,7 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeStrategy() {
       // the same tensor rank's, T apart (JoinJob).
       p.stage_replicas = slices_ ? runtime_->strided_ring() : runtime_->shard_ring();
       p.gradient_wire = GradientWire(cluster);
-      p.wire = pipeline_wire_.get();
+      p.wire = pipeline_wire_;
       p.first_stage = transport::MemberPeerId(runtime_->client(), wire::WORKER, pipeline_->RankOf(0, replica, t));
       p.last_stage = transport::MemberPeerId(runtime_->client(), wire::WORKER,
                                              pipeline_->RankOf(pipeline_->devices() - 1, replica, t));
@@ -660,7 +659,7 @@ std::unique_ptr<ShareCompute> WorkerProcess::MakeCompute() {
     p.schedule = &pipeline_->schedule;
     p.split = &pipeline_->split;
     p.device = pipeline_->DeviceOf(rank_);
-    p.wire = pipeline_wire_.get();
+    p.wire = pipeline_wire_;
     for (int d = 0; d < pipeline_->devices(); ++d) {
       p.peers.push_back(transport::MemberPeerId(
           runtime_->client(), wire::WORKER,
