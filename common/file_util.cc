@@ -161,6 +161,12 @@ std::string ThisExecutable() {
   return path;
 }
 
+std::string HostName() {
+  char name[256] = {0};
+  if (::gethostname(name, sizeof name - 1) != 0) return "unknown-host";
+  return name;
+}
+
 Status TempDir::Create(const std::string& prefix) {
   std::string tmpl = "/tmp/" + prefix + "-" + std::to_string(::getpid()) + "-XXXXXX";
   if (::mkdtemp(tmpl.data()) == nullptr) return Status::IOError("cannot create a temporary directory " + tmpl);

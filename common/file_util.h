@@ -40,6 +40,8 @@ StatusOr<std::vector<std::string>> ListDirectory(const std::string& dir);
 std::vector<std::string> Glob(const std::string& pattern);
 // The running program's path (/proc/self/exe); "" when unknown.
 std::string ThisExecutable();
+// This machine's name ("unknown-host" when it has none).
+std::string HostName();
 
 // A private (0700) scratch directory under /tmp, removed with the files in
 // it (not subdirectories) when the object goes.

@@ -3,6 +3,9 @@
 #include <glog/logging.h>
 
 #include <cstdio>
+#include <mutex>
+#include <string>
+#include <utility>
 
 #include "common/clock.h"
 
@@ -15,6 +18,70 @@ void InitLogging(const char* argv0) {
   FLAGS_logtostderr = true;
   FLAGS_colorlogtostderr = false;
   google::InitGoogleLogging(argv0);
+}
+
+namespace {
+
+// glog's lines, as it would write them to stderr, appended to a file.
+class FileLogSink : public google::LogSink {
+ public:
+  explicit FileLogSink(std::string path) : path_(std::move(path)) {}
+
+  void send(google::LogSeverity severity, const char* /*full_filename*/, const char* base_filename, int line,
+            const google::LogMessageTime& time, const char* message, size_t message_len) override {
+    Write(ToString(severity, base_filename, line, time, message, message_len) + "\n");
+  }
+
+  void Write(const std::string& text) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (file_ == nullptr && !failed_) {
+      file_ = std::fopen(path_.c_str(), "a");
+      failed_ = file_ == nullptr;
+    }
+    if (file_ == nullptr) {
+      std::fwrite(text.data(), 1, text.size(), stderr);  // a log that cannot be kept still reaches someone
+      return;
+    }
+    std::fwrite(text.data(), 1, text.size(), file_);
+    std::fflush(file_);
+  }
+
+  std::string written() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return file_ != nullptr ? path_ : std::string();
+  }
+
+ private:
+  const std::string path_;
+  std::mutex mu_;
+  std::FILE* file_ = nullptr;  // guarded by mu_; open until the process ends
+  bool failed_ = false;
+};
+
+FileLogSink* file_sink = nullptr;  // set once, never freed: glog may log until exit
+
+}  // namespace
+
+void LogToFile(const std::string& path) {
+  if (file_sink != nullptr) return;
+  file_sink = new FileLogSink(path);
+  for (google::LogSeverity s : {google::GLOG_INFO, google::GLOG_WARNING, google::GLOG_ERROR, google::GLOG_FATAL}) {
+    google::SetLogDestination(s, "");  // no glog files of its own
+  }
+  FLAGS_logtostderr = false;
+  FLAGS_alsologtostderr = false;
+  FLAGS_stderrthreshold = google::GLOG_FATAL;
+  google::AddLogSink(file_sink);
+}
+
+std::string LogFileWritten() { return file_sink != nullptr ? file_sink->written() : std::string(); }
+
+void LogLine(std::string_view line) {
+  std::string text(line);
+  text += '\n';
+  if (file_sink != nullptr) return file_sink->Write(text);
+  std::fwrite(text.data(), 1, text.size(), stderr);
+  std::fflush(stderr);
 }
 
 int ReportError(const Status& status) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include "common/status.h"
 
@@ -11,6 +12,17 @@ namespace herd {
 // glog to stderr, no log files; `role` prefixes nothing yet but names the
 // process in glog's program name.
 void InitLogging(const char* argv0);
+
+// From now on this process's log lines go to `path` (appended to; created
+// with the first line) instead of stderr, where only a fatal one still
+// goes: a launcher keeps its stderr for the one line that says why a job
+// failed.
+void LogToFile(const std::string& path);
+// The file LogToFile's lines went to, once one has; else empty.
+std::string LogFileWritten();
+// Appends `line` as it is to LogToFile's file (to stderr without one): what
+// another process logged, already formatted.
+void LogLine(std::string_view line);
 
 // Exit codes of every herd program.
 inline constexpr int kExitFailure = 1;

@@ -11,6 +11,12 @@ processes, real signals, real files.
 * the last line names the process whose failure stopped the job, with its
   own message (a full disk under server checkpoints), not a process that
   stopped because of it;
+* a failure is one line on stderr, naming the launcher's log file, where
+  the launcher's own log lines went;
+* a run owns its checkpoint folder and metrics file: the same config
+  launched twice at once, the second is refused at once naming the first
+  (pid, host), and the first ends as a solo run does; a SIGKILLed run's
+  folder is taken over by the next launch;
 * a SIGSTOPped worker is killed as soon as the coordinator declares it lost;
 * no server or worker inherits a descriptor of the launcher's (the
   coordinator's listening socket, another child's pipes);
@@ -21,9 +27,11 @@ processes, real signals, real files.
   model samples (an untrained byte-level model samples any byte), so a
   program reading herd's output as text does not break on it.
 """
+import json
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -117,7 +125,7 @@ class Launch:
 
 
 def too_big(sb):
-    for extra in (["--set", "cluster.workers=100000"],
+    for extra in (["--set", "cluster.workers=16000"],
                   ["--set", "model.num_hidden_layers=20000", "--set", "model.hidden_size=2048",
                    "--set", "model.intermediate_size=8192"]):
         cfg = ps_config(sb, "big")
@@ -145,6 +153,63 @@ def fresh_run_into_checkpoints(sb):
     print("ok  PS: a fresh run into checkpoints and a resume with another lr refused before starting; --overwrite ok")
 
 
+def two_runs_one_folder(sb):
+    """The same config launched twice at once: the second is refused at
+    once, in one line naming the first's pid and host, and the first ends
+    as a solo run of it does; once the first is SIGKILLed, a new launch
+    takes its folder over."""
+    def config(name, steps=60):
+        return sb.write(name + ".textproto", herdtest.tiny_config(
+            "train.bin", steps=steps, ckpt=sb.path(name + "_ckpt"), every=20, metrics=name + ".jsonl",
+            extra="cluster { sync: PARAMETER_SERVER servers: 2 workers: 2 }"))
+
+    def ended_as(name, reference):
+        steps = sorted(d for d in os.listdir(sb.path(name + "_ckpt")) if d.startswith("step_"))
+        assert steps == ["step_00000020", "step_00000040", "step_00000060"], steps
+        for d in steps:
+            assert herdtest.training_state(sb.path(name + "_ckpt", d)) == \
+                herdtest.training_state(sb.path(reference + "_ckpt", d)), f"{name}: {d} differs from a solo run's"
+        lines = open(sb.path(name + ".jsonl")).read().splitlines()
+        rows = [json.loads(line) for line in lines]  # every line whole
+        assert herdtest.trajectory(rows) == herdtest.trajectory(herdtest.metrics_rows(sb.path(reference + ".jsonl")))
+
+    sb.run("launch", config("solo"))
+    host = socket.gethostname()
+    for trial in range(3 if herdtest.LONG else 1):
+        name = f"twice{trial}"
+        cfg = config(name)
+        first = Launch(sb, cfg, name=name)
+        first.wait_for("launch: coordinator", 30)
+        start = time.time()
+        second = sb.run("launch", cfg, check=False)
+        took = time.time() - start
+        lines = second.stderr.strip().splitlines()
+        assert second.returncode == 2 and len(lines) == 1 and f"pid {first.p.pid} on {host}" in lines[0] and \
+            took < 2, (second.returncode, took, second.stderr)
+        assert first.p.poll() is None, "the first launch ended before the second was refused: nothing was shown"
+        assert "launch: coordinator" not in second.stdout, "the second launch started processes: " + second.stdout
+        assert first.wait(120) == 0, first.stderr()[-2000:]
+        ended_as(name, "solo")
+        assert not os.path.exists(sb.path(name + "_ckpt", "LOCK")), "the lock outlived its run"
+        print(f"ok  a second launch into a running run's folder refused in {took:.2f} s: {lines[0]}")
+        print(f"ok  the first run's checkpoints and metrics are a solo run's")
+
+    # A run killed with its launcher leaves its lock file behind, unheld:
+    # the next launch takes the folder over.
+    cfg = config("killed", steps=100000)
+    killed = Launch(sb, cfg, name="killed")
+    killed.wait_for("step", 60)
+    os.kill(killed.p.pid, signal.SIGKILL)
+    killed.wait(10)
+    assert wait_gone(sb.path("killed.textproto"), 10)
+    lock = sb.path("killed_ckpt", "LOCK")
+    assert json.loads(open(lock).read())["pid"] == killed.p.pid, open(lock).read()
+    again = sb.run("launch", cfg, "--set", "train.steps=3", "--overwrite", check=False)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert not os.path.exists(lock), "the lock outlived its run"
+    print("ok  after a SIGKILL of the launcher, its lock file is left unheld and the next launch takes the folder over")
+
+
 def storm(sb):
     """SIGTERM at a random moment of a W=24 job's start."""
     rng = random.Random(12345)
@@ -164,9 +229,12 @@ def storm(sb):
         durations.append(time.time() - at)
         err = launch.stderr()
         assert rc == 128 + signal.SIGTERM, f"trial {trial} (SIGTERM after {delay:.2f} s): exit {rc}\n{err[-3000:]}"
-        assert launch.last_line() == "herd: error: terminated (SIGTERM); the job stopped", (trial, err[-3000:])
+        assert len(err.splitlines()) == 1 and \
+            err.startswith("herd: error: terminated (SIGTERM); the job stopped"), (trial, err[-3000:])
+        log = sb.path(name + "_ckpt", "launch.log")
+        log = open(log).read() if os.path.exists(log) else ""
         for bad in ("crashed", "Assertion", "ucp_", "Segmentation"):
-            assert bad not in err + launch.stdout(), f"trial {trial}: '{bad}' in the output:\n{err[-3000:]}"
+            assert bad not in err + launch.stdout() + log, f"trial {trial}: '{bad}' in the output:\n{(err + log)[-3000:]}"
         assert wait_gone(marker, 2), f"trial {trial}: processes left behind: {processes_of(marker)}"
         for t in tokens:
             assert not os.path.exists(t), f"trial {trial}: token file {t} left behind"
@@ -180,7 +248,8 @@ def interrupt_and_kill(sb):
     launch.wait_for("step", 120)
     launch.p.send_signal(signal.SIGINT)
     rc = launch.wait(60)
-    assert rc == 130 and launch.last_line() == "herd: error: interrupted (SIGINT); the job stopped", \
+    assert rc == 130 and launch.stderr().splitlines() == [
+        f"herd: error: interrupted (SIGINT); the job stopped (the launcher's log: {sb.path('sigint_ckpt', 'launch.log')})"], \
         (rc, launch.stderr()[-2000:])
     print(f"ok  SIGINT: exit 130: {launch.last_line()}")
 
@@ -215,6 +284,10 @@ def root_cause(sb):
         assert rc == 1 and last.startswith("herd: error: server ") and "No space left on device" in last, \
             (rc, launch.stderr()[-3000:])
         assert len(errors) == 1, "expected one error line, got:\n" + "\n".join(errors)
+        lines = launch.stderr().strip().splitlines()
+        assert len(lines) == 1, f"a failure is one line on stderr, got {len(lines)}:\n" + launch.stderr()[-3000:]
+        log = os.path.join(full, "ckpt", "launch.log")
+        assert f"(the launcher's log: {log})" in last and os.path.getsize(log) > 0, last
         print(f"ok  full disk under the servers' checkpoints: exit 1, one line: {last}")
 
 
@@ -328,6 +401,7 @@ def main():
         interrupt_and_kill(sb)
         stopped_worker(sb)
         root_cause(sb)
+        two_runs_one_folder(sb)
         storm(sb)
     finally:
         for pid in processes_of(sb.dir):

@@ -4,6 +4,7 @@
 
 #include "common/config.h"
 #include "common/logging.h"
+#include "common/run_lock.h"
 #include "model/checkpoint_run.h"
 #include "sharding/memory_plan.h"
 #include "tools/args.h"
@@ -61,6 +62,8 @@ int RunLaunch(int argc, char** argv) {
   // One process: the job is this one; the checks a launch makes of every
   // job, before anything is prepared, allocated or written.
   st = CheckJobFitsHere(*config, "this job (herd plan)");
+  RunLocks locks;  // the run's files are this process's until it ends
+  if (st.ok()) st = locks.Take(config->checkpoint().dir(), config->log().metrics(), true, true);
   if (st.ok()) st = CheckRunCanStart(*config, options);
   if (st.ok()) st = RunWorker(*config, options, /*join=*/nullptr);
   if (!st.ok()) return ReportError(st);

@@ -20,11 +20,14 @@
 #include <thread>
 #include <vector>
 
+#include <glog/logging.h>
+
 #include "common/clock.h"
 #include "common/descriptors.h"
 #include "common/file_util.h"
 #include "common/logging.h"
 #include "common/mutex.h"
+#include "common/run_lock.h"
 #include "common/signals.h"
 #include "common/strings.h"
 #include "data/prepare.h"
@@ -84,9 +87,11 @@ std::vector<std::string> ChildEnvironment(const std::string& token_file, int thr
     const std::string name = entry.substr(0, entry.find('='));
     if (std::find(std::begin(kPlacementVars), std::end(kPlacementVars), name) != std::end(kPlacementVars)) continue;
     if (name == "HERD_JOB_TOKEN_FILE" || (threads > 0 && name == "OMP_NUM_THREADS")) continue;
+    if (name == kRunLockedByVariable) continue;
     env.push_back(entry);
   }
   env.push_back("HERD_JOB_TOKEN_FILE=" + token_file);
+  env.push_back(RunLockedByThisProcessVariable());
   if (threads > 0) env.push_back("OMP_NUM_THREADS=" + std::to_string(threads));
   return env;
 }
@@ -149,14 +154,13 @@ Status Spawn(const std::string& binary, const std::vector<std::string>& argv, co
   return Status::OK();
 }
 
-// Forwards every child's stdout and stderr, line by line, with its name.
-// A child's "herd: error:" line is kept for the launcher's last line, not
-// forwarded; once the job is failing (`quiet`), the other processes'
-// stderr (what they say while stopping because of it) is dropped too, so
-// that a failure reads as one line.
+// Forwards every child's stdout, line by line, with its name; its stderr
+// (its log lines) goes to the launcher's log file the same way (LogLine),
+// so that a failure reads as one line on the launcher's stderr. A child's
+// "herd: error:" line is kept too, for the launcher's last line.
 class LogForwarder {
  public:
-  LogForwarder(std::vector<Child>* children, std::atomic<bool>* quiet) : children_(children), quiet_(quiet) {
+  explicit LogForwarder(std::vector<Child>* children) : children_(children) {
     if (::pipe2(wake_, O_CLOEXEC | O_NONBLOCK) != 0) wake_[0] = wake_[1] = -1;
     thread_ = std::thread([this] { Run(); });
   }
@@ -180,14 +184,9 @@ class LogForwarder {
  private:
   void Line(Child* c, std::string_view line, bool is_err) {
     constexpr std::string_view kError = "herd: error: ";
-    if (is_err && line.starts_with(kError)) {
-      c->error_line = std::string(line.substr(kError.size()));
-      *quiet_ = true;
-      return;
-    }
-    if (is_err && *quiet_) return;
-    std::FILE* to = is_err ? stderr : stdout;
-    std::fprintf(to, "%s: %.*s\n", c->name.c_str(), static_cast<int>(line.size()), line.data());
+    if (is_err && line.starts_with(kError)) c->error_line = std::string(line.substr(kError.size()));
+    if (is_err) return LogLine(c->name + ": " + std::string(line));
+    std::fprintf(stdout, "%s: %.*s\n", c->name.c_str(), static_cast<int>(line.size()), line.data());
   }
 
   void Emit(Child* c, std::string* partial, const char* data, size_t n, bool is_err, bool flush_all) {
@@ -201,7 +200,7 @@ class LogForwarder {
       Line(c, *partial, is_err);
       partial->clear();
     }
-    std::fflush(is_err ? stderr : stdout);
+    std::fflush(stdout);
   }
 
   void Run() {
@@ -246,7 +245,6 @@ class LogForwarder {
   }
 
   std::vector<Child>* children_;
-  std::atomic<bool>* quiet_;
   int wake_[2] = {-1, -1};
   std::atomic<bool> done_{false};
   std::thread thread_;
@@ -358,7 +356,6 @@ class JobAttempt {
 
   // Shared with the coordinator's thread (its callbacks) and the forwarder.
   std::atomic<bool> formed_{false};
-  std::atomic<bool> quiet_{false};  // the job is failing: the others' stderr is dropped
   // Pids the coordinator may report lost; only these are ever signalled.
   Mutex spawned_mu_;
   std::set<pid_t> spawned_ GUARDED_BY(spawned_mu_);
@@ -418,6 +415,15 @@ int LocalJob::Run() {
   Status st = CheckJobFitsHere(config_, options_.config_path + ": the job's " + std::to_string(S) + " servers and " +
                                             std::to_string(W) + " workers (herd plan)");
   if (!st.ok()) return ReportError(st);
+  // The run's checkpoint folder and metrics file are this launcher's for
+  // the whole job, restarts included; its processes find them held.
+  RunLocks locks;
+  st = locks.Take(config_.checkpoint().dir(), config_.log().metrics(), true, true);
+  if (!st.ok()) return ReportError(st);
+  // Log lines, the launcher's (the coordinator's above all) and its
+  // processes', go to a file: its stderr is for the one line that says why
+  // a job failed.
+  LogToFile(options_.log_file);
   st = CheckRunCanStart(config_, options_.train);
   if (!st.ok()) return ReportError(st);
   // Prepared once here (workers would otherwise race to prepare it), and
@@ -440,7 +446,9 @@ int LocalJob::Run() {
     // A failure before every process had joined is a setup problem, and a
     // bad input fails the same way again: neither is retried.
     if (restarts >= options_.max_restarts || !out.formed || out.stopped || out.bad_input) {
-      std::fprintf(stderr, "herd: error: %s%s\n", out.cause.c_str(), out.setup_error ? "" : "; the job stopped");
+      const std::string log = LogFileWritten();
+      std::fprintf(stderr, "herd: error: %s%s%s\n", out.cause.c_str(), out.setup_error ? "" : "; the job stopped",
+                   log.empty() ? "" : (" (the launcher's log: " + log + ")").c_str());
       return out.exit_code;
     }
     // The newest complete checkpoint, else the start (the failed attempt's
@@ -528,9 +536,11 @@ Status JobAttempt::StartCoordinator() {
   coordinator_thread_ = std::thread([this] { coordinator_result_ = coordinator_->Run(); });
   address_ = "127.0.0.1:" + std::to_string(coordinator_->port());
   // Threads: workers share the cores; servers work while workers wait.
-  std::printf("launch: coordinator on %s, %d servers, %d workers (%s)\n", address_.c_str(), servers_, workers_,
+  std::printf("launch: coordinator on %s, %d servers, %d workers (%s); log lines to %s\n", address_.c_str(), servers_,
+              workers_,
               pick_threads_ ? (std::to_string(std::max(1, cores_ / workers_)) + " threads per worker").c_str()
-                            : "threads from the config/OMP_NUM_THREADS");
+                            : "threads from the config/OMP_NUM_THREADS",
+              options_.log_file.c_str());
   std::fflush(stdout);
   return Status::OK();
 }
@@ -678,7 +688,6 @@ void JobAttempt::OnExit(Child& c, int status) {
     return;
   }
   first_failure_ = c.exit_code;
-  quiet_ = true;
   // Tell everyone now: a process that failed before the job formed
   // leaves the others waiting for it otherwise.
   coordinator_->Stop(c.name + " exited with code " + std::to_string(*c.exit_code));
@@ -690,7 +699,6 @@ void JobAttempt::OnExit(Child& c, int status) {
 void JobAttempt::KillAfterGrace() {
   if ((first_failure_ || stopped_by_ != 0) && !grace_started_) {
     grace_started_ = true;
-    quiet_ = true;
     since_failure_.Reset();
     if (!first_failure_) grace_s_ = kStopGraceSeconds;
   }
@@ -736,7 +744,7 @@ Outcome JobAttempt::Run() {
   for (int i = 0; i < servers_ + workers_ && st.ok() && stopped_by_ == 0; ++i) {
     st = SpawnChild(children_[i], i < servers_, i < servers_ ? i : i - servers_, false);
   }
-  forwarder_.emplace(&children_, &quiet_);
+  forwarder_.emplace(&children_);
   if (!st.ok()) coordinator_->Stop(st.message());
   Reap();
   forwarder_->Join();
@@ -760,8 +768,8 @@ Outcome JobAttempt::Conclude(const Status& spawned) {
     if (&c == root || c.killed_after_grace || code <= 128) continue;
     const int signo = code - 128;
     if (signo == SIGKILL || signo == SIGTERM || signo == SIGINT) continue;
-    std::fprintf(stderr, "launch: %s crashed (%s)%s\n", c.name.c_str(), SignalName(signo).c_str(),
-                 c.error_line.empty() ? "" : (": " + c.error_line).c_str());
+    LOG(ERROR) << "launch: " << c.name << " crashed (" << SignalName(signo) << ")"
+               << (c.error_line.empty() ? "" : ": " + c.error_line);
   }
   if (stopped_by_ != 0 && root == nullptr) {
     out_.cause = StopReason(stopped_by_);
@@ -795,7 +803,15 @@ Outcome JobAttempt::Conclude(const Status& spawned) {
 }  // namespace
 
 int RunLocalJob(const config::JobConfig& config, const LocalJobOptions& options) {
-  return LocalJob(config, options).Run();
+  LocalJobOptions with_log = options;
+  if (with_log.log_file.empty()) with_log.log_file = LaunchLogPath(config);
+  return LocalJob(config, with_log).Run();
+}
+
+std::string LaunchLogPath(const config::JobConfig& config) {
+  if (!config.checkpoint().dir().empty()) return JoinPath(config.checkpoint().dir(), "launch.log");
+  const char* tmp = std::getenv("TMPDIR");
+  return JoinPath(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "herd-launch-" + std::to_string(::getpid()) + ".log");
 }
 
 }  // namespace herd::tools

@@ -11,8 +11,10 @@
 // order through the coordinator, kills what remains after a grace period
 // and exits 130/143. A process the coordinator declares lost is killed at
 // once. Output is forwarded line by line with a "server 0: " / "worker 1: "
-// prefix; the last line names the process whose failure stopped the job,
-// with its own message, and the exit code is that process's. With
+// prefix, log lines (the launcher's and the processes' stderr) to a log
+// file; stderr gets one line when the job fails, naming the process whose
+// failure stopped it, with its own message, and the log file; the exit
+// code is that process's. With
 // max_restarts, a failure instead stops every process and starts the job
 // again from the newest complete checkpoint, with one line saying why.
 #pragma once
@@ -35,7 +37,14 @@ struct LocalJobOptions {
   // complete checkpoint; a process's bad input (exit code 2) is not
   // retried.
   int max_restarts = 0;
+  // Where log lines go, the launcher's and its processes' (their stderr);
+  // empty: LaunchLogPath.
+  std::string log_file;
 };
+
+// The run's launch.log in checkpoint.dir (the run owns that folder), else
+// herd-launch-PID.log in $TMPDIR or /tmp.
+std::string LaunchLogPath(const config::JobConfig& config);
 
 // Returns the exit code for the launcher.
 int RunLocalJob(const config::JobConfig& config, const LocalJobOptions& options);

@@ -55,6 +55,7 @@
 #include "common/descriptors.h"
 #include "common/file_util.h"
 #include "common/logging.h"
+#include "common/run_lock.h"
 #include "model/checkpoint_run.h"
 #include "tools/args.h"
 #include "transport/rendezvous.h"
@@ -177,6 +178,18 @@ Status Run(int argc, char** argv, long long* max_restarts, bool* joins) {
     return Status::InvalidArgument("--resume continues checkpoints and --overwrite deletes them: pass one of them");
   }
   HERD_ASSIGN_OR_RETURN(options.stop_at_step, args.GetInt("stop-at", 0, 1, config.train().steps()));
+  // Started by hand, the process that writes a run's files owns them while
+  // it runs: the committer (server 0; worker 0 without servers) the
+  // checkpoint folder, worker 0 the metrics file. One joining a job under
+  // way was admitted into the run that owns them already.
+  RunLocks locks;
+  const auto claim = [&locks, &config, sync](int rank) {
+    const bool commits = rank == 0 && (HERD_NODE_SERVER || sync != config::ClusterConfig::PARAMETER_SERVER);
+    const bool records = !HERD_NODE_SERVER && rank == 0;
+    return locks.Take(config.checkpoint().dir(), config.log().metrics(), commits, records);
+  };
+  if (!join.join && join.rank >= 0) HERD_RETURN_IF_ERROR(claim(join.rank));
+  if (!join.join && join.rank < 0) join.on_ranked = claim;
   if (!options.resume && !join.join) {
     // Checkpoints already there would pass for this run's on a later
     // --resume. With --overwrite, the process that commits checkpoints

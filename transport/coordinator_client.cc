@@ -10,6 +10,7 @@
 #include <set>
 #include <thread>
 
+#include "common/file_util.h"
 #include "common/mutex.h"
 #include "common/trace.h"
 #include "transport/framed_connection.h"

@@ -39,6 +39,10 @@ struct JoinOptions {
   // be forming (herd-worker --join --resume-if-any); joined_under_way()
   // then says which it was.
   bool resume_if_forming = false;
+  // Runs once this process's rank is known (assigned by the coordinator
+  // when not given), before it connects to anyone: where a process
+  // started without a rank claims what its rank writes (common/run_lock.h).
+  std::function<Status(int rank)> on_ranked;
 
   // Shape, timing and hash from the job config; the caller fills in role,
   // rank, coordinator, token and UCX address.

@@ -32,6 +32,7 @@ StatusOr<std::unique_ptr<CoordinatorClient>> JoinJob(const JoinOptions& options,
   JoinOptions with_address = options;
   with_address.ucx_address = transport->address();
   HERD_ASSIGN_OR_RETURN(auto client, CoordinatorClient::Join(with_address));
+  if (options.on_ranked) HERD_RETURN_IF_ERROR(options.on_ranked(client->rank()));
   // A failed job closes its endpoints forcibly: flushing towards a dead
   // peer would never end.
   client->OnFailure([transport](const Status& failure) { transport->Abort(failure); });

@@ -177,10 +177,4 @@ uint64_t ConfigHash(const JobConfig& config) {
   return Mix64(HashName(ConfigToText(config)));
 }
 
-std::string HostName() {
-  char name[256] = {0};
-  if (::gethostname(name, sizeof name - 1) != 0) return "unknown-host";
-  return name;
-}
-
 }  // namespace herd::transport

@@ -62,7 +62,4 @@ struct JobShape {
 // Hash of the whole config (defaults filled in): equal hashes = same job.
 uint64_t ConfigHash(const JobConfig& config);
 
-// This machine's host name, for membership listings and error lines.
-std::string HostName();
-
 }  // namespace herd::transport

@@ -48,8 +48,7 @@ TensorBoardWriter::~TensorBoardWriter() {
 
 Status TensorBoardWriter::Open(const std::string& dir) {
   HERD_RETURN_IF_ERROR(MakeDirs(dir).WithContext("log.tensorboard: "));
-  char host[256] = "localhost";
-  ::gethostname(host, sizeof host - 1);
+  const std::string host = HostName();
   const double now = WallTime();
   path_ = JoinPath(dir, "events.out.tfevents." + std::to_string(static_cast<int64_t>(now)) + "." + host + "." +
                             std::to_string(::getpid()));
