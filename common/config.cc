@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <functional>
 #include <map>
 #include <memory>
@@ -225,7 +226,8 @@ void CheckModel(const config::ModelConfig& m, const Rules& need) {
   need(m.vocab_size() > 0, "model.vocab_size", "must be > 0");
   need(m.hidden_size() > 0, "model.hidden_size", "must be > 0");
   need(m.intermediate_size() > 0, "model.intermediate_size", "must be > 0");
-  need(m.num_hidden_layers() > 0, "model.num_hidden_layers", "must be > 0");
+  need(m.num_hidden_layers() > 0 && m.num_hidden_layers() <= kMaxLayers, "model.num_hidden_layers",
+       "must be between 1 and " + std::to_string(kMaxLayers));
   need(m.num_attention_heads() > 0, "model.num_attention_heads", "must be > 0");
   need(m.num_key_value_heads() > 0, "model.num_key_value_heads", "must be > 0");
   if (m.num_attention_heads() > 0 && m.num_key_value_heads() > 0) {
@@ -271,7 +273,8 @@ void CheckDeviceAndTrain(const JobConfig& c, const Rules& need) {
   need(t.steps() > 0, "train.steps", "must be > 0");
   need(t.batch_size() > 0, "train.batch_size", "must be > 0");
   need(t.seq_len() > 0, "train.seq_len", "must be > 0");
-  need(t.grad_accum() > 0, "train.grad_accum", "must be > 0");
+  need(t.grad_accum() > 0 && t.grad_accum() <= kMaxGradAccum, "train.grad_accum",
+       "must be between 1 and " + std::to_string(kMaxGradAccum) + " micro-batches a step");
   need(t.threads() >= 0 && t.threads() <= kMaxThreads, "train.threads",
        "must be between 0 (all cores) and " + std::to_string(kMaxThreads));
   if (m.max_position_embeddings() > 0) {
@@ -303,9 +306,12 @@ void CheckOptimizerDataAndLog(const JobConfig& c, const Rules& need) {
 }
 
 void CheckCluster(const config::ClusterConfig& cl, const Rules& need) {
-  need(cl.workers() > 0, "cluster.workers", "must be > 0");
-  need(cl.servers() >= 0, "cluster.servers", "must be >= 0");
-  need(cl.bucket_mb() > 0, "cluster.bucket_mb", "must be > 0");
+  need(cl.workers() > 0 && cl.workers() <= kMaxWorkers, "cluster.workers",
+       "must be between 1 and " + std::to_string(kMaxWorkers));
+  need(cl.servers() >= 0 && cl.servers() <= kMaxServers, "cluster.servers",
+       "must be between 0 and " + std::to_string(kMaxServers));
+  // A bucket's bytes are counted in 64 bits; one beyond 64 GiB would be the model whole.
+  need(cl.bucket_mb() > 0 && cl.bucket_mb() <= 65536, "cluster.bucket_mb", "must be > 0 and at most 65536 (64 GiB)");
   need(cl.heartbeat_interval_s() > 0, "cluster.heartbeat_interval_s", "must be > 0");
   need(cl.heartbeat_timeout_s() > cl.heartbeat_interval_s(), "cluster.heartbeat_timeout_s",
        "must be greater than heartbeat_interval_s");
@@ -341,15 +347,12 @@ void CheckCluster(const config::ClusterConfig& cl, const Rules& need) {
   }
   need(cl.stream_prefetch_layers() >= 0, "cluster.stream_prefetch_layers", "must be >= 0");
   if (cl.shard_group_size() != 0) {
-    need(cl.zero_stage() > 0, "cluster.shard_group_size", "applies to cluster.zero_stage 1, 2 or 3 only");
     need(cl.shard_group_size() > 0 && cl.workers() % cl.shard_group_size() == 0, "cluster.shard_group_size",
          std::to_string(cl.shard_group_size()) + " does not divide cluster.workers " +
              std::to_string(cl.workers()) + " into groups of that size");
   }
   need(cl.pipeline_stages() >= 1, "cluster.pipeline_stages", "must be >= 1 (1: no pipeline)");
   need(cl.virtual_stages() >= 1, "cluster.virtual_stages", "must be >= 1");
-  need(cl.pipeline_stages() > 1 || cl.pipeline_split().empty(), "cluster.pipeline_split",
-       "applies to cluster.pipeline_stages > 1 only");
   if (cl.pipeline_stages() > 1) {
     const std::string P = std::to_string(cl.pipeline_stages());
     need(cl.workers() % cl.pipeline_stages() == 0, "cluster.pipeline_stages",
@@ -368,7 +371,7 @@ void CheckCluster(const config::ClusterConfig& cl, const Rules& need) {
   need(cl.context_parallel() >= 1, "cluster.context_parallel", "must be >= 1 (1: no context parallelism)");
   if (cl.context_parallel() > 1) {
     const std::string C = std::to_string(cl.context_parallel());
-    const int group = cl.context_parallel() * std::max(1, cl.tensor_parallel());
+    const int64_t group = int64_t{cl.context_parallel()} * std::max(1, cl.tensor_parallel());
     need(cl.workers() % group == 0, "cluster.context_parallel",
          (cl.tensor_parallel() > 1 ? C + " x cluster.tensor_parallel " + std::to_string(cl.tensor_parallel()) : C) +
              " does not divide cluster.workers " + std::to_string(cl.workers()) +
@@ -380,8 +383,6 @@ void CheckCluster(const config::ClusterConfig& cl, const Rules& need) {
     need(cl.shard_group_size() == 0, "cluster.shard_group_size", "hybrid sharding with context parallelism is not built yet");
     need(!cl.elastic(), "cluster.elastic", "is not supported together with cluster.context_parallel yet");
   }
-  need(!cl.sequence_parallel() || cl.tensor_parallel() > 1, "cluster.sequence_parallel",
-       "splits the tensor-parallel group's tokens: needs cluster.tensor_parallel > 1");
   if (cl.tensor_parallel() > 1) {
     const std::string T = std::to_string(cl.tensor_parallel());
     need(cl.workers() % cl.tensor_parallel() == 0, "cluster.tensor_parallel",
@@ -393,7 +394,7 @@ void CheckCluster(const config::ClusterConfig& cl, const Rules& need) {
     need(!cl.stream_weights(), "cluster.stream_weights",
          "is not supported together with cluster.tensor_parallel yet (each rank holds only its slices already)");
     if (cl.pipeline_stages() > 1) {
-      need(cl.workers() % (cl.pipeline_stages() * cl.tensor_parallel()) == 0, "cluster.tensor_parallel",
+      need(cl.workers() % (int64_t{cl.pipeline_stages()} * cl.tensor_parallel()) == 0, "cluster.tensor_parallel",
            "cluster.pipeline_stages " + std::to_string(cl.pipeline_stages()) + " x " + T +
                " does not divide cluster.workers " + std::to_string(cl.workers()) +
                ": every data-parallel replica needs as many stages, each as many tensor-parallel ranks");
@@ -407,8 +408,6 @@ void CheckCluster(const config::ClusterConfig& cl, const Rules& need) {
     need(cl.wire_dtype() == config::ClusterConfig::FP32, "cluster.wire_dtype",
          "BF16 gradients with tensor parallelism are not built yet");
   }
-  need(cl.reshard_after_forward() || cl.zero_stage() == 3, "cluster.reshard_after_forward",
-       "applies to cluster.zero_stage 3 only");
   bool devices_named = true;
   for (const std::string& name : Split(cl.data_interface(), ',')) {
     devices_named &= !name.empty() && name.size() <= 64 &&
@@ -429,12 +428,13 @@ void CheckCluster(const config::ClusterConfig& cl, const Rules& need) {
              ": every region needs as many workers");
     need(d.every() >= 1, "cluster.diloco.every", "must be >= 1 inner step between outer steps");
     const bool quantised = d.wire_dtype() == config::DilocoConfig::INT8 || d.wire_dtype() == config::DilocoConfig::FP4;
-    need(d.outer_lr() > 0, "cluster.diloco.outer_lr",
+    const OuterStep outer = OuterStepOf(d);
+    need(outer.lr > 0, "cluster.diloco.outer_lr",
          quantised ? "must be > 0: with outer_lr 0 the outer weights never move and a quantised wire's kept error "
                      "grows without end"
                    : "must be > 0");
     CheckDilocoSchedule(d, need);
-    need(d.outer_momentum() >= 0 && d.outer_momentum() < 1, "cluster.diloco.outer_momentum", "must be in [0, 1)");
+    need(outer.momentum >= 0 && outer.momentum < 1, "cluster.diloco.outer_momentum", "must be in [0, 1)");
     need(!cl.elastic(), "cluster.elastic", "is not supported together with cluster.diloco yet");
     need(!cl.stream_weights(), "cluster.stream_weights", "is not supported together with cluster.diloco yet");
     need(cl.pipeline_stages() == 1 && cl.tensor_parallel() == 1 && cl.context_parallel() == 1,
@@ -447,6 +447,133 @@ void CheckCluster(const config::ClusterConfig& cl, const Rules& need) {
   }
 }
 
+// Settings that have no effect in the mode they are given in, refused rather
+// than ignored: one row each of the setting, whether it holds anything but
+// its default, whether it acts in this job, and what it applies to.
+struct InertRule {
+  const char* field;
+  bool (*given)(const JobConfig&);
+  bool (*acts)(const JobConfig&);
+  const char* reason;
+};
+using Cluster = config::ClusterConfig;
+bool Pipelined(const JobConfig& c) { return c.cluster().pipeline_stages() > 1; }
+bool HasRegions(const JobConfig& c) { return c.cluster().diloco().regions() > 1; }
+constexpr const char* kPipelineOnly = "applies to cluster.pipeline_stages > 1 only";
+constexpr const char* kRegionsOnly = "applies to a job of regions only (cluster.diloco.regions > 1)";
+const InertRule kInertRules[] = {
+    {"cluster.virtual_stages", [](const JobConfig& c) { return c.cluster().virtual_stages() != 1; }, Pipelined,
+     kPipelineOnly},
+    {"cluster.pipeline_schedule", [](const JobConfig& c) { return c.cluster().pipeline_schedule() != Cluster::ONE_F_ONE_B; },
+     Pipelined, kPipelineOnly},
+    {"cluster.pipeline_split", [](const JobConfig& c) { return !c.cluster().pipeline_split().empty(); }, Pipelined,
+     kPipelineOnly},
+    {"cluster.pipeline_wire_dtype", [](const JobConfig& c) { return c.cluster().pipeline_wire_dtype() != Cluster::FP32; },
+     Pipelined, kPipelineOnly},
+    {"cluster.sequence_parallel", [](const JobConfig& c) { return c.cluster().sequence_parallel(); },
+     [](const JobConfig& c) { return c.cluster().tensor_parallel() > 1; },
+     "splits the tensor-parallel group's tokens: needs cluster.tensor_parallel > 1"},
+    {"cluster.shard_group_size", [](const JobConfig& c) { return c.cluster().shard_group_size() != 0; },
+     [](const JobConfig& c) { return c.cluster().zero_stage() > 0; }, "applies to cluster.zero_stage 1, 2 or 3 only"},
+    {"cluster.reshard_after_forward", [](const JobConfig& c) { return !c.cluster().reshard_after_forward(); },
+     [](const JobConfig& c) { return c.cluster().zero_stage() == 3; }, "applies to cluster.zero_stage 3 only"},
+    {"cluster.wire_dtype", [](const JobConfig& c) { return c.cluster().wire_dtype() != Cluster::FP32; },
+     [](const JobConfig& c) { return c.cluster().sync() != Cluster::NONE; },
+     "is how parameter servers' pushes and pulls or the all-reduce ring travel: one process (sync NONE) sends "
+     "nothing"},
+    {"cluster.shard_strategy", [](const JobConfig& c) { return c.cluster().shard_strategy() != Cluster::BALANCED; },
+     [](const JobConfig& c) { return c.cluster().sync() == Cluster::PARAMETER_SERVER; },
+     "cuts the parameter space among parameter servers: applies to sync PARAMETER_SERVER only"},
+    {"cluster.nccl", [](const JobConfig& c) { return !c.cluster().nccl(); },
+     [](const JobConfig& c) {
+       return c.cluster().sync() == Cluster::ALLREDUCE && c.device().kind() == config::DeviceConfig::CUDA;
+     },
+     "chooses how CUDA workers all-reduce: applies to sync ALLREDUCE with device.kind CUDA only"},
+    {"optimizer.skip_spikes_window", [](const JobConfig& c) { return c.optimizer().skip_spikes_window() != 128; },
+     [](const JobConfig& c) { return c.optimizer().skip_spikes_zscore() > 0; },
+     "is the spike guard's: applies with optimizer.skip_spikes_zscore > 0 only"},
+    {"cluster.diloco.every", [](const JobConfig& c) { return c.cluster().diloco().every() != 100; }, HasRegions,
+     kRegionsOnly},
+    // A checkpoint's config records the outer step in force: its defaults.
+    {"cluster.diloco.outer_lr",
+     [](const JobConfig& c) {
+       config::DilocoConfig unset = c.cluster().diloco();
+       unset.clear_outer_lr();
+       return c.cluster().diloco().has_outer_lr() && c.cluster().diloco().outer_lr() != OuterStepOf(unset).lr;
+     },
+     HasRegions, kRegionsOnly},
+    {"cluster.diloco.outer_momentum",
+     [](const JobConfig& c) {
+       config::DilocoConfig unset = c.cluster().diloco();
+       unset.clear_outer_momentum();
+       return c.cluster().diloco().has_outer_momentum() && c.cluster().diloco().outer_momentum() != OuterStepOf(unset).momentum;
+     },
+     HasRegions, kRegionsOnly},
+    {"cluster.diloco.wire_dtype",
+     [](const JobConfig& c) { return c.cluster().diloco().wire_dtype() != config::DilocoConfig::FP32; }, HasRegions,
+     kRegionsOnly},
+    {"cluster.diloco.fragments", [](const JobConfig& c) { return c.cluster().diloco().fragments() != 1; }, HasRegions,
+     kRegionsOnly},
+    {"cluster.diloco.overlap", [](const JobConfig& c) { return c.cluster().diloco().overlap() != 0; }, HasRegions,
+     kRegionsOnly},
+};
+
+void CheckInertSettings(const JobConfig& c, const Rules& need) {
+  for (const InertRule& rule : kInertRules) need(!rule.given(c) || rule.acts(c), rule.field, rule.reason);
+}
+
+// What a process would hold, roughly and from above, in a type that cannot
+// overflow: a model or a batch beyond kMaxProcessBytes is refused before the
+// memory plan sums its bytes in 64 bits.
+void CheckSizes(const JobConfig& c, const Rules& need) {
+  const config::ModelConfig& m = c.model();
+  const config::TrainConfig& t = c.train();
+  if (m.vocab_size() <= 0 || m.hidden_size() <= 0 || m.intermediate_size() <= 0 || m.num_hidden_layers() <= 0 ||
+      m.num_attention_heads() <= 0 || t.batch_size() <= 0 || t.seq_len() <= 0 || t.grad_accum() <= 0) {
+    return;  // refused field by field
+  }
+  using Big = long double;
+  const Big V = m.vocab_size(), h = m.hidden_size(), f = m.intermediate_size(), L = m.num_hidden_layers(),
+            heads = m.num_attention_heads(), B = t.batch_size(), T = t.seq_len(), A = t.grad_accum();
+  const Big parameters = 2 * V * h + L * (4 * h * h + 3 * h * f + 2 * h) + h;
+  const Big state = 16 * parameters;  // fp32 weights, gradients, AdamW m and v
+  // Every layer's intermediates and attention probabilities for each
+  // micro-batch kept at once, the logits, and the step's token ids.
+  const Big activations = 4 * A * (L + 1) * B * T * (8 * h + 3 * f + heads * T) + 12 * B * T * V + 8 * A * B * T;
+  const Big bound = static_cast<Big>(kMaxProcessBytes);
+  auto about = [](Big bytes) {
+    if (bytes < 0x1p62L) return FormatBytes(static_cast<int64_t>(bytes));
+    char text[32];
+    std::snprintf(text, sizeof text, "%.3Lg EiB", bytes / 0x1p60L);
+    return std::string(text);
+  };
+  const std::string limit = std::to_string(kMaxProcessBytes >> 50) + " PiB";
+  char count[32];
+  std::snprintf(count, sizeof count, "%.3Lg", parameters);
+  need(state <= bound, "model.hidden_size",
+       "the model's shape makes about " + std::string(count) + " parameters, whose weights and AdamW state need " +
+           about(state) + ", beyond the " + limit + " herd plans for");
+  need(activations <= bound, "train.batch_size",
+       "train.batch_size x train.seq_len x train.grad_accum x the model's layers and width: a worker would hold " +
+           about(activations) + " of activations, beyond the " + limit + " herd plans for");
+}
+
+// A pipeline's stages x virtual stages against the layers they cut, and its
+// schedule's passes against their bound, before a schedule is built.
+void CheckPipelineSize(const JobConfig& c, const Rules& need) {
+  const config::ClusterConfig& cl = c.cluster();
+  if (cl.pipeline_stages() <= 1 || cl.virtual_stages() < 1 || c.train().grad_accum() < 1) return;
+  const int64_t stages = int64_t{cl.pipeline_stages()} * cl.virtual_stages();
+  need(stages <= c.model().num_hidden_layers(), "cluster.virtual_stages",
+       "cluster.pipeline_stages " + std::to_string(cl.pipeline_stages()) + " x cluster.virtual_stages " +
+           std::to_string(cl.virtual_stages()) + " = " + std::to_string(stages) + " stages, but the model has " +
+           std::to_string(c.model().num_hidden_layers()) + " layers: every stage needs at least one");
+  need(stages * c.train().grad_accum() <= kMaxPipelinePasses, "train.grad_accum",
+       std::to_string(stages) + " pipeline stages (virtual ones included) x " +
+           std::to_string(c.train().grad_accum()) + " micro-batches is more than the " +
+           std::to_string(kMaxPipelinePasses) + " passes a pipeline schedule may hold");
+}
+
 std::vector<Violation> CheckValues(const JobConfig& c) {
   std::vector<Violation> v;
   NonFiniteFields(c, "", &v);
@@ -455,6 +582,9 @@ std::vector<Violation> CheckValues(const JobConfig& c) {
   CheckDeviceAndTrain(c, need);
   CheckOptimizerDataAndLog(c, need);
   CheckCluster(c.cluster(), need);
+  CheckInertSettings(c, need);
+  CheckSizes(c, need);
+  CheckPipelineSize(c, need);
   const bool nccl_reduces = c.device().kind() == config::DeviceConfig::CUDA && c.cluster().nccl() &&
                             c.cluster().sync() == config::ClusterConfig::ALLREDUCE;
   need(c.cluster().wire_dtype() == config::ClusterConfig::FP32 || !nccl_reduces, "cluster.wire_dtype", "BF16 in all-reduce mode applies to the UCX ring only yet (NCCL sums fp32 gradients; "
@@ -592,9 +722,11 @@ int RegionOfRank(int rank, int count, int regions) {
 }
 
 int DataParallelReplicas(const JobConfig& config) {
-  return NumWorkers(config) / (std::max(1, config.cluster().pipeline_stages()) *
-                               std::max(1, config.cluster().tensor_parallel()) *
-                               std::max(1, config.cluster().context_parallel()));
+  // Each factor of a validated config is at most kMaxWorkers: 64 bits hold the product.
+  const int64_t group = int64_t{std::max(1, config.cluster().pipeline_stages())} *
+                        std::max(1, config.cluster().tensor_parallel()) *
+                        std::max(1, config.cluster().context_parallel());
+  return static_cast<int>(NumWorkers(config) / group);
 }
 
 GridPlace GridPlaceOf(const JobConfig& config, int rank) {
@@ -618,9 +750,32 @@ std::string GridPlaceName(const JobConfig& config, int rank) {
   return out + " of replica " + std::to_string(g.replica) + ")";
 }
 
+OuterStep OuterStepOf(const config::DilocoConfig& diloco) {
+  const bool tuned = diloco.every() >= kDilocoTunedEvery;
+  OuterStep step;
+  step.lr_given = diloco.has_outer_lr();
+  step.momentum_given = diloco.has_outer_momentum();
+  step.lr = step.lr_given ? diloco.outer_lr() : tuned ? 0.7 : 1.0;
+  step.momentum = step.momentum_given ? diloco.outer_momentum() : tuned ? 0.9 : 0.0;
+  return step;
+}
+
+std::string OuterStep::Describe(int every) const {
+  char values[64];
+  std::snprintf(values, sizeof values, "lr %g, momentum %g", lr, momentum);
+  if (lr_given && momentum_given) return std::string(values) + " (as given)";
+  const std::string rule = "the default for every " + std::to_string(every) +
+                           (every >= kDilocoTunedEvery ? " >= " : " < ") + std::to_string(kDilocoTunedEvery);
+  if (!lr_given && !momentum_given) return std::string(values) + " (" + rule + ")";
+  return std::string(values) + " (" + (lr_given ? "lr as given, momentum " : "momentum as given, lr ") + rule + ")";
+}
+
 std::string ConfigToText(const JobConfig& config) {
   // Fill every default in so that the text is a complete record of the job.
   JobConfig full = config;
+  const OuterStep outer = OuterStepOf(config.cluster().diloco());
+  full.mutable_cluster()->mutable_diloco()->set_outer_lr(outer.lr);
+  full.mutable_cluster()->mutable_diloco()->set_outer_momentum(outer.momentum);
   std::function<void(pb::Message*)> fill = [&fill](pb::Message* m) {
     const pb::Reflection* r = m->GetReflection();
     const pb::Descriptor* d = m->GetDescriptor();

@@ -24,6 +24,30 @@ inline constexpr int kMaxThreads = 1024;
 // token file given by mistake).
 inline constexpr int64_t kMaxConfigBytes = 4ll << 20;
 
+// Bounds on the counts every table of a job is sized from, checked (in
+// 64-bit or wider arithmetic) before anything is built from them, so that
+// no product overflows and `herd plan` answers any config in well under a
+// second. Workers and servers: the largest published training job ran on
+// 16,384 accelerators (Llama 3 405B), and the coordinator holds one
+// connection a process.
+inline constexpr int kMaxWorkers = 16384;
+inline constexpr int kMaxServers = 16384;
+// 30 times the deepest published LLMs (126 layers), and shallow enough that
+// the layout's per-layer tables, and `herd plan --mem`'s search for the
+// deepest model that fits, stay small.
+inline constexpr int kMaxLayers = 4096;
+// Micro-batches a step: every worker draws a step's micro-batches before
+// its first forward, and a pipeline's schedule lists each one.
+inline constexpr int kMaxGradAccum = 65536;
+// A pipeline schedule's passes, pipeline stages x virtual stages x
+// micro-batches: each is a row of every stage's table (Megatron's largest
+// runs have tens of thousands).
+inline constexpr int64_t kMaxPipelinePasses = int64_t{1} << 18;
+// What one process may be planned to hold: 64 PiB, far beyond any machine,
+// and far enough below 2^63 that the memory plan's sums of such terms
+// cannot overflow.
+inline constexpr int64_t kMaxProcessBytes = int64_t{1} << 56;
+
 // Loads `path`, applies `overrides` ("a.b.c=value", in order) and validates.
 StatusOr<JobConfig> LoadJobConfig(const std::string& path, const std::vector<std::string>& overrides);
 
@@ -42,8 +66,25 @@ Status ValidateJobConfig(const JobConfig& config);
 // plan is made from a config no one validated).
 Status ValidateDilocoSchedule(const config::DilocoConfig& diloco);
 
-// Text format of the whole config with defaults filled in, for logs and
-// checkpoints.
+// The DiLoCo outer step in force. cluster.diloco.outer_lr and
+// outer_momentum are kept as given; each one left unset takes the default
+// for the period H (cluster.diloco.every): DiLoCo's lr 0.7 with Nesterov
+// momentum 0.9 from H = kDilocoTunedEvery inner steps, where DiLoCo tuned
+// them, and below it lr 1 without momentum (the mean of the regions'
+// weights), since that momentum overshoots on short periods.
+inline constexpr int kDilocoTunedEvery = 100;
+struct OuterStep {
+  double lr = 0;
+  double momentum = 0;
+  bool lr_given = false, momentum_given = false;
+  // "lr 1, momentum 0 (the default for every 10 < 100)", "lr 0.5, momentum
+  // 0.9 (lr as given, momentum the default for every 500 >= 100)".
+  std::string Describe(int every) const;
+};
+OuterStep OuterStepOf(const config::DilocoConfig& diloco);
+
+// Text format of the whole config with defaults filled in (the outer step's
+// as OuterStepOf resolves them), for logs and checkpoints.
 std::string ConfigToText(const JobConfig& config);
 
 // The job's workers: cluster.workers, or 1 for one process (sync NONE).

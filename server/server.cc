@@ -236,7 +236,8 @@ Status ServerProcess::Prepare(transport::NodeRuntime& runtime, transport::Coordi
   HERD_RETURN_IF_ERROR(MakeShard(client, std::move(optimizer), DataPosition{}));
   if (regions > 1) {
     const config::DilocoConfig& d = config_.cluster().diloco();
-    const OuterOptions outer{d.outer_lr(), d.outer_momentum()};
+    const OuterStep step = OuterStepOf(d);
+    const OuterOptions outer{step.lr, step.momentum};
     std::unique_ptr<OuterOptimizer> optimizer;
     // A checkpoint taken while a fragment's exchange was in flight holds
     // its outer step taken; the fragment lands when it is due.
@@ -336,9 +337,9 @@ Status ServerProcess::TakeUpState(transport::NodeRuntime& runtime, transport::Co
   HERD_RETURN_IF_ERROR(MakeShard(client, std::make_unique<OptimizerShard>(layout_, JobOptions::FromConfig(config_).optimizer,
                                                                           std::move(inner)),
                                  state.data));
-  const config::DilocoConfig& d = config_.cluster().diloco();
+  const OuterStep step = OuterStepOf(config_.cluster().diloco());
   MakeOuterSteps(client,
-                 std::make_unique<OuterOptimizer>(OuterOptions{d.outer_lr(), d.outer_momentum()}, state.outer.data(),
+                 std::make_unique<OuterOptimizer>(OuterOptions{step.lr, step.momentum}, state.outer.data(),
                                                   range.size(), state.momentum.data(), nullptr),
                  diloco_->InFlightAfter(state.steps));
   outer_->StartFrom(state.in_job, state.counted);

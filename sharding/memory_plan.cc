@@ -396,14 +396,14 @@ StatusOr<config::JobConfig> LargestFitting(const config::JobConfig& config, int6
     const std::string what = least == 1 ? "one layer" : std::to_string(least) + " layers (one a pipeline stage)";
     return Status::NotFound("not even " + what + " of this width fits in " + std::to_string(bytes) + " bytes");
   }
-  // Memory grows with depth: double, then bisect.
-  int lo = least, hi = 2 * least;
-  for (;;) {
+  // Memory grows with depth: double, then bisect, no deeper than a config
+  // may be.
+  int lo = least, hi = std::min(2 * least, kMaxLayers + 1);
+  while (hi <= kMaxLayers) {
     HERD_ASSIGN_OR_RETURN(bool ok, fits(hi));
     if (!ok) break;
     lo = hi;
-    if (hi > (1 << 20)) break;
-    hi *= 2;
+    hi = std::min(2 * hi, kMaxLayers + 1);
   }
   while (hi - lo > 1) {
     const int mid = lo + (hi - lo) / 2;

@@ -29,6 +29,13 @@ StatusOr<PipelinePlan> PipelinePlan::FromConfig(const config::JobConfig& config)
   const config::ClusterConfig& cl = config.cluster();
   PipelinePlan plan;
   const int P = cl.pipeline_stages(), v = cl.virtual_stages();
+  // Before a schedule of P x v stages is built: a layer each at least.
+  if (P >= 1 && v >= 1 && int64_t{P} * v > config.model().num_hidden_layers()) {
+    return Status::InvalidArgument("cluster.pipeline_stages x cluster.virtual_stages = " +
+                                   std::to_string(int64_t{P} * v) + " stages, but the model has " +
+                                   std::to_string(config.model().num_hidden_layers()) +
+                                   " layers: every stage needs at least one");
+  }
   HERD_ASSIGN_OR_RETURN(plan.schedule, MakePipelineSchedule(KindOf(cl.pipeline_schedule()), P, v,
                                                             config.train().grad_accum()));
   plan.tensor = std::max(1, cl.tensor_parallel());

@@ -5,6 +5,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/config.h"
+
 namespace herd {
 namespace {
 
@@ -24,6 +26,12 @@ Status CheckShape(Kind kind, int P, int v, int M) {
   if (P < 1) return Status::InvalidArgument("cluster.pipeline_stages must be >= 1 (got " + std::to_string(P) + ")");
   if (v < 1) return Status::InvalidArgument("cluster.virtual_stages must be >= 1 (got " + std::to_string(v) + ")");
   if (M < 1) return Status::InvalidArgument("train.grad_accum must be >= 1 (got " + std::to_string(M) + ")");
+  if (const int64_t passes = int64_t{P} * v * M; passes > kMaxPipelinePasses) {
+    return Status::InvalidArgument("cluster.pipeline_stages " + std::to_string(P) + " x cluster.virtual_stages " +
+                                   std::to_string(v) + " x train.grad_accum " + std::to_string(M) + " = " +
+                                   std::to_string(passes) + " passes, more than the " +
+                                   std::to_string(kMaxPipelinePasses) + " a pipeline schedule may hold");
+  }
   const std::string got =
       " (got " + Count(M, "micro-batch", "micro-batches") + " for " + Count(P, "stage", "stages") + ")";
   if (kind != Kind::kInterleaved1F1B) {

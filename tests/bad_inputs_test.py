@@ -7,6 +7,7 @@ import stat
 import struct
 import subprocess
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import herdtest  # noqa: E402
@@ -32,6 +33,39 @@ def expect_error(sb, args, *needles, files_before=None, unchanged=None, code=Non
         changed = sorted(k for k in set(after) | set(unchanged) if after.get(k) != unchanged.get(k))
         assert not changed, f"{args}: files written, changed or removed: {changed}"
     print(f"ok  {' '.join(args)[:60]:60s} -> {errors[0]}")
+
+
+def counts_beyond_bounds(sb, cfg):
+    """Counts and products that once overflowed, or sized a table before
+    they were checked (a division by zero, or seconds then bad_alloc): each
+    refused by `herd plan` and by `herd launch` with exit 2 in one line in
+    under a second, nothing written."""
+    snap = herdtest.snapshot(sb.dir)
+    ar = ["--set", "cluster.sync=ALLREDUCE"]
+    pipeline = ar + ["--set", "cluster.workers=2", "--set", "cluster.pipeline_stages=2"]
+    cases = [
+        # 65536 x 65536 is 0 in 32 bits.
+        (ar + ["--set", "cluster.workers=16384", "--set", "cluster.pipeline_stages=65536",
+               "--set", "cluster.tensor_parallel=65536"], ["cluster.pipeline_stages", "does not divide"]),
+        (ar + ["--set", "cluster.workers=16384", "--set", "cluster.context_parallel=65536",
+               "--set", "cluster.tensor_parallel=65536"], ["cluster.context_parallel", "does not divide"]),
+        (pipeline + ["--set", "cluster.pipeline_schedule=INTERLEAVED_1F1B", "--set", "cluster.virtual_stages=400000000",
+                     "--set", "train.grad_accum=2"], ["cluster.virtual_stages", "800000000 stages", "2 layers"]),
+        (pipeline + ["--set", "train.grad_accum=1000000000"], ["train.grad_accum", "65536"]),
+        (["--set", "train.grad_accum=1000000000"], ["train.grad_accum", "65536"]),
+        (ar + ["--set", "cluster.workers=65536", "--set", "cluster.tensor_parallel=2"], ["cluster.workers", "16384"]),
+        (["--set", "model.num_hidden_layers=2000000000"], ["model.num_hidden_layers", "4096"]),
+        (["--set", "train.batch_size=2147483647", "--set", "train.seq_len=2147483647"],
+         ["train.batch_size", "of activations"]),
+        (["--set", "model.hidden_size=1073741824", "--set", "model.intermediate_size=1073741824",
+          "--set", "model.vocab_size=1073741824"], ["model.hidden_size", "parameters"]),
+    ]
+    for sets, needles in cases:
+        for command in ("plan", "launch"):
+            start = time.monotonic()
+            expect_error(sb, [command, cfg, *sets], *needles, unchanged=snap, code=2)
+            took = time.monotonic() - start
+            assert took < 1, f"herd {command} {' '.join(sets)}: refused after {took:.2f} s"
 
 
 def main():
@@ -179,8 +213,9 @@ def main():
     expect_error(sb, ["eval", "model", "--data", "good.bin", "--threads", "100000"], "--threads", "1024")
     expect_error(sb, ["eval", "model", "--data", "good.bin", "--seq-len", "1000000", "--batch-size", "1000"],
                  "--seq-len 1000000", "memory", "available", code=2)
-    expect_error(sb, ["launch", cfg, "--set", "model.num_hidden_layers=100000", "--set", "model.hidden_size=4096",
+    expect_error(sb, ["launch", cfg, "--set", "model.num_hidden_layers=4000", "--set", "model.hidden_size=4096",
                       "--set", "model.intermediate_size=16384"], "memory", "available", unchanged=snap, code=2)
+    counts_beyond_bounds(sb, cfg)
     expect_error(sb, ["launch", "/dev/zero"], "/dev/zero", "not a regular file", code=2)
     big = sb.write("big.textproto", "# " + "x" * (5 << 20) + "\n")
     expect_error(sb, ["launch", big], "big.textproto", "bytes", code=2)

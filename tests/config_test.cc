@@ -3,6 +3,8 @@
 #include <dirent.h>
 
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "common/config.h"
 #include "common/strings.h"
@@ -101,6 +103,119 @@ TEST(ConfigTest, EveryShippedConfigLoadsAndPlans) {
   }
   ::closedir(d);
   EXPECT_GE(n, 4);
+}
+
+// A setting that has no effect in the mode it is given in is refused in one
+// line naming it; the same value where it acts is taken.
+TEST(ConfigTest, SettingsWithoutEffectInTheirModeAreRefused) {
+  using Sets = std::vector<std::string>;
+  const Sets ar2 = {"cluster.sync=ALLREDUCE", "cluster.workers=2"};
+  auto with = [](Sets a, const Sets& b) { return a.insert(a.end(), b.begin(), b.end()), a; };
+  const Sets pipeline = with(ar2, {"cluster.pipeline_stages=2"});
+  const Sets regions = {"cluster.sync=PARAMETER_SERVER", "cluster.servers=2", "cluster.workers=2",
+                        "cluster.diloco.regions=2"};
+  const struct {
+    std::string setting;
+    Sets where_it_acts;
+  } cases[] = {
+      {"cluster.virtual_stages=2", with(pipeline, {"cluster.pipeline_schedule=INTERLEAVED_1F1B", "train.grad_accum=2"})},
+      {"cluster.pipeline_schedule=GPIPE", pipeline},
+      {"cluster.pipeline_split=0,2", pipeline},
+      {"cluster.pipeline_wire_dtype=BF16", pipeline},
+      {"cluster.sequence_parallel=true", with(ar2, {"cluster.tensor_parallel=2"})},
+      {"cluster.shard_group_size=2", with(ar2, {"cluster.zero_stage=1"})},
+      {"cluster.reshard_after_forward=false", with(ar2, {"cluster.zero_stage=3"})},
+      {"cluster.wire_dtype=BF16", {"cluster.sync=PARAMETER_SERVER", "cluster.servers=1"}},
+      {"cluster.shard_strategy=PER_TENSOR", {"cluster.sync=PARAMETER_SERVER", "cluster.servers=1"}},
+      {"cluster.nccl=false", with(ar2, {"device.kind=CUDA"})},
+      {"optimizer.skip_spikes_window=16", {"optimizer.skip_spikes_zscore=3"}},
+      {"cluster.diloco.every=10", regions},
+      {"cluster.diloco.outer_lr=1", regions},
+      {"cluster.diloco.outer_momentum=0.5", regions},
+      {"cluster.diloco.wire_dtype=BF16", regions},
+      {"cluster.diloco.fragments=2", regions},
+      {"cluster.diloco.overlap=1", regions},
+  };
+  for (const auto& c : cases) {
+    const std::string field = c.setting.substr(0, c.setting.find('='));
+    auto idle = ParseJobConfig("", "job.textproto", {c.setting});
+    ASSERT_FALSE(idle.ok()) << c.setting << " was taken where it does nothing";
+    const std::string& said = idle.status().message();
+    EXPECT_EQ(said.find('\n'), std::string::npos) << said;
+    EXPECT_EQ(said.rfind("--set " + c.setting + ": " + field + ": ", 0), 0u) << said;
+    auto acting = ParseJobConfig("", "job.textproto", with(c.where_it_acts, {c.setting}));
+    EXPECT_TRUE(acting.ok()) << c.setting << ": " << acting.status().message();
+  }
+}
+
+// Unset, DiLoCo's outer step fits the period: DiLoCo's lr 0.7 and momentum
+// 0.9 from H = 100 (where it was tuned), the mean (lr 1, momentum 0) below;
+// set, it is kept as given. The checkpoint's record and the run header say
+// the same.
+TEST(ConfigTest, OuterStepDefaultFitsThePeriod) {
+  auto outer = [](const std::vector<std::string>& more) {
+    std::vector<std::string> sets = {"cluster.sync=PARAMETER_SERVER", "cluster.servers=2", "cluster.workers=2",
+                                     "cluster.diloco.regions=2"};
+    sets.insert(sets.end(), more.begin(), more.end());
+    auto c = ParseJobConfig("", "t", sets);
+    if (!c.ok()) ADD_FAILURE() << c.status().message();
+    if (!c.ok()) return std::tuple(0.0, 0.0, std::string(), std::string());
+    const OuterStep step = OuterStepOf(c->cluster().diloco());
+    return std::tuple(step.lr, step.momentum, step.Describe(c->cluster().diloco().every()), ConfigToText(*c));
+  };
+  auto [lr, momentum, said, text] = outer({"cluster.diloco.every=10"});
+  EXPECT_EQ(lr, 1.0);
+  EXPECT_EQ(momentum, 0.0);
+  EXPECT_EQ(said, "lr 1, momentum 0 (the default for every 10 < 100)");
+  EXPECT_NE(text.find("outer_lr: 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("outer_momentum: 0\n"), std::string::npos) << text;
+  std::tie(lr, momentum, said, text) = outer({"cluster.diloco.every=500"});
+  EXPECT_EQ(lr, 0.7);
+  EXPECT_EQ(momentum, 0.9);
+  EXPECT_EQ(said, "lr 0.7, momentum 0.9 (the default for every 500 >= 100)");
+  EXPECT_NE(text.find("outer_lr: 0.7\n"), std::string::npos) << text;
+  std::tie(lr, momentum, said, text) =
+      outer({"cluster.diloco.every=10", "cluster.diloco.outer_lr=0.7", "cluster.diloco.outer_momentum=0.9"});
+  EXPECT_EQ(lr, 0.7);
+  EXPECT_EQ(momentum, 0.9);
+  EXPECT_EQ(said, "lr 0.7, momentum 0.9 (as given)");
+  std::tie(lr, momentum, said, text) =
+      outer({"cluster.diloco.every=500", "cluster.diloco.outer_lr=1", "cluster.diloco.outer_momentum=0"});
+  EXPECT_EQ(lr, 1.0);
+  EXPECT_EQ(momentum, 0.0);
+  std::tie(lr, momentum, said, text) = outer({"cluster.diloco.every=10", "cluster.diloco.outer_lr=0.5"});
+  EXPECT_EQ(lr, 0.5);
+  EXPECT_EQ(momentum, 0.0);
+  EXPECT_EQ(said, "lr 0.5, momentum 0 (lr as given, momentum the default for every 10 < 100)");
+  // A checkpoint's record, read back, is taken as it was written.
+  auto reread = ParseJobConfig(std::get<3>(outer({"cluster.diloco.every=10"})), "config.textproto");
+  ASSERT_TRUE(reread.ok()) << reread.status().message();
+  EXPECT_EQ(OuterStepOf(reread->cluster().diloco()).lr, 1.0);
+  auto plain = ParseJobConfig(ConfigToText(*ParseJobConfig("", "t")), "config.textproto");
+  EXPECT_TRUE(plain.ok()) << plain.status().message();
+}
+
+// Counts and products are checked against their bounds before anything is
+// built from them: a pipeline's stages x virtual stages against the layers,
+// its passes against the schedule's bound.
+TEST(ConfigTest, CountsAreBoundedBeforeUse) {
+  const std::vector<std::string> pipeline = {"cluster.sync=ALLREDUCE", "cluster.workers=2", "cluster.pipeline_stages=2"};
+  auto refused = [&](std::vector<std::string> more, const std::string& needle) {
+    more.insert(more.begin(), pipeline.begin(), pipeline.end());
+    auto c = ParseJobConfig("", "t", more);
+    ASSERT_FALSE(c.ok()) << needle;
+    EXPECT_NE(c.status().message().find(needle), std::string::npos) << c.status().message();
+  };
+  refused({"cluster.pipeline_schedule=INTERLEAVED_1F1B", "cluster.virtual_stages=2147483647", "train.grad_accum=2"},
+          "cluster.virtual_stages: cluster.pipeline_stages 2 x cluster.virtual_stages 2147483647 = 4294967294 stages");
+  refused({"cluster.pipeline_schedule=INTERLEAVED_1F1B", "cluster.virtual_stages=4", "train.grad_accum=65536",
+           "model.num_hidden_layers=8"},
+          "train.grad_accum: 8 pipeline stages (virtual ones included) x 65536 micro-batches is more than the 262144");
+  auto c = ParseJobConfig("", "t", {"cluster.sync=ALLREDUCE", "cluster.workers=16384", "cluster.pipeline_stages=65536",
+                                    "cluster.tensor_parallel=65536"});
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("cluster.pipeline_stages: 65536 does not divide"), std::string::npos)
+      << c.status().message();
 }
 
 // What a worker's link carries per step, by mode: the ring's (n-1)/n a

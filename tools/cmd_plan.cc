@@ -13,7 +13,9 @@
 #include <cstdint>
 #include <iterator>
 #include <cstdio>
+#include <map>
 #include <optional>
+#include <tuple>
 
 #include "common/config.h"
 #include "common/logging.h"
@@ -38,38 +40,53 @@ std::string Name(const ProcessMemory& p, int workers) {
 }
 
 // The grid data x context x tensor, or data x pipeline x tensor
-// (common/config.h's GridPlace): each worker's place and the workers it
-// sums with, by group.
-struct GridRank {
-  int rank;
-  GridPlace place;
-  std::vector<int> tensor_group, context_group, gradient_group;
-};
+// (common/config.h's GridPlace): each worker's place and the groups it
+// sums with. Every worker is in one group of each kind, so the groups are
+// listed once and each worker names its own: the grid stays linear in the
+// workers.
+struct Grid {
+  std::vector<GridPlace> places;  // by rank
+  enum Kind { kTensor, kContext, kGradient };
+  std::vector<std::vector<int>> groups[3];
+  std::vector<int> group_of[3];  // by kind, by rank: the index of its group
 
-std::vector<GridRank> Grid(const config::JobConfig& config) {
-  const int W = NumWorkers(config), T = std::max(1, config.cluster().tensor_parallel()),
-            C = std::max(1, config.cluster().context_parallel());
-  const bool pipeline = config.cluster().pipeline_stages() > 1;
-  std::vector<GridRank> grid;
-  for (int w = 0; w < W; ++w) {
-    GridRank g{w, GridPlaceOf(config, w), {}, {}, {}};
-    for (int t = 0; t < T; ++t) g.tensor_group.push_back(w / T * T + t);
-    for (int c = 0; c < C; ++c) g.context_group.push_back((g.place.replica * C + c) * T + g.place.tensor);
-    // A tensor rank's slices with its kind across replicas and context
-    // ranks (a pipeline's: of its stage); without tensor parallelism every
-    // worker's gradients (of its stage).
-    for (int v = g.place.tensor; v < W; v += T) {
-      if (!pipeline || GridPlaceOf(config, v).stage == g.place.stage) g.gradient_group.push_back(v);
+  explicit Grid(const config::JobConfig& config) {
+    const int W = NumWorkers(config);
+    const bool pipeline = config.cluster().pipeline_stages() > 1;
+    std::map<std::tuple<int, int, int>, int> index[3];
+    for (int w = 0; w < W; ++w) {
+      const GridPlace g = GridPlaceOf(config, w);
+      places.push_back(g);
+      // A tensor group: one replica's (and stage's, context rank's) slices.
+      // A context group: the context ranks of one tensor rank of a replica.
+      // A gradient group: a tensor rank's slices with its kind across
+      // replicas and context ranks (a pipeline's: of its stage); without
+      // tensor parallelism every worker's gradients (of its stage).
+      const std::tuple<int, int, int> keys[3] = {{g.replica, g.stage, g.context},
+                                                 {g.replica, g.stage, g.tensor},
+                                                 {pipeline ? g.stage : 0, g.tensor, 0}};
+      for (int k = 0; k < 3; ++k) {
+        const auto [it, fresh] = index[k].try_emplace(keys[k], static_cast<int>(groups[k].size()));
+        if (fresh) groups[k].emplace_back();
+        groups[k][it->second].push_back(w);
+        group_of[k].push_back(it->second);
+      }
     }
-    grid.push_back(std::move(g));
   }
-  return grid;
-}
+  const std::vector<int>& GroupOf(Kind kind, int rank) const { return groups[kind][group_of[kind][rank]]; }
+};
 
 std::string Ranks(const std::vector<int>& ranks) {
   std::string s;
   for (int r : ranks) s += (s.empty() ? "" : ",") + std::to_string(r);
   return s;
+}
+
+// The same for a person: a long group by its ends and size.
+std::string RanksBrief(const std::vector<int>& ranks) {
+  if (ranks.size() <= 16) return Ranks(ranks);
+  return Ranks({ranks.begin(), ranks.begin() + 4}) + ",...," + std::to_string(ranks.back()) + " (" +
+         std::to_string(ranks.size()) + " workers)";
 }
 
 bool HasGrid(const config::JobConfig& config) {
@@ -118,12 +135,19 @@ void PrintJson(const config::JobConfig& config, const MemoryPlan& plan, const Wo
     std::printf(", \"grid\": {\"data\": %d, \"pipeline\": %d, \"context\": %d, \"tensor\": %d, \"workers\": [",
                 DataParallelReplicas(config), std::max(1, config.cluster().pipeline_stages()),
                 std::max(1, config.cluster().context_parallel()), std::max(1, config.cluster().tensor_parallel()));
-    const std::vector<GridRank> grid = Grid(config);
-    for (const GridRank& g : grid) {
-      std::printf("%s{\"rank\": %d, \"replica\": %d, \"stage\": %d, \"context\": %d, \"tensor\": %d, "
-                  "\"tensor_group\": [%s], \"context_group\": [%s], \"gradient_group\": [%s]}",
-                  g.rank ? ", " : "", g.rank, g.place.replica, g.place.stage, g.place.context, g.place.tensor,
-                  Ranks(g.tensor_group).c_str(), Ranks(g.context_group).c_str(), Ranks(g.gradient_group).c_str());
+    const Grid grid(config);
+    for (size_t w = 0; w < grid.places.size(); ++w) {
+      const GridPlace& g = grid.places[w];
+      std::printf("%s{\"rank\": %zu, \"replica\": %d, \"stage\": %d, \"context\": %d, \"tensor\": %d, "
+                  "\"tensor_group\": %d, \"context_group\": %d, \"gradient_group\": %d}",
+                  w ? ", " : "", w, g.replica, g.stage, g.context, g.tensor, grid.group_of[Grid::kTensor][w],
+                  grid.group_of[Grid::kContext][w], grid.group_of[Grid::kGradient][w]);
+    }
+    // The groups, by index: the ranks of each.
+    const char* names[3] = {"tensor_groups", "context_groups", "gradient_groups"};
+    for (int k = 0; k < 3; ++k) {
+      std::printf("], \"%s\": [", names[k]);
+      for (size_t i = 0; i < grid.groups[k].size(); ++i) std::printf("%s[%s]", i ? ", " : "", Ranks(grid.groups[k][i]).c_str());
     }
     std::printf("]}");
   }
@@ -224,18 +248,19 @@ void PrintTable(const std::string& path, const config::JobConfig& config, const 
   if (HasGrid(config)) {
     std::printf("grid: %s\n", GridShape(config).c_str());
     const bool pipeline_grid = cl.pipeline_stages() > 1;
-    const std::vector<GridRank> grid = Grid(config);
-    for (const GridRank& g : grid) {
-      if (g.rank == 8 && grid.size() > 9) {
+    const Grid grid(config);
+    for (int w = 0; w < static_cast<int>(grid.places.size()); ++w) {
+      if (w == 8 && grid.places.size() > 9) {
         std::printf("  ... (--json lists every worker)\n");
         break;
       }
-      const std::string where = pipeline_grid ? "stage " + std::to_string(g.place.stage)
-                                              : "context rank " + std::to_string(g.place.context);
-      const std::string groups = pipeline_grid ? "" : ", context group " + Ranks(g.context_group);
+      const GridPlace& g = grid.places[w];
+      const std::string where = pipeline_grid ? "stage " + std::to_string(g.stage)
+                                              : "context rank " + std::to_string(g.context);
+      const std::string groups = pipeline_grid ? "" : ", context group " + RanksBrief(grid.GroupOf(Grid::kContext, w));
       std::printf("  worker %d: replica %d, %s, tensor rank %d; sums with: tensor group %s%s, gradients %s%s\n",
-                  g.rank, g.place.replica, where.c_str(), g.place.tensor, Ranks(g.tensor_group).c_str(),
-                  groups.c_str(), Ranks(g.gradient_group).c_str(),
+                  w, g.replica, where.c_str(), g.tensor, RanksBrief(grid.GroupOf(Grid::kTensor, w)).c_str(),
+                  groups.c_str(), RanksBrief(grid.GroupOf(Grid::kGradient, w)).c_str(),
                   cl.sync() == config::ClusterConfig::PARAMETER_SERVER ? " (on the servers)" : "");
     }
   }

@@ -132,9 +132,9 @@ void PrintRunHeader(const config::JobConfig& config, const JobOptions& job, cons
     if (ps && Regions(config) > 1) {
       const config::DilocoConfig& d = cluster.diloco();
       std::printf("regions: %d, each %d parameter servers and %d workers (inner AdamW); every %d steps an outer "
-                  "step (Nesterov, lr %g, momentum %g) | ",
-                  d.regions(), plan->num_servers(), num_workers / d.regions(), d.every(), d.outer_lr(),
-                  d.outer_momentum());
+                  "step (Nesterov, %s) | ",
+                  d.regions(), plan->num_servers(), num_workers / d.regions(), d.every(),
+                  OuterStepOf(d).Describe(d.every()).c_str());
     }
     if (ps) {
       std::printf("parameter servers: %d, workers: %d, wire %s", plan->num_servers() * Regions(config), num_workers,
