@@ -11,6 +11,18 @@ namespace herd {
 
 namespace {
 
+std::string HandOverJson(const RunSummary::HandOver& h) {
+  char json[320];
+  std::snprintf(json, sizeof json,
+                "{\"region\": %d, \"step\": %lld, \"weights_crc32\": %u, \"m_crc32\": %u, \"v_crc32\": %u, "
+                "\"outer_crc32\": %u, \"momentum_crc32\": %u, \"data_epoch\": %lld, \"data_taken\": %lld}",
+                h.region, static_cast<long long>(h.step), static_cast<unsigned>(h.weights_crc32),
+                static_cast<unsigned>(h.m_crc32), static_cast<unsigned>(h.v_crc32),
+                static_cast<unsigned>(h.outer_crc32), static_cast<unsigned>(h.momentum_crc32),
+                static_cast<long long>(h.data_epoch), static_cast<long long>(h.data_taken));
+  return json;
+}
+
 Status WriteRunSummary(const std::string& dir, const RunSummary& s) {
   if (dir.empty()) return Status::OK();
   HERD_RETURN_IF_ERROR(MakeDirs(dir).WithContext("log.summary_dir: "));
@@ -21,13 +33,17 @@ Status WriteRunSummary(const std::string& dir, const RunSummary& s) {
                 "{\"role\": \"%s\", \"rank\": %d, \"steps\": %lld, \"peak_rss_bytes\": %lld, \"plan_bytes\": %lld, "
                 "\"bytes_sent_per_step\": %.17g, \"shares_computed\": %lld, \"pushes_dropped\": %lld, "
                 "\"device_peak_bytes\": %lld, \"device_plan_bytes\": %lld, \"unauthenticated_dropped\": %lld, "
-                "\"weights_crc32\": %u}\n",
+                "\"weights_crc32\": %u, ",
                 s.role.c_str(), s.rank, static_cast<long long>(s.steps), static_cast<long long>(s.peak_rss_bytes),
                 static_cast<long long>(s.plan_bytes), s.bytes_sent_per_step, static_cast<long long>(s.shares_computed),
                 static_cast<long long>(s.pushes_dropped), static_cast<long long>(s.device_peak_bytes),
                 static_cast<long long>(s.device_plan_bytes), static_cast<long long>(s.unauthenticated_dropped),
                 static_cast<unsigned>(s.weights_crc32));
-  return WriteFileAtomic(JoinPath(dir, name), json).WithContext("log.summary_dir: ");
+  std::string text = json;
+  text += "\"took_up\": " + (s.took_up ? HandOverJson(*s.took_up) : std::string("null")) + ", \"gave\": [";
+  for (size_t i = 0; i < s.gave.size(); ++i) text += (i > 0 ? ", " : "") + HandOverJson(s.gave[i]);
+  text += "]}\n";
+  return WriteFileAtomic(JoinPath(dir, name), text).WithContext("log.summary_dir: ");
 }
 
 }  // namespace

@@ -6,7 +6,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 
@@ -34,6 +36,19 @@ struct RunSummary {
   // A server's: the CRC-32 of its range of the final weights (a job of
   // regions' servers of the same range end with equal ones).
   uint32_t weights_crc32 = 0;
+  // A job of regions' server: what its range held when it took up the
+  // job's state rejoining (`region`: the one that gave it) and when it gave
+  // it (`region`: the one rejoining), so that a test compares the two ends
+  // of each hand-over rather than weights that end equal by construction.
+  struct HandOver {
+    int region = -1;
+    int64_t step = 0;  // the optimizer's
+    uint32_t weights_crc32 = 0, m_crc32 = 0, v_crc32 = 0;  // the inner AdamW's
+    uint32_t outer_crc32 = 0, momentum_crc32 = 0;           // the outer step's
+    int64_t data_epoch = 0, data_taken = 0;  // the data position the range's shard reports
+  };
+  std::optional<HandOver> took_up;
+  std::vector<HandOver> gave;
 };
 
 // The end of a run (`run`: role, rank, steps, plan_bytes and the elastic

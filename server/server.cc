@@ -122,6 +122,9 @@ class ServerProcess {
   // server's range (zeros where none is kept), as a shard file's arrays
   // (model/checkpoint_format.h's OuterFileName).
   ShardView OuterState();
+  // What this server's range holds now, for the run summary: the end of a
+  // hand-over of the job's state to or from `region`.
+  RunSummary::HandOver HandOverNow(int region) const;
 
   // Constant after construction.
   const config::JobConfig& config_;
@@ -156,6 +159,9 @@ class ServerProcess {
   std::vector<float> no_error_;  // OuterState's zeros, made once
   ShardImage snapshot_, outer_snapshot_;
   transport::BackgroundCommit background_;
+  // The hand-overs of the job's state, for the run summary.
+  std::optional<RunSummary::HandOver> took_up_;
+  std::vector<RunSummary::HandOver> gave_;
 };
 
 StatusOr<std::unique_ptr<ServerProcess>> ServerProcess::Create(const config::JobConfig& config,
@@ -343,6 +349,7 @@ Status ServerProcess::TakeUpState(transport::NodeRuntime& runtime, transport::Co
                                                   range.size(), state.momentum.data(), nullptr),
                  diloco_->InFlightAfter(state.steps));
   outer_->StartFrom(state.in_job, state.counted);
+  took_up_ = HandOverNow(from);
   HERD_RETURN_IF_ERROR(ServeShard(runtime));
   HERD_RETURN_IF_ERROR(client.Barrier(transport::kRegionServesBarrier, wire::REGION));
   if (local_ == 0) {
@@ -379,6 +386,7 @@ Status ServerProcess::GiveState(int64_t step) {
   state.v.assign(now.v, now.v + n);
   const std::string bytes = state.Encode();
   for (int k : admitted) {
+    gave_.push_back(HandOverNow(k));
     // A region lost again meanwhile is let go again: not this server's
     // failure.
     if (Status sent = outer_->wire().SendState(k, bytes); !sent.ok()) {
@@ -575,6 +583,23 @@ ShardView ServerProcess::OuterState() {
           outer.error() != nullptr ? outer.error() : no_error_.data(), now.spikes};
 }
 
+RunSummary::HandOver ServerProcess::HandOverNow(int region) const {
+  const ShardView now = shard_->optimizer().view();
+  const size_t bytes = (now.end - now.begin) * sizeof(float);
+  RunSummary::HandOver h;
+  h.region = region;
+  h.step = now.step;
+  h.weights_crc32 = Crc32(now.weights, bytes);
+  h.m_crc32 = Crc32(now.m, bytes);
+  h.v_crc32 = Crc32(now.v, bytes);
+  h.outer_crc32 = Crc32(outer_->optimizer().outer(), bytes);
+  h.momentum_crc32 = Crc32(outer_->optimizer().momentum(), bytes);
+  const DataPosition data = shard_->report().data;
+  h.data_epoch = data.epoch;
+  h.data_taken = data.taken;
+  return h;
+}
+
 std::vector<ShardView> ServerProcess::CheckpointPieces() const {
   const ShardView whole = shard_->optimizer().view();
   return space_ ? space_->FlatPieces(whole) : std::vector<ShardView>{whole};
@@ -593,6 +618,8 @@ Status ServerProcess::ReportSummary(int64_t steps) const {
   run.weights_crc32 = Crc32(final_weights.weights, (final_weights.end - final_weights.begin) * sizeof(float));
   const transport::UcxStats ucx = runtime_->transport().stats();
   run.unauthenticated_dropped = static_cast<int64_t>(ucx.unauthenticated_dropped);
+  run.took_up = took_up_;
+  run.gave = gave_;
   return ReportRunSummary(run, ucx.bytes_sent, config_.log().summary_dir());
 }
 

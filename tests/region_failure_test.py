@@ -33,6 +33,13 @@ With --max-restarts 1 (the region rejoins while the job runs):
   server takes up the job's state from another region's at the next
   outer step (it says from which step it computes), its worker starts
   there, and the job finishes every step, exit code 0;
+* what the rejoined server held right after taking up the state (step,
+  weights, AdamW m and v, outer weights and momentum, data position:
+  CRC-32s in its run summary) is what the giving server held when it
+  gave it (in its own); the first trial with outer lr 0.7 and momentum
+  0.9, where a momentum or moments lost would show nowhere else (with
+  the mean as outer step and the last step an outer step, the regions'
+  final weights are equal whatever the rejoined one took up);
 * all three regions end with the same weights, bit for bit; the
   rejoined server served exactly the steps from its start to the end;
 * the loss goes on falling; at most one checkpoint is missing (the one
@@ -46,8 +53,9 @@ With --max-restarts 1 (the region rejoins while the job runs):
 Started by hand (`herd coordinator` and each process with --max-restarts
 2; one trial): this test plays the supervisor that starts the killed
 process again with --join --resume-if-any; its region's other process,
-let go, starts itself again with --join. The region rejoins, every
-process exits 0, and the three regions end bitwise alike."""
+let go, starts itself again with --join. The region rejoins with the
+state its giver held, every process exits 0, and the three regions end
+bitwise alike."""
 import glob
 import json
 import os
@@ -74,22 +82,43 @@ def processes(launch_pid):
     return out
 
 
-def job_dir(sb, name):
+def job_dir(sb, name, lr=1, momentum=0):
     """A folder of its own holding the job's config (every run's the same
-    text): REGIONS regions of one server and one worker, H = 5, the mean
-    as outer step; run summaries in summary/."""
+    text): REGIONS regions of one server and one worker, H = 5, the outer
+    step given (the mean by default); run summaries in summary/."""
     workdir = sb.path(name)
     os.makedirs(workdir)
     text = herdtest.tiny_config(sb.path("train.bin"), steps=STEPS, metrics="metrics.jsonl", ckpt="ckpt", every=50,
                                 extra=f"cluster {{ sync: PARAMETER_SERVER servers: {REGIONS} workers: {REGIONS} "
-                                      f"diloco {{ regions: {REGIONS} every: 5 outer_lr: 1 outer_momentum: 0 }} }}")
+                                      f"diloco {{ regions: {REGIONS} every: 5 outer_lr: {lr} outer_momentum: {momentum} }} }}")
     with open(os.path.join(workdir, "job.textproto"), "w") as f:
         f.write(text.replace("log {", 'log { summary_dir: "summary"'))
     return workdir
 
 
-def trial(sb, name, rng, rejoin=False, region=None):
-    workdir = job_dir(sb, name)
+def handed_over(workdir, region):
+    """The rejoined region's server (one a region) against the one that
+    gave it the job's state, from their run summaries: what each held
+    right then (the step, the CRC-32s of the weights, AdamW m and v, the
+    outer weights and momentum, the data position) must be the same.
+    Returns the giver's region and the step."""
+    summaries = {}
+    for path in glob.glob(os.path.join(workdir, "summary", "server_*.json")):
+        with open(path) as f:
+            s = json.load(f)
+        summaries[s["rank"]] = s
+    took = summaries[region]["took_up"]
+    assert took is not None, f"{workdir}: server {region} took up no state: {summaries[region]}"
+    gave = [g for g in summaries[took["region"]]["gave"] if g["region"] == region]
+    assert len(gave) == 1, f"{workdir}: server {took['region']} gave region {region} the state {len(gave)} times"
+    differ = {k: (took[k], gave[0][k]) for k in took if k != "region" and took[k] != gave[0][k]}
+    assert not differ, f"{workdir}: region {region} took up another state than region {took['region']} held " \
+                       f"(taken, held): {differ}"
+    return took["region"], took["step"]
+
+
+def trial(sb, name, rng, rejoin=False, region=None, lr=1, momentum=0):
+    workdir = job_dir(sb, name, lr, momentum)
     out_path, err_path = os.path.join(workdir, "launch.out"), os.path.join(workdir, "launch.err")
     metrics = os.path.join(workdir, "metrics.jsonl")
     role, drawn = rng.choice(["server", "worker"]), rng.randrange(1, REGIONS)
@@ -131,6 +160,9 @@ def trial(sb, name, rng, rejoin=False, region=None):
                f"{rejoined_at} on" in out, f"{name}: worker {region} did not start at step {rejoined_at}:\n{out[-3000:]}"
         assert at < rejoined_at <= STEPS and served[region] == STEPS - rejoined_at + 1, \
             f"{name}: region {region} rejoined at step {rejoined_at}, its server served {served[region]} steps"
+        giver, taken_at = handed_over(workdir, region)
+        assert taken_at == rejoined_at - 1, f"{name}: the state taken up is of step {taken_at}, not {rejoined_at - 1}"
+        print(f"{name}: region {region} took up region {giver}'s state of step {taken_at} as region {giver} held it")
     if region == 0:
         # Region 0's worker 0 records the metrics: none while it is out, and
         # the rejoined one continues the file (nothing recorded twice or lost
@@ -201,6 +233,7 @@ def by_hand_trial(sb, name, rng):
     said = re.search(rf"region {region} rejoined the job: from step (\d+) on",
                      open(os.path.join(workdir, f"server{region}.out")).read())
     assert said, f"{name}: region {region} did not rejoin"
+    handed_over(workdir, region)
     rows = herdtest.metrics_rows(os.path.join(workdir, "metrics.jsonl"))
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1)), f"{name}: steps {rows[0]['step']}..{rows[-1]['step']}"
     crcs = {json.load(open(p))["weights_crc32"] for p in glob.glob(os.path.join(workdir, "summary", "server_*.json"))}
@@ -240,7 +273,10 @@ def main():
     trials = 10 if herdtest.LONG else 2
     for t in range(trials):
         # The second loses region 0, whose worker 0 records the metrics.
-        at, committed, crc = trial(sb, f"rejoin{t}", rng, rejoin=True, region=0 if t == 1 else None)
+        # The first with DiLoCo's outer step: a momentum that the
+        # hand-over must carry, and regions that differ between outer steps.
+        outer = {"lr": 0.7, "momentum": 0.9} if t == 0 else {}
+        at, committed, crc = trial(sb, f"rejoin{t}", rng, rejoin=True, region=0 if t == 1 else None, **outer)
         if t == 0:
             resume = committed[-2] if committed[-1] == STEPS else committed[-1]
             again = resumed(sb, f"rejoin{t}", resume, "resumed")
