@@ -4,7 +4,7 @@ leave the arithmetic alone (a refactor) can be checked bitwise: run it with
 the build from before the change and with the build after, on the same
 machine, then compare.
 
-    scripts/trajectories.py record --build BUILD --out DIR
+    scripts/trajectories.py record --build BUILD --out DIR [--only JOB,...]
     scripts/trajectories.py compare DIR_BEFORE DIR_AFTER
 
 The jobs (the tiny test model on a synthetic corpus, 30 steps unless said):
@@ -18,10 +18,18 @@ The jobs (the tiny test model on a synthetic corpus, 30 steps unless said):
   ps_elastic     cluster.elastic, 2 servers, 3 workers; worker 2 is killed
                  with SIGKILL once step 12 is logged and the job goes on
                  with 2 (its checkpoints equal an undisturbed run's)
+  pipeline2      all-reduce, 2 pipeline stages (1F1B), 2 micro-batches
+  tensor2        all-reduce, tensor parallelism over 2 workers
+  ps_tensor2     parameter-server mode, 2 servers, tensor parallelism 2
+  context2       all-reduce, context parallelism over 2 workers
+  grid222        all-reduce, data x pipeline x tensor 2 x 2 x 2 (8 workers),
+                 2 micro-batches
+  regions2       2 regions of 1 server and 1 worker, an outer step every 5
+                 inner steps (outer lr 0.7, momentum 0.9)
 For each job DIR/JOB/ holds metrics.jsonl without its timing fields
 (tokens_per_s, elapsed_s, step_s, eta_s, mfu, network_wait: they differ
-from run to run) and every shard, worker-state and manifest file of its
-checkpoints. `compare`
+from run to run) and every shard (a region's and the outer state's too), worker-state and
+manifest file of its checkpoints. `compare`
 prints one JSON line per job and file set, and exits 1 when any differs.
 Jobs whose binaries are missing (no emulated build) are skipped, and said so.
 """
@@ -48,16 +56,30 @@ def jobs():
     gpu = "device { kind: CUDA dtype: FP32 }"
     streamed = "cluster { sync: PARAMETER_SERVER servers: 2 workers: 2 stream_weights: true }"
     elastic = "cluster { sync: PARAMETER_SERVER servers: 2 workers: 3 elastic: true }"
-    # name: (binary dir under BUILD, steps, batch per worker, extra config, split resume, kill at step)
+    pipeline = "cluster { sync: ALLREDUCE workers: 2 pipeline_stages: 2 }"
+    tensor = "cluster { sync: ALLREDUCE workers: 2 tensor_parallel: 2 }"
+    ps_tensor = "cluster { sync: PARAMETER_SERVER servers: 2 workers: 2 tensor_parallel: 2 }"
+    context = "cluster { sync: ALLREDUCE workers: 2 context_parallel: 2 }"
+    grid = "cluster { sync: ALLREDUCE workers: 8 pipeline_stages: 2 tensor_parallel: 2 }"
+    regions = ("cluster { sync: PARAMETER_SERVER servers: 2 workers: 2 "
+               "diloco { regions: 2 every: 5 outer_lr: 0.7 outer_momentum: 0.9 } }")
+    # name: (binary dir under BUILD, steps, batch per worker, extra config, split resume, kill at step,
+    #        micro-batches a step)
     return {
-        "single": ("", 30, 8, "", True, None),
-        "ps22": ("", 30, 4, ps, False, None),
-        "ddp2": ("", 30, 4, ddp, False, None),
-        "zero1_3": ("", 30, 4, zero1, False, None),
-        "gpu_single": ("emulated", 6, 8, gpu, False, None),
-        "gpu_ps": ("emulated", 6, 4, gpu + "\n" + ps, False, None),
-        "ps_streamed": ("", 30, 4, streamed, False, None),
-        "ps_elastic": ("", 30, 4, elastic, False, 12),
+        "single": ("", 30, 8, "", True, None, 1),
+        "ps22": ("", 30, 4, ps, False, None, 1),
+        "ddp2": ("", 30, 4, ddp, False, None, 1),
+        "zero1_3": ("", 30, 4, zero1, False, None, 1),
+        "gpu_single": ("emulated", 6, 8, gpu, False, None, 1),
+        "gpu_ps": ("emulated", 6, 4, gpu + "\n" + ps, False, None, 1),
+        "ps_streamed": ("", 30, 4, streamed, False, None, 1),
+        "ps_elastic": ("", 30, 4, elastic, False, 12, 1),
+        "pipeline2": ("", 30, 4, pipeline, False, None, 2),
+        "tensor2": ("", 30, 4, tensor, False, None, 1),
+        "ps_tensor2": ("", 30, 4, ps_tensor, False, None, 1),
+        "context2": ("", 30, 4, context, False, None, 1),
+        "grid222": ("", 20, 2, grid, False, None, 2),
+        "regions2": ("", 30, 4, regions, False, None, 1),
     }
 
 
@@ -79,9 +101,11 @@ def launch_and_kill(sb, cfg, metrics, at):
             p.kill()
 
 
-def record(build, out):
+def record(build, out, only=None):
     os.makedirs(out, exist_ok=True)
-    for name, (sub, steps, batch, extra, split, kill_at) in jobs().items():
+    for name, (sub, steps, batch, extra, split, kill_at, micro) in jobs().items():
+        if only and name not in only:
+            continue
         sb = herdtest.Sandbox(os.path.join(build, sub) if sub else build)
         if not os.path.exists(sb.herd):
             print(json.dumps({"job": name, "skipped": f"{sb.herd} not built"}))
@@ -93,7 +117,8 @@ def record(build, out):
             for run, args in runs:
                 text = herdtest.tiny_config("train.bin", steps=steps, ckpt=run, every=10, metrics=run + ".jsonl",
                                             extra=extra)
-                cfg = sb.write(run + ".textproto", text.replace("batch_size: 4", f"batch_size: {batch}"))
+                text = text.replace("batch_size: 4", f"batch_size: {batch} grad_accum: {micro}")
+                cfg = sb.write(run + ".textproto", text)
                 if kill_at is None:
                     sb.run("launch", cfg, *args)
                 else:
@@ -107,9 +132,9 @@ def record(build, out):
                         for k in TIMING:
                             m.pop(k, None)
                         g.write(json.dumps(m, sort_keys=True) + "\n")
-                for step in sorted(os.listdir(sb.path(run))):
+                for step in sorted(d for d in os.listdir(sb.path(run)) if d.startswith("step_")):
                     for part in sorted(os.listdir(sb.path(run, step))):
-                        if part.startswith(("shard_", "worker_")) or part == "manifest.json":
+                        if part.startswith(("shard_", "worker_", "region_", "outer_")) or part == "manifest.json":
                             os.makedirs(os.path.join(dest, step), exist_ok=True)
                             shutil.copy(sb.path(run, step, part), os.path.join(dest, step, part))
             print(json.dumps({"job": name, "recorded": os.path.join(out, name)}))
@@ -140,13 +165,14 @@ def main():
     r = sub.add_parser("record")
     r.add_argument("--build", required=True)
     r.add_argument("--out", required=True)
+    r.add_argument("--only", default="", help="comma-separated jobs to record (default: all)")
     c = sub.add_parser("compare")
     c.add_argument("before")
     c.add_argument("after")
     a = ap.parse_args()
     if a.command == "record":
         os.environ.setdefault("OMP_NUM_THREADS", "1")
-        record(os.path.abspath(a.build), os.path.abspath(a.out))
+        record(os.path.abspath(a.build), os.path.abspath(a.out), [j for j in a.only.split(",") if j])
         return 0
     return 0 if compare(a.before, a.after) else 1
 
