@@ -20,8 +20,9 @@ and against parameter-server mode:
   it); stop at 10 and --resume to 30 is bitwise equal to the straight run
   (every stage);
 * hybrid sharding (shard_group_size 2 of W=4): ZeRO-1, -2 and -3 bitwise
-  alike, within 1e-5 of DDP (a gradient is summed inside its group
-  first), a resume bitwise;
+  alike, every step's loss within 1e-6 of DDP's and its gradient norm
+  within 1e-3 (a gradient is summed inside its group first), a resume
+  bitwise;
 * a ZeRO checkpoint (one file of slices per worker) resumes in DDP mode,
   as parameter servers (S=2) and as one process (HSDP's too);
 * kill -9 of a worker stops the job at once, naming it.
@@ -175,9 +176,7 @@ def main():
     for zero in (1, 2, 3):
         name = f"hsdp_z{zero}"
         sb.run("launch", job(name, 4, ar(4, zero, "shard_group_size: 2")))
-        run = metrics(sb.path(name + ".jsonl"))
-        rel = max(abs(r["loss"] - d["loss"]) / d["loss"] for r, d in zip(run, ddp4))
-        assert len(run) == STEPS and rel < 1e-5, f"{name}: loss differs from DDP's by {rel:.3g}"
+        rel = herdtest.steps_within(metrics(sb.path(name + ".jsonl")), ddp4, f"{name} against DDP")
         sb.run("export", sb.path(name), "--out", name + "_hf")
         mine = read_safetensors(sb.path(name + "_hf", "model.safetensors"))
         diff = max(max(abs(x - y) for x, y in zip(mine[k][2], ref4[k][2])) for k in ref4)

@@ -1,28 +1,31 @@
 """The grid data x pipeline x tensor (cluster.pipeline_stages with
 cluster.tensor_parallel, all-reduce mode), through `herd launch`, against
 one process (or DDP) on the same global batch, on the tiny model with 4
-layers (tied and clipped: the norm is summed stage by stage and rank by
-rank, so within 1e-5 rather than bitwise), 30 steps. Ranks are stage-major,
-tensor innermost: (stage x R + replica) x T + tensor.
+layers, 30 steps. Ranks are stage-major, tensor innermost: (stage x R +
+replica) x T + tensor. "Within" is every step's loss within 1e-6
+relative and its gradient norm within 1e-3 (herdtest.steps_within: tied
+and clipped, the norm is summed stage by stage and rank by rank, so not
+bitwise); against one process the loss within 5e-6, for step 18, whose
+norm spikes to 96, differs by 1.8e-6:
 
-* pipeline x tensor 2 x 2 (1F1B) within 1e-5 relative of one process,
-  its sample (each rank's vocabulary rows of the last position's logits
-  gathered over its group) one process's text; with the zero-bubble
-  schedule (backward split in its input and weight parts) too;
-* data x pipeline x tensor 2 x 2 x 2 (eight workers) within 1e-5 of DDP
-  with two workers;
-* the held-out loss through the stages' ranks within 1e-5 of one
+* pipeline x tensor 2 x 2 (1F1B) within one process, its sample (each
+  rank's vocabulary rows of the last position's logits gathered over its
+  group) one process's text; with the zero-bubble schedule (backward
+  split in its input and weight parts) too;
+* data x pipeline x tensor 2 x 2 x 2 (eight workers) within DDP with two
+  workers;
+* the held-out loss through the stages' ranks within 1e-6 of one
   process's;
 * stop at 15 and --resume bitwise the straight run; its checkpoint (each
   stage's ranks' runs as pieces of the flat space) goes on as one
-  process, and one process's goes on at 2 x 2, within 1e-5;
+  process, and one process's goes on at 2 x 2, within the straight runs;
 * bad inputs, one line each before any process starts: stages x tensor
   ranks not dividing the workers, sequence parallelism inside the
   stages, parameter servers.
 
 With --long (HERD_TEST_LONG=1), the ~20M shape (d512, 8 layers, 128
-tokens a sequence, 30 steps) too: pipeline x tensor 2 x 2 within 1e-5 of
-one process and data x pipeline x tensor 2 x 2 x 2 of DDP with two."""
+tokens a sequence, 30 steps) too: pipeline x tensor 2 x 2 within one
+process and data x pipeline x tensor 2 x 2 x 2 within DDP with two."""
 import os
 import sys
 
@@ -31,6 +34,10 @@ import herdtest  # noqa: E402
 from ps_equivalence_test import metrics  # noqa: E402
 
 STEPS = 30
+# The loss of one process's step 18 (a spike: its gradient norm is 96, the
+# steps around it ~1) is sensitive enough to the order of fp32 sums that
+# the grid's differs by 1.8e-6.
+SPIKE_TOLERANCE = 5e-6
 
 
 def main():
@@ -54,34 +61,39 @@ def main():
     def losses(name, key="loss"):
         return [m.get(key) for m in metrics(sb.path(name + ".jsonl"))]
 
+    def steps(name):
+        return metrics(sb.path(name + ".jsonl"))
+
     one_sample = herdtest.sample_text(sb.run("launch", job("one", sample=40)))
     p2t2_sample = herdtest.sample_text(sb.run("launch", job("p2t2", grid(4), sample=40)))
-    w = herdtest.within(losses("p2t2"), losses("one"), "pipeline x tensor 2 x 2")
+    w = herdtest.steps_within(steps("p2t2"), steps("one"), "pipeline x tensor 2 x 2", SPIKE_TOLERANCE)
     assert len(p2t2_sample.splitlines()) > 1, f"no sample through the grid: {p2t2_sample!r}"
+    assert p2t2_sample == one_sample, f"pipeline x tensor 2 x 2 sampled {p2t2_sample!r}, one process {one_sample!r}"
     sb.run("launch", job("p2t2zb", grid(4, more="pipeline_schedule: ZERO_BUBBLE")))
-    wzb = herdtest.within(losses("p2t2zb"), losses("one"), "pipeline x tensor 2 x 2, zero bubble")
+    wzb = herdtest.steps_within(steps("p2t2zb"), steps("one"), "pipeline x tensor 2 x 2, zero bubble",
+                                SPIKE_TOLERANCE)
     sb.run("launch", job("ddp2", "cluster { sync: ALLREDUCE workers: 2 }"))
     sb.run("launch", job("d2p2t2", grid(8)))
-    w222 = herdtest.within(losses("d2p2t2"), losses("ddp2"), "data x pipeline x tensor 2 x 2 x 2")
-    print(f"pipeline x tensor 2 x 2 within {w:.2g} of one process over {STEPS} steps (its sample "
-          f"{'the same as' if p2t2_sample == one_sample else 'not'} one process's text; zero bubble within "
-          f"{wzb:.2g}); data x pipeline x tensor 2 x 2 x 2 within {w222:.2g} of DDP with 2 workers")
+    w222 = herdtest.steps_within(steps("d2p2t2"), steps("ddp2"), "data x pipeline x tensor 2 x 2 x 2")
+    print(f"losses (gradient norms): pipeline x tensor 2 x 2 within {w:.2g} of one process over {STEPS} steps (its "
+          f"sample one process's text; zero bubble within {wzb:.2g}); data x pipeline x tensor 2 x 2 x 2 within "
+          f"{w222:.2g} of DDP with 2 workers")
 
     sb.run("launch", job("one_eval", eval_every=10))
     sb.run("launch", job("p2t2_eval", grid(4), eval_every=10))
     vals = [v for v in losses("p2t2_eval", "val_loss") if v is not None]
     expected = [v for v in losses("one_eval", "val_loss") if v is not None]
-    we = herdtest.within(vals, expected, "held-out loss")
+    we = herdtest.within(vals, expected, "held-out loss", herdtest.STEP_TOLERANCE)
     print(f"held-out loss through the grid within {we:.2g} of one process's")
 
     sb.run("launch", job("stop", grid(4), every=15), "--stop-at", "15")
     sb.run("launch", job("stop", grid(4), every=15), "--resume")
-    assert losses("stop") == losses("p2t2"), "2 x 2 stopped at 15 and resumed"
+    assert herdtest.trajectory(steps("stop")) == herdtest.trajectory(steps("p2t2")), "2 x 2 stopped at 15 and resumed"
     herdtest.resume_from(sb, "one_from", job("one_from"), "stop/step_00000015")
-    wr1 = herdtest.within(losses("one_from"), losses("p2t2")[15:], "the grid's checkpoint as one process")
+    wr1 = herdtest.steps_within(steps("one_from"), steps("p2t2")[15:], "the grid's checkpoint as one process")
     sb.run("launch", job("one_stop", every=15), "--stop-at", "15")
     herdtest.resume_from(sb, "grid_from", job("grid_from", grid(4)), "one_stop/step_00000015")
-    wr2 = herdtest.within(losses("grid_from"), losses("one")[15:], "one process's checkpoint at 2 x 2")
+    wr2 = herdtest.steps_within(steps("grid_from"), steps("one")[15:], "one process's checkpoint at 2 x 2")
     print(f"2 x 2 resumed at step 15 bitwise; its checkpoint as one process within {wr1:.2g}, one process's at "
           f"2 x 2 within {wr2:.2g}")
 
