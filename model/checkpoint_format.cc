@@ -1,7 +1,9 @@
 #include "model/checkpoint_format.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cinttypes>
 #include <cmath>
@@ -196,6 +198,28 @@ ShardHeader HeaderOf(const ShardView& shard) {
   return h;
 }
 
+// A null array of a ShardView reads as zeros (checkpoint_format.h): its
+// checksum and its bytes come from a block of zeros, not an array of them.
+constexpr size_t kZeroBlock = 1 << 16;
+const char* ZeroBlock() {
+  static const char* zeros = new char[kZeroBlock]();
+  return zeros;
+}
+
+uint32_t ArrayCrc(const float* array, size_t bytes, uint32_t crc) {
+  if (array != nullptr) return Crc32(array, bytes, crc);
+  for (size_t at = 0; at < bytes; at += kZeroBlock) crc = Crc32(ZeroBlock(), std::min(kZeroBlock, bytes - at), crc);
+  return crc;
+}
+
+Status AppendArray(AtomicFile& file, const float* array, size_t bytes) {
+  if (array != nullptr) return file.Append(array, bytes);
+  for (size_t at = 0; at < bytes; at += kZeroBlock) {
+    HERD_RETURN_IF_ERROR(file.Append(ZeroBlock(), std::min(kZeroBlock, bytes - at)));
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 void ShardImage::Capture(const ShardView& shard) { Capture(std::vector<ShardView>{shard}); }
@@ -231,7 +255,11 @@ void ShardImage::Capture(const std::vector<ShardView>& pieces) {
   for (auto array : {&ShardView::weights, &ShardView::m, &ShardView::v}) {
     for (const ShardView& piece : pieces) {
       const size_t bytes = static_cast<size_t>(piece.end - piece.begin) * sizeof(float);
-      std::memcpy(p, piece.*array, bytes);
+      if (piece.*array != nullptr) {
+        std::memcpy(p, piece.*array, bytes);
+      } else {
+        std::memset(p, 0, bytes);
+      }
       p += bytes;
     }
   }
@@ -248,19 +276,19 @@ Status ShardImage::Write(const std::string& path) {
 
 Status WriteShard(const std::string& path, const ShardView& shard) {
   const size_t n = static_cast<size_t>(shard.end - shard.begin);
-  if (shard.end < shard.begin || (n > 0 && (shard.weights == nullptr || shard.m == nullptr || shard.v == nullptr))) {
+  if (shard.end < shard.begin || (n > 0 && (shard.weights == nullptr || shard.m == nullptr))) {
     return Status::Internal(path + ": shard arrays do not match its range");
   }
   ShardHeader h = HeaderOf(shard);
   uint32_t crc = Crc32(shard.weights, n * sizeof(float));
   crc = Crc32(shard.m, n * sizeof(float), crc);
-  h.payload_crc = Crc32(shard.v, n * sizeof(float), crc);
+  h.payload_crc = ArrayCrc(shard.v, n * sizeof(float), crc);
   AtomicFile file;
   HERD_RETURN_IF_ERROR(file.Open(path));
   HERD_RETURN_IF_ERROR(file.Append(&h, sizeof(h)));
   HERD_RETURN_IF_ERROR(file.Append(shard.weights, n * sizeof(float)));
   HERD_RETURN_IF_ERROR(file.Append(shard.m, n * sizeof(float)));
-  HERD_RETURN_IF_ERROR(file.Append(shard.v, n * sizeof(float)));
+  HERD_RETURN_IF_ERROR(AppendArray(file, shard.v, n * sizeof(float)));
   return file.Commit();
 }
 
@@ -274,8 +302,7 @@ Status WriteShardPieces(const std::string& path, const std::vector<ShardView>& p
   std::vector<int64_t> table = {static_cast<int64_t>(pieces.size())};
   int64_t reached = hull.begin;
   for (const ShardView& p : pieces) {
-    if (p.begin < reached || p.end <= p.begin || p.step != hull.step || p.weights == nullptr || p.m == nullptr ||
-        p.v == nullptr) {
+    if (p.begin < reached || p.end <= p.begin || p.step != hull.step || p.weights == nullptr || p.m == nullptr) {
       return Status::Internal(path + ": shard pieces out of order, empty or of different steps");
     }
     reached = p.end;
@@ -285,7 +312,7 @@ Status WriteShardPieces(const std::string& path, const std::vector<ShardView>& p
   auto bytes = [](const ShardView& p) { return static_cast<size_t>(p.end - p.begin) * sizeof(float); };
   uint32_t crc = 0;
   for (auto array : {&ShardView::weights, &ShardView::m, &ShardView::v}) {
-    for (const ShardView& p : pieces) crc = Crc32(p.*array, bytes(p), crc);
+    for (const ShardView& p : pieces) crc = ArrayCrc(p.*array, bytes(p), crc);
   }
   h.payload_crc = crc;
   AtomicFile file;
@@ -293,7 +320,7 @@ Status WriteShardPieces(const std::string& path, const std::vector<ShardView>& p
   HERD_RETURN_IF_ERROR(file.Append(&h, sizeof(h)));
   HERD_RETURN_IF_ERROR(file.Append(table.data(), table.size() * sizeof(int64_t)));
   for (auto array : {&ShardView::weights, &ShardView::m, &ShardView::v}) {
-    for (const ShardView& p : pieces) HERD_RETURN_IF_ERROR(file.Append(p.*array, bytes(p)));
+    for (const ShardView& p : pieces) HERD_RETURN_IF_ERROR(AppendArray(file, p.*array, bytes(p)));
   }
   return file.Commit();
 }
@@ -375,13 +402,43 @@ StatusOr<ShardHeadOnDisk> ReadShardHead(const std::string& path) {
   return out;
 }
 
-// A manifest entry's size and CRC-32. A shard's comes from its header,
-// whose payload CRC its writer computed from the arrays it wrote and
-// fsynced before voting: its arrays need not be read back (hundreds of
-// megabytes on the committer while training goes on). Other parts are small
-// and read whole.
+// A file's size and CRC-32, read in pieces: a part is checked without
+// holding it (a shard's arrays are 12 bytes a parameter of its range).
+StatusOr<std::pair<uint64_t, uint32_t>> StreamedDigest(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) {
+    if (errno == ENOENT) return Status::NotFound(path + ": no such file");
+    return Status::IOError(path + ": cannot open: " + std::strerror(errno));
+  }
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> closer(f, &std::fclose);
+  // A device or pipe (/dev/zero, a FIFO) would be read without end.
+  struct stat st;
+  if (::fstat(::fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+    return Status::InvalidArgument(path + ": not a regular file");
+  }
+  std::vector<char> buf(1 << 20);
+  uint64_t size = 0;
+  uint32_t crc = 0;
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) {
+    crc = Crc32(buf.data(), n, crc);
+    size += n;
+  }
+  if (std::ferror(f)) return Status::IOError(path + ": read failed: " + std::strerror(errno));
+  return std::make_pair(size, crc);
+}
+
+// Every part in the shard file format: a shard, a region's replica, an
+// outer optimizer state (checkpoint_format.h's names all end so).
+bool InShardFormat(const std::string& path) { return BaseName(path).ends_with(".bin"); }
+
+// A manifest entry's size and CRC-32. A part in the shard format has them
+// from its header, whose payload CRC its writer computed from the arrays
+// it wrote and fsynced before voting: its arrays need not be read back
+// (hundreds of megabytes on the committer while training goes on). Other
+// parts are small and streamed.
 StatusOr<std::pair<uint64_t, uint32_t>> PartDigest(const std::string& path) {
-  if (BaseName(path).rfind("shard_", 0) == 0) {
+  if (InShardFormat(path)) {
     HERD_ASSIGN_OR_RETURN(ShardHeadOnDisk disk, ReadShardHead(path));
     const uint64_t payload = PayloadBytes(disk.head);
     if (disk.size != disk.bytes.size() + payload) {
@@ -391,8 +448,7 @@ StatusOr<std::pair<uint64_t, uint32_t>> PartDigest(const std::string& path) {
     return std::make_pair(disk.size, Crc32Combine(Crc32(disk.bytes.data(), disk.bytes.size()),
                                                   disk.head.header.payload_crc, payload));
   }
-  HERD_ASSIGN_OR_RETURN(std::string data, ReadFile(path));
-  return std::make_pair(static_cast<uint64_t>(data.size()), Crc32(data.data(), data.size()));
+  return StreamedDigest(path);
 }
 
 }  // namespace
@@ -460,8 +516,8 @@ StatusOr<Manifest> VerifyCheckpoint(const std::string& step_dir) {
     if (file.empty() || file.find('/') != std::string::npos || file.starts_with(".")) {
       return Status::Corruption(path + ": part name '" + file + "' is not a plain file name");
     }
-    HERD_ASSIGN_OR_RETURN(std::string data, ReadFile(JoinPath(step_dir, file)));
-    if (data.size() != part["bytes"].get<uint64_t>() || Crc32(data.data(), data.size()) != part["crc32"].get<uint32_t>()) {
+    HERD_ASSIGN_OR_RETURN(const auto digest, StreamedDigest(JoinPath(step_dir, file)));
+    if (digest.first != part["bytes"].get<uint64_t>() || digest.second != part["crc32"].get<uint32_t>()) {
       return Status::Corruption(JoinPath(step_dir, file) + ": does not match the manifest (size or checksum)");
     }
     out.parts.push_back(file);

@@ -45,7 +45,9 @@ namespace herd {
 struct ShardView {
   int64_t begin = 0, end = 0;  // range of the flat parameter space
   int64_t step = 0;            // optimizer steps taken
-  const float *weights = nullptr, *m = nullptr, *v = nullptr;  // each end - begin long
+  // Each end - begin long. A null v is written as zeros (an outer state
+  // whose wire keeps no rounding error), without an array of them.
+  const float *weights = nullptr, *m = nullptr, *v = nullptr;
   SpikeStats spikes;           // the loss-spike guard's state (the same in every shard)
 };
 struct ShardState {

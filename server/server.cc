@@ -156,7 +156,6 @@ class ServerProcess {
   transport::OuterWire* outer_wire_ = nullptr;
   std::optional<DilocoPlan> diloco_;
   std::unique_ptr<OuterSteps> outer_;
-  std::vector<float> no_error_;  // OuterState's zeros, made once
   ShardImage snapshot_, outer_snapshot_;
   transport::BackgroundCommit background_;
   // The hand-overs of the job's state, for the run summary.
@@ -578,9 +577,7 @@ StatusOr<ParameterShard::StepHooks::Global> ServerProcess::RegionScalars(int64_t
 ShardView ServerProcess::OuterState() {
   const ShardView now = shard_->optimizer().view();
   const OuterOptimizer& outer = outer_->optimizer();
-  if (outer.error() == nullptr) no_error_.resize(outer.size(), 0.0f);
-  return {now.begin, now.end, now.step, outer.outer(), outer.momentum(),
-          outer.error() != nullptr ? outer.error() : no_error_.data(), now.spikes};
+  return {now.begin, now.end, now.step, outer.outer(), outer.momentum(), outer.error(), now.spikes};
 }
 
 RunSummary::HandOver ServerProcess::HandOverNow(int region) const {

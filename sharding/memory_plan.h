@@ -7,7 +7,9 @@
 //            accumulator for its range, plus wire buffers (a bf16 copy of
 //            its weights with bf16 on the wire, and receive buffers for
 //            contributions that arrive out of rank order: one bucket per
-//            worker that cannot land in place);
+//            worker that cannot land in place), and with background
+//            checkpoints the snapshot of its range (a job of regions': of
+//            its outer state too);
 //   worker   weights + gradients of the whole model + activations for its
 //            micro-batch and sequence length (+ the bf16 staging buffer);
 //            with cluster.stream_weights, the weights, gradients and
@@ -33,6 +35,9 @@
 // the host (in `buffers`); one process on a GPU keeps weights, AdamW state
 // and gradients on the device too (cuda::DeviceTrainer) and only its state
 // on the host.
+// A checkpoint holds nothing else: every part is written from the arrays
+// it holds, and the committer takes the checksum of each part in the shard
+// format from its header (model/checkpoint_format.h).
 // Every process also carries a fixed runtime (libraries, UCX, allocator),
 // kRuntimeBytes, measured on an idle herd-server.
 #pragma once

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <random>
@@ -183,6 +184,58 @@ TEST(ShardImage, WritesWhatWriteShardPiecesWrites) {
     ASSERT_EQ(read->size(), shard.size());
     EXPECT_EQ(read->back().v.back(), shard.back().v[shard.back().end - shard.back().begin - 1]);
   }
+}
+
+// A part in the shard format, whatever its name (a region's replica, an
+// outer state), enters the manifest with the checksum its writer put in its
+// header, not one of the bytes read back: damage between the write and the
+// commit is caught when the checkpoint is loaded.
+TEST(Manifest, ChecksumsEveryShardFormatPartFromItsHeader) {
+  const std::string dir = ::testing::TempDir() + "/herd_ckpt_header_digest";
+  ASSERT_TRUE(BeginCheckpointPart(dir).ok());
+  std::vector<float> w(256, 1.0f), m(256, 2.0f), v(256, 3.0f);
+  const ShardView shard{0, 256, 4, w.data(), m.data(), v.data(), {}};
+  for (const std::string& part : {ShardFileName(0), RegionShardFileName(1, 0), OuterFileName(0, 0),
+                                  OuterFileName(1, 0)}) {
+    SCOPED_TRACE(part);
+    ASSERT_TRUE(WriteShard(JoinPath(dir, part), shard).ok());
+    std::FILE* f = std::fopen(JoinPath(dir, part).c_str(), "r+b");
+    ASSERT_NE(f, nullptr);
+    std::fseek(f, -5, SEEK_END);  // in v
+    std::fputc(0x7f, f);
+    std::fclose(f);
+    ASSERT_TRUE(WriteManifest(dir, 4, {part}).ok());
+    auto verified = VerifyCheckpoint(dir);
+    ASSERT_FALSE(verified.ok());
+    EXPECT_NE(verified.status().message().find(part + ": does not match the manifest"), std::string::npos)
+        << verified.status().message();
+  }
+}
+
+// A null v (an outer state whose wire keeps no rounding error) is written,
+// in place and from a snapshot, as an array of zeros would be.
+TEST(ShardImage, WritesANullArrayAsZeros) {
+  const std::string dir = ::testing::TempDir() + "/herd_shard_null_v";
+  ASSERT_TRUE(BeginCheckpointPart(dir).ok());
+  const int64_t n = 70000;  // more than one block of zeros
+  std::vector<float> w(n, 0.25f), m(n, -1.0f), zeros(n, 0.0f);
+  const ShardView with_zeros{0, n, 5, w.data(), m.data(), zeros.data(), {}};
+  const ShardView null_v{0, n, 5, w.data(), m.data(), nullptr, {}};
+  ASSERT_TRUE(WriteShard(JoinPath(dir, "zeros.bin"), with_zeros).ok());
+  ASSERT_TRUE(WriteShard(JoinPath(dir, "null.bin"), null_v).ok());
+  ShardImage image;
+  image.Capture(null_v);
+  ASSERT_TRUE(image.Write(JoinPath(dir, "captured.bin")).ok());
+  auto expected = ReadFile(JoinPath(dir, "zeros.bin"));
+  ASSERT_TRUE(expected.ok());
+  for (const char* name : {"null.bin", "captured.bin"}) {
+    auto got = ReadFile(JoinPath(dir, name));
+    ASSERT_TRUE(got.ok());
+    EXPECT_TRUE(*got == *expected) << name;
+  }
+  auto read = ReadShard(JoinPath(dir, "null.bin"));
+  ASSERT_TRUE(read.ok()) << read.status().message();
+  EXPECT_EQ(read->v, zeros);
 }
 
 // A push of gradients of step `step`, of the share of rank `share` (by
