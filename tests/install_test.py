@@ -6,6 +6,7 @@ job launched from the tree trains, with no library loaded from the build
 machine's system directories other than the C library's (what the loader
 reports it loaded, with LD_DEBUG=libs, in every process, modules opened at
 run time too)."""
+import glob
 import os
 import re
 import subprocess
@@ -52,10 +53,15 @@ def main():
     # launcher and each server and worker, those opened at run time (UCX's
     # transport modules) too. ldd above shows what would resolve; this, what
     # did.
-    env = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "UCX_LOG_LEVEL": "error", "LD_DEBUG": "libs"}
+    # The processes' stderr, the loader's lines with it, goes to the
+    # launcher's log: without checkpoint.dir, herd-launch-PID.log in $TMPDIR.
+    env = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "UCX_LOG_LEVEL": "error", "LD_DEBUG": "libs",
+           "TMPDIR": sb.dir}
     p = subprocess.run([herd, "launch", "job.textproto"], cwd=sb.dir, capture_output=True, text=True, env=env)
     assert p.returncode == 0 and "done: 3 steps" in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
-    loaded = set(re.findall(r"calling init: (\S+)", p.stdout + p.stderr))
+    logs = glob.glob(sb.path("herd-launch-*.log"))
+    assert len(logs) == 1, f"the launcher's log: {logs}"
+    loaded = set(re.findall(r"calling init: (\S+)", p.stdout + p.stderr + open(logs[0]).read()))
     outside = sorted(x for x in loaded if not os.path.realpath(x).startswith(os.path.realpath(prefix) + os.sep)
                      and not os.path.basename(x).startswith(SYSTEM_OK))
     assert len(loaded) > 10 and any("/ucx/" in x for x in loaded), sorted(loaded)

@@ -126,7 +126,7 @@ class Launch:
 
 def too_big(sb):
     for extra in (["--set", "cluster.workers=16000"],
-                  ["--set", "model.num_hidden_layers=20000", "--set", "model.hidden_size=2048",
+                  ["--set", "model.num_hidden_layers=4000", "--set", "model.hidden_size=2048",
                    "--set", "model.intermediate_size=8192"]):
         cfg = ps_config(sb, "big")
         before = herdtest.snapshot(sb.dir)

@@ -52,7 +52,8 @@ int RunLaunch(int argc, char** argv) {
   auto max_restarts = args.GetInt("max-restarts", 0, 0);
   if (!max_restarts.ok()) return ReportError(max_restarts.status());
   if (config->cluster().sync() != config::ClusterConfig::NONE) {
-    return RunLocalJob(*config, {args.positional()[0], args.GetAll("set"), options, static_cast<int>(*max_restarts)});
+    return RunLocalJob(*config, {args.positional()[0], args.GetAll("set"), options, static_cast<int>(*max_restarts),
+                                 /*log_file=*/""});
   }
   if (*max_restarts > 0) {
     // Nothing outside the one process could start it again.
