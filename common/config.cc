@@ -729,27 +729,6 @@ int DataParallelReplicas(const JobConfig& config) {
   return static_cast<int>(NumWorkers(config) / group);
 }
 
-GridPlace GridPlaceOf(const JobConfig& config, int rank) {
-  const int T = std::max(1, config.cluster().tensor_parallel()), C = std::max(1, config.cluster().context_parallel());
-  if (config.cluster().pipeline_stages() > 1) {
-    const int R = DataParallelReplicas(config);
-    return {rank / T % R, rank / T / R, 0, rank % T};
-  }
-  return {rank / (T * C), 0, rank / T % C, rank % T};
-}
-
-std::string GridPlaceName(const JobConfig& config, int rank) {
-  const GridPlace g = GridPlaceOf(config, rank);
-  std::vector<std::string> axes;
-  if (config.cluster().pipeline_stages() > 1) axes.push_back("pipeline stage " + std::to_string(g.stage));
-  if (config.cluster().tensor_parallel() > 1) axes.push_back("tensor rank " + std::to_string(g.tensor));
-  if (config.cluster().context_parallel() > 1) axes.push_back("context rank " + std::to_string(g.context));
-  if (axes.empty()) return "";
-  std::string out = " (";
-  for (size_t i = 0; i < axes.size(); ++i) out += (i ? ", " : "") + axes[i];
-  return out + " of replica " + std::to_string(g.replica) + ")";
-}
-
 OuterStep OuterStepOf(const config::DilocoConfig& diloco) {
   const bool tuned = diloco.every() >= kDilocoTunedEvery;
   OuterStep step;

@@ -103,19 +103,6 @@ int RegionOfRank(int rank, int count, int regions);
 // and a context-parallel group share one).
 int DataParallelReplicas(const JobConfig& config);
 
-// Where a worker sits in the grid, tensor innermost (a tensor group on
-// consecutive ranks, so on one node): data x context x tensor, rank =
-// (replica * C + context) * T + tensor; with pipeline stages (no context
-// parallelism) stage-major, rank = (stage * R + replica) * T + tensor
-// (sharding/pipeline_plan.h).
-struct GridPlace {
-  int replica = 0, stage = 0, context = 0, tensor = 0;
-};
-GridPlace GridPlaceOf(const JobConfig& config, int rank);
-// " (pipeline stage 1, tensor rank 0 of replica 2)": the axes the job has,
-// for lines that name a worker; empty for plain data parallelism.
-std::string GridPlaceName(const JobConfig& config, int rank);
-
 // Parameter-server mode steps each bucket as soon as its sum is complete
 // (and workers pull it at once) when nothing global enters the update: no
 // clipping (the norm), no spike guard (the norm and the loss), and not an

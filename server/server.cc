@@ -24,6 +24,7 @@
 #include "server/parameter_shard.h"
 #include "server/region_state.h"
 #include "sharding/diloco_plan.h"
+#include "sharding/grid.h"
 #include "sharding/job_options.h"
 #include "sharding/memory_plan.h"
 #include "sharding/pipeline_plan.h"
@@ -293,10 +294,11 @@ Status ServerProcess::MakeShard(transport::CoordinatorClient& client, std::uniqu
   }
   if (space_) {
     // A rank's part is pushed by the workers of that tensor-parallel rank.
+    const Grid grid = Grid::FromConfig(config_);
     for (const Bucket& b : plan_.buckets()) {
       std::vector<int>& workers = o.contributors.emplace_back();
-      for (int w = 0; w < o.num_workers; ++w) {
-        if (GridPlaceOf(config_, w).tensor == b.range.begin / space_->part()) workers.push_back(w);
+      for (int w = 0; w < grid.size(); ++w) {
+        if (grid.CoordsOf(w)[Axis::kTensor] == b.range.begin / space_->part()) workers.push_back(w);
       }
     }
     o.uncounted = space_->Copies();

@@ -234,8 +234,8 @@ StatusOr<std::vector<ProcessMemory>> StageMemory(const JobSizes& j, const ShardP
   const PipelineSchedule& s = pipeline.schedule;
   const int64_t B = j.train.batch_size(), T = j.train.seq_len();
   LlamaShape shape = j.shape;
-  if (pipeline.tensor > 1) {
-    HERD_ASSIGN_OR_RETURN(const TensorSlices slices, TensorSlices::Make(j.shape, pipeline.tensor, 0));
+  if (const int T = pipeline.grid.degree(Axis::kTensor); T > 1) {
+    HERD_ASSIGN_OR_RETURN(const TensorSlices slices, TensorSlices::Make(j.shape, T, 0));
     shape = slices.shape();
   }
   const ParamLayout layout(shape);  // the space a stage's worker computes in
@@ -252,7 +252,7 @@ StatusOr<std::vector<ProcessMemory>> StageMemory(const JobSizes& j, const ShardP
     ProcessMemory m;
     m.role = "stage";
     m.rank = d;
-    m.count = pipeline.replicas * pipeline.tensor;
+    m.count = pipeline.grid.data() * pipeline.grid.degree(Axis::kTensor);
     const std::vector<int> slots = ChunkSlots(s, d);
     int64_t held = 0;
     for (int c = 0; c < s.chunks; ++c) {
@@ -272,7 +272,7 @@ StatusOr<std::vector<ProcessMemory>> StageMemory(const JobSizes& j, const ShardP
     if (zero_plan) {
       // The first replica's slices (the largest).
       int64_t owned = 0;
-      for (const ParamRange& r : OwnedSlices(BucketsWithin(*zero_plan, ranges), pipeline.replicas, 0)) owned += r.size();
+      for (const ParamRange& r : OwnedSlices(BucketsWithin(*zero_plan, ranges), pipeline.grid.data(), 0)) owned += r.size();
       m.optimizer = 2 * owned * kF32;
     }
     int64_t staging = ps && j.bf16 ? held * 2 : 0;
@@ -292,10 +292,11 @@ StatusOr<std::vector<ProcessMemory>> StageMemory(const JobSizes& j, const ShardP
     // Everyone's; with replicas the stage's (and the others StartRing
     // makes); with tensor parallelism the group's too, and the stage's
     // replicas' strided ring.
-    const int rings = ps                   ? 0
-                      : pipeline.tensor > 1 ? 3 + (pipeline.replicas > 1 ? 1 : 0)
-                      : pipeline.replicas > 1 ? 3
-                                              : 1;
+    const int tensor = pipeline.grid.degree(Axis::kTensor), replicas = pipeline.grid.data();
+    const int rings = ps           ? 0
+                      : tensor > 1   ? 3 + (replicas > 1 ? 1 : 0)
+                      : replicas > 1 ? 3
+                                     : 1;
     m.buffers = rings * (kRingChunksAhead + (j.bf16 ? kRingChunksInFlight : 0)) * kRingChunkBytes +
                 2 * activation * (wire_bf16 ? 2 : kF32) + (tied_end && !ps ? embedding * kF32 : 0) + staging;
     m.runtime = kRuntimeBytes;

@@ -38,15 +38,14 @@ StatusOr<PipelinePlan> PipelinePlan::FromConfig(const config::JobConfig& config)
   }
   HERD_ASSIGN_OR_RETURN(plan.schedule, MakePipelineSchedule(KindOf(cl.pipeline_schedule()), P, v,
                                                             config.train().grad_accum()));
-  plan.tensor = std::max(1, cl.tensor_parallel());
+  plan.grid = Grid::FromConfig(config);
   LlamaShape shape = LlamaShape::FromConfig(config.model());
-  if (plan.tensor > 1) {
-    HERD_ASSIGN_OR_RETURN(const TensorSlices slices, TensorSlices::Make(shape, plan.tensor, 0));
+  if (const int T = plan.grid.degree(Axis::kTensor); T > 1) {
+    HERD_ASSIGN_OR_RETURN(const TensorSlices slices, TensorSlices::Make(shape, T, 0));
     shape = slices.shape();
   }
   HERD_ASSIGN_OR_RETURN(plan.split,
                         PipelineSplit::Make(shape, P * v, cl.pipeline_split(), config.train().seq_len()));
-  plan.replicas = cl.workers() / (P * plan.tensor);
   return plan;
 }
 
@@ -83,7 +82,9 @@ std::vector<int> PipelinePlan::ContributorsOf(ParamRange range, const ParamLayou
   }
   std::vector<int> ranks;
   for (int d : devices_of) {
-    for (int r = 0; r < replicas; ++r) ranks.push_back(RankOf(d, r));
+    // Stage d's replicas (of tensor rank 0: a pipeline on servers has none).
+    const std::vector<int> replicas = grid.GroupOf(grid.Along(0, Axis::kPipeline, d), {Axis::kShard, Axis::kReplicate});
+    ranks.insert(ranks.end(), replicas.begin(), replicas.end());
   }
   return ranks;
 }

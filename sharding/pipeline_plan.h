@@ -1,18 +1,16 @@
 // A job's pipeline (cluster.pipeline_stages > 1): its layers cut into
 // virtual stages (sharding/pipeline_split.h), the schedule every device
-// follows (sharding/pipeline_schedule.h) and where each worker sits.
-// Worker ranks are stage-major, tensor innermost: device p's replica r's
-// tensor rank t is rank (p·R + r)·T + t, R = workers / (pipeline_stages ·
-// T) data-parallel replicas, T = cluster.tensor_parallel (1 without), so
-// that a tensor group is consecutive ranks (one node) and the workers of
-// one stage are neighbours (Megatron puts the pipeline outermost the same
-// way). With tensor parallelism the split is of a rank's packed model
+// follows (sharding/pipeline_schedule.h) and the job's grid, which says
+// where each worker sits (sharding/grid.h: a stage is a block of
+// consecutive ranks, its replicas' tensor groups inside it). With tensor
+// parallelism the split is of a rank's packed model
 // (sharding/tensor_slices.h: its heads, intermediate columns and
 // vocabulary divided by T), and the ranges are of its packed space.
 #pragma once
 
 #include "common/status.h"
 #include "proto/herd.pb.h"
+#include "sharding/grid.h"
 #include "sharding/pipeline_schedule.h"
 #include "sharding/pipeline_split.h"
 #include "sharding/shard_plan.h"
@@ -22,8 +20,7 @@ namespace herd {
 struct PipelinePlan {
   PipelineSplit split;
   PipelineSchedule schedule;
-  int replicas = 1;
-  int tensor = 1;  // ranks of a stage's tensor-parallel group
+  Grid grid;  // the job's
 
   // From the config; errors in one line naming the fields (a split or a
   // schedule the model or the micro-batches cannot take), before any
@@ -42,12 +39,6 @@ struct PipelinePlan {
   // Where buckets must be cut: between the stages, and at the end of a
   // tied embedding (which two stages push).
   std::vector<int64_t> BucketCuts(const ParamLayout& layout) const;
-  int DeviceOf(int rank) const { return rank / tensor / replicas; }
-  int ReplicaOf(int rank) const { return rank / tensor % replicas; }
-  int TensorRankOf(int rank) const { return rank % tensor; }
-  int RankOf(int device, int replica, int tensor_rank = 0) const {
-    return (device * replicas + replica) * tensor + tensor_rank;
-  }
 };
 
 // Whether the job runs a pipeline (cluster.pipeline_stages > 1).

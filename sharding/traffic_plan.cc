@@ -72,15 +72,16 @@ StatusOr<WorkerTraffic> PipelineTraffic(const config::JobConfig& config, const J
   HERD_ASSIGN_OR_RETURN(const PipelinePlan pipeline, PipelinePlan::FromConfig(config));
   const PipelineSchedule& s = pipeline.schedule;
   LlamaShape shape = flat.shape();
-  if (pipeline.tensor > 1) {
-    HERD_ASSIGN_OR_RETURN(const TensorSlices slices, TensorSlices::Make(shape, pipeline.tensor, 0));
+  const int tensor = pipeline.grid.degree(Axis::kTensor);
+  if (tensor > 1) {
+    HERD_ASSIGN_OR_RETURN(const TensorSlices slices, TensorSlices::Make(shape, tensor, 0));
     shape = slices.shape();
   }
   const ParamLayout layout(shape);  // the space a stage's worker computes in
   const double act_bytes = config.cluster().pipeline_wire_dtype() == config::ClusterConfig::BF16 ? 2 : 4;
   const double activation = static_cast<double>(job.batch) * job.seq_len * job.shape.hidden_size * act_bytes;
   const double embedding = job.shape.tie_word_embeddings ? static_cast<double>(layout.layer(0).input_norm) : 0;
-  const double P = static_cast<double>(layout.size()), R = pipeline.replicas, W = R * s.devices;
+  const double P = static_cast<double>(layout.size()), R = pipeline.grid.data(), W = R * s.devices;
   const double messages = (s.virtual_stages() - 1) * 2.0 * s.micro_batches * activation * R / W;
   WorkerTraffic t;
   if (config.cluster().sync() == config::ClusterConfig::PARAMETER_SERVER) {
@@ -101,7 +102,7 @@ StatusOr<WorkerTraffic> PipelineTraffic(const config::JobConfig& config, const J
     return t;
   }
   const double ring = 2 * RingPass(static_cast<int>(R), P / s.devices, wire);
-  const double group = pipeline.tensor > 1 ? TensorGroupSums(config, job) / s.devices : 0;
+  const double group = tensor > 1 ? TensorGroupSums(config, job) / s.devices : 0;
   t.sent = t.received = static_cast<int64_t>(messages + 2 * embedding * 4 * R / W + ring + group);
   return t;
 }

@@ -368,9 +368,9 @@ TEST(PipelineScheduleTest, NamesAreTheConfigs) {
   EXPECT_NE(bad.status().message().find("cluster.pipeline_schedule"), std::string::npos);
 }
 
-// The grid data x pipeline x tensor: every rank has one place, ranks are
-// stage-major with the tensor group innermost (consecutive ranks), and the
-// place of a rank is the rank of its place.
+// The grid data x pipeline x tensor: ranks are stage-major with the
+// tensor group innermost, rank = (stage·R + replica)·T + tensor, the
+// layout pipeline jobs have always had (sharding/grid.h holds it).
 TEST(PipelinePlan, RanksAreStageMajorWithTheTensorGroupInnermost) {
   auto config = ParseJobConfig(
       "model { vocab_size: 256 hidden_size: 64 intermediate_size: 160 num_hidden_layers: 4 num_attention_heads: 4 "
@@ -380,17 +380,15 @@ TEST(PipelinePlan, RanksAreStageMajorWithTheTensorGroupInnermost) {
   ASSERT_TRUE(config.ok()) << config.status().message();
   auto plan = PipelinePlan::FromConfig(*config);
   ASSERT_TRUE(plan.ok()) << plan.status().message();
-  EXPECT_EQ(plan->replicas, 3);
-  EXPECT_EQ(plan->tensor, 2);
-  std::set<std::tuple<int, int, int>> places;
+  const Grid& grid = plan->grid;
+  EXPECT_EQ(grid.data(), 3);
+  EXPECT_EQ(grid.degree(Axis::kTensor), 2);
   for (int rank = 0; rank < 12; ++rank) {
-    const int d = plan->DeviceOf(rank), r = plan->ReplicaOf(rank), t = plan->TensorRankOf(rank);
-    EXPECT_EQ(plan->RankOf(d, r, t), rank);
-    EXPECT_EQ(t, GridPlaceOf(*config, rank).tensor) << "one tensor rank for the pipeline and the grid";
-    places.insert({d, r, t});
-    if (t > 0) EXPECT_EQ(plan->RankOf(d, r, t - 1), rank - 1) << "a tensor group is consecutive ranks";
+    const GridCoords g = grid.CoordsOf(rank);
+    EXPECT_EQ(g[Axis::kTensor], rank % 2);
+    EXPECT_EQ(grid.ReplicaOf(rank), rank / 2 % 3);
+    EXPECT_EQ(g[Axis::kPipeline], rank / 2 / 3);
   }
-  EXPECT_EQ(places.size(), 12u);
   // The split is of a rank's packed model: its ranges tile that space.
   auto slices = TensorSlices::Make(LlamaShape::FromConfig(config->model()), 2, 0);
   ASSERT_TRUE(slices.ok());

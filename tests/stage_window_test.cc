@@ -86,7 +86,7 @@ Outcome RunStages(const Case& c, int64_t bucket_elements, int prefetch, bool str
   auto split = PipelineSplit::Make(shape, c.devices * c.chunks, "", T);
   auto schedule = MakePipelineSchedule(c.kind, c.devices, c.chunks, M);
   EXPECT_TRUE(split.ok() && schedule.ok());
-  const PipelinePlan pipeline{*split, *schedule, 1};
+  const PipelinePlan pipeline{*split, *schedule, Grid()};
   const PipelineSchedule& s = pipeline.schedule;
   ShardPlanOptions po;
   po.servers = 2;
@@ -315,7 +315,7 @@ TEST(StageWindow, PlanCountsWhatEachStagesWindowHolds) {
     auto split = PipelineSplit::Make(shape, c.devices * c.chunks, "", T);
     auto schedule = MakePipelineSchedule(c.kind, c.devices, c.chunks, M);
     ASSERT_TRUE(split.ok() && schedule.ok());
-    const PipelinePlan pipeline{*split, *schedule, 1};
+    const PipelinePlan pipeline{*split, *schedule, Grid()};
     ShardPlanOptions po;
     po.servers = 2;
     po.bucket_elements = bucket;

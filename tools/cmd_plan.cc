@@ -21,6 +21,7 @@
 #include "common/logging.h"
 #include "common/strings.h"
 #include "model/param_layout.h"
+#include "sharding/grid.h"
 #include "sharding/memory_plan.h"
 #include "sharding/pipeline_plan.h"
 #include "sharding/traffic_plan.h"
@@ -39,37 +40,34 @@ std::string Name(const ProcessMemory& p, int workers) {
   return p.role;
 }
 
-// The grid data x context x tensor, or data x pipeline x tensor
-// (common/config.h's GridPlace): each worker's place and the groups it
-// sums with. Every worker is in one group of each kind, so the groups are
-// listed once and each worker names its own: the grid stays linear in the
-// workers.
-struct Grid {
-  std::vector<GridPlace> places;  // by rank
+// The groups each worker sums with, by kind: its tensor group, its
+// context group, and its gradient group (a tensor rank's slices with its
+// kind across replicas, context ranks and regions; a pipeline's: of its
+// stage). Every worker is in one group of each kind, so the groups are
+// listed once and each worker names its own: linear in the workers.
+struct GridGroups {
   enum Kind { kTensor, kContext, kGradient };
+  static std::vector<Axis> AxesOf(int kind) {
+    if (kind == kTensor) return {Axis::kTensor};
+    if (kind == kContext) return {Axis::kContext};
+    return {Axis::kContext, Axis::kShard, Axis::kReplicate, Axis::kRegion};
+  }
   std::vector<std::vector<int>> groups[3];
   std::vector<int> group_of[3];  // by kind, by rank: the index of its group
 
-  explicit Grid(const config::JobConfig& config) {
-    const int W = NumWorkers(config);
-    const bool pipeline = config.cluster().pipeline_stages() > 1;
-    std::map<std::tuple<int, int, int>, int> index[3];
-    for (int w = 0; w < W; ++w) {
-      const GridPlace g = GridPlaceOf(config, w);
-      places.push_back(g);
-      // A tensor group: one replica's (and stage's, context rank's) slices.
-      // A context group: the context ranks of one tensor rank of a replica.
-      // A gradient group: a tensor rank's slices with its kind across
-      // replicas and context ranks (a pipeline's: of its stage); without
-      // tensor parallelism every worker's gradients (of its stage).
-      const std::tuple<int, int, int> keys[3] = {{g.replica, g.stage, g.context},
-                                                 {g.replica, g.stage, g.tensor},
-                                                 {pipeline ? g.stage : 0, g.tensor, 0}};
-      for (int k = 0; k < 3; ++k) {
-        const auto [it, fresh] = index[k].try_emplace(keys[k], static_cast<int>(groups[k].size()));
-        if (fresh) groups[k].emplace_back();
-        groups[k][it->second].push_back(w);
-        group_of[k].push_back(it->second);
+  explicit GridGroups(const Grid& grid) {
+    for (int k = 0; k < 3; ++k) {
+      std::vector<int> index_of_leader(grid.size(), -1);
+      for (int w = 0; w < grid.size(); ++w) {
+        GridCoords leader = grid.CoordsOf(w);
+        for (Axis a : AxesOf(k)) leader[a] = 0;
+        int& index = index_of_leader[grid.RankOf(leader)];
+        if (index < 0) {
+          index = static_cast<int>(groups[k].size());
+          groups[k].emplace_back();
+        }
+        groups[k][index].push_back(w);
+        group_of[k].push_back(index);
       }
     }
   }
@@ -93,18 +91,14 @@ bool HasGrid(const config::JobConfig& config) {
   return config.cluster().tensor_parallel() > 1 || config.cluster().context_parallel() > 1;
 }
 
-// "data 2 x pipeline 2 x tensor 2 (rank = (stage x 2 + replica) x 2 + tensor)".
-std::string GridShape(const config::JobConfig& config) {
-  const int T = std::max(1, config.cluster().tensor_parallel()), C = std::max(1, config.cluster().context_parallel());
-  const int R = DataParallelReplicas(config), P = config.cluster().pipeline_stages();
-  const std::string t = std::to_string(T), r = std::to_string(R);
-  if (P > 1) {
-    return "data " + r + " x pipeline " + std::to_string(P) + " x tensor " + t + " (rank = (stage x " + r +
-           " + replica) x " + t + " + tensor)";
-  }
-  const std::string c = std::to_string(C);
-  return "data " + r + " x context " + c + " x tensor " + t + " (rank = (replica x " + c + " + context) x " + t +
-         " + tensor)";
+// "region 1 x pipeline 2 x data 2 x context 1 x tensor 2 (rank = ((stage x 2
+// + replica) x 1 + context) x 2 + tensor)": the degrees and the one rank order.
+std::string GridShape(const Grid& grid) {
+  auto d = [&grid](Axis a) { return std::to_string(grid.degree(a)); };
+  std::string order = "stage";
+  if (grid.degree(Axis::kRegion) > 1) order = "(region x " + d(Axis::kPipeline) + " + stage)";
+  return grid.Describe() + " (rank = ((" + order + " x " + std::to_string(grid.data()) + " + replica) x " +
+         d(Axis::kContext) + " + context) x " + d(Axis::kTensor) + " + tensor)";
 }
 
 void PrintJson(const config::JobConfig& config, const MemoryPlan& plan, const WorkerTraffic& traffic,
@@ -132,22 +126,26 @@ void PrintJson(const config::JobConfig& config, const MemoryPlan& plan, const Wo
                 static_cast<long long>(region_bytes), config.cluster().diloco().every());
   }
   if (HasGrid(config)) {
+    const Grid grid = Grid::FromConfig(config);
     std::printf(", \"grid\": {\"data\": %d, \"pipeline\": %d, \"context\": %d, \"tensor\": %d, \"workers\": [",
-                DataParallelReplicas(config), std::max(1, config.cluster().pipeline_stages()),
-                std::max(1, config.cluster().context_parallel()), std::max(1, config.cluster().tensor_parallel()));
-    const Grid grid(config);
-    for (size_t w = 0; w < grid.places.size(); ++w) {
-      const GridPlace& g = grid.places[w];
-      std::printf("%s{\"rank\": %zu, \"replica\": %d, \"stage\": %d, \"context\": %d, \"tensor\": %d, "
+                grid.replicas(), grid.degree(Axis::kPipeline), grid.degree(Axis::kContext),
+                grid.degree(Axis::kTensor));
+    const GridGroups groups(grid);
+    for (int w = 0; w < grid.size(); ++w) {
+      const GridCoords g = grid.CoordsOf(w);
+      std::printf("%s{\"rank\": %d, \"replica\": %d, \"stage\": %d, \"context\": %d, \"tensor\": %d, "
                   "\"tensor_group\": %d, \"context_group\": %d, \"gradient_group\": %d}",
-                  w ? ", " : "", w, g.replica, g.stage, g.context, g.tensor, grid.group_of[Grid::kTensor][w],
-                  grid.group_of[Grid::kContext][w], grid.group_of[Grid::kGradient][w]);
+                  w ? ", " : "", w, grid.ReplicaOf(w), g[Axis::kPipeline], g[Axis::kContext], g[Axis::kTensor],
+                  groups.group_of[GridGroups::kTensor][w], groups.group_of[GridGroups::kContext][w],
+                  groups.group_of[GridGroups::kGradient][w]);
     }
     // The groups, by index: the ranks of each.
     const char* names[3] = {"tensor_groups", "context_groups", "gradient_groups"};
     for (int k = 0; k < 3; ++k) {
       std::printf("], \"%s\": [", names[k]);
-      for (size_t i = 0; i < grid.groups[k].size(); ++i) std::printf("%s[%s]", i ? ", " : "", Ranks(grid.groups[k][i]).c_str());
+      for (size_t i = 0; i < groups.groups[k].size(); ++i) {
+        std::printf("%s[%s]", i ? ", " : "", Ranks(groups.groups[k][i]).c_str());
+      }
     }
     std::printf("]}");
   }
@@ -180,15 +178,18 @@ void PrintPipeline(const PipelinePlan& p) {
   }
   std::printf("pipeline: %d stages%s, %s, %d micro-batches, %d replica%s: idle %.1f%% of a step in theory\n",
               s.devices, virtual_stages.c_str(),
-              PipelineScheduleName(s.kind), s.micro_batches, p.replicas, p.replicas == 1 ? "" : "s", 100 * idle);
+              PipelineScheduleName(s.kind), s.micro_batches, p.grid.data(), p.grid.data() == 1 ? "" : "s", 100 * idle);
   for (int vs = 0; vs < s.virtual_stages(); ++vs) {
     const PipelineStage& st = p.split.stage(vs);
     const int device = s.DeviceOf(vs);
+    // A stage's workers: a block of consecutive ranks.
+    const std::vector<int> stage = p.grid.GroupOf(p.grid.Along(0, Axis::kPipeline, device),
+                                                  {Axis::kTensor, Axis::kContext, Axis::kShard, Axis::kReplicate});
     std::string who = "worker ";
-    who += std::to_string(p.RankOf(device, 0));
-    if (p.replicas * p.tensor > 1) {
+    who += std::to_string(stage.front());
+    if (stage.size() > 1) {
       who += '-';
-      who += std::to_string(p.RankOf(device, p.replicas - 1, p.tensor - 1));
+      who += std::to_string(stage.back());
     }
     std::string chunk;
     if (s.chunks > 1) {
@@ -245,22 +246,25 @@ void PrintTable(const std::string& path, const config::JobConfig& config, const 
                 FormatBytes(region_bytes).c_str(), FormatBytes(region_bytes * 1000 / d.every()).c_str());
   }
   if (pipeline != nullptr) PrintPipeline(*pipeline);
+  const Grid grid = Grid::FromConfig(config);
+  if (grid.size() > 1) std::printf("grid: %s\n", GridShape(grid).c_str());
   if (HasGrid(config)) {
-    std::printf("grid: %s\n", GridShape(config).c_str());
     const bool pipeline_grid = cl.pipeline_stages() > 1;
-    const Grid grid(config);
-    for (int w = 0; w < static_cast<int>(grid.places.size()); ++w) {
-      if (w == 8 && grid.places.size() > 9) {
+    const GridGroups groups(grid);
+    for (int w = 0; w < grid.size(); ++w) {
+      if (w == 8 && grid.size() > 9) {
         std::printf("  ... (--json lists every worker)\n");
         break;
       }
-      const GridPlace& g = grid.places[w];
-      const std::string where = pipeline_grid ? "stage " + std::to_string(g.stage)
-                                              : "context rank " + std::to_string(g.context);
-      const std::string groups = pipeline_grid ? "" : ", context group " + RanksBrief(grid.GroupOf(Grid::kContext, w));
+      const GridCoords g = grid.CoordsOf(w);
+      const std::string where = pipeline_grid ? "stage " + std::to_string(g[Axis::kPipeline])
+                                              : "context rank " + std::to_string(g[Axis::kContext]);
+      const std::string context =
+          pipeline_grid ? "" : ", context group " + RanksBrief(groups.GroupOf(GridGroups::kContext, w));
       std::printf("  worker %d: replica %d, %s, tensor rank %d; sums with: tensor group %s%s, gradients %s%s\n",
-                  w, g.replica, where.c_str(), g.tensor, RanksBrief(grid.GroupOf(Grid::kTensor, w)).c_str(),
-                  groups.c_str(), RanksBrief(grid.GroupOf(Grid::kGradient, w)).c_str(),
+                  w, grid.ReplicaOf(w), where.c_str(), g[Axis::kTensor],
+                  RanksBrief(groups.GroupOf(GridGroups::kTensor, w)).c_str(), context.c_str(),
+                  RanksBrief(groups.GroupOf(GridGroups::kGradient, w)).c_str(),
                   cl.sync() == config::ClusterConfig::PARAMETER_SERVER ? " (on the servers)" : "");
     }
   }

@@ -32,6 +32,7 @@
 #include "common/strings.h"
 #include "data/prepare.h"
 #include "model/checkpoint_run.h"
+#include "sharding/grid.h"
 #include "sharding/memory_plan.h"
 #include "sharding/pipeline_plan.h"
 #include "sharding/shard_plan.h"
@@ -348,6 +349,7 @@ class JobAttempt {
   const int replacements_;
   const std::string bin_dir_;
   const int servers_, workers_;
+  const Grid grid_;  // names a worker by its place in the grid
   const bool replaces_;  // elastic, with restarts left
   const int cores_;
   const bool pick_threads_;  // no train.threads nor OMP_NUM_THREADS: workers share the cores
@@ -479,6 +481,7 @@ JobAttempt::JobAttempt(const config::JobConfig& config, const LocalJobOptions& o
       bin_dir_(bin_dir),
       servers_(config.cluster().servers()),
       workers_(config.cluster().workers()),
+      grid_(Grid::FromConfig(config)),
       replaces_((config.cluster().elastic() || Regions(config) > 1) && replacements > 0),
       cores_(std::max(1, static_cast<int>(std::thread::hardware_concurrency()))),
       pick_threads_(config.train().threads() == 0 && std::getenv("OMP_NUM_THREADS") == nullptr),
@@ -547,7 +550,7 @@ Status JobAttempt::StartCoordinator() {
 
 Status JobAttempt::SpawnChild(Child& c, bool server, int rank, bool join) {
   c.name = (server ? "server " : "worker ") + std::to_string(rank);
-  if (!server) c.place = GridPlaceName(config_, rank);
+  if (!server) c.place = grid_.PlaceName(rank);
   c.worker = !server;
   const std::string binary = JoinPath(bin_dir_, server ? "herd-server" : "herd-worker");
   std::vector<std::string> argv = {binary, options_.config_path};

@@ -17,6 +17,7 @@
 #include "model/checkpoint_run.h"
 #include "model/optim/adamw.h"
 #include "model/optim/optimizer_shard.h"
+#include "sharding/grid.h"
 #include "sharding/job_options.h"
 #include "sharding/memory_plan.h"
 #include "sharding/pipeline_plan.h"
@@ -83,18 +84,16 @@ void PrintRunHeader(const config::JobConfig& config, const JobOptions& job, cons
               shape.vocab_size, transport ? "worker 0 on " : "", device.c_str());
   const long long tokens = static_cast<long long>(train.batch_size()) * train.seq_len() * train.grad_accum();
   if (pipeline != nullptr) {
+    const int T = pipeline->grid.degree(Axis::kTensor), replicas = pipeline->grid.data();
     std::printf("pipeline: %d stages (first layers %s)%s, schedule %s, %d micro-batches, %d replica%s%s%s | "
                 "batch %d x %d tokens x %d accum x %d replicas = %lld tokens/step\n",
                 pipeline->devices(), pipeline->split.Describe().c_str(),
-                pipeline->tensor > 1
-                    ? (", each stage tensor-parallel over " + std::to_string(pipeline->tensor) + " ranks").c_str()
-                    : "",
-                PipelineScheduleName(pipeline->schedule.kind), pipeline->schedule.micro_batches, pipeline->replicas,
-                pipeline->replicas == 1 ? "" : "s",
+                T > 1 ? (", each stage tensor-parallel over " + std::to_string(T) + " ranks").c_str() : "",
+                PipelineScheduleName(pipeline->schedule.kind), pipeline->schedule.micro_batches, replicas,
+                replicas == 1 ? "" : "s",
                 config.cluster().pipeline_wire_dtype() == ClusterConfig::BF16 ? ", activations bf16 on the wire" : "",
                 cluster.stream_weights() ? ", each stage's weights streamed" : "",
-                train.batch_size(), train.seq_len(), train.grad_accum(), pipeline->replicas,
-                tokens * pipeline->replicas);
+                train.batch_size(), train.seq_len(), train.grad_accum(), replicas, tokens * replicas);
   } else if (cluster.tensor_parallel() > 1) {
     const int T = cluster.tensor_parallel(), replicas = num_workers / T;
     std::printf("tensor parallel: %d ranks a replica (%d heads, %d intermediate columns and %d vocabulary rows "
@@ -196,13 +195,8 @@ class WorkerProcess {
   Status PreparePipelineStage();
   // A tensor-parallel worker's slices and its model over them.
   Status PrepareTensorParallel();
-  // The data-parallel replicas (of a pipeline or a tensor-parallel group)
-  // and this worker's: whose sequences it computes.
-  int Replicas() const;
-  int ReplicaIndex() const;
-  // The workers of a tensor- or context-parallel group (consecutive
-  // ranks), which draw the same sequences; 1 without.
-  int GroupRanks() const;
+  // This worker's place in the job's grid.
+  GridCoords place() const { return grid_.CoordsOf(rank_); }
   // This worker's context-parallel group (none without).
   ContextGroup<float> ContextGroupOf();
   // A pipeline stage's wire to the other stages, over `runtime`'s
@@ -257,6 +251,7 @@ class WorkerProcess {
   const bool pages_grads_;
   const JobData data_;
   const ParamLayout layout_;
+  const Grid grid_;  // the job's workers, by axis
 
   // Settled before the loop starts, constant afterwards.
   std::optional<ShardPlan> plan_;  // the modes of a job
@@ -347,6 +342,7 @@ WorkerProcess::WorkerProcess(const config::JobConfig& config, const TrainOptions
                                       config.device().kind() == config::DeviceConfig::CPU)),
       data_(std::move(data)),
       layout_(std::move(layout)),
+      grid_(Grid::FromConfig(config)),
       joining_(join != nullptr && join->join && !join->resume_if_forming) {}
 
 Status WorkerProcess::AllocateSpaces() {
@@ -377,10 +373,8 @@ Status WorkerProcess::Prepare(transport::CoordinatorClient* client) {
   }
   // The workers of a pipeline's replica, or of a tensor-parallel group,
   // draw the same sequences.
-  const int replicas = Replicas();
-  const int replica = ReplicaIndex();
-  HERD_ASSIGN_OR_RETURN(sampler_,
-                        DistributedSampler::Create(data_.train, train.seq_len(), replicas, replica, train.seed()));
+  HERD_ASSIGN_OR_RETURN(sampler_, DistributedSampler::Create(data_.train, train.seq_len(), grid_.replicas(),
+                                                             grid_.ReplicaOf(rank_), train.seed()));
   HERD_RETURN_IF_ERROR(sampler_->CheckBatch(train.batch_size()).WithContext("train.batch_size: "));
   if (resume_from_) {
     // Every worker's state holds the same global position: worker 0's
@@ -410,10 +404,10 @@ Status WorkerProcess::Prepare(transport::CoordinatorClient* client) {
 
 Status WorkerProcess::PreparePipelineStage() {
   const PipelineSchedule& s = pipeline_->schedule;
-  const int device = pipeline_->DeviceOf(rank_);
+  const int device = place()[Axis::kPipeline];
   const std::vector<int> slots = ChunkSlots(s, device);
   if (tensor_ring_) {
-    HERD_ASSIGN_OR_RETURN(slices_, TensorSlices::Make(job_.shape, pipeline_->tensor, pipeline_->TensorRankOf(rank_)));
+    HERD_ASSIGN_OR_RETURN(slices_, TensorSlices::Make(job_.shape, grid_.degree(Axis::kTensor), place()[Axis::kTensor]));
   }
   for (int c = 0; c < s.chunks; ++c) {
     const PipelineStage& stage = pipeline_->split.stage(s.VirtualStage(device, c));
@@ -427,30 +421,16 @@ Status WorkerProcess::PreparePipelineStage() {
 
 Status WorkerProcess::PrepareTensorParallel() {
   const int T = config_.cluster().tensor_parallel();
-  HERD_ASSIGN_OR_RETURN(slices_, TensorSlices::Make(job_.shape, T, GridPlaceOf(config_, rank_).tensor));
+  HERD_ASSIGN_OR_RETURN(slices_, TensorSlices::Make(job_.shape, T, place()[Axis::kTensor]));
   model_holder_ = NewCpuModel(slices_->shape(), job_.batch, job_.seq_len, job_.recompute, job_.micro_batch_slots,
                               tensor_ring_->Group(*slices_, config_.cluster().sequence_parallel()), ContextGroupOf());
   model_ = model_holder_.get();
   return Status::OK();
 }
 
-int WorkerProcess::Replicas() const {
-  if (pipeline_) return pipeline_->replicas;
-  return num_workers_ / GroupRanks();
-}
-
 ContextGroup<float> WorkerProcess::ContextGroupOf() {
   if (!context_ring_) return {};
-  return context_ring_->Context(config_.cluster().context_parallel(), GridPlaceOf(config_, rank_).context);
-}
-
-int WorkerProcess::GroupRanks() const {
-  return std::max(1, config_.cluster().tensor_parallel()) * std::max(1, config_.cluster().context_parallel());
-}
-
-int WorkerProcess::ReplicaIndex() const {
-  if (pipeline_) return pipeline_->ReplicaOf(rank_);
-  return GridPlaceOf(config_, rank_).replica;
+  return context_ring_->Context(grid_.degree(Axis::kContext), place()[Axis::kContext]);
 }
 
 void WorkerProcess::OpenPipelineWire(transport::NodeRuntime& runtime) {
@@ -491,14 +471,14 @@ Status WorkerProcess::JoinJob() {
                           } else if (mode_ == Mode::kAllReduce) {
                             rt.StartRing(c, config_.cluster().shard_group_size());
                           } else if (mode_ == Mode::kPipelineStage) {
-                            rt.StartRing(c, pipeline_->replicas > 1 ? pipeline_->replicas : 0);
+                            rt.StartRing(c, grid_.data() > 1 ? grid_.data() : 0);
                           }
                           if (C > 1) {
                             rt.StartStridedRing(c, std::max(1, T), C);
                             context_ring_ = std::make_unique<GroupRing>(rt.strided_ring());
                           }
-                          if (mode_ == Mode::kPipelineStage && T > 1 && pipeline_->replicas > 1) {
-                            rt.StartStridedRing(c, T, pipeline_->replicas);
+                          if (mode_ == Mode::kPipelineStage && T > 1 && grid_.data() > 1) {
+                            rt.StartStridedRing(c, T, grid_.data());
                           }
                           if (pipeline_) OpenPipelineWire(rt);
                           HERD_RETURN_IF_ERROR(Prepare(&c));
@@ -546,7 +526,7 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeStrategy() {
       po.rank = rank_ % region_workers;
       po.first_server =
           transport::MemberPeerId(runtime_->client(), wire::SERVER, rank_ / region_workers * plan_->num_servers());
-      if (pipeline_) po.ranges = pipeline_->RangesOf(pipeline_->DeviceOf(rank_), layout_);
+      if (pipeline_) po.ranges = pipeline_->RangesOf(place()[Axis::kPipeline], layout_);
       if (slices_) {
         // The rank's packed part of the servers' space (TensorParallelSpace).
         po.origin = slices_->rank() * packed_size_;
@@ -592,22 +572,21 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeStrategy() {
     case Mode::kTensorParallel:
       return CreateTensorParallelSync(TensorParallelOptions(), weights(), resume_from_);
     case Mode::kPipelineStage: {
-      const int replica = pipeline_->ReplicaOf(rank_), t = pipeline_->TensorRankOf(rank_);
       PipelineSyncOptions p;
       p.job = &job_;
       p.layout = &stage_layout();
       p.split = &pipeline_->split;
       p.schedule = &pipeline_->schedule;
-      p.device = pipeline_->DeviceOf(rank_);
+      p.device = place()[Axis::kPipeline];
       p.everyone = runtime_->ring();
       // The stage's replicas: consecutive ranks, or with tensor parallelism
       // the same tensor rank's, T apart (JoinJob).
       p.stage_replicas = slices_ ? runtime_->strided_ring() : runtime_->shard_ring();
       p.gradient_wire = GradientWire(cluster);
       p.wire = pipeline_wire_;
-      p.first_stage = transport::MemberPeerId(runtime_->client(), wire::WORKER, pipeline_->RankOf(0, replica, t));
+      p.first_stage = transport::MemberPeerId(runtime_->client(), wire::WORKER, grid_.Along(rank_, Axis::kPipeline, 0));
       p.last_stage = transport::MemberPeerId(runtime_->client(), wire::WORKER,
-                                             pipeline_->RankOf(pipeline_->devices() - 1, replica, t));
+                                             grid_.Along(rank_, Axis::kPipeline, pipeline_->devices() - 1));
       if (plan_) p.zero_plan = &*plan_;
       if (slices_) {
         p.slices = &*slices_;
@@ -638,7 +617,7 @@ Status WorkerProcess::MakeAxes() {
   compute_ = MakeCompute();
   checkpoints_ = MakeCheckpointWriter();
   if (!config_.cluster().elastic() || mode_ != Mode::kParameterServer) {
-    schedule_ = FixedShare(*strategy_, ReplicaIndex(), /*leads=*/rank_ == 0);
+    schedule_ = FixedShare(*strategy_, grid_.ReplicaOf(rank_), /*leads=*/rank_ == 0);
     return Status::OK();
   }
   FollowMembership();
@@ -658,12 +637,11 @@ std::unique_ptr<ShareCompute> WorkerProcess::MakeCompute() {
     PipelinePassOptions p;
     p.schedule = &pipeline_->schedule;
     p.split = &pipeline_->split;
-    p.device = pipeline_->DeviceOf(rank_);
+    p.device = place()[Axis::kPipeline];
     p.wire = pipeline_wire_;
     for (int d = 0; d < pipeline_->devices(); ++d) {
-      p.peers.push_back(transport::MemberPeerId(
-          runtime_->client(), wire::WORKER,
-          pipeline_->RankOf(d, pipeline_->ReplicaOf(rank_), pipeline_->TensorRankOf(rank_))));
+      p.peers.push_back(
+          transport::MemberPeerId(runtime_->client(), wire::WORKER, grid_.Along(rank_, Axis::kPipeline, d)));
     }
     p.home = home_.get();
     p.sync = strategy_.get();
@@ -673,7 +651,7 @@ std::unique_ptr<ShareCompute> WorkerProcess::MakeCompute() {
     p.batch = job_.batch;
     p.seq_len = job_.seq_len;
     p.loss_scale = 1.0 / static_cast<double>(static_cast<int64_t>(job_.batch) * job_.seq_len * job_.grad_accum *
-                                             pipeline_->replicas);
+                                             grid_.data());
     if (slices_) p.tensor = tensor_ring_->Group(*slices_, /*sequence_parallel=*/false);
     std::vector<LlamaModel<float>*> models;
     for (const auto& m : chunk_models_) models.push_back(m.get());
@@ -692,7 +670,7 @@ std::unique_ptr<ShareCompute> WorkerProcess::MakeCompute() {
   // 1 / the global batch's tokens (in a job of regions, the region's:
   // each region's gradient is its own batch's mean).
   o.loss_scale = 1.0 / static_cast<double>(static_cast<int64_t>(job_.batch) * job_.seq_len * job_.grad_accum *
-                                           (Replicas() / Regions(config_)));
+                                           grid_.data());
   // Paged gradients (streamed weights, ZeRO-2): every micro-batch through
   // each unit at once, so that each unit is pulled once a pass and its
   // gradients leave (and are let go) once a step.
@@ -795,7 +773,7 @@ StepLoopParts WorkerProcess::LoopParts() {
   parts.weights = weights();
   parts.rank = rank_;
   parts.num_workers = num_workers_;
-  parts.data_parallel = Replicas();
+  parts.data_parallel = grid_.replicas();
   parts.client = runtime_ ? &runtime_->client() : nullptr;
   parts.joined_under_way = joining_;
   return parts;
@@ -835,7 +813,7 @@ Status WorkerProcess::ReportSummary(const StepLoop& loop, int64_t start) {
   // This worker's line of the plan: its stage's, or the workers' (last).
   const ProcessMemory* mine = &memory->processes.back();
   for (const ProcessMemory& p : memory->processes) {
-    if (pipeline_ && p.role == "stage" && p.rank == pipeline_->DeviceOf(rank_)) mine = &p;
+    if (pipeline_ && p.role == "stage" && p.rank == place()[Axis::kPipeline]) mine = &p;
   }
   run.plan_bytes = mine->total();
   run.device_plan_bytes = mine->device;
