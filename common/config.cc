@@ -305,7 +305,103 @@ void CheckOptimizerDataAndLog(const JobConfig& c, const Rules& need) {
   need(c.log().sample_temperature() >= 0, "log.sample_temperature", "must be >= 0 (0 = greedy)");
 }
 
-void CheckCluster(const config::ClusterConfig& cl, const Rules& need) {
+bool Pipelined(const JobConfig& c) { return c.cluster().pipeline_stages() > 1; }
+bool Tensor(const JobConfig& c) { return c.cluster().tensor_parallel() > 1; }
+bool Context(const JobConfig& c) { return c.cluster().context_parallel() > 1; }
+bool HasRegions(const JobConfig& c) { return c.cluster().diloco().regions() > 1; }
+bool Cuda(const JobConfig& c) { return c.device().kind() == config::DeviceConfig::CUDA; }
+bool NcclReduces(const JobConfig& c) {
+  return Cuda(c) && c.cluster().nccl() && c.cluster().sync() == config::ClusterConfig::ALLREDUCE;
+}
+
+}  // namespace
+
+const std::vector<NotBuilt>& NotBuiltTable() {
+  using Cluster = config::ClusterConfig;
+  static const std::vector<NotBuilt> table = {
+      {"cluster.elastic", "cluster.pipeline_stages", "elastic workers inside pipeline stages (cluster.pipeline_stages) are not built yet",
+       "cluster { sync: PARAMETER_SERVER servers: 1 workers: 4 pipeline_stages: 2 elastic: true }",
+       [](const JobConfig& c) { return Pipelined(c) && c.cluster().elastic(); }},
+      {"cluster.zero_stage", "cluster.pipeline_stages",
+       "ZeRO-2 and -3 inside pipeline stages (cluster.pipeline_stages) are not built yet; ZeRO-1 is (each stage's "
+       "optimizer state sharded over its replicas)",
+       "cluster { sync: ALLREDUCE workers: 4 pipeline_stages: 2 zero_stage: 2 }",
+       [](const JobConfig& c) { return Pipelined(c) && c.cluster().zero_stage() > 1; }},
+      {"cluster.shard_group_size", "cluster.pipeline_stages", "hybrid sharding inside pipeline stages (cluster.pipeline_stages) is not built yet",
+       "cluster { sync: ALLREDUCE workers: 4 pipeline_stages: 2 zero_stage: 1 shard_group_size: 2 }",
+       [](const JobConfig& c) { return Pipelined(c) && c.cluster().shard_group_size() != 0; }},
+      {"cluster.context_parallel", "sync PARAMETER_SERVER", "context parallelism runs in sync ALLREDUCE only yet",
+       "cluster { sync: PARAMETER_SERVER servers: 1 workers: 2 context_parallel: 2 }",
+       [](const JobConfig& c) { return Context(c) && c.cluster().sync() != Cluster::ALLREDUCE; }},
+      {"cluster.context_parallel", "cluster.pipeline_stages", "context parallelism with pipeline stages (cluster.pipeline_stages) is not built yet",
+       "cluster { sync: ALLREDUCE workers: 4 context_parallel: 2 pipeline_stages: 2 }",
+       [](const JobConfig& c) { return Context(c) && Pipelined(c); }},
+      {"cluster.zero_stage", "cluster.context_parallel", "ZeRO-2 and -3 with context parallelism (cluster.context_parallel) are not built yet",
+       "cluster { sync: ALLREDUCE workers: 4 context_parallel: 2 zero_stage: 2 }",
+       [](const JobConfig& c) { return Context(c) && c.cluster().zero_stage() > 1; }},
+      {"cluster.shard_group_size", "cluster.context_parallel", "hybrid sharding with context parallelism (cluster.context_parallel) is not built yet",
+       "cluster { sync: ALLREDUCE workers: 4 context_parallel: 2 zero_stage: 1 shard_group_size: 2 }",
+       [](const JobConfig& c) { return Context(c) && c.cluster().shard_group_size() != 0; }},
+      {"cluster.elastic", "cluster.tensor_parallel", "elastic workers with tensor parallelism (cluster.tensor_parallel) are not built yet",
+       "cluster { sync: PARAMETER_SERVER servers: 1 workers: 4 tensor_parallel: 2 elastic: true }",
+       [](const JobConfig& c) { return Tensor(c) && c.cluster().elastic(); }},
+      {"cluster.stream_weights", "cluster.tensor_parallel",
+       "streamed weights with tensor parallelism (cluster.tensor_parallel) are not built yet (each rank holds only "
+       "its slices already)",
+       "cluster { sync: PARAMETER_SERVER servers: 1 workers: 2 tensor_parallel: 2 stream_weights: true }",
+       [](const JobConfig& c) { return Tensor(c) && c.cluster().stream_weights(); }},
+      {"cluster.tensor_parallel", "cluster.pipeline_stages with sync PARAMETER_SERVER",
+       "tensor parallelism inside pipeline stages runs in sync ALLREDUCE only yet",
+       "cluster { sync: PARAMETER_SERVER servers: 1 workers: 4 pipeline_stages: 2 tensor_parallel: 2 }",
+       [](const JobConfig& c) { return Tensor(c) && Pipelined(c) && c.cluster().sync() != Cluster::ALLREDUCE; }},
+      {"cluster.sequence_parallel", "cluster.pipeline_stages", "sequence parallelism inside pipeline stages (cluster.pipeline_stages) is not built yet",
+       "cluster { sync: ALLREDUCE workers: 4 pipeline_stages: 2 tensor_parallel: 2 sequence_parallel: true }",
+       [](const JobConfig& c) { return Tensor(c) && Pipelined(c) && c.cluster().sequence_parallel(); }},
+      {"cluster.zero_stage", "cluster.tensor_parallel", "ZeRO with tensor parallelism (cluster.tensor_parallel) is not built yet",
+       "cluster { sync: ALLREDUCE workers: 4 tensor_parallel: 2 zero_stage: 1 }",
+       [](const JobConfig& c) { return Tensor(c) && c.cluster().zero_stage() > 0; }},
+      {"cluster.wire_dtype", "cluster.tensor_parallel", "BF16 gradients with tensor parallelism (cluster.tensor_parallel) are not built yet",
+       "cluster { sync: ALLREDUCE workers: 4 tensor_parallel: 2 wire_dtype: BF16 }",
+       [](const JobConfig& c) { return Tensor(c) && c.cluster().wire_dtype() != Cluster::FP32; }},
+      {"cluster.elastic", "cluster.diloco.regions", "elastic workers in a job of regions (cluster.diloco.regions) are not built yet",
+       "cluster { sync: PARAMETER_SERVER servers: 2 workers: 4 elastic: true diloco { regions: 2 every: 5 } }",
+       [](const JobConfig& c) { return HasRegions(c) && c.cluster().elastic(); }},
+      {"cluster.stream_weights", "cluster.diloco.regions", "streamed weights in a job of regions (cluster.diloco.regions) are not built yet",
+       "cluster { sync: PARAMETER_SERVER servers: 2 workers: 2 stream_weights: true diloco { regions: 2 every: 5 } }",
+       [](const JobConfig& c) { return HasRegions(c) && c.cluster().stream_weights(); }},
+      {"cluster.diloco.regions", "pipeline stages, tensor or context parallelism",
+       "pipeline stages, tensor and context parallelism inside regions are not built yet",
+       "cluster { sync: PARAMETER_SERVER servers: 2 workers: 4 tensor_parallel: 2 diloco { regions: 2 every: 5 } }",
+       [](const JobConfig& c) { return HasRegions(c) && (Pipelined(c) || Tensor(c) || Context(c)); }},
+      {"cluster.stream_weights", "cluster.elastic", "streamed weights in an elastic job (cluster.elastic) are not built yet",
+       "cluster { sync: PARAMETER_SERVER servers: 1 workers: 2 elastic: true stream_weights: true }",
+       [](const JobConfig& c) { return c.cluster().stream_weights() && c.cluster().elastic(); }},
+      {"cluster.wire_dtype", "NCCL (device.kind CUDA, sync ALLREDUCE)",
+       "BF16 in all-reduce mode applies to the UCX ring only yet (NCCL sums fp32 gradients; cluster.nccl: false "
+       "reduces CUDA workers' gradients through the ring)",
+       "cluster { sync: ALLREDUCE workers: 2 wire_dtype: BF16 } device { kind: CUDA }",
+       [](const JobConfig& c) { return NcclReduces(c) && c.cluster().wire_dtype() != Cluster::FP32; }},
+      {"cluster.shard_group_size", "NCCL (device.kind CUDA, sync ALLREDUCE)",
+       "hybrid sharding of CUDA workers runs over the UCX ring only yet: set cluster.nccl: false",
+       "cluster { sync: ALLREDUCE workers: 4 zero_stage: 1 shard_group_size: 2 } device { kind: CUDA }",
+       [](const JobConfig& c) { return NcclReduces(c) && c.cluster().shard_group_size() != 0; }},
+      {"device.kind", "cluster.context_parallel", "context parallelism (cluster.context_parallel) runs on CPU workers only yet",
+       "cluster { sync: ALLREDUCE workers: 2 context_parallel: 2 } device { kind: CUDA }",
+       [](const JobConfig& c) { return Context(c) && Cuda(c); }},
+      {"device.kind", "cluster.tensor_parallel", "tensor parallelism (cluster.tensor_parallel) runs on CPU workers only yet",
+       "cluster { sync: ALLREDUCE workers: 2 tensor_parallel: 2 } device { kind: CUDA }",
+       [](const JobConfig& c) { return Tensor(c) && Cuda(c); }},
+      {"device.kind", "cluster.pipeline_stages", "pipeline stages (cluster.pipeline_stages) run on CPU workers only yet",
+       "cluster { sync: ALLREDUCE workers: 2 pipeline_stages: 2 } device { kind: CUDA }",
+       [](const JobConfig& c) { return Pipelined(c) && Cuda(c); }},
+  };
+  return table;
+}
+
+namespace {
+
+// The cluster's counts, its sync mode and what each mode needs.
+void CheckClusterShape(const config::ClusterConfig& cl, const Rules& need) {
   need(cl.workers() > 0 && cl.workers() <= kMaxWorkers, "cluster.workers",
        "must be between 1 and " + std::to_string(kMaxWorkers));
   need(cl.servers() >= 0 && cl.servers() <= kMaxServers, "cluster.servers",
@@ -351,6 +447,11 @@ void CheckCluster(const config::ClusterConfig& cl, const Rules& need) {
          std::to_string(cl.shard_group_size()) + " does not divide cluster.workers " +
              std::to_string(cl.workers()) + " into groups of that size");
   }
+}
+
+// The model-parallel axes' degrees: each at least 1 and dividing the
+// workers with the others.
+void CheckParallelDegrees(const config::ClusterConfig& cl, const Rules& need) {
   need(cl.pipeline_stages() >= 1, "cluster.pipeline_stages", "must be >= 1 (1: no pipeline)");
   need(cl.virtual_stages() >= 1, "cluster.virtual_stages", "must be >= 1");
   if (cl.pipeline_stages() > 1) {
@@ -360,12 +461,6 @@ void CheckCluster(const config::ClusterConfig& cl, const Rules& need) {
              ": every stage needs as many data-parallel replicas");
     need(cl.sync() != config::ClusterConfig::NONE, "cluster.pipeline_stages",
          "pipeline stages need workers: sync ALLREDUCE or PARAMETER_SERVER");
-    need(!cl.elastic(), "cluster.elastic", "elastic pipeline stages are not built yet");
-    need(cl.zero_stage() <= 1, "cluster.zero_stage",
-         "ZeRO-1 inside pipeline stages is built (each stage's optimizer state sharded over its replicas); "
-         "ZeRO-2 and -3 are not yet");
-    need(cl.shard_group_size() == 0, "cluster.shard_group_size", "hybrid sharding inside pipeline stages is not built yet");
-
   }
   need(cl.tensor_parallel() >= 1, "cluster.tensor_parallel", "must be >= 1 (1: no tensor parallelism)");
   need(cl.context_parallel() >= 1, "cluster.context_parallel", "must be >= 1 (1: no context parallelism)");
@@ -376,12 +471,6 @@ void CheckCluster(const config::ClusterConfig& cl, const Rules& need) {
          (cl.tensor_parallel() > 1 ? C + " x cluster.tensor_parallel " + std::to_string(cl.tensor_parallel()) : C) +
              " does not divide cluster.workers " + std::to_string(cl.workers()) +
              ": every data-parallel replica needs as many context-parallel (and tensor-parallel) ranks");
-    need(cl.sync() == config::ClusterConfig::ALLREDUCE, "cluster.context_parallel",
-         "context parallelism runs in sync ALLREDUCE only yet");
-    need(cl.pipeline_stages() == 1, "cluster.context_parallel", "context parallelism with pipeline stages is not built yet");
-    need(cl.zero_stage() <= 1, "cluster.zero_stage", "ZeRO-2 and -3 with context parallelism are not built yet");
-    need(cl.shard_group_size() == 0, "cluster.shard_group_size", "hybrid sharding with context parallelism is not built yet");
-    need(!cl.elastic(), "cluster.elastic", "is not supported together with cluster.context_parallel yet");
   }
   if (cl.tensor_parallel() > 1) {
     const std::string T = std::to_string(cl.tensor_parallel());
@@ -390,24 +479,17 @@ void CheckCluster(const config::ClusterConfig& cl, const Rules& need) {
              ": every data-parallel replica needs as many tensor-parallel ranks");
     need(cl.sync() != config::ClusterConfig::NONE, "cluster.tensor_parallel",
          "tensor parallelism needs workers: sync ALLREDUCE or PARAMETER_SERVER");
-    need(!cl.elastic(), "cluster.elastic", "is not supported together with cluster.tensor_parallel yet");
-    need(!cl.stream_weights(), "cluster.stream_weights",
-         "is not supported together with cluster.tensor_parallel yet (each rank holds only its slices already)");
     if (cl.pipeline_stages() > 1) {
       need(cl.workers() % (int64_t{cl.pipeline_stages()} * cl.tensor_parallel()) == 0, "cluster.tensor_parallel",
            "cluster.pipeline_stages " + std::to_string(cl.pipeline_stages()) + " x " + T +
                " does not divide cluster.workers " + std::to_string(cl.workers()) +
                ": every data-parallel replica needs as many stages, each as many tensor-parallel ranks");
-      need(cl.sync() == config::ClusterConfig::ALLREDUCE, "cluster.tensor_parallel",
-           "tensor parallelism inside pipeline stages runs in sync ALLREDUCE only yet");
-      need(!cl.sequence_parallel(), "cluster.sequence_parallel",
-           "sequence parallelism inside pipeline stages is not built yet");
     }
-    need(cl.zero_stage() == 0, "cluster.zero_stage", "ZeRO with tensor parallelism is not built yet");
-    need(cl.shard_group_size() == 0, "cluster.shard_group_size", "hybrid sharding with tensor parallelism is not built yet");
-    need(cl.wire_dtype() == config::ClusterConfig::FP32, "cluster.wire_dtype",
-         "BF16 gradients with tensor parallelism are not built yet");
   }
+}
+
+// The data plane's devices, regions and streamed weights.
+void CheckNetworkAndRegions(const config::ClusterConfig& cl, const Rules& need) {
   bool devices_named = true;
   for (const std::string& name : Split(cl.data_interface(), ',')) {
     devices_named &= !name.empty() && name.size() <= 64 &&
@@ -435,16 +517,23 @@ void CheckCluster(const config::ClusterConfig& cl, const Rules& need) {
                    : "must be > 0");
     CheckDilocoSchedule(d, need);
     need(outer.momentum >= 0 && outer.momentum < 1, "cluster.diloco.outer_momentum", "must be in [0, 1)");
-    need(!cl.elastic(), "cluster.elastic", "is not supported together with cluster.diloco yet");
-    need(!cl.stream_weights(), "cluster.stream_weights", "is not supported together with cluster.diloco yet");
-    need(cl.pipeline_stages() == 1 && cl.tensor_parallel() == 1 && cl.context_parallel() == 1,
-         "cluster.diloco.regions", "pipeline stages, tensor and context parallelism inside regions are not built yet");
   }
   if (cl.stream_weights()) {
     need(cl.sync() == config::ClusterConfig::PARAMETER_SERVER, "cluster.stream_weights",
          "streamed weights need sync PARAMETER_SERVER (the servers are where the weights stream from)");
-    need(!cl.elastic(), "cluster.stream_weights", "is not supported together with cluster.elastic yet");
   }
+}
+
+void CheckCluster(const config::ClusterConfig& cl, const Rules& need) {
+  CheckClusterShape(cl, need);
+  CheckParallelDegrees(cl, need);
+  CheckNetworkAndRegions(cl, need);
+}
+
+// What is not built yet, refused in one line: one row of the project's
+// table (NotBuiltTable) at a time, after the settings' own checks.
+void CheckNotBuilt(const JobConfig& c, const Rules& need) {
+  for (const NotBuilt& row : NotBuiltTable()) need(!row.given(c), row.setting, row.reason);
 }
 
 // Settings that have no effect in the mode they are given in, refused rather
@@ -457,8 +546,6 @@ struct InertRule {
   const char* reason;
 };
 using Cluster = config::ClusterConfig;
-bool Pipelined(const JobConfig& c) { return c.cluster().pipeline_stages() > 1; }
-bool HasRegions(const JobConfig& c) { return c.cluster().diloco().regions() > 1; }
 constexpr const char* kPipelineOnly = "applies to cluster.pipeline_stages > 1 only";
 constexpr const char* kRegionsOnly = "applies to a job of regions only (cluster.diloco.regions > 1)";
 const InertRule kInertRules[] = {
@@ -582,24 +669,17 @@ std::vector<Violation> CheckValues(const JobConfig& c) {
   CheckDeviceAndTrain(c, need);
   CheckOptimizerDataAndLog(c, need);
   CheckCluster(c.cluster(), need);
+  CheckNotBuilt(c, need);
   CheckInertSettings(c, need);
   CheckSizes(c, need);
   CheckPipelineSize(c, need);
-  const bool nccl_reduces = c.device().kind() == config::DeviceConfig::CUDA && c.cluster().nccl() &&
-                            c.cluster().sync() == config::ClusterConfig::ALLREDUCE;
-  need(c.cluster().wire_dtype() == config::ClusterConfig::FP32 || !nccl_reduces, "cluster.wire_dtype", "BF16 in all-reduce mode applies to the UCX ring only yet (NCCL sums fp32 gradients; "
-       "cluster.nccl: false reduces CUDA workers' gradients through the ring)");
-  need(c.cluster().shard_group_size() == 0 || !nccl_reduces, "cluster.shard_group_size",
-       "hybrid sharding of CUDA workers runs over the UCX ring only yet: set cluster.nccl: false");
   if (const int C = c.cluster().context_parallel(); C > 1) {
-    need(c.device().kind() == config::DeviceConfig::CPU, "device.kind", "context parallelism runs on CPU workers only yet");
     need(c.train().seq_len() % (2 * C) == 0, "train.seq_len",
          std::to_string(c.train().seq_len()) + " does not split into 2 x cluster.context_parallel " +
              std::to_string(C) + " equal chunks");
   }
   if (const int T = c.cluster().tensor_parallel(); T > 1) {
     const config::ModelConfig& m = c.model();
-    need(c.device().kind() == config::DeviceConfig::CPU, "device.kind", "tensor parallelism runs on CPU workers only yet");
     auto divides = [&](int n, const char* field, const char* what) {
       need(n % T == 0, field,
            std::to_string(n) + " " + what + " do not split over cluster.tensor_parallel " + std::to_string(T));
@@ -610,7 +690,6 @@ std::vector<Violation> CheckValues(const JobConfig& c) {
     divides(m.vocab_size(), "model.vocab_size", "vocabulary rows");
   }
   if (c.cluster().pipeline_stages() > 1) {
-    need(c.device().kind() == config::DeviceConfig::CPU, "device.kind", "pipeline stages run on CPU workers only yet");
     need(c.cluster().pipeline_schedule() != config::ClusterConfig::ZERO_BUBBLE ||
              c.train().recompute() == config::TrainConfig::NONE,
          "train.recompute", "ZERO_BUBBLE keeps the activations its deferred weight gradients read: no recomputation");

@@ -48,6 +48,20 @@ inline constexpr int64_t kMaxPipelinePasses = int64_t{1} << 18;
 // cannot overflow.
 inline constexpr int64_t kMaxProcessBytes = int64_t{1} << 56;
 
+// What herd does not build yet: one setting together with another axis or
+// setting. The one table of such refusals: the config check refuses each
+// row in one line (the setting: the reason), `herd plan --not-built` prints
+// it, docs/modes.md lists it (tests/docs_test.py holds the two alike), and
+// each row's example is a job that has both, which the tests see refused.
+struct NotBuilt {
+  const char* setting;  // the field the refusal names
+  const char* with;     // the other axis or setting, in words
+  const char* reason;
+  const char* example;  // a textproto fragment (cluster, device) of a job with both
+  bool (*given)(const JobConfig&);
+};
+const std::vector<NotBuilt>& NotBuiltTable();
+
 // Loads `path`, applies `overrides` ("a.b.c=value", in order) and validates.
 StatusOr<JobConfig> LoadJobConfig(const std::string& path, const std::vector<std::string>& overrides);
 

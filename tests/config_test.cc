@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -145,6 +146,27 @@ TEST(ConfigTest, SettingsWithoutEffectInTheirModeAreRefused) {
     EXPECT_EQ(said.rfind("--set " + c.setting + ": " + field + ": ", 0), 0u) << said;
     auto acting = ParseJobConfig("", "job.textproto", with(c.where_it_acts, {c.setting}));
     EXPECT_TRUE(acting.ok()) << c.setting << ": " << acting.status().message();
+  }
+}
+
+// The one table of what is not built yet: each row's example job is
+// refused in one line naming the row's setting with its reason (and no
+// other line first: the example has nothing else wrong), and no two rows
+// name the same pair.
+TEST(ConfigTest, EveryRowOfWhatIsNotBuiltIsRefusedInOneLine) {
+  const std::string tiny =
+      "model { vocab_size: 256 hidden_size: 64 intermediate_size: 160 num_hidden_layers: 4 num_attention_heads: 4 "
+      "num_key_value_heads: 2 } train { batch_size: 2 grad_accum: 2 seq_len: 32 } ";
+  std::set<std::pair<std::string, std::string>> pairs;
+  ASSERT_FALSE(NotBuiltTable().empty());
+  for (const NotBuilt& row : NotBuiltTable()) {
+    EXPECT_TRUE(pairs.insert({row.setting, row.with}).second) << row.setting << " with " << row.with << " twice";
+    auto c = ParseJobConfig(tiny + row.example, "job.textproto");
+    ASSERT_FALSE(c.ok()) << row.example << " was taken, yet the table says it is not built";
+    const std::string& said = c.status().message();
+    EXPECT_EQ(said.find('\n'), std::string::npos) << said;
+    EXPECT_NE(said.find(std::string(row.setting) + ": " + row.reason), std::string::npos)
+        << row.example << " was refused for something else: " << said;
   }
 }
 

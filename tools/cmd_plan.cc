@@ -17,6 +17,8 @@
 #include <optional>
 #include <tuple>
 
+#include <nlohmann/json.hpp>
+
 #include "common/config.h"
 #include "common/logging.h"
 #include "common/strings.h"
@@ -458,12 +460,31 @@ Status PrintFrontier(const config::JobConfig& job, int64_t mem, int64_t gpu_mem,
 
 }  // namespace
 
+namespace {
+
+// The table of what is not built yet (common/config.h), one JSON object a
+// row: for programs (tests/docs_test.py holds docs/modes.md to it).
+void PrintNotBuilt() {
+  for (const NotBuilt& row : NotBuiltTable()) {
+    const nlohmann::json line = {
+        {"setting", row.setting}, {"with", row.with}, {"reason", row.reason}, {"example", row.example}};
+    std::printf("%s\n", line.dump().c_str());
+  }
+}
+
+}  // namespace
+
 int RunPlan(int argc, char** argv) {
   const char* usage =
-      "usage: herd plan CONFIG [--set path=value ...] [--mem BYTES] [--gpu-mem BYTES] [--frontier] [--json]";
-  Args args({"set", "mem", "gpu-mem"}, {"json", "frontier"});
+      "usage: herd plan CONFIG [--set path=value ...] [--mem BYTES] [--gpu-mem BYTES] [--frontier] [--json]\n"
+      "       herd plan --not-built";
+  Args args({"set", "mem", "gpu-mem"}, {"json", "frontier", "not-built"});
   Status st = args.Parse(argc, argv);
   if (!st.ok()) return ReportError(st.WithContext("plan: "));
+  if (args.Has("not-built") && args.positional().empty()) {
+    PrintNotBuilt();
+    return 0;
+  }
   if (args.positional().size() != 1) return ReportError(Status::InvalidArgument(usage));
   auto config = LoadJobConfig(args.positional()[0], args.GetAll("set"));
   if (!config.ok()) return ReportError(config.status());
