@@ -1,5 +1,5 @@
 // How a model's decoder layers are cut into pipeline stages
-// (cluster.pipeline_stages, DESIGN.md "Parallel axes"): each virtual stage
+// (cluster.pipeline_stages, docs/design.md "Parallel axes"): each virtual stage
 // is a contiguous run of at least one layer; the first also embeds the
 // tokens, the last also holds the final norm and the head. Because the
 // flat space is laid out in forward order (embedding, layers, final norm,

@@ -1,5 +1,5 @@
 // How a pipeline stage's worker computes its share of a step
-// (cluster.pipeline_stages, DESIGN.md "Parallel axes"): the step's
+// (cluster.pipeline_stages, docs/design.md "Parallel axes"): the step's
 // micro-batches pass through the stages in the order of the schedule's
 // table for this worker's device (sharding/pipeline_schedule.h), each
 // chunk a LlamaModel over its layers (sharding/pipeline_split.h). A

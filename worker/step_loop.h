@@ -1,4 +1,4 @@
-// The training step, written once for every mode (DESIGN.md "One training
+// The training step, written once for every mode (docs/design.md "One training
 // step"). Each step: the shares of the global batch this worker computes
 // (ShareSchedule: its own, or in an elastic job those the membership gives
 // it), forward and backward on them (ShareCompute, reaching the weights

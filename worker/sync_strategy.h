@@ -14,10 +14,12 @@
 // (IssueWeights, WaitUpTo, FinishWeights); the model reaches them through
 // the worker's WeightHome (worker/weight_home.h), never directly.
 //
-// The strategies: Local (one process: AdamW over the whole space), Device
-// Resident (one process, the whole step on one GPU; worker/local_sync.h),
-// ParameterServer (worker/parameter_server_sync.h) and Collective (DDP and
-// ZeRO-1/2/3 over the UCX ring or NCCL, worker/collective_sync.h).
+// The strategies (docs/design.md lists them): one process (worker/
+// local_sync.h: on the CPU, or the whole step on one GPU), parameter
+// servers (worker/parameter_server_sync.h: whole or streamed weights),
+// collectives (worker/collective_sync.h: DDP and ZeRO-1/2/3 over the UCX
+// ring or NCCL), a pipeline stage's (worker/pipeline_sync.h) and a
+// tensor-parallel rank's (worker/tensor_parallel_sync.h).
 #pragma once
 
 #include <cstdint>

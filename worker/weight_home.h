@@ -13,8 +13,9 @@
 //     worker/parameter_server_sync.h) or gathered from the workers that
 //     own its slices (ZeRO-3, worker/collective_sync.h).
 //
-// A new home (a pipeline stage's layers, a tensor-parallel slice) is one
-// more class here and one line in the worker's factory.
+// A pipeline stage's layers and a tensor-parallel rank's slices are whole
+// weights of their own (packed) space; what else a new axis takes in the
+// worker today is in docs/tour.md.
 #pragma once
 
 #include <cstdint>
