@@ -546,6 +546,16 @@ struct InertRule {
   const char* reason;
 };
 using Cluster = config::ClusterConfig;
+// Whether the outer lr and momentum are set to other than the default for
+// the period (a checkpoint's config records those as set).
+std::pair<bool, bool> OuterStepOffDefault(const JobConfig& c) {
+  config::DilocoConfig unset = c.cluster().diloco();
+  unset.clear_outer_lr();
+  unset.clear_outer_momentum();
+  const OuterStep given = OuterStepOf(c.cluster().diloco()), fitted = OuterStepOf(unset);
+  return {given.lr_given && given.lr != fitted.lr, given.momentum_given && given.momentum != fitted.momentum};
+}
+
 constexpr const char* kPipelineOnly = "applies to cluster.pipeline_stages > 1 only";
 constexpr const char* kRegionsOnly = "applies to a job of regions only (cluster.diloco.regions > 1)";
 const InertRule kInertRules[] = {
@@ -582,20 +592,10 @@ const InertRule kInertRules[] = {
     {"cluster.diloco.every", [](const JobConfig& c) { return c.cluster().diloco().every() != 100; }, HasRegions,
      kRegionsOnly},
     // A checkpoint's config records the outer step in force: its defaults.
-    {"cluster.diloco.outer_lr",
-     [](const JobConfig& c) {
-       config::DilocoConfig unset = c.cluster().diloco();
-       unset.clear_outer_lr();
-       return c.cluster().diloco().has_outer_lr() && c.cluster().diloco().outer_lr() != OuterStepOf(unset).lr;
-     },
-     HasRegions, kRegionsOnly},
-    {"cluster.diloco.outer_momentum",
-     [](const JobConfig& c) {
-       config::DilocoConfig unset = c.cluster().diloco();
-       unset.clear_outer_momentum();
-       return c.cluster().diloco().has_outer_momentum() && c.cluster().diloco().outer_momentum() != OuterStepOf(unset).momentum;
-     },
-     HasRegions, kRegionsOnly},
+    {"cluster.diloco.outer_lr", [](const JobConfig& c) { return OuterStepOffDefault(c).first; }, HasRegions,
+     kRegionsOnly},
+    {"cluster.diloco.outer_momentum", [](const JobConfig& c) { return OuterStepOffDefault(c).second; }, HasRegions,
+     kRegionsOnly},
     {"cluster.diloco.wire_dtype",
      [](const JobConfig& c) { return c.cluster().diloco().wire_dtype() != config::DilocoConfig::FP32; }, HasRegions,
      kRegionsOnly},

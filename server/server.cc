@@ -89,6 +89,13 @@ class ServerProcess {
   // (TakeUpState).
   Status Prepare(transport::NodeRuntime& runtime, transport::CoordinatorClient& client);
   // The shard over `optimizer`, its first report at data position `data`.
+  // A job of regions: the outer step's state, from the checkpoint's outer
+  // parts (the first region's that has them, for a region lost before it),
+  // else from this server's weights.
+  Status ResumeOuterSteps(transport::CoordinatorClient& client, ParamRange range);
+  // Whether the checkpoint resumed from has parts whose names begin with
+  // `prefix`.
+  bool ResumeHasParts(std::string_view prefix) const;
   Status MakeShard(transport::CoordinatorClient& client, std::unique_ptr<OptimizerShard> optimizer,
                    const DataPosition& data);
   // A job of regions: the outer steps over `outer`, landing `landing`
@@ -111,6 +118,18 @@ class ServerProcess {
   // names, in the background from a snapshot (checkpoint.background) or
   // in place while the workers wait.
   Status CheckpointAfter(int64_t step);
+  // Who writes and votes on a checkpoint, as this server sees it once the
+  // outer exchange in flight has settled: a job of regions' counted
+  // regions write (the first of them the shard files, and commits), a
+  // region rejoined since the last outer step votes but writes nothing.
+  struct CheckpointRoles {
+    int first = 0;  // the first region the last outer step counted
+    bool writes = true, committer = false;
+    transport::Voters voters;
+    std::vector<std::string> parts;
+    std::vector<bool> writers;  // a job of regions: by server, whether it writes a part
+  };
+  StatusOr<CheckpointRoles> RolesInCheckpoint();
   // What this server's shard file holds: its range of the flat space, or
   // (tensor parallelism) its runs of the ranks' slices, as pieces of it.
   std::vector<ShardView> CheckpointPieces() const;
@@ -224,14 +243,10 @@ Status ServerProcess::Prepare(transport::NodeRuntime& runtime, transport::Coordi
   // (region 0's are the shard files), and the outer step's state from
   // its; a checkpoint without them (of another mode) starts every region
   // from its shards, the outer momentum from zero.
-  auto has_parts = [this](std::string_view prefix) {
-    return resume_from_ && std::any_of(resume_from_->manifest.parts.begin(), resume_from_->manifest.parts.end(),
-                                       [&](const std::string& p) { return p.starts_with(prefix); });
-  };
   if (space_) {
     HERD_ASSIGN_OR_RETURN(ShardState state, space_->Load(range, job.init, layout_, resume_from_));
     optimizer = std::make_unique<OptimizerShard>(space_->DecaySegmentsOf(range), job.optimizer, std::move(state));
-  } else if (region_ > 0 && has_parts(RegionShardPrefix(region_))) {
+  } else if (region_ > 0 && ResumeHasParts(RegionShardPrefix(region_))) {
     HERD_ASSIGN_OR_RETURN(ShardState state, ReadShardRange(resume_from_->dir, resume_from_->manifest, range.begin,
                                                            range.end, /*with_moments=*/true,
                                                            RegionShardPrefix(region_)));
@@ -240,38 +255,47 @@ Status ServerProcess::Prepare(transport::NodeRuntime& runtime, transport::Coordi
     HERD_ASSIGN_OR_RETURN(optimizer, job.MakeOptimizer(layout_, range, resume_from_));
   }
   HERD_RETURN_IF_ERROR(MakeShard(client, std::move(optimizer), DataPosition{}));
-  if (regions > 1) {
-    const config::DilocoConfig& d = config_.cluster().diloco();
-    const OuterStep step = OuterStepOf(d);
-    const OuterOptions outer{step.lr, step.momentum};
-    std::unique_ptr<OuterOptimizer> optimizer;
-    // A checkpoint taken while a fragment's exchange was in flight holds
-    // its outer step taken; the fragment lands when it is due.
-    std::optional<DilocoPlan::Exchange> landing;
-    // A region lost before the checkpoint has no outer parts in it: it
-    // takes the first region's that has (the outer weights and momentum
-    // are every region's alike), without its kept error (a region's own).
-    int from = region_;
-    for (int k = 0; k < regions && !has_parts(OuterPrefix(from)); ++k) {
-      if (has_parts(OuterPrefix(k))) from = k;
-    }
-    if (has_parts(OuterPrefix(from))) {
-      HERD_ASSIGN_OR_RETURN(ShardState state, ReadShardRange(resume_from_->dir, resume_from_->manifest, range.begin,
-                                                             range.end, /*with_moments=*/true, OuterPrefix(from)));
-      if (from != region_) std::fill(state.v.begin(), state.v.end(), 0.0f);
-      optimizer = std::make_unique<OuterOptimizer>(outer, state.weights.data(), range.size(), state.m.data(),
-                                                   state.v.data());
-      landing = diloco_->InFlightAfter(shard_->optimizer().step());
-    } else {
-      optimizer = std::make_unique<OuterOptimizer>(outer, shard_->weights(), range.size());
-    }
-    MakeOuterSteps(client, std::move(optimizer), landing);
-  }
+  if (regions > 1) HERD_RETURN_IF_ERROR(ResumeOuterSteps(client, range));
   HERD_RETURN_IF_ERROR(ServeShard(runtime));
   LOG(INFO) << "server " << rank_ << ": [" << range.begin << ", " << range.end << ") "
             << (resume_from_ ? "loaded from " + resume_from_->dir : std::string("initialised")) << " in "
             << sw.Seconds() << " s";
   return Status::OK();
+}
+
+Status ServerProcess::ResumeOuterSteps(transport::CoordinatorClient& client, ParamRange range) {
+  const int regions = Regions(config_);
+  const config::DilocoConfig& d = config_.cluster().diloco();
+  const OuterStep step = OuterStepOf(d);
+  const OuterOptions outer{step.lr, step.momentum};
+  std::unique_ptr<OuterOptimizer> optimizer;
+  // A checkpoint taken while a fragment's exchange was in flight holds
+  // its outer step taken; the fragment lands when it is due.
+  std::optional<DilocoPlan::Exchange> landing;
+  // A region lost before the checkpoint has no outer parts in it: it
+  // takes the first region's that has (the outer weights and momentum
+  // are every region's alike), without its kept error (a region's own).
+  int from = region_;
+  for (int k = 0; k < regions && !ResumeHasParts(OuterPrefix(from)); ++k) {
+    if (ResumeHasParts(OuterPrefix(k))) from = k;
+  }
+  if (ResumeHasParts(OuterPrefix(from))) {
+    HERD_ASSIGN_OR_RETURN(ShardState state, ReadShardRange(resume_from_->dir, resume_from_->manifest, range.begin,
+                                                           range.end, /*with_moments=*/true, OuterPrefix(from)));
+    if (from != region_) std::fill(state.v.begin(), state.v.end(), 0.0f);
+    optimizer = std::make_unique<OuterOptimizer>(outer, state.weights.data(), range.size(), state.m.data(),
+                                                 state.v.data());
+    landing = diloco_->InFlightAfter(shard_->optimizer().step());
+  } else {
+    optimizer = std::make_unique<OuterOptimizer>(outer, shard_->weights(), range.size());
+  }
+  MakeOuterSteps(client, std::move(optimizer), landing);
+  return Status::OK();
+}
+
+bool ServerProcess::ResumeHasParts(std::string_view prefix) const {
+  return resume_from_ && std::any_of(resume_from_->manifest.parts.begin(), resume_from_->manifest.parts.end(),
+                                     [&](const std::string& p) { return p.starts_with(prefix); });
 }
 
 Status ServerProcess::MakeShard(transport::CoordinatorClient& client, std::unique_ptr<OptimizerShard> optimizer,
@@ -470,6 +494,44 @@ Status ServerProcess::Run(const transport::JoinOptions& join) {
   return client->Leave();
 }
 
+StatusOr<ServerProcess::CheckpointRoles> ServerProcess::RolesInCheckpoint() {
+  const int R = Regions(config_);
+  std::vector<bool> live(R, true);
+  if (outer_) {
+    HERD_RETURN_IF_ERROR(outer_->Settle());
+    live = outer_->live_regions();
+  }
+  CheckpointRoles roles;
+  roles.first = static_cast<int>(std::find(live.begin(), live.end(), true) - live.begin());
+  const int first = roles.first;
+  // A region rejoined since the last outer step votes but writes nothing:
+  // the parts are the counted regions'.
+  roles.writes = live[region_];
+  transport::Voters& voters = roles.voters;
+  if (outer_) {
+    voters.epoch = runtime_->client().membership_epoch();  // before the names it holds for
+    const std::vector<bool> in_job = outer_->wire().InJob();
+    for (int i = 0; i < runtime_->client().num_servers(); ++i) {
+      if (in_job[i / region_servers_]) voters.members.push_back(i);
+    }
+  }
+  roles.committer = region_ == first && local_ == 0;
+  std::vector<std::string>& parts = roles.parts;
+  parts = CheckpointParts(region_servers_, runtime_->client().num_workers());
+  for (int k = first + 1; k < R; ++k) {
+    for (int j = 0; live[k] && j < region_servers_; ++j) parts.push_back(RegionShardFileName(k, j));
+  }
+  for (int k = 0; outer_ && k < R; ++k) {
+    for (int j = 0; live[k] && j < region_servers_; ++j) parts.push_back(OuterFileName(k, j));
+  }
+  // A job of regions: the voters that write a part (the servers of the
+  // live regions); one of them lost since abandons the checkpoint.
+  for (int i = 0; R > 1 && i < runtime_->client().num_servers(); ++i) {
+    roles.writers.push_back(live[i / region_servers_]);
+  }
+  return roles;
+}
+
 Status ServerProcess::CheckpointAfter(int64_t step) {
   if (!CheckpointDue(config_.checkpoint(), step, last_step_)) return Status::OK();
   const std::string step_dir = StepDirName(config_.checkpoint().dir(), step);
@@ -483,50 +545,21 @@ Status ServerProcess::CheckpointAfter(int64_t step) {
   // server knows the same last step once the one in flight has settled).
   // The first of them writes the shard files and commits; the others
   // their replicas' own parts; each its outer step's state.
-  const int R = Regions(config_);
-  std::vector<bool> live(R, true);
-  if (outer_) {
-    HERD_RETURN_IF_ERROR(outer_->Settle());
-    live = outer_->live_regions();
-  }
-  const int first = static_cast<int>(std::find(live.begin(), live.end(), true) - live.begin());
-  // A region rejoined since the last outer step votes but writes nothing:
-  // the parts are the counted regions'.
-  const bool writes = live[region_];
-  transport::Voters voters;
-  if (outer_) {
-    voters.epoch = runtime_->client().membership_epoch();  // before the names it holds for
-    const std::vector<bool> in_job = outer_->wire().InJob();
-    for (int i = 0; i < runtime_->client().num_servers(); ++i) {
-      if (in_job[i / region_servers_]) voters.members.push_back(i);
-    }
-  }
-  const bool servers_vote = config_.cluster().elastic() || R > 1;
-  const bool committer = region_ == first && local_ == 0;
+  HERD_ASSIGN_OR_RETURN(const CheckpointRoles roles, RolesInCheckpoint());
+  const bool servers_vote = config_.cluster().elastic() || Regions(config_) > 1;
   const std::string path =
-      JoinPath(step_dir, region_ == first ? ShardFileName(local_) : RegionShardFileName(region_, local_));
-  std::vector<std::string> parts = CheckpointParts(region_servers_, runtime_->client().num_workers());
-  for (int k = first + 1; k < R; ++k) {
-    for (int j = 0; live[k] && j < region_servers_; ++j) parts.push_back(RegionShardFileName(k, j));
-  }
-  for (int k = 0; outer_ && k < R; ++k) {
-    for (int j = 0; live[k] && j < region_servers_; ++j) parts.push_back(OuterFileName(k, j));
-  }
-  // A job of regions: the voters that write a part (the servers of the
-  // live regions); one of them lost since abandons the checkpoint.
-  std::vector<bool> writers;
-  for (int i = 0; R > 1 && i < runtime_->client().num_servers(); ++i) writers.push_back(live[i / region_servers_]);
+      JoinPath(step_dir, region_ == roles.first ? ShardFileName(local_) : RegionShardFileName(region_, local_));
   std::string data_position;
-  if (servers_vote && committer) {
+  if (servers_vote && roles.committer) {
     const DataPosition& d = shard_->report().data;
     data_position = SamplerStateLine(d.epoch, d.taken, d.tokens, config_.train().seq_len(), config_.train().seed());
   }
   transport::CoordinatorClient* client = &runtime_->client();
-  auto commit = [client, step_dir, step, &config = config_, committer, servers_vote, parts, writers, voters, writes,
+  auto commit = [client, step_dir, step, &config = config_, roles, servers_vote,
                  data_position](const std::function<Status()>& write) {
     Stopwatch sw;
     auto write_parts = [&]() -> Status {
-      if (!writes) return Status::OK();
+      if (!roles.writes) return Status::OK();
       HERD_RETURN_IF_ERROR(write());
       if (data_position.empty()) return Status::OK();
       for (int r = 0; r < client->num_workers(); ++r) {
@@ -534,9 +567,10 @@ Status ServerProcess::CheckpointAfter(int64_t step) {
       }
       return Status::OK();
     };
-    HERD_RETURN_IF_ERROR(transport::CommitCheckpoint(client, step_dir, step, config, committer, parts, write_parts,
-                                                     servers_vote ? wire::SERVERS : wire::EVERYONE, writers, voters));
-    if (servers_vote && committer) {
+    HERD_RETURN_IF_ERROR(transport::CommitCheckpoint(client, step_dir, step, config, roles.committer, roles.parts,
+                                                     write_parts, servers_vote ? wire::SERVERS : wire::EVERYONE,
+                                                     roles.writers, roles.voters));
+    if (servers_vote && roles.committer) {
       std::printf("checkpoint: %s (%.1fs)\n", step_dir.c_str(), sw.Seconds());
       std::fflush(stdout);
     }

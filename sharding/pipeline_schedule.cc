@@ -180,12 +180,18 @@ std::vector<int> ChunkSlots(const PipelineSchedule& schedule, int device) {
   return most;
 }
 
-StatusOr<PipelineSimulation> SimulatePipeline(const PipelineSchedule& s, const PipelineTimes& t) {
-  if (t.forward < 0 || t.backward < 0 || t.weight_grad < 0) {
-    return Status::InvalidArgument("pipeline times must be >= 0 (forward " + std::to_string(t.forward) + ", backward " +
-                                   std::to_string(t.backward) + ", weight_grad " + std::to_string(t.weight_grad) + ")");
-  }
-  const std::string name = std::string("pipeline schedule ") + PipelineScheduleName(s.kind);
+namespace {
+
+// Where (kind, virtual stage, micro-batch) of `a` on `device` sits in a
+// table of every action of the schedule.
+int ActionIndex(const PipelineSchedule& s, const PipelineAction& a, int device) {
+  return (static_cast<int>(a.kind) * s.virtual_stages() + s.VirtualStage(device, a.chunk)) * s.micro_batches +
+         a.micro_batch;
+}
+
+// A schedule every device can run: its counts >= 1, a list per device,
+// and each device's actions those of its chunks, each once.
+Status CheckActionLists(const PipelineSchedule& s, const std::string& name) {
   const int P = s.devices, v = s.chunks, M = s.micro_batches;
   if (P < 1 || v < 1 || M < 1) {
     return Status::FailedPrecondition(name + ": needs devices, chunks and micro-batches >= 1 (got " +
@@ -197,11 +203,7 @@ StatusOr<PipelineSimulation> SimulatePipeline(const PipelineSchedule& s, const P
   }
   const bool split = s.kind == Kind::kZeroBubble;
   const int V = s.virtual_stages();
-  // Finish time of (kind, virtual stage, micro-batch); negative: not run yet.
-  auto index = [&](const PipelineAction& a, int device) {
-    return (static_cast<int>(a.kind) * V + s.VirtualStage(device, a.chunk)) * M + a.micro_batch;
-  };
-  std::vector<double> end(3 * V * M, -1);
+  auto index = [&](const PipelineAction& a, int device) { return ActionIndex(s, a, device); };
   std::vector<char> listed(3 * V * M, 0);
   auto where = [&](int device, const PipelineAction& a) {
     return "device " + std::to_string(device) + " " + ActionName(a, v);
@@ -225,18 +227,51 @@ StatusOr<PipelineSimulation> SimulatePipeline(const PipelineSchedule& s, const P
       }
     }
   }
+  return Status::OK();
+}
 
-  auto cost = [&](const PipelineAction& a) {
-    switch (a.kind) {
-      case PipelineAction::kForward:
-        return t.forward;
-      case PipelineAction::kBackward:
-        return split ? t.backward : t.backward + t.weight_grad;
-      case PipelineAction::kWeightGrad:
-        return t.weight_grad;
+// How long `a` takes; without a split backward, B includes W.
+double ActionCost(const PipelineAction& a, const PipelineTimes& t, bool split) {
+  switch (a.kind) {
+    case PipelineAction::kForward:
+      return t.forward;
+    case PipelineAction::kBackward:
+      return split ? t.backward : t.backward + t.weight_grad;
+    case PipelineAction::kWeightGrad:
+      return t.weight_grad;
+  }
+  return 0.0;
+}
+
+// Every device that has not run its whole list ("device 1 waits at F0.2"):
+// the first need not be where the fault lies.
+std::string StuckDevices(const PipelineSchedule& s, const std::vector<size_t>& next) {
+  std::string stuck;
+  for (int p = 0; p < s.devices; ++p) {
+    if (next[p] < s.actions[p].size()) {
+      stuck += (stuck.empty() ? "device " : ", device ") + std::to_string(p) + " waits at " +
+               ActionName(s.actions[p][next[p]], s.chunks);
     }
-    return 0.0;
-  };
+  }
+  return stuck;
+}
+
+}  // namespace
+
+StatusOr<PipelineSimulation> SimulatePipeline(const PipelineSchedule& s, const PipelineTimes& t) {
+  if (t.forward < 0 || t.backward < 0 || t.weight_grad < 0) {
+    return Status::InvalidArgument("pipeline times must be >= 0 (forward " + std::to_string(t.forward) + ", backward " +
+                                   std::to_string(t.backward) + ", weight_grad " + std::to_string(t.weight_grad) + ")");
+  }
+  const std::string name = std::string("pipeline schedule ") + PipelineScheduleName(s.kind);
+  HERD_RETURN_IF_ERROR(CheckActionLists(s, name));
+  const int P = s.devices, M = s.micro_batches;
+  const bool split = s.kind == Kind::kZeroBubble;
+  const int V = s.virtual_stages();
+  // Finish time of (kind, virtual stage, micro-batch); negative: not run yet.
+  auto index = [&](const PipelineAction& a, int device) { return ActionIndex(s, a, device); };
+  std::vector<double> end(3 * V * M, -1);
+
   // When the inputs of `a` on `device` are ready, or a negative time if some are not yet.
   auto ready = [&](int device, const PipelineAction& a) {
     const int vs = s.VirtualStage(device, a.chunk);
@@ -278,7 +313,7 @@ StatusOr<PipelineSimulation> SimulatePipeline(const PipelineSchedule& s, const P
         const PipelineAction& a = list[next[p]];
         const double inputs = ready(p, a);
         if (inputs < 0) break;
-        const double d = cost(a);
+        const double d = ActionCost(a, t, split);
         free_at[p] = std::max(free_at[p], inputs) + d;
         end[index(a, p)] = free_at[p];
         sim.busy[p] += d;
@@ -292,15 +327,9 @@ StatusOr<PipelineSimulation> SimulatePipeline(const PipelineSchedule& s, const P
       }
     }
   }
-  // Every stuck device: the first need not be where the fault lies.
-  std::string stuck;
-  for (int p = 0; p < P; ++p) {
-    if (next[p] < s.actions[p].size()) {
-      stuck += (stuck.empty() ? "device " : ", device ") + std::to_string(p) + " waits at " +
-               ActionName(s.actions[p][next[p]], v);
-    }
+  if (const std::string stuck = StuckDevices(s, next); !stuck.empty()) {
+    return Status::FailedPrecondition(name + " deadlocks: " + stuck);
   }
-  if (!stuck.empty()) return Status::FailedPrecondition(name + " deadlocks: " + stuck);
   sim.makespan = *std::max_element(free_at.begin(), free_at.end());
   sim.idle_share.resize(P);
   for (int p = 0; p < P; ++p) sim.idle_share[p] = sim.makespan > 0 ? 1 - sim.busy[p] / sim.makespan : 0;

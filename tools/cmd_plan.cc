@@ -373,35 +373,46 @@ config::JobConfig WithShape(const config::JobConfig& job, const StandardShape& s
   return c;
 }
 
-Status PrintFrontier(const config::JobConfig& job, int64_t mem, int64_t gpu_mem, bool json) {
-  const int64_t host = mem > 0 ? mem : INT64_MAX;
-  const auto& train = job.train();
-  const bool gpu = job.device().kind() == config::DeviceConfig::CUDA;
-  if (!json) {
-    std::string budget = mem > 0 ? FormatBytes(mem) + " per process" : "";
-    if (gpu_mem > 0) budget += (budget.empty() ? "" : " and ") + FormatBytes(gpu_mem) + " per GPU";
-    std::printf("what fits within %s: %d workers (PS: %d servers), batch %d x %d tokens, %s workers\n",
-                budget.c_str(), std::max(1, job.cluster().workers()), std::max(1, job.cluster().servers()),
-                train.batch_size(), train.seq_len(), gpu ? "GPU" : "CPU");
-    std::printf("(each shape: fits or not, and the %s)\n",
-                gpu_mem > 0 ? "device memory of a GPU worker" : "memory of the largest process");
-    std::printf("%-27s %-26s", "mode", ("deepest at d" + std::to_string(job.model().hidden_size())).c_str());
-    for (const StandardShape& s : kShapes) std::printf(" %15s", s.name);
-    std::printf("\n");
-  } else {
+// The frontier's first lines: the budget and the columns, or the JSON's start.
+void PrintFrontierHead(const config::JobConfig& job, int64_t mem, int64_t gpu_mem, bool json) {
+  if (json) {
     std::printf("{\"mem\": %lld, \"gpu_mem\": %lld, \"frontier\": [", static_cast<long long>(mem),
                 static_cast<long long>(gpu_mem));
+    return;
   }
+  const auto& train = job.train();
+  std::string budget = mem > 0 ? FormatBytes(mem) + " per process" : "";
+  if (gpu_mem > 0) budget += (budget.empty() ? "" : " and ") + FormatBytes(gpu_mem) + " per GPU";
+  std::printf("what fits within %s: %d workers (PS: %d servers), batch %d x %d tokens, %s workers\n",
+              budget.c_str(), std::max(1, job.cluster().workers()), std::max(1, job.cluster().servers()),
+              train.batch_size(), train.seq_len(),
+              job.device().kind() == config::DeviceConfig::CUDA ? "GPU" : "CPU");
+  std::printf("(each shape: fits or not, and the %s)\n",
+              gpu_mem > 0 ? "device memory of a GPU worker" : "memory of the largest process");
+  std::printf("%-27s %-26s", "mode", ("deepest at d" + std::to_string(job.model().hidden_size())).c_str());
+  for (const StandardShape& s : kShapes) std::printf(" %15s", s.name);
+  std::printf("\n");
+}
+
+// Whether `mode` can run the job's workers (hybrid groups of at least 2,
+// model axes on CPU workers, context chunks that split the sequence).
+bool ModeRunsHere(const Mode& mode, const config::JobConfig& job) {
+  const int workers = std::max(1, job.cluster().workers());
+  const bool gpu = job.device().kind() == config::DeviceConfig::CUDA;
+  if (mode.replicas > 1 && (workers % mode.replicas != 0 || workers < 2 * mode.replicas)) return false;
+  if (mode.pipeline && workers < 2) return false;
+  if (mode.tensor && (workers < 2 || gpu)) return false;
+  if (mode.tensor && mode.pipeline && (workers < 4 || workers % 2 != 0)) return false;
+  // Context parallelism: each sequence in 2 x workers equal chunks.
+  return !mode.context || (workers >= 2 && !gpu && job.train().seq_len() % (2 * workers) == 0);
+}
+
+Status PrintFrontier(const config::JobConfig& job, int64_t mem, int64_t gpu_mem, bool json) {
+  const int64_t host = mem > 0 ? mem : INT64_MAX;
+  PrintFrontierHead(job, mem, gpu_mem, json);
   bool first = true;
   for (size_t i = 0; i < std::size(kModes); ++i) {
-    // Hybrid: groups of at least 2 workers.
-    const int workers = std::max(1, job.cluster().workers());
-    if (kModes[i].replicas > 1 && (workers % kModes[i].replicas != 0 || workers < 2 * kModes[i].replicas)) continue;
-    if (kModes[i].pipeline && workers < 2) continue;
-    if (kModes[i].tensor && (workers < 2 || gpu)) continue;
-    if (kModes[i].tensor && kModes[i].pipeline && (workers < 4 || workers % 2 != 0)) continue;
-    // Context parallelism: each sequence in 2 x workers equal chunks.
-    if (kModes[i].context && (workers < 2 || gpu || train.seq_len() % (2 * workers) != 0)) continue;
+    if (!ModeRunsHere(kModes[i], job)) continue;
     const config::JobConfig c = InMode(job, kModes[i]);
     int layers = 0;
     int64_t parameters = 0;

@@ -127,6 +127,37 @@ Status ExecAgain(const std::vector<std::string>& argv) {
   return Status::IOError(self + ": cannot start again: " + std::strerror(errno));
 }
 
+// What --join may be given with: refused in one line before anything
+// connects.
+Status CheckJoin(const tools::Args& args, const JobConfig& config, const transport::JoinOptions& join) {
+  const bool regions = config.cluster().diloco().regions() > 1;
+  if (join.join && HERD_NODE_SERVER && !regions) {
+    return Status::InvalidArgument("--join: only a worker can join a job under way (a server: with its region, in a "
+                                   "job of regions)");
+  }
+  if (join.join && !config.cluster().elastic() && !regions) {
+    return Status::InvalidArgument("--join: " + args.positional()[0] +
+                                   " is neither an elastic job (cluster.elastic) nor one of regions "
+                                   "(cluster.diloco.regions); only a worker of one can join it");
+  }
+  if (join.join && regions && join.rank < 0) {
+    return Status::InvalidArgument("--join: a process rejoining a job of regions names its rank (--rank, or the "
+                                   "launcher's variables): it rejoins in its own place in its region");
+  }
+  if (join.join && (args.Has("resume") || args.Has("overwrite"))) {
+    return Status::InvalidArgument(
+        "--join takes the job's state from its servers: drop --resume and --overwrite (--resume-if-any: from the "
+        "newest checkpoint should the job be forming)");
+  }
+  return Status::OK();
+}
+
+// Whether the process of `rank` commits checkpoints: server 0, or worker 0
+// without servers.
+bool CommitsCheckpoints(config::ClusterConfig::Sync sync, int rank) {
+  return rank == 0 && (HERD_NODE_SERVER || sync != config::ClusterConfig::PARAMETER_SERVER);
+}
+
 Status Run(int argc, char** argv, long long* max_restarts, bool* joins) {
   tools::Args args({"set", "rank", "coordinator", "token-file", "stop-at", "max-restarts"},
                    {"resume", "resume-if-any", "overwrite", "allow-global-batch-change", "join"});
@@ -150,25 +181,7 @@ Status Run(int argc, char** argv, long long* max_restarts, bool* joins) {
                                          args.Get("coordinator"), args.Get("token-file")));
   join.join = args.Has("join");
   join.resume_if_forming = args.Has("resume-if-any");  // meaningful with --join only
-  const bool regions = config.cluster().diloco().regions() > 1;
-  if (join.join && HERD_NODE_SERVER && !regions) {
-    return Status::InvalidArgument("--join: only a worker can join a job under way (a server: with its region, in a "
-                                   "job of regions)");
-  }
-  if (join.join && !config.cluster().elastic() && !regions) {
-    return Status::InvalidArgument("--join: " + args.positional()[0] +
-                                   " is neither an elastic job (cluster.elastic) nor one of regions "
-                                   "(cluster.diloco.regions); only a worker of one can join it");
-  }
-  if (join.join && regions && join.rank < 0) {
-    return Status::InvalidArgument("--join: a process rejoining a job of regions names its rank (--rank, or the "
-                                   "launcher's variables): it rejoins in its own place in its region");
-  }
-  if (join.join && (args.Has("resume") || args.Has("overwrite"))) {
-    return Status::InvalidArgument(
-        "--join takes the job's state from its servers: drop --resume and --overwrite (--resume-if-any: from the "
-        "newest checkpoint should the job be forming)");
-  }
+  HERD_RETURN_IF_ERROR(CheckJoin(args, config, join));
   TrainOptions options;
   options.resume = args.Has("resume") || args.Has("resume-if-any");
   options.start_if_none = args.Has("resume-if-any");
@@ -184,9 +197,8 @@ Status Run(int argc, char** argv, long long* max_restarts, bool* joins) {
   // way was admitted into the run that owns them already.
   RunLocks locks;
   const auto claim = [&locks, &config, sync](int rank) {
-    const bool commits = rank == 0 && (HERD_NODE_SERVER || sync != config::ClusterConfig::PARAMETER_SERVER);
-    const bool records = !HERD_NODE_SERVER && rank == 0;
-    return locks.Take(config.checkpoint().dir(), config.log().metrics(), commits, records);
+    return locks.Take(config.checkpoint().dir(), config.log().metrics(), CommitsCheckpoints(sync, rank),
+                      /*take_metrics=*/!HERD_NODE_SERVER && rank == 0);
   };
   if (!join.join && join.rank >= 0) HERD_RETURN_IF_ERROR(claim(join.rank));
   if (!join.join && join.rank < 0) join.on_ranked = claim;
@@ -195,11 +207,10 @@ Status Run(int argc, char** argv, long long* max_restarts, bool* joins) {
     // --resume. With --overwrite, the process that commits checkpoints
     // (server 0; worker 0 without servers) removes them, so it must know
     // its rank before joining.
-    const bool committer = (HERD_NODE_SERVER || sync == config::ClusterConfig::ALLREDUCE) && join.rank == 0;
     if (options.overwrite && join.rank < 0) {
       return Status::InvalidArgument("--overwrite needs the process's rank (--rank, SLURM_PROCID or RANK)");
     }
-    if (!options.overwrite || committer) {
+    if (!options.overwrite || CommitsCheckpoints(sync, join.rank)) {
       HERD_RETURN_IF_ERROR(CheckFreshRun(config.checkpoint().dir(), options.overwrite));
     }
   }

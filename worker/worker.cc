@@ -72,6 +72,57 @@ transport::Wire GradientWire(const ClusterConfig& cluster) {
   return cluster.wire_dtype() == ClusterConfig::BF16 ? transport::Wire::kBf16 : transport::Wire::kFloat32;
 }
 
+// The run header's line of a data-parallel job: parameter servers (and
+// regions) or an all-reduce, with what each was given.
+void PrintDataParallelLine(const config::JobConfig& config, const JobOptions& job, const ShardPlan* plan,
+                           int num_workers, bool nccl, const transport::UcxTransport* transport) {
+  const auto& train = config.train();
+  const auto& cluster = config.cluster();
+  const long long tokens = static_cast<long long>(train.batch_size()) * train.seq_len() * train.grad_accum();
+  const bool ps = cluster.sync() == ClusterConfig::PARAMETER_SERVER;
+  if (ps && config.device().kind() == config::DeviceConfig::CUDA) {
+    // Device pointers could go to a CUDA-aware UCX directly; herd does not
+    // do that yet, so say which case this is.
+    std::printf("GPU workers push and pull through page-locked host memory (%s)\n",
+                transport->cuda_memory()
+                    ? "this UCX could move CUDA memory itself; direct transfers are not used yet"
+                    : "this UCX has no CUDA memory support");
+  }
+  if (ps && Regions(config) > 1) {
+    const config::DilocoConfig& d = cluster.diloco();
+    std::printf("regions: %d, each %d parameter servers and %d workers (inner AdamW); every %d steps an outer "
+                "step (Nesterov, %s) | ",
+                d.regions(), plan->num_servers(), num_workers / d.regions(), d.every(),
+                OuterStepOf(d).Describe(d.every()).c_str());
+  }
+  if (ps) {
+    std::printf("parameter servers: %d, workers: %d, wire %s", plan->num_servers() * Regions(config), num_workers,
+                cluster.wire_dtype() == ClusterConfig::BF16 ? "bf16" : "fp32");
+    if (cluster.stream_weights()) {
+      std::printf(", weights streamed (%d layer%s of prefetch%s)", cluster.stream_prefetch_layers(),
+                  cluster.stream_prefetch_layers() == 1 ? "" : "s",
+                  job.micro_batch_slots > 1 ? ", micro-batches layer by layer" : "");
+    }
+  } else {
+    std::printf("all-reduce (%s) among %d workers", nccl ? "gradients by NCCL, the rest by UCX ring" : "UCX ring",
+                num_workers);
+    if (cluster.wire_dtype() == ClusterConfig::BF16) std::printf(", gradients bf16 on the wire");
+    if (cluster.zero_stage() > 0) std::printf(", ZeRO-%d", cluster.zero_stage());
+    if (ShardsInGroups(cluster)) {
+      std::printf(" in shard groups of %d, replicated %d times", cluster.shard_group_size(),
+                  num_workers / cluster.shard_group_size());
+    }
+    if (cluster.zero_stage() == 3) {
+      std::printf(" (weights gathered %d layer%s ahead%s)", cluster.stream_prefetch_layers(),
+                  cluster.stream_prefetch_layers() == 1 ? "" : "s",
+                  cluster.reshard_after_forward() ? "" : ", kept from forward to backward");
+    }
+  }
+  std::printf(", %zu buckets | batch %d x %d tokens x %d accum x %d workers = %lld tokens/step\n",
+              plan->buckets().size(), train.batch_size(), train.seq_len(), train.grad_accum(), num_workers,
+              tokens * num_workers);
+}
+
 // The lines a run starts with, from worker 0.
 void PrintRunHeader(const config::JobConfig& config, const JobOptions& job, const ParamLayout& layout,
                     const std::string& device, int64_t train_tokens, const ShardPlan* plan, int num_workers, bool nccl,
@@ -119,48 +170,7 @@ void PrintRunHeader(const config::JobConfig& config, const JobOptions& job, cons
                 config.data().train().c_str(), static_cast<long long>(train_tokens), train.batch_size(),
                 train.seq_len(), train.grad_accum(), tokens);
   } else {
-    const bool ps = cluster.sync() == ClusterConfig::PARAMETER_SERVER;
-    if (ps && config.device().kind() == config::DeviceConfig::CUDA) {
-      // Device pointers could go to a CUDA-aware UCX directly; herd does not
-      // do that yet, so say which case this is.
-      std::printf("GPU workers push and pull through page-locked host memory (%s)\n",
-                  transport->cuda_memory()
-                      ? "this UCX could move CUDA memory itself; direct transfers are not used yet"
-                      : "this UCX has no CUDA memory support");
-    }
-    if (ps && Regions(config) > 1) {
-      const config::DilocoConfig& d = cluster.diloco();
-      std::printf("regions: %d, each %d parameter servers and %d workers (inner AdamW); every %d steps an outer "
-                  "step (Nesterov, %s) | ",
-                  d.regions(), plan->num_servers(), num_workers / d.regions(), d.every(),
-                  OuterStepOf(d).Describe(d.every()).c_str());
-    }
-    if (ps) {
-      std::printf("parameter servers: %d, workers: %d, wire %s", plan->num_servers() * Regions(config), num_workers,
-                  cluster.wire_dtype() == ClusterConfig::BF16 ? "bf16" : "fp32");
-      if (cluster.stream_weights()) {
-        std::printf(", weights streamed (%d layer%s of prefetch%s)", cluster.stream_prefetch_layers(),
-                    cluster.stream_prefetch_layers() == 1 ? "" : "s",
-                    job.micro_batch_slots > 1 ? ", micro-batches layer by layer" : "");
-      }
-    } else {
-      std::printf("all-reduce (%s) among %d workers", nccl ? "gradients by NCCL, the rest by UCX ring" : "UCX ring",
-                  num_workers);
-      if (cluster.wire_dtype() == ClusterConfig::BF16) std::printf(", gradients bf16 on the wire");
-      if (cluster.zero_stage() > 0) std::printf(", ZeRO-%d", cluster.zero_stage());
-      if (ShardsInGroups(cluster)) {
-        std::printf(" in shard groups of %d, replicated %d times", cluster.shard_group_size(),
-                    num_workers / cluster.shard_group_size());
-      }
-      if (cluster.zero_stage() == 3) {
-        std::printf(" (weights gathered %d layer%s ahead%s)", cluster.stream_prefetch_layers(),
-                    cluster.stream_prefetch_layers() == 1 ? "" : "s",
-                    cluster.reshard_after_forward() ? "" : ", kept from forward to backward");
-      }
-    }
-    std::printf(", %zu buckets | batch %d x %d tokens x %d accum x %d workers = %lld tokens/step\n",
-                plan->buckets().size(), train.batch_size(), train.seq_len(), train.grad_accum(), num_workers,
-                tokens * num_workers);
+    PrintDataParallelLine(config, job, plan, num_workers, nccl, transport);
   }
   std::fflush(stdout);
 }
@@ -211,6 +221,10 @@ class WorkerProcess {
   // what it writes of a checkpoint (CheckpointWriter).
   Status MakeAxes();
   StatusOr<std::unique_ptr<SyncStrategy>> MakeStrategy();
+  // MakeStrategy's for parameter servers, collectives and a pipeline stage.
+  StatusOr<std::unique_ptr<SyncStrategy>> MakeParameterServerSync();
+  StatusOr<std::unique_ptr<SyncStrategy>> MakeCollectiveSync();
+  StatusOr<std::unique_ptr<SyncStrategy>> MakePipelineSync();
   std::unique_ptr<ShareCompute> MakeCompute();
   TensorParallelSyncOptions TensorParallelOptions();
   // Whether the step's last backward is the only pass that writes its
@@ -496,7 +510,6 @@ Status WorkerProcess::JoinJob() {
 
 StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeStrategy() {
   const ParamRange whole{0, layout_.size()};
-  const auto& cluster = config_.cluster();
   switch (mode_) {
     case Mode::kOneProcess: {
       // The whole space's optimizer state; any number of shards (a
@@ -514,88 +527,100 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeStrategy() {
       device_sync_ = strategy.get();
       return std::unique_ptr<SyncStrategy>(std::move(strategy));
     }
-    case Mode::kParameterServer: {
-      ParameterServerSyncOptions po;
-      po.plan = &*plan_;
-      po.bf16 = cluster.wire_dtype() == ClusterConfig::BF16;
-      po.elastic = cluster.elastic();
-      po.stream = StreamsUpdates(config_);  // as the servers do
-      // Its region's servers and its rank among the region's workers (the
-      // whole job's without regions).
-      const int regions = Regions(config_), region_workers = num_workers_ / regions;
-      po.rank = rank_ % region_workers;
-      po.first_server =
-          transport::MemberPeerId(runtime_->client(), wire::SERVER, rank_ / region_workers * plan_->num_servers());
-      if (pipeline_) po.ranges = pipeline_->RangesOf(place()[Axis::kPipeline], layout_);
-      if (slices_) {
-        // The rank's packed part of the servers' space (TensorParallelSpace).
-        po.origin = slices_->rank() * packed_size_;
-        po.ranges = {{po.origin, po.origin + packed_size_}};
-      }
-      if (streamed_) {
-        po.streamed_weights = &paged_weights_;
-        po.streamed_grads = &paged_grads_;
-        po.layout = &layout_;
-        po.prefetch_layers = cluster.stream_prefetch_layers();
-      }
-      HERD_ASSIGN_OR_RETURN(ParameterServerSyncParts parts,
-                            CreateParameterServerSync(po, &runtime_->transport(), runtime_->push_pull()));
-      // A stage's gradients are paged: with its weights whole, MakeAxes
-      // makes its home; so it does for a tensor-parallel rank, whose
-      // strategy wraps these pushes.
-      if (slices_) return TensorParallelPushes(TensorParallelOptions(), std::move(parts.sync));
-      if (!pipeline_ || streamed_) home_ = std::move(parts.home);
-      return std::move(parts.sync);
-    }
-    case Mode::kAllReduce: {
-      CollectiveSyncOptions c;
-      c.job = &job_;
-      c.layout = &layout_;
-      c.plan = &*plan_;
-      c.zero_stage = cluster.zero_stage();
-      c.collectives = runtime_->ring();
-      c.shard_group = runtime_->shard_ring();
-      c.replicas = runtime_->replica_ring();
-      c.context_ring = context_ring_.get();
-      c.gradient_wire = GradientWire(cluster);
-      c.device_reduction = device_reduction_.get();
-      if (pages_grads_) c.paged_grads = &paged_grads_;
-      c.recycle_gradient_pages = pages_grads_ && cluster.zero_stage() == 2 && OneBackwardWritesTheGradients();
-      if (windowed_) c.paged_weights = &paged_weights_;
-      c.prefetch_layers = cluster.stream_prefetch_layers();
-      c.reshard_after_forward = cluster.reshard_after_forward();
-      c.step_slices_as_scattered = StepsSlicesAsScattered(config_);
-      HERD_ASSIGN_OR_RETURN(CollectiveSyncParts parts, CreateCollectiveSync(c, weights(), resume_from_));
-      home_ = std::move(parts.home);
-      return std::move(parts.sync);
-    }
+    case Mode::kParameterServer:
+      return MakeParameterServerSync();
+    case Mode::kAllReduce:
+      return MakeCollectiveSync();
     case Mode::kTensorParallel:
       return CreateTensorParallelSync(TensorParallelOptions(), weights(), resume_from_);
-    case Mode::kPipelineStage: {
-      PipelineSyncOptions p;
-      p.job = &job_;
-      p.layout = &stage_layout();
-      p.split = &pipeline_->split;
-      p.schedule = &pipeline_->schedule;
-      p.device = place()[Axis::kPipeline];
-      p.everyone = runtime_->ring();
-      // The stage's replicas: consecutive ranks, or with tensor parallelism
-      // the same tensor rank's, T apart (JoinJob).
-      p.stage_replicas = slices_ ? runtime_->strided_ring() : runtime_->shard_ring();
-      p.gradient_wire = GradientWire(cluster);
-      p.wire = pipeline_wire_;
-      p.first_stage = transport::MemberPeerId(runtime_->client(), wire::WORKER, grid_.Along(rank_, Axis::kPipeline, 0));
-      p.last_stage = transport::MemberPeerId(runtime_->client(), wire::WORKER,
-                                             grid_.Along(rank_, Axis::kPipeline, pipeline_->devices() - 1));
-      if (plan_) p.zero_plan = &*plan_;
-      if (slices_) {
-        p.slices = &*slices_;
-        p.flat = &layout_;
-      }
-      return CreatePipelineSync(p, weights(), resume_from_);
-    }
+    case Mode::kPipelineStage:
+      return MakePipelineSync();
   }
   return Status::Internal("unknown worker mode");
+}
+
+StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeParameterServerSync() {
+  const auto& cluster = config_.cluster();
+  ParameterServerSyncOptions po;
+  po.plan = &*plan_;
+  po.bf16 = cluster.wire_dtype() == ClusterConfig::BF16;
+  po.elastic = cluster.elastic();
+  po.stream = StreamsUpdates(config_);  // as the servers do
+  // Its region's servers and its rank among the region's workers (the
+  // whole job's without regions).
+  const int regions = Regions(config_), region_workers = num_workers_ / regions;
+  po.rank = rank_ % region_workers;
+  po.first_server =
+      transport::MemberPeerId(runtime_->client(), wire::SERVER, rank_ / region_workers * plan_->num_servers());
+  if (pipeline_) po.ranges = pipeline_->RangesOf(place()[Axis::kPipeline], layout_);
+  if (slices_) {
+    // The rank's packed part of the servers' space (TensorParallelSpace).
+    po.origin = slices_->rank() * packed_size_;
+    po.ranges = {{po.origin, po.origin + packed_size_}};
+  }
+  if (streamed_) {
+    po.streamed_weights = &paged_weights_;
+    po.streamed_grads = &paged_grads_;
+    po.layout = &layout_;
+    po.prefetch_layers = cluster.stream_prefetch_layers();
+  }
+  HERD_ASSIGN_OR_RETURN(ParameterServerSyncParts parts,
+                        CreateParameterServerSync(po, &runtime_->transport(), runtime_->push_pull()));
+  // A stage's gradients are paged: with its weights whole, MakeAxes
+  // makes its home; so it does for a tensor-parallel rank, whose
+  // strategy wraps these pushes.
+  if (slices_) return TensorParallelPushes(TensorParallelOptions(), std::move(parts.sync));
+  if (!pipeline_ || streamed_) home_ = std::move(parts.home);
+  return std::move(parts.sync);
+}
+
+StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeCollectiveSync() {
+  const auto& cluster = config_.cluster();
+  CollectiveSyncOptions c;
+  c.job = &job_;
+  c.layout = &layout_;
+  c.plan = &*plan_;
+  c.zero_stage = cluster.zero_stage();
+  c.collectives = runtime_->ring();
+  c.shard_group = runtime_->shard_ring();
+  c.replicas = runtime_->replica_ring();
+  c.context_ring = context_ring_.get();
+  c.gradient_wire = GradientWire(cluster);
+  c.device_reduction = device_reduction_.get();
+  if (pages_grads_) c.paged_grads = &paged_grads_;
+  c.recycle_gradient_pages = pages_grads_ && cluster.zero_stage() == 2 && OneBackwardWritesTheGradients();
+  if (windowed_) c.paged_weights = &paged_weights_;
+  c.prefetch_layers = cluster.stream_prefetch_layers();
+  c.reshard_after_forward = cluster.reshard_after_forward();
+  c.step_slices_as_scattered = StepsSlicesAsScattered(config_);
+  HERD_ASSIGN_OR_RETURN(CollectiveSyncParts parts, CreateCollectiveSync(c, weights(), resume_from_));
+  home_ = std::move(parts.home);
+  return std::move(parts.sync);
+}
+
+StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakePipelineSync() {
+  const auto& cluster = config_.cluster();
+  PipelineSyncOptions p;
+  p.job = &job_;
+  p.layout = &stage_layout();
+  p.split = &pipeline_->split;
+  p.schedule = &pipeline_->schedule;
+  p.device = place()[Axis::kPipeline];
+  p.everyone = runtime_->ring();
+  // The stage's replicas: consecutive ranks, or with tensor parallelism
+  // the same tensor rank's, T apart (JoinJob).
+  p.stage_replicas = slices_ ? runtime_->strided_ring() : runtime_->shard_ring();
+  p.gradient_wire = GradientWire(cluster);
+  p.wire = pipeline_wire_;
+  p.first_stage = transport::MemberPeerId(runtime_->client(), wire::WORKER, grid_.Along(rank_, Axis::kPipeline, 0));
+  p.last_stage = transport::MemberPeerId(runtime_->client(), wire::WORKER,
+                                         grid_.Along(rank_, Axis::kPipeline, pipeline_->devices() - 1));
+  if (plan_) p.zero_plan = &*plan_;
+  if (slices_) {
+    p.slices = &*slices_;
+    p.flat = &layout_;
+  }
+  return CreatePipelineSync(p, weights(), resume_from_);
 }
 
 TensorParallelSyncOptions WorkerProcess::TensorParallelOptions() {
