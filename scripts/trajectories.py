@@ -24,6 +24,8 @@ The jobs (the tiny test model on a synthetic corpus, 30 steps unless said):
   context2       all-reduce, context parallelism over 2 workers
   grid222        all-reduce, data x pipeline x tensor 2 x 2 x 2 (8 workers),
                  2 micro-batches
+  hsdp4          all-reduce, ZeRO-1 in shard groups of 2 (4 workers: HSDP)
+  tensor_context all-reduce, data x tensor x context 2 x 2 x 2 (8 workers)
   regions2       2 regions of 1 server and 1 worker, an outer step every 5
                  inner steps (outer lr 0.7, momentum 0.9)
 For each job DIR/JOB/ holds metrics.jsonl without its timing fields
@@ -61,6 +63,8 @@ def jobs():
     ps_tensor = "cluster { sync: PARAMETER_SERVER servers: 2 workers: 2 tensor_parallel: 2 }"
     context = "cluster { sync: ALLREDUCE workers: 2 context_parallel: 2 }"
     grid = "cluster { sync: ALLREDUCE workers: 8 pipeline_stages: 2 tensor_parallel: 2 }"
+    hsdp = "cluster { sync: ALLREDUCE workers: 4 zero_stage: 1 shard_group_size: 2 }"
+    tensor_context = "cluster { sync: ALLREDUCE workers: 8 tensor_parallel: 2 context_parallel: 2 }"
     regions = ("cluster { sync: PARAMETER_SERVER servers: 2 workers: 2 "
                "diloco { regions: 2 every: 5 outer_lr: 0.7 outer_momentum: 0.9 } }")
     # name: (binary dir under BUILD, steps, batch per worker, extra config, split resume, kill at step,
@@ -79,6 +83,8 @@ def jobs():
         "ps_tensor2": ("", 30, 4, ps_tensor, False, None, 1),
         "context2": ("", 30, 4, context, False, None, 1),
         "grid222": ("", 20, 2, grid, False, None, 2),
+        "hsdp4": ("", 30, 2, hsdp, False, None, 1),
+        "tensor_context": ("", 20, 2, tensor_context, False, None, 1),
         "regions2": ("", 30, 4, regions, False, None, 1),
     }
 

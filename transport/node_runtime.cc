@@ -19,10 +19,10 @@ StatusOr<std::unique_ptr<NodeRuntime>> NodeRuntime::Join(const Options& options,
                                             [&](CoordinatorClient& client) { return prepare(rt, client); }));
   rt.client_->OnFailure([&rt](const Status& failure) {
     if (rt.push_pull_) rt.push_pull_->Fail(-1, failure);
-    for (RingCollectives* ring :
-         {rt.ring_.get(), rt.shard_ring_.get(), rt.replica_ring_.get(), rt.strided_ring_.get()}) {
+    for (RingCollectives* ring : {rt.ring_.get(), rt.shard_ring_.get(), rt.replica_ring_.get()}) {
       if (ring != nullptr) ring->Fail(failure);
     }
+    for (const auto& ring : rt.group_rings_) ring->Fail(failure);
     if (rt.outer_wire_) rt.outer_wire_->Fail(failure);
     // A stage waiting on a lost neighbour: UCX may not fail the endpoint of
     // a peer killed on this machine for longer than the launcher waits, so
@@ -67,14 +67,19 @@ PipelineWire* NodeRuntime::StartPipelineWire(bool bf16, int64_t max_elements, in
   return pipeline_wire_.get();
 }
 
-void NodeRuntime::StartStridedRing(CoordinatorClient& client, int stride, int count) {
-  CHECK(strided_ring_ == nullptr) << "a second strided ring";
-  const int rank = client.rank();
-  const int first = rank / (stride * count) * (stride * count) + rank % stride;
+RingCollectives* NodeRuntime::StartGroupRingOf(CoordinatorClient& client, const std::vector<int>& ranks, int group,
+                                               wire::Role role) {
+  CHECK(group >= 0 && group < kGroupRings) << "group ring " << group << " of " << kGroupRings;
+  int mine = -1;
   std::vector<PeerId> peers;
-  for (int i = 0; i < count; ++i) peers.push_back(MemberPeerId(client, wire::WORKER, first + i * stride));
-  strided_ring_ = std::make_unique<RingCollectives>(transport_.get(), (rank / stride) % count, peers, kRingChunkBytes,
-                                                    kAmStridedRing);
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] == client.rank()) mine = static_cast<int>(i);
+    peers.push_back(MemberPeerId(client, role, ranks[i]));
+  }
+  CHECK_GE(mine, 0) << "a group ring without this process";
+  group_rings_.push_back(std::make_unique<RingCollectives>(transport_.get(), mine, std::move(peers), kRingChunkBytes,
+                                                           static_cast<uint16_t>(kAmGroupRings + group)));
+  return group_rings_.back().get();
 }
 
 void NodeRuntime::Serve(ShardHandler* shard) { served_ = std::make_unique<PushPullServer>(transport_.get(), shard); }

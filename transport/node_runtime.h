@@ -66,12 +66,14 @@ class NodeRuntime {
   // In prepare: the wire between a pipeline's stages (a stage's worker;
   // PipelineWire's arguments).
   PipelineWire* StartPipelineWire(bool bf16, int64_t max_elements, int max_early);
-  // In prepare, after StartRing: a ring of `count` workers `stride` ranks
-  // apart inside this worker's block of stride·count consecutive ranks: a
-  // context-parallel group (ranks (replica·C + c)·T + t: C ranks T apart)
-  // or a pipeline stage's replicas with tensor parallelism (ranks (p·R +
-  // r)·T + t: R ranks T apart). At most one a process.
-  void StartStridedRing(CoordinatorClient& client, int stride, int count);
+  // In prepare: a ring among the members `ranks` of `role` (ascending, this
+  // process among them; its place in the list is its rank in the ring) on
+  // group ring `group` (< kGroupRings): the AM id of its own, which every
+  // member of the group names alike and no other ring of this process
+  // uses. A worker's rings along the grid's axes are these
+  // (worker/axis_rings.h): any number a process.
+  RingCollectives* StartGroupRingOf(CoordinatorClient& client, const std::vector<int>& ranks, int group,
+                                    wire::Role role = wire::WORKER);
   // In prepare: answers the workers' pushes and pulls with `shard`.
   void Serve(ShardHandler* shard);
 
@@ -90,8 +92,6 @@ class NodeRuntime {
   // Null unless hybrid (StartRing).
   RingCollectives* shard_ring() { return shard_ring_.get(); }
   RingCollectives* replica_ring() { return replica_ring_.get(); }
-  // Null unless started (StartStridedRing).
-  RingCollectives* strided_ring() { return strided_ring_.get(); }
   // Null unless started (StartOuterWire).
   OuterWire* outer_wire() { return outer_wire_.get(); }
   // Null unless started (StartPipelineWire).
@@ -106,7 +106,7 @@ class NodeRuntime {
   std::unique_ptr<RingCollectives> ring_;
   std::unique_ptr<RingCollectives> shard_ring_;
   std::unique_ptr<RingCollectives> replica_ring_;
-  std::unique_ptr<RingCollectives> strided_ring_;
+  std::vector<std::unique_ptr<RingCollectives>> group_rings_;  // StartGroupRingOf's
   std::unique_ptr<OuterWire> outer_wire_;
   std::unique_ptr<PipelineWire> pipeline_wire_;
   std::unique_ptr<CoordinatorClient> client_;

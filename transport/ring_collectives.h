@@ -37,13 +37,16 @@
 
 namespace herd::transport {
 
-// A process may run several rings over one transport (hybrid sharding: the
-// job's, its shard group's, its replicas'; a context-parallel group's),
-// each on an AM id of its own.
+// A process may run several rings over one transport (the job's; hybrid
+// sharding's shard group and replicas; a group along some of the grid's
+// axes, any number of them), each on an AM id of its own: group ring g
+// (0 <= g < kGroupRings) on kAmGroupRings + g.
 inline constexpr uint16_t kAmRing = 10;
 inline constexpr uint16_t kAmShardRing = 11;
 inline constexpr uint16_t kAmReplicaRing = 12;
-inline constexpr uint16_t kAmStridedRing = 14;
+inline constexpr uint16_t kAmGroupRings = 20;
+inline constexpr int kGroupRings = 32;
+static_assert(kAmGroupRings + kGroupRings <= kAmIdLimit, "group rings beyond the transport's AM ids");
 
 class RingCollectives : public Collectives {
  public:

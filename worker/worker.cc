@@ -28,6 +28,7 @@
 #include "transport/node_runtime.h"
 #include "transport/trace_session.h"
 #include "transport/wire.h"
+#include "worker/axis_rings.h"
 #include "worker/checkpoint_writer.h"
 #include "worker/collective_sync.h"
 #include "worker/elastic_shares.h"
@@ -212,6 +213,9 @@ class WorkerProcess {
   // A pipeline stage's wire to the other stages, over `runtime`'s
   // transport (in the join, before any peer can send).
   void OpenPipelineWire(transport::NodeRuntime& runtime);
+  // In the join: the rings of the groups this worker's collectives run
+  // over (AxisRings), before any peer can send.
+  void OpenRings(transport::NodeRuntime& runtime, transport::CoordinatorClient& client);
   // In a job: joins it through the NodeRuntime (Prepare runs in there)
   // and registers the spaces with its transport.
   Status JoinJob();
@@ -274,6 +278,7 @@ class WorkerProcess {
   // packed space's size (every rank's alike).
   std::optional<TensorSlices> slices_;
   int64_t packed_size_ = 0;
+  AxisRings rings_;  // the runtime's rings, by the grid's axes (OpenRings)
   std::unique_ptr<GroupRing> tensor_ring_;
   // A context-parallel worker (all-reduce mode): its group's ring, for the
   // model's gathers (set in JoinJob).
@@ -357,6 +362,7 @@ WorkerProcess::WorkerProcess(const config::JobConfig& config, const TrainOptions
       data_(std::move(data)),
       layout_(std::move(layout)),
       grid_(Grid::FromConfig(config)),
+      rings_(grid_),
       joining_(join != nullptr && join->join && !join->resume_if_forming) {}
 
 Status WorkerProcess::AllocateSpaces() {
@@ -457,43 +463,39 @@ void WorkerProcess::OpenPipelineWire(transport::NodeRuntime& runtime) {
                                              2 * s.micro_batches * s.chunks + 2 + config_.log().eval_batches());
 }
 
+void WorkerProcess::OpenRings(transport::NodeRuntime& runtime, transport::CoordinatorClient& client) {
+  const bool tensor = grid_.degree(Axis::kTensor) > 1, context = grid_.degree(Axis::kContext) > 1;
+  // A parameter-server worker's gradients go to the servers: it runs the
+  // model's own group collectives alone.
+  const bool reduces = mode_ != Mode::kParameterServer;
+  if (!reduces && !tensor) return;
+  runtime.StartRing(client);
+  if (tensor) tensor_ring_ = std::make_unique<GroupRing>(rings_.Open(runtime, client, {Axis::kTensor}));
+  if (context) context_ring_ = std::make_unique<GroupRing>(rings_.Open(runtime, client, {Axis::kContext}));
+  if (!reduces) return;
+  rings_.Open(runtime, client, {Axis::kContext, Axis::kShard, Axis::kReplicate});
+  if (ShardsInGroups(config_.cluster())) {
+    rings_.Open(runtime, client, {Axis::kContext, Axis::kShard});
+    rings_.Open(runtime, client, {Axis::kReplicate});
+  }
+}
+
 Status WorkerProcess::JoinJob() {
   transport::NodeRuntime::Options o;
   o.join = *join_;
   o.connect_to = {mode_ == Mode::kParameterServer ? wire::SERVER : wire::WORKER};
   // A pipeline's stages exchange activations in either mode, a
   // tensor-parallel group its sums.
-  const int T = config_.cluster().tensor_parallel();
-  if (mode_ == Mode::kParameterServer && (pipeline_ || T > 1)) o.connect_to.push_back(wire::WORKER);
+  if (mode_ == Mode::kParameterServer && (pipeline_ || grid_.degree(Axis::kTensor) > 1)) {
+    o.connect_to.push_back(wire::WORKER);
+  }
   if (mode_ == Mode::kParameterServer) {
     o.push_pull_piece_bytes =
         LargestBucketBytes(*plan_, config_.cluster().wire_dtype() == ClusterConfig::BF16 ? 2 : 4);
   }
-  HERD_ASSIGN_OR_RETURN(runtime_,
-                        transport::NodeRuntime::Join(o, [this, T](transport::NodeRuntime& rt, transport::CoordinatorClient& c) {
-                          // A tensor-parallel group is consecutive ranks: the shard ring, or every
-                          // worker when there is one group. A context-parallel group, or a
-                          // pipeline stage's replicas beside tensor parallelism, are ranks T
-                          // apart: the strided ring. A pipeline stage's replicas without it are
-                          // consecutive (stage-major ranks): the shard ring.
-                          const int C = config_.cluster().context_parallel();
-                          if (T > 1) {
-                            rt.StartRing(c, T);
-                            tensor_ring_ = std::make_unique<GroupRing>(
-                                rt.shard_ring() != nullptr ? static_cast<transport::Collectives*>(rt.shard_ring())
-                                                           : rt.ring());
-                          } else if (mode_ == Mode::kAllReduce) {
-                            rt.StartRing(c, config_.cluster().shard_group_size());
-                          } else if (mode_ == Mode::kPipelineStage) {
-                            rt.StartRing(c, grid_.data() > 1 ? grid_.data() : 0);
-                          }
-                          if (C > 1) {
-                            rt.StartStridedRing(c, std::max(1, T), C);
-                            context_ring_ = std::make_unique<GroupRing>(rt.strided_ring());
-                          }
-                          if (mode_ == Mode::kPipelineStage && T > 1 && grid_.data() > 1) {
-                            rt.StartStridedRing(c, T, grid_.data());
-                          }
+  HERD_ASSIGN_OR_RETURN(runtime_, transport::NodeRuntime::Join(o, [this](transport::NodeRuntime& rt,
+                                                                         transport::CoordinatorClient& c) {
+                          OpenRings(rt, c);
                           if (pipeline_) OpenPipelineWire(rt);
                           HERD_RETURN_IF_ERROR(Prepare(&c));
                           // The step the others' first messages are for, before they can send.
@@ -582,8 +584,8 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeCollectiveSync() {
   c.plan = &*plan_;
   c.zero_stage = cluster.zero_stage();
   c.collectives = runtime_->ring();
-  c.shard_group = runtime_->shard_ring();
-  c.replicas = runtime_->replica_ring();
+  c.shard_group = rings_.Of({Axis::kContext, Axis::kShard});
+  c.replicas = rings_.Of({Axis::kReplicate});
   c.context_ring = context_ring_.get();
   c.gradient_wire = GradientWire(cluster);
   c.device_reduction = device_reduction_.get();
@@ -607,9 +609,7 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakePipelineSync() {
   p.schedule = &pipeline_->schedule;
   p.device = place()[Axis::kPipeline];
   p.everyone = runtime_->ring();
-  // The stage's replicas: consecutive ranks, or with tensor parallelism
-  // the same tensor rank's, T apart (JoinJob).
-  p.stage_replicas = slices_ ? runtime_->strided_ring() : runtime_->shard_ring();
+  p.stage_replicas = rings_.Of({Axis::kContext, Axis::kShard, Axis::kReplicate});
   p.gradient_wire = GradientWire(cluster);
   p.wire = pipeline_wire_;
   p.first_stage = transport::MemberPeerId(runtime_->client(), wire::WORKER, grid_.Along(rank_, Axis::kPipeline, 0));
@@ -630,7 +630,7 @@ TensorParallelSyncOptions WorkerProcess::TensorParallelOptions() {
   t.slices = &*slices_;
   t.tensor_ring = tensor_ring_.get();
   t.everyone = runtime_->ring();
-  t.replicas = runtime_->replica_ring();
+  t.replicas = rings_.Of({Axis::kContext, Axis::kShard, Axis::kReplicate});
   t.sequence_parallel = config_.cluster().sequence_parallel();
   t.context_ring = context_ring_.get();
   return t;
