@@ -336,12 +336,6 @@ const std::vector<NotBuilt>& NotBuiltTable() {
       {"cluster.context_parallel", "cluster.pipeline_stages", "context parallelism with pipeline stages (cluster.pipeline_stages) is not built yet",
        "cluster { sync: ALLREDUCE workers: 4 context_parallel: 2 pipeline_stages: 2 }",
        [](const JobConfig& c) { return Context(c) && Pipelined(c); }},
-      {"cluster.zero_stage", "cluster.context_parallel", "ZeRO-2 and -3 with context parallelism (cluster.context_parallel) are not built yet",
-       "cluster { sync: ALLREDUCE workers: 4 context_parallel: 2 zero_stage: 2 }",
-       [](const JobConfig& c) { return Context(c) && c.cluster().zero_stage() > 1; }},
-      {"cluster.shard_group_size", "cluster.context_parallel", "hybrid sharding with context parallelism (cluster.context_parallel) is not built yet",
-       "cluster { sync: ALLREDUCE workers: 4 context_parallel: 2 zero_stage: 1 shard_group_size: 2 }",
-       [](const JobConfig& c) { return Context(c) && c.cluster().shard_group_size() != 0; }},
       {"cluster.elastic", "cluster.tensor_parallel", "elastic workers with tensor parallelism (cluster.tensor_parallel) are not built yet",
        "cluster { sync: PARAMETER_SERVER servers: 1 workers: 4 tensor_parallel: 2 elastic: true }",
        [](const JobConfig& c) { return Tensor(c) && c.cluster().elastic(); }},
@@ -446,6 +440,11 @@ void CheckClusterShape(const config::ClusterConfig& cl, const Rules& need) {
     need(cl.shard_group_size() > 0 && cl.workers() % cl.shard_group_size() == 0, "cluster.shard_group_size",
          std::to_string(cl.shard_group_size()) + " does not divide cluster.workers " +
              std::to_string(cl.workers()) + " into groups of that size");
+    // A shard group is whole context groups: the workers that compute one
+    // sequence's chunks hold the same parameters.
+    need(cl.context_parallel() <= 1 || cl.shard_group_size() % cl.context_parallel() == 0, "cluster.shard_group_size",
+         std::to_string(cl.shard_group_size()) + " is not a multiple of cluster.context_parallel " +
+             std::to_string(cl.context_parallel()) + ": a shard group holds whole context groups");
   }
 }
 

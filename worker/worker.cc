@@ -73,10 +73,11 @@ transport::Wire GradientWire(const ClusterConfig& cluster) {
   return cluster.wire_dtype() == ClusterConfig::BF16 ? transport::Wire::kBf16 : transport::Wire::kFloat32;
 }
 
-// The run header's line of a data-parallel job: parameter servers (and
-// regions) or an all-reduce, with what each was given.
-void PrintDataParallelLine(const config::JobConfig& config, const JobOptions& job, const ShardPlan* plan,
-                           int num_workers, bool nccl, const transport::UcxTransport* transport) {
+// The run header's line of how a job's replicas step: parameter servers
+// (and regions) or an all-reduce, with what each was given, and the
+// global batch over the job's `replicas`.
+void PrintReducerLine(const config::JobConfig& config, const JobOptions& job, const ShardPlan* plan, int num_workers,
+                      int replicas, bool nccl, const transport::UcxTransport* transport) {
   const auto& train = config.train();
   const auto& cluster = config.cluster();
   const long long tokens = static_cast<long long>(train.batch_size()) * train.seq_len() * train.grad_accum();
@@ -119,59 +120,63 @@ void PrintDataParallelLine(const config::JobConfig& config, const JobOptions& jo
                   cluster.reshard_after_forward() ? "" : ", kept from forward to backward");
     }
   }
-  std::printf(", %zu buckets | batch %d x %d tokens x %d accum x %d workers = %lld tokens/step\n",
-              plan->buckets().size(), train.batch_size(), train.seq_len(), train.grad_accum(), num_workers,
-              tokens * num_workers);
+  if (plan != nullptr) std::printf(", %zu bucket%s", plan->buckets().size(), plan->buckets().size() == 1 ? "" : "s");
+  std::printf(" | batch %d x %d tokens x %d accum x %d replica%s = %lld tokens/step\n", train.batch_size(),
+              train.seq_len(), train.grad_accum(), replicas, replicas == 1 ? "" : "s", tokens * replicas);
+}
+
+// The run header's line of what part of the model a worker computes, in a
+// job with model axes: its pipeline stage, tensor slices, context chunks.
+void PrintPlacementLine(const config::JobConfig& config, const LlamaShape& shape, const Grid& grid,
+                        const ShardPlan* plan, const PipelinePlan* pipeline) {
+  const auto& cluster = config.cluster();
+  const int T = grid.degree(Axis::kTensor), C = grid.degree(Axis::kContext), replicas = grid.replicas();
+  std::string line;
+  if (pipeline != nullptr) {
+    line = "pipeline: " + std::to_string(pipeline->devices()) + " stages (first layers " +
+           pipeline->split.Describe() + "), schedule " + PipelineScheduleName(pipeline->schedule.kind) + ", " +
+           std::to_string(pipeline->schedule.micro_batches) + " micro-batches" +
+           (cluster.pipeline_wire_dtype() == ClusterConfig::BF16 ? ", activations bf16 on the wire" : "") +
+           (cluster.stream_weights() ? ", each stage's weights streamed" : "");
+  }
+  if (T > 1) {
+    line += std::string(line.empty() ? "tensor parallel: " : "; each stage tensor-parallel: ") + std::to_string(T) +
+            " ranks (" + std::to_string(shape.num_heads / T) + " heads, " +
+            std::to_string(shape.intermediate_size / T) + " intermediate columns and " +
+            std::to_string(shape.vocab_size / T) + " vocabulary rows each" +
+            (cluster.sequence_parallel() ? "; sequence parallel: the norms' and residual's rows split too" : "") +
+            ")" +
+            (plan != nullptr && cluster.sync() == ClusterConfig::PARAMETER_SERVER
+                 ? ", each rank's slices on " + std::to_string(plan->num_servers()) + " parameter server" +
+                       (plan->num_servers() == 1 ? "" : "s")
+                 : "");
+  }
+  if (C > 1) {
+    line += std::string(line.empty() ? "" : "; ") + "context parallel: " + std::to_string(C) + " ranks (chunks r and " +
+            std::to_string(2 * C - 1) + "-r of each sequence's " + std::to_string(2 * C) + ", " +
+            std::to_string(config.train().seq_len() / (2 * C)) + " tokens each)";
+  }
+  std::printf("%s; %d replica%s\n", line.c_str(), replicas, replicas == 1 ? "" : "s");
 }
 
 // The lines a run starts with, from worker 0.
 void PrintRunHeader(const config::JobConfig& config, const JobOptions& job, const ParamLayout& layout,
-                    const std::string& device, int64_t train_tokens, const ShardPlan* plan, int num_workers, bool nccl,
-                    const transport::UcxTransport* transport, const PipelinePlan* pipeline) {
+                    const std::string& device, int64_t train_tokens, const ShardPlan* plan, const Grid& grid,
+                    bool nccl, const transport::UcxTransport* transport, const PipelinePlan* pipeline) {
   const LlamaShape& shape = layout.shape();
   const auto& train = config.train();
-  const auto& cluster = config.cluster();
   std::printf("model: %.2fM parameters (%d layers, d=%d, %d heads, %d kv heads, vocab %d) | %s%s\n",
               layout.num_parameters() / 1e6, shape.num_layers, shape.hidden_size, shape.num_heads, shape.num_kv_heads,
               shape.vocab_size, transport ? "worker 0 on " : "", device.c_str());
-  const long long tokens = static_cast<long long>(train.batch_size()) * train.seq_len() * train.grad_accum();
-  if (pipeline != nullptr) {
-    const int T = pipeline->grid.degree(Axis::kTensor), replicas = pipeline->grid.data();
-    std::printf("pipeline: %d stages (first layers %s)%s, schedule %s, %d micro-batches, %d replica%s%s%s | "
-                "batch %d x %d tokens x %d accum x %d replicas = %lld tokens/step\n",
-                pipeline->devices(), pipeline->split.Describe().c_str(),
-                T > 1 ? (", each stage tensor-parallel over " + std::to_string(T) + " ranks").c_str() : "",
-                PipelineScheduleName(pipeline->schedule.kind), pipeline->schedule.micro_batches, replicas,
-                replicas == 1 ? "" : "s",
-                config.cluster().pipeline_wire_dtype() == ClusterConfig::BF16 ? ", activations bf16 on the wire" : "",
-                cluster.stream_weights() ? ", each stage's weights streamed" : "",
-                train.batch_size(), train.seq_len(), train.grad_accum(), replicas, tokens * replicas);
-  } else if (cluster.tensor_parallel() > 1) {
-    const int T = cluster.tensor_parallel(), replicas = num_workers / T;
-    std::printf("tensor parallel: %d ranks a replica (%d heads, %d intermediate columns and %d vocabulary rows "
-                "each%s), %d replica%s%s | batch %d x %d tokens x %d accum x %d replicas = %lld tokens/step\n",
-                T, shape.num_heads / T, shape.intermediate_size / T, shape.vocab_size / T,
-                cluster.sequence_parallel() ? "; sequence parallel: the norms' and residual's rows split too"
-                : cluster.context_parallel() > 1
-                    ? ("; context parallel over " + std::to_string(cluster.context_parallel()) + " such groups").c_str()
-                    : "",
-                replicas, replicas == 1 ? "" : "s",
-                plan != nullptr ? (", each rank's slices on " + std::to_string(plan->num_servers()) +
-                                   " parameter server" + (plan->num_servers() == 1 ? "" : "s")).c_str()
-                                : "",
-                train.batch_size(), train.seq_len(), train.grad_accum(), replicas, tokens * replicas);
-  } else if (cluster.context_parallel() > 1) {
-    const int C = cluster.context_parallel(), replicas = num_workers / C;
-    std::printf("context parallel: %d ranks a replica (chunks r and %d-r of each sequence's %d, %d tokens each), "
-                "%d replica%s | batch %d x %d tokens x %d accum x %d replicas = %lld tokens/step\n",
-                C, 2 * C - 1, 2 * C, train.seq_len() / C, replicas, replicas == 1 ? "" : "s", train.batch_size(),
-                train.seq_len(), train.grad_accum(), replicas, tokens * replicas);
-  } else if (transport == nullptr) {
+  if (transport == nullptr) {
+    const long long tokens = static_cast<long long>(train.batch_size()) * train.seq_len() * train.grad_accum();
     std::printf("data: %s (%lld tokens) | batch %d x %d tokens x %d accum = %lld tokens/step\n",
                 config.data().train().c_str(), static_cast<long long>(train_tokens), train.batch_size(),
                 train.seq_len(), train.grad_accum(), tokens);
   } else {
-    PrintDataParallelLine(config, job, plan, num_workers, nccl, transport);
+    const bool model_axes = pipeline != nullptr || grid.degree(Axis::kTensor) > 1 || grid.degree(Axis::kContext) > 1;
+    if (model_axes) PrintPlacementLine(config, shape, grid, plan, pipeline);
+    PrintReducerLine(config, job, plan, grid.size(), grid.replicas(), nccl, transport);
   }
   std::fflush(stdout);
 }
@@ -772,7 +777,7 @@ StatusOr<int64_t> WorkerProcess::StartingStep() {
     std::printf("initial weights from %s\n", config_.checkpoint().init_from().c_str());
   }
   PrintRunHeader(config_, job_, layout_, model_ ? model_->Describe() : "CPU", data_.train.size(),
-                 plan_ ? &*plan_ : nullptr, num_workers_, device_reduction_ != nullptr,
+                 plan_ ? &*plan_ : nullptr, grid_, device_reduction_ != nullptr,
                  runtime_ ? &runtime_->transport() : nullptr, pipeline_ ? &*pipeline_ : nullptr);
   if (config_.log().peak_tflops() == 0 && model_ != nullptr && model_->PeakTflops() > 0) {
     std::printf("mfu: against the datasheet peak of %s, %g TFLOP/s (log.peak_tflops overrides it)\n",

@@ -1,0 +1,98 @@
+"""Combinations of the parallel axes that the table of what is not built
+(common/config.h's NotBuiltTable) no longer refuses, each through `herd
+launch` on the tiny model (tied, clipped, 32 tokens a sequence, 2
+micro-batches of 2 sequences a replica), 20 steps:
+
+* within one process on the same global batch (batch 2 x the job's
+  data-parallel replicas, 2 micro-batches): every step's loss within 1e-5
+  relative, its gradient norm within herdtest.NORM_TOLERANCE (the parts
+  are added in another order, so not bitwise);
+* a rerun bitwise the same (every step's loss, norm and lr, and the last
+  checkpoint's files);
+* stopped at step 10 and --resume'd: bitwise the straight run.
+
+A case's "against" names another job of the same global batch when one
+process cannot be its reference (bf16 gradients: DDP with bf16 on the wire
+and as many replicas). CI runs the first cases of CASES; --long
+(HERD_TEST_LONG=1) runs every one."""
+import filecmp
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import herdtest  # noqa: E402
+
+STEPS = 20
+LOSS_TOLERANCE = 1e-5
+
+
+def ar(workers, more):
+    return f"cluster {{ sync: ALLREDUCE workers: {workers} {more} }}"
+
+
+# (name, cluster block, data-parallel replicas, reference job: None for one
+# process, else (name, cluster block) of the same global batch), and
+# whether CI runs it.
+CASES = [
+    ("context x zero2", ar(4, "context_parallel: 2 zero_stage: 2"), 2, None, True),
+    ("context x zero3", ar(4, "context_parallel: 2 zero_stage: 3"), 2, None, True),
+    ("context x hsdp", ar(8, "context_parallel: 2 zero_stage: 1 shard_group_size: 4"), 4, None, True),
+    ("context x zero3 x hsdp", ar(8, "context_parallel: 2 zero_stage: 3 shard_group_size: 4"), 4, None, False),
+    ("context x zero2, 4 ranks", ar(4, "context_parallel: 4 zero_stage: 2"), 1, None, False),
+]
+
+
+def main():
+    a = herdtest.parse_args()
+    sb = herdtest.Sandbox(a.build)
+    sb.training_data()
+
+    def job(name, cluster, replicas, every=10):
+        text = herdtest.tiny_config("train.bin", steps=STEPS, ckpt=name, every=every, metrics=name + ".jsonl",
+                                    extra=cluster)
+        text = text.replace("batch_size: 4 seq_len: 32", f"batch_size: {2 * replicas} grad_accum: 2 seq_len: 32")
+        return sb.write(name + ".textproto", text)
+
+    def run(name, cluster, replicas, *args):
+        sb.run("launch", job(name, cluster, replicas), *args)
+        return herdtest.metrics_rows(sb.path(name + ".jsonl"))
+
+    def last_checkpoint(name):
+        return sb.path(name, f"step_{STEPS:08d}")
+
+    references = {}
+
+    def reference(replicas, against):
+        key = (replicas, against)
+        if key not in references:
+            if against is None:
+                references[key] = run(f"one_{replicas}", "", replicas)
+            else:
+                references[key] = run(against[0], against[1], 1)
+        return references[key]
+
+    report = []
+    for name, cluster, replicas, against, in_ci in CASES:
+        if not (in_ci or herdtest.LONG):
+            continue
+        tag = "".join(c if c.isalnum() else "_" for c in name)
+        # The job's batch is a replica's: 2 sequences a micro-batch.
+        rows = run(tag, cluster, 1)
+        gap = herdtest.steps_within(rows, reference(replicas, against), name, tolerance=LOSS_TOLERANCE)
+        again = run(tag + "_again", cluster, 1)
+        assert herdtest.trajectory(again) == herdtest.trajectory(rows), f"{name}: a rerun differs"
+        # The state (the config and manifest name each run's own paths).
+        parts = sorted(p for p in os.listdir(last_checkpoint(tag)) if p.startswith(("shard_", "worker_")))
+        assert parts, f"{name}: no shard in {last_checkpoint(tag)}"
+        match, mismatch, errors = filecmp.cmpfiles(last_checkpoint(tag), last_checkpoint(tag + "_again"), parts,
+                                                   shallow=False)
+        assert not mismatch and not errors, f"{name}: a rerun's checkpoint differs: {mismatch + errors}"
+        run(tag + "_split", cluster, 1, "--stop-at", "10")
+        resumed = run(tag + "_split", cluster, 1, "--resume")
+        assert herdtest.trajectory(resumed) == herdtest.trajectory(rows), f"{name}: stopped at 10 and resumed differs"
+        report.append(f"{name} within {gap:.2g} (rerun and resume bitwise)")
+    print(f"{STEPS} steps against one process on the same global batch: " + "; ".join(report))
+
+
+if __name__ == "__main__":
+    main()
