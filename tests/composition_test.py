@@ -39,6 +39,10 @@ CASES = [
     ("context x hsdp", ar(8, "context_parallel: 2 zero_stage: 1 shard_group_size: 4"), 4, None, True),
     ("context x zero3 x hsdp", ar(8, "context_parallel: 2 zero_stage: 3 shard_group_size: 4"), 4, None, False),
     ("context x zero2, 4 ranks", ar(4, "context_parallel: 4 zero_stage: 2"), 1, None, False),
+    ("tensor x bf16", ar(4, "tensor_parallel: 2 wire_dtype: BF16"), 2, ("ddp2_bf16", ar(2, "wire_dtype: BF16")), True),
+    ("tensor x bf16 on servers", "cluster { sync: PARAMETER_SERVER servers: 2 workers: 4 tensor_parallel: 2 "
+     "wire_dtype: BF16 }", 2, ("ps2_bf16", "cluster { sync: PARAMETER_SERVER servers: 2 workers: 2 wire_dtype: BF16 }"),
+     True),
 ]
 
 
@@ -79,6 +83,13 @@ def main():
         # The job's batch is a replica's: 2 sequences a micro-batch.
         rows = run(tag, cluster, 1)
         gap = herdtest.steps_within(rows, reference(replicas, against), name, tolerance=LOSS_TOLERANCE)
+        if against is not None:
+            # The reference's own setting shows: the job is nearer to it
+            # than it is to one process (a job that ignored the setting
+            # would be one process's).
+            own = herdtest.steps_within(reference(replicas, against), reference(replicas, None),
+                                        f"{against[0]} against one process", tolerance=1, norm_tolerance=1)
+            assert gap[0] < own[0] / 3, f"{name}: {gap[0]:.3g} from {against[0]}, which is {own[0]:.3g} from one process"
         again = run(tag + "_again", cluster, 1)
         assert herdtest.trajectory(again) == herdtest.trajectory(rows), f"{name}: a rerun differs"
         # The state (the config and manifest name each run's own paths).
@@ -90,7 +101,8 @@ def main():
         run(tag + "_split", cluster, 1, "--stop-at", "10")
         resumed = run(tag + "_split", cluster, 1, "--resume")
         assert herdtest.trajectory(resumed) == herdtest.trajectory(rows), f"{name}: stopped at 10 and resumed differs"
-        report.append(f"{name} within {gap:.2g} (rerun and resume bitwise)")
+        report.append(f"{name} within {gap:.2g}" + (f" of {against[0]} (itself {own:.2g} from one process)"
+                                                     if against else "") + " (rerun and resume bitwise)")
     print(f"{STEPS} steps against one process on the same global batch: " + "; ".join(report))
 
 

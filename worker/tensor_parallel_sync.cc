@@ -92,7 +92,7 @@ class TensorParallelSync : public SyncStrategy {
     if (o_.replicas != nullptr) {
       trace::Span span("slice all-reduce", "collective", {"step", static_cast<int64_t>(step_ + 1)});
       HERD_RETURN_IF_ERROR(wait_.Timed([&] {
-                                  return o_.replicas->Wait(o_.replicas->AllReduce(grads_, n, DType::kFloat32));
+                                  return o_.replicas->Wait(o_.replicas->AllReduce(grads_, n, DType::kFloat32, o_.gradient_wire));
                                 })
                                .WithContext(at + "all-reduce among tensor-parallel rank " +
                                             std::to_string(o_.slices->rank()) + "'s replicas: "));

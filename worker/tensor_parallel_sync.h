@@ -45,8 +45,10 @@ struct TensorParallelSyncOptions {
   GroupRing* context_ring = nullptr;
   transport::Collectives* everyone = nullptr;  // the norm and the losses
   bool sequence_parallel = false;
-  // This rank's data-parallel replicas (null: one replica).
+  // This rank's data-parallel replicas (null: one replica), among which
+  // the packed gradients are all-reduced, `gradient_wire` on the wire.
   transport::Collectives* replicas = nullptr;
+  transport::Wire gradient_wire = transport::Wire::kFloat32;
 };
 
 // Loads or initialises the packed `weights` (slices->layout().size()) and

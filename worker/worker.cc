@@ -636,6 +636,7 @@ TensorParallelSyncOptions WorkerProcess::TensorParallelOptions() {
   t.tensor_ring = tensor_ring_.get();
   t.everyone = runtime_->ring();
   t.replicas = rings_.Of({Axis::kContext, Axis::kShard, Axis::kReplicate});
+  t.gradient_wire = GradientWire(config_.cluster());
   t.sequence_parallel = config_.cluster().sequence_parallel();
   t.context_ring = context_ring_.get();
   return t;
