@@ -351,9 +351,10 @@ const std::vector<NotBuilt>& NotBuiltTable() {
       {"cluster.sequence_parallel", "cluster.pipeline_stages", "sequence parallelism inside pipeline stages (cluster.pipeline_stages) is not built yet",
        "cluster { sync: ALLREDUCE workers: 4 pipeline_stages: 2 tensor_parallel: 2 sequence_parallel: true }",
        [](const JobConfig& c) { return Tensor(c) && Pipelined(c) && c.cluster().sequence_parallel(); }},
-      {"cluster.zero_stage", "cluster.tensor_parallel", "ZeRO with tensor parallelism (cluster.tensor_parallel) is not built yet",
-       "cluster { sync: ALLREDUCE workers: 4 tensor_parallel: 2 zero_stage: 1 }",
-       [](const JobConfig& c) { return Tensor(c) && c.cluster().zero_stage() > 0; }},
+      {"cluster.zero_stage", "cluster.tensor_parallel with cluster.pipeline_stages",
+       "ZeRO inside tensor-parallel pipeline stages is not built yet (ZeRO with either alone is)",
+       "cluster { sync: ALLREDUCE workers: 8 pipeline_stages: 2 tensor_parallel: 2 zero_stage: 1 }",
+       [](const JobConfig& c) { return Tensor(c) && Pipelined(c) && c.cluster().zero_stage() > 0; }},
       {"cluster.elastic", "cluster.diloco.regions", "elastic workers in a job of regions (cluster.diloco.regions) are not built yet",
        "cluster { sync: PARAMETER_SERVER servers: 2 workers: 4 elastic: true diloco { regions: 2 every: 5 } }",
        [](const JobConfig& c) { return HasRegions(c) && c.cluster().elastic(); }},
@@ -437,11 +438,13 @@ void CheckClusterShape(const config::ClusterConfig& cl, const Rules& need) {
     need(cl.shard_group_size() > 0 && cl.workers() % cl.shard_group_size() == 0, "cluster.shard_group_size",
          std::to_string(cl.shard_group_size()) + " does not divide cluster.workers " +
              std::to_string(cl.workers()) + " into groups of that size");
-    // A shard group is whole context groups: the workers that compute one
-    // sequence's chunks hold the same parameters.
-    need(cl.context_parallel() <= 1 || cl.shard_group_size() % cl.context_parallel() == 0, "cluster.shard_group_size",
-         std::to_string(cl.shard_group_size()) + " is not a multiple of cluster.context_parallel " +
-             std::to_string(cl.context_parallel()) + ": a shard group holds whole context groups");
+    // A shard group is whole tensor x context groups: ZeRO cuts a slice's
+    // space among the workers that hold the same parameters.
+    const int64_t model_group = int64_t{std::max(1, cl.tensor_parallel())} * std::max(1, cl.context_parallel());
+    need(cl.shard_group_size() % model_group == 0, "cluster.shard_group_size",
+         std::to_string(cl.shard_group_size()) + " is not a multiple of cluster.tensor_parallel x " +
+             "cluster.context_parallel " + std::to_string(model_group) +
+             ": a shard group holds whole tensor and context groups");
   }
 }
 
@@ -475,6 +478,9 @@ void CheckParallelDegrees(const config::ClusterConfig& cl, const Rules& need) {
              ": every data-parallel replica needs as many tensor-parallel ranks");
     need(cl.sync() != config::ClusterConfig::NONE, "cluster.tensor_parallel",
          "tensor parallelism needs workers: sync ALLREDUCE or PARAMETER_SERVER");
+    need(cl.zero_stage() == 0 || cl.workers() > cl.tensor_parallel(), "cluster.zero_stage",
+         "shards a tensor-parallel rank's state over the workers of the same rank: with cluster.tensor_parallel " + T +
+             " over all " + std::to_string(cl.workers()) + " workers there is one");
     if (cl.pipeline_stages() > 1) {
       need(cl.workers() % (int64_t{cl.pipeline_stages()} * cl.tensor_parallel()) == 0, "cluster.tensor_parallel",
            "cluster.pipeline_stages " + std::to_string(cl.pipeline_stages()) + " x " + T +

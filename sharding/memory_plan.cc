@@ -12,6 +12,7 @@
 #include "sharding/diloco_plan.h"
 #include "sharding/job_options.h"
 #include "sharding/pipeline_plan.h"
+#include "sharding/grid.h"
 #include "sharding/tensor_slices.h"
 #include "sharding/weight_window.h"
 
@@ -160,6 +161,45 @@ ProcessMemory PsWorkerMemory(const JobSizes& j, const ShardPlan& shards) {
   return w;
 }
 
+// A collective reducer's state under ZeRO over a space of `layout` (the
+// flat one, or a tensor-parallel rank's packed one), cut among the workers
+// of a shard group (data replicas and context ranks of the same
+// placement): the moments of worker 0's slices (the largest), under ZeRO-2
+// on a CPU the gradients its policy holds at most, under ZeRO-3 the
+// window's weights and gradients at their fullest beside its slices'
+// master weights.
+Status AddZeroState(const JobSizes& j, const ParamLayout& layout, ProcessMemory* t) {
+  const Grid grid = Grid::FromConfig(j.config);
+  const int group = grid.degree(Axis::kShard) * grid.degree(Axis::kContext);
+  HERD_ASSIGN_OR_RETURN(ShardPlan plan, CollectivePlan(layout, j.cluster, group));
+  int64_t owned = 0;
+  for (const ParamRange& r : OwnedSlices(plan, group, 0)) owned += r.size();
+  t->optimizer = 2 * owned * kF32;
+  // Each bucket boundary may keep a shared page of each paged buffer backed.
+  const int64_t boundary_pages = static_cast<int64_t>(plan.buckets().size() + 1) * kPageBytes;
+  const bool accumulates = j.train.grad_accum() > j.job.micro_batch_slots;
+  if (j.cluster.zero_stage() == 2 && !j.gpu && !accumulates) {
+    // Gradients whole until the last micro-batch, unless a layer-major
+    // pass serves them all.
+    t->gradients = ReplayZero2Gradients(plan, layout, group, 0) + 2 * boundary_pages;
+  } else if (j.cluster.zero_stage() == 3) {
+    // The window at its fullest, replayed through the worker's policy,
+    // a retired bucket keeping this worker's slice of its gradients; the
+    // slices' master weights beside it.
+    StreamedReplay replay = ReplayOfJob(j.config, j.job.micro_batch_slots);
+    // A slice that steps as it is reduced lets its gradients go too.
+    const bool steps_as_scattered = StepsSlicesAsScattered(j.config);
+    for (auto b = plan.buckets().rbegin(); b != plan.buckets().rend(); ++b) {
+      replay.kept_on_retire.push_back(steps_as_scattered ? 0 : OwnerParts(*b, group)[0]);
+    }
+    const StreamedPeak peak = ReplayStreamedStep(plan, layout, replay);
+    t->weights = peak.weights + owned * kF32;
+    t->gradients = peak.gradients;
+    t->buffers += 3 * boundary_pages;
+  }
+  return Status::OK();
+}
+
 // A single process, or an all-reduce worker: the whole model and its
 // AdamW state; under ZeRO the moments of worker 0's slices (the largest),
 // under ZeRO-2 on a CPU the gradients its policy holds at most, under
@@ -171,35 +211,7 @@ StatusOr<ProcessMemory> TrainerMemory(const JobSizes& j) {
   t.weights = j.P * kF32;
   t.gradients = j.P * kF32;
   t.optimizer = 2 * j.P * kF32;
-  if (t.role == "worker" && j.cluster.zero_stage() > 0) {
-    HERD_ASSIGN_OR_RETURN(ShardPlan plan, CollectivePlan(j.layout, j.cluster, j.W));
-    const int group = ShardGroupSize(j.cluster, j.W);
-    int64_t owned = 0;
-    for (const ParamRange& r : OwnedSlices(plan, group, 0)) owned += r.size();
-    t.optimizer = 2 * owned * kF32;
-    // Each bucket boundary may keep a shared page of each paged buffer backed.
-    const int64_t boundary_pages = static_cast<int64_t>(plan.buckets().size() + 1) * kPageBytes;
-    const bool accumulates = j.train.grad_accum() > j.job.micro_batch_slots;
-    if (j.cluster.zero_stage() == 2 && !j.gpu && !accumulates) {
-      // Gradients whole until the last micro-batch, unless a layer-major
-      // pass serves them all.
-      t.gradients = ReplayZero2Gradients(plan, j.layout, group, 0) + 2 * boundary_pages;
-    } else if (j.cluster.zero_stage() == 3) {
-      // The window at its fullest, replayed through the worker's policy,
-      // a retired bucket keeping this worker's slice of its gradients; the
-      // slices' master weights beside it.
-      StreamedReplay replay = ReplayOfJob(j.config, j.job.micro_batch_slots);
-      // A slice that steps as it is reduced lets its gradients go too.
-      const bool steps_as_scattered = StepsSlicesAsScattered(j.config);
-      for (auto b = plan.buckets().rbegin(); b != plan.buckets().rend(); ++b) {
-        replay.kept_on_retire.push_back(steps_as_scattered ? 0 : OwnerParts(*b, group)[0]);
-      }
-      const StreamedPeak peak = ReplayStreamedStep(plan, j.layout, replay);
-      t.weights = peak.weights + owned * kF32;
-      t.gradients = peak.gradients;
-      t.buffers += 3 * boundary_pages;
-    }
-  }
+  if (t.role == "worker" && j.cluster.zero_stage() > 0) HERD_RETURN_IF_ERROR(AddZeroState(j, j.layout, &t));
   t.activations = j.host_activations;
   t.buffers += j.staging;
   if (j.cluster.sync() == config::ClusterConfig::ALLREDUCE && j.W > 1 && !(j.gpu && j.cluster.nccl())) {
@@ -322,16 +334,22 @@ StatusOr<ProcessMemory> TensorParallelMemory(const JobSizes& j) {
   t.weights = n * kF32;
   t.gradients = n * kF32;
   t.optimizer = ps ? 0 : 2 * n * kF32;
+  if (!ps && j.cluster.zero_stage() > 0) HERD_RETURN_IF_ERROR(AddZeroState(j, slices.layout(), &t));
   t.activations =
       LlamaModel<float>::ActivationBytes(slices.shape(), j.train.batch_size(), j.train.seq_len(), j.job.recompute,
                                          j.job.micro_batch_slots, {}, false,
                                          TokenSplit{j.cluster.sequence_parallel() ? j.cluster.tensor_parallel() : 1,
                                                     std::max(1, j.cluster.context_parallel())}) +
       2 * static_cast<int64_t>(j.train.batch_size()) * j.train.seq_len() * static_cast<int64_t>(sizeof(int32_t));
-  const int rings = (j.W > j.cluster.tensor_parallel() ? 3 : 1) + (j.cluster.context_parallel() > 1 ? 1 : 0);
+  // The job's ring, its group's (when not every worker) and its
+  // replicas'; hybrid sharding's shard group and replicas; a context
+  // group's.
+  const int rings = (j.W > j.cluster.tensor_parallel() ? 3 : 1) + (!ps && ShardsInGroups(j.cluster) ? 2 : 0) +
+                    (j.cluster.context_parallel() > 1 ? 1 : 0);
   int64_t largest = 0;
   for (const TensorSpec& x : j.layout.tensors()) largest = std::max(largest, x.numel);
-  t.buffers = rings * kRingChunksAhead * kRingChunkBytes + (ps ? 0 : largest * kF32);
+  t.buffers += rings * (kRingChunksAhead + (!ps && j.bf16 ? kRingChunksInFlight : 0)) * kRingChunkBytes +
+               (ps ? 0 : largest * kF32);
   t.runtime = kRuntimeBytes;
   return t;
 }

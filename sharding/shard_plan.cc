@@ -158,13 +158,12 @@ int ShardGroupSize(const config::ClusterConfig& cluster, int workers) {
   return cluster.shard_group_size() > 0 ? cluster.shard_group_size() : workers;
 }
 
-StatusOr<ShardPlan> CollectivePlan(const ParamLayout& layout, const config::ClusterConfig& cluster, int workers) {
+StatusOr<ShardPlan> CollectivePlan(const ParamLayout& layout, const config::ClusterConfig& cluster, int group) {
   ShardPlanOptions o = ShardPlanOptions::FromConfig(cluster);
   o.servers = 1;
   o.strategy = config::ClusterConfig::BALANCED;
   HERD_ASSIGN_OR_RETURN(ShardPlan plan, ShardPlan::Create(layout, o));
   // The last rank's slices are the smallest (EvenPartition).
-  const int group = ShardGroupSize(cluster, workers);
   if (cluster.zero_stage() > 0 && OwnedSlices(plan, group, group - 1).empty()) {
     return Status::InvalidArgument("cluster.zero_stage: a model of " + std::to_string(layout.size()) +
                                    " elements is too small to shard over " + std::to_string(group) + " workers");

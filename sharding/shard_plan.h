@@ -82,11 +82,12 @@ std::vector<Bucket> BucketsWithin(const ShardPlan& plan, const std::vector<Param
 // The workers ZeRO cuts each bucket among: a shard group of
 // cluster.shard_group_size (hybrid sharding), or all `workers`.
 int ShardGroupSize(const config::ClusterConfig& cluster, int workers);
-// All-reduce mode's plan: buckets (cluster.bucket_mb) of the whole space,
-// one "server"; under ZeRO (cluster.zero_stage) each worker of a shard
-// group must own part of some bucket (InvalidArgument for a model too
-// small for them).
-StatusOr<ShardPlan> CollectivePlan(const ParamLayout& layout, const config::ClusterConfig& cluster, int workers);
+// All-reduce mode's plan: buckets (cluster.bucket_mb) of the whole space
+// (`layout`'s: the flat one, or a tensor-parallel rank's packed one), one
+// "server"; under ZeRO (cluster.zero_stage) each of the `group` workers
+// that cut a bucket must own part of some bucket (InvalidArgument for a
+// model too small for them).
+StatusOr<ShardPlan> CollectivePlan(const ParamLayout& layout, const config::ClusterConfig& cluster, int group);
 // The most gradient bytes a ZeRO-2 worker of rank `rank` holds over one
 // backward, replayed through its policy (worker/collective_sync.h): a
 // unit's gradients are written as backward computes it (the head's first;

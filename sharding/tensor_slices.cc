@@ -115,8 +115,8 @@ Status LoadPackedRange(const TensorSlices& slices, ParamRange local, const Weigh
                           ReadShardRanges(resume_from->dir, resume_from->manifest, ranges, /*with_moments=*/true));
     for (size_t i = 0; i < read.size(); ++i) {
       std::copy(read[i].weights.begin(), read[i].weights.end(), into.weights + to(runs[i]));
-      std::copy(read[i].m.begin(), read[i].m.end(), into.m + to(runs[i]));
-      std::copy(read[i].v.begin(), read[i].v.end(), into.v + to(runs[i]));
+      if (into.m != nullptr) std::copy(read[i].m.begin(), read[i].m.end(), into.m + to(runs[i]));
+      if (into.v != nullptr) std::copy(read[i].v.begin(), read[i].v.end(), into.v + to(runs[i]));
     }
     *into.step = resume_from->manifest.step;
     if (!read.empty()) *into.spikes = read.front().spikes;
@@ -142,6 +142,32 @@ Status LoadPackedRange(const TensorSlices& slices, ParamRange local, const Weigh
     }
   }
   return Status::OK();
+}
+
+StatusOr<std::unique_ptr<OptimizerSlices>> PackedOptimizerSlices(const TensorSlices& slices,
+                                                                 const OptimizerOptions& options,
+                                                                 const WeightInit& init, const ParamLayout& flat,
+                                                                 const std::vector<ParamRange>& ranges,
+                                                                 const std::optional<VerifiedCheckpoint>& resume_from,
+                                                                 float* space) {
+  std::vector<ShardState> states;
+  for (const ParamRange& r : ranges) {
+    ShardState& state = states.emplace_back();
+    state.begin = r.begin;
+    state.end = r.end;
+    state.m.assign(r.size(), 0.0f);
+    state.v.assign(r.size(), 0.0f);
+    float* weights = space + r.begin;
+    if (space == nullptr) {
+      state.weights.assign(r.size(), 0.0f);
+      weights = state.weights.data();
+    } else {
+      std::fill(weights, weights + r.size(), 0.0f);
+    }
+    HERD_RETURN_IF_ERROR(LoadPackedRange(slices, r, init, flat, resume_from,
+                                         {weights, state.m.data(), state.v.data(), &state.step, &state.spikes}));
+  }
+  return OptimizerSlices::Attached(slices.layout(), options, std::move(states), space);
 }
 
 StatusOr<TensorParallelSpace> TensorParallelSpace::Make(const LlamaShape& shape, int ranks) {

@@ -81,7 +81,8 @@ class TensorSlices {
   std::vector<Run> runs_;
 };
 
-// Where LoadPackedRange writes a range: arrays as long as it, zero there.
+// Where LoadPackedRange writes a range: arrays as long as it, zero there
+// (m and v may be null: the weights alone).
 struct PackedInto {
   float *weights = nullptr, *m = nullptr, *v = nullptr;
   int64_t* step = nullptr;
@@ -94,6 +95,17 @@ struct PackedInto {
 // count wrote it; and the step and spike statistics.
 Status LoadPackedRange(const TensorSlices& slices, ParamRange local, const WeightInit& init, const ParamLayout& flat,
                        const std::optional<VerifiedCheckpoint>& resume_from, const PackedInto& into);
+
+// The optimizer of `ranges` (ascending, disjoint) of `slices`' packed
+// space, each loaded by LoadPackedRange: with `space` (the packed space)
+// the weights are written there and attached; without, each range holds
+// its own (a ZeRO-3 worker's master slices).
+StatusOr<std::unique_ptr<OptimizerSlices>> PackedOptimizerSlices(const TensorSlices& slices,
+                                                                 const OptimizerOptions& options,
+                                                                 const WeightInit& init, const ParamLayout& flat,
+                                                                 const std::vector<ParamRange>& ranges,
+                                                                 const std::optional<VerifiedCheckpoint>& resume_from,
+                                                                 float* space);
 
 // The parameter servers' space in a tensor-parallel job: the ranks' packed
 // spaces one after the other, rank r's at r·part(). A rank pushes its

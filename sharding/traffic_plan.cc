@@ -168,7 +168,7 @@ StatusOr<WorkerTraffic> PlanWorkerTraffic(const config::JobConfig& config) {
       bytes = RingPass(G, P, wire) + RingPass(G, P, 4);
       break;
     default: {
-      HERD_ASSIGN_OR_RETURN(ShardPlan plan, CollectivePlan(layout, cluster, W));
+      HERD_ASSIGN_OR_RETURN(ShardPlan plan, CollectivePlan(layout, cluster, G));
       bytes = RingPass(G, P, wire) + RingPass(G, static_cast<double>(WindowPulls(plan, layout, config, job)), 4);
     }
   }

@@ -164,11 +164,15 @@ def main():
                  code=2)
     expect_error(sb, ["launch", cfg, *zero4, "--set", "cluster.shard_group_size=2", "--set", "device.kind=CUDA"],
                  "cluster.shard_group_size", "UCX ring only yet: set cluster.nccl: false", code=2)
+    # Tensor parallelism over every worker leaves no replica to shard over.
+    expect_error(sb, ["launch", cfg, "--set", "cluster.sync=ALLREDUCE", "--set", "cluster.workers=2",
+                      "--set", "cluster.zero_stage=1", "--set", "cluster.tensor_parallel=2"], "cluster.zero_stage",
+                 "over all 2 workers there is one", code=2)
     # A shard group of part of a context group.
     expect_error(sb, ["launch", cfg, "--set", "cluster.sync=ALLREDUCE", "--set", "cluster.workers=8",
                       "--set", "cluster.zero_stage=2", "--set", "cluster.context_parallel=4",
                       "--set", "cluster.shard_group_size=2", "--set", "train.seq_len=32"], "cluster.shard_group_size",
-                 "2 is not a multiple of cluster.context_parallel 4", code=2)
+                 "2 is not a multiple of cluster.tensor_parallel x cluster.context_parallel 4", code=2)
     # A data plane named on an interface this host lacks, or not as names.
     ps = ["--set", "cluster.sync=PARAMETER_SERVER", "--set", "cluster.servers=1"]
     expect_error(sb, ["launch", cfg, *ps, "--set", "cluster.data_interface=nosuch9"], "cluster.data_interface",

@@ -9,7 +9,10 @@ micro-batches of 2 sequences a replica), 20 steps:
   are added in another order, so not bitwise);
 * a rerun bitwise the same (every step's loss, norm and lr, and the last
   checkpoint's files);
-* stopped at step 10 and --resume'd: bitwise the straight run.
+* stopped at step 10 and --resume'd: bitwise the straight run;
+* that checkpoint resumed by one process: within the straight run (the
+  loss to 1e-5), as every checkpoint is the flat space (not for the cases
+  held to another job: one process would go on in fp32).
 
 A case's "against" names another job of the same global batch when one
 process cannot be its reference (bf16 gradients: DDP with bf16 on the wire
@@ -39,6 +42,17 @@ CASES = [
     ("context x hsdp", ar(8, "context_parallel: 2 zero_stage: 1 shard_group_size: 4"), 4, None, True),
     ("context x zero3 x hsdp", ar(8, "context_parallel: 2 zero_stage: 3 shard_group_size: 4"), 4, None, False),
     ("context x zero2, 4 ranks", ar(4, "context_parallel: 4 zero_stage: 2"), 1, None, False),
+    ("tensor x zero1", ar(4, "tensor_parallel: 2 zero_stage: 1"), 2, None, True),
+    ("tensor x zero2", ar(4, "tensor_parallel: 2 zero_stage: 2"), 2, None, True),
+    ("tensor x zero3", ar(4, "tensor_parallel: 2 zero_stage: 3"), 2, None, True),
+    ("tensor x sequence x zero2", ar(4, "tensor_parallel: 2 sequence_parallel: true zero_stage: 2"), 2, None, False),
+    ("tensor x sequence x zero3", ar(4, "tensor_parallel: 2 sequence_parallel: true zero_stage: 3"), 2, None, True),
+    ("tensor x hsdp", ar(8, "tensor_parallel: 2 zero_stage: 1 shard_group_size: 4"), 4, None, True),
+    ("tensor x context x zero2", ar(8, "tensor_parallel: 2 context_parallel: 2 zero_stage: 2"), 2, None, False),
+    ("tensor x context x zero3 x hsdp",
+     ar(16, "tensor_parallel: 2 context_parallel: 2 zero_stage: 3 shard_group_size: 8"), 4, None, False),
+    ("tensor x zero1 x bf16", ar(4, "tensor_parallel: 2 zero_stage: 1 wire_dtype: BF16"), 2,
+     ("ddp2_bf16", ar(2, "wire_dtype: BF16")), False),
     ("tensor x bf16", ar(4, "tensor_parallel: 2 wire_dtype: BF16"), 2, ("ddp2_bf16", ar(2, "wire_dtype: BF16")), True),
     ("tensor x bf16 on servers", "cluster { sync: PARAMETER_SERVER servers: 2 workers: 4 tensor_parallel: 2 "
      "wire_dtype: BF16 }", 2, ("ps2_bf16", "cluster { sync: PARAMETER_SERVER servers: 2 workers: 2 wire_dtype: BF16 }"),
@@ -101,8 +115,16 @@ def main():
         run(tag + "_split", cluster, 1, "--stop-at", "10")
         resumed = run(tag + "_split", cluster, 1, "--resume")
         assert herdtest.trajectory(resumed) == herdtest.trajectory(rows), f"{name}: stopped at 10 and resumed differs"
+        went_on = ""
+        if against is None:
+            # The checkpoint is the flat space: one process goes on from it.
+            herdtest.resume_from(sb, tag + "_one", job(tag + "_one", "", replicas), tag + "_split/step_00000010")
+            gone = herdtest.steps_within(herdtest.metrics_rows(sb.path(tag + "_one.jsonl")), rows[10:],
+                                         f"{name}'s checkpoint as one process", tolerance=LOSS_TOLERANCE)
+            went_on = f"; its checkpoint as one process within {gone:.2g}"
         report.append(f"{name} within {gap:.2g}" + (f" of {against[0]} (itself {own:.2g} from one process)"
-                                                     if against else "") + " (rerun and resume bitwise)")
+                                                     if against else "") +
+                      f" (rerun and resume bitwise{went_on})")
     print(f"{STEPS} steps against one process on the same global batch: " + "; ".join(report))
 
 

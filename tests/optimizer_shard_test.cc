@@ -235,7 +235,7 @@ TEST_F(OptimizerShardTest, SlicesStepAsOneRangeAndResumeFromTheirPiecesOnAnyCut)
   config::ClusterConfig cluster;
   cluster.set_bucket_mb(0.002);  // ~500 floats: several buckets
   cluster.set_zero_stage(1);
-  auto plan = CollectivePlan(layout_, cluster, 2);
+  auto plan = CollectivePlan(layout_, cluster, ShardGroupSize(cluster, 2));
   ASSERT_TRUE(plan.ok()) << plan.status().message();
   ASSERT_GT(plan->buckets().size(), 3u);
   const OptimizerOptions options = OptimizerOptionsOf(job_.optimizer(), 50);

@@ -153,7 +153,7 @@ void RunOneStep(int W, int zero_stage) {
   const config::JobConfig job = SmallJob(W, zero_stage);
   const ParamLayout layout(LlamaShape::FromConfig(job.model()));
   const int64_t P = layout.size();
-  auto plan = CollectivePlan(layout, job.cluster(), W);
+  auto plan = CollectivePlan(layout, job.cluster(), ShardGroupSize(job.cluster(), W));
   ASSERT_TRUE(plan.ok()) << plan.status().message();
   ASSERT_GT(plan->buckets().size(), 2u);
 

@@ -28,8 +28,11 @@ transport::Collectives* AxisRings::Open(transport::NodeRuntime& runtime, transpo
   if (static_cast<int>(ranks.size()) == grid_.size()) {
     ring = runtime.ring();
     CHECK(ring != nullptr) << "the job's ring before its groups' (StartRing)";
+  } else if (auto same = by_members_.find(ranks); same != by_members_.end()) {
+    ring = same->second;
   } else if (ranks.size() > 1) {
     ring = runtime.StartGroupRingOf(client, ranks, mask);
+    by_members_[ranks] = ring;
   }
   rings_[mask] = ring;
   return ring;

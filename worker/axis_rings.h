@@ -9,11 +9,13 @@
 // id and no two of a process's rings share one.
 //
 // A group of every worker is the job's ring (NodeRuntime::ring(), opened
-// by StartRing first); a group of one worker has no ring (null).
+// by StartRing first), a group of the same workers as one opened before is
+// that ring, and a group of one worker has no ring (null).
 #pragma once
 
 #include <initializer_list>
 #include <map>
+#include <vector>
 
 #include "sharding/grid.h"
 #include "transport/collectives.h"
@@ -37,6 +39,7 @@ class AxisRings {
 
   const Grid grid_;
   std::map<int, transport::Collectives*> rings_;  // by axis mask; the runtime owns them
+  std::map<std::vector<int>, transport::Collectives*> by_members_;  // the same rings, by their ranks
 };
 
 }  // namespace herd

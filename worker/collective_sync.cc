@@ -33,6 +33,7 @@ class CollectiveStep : public SyncStrategy {
   CollectiveStep(const CollectiveSyncOptions& o, std::unique_ptr<OptimizerSlices> optimizer)
       : o_(o),
         c_(*o.collectives),
+        everyone_(o.everyone != nullptr ? *o.everyone : c_),
         g_(o.shard_group != nullptr ? *o.shard_group : c_),
         replicas_(o.replicas),
         W_(g_.size()),
@@ -40,7 +41,9 @@ class CollectiveStep : public SyncStrategy {
         P_(o.layout->size()),
         zero_(o.zero_stage > 0),
         writes_shards_(replicas_ == nullptr || replicas_->rank() == 0),
-        norm_slices_(OwnedSlices(*o.plan, W_, rank_)),
+        tensor_rank_(o.slices != nullptr ? o.slices->rank() : 0),
+        tensor_ranks_(o.slices != nullptr ? o.slices->ranks() : 1),
+        norm_slices_(CountedInNorm(o, OwnedSlices(*o.plan, W_, rank_))),
         optimizer_(std::move(optimizer)) {
     report_.version = static_cast<uint64_t>(optimizer_->step());
     for (const Bucket& b : o.plan->buckets()) parts_.push_back(OwnerParts(b, W_));
@@ -53,9 +56,15 @@ class CollectiveStep : public SyncStrategy {
 
   Status WriteCheckpointParts(const std::string& step_dir) override {
     if ((!zero_ && rank_ != 0) || !writes_shards_) return Status::OK();
-    return optimizer_->Save(JoinPath(step_dir, ShardFileName(zero_ ? rank_ : 0)));
+    const std::string path = JoinPath(step_dir, ShardFileName(tensor_rank_ * (zero_ ? W_ : 1) + (zero_ ? rank_ : 0)));
+    if (o_.slices == nullptr) return optimizer_->Save(path);
+    std::vector<ShardView> pieces;
+    for (const ShardView& v : optimizer_->views()) {
+      for (const ShardView& p : o_.slices->FlatPieces(v, /*with_norms=*/tensor_rank_ == 0)) pieces.push_back(p);
+    }
+    return WriteShardPieces(path, pieces);
   }
-  int shard_files() const override { return zero_ ? W_ : 1; }
+  int shard_files() const override { return tensor_ranks_ * (zero_ ? W_ : 1); }
 
  protected:
   // The step once the gradients are reduced (`reduced`: how that went):
@@ -84,14 +93,16 @@ class CollectiveStep : public SyncStrategy {
       HERD_RETURN_IF_ERROR(o_.context_ring->failure().WithContext("step " + std::to_string(step_ + 1) +
                                                                  ": context-parallel gather: "));
     }
-    double sums[2] = {writes_shards_ ? sumsq : 0.0, loss};
+    // Every rank of a tensor group knows its replica's loss: rank 0's
+    // alone is added.
+    double sums[2] = {writes_shards_ ? sumsq : 0.0, tensor_rank_ == 0 ? loss : 0.0};
     if (reduced.ok()) {
       trace::Span span("norm exchange", "collective", {"step", static_cast<int64_t>(step_ + 1)});
-      reduced = wait_.Timed([&] { return c_.Wait(c_.AllReduce(sums, 2, DType::kFloat64)); });
+      reduced = wait_.Timed([&] { return everyone_.Wait(everyone_.AllReduce(sums, 2, DType::kFloat64)); });
     }
     HERD_RETURN_IF_ERROR(reduced.WithContext("all-reduce of step " + std::to_string(step_ + 1) + ": "));
     *norm = std::sqrt(sums[0]);
-    *mean_loss = sums[1] / c_.size();
+    *mean_loss = sums[1] / (everyone_.size() / tensor_ranks_);
     return CheckNotDiverged("gradient norm", *norm);
   }
 
@@ -128,14 +139,29 @@ class CollectiveStep : public SyncStrategy {
     if (!st.ok() && first->ok()) *first = st;
   }
 
+  // The parts of `slices` counted in the global norm: all, but a tensor
+  // rank's norms (every rank's alike) on rank 0 alone.
+  static std::vector<ParamRange> CountedInNorm(const CollectiveSyncOptions& o, std::vector<ParamRange> slices) {
+    if (o.slices == nullptr) return slices;
+    std::vector<ParamRange> counted;
+    for (const ParamRange& r : slices) {
+      for (const TensorSlices::Run& run : o.slices->RunsWithin(r)) {
+        if (!run.replicated || o.slices->rank() == 0) counted.push_back({run.local, run.local + run.flat.size()});
+      }
+    }
+    return counted;
+  }
+
   const CollectiveSyncOptions o_;
-  Collectives& c_;                // all the workers
+  Collectives& c_;                // the placement's replicas (all the workers without model axes)
+  Collectives& everyone_;         // all the workers: the norm and the losses
   Collectives& g_;                // the shard group: c_ unless hybrid
   Collectives* const replicas_;   // hybrid: this place in the other groups
   const int W_, rank_;            // in the shard group
   const int64_t P_;
   const bool zero_;  // the optimizer holds this worker's slices only
   const bool writes_shards_;  // the first group (every worker unless hybrid)
+  const int tensor_rank_, tensor_ranks_;  // the placement's (0 of 1 without tensor parallelism)
   // The slices whose squared gradients this worker adds to the norm (its
   // own under ZeRO; the same cut under DDP).
   const std::vector<ParamRange> norm_slices_;
@@ -434,6 +460,10 @@ class GatheredWeightsSync : public CollectiveStep, public WindowHooks, private B
   Status gather_status_, scatter_status_;
 };
 
+std::unique_ptr<SyncStrategy> Around(const CollectiveSyncOptions& o, std::unique_ptr<SyncStrategy> sync) {
+  return o.around ? o.around(std::move(sync)) : std::move(sync);
+}
+
 }  // namespace
 
 StatusOr<CollectiveSyncParts> CreateCollectiveSync(const CollectiveSyncOptions& o, float* weights,
@@ -448,8 +478,11 @@ StatusOr<CollectiveSyncParts> CreateCollectiveSync(const CollectiveSyncOptions& 
   // buffer, but under ZeRO-3 (which holds no whole buffer).
   const bool gathered = o.zero_stage == 3;
   HERD_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerSlices> optimizer,
-                        OptimizerSlices::InitOrResume(o.job->optimizer, o.job->init, *o.layout, owned, resume_from,
-                                                      gathered ? nullptr : weights));
+                        o.slices == nullptr
+                            ? OptimizerSlices::InitOrResume(o.job->optimizer, o.job->init, *o.layout, owned,
+                                                            resume_from, gathered ? nullptr : weights)
+                            : PackedOptimizerSlices(*o.slices, o.job->optimizer, o.job->init, *o.flat, owned,
+                                                    resume_from, gathered ? nullptr : weights));
   CollectiveSyncParts parts;
   if (gathered) {
     // Each worker's slices start from the same initialisation (a function
@@ -459,11 +492,20 @@ StatusOr<CollectiveSyncParts> CreateCollectiveSync(const CollectiveSyncOptions& 
       return Status::InvalidArgument("ZeRO-3 needs paged weights and gradients");
     }
     auto sync = std::make_unique<GatheredWeightsSync>(o, std::move(optimizer));
-    parts.home = WindowedWeights(*sync, *sync, o.paged_grads);
-    parts.sync = std::move(sync);
+    WindowHooks& window = *sync;
+    parts.sync = Around(o, std::move(sync));
+    parts.home = WindowedWeights(*parts.sync, window, o.paged_grads);
     return parts;
   }
-  if (resume_from && zero) {
+  if (o.slices != nullptr && zero) {
+    // A tensor-parallel rank's whole packed weights, which every replica
+    // loads alike (the model needs the others' slices too).
+    int64_t step = 0;
+    SpikeStats spikes;
+    std::fill(weights, weights + P, 0.0f);
+    HERD_RETURN_IF_ERROR(
+        LoadPackedRange(*o.slices, {0, P}, o.job->init, *o.flat, resume_from, {weights, nullptr, nullptr, &step, &spikes}));
+  } else if (resume_from && zero) {
     // ZeRO: the model needs the other workers' weights too.
     HERD_RETURN_IF_ERROR(
         ReadShardRanges(resume_from->dir, resume_from->manifest, {ParamRange{0, P}}, false, weights).status());
@@ -487,7 +529,10 @@ StatusOr<CollectiveSyncParts> CreateCollectiveSync(const CollectiveSyncOptions& 
     const int64_t most = ReplayZero2Gradients(*o.plan, *o.layout, group.size(), group.rank());
     HERD_RETURN_IF_ERROR(o.paged_grads->KeepPool(static_cast<size_t>(most - slices * sizeof(float))));
   }
-  parts.sync = std::make_unique<CollectiveSync>(o, weights, std::move(optimizer), /*broadcast_first=*/!resume_from);
+  // A fresh start takes worker 0's weights; a resumed one, or a
+  // tensor-parallel rank's (loaded alike by every replica), has them.
+  parts.sync = Around(o, std::make_unique<CollectiveSync>(o, weights, std::move(optimizer),
+                                                         /*broadcast_first=*/!resume_from && o.slices == nullptr));
   parts.home = WholeWeights(*parts.sync, o.paged_grads);
   return parts;
 }

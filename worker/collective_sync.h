@@ -44,6 +44,10 @@
 // same weights and takes the norm from the same per-owner partials, so DDP
 // and ZeRO-1, -2 and -3 take bitwise the same steps.
 //
+// Tensor parallelism (`slices`): the same over a rank's packed space, among
+// the workers of its tensor rank (worker/tensor_parallel_sync.h's
+// TensorGroupSteps adds the group's part of a step around it).
+//
 // Hybrid sharding (FSDP's HSDP, cluster.shard_group_size G): the stages
 // above run inside each group of G workers; a slice's reduce-scattered
 // gradients are then all-reduced with the same slice in the other groups
@@ -60,6 +64,7 @@
 // PS checkpoints, of any number of workers with the same global batch.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 
@@ -69,6 +74,7 @@
 #include "proto/herd.pb.h"
 #include "sharding/job_options.h"
 #include "sharding/shard_plan.h"
+#include "sharding/tensor_slices.h"
 #include "transport/collectives.h"
 #include "worker/group_ring.h"
 #include "worker/sync_strategy.h"
@@ -127,10 +133,27 @@ struct CollectiveSyncOptions {
   // gradients are reduced, and they are let go, so a worker never holds
   // its slices' gradients all at once.
   bool step_slices_as_scattered = false;
+  // The placement, when it is not the whole model: a tensor-parallel
+  // rank's `slices` (`layout` is then their packed layout, `flat` the
+  // model's flat space). Its state loads through the slices; the
+  // collectives above run among the rank's replicas (its shard group's
+  // replicas: the workers of the same tensor rank), `everyone` adds the
+  // norm and the losses, the norms (every rank's alike) counted on tensor
+  // rank 0 alone, as its replica's loss; checkpoints are the slices'
+  // pieces of the flat space, shard file t·G + g of tensor rank t and
+  // group rank g (the norms by t = 0).
+  const TensorSlices* slices = nullptr;
+  const ParamLayout* flat = nullptr;
+  transport::Collectives* everyone = nullptr;  // null: `collectives`
+  // The placement's part of a step around this strategy (a tensor-parallel
+  // rank's TensorGroupSteps, worker/tensor_parallel_sync.h): what the
+  // worker drives and the home's hooks reach (null: none).
+  std::function<std::unique_ptr<SyncStrategy>(std::unique_ptr<SyncStrategy>)> around;
 };
 
-// The strategy and where its weights live (whole, or ZeRO-3's window); the
-// home refers to the strategy.
+// The strategy (`around` the collectives' own, if given) and where its
+// weights live (whole, or ZeRO-3's window); the home refers to the
+// strategy.
 struct CollectiveSyncParts {
   std::unique_ptr<SyncStrategy> sync;
   std::unique_ptr<WeightHome> home;

@@ -255,19 +255,7 @@ StatusOr<std::unique_ptr<SyncStrategy>> CreatePipelineSync(const PipelineSyncOpt
     if (o.slices == nullptr) {
       return OptimizerSlices::InitOrResume(o.job->optimizer, o.job->init, *o.layout, rs, resume_from, weights);
     }
-    std::vector<ShardState> states;
-    for (const ParamRange& r : rs) {
-      ShardState& state = states.emplace_back();
-      state.begin = r.begin;
-      state.end = r.end;
-      state.m.assign(r.size(), 0.0f);
-      state.v.assign(r.size(), 0.0f);
-      std::fill(weights + r.begin, weights + r.end, 0.0f);
-      HERD_RETURN_IF_ERROR(LoadPackedRange(*o.slices, r, o.job->init, *o.flat, resume_from,
-                                           {weights + r.begin, state.m.data(), state.v.data(), &state.step,
-                                            &state.spikes}));
-    }
-    return OptimizerSlices::Attached(*o.layout, o.job->optimizer, std::move(states), weights);
+    return PackedOptimizerSlices(*o.slices, o.job->optimizer, o.job->init, *o.flat, rs, resume_from, weights);
   };
   HERD_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerSlices> own, load(own_ranges));
   std::unique_ptr<OptimizerSlices> embedding;

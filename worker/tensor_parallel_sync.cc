@@ -17,41 +17,59 @@ namespace {
 using transport::Collectives;
 using transport::DType;
 
-// What a tensor-parallel worker's step adds in either mode: a failure of
+// What a tensor-parallel worker's step adds to any reducer's: a failure of
 // the model's group collectives (kept by their rings) ends the step, and
 // with sequence parallelism the norms' gradients (each rank's rows' part)
-// are summed over the group, packed together into one sum and back.
+// are summed over the group, packed together into one sum and back, those
+// at offsets >= x at once when backward has finished them (SumFrom).
 class GroupGradients {
  public:
   explicit GroupGradients(const TensorParallelSyncOptions& o) : o_(o) {
     if (!o.sequence_parallel) return;
     for (const TensorSlices::Run& r : o.slices->runs()) {
-      if (r.replicated) norms_size_ += r.flat.size();
+      if (r.replicated) norms_.push_back(r);
     }
   }
 
-  // Before step `step`'s gradients `grads` (the packed space) leave.
-  Status Finish(float* grads, uint64_t step) {
-    const std::string at = "step " + std::to_string(step + 1) + ": ";
-    HERD_RETURN_IF_ERROR(o_.tensor_ring->failure().WithContext(at + "tensor-parallel sum: "));
-    if (o_.context_ring != nullptr) {
-      HERD_RETURN_IF_ERROR(o_.context_ring->failure().WithContext(at + "context-parallel gather: "));
-    }
-    if (norms_size_ == 0) return Status::OK();
-    trace::Span span("norm gradients' sum", "collective", {"step", static_cast<int64_t>(step + 1)});
-    norms_.resize(norms_size_);
+  // Before a step: every norm's gradient still to be summed.
+  void Begin(float* grads, uint64_t step) {
+    grads_ = grads;
+    step_ = step;
+    unsummed_ = norms_.size();
+  }
+  // Sums the norms' gradients at offsets >= `offset` not summed yet (the
+  // packed space's), once backward has finished them.
+  Status SumFrom(int64_t offset) {
+    size_t first = unsummed_;
+    while (first > 0 && norms_[first - 1].local >= offset) --first;
+    if (first == unsummed_) return Status::OK();
+    trace::Span span("norm gradients' sum", "collective", {"step", static_cast<int64_t>(step_ + 1)});
     int64_t n = 0;
-    for (const TensorSlices::Run& r : o_.slices->runs()) {
-      if (!r.replicated) continue;
-      std::copy(grads + r.local, grads + r.local + r.flat.size(), norms_.begin() + n);
+    for (size_t i = first; i < unsummed_; ++i) n += norms_[i].flat.size();
+    packed_.resize(n);
+    n = 0;
+    for (size_t i = first; i < unsummed_; ++i) {
+      const TensorSlices::Run& r = norms_[i];
+      std::copy(grads_ + r.local, grads_ + r.local + r.flat.size(), packed_.begin() + n);
       n += r.flat.size();
     }
-    HERD_RETURN_IF_ERROR(o_.tensor_ring->Sum(norms_.data(), norms_size_).WithContext(at + "tensor-parallel sum: "));
+    Status st = o_.tensor_ring->Sum(packed_.data(), n);
     n = 0;
-    for (const TensorSlices::Run& r : o_.slices->runs()) {
-      if (!r.replicated) continue;
-      std::copy(norms_.begin() + n, norms_.begin() + n + r.flat.size(), grads + r.local);
+    for (size_t i = first; i < unsummed_; ++i) {
+      const TensorSlices::Run& r = norms_[i];
+      std::copy(packed_.begin() + n, packed_.begin() + n + r.flat.size(), grads_ + r.local);
       n += r.flat.size();
+    }
+    unsummed_ = first;
+    return st.WithContext(At() + "tensor-parallel sum: ");
+  }
+  // Before the step's gradients leave: the rest summed, and the groups'
+  // collectives' failures.
+  Status Finish() {
+    HERD_RETURN_IF_ERROR(SumFrom(0));
+    HERD_RETURN_IF_ERROR(o_.tensor_ring->failure().WithContext(At() + "tensor-parallel sum: "));
+    if (o_.context_ring != nullptr) {
+      HERD_RETURN_IF_ERROR(o_.context_ring->failure().WithContext(At() + "context-parallel gather: "));
     }
     return Status::OK();
   }
@@ -63,9 +81,14 @@ class GroupGradients {
   }
 
  private:
+  std::string At() const { return "step " + std::to_string(step_ + 1) + ": "; }
+
   const TensorParallelSyncOptions o_;
-  int64_t norms_size_ = 0;    // sequence parallelism: the norms' elements
-  std::vector<float> norms_;  // their gradients packed for the sum
+  std::vector<TensorSlices::Run> norms_;  // sequence parallelism: the norms' runs, ascending
+  float* grads_ = nullptr;
+  uint64_t step_ = 0;
+  size_t unsummed_ = 0;        // norms_[0, unsummed_) are still to be summed this step
+  std::vector<float> packed_;  // their gradients packed for a sum
 };
 
 class TensorParallelSync : public SyncStrategy {
@@ -82,12 +105,13 @@ class TensorParallelSync : public SyncStrategy {
   void BeginStep(float* grads, const StepShare& share) override {
     grads_ = grads;
     step_ = share.step;
+    group_.Begin(grads, share.step);
   }
   void FinalFrom(int64_t) override {}
 
   Status FinishStep(double loss) override {
     const std::string at = "step " + std::to_string(step_ + 1) + ": ";
-    HERD_RETURN_IF_ERROR(group_.Finish(grads_, step_));
+    HERD_RETURN_IF_ERROR(group_.Finish());
     const int64_t n = optimizer_->size();
     if (o_.replicas != nullptr) {
       trace::Span span("slice all-reduce", "collective", {"step", static_cast<int64_t>(step_ + 1)});
@@ -147,44 +171,47 @@ class TensorParallelSync : public SyncStrategy {
   WaitClock wait_;
 };
 
-// Parameter-server mode: `pushes` moves the rank's packed part to and
-// from the servers; the group's part comes first. With sequence
-// parallelism no bucket leaves before the norms' gradients are summed, so
-// the pushes wait for backward's end.
-class TensorParallelPushPull : public SyncStrategy {
+// Any reducer of the rank's packed space (`reducer`: parameter servers,
+// or collectives among its replicas) with the group's part of a step
+// before it: a unit's norms' gradients summed over the group before the
+// reducer takes them as final, and the group's failures ending the step.
+class TensorGroupStep : public SyncStrategy {
  public:
-  TensorParallelPushPull(const TensorParallelSyncOptions& o, std::unique_ptr<SyncStrategy> pushes)
-      : pushes_(std::move(pushes)), hold_pushes_(o.sequence_parallel), group_(o) {}
+  TensorGroupStep(const TensorParallelSyncOptions& o, std::unique_ptr<SyncStrategy> reducer)
+      : reducer_(std::move(reducer)), group_(o) {}
 
   void BeginStep(float* grads, const StepShare& share) override {
-    grads_ = grads;
-    step_ = share.step;
-    pushes_->BeginStep(grads, share);
+    group_.Begin(grads, share.step);
+    reducer_->BeginStep(grads, share);
   }
   void FinalFrom(int64_t offset) override {
-    if (!hold_pushes_) pushes_->FinalFrom(offset);
+    // A failed sum is kept by the group's ring and returned by Finish.
+    (void)group_.SumFrom(offset);
+    reducer_->FinalFrom(offset);
   }
   Status FinishStep(double loss) override {
-    HERD_RETURN_IF_ERROR(group_.Finish(grads_, step_));
-    if (hold_pushes_) pushes_->FinalFrom(0);
-    return pushes_->FinishStep(loss);
+    Status st = group_.Finish();
+    Status reduced = reducer_->FinishStep(loss);
+    HERD_RETURN_IF_ERROR(st);
+    return reduced;
   }
-  void IssueWeights(float* weights, uint64_t version) override { pushes_->IssueWeights(weights, version); }
-  void WaitUpTo(int64_t end) override { pushes_->WaitUpTo(end); }
-  Status FinishWeights() override { return pushes_->FinishWeights(); }
-  const StepReport& report() const override { return pushes_->report(); }
-  double TakeWaitSeconds() override { return pushes_->TakeWaitSeconds() + group_.TakeWaitSeconds(); }
+  void IssueWeights(float* weights, uint64_t version) override { reducer_->IssueWeights(weights, version); }
+  void WaitUpTo(int64_t end) override { reducer_->WaitUpTo(end); }
+  Status FinishWeights() override { return reducer_->FinishWeights(); }
+  StatusOr<bool> FinishWeightsUnless(const std::function<bool()>& interrupted) override {
+    return reducer_->FinishWeightsUnless(interrupted);
+  }
+  void Wake() override { reducer_->Wake(); }
+  const StepReport& report() const override { return reducer_->report(); }
+  double TakeWaitSeconds() override { return reducer_->TakeWaitSeconds() + group_.TakeWaitSeconds(); }
   Status WriteCheckpointParts(const std::string& step_dir) override {
-    return pushes_->WriteCheckpointParts(step_dir);
+    return reducer_->WriteCheckpointParts(step_dir);
   }
-  int shard_files() const override { return pushes_->shard_files(); }
+  int shard_files() const override { return reducer_->shard_files(); }
 
  private:
-  const std::unique_ptr<SyncStrategy> pushes_;
-  const bool hold_pushes_;
+  const std::unique_ptr<SyncStrategy> reducer_;
   GroupGradients group_;
-  float* grads_ = nullptr;
-  uint64_t step_ = 0;
 };
 
 }  // namespace
@@ -205,9 +232,9 @@ StatusOr<std::unique_ptr<SyncStrategy>> CreateTensorParallelSync(const TensorPar
   return std::unique_ptr<SyncStrategy>(std::make_unique<TensorParallelSync>(o, std::move(optimizer)));
 }
 
-std::unique_ptr<SyncStrategy> TensorParallelPushes(const TensorParallelSyncOptions& options,
-                                                   std::unique_ptr<SyncStrategy> pushes) {
-  return std::make_unique<TensorParallelPushPull>(options, std::move(pushes));
+std::unique_ptr<SyncStrategy> TensorGroupSteps(const TensorParallelSyncOptions& options,
+                                               std::unique_ptr<SyncStrategy> reducer) {
+  return std::make_unique<TensorGroupStep>(options, std::move(reducer));
 }
 
 }  // namespace herd

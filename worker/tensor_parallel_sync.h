@@ -57,16 +57,16 @@ StatusOr<std::unique_ptr<SyncStrategy>> CreateTensorParallelSync(const TensorPar
                                                                  float* weights,
                                                                  const std::optional<VerifiedCheckpoint>& resume_from);
 
-// Parameter-server mode's strategy for a tensor-parallel worker: `pushes`
-// (worker/parameter_server_sync.h's over the rank's part of the servers'
-// space: sharding/tensor_slices.h's TensorParallelSpace) moves the packed
-// gradients and weights; before they leave, a failure of the group's
-// collectives ends the step and, with sequence parallelism, the norms'
-// gradients are summed over the group (the pushes then wait for
-// backward's end). The servers hold the optimizer and write the
-// checkpoints. Only `tensor_ring`, `context_ring`, `slices` and
-// `sequence_parallel` of the options are read.
-std::unique_ptr<SyncStrategy> TensorParallelPushes(const TensorParallelSyncOptions& options,
-                                                   std::unique_ptr<SyncStrategy> pushes);
+// A tensor-parallel rank's step over any reducer of its packed space
+// (`reducer`: worker/parameter_server_sync.h's over the rank's part of the
+// servers' space, sharding/tensor_slices.h's TensorParallelSpace, or
+// worker/collective_sync.h's among the rank's replicas, ZeRO's stages
+// included): with sequence parallelism each unit's norms' gradients are
+// summed over the group as backward finishes them, before the reducer
+// takes them as final; a failure of the group's collectives ends the step.
+// Only `tensor_ring`, `context_ring`, `slices` and `sequence_parallel` of
+// the options are read.
+std::unique_ptr<SyncStrategy> TensorGroupSteps(const TensorParallelSyncOptions& options,
+                                               std::unique_ptr<SyncStrategy> reducer);
 
 }  // namespace herd

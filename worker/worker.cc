@@ -248,6 +248,12 @@ class WorkerProcess {
   StepLoopParts LoopParts();
   Status ReportSummary(const StepLoop& loop, int64_t start);
 
+  // A tensor-parallel rank of an all-reduce job whose packed space the
+  // collectives reducer steps (ZeRO), with its group's part around it;
+  // without ZeRO, TensorParallelSync.
+  bool reduces_by_collectives() const {
+    return mode_ == Mode::kTensorParallel && config_.cluster().zero_stage() > 0;
+  }
   // The space this worker computes in: the model's flat space, or a
   // tensor-parallel rank's packed one.
   const ParamLayout& stage_layout() const { return slices_ ? slices_->layout() : layout_; }
@@ -331,20 +337,26 @@ StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Create(const config::Job
   const LlamaShape shape = LlamaShape::FromConfig(config.model());
   HERD_ASSIGN_OR_RETURN(JobData data, OpenJobData(config.data(), shape.vocab_size));
   std::unique_ptr<WorkerProcess> w(new WorkerProcess(config, options, join, std::move(data), ParamLayout(shape)));
+  std::optional<TensorSlices> any_slices;  // a tensor-parallel rank's packed space (every rank's alike)
+  if (config.cluster().tensor_parallel() > 1 && w->join_ != nullptr) {
+    HERD_ASSIGN_OR_RETURN(any_slices, TensorSlices::Make(shape, config.cluster().tensor_parallel(), 0));
+    w->packed_size_ = any_slices->layout().size();
+  }
+  // ZeRO cuts each bucket among the workers of a shard group: data
+  // replicas and context ranks of the same placement.
+  const int zero_group = w->grid_.degree(Axis::kShard) * w->grid_.degree(Axis::kContext);
   if (w->mode_ == Mode::kParameterServer) {
     HERD_ASSIGN_OR_RETURN(w->plan_, ParameterServerPlan(config));
   } else if (w->mode_ == Mode::kAllReduce) {
-    HERD_ASSIGN_OR_RETURN(w->plan_, CollectivePlan(w->layout_, config.cluster(), config.cluster().workers()));
+    HERD_ASSIGN_OR_RETURN(w->plan_, CollectivePlan(w->layout_, config.cluster(), zero_group));
+  } else if (w->mode_ == Mode::kTensorParallel && w->reduces_by_collectives()) {
+    HERD_ASSIGN_OR_RETURN(w->plan_, CollectivePlan(any_slices->layout(), config.cluster(), zero_group));
   }
   if (HasPipeline(config) && w->join_ != nullptr) {
     HERD_ASSIGN_OR_RETURN(w->pipeline_, PipelinePlan::FromConfig(config));
     if (w->mode_ == Mode::kPipelineStage && config.cluster().zero_stage() > 0) {
       HERD_ASSIGN_OR_RETURN(w->plan_, PipelineCollectivePlan(config));  // ZeRO-1 among a stage's replicas
     }
-  }
-  if (config.cluster().tensor_parallel() > 1 && w->join_ != nullptr) {
-    HERD_ASSIGN_OR_RETURN(const TensorSlices any, TensorSlices::Make(shape, config.cluster().tensor_parallel(), 0));
-    w->packed_size_ = any.layout().size();
   }
   if (!w->joining_) {
     HERD_ASSIGN_OR_RETURN(w->resume_from_, ResumePoint(config, options));
@@ -362,8 +374,9 @@ WorkerProcess::WorkerProcess(const config::JobConfig& config, const TrainOptions
       streamed_(mode_ == Mode::kParameterServer && config.cluster().stream_weights()),
       windowed_(WorkersHoldAWindow(config)),
       pages_weights_(windowed_ || (join != nullptr && HasPipeline(config))),
-      pages_grads_(pages_weights_ || (mode_ == Mode::kAllReduce && config.cluster().zero_stage() == 2 &&
-                                      config.device().kind() == config::DeviceConfig::CPU)),
+      pages_grads_(pages_weights_ ||
+                   ((mode_ == Mode::kAllReduce || mode_ == Mode::kTensorParallel) &&
+                    config.cluster().zero_stage() == 2 && config.device().kind() == config::DeviceConfig::CPU)),
       data_(std::move(data)),
       layout_(std::move(layout)),
       grid_(Grid::FromConfig(config)),
@@ -479,7 +492,7 @@ void WorkerProcess::OpenRings(transport::NodeRuntime& runtime, transport::Coordi
   if (context) context_ring_ = std::make_unique<GroupRing>(rings_.Open(runtime, client, {Axis::kContext}));
   if (!reduces) return;
   rings_.Open(runtime, client, {Axis::kContext, Axis::kShard, Axis::kReplicate});
-  if (ShardsInGroups(config_.cluster())) {
+  if (config_.cluster().zero_stage() > 0) {
     rings_.Open(runtime, client, {Axis::kContext, Axis::kShard});
     rings_.Open(runtime, client, {Axis::kReplicate});
   }
@@ -539,6 +552,7 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeStrategy() {
     case Mode::kAllReduce:
       return MakeCollectiveSync();
     case Mode::kTensorParallel:
+      if (reduces_by_collectives()) return MakeCollectiveSync();
       return CreateTensorParallelSync(TensorParallelOptions(), weights(), resume_from_);
     case Mode::kPipelineStage:
       return MakePipelineSync();
@@ -576,7 +590,7 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeParameterServerSync()
   // A stage's gradients are paged: with its weights whole, MakeAxes
   // makes its home; so it does for a tensor-parallel rank, whose
   // strategy wraps these pushes.
-  if (slices_) return TensorParallelPushes(TensorParallelOptions(), std::move(parts.sync));
+  if (slices_) return TensorGroupSteps(TensorParallelOptions(), std::move(parts.sync));
   if (!pipeline_ || streamed_) home_ = std::move(parts.home);
   return std::move(parts.sync);
 }
@@ -585,12 +599,21 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeCollectiveSync() {
   const auto& cluster = config_.cluster();
   CollectiveSyncOptions c;
   c.job = &job_;
-  c.layout = &layout_;
+  c.layout = &stage_layout();
   c.plan = &*plan_;
   c.zero_stage = cluster.zero_stage();
-  c.collectives = runtime_->ring();
+  // Among the placement's replicas (every worker without model axes).
+  c.collectives = rings_.Of({Axis::kContext, Axis::kShard, Axis::kReplicate});
+  c.everyone = runtime_->ring();
   c.shard_group = rings_.Of({Axis::kContext, Axis::kShard});
   c.replicas = rings_.Of({Axis::kReplicate});
+  if (slices_) {
+    c.slices = &*slices_;
+    c.flat = &layout_;
+    c.around = [this](std::unique_ptr<SyncStrategy> reducer) {
+      return TensorGroupSteps(TensorParallelOptions(), std::move(reducer));
+    };
+  }
   c.context_ring = context_ring_.get();
   c.gradient_wire = GradientWire(cluster);
   c.device_reduction = device_reduction_.get();

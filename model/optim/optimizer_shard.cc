@@ -162,7 +162,9 @@ std::unique_ptr<OptimizerSlices> OptimizerSlices::Attached(const ParamLayout& la
   auto out = std::make_unique<OptimizerSlices>();
   for (ShardState& state : states) {
     out->ranges_.push_back({state.begin, state.end});
-    out->slices_.push_back(std::make_unique<OptimizerShard>(layout, options, std::move(state), space));
+    out->slices_.push_back(space != nullptr
+                               ? std::make_unique<OptimizerShard>(layout, options, std::move(state), space)
+                               : std::make_unique<OptimizerShard>(layout, options, std::move(state)));
   }
   return out;
 }

@@ -138,8 +138,9 @@ class OptimizerSlices {
       float* space = nullptr);
 
   // Of given states (ascending, disjoint ranges of `layout`'s space) whose
-  // weights are already in `space` (state.weights empty): a tensor-parallel
-  // pipeline stage's, loaded through its slices.
+  // weights are already in `space` (state.weights empty), or with `space`
+  // null each in its state.weights (held by its shard): a tensor-parallel
+  // rank's, loaded through its slices.
   static std::unique_ptr<OptimizerSlices> Attached(const ParamLayout& layout, const OptimizerOptions& options,
                                                    std::vector<ShardState> states, float* space);
 
