@@ -156,6 +156,9 @@ ProcessMemory PsWorkerMemory(const JobSizes& j, const ShardPlan& shards) {
     w.buffers = peak.staging + j.staging +
                 static_cast<int64_t>(shards.buckets().size() + 1) * (j.bf16 ? 3 : 2) * kPageBytes;
   }
+  // A context-parallel worker's rings (the job's and its group's: the
+  // model's gathers), their chunks sent ahead of it.
+  if (j.cluster.context_parallel() > 1) w.buffers += 2 * kRingChunksAhead * kRingChunkBytes;
   w.device = j.gpu_bytes;
   w.runtime = kRuntimeBytes;
   return w;

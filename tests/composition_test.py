@@ -53,6 +53,11 @@ CASES = [
      ar(16, "tensor_parallel: 2 context_parallel: 2 zero_stage: 3 shard_group_size: 8"), 4, None, False),
     ("tensor x zero1 x bf16", ar(4, "tensor_parallel: 2 zero_stage: 1 wire_dtype: BF16"), 2,
      ("ddp2_bf16", ar(2, "wire_dtype: BF16")), False),
+    ("context on servers", "cluster { sync: PARAMETER_SERVER servers: 2 workers: 4 context_parallel: 2 }", 2, None, True),
+    ("context x tensor on servers",
+     "cluster { sync: PARAMETER_SERVER servers: 2 workers: 8 context_parallel: 2 tensor_parallel: 2 }", 2, None, False),
+    ("context on streaming servers",
+     "cluster { sync: PARAMETER_SERVER servers: 1 workers: 2 context_parallel: 2 stream_weights: true }", 1, None, True),
     ("tensor x bf16", ar(4, "tensor_parallel: 2 wire_dtype: BF16"), 2, ("ddp2_bf16", ar(2, "wire_dtype: BF16")), True),
     ("tensor x bf16 on servers", "cluster { sync: PARAMETER_SERVER servers: 2 workers: 4 tensor_parallel: 2 "
      "wire_dtype: BF16 }", 2, ("ps2_bf16", "cluster { sync: PARAMETER_SERVER servers: 2 workers: 2 wire_dtype: BF16 }"),

@@ -460,10 +460,6 @@ class GatheredWeightsSync : public CollectiveStep, public WindowHooks, private B
   Status gather_status_, scatter_status_;
 };
 
-std::unique_ptr<SyncStrategy> Around(const CollectiveSyncOptions& o, std::unique_ptr<SyncStrategy> sync) {
-  return o.around ? o.around(std::move(sync)) : std::move(sync);
-}
-
 }  // namespace
 
 StatusOr<CollectiveSyncParts> CreateCollectiveSync(const CollectiveSyncOptions& o, float* weights,
@@ -493,7 +489,7 @@ StatusOr<CollectiveSyncParts> CreateCollectiveSync(const CollectiveSyncOptions& 
     }
     auto sync = std::make_unique<GatheredWeightsSync>(o, std::move(optimizer));
     WindowHooks& window = *sync;
-    parts.sync = Around(o, std::move(sync));
+    parts.sync = Around(o.around, std::move(sync));
     parts.home = WindowedWeights(*parts.sync, window, o.paged_grads);
     return parts;
   }
@@ -531,7 +527,7 @@ StatusOr<CollectiveSyncParts> CreateCollectiveSync(const CollectiveSyncOptions& 
   }
   // A fresh start takes worker 0's weights; a resumed one, or a
   // tensor-parallel rank's (loaded alike by every replica), has them.
-  parts.sync = Around(o, std::make_unique<CollectiveSync>(o, weights, std::move(optimizer),
+  parts.sync = Around(o.around, std::make_unique<CollectiveSync>(o, weights, std::move(optimizer),
                                                          /*broadcast_first=*/!resume_from && o.slices == nullptr));
   parts.home = WholeWeights(*parts.sync, o.paged_grads);
   return parts;

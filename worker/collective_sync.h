@@ -46,7 +46,7 @@
 //
 // Tensor parallelism (`slices`): the same over a rank's packed space, among
 // the workers of its tensor rank (worker/tensor_parallel_sync.h's
-// TensorGroupSteps adds the group's part of a step around it).
+// ModelGroupSteps adds the group's part of a step around it).
 //
 // Hybrid sharding (FSDP's HSDP, cluster.shard_group_size G): the stages
 // above run inside each group of G workers; a slice's reduce-scattered
@@ -146,9 +146,9 @@ struct CollectiveSyncOptions {
   const ParamLayout* flat = nullptr;
   transport::Collectives* everyone = nullptr;  // null: `collectives`
   // The placement's part of a step around this strategy (a tensor-parallel
-  // rank's TensorGroupSteps, worker/tensor_parallel_sync.h): what the
+  // rank's ModelGroupSteps, worker/tensor_parallel_sync.h): what the
   // worker drives and the home's hooks reach (null: none).
-  std::function<std::unique_ptr<SyncStrategy>(std::unique_ptr<SyncStrategy>)> around;
+  AroundReducer around;
 };
 
 // The strategy (`around` the collectives' own, if given) and where its

@@ -424,19 +424,21 @@ StatusOr<ParameterServerSyncParts> CreateParameterServerSync(const ParameterServ
   }
   ParameterServerSyncParts parts;
   std::unique_ptr<PushPullSync> strategy;
+  WindowHooks* window = nullptr;
   if (options.streamed_weights != nullptr) {
     auto streamed = std::make_unique<StreamedWeightsSync>(options, client);
     HERD_RETURN_IF_ERROR(streamed->ReserveStaging());
-    parts.home = WindowedWeights(*streamed, *streamed, options.streamed_grads);
+    window = streamed.get();
     strategy = std::move(streamed);
   } else {
     auto whole = std::make_unique<WholeWeightsSync>(options, client);
     HERD_RETURN_IF_ERROR(whole->ReserveStaging());
-    parts.home = WholeWeights(*whole);
     strategy = std::move(whole);
   }
   for (auto [base, bytes] : strategy->wire_buffers()) HERD_RETURN_IF_ERROR(transport->RegisterMemory(base, bytes));
-  parts.sync = std::move(strategy);
+  parts.sync = Around(options.around, std::move(strategy));
+  parts.home = window != nullptr ? WindowedWeights(*parts.sync, *window, options.streamed_grads)
+                                 : WholeWeights(*parts.sync);
   return parts;
 }
 

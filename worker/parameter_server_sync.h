@@ -58,10 +58,13 @@ struct ParameterServerSyncOptions {
   // count from it: a tensor-parallel rank's packed part, `ranges` then
   // being that part alone. Not with streamed weights.
   int64_t origin = 0;
+  // The placement's part of a step around this strategy (null: none).
+  AroundReducer around;
 };
 
-// The strategy and where its weights live: whole, or (streamed weights)
-// the window the strategy pages; the home refers to the strategy.
+// The strategy (`around` the pushes' own, if given) and where its weights
+// live: whole, or (streamed weights) the window the strategy pages; the
+// home refers to the strategy.
 struct ParameterServerSyncParts {
   std::unique_ptr<SyncStrategy> sync;
   std::unique_ptr<WeightHome> home;

@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -106,5 +107,13 @@ class SyncStrategy {
   virtual Status WriteCheckpointParts(const std::string& step_dir) = 0;
   virtual int shard_files() const = 0;
 };
+
+// A placement's part of a step around a reducer's strategy (worker/
+// tensor_parallel_sync.h's ModelGroupSteps): what the worker drives and
+// the model's hooks reach, so a reducer's factory makes its home over it.
+using AroundReducer = std::function<std::unique_ptr<SyncStrategy>(std::unique_ptr<SyncStrategy>)>;
+inline std::unique_ptr<SyncStrategy> Around(const AroundReducer& around, std::unique_ptr<SyncStrategy> reducer) {
+  return around ? around(std::move(reducer)) : std::move(reducer);
+}
 
 }  // namespace herd

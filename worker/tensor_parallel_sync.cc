@@ -17,8 +17,8 @@ namespace {
 using transport::Collectives;
 using transport::DType;
 
-// What a tensor-parallel worker's step adds to any reducer's: a failure of
-// the model's group collectives (kept by their rings) ends the step, and
+// What a model-parallel worker's step adds to any reducer's: a failure of
+// the model's group collectives (tensor, context) (kept by their rings) ends the step, and
 // with sequence parallelism the norms' gradients (each rank's rows' part)
 // are summed over the group, packed together into one sum and back, those
 // at offsets >= x at once when backward has finished them (SumFrom).
@@ -67,7 +67,9 @@ class GroupGradients {
   // collectives' failures.
   Status Finish() {
     HERD_RETURN_IF_ERROR(SumFrom(0));
-    HERD_RETURN_IF_ERROR(o_.tensor_ring->failure().WithContext(At() + "tensor-parallel sum: "));
+    if (o_.tensor_ring != nullptr) {
+      HERD_RETURN_IF_ERROR(o_.tensor_ring->failure().WithContext(At() + "tensor-parallel sum: "));
+    }
     if (o_.context_ring != nullptr) {
       HERD_RETURN_IF_ERROR(o_.context_ring->failure().WithContext(At() + "context-parallel gather: "));
     }
@@ -76,7 +78,7 @@ class GroupGradients {
 
   // The group rings' waits since the last call.
   double TakeWaitSeconds() {
-    return o_.tensor_ring->TakeWaitSeconds() +
+    return (o_.tensor_ring != nullptr ? o_.tensor_ring->TakeWaitSeconds() : 0.0) +
            (o_.context_ring != nullptr ? o_.context_ring->TakeWaitSeconds() : 0.0);
   }
 
@@ -175,9 +177,9 @@ class TensorParallelSync : public SyncStrategy {
 // or collectives among its replicas) with the group's part of a step
 // before it: a unit's norms' gradients summed over the group before the
 // reducer takes them as final, and the group's failures ending the step.
-class TensorGroupStep : public SyncStrategy {
+class ModelGroupStep : public SyncStrategy {
  public:
-  TensorGroupStep(const TensorParallelSyncOptions& o, std::unique_ptr<SyncStrategy> reducer)
+  ModelGroupStep(const TensorParallelSyncOptions& o, std::unique_ptr<SyncStrategy> reducer)
       : reducer_(std::move(reducer)), group_(o) {}
 
   void BeginStep(float* grads, const StepShare& share) override {
@@ -232,9 +234,9 @@ StatusOr<std::unique_ptr<SyncStrategy>> CreateTensorParallelSync(const TensorPar
   return std::unique_ptr<SyncStrategy>(std::make_unique<TensorParallelSync>(o, std::move(optimizer)));
 }
 
-std::unique_ptr<SyncStrategy> TensorGroupSteps(const TensorParallelSyncOptions& options,
-                                               std::unique_ptr<SyncStrategy> reducer) {
-  return std::make_unique<TensorGroupStep>(options, std::move(reducer));
+std::unique_ptr<SyncStrategy> ModelGroupSteps(const TensorParallelSyncOptions& options,
+                                              std::unique_ptr<SyncStrategy> reducer) {
+  return std::make_unique<ModelGroupStep>(options, std::move(reducer));
 }
 
 }  // namespace herd

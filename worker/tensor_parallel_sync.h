@@ -57,16 +57,17 @@ StatusOr<std::unique_ptr<SyncStrategy>> CreateTensorParallelSync(const TensorPar
                                                                  float* weights,
                                                                  const std::optional<VerifiedCheckpoint>& resume_from);
 
-// A tensor-parallel rank's step over any reducer of its packed space
+// A model-parallel placement's step over any reducer of its space: a
+// tensor-parallel rank's packed one or a context rank's whole one
 // (`reducer`: worker/parameter_server_sync.h's over the rank's part of the
 // servers' space, sharding/tensor_slices.h's TensorParallelSpace, or
 // worker/collective_sync.h's among the rank's replicas, ZeRO's stages
 // included): with sequence parallelism each unit's norms' gradients are
-// summed over the group as backward finishes them, before the reducer
-// takes them as final; a failure of the group's collectives ends the step.
-// Only `tensor_ring`, `context_ring`, `slices` and `sequence_parallel` of
-// the options are read.
-std::unique_ptr<SyncStrategy> TensorGroupSteps(const TensorParallelSyncOptions& options,
-                                               std::unique_ptr<SyncStrategy> reducer);
+// summed over the tensor group as backward finishes them, before the
+// reducer takes them as final; a failure of the groups' collectives ends
+// the step. Only `tensor_ring`, `context_ring` (either may be null),
+// `slices` and `sequence_parallel` of the options are read.
+std::unique_ptr<SyncStrategy> ModelGroupSteps(const TensorParallelSyncOptions& options,
+                                              std::unique_ptr<SyncStrategy> reducer);
 
 }  // namespace herd

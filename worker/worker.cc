@@ -236,6 +236,9 @@ class WorkerProcess {
   StatusOr<std::unique_ptr<SyncStrategy>> MakePipelineSync();
   std::unique_ptr<ShareCompute> MakeCompute();
   TensorParallelSyncOptions TensorParallelOptions();
+  // A tensor-parallel or context-parallel worker's group part of a step
+  // around its reducer (ModelGroupSteps); null for the whole model.
+  AroundReducer ModelGroupAround();
   // Whether the step's last backward is the only pass that writes its
   // gradients: one micro-batch, or paged gradients computed layer-major.
   bool OneBackwardWritesTheGradients() const;
@@ -486,7 +489,7 @@ void WorkerProcess::OpenRings(transport::NodeRuntime& runtime, transport::Coordi
   // A parameter-server worker's gradients go to the servers: it runs the
   // model's own group collectives alone.
   const bool reduces = mode_ != Mode::kParameterServer;
-  if (!reduces && !tensor) return;
+  if (!reduces && !tensor && !context) return;
   runtime.StartRing(client);
   if (tensor) tensor_ring_ = std::make_unique<GroupRing>(rings_.Open(runtime, client, {Axis::kTensor}));
   if (context) context_ring_ = std::make_unique<GroupRing>(rings_.Open(runtime, client, {Axis::kContext}));
@@ -504,7 +507,8 @@ Status WorkerProcess::JoinJob() {
   o.connect_to = {mode_ == Mode::kParameterServer ? wire::SERVER : wire::WORKER};
   // A pipeline's stages exchange activations in either mode, a
   // tensor-parallel group its sums.
-  if (mode_ == Mode::kParameterServer && (pipeline_ || grid_.degree(Axis::kTensor) > 1)) {
+  if (mode_ == Mode::kParameterServer &&
+      (pipeline_ || grid_.degree(Axis::kTensor) > 1 || grid_.degree(Axis::kContext) > 1)) {
     o.connect_to.push_back(wire::WORKER);
   }
   if (mode_ == Mode::kParameterServer) {
@@ -585,12 +589,11 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeParameterServerSync()
     po.layout = &layout_;
     po.prefetch_layers = cluster.stream_prefetch_layers();
   }
+  po.around = ModelGroupAround();
   HERD_ASSIGN_OR_RETURN(ParameterServerSyncParts parts,
                         CreateParameterServerSync(po, &runtime_->transport(), runtime_->push_pull()));
   // A stage's gradients are paged: with its weights whole, MakeAxes
-  // makes its home; so it does for a tensor-parallel rank, whose
-  // strategy wraps these pushes.
-  if (slices_) return TensorGroupSteps(TensorParallelOptions(), std::move(parts.sync));
+  // makes its home.
   if (!pipeline_ || streamed_) home_ = std::move(parts.home);
   return std::move(parts.sync);
 }
@@ -610,9 +613,7 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeCollectiveSync() {
   if (slices_) {
     c.slices = &*slices_;
     c.flat = &layout_;
-    c.around = [this](std::unique_ptr<SyncStrategy> reducer) {
-      return TensorGroupSteps(TensorParallelOptions(), std::move(reducer));
-    };
+    c.around = ModelGroupAround();
   }
   c.context_ring = context_ring_.get();
   c.gradient_wire = GradientWire(cluster);
@@ -651,11 +652,18 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakePipelineSync() {
   return CreatePipelineSync(p, weights(), resume_from_);
 }
 
+AroundReducer WorkerProcess::ModelGroupAround() {
+  if (!slices_ && !context_ring_) return nullptr;
+  return [this](std::unique_ptr<SyncStrategy> reducer) {
+    return ModelGroupSteps(TensorParallelOptions(), std::move(reducer));
+  };
+}
+
 TensorParallelSyncOptions WorkerProcess::TensorParallelOptions() {
   TensorParallelSyncOptions t;
   t.job = &job_;
   t.layout = &layout_;
-  t.slices = &*slices_;
+  t.slices = slices_ ? &*slices_ : nullptr;
   t.tensor_ring = tensor_ring_.get();
   t.everyone = runtime_->ring();
   t.replicas = rings_.Of({Axis::kContext, Axis::kShard, Axis::kReplicate});
