@@ -98,6 +98,9 @@ class ServerProcess {
   bool ResumeHasParts(std::string_view prefix) const;
   Status MakeShard(transport::CoordinatorClient& client, std::unique_ptr<OptimizerShard> optimizer,
                    const DataPosition& data);
+  // The workers whose pushes each bucket sums, where not every worker's: a
+  // pipeline stage's replicas, a tensor rank's workers, or both.
+  Status AddContributors(ParameterShardOptions* o) const;
   // A job of regions: the outer steps over `outer`, landing `landing`
   // when it is due (OuterSteps' constructor).
   void MakeOuterSteps(transport::CoordinatorClient& client, std::unique_ptr<OuterOptimizer> outer,
@@ -312,22 +315,36 @@ Status ServerProcess::MakeShard(transport::CoordinatorClient& client, std::uniqu
   o.data = data;
   o.elastic = config_.cluster().elastic();
   o.stream_updates = StreamsUpdates(config_);
-  if (HasPipeline(config_)) {
-    HERD_ASSIGN_OR_RETURN(const PipelinePlan pipeline, PipelinePlan::FromConfig(config_));
-    for (const Bucket& b : plan_.buckets()) o.contributors.push_back(pipeline.ContributorsOf(b.range, layout_));
-  }
-  if (space_) {
-    // A rank's part is pushed by the workers of that tensor-parallel rank.
-    const Grid grid = Grid::FromConfig(config_);
-    for (const Bucket& b : plan_.buckets()) {
-      std::vector<int>& workers = o.contributors.emplace_back();
-      for (int w = 0; w < grid.size(); ++w) {
-        if (grid.CoordsOf(w)[Axis::kTensor] == b.range.begin / space_->part()) workers.push_back(w);
-      }
-    }
-    o.uncounted = space_->Copies();
-  }
+  HERD_RETURN_IF_ERROR(AddContributors(&o));
+  if (space_) o.uncounted = space_->Copies();
   shard_ = std::make_unique<ParameterShard>(o, std::move(optimizer));
+  return Status::OK();
+}
+
+Status ServerProcess::AddContributors(ParameterShardOptions* o) const {
+  const bool pipelined = HasPipeline(config_);
+  if (!pipelined && !space_) return Status::OK();  // every worker pushes every bucket
+  std::optional<PipelinePlan> pipeline;
+  if (pipelined) {
+    HERD_ASSIGN_OR_RETURN(pipeline, PipelinePlan::FromConfig(config_));
+  }
+  const Grid grid = Grid::FromConfig(config_);
+  for (const Bucket& b : plan_.buckets()) {
+    // With tensor parallelism, a rank's part is pushed by the workers of
+    // that rank (a pipeline's: of that rank and the stage that holds it).
+    const int rank = space_ ? static_cast<int>(b.range.begin / space_->part()) : 0;
+    if (pipeline) {
+      const int64_t origin = space_ ? rank * space_->part() : 0;
+      const ParamLayout& layout = space_ ? space_->slices(rank).layout() : layout_;
+      o->contributors.push_back(
+          pipeline->ContributorsOf({b.range.begin - origin, b.range.end - origin}, layout, rank));
+      continue;
+    }
+    std::vector<int>& workers = o->contributors.emplace_back();
+    for (int w = 0; w < grid.size(); ++w) {
+      if (grid.CoordsOf(w)[Axis::kTensor] == rank) workers.push_back(w);
+    }
+  }
   return Status::OK();
 }
 

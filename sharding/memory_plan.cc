@@ -304,14 +304,12 @@ StatusOr<std::vector<ProcessMemory>> StageMemory(const JobSizes& j, const ShardP
     }
     // The step's drawn micro-batches, as every worker holds them.
     m.activations += 2 * B * T * j.train.grad_accum() * static_cast<int64_t>(sizeof(int32_t));
-    // Everyone's; with replicas the stage's (and the others StartRing
-    // makes); with tensor parallelism the group's too, and the stage's
-    // replicas' strided ring.
+    // The rings a stage's worker opens (worker/axis_rings.h): the job's,
+    // its tensor group's, and in all-reduce mode its stage's replicas'
+    // (ZeRO's shard group is the same workers, the same ring); over
+    // parameter servers none without tensor parallelism.
     const int tensor = pipeline.grid.degree(Axis::kTensor), replicas = pipeline.grid.data();
-    const int rings = ps           ? 0
-                      : tensor > 1   ? 3 + (replicas > 1 ? 1 : 0)
-                      : replicas > 1 ? 3
-                                     : 1;
+    const int rings = ps ? (tensor > 1 ? 2 : 0) : 1 + (tensor > 1 ? 1 : 0) + (replicas > 1 ? 1 : 0);
     m.buffers = rings * (kRingChunksAhead + (j.bf16 ? kRingChunksInFlight : 0)) * kRingChunkBytes +
                 2 * activation * (wire_bf16 ? 2 : kF32) + (tied_end && !ps ? embedding * kF32 : 0) + staging;
     m.runtime = kRuntimeBytes;

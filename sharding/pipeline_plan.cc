@@ -69,7 +69,7 @@ std::vector<ParamRange> PipelinePlan::RangesOf(int device, const ParamLayout& la
   return out;
 }
 
-std::vector<int> PipelinePlan::ContributorsOf(ParamRange range, const ParamLayout& layout) const {
+std::vector<int> PipelinePlan::ContributorsOf(ParamRange range, const ParamLayout& layout, int tensor_rank) const {
   std::vector<int> devices_of;
   const ParamRange shared = SharedEmbedding(*this, layout);
   if (shared.size() > 0 && range.end <= shared.end) {
@@ -82,8 +82,9 @@ std::vector<int> PipelinePlan::ContributorsOf(ParamRange range, const ParamLayou
   }
   std::vector<int> ranks;
   for (int d : devices_of) {
-    // Stage d's replicas (of tensor rank 0: a pipeline on servers has none).
-    const std::vector<int> replicas = grid.GroupOf(grid.Along(0, Axis::kPipeline, d), {Axis::kShard, Axis::kReplicate});
+    // Stage d's replicas of the tensor rank.
+    const int first = grid.Along(grid.Along(0, Axis::kTensor, tensor_rank), Axis::kPipeline, d);
+    const std::vector<int> replicas = grid.GroupOf(first, {Axis::kShard, Axis::kReplicate});
     ranks.insert(ranks.end(), replicas.begin(), replicas.end());
   }
   return ranks;
@@ -99,12 +100,22 @@ std::vector<int64_t> PipelinePlan::BucketCuts(const ParamLayout& layout) const {
 
 namespace {
 
+// The space a pipeline's split cuts: the model's flat one, or with tensor
+// parallelism a rank's packed one (every rank's alike).
+StatusOr<ParamLayout> PipelineLayout(const config::JobConfig& config) {
+  const LlamaShape shape = LlamaShape::FromConfig(config.model());
+  if (config.cluster().tensor_parallel() <= 1) return ParamLayout(shape);
+  HERD_ASSIGN_OR_RETURN(const TensorSlices slices, TensorSlices::Make(shape, config.cluster().tensor_parallel(), 0));
+  return slices.layout();
+}
+
 // The cluster's shard plan options, with a pipeline's bucket cuts.
 StatusOr<ShardPlanOptions> ShardPlanOptionsOf(const config::JobConfig& config) {
   ShardPlanOptions o = ShardPlanOptions::FromConfig(config.cluster());
   if (!HasPipeline(config)) return o;
   HERD_ASSIGN_OR_RETURN(const PipelinePlan pipeline, PipelinePlan::FromConfig(config));
-  o.bucket_cuts = pipeline.BucketCuts(ParamLayout(LlamaShape::FromConfig(config.model())));
+  HERD_ASSIGN_OR_RETURN(const ParamLayout layout, PipelineLayout(config));
+  o.bucket_cuts = pipeline.BucketCuts(layout);
   return o;
 }
 
@@ -116,7 +127,14 @@ StatusOr<ShardPlan> ParameterServerPlan(const config::JobConfig& config) {
   const LlamaShape shape = LlamaShape::FromConfig(config.model());
   if (const int T = config.cluster().tensor_parallel(); T > 1) {
     HERD_ASSIGN_OR_RETURN(const TensorParallelSpace space, TensorParallelSpace::Make(shape, T));
+    // Each rank's part, and inside it a pipeline's cuts of its packed space.
+    const std::vector<int64_t> stage_cuts = o.bucket_cuts;
     o.bucket_cuts = space.RankCuts();
+    for (int r = 0; r < T; ++r) {
+      for (int64_t cut : stage_cuts) o.bucket_cuts.push_back(r * space.part() + cut);
+    }
+    std::sort(o.bucket_cuts.begin(), o.bucket_cuts.end());
+    o.bucket_cuts.erase(std::unique(o.bucket_cuts.begin(), o.bucket_cuts.end()), o.bucket_cuts.end());
     return ShardPlan::Create(space.size(), space.TensorStarts(), o);
   }
   HERD_ASSIGN_OR_RETURN(ShardPlan plan, ShardPlan::Create(ParamLayout(shape), o));

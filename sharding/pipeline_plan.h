@@ -32,10 +32,11 @@ struct PipelinePlan {
   // (ascending) and, on the last device with tied embeddings, the
   // embedding's too (first).
   std::vector<ParamRange> RangesOf(int device, const ParamLayout& layout) const;
-  // The worker ranks whose gradients of `range` (inside one stage's range)
-  // are summed: its stage's replicas; a tied embedding's, the first and
-  // the last stage's, first stage first.
-  std::vector<int> ContributorsOf(ParamRange range, const ParamLayout& layout) const;
+  // The worker ranks whose gradients of `range` (inside one stage's range
+  // of `layout`, tensor rank `tensor_rank`'s packed one with tensor
+  // parallelism) are summed: its stage's replicas of that tensor rank; a
+  // tied embedding's, the first and the last stage's, first stage first.
+  std::vector<int> ContributorsOf(ParamRange range, const ParamLayout& layout, int tensor_rank = 0) const;
   // Where buckets must be cut: between the stages, and at the end of a
   // tied embedding (which two stages push).
   std::vector<int64_t> BucketCuts(const ParamLayout& layout) const;

@@ -34,8 +34,8 @@ def ar(workers, more):
 
 
 # (name, cluster block, data-parallel replicas, reference job: None for one
-# process, else (name, cluster block) of the same global batch), and
-# whether CI runs it.
+# process, else (name, cluster block) of the same global batch), whether CI
+# runs it, and the model's layers if not 2.
 CASES = [
     ("context x zero2", ar(4, "context_parallel: 2 zero_stage: 2"), 2, None, True),
     ("context x zero3", ar(4, "context_parallel: 2 zero_stage: 3"), 2, None, True),
@@ -58,6 +58,10 @@ CASES = [
      "cluster { sync: PARAMETER_SERVER servers: 2 workers: 8 context_parallel: 2 tensor_parallel: 2 }", 2, None, False),
     ("context on streaming servers",
      "cluster { sync: PARAMETER_SERVER servers: 1 workers: 2 context_parallel: 2 stream_weights: true }", 1, None, True),
+    ("pipeline x tensor on servers",
+     "cluster { sync: PARAMETER_SERVER servers: 2 workers: 4 pipeline_stages: 2 tensor_parallel: 2 }", 1, None, True),
+    ("data x pipeline x tensor on servers, interleaved", "cluster { sync: PARAMETER_SERVER servers: 3 workers: 8 "
+     "pipeline_stages: 2 virtual_stages: 2 pipeline_schedule: INTERLEAVED_1F1B tensor_parallel: 2 }", 2, None, False, 4),
     ("tensor x bf16", ar(4, "tensor_parallel: 2 wire_dtype: BF16"), 2, ("ddp2_bf16", ar(2, "wire_dtype: BF16")), True),
     ("tensor x bf16 on servers", "cluster { sync: PARAMETER_SERVER servers: 2 workers: 4 tensor_parallel: 2 "
      "wire_dtype: BF16 }", 2, ("ps2_bf16", "cluster { sync: PARAMETER_SERVER servers: 2 workers: 2 wire_dtype: BF16 }"),
@@ -70,14 +74,15 @@ def main():
     sb = herdtest.Sandbox(a.build)
     sb.training_data()
 
-    def job(name, cluster, replicas, every=10):
+    def job(name, cluster, replicas, layers=2, every=10):
         text = herdtest.tiny_config("train.bin", steps=STEPS, ckpt=name, every=every, metrics=name + ".jsonl",
                                     extra=cluster)
         text = text.replace("batch_size: 4 seq_len: 32", f"batch_size: {2 * replicas} grad_accum: 2 seq_len: 32")
+        text = text.replace("num_hidden_layers: 2", f"num_hidden_layers: {layers}")
         return sb.write(name + ".textproto", text)
 
-    def run(name, cluster, replicas, *args):
-        sb.run("launch", job(name, cluster, replicas), *args)
+    def run(name, cluster, replicas, *args, layers=2):
+        sb.run("launch", job(name, cluster, replicas, layers), *args)
         return herdtest.metrics_rows(sb.path(name + ".jsonl"))
 
     def last_checkpoint(name):
@@ -85,31 +90,32 @@ def main():
 
     references = {}
 
-    def reference(replicas, against):
-        key = (replicas, against)
+    def reference(replicas, against, layers):
+        key = (replicas, against, layers)
         if key not in references:
             if against is None:
-                references[key] = run(f"one_{replicas}", "", replicas)
+                references[key] = run(f"one_{replicas}_{layers}", "", replicas, layers=layers)
             else:
-                references[key] = run(against[0], against[1], 1)
+                references[key] = run(against[0], against[1], 1, layers=layers)
         return references[key]
 
     report = []
-    for name, cluster, replicas, against, in_ci in CASES:
+    for name, cluster, replicas, against, in_ci, *more in CASES:
+        layers = more[0] if more else 2
         if not (in_ci or herdtest.LONG):
             continue
         tag = "".join(c if c.isalnum() else "_" for c in name)
         # The job's batch is a replica's: 2 sequences a micro-batch.
-        rows = run(tag, cluster, 1)
-        gap = herdtest.steps_within(rows, reference(replicas, against), name, tolerance=LOSS_TOLERANCE)
+        rows = run(tag, cluster, 1, layers=layers)
+        gap = herdtest.steps_within(rows, reference(replicas, against, layers), name, tolerance=LOSS_TOLERANCE)
         if against is not None:
             # The reference's own setting shows: the job is nearer to it
             # than it is to one process (a job that ignored the setting
             # would be one process's).
-            own = herdtest.steps_within(reference(replicas, against), reference(replicas, None),
+            own = herdtest.steps_within(reference(replicas, against, layers), reference(replicas, None, layers),
                                         f"{against[0]} against one process", tolerance=1, norm_tolerance=1)
             assert gap[0] < own[0] / 3, f"{name}: {gap[0]:.3g} from {against[0]}, which is {own[0]:.3g} from one process"
-        again = run(tag + "_again", cluster, 1)
+        again = run(tag + "_again", cluster, 1, layers=layers)
         assert herdtest.trajectory(again) == herdtest.trajectory(rows), f"{name}: a rerun differs"
         # The state (the config and manifest name each run's own paths).
         parts = sorted(p for p in os.listdir(last_checkpoint(tag)) if p.startswith(("shard_", "worker_")))
@@ -117,13 +123,13 @@ def main():
         match, mismatch, errors = filecmp.cmpfiles(last_checkpoint(tag), last_checkpoint(tag + "_again"), parts,
                                                    shallow=False)
         assert not mismatch and not errors, f"{name}: a rerun's checkpoint differs: {mismatch + errors}"
-        run(tag + "_split", cluster, 1, "--stop-at", "10")
-        resumed = run(tag + "_split", cluster, 1, "--resume")
+        run(tag + "_split", cluster, 1, "--stop-at", "10", layers=layers)
+        resumed = run(tag + "_split", cluster, 1, "--resume", layers=layers)
         assert herdtest.trajectory(resumed) == herdtest.trajectory(rows), f"{name}: stopped at 10 and resumed differs"
         went_on = ""
         if against is None:
             # The checkpoint is the flat space: one process goes on from it.
-            herdtest.resume_from(sb, tag + "_one", job(tag + "_one", "", replicas), tag + "_split/step_00000010")
+            herdtest.resume_from(sb, tag + "_one", job(tag + "_one", "", replicas, layers), tag + "_split/step_00000010")
             gone = herdtest.steps_within(herdtest.metrics_rows(sb.path(tag + "_one.jsonl")), rows[10:],
                                          f"{name}'s checkpoint as one process", tolerance=LOSS_TOLERANCE)
             went_on = f"; its checkpoint as one process within {gone:.2g}"

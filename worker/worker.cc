@@ -577,12 +577,14 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeParameterServerSync()
   po.rank = rank_ % region_workers;
   po.first_server =
       transport::MemberPeerId(runtime_->client(), wire::SERVER, rank_ / region_workers * plan_->num_servers());
-  if (pipeline_) po.ranges = pipeline_->RangesOf(place()[Axis::kPipeline], layout_);
   if (slices_) {
-    // The rank's packed part of the servers' space (TensorParallelSpace).
+    // The rank's packed part of the servers' space (TensorParallelSpace);
+    // a stage's ranges of it.
     po.origin = slices_->rank() * packed_size_;
-    po.ranges = {{po.origin, po.origin + packed_size_}};
+    po.ranges = {{0, packed_size_}};
   }
+  if (pipeline_) po.ranges = pipeline_->RangesOf(place()[Axis::kPipeline], stage_layout());
+  for (ParamRange& r : po.ranges) r = {po.origin + r.begin, po.origin + r.end};
   if (streamed_) {
     po.streamed_weights = &paged_weights_;
     po.streamed_grads = &paged_grads_;
