@@ -330,9 +330,6 @@ const std::vector<NotBuilt>& NotBuiltTable() {
       {"cluster.shard_group_size", "cluster.pipeline_stages", "hybrid sharding inside pipeline stages (cluster.pipeline_stages) is not built yet",
        "cluster { sync: ALLREDUCE workers: 4 pipeline_stages: 2 zero_stage: 1 shard_group_size: 2 }",
        [](const JobConfig& c) { return Pipelined(c) && c.cluster().shard_group_size() != 0; }},
-      {"cluster.context_parallel", "cluster.pipeline_stages", "context parallelism with pipeline stages (cluster.pipeline_stages) is not built yet",
-       "cluster { sync: ALLREDUCE workers: 4 context_parallel: 2 pipeline_stages: 2 }",
-       [](const JobConfig& c) { return Context(c) && Pipelined(c); }},
       {"cluster.elastic", "cluster.tensor_parallel", "elastic workers with tensor parallelism (cluster.tensor_parallel) are not built yet",
        "cluster { sync: PARAMETER_SERVER servers: 1 workers: 4 tensor_parallel: 2 elastic: true }",
        [](const JobConfig& c) { return Tensor(c) && c.cluster().elastic(); }},
@@ -458,11 +455,13 @@ void CheckParallelDegrees(const config::ClusterConfig& cl, const Rules& need) {
   need(cl.context_parallel() >= 1, "cluster.context_parallel", "must be >= 1 (1: no context parallelism)");
   if (cl.context_parallel() > 1) {
     const std::string C = std::to_string(cl.context_parallel());
-    const int64_t group = int64_t{cl.context_parallel()} * std::max(1, cl.tensor_parallel());
+    const int64_t group =
+        int64_t{cl.context_parallel()} * std::max(1, cl.tensor_parallel()) * std::max(1, cl.pipeline_stages());
     need(cl.workers() % group == 0, "cluster.context_parallel",
-         (cl.tensor_parallel() > 1 ? C + " x cluster.tensor_parallel " + std::to_string(cl.tensor_parallel()) : C) +
+         C + (cl.tensor_parallel() > 1 ? " x cluster.tensor_parallel " + std::to_string(cl.tensor_parallel()) : "") +
+             (cl.pipeline_stages() > 1 ? " x cluster.pipeline_stages " + std::to_string(cl.pipeline_stages()) : "") +
              " does not divide cluster.workers " + std::to_string(cl.workers()) +
-             ": every data-parallel replica needs as many context-parallel (and tensor-parallel) ranks");
+             ": every data-parallel replica needs as many context-parallel (tensor-parallel, pipeline) ranks");
   }
   if (cl.tensor_parallel() > 1) {
     const std::string T = std::to_string(cl.tensor_parallel());

@@ -207,8 +207,8 @@ LlamaModel<T>::LlamaModel(const LlamaShape& shape, int max_batch, int max_seq_le
       << "layers [" << first_layer_ << ", " << end_layer_ << ") of " << shape.num_layers;
   CHECK(!split_backward || recompute == Recompute::kNone)
       << "a split backward keeps the activations its weight part reads: no recomputation";
-  CHECK((split.sequence == 1 && split.context == 1) || (embeds() && has_head() && !split_backward))
-      << "sequence and context parallelism need a model of all the layers whose backward is not split";
+  CHECK(split.sequence == 1 || (embeds() && has_head() && !split_backward))
+      << "sequence parallelism needs a model of all the layers whose backward is not split";
   CHECK(split.context == 1 || (split.context > 1 && max_seq_len % (2 * split.context) == 0))
       << "context parallelism cuts each sequence into 2 x " << split.context << " chunks: " << max_seq_len;
   for (int i = 0; i < slots; ++i) {
@@ -360,37 +360,42 @@ int64_t LlamaModel<T>::LayerEnd(int l) const {
 }
 
 template <typename T>
-void LlamaModel<T>::EmbedForward(Activations& a, const T* params, const int32_t* tokens, const int32_t* targets, int B,
-                                 int T_) {
+void LlamaModel<T>::TakeRows(Activations& a, const int32_t* tokens, const int32_t* targets, int B, int T_) {
   a.B = B;
   a.Tk = T_;
   a.has_targets = targets != nullptr;
   if (ctx_ranks_ == 1) {
     a.Tcur = T_;
-    std::copy(tokens, tokens + static_cast<int64_t>(B) * T_, a.tokens.begin());
+    if (tokens != nullptr) std::copy(tokens, tokens + static_cast<int64_t>(B) * T_, a.tokens.begin());
     if (targets != nullptr) std::copy(targets, targets + static_cast<int64_t>(B) * T_, a.targets.begin());
-  } else {
-    // This rank's chunks of every sequence, and RoPE's rows at their positions.
-    CHECK_EQ(T_ % (2 * ctx_ranks_), 0) << "context parallelism cuts each sequence into 2 x " << ctx_ranks_
-                                       << " chunks: " << T_;
-    Activations& sh = *acts_[0];
-    const int64_t chunk = T_ / (2 * ctx_ranks_), Tl = 2 * chunk, half = layout_.shape().head_dim() / 2;
-    a.Tcur = static_cast<int>(Tl);
-    sh.positions.resize(Tl);
+    return;
+  }
+  // This rank's chunks of every sequence, and RoPE's rows at their positions.
+  CHECK_EQ(T_ % (2 * ctx_ranks_), 0) << "context parallelism cuts each sequence into 2 x " << ctx_ranks_
+                                     << " chunks: " << T_;
+  Activations& sh = *acts_[0];
+  const int64_t chunk = T_ / (2 * ctx_ranks_), Tl = 2 * chunk, half = layout_.shape().head_dim() / 2;
+  a.Tcur = static_cast<int>(Tl);
+  sh.positions.resize(Tl);
+  for (int64_t t = 0; t < Tl; ++t) {
+    sh.positions[t] = static_cast<int32_t>(ContextPosition(cp_.rank, ctx_ranks_, chunk, t));
+    std::copy(sh.rope_cos.begin() + sh.positions[t] * half, sh.rope_cos.begin() + (sh.positions[t] + 1) * half,
+              sh.rope_local_cos.begin() + t * half);
+    std::copy(sh.rope_sin.begin() + sh.positions[t] * half, sh.rope_sin.begin() + (sh.positions[t] + 1) * half,
+              sh.rope_local_sin.begin() + t * half);
+  }
+  for (int64_t b = 0; b < B; ++b) {
     for (int64_t t = 0; t < Tl; ++t) {
-      sh.positions[t] = static_cast<int32_t>(ContextPosition(cp_.rank, ctx_ranks_, chunk, t));
-      std::copy(sh.rope_cos.begin() + sh.positions[t] * half, sh.rope_cos.begin() + (sh.positions[t] + 1) * half,
-                sh.rope_local_cos.begin() + t * half);
-      std::copy(sh.rope_sin.begin() + sh.positions[t] * half, sh.rope_sin.begin() + (sh.positions[t] + 1) * half,
-                sh.rope_local_sin.begin() + t * half);
-    }
-    for (int64_t b = 0; b < B; ++b) {
-      for (int64_t t = 0; t < Tl; ++t) {
-        a.tokens[b * Tl + t] = tokens[b * T_ + sh.positions[t]];
-        if (targets != nullptr) a.targets[b * Tl + t] = targets[b * T_ + sh.positions[t]];
-      }
+      if (tokens != nullptr) a.tokens[b * Tl + t] = tokens[b * T_ + sh.positions[t]];
+      if (targets != nullptr) a.targets[b * Tl + t] = targets[b * T_ + sh.positions[t]];
     }
   }
+}
+
+template <typename T>
+void LlamaModel<T>::EmbedForward(Activations& a, const T* params, const int32_t* tokens, const int32_t* targets, int B,
+                                 int T_) {
+  TakeRows(a, tokens, targets, B, T_);
   const int64_t N = static_cast<int64_t>(B) * a.Tcur;
   tokens = a.tokens.data();
   trace::Span span("embedding forward", "compute");
@@ -670,18 +675,14 @@ template <typename T>
 double LlamaModel<T>::StageForward(int slot, const T* params, const int32_t* tokens, const int32_t* targets,
                                    const T* input, int B, int T_, T* grads, double loss_scale, const NeedUpTo& need) {
   Activations& a = *acts_.at(slot);
-  const int64_t N = static_cast<int64_t>(B) * T_;
   if (embeds()) {
     if (need) need(first_layer_ < end_layer_ ? layout_.layer(first_layer_).input_norm : layout_.final_norm());
     EmbedForward(a, params, tokens, targets, B, T_);
   } else {
     CHECK(input != nullptr) << "stage of layers " << first_layer_ << "+ needs the previous stage's output";
-    a.B = B;
-    a.Tcur = T_;
-    a.Tk = T_;
+    TakeRows(a, nullptr, has_head() ? targets : nullptr, B, T_);
     a.has_targets = targets != nullptr;
-    if (targets != nullptr && has_head()) std::copy(targets, targets + N, a.targets.begin());
-    if (input != a.residual.data()) std::copy(input, input + N * a.d, a.residual.begin());
+    if (input != a.residual.data()) std::copy(input, input + StageElements(B, T_), a.residual.begin());
   }
   for (int l = first_layer_; l < end_layer_; ++l) {
     if (need) need(LayerEnd(l));
@@ -693,6 +694,11 @@ double LlamaModel<T>::StageForward(int slot, const T* params, const int32_t* tok
   const double loss = HeadForward(a, params);
   if (grads != nullptr) HeadBackward(a, params, grads, loss_scale);
   return loss;
+}
+
+template <typename T>
+int64_t LlamaModel<T>::StageElements(int B, int T_) const {
+  return static_cast<int64_t>(B) * (T_ / ctx_ranks_) * layout_.shape().hidden_size;
 }
 
 template <typename T>

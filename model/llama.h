@@ -45,8 +45,11 @@ class LlamaModel {
   // `split`: a sequence-parallel group's ranks, whose rows alone of the
   // residual stream and the norms are kept (TensorGroup), and a
   // context-parallel group's, whose chunks of each sequence alone are
-  // computed (ContextGroup; 2 x context must divide max_seq_len): a model
-  // of all the layers whose backward is not split.
+  // computed (ContextGroup; 2 x context must divide max_seq_len). Sequence
+  // parallelism needs a model of all the layers whose backward is not
+  // split; with context parallelism a model of any layers (a pipeline
+  // stage's input and output are its chunks' rows), its backward split or
+  // not.
   LlamaModel(const LlamaShape& shape, int max_batch, int max_seq_len, Recompute recompute = Recompute::kNone,
              int slots = 1, LayerRange layers = {}, bool split_backward = false, TokenSplit split = {});
   ~LlamaModel();
@@ -136,8 +139,12 @@ class LlamaModel {
   double StageForward(int slot, const T* params, const int32_t* tokens, const int32_t* targets, const T* input, int B,
                       int T_, T* grads, double loss_scale, const NeedUpTo& need = nullptr);
   const T* StageOutput(int slot) const;
+  // The elements of a stage's output (and of its input, and their
+  // gradients) for B sequences of T_ tokens: [B*T_, hidden], a
+  // context-parallel rank's chunks' rows alone.
+  int64_t StageElements(int B, int T_) const;
   // Where StageForward's `input` and StageBackward's `output_grad` may be
-  // received for `slot` ([B*T_, hidden] each), so that nothing is copied.
+  // received for `slot` (StageElements each), so that nothing is copied.
   T* StageInput(int slot);
   T* StageOutputGrad(int slot);
   void StageBackward(int slot, const T* params, T* grads, const T* output_grad, const FinalFrom& final_from = nullptr,
@@ -181,6 +188,10 @@ class LlamaModel {
   // every mode) into the layer's buffers; `to_output`: through its last
   // product and residual add into the next layer's input (backward's
   // recomputation stops before them: nothing there is needed).
+  // The micro-batch's B x T_ shape, and the rows of it this model
+  // computes (a context-parallel rank's chunks: their tokens, targets and
+  // RoPE rows); `tokens` and `targets` may be null.
+  void TakeRows(Activations& a, const int32_t* tokens, const int32_t* targets, int B, int T_);
   void EmbedForward(Activations& a, const T* params, const int32_t* tokens, const int32_t* targets, int B, int T_);
   void LayerForward(Activations& a, const T* params, int l, bool to_output);
   double HeadForward(Activations& a, const T* params);  // the mean loss (0 without targets)

@@ -32,10 +32,10 @@ class CpuModel final : public Model {
   double Forward(const float* params, const int32_t* tokens, const int32_t* targets, int B, int T,
                  const NeedUpTo& need) override {
     if (context_.ranks == 1) return model_.Forward(params, tokens, targets, B, T, need);
-    const int chunks = 2 * context_.ranks;
-    forward_len_ = (T + chunks - 1) / chunks * chunks;
+    forward_len_ = static_cast<int>(ContextPaddedLength(context_.ranks, T));
     if (forward_len_ != T) {
-      CHECK(targets == nullptr) << "a context-parallel loss over " << T << " tokens: not " << chunks << " chunks";
+      CHECK(targets == nullptr) << "a context-parallel loss over " << T << " tokens: not " << 2 * context_.ranks
+                                << " chunks";
       padded_.assign(static_cast<size_t>(B) * forward_len_, 0);
       for (int b = 0; b < B; ++b) std::copy(tokens + b * T, tokens + (b + 1) * T, padded_.begin() + b * forward_len_);
       tokens = padded_.data();
@@ -71,36 +71,12 @@ class CpuModel final : public Model {
   }
 
  private:
-  // The context-parallel group's mean of each rank's `loss` (its tokens'
-  // mean: the ranks hold as many): the doubles' bits gathered, then added
-  // in rank order, so that every rank has the same bits.
-  double GroupMean(double loss) {
-    const int C = context_.ranks;
-    std::vector<float> bits(2 * C);
-    std::memcpy(bits.data() + 2 * context_.rank, &loss, sizeof(double));
-    context_.all_gather(bits.data(), Partition(C, 2));
-    double sum = 0;
-    for (int r = 0; r < C; ++r) {
-      double x;
-      std::memcpy(&x, bits.data() + 2 * r, sizeof(double));
-      sum += x;
-    }
-    return sum / C;
-  }
+  double GroupMean(double loss) { return ContextGroupMean(context_, loss); }
 
   // Position T - 1 of the last Forward (forward_len_ long) is in one
   // rank's chunk: its row, gathered.
   const float* ContextLastLogits(int T) {
-    const int V = shape().vocab_size, C = context_.ranks;
-    const ContextRow at = ContextRowOf(C, forward_len_ / (2 * C), T - 1);
-    const int owner = at.rank;
-    row_.assign(static_cast<size_t>(C) * V, 0.0f);
-    if (context_.rank == owner) {
-      const float* mine = model_.logits() + at.row * V;
-      std::copy(mine, mine + V, row_.begin() + static_cast<int64_t>(owner) * V);
-    }
-    context_.all_gather(row_.data(), Partition(C, V));
-    return row_.data() + static_cast<int64_t>(owner) * V;
+    return ContextGatherRow(context_, model_.logits(), forward_len_, T - 1, shape().vocab_size, row_);
   }
 
   LlamaModel<float> model_;
@@ -112,6 +88,30 @@ class CpuModel final : public Model {
 };
 
 }  // namespace
+
+double ContextGroupMean(const ContextGroup<float>& group, double loss) {
+  const int C = group.ranks;
+  std::vector<float> bits(2 * C);
+  std::memcpy(bits.data() + 2 * group.rank, &loss, sizeof(double));
+  group.all_gather(bits.data(), Partition(C, 2));
+  double sum = 0;
+  for (int r = 0; r < C; ++r) {
+    double x;
+    std::memcpy(&x, bits.data() + 2 * r, sizeof(double));
+    sum += x;
+  }
+  return sum / C;
+}
+
+const float* ContextGatherRow(const ContextGroup<float>& group, const float* mine, int64_t padded_len, int64_t position,
+                              int vocab, std::vector<float>& row) {
+  const int C = group.ranks;
+  const ContextRow at = ContextRowOf(C, padded_len / (2 * C), position);
+  row.assign(static_cast<size_t>(C) * vocab, 0.0f);
+  if (group.rank == at.rank) std::copy(mine + at.row * vocab, mine + (at.row + 1) * vocab, row.begin() + at.rank * vocab);
+  group.all_gather(row.data(), Partition(C, vocab));
+  return row.data() + static_cast<int64_t>(at.rank) * vocab;
+}
 
 std::unique_ptr<Model> NewCpuModel(const LlamaShape& shape, int max_batch, int max_seq_len, Recompute recompute,
                                    int slots, TensorGroup<float> group, ContextGroup<float> context) {

@@ -76,6 +76,22 @@ class Model {
   }
 };
 
+// A context-parallel group's mean of each rank's `loss` (its chunks'
+// tokens' mean: the ranks hold as many): the doubles' bits gathered, then
+// added in rank order, so that every rank has the same bits.
+double ContextGroupMean(const ContextGroup<float>& group, double loss);
+// The logits row of position `position` of sequences `padded_len` long
+// cut over `group` (`mine`: this rank's logits, [its rows, vocab]): the
+// owning rank's row, gathered into `row` (C x vocab) and returned.
+const float* ContextGatherRow(const ContextGroup<float>& group, const float* mine, int64_t padded_len, int64_t position,
+                              int vocab, std::vector<float>& row);
+// The length a context-parallel group computes `length` tokens as: padded
+// to whole chunks (2 x ranks), which causal attention never reads past.
+inline int64_t ContextPaddedLength(int ranks, int64_t length) {
+  const int64_t chunks = 2 * static_cast<int64_t>(ranks);
+  return (length + chunks - 1) / chunks * chunks;
+}
+
 // The CPU model (LlamaModel<float>, OpenMP threads), keeping what
 // `recompute` says (llama_config.h), with `slots` for layer-major passes;
 // with `group`, a tensor-parallel rank's (`shape` its slice's); with

@@ -255,7 +255,9 @@ StatusOr<std::vector<ProcessMemory>> StageMemory(const JobSizes& j, const ShardP
   }
   const ParamLayout layout(shape);  // the space a stage's worker computes in
   const int64_t embedding = layout.layer(0).input_norm;
-  const int64_t activation = B * T * j.shape.hidden_size;
+  // A context rank computes (and sends) its chunks' rows alone.
+  const int C = pipeline.grid.degree(Axis::kContext);
+  const int64_t activation = B * (T / C) * j.shape.hidden_size;
   const bool wire_bf16 = j.cluster.pipeline_wire_dtype() == config::ClusterConfig::BF16;
   // ZeRO-1 among a stage's replicas: its buckets, cut at the stages' ends.
   std::optional<ShardPlan> zero_plan;
@@ -273,7 +275,8 @@ StatusOr<std::vector<ProcessMemory>> StageMemory(const JobSizes& j, const ShardP
     for (int c = 0; c < s.chunks; ++c) {
       const PipelineStage& st = pipeline.split.stage(s.VirtualStage(d, c));
       m.activations += LlamaModel<float>::ActivationBytes(shape, B, T, j.job.recompute, slots[c], st.layers,
-                                                          s.kind == PipelineScheduleKind::kZeroBubble);
+                                                          s.kind == PipelineScheduleKind::kZeroBubble,
+                                                          TokenSplit{1, C});
       if (c == 0) m.range.begin = st.params.begin;
       m.range.end = st.params.end;
     }
@@ -305,11 +308,13 @@ StatusOr<std::vector<ProcessMemory>> StageMemory(const JobSizes& j, const ShardP
     // The step's drawn micro-batches, as every worker holds them.
     m.activations += 2 * B * T * j.train.grad_accum() * static_cast<int64_t>(sizeof(int32_t));
     // The rings a stage's worker opens (worker/axis_rings.h): the job's,
-    // its tensor group's, and in all-reduce mode its stage's replicas'
-    // (ZeRO's shard group is the same workers, the same ring); over
-    // parameter servers none without tensor parallelism.
+    // its tensor and context groups', and in all-reduce mode its stage's
+    // replicas' and context ranks' (ZeRO's shard group is the same
+    // workers, the same ring); over parameter servers none without tensor
+    // or context parallelism.
     const int tensor = pipeline.grid.degree(Axis::kTensor), replicas = pipeline.grid.data();
-    const int rings = ps ? (tensor > 1 ? 2 : 0) : 1 + (tensor > 1 ? 1 : 0) + (replicas > 1 ? 1 : 0);
+    const int rings = ps ? (tensor > 1 || C > 1 ? 1 + (tensor > 1 ? 1 : 0) + (C > 1 ? 1 : 0) : 0)
+                         : 1 + (tensor > 1 ? 1 : 0) + (C > 1 ? 1 : 0) + (replicas * C > 1 ? 1 : 0);
     m.buffers = rings * (kRingChunksAhead + (j.bf16 ? kRingChunksInFlight : 0)) * kRingChunkBytes +
                 2 * activation * (wire_bf16 ? 2 : kF32) + (tied_end && !ps ? embedding * kF32 : 0) + staging;
     m.runtime = kRuntimeBytes;

@@ -84,7 +84,7 @@ std::vector<int> PipelinePlan::ContributorsOf(ParamRange range, const ParamLayou
   for (int d : devices_of) {
     // Stage d's replicas of the tensor rank.
     const int first = grid.Along(grid.Along(0, Axis::kTensor, tensor_rank), Axis::kPipeline, d);
-    const std::vector<int> replicas = grid.GroupOf(first, {Axis::kShard, Axis::kReplicate});
+    const std::vector<int> replicas = grid.GroupOf(first, {Axis::kContext, Axis::kShard, Axis::kReplicate});
     ranks.insert(ranks.end(), replicas.begin(), replicas.end());
   }
   return ranks;

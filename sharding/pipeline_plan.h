@@ -34,7 +34,8 @@ struct PipelinePlan {
   std::vector<ParamRange> RangesOf(int device, const ParamLayout& layout) const;
   // The worker ranks whose gradients of `range` (inside one stage's range
   // of `layout`, tensor rank `tensor_rank`'s packed one with tensor
-  // parallelism) are summed: its stage's replicas of that tensor rank; a
+  // parallelism) are summed: its stage's replicas and context ranks of
+  // that tensor rank; a
   // tied embedding's, the first and the last stage's, first stage first.
   std::vector<int> ContributorsOf(ParamRange range, const ParamLayout& layout, int tensor_rank = 0) const;
   // Where buckets must be cut: between the stages, and at the end of a

@@ -13,7 +13,9 @@ their parts in another order, so not bitwise):
   optimizer state sharded over all four) bitwise the same; the grids
   tensor x context 2 x 2 within one process, and data x tensor x context
   2 x 2 x 2 (eight workers) within DDP with two;
-* the held-out loss through the ranks within 1e-6 of one process's;
+* the held-out loss through the ranks within 1e-6 of one process's, and
+  through pipeline stages of context groups (pipeline x context 2 x 2),
+  whose sample is one process's text too;
 * stop at step 15 and --resume: bitwise the straight run; its checkpoint
   goes on as one process, and as tensor x context 2 x 2, within the
   straight run;
@@ -90,7 +92,16 @@ def main():
     vals = [v for v in losses("c2_eval", "val_loss") if v is not None]
     expected = [v for v in losses("one_eval", "val_loss") if v is not None]
     we = herdtest.within(vals, expected, "held-out loss", herdtest.STEP_TOLERANCE)
-    print(f"held-out loss through the ranks within {we:.2g} of one process's")
+    # Through pipeline stages of context groups: the last stage's group
+    # averages the held-out loss and gathers a sampled row from the rank
+    # that holds it; every stage has them.
+    p2c2_sample = herdtest.sample_text(sb.run("launch", job("p2c2_eval", cp(4, 2, "pipeline_stages: 2"),
+                                                            eval_every=10, sample=40)))
+    assert p2c2_sample == one_sample, f"pipeline x context 2 x 2 sampled {p2c2_sample!r}, one process {one_sample!r}"
+    vals = [v for v in losses("p2c2_eval", "val_loss") if v is not None]
+    wpe = herdtest.within(vals, expected, "held-out loss through stages", herdtest.STEP_TOLERANCE)
+    print(f"held-out loss through the ranks within {we:.2g} of one process's, through pipeline x context 2 x 2 "
+          f"within {wpe:.2g} (its sample one process's text)")
 
     sb.run("launch", job("stop", cp(2, 2), every=15), "--stop-at", "15")
     sb.run("launch", job("stop", cp(2, 2), every=15), "--resume")

@@ -71,7 +71,7 @@ class PipelineSteps : public ShareCompute {
                  double* loss) {
     LlamaModel<float>& model = *models_[a.chunk];
     const int m = a.micro_batch;
-    const int64_t elements = static_cast<int64_t>(o_.batch) * o_.seq_len * model.shape().hidden_size;
+    const int64_t elements = model.StageElements(o_.batch, o_.seq_len);
     const float* input = nullptr;
     if (vs > 0) {
       trace::Span span("wait for activations", "wait", {"step", t + 1}, {"micro", m});
@@ -97,7 +97,7 @@ class PipelineSteps : public ShareCompute {
   Status Backward(int64_t t, const PipelineAction& a, int vs, int slot, double* loss) {
     LlamaModel<float>& model = *models_[a.chunk];
     const int m = a.micro_batch;
-    const int64_t elements = static_cast<int64_t>(o_.batch) * o_.seq_len * model.shape().hidden_size;
+    const int64_t elements = model.StageElements(o_.batch, o_.seq_len);
     const float* output_grad = nullptr;
     if (vs < last_vs_) {
       trace::Span span("wait for gradients", "wait", {"step", t + 1}, {"micro", m});
@@ -175,11 +175,12 @@ class PipelineForward : public Model {
     LOG(FATAL) << "a pipeline's logits are on its last stage: read LastLogits";
     return nullptr;
   }
+  // The last Forward's row T - 1, as the last stage had it (Pass keeps it:
+  // with context parallelism gathered from the rank that holds it).
   const float* LastLogits(int T) override {
-    const int last_vs = s_.virtual_stages() - 1, V = layout().shape().vocab_size;
-    const float* mine = s_.DeviceOf(last_vs) != o_.device
-                            ? last_logits_.data()
-                            : models_[s_.ChunkOf(last_vs)]->logits() + static_cast<int64_t>(T - 1) * V;
+    CHECK_EQ(T, forward_len_) << "LastLogits of another length than the last Forward's";
+    const int V = layout().shape().vocab_size;
+    const float* mine = last_logits_.data();
     const TensorGroup<float>& g = o_.tensor;
     if (g.ranks == 1) return mine;
     row_.assign(vocab_size(), 0.0f);
@@ -196,7 +197,17 @@ class PipelineForward : public Model {
     if (step != step_) step_ = step, next_ = 0;
     const int micro = s_.micro_batches + next_++;
     const int last_vs = s_.virtual_stages() - 1;
-    const int64_t elements = static_cast<int64_t>(B) * T * layout().shape().hidden_size;
+    forward_len_ = T;
+    // A context group computes whole chunks: a prompt is padded at the end.
+    const int C = o_.context.ranks;
+    const int padded = static_cast<int>(ContextPaddedLength(C, T));
+    if (padded != T) {
+      CHECK(targets == nullptr) << "a context-parallel loss over " << T << " tokens: not " << 2 * C << " chunks";
+      padded_.assign(static_cast<size_t>(B) * padded, 0);
+      for (int b = 0; b < B; ++b) std::copy(tokens + b * T, tokens + (b + 1) * T, padded_.begin() + b * padded);
+      tokens = padded_.data();
+    }
+    const int64_t elements = models_[0]->StageElements(B, padded);
     const int vocab = layout().shape().vocab_size;
     last_logits_.resize(vocab);
     double loss = 0;
@@ -209,14 +220,19 @@ class PipelineForward : public Model {
         HERD_RETURN_IF_ERROR(o_.wire->Receive(o_.peers[s_.DeviceOf(vs - 1)], in, model.StageInput(0)).status());
         input = model.StageInput(0);
       }
-      const double l = model.StageForward(0, params, tokens, targets, input, B, T, /*grads=*/nullptr, 0, need);
+      double l = model.StageForward(0, params, tokens, targets, input, B, padded, /*grads=*/nullptr, 0, need);
       if (vs < last_vs) {
         const StageMessage out{StageMessage::kActivation, step, micro, vs + 1, elements};
         HERD_RETURN_IF_ERROR(o_.wire->WaitSent(o_.wire->Send(o_.peers[s_.DeviceOf(vs + 1)], out, model.StageOutput(0))));
         continue;
       }
-      // The last stage: the loss (evaluation) or the last position's
-      // logits (sampling) to every other worker of the replica.
+      // The last stage: the loss (evaluation; the context group's mean) or
+      // the last position's logits (sampling; gathered from the context
+      // rank that holds it) to every other worker of the replica.
+      if (C > 1 && targets != nullptr) l = ContextGroupMean(o_.context, l);
+      const float* row = model.logits() + static_cast<int64_t>(T - 1) * vocab;
+      if (C > 1 && targets == nullptr) row = ContextGatherRow(o_.context, model.logits(), padded, T - 1, vocab, row_);
+      if (targets == nullptr) std::copy(row, row + vocab, last_logits_.begin());
       loss = l;
       const float payload = static_cast<float>(l);
       for (int d = 0; d < s_.devices; ++d) {
@@ -227,7 +243,7 @@ class PipelineForward : public Model {
         if (targets == nullptr) {
           out.kind = StageMessage::kLogits;
           out.elements = vocab;
-          data = model.logits() + static_cast<int64_t>(T - 1) * vocab;
+          data = last_logits_.data();
         }
         HERD_RETURN_IF_ERROR(o_.wire->WaitSent(o_.wire->Send(o_.peers[d], out, data)));
       }
@@ -252,8 +268,10 @@ class PipelineForward : public Model {
   const std::string name_;
   uint64_t step_ = ~uint64_t{0};  // the wire's step of the last Forward
   int next_ = 0;                  // the Forwards since the step changed
-  std::vector<float> last_logits_;  // a sampled sequence's, from the last stage (not on it)
-  std::vector<float> row_;          // tensor parallelism: the group's rows of it gathered
+  std::vector<float> last_logits_;  // a sampled sequence's last row, this rank's vocabulary (from the last stage)
+  std::vector<float> row_;          // tensor parallelism: the group's rows of it gathered (context: every rank's)
+  std::vector<int32_t> padded_;     // context parallelism: a Forward's tokens padded to whole chunks
+  int forward_len_ = 0;             // the last Forward's length
   Status failed_;                   // the first failed pass
 };
 

@@ -49,6 +49,11 @@ struct PipelinePassOptions {
   // hold its rank's slices), over which a sampled position's logits, each
   // rank's vocabulary rows, are gathered. One rank without.
   TensorGroup<float> tensor;
+  // Context parallelism inside the stages: this worker's group (its models
+  // compute its chunks of each sequence), over which the evaluator's loss
+  // is averaged and a sampled position's logits gathered from the rank
+  // that holds it. One rank without.
+  ContextGroup<float> context;
 };
 
 // `models[c]`: chunk c's model over split->stage(VirtualStage(device, c))'s
@@ -66,8 +71,10 @@ std::unique_ptr<ShareCompute> PipelinePasses(const PipelinePassOptions& options,
 // tokens through the stages alike, and the last stage sends the last
 // position's logits, fp32, to the others (LastLogits), so that every
 // worker draws the same tokens as one process (with tensor parallelism
-// each rank's vocabulary rows of them, gathered over its group). Backward
-// and logits() are not served.
+// each rank's vocabulary rows of them, gathered over its group; with
+// context parallelism the prompt padded to whole chunks and the row
+// gathered from the context rank that holds it, and the loss the context
+// group's mean). Backward and logits() are not served.
 std::unique_ptr<Model> PipelineEvaluator(const PipelinePassOptions& options, std::vector<LlamaModel<float>*> models,
                                          const std::string& device_name);
 

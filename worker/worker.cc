@@ -452,10 +452,12 @@ Status WorkerProcess::PreparePipelineStage() {
   }
   for (int c = 0; c < s.chunks; ++c) {
     const PipelineStage& stage = pipeline_->split.stage(s.VirtualStage(device, c));
-    chunk_models_.push_back(std::make_unique<LlamaModel<float>>(stage_layout().shape(), job_.batch, job_.seq_len,
-                                                                job_.recompute, slots[c], stage.layers,
-                                                                s.kind == PipelineScheduleKind::kZeroBubble));
+    const int C = grid_.degree(Axis::kContext);
+    chunk_models_.push_back(std::make_unique<LlamaModel<float>>(
+        stage_layout().shape(), job_.batch, job_.seq_len, job_.recompute, slots[c], stage.layers,
+        s.kind == PipelineScheduleKind::kZeroBubble, TokenSplit{1, C}));
     if (slices_) chunk_models_.back()->SetTensorGroup(tensor_ring_->Group(*slices_, /*sequence_parallel=*/false));
+    if (C > 1) chunk_models_.back()->SetContextGroup(ContextGroupOf());
   }
   return Status::OK();
 }
@@ -651,7 +653,8 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakePipelineSync() {
     p.slices = &*slices_;
     p.flat = &layout_;
   }
-  return CreatePipelineSync(p, weights(), resume_from_);
+  HERD_ASSIGN_OR_RETURN(std::unique_ptr<SyncStrategy> sync, CreatePipelineSync(p, weights(), resume_from_));
+  return Around(ModelGroupAround(), std::move(sync));
 }
 
 AroundReducer WorkerProcess::ModelGroupAround() {
@@ -717,6 +720,7 @@ std::unique_ptr<ShareCompute> WorkerProcess::MakeCompute() {
     p.loss_scale = 1.0 / static_cast<double>(static_cast<int64_t>(job_.batch) * job_.seq_len * job_.grad_accum *
                                              grid_.data());
     if (slices_) p.tensor = tensor_ring_->Group(*slices_, /*sequence_parallel=*/false);
+    p.context = ContextGroupOf();
     std::vector<LlamaModel<float>*> models;
     for (const auto& m : chunk_models_) models.push_back(m.get());
     model_holder_ = PipelineEvaluator(p, models, "CPU, pipeline stage " + std::to_string(p.device));
