@@ -319,9 +319,11 @@ bool NcclReduces(const JobConfig& c) {
 const std::vector<NotBuilt>& NotBuiltTable() {
   using Cluster = config::ClusterConfig;
   static const std::vector<NotBuilt> table = {
-      {"cluster.elastic", "cluster.pipeline_stages", "elastic workers inside pipeline stages (cluster.pipeline_stages) are not built yet",
+      {"cluster.elastic", "pipeline stages, tensor or context parallelism",
+       "elastic workers with model-parallel groups (pipeline stages, tensor or context parallelism) are not built "
+       "yet: a lost rank's group would have to leave and rejoin whole, as a region does",
        "cluster { sync: PARAMETER_SERVER servers: 1 workers: 4 pipeline_stages: 2 elastic: true }",
-       [](const JobConfig& c) { return Pipelined(c) && c.cluster().elastic(); }},
+       [](const JobConfig& c) { return (Pipelined(c) || Tensor(c) || Context(c)) && c.cluster().elastic(); }},
       {"cluster.zero_stage", "cluster.pipeline_stages",
        "ZeRO-2 and -3 inside pipeline stages (cluster.pipeline_stages) are not built yet; ZeRO-1 is (each stage's "
        "optimizer state sharded over its replicas)",
@@ -330,17 +332,20 @@ const std::vector<NotBuilt>& NotBuiltTable() {
       {"cluster.shard_group_size", "cluster.pipeline_stages", "hybrid sharding inside pipeline stages (cluster.pipeline_stages) is not built yet",
        "cluster { sync: ALLREDUCE workers: 4 pipeline_stages: 2 zero_stage: 1 shard_group_size: 2 }",
        [](const JobConfig& c) { return Pipelined(c) && c.cluster().shard_group_size() != 0; }},
-      {"cluster.elastic", "cluster.tensor_parallel", "elastic workers with tensor parallelism (cluster.tensor_parallel) are not built yet",
-       "cluster { sync: PARAMETER_SERVER servers: 1 workers: 4 tensor_parallel: 2 elastic: true }",
-       [](const JobConfig& c) { return Tensor(c) && c.cluster().elastic(); }},
       {"cluster.stream_weights", "cluster.tensor_parallel",
        "streamed weights with tensor parallelism (cluster.tensor_parallel) are not built yet (each rank holds only "
        "its slices already)",
        "cluster { sync: PARAMETER_SERVER servers: 1 workers: 2 tensor_parallel: 2 stream_weights: true }",
        [](const JobConfig& c) { return Tensor(c) && c.cluster().stream_weights(); }},
-      {"cluster.sequence_parallel", "cluster.pipeline_stages", "sequence parallelism inside pipeline stages (cluster.pipeline_stages) is not built yet",
-       "cluster { sync: ALLREDUCE workers: 4 pipeline_stages: 2 tensor_parallel: 2 sequence_parallel: true }",
-       [](const JobConfig& c) { return Tensor(c) && Pipelined(c) && c.cluster().sequence_parallel(); }},
+      {"cluster.sequence_parallel", "cluster.pipeline_schedule ZERO_BUBBLE",
+       "sequence parallelism with the zero-bubble schedule's split backward is not built yet (with the other "
+       "schedules it is)",
+       "cluster { sync: ALLREDUCE workers: 4 pipeline_stages: 2 tensor_parallel: 2 sequence_parallel: true "
+       "pipeline_schedule: ZERO_BUBBLE }",
+       [](const JobConfig& c) {
+         return Tensor(c) && Pipelined(c) && c.cluster().sequence_parallel() &&
+                c.cluster().pipeline_schedule() == Cluster::ZERO_BUBBLE;
+       }},
       {"cluster.zero_stage", "cluster.tensor_parallel with cluster.pipeline_stages",
        "ZeRO inside tensor-parallel pipeline stages is not built yet (ZeRO with either alone is)",
        "cluster { sync: ALLREDUCE workers: 8 pipeline_stages: 2 tensor_parallel: 2 zero_stage: 1 }",

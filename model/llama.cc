@@ -207,8 +207,7 @@ LlamaModel<T>::LlamaModel(const LlamaShape& shape, int max_batch, int max_seq_le
       << "layers [" << first_layer_ << ", " << end_layer_ << ") of " << shape.num_layers;
   CHECK(!split_backward || recompute == Recompute::kNone)
       << "a split backward keeps the activations its weight part reads: no recomputation";
-  CHECK(split.sequence == 1 || (embeds() && has_head() && !split_backward))
-      << "sequence parallelism needs a model of all the layers whose backward is not split";
+  CHECK(split.sequence == 1 || !split_backward) << "sequence parallelism needs a backward that is not split";
   CHECK(split.context == 1 || (split.context > 1 && max_seq_len % (2 * split.context) == 0))
       << "context parallelism cuts each sequence into 2 x " << split.context << " chunks: " << max_seq_len;
   for (int i = 0; i < slots; ++i) {
@@ -698,7 +697,7 @@ double LlamaModel<T>::StageForward(int slot, const T* params, const int32_t* tok
 
 template <typename T>
 int64_t LlamaModel<T>::StageElements(int B, int T_) const {
-  return static_cast<int64_t>(B) * (T_ / ctx_ranks_) * layout_.shape().hidden_size;
+  return HeldRows(static_cast<int64_t>(B) * (T_ / ctx_ranks_)) * layout_.shape().hidden_size;
 }
 
 template <typename T>
@@ -728,7 +727,7 @@ void LlamaModel<T>::StageBackward(int slot, const T* params, T* grads, const T* 
     if (final_from) final_from(layout_.final_norm());
   } else {
     CHECK(output_grad != nullptr) << "stage of layers " << first_layer_ << "+ needs the next stage's gradient";
-    const int64_t n = static_cast<int64_t>(a.B) * a.Tcur * a.d;
+    const int64_t n = HeldRows(static_cast<int64_t>(a.B) * a.Tcur) * a.d;
     if (output_grad != a.dresidual.data()) std::copy(output_grad, output_grad + n, a.dresidual.begin());
   }
   for (int l = end_layer_ - 1; l >= first_layer_; --l) {
@@ -773,7 +772,7 @@ void LlamaModel<T>::StageBackwardInput(int slot, const T* params, T* grads, cons
     CHECK(output_grad == nullptr) << "the head's stage starts backward from its own loss";
   } else {
     CHECK(output_grad != nullptr) << "stage of layers " << first_layer_ << "+ needs the next stage's gradient";
-    const int64_t n = static_cast<int64_t>(a.B) * a.Tcur * a.d;
+    const int64_t n = HeldRows(static_cast<int64_t>(a.B) * a.Tcur) * a.d;
     if (output_grad != a.dresidual.data()) std::copy(output_grad, output_grad + n, a.dresidual.begin());
   }
   if (has_head() && done) done(layout_.final_norm());  // the head's backward ran with its forward

@@ -45,11 +45,10 @@ class LlamaModel {
   // `split`: a sequence-parallel group's ranks, whose rows alone of the
   // residual stream and the norms are kept (TensorGroup), and a
   // context-parallel group's, whose chunks of each sequence alone are
-  // computed (ContextGroup; 2 x context must divide max_seq_len). Sequence
-  // parallelism needs a model of all the layers whose backward is not
-  // split; with context parallelism a model of any layers (a pipeline
-  // stage's input and output are its chunks' rows), its backward split or
-  // not.
+  // computed (ContextGroup; 2 x context must divide max_seq_len). Either
+  // may be a model of any layers (a pipeline stage's input and output are
+  // its rank's rows: its chunks', its share of the residual stream's);
+  // sequence parallelism's backward is not split.
   LlamaModel(const LlamaShape& shape, int max_batch, int max_seq_len, Recompute recompute = Recompute::kNone,
              int slots = 1, LayerRange layers = {}, bool split_backward = false, TokenSplit split = {});
   ~LlamaModel();
@@ -141,7 +140,8 @@ class LlamaModel {
   const T* StageOutput(int slot) const;
   // The elements of a stage's output (and of its input, and their
   // gradients) for B sequences of T_ tokens: [B*T_, hidden], a
-  // context-parallel rank's chunks' rows alone.
+  // context-parallel rank's chunks' rows alone, a sequence-parallel rank's
+  // share of them.
   int64_t StageElements(int B, int T_) const;
   // Where StageForward's `input` and StageBackward's `output_grad` may be
   // received for `slot` (StageElements each), so that nothing is copied.

@@ -255,9 +255,11 @@ StatusOr<std::vector<ProcessMemory>> StageMemory(const JobSizes& j, const ShardP
   }
   const ParamLayout layout(shape);  // the space a stage's worker computes in
   const int64_t embedding = layout.layer(0).input_norm;
-  // A context rank computes (and sends) its chunks' rows alone.
+  // A context rank computes (and sends) its chunks' rows alone, a
+  // sequence-parallel rank its share of them (rounded up).
   const int C = pipeline.grid.degree(Axis::kContext);
-  const int64_t activation = B * (T / C) * j.shape.hidden_size;
+  const int S = j.cluster.sequence_parallel() ? pipeline.grid.degree(Axis::kTensor) : 1;
+  const int64_t activation = (B * (T / C) + S - 1) / S * j.shape.hidden_size;
   const bool wire_bf16 = j.cluster.pipeline_wire_dtype() == config::ClusterConfig::BF16;
   // ZeRO-1 among a stage's replicas: its buckets, cut at the stages' ends.
   std::optional<ShardPlan> zero_plan;
@@ -276,7 +278,7 @@ StatusOr<std::vector<ProcessMemory>> StageMemory(const JobSizes& j, const ShardP
       const PipelineStage& st = pipeline.split.stage(s.VirtualStage(d, c));
       m.activations += LlamaModel<float>::ActivationBytes(shape, B, T, j.job.recompute, slots[c], st.layers,
                                                           s.kind == PipelineScheduleKind::kZeroBubble,
-                                                          TokenSplit{1, C});
+                                                          TokenSplit{S, C});
       if (c == 0) m.range.begin = st.params.begin;
       m.range.end = st.params.end;
     }

@@ -71,6 +71,13 @@ CASES = [
     ("pipeline x context on servers",
      "cluster { sync: PARAMETER_SERVER servers: 2 workers: 4 pipeline_stages: 2 context_parallel: 2 }", 1, None, True),
     ("pipeline x context x zero1", ar(8, "pipeline_stages: 2 context_parallel: 2 zero_stage: 1"), 2, None, False),
+    ("pipeline x tensor x sequence", ar(4, "pipeline_stages: 2 tensor_parallel: 2 sequence_parallel: true"), 1, None,
+     True),
+    ("data x pipeline x tensor x sequence, interleaved, on servers", "cluster { sync: PARAMETER_SERVER servers: 2 "
+     "workers: 8 pipeline_stages: 2 virtual_stages: 2 pipeline_schedule: INTERLEAVED_1F1B tensor_parallel: 2 "
+     "sequence_parallel: true }", 2, None, False, 4),
+    ("pipeline x tensor x sequence x context, GPipe", ar(8, "pipeline_stages: 2 pipeline_schedule: GPIPE "
+     "tensor_parallel: 2 sequence_parallel: true context_parallel: 2"), 1, None, False),
     ("tensor x bf16", ar(4, "tensor_parallel: 2 wire_dtype: BF16"), 2, ("ddp2_bf16", ar(2, "wire_dtype: BF16")), True),
     ("tensor x bf16 on servers", "cluster { sync: PARAMETER_SERVER servers: 2 workers: 4 tensor_parallel: 2 "
      "wire_dtype: BF16 }", 2, ("ps2_bf16", "cluster { sync: PARAMETER_SERVER servers: 2 workers: 2 wire_dtype: BF16 }"),

@@ -11,8 +11,9 @@ norm spikes to 96, differs by 1.8e-6:
 * pipeline x tensor 2 x 2 (1F1B) within one process, its sample (each
   rank's vocabulary rows of the last position's logits gathered over its
   group) one process's text; with the zero-bubble schedule (backward
-  split in its input and weight parts) too, and on parameter servers
-  (its sample one process's too);
+  split in its input and weight parts) too, on parameter servers and
+  with sequence parallelism (each rank's share of the residual stream
+  between stages; their samples one process's too);
 * data x pipeline x tensor 2 x 2 x 2 (eight workers) within DDP with two
   workers;
 * the held-out loss through the stages' ranks within 1e-6 of one
@@ -21,8 +22,8 @@ norm spikes to 96, differs by 1.8e-6:
   stage's ranks' runs as pieces of the flat space) goes on as one
   process, and one process's goes on at 2 x 2, within the straight runs;
 * bad inputs, one line each before any process starts: stages x tensor
-  ranks not dividing the workers, sequence parallelism inside the
-  stages.
+  ranks not dividing the workers, sequence parallelism with the
+  zero-bubble schedule.
 
 With --long (HERD_TEST_LONG=1), the ~20M shape (d512, 8 layers, 128
 tokens a sequence, 30 steps) too: pipeline x tensor 2 x 2 within one
@@ -77,12 +78,18 @@ def main():
         sb.run("launch", job("p2t2ps", grid(4).replace("ALLREDUCE", "PARAMETER_SERVER servers: 2"), sample=40)))
     wps = herdtest.steps_within(steps("p2t2ps"), steps("one"), "pipeline x tensor 2 x 2 on servers", SPIKE_TOLERANCE)
     assert ps_sample == one_sample, f"pipeline x tensor 2 x 2 on servers sampled {ps_sample!r}, one process {one_sample!r}"
+    sp_sample = herdtest.sample_text(sb.run("launch", job("p2t2sp", grid(4, more="sequence_parallel: true"),
+                                                          sample=40)))
+    wsp = herdtest.steps_within(steps("p2t2sp"), steps("one"), "pipeline x tensor 2 x 2, sequence parallel",
+                                SPIKE_TOLERANCE)
+    assert sp_sample == one_sample, f"with sequence parallelism sampled {sp_sample!r}, one process {one_sample!r}"
     sb.run("launch", job("ddp2", "cluster { sync: ALLREDUCE workers: 2 }"))
     sb.run("launch", job("d2p2t2", grid(8)))
     w222 = herdtest.steps_within(steps("d2p2t2"), steps("ddp2"), "data x pipeline x tensor 2 x 2 x 2")
     print(f"losses (gradient norms): pipeline x tensor 2 x 2 within {w:.2g} of one process over {STEPS} steps (its "
-          f"sample one process's text; zero bubble within {wzb:.2g}; on parameter servers within {wps:.2g}, its "
-          f"sample one process's too); data x pipeline x tensor 2 x 2 x 2 within "
+          f"sample one process's text; zero bubble within {wzb:.2g}; on parameter servers within {wps:.2g} and with "
+          f"sequence parallelism within {wsp:.2g}, their samples one process's too); data x pipeline x tensor "
+          f"2 x 2 x 2 within "
           f"{w222:.2g} of DDP with 2 workers")
 
     sb.run("launch", job("one_eval", eval_every=10))
@@ -104,7 +111,8 @@ def main():
           f"2 x 2 within {wr2:.2g}")
 
     bad = [("six", grid(6), "does not divide cluster.workers"),
-           ("sp", grid(4, more="sequence_parallel: true"), "cluster.sequence_parallel")]
+           ("sp_zb", grid(4, more="sequence_parallel: true pipeline_schedule: ZERO_BUBBLE"),
+            "cluster.sequence_parallel")]
     herdtest.refused_before_start(sb, [(name, job(name, cluster), says) for name, cluster, says in bad])
     print("bad inputs: one line each, nothing started")
     if herdtest.LONG:

@@ -1,5 +1,6 @@
 #include "worker/tensor_parallel_sync.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -26,9 +27,14 @@ class GroupGradients {
  public:
   explicit GroupGradients(const TensorParallelSyncOptions& o) : o_(o) {
     if (!o.sequence_parallel) return;
-    for (const TensorSlices::Run& r : o.slices->runs()) {
-      if (r.replicated) norms_.push_back(r);
+    const std::vector<ParamRange> held = o.held.empty() ? std::vector<ParamRange>{{0, o.slices->layout().size()}} : o.held;
+    for (const ParamRange& h : held) {
+      for (const TensorSlices::Run& r : o.slices->RunsWithin(h)) {
+        if (r.replicated) norms_.push_back(r);
+      }
     }
+    std::sort(norms_.begin(), norms_.end(),
+              [](const TensorSlices::Run& a, const TensorSlices::Run& b) { return a.local < b.local; });
   }
 
   // Before a step: every norm's gradient still to be summed.

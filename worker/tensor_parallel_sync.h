@@ -23,6 +23,7 @@
 
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "common/status.h"
 #include "model/checkpoint_load.h"
@@ -49,6 +50,10 @@ struct TensorParallelSyncOptions {
   // the packed gradients are all-reduced, `gradient_wire` on the wire.
   transport::Collectives* replicas = nullptr;
   transport::Wire gradient_wire = transport::Wire::kFloat32;
+  // The ranges of the packed space this worker holds (a pipeline stage's;
+  // empty: all of it): sequence parallelism sums the norms' gradients of
+  // these alone.
+  std::vector<ParamRange> held;
 };
 
 // Loads or initialises the packed `weights` (slices->layout().size()) and
@@ -66,7 +71,7 @@ StatusOr<std::unique_ptr<SyncStrategy>> CreateTensorParallelSync(const TensorPar
 // summed over the tensor group as backward finishes them, before the
 // reducer takes them as final; a failure of the groups' collectives ends
 // the step. Only `tensor_ring`, `context_ring` (either may be null),
-// `slices` and `sequence_parallel` of the options are read.
+// `slices`, `sequence_parallel` and `held` of the options are read.
 std::unique_ptr<SyncStrategy> ModelGroupSteps(const TensorParallelSyncOptions& options,
                                               std::unique_ptr<SyncStrategy> reducer);
 

@@ -453,10 +453,11 @@ Status WorkerProcess::PreparePipelineStage() {
   for (int c = 0; c < s.chunks; ++c) {
     const PipelineStage& stage = pipeline_->split.stage(s.VirtualStage(device, c));
     const int C = grid_.degree(Axis::kContext);
+    const bool sequence = config_.cluster().sequence_parallel();
     chunk_models_.push_back(std::make_unique<LlamaModel<float>>(
         stage_layout().shape(), job_.batch, job_.seq_len, job_.recompute, slots[c], stage.layers,
-        s.kind == PipelineScheduleKind::kZeroBubble, TokenSplit{1, C}));
-    if (slices_) chunk_models_.back()->SetTensorGroup(tensor_ring_->Group(*slices_, /*sequence_parallel=*/false));
+        s.kind == PipelineScheduleKind::kZeroBubble, TokenSplit{sequence ? grid_.degree(Axis::kTensor) : 1, C}));
+    if (slices_) chunk_models_.back()->SetTensorGroup(tensor_ring_->Group(*slices_, sequence));
     if (C > 1) chunk_models_.back()->SetContextGroup(ContextGroupOf());
   }
   return Status::OK();
@@ -675,6 +676,7 @@ TensorParallelSyncOptions WorkerProcess::TensorParallelOptions() {
   t.gradient_wire = GradientWire(config_.cluster());
   t.sequence_parallel = config_.cluster().sequence_parallel();
   t.context_ring = context_ring_.get();
+  if (pipeline_) t.held = pipeline_->RangesOf(place()[Axis::kPipeline], stage_layout());
   return t;
 }
 
