@@ -340,8 +340,9 @@ Status ServerProcess::AddContributors(ParameterShardOptions* o) const {
           pipeline->ContributorsOf({b.range.begin - origin, b.range.end - origin}, layout, rank));
       continue;
     }
+    // A region's workers, as its pushes name them (region 0's ranks).
     std::vector<int>& workers = o->contributors.emplace_back();
-    for (int w = 0; w < grid.size(); ++w) {
+    for (int w = 0; w < grid.size() / grid.degree(Axis::kRegion); ++w) {
       if (grid.CoordsOf(w)[Axis::kTensor] == rank) workers.push_back(w);
     }
   }

@@ -29,6 +29,10 @@ STEPS = 20
 LOSS_TOLERANCE = 1e-5
 
 
+# DiLoCo's outer steps every 5 inner steps between 2 regions.
+REGIONS = "diloco { regions: 2 every: 5 outer_lr: 0.7 outer_momentum: 0.9 }"
+
+
 def ar(workers, more):
     return f"cluster {{ sync: ALLREDUCE workers: {workers} {more} }}"
 
@@ -78,6 +82,13 @@ CASES = [
      "sequence_parallel: true }", 2, None, False, 4),
     ("pipeline x tensor x sequence x context, GPipe", ar(8, "pipeline_stages: 2 pipeline_schedule: GPIPE "
      "tensor_parallel: 2 sequence_parallel: true context_parallel: 2"), 1, None, False),
+    ("regions of context groups", "cluster { sync: PARAMETER_SERVER servers: 2 workers: 4 context_parallel: 2 "
+     f"{REGIONS} }}", 2, ("regions2", f"cluster {{ sync: PARAMETER_SERVER servers: 2 workers: 2 {REGIONS} }}"), True),
+    ("regions of pipelines", "cluster { sync: PARAMETER_SERVER servers: 2 workers: 4 pipeline_stages: 2 "
+     f"{REGIONS} }}", 2, ("regions2", f"cluster {{ sync: PARAMETER_SERVER servers: 2 workers: 2 {REGIONS} }}"), False),
+    ("regions of data x pipeline", "cluster { sync: PARAMETER_SERVER servers: 4 workers: 8 "
+     f"pipeline_stages: 2 {REGIONS} }}", 4,
+     ("regions4", f"cluster {{ sync: PARAMETER_SERVER servers: 4 workers: 4 {REGIONS} }}"), False),
     ("tensor x bf16", ar(4, "tensor_parallel: 2 wire_dtype: BF16"), 2, ("ddp2_bf16", ar(2, "wire_dtype: BF16")), True),
     ("tensor x bf16 on servers", "cluster { sync: PARAMETER_SERVER servers: 2 workers: 4 tensor_parallel: 2 "
      "wire_dtype: BF16 }", 2, ("ps2_bf16", "cluster { sync: PARAMETER_SERVER servers: 2 workers: 2 wire_dtype: BF16 }"),
@@ -129,7 +140,8 @@ def main():
             # than it is to one process (a job that ignored the setting
             # would be one process's).
             own = herdtest.steps_within(reference(replicas, against, layers), reference(replicas, None, layers),
-                                        f"{against[0]} against one process", tolerance=1, norm_tolerance=1)
+                                        f"{against[0]} against one process", tolerance=float("inf"),
+                                        norm_tolerance=float("inf"))
             assert gap[0] < own[0] / 3, f"{name}: {gap[0]:.3g} from {against[0]}, which is {own[0]:.3g} from one process"
         again = run(tag + "_again", cluster, 1, layers=layers)
         assert herdtest.trajectory(again) == herdtest.trajectory(rows), f"{name}: a rerun differs"
