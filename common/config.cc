@@ -346,10 +346,6 @@ const std::vector<NotBuilt>& NotBuiltTable() {
          return Tensor(c) && Pipelined(c) && c.cluster().sequence_parallel() &&
                 c.cluster().pipeline_schedule() == Cluster::ZERO_BUBBLE;
        }},
-      {"cluster.zero_stage", "cluster.tensor_parallel with cluster.pipeline_stages",
-       "ZeRO inside tensor-parallel pipeline stages is not built yet (ZeRO with either alone is)",
-       "cluster { sync: ALLREDUCE workers: 8 pipeline_stages: 2 tensor_parallel: 2 zero_stage: 1 }",
-       [](const JobConfig& c) { return Tensor(c) && Pipelined(c) && c.cluster().zero_stage() > 0; }},
       {"cluster.elastic", "cluster.diloco.regions", "elastic workers in a job of regions (cluster.diloco.regions) are not built yet",
        "cluster { sync: PARAMETER_SERVER servers: 2 workers: 4 elastic: true diloco { regions: 2 every: 5 } }",
        [](const JobConfig& c) { return HasRegions(c) && c.cluster().elastic(); }},

@@ -292,7 +292,9 @@ StatusOr<std::vector<ProcessMemory>> StageMemory(const JobSizes& j, const ShardP
     if (zero_plan) {
       // The first replica's slices (the largest).
       int64_t owned = 0;
-      for (const ParamRange& r : OwnedSlices(BucketsWithin(*zero_plan, ranges), pipeline.grid.data(), 0)) owned += r.size();
+      for (const ParamRange& r : OwnedSlices(BucketsWithin(*zero_plan, ranges), pipeline.grid.data() * C, 0)) {
+        owned += r.size();
+      }
       m.optimizer = 2 * owned * kF32;
     }
     int64_t staging = ps && j.bf16 ? held * 2 : 0;

@@ -149,7 +149,8 @@ StatusOr<ShardPlan> PipelineCollectivePlan(const config::JobConfig& config) {
   HERD_ASSIGN_OR_RETURN(ShardPlanOptions o, ShardPlanOptionsOf(config));
   o.servers = 1;
   o.strategy = config::ClusterConfig::BALANCED;
-  return ShardPlan::Create(ParamLayout(LlamaShape::FromConfig(config.model())), o);
+  HERD_ASSIGN_OR_RETURN(const ParamLayout layout, PipelineLayout(config));
+  return ShardPlan::Create(layout, o);
 }
 
 }  // namespace herd

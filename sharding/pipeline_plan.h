@@ -54,7 +54,8 @@ bool HasPipeline(const config::JobConfig& config);
 // of one region's servers, each region's alike.
 StatusOr<ShardPlan> ParameterServerPlan(const config::JobConfig& config);
 // An all-reduce pipeline's buckets (ZeRO-1 inside the stages): the whole
-// space in the cluster's bucket size, cut at the stages' ends, one "server".
+// space (with tensor parallelism a rank's packed one) in the cluster's
+// bucket size, cut at the stages' ends, one "server".
 StatusOr<ShardPlan> PipelineCollectivePlan(const config::JobConfig& config);
 
 }  // namespace herd

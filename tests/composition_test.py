@@ -75,6 +75,7 @@ CASES = [
     ("pipeline x context on servers",
      "cluster { sync: PARAMETER_SERVER servers: 2 workers: 4 pipeline_stages: 2 context_parallel: 2 }", 1, None, True),
     ("pipeline x context x zero1", ar(8, "pipeline_stages: 2 context_parallel: 2 zero_stage: 1"), 2, None, False),
+    ("data x pipeline x tensor x zero1", ar(8, "pipeline_stages: 2 tensor_parallel: 2 zero_stage: 1"), 2, None, True),
     ("pipeline x tensor x sequence", ar(4, "pipeline_stages: 2 tensor_parallel: 2 sequence_parallel: true"), 1, None,
      True),
     ("data x pipeline x tensor x sequence, interleaved, on servers", "cluster { sync: PARAMETER_SERVER servers: 2 "

@@ -98,10 +98,11 @@ class PipelineSync : public SyncStrategy {
   double TakeWaitSeconds() override { return wait_.Take(); }
 
   Status WriteCheckpointParts(const std::string& step_dir) override {
-    // Stage-major ranks: stage `device`'s replica r is rank device * R + r.
-    if (zero_) return own_->Save(JoinPath(step_dir, ShardFileName(o_.device * replicas_ + replica_)));
-    if (replica_ != 0) return Status::OK();
-    const std::string path = JoinPath(step_dir, ShardFileName(o_.device * tensor_ranks_ + tensor_rank_));
+    // Stage `device`'s tensor rank t: file device * T + t, under ZeRO each
+    // of its replicas r a file of its own, (device * T + t) * R + r.
+    if (!zero_ && replica_ != 0) return Status::OK();
+    const int file = (o_.device * tensor_ranks_ + tensor_rank_) * (zero_ ? replicas_ : 1) + (zero_ ? replica_ : 0);
+    const std::string path = JoinPath(step_dir, ShardFileName(file));
     if (o_.slices == nullptr) return own_->Save(path);
     std::vector<ShardView> pieces;
     for (const ShardView& v : own_->views()) {
@@ -109,7 +110,7 @@ class PipelineSync : public SyncStrategy {
     }
     return WriteShardPieces(path, pieces);
   }
-  int shard_files() const override { return o_.schedule->devices * (zero_ ? replicas_ : tensor_ranks_); }
+  int shard_files() const override { return o_.schedule->devices * tensor_ranks_ * (zero_ ? replicas_ : 1); }
 
  private:
   // Inside the stage: its ranges (and the last stage's part of a tied
@@ -204,6 +205,17 @@ namespace {
 // of the seed and the tensor, so every replica starts alike).
 Status LoadWhole(const PipelineSyncOptions& o, const std::vector<ParamRange>& ranges,
                  const std::optional<VerifiedCheckpoint>& resume_from, float* weights) {
+  if (o.slices != nullptr) {
+    // Through the slices into the packed space, the weights alone.
+    for (const ParamRange& r : ranges) {
+      int64_t step = 0;
+      SpikeStats spikes;
+      std::fill(weights + r.begin, weights + r.end, 0.0f);
+      HERD_RETURN_IF_ERROR(LoadPackedRange(*o.slices, r, o.job->init, *o.flat, resume_from,
+                                           {weights + r.begin, nullptr, nullptr, &step, &spikes}));
+    }
+    return Status::OK();
+  }
   if (resume_from) {
     return ReadShardRanges(resume_from->dir, resume_from->manifest, ranges, false, weights).status();
   }

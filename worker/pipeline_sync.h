@@ -40,7 +40,8 @@
 // norms, which every rank of a group holds alike, are counted in the global
 // norm by tensor rank 0 alone, the loss added by the last stage's rank 0
 // alone; the first replica's rank t of stage p writes its ranges' runs as
-// pieces of the flat space, shard file p·T + t (the norms by t = 0).
+// pieces of the flat space, shard file p·T + t (the norms by t = 0); under
+// ZeRO-1 each replica r its slices', shard file (p·T + t)·R + r.
 #pragma once
 
 #include <memory>
@@ -78,7 +79,7 @@ struct PipelineSyncOptions {
   // at the stages' ends (null: DDP inside the stage).
   const ShardPlan* zero_plan = nullptr;
   // Tensor parallelism: this worker's rank's slices (`layout` is then their
-  // packed layout) and the model's flat space; not with `zero_plan`.
+  // packed layout, and `zero_plan` of it) and the model's flat space.
   const TensorSlices* slices = nullptr;
   const ParamLayout* flat = nullptr;
 };
