@@ -243,6 +243,18 @@ StatusOr<ProcessMemory> TrainerMemory(const JobSizes& j) {
 // `shards` theirs, the optimizer's state is theirs, and with
 // cluster.stream_weights a window over the stage's ranges; with tensor
 // parallelism, a rank's packed model over its stage's layers).
+// The rings a stage's worker opens (worker/axis_rings.h): the job's, its
+// tensor and context groups', and in all-reduce mode its stage's replicas'
+// and context ranks' (ZeRO's shard group is the same workers, the same
+// ring); over parameter servers none without tensor or context
+// parallelism.
+int StageRings(const Grid& grid, bool ps) {
+  const int tensor = grid.degree(Axis::kTensor), context = grid.degree(Axis::kContext);
+  const int groups = (tensor > 1 ? 1 : 0) + (context > 1 ? 1 : 0);
+  if (ps) return groups > 0 ? 1 + groups : 0;
+  return 1 + groups + (grid.data() * context > 1 ? 1 : 0);
+}
+
 StatusOr<std::vector<ProcessMemory>> StageMemory(const JobSizes& j, const ShardPlan* shards = nullptr) {
   const bool ps = j.cluster.sync() == config::ClusterConfig::PARAMETER_SERVER;
   HERD_ASSIGN_OR_RETURN(const PipelinePlan pipeline, PipelinePlan::FromConfig(j.config));
@@ -271,7 +283,7 @@ StatusOr<std::vector<ProcessMemory>> StageMemory(const JobSizes& j, const ShardP
     ProcessMemory m;
     m.role = "stage";
     m.rank = d;
-    m.count = pipeline.grid.data() * pipeline.grid.degree(Axis::kTensor);
+    m.count = pipeline.grid.size() / s.devices;
     const std::vector<int> slots = ChunkSlots(s, d);
     int64_t held = 0;
     for (int c = 0; c < s.chunks; ++c) {
@@ -311,15 +323,7 @@ StatusOr<std::vector<ProcessMemory>> StageMemory(const JobSizes& j, const ShardP
     }
     // The step's drawn micro-batches, as every worker holds them.
     m.activations += 2 * B * T * j.train.grad_accum() * static_cast<int64_t>(sizeof(int32_t));
-    // The rings a stage's worker opens (worker/axis_rings.h): the job's,
-    // its tensor and context groups', and in all-reduce mode its stage's
-    // replicas' and context ranks' (ZeRO's shard group is the same
-    // workers, the same ring); over parameter servers none without tensor
-    // or context parallelism.
-    const int tensor = pipeline.grid.degree(Axis::kTensor), replicas = pipeline.grid.data();
-    const int rings = ps ? (tensor > 1 || C > 1 ? 1 + (tensor > 1 ? 1 : 0) + (C > 1 ? 1 : 0) : 0)
-                         : 1 + (tensor > 1 ? 1 : 0) + (C > 1 ? 1 : 0) + (replicas * C > 1 ? 1 : 0);
-    m.buffers = rings * (kRingChunksAhead + (j.bf16 ? kRingChunksInFlight : 0)) * kRingChunkBytes +
+    m.buffers = StageRings(pipeline.grid, ps) * (kRingChunksAhead + (j.bf16 ? kRingChunksInFlight : 0)) * kRingChunkBytes +
                 2 * activation * (wire_bf16 ? 2 : kF32) + (tied_end && !ps ? embedding * kF32 : 0) + staging;
     m.runtime = kRuntimeBytes;
     out.push_back(m);
