@@ -91,6 +91,14 @@ std::vector<TensorSlices::Run> TensorSlices::RunsWithin(ParamRange local) const 
   return out;
 }
 
+std::vector<ShardView> TensorSlices::FlatPieces(const std::vector<ShardView>& locals, bool with_norms) const {
+  std::vector<ShardView> pieces;
+  for (const ShardView& local : locals) {
+    for (const ShardView& p : FlatPieces(local, with_norms)) pieces.push_back(p);
+  }
+  return pieces;
+}
+
 std::vector<ShardView> TensorSlices::FlatPieces(const ShardView& local, bool with_norms) const {
   std::vector<ShardView> pieces;
   for (const Run& run : RunsWithin({local.begin, local.end})) {
@@ -140,6 +148,19 @@ Status LoadPackedRange(const TensorSlices& slices, ParamRange local, const Weigh
       std::copy(tensor.begin() + (r.flat.begin - t.offset), tensor.begin() + (r.flat.end - t.offset),
                 into.weights + to(r));
     }
+  }
+  return Status::OK();
+}
+
+Status LoadPackedWeights(const TensorSlices& slices, const std::vector<ParamRange>& ranges, const WeightInit& init,
+                         const ParamLayout& flat, const std::optional<VerifiedCheckpoint>& resume_from,
+                         float* weights) {
+  for (const ParamRange& r : ranges) {
+    int64_t step = 0;  // the optimizer's, not these weights'
+    SpikeStats spikes;
+    std::fill(weights + r.begin, weights + r.end, 0.0f);
+    HERD_RETURN_IF_ERROR(
+        LoadPackedRange(slices, r, init, flat, resume_from, {weights + r.begin, nullptr, nullptr, &step, &spikes}));
   }
   return Status::OK();
 }

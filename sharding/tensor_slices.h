@@ -71,6 +71,8 @@ class TensorSlices {
   // flat space (what a shard file holds), ascending; the norms' runs left
   // out unless `with_norms` (every rank holds them alike: one writes them).
   std::vector<ShardView> FlatPieces(const ShardView& local, bool with_norms) const;
+  // The same of several states (ascending, disjoint), one after the other.
+  std::vector<ShardView> FlatPieces(const std::vector<ShardView>& locals, bool with_norms) const;
 
  private:
   TensorSlices(const LlamaShape& shape, int ranks, int rank);
@@ -95,6 +97,12 @@ struct PackedInto {
 // count wrote it; and the step and spike statistics.
 Status LoadPackedRange(const TensorSlices& slices, ParamRange local, const WeightInit& init, const ParamLayout& flat,
                        const std::optional<VerifiedCheckpoint>& resume_from, const PackedInto& into);
+
+// The weights alone of `ranges` of `slices`' packed space into the packed
+// space `weights` (LoadPackedRange of each; the padding zero).
+Status LoadPackedWeights(const TensorSlices& slices, const std::vector<ParamRange>& ranges, const WeightInit& init,
+                         const ParamLayout& flat, const std::optional<VerifiedCheckpoint>& resume_from,
+                         float* weights);
 
 // The optimizer of `ranges` (ascending, disjoint) of `slices`' packed
 // space, each loaded by LoadPackedRange: with `space` (the packed space)

@@ -38,6 +38,13 @@ transport::Collectives* AxisRings::Open(transport::NodeRuntime& runtime, transpo
   return ring;
 }
 
+void AxisRings::OpenReducerRings(transport::NodeRuntime& runtime, transport::CoordinatorClient& client, bool zero) {
+  Open(runtime, client, {Axis::kContext, Axis::kShard, Axis::kReplicate});
+  if (!zero) return;
+  Open(runtime, client, {Axis::kContext, Axis::kShard});
+  Open(runtime, client, {Axis::kReplicate});
+}
+
 transport::Collectives* AxisRings::Of(std::initializer_list<Axis> axes) const {
   auto found = rings_.find(MaskOf(axes));
   return found != rings_.end() ? found->second : nullptr;

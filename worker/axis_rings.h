@@ -33,6 +33,13 @@ class AxisRings {
                                std::initializer_list<Axis> axes);
   // The ring Open made for `axes` (null: a group of one, or never opened).
   transport::Collectives* Of(std::initializer_list<Axis> axes) const;
+  // A reducer's groups: the placement's replicas ({cp, dp_shard,
+  // dp_replicate}), ZeRO's shard group ({cp, dp_shard}) and hybrid
+  // sharding's replicas ({dp_replicate}); OpenReducerRings opens them.
+  void OpenReducerRings(transport::NodeRuntime& runtime, transport::CoordinatorClient& client, bool zero);
+  transport::Collectives* placement_replicas() const { return Of({Axis::kContext, Axis::kShard, Axis::kReplicate}); }
+  transport::Collectives* shard_group() const { return Of({Axis::kContext, Axis::kShard}); }
+  transport::Collectives* hybrid_replicas() const { return Of({Axis::kReplicate}); }
 
  private:
   static int MaskOf(std::initializer_list<Axis> axes);

@@ -58,11 +58,7 @@ class CollectiveStep : public SyncStrategy {
     if ((!zero_ && rank_ != 0) || !writes_shards_) return Status::OK();
     const std::string path = JoinPath(step_dir, ShardFileName(tensor_rank_ * (zero_ ? W_ : 1) + (zero_ ? rank_ : 0)));
     if (o_.slices == nullptr) return optimizer_->Save(path);
-    std::vector<ShardView> pieces;
-    for (const ShardView& v : optimizer_->views()) {
-      for (const ShardView& p : o_.slices->FlatPieces(v, /*with_norms=*/tensor_rank_ == 0)) pieces.push_back(p);
-    }
-    return WriteShardPieces(path, pieces);
+    return WriteShardPieces(path, o_.slices->FlatPieces(optimizer_->views(), /*with_norms=*/tensor_rank_ == 0));
   }
   int shard_files() const override { return tensor_ranks_ * (zero_ ? W_ : 1); }
 
@@ -496,11 +492,7 @@ StatusOr<CollectiveSyncParts> CreateCollectiveSync(const CollectiveSyncOptions& 
   if (o.slices != nullptr && zero) {
     // A tensor-parallel rank's whole packed weights, which every replica
     // loads alike (the model needs the others' slices too).
-    int64_t step = 0;
-    SpikeStats spikes;
-    std::fill(weights, weights + P, 0.0f);
-    HERD_RETURN_IF_ERROR(
-        LoadPackedRange(*o.slices, {0, P}, o.job->init, *o.flat, resume_from, {weights, nullptr, nullptr, &step, &spikes}));
+    HERD_RETURN_IF_ERROR(LoadPackedWeights(*o.slices, {{0, P}}, o.job->init, *o.flat, resume_from, weights));
   } else if (resume_from && zero) {
     // ZeRO: the model needs the other workers' weights too.
     HERD_RETURN_IF_ERROR(

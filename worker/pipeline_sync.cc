@@ -104,11 +104,7 @@ class PipelineSync : public SyncStrategy {
     const int file = (o_.device * tensor_ranks_ + tensor_rank_) * (zero_ ? replicas_ : 1) + (zero_ ? replica_ : 0);
     const std::string path = JoinPath(step_dir, ShardFileName(file));
     if (o_.slices == nullptr) return own_->Save(path);
-    std::vector<ShardView> pieces;
-    for (const ShardView& v : own_->views()) {
-      for (const ShardView& p : o_.slices->FlatPieces(v, /*with_norms=*/tensor_rank_ == 0)) pieces.push_back(p);
-    }
-    return WriteShardPieces(path, pieces);
+    return WriteShardPieces(path, o_.slices->FlatPieces(own_->views(), /*with_norms=*/tensor_rank_ == 0));
   }
   int shard_files() const override { return o_.schedule->devices * tensor_ranks_ * (zero_ ? replicas_ : 1); }
 
@@ -205,17 +201,7 @@ namespace {
 // of the seed and the tensor, so every replica starts alike).
 Status LoadWhole(const PipelineSyncOptions& o, const std::vector<ParamRange>& ranges,
                  const std::optional<VerifiedCheckpoint>& resume_from, float* weights) {
-  if (o.slices != nullptr) {
-    // Through the slices into the packed space, the weights alone.
-    for (const ParamRange& r : ranges) {
-      int64_t step = 0;
-      SpikeStats spikes;
-      std::fill(weights + r.begin, weights + r.end, 0.0f);
-      HERD_RETURN_IF_ERROR(LoadPackedRange(*o.slices, r, o.job->init, *o.flat, resume_from,
-                                           {weights + r.begin, nullptr, nullptr, &step, &spikes}));
-    }
-    return Status::OK();
-  }
+  if (o.slices != nullptr) return LoadPackedWeights(*o.slices, ranges, o.job->init, *o.flat, resume_from, weights);
   if (resume_from) {
     return ReadShardRanges(resume_from->dir, resume_from->manifest, ranges, false, weights).status();
   }

@@ -19,7 +19,8 @@ using transport::Collectives;
 using transport::DType;
 
 // What a model-parallel worker's step adds to any reducer's: a failure of
-// the model's group collectives (tensor, context) (kept by their rings) ends the step, and
+// the model's group collectives (tensor, context; kept by their rings)
+// ends the step, and
 // with sequence parallelism the norms' gradients (each rank's rows' part)
 // are summed over the group, packed together into one sum and back, those
 // at offsets >= x at once when backward has finished them (SumFrom).
@@ -27,7 +28,8 @@ class GroupGradients {
  public:
   explicit GroupGradients(const TensorParallelSyncOptions& o) : o_(o) {
     if (!o.sequence_parallel) return;
-    const std::vector<ParamRange> held = o.held.empty() ? std::vector<ParamRange>{{0, o.slices->layout().size()}} : o.held;
+    std::vector<ParamRange> held = o.held;
+    if (held.empty()) held.push_back({0, o.slices->layout().size()});
     for (const ParamRange& h : held) {
       for (const TensorSlices::Run& r : o.slices->RunsWithin(h)) {
         if (r.replicated) norms_.push_back(r);

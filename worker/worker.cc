@@ -496,12 +496,7 @@ void WorkerProcess::OpenRings(transport::NodeRuntime& runtime, transport::Coordi
   runtime.StartRing(client);
   if (tensor) tensor_ring_ = std::make_unique<GroupRing>(rings_.Open(runtime, client, {Axis::kTensor}));
   if (context) context_ring_ = std::make_unique<GroupRing>(rings_.Open(runtime, client, {Axis::kContext}));
-  if (!reduces) return;
-  rings_.Open(runtime, client, {Axis::kContext, Axis::kShard, Axis::kReplicate});
-  if (config_.cluster().zero_stage() > 0) {
-    rings_.Open(runtime, client, {Axis::kContext, Axis::kShard});
-    rings_.Open(runtime, client, {Axis::kReplicate});
-  }
+  if (reduces) rings_.OpenReducerRings(runtime, client, config_.cluster().zero_stage() > 0);
 }
 
 Status WorkerProcess::JoinJob() {
@@ -611,10 +606,10 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeCollectiveSync() {
   c.plan = &*plan_;
   c.zero_stage = cluster.zero_stage();
   // Among the placement's replicas (every worker without model axes).
-  c.collectives = rings_.Of({Axis::kContext, Axis::kShard, Axis::kReplicate});
+  c.collectives = rings_.placement_replicas();
   c.everyone = runtime_->ring();
-  c.shard_group = rings_.Of({Axis::kContext, Axis::kShard});
-  c.replicas = rings_.Of({Axis::kReplicate});
+  c.shard_group = rings_.shard_group();
+  c.replicas = rings_.hybrid_replicas();
   if (slices_) {
     c.slices = &*slices_;
     c.flat = &layout_;
@@ -643,7 +638,7 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakePipelineSync() {
   p.schedule = &pipeline_->schedule;
   p.device = place()[Axis::kPipeline];
   p.everyone = runtime_->ring();
-  p.stage_replicas = rings_.Of({Axis::kContext, Axis::kShard, Axis::kReplicate});
+  p.stage_replicas = rings_.placement_replicas();
   p.gradient_wire = GradientWire(cluster);
   p.wire = pipeline_wire_;
   p.first_stage = transport::MemberPeerId(runtime_->client(), wire::WORKER, grid_.Along(rank_, Axis::kPipeline, 0));
@@ -672,7 +667,7 @@ TensorParallelSyncOptions WorkerProcess::TensorParallelOptions() {
   t.slices = slices_ ? &*slices_ : nullptr;
   t.tensor_ring = tensor_ring_.get();
   t.everyone = runtime_->ring();
-  t.replicas = rings_.Of({Axis::kContext, Axis::kShard, Axis::kReplicate});
+  t.replicas = rings_.placement_replicas();
   t.gradient_wire = GradientWire(config_.cluster());
   t.sequence_parallel = config_.cluster().sequence_parallel();
   t.context_ring = context_ring_.get();
