@@ -324,14 +324,6 @@ const std::vector<NotBuilt>& NotBuiltTable() {
        "yet: a lost rank's group would have to leave and rejoin whole, as a region does",
        "cluster { sync: PARAMETER_SERVER servers: 1 workers: 4 pipeline_stages: 2 elastic: true }",
        [](const JobConfig& c) { return (Pipelined(c) || Tensor(c) || Context(c)) && c.cluster().elastic(); }},
-      {"cluster.zero_stage", "cluster.pipeline_stages",
-       "ZeRO-2 and -3 inside pipeline stages (cluster.pipeline_stages) are not built yet; ZeRO-1 is (each stage's "
-       "optimizer state sharded over its replicas)",
-       "cluster { sync: ALLREDUCE workers: 4 pipeline_stages: 2 zero_stage: 2 }",
-       [](const JobConfig& c) { return Pipelined(c) && c.cluster().zero_stage() > 1; }},
-      {"cluster.shard_group_size", "cluster.pipeline_stages", "hybrid sharding inside pipeline stages (cluster.pipeline_stages) is not built yet",
-       "cluster { sync: ALLREDUCE workers: 4 pipeline_stages: 2 zero_stage: 1 shard_group_size: 2 }",
-       [](const JobConfig& c) { return Pipelined(c) && c.cluster().shard_group_size() != 0; }},
       {"cluster.stream_weights", "cluster.tensor_parallel",
        "streamed weights with tensor parallelism (cluster.tensor_parallel) are not built yet (each rank holds only "
        "its slices already)",
@@ -428,9 +420,15 @@ void CheckClusterShape(const config::ClusterConfig& cl, const Rules& need) {
   }
   need(cl.stream_prefetch_layers() >= 0, "cluster.stream_prefetch_layers", "must be >= 0");
   if (cl.shard_group_size() != 0) {
-    need(cl.shard_group_size() > 0 && cl.workers() % cl.shard_group_size() == 0, "cluster.shard_group_size",
-         std::to_string(cl.shard_group_size()) + " does not divide cluster.workers " +
-             std::to_string(cl.workers()) + " into groups of that size");
+    // A shard group is some of a pipeline stage's workers (all of the
+    // job's without stages).
+    const int stage_workers = cl.workers() / std::max(1, cl.pipeline_stages());
+    need(cl.shard_group_size() > 0 && stage_workers % cl.shard_group_size() == 0, "cluster.shard_group_size",
+         std::to_string(cl.shard_group_size()) + " does not divide " +
+             (cl.pipeline_stages() > 1 ? "a pipeline stage's " + std::to_string(stage_workers) +
+                                             " workers (cluster.workers / cluster.pipeline_stages)"
+                                       : "cluster.workers " + std::to_string(cl.workers())) +
+             " into groups of that size");
     // A shard group is whole tensor x context groups: ZeRO cuts a slice's
     // space among the workers that hold the same parameters.
     const int64_t model_group = int64_t{std::max(1, cl.tensor_parallel())} * std::max(1, cl.context_parallel());
@@ -775,7 +773,8 @@ bool WorkersHoldAWindow(const JobConfig& config) {
 }
 
 bool ShardsInGroups(const config::ClusterConfig& cluster) {
-  return cluster.shard_group_size() > 0 && cluster.shard_group_size() < cluster.workers();
+  return cluster.shard_group_size() > 0 &&
+         cluster.shard_group_size() < cluster.workers() / std::max(1, cluster.pipeline_stages());
 }
 
 int NumWorkers(const JobConfig& config) {

@@ -246,13 +246,38 @@ StatusOr<ProcessMemory> TrainerMemory(const JobSizes& j) {
 // The rings a stage's worker opens (worker/axis_rings.h): the job's, its
 // tensor and context groups', and in all-reduce mode its stage's replicas'
 // and context ranks' (ZeRO's shard group is the same workers, the same
-// ring); over parameter servers none without tensor or context
+// ring, but with hybrid sharding, which adds its shard group's and its
+// replicas'); over parameter servers none without tensor or context
 // parallelism.
 int StageRings(const Grid& grid, bool ps) {
   const int tensor = grid.degree(Axis::kTensor), context = grid.degree(Axis::kContext);
   const int groups = (tensor > 1 ? 1 : 0) + (context > 1 ? 1 : 0);
   if (ps) return groups > 0 ? 1 + groups : 0;
-  return 1 + groups + (grid.data() * context > 1 ? 1 : 0);
+  const int shard = grid.degree(Axis::kShard) * context, replicate = grid.degree(Axis::kReplicate);
+  return 1 + groups + (shard * replicate > 1 ? 1 : 0) + (shard > 1 && replicate > 1 ? 2 : 0);
+}
+
+// ZeRO among stage `d`'s replicas (`zero_plan` cut at the stages' ends):
+// the moments of the first shard group rank's slices of its buckets (the
+// largest); under ZeRO-3 the window over its ranges at its fullest,
+// replayed through its passes, beside the slices' master weights. Its
+// micro-batches' gradients add up whole, as without ZeRO, until the last
+// one's backward reduce-scatters them.
+void AddStageZeroState(const JobSizes& j, const PipelinePlan& pipeline, int d, const ParamLayout& layout,
+                       const ShardPlan& zero_plan, ProcessMemory* m) {
+  const int group = pipeline.grid.degree(Axis::kShard) * pipeline.grid.degree(Axis::kContext);
+  const std::vector<Bucket> buckets = BucketsWithin(zero_plan, pipeline.RangesOf(d, layout));
+  int64_t owned = 0;
+  for (const ParamRange& r : OwnedSlices(buckets, group, 0)) owned += r.size();
+  m->optimizer = 2 * owned * kF32;
+  if (j.cluster.zero_stage() != 3) return;
+  StreamedReplay replay = ReplayOfJob(j.config, j.job.micro_batch_slots);
+  for (const Bucket& b : buckets) replay.kept_on_retire.push_back(OwnerParts(b, group)[0]);
+  const StreamedPeak peak = ReplayStreamedStage(zero_plan, layout, replay, StageReplayOf(pipeline, d, layout));
+  m->weights = peak.weights + owned * kF32;
+  m->gradients = peak.gradients;
+  // Each bucket boundary may keep a shared page of each paged buffer backed.
+  m->buffers += 3 * static_cast<int64_t>(buckets.size() + 1) * kPageBytes;
 }
 
 StatusOr<std::vector<ProcessMemory>> StageMemory(const JobSizes& j, const ShardPlan* shards = nullptr) {
@@ -273,7 +298,7 @@ StatusOr<std::vector<ProcessMemory>> StageMemory(const JobSizes& j, const ShardP
   const int S = j.cluster.sequence_parallel() ? pipeline.grid.degree(Axis::kTensor) : 1;
   const int64_t activation = (B * (T / C) + S - 1) / S * j.shape.hidden_size;
   const bool wire_bf16 = j.cluster.pipeline_wire_dtype() == config::ClusterConfig::BF16;
-  // ZeRO-1 among a stage's replicas: its buckets, cut at the stages' ends.
+  // ZeRO among a stage's replicas: its buckets, cut at the stages' ends.
   std::optional<ShardPlan> zero_plan;
   if (!ps && j.cluster.zero_stage() > 0) {
     HERD_ASSIGN_OR_RETURN(zero_plan, PipelineCollectivePlan(j.config));
@@ -301,14 +326,7 @@ StatusOr<std::vector<ProcessMemory>> StageMemory(const JobSizes& j, const ShardP
     m.weights = held * kF32;
     m.gradients = held * kF32;
     m.optimizer = ps ? 0 : 2 * held * kF32;
-    if (zero_plan) {
-      // The first replica's slices (the largest).
-      int64_t owned = 0;
-      for (const ParamRange& r : OwnedSlices(BucketsWithin(*zero_plan, ranges), pipeline.grid.data() * C, 0)) {
-        owned += r.size();
-      }
-      m.optimizer = 2 * owned * kF32;
-    }
+    if (zero_plan) AddStageZeroState(j, pipeline, d, layout, *zero_plan, &m);
     int64_t staging = ps && j.bf16 ? held * 2 : 0;
     if (j.streamed) {
       // The window over the stage's ranges at its fullest, replayed
@@ -323,7 +341,7 @@ StatusOr<std::vector<ProcessMemory>> StageMemory(const JobSizes& j, const ShardP
     }
     // The step's drawn micro-batches, as every worker holds them.
     m.activations += 2 * B * T * j.train.grad_accum() * static_cast<int64_t>(sizeof(int32_t));
-    m.buffers = StageRings(pipeline.grid, ps) * (kRingChunksAhead + (j.bf16 ? kRingChunksInFlight : 0)) * kRingChunkBytes +
+    m.buffers += StageRings(pipeline.grid, ps) * (kRingChunksAhead + (j.bf16 ? kRingChunksInFlight : 0)) * kRingChunkBytes +
                 2 * activation * (wire_bf16 ? 2 : kF32) + (tied_end && !ps ? embedding * kF32 : 0) + staging;
     m.runtime = kRuntimeBytes;
     out.push_back(m);

@@ -51,19 +51,14 @@ StatusOr<PipelinePlan> PipelinePlan::FromConfig(const config::JobConfig& config)
 
 bool HasPipeline(const config::JobConfig& config) { return config.cluster().pipeline_stages() > 1; }
 
-namespace {
-
-// A tied embedding that two stages compute: [0, its end); else empty.
-ParamRange SharedEmbedding(const PipelinePlan& p, const ParamLayout& layout) {
-  if (!layout.shape().tie_word_embeddings || p.devices() < 2) return {};
+ParamRange PipelinePlan::TiedEmbedding(const ParamLayout& layout) const {
+  if (!layout.shape().tie_word_embeddings || devices() < 2) return {};
   return {0, layout.layer(0).input_norm};
 }
 
-}  // namespace
-
 std::vector<ParamRange> PipelinePlan::RangesOf(int device, const ParamLayout& layout) const {
   std::vector<ParamRange> out;
-  const ParamRange shared = SharedEmbedding(*this, layout);
+  const ParamRange shared = TiedEmbedding(layout);
   if (device == devices() - 1 && shared.size() > 0) out.push_back(shared);
   for (int c = 0; c < schedule.chunks; ++c) out.push_back(split.stage(schedule.VirtualStage(device, c)).params);
   return out;
@@ -71,7 +66,7 @@ std::vector<ParamRange> PipelinePlan::RangesOf(int device, const ParamLayout& la
 
 std::vector<int> PipelinePlan::ContributorsOf(ParamRange range, const ParamLayout& layout, int tensor_rank) const {
   std::vector<int> devices_of;
-  const ParamRange shared = SharedEmbedding(*this, layout);
+  const ParamRange shared = TiedEmbedding(layout);
   if (shared.size() > 0 && range.end <= shared.end) {
     devices_of = {0, devices() - 1};
   } else {
@@ -93,7 +88,7 @@ std::vector<int> PipelinePlan::ContributorsOf(ParamRange range, const ParamLayou
 std::vector<int64_t> PipelinePlan::BucketCuts(const ParamLayout& layout) const {
   std::vector<int64_t> cuts;
   for (int vs = 1; vs < split.size(); ++vs) cuts.push_back(split.stage(vs).params.begin);
-  const ParamRange shared = SharedEmbedding(*this, layout);
+  const ParamRange shared = TiedEmbedding(layout);
   if (shared.size() > 0) cuts.push_back(shared.end);
   return cuts;
 }

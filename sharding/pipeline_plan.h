@@ -32,6 +32,9 @@ struct PipelinePlan {
   // (ascending) and, on the last device with tied embeddings, the
   // embedding's too (first).
   std::vector<ParamRange> RangesOf(int device, const ParamLayout& layout) const;
+  // A tied embedding that two stages compute, the first and the last:
+  // [0, its end) of `layout`; empty when none is.
+  ParamRange TiedEmbedding(const ParamLayout& layout) const;
   // The worker ranks whose gradients of `range` (inside one stage's range
   // of `layout`, tensor rank `tensor_rank`'s packed one with tensor
   // parallelism) are summed: its stage's replicas and context ranks of

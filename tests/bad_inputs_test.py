@@ -162,6 +162,9 @@ def main():
     expect_error(sb, ["launch", cfg, "--set", "cluster.sync=ALLREDUCE", "--set", "cluster.workers=4",
                       "--set", "cluster.shard_group_size=2"], "cluster.shard_group_size", "zero_stage 1, 2 or 3",
                  code=2)
+    # A shard group is some of a stage's workers.
+    expect_error(sb, ["launch", cfg, *zero4, "--set", "cluster.pipeline_stages=2", "--set", "cluster.shard_group_size=4"],
+                 "cluster.shard_group_size", "4 does not divide a pipeline stage's 2 workers", code=2)
     expect_error(sb, ["launch", cfg, *zero4, "--set", "cluster.shard_group_size=2", "--set", "device.kind=CUDA"],
                  "cluster.shard_group_size", "UCX ring only yet: set cluster.nccl: false", code=2)
     # Tensor parallelism over every worker leaves no replica to shard over.

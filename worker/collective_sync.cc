@@ -24,6 +24,15 @@ namespace {
 using transport::Collectives;
 using transport::DType;
 
+// The plan's buckets the placement holds, in push order (descending
+// offsets).
+std::vector<Bucket> HeldBuckets(const CollectiveSyncOptions& o) {
+  if (o.placement.held.empty()) return o.plan->buckets();
+  std::vector<Bucket> held = BucketsWithin(*o.plan, o.placement.held);
+  std::reverse(held.begin(), held.end());
+  return held;
+}
+
 // What every all-reduce-mode strategy shares: the optimizer over this
 // worker's slices (or, DDP, the whole space), the step from the reduced
 // gradients (the norm from the owners' partials, one all-reduce with the
@@ -32,7 +41,7 @@ class CollectiveStep : public SyncStrategy {
  public:
   CollectiveStep(const CollectiveSyncOptions& o, std::unique_ptr<OptimizerSlices> optimizer)
       : o_(o),
-        c_(*o.collectives),
+        c_(o.collectives != nullptr ? *o.collectives : solo_),
         everyone_(o.everyone != nullptr ? *o.everyone : c_),
         g_(o.shard_group != nullptr ? *o.shard_group : c_),
         replicas_(o.replicas),
@@ -41,26 +50,29 @@ class CollectiveStep : public SyncStrategy {
         P_(o.layout->size()),
         zero_(o.zero_stage > 0),
         writes_shards_(replicas_ == nullptr || replicas_->rank() == 0),
-        tensor_rank_(o.slices != nullptr ? o.slices->rank() : 0),
-        tensor_ranks_(o.slices != nullptr ? o.slices->ranks() : 1),
-        norm_slices_(CountedInNorm(o, OwnedSlices(*o.plan, W_, rank_))),
+        buckets_(HeldBuckets(o)),
+        norm_slices_(CountedInNorm(o, buckets_, W_, rank_)),
         optimizer_(std::move(optimizer)) {
     report_.version = static_cast<uint64_t>(optimizer_->step());
-    for (const Bucket& b : o.plan->buckets()) parts_.push_back(OwnerParts(b, W_));
+    for (const Bucket& b : buckets_) parts_.push_back(OwnerParts(b, W_));
   }
 
   const StepReport& report() const override { return report_; }
-  double TakeWaitSeconds() override {
-    return wait_.Take() + (o_.context_ring != nullptr ? o_.context_ring->TakeWaitSeconds() : 0.0);
-  }
+  double TakeWaitSeconds() override { return wait_.Take(); }
 
   Status WriteCheckpointParts(const std::string& step_dir) override {
     if ((!zero_ && rank_ != 0) || !writes_shards_) return Status::OK();
-    const std::string path = JoinPath(step_dir, ShardFileName(tensor_rank_ * (zero_ ? W_ : 1) + (zero_ ? rank_ : 0)));
-    if (o_.slices == nullptr) return optimizer_->Save(path);
-    return WriteShardPieces(path, o_.slices->FlatPieces(optimizer_->views(), /*with_norms=*/tensor_rank_ == 0));
+    const ReducedPlacement& p = o_.placement;
+    const std::string path = JoinPath(step_dir, ShardFileName(p.index * (zero_ ? W_ : 1) + (zero_ ? rank_ : 0)));
+    // Another place writes the copy.
+    std::vector<ShardView> views;
+    for (const ShardView& v : optimizer_->views()) {
+      if (!Inside({v.begin, v.end}, p.copy)) views.push_back(v);
+    }
+    if (p.slices == nullptr) return WriteShardPieces(path, views);
+    return WriteShardPieces(path, p.slices->FlatPieces(views, /*with_norms=*/p.slices->rank() == 0));
   }
-  int shard_files() const override { return tensor_ranks_ * (zero_ ? W_ : 1); }
+  int shard_files() const override { return o_.placement.count * (zero_ ? W_ : 1); }
 
  protected:
   // The step once the gradients are reduced (`reduced`: how that went):
@@ -68,7 +80,8 @@ class CollectiveStep : public SyncStrategy {
   // worker holds every sum and takes the same slices' partials; hybrid,
   // the first group's) added by one all-reduce with the losses, then
   // AdamW on this worker's ranges.
-  Status StepOptimizer(const float* grads, double loss, Status reduced) {
+  Status StepOptimizer(float* grads, double loss, Status reduced) {
+    reduced = AfterReduction(grads, std::move(reduced));
     double sumsq = 0.0;
     for (const ParamRange& r : norm_slices_) sumsq += SumOfSquares(grads + r.begin, r.size());
     double norm = 0.0, mean_loss = 0.0;
@@ -80,25 +93,27 @@ class CollectiveStep : public SyncStrategy {
     return Status::OK();
   }
 
+  // The placement's part between the gradients' reductions and the norm,
+  // once they went as `reduced` says.
+  Status AfterReduction(float* grads, Status reduced) {
+    if (!reduced.ok() || !o_.placement.after_reduction) return reduced;
+    return wait_.Timed([&] { return o_.placement.after_reduction(grads, step_); });
+  }
+
   // The step's global gradient norm and mean loss: this worker's partial
   // squared norm (of norm_slices_, in their order) and its loss added over
   // the workers by one all-reduce, once the gradients' reductions have
   // gone as `reduced` says.
   Status ExchangeNorm(double sumsq, double loss, Status reduced, double* norm, double* mean_loss) {
-    if (o_.context_ring != nullptr) {
-      HERD_RETURN_IF_ERROR(o_.context_ring->failure().WithContext("step " + std::to_string(step_ + 1) +
-                                                                 ": context-parallel gather: "));
-    }
-    // Every rank of a tensor group knows its replica's loss: rank 0's
-    // alone is added.
-    double sums[2] = {writes_shards_ ? sumsq : 0.0, tensor_rank_ == 0 ? loss : 0.0};
+    // Each replica's loss is added once, by the placement that adds it.
+    double sums[2] = {writes_shards_ ? sumsq : 0.0, o_.placement.adds_loss ? loss : 0.0};
     if (reduced.ok()) {
       trace::Span span("norm exchange", "collective", {"step", static_cast<int64_t>(step_ + 1)});
       reduced = wait_.Timed([&] { return everyone_.Wait(everyone_.AllReduce(sums, 2, DType::kFloat64)); });
     }
     HERD_RETURN_IF_ERROR(reduced.WithContext("all-reduce of step " + std::to_string(step_ + 1) + ": "));
     *norm = std::sqrt(sums[0]);
-    *mean_loss = sums[1] / (everyone_.size() / tensor_ranks_);
+    *mean_loss = sums[1] / (everyone_.size() / o_.placement.loss_holders);
     return CheckNotDiverged("gradient norm", *norm);
   }
 
@@ -106,9 +121,9 @@ class CollectiveStep : public SyncStrategy {
   // gradients but for this worker's slice (`grads` paged), and hybrid,
   // starts the slice's all-reduce with its replicas (FinishReplicas waits).
   void ScatteredBucket(float* grads, PagedBuffer* paged, size_t b) {
-    const ParamRange whole = o_.plan->buckets()[b].range;
-    const ParamRange mine = SliceOf(o_.plan->buckets()[b], parts_[b], rank_);
-    if (paged != nullptr) {
+    const ParamRange whole = buckets_[b].range;
+    const ParamRange mine = SliceOf(buckets_[b], parts_[b], rank_);
+    if (paged != nullptr && o_.zero_stage >= 2) {
       paged->Release(whole.begin * sizeof(float), (mine.begin - whole.begin) * sizeof(float));
       paged->Release(mine.end * sizeof(float), (whole.end - mine.end) * sizeof(float));
     }
@@ -135,19 +150,39 @@ class CollectiveStep : public SyncStrategy {
     if (!st.ok() && first->ok()) *first = st;
   }
 
-  // The parts of `slices` counted in the global norm: all, but a tensor
-  // rank's norms (every rank's alike) on rank 0 alone.
-  static std::vector<ParamRange> CountedInNorm(const CollectiveSyncOptions& o, std::vector<ParamRange> slices) {
-    if (o.slices == nullptr) return slices;
+  static bool Inside(const ParamRange& r, const ParamRange& outer) {
+    return outer.size() > 0 && r.begin >= outer.begin && r.end <= outer.end;
+  }
+
+  // What this worker (rank `rank` of `ranks` in its shard group) adds to
+  // the global norm, ascending: its slices' squares (under DDP the cut ZeRO
+  // would own, so that the two agree bitwise), a stage's ranges whole on
+  // its first replica under DDP; not the copy, and of a tensor rank's
+  // slices not the norms (every rank's alike) but on rank 0.
+  static std::vector<ParamRange> CountedInNorm(const CollectiveSyncOptions& o, const std::vector<Bucket>& buckets,
+                                               int ranks, int rank) {
+    const ReducedPlacement& p = o.placement;
+    std::vector<ParamRange> parts;
+    if (o.zero_stage > 0 || p.held.empty()) {
+      parts = OwnedSlices(buckets, ranks, rank);
+    } else if (rank == 0) {
+      parts = p.held;
+    }
     std::vector<ParamRange> counted;
-    for (const ParamRange& r : slices) {
-      for (const TensorSlices::Run& run : o.slices->RunsWithin(r)) {
-        if (!run.replicated || o.slices->rank() == 0) counted.push_back({run.local, run.local + run.flat.size()});
+    for (const ParamRange& r : parts) {
+      if (Inside(r, p.copy)) continue;
+      if (p.slices == nullptr) {
+        counted.push_back(r);
+        continue;
+      }
+      for (const TensorSlices::Run& run : p.slices->RunsWithin(r)) {
+        if (!run.replicated || p.slices->rank() == 0) counted.push_back({run.local, run.local + run.flat.size()});
       }
     }
     return counted;
   }
 
+  transport::SoloCollectives solo_;  // the replicas of a placement that has none
   const CollectiveSyncOptions o_;
   Collectives& c_;                // the placement's replicas (all the workers without model axes)
   Collectives& everyone_;         // all the workers: the norm and the losses
@@ -157,12 +192,12 @@ class CollectiveStep : public SyncStrategy {
   const int64_t P_;
   const bool zero_;  // the optimizer holds this worker's slices only
   const bool writes_shards_;  // the first group (every worker unless hybrid)
-  const int tensor_rank_, tensor_ranks_;  // the placement's (0 of 1 without tensor parallelism)
-  // The slices whose squared gradients this worker adds to the norm (its
-  // own under ZeRO; the same cut under DDP).
+  const std::vector<Bucket> buckets_;  // the plan's that the placement holds, in push order
+  // The ranges whose squared gradients this worker adds to the norm
+  // (CountedInNorm).
   const std::vector<ParamRange> norm_slices_;
   const std::unique_ptr<OptimizerSlices> optimizer_;
-  std::vector<Partition> parts_;  // each bucket's cut among the ranks (plan order)
+  std::vector<Partition> parts_;  // each bucket's cut among the ranks (buckets_ order)
   uint64_t step_ = 0;
   StepReport report_;
   WaitClock wait_;
@@ -183,7 +218,7 @@ class CollectiveSync : public CollectiveStep {
       // Per unit, the parts of its range outside this worker's slices.
       recycled_.resize(units_.size() - 1);
       unit_recycled_.resize(recycled_.size());
-      const auto& buckets = o.plan->buckets();
+      const auto& buckets = buckets_;
       for (size_t u = 0; u + 1 < units_.size(); ++u) {
         for (size_t b = 0; b < buckets.size(); ++b) {
           const ParamRange whole = buckets[b].range, mine = SliceOf(buckets[b], parts_[b], rank_);
@@ -212,7 +247,7 @@ class CollectiveSync : public CollectiveStep {
 
   void FinalFrom(int64_t offset) override {
     if (o_.device_reduction != nullptr) return;  // reduced before they reached us
-    const auto& buckets = o_.plan->buckets();
+    const auto& buckets = buckets_;
     const size_t issued_before = next_bucket_;
     while (next_bucket_ < buckets.size() && buckets[next_bucket_].range.begin >= offset) {
       const Bucket& b = buckets[next_bucket_];
@@ -242,7 +277,7 @@ class CollectiveSync : public CollectiveStep {
     if (o_.device_reduction != nullptr) {
       st = wait_.Timed([&] { return o_.device_reduction->FinishStep(); });
     } else {
-      CHECK_EQ(next_bucket_, o_.plan->buckets().size()) << "backward did not finish every bucket";
+      CHECK_EQ(next_bucket_, buckets_.size()) << "backward did not finish every bucket";
       while (retired_ < grad_handles_.size()) Retire();
       FinishReplicas(&grad_status_);
       st = std::exchange(grad_status_, Status::OK());
@@ -265,7 +300,7 @@ class CollectiveSync : public CollectiveStep {
       return;
     }
     if (!zero_) return;  // DDP: every worker has stepped the same weights
-    const auto& buckets = o_.plan->buckets();
+    const auto& buckets = buckets_;
     for (size_t i = buckets.size(); i-- > 0;) {
       weight_handles_.push_back({&g_, g_.AllGather(weights + buckets[i].range.begin, parts_[i])});
       weight_ends_.push_back(buckets[i].range.end);
@@ -337,12 +372,15 @@ class GatheredWeightsSync : public CollectiveStep, public WindowHooks, private B
   GatheredWeightsSync(const CollectiveSyncOptions& o, std::unique_ptr<OptimizerSlices> optimizer)
       : CollectiveStep(o, std::move(optimizer)),
         paged_grads_(o.paged_grads),
-        step_as_scattered_(o.step_slices_as_scattered),
-        runner_(WeightWindow(*o.plan, *o.layout, o.prefetch_layers, !o.reshard_after_forward), o.paged_weights, this),
+        // A slice steps once the placement's part after the reductions is done.
+        step_as_scattered_(o.step_slices_as_scattered && !o.placement.after_reduction),
+        runner_(WeightWindow(*o.plan, *o.layout, o.prefetch_layers, !o.reshard_after_forward, o.placement.held),
+                o.paged_weights, this),
         window_(runner_.window()),
         gathers_(window_.num_buckets()),
         scatters_(window_.num_buckets()),
         slice_of_(window_.num_buckets(), -1),
+        counted_of_slice_(optimizer_->ranges().size()),
         slice_sumsq_(optimizer_->ranges().size(), 0.0) {
     // The window lists buckets in forward order; each owns one slice of
     // this worker's (both ascending).
@@ -352,6 +390,11 @@ class GatheredWeightsSync : public CollectiveStep, public WindowHooks, private B
       const ParamRange& r = window_.bucket(i).range;
       while (k < slices.size() && slices[k].end <= r.begin) ++k;
       if (k < slices.size() && slices[k].begin < r.end) slice_of_[i] = static_cast<int>(k);
+    }
+    for (size_t j = 0; j < slices.size(); ++j) {
+      for (const ParamRange& c : norm_slices_) {
+        if (c.begin >= slices[j].begin && c.end <= slices[j].end) counted_of_slice_[j].push_back(c);
+      }
     }
   }
 
@@ -427,7 +470,8 @@ class GatheredWeightsSync : public CollectiveStep, public WindowHooks, private B
     OptimizerShard& slice = optimizer_->slice(k);
     const ParamRange r = slice.range();
     trace::Span span("adamw", "compute", {"step", static_cast<int64_t>(step_ + 1)});
-    slice_sumsq_[k] = SumOfSquares(grads_ + r.begin, r.size());
+    slice_sumsq_[k] = 0.0;
+    for (const ParamRange& c : counted_of_slice_[k]) slice_sumsq_[k] += SumOfSquares(grads_ + c.begin, c.size());
     // No clipping and no spike guard (StepsSlicesAsScattered): the scalars
     // need neither the norm nor the loss.
     scalars_ = slice.BeginStep(0.0, 0.0);
@@ -449,8 +493,10 @@ class GatheredWeightsSync : public CollectiveStep, public WindowHooks, private B
   // which of the optimizer's slices is this worker's part of it (-1: none).
   std::vector<Collectives::Handle> gathers_, scatters_;
   std::vector<int> slice_of_;
-  // step_as_scattered_: each slice's squared gradient norm (the norm is
-  // added in slice order, as StepOptimizer does), and the step's scalars.
+  // step_as_scattered_: each slice's parts counted in the norm, their
+  // squared gradient norm (the norm is added in slice order, as
+  // StepOptimizer does), and the step's scalars.
+  std::vector<std::vector<ParamRange>> counted_of_slice_;
   std::vector<double> slice_sumsq_;
   OptimizerShard::Scalars scalars_;
   Status gather_status_, scatter_status_;
@@ -458,22 +504,57 @@ class GatheredWeightsSync : public CollectiveStep, public WindowHooks, private B
 
 }  // namespace
 
+namespace {
+
+// The weights of `ranges` whole, where the optimizer holds slices of them
+// (every replica loads them alike): from the checkpoint, init_from's file
+// or the initialisation (a function of the seed and the tensor), or a
+// tensor-parallel rank's through its slices.
+Status LoadWholeWeights(const CollectiveSyncOptions& o, const std::vector<ParamRange>& ranges,
+                        const std::optional<VerifiedCheckpoint>& resume_from, float* weights) {
+  const ReducedPlacement& p = o.placement;
+  if (p.slices != nullptr) return LoadPackedWeights(*p.slices, ranges, o.job->init, *p.flat, resume_from, weights);
+  if (resume_from) return ReadShardRanges(resume_from->dir, resume_from->manifest, ranges, false, weights).status();
+  const WeightInit& init = o.job->init;
+  for (const ParamRange& r : ranges) {
+    if (init.init_from.empty()) {
+      InitParameterRange(*o.layout, init.seed, init.initializer_range, r.begin, r.end, weights + r.begin);
+      continue;
+    }
+    HERD_ASSIGN_OR_RETURN(std::vector<float> loaded, LoadInitialWeights(init.init_from, init.model, r.begin, r.end));
+    std::copy(loaded.begin(), loaded.end(), weights + r.begin);
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
 StatusOr<CollectiveSyncParts> CreateCollectiveSync(const CollectiveSyncOptions& o, float* weights,
                                                    const std::optional<VerifiedCheckpoint>& resume_from) {
-  const int rank = o.collectives->rank();
+  const ReducedPlacement& p = o.placement;
+  const int rank = o.collectives != nullptr ? o.collectives->rank() : 0;
   const int64_t P = o.layout->size();
   const bool zero = o.zero_stage > 0;
-  const transport::Collectives& group = o.shard_group != nullptr ? *o.shard_group : *o.collectives;
-  const std::vector<ParamRange> owned =
-      zero ? OwnedSlices(*o.plan, group.size(), group.rank()) : std::vector<ParamRange>{{0, P}};
+  // Part of the model: a tensor-parallel rank's slices, a stage's ranges.
+  const bool partial = p.slices != nullptr || !p.held.empty();
+  const std::vector<ParamRange> held = p.held.empty() ? std::vector<ParamRange>{{0, P}} : p.held;
+  const transport::Collectives* shard_group = o.shard_group != nullptr ? o.shard_group : o.collectives;
+  const int group_size = shard_group != nullptr ? shard_group->size() : 1;
+  const int group_rank = shard_group != nullptr ? shard_group->rank() : 0;
+  const std::vector<ParamRange> owned = zero ? OwnedSlices(HeldBuckets(o), group_size, group_rank) : held;
+  if (owned.empty()) {
+    return Status::InvalidArgument("cluster.zero_stage: this worker's buckets (" + std::to_string(held.size()) +
+                                   " ranges) are too small to shard over its " + std::to_string(group_size) +
+                                   " replicas");
+  }
   // The master weights of the optimizer's ranges are the worker's own
   // buffer, but under ZeRO-3 (which holds no whole buffer).
   const bool gathered = o.zero_stage == 3;
   HERD_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerSlices> optimizer,
-                        o.slices == nullptr
+                        p.slices == nullptr
                             ? OptimizerSlices::InitOrResume(o.job->optimizer, o.job->init, *o.layout, owned,
                                                             resume_from, gathered ? nullptr : weights)
-                            : PackedOptimizerSlices(*o.slices, o.job->optimizer, o.job->init, *o.flat, owned,
+                            : PackedOptimizerSlices(*p.slices, o.job->optimizer, o.job->init, *p.flat, owned,
                                                     resume_from, gathered ? nullptr : weights));
   CollectiveSyncParts parts;
   if (gathered) {
@@ -489,15 +570,10 @@ StatusOr<CollectiveSyncParts> CreateCollectiveSync(const CollectiveSyncOptions& 
     parts.home = WindowedWeights(*parts.sync, window, o.paged_grads);
     return parts;
   }
-  if (o.slices != nullptr && zero) {
-    // A tensor-parallel rank's whole packed weights, which every replica
-    // loads alike (the model needs the others' slices too).
-    HERD_RETURN_IF_ERROR(LoadPackedWeights(*o.slices, {{0, P}}, o.job->init, *o.flat, resume_from, weights));
-  } else if (resume_from && zero) {
+  if (zero && (partial || resume_from)) {
     // ZeRO: the model needs the other workers' weights too.
-    HERD_RETURN_IF_ERROR(
-        ReadShardRanges(resume_from->dir, resume_from->manifest, {ParamRange{0, P}}, false, weights).status());
-  } else if (!resume_from && rank == 0 && zero) {
+    HERD_RETURN_IF_ERROR(LoadWholeWeights(o, held, resume_from, weights));
+  } else if (zero && rank == 0) {
     // A fresh start broadcasts worker 0's whole model (under DDP its
     // optimizer's range is the whole space, initialised already).
     const WeightInit& init = o.job->init;
@@ -509,18 +585,18 @@ StatusOr<CollectiveSyncParts> CreateCollectiveSync(const CollectiveSyncOptions& 
     }
   }
   if (o.recycle_gradient_pages) {
-    CHECK(o.zero_stage == 2 && o.paged_grads != nullptr && o.device_reduction == nullptr)
-        << "gradient pages are recycled by ZeRO-2 on paged host gradients only";
+    CHECK(o.zero_stage == 2 && o.paged_grads != nullptr && o.device_reduction == nullptr && p.held.empty())
+        << "gradient pages are recycled by ZeRO-2 of the whole model on paged host gradients only";
     // The pool holds what backward holds beyond the slices at its fullest.
     int64_t slices = 0;
     for (const ParamRange& r : owned) slices += r.size();
-    const int64_t most = ReplayZero2Gradients(*o.plan, *o.layout, group.size(), group.rank());
+    const int64_t most = ReplayZero2Gradients(*o.plan, *o.layout, group_size, group_rank);
     HERD_RETURN_IF_ERROR(o.paged_grads->KeepPool(static_cast<size_t>(most - slices * sizeof(float))));
   }
-  // A fresh start takes worker 0's weights; a resumed one, or a
-  // tensor-parallel rank's (loaded alike by every replica), has them.
+  // A fresh start takes worker 0's weights; a resumed one, or a part of
+  // the model (loaded alike by every replica), has them.
   parts.sync = Around(o.around, std::make_unique<CollectiveSync>(o, weights, std::move(optimizer),
-                                                         /*broadcast_first=*/!resume_from && o.slices == nullptr));
+                                                                 /*broadcast_first=*/!resume_from && !partial));
   parts.home = WholeWeights(*parts.sync, o.paged_grads);
   return parts;
 }

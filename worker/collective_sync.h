@@ -44,9 +44,14 @@
 // same weights and takes the norm from the same per-owner partials, so DDP
 // and ZeRO-1, -2 and -3 take bitwise the same steps.
 //
-// Tensor parallelism (`slices`): the same over a rank's packed space, among
-// the workers of its tensor rank (worker/tensor_parallel_sync.h's
-// ModelGroupSteps adds the group's part of a step around it).
+// A placement that is not the whole model (ReducedPlacement): the same
+// over its part of the space among its replicas, a tensor-parallel rank's
+// packed space or a pipeline stage's ranges of it (either's group step,
+// worker/tensor_parallel_sync.h's ModelGroupSteps, goes around it), a
+// tied embedding's exchange between the first and the last stage after
+// the reductions. A stage's micro-batches add into its gradients whole;
+// ZeRO-2 and -3 let them go but for the slices once the last one's
+// backward has reduce-scattered them.
 //
 // Hybrid sharding (FSDP's HSDP, cluster.shard_group_size G): the stages
 // above run inside each group of G workers; a slice's reduce-scattered
@@ -67,6 +72,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "common/paged_buffer.h"
 #include "common/status.h"
@@ -76,7 +82,6 @@
 #include "sharding/shard_plan.h"
 #include "sharding/tensor_slices.h"
 #include "transport/collectives.h"
-#include "worker/group_ring.h"
 #include "worker/sync_strategy.h"
 #include "worker/weight_home.h"
 
@@ -92,17 +97,53 @@ class DeviceGradientReduction {
   virtual Status FinishStep() = 0;
 };
 
+// The part of the model a placement computes, as a reducer sees it: the
+// ranges of its space it holds, what it adds to the global norm and the
+// mean loss, and which shard files it writes. The default is the whole
+// model, every worker one data-parallel replica.
+struct ReducedPlacement {
+  // A tensor-parallel rank's slices: the reducer's `layout` is their
+  // packed layout, `flat` the model's flat space. Its state loads through
+  // the slices, and its checkpoint parts are the slices' pieces of the flat
+  // space, the norms (every rank's alike) counted and written by tensor
+  // rank 0 alone.
+  const TensorSlices* slices = nullptr;
+  const ParamLayout* flat = nullptr;
+  // A pipeline stage's ranges of `layout`'s space (sharding/
+  // pipeline_plan.h's RangesOf, ascending; empty: all of it), at whose
+  // ends the plan's buckets are cut: the reductions, the optimizer and
+  // ZeRO-3's window cover the buckets inside them alone, and every
+  // replica loads their weights alike (no broadcast). Under DDP the first
+  // replica adds their squares to the norm, as one process sums them.
+  std::vector<ParamRange> held;
+  // Of `held`, a range another place of the grid holds too and counts
+  // (the last stage's copy of a tied embedding; empty: none): reduced and
+  // stepped here alike, neither counted in the norm nor written.
+  ParamRange copy;
+  // Between the gradients' reductions and the norm (the tied embedding's
+  // exchange, worker/tied_embedding.h; null: none); its time counts as
+  // waiting, its failure ends the step.
+  std::function<Status(float* grads, uint64_t step)> after_reduction;
+  // Whether this worker's loss is one of those the step's mean averages
+  // (a replica's loss, which each of `loss_holders` workers knows alike,
+  // added once: by the last stage's tensor rank 0).
+  bool adds_loss = true;
+  int loss_holders = 1;
+  // Its index among the placements of a replica, and their number (a
+  // stage's tensor rank p·T + t of P·T): shard file index·G + g of shard
+  // group rank g under ZeRO, file `index` under DDP.
+  int index = 0, count = 1;
+};
+
 struct CollectiveSyncOptions {
   const JobOptions* job = nullptr;
   const ParamLayout* layout = nullptr;
   // The buckets, each owned slice by slice under ZeRO (OwnedSlices).
   const ShardPlan* plan = nullptr;
   int zero_stage = 0;  // cluster.zero_stage: 0 (DDP), 1, 2 or 3
-  // All the workers: the norm and the losses, a fresh start's broadcast.
+  // The placement's replicas (all the workers without model axes): the
+  // reductions, and a fresh start's broadcast.
   transport::Collectives* collectives = nullptr;
-  // Context parallelism: the group's gathers in the model's passes, whose
-  // waits and failures are the step's too (null without).
-  GroupRing* context_ring = nullptr;
   // Hybrid sharding (cluster.shard_group_size): the ring of this worker's
   // shard group, which the slices are cut among (reduce-scatters and
   // gathers), and the ring of its replicas (the workers of the same place
@@ -133,21 +174,13 @@ struct CollectiveSyncOptions {
   // gradients are reduced, and they are let go, so a worker never holds
   // its slices' gradients all at once.
   bool step_slices_as_scattered = false;
-  // The placement, when it is not the whole model: a tensor-parallel
-  // rank's `slices` (`layout` is then their packed layout, `flat` the
-  // model's flat space). Its state loads through the slices; the
-  // collectives above run among the rank's replicas (its shard group's
-  // replicas: the workers of the same tensor rank), `everyone` adds the
-  // norm and the losses, the norms (every rank's alike) counted on tensor
-  // rank 0 alone, as its replica's loss; checkpoints are the slices'
-  // pieces of the flat space, shard file t·G + g of tensor rank t and
-  // group rank g (the norms by t = 0).
-  const TensorSlices* slices = nullptr;
-  const ParamLayout* flat = nullptr;
-  transport::Collectives* everyone = nullptr;  // null: `collectives`
-  // The placement's part of a step around this strategy (a tensor-parallel
-  // rank's ModelGroupSteps, worker/tensor_parallel_sync.h): what the
-  // worker drives and the home's hooks reach (null: none).
+  // All the workers: the norm and the losses (null: `collectives`).
+  transport::Collectives* everyone = nullptr;
+  ReducedPlacement placement;
+  // The placement's part of a step around this strategy (a model-parallel
+  // rank's ModelGroupSteps, worker/tensor_parallel_sync.h: the tensor and
+  // context groups' collectives): what the worker drives and the home's
+  // hooks reach (null: none).
   AroundReducer around;
 };
 

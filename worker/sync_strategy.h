@@ -18,8 +18,9 @@
 // local_sync.h: on the CPU, or the whole step on one GPU), parameter
 // servers (worker/parameter_server_sync.h: whole or streamed weights),
 // collectives (worker/collective_sync.h: DDP and ZeRO-1/2/3 over the UCX
-// ring or NCCL), a pipeline stage's (worker/pipeline_sync.h) and a
-// tensor-parallel rank's (worker/tensor_parallel_sync.h).
+// ring or NCCL, of the whole model, a pipeline stage's ranges or a
+// tensor-parallel rank's slices) and a tensor-parallel rank's DDP
+// (worker/tensor_parallel_sync.h).
 #pragma once
 
 #include <cstdint>

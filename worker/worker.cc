@@ -37,11 +37,11 @@
 #include "worker/nccl_gradients.h"
 #include "worker/parameter_server_sync.h"
 #include "worker/pipeline_passes.h"
-#include "worker/pipeline_sync.h"
 #include "worker/share_compute.h"
 #include "worker/share_schedule.h"
 #include "worker/step_loop.h"
 #include "worker/tensor_parallel_sync.h"
+#include "worker/tied_embedding.h"
 #include "worker/weight_home.h"
 
 namespace herd {
@@ -112,7 +112,7 @@ void PrintReducerLine(const config::JobConfig& config, const JobOptions& job, co
     if (cluster.zero_stage() > 0) std::printf(", ZeRO-%d", cluster.zero_stage());
     if (ShardsInGroups(cluster)) {
       std::printf(" in shard groups of %d, replicated %d times", cluster.shard_group_size(),
-                  num_workers / cluster.shard_group_size());
+                  num_workers / std::max(1, cluster.pipeline_stages()) / cluster.shard_group_size());
     }
     if (cluster.zero_stage() == 3) {
       std::printf(" (weights gathered %d layer%s ahead%s)", cluster.stream_prefetch_layers(),
@@ -230,10 +230,12 @@ class WorkerProcess {
   // what it writes of a checkpoint (CheckpointWriter).
   Status MakeAxes();
   StatusOr<std::unique_ptr<SyncStrategy>> MakeStrategy();
-  // MakeStrategy's for parameter servers, collectives and a pipeline stage.
+  // MakeStrategy's for parameter servers and collectives.
   StatusOr<std::unique_ptr<SyncStrategy>> MakeParameterServerSync();
   StatusOr<std::unique_ptr<SyncStrategy>> MakeCollectiveSync();
-  StatusOr<std::unique_ptr<SyncStrategy>> MakePipelineSync();
+  // What the collectives reducer steps of this worker's placement: its
+  // part of the space, its part of the norm and the loss, its shard files.
+  ReducedPlacement CollectivePlacement();
   std::unique_ptr<ShareCompute> MakeCompute();
   TensorParallelSyncOptions TensorParallelOptions();
   // A tensor-parallel or context-parallel worker's group part of a step
@@ -321,6 +323,7 @@ class WorkerProcess {
   std::optional<DistributedSampler> sampler_;
   std::optional<ElasticShares> shares_;  // cluster.elastic
   // The axes; each refers to those before it.
+  std::optional<TiedEmbeddingExchange> tied_embedding_;  // a pipeline's first and last stage's
   std::unique_ptr<SyncStrategy> strategy_;
   DeviceResidentSync* device_sync_ = nullptr;  // strategy_, on one GPU
   std::unique_ptr<WeightHome> home_;
@@ -357,8 +360,8 @@ StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Create(const config::Job
   }
   if (HasPipeline(config) && w->join_ != nullptr) {
     HERD_ASSIGN_OR_RETURN(w->pipeline_, PipelinePlan::FromConfig(config));
-    if (w->mode_ == Mode::kPipelineStage && config.cluster().zero_stage() > 0) {
-      HERD_ASSIGN_OR_RETURN(w->plan_, PipelineCollectivePlan(config));  // ZeRO-1 among a stage's replicas
+    if (w->mode_ == Mode::kPipelineStage) {
+      HERD_ASSIGN_OR_RETURN(w->plan_, PipelineCollectivePlan(config));  // cut at the stages' ends
     }
   }
   if (!w->joining_) {
@@ -557,7 +560,7 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeStrategy() {
       if (reduces_by_collectives()) return MakeCollectiveSync();
       return CreateTensorParallelSync(TensorParallelOptions(), weights(), resume_from_);
     case Mode::kPipelineStage:
-      return MakePipelineSync();
+      return MakeCollectiveSync();
   }
   return Status::Internal("unknown worker mode");
 }
@@ -610,16 +613,13 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeCollectiveSync() {
   c.everyone = runtime_->ring();
   c.shard_group = rings_.shard_group();
   c.replicas = rings_.hybrid_replicas();
-  if (slices_) {
-    c.slices = &*slices_;
-    c.flat = &layout_;
-    c.around = ModelGroupAround();
-  }
-  c.context_ring = context_ring_.get();
+  c.placement = CollectivePlacement();
+  c.around = ModelGroupAround();
   c.gradient_wire = GradientWire(cluster);
   c.device_reduction = device_reduction_.get();
   if (pages_grads_) c.paged_grads = &paged_grads_;
-  c.recycle_gradient_pages = pages_grads_ && cluster.zero_stage() == 2 && OneBackwardWritesTheGradients();
+  c.recycle_gradient_pages = pages_grads_ && cluster.zero_stage() == 2 && c.placement.held.empty() &&
+                             OneBackwardWritesTheGradients();
   if (windowed_) c.paged_weights = &paged_weights_;
   c.prefetch_layers = cluster.stream_prefetch_layers();
   c.reshard_after_forward = cluster.reshard_after_forward();
@@ -629,28 +629,33 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeCollectiveSync() {
   return std::move(parts.sync);
 }
 
-StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakePipelineSync() {
-  const auto& cluster = config_.cluster();
-  PipelineSyncOptions p;
-  p.job = &job_;
-  p.layout = &stage_layout();
-  p.split = &pipeline_->split;
-  p.schedule = &pipeline_->schedule;
-  p.device = place()[Axis::kPipeline];
-  p.everyone = runtime_->ring();
-  p.stage_replicas = rings_.placement_replicas();
-  p.gradient_wire = GradientWire(cluster);
-  p.wire = pipeline_wire_;
-  p.first_stage = transport::MemberPeerId(runtime_->client(), wire::WORKER, grid_.Along(rank_, Axis::kPipeline, 0));
-  p.last_stage = transport::MemberPeerId(runtime_->client(), wire::WORKER,
-                                         grid_.Along(rank_, Axis::kPipeline, pipeline_->devices() - 1));
-  if (plan_) p.zero_plan = &*plan_;
+ReducedPlacement WorkerProcess::CollectivePlacement() {
+  ReducedPlacement p;
+  const GridCoords at = place();
+  const int T = grid_.degree(Axis::kTensor), stages = grid_.degree(Axis::kPipeline);
+  // A replica's loss, which its tensor group and its stages all know, is
+  // added by the last stage's tensor rank 0; every context rank adds its
+  // chunks'.
+  p.adds_loss = at[Axis::kTensor] == 0 && at[Axis::kPipeline] == stages - 1;
+  p.loss_holders = T * stages;
+  p.index = grid_.IndexInGroup(rank_, {Axis::kTensor, Axis::kPipeline});
+  p.count = T * stages;
   if (slices_) {
     p.slices = &*slices_;
     p.flat = &layout_;
   }
-  HERD_ASSIGN_OR_RETURN(std::unique_ptr<SyncStrategy> sync, CreatePipelineSync(p, weights(), resume_from_));
-  return Around(ModelGroupAround(), std::move(sync));
+  if (!pipeline_) return p;
+  const int device = at[Axis::kPipeline];
+  p.held = pipeline_->RangesOf(device, stage_layout());
+  const ParamRange tied = pipeline_->TiedEmbedding(stage_layout());
+  const bool first = device == 0, last = device == stages - 1;
+  if (tied.size() == 0 || !(first || last)) return p;
+  if (last) p.copy = tied;
+  const int other = grid_.Along(rank_, Axis::kPipeline, first ? stages - 1 : 0);
+  tied_embedding_.emplace(pipeline_wire_, transport::MemberPeerId(runtime_->client(), wire::WORKER, other), first,
+                          pipeline_->schedule.virtual_stages() - 1, tied.end);
+  p.after_reduction = [this](float* grads, uint64_t step) { return tied_embedding_->Exchange(grads, step); };
+  return p;
 }
 
 AroundReducer WorkerProcess::ModelGroupAround() {
