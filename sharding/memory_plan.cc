@@ -301,7 +301,7 @@ StatusOr<std::vector<ProcessMemory>> StageMemory(const JobSizes& j, const ShardP
   // ZeRO among a stage's replicas: its buckets, cut at the stages' ends.
   std::optional<ShardPlan> zero_plan;
   if (!ps && j.cluster.zero_stage() > 0) {
-    HERD_ASSIGN_OR_RETURN(zero_plan, PipelineCollectivePlan(j.config));
+    HERD_ASSIGN_OR_RETURN(zero_plan, AllReducePlan(j.config));
   }
   std::vector<ProcessMemory> out;
   for (int d = 0; d < s.devices; ++d) {

@@ -95,8 +95,9 @@ std::vector<int64_t> PipelinePlan::BucketCuts(const ParamLayout& layout) const {
 
 namespace {
 
-// The space a pipeline's split cuts: the model's flat one, or with tensor
-// parallelism a rank's packed one (every rank's alike).
+// The space a worker computes in, which a pipeline's split cuts: the
+// model's flat one, or with tensor parallelism a rank's packed one (every
+// rank's alike).
 StatusOr<ParamLayout> PipelineLayout(const config::JobConfig& config) {
   const LlamaShape shape = LlamaShape::FromConfig(config.model());
   if (config.cluster().tensor_parallel() <= 1) return ParamLayout(shape);
@@ -140,7 +141,12 @@ StatusOr<ShardPlan> ParameterServerPlan(const config::JobConfig& config) {
   return plan;
 }
 
-StatusOr<ShardPlan> PipelineCollectivePlan(const config::JobConfig& config) {
+StatusOr<ShardPlan> AllReducePlan(const config::JobConfig& config) {
+  if (!HasPipeline(config)) {
+    HERD_ASSIGN_OR_RETURN(const ParamLayout layout, PipelineLayout(config));
+    const Grid grid = Grid::FromConfig(config);
+    return CollectivePlan(layout, config.cluster(), grid.degree(Axis::kShard) * grid.degree(Axis::kContext));
+  }
   HERD_ASSIGN_OR_RETURN(ShardPlanOptions o, ShardPlanOptionsOf(config));
   o.servers = 1;
   o.strategy = config::ClusterConfig::BALANCED;

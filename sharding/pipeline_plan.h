@@ -56,9 +56,12 @@ bool HasPipeline(const config::JobConfig& config);
 // cut at each part's end. In a job of regions (cluster.diloco) the plan
 // of one region's servers, each region's alike.
 StatusOr<ShardPlan> ParameterServerPlan(const config::JobConfig& config);
-// An all-reduce pipeline's buckets (ZeRO-1 inside the stages): the whole
-// space (with tensor parallelism a rank's packed one) in the cluster's
-// bucket size, cut at the stages' ends, one "server".
-StatusOr<ShardPlan> PipelineCollectivePlan(const config::JobConfig& config);
+// An all-reduce job's buckets (every process computes them alike): the
+// space a worker computes in (the model's flat one, with tensor
+// parallelism a rank's packed one) in the cluster's bucket size, cut at a
+// pipeline's stages, one "server". Errors: too small to give every rank of
+// a shard group a slice (whole-model ZeRO; a stage's buckets are checked
+// by the worker that holds them).
+StatusOr<ShardPlan> AllReducePlan(const config::JobConfig& config);
 
 }  // namespace herd

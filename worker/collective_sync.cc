@@ -155,18 +155,19 @@ class CollectiveStep : public SyncStrategy {
   }
 
   // What this worker (rank `rank` of `ranks` in its shard group) adds to
-  // the global norm, ascending: its slices' squares (under DDP the cut ZeRO
-  // would own, so that the two agree bitwise), a stage's ranges whole on
-  // its first replica under DDP; not the copy, and of a tensor rank's
+  // the global norm, ascending: its slices' squares (under DDP of the whole
+  // model the cut ZeRO would own, so that the two agree bitwise); under DDP
+  // of a part of the model (a tensor rank's slices, a stage's ranges) the
+  // part whole, on its first replica. Not the copy, and of a tensor rank's
   // slices not the norms (every rank's alike) but on rank 0.
   static std::vector<ParamRange> CountedInNorm(const CollectiveSyncOptions& o, const std::vector<Bucket>& buckets,
                                                int ranks, int rank) {
     const ReducedPlacement& p = o.placement;
     std::vector<ParamRange> parts;
-    if (o.zero_stage > 0 || p.held.empty()) {
+    if (o.zero_stage > 0 || (p.slices == nullptr && p.held.empty())) {
       parts = OwnedSlices(buckets, ranks, rank);
     } else if (rank == 0) {
-      parts = p.held;
+      parts = p.held.empty() ? std::vector<ParamRange>{{0, o.layout->size()}} : p.held;
     }
     std::vector<ParamRange> counted;
     for (const ParamRange& r : parts) {

@@ -47,7 +47,7 @@
 // A placement that is not the whole model (ReducedPlacement): the same
 // over its part of the space among its replicas, a tensor-parallel rank's
 // packed space or a pipeline stage's ranges of it (either's group step,
-// worker/tensor_parallel_sync.h's ModelGroupSteps, goes around it), a
+// worker/model_group_steps.h's ModelGroupSteps, goes around it), a
 // tied embedding's exchange between the first and the last stage after
 // the reductions. A stage's micro-batches add into its gradients whole;
 // ZeRO-2 and -3 let them go but for the slices once the last one's
@@ -178,7 +178,7 @@ struct CollectiveSyncOptions {
   transport::Collectives* everyone = nullptr;
   ReducedPlacement placement;
   // The placement's part of a step around this strategy (a model-parallel
-  // rank's ModelGroupSteps, worker/tensor_parallel_sync.h: the tensor and
+  // rank's ModelGroupSteps, worker/model_group_steps.h: the tensor and
   // context groups' collectives): what the worker drives and the home's
   // hooks reach (null: none).
   AroundReducer around;

@@ -1,5 +1,5 @@
 // The collectives a model-parallel group's model runs inside its passes
-// (worker/tensor_parallel_sync.h, worker/collective_sync.h use them), over
+// (worker/model_group_steps.h uses them), over
 // a ring of the group's workers.
 #pragma once
 

@@ -19,8 +19,7 @@
 // servers (worker/parameter_server_sync.h: whole or streamed weights),
 // collectives (worker/collective_sync.h: DDP and ZeRO-1/2/3 over the UCX
 // ring or NCCL, of the whole model, a pipeline stage's ranges or a
-// tensor-parallel rank's slices) and a tensor-parallel rank's DDP
-// (worker/tensor_parallel_sync.h).
+// tensor-parallel rank's slices).
 #pragma once
 
 #include <cstdint>
@@ -110,7 +109,7 @@ class SyncStrategy {
 };
 
 // A placement's part of a step around a reducer's strategy (worker/
-// tensor_parallel_sync.h's ModelGroupSteps): what the worker drives and
+// model_group_steps.h's ModelGroupSteps): what the worker drives and
 // the model's hooks reach, so a reducer's factory makes its home over it.
 using AroundReducer = std::function<std::unique_ptr<SyncStrategy>(std::unique_ptr<SyncStrategy>)>;
 inline std::unique_ptr<SyncStrategy> Around(const AroundReducer& around, std::unique_ptr<SyncStrategy> reducer) {

@@ -33,6 +33,7 @@
 #include "worker/collective_sync.h"
 #include "worker/elastic_shares.h"
 #include "worker/local_sync.h"
+#include "worker/model_group_steps.h"
 #include "worker/model_factory.h"
 #include "worker/nccl_gradients.h"
 #include "worker/parameter_server_sync.h"
@@ -40,7 +41,6 @@
 #include "worker/share_compute.h"
 #include "worker/share_schedule.h"
 #include "worker/step_loop.h"
-#include "worker/tensor_parallel_sync.h"
 #include "worker/tied_embedding.h"
 #include "worker/weight_home.h"
 
@@ -49,23 +49,20 @@ namespace {
 
 using config::ClusterConfig;
 
-// How this worker's gradients become the next weights: its SyncStrategy.
-enum class Mode {
-  kOneProcess,       // the whole job, on the CPU (LocalSync)
-  kOneGpu,           // the whole job, its whole step on one GPU (DeviceResidentSync)
-  kParameterServer,  // one worker of a parameter-server job (a tensor-parallel rank's too,
-                     // with slices_ set)
-  kAllReduce,        // one worker of an all-reduce job
-  kPipelineStage,    // one stage's worker of an all-reduce job's pipeline (a parameter-server
-                     // pipeline's stage workers are kParameterServer, with pipeline_ set)
-  kTensorParallel,   // one tensor-parallel rank's worker of an all-reduce job
+// How the replicas of this worker's placement reduce and step (its
+// SyncStrategy); the placement (pipeline stage, tensor slices, context
+// chunks) is another matter, any of them with any of these.
+enum class Reducer {
+  kOneProcess,        // the whole job, on the CPU (LocalSync)
+  kOneGpu,            // the whole job, its whole step on one GPU (DeviceResidentSync)
+  kParameterServers,  // pushes and pulls to the servers
+  kCollectives,       // all-reduce mode: DDP, ZeRO, hybrid groups among the replicas
 };
 
-Mode ModeOf(const config::JobConfig& config, bool in_job) {
-  if (!in_job) return config.device().kind() == config::DeviceConfig::CUDA ? Mode::kOneGpu : Mode::kOneProcess;
-  if (config.cluster().sync() == ClusterConfig::PARAMETER_SERVER) return Mode::kParameterServer;
-  if (HasPipeline(config)) return Mode::kPipelineStage;
-  return config.cluster().tensor_parallel() > 1 ? Mode::kTensorParallel : Mode::kAllReduce;
+Reducer ReducerOf(const config::JobConfig& config, bool in_job) {
+  if (!in_job) return config.device().kind() == config::DeviceConfig::CUDA ? Reducer::kOneGpu : Reducer::kOneProcess;
+  return config.cluster().sync() == ClusterConfig::PARAMETER_SERVER ? Reducer::kParameterServers
+                                                                      : Reducer::kCollectives;
 }
 
 // How gradients travel on the all-reduce rings (cluster.wire_dtype).
@@ -237,7 +234,6 @@ class WorkerProcess {
   // part of the space, its part of the norm and the loss, its shard files.
   ReducedPlacement CollectivePlacement();
   std::unique_ptr<ShareCompute> MakeCompute();
-  TensorParallelSyncOptions TensorParallelOptions();
   // A tensor-parallel or context-parallel worker's group part of a step
   // around its reducer (ModelGroupSteps); null for the whole model.
   AroundReducer ModelGroupAround();
@@ -253,12 +249,6 @@ class WorkerProcess {
   StepLoopParts LoopParts();
   Status ReportSummary(const StepLoop& loop, int64_t start);
 
-  // A tensor-parallel rank of an all-reduce job whose packed space the
-  // collectives reducer steps (ZeRO), with its group's part around it;
-  // without ZeRO, TensorParallelSync.
-  bool reduces_by_collectives() const {
-    return mode_ == Mode::kTensorParallel && config_.cluster().zero_stage() > 0;
-  }
   // The space this worker computes in: the model's flat space, or a
   // tensor-parallel rank's packed one.
   const ParamLayout& stage_layout() const { return slices_ ? slices_->layout() : layout_; }
@@ -273,7 +263,7 @@ class WorkerProcess {
   const JobOptions job_;  // config_, converted once for the layers below
   const TrainOptions options_;
   const transport::JoinOptions* const join_;  // null: the job is this one process
-  const Mode mode_;
+  const Reducer reducer_;
   const bool streamed_;  // cluster.stream_weights
   // The weights are a window: streamed, or gathered (ZeRO-3).
   const bool windowed_;
@@ -343,26 +333,18 @@ StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Create(const config::Job
   const LlamaShape shape = LlamaShape::FromConfig(config.model());
   HERD_ASSIGN_OR_RETURN(JobData data, OpenJobData(config.data(), shape.vocab_size));
   std::unique_ptr<WorkerProcess> w(new WorkerProcess(config, options, join, std::move(data), ParamLayout(shape)));
-  std::optional<TensorSlices> any_slices;  // a tensor-parallel rank's packed space (every rank's alike)
   if (config.cluster().tensor_parallel() > 1 && w->join_ != nullptr) {
-    HERD_ASSIGN_OR_RETURN(any_slices, TensorSlices::Make(shape, config.cluster().tensor_parallel(), 0));
-    w->packed_size_ = any_slices->layout().size();
+    // A tensor-parallel rank's packed space (every rank's alike).
+    HERD_ASSIGN_OR_RETURN(const TensorSlices any, TensorSlices::Make(shape, config.cluster().tensor_parallel(), 0));
+    w->packed_size_ = any.layout().size();
   }
-  // ZeRO cuts each bucket among the workers of a shard group: data
-  // replicas and context ranks of the same placement.
-  const int zero_group = w->grid_.degree(Axis::kShard) * w->grid_.degree(Axis::kContext);
-  if (w->mode_ == Mode::kParameterServer) {
+  if (w->reducer_ == Reducer::kParameterServers) {
     HERD_ASSIGN_OR_RETURN(w->plan_, ParameterServerPlan(config));
-  } else if (w->mode_ == Mode::kAllReduce) {
-    HERD_ASSIGN_OR_RETURN(w->plan_, CollectivePlan(w->layout_, config.cluster(), zero_group));
-  } else if (w->mode_ == Mode::kTensorParallel && w->reduces_by_collectives()) {
-    HERD_ASSIGN_OR_RETURN(w->plan_, CollectivePlan(any_slices->layout(), config.cluster(), zero_group));
+  } else if (w->reducer_ == Reducer::kCollectives) {
+    HERD_ASSIGN_OR_RETURN(w->plan_, AllReducePlan(config));
   }
   if (HasPipeline(config) && w->join_ != nullptr) {
     HERD_ASSIGN_OR_RETURN(w->pipeline_, PipelinePlan::FromConfig(config));
-    if (w->mode_ == Mode::kPipelineStage) {
-      HERD_ASSIGN_OR_RETURN(w->plan_, PipelineCollectivePlan(config));  // cut at the stages' ends
-    }
   }
   if (!w->joining_) {
     HERD_ASSIGN_OR_RETURN(w->resume_from_, ResumePoint(config, options));
@@ -376,12 +358,12 @@ WorkerProcess::WorkerProcess(const config::JobConfig& config, const TrainOptions
       job_(JobOptions::FromConfig(config)),
       options_(options),
       join_(join),
-      mode_(ModeOf(config, join != nullptr)),
-      streamed_(mode_ == Mode::kParameterServer && config.cluster().stream_weights()),
+      reducer_(ReducerOf(config, join != nullptr)),
+      streamed_(reducer_ == Reducer::kParameterServers && config.cluster().stream_weights()),
       windowed_(WorkersHoldAWindow(config)),
       pages_weights_(windowed_ || (join != nullptr && HasPipeline(config))),
       pages_grads_(pages_weights_ ||
-                   ((mode_ == Mode::kAllReduce || mode_ == Mode::kTensorParallel) &&
+                   (reducer_ == Reducer::kCollectives &&
                     config.cluster().zero_stage() == 2 && config.device().kind() == config::DeviceConfig::CPU)),
       data_(std::move(data)),
       layout_(std::move(layout)),
@@ -400,7 +382,7 @@ Status WorkerProcess::AllocateSpaces() {
     return Status::OK();
   }
   weights_.resize(P);
-  if (mode_ != Mode::kOneGpu && !pages_grads_) grads_.resize(P);  // the GPU trainer keeps its own
+  if (reducer_ != Reducer::kOneGpu && !pages_grads_) grads_.resize(P);  // the GPU trainer keeps its own
   return Status::OK();
 }
 
@@ -427,7 +409,7 @@ Status WorkerProcess::Prepare(transport::CoordinatorClient* client) {
     HERD_ASSIGN_OR_RETURN(std::string loader, ReadFile(path));
     HERD_RETURN_IF_ERROR(sampler_->RestoreState(loader).WithContext(path + ": "));
   }
-  if (mode_ == Mode::kOneGpu) return Status::OK();  // the GPU trainer brings its model
+  if (reducer_ == Reducer::kOneGpu) return Status::OK();  // the GPU trainer brings its model
   if (pipeline_) return PreparePipelineStage();
   if (tensor_ring_) return PrepareTensorParallel();
   if (context_ring_) {
@@ -439,7 +421,7 @@ Status WorkerProcess::Prepare(transport::CoordinatorClient* client) {
   HERD_ASSIGN_OR_RETURN(model_holder_, CreateModel(config_, job_, LocalRank(rank_)));
   model_ = model_holder_.get();
   const bool gpu = config_.device().kind() == config::DeviceConfig::CUDA;
-  if (mode_ == Mode::kAllReduce && gpu && config_.cluster().nccl() && BuiltWithNccl()) {
+  if (reducer_ == Reducer::kCollectives && gpu && config_.cluster().nccl() && BuiltWithNccl()) {
     HERD_ASSIGN_OR_RETURN(device_reduction_, ReduceGradientsWithNccl(*client, *model_, *plan_,
                                                                      config_.cluster().zero_stage() > 0));
   }
@@ -494,7 +476,7 @@ void WorkerProcess::OpenRings(transport::NodeRuntime& runtime, transport::Coordi
   const bool tensor = grid_.degree(Axis::kTensor) > 1, context = grid_.degree(Axis::kContext) > 1;
   // A parameter-server worker's gradients go to the servers: it runs the
   // model's own group collectives alone.
-  const bool reduces = mode_ != Mode::kParameterServer;
+  const bool reduces = reducer_ != Reducer::kParameterServers;
   if (!reduces && !tensor && !context) return;
   runtime.StartRing(client);
   if (tensor) tensor_ring_ = std::make_unique<GroupRing>(rings_.Open(runtime, client, {Axis::kTensor}));
@@ -505,14 +487,14 @@ void WorkerProcess::OpenRings(transport::NodeRuntime& runtime, transport::Coordi
 Status WorkerProcess::JoinJob() {
   transport::NodeRuntime::Options o;
   o.join = *join_;
-  o.connect_to = {mode_ == Mode::kParameterServer ? wire::SERVER : wire::WORKER};
+  o.connect_to = {reducer_ == Reducer::kParameterServers ? wire::SERVER : wire::WORKER};
   // A pipeline's stages exchange activations in either mode, a
   // tensor-parallel group its sums.
-  if (mode_ == Mode::kParameterServer &&
+  if (reducer_ == Reducer::kParameterServers &&
       (pipeline_ || grid_.degree(Axis::kTensor) > 1 || grid_.degree(Axis::kContext) > 1)) {
     o.connect_to.push_back(wire::WORKER);
   }
-  if (mode_ == Mode::kParameterServer) {
+  if (reducer_ == Reducer::kParameterServers) {
     o.push_pull_piece_bytes =
         LargestBucketBytes(*plan_, config_.cluster().wire_dtype() == ClusterConfig::BF16 ? 2 : 4);
   }
@@ -535,15 +517,15 @@ Status WorkerProcess::JoinJob() {
 
 StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeStrategy() {
   const ParamRange whole{0, layout_.size()};
-  switch (mode_) {
-    case Mode::kOneProcess: {
+  switch (reducer_) {
+    case Reducer::kOneProcess: {
       // The whole space's optimizer state; any number of shards (a
       // parameter-server checkpoint too) assembles into it.
       HERD_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerShard> optimizer,
                             job_.MakeOptimizer(layout_, whole, resume_from_));
       return CreateLocalSync(std::move(optimizer), weights());
     }
-    case Mode::kOneGpu: {
+    case Reducer::kOneGpu: {
       HERD_ASSIGN_OR_RETURN(std::unique_ptr<cuda::DeviceTrainer> gpu, CreateDeviceTrainer(config_, job_, LocalRank(0)));
       HERD_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerShard> optimizer,
                             job_.MakeOptimizer(layout_, whole, resume_from_));
@@ -552,17 +534,12 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeStrategy() {
       device_sync_ = strategy.get();
       return std::unique_ptr<SyncStrategy>(std::move(strategy));
     }
-    case Mode::kParameterServer:
+    case Reducer::kParameterServers:
       return MakeParameterServerSync();
-    case Mode::kAllReduce:
-      return MakeCollectiveSync();
-    case Mode::kTensorParallel:
-      if (reduces_by_collectives()) return MakeCollectiveSync();
-      return CreateTensorParallelSync(TensorParallelOptions(), weights(), resume_from_);
-    case Mode::kPipelineStage:
+    case Reducer::kCollectives:
       return MakeCollectiveSync();
   }
-  return Status::Internal("unknown worker mode");
+  return Status::Internal("unknown reducer");
 }
 
 StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeParameterServerSync() {
@@ -661,23 +638,14 @@ ReducedPlacement WorkerProcess::CollectivePlacement() {
 AroundReducer WorkerProcess::ModelGroupAround() {
   if (!slices_ && !context_ring_) return nullptr;
   return [this](std::unique_ptr<SyncStrategy> reducer) {
-    return ModelGroupSteps(TensorParallelOptions(), std::move(reducer));
+    ModelGroupOptions g;
+    g.slices = slices_ ? &*slices_ : nullptr;
+    g.tensor_ring = tensor_ring_.get();
+    g.context_ring = context_ring_.get();
+    g.sequence_parallel = config_.cluster().sequence_parallel();
+    if (pipeline_) g.held = pipeline_->RangesOf(place()[Axis::kPipeline], stage_layout());
+    return ModelGroupSteps(g, std::move(reducer));
   };
-}
-
-TensorParallelSyncOptions WorkerProcess::TensorParallelOptions() {
-  TensorParallelSyncOptions t;
-  t.job = &job_;
-  t.layout = &layout_;
-  t.slices = slices_ ? &*slices_ : nullptr;
-  t.tensor_ring = tensor_ring_.get();
-  t.everyone = runtime_->ring();
-  t.replicas = rings_.placement_replicas();
-  t.gradient_wire = GradientWire(config_.cluster());
-  t.sequence_parallel = config_.cluster().sequence_parallel();
-  t.context_ring = context_ring_.get();
-  if (pipeline_) t.held = pipeline_->RangesOf(place()[Axis::kPipeline], stage_layout());
-  return t;
 }
 
 Status WorkerProcess::MakeAxes() {
@@ -685,7 +653,7 @@ Status WorkerProcess::MakeAxes() {
   if (home_ == nullptr) home_ = WholeWeights(*strategy_, pipeline_ ? &paged_grads_ : nullptr);
   compute_ = MakeCompute();
   checkpoints_ = MakeCheckpointWriter();
-  if (!config_.cluster().elastic() || mode_ != Mode::kParameterServer) {
+  if (!config_.cluster().elastic() || reducer_ != Reducer::kParameterServers) {
     schedule_ = FixedShare(*strategy_, grid_.ReplicaOf(rank_), /*leads=*/rank_ == 0);
     return Status::OK();
   }
@@ -755,7 +723,7 @@ bool WorkerProcess::OneBackwardWritesTheGradients() const {
 std::unique_ptr<CheckpointWriter> WorkerProcess::MakeCheckpointWriter() {
   // An elastic job's servers, and a job of regions', write the data
   // position too.
-  if (mode_ == Mode::kParameterServer && (config_.cluster().elastic() || Regions(config_) > 1)) {
+  if (reducer_ == Reducer::kParameterServers && (config_.cluster().elastic() || Regions(config_) > 1)) {
     return NoCheckpoints();
   }
   CheckpointWriterParts c;
@@ -765,7 +733,7 @@ std::unique_ptr<CheckpointWriter> WorkerProcess::MakeCheckpointWriter() {
   c.rank = rank_;
   c.num_workers = num_workers_;
   // Only the data position is written here when the servers hold the rest.
-  if (mode_ == Mode::kParameterServer && config_.checkpoint().background()) return BackgroundCheckpoints(c);
+  if (reducer_ == Reducer::kParameterServers && config_.checkpoint().background()) return BackgroundCheckpoints(c);
   return ForegroundCheckpoints(c);
 }
 
