@@ -324,11 +324,6 @@ const std::vector<NotBuilt>& NotBuiltTable() {
        "yet: a lost rank's group would have to leave and rejoin whole, as a region does",
        "cluster { sync: PARAMETER_SERVER servers: 1 workers: 4 pipeline_stages: 2 elastic: true }",
        [](const JobConfig& c) { return (Pipelined(c) || Tensor(c) || Context(c)) && c.cluster().elastic(); }},
-      {"cluster.stream_weights", "cluster.tensor_parallel",
-       "streamed weights with tensor parallelism (cluster.tensor_parallel) are not built yet (each rank holds only "
-       "its slices already)",
-       "cluster { sync: PARAMETER_SERVER servers: 1 workers: 2 tensor_parallel: 2 stream_weights: true }",
-       [](const JobConfig& c) { return Tensor(c) && c.cluster().stream_weights(); }},
       {"cluster.sequence_parallel", "cluster.pipeline_schedule ZERO_BUBBLE",
        "sequence parallelism with the zero-bubble schedule's split backward is not built yet (with the other "
        "schedules it is)",

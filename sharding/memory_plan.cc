@@ -333,8 +333,11 @@ StatusOr<std::vector<ProcessMemory>> StageMemory(const JobSizes& j, const ShardP
       // through the stage's passes in its schedule's order; each bucket
       // boundary may keep one shared page of weights, gradients and
       // staging backed.
-      const StreamedPeak peak = ReplayStreamedStage(*shards, j.layout, ReplayOfJob(j.config, j.job.micro_batch_slots),
-                                                    StageReplayOf(pipeline, d, j.layout));
+      // (A tensor-parallel stage's: of its rank's part of the servers'
+      // space, every rank's alike.)
+      const StreamedPeak peak =
+          ReplayStreamedStage(shards->Part({0, layout.size()}), layout,
+                              ReplayOfJob(j.config, j.job.micro_batch_slots), StageReplayOf(pipeline, d, layout));
       m.weights = peak.weights;
       m.gradients = peak.gradients;
       staging = peak.staging + static_cast<int64_t>(shards->buckets().size() + 1) * (j.bf16 ? 3 : 2) * kPageBytes;
@@ -354,8 +357,10 @@ StatusOr<std::vector<ProcessMemory>> StageMemory(const JobSizes& j, const ShardP
 // activations (every rank's alike; with sequence parallelism, the
 // residual's and norms' rows of its share, rounded up), the rings' buffers
 // (all the workers, its group, its replicas), and (all-reduce mode) one
-// tensor whole while it initialises; parameter servers hold the rest.
-StatusOr<ProcessMemory> TensorParallelMemory(const JobSizes& j) {
+// tensor whole while it initialises; parameter servers (`shards`) hold the
+// rest, and with cluster.stream_weights it holds a window over its part of
+// their space.
+StatusOr<ProcessMemory> TensorParallelMemory(const JobSizes& j, const ShardPlan* shards = nullptr) {
   const bool ps = j.cluster.sync() == config::ClusterConfig::PARAMETER_SERVER;
   HERD_ASSIGN_OR_RETURN(const TensorSlices slices, TensorSlices::Make(j.shape, j.cluster.tensor_parallel(), 0));
   const int64_t n = slices.layout().size();
@@ -367,6 +372,14 @@ StatusOr<ProcessMemory> TensorParallelMemory(const JobSizes& j) {
   t.gradients = n * kF32;
   t.optimizer = ps ? 0 : 2 * n * kF32;
   if (!ps && j.cluster.zero_stage() > 0) HERD_RETURN_IF_ERROR(AddZeroState(j, slices.layout(), &t));
+  if (j.streamed) {
+    // The window at its fullest, as PsWorkerMemory's over the whole model.
+    const ShardPlan part = shards->Part({0, n});
+    const StreamedPeak peak = ReplayStreamedStep(part, slices.layout(), ReplayOfJob(j.config, j.job.micro_batch_slots));
+    t.weights = peak.weights;
+    t.gradients = peak.gradients;
+    t.buffers += peak.staging + static_cast<int64_t>(part.buckets().size() + 1) * (j.bf16 ? 3 : 2) * kPageBytes;
+  }
   t.activations =
       LlamaModel<float>::ActivationBytes(slices.shape(), j.train.batch_size(), j.train.seq_len(), j.job.recompute,
                                          j.job.micro_batch_slots, {}, false,
@@ -404,7 +417,7 @@ StatusOr<MemoryPlan> PlanMemory(const config::JobConfig& config) {
       HERD_ASSIGN_OR_RETURN(const std::vector<ProcessMemory> stages, StageMemory(j, &shards));
       plan.processes.insert(plan.processes.end(), stages.begin(), stages.end());
     } else if (j.cluster.tensor_parallel() > 1) {
-      HERD_ASSIGN_OR_RETURN(ProcessMemory worker, TensorParallelMemory(j));
+      HERD_ASSIGN_OR_RETURN(ProcessMemory worker, TensorParallelMemory(j, &shards));
       plan.processes.push_back(worker);
     } else {
       plan.processes.push_back(PsWorkerMemory(j, shards));

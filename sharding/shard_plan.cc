@@ -120,6 +120,20 @@ std::string ShardPlan::Describe() const {
   return out;
 }
 
+ShardPlan ShardPlan::Part(ParamRange part) const {
+  ShardPlan out;
+  for (const ParamRange& s : shards_) {
+    const int64_t begin = std::clamp(s.begin, part.begin, part.end), end = std::clamp(s.end, part.begin, part.end);
+    out.shards_.push_back({begin - part.begin, end - part.begin});
+  }
+  for (const Bucket& b : buckets_) {
+    if (b.range.begin >= part.begin && b.range.end <= part.end) {
+      out.buckets_.push_back({b.server, {b.range.begin - part.begin, b.range.end - part.begin}});
+    }
+  }
+  return out;
+}
+
 Partition OwnerParts(const Bucket& bucket, int ranks) {
   return EvenPartition(bucket.range.size(), ranks, kCollectiveAlign);
 }

@@ -55,6 +55,11 @@ class ShardPlan {
   const std::vector<Bucket>& buckets() const { return buckets_; }
   // The server owning element `offset`.
   int ServerOf(int64_t offset) const;
+  // The plan as `part` of its space names it (a tensor-parallel rank's
+  // packed part of the servers' space): its buckets inside `part`, each
+  // inside it or outside, and the shards clipped to it, shifted so that
+  // part.begin is offset 0; buckets keep their servers.
+  ShardPlan Part(ParamRange part) const;
   // "server 0 [0, 412160) 0.41M elements in 2 buckets; server 1 ..." for logs.
   std::string Describe() const;
 

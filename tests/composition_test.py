@@ -63,6 +63,12 @@ CASES = [
      "cluster { sync: PARAMETER_SERVER servers: 2 workers: 8 context_parallel: 2 tensor_parallel: 2 }", 2, None, False),
     ("context on streaming servers",
      "cluster { sync: PARAMETER_SERVER servers: 1 workers: 2 context_parallel: 2 stream_weights: true }", 1, None, False),
+    ("data x tensor on streaming servers", "cluster { sync: PARAMETER_SERVER servers: 2 workers: 4 tensor_parallel: 2 "
+     "stream_weights: true }", 2, None, True),
+    ("tensor x sequence x context on streaming servers", "cluster { sync: PARAMETER_SERVER servers: 2 workers: 4 "
+     "tensor_parallel: 2 sequence_parallel: true context_parallel: 2 stream_weights: true }", 1, None, False),
+    ("pipeline x tensor on streaming servers", "cluster { sync: PARAMETER_SERVER servers: 2 workers: 4 "
+     "pipeline_stages: 2 tensor_parallel: 2 stream_weights: true }", 1, None, False),
     ("pipeline x tensor on servers",
      "cluster { sync: PARAMETER_SERVER servers: 2 workers: 4 pipeline_stages: 2 tensor_parallel: 2 }", 1, None, True),
     ("data x pipeline x tensor on servers, interleaved", "cluster { sync: PARAMETER_SERVER servers: 3 workers: 8 "

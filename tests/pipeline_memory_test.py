@@ -116,7 +116,8 @@ cluster {{ sync: PARAMETER_SERVER servers: 2 workers: 2 pipeline_stages: 2 bucke
     for stage in (1, 3):
         name = f"zero{stage}"
         zero[stage] = stage_peaks(sb, name, big_model(name, f"""
-cluster {{ sync: ALLREDUCE workers: 8 pipeline_stages: 2 bucket_mb: 1 zero_stage: {stage} stream_prefetch_layers: 0 }}"""))
+cluster {{ sync: ALLREDUCE workers: 8 pipeline_stages: 2 bucket_mb: 1 zero_stage: {stage}
+          stream_prefetch_layers: 0 }}"""))
     print("pipeline_memory: ZeRO-3 inside the stages saves against ZeRO-1, measured/planned: " +
           saved_as_planned("ZeRO-3 saved", zero[1], zero[3], 0.10))
 

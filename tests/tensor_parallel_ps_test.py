@@ -18,7 +18,7 @@ cross-entropy add their parts in another order, so not bitwise):
   checkpoint goes on as one process within the straight run, and one
   process's goes on at T = 2 within one process;
 * bad inputs, one line each before any process starts: tensor parallelism
-  with streamed weights or an elastic job;
+  in an elastic job;
 * a rank killed mid-run stops the job in one line naming it and its
   place.
 
@@ -88,8 +88,7 @@ def main():
     print(f"per-tensor shards in small buckets within {ws:.2g}; stopped at 15 and resumed bitwise; the servers' "
           f"checkpoint as one process within {wr1:.2g}, one process's at T=2 within {wr2:.2g}")
 
-    bad = [("streamed", ps(2, 2, more="stream_weights: true"), "cluster.stream_weights"),
-           ("elastic", ps(2, 2, more="elastic: true"), "cluster.elastic")]
+    bad = [("elastic", ps(2, 2, more="elastic: true"), "cluster.elastic")]
     herdtest.refused_before_start(sb, [(name, job(name, cluster), says) for name, cluster, says in bad])
     print("bad inputs: one line each, nothing started")
 

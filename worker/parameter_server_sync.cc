@@ -306,7 +306,9 @@ class StreamedWeightsSync : public PushPullSync, public WindowHooks, private Buc
   StreamedWeightsSync(const ParameterServerSyncOptions& o, transport::PushPullClient* client)
       : PushPullSync(o, client),
         paged_grads_(o.streamed_grads),
-        runner_(WeightWindow(plan_, *o.layout, o.prefetch_layers, /*keep_after_forward=*/false, o.ranges),
+        local_plan_(plan_.Part({o.origin, o.origin + o.layout->size()})),
+        runner_(WeightWindow(local_plan_, *o.layout, o.prefetch_layers, /*keep_after_forward=*/false,
+                             LocalRanges(o)),
                 o.streamed_weights, this),
         window_(runner_.window()),
         pulls_of_(window_.num_buckets()),
@@ -351,9 +353,21 @@ class StreamedWeightsSync : public PushPullSync, public WindowHooks, private Buc
 
   void Execute(const WeightWindow::Actions& a) { runner_.Execute(a); }
 
+  // The ranges the window covers as the worker's space names them.
+  static std::vector<ParamRange> LocalRanges(const ParameterServerSyncOptions& o) {
+    std::vector<ParamRange> local;
+    for (const ParamRange& r : o.ranges) local.push_back({r.begin - o.origin, r.end - o.origin});
+    return local;
+  }
+  // Window bucket i as the servers' space names it.
+  Bucket Real(int i) const {
+    const Bucket& b = window_.bucket(i);
+    return {b.server, {b.range.begin + origin_, b.range.end + origin_}};
+  }
+
   // The moves of the window's buckets: pulls and pushes (bf16: through
   // the staging buffer, paged like the weights).
-  void Fill(int i) override { pulls_of_[i] = PullBucket(window_.bucket(i), version_, wire()); }
+  void Fill(int i) override { pulls_of_[i] = PullBucket(Real(i), version_, wire()); }
   // The pull has landed and, bf16, is in the weights; a failure is kept
   // for FinishStep and FinishWeights.
   void Land(int i) override {
@@ -362,10 +376,10 @@ class StreamedWeightsSync : public PushPullSync, public WindowHooks, private Buc
     const std::optional<Status> st = Wait(pulls_of_[i], nullptr);
     KeepPullFailure(*st);
     if (!bf16_) return;
-    if (st->ok()) Unstage(b, wire());
+    if (st->ok()) Unstage(Real(i), wire());
     paged_wire_.Release(b.range.begin * sizeof(uint16_t), b.range.size() * sizeof(uint16_t));
   }
-  void Send(int i) override { pushes_of_[i] = PushBucket(window_.bucket(i), wire()); }
+  void Send(int i) override { pushes_of_[i] = PushBucket(Real(i), wire()); }
   void Retire(int i) override {
     const Bucket& b = window_.bucket(i);
     trace::Span span("wait for push", "wait", {"bucket", i});
@@ -380,6 +394,7 @@ class StreamedWeightsSync : public PushPullSync, public WindowHooks, private Buc
   // pull and push (forward index), the step's first failed push.
   PagedBuffer* const paged_grads_;
   PagedBuffer paged_wire_;
+  const ShardPlan local_plan_;  // the plan as the worker's space names it
   WindowRunner runner_;
   WeightWindow& window_;  // runner_'s
   std::vector<transport::PushPullClient::Ticket> pulls_of_, pushes_of_;
@@ -418,9 +433,8 @@ StatusOr<ParameterServerSyncParts> CreateParameterServerSync(const ParameterServ
                                                                     transport::UcxTransport* transport,
                                                                     transport::PushPullClient* client) {
   if (options.streamed_weights != nullptr && (options.layout == nullptr || options.streamed_grads == nullptr ||
-                                              options.elastic || options.origin != 0)) {
-    return Status::InvalidArgument(
-        "streamed weights need the layout and a paged gradient buffer, and neither an elastic job nor an origin");
+                                              options.elastic)) {
+    return Status::InvalidArgument("streamed weights need the layout and a paged gradient buffer, and no elastic job");
   }
   ParameterServerSyncParts parts;
   std::unique_ptr<PushPullSync> strategy;

@@ -41,8 +41,9 @@ struct ParameterServerSyncOptions {
   int rank = 0;
   transport::PeerId first_server = 0;  // server s is PeerId first_server + s
   // Streamed weights: the worker's weights (guarded) and gradients, each
-  // spanning the flat space; null otherwise. Needs `layout`, not
-  // `elastic`; no pull is issued early (`stream`): the window decides.
+  // spanning the worker's space; null otherwise. Needs `layout` (of the
+  // worker's space), not `elastic`; no pull is issued early (`stream`):
+  // the window decides.
   PagedBuffer* streamed_weights = nullptr;
   PagedBuffer* streamed_grads = nullptr;
   const ParamLayout* layout = nullptr;
@@ -56,7 +57,7 @@ struct ParameterServerSyncOptions {
   // Element 0 of the worker's weights and gradients is this element of the
   // servers' space, and the offsets the model names (FinalFrom, WaitUpTo)
   // count from it: a tensor-parallel rank's packed part, `ranges` then
-  // being that part alone. Not with streamed weights.
+  // being that part alone (or a stage's ranges of it).
   int64_t origin = 0;
   // The placement's part of a step around this strategy (null: none).
   AroundReducer around;

@@ -566,7 +566,7 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeParameterServerSync()
   if (streamed_) {
     po.streamed_weights = &paged_weights_;
     po.streamed_grads = &paged_grads_;
-    po.layout = &layout_;
+    po.layout = &stage_layout();
     po.prefetch_layers = cluster.stream_prefetch_layers();
   }
   po.around = ModelGroupAround();
