@@ -324,15 +324,6 @@ const std::vector<NotBuilt>& NotBuiltTable() {
        "yet: a lost rank's group would have to leave and rejoin whole, as a region does",
        "cluster { sync: PARAMETER_SERVER servers: 1 workers: 4 pipeline_stages: 2 elastic: true }",
        [](const JobConfig& c) { return (Pipelined(c) || Tensor(c) || Context(c)) && c.cluster().elastic(); }},
-      {"cluster.sequence_parallel", "cluster.pipeline_schedule ZERO_BUBBLE",
-       "sequence parallelism with the zero-bubble schedule's split backward is not built yet (with the other "
-       "schedules it is)",
-       "cluster { sync: ALLREDUCE workers: 4 pipeline_stages: 2 tensor_parallel: 2 sequence_parallel: true "
-       "pipeline_schedule: ZERO_BUBBLE }",
-       [](const JobConfig& c) {
-         return Tensor(c) && Pipelined(c) && c.cluster().sequence_parallel() &&
-                c.cluster().pipeline_schedule() == Cluster::ZERO_BUBBLE;
-       }},
       {"cluster.elastic", "cluster.diloco.regions", "elastic workers in a job of regions (cluster.diloco.regions) are not built yet",
        "cluster { sync: PARAMETER_SERVER servers: 2 workers: 4 elastic: true diloco { regions: 2 every: 5 } }",
        [](const JobConfig& c) { return HasRegions(c) && c.cluster().elastic(); }},

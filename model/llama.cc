@@ -207,7 +207,6 @@ LlamaModel<T>::LlamaModel(const LlamaShape& shape, int max_batch, int max_seq_le
       << "layers [" << first_layer_ << ", " << end_layer_ << ") of " << shape.num_layers;
   CHECK(!split_backward || recompute == Recompute::kNone)
       << "a split backward keeps the activations its weight part reads: no recomputation";
-  CHECK(split.sequence == 1 || !split_backward) << "sequence parallelism needs a backward that is not split";
   CHECK(split.context == 1 || (split.context > 1 && max_seq_len % (2 * split.context) == 0))
       << "context parallelism cuts each sequence into 2 x " << split.context << " chunks: " << max_seq_len;
   for (int i = 0; i < slots; ++i) {
@@ -573,8 +572,9 @@ void LlamaModel<T>::LayerBackward(Activations& a, const T* params, T* grads, int
   // gathered again (kept as rows alone) for the products' weight
   // gradients, and the input gradients' partial sums reduce-scattered.
   const int64_t n = HeldRows(N);
-  keep(a.w_down, dres, N * d);
-  MatmulBackward(sh.dact.data(), gw(w.down_proj), Gathered(dres, N, d), act, params + w.down_proj, N, f, d);
+  const T* dres_all = Gathered(dres, N, d);
+  keep(a.w_down, dres_all, N * d);
+  MatmulBackward(sh.dact.data(), gw(w.down_proj), dres_all, act, params + w.down_proj, N, f, d);
   SwigluBackward(sh.dgate.data(), sh.dup.data(), sh.dact.data(), gate, up, N * f);
   const T* ln2_all = Gathered(ln2, N, d);
   MatmulBackward(dln, gw(w.gate_proj), sh.dgate.data(), ln2_all, params + w.gate_proj, N, d, f);
@@ -586,8 +586,9 @@ void LlamaModel<T>::LayerBackward(Activations& a, const T* params, T* grads, int
   RmsNormBackward(dres, gw(w.post_norm), dln_mine, mid, params + w.post_norm, ln2_rstd, n, d);
 
   // Attention branch: dres is now d(mid) = d(layer input) through the skip.
-  keep(a.w_o, dres, N * d);
-  MatmulBackward(sh.datt.data(), gw(w.o_proj), Gathered(dres, N, d), att, params + w.o_proj, N, qd, d);
+  const T* dmid_all = Gathered(dres, N, d);
+  keep(a.w_o, dmid_all, N * d);
+  MatmulBackward(sh.datt.data(), gw(w.o_proj), dmid_all, att, params + w.o_proj, N, qd, d);
   AttentionBackward(sh.dq.data(), cp ? sh.dk_all.data() : sh.dk.data(), cp ? sh.dv_all.data() : sh.dv.data(),
                     sh.datt.data(), probs, q, k_in, v_in, B, T_, a.H, a.KV, hd, sh.attn_scratch.data(), a.Tk,
                     positions);
@@ -747,19 +748,26 @@ void LlamaModel<T>::LayerBackwardWeights(Activations& a, T* grads, int l) {
   const auto [x, x_out, ln1, ln1_rstd, q, k, v, probs, att, mid, ln2, ln2_rstd, gate, up, act] = a.layer(l);
   const int64_t i = l - a.first;
   trace::Span span("layer backward (weights)", "compute", {"layer", l});
-  // The weights are not read: the input part used them.
+  // The weights are not read: the input part used them. Sequence
+  // parallelism: the products' kept output gradients are whole, their
+  // inputs (the norms' outputs, kept as this rank's rows) gathered again,
+  // and the norms' gradients come from this rank's rows of the summed
+  // input gradients.
   const T* none = nullptr;
+  const int64_t n = HeldRows(N), first = FirstRow(N);
   MatmulBackward(static_cast<T*>(nullptr), grads + w.down_proj, a.w_down.data() + i * N * d, act, none, N, f, d);
-  MatmulBackward(static_cast<T*>(nullptr), grads + w.gate_proj, a.w_gate.data() + i * N * f, ln2, none, N, d, f);
-  MatmulBackward(static_cast<T*>(nullptr), grads + w.up_proj, a.w_up.data() + i * N * f, ln2, none, N, d, f);
-  RmsNormBackward(static_cast<T*>(nullptr), grads + w.post_norm, a.w_post.data() + i * N * d, mid, none, ln2_rstd, N,
-                  d);
+  const T* ln2_all = Gathered(ln2, N, d);
+  MatmulBackward(static_cast<T*>(nullptr), grads + w.gate_proj, a.w_gate.data() + i * N * f, ln2_all, none, N, d, f);
+  MatmulBackward(static_cast<T*>(nullptr), grads + w.up_proj, a.w_up.data() + i * N * f, ln2_all, none, N, d, f);
+  RmsNormBackward(static_cast<T*>(nullptr), grads + w.post_norm, a.w_post.data() + (i * N + first) * d, mid, none,
+                  ln2_rstd, n, d);
   MatmulBackward(static_cast<T*>(nullptr), grads + w.o_proj, a.w_o.data() + i * N * d, att, none, N, qd, d);
-  MatmulBackward(static_cast<T*>(nullptr), grads + w.q_proj, a.w_q.data() + i * N * qd, ln1, none, N, d, qd);
-  MatmulBackward(static_cast<T*>(nullptr), grads + w.k_proj, a.w_k.data() + i * N * kvd, ln1, none, N, d, kvd);
-  MatmulBackward(static_cast<T*>(nullptr), grads + w.v_proj, a.w_v.data() + i * N * kvd, ln1, none, N, d, kvd);
-  RmsNormBackward(static_cast<T*>(nullptr), grads + w.input_norm, a.w_in.data() + i * N * d, x, none, ln1_rstd, N,
-                  d);
+  const T* ln1_all = Gathered(ln1, N, d);
+  MatmulBackward(static_cast<T*>(nullptr), grads + w.q_proj, a.w_q.data() + i * N * qd, ln1_all, none, N, d, qd);
+  MatmulBackward(static_cast<T*>(nullptr), grads + w.k_proj, a.w_k.data() + i * N * kvd, ln1_all, none, N, d, kvd);
+  MatmulBackward(static_cast<T*>(nullptr), grads + w.v_proj, a.w_v.data() + i * N * kvd, ln1_all, none, N, d, kvd);
+  RmsNormBackward(static_cast<T*>(nullptr), grads + w.input_norm, a.w_in.data() + (i * N + first) * d, x, none,
+                  ln1_rstd, n, d);
 }
 
 template <typename T>

@@ -92,6 +92,9 @@ CASES = [
     ("data x pipeline x tensor x zero3", ar(8, "pipeline_stages: 2 tensor_parallel: 2 zero_stage: 3"), 2, None, False),
     ("data x pipeline x context x zero2, zero bubble", ar(8, "pipeline_stages: 2 context_parallel: 2 zero_stage: 2 "
                                                         "pipeline_schedule: ZERO_BUBBLE"), 2, None, False),
+    ("data x pipeline x tensor x sequence, zero bubble", ar(8, "pipeline_stages: 2 tensor_parallel: 2 "
+                                                          "sequence_parallel: true pipeline_schedule: ZERO_BUBBLE"), 2,
+     None, True),
     ("pipeline x tensor x sequence", ar(4, "pipeline_stages: 2 tensor_parallel: 2 sequence_parallel: true"), 1, None,
      True),
     ("data x pipeline x tensor x sequence, interleaved, on servers", "cluster { sync: PARAMETER_SERVER servers: 2 "

@@ -22,8 +22,7 @@ norm spikes to 96, differs by 1.8e-6:
   stage's ranks' runs as pieces of the flat space) goes on as one
   process, and one process's goes on at 2 x 2, within the straight runs;
 * bad inputs, one line each before any process starts: stages x tensor
-  ranks not dividing the workers, sequence parallelism with the
-  zero-bubble schedule.
+  ranks not dividing the workers.
 
 With --long (HERD_TEST_LONG=1), the ~20M shape (d512, 8 layers, 128
 tokens a sequence, 30 steps) too: pipeline x tensor 2 x 2 within one
@@ -110,9 +109,7 @@ def main():
     print(f"2 x 2 resumed at step 15 bitwise; its checkpoint as one process within {wr1:.2g}, one process's at "
           f"2 x 2 within {wr2:.2g}")
 
-    bad = [("six", grid(6), "does not divide cluster.workers"),
-           ("sp_zb", grid(4, more="sequence_parallel: true pipeline_schedule: ZERO_BUBBLE"),
-            "cluster.sequence_parallel")]
+    bad = [("six", grid(6), "does not divide cluster.workers")]
     herdtest.refused_before_start(sb, [(name, job(name, cluster), says) for name, cluster, says in bad])
     print("bad inputs: one line each, nothing started")
     if herdtest.LONG:
