@@ -330,12 +330,6 @@ const std::vector<NotBuilt>& NotBuiltTable() {
       {"cluster.stream_weights", "cluster.diloco.regions", "streamed weights in a job of regions (cluster.diloco.regions) are not built yet",
        "cluster { sync: PARAMETER_SERVER servers: 2 workers: 2 stream_weights: true diloco { regions: 2 every: 5 } }",
        [](const JobConfig& c) { return HasRegions(c) && c.cluster().stream_weights(); }},
-      {"cluster.diloco.regions", "cluster.tensor_parallel",
-       "tensor parallelism inside regions is not built yet (resumed, such a job departs from the straight run at its "
-       "first outer step: the outer state's resume through the tensor-parallel servers' space); pipeline stages and "
-       "context parallelism inside regions are",
-       "cluster { sync: PARAMETER_SERVER servers: 2 workers: 4 tensor_parallel: 2 diloco { regions: 2 every: 5 } }",
-       [](const JobConfig& c) { return HasRegions(c) && Tensor(c); }},
       {"cluster.stream_weights", "cluster.elastic", "streamed weights in an elastic job (cluster.elastic) are not built yet",
        "cluster { sync: PARAMETER_SERVER servers: 1 workers: 2 elastic: true stream_weights: true }",
        [](const JobConfig& c) { return c.cluster().stream_weights() && c.cluster().elastic(); }},

@@ -96,6 +96,9 @@ class ServerProcess {
   // Whether the checkpoint resumed from has parts whose names begin with
   // `prefix`.
   bool ResumeHasParts(std::string_view prefix) const;
+  // `range` of the plan's space from the checkpoint's parts of `prefix`
+  // (the flat space's pieces; through the tensor-parallel space's runs).
+  StatusOr<ShardState> ReadResumedRange(ParamRange range, std::string_view prefix) const;
   Status MakeShard(transport::CoordinatorClient& client, std::unique_ptr<OptimizerShard> optimizer,
                    const DataPosition& data);
   // The workers whose pushes each bucket sums, where not every worker's: a
@@ -136,6 +139,9 @@ class ServerProcess {
   // What this server's shard file holds: its range of the flat space, or
   // (tensor parallelism) its runs of the ranks' slices, as pieces of it.
   std::vector<ShardView> CheckpointPieces() const;
+  // `range` of the plan's space (this server's) as pieces of the flat
+  // space: the tensor-parallel space's runs, copies left out.
+  std::vector<ShardView> FlatPiecesOf(const ShardView& range) const;
   Status ReportSummary(int64_t steps) const;
   // A job of regions: GlobalScalars over this region's servers alone, on
   // their ring (so that the regions never wait for each other between
@@ -246,13 +252,13 @@ Status ServerProcess::Prepare(transport::NodeRuntime& runtime, transport::Coordi
   // (region 0's are the shard files), and the outer step's state from
   // its; a checkpoint without them (of another mode) starts every region
   // from its shards, the outer momentum from zero.
+  const std::string prefix = region_ > 0 && ResumeHasParts(RegionShardPrefix(region_)) ? RegionShardPrefix(region_)
+                                                                                          : std::string(kShardPrefix);
   if (space_) {
-    HERD_ASSIGN_OR_RETURN(ShardState state, space_->Load(range, job.init, layout_, resume_from_));
+    HERD_ASSIGN_OR_RETURN(ShardState state, space_->Load(range, job.init, layout_, resume_from_, prefix));
     optimizer = std::make_unique<OptimizerShard>(space_->DecaySegmentsOf(range), job.optimizer, std::move(state));
-  } else if (region_ > 0 && ResumeHasParts(RegionShardPrefix(region_))) {
-    HERD_ASSIGN_OR_RETURN(ShardState state, ReadShardRange(resume_from_->dir, resume_from_->manifest, range.begin,
-                                                           range.end, /*with_moments=*/true,
-                                                           RegionShardPrefix(region_)));
+  } else if (prefix != kShardPrefix) {
+    HERD_ASSIGN_OR_RETURN(ShardState state, ReadResumedRange(range, prefix));
     optimizer = std::make_unique<OptimizerShard>(layout_, job.optimizer, std::move(state));
   } else {
     HERD_ASSIGN_OR_RETURN(optimizer, job.MakeOptimizer(layout_, range, resume_from_));
@@ -283,8 +289,7 @@ Status ServerProcess::ResumeOuterSteps(transport::CoordinatorClient& client, Par
     if (ResumeHasParts(OuterPrefix(k))) from = k;
   }
   if (ResumeHasParts(OuterPrefix(from))) {
-    HERD_ASSIGN_OR_RETURN(ShardState state, ReadShardRange(resume_from_->dir, resume_from_->manifest, range.begin,
-                                                           range.end, /*with_moments=*/true, OuterPrefix(from)));
+    HERD_ASSIGN_OR_RETURN(ShardState state, ReadResumedRange(range, OuterPrefix(from)));
     if (from != region_) std::fill(state.v.begin(), state.v.end(), 0.0f);
     optimizer = std::make_unique<OuterOptimizer>(outer, state.weights.data(), range.size(), state.m.data(),
                                                  state.v.data());
@@ -294,6 +299,12 @@ Status ServerProcess::ResumeOuterSteps(transport::CoordinatorClient& client, Par
   }
   MakeOuterSteps(client, std::move(optimizer), landing);
   return Status::OK();
+}
+
+StatusOr<ShardState> ServerProcess::ReadResumedRange(ParamRange range, std::string_view prefix) const {
+  if (space_) return space_->Load(range, JobOptions::FromConfig(config_).init, layout_, resume_from_, prefix);
+  return ReadShardRange(resume_from_->dir, resume_from_->manifest, range.begin, range.end, /*with_moments=*/true,
+                        prefix);
 }
 
 bool ServerProcess::ResumeHasParts(std::string_view prefix) const {
@@ -601,12 +612,12 @@ Status ServerProcess::CheckpointAfter(int64_t step) {
   if (!config_.checkpoint().background()) {
     return commit([&]() -> Status {
       HERD_RETURN_IF_ERROR(WriteShardPieces(path, CheckpointPieces()));
-      return outer_ ? WriteShard(outer_path, OuterState()) : Status::OK();
+      return outer_ ? WriteShardPieces(outer_path, FlatPiecesOf(OuterState())) : Status::OK();
     });
   }
   HERD_RETURN_IF_ERROR(background_.Wait());  // the previous checkpoint first
   snapshot_.Capture(CheckpointPieces());
-  if (outer_) outer_snapshot_.Capture(OuterState());
+  if (outer_) outer_snapshot_.Capture(FlatPiecesOf(OuterState()));
   background_.Start([commit, snapshot = &snapshot_, outer = &outer_snapshot_, path, outer_path] {
     return commit([&]() -> Status {
       HERD_RETURN_IF_ERROR(snapshot->Write(path));
@@ -651,9 +662,10 @@ RunSummary::HandOver ServerProcess::HandOverNow(int region) const {
   return h;
 }
 
-std::vector<ShardView> ServerProcess::CheckpointPieces() const {
-  const ShardView whole = shard_->optimizer().view();
-  return space_ ? space_->FlatPieces(whole) : std::vector<ShardView>{whole};
+std::vector<ShardView> ServerProcess::CheckpointPieces() const { return FlatPiecesOf(shard_->optimizer().view()); }
+
+std::vector<ShardView> ServerProcess::FlatPiecesOf(const ShardView& range) const {
+  return space_ ? space_->FlatPieces(range) : std::vector<ShardView>{range};
 }
 
 Status ServerProcess::ReportSummary(int64_t steps) const {

@@ -91,6 +91,14 @@ std::vector<TensorSlices::Run> TensorSlices::RunsWithin(ParamRange local) const 
   return out;
 }
 
+namespace {
+
+// Element `at` of an array a view may leave null (zeros: an outer step's
+// kept error where none is kept).
+const float* At(const float* array, int64_t at) { return array != nullptr ? array + at : nullptr; }
+
+}  // namespace
+
 std::vector<ShardView> TensorSlices::FlatPieces(const std::vector<ShardView>& locals, bool with_norms) const {
   std::vector<ShardView> pieces;
   for (const ShardView& local : locals) {
@@ -104,14 +112,15 @@ std::vector<ShardView> TensorSlices::FlatPieces(const ShardView& local, bool wit
   for (const Run& run : RunsWithin({local.begin, local.end})) {
     if (run.replicated && !with_norms) continue;
     const int64_t at = run.local - local.begin;
-    pieces.push_back({run.flat.begin, run.flat.end, local.step, local.weights + at, local.m + at, local.v + at,
-                      local.spikes});
+    pieces.push_back({run.flat.begin, run.flat.end, local.step, At(local.weights, at), At(local.m, at),
+                      At(local.v, at), local.spikes});
   }
   return pieces;
 }
 
 Status LoadPackedRange(const TensorSlices& slices, ParamRange local, const WeightInit& init, const ParamLayout& flat,
-                       const std::optional<VerifiedCheckpoint>& resume_from, const PackedInto& into) {
+                       const std::optional<VerifiedCheckpoint>& resume_from, const PackedInto& into,
+                       std::string_view prefix) {
   const std::vector<TensorSlices::Run> runs = slices.RunsWithin(local);
   // A run's first element in `into`'s arrays.
   auto to = [&](const TensorSlices::Run& r) { return r.local - local.begin; };
@@ -119,8 +128,8 @@ Status LoadPackedRange(const TensorSlices& slices, ParamRange local, const Weigh
     // Each run from whatever shards wrote it.
     std::vector<ParamRange> ranges;
     for (const TensorSlices::Run& r : runs) ranges.push_back(r.flat);
-    HERD_ASSIGN_OR_RETURN(std::vector<ShardState> read,
-                          ReadShardRanges(resume_from->dir, resume_from->manifest, ranges, /*with_moments=*/true));
+    HERD_ASSIGN_OR_RETURN(std::vector<ShardState> read, ReadShardRanges(resume_from->dir, resume_from->manifest, ranges,
+                                                                        /*with_moments=*/true, nullptr, prefix));
     for (size_t i = 0; i < read.size(); ++i) {
       std::copy(read[i].weights.begin(), read[i].weights.end(), into.weights + to(runs[i]));
       if (into.m != nullptr) std::copy(read[i].m.begin(), read[i].m.end(), into.m + to(runs[i]));
@@ -252,7 +261,8 @@ std::vector<TensorParallelSpace::Run> TensorParallelSpace::RunsWithin(ParamRange
 }
 
 StatusOr<ShardState> TensorParallelSpace::Load(ParamRange range, const WeightInit& init, const ParamLayout& flat,
-                                               const std::optional<VerifiedCheckpoint>& resume_from) const {
+                                               const std::optional<VerifiedCheckpoint>& resume_from,
+                                               std::string_view prefix) const {
   ShardState state;
   state.begin = range.begin;
   state.end = range.end;
@@ -266,7 +276,7 @@ StatusOr<ShardState> TensorParallelSpace::Load(ParamRange range, const WeightIni
     const int64_t at = lo - range.begin;
     HERD_RETURN_IF_ERROR(LoadPackedRange(
         slices_[r], {lo - base, hi - base}, init, flat, resume_from,
-        {state.weights.data() + at, state.m.data() + at, state.v.data() + at, &state.step, &state.spikes}));
+        {state.weights.data() + at, state.m.data() + at, state.v.data() + at, &state.step, &state.spikes}, prefix));
   }
   return state;
 }
@@ -278,8 +288,8 @@ std::vector<ShardView> TensorParallelSpace::FlatPieces(const ShardView& range) c
     const int64_t lo = std::max(range.begin, base), hi = std::min(range.end, base + part());
     if (lo >= hi) continue;
     const int64_t at = lo - range.begin;
-    const ShardView mine{lo - base,         hi - base,    range.step, range.weights + at,
-                         range.m + at,      range.v + at, range.spikes};
+    const ShardView mine{lo - base, hi - base, range.step, At(range.weights, at), At(range.m, at), At(range.v, at),
+                         range.spikes};
     for (const ShardView& p : slices_[r].FlatPieces(mine, /*with_norms=*/r == 0)) pieces.push_back(p);
   }
   std::sort(pieces.begin(), pieces.end(), [](const ShardView& a, const ShardView& b) { return a.begin < b.begin; });

@@ -94,9 +94,11 @@ struct PackedInto {
 // weights (the padding left zero) and AdamW state, fresh from `init`
 // (tensor by tensor, no more than one tensor of the flat space `flat` held
 // whole; zero moments) or the checkpoint's, whatever grid, mode or worker
-// count wrote it; and the step and spike statistics.
+// count wrote it (its files of `prefix`: the shards, or a region's or the
+// outer step's parts); and the step and spike statistics.
 Status LoadPackedRange(const TensorSlices& slices, ParamRange local, const WeightInit& init, const ParamLayout& flat,
-                       const std::optional<VerifiedCheckpoint>& resume_from, const PackedInto& into);
+                       const std::optional<VerifiedCheckpoint>& resume_from, const PackedInto& into,
+                       std::string_view prefix = kShardPrefix);
 
 // The weights alone of `ranges` of `slices`' packed space into the packed
 // space `weights` (LoadPackedRange of each; the padding zero).
@@ -158,9 +160,10 @@ class TensorParallelSpace {
   std::vector<Run> RunsWithin(ParamRange range) const;
 
   // [range.begin, range.end) of this space: LoadPackedRange of each rank's
-  // part of it, in place.
+  // part of it, in place (from the checkpoint's files of `prefix`).
   StatusOr<ShardState> Load(ParamRange range, const WeightInit& init, const ParamLayout& flat,
-                            const std::optional<VerifiedCheckpoint>& resume_from) const;
+                            const std::optional<VerifiedCheckpoint>& resume_from,
+                            std::string_view prefix = kShardPrefix) const;
   // The state of `range` of this space (a server's optimizer view) as
   // pieces of the flat space, ascending, copies left out: what a shard
   // file of it holds.
