@@ -104,6 +104,8 @@ CASES = [
      "tensor_parallel: 2 sequence_parallel: true context_parallel: 2"), 1, None, False),
     ("regions of context groups", "cluster { sync: PARAMETER_SERVER servers: 2 workers: 4 context_parallel: 2 "
      f"{REGIONS} }}", 2, ("regions2", f"cluster {{ sync: PARAMETER_SERVER servers: 2 workers: 2 {REGIONS} }}"), True),
+    ("regions of streaming workers", "cluster { sync: PARAMETER_SERVER servers: 2 workers: 2 stream_weights: true "
+     f"{REGIONS} }}", 1, ("regions2", f"cluster {{ sync: PARAMETER_SERVER servers: 2 workers: 2 {REGIONS} }}"), False),
     ("regions of tensor groups", "cluster { sync: PARAMETER_SERVER servers: 2 workers: 4 tensor_parallel: 2 "
      f"{REGIONS} }}", 2, ("regions2", f"cluster {{ sync: PARAMETER_SERVER servers: 2 workers: 2 {REGIONS} }}"), False),
     ("regions of pipelines", "cluster { sync: PARAMETER_SERVER servers: 2 workers: 4 pipeline_stages: 2 "

@@ -3,7 +3,8 @@ it, and the region can rejoin: 3 regions of one server and one worker
 each, H = 5, the tiny model, through `herd launch`; a process of region 1
 or 2 (its server or its worker) is killed with SIGKILL at a random step.
 2 trials of each kind (10 with scripts/test.sh --long), the killed
-process and step drawn anew.
+process and step drawn anew, and one rejoin of a region whose workers
+stream their weights (cluster.stream_weights).
 
 Without restarts (the region is lost for good):
 
@@ -82,14 +83,15 @@ def processes(launch_pid):
     return out
 
 
-def job_dir(sb, name, lr=1, momentum=0):
+def job_dir(sb, name, lr=1, momentum=0, more=""):
     """A folder of its own holding the job's config (every run's the same
     text): REGIONS regions of one server and one worker, H = 5, the outer
-    step given (the mean by default); run summaries in summary/."""
+    step given (the mean by default), `more` of the cluster's settings; run
+    summaries in summary/."""
     workdir = sb.path(name)
     os.makedirs(workdir)
     text = herdtest.tiny_config(sb.path("train.bin"), steps=STEPS, metrics="metrics.jsonl", ckpt="ckpt", every=50,
-                                extra=f"cluster {{ sync: PARAMETER_SERVER servers: {REGIONS} workers: {REGIONS} "
+                                extra=f"cluster {{ sync: PARAMETER_SERVER servers: {REGIONS} workers: {REGIONS} {more} "
                                       f"diloco {{ regions: {REGIONS} every: 5 outer_lr: {lr} outer_momentum: {momentum} }} }}")
     with open(os.path.join(workdir, "job.textproto"), "w") as f:
         f.write(text.replace("log {", 'log { summary_dir: "summary"'))
@@ -117,8 +119,8 @@ def handed_over(workdir, region):
     return took["region"], took["step"]
 
 
-def trial(sb, name, rng, rejoin=False, region=None, lr=1, momentum=0):
-    workdir = job_dir(sb, name, lr, momentum)
+def trial(sb, name, rng, rejoin=False, region=None, lr=1, momentum=0, more=""):
+    workdir = job_dir(sb, name, lr, momentum, more)
     out_path, err_path = os.path.join(workdir, "launch.out"), os.path.join(workdir, "launch.err")
     metrics = os.path.join(workdir, "metrics.jsonl")
     role, drawn = rng.choice(["server", "worker"]), rng.randrange(1, REGIONS)
@@ -283,6 +285,9 @@ def main():
             assert sorted(again) == list(range(REGIONS)) and set(again.values()) == {crc}, (crc, again)
             print(f"rejoin{t}: resumed from step {resume} (written by all {REGIONS} regions after the rejoin): ended "
                   f"bitwise where the rejoined run did (crc {crc:08x})")
+    # A region of workers that stream their weights rejoins alike.
+    trial(sb, "rejoin_streamed", rng, rejoin=True, more="stream_weights: true")
+    print("rejoin_streamed: a region of streaming workers lost and rejoined as the others")
     by_hand_trial(sb, "by_hand", rng)
     for t in range(trials):
         at, committed, _ = trial(sb, f"trial{t}", rng)
