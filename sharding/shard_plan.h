@@ -94,7 +94,7 @@ int ShardGroupSize(const config::ClusterConfig& cluster, int workers);
 // model too small for them).
 StatusOr<ShardPlan> CollectivePlan(const ParamLayout& layout, const config::ClusterConfig& cluster, int group);
 // The most gradient bytes a ZeRO-2 worker of rank `rank` holds over one
-// backward, replayed through its policy (worker/collective_sync.h): a
+// backward, replayed through its policy (worker/reducers/collective_sync.h): a
 // unit's gradients are written as backward computes it (the head's first;
 // tied embeddings' with the head too); once a unit is done, the buckets
 // whose gradients are final are reduce-scattered and those issued after

@@ -265,7 +265,7 @@ StreamedPeak ReplayStreamedStage(const ShardPlan& plan, const ParamLayout& layou
   const bool tied = layout.lm_head() == layout.embed();
   const int64_t embed_end = EmbeddingEnd(layout);
   // The hooks of LlamaModel's stage passes (model/llama.h), as a stage's
-  // worker (worker/pipeline_passes.cc) hands them over: `done` lets go of
+  // worker (worker/placements/pipeline_passes.cc) hands them over: `done` lets go of
   // the weights at >= x, `final` pushes the gradients there (on the last
   // micro-batch).
   auto done = [&](int64_t x) { r.Apply(w.DoneFrom(x)); };

@@ -2,7 +2,7 @@
 // holds of the flat space as the model moves through a step: which weight
 // buckets it pulls and when, which it waits for, when it lets them go, and
 // how long its pushed gradients stay. The one policy the worker runs
-// (worker/parameter_server_sync.cc) and the memory plan replays
+// (worker/reducers/parameter_server_sync.cc) and the memory plan replays
 // (ReplayStreamedStep), so that the plan counts what the worker does.
 //
 // The model's hooks drive it, in the order model/model.h promises. Forward:

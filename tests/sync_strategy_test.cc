@@ -26,10 +26,10 @@
 #include "server/parameter_shard.h"
 #include "transport/push_pull.h"
 #include "transport/ring_collectives.h"
-#include "worker/collective_sync.h"
+#include "worker/reducers/collective_sync.h"
 #include "worker/elastic_shares.h"
-#include "worker/local_sync.h"
-#include "worker/parameter_server_sync.h"
+#include "worker/reducers/local_sync.h"
+#include "worker/reducers/parameter_server_sync.h"
 
 namespace herd {
 namespace {

@@ -19,7 +19,7 @@
 #include "sharding/job_options.h"
 #include "tools/args.h"
 #include "tools/commands.h"
-#include "worker/local_sync.h"
+#include "worker/reducers/local_sync.h"
 
 namespace herd::tools {
 namespace {

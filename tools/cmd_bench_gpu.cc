@@ -32,7 +32,7 @@
 #include "model/optim/optimizer_shard.h"
 #include "sharding/job_options.h"
 #include "worker/cuda/device_trainer.h"
-#include "worker/local_sync.h"
+#include "worker/reducers/local_sync.h"
 #endif
 
 namespace herd::tools {

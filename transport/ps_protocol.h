@@ -2,7 +2,7 @@
 // kind kLoss and kReport carry (transport/push_pull.h), byte for byte on
 // the wire. Each is a fixed-size POD; a receiver checks the size before it
 // reads one, and the fields before it uses them (server/parameter_shard.cc
-// for ShareLoss, worker/parameter_server_sync.cc for StepReport).
+// for ShareLoss, worker/reducers/parameter_server_sync.cc for StepReport).
 // StepReport is also how every other mode's SyncStrategy reports a step.
 #pragma once
 

@@ -19,7 +19,7 @@
 #include "common/status.h"
 #include "proto/herd.pb.h"
 #include "transport/coordinator_client.h"
-#include "worker/sync_strategy.h"
+#include "worker/reducers/sync_strategy.h"
 
 namespace herd {
 

@@ -1,9 +1,9 @@
 // How a worker computes one share of a step (its sequences of the global
 // batch): the model's forward and backward passes over the share's
 // micro-batches, or the whole step on a device that holds everything
-// (worker/local_sync.h's DeviceResidentSync). The gradients go to the
+// (worker/reducers/local_sync.h's DeviceResidentSync). The gradients go to the
 // SyncStrategy as backward finishes them; the weights are reached through
-// the WeightHome (worker/weight_home.h).
+// the WeightHome (worker/reducers/weight_home.h).
 //
 //   MicroBatchPasses: each micro-batch's forward, then its backward.
 //   LayerMajorPasses: every micro-batch through each unit at once
@@ -19,8 +19,8 @@
 
 #include "common/status.h"
 #include "model/model.h"
-#include "worker/sync_strategy.h"
-#include "worker/weight_home.h"
+#include "worker/reducers/sync_strategy.h"
+#include "worker/reducers/weight_home.h"
 
 namespace herd {
 

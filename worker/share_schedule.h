@@ -22,7 +22,7 @@
 #include "transport/coordinator_client.h"
 #include "worker/elastic_shares.h"
 #include "worker/share_compute.h"
-#include "worker/sync_strategy.h"
+#include "worker/reducers/sync_strategy.h"
 
 namespace herd {
 

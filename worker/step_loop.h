@@ -2,7 +2,7 @@
 // step"). Each step: the shares of the global batch this worker computes
 // (ShareSchedule: its own, or in an elastic job those the membership gives
 // it), forward and backward on them (ShareCompute, reaching the weights
-// through the WeightHome), and the SyncStrategy (worker/sync_strategy.h)
+// through the WeightHome), and the SyncStrategy (worker/reducers/sync_strategy.h)
 // that turns the gradients into the next weights — by itself (one
 // process), through parameter servers, or by all-reduce among the workers.
 // Then one epilogue for every mode: the divergence check, the progress
@@ -46,8 +46,8 @@
 #include "worker/progress_log.h"
 #include "worker/share_compute.h"
 #include "worker/share_schedule.h"
-#include "worker/sync_strategy.h"
-#include "worker/weight_home.h"
+#include "worker/reducers/sync_strategy.h"
+#include "worker/reducers/weight_home.h"
 
 namespace herd {
 

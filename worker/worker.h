@@ -3,7 +3,7 @@
 // parameter-server or all-reduce job (herd-worker).
 //
 // Sets up, in order: the data, the resume point, the model, this worker's
-// sampler, its SyncStrategy (worker/sync_strategy.h) and, in a job, its
+// sampler, its SyncStrategy (worker/reducers/sync_strategy.h) and, in a job, its
 // place in it (transport::NodeRuntime); then runs the StepLoop
 // (worker/step_loop.h), and in a job reports what it cost and leaves.
 #pragma once

@@ -12,7 +12,7 @@
 #include "model/param_layout.h"
 #include "tests/cuda/device_test_util.h"
 #include "worker/cuda/device_trainer.h"
-#include "worker/local_sync.h"
+#include "worker/reducers/local_sync.h"
 
 namespace herd::cuda {
 namespace {

@@ -6,7 +6,7 @@
 // device with the numbers OptimizerShard::BeginStep made of that norm: the
 // learning rate, the clipping coefficient, the spike guard's verdict), so
 // the step's numbers are made in one place for every path. The
-// single-process trainer (DeviceResidentSync, worker/local_sync.h) uses it
+// single-process trainer (DeviceResidentSync, worker/reducers/local_sync.h) uses it
 // for device.kind CUDA, and `herd bench gpu` times that trainer. No CUDA
 // type appears here, so callers need no CUDA headers, and builds without
 // CUDA include this header without compiling device_trainer.cc.

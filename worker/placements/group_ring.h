@@ -1,5 +1,5 @@
 // The collectives a model-parallel group's model runs inside its passes
-// (worker/model_group_steps.h uses them), over
+// (worker/placements/model_group_steps.h uses them), over
 // a ring of the group's workers.
 #pragma once
 
@@ -10,7 +10,7 @@
 #include "model/llama_config.h"
 #include "sharding/tensor_slices.h"
 #include "transport/collectives.h"
-#include "worker/sync_strategy.h"
+#include "worker/reducers/sync_strategy.h"
 
 namespace herd {
 

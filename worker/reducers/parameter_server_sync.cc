@@ -1,4 +1,4 @@
-#include "worker/parameter_server_sync.h"
+#include "worker/reducers/parameter_server_sync.h"
 
 #include <glog/logging.h>
 
@@ -9,7 +9,7 @@
 #include "common/clock.h"
 #include "common/trace.h"
 #include "sharding/weight_window.h"
-#include "worker/window_runner.h"
+#include "worker/reducers/window_runner.h"
 
 namespace herd {
 namespace {
@@ -300,7 +300,7 @@ class WholeWeightsSync : public PushPullSync {
 // sharding/weight_window.h policy says which buckets are pulled (again in
 // backward), waited for and let go, and when pushed gradients are waited
 // for and let go. Every pass reaches the weights through the window's
-// hooks (worker/weight_home.h's WindowedWeights), evaluation's too.
+// hooks (worker/reducers/weight_home.h's WindowedWeights), evaluation's too.
 class StreamedWeightsSync : public PushPullSync, public WindowHooks, private BucketMoves {
  public:
   StreamedWeightsSync(const ParameterServerSyncOptions& o, transport::PushPullClient* client)
@@ -343,7 +343,7 @@ class StreamedWeightsSync : public PushPullSync, public WindowHooks, private Buc
   // The weights come as the passes ask for them: only the reports here.
   Status FinishWeights() override { return FinishReports(nullptr).status(); }
 
-  // The window's other hooks (worker/weight_home.h).
+  // The window's other hooks (worker/reducers/weight_home.h).
   void WaitFrom(int64_t begin) override { Execute(window_.NeedFrom(begin)); }
   void DoneFrom(int64_t offset) override { Execute(window_.DoneFrom(offset)); }
   void ReleaseWeights() override { Execute(window_.ReleaseAll()); }

@@ -1,4 +1,4 @@
-#include "worker/nccl_gradients.h"
+#include "worker/reducers/nccl_gradients.h"
 
 #if HERD_HAVE_NCCL && HERD_HAVE_CUDA_MODEL
 #include <vector>

@@ -1,4 +1,4 @@
-// The one-process strategies (see worker/sync_strategy.h): nothing to
+// The one-process strategies (see worker/reducers/sync_strategy.h): nothing to
 // exchange, the optimizer over the whole flat space.
 //
 //   Local: AdamW on the CPU over the summed micro-batch gradients; its
@@ -15,7 +15,7 @@
 #include "model/optim/optimizer_shard.h"
 #include "worker/cuda/device_trainer.h"
 #include "worker/share_compute.h"
-#include "worker/sync_strategy.h"
+#include "worker/reducers/sync_strategy.h"
 
 namespace herd {
 

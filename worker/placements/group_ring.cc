@@ -1,4 +1,4 @@
-#include "worker/group_ring.h"
+#include "worker/placements/group_ring.h"
 
 #include "common/trace.h"
 

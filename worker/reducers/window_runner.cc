@@ -1,4 +1,4 @@
-#include "worker/window_runner.h"
+#include "worker/reducers/window_runner.h"
 
 #include <utility>
 

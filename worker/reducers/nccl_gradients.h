@@ -14,7 +14,7 @@
 #include "model/model.h"
 #include "sharding/shard_plan.h"
 #include "transport/coordinator_client.h"
-#include "worker/collective_sync.h"
+#include "worker/reducers/collective_sync.h"
 
 namespace herd {
 

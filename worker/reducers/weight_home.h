@@ -10,8 +10,8 @@
 //   Windowed: only a window is held (sharding/weight_window.h); every
 //     pass, evaluation's too, brings units in and lets them go. Filled
 //     from the servers (cluster.stream_weights,
-//     worker/parameter_server_sync.h) or gathered from the workers that
-//     own its slices (ZeRO-3, worker/collective_sync.h).
+//     worker/reducers/parameter_server_sync.h) or gathered from the workers that
+//     own its slices (ZeRO-3, worker/reducers/collective_sync.h).
 //
 // A pipeline stage's layers and a tensor-parallel rank's slices are whole
 // weights of their own (packed) space; what else a new axis takes in the
@@ -23,7 +23,7 @@
 
 #include "common/paged_buffer.h"
 #include "model/model.h"
-#include "worker/sync_strategy.h"
+#include "worker/reducers/sync_strategy.h"
 
 namespace herd {
 

@@ -1,4 +1,4 @@
-// The worker's side of all-reduce mode (see worker/sync_strategy.h): synchronous
+// The worker's side of all-reduce mode (see worker/reducers/sync_strategy.h): synchronous
 // data parallelism among the workers alone, over Collectives.
 //
 //   zero_stage 0 (DDP): every gradient bucket is all-reduced as backward
@@ -47,7 +47,7 @@
 // A placement that is not the whole model (ReducedPlacement): the same
 // over its part of the space among its replicas, a tensor-parallel rank's
 // packed space or a pipeline stage's ranges of it (either's group step,
-// worker/model_group_steps.h's ModelGroupSteps, goes around it), a
+// worker/placements/model_group_steps.h's ModelGroupSteps, goes around it), a
 // tied embedding's exchange between the first and the last stage after
 // the reductions. A stage's micro-batches add into its gradients whole;
 // ZeRO-2 and -3 let them go but for the slices once the last one's
@@ -82,13 +82,13 @@
 #include "sharding/shard_plan.h"
 #include "sharding/tensor_slices.h"
 #include "transport/collectives.h"
-#include "worker/sync_strategy.h"
-#include "worker/weight_home.h"
+#include "worker/reducers/sync_strategy.h"
+#include "worker/reducers/weight_home.h"
 
 namespace herd {
 
 // Gradients that reach host memory already reduced across the workers
-// (CUDA workers: NCCL on the device, worker/nccl_gradients.h). The strategy
+// (CUDA workers: NCCL on the device, worker/reducers/nccl_gradients.h). The strategy
 // then sends no gradient itself and only waits for the step's reductions.
 class DeviceGradientReduction {
  public:
@@ -121,7 +121,7 @@ struct ReducedPlacement {
   // stepped here alike, neither counted in the norm nor written.
   ParamRange copy;
   // Between the gradients' reductions and the norm (the tied embedding's
-  // exchange, worker/tied_embedding.h; null: none); its time counts as
+  // exchange, worker/placements/tied_embedding.h; null: none); its time counts as
   // waiting, its failure ends the step.
   std::function<Status(float* grads, uint64_t step)> after_reduction;
   // Whether this worker's loss is one of those the step's mean averages
@@ -178,7 +178,7 @@ struct CollectiveSyncOptions {
   transport::Collectives* everyone = nullptr;
   ReducedPlacement placement;
   // The placement's part of a step around this strategy (a model-parallel
-  // rank's ModelGroupSteps, worker/model_group_steps.h: the tensor and
+  // rank's ModelGroupSteps, worker/placements/model_group_steps.h: the tensor and
   // context groups' collectives): what the worker drives and the home's
   // hooks reach (null: none).
   AroundReducer around;

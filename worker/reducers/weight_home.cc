@@ -1,4 +1,4 @@
-#include "worker/weight_home.h"
+#include "worker/reducers/weight_home.h"
 
 #include <algorithm>
 

@@ -26,8 +26,8 @@
 #include "sharding/pipeline_split.h"
 #include "transport/pipeline_wire.h"
 #include "worker/share_compute.h"
-#include "worker/sync_strategy.h"
-#include "worker/weight_home.h"
+#include "worker/reducers/sync_strategy.h"
+#include "worker/reducers/weight_home.h"
 
 namespace herd {
 

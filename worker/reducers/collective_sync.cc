@@ -1,4 +1,4 @@
-#include "worker/collective_sync.h"
+#include "worker/reducers/collective_sync.h"
 
 #include <glog/logging.h>
 
@@ -16,7 +16,7 @@
 #include "model/hf_io.h"
 #include "model/optim/optimizer_shard.h"
 #include "sharding/weight_window.h"
-#include "worker/window_runner.h"
+#include "worker/reducers/window_runner.h"
 
 namespace herd {
 namespace {

@@ -1,4 +1,4 @@
-// The worker's side of parameter-server mode (see worker/sync_strategy.h):
+// The worker's side of parameter-server mode (see worker/reducers/sync_strategy.h):
 // gradient buckets pushed to the servers that own them as backward
 // finishes them (fp32 or bf16 on the wire), this worker's loss to server 0,
 // the next weights pulled bucket by bucket in forward order together with
@@ -15,7 +15,7 @@
 // for and let go. Every bucket holds the same bytes as without streaming
 // when it is used, so training is bitwise the same. The model reaches that
 // window through the WeightHome CreateParameterServerSync returns with the
-// strategy (worker/weight_home.h).
+// strategy (worker/reducers/weight_home.h).
 #pragma once
 
 #include <cstdint>
@@ -25,8 +25,8 @@
 #include "common/status.h"
 #include "sharding/shard_plan.h"
 #include "transport/push_pull.h"
-#include "worker/sync_strategy.h"
-#include "worker/weight_home.h"
+#include "worker/reducers/sync_strategy.h"
+#include "worker/reducers/weight_home.h"
 
 namespace herd {
 

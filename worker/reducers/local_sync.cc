@@ -1,4 +1,4 @@
-#include "worker/local_sync.h"
+#include "worker/reducers/local_sync.h"
 
 #include <cmath>
 #include <string>

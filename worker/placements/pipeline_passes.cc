@@ -1,4 +1,4 @@
-#include "worker/pipeline_passes.h"
+#include "worker/placements/pipeline_passes.h"
 
 #include <glog/logging.h>
 

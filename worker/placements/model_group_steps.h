@@ -1,5 +1,5 @@
 // A model-parallel placement's part of a step around any reducer of its
-// space (see worker/sync_strategy.h's AroundReducer): a tensor-parallel
+// space (see worker/reducers/sync_strategy.h's AroundReducer): a tensor-parallel
 // rank's packed one, a context rank's whole one, a pipeline stage's ranges
 // of either. The model's own collectives over its tensor and context
 // groups (model/llama.h's TensorGroup and ContextGroup) run inside its
@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "sharding/tensor_slices.h"
-#include "worker/group_ring.h"
-#include "worker/sync_strategy.h"
+#include "worker/placements/group_ring.h"
+#include "worker/reducers/sync_strategy.h"
 
 namespace herd {
 
@@ -30,9 +30,9 @@ struct ModelGroupOptions {
   std::vector<ParamRange> held;
 };
 
-// `reducer` (worker/parameter_server_sync.h's over the rank's part of the
+// `reducer` (worker/reducers/parameter_server_sync.h's over the rank's part of the
 // servers' space, sharding/tensor_slices.h's TensorParallelSpace, or
-// worker/collective_sync.h's among the rank's replicas) with the groups'
+// worker/reducers/collective_sync.h's among the rank's replicas) with the groups'
 // part of a step before it.
 std::unique_ptr<SyncStrategy> ModelGroupSteps(const ModelGroupOptions& options, std::unique_ptr<SyncStrategy> reducer);
 

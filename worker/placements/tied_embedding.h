@@ -5,7 +5,7 @@
 // replicas, the two swap their parts and each adds them head part first,
 // so both hold bitwise the same sum and step the embedding alike
 // (Megatron's word-embedding all-reduce). The reducers call it between
-// their reductions and the norm (worker/collective_sync.h's
+// their reductions and the norm (worker/reducers/collective_sync.h's
 // ReducedPlacement::after_reduction).
 #pragma once
 

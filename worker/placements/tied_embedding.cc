@@ -1,4 +1,4 @@
-#include "worker/tied_embedding.h"
+#include "worker/placements/tied_embedding.h"
 
 #include "common/trace.h"
 

@@ -1,4 +1,4 @@
-#include "worker/model_group_steps.h"
+#include "worker/placements/model_group_steps.h"
 
 #include <algorithm>
 #include <string>

@@ -12,12 +12,12 @@
 //
 // Push verbs (BeginStep, FinalFrom, FinishStep) and pull verbs
 // (IssueWeights, WaitUpTo, FinishWeights); the model reaches them through
-// the worker's WeightHome (worker/weight_home.h), never directly.
+// the worker's WeightHome (worker/reducers/weight_home.h), never directly.
 //
 // The strategies (docs/design.md lists them): one process (worker/
 // local_sync.h: on the CPU, or the whole step on one GPU), parameter
-// servers (worker/parameter_server_sync.h: whole or streamed weights),
-// collectives (worker/collective_sync.h: DDP and ZeRO-1/2/3 over the UCX
+// servers (worker/reducers/parameter_server_sync.h: whole or streamed weights),
+// collectives (worker/reducers/collective_sync.h: DDP and ZeRO-1/2/3 over the UCX
 // ring or NCCL, of the whole model, a pipeline stage's ranges or a
 // tensor-parallel rank's slices).
 #pragma once
