@@ -5,7 +5,7 @@ docs/modes.md's table "What is not built yet" is the code's
 and `herd plan` refuses each row's example job in one line naming the
 row's setting.
 
-Every other paragraph of README.md and docs/*.md (every row of a table)
+Every other paragraph of README.md and docs/**/*.md (every row of a table)
 that says something is not built yet, or runs somewhere "only yet",
 carries configs of what it says is not built, each in an HTML comment
 `<!-- refused: CONFIG -->` (a textproto fragment, added to a tiny job),
@@ -61,7 +61,8 @@ def blocks(text):
 def claims(source):
     """(file, first words, [fragments]) of every claim."""
     out = []
-    for path in [os.path.join(source, "README.md")] + sorted(glob.glob(os.path.join(source, "docs", "*.md"))):
+    docs = sorted(glob.glob(os.path.join(source, "docs", "**", "*.md"), recursive=True))
+    for path in [os.path.join(source, "README.md")] + docs:
         text = open(path).read()
         if TABLE in text:  # held to the code's table (main), not by markers
             start = text.index(TABLE)
