@@ -324,10 +324,15 @@ const std::vector<NotBuilt>& NotBuiltTable() {
        "yet: a lost rank's group would have to leave and rejoin whole, as a region does",
        "cluster { sync: PARAMETER_SERVER servers: 1 workers: 4 pipeline_stages: 2 elastic: true }",
        [](const JobConfig& c) { return (Pipelined(c) || Tensor(c) || Context(c)) && c.cluster().elastic(); }},
-      {"cluster.elastic", "cluster.diloco.regions", "elastic workers in a job of regions (cluster.diloco.regions) are not built yet",
+      {"cluster.elastic", "cluster.diloco.regions",
+       "elastic workers in a job of regions (cluster.diloco.regions) are not built yet: there a region is what "
+       "is lost and rejoins whole, and a region's survivors would need its own servers to deal its shares",
        "cluster { sync: PARAMETER_SERVER servers: 2 workers: 4 elastic: true diloco { regions: 2 every: 5 } }",
        [](const JobConfig& c) { return HasRegions(c) && c.cluster().elastic(); }},
-      {"cluster.stream_weights", "cluster.elastic", "streamed weights in an elastic job (cluster.elastic) are not built yet",
+      {"cluster.stream_weights", "cluster.elastic",
+       "streamed weights in an elastic job (cluster.elastic) are not built yet: a survivor redoes a lost "
+       "worker's share on the step's weights, which its window has let go, with the next version's pulls in "
+       "flight over them",
        "cluster { sync: PARAMETER_SERVER servers: 1 workers: 2 elastic: true stream_weights: true }",
        [](const JobConfig& c) { return c.cluster().stream_weights() && c.cluster().elastic(); }},
       {"cluster.wire_dtype", "NCCL (device.kind CUDA, sync ALLREDUCE)",

@@ -19,9 +19,9 @@
 
 namespace herd {
 
-bool CheckpointDue(const config::CheckpointConfig& checkpoint, int64_t step, int64_t last_step) {
-  if (checkpoint.dir().empty()) return false;
-  return step == last_step || (checkpoint.every() > 0 && step % checkpoint.every() == 0);
+bool CheckpointSchedule::Due(int64_t step, int64_t last_step) const {
+  if (dir.empty()) return false;
+  return step == last_step || (every > 0 && step % every == 0);
 }
 
 Status CheckWritable(const std::string& dir) {

@@ -13,10 +13,20 @@
 
 namespace herd {
 
-// Whether a checkpoint is written after `step` (1-based count of steps
-// taken): every checkpoint.every steps and at `last_step`; never without
-// checkpoint.dir.
-bool CheckpointDue(const config::CheckpointConfig& checkpoint, int64_t step, int64_t last_step);
+// When a run writes checkpoints (checkpoint.dir and checkpoint.every).
+struct CheckpointSchedule {
+  std::string dir;     // empty: never
+  int64_t every = 0;   // 0: at the last step only
+  static CheckpointSchedule Of(const config::CheckpointConfig& checkpoint) {
+    return {checkpoint.dir(), checkpoint.every()};
+  }
+  // Whether a checkpoint is written after `step` (1-based count of steps
+  // taken): every `every` steps and at `last_step`; never without a dir.
+  bool Due(int64_t step, int64_t last_step) const;
+};
+inline bool CheckpointDue(const config::CheckpointConfig& checkpoint, int64_t step, int64_t last_step) {
+  return CheckpointSchedule::Of(checkpoint).Due(step, last_step);
+}
 
 // Fails early, before any training, if checkpoints could not be written.
 Status CheckWritable(const std::string& dir);

@@ -51,6 +51,20 @@ JobOptions JobOptions::FromConfig(const config::JobConfig& config) {
   o.init.initializer_range = config.model().initializer_range();
   o.init.init_from = config.checkpoint().init_from();
   o.init.model = config.model();
+  o.steps = train.steps();
+  o.seed = train.seed();
+  const auto& log = config.log();
+  o.log.metrics = log.metrics();
+  o.log.tensorboard = log.tensorboard();
+  o.log.every = log.every();
+  o.log.eval_every = log.eval_every();
+  o.log.eval_batches = log.eval_batches();
+  o.log.peak_tflops = log.peak_tflops();
+  o.log.sample_tokens = log.sample_tokens();
+  o.log.sample_temperature = log.sample_temperature();
+  o.log.sample_prompt = log.sample_prompt();
+  o.tokenizer = config.data().tokenizer();
+  o.checkpoints = CheckpointSchedule::Of(config.checkpoint());
   return o;
 }
 

@@ -1,6 +1,7 @@
 // The job's config as the plain values the layers below take: the model's
 // shape and what it keeps (model/), the optimizer's options and how a
-// fresh run's weights start (model/optim/). A process converts its config
+// fresh run's weights start (model/optim/), what the step loop logs,
+// evaluates and checkpoints (worker/step_loop.h). A process converts its config
 // once (JobOptions::FromConfig) and hands these down, so that model/ never
 // reads the job's config; the memory plan converts with the same function,
 // so that it counts what the processes make.
@@ -12,7 +13,9 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 
+#include "model/checkpoint_run.h"
 #include "model/llama_config.h"
 #include "model/optim/adamw.h"
 #include "model/optim/optimizer_shard.h"
@@ -34,6 +37,20 @@ struct JobOptions {
   int micro_batch_slots = 1;
   OptimizerOptions optimizer;  // with a schedule of train.steps steps
   WeightInit init;
+  int64_t steps = 0;  // train.steps
+  uint64_t seed = 0;  // train.seed (the sample's draws too)
+  // What the loop logs and evaluates (the log block).
+  struct Log {
+    std::string metrics, tensorboard;  // log.metrics, log.tensorboard (empty: none)
+    int every = 1, eval_every = 0;     // log.every, log.eval_every (0: at the end only)
+    int64_t eval_batches = 0;          // log.eval_batches (<= 0: the whole file)
+    double peak_tflops = 0;            // log.peak_tflops (0: the device's)
+    int sample_tokens = 0;             // log.sample_tokens (0: no sample)
+    double sample_temperature = 0;
+    std::string sample_prompt;
+  } log;
+  std::string tokenizer;        // data.tokenizer (empty: byte-level)
+  CheckpointSchedule checkpoints;  // checkpoint.dir and every
 
   static JobOptions FromConfig(const config::JobConfig& config);
 

@@ -10,9 +10,9 @@
 #include "model/llama.h"
 #include "model/optim/block_quantizer.h"
 #include "sharding/diloco_plan.h"
+#include "sharding/grid.h"
 #include "sharding/job_options.h"
 #include "sharding/pipeline_plan.h"
-#include "sharding/grid.h"
 #include "sharding/tensor_slices.h"
 #include "sharding/weight_window.h"
 

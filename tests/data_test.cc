@@ -23,12 +23,12 @@
 #include <nlohmann/json.hpp>
 
 #include "common/file_util.h"
-#include "data/unicode.h"
 #include "data/prepare.h"
 #include "data/sampler.h"
 #include "data/token_file.h"
 #include "data/token_regex.h"
 #include "data/tokenizer.h"
+#include "data/unicode.h"
 
 namespace herd {
 namespace {

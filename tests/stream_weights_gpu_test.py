@@ -12,7 +12,7 @@ units trains exactly as one that holds the whole model.
     and its variants: bf16 compute, untied embeddings, grad_accum 2 (the
     micro-batches' sum kept on the device), FULL recompute, bf16 on the
     wire without prefetch; the ~20M shape (d512, 8 layers) with FULL
-    recompute;
+    recompute (untied alone with --long only);
   - memory: the ~20M shape's streamed GPU worker (bf16, FULL recompute,
     S=1 W=1): the device memory its model held at its peak (the run
     summary's device_peak_bytes) within 10% of `herd plan`'s device row,
@@ -41,7 +41,7 @@ def equivalence(sb):
     compare_streamed(sb, {
         "tiny, fp32, evaluation": dict(eval_every=5),
         "tiny, bf16 compute": dict(device=BF16),
-        "tiny, untied embeddings": dict(model=UNTIED),
+        "tiny, untied embeddings": dict(model=UNTIED, long=True),
         "tiny, grad_accum 2": dict(train_extra="grad_accum: 2"),
         "tiny, untied, FULL recompute": dict(model=UNTIED, train_extra="recompute: FULL"),
         "tiny, bf16 wire, no prefetch": dict(cluster=PS + " wire_dtype: BF16", stream=" stream_prefetch_layers: 0"),

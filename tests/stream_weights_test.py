@@ -11,7 +11,8 @@ holds what `herd plan` says.
     untied embeddings, and with grad_accum 3 (every micro-batch through
     each layer in one pass), no prefetch and two layers of it, small buckets
     that straddle layers; the ~20M shape (configs/llama20m: d512, 8 layers)
-    S=2 W=2, FULL recompute;
+    S=2 W=2, FULL recompute (grad_accum 2, untied alone and no prefetch
+    with --long only: the other cases cover them);
   - memory: the ~20M shape at batch 8 x 256, one worker, streamed, under
     FULL recompute (and untied with grad_accum 2): every process's
     measured peak RSS within 10% of its plan, the worker's weights a
@@ -59,9 +60,12 @@ UNTIED = TINY_MODEL.replace("num_key_value_heads: 2 }", "num_key_value_heads: 2 
 def compare_streamed(sb, cases, prefix, where="", **defaults):
     """Each case (train()'s arguments over `defaults`; `cluster` defaults
     to PS, `stream` is added to it) with and without stream_weights: the
-    same metrics and final checkpoint."""
+    same metrics and final checkpoint. A case marked long=True runs with
+    --long only (another case covers what it adds in CI)."""
     for i, (case, kw) in enumerate(cases.items()):
         kw = {**defaults, **kw}
+        if kw.pop("long", False) and not herdtest.LONG:
+            continue
         cluster = kw.pop("cluster", PS)
         stream = kw.pop("stream", "")
         whole = train(sb, f"{prefix}{i}_whole", cluster, **kw)
@@ -78,11 +82,11 @@ def equivalence(sb):
     compare_streamed(sb, {
         "tiny, fp32 wire, evaluation": dict(eval_every=5),
         "tiny, bf16 wire": dict(cluster=PS + " wire_dtype: BF16"),
-        "tiny, grad_accum 2": dict(train_extra="grad_accum: 2"),
+        "tiny, grad_accum 2": dict(train_extra="grad_accum: 2", long=True),
         "tiny, clip_norm 0 (servers step buckets as they complete)": dict(optimizer="clip_norm: 0"),
-        "tiny, untied embeddings": dict(model=UNTIED),
+        "tiny, untied embeddings": dict(model=UNTIED, long=True),
         "tiny, untied, grad_accum 3 (one layer-major pass)": dict(model=UNTIED, train_extra="grad_accum: 3"),
-        "tiny, no prefetch": dict(stream=" stream_prefetch_layers: 0"),
+        "tiny, no prefetch": dict(stream=" stream_prefetch_layers: 0", long=True),
         "tiny, prefetch 2, buckets of 16 KiB": dict(cluster=PS + " bucket_mb: 0.015625",
                                                     stream=" stream_prefetch_layers: 2"),
         # Every step streams the same way: a few show it at this size.

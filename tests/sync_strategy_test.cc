@@ -22,12 +22,12 @@
 #include <vector>
 
 #include "model/optim/optimizer_shard.h"
-#include "sharding/job_options.h"
 #include "server/parameter_shard.h"
+#include "sharding/job_options.h"
 #include "transport/push_pull.h"
 #include "transport/ring_collectives.h"
-#include "worker/reducers/collective_sync.h"
 #include "worker/elastic_shares.h"
+#include "worker/reducers/collective_sync.h"
 #include "worker/reducers/local_sync.h"
 #include "worker/reducers/parameter_server_sync.h"
 

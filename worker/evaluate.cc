@@ -62,11 +62,10 @@ std::vector<int32_t> Generate(Model& model, const float* params, std::vector<int
   return tokens;
 }
 
-double ValidationLoss(Model& model, const float* params, const TokenFile* val, const config::JobConfig& config,
+double ValidationLoss(Model& model, const float* params, const TokenFile* val, const JobOptions& job,
                       const Model::NeedUpTo& need) {
   if (val == nullptr) return NAN;
-  auto r = EvaluateLoss(model, params, *val, config.train().batch_size(), config.train().seq_len(),
-                        config.log().eval_batches(), need);
+  auto r = EvaluateLoss(model, params, *val, job.batch, job.seq_len, job.log.eval_batches, need);
   if (!r.ok()) {
     LOG(WARNING) << "evaluation skipped: " << r.status().message();
     return NAN;
@@ -74,16 +73,15 @@ double ValidationLoss(Model& model, const float* params, const TokenFile* val, c
   return r->loss;
 }
 
-std::string SampleText(Model& model, const float* params, const config::JobConfig& config,
-                       const Model::NeedUpTo& need) {
-  const auto& log = config.log();
-  if (log.sample_tokens() <= 0) return "";
+std::string SampleText(Model& model, const float* params, const JobOptions& job, const Model::NeedUpTo& need) {
+  const JobOptions::Log& log = job.log;
+  if (log.sample_tokens <= 0) return "";
   // With data.tokenizer the prompt is encoded by it, after the token that
   // starts every prepared document; otherwise the model is byte-level.
   std::unique_ptr<Tokenizer> tokenizer;
   std::vector<int32_t> prompt;
-  if (!config.data().tokenizer().empty()) {
-    auto loaded = Tokenizer::Load(config.data().tokenizer());
+  if (!job.tokenizer.empty()) {
+    auto loaded = Tokenizer::Load(job.tokenizer);
     if (!loaded.ok()) {
       LOG(WARNING) << "no text sample: " << loaded.status().message();
       return "";
@@ -91,14 +89,14 @@ std::string SampleText(Model& model, const float* params, const config::JobConfi
     tokenizer = std::move(loaded).value();
     if (tokenizer->document_token() >= 0) prompt.push_back(tokenizer->document_token());
     Tokenizer::Cache cache;
-    tokenizer->Encode(log.sample_prompt(), &cache, &prompt);
+    tokenizer->Encode(log.sample_prompt, &cache, &prompt);
   } else {
-    if (config.model().vocab_size() < 256) return "";
-    for (unsigned char c : log.sample_prompt()) prompt.push_back(c);
+    if (job.shape.vocab_size < 256) return "";
+    for (unsigned char c : log.sample_prompt) prompt.push_back(c);
   }
   const size_t prompt_tokens = prompt.size();
   std::vector<int32_t> out =
-      Generate(model, params, prompt, log.sample_tokens(), log.sample_temperature(), config.train().seed(), need);
+      Generate(model, params, prompt, log.sample_tokens, log.sample_temperature, job.seed, need);
   std::string text;
   for (size_t i = 0; i < out.size(); ++i) {
     if (tokenizer == nullptr) {
@@ -109,7 +107,7 @@ std::string SampleText(Model& model, const float* params, const config::JobConfi
   }
   // A model may emit any bytes: what is printed is valid UTF-8.
   char head[64];
-  std::snprintf(head, sizeof head, "sample (temperature %.2f):\n", log.sample_temperature());
+  std::snprintf(head, sizeof head, "sample (temperature %.2f):\n", log.sample_temperature);
   return head + PrintableUtf8(text) + "\n";
 }
 

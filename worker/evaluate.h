@@ -8,7 +8,7 @@
 #include "common/status.h"
 #include "data/token_file.h"
 #include "model/model.h"
-#include "proto/herd.pb.h"
+#include "sharding/job_options.h"
 
 namespace herd {
 
@@ -31,16 +31,16 @@ StatusOr<EvalResult> EvaluateLoss(Model& model, const float* params, const Token
 std::vector<int32_t> Generate(Model& model, const float* params, std::vector<int32_t> prompt, int count,
                               double temperature, uint64_t seed, const Model::NeedUpTo& need = nullptr);
 
-// The training loop's held-out loss (log.eval_batches of train's B x T
-// from `val`); NaN, with a warning, when there is no val file or it is too
-// short.
-double ValidationLoss(Model& model, const float* params, const TokenFile* val, const config::JobConfig& config,
+// The training loop's held-out loss (the job's log.eval_batches of its
+// B x T from `val`); NaN, with a warning, when there is no val file or it
+// is too short.
+double ValidationLoss(Model& model, const float* params, const TokenFile* val, const JobOptions& job,
                       const Model::NeedUpTo& need = nullptr);
 
 // The end-of-training text sample (log.sample_tokens from
 // log.sample_prompt, encoded with data.tokenizer when the job has one, else
 // byte-level), as the lines to print; empty when there is none.
-std::string SampleText(Model& model, const float* params, const config::JobConfig& config,
+std::string SampleText(Model& model, const float* params, const JobOptions& job,
                        const Model::NeedUpTo& need = nullptr);
 
 }  // namespace herd

@@ -21,8 +21,8 @@
 #include "data/sampler.h"
 #include "transport/coordinator_client.h"
 #include "worker/elastic_shares.h"
-#include "worker/share_compute.h"
 #include "worker/reducers/sync_strategy.h"
+#include "worker/share_compute.h"
 
 namespace herd {
 

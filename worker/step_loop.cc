@@ -26,29 +26,28 @@ std::string StepContext(int64_t step) { return "step " + std::to_string(step) + 
 
 StepLoop::StepLoop(const StepLoopParts& parts)
     : p_(parts),
-      config_(*parts.config),
+      job_(*parts.job),
       strategy_(*parts.strategy),
       home_(*parts.home),
       compute_(*parts.compute),
       schedule_(*parts.schedule),
       checkpoints_(*parts.checkpoints),
       leader_(schedule_.leads()),
-      total_steps_(config_.train().steps()),
+      total_steps_(job_.steps),
       last_step_(parts.options.LastStep(total_steps_)),
-      tokens_per_step_(static_cast<int64_t>(config_.train().batch_size()) * config_.train().seq_len() *
-                       config_.train().grad_accum() * parts.data_parallel),
-      flops_per_token_(TrainingFlopsPerToken(LlamaShape::FromConfig(config_.model()), config_.train().seq_len())),
-      peak_tflops_(config_.log().peak_tflops() > 0 ? config_.log().peak_tflops()
+      tokens_per_step_(static_cast<int64_t>(job_.batch) * job_.seq_len * job_.grad_accum * parts.data_parallel),
+      flops_per_token_(TrainingFlopsPerToken(job_.shape, job_.seq_len)),
+      peak_tflops_(job_.log.peak_tflops > 0 ? job_.log.peak_tflops
                    : parts.model != nullptr                ? parts.model->PeakTflops()
                                                            : 0) {}
 
 Status StepLoop::Run(int64_t start) {
-  const int B = config_.train().batch_size(), T = config_.train().seq_len(), A = config_.train().grad_accum();
+  const int B = job_.batch, T = job_.seq_len, A = job_.grad_accum;
   start_ = start;
   if (leader_) {
     HERD_RETURN_IF_ERROR(p_.joined_under_way
-                             ? log_.TakeOver(config_.log().metrics(), config_.log().tensorboard())
-                             : log_.Open(config_.log().metrics(), config_.log().tensorboard(), p_.options.resume));
+                             ? log_.TakeOver(job_.log.metrics, job_.log.tensorboard)
+                             : log_.Open(job_.log.metrics, job_.log.tensorboard, p_.options.resume));
   }
   // A step's micro-batches are all drawn before its first forward; micro-
   // batch a holds each of the step's shares' rows one after the other.
@@ -64,7 +63,7 @@ Status StepLoop::Run(int64_t start) {
     for (size_t i = 0; i < shares.size(); ++i) {
       HERD_RETURN_IF_ERROR(ComputeShare(t, shares[i], i, drawn_to, previous));
     }
-    if (CheckpointDue(config_.checkpoint(), t + 1, last_step_)) loader_state_ = p_.sampler->SaveState();
+    if (job_.checkpoints.Due(t + 1, last_step_)) loader_state_ = p_.sampler->SaveState();
     strategy_.IssueWeights(p_.weights, static_cast<uint64_t>(t + 1));
   }
   HERD_RETURN_IF_ERROR(AwaitWeights(last_step_).WithContext(StepContext(last_step_)));
@@ -76,7 +75,7 @@ Status StepLoop::Run(int64_t start) {
   // Every worker samples and evaluates, the leader alone prints and
   // records: a window gathered from the workers (ZeRO-3) needs them all.
   if (done) {
-    const std::string sample = SampleText(*p_.model, p_.weights, config_, home_.EvalNeed());
+    const std::string sample = SampleText(*p_.model, p_.weights, job_, home_.EvalNeed());
     if (leader_) std::fputs(sample.c_str(), stdout);
   }
   // Every worker: a streaming window's pulls land before the transport
@@ -96,14 +95,14 @@ Status StepLoop::Run(int64_t start) {
 
 DataPosition StepLoop::Draw(DistributedSampler& sampler, const std::vector<int>& shares) {
   trace::Span span("draw batches", "data");
-  const int B = config_.train().batch_size();
+  const int B = job_.batch;
   for (size_t a = 0; a < inputs_.size(); ++a) sampler.NextBatches(B, shares, inputs_[a].data(), targets_[a].data());
   return {sampler.epoch(), sampler.taken(), sampler.file_tokens()};
 }
 
 Status StepLoop::ComputeShare(int64_t t, int share, size_t slot, const DataPosition& drawn_to,
                               StepBoundary& previous) {
-  const size_t rows = static_cast<size_t>(config_.train().batch_size()) * config_.train().seq_len() * slot;
+  const size_t rows = static_cast<size_t>(job_.batch) * job_.seq_len * slot;
   ShareBatches batches;
   for (size_t a = 0; a < inputs_.size(); ++a) {
     batches.inputs.push_back(inputs_[a].data() + rows);
@@ -142,13 +141,13 @@ void StepLoop::TakeLeadIfGiven() {
   // starting with the line it holds (the step the leader may not have
   // lived to record).
   leader_ = true;
-  Status opened = log_.TakeOver(config_.log().metrics(), config_.log().tensorboard());
+  Status opened = log_.TakeOver(job_.log.metrics, job_.log.tensorboard);
   if (opened.ok() && held_line_.step > 0) opened = log_.Write(held_line_);
   if (!opened.ok()) LOG(WARNING) << opened.message();
 }
 
 bool StepLoop::EvaluatesAt(int64_t step) const {
-  return step == last_step_ || (config_.log().eval_every() > 0 && step % config_.log().eval_every() == 0);
+  return step == last_step_ || (job_.log.eval_every > 0 && step % job_.log.eval_every == 0);
 }
 
 Status StepLoop::Epilogue(int64_t step) {
@@ -164,13 +163,13 @@ Status StepLoop::Epilogue(int64_t step) {
       std::printf("step %lld: update skipped: loss %.4f at z-score %.2f, gradient norm %.3f at z-score %.2f "
                   "(optimizer.skip_spikes_zscore %g; %lld skipped so far)\n",
                   static_cast<long long>(step), report.mean_loss, report.loss_z, report.grad_norm, report.norm_z,
-                  config_.optimizer().skip_spikes_zscore(), static_cast<long long>(skipped_updates_));
+                  job_.optimizer.skip_spikes_zscore, static_cast<long long>(skipped_updates_));
       std::fflush(stdout);
     }
   }
 
   const bool evaluates = EvaluatesAt(step);
-  const bool logs = step % config_.log().every() == 0 || step == start_ + 1 || step == last_step_ || evaluates;
+  const bool logs = step % job_.log.every == 0 || step == start_ + 1 || step == last_step_ || evaluates;
   if (logs) {
     // Every worker makes the line; the leader writes it. One taking over
     // from a lost leader writes the line it holds (the step the leader may
@@ -191,7 +190,7 @@ Status StepLoop::Epilogue(int64_t step) {
     e.eta_s = e.tokens_per_s > 0 ? (total_steps_ - step) * tokens_per_step_ / e.tokens_per_s : 0;
     if (evaluates) {
       trace::Span eval("evaluate", "compute", {"step", step});
-      e.val_loss = ValidationLoss(*p_.model, p_.weights, p_.val, config_, home_.EvalNeed());
+      e.val_loss = ValidationLoss(*p_.model, p_.weights, p_.val, job_, home_.EvalNeed());
       home_.Release();
     }
     if (leader_) {
@@ -204,7 +203,7 @@ Status StepLoop::Epilogue(int64_t step) {
     window_steps_ = 0;
     window_wait_ = 0;
   }
-  if (CheckpointDue(config_.checkpoint(), step, last_step_)) {
+  if (job_.checkpoints.Due(step, last_step_)) {
     HERD_RETURN_IF_ERROR(checkpoints_.Commit(step, loader_state_, leader_));
   }
   return Status::OK();

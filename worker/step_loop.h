@@ -18,7 +18,7 @@
 // activations, which backward needs).
 //
 // Promises: the loss and gradient norm reported are global (the mean over
-// workers, the norm of the summed gradient); the same config gives
+// workers, the norm of the summed gradient); the same job gives
 // bitwise-identical runs (for a given thread count); a run resumed from a
 // step-K checkpoint continues exactly as the uninterrupted one; a
 // checkpoint is committed only once every part of it is written. Every
@@ -40,21 +40,21 @@
 #include "data/sampler.h"
 #include "data/token_file.h"
 #include "model/model.h"
-#include "proto/herd.pb.h"
+#include "sharding/job_options.h"
 #include "transport/coordinator_client.h"
 #include "worker/checkpoint_writer.h"
 #include "worker/progress_log.h"
-#include "worker/share_compute.h"
-#include "worker/share_schedule.h"
 #include "worker/reducers/sync_strategy.h"
 #include "worker/reducers/weight_home.h"
+#include "worker/share_compute.h"
+#include "worker/share_schedule.h"
 
 namespace herd {
 
 // What the loop drives; the caller (worker/worker.cc) owns every part and
 // keeps it alive for the loop's life.
 struct StepLoopParts {
-  const config::JobConfig* config = nullptr;
+  const JobOptions* job = nullptr;
   TrainOptions options;
   Model* model = nullptr;  // evaluation and sampling
   SyncStrategy* strategy = nullptr;
@@ -108,7 +108,7 @@ class StepLoop {
   bool EvaluatesAt(int64_t step) const;
 
   const StepLoopParts p_;
-  const config::JobConfig& config_;
+  const JobOptions& job_;
   SyncStrategy& strategy_;
   WeightHome& home_;
   ShareCompute& compute_;

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "model/optim/optimizer_shard.h"
-#include "sharding/job_options.h"
 #include "model/param_layout.h"
+#include "sharding/job_options.h"
 #include "tests/cuda/device_test_util.h"
 #include "worker/cuda/device_trainer.h"
 #include "worker/reducers/local_sync.h"

@@ -18,8 +18,8 @@
 #include "model/llama.h"
 #include "model/optim/adamw.h"
 #include "model/optim/optimizer_shard.h"
-#include "sharding/job_options.h"
 #include "model/safetensors.h"
+#include "sharding/job_options.h"
 
 using namespace herd;  // NOLINT
 

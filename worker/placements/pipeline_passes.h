@@ -25,9 +25,9 @@
 #include "sharding/pipeline_schedule.h"
 #include "sharding/pipeline_split.h"
 #include "transport/pipeline_wire.h"
-#include "worker/share_compute.h"
 #include "worker/reducers/sync_strategy.h"
 #include "worker/reducers/weight_home.h"
+#include "worker/share_compute.h"
 
 namespace herd {
 

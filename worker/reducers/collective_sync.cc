@@ -373,7 +373,6 @@ class GatheredWeightsSync : public CollectiveStep, public WindowHooks, private B
   GatheredWeightsSync(const CollectiveSyncOptions& o, std::unique_ptr<OptimizerSlices> optimizer)
       : CollectiveStep(o, std::move(optimizer)),
         paged_grads_(o.paged_grads),
-        // A slice steps once the placement's part after the reductions is done.
         step_as_scattered_(o.step_slices_as_scattered && !o.placement.after_reduction),
         runner_(WeightWindow(*o.plan, *o.layout, o.prefetch_layers, !o.reshard_after_forward, o.placement.held),
                 o.paged_weights, this),
@@ -485,7 +484,9 @@ class GatheredWeightsSync : public CollectiveStep, public WindowHooks, private B
   size_t PlanIndex(int window_index) const { return parts_.size() - 1 - static_cast<size_t>(window_index); }
 
   PagedBuffer* const paged_grads_;
-  const bool step_as_scattered_;  // each slice steps once its gradients are reduced
+  // Each slice steps once its gradients are reduced (not where the
+  // placement has a part after the reductions: a tied embedding's sum).
+  const bool step_as_scattered_;
   WindowRunner runner_;  // pages the weights
   WeightWindow& window_;  // runner_'s
   float* weights_ = nullptr;

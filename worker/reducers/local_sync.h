@@ -14,8 +14,8 @@
 #include "model/model.h"
 #include "model/optim/optimizer_shard.h"
 #include "worker/cuda/device_trainer.h"
-#include "worker/share_compute.h"
 #include "worker/reducers/sync_strategy.h"
+#include "worker/share_compute.h"
 
 namespace herd {
 
