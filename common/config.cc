@@ -350,10 +350,6 @@ const std::vector<NotBuilt>& NotBuiltTable() {
        "reduces CUDA workers' gradients through the ring)",
        "cluster { sync: ALLREDUCE workers: 2 wire_dtype: BF16 } device { kind: CUDA }",
        [](const JobConfig& c) { return NcclReduces(c) && c.cluster().wire_dtype() != Cluster::FP32; }},
-      {"cluster.shard_group_size", "NCCL (device.kind CUDA, sync ALLREDUCE)",
-       "hybrid sharding of CUDA workers runs over the UCX ring only yet: set cluster.nccl: false",
-       "cluster { sync: ALLREDUCE workers: 4 zero_stage: 1 shard_group_size: 2 } device { kind: CUDA }",
-       [](const JobConfig& c) { return NcclReduces(c) && c.cluster().shard_group_size() != 0; }},
       {"device.kind", "cluster.context_parallel", "context parallelism (cluster.context_parallel) runs on CPU workers only yet",
        "cluster { sync: ALLREDUCE workers: 2 context_parallel: 2 } device { kind: CUDA }",
        [](const JobConfig& c) { return Context(c) && Cuda(c); }},
@@ -762,6 +758,13 @@ bool StepsSlicesAsScattered(const JobConfig& config) {
 bool WorkersHoldAWindow(const JobConfig& config) {
   const config::ClusterConfig& cl = config.cluster();
   return cl.stream_weights() || (cl.sync() == config::ClusterConfig::ALLREDUCE && cl.zero_stage() == 3);
+}
+
+bool StepsOnTheDevice(const JobConfig& config) {
+  const config::ClusterConfig& cl = config.cluster();
+  if (config.device().kind() != config::DeviceConfig::CUDA) return false;
+  return cl.sync() == config::ClusterConfig::NONE ||
+         (cl.sync() == config::ClusterConfig::ALLREDUCE && cl.nccl() && cl.zero_stage() < 3);
 }
 
 bool ShardsInGroups(const config::ClusterConfig& cluster) {

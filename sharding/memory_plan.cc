@@ -204,7 +204,8 @@ Status AddZeroState(const JobSizes& j, const ParamLayout& layout, ProcessMemory*
 }
 
 // A single process, or an all-reduce worker: the whole model and its
-// AdamW state; under ZeRO the moments of worker 0's slices (the largest),
+// AdamW state (on the GPU, where the whole step is: StepsOnTheDevice);
+// under ZeRO the moments of worker 0's slices (the largest),
 // under ZeRO-2 on a CPU the gradients its policy holds at most, under
 // ZeRO-3 the window's weights and gradients at their fullest.
 StatusOr<ProcessMemory> TrainerMemory(const JobSizes& j) {
@@ -228,13 +229,19 @@ StatusOr<ProcessMemory> TrainerMemory(const JobSizes& j) {
   }
   t.device = j.gpu_bytes;
   t.runtime = kRuntimeBytes;
-  if (j.gpu && t.role == "trainer") {
-    // One process on a GPU keeps the whole step there (cuda::DeviceTrainer);
-    // the host holds the state only to load and checkpoint it.
+  if (StepsOnTheDevice(j.config)) {
+    // The whole step on the GPU (cuda::DeviceTrainer): one process, or
+    // DDP and ZeRO-1/2 over NCCL, the owned slices' moments (worker 0's,
+    // the largest) and in bf16 their master weights there. The host holds
+    // the state only while it loads it and writes a checkpoint of it.
+    const int64_t owned = t.role == "worker" && j.cluster.zero_stage() > 0 ? t.optimizer / (2 * kF32) : j.P;
+    t.weights = 0;
     t.gradients = 0;
+    t.optimizer = 0;
     t.buffers = 0;
     t.device = cuda::DeviceTrainerDeviceBytes(j.shape, j.train.batch_size(), j.train.seq_len(),
-                                              j.config.device().dtype() == config::DeviceConfig::BF16, j.job.recompute);
+                                              j.config.device().dtype() == config::DeviceConfig::BF16, j.job.recompute,
+                                              owned);
   }
   return t;
 }

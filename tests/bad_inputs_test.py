@@ -154,8 +154,7 @@ def main():
     expect_error(sb, ["launch", cfg, "--set", "cluster.sync=ALLREDUCE", "--set", "cluster.workers=2",
                       "--set", "cluster.wire_dtype=BF16", "--set", "device.kind=CUDA"], "cluster.wire_dtype",
                  "UCX ring only", code=2)
-    # Hybrid sharding: groups that do not divide the workers, without ZeRO,
-    # on GPUs over NCCL (not yet).
+    # Hybrid sharding: groups that do not divide the workers, without ZeRO.
     zero4 = ["--set", "cluster.sync=ALLREDUCE", "--set", "cluster.workers=4", "--set", "cluster.zero_stage=2"]
     expect_error(sb, ["launch", cfg, *zero4, "--set", "cluster.shard_group_size=3"], "cluster.shard_group_size",
                  "3 does not divide cluster.workers 4", code=2)
@@ -165,8 +164,6 @@ def main():
     # A shard group is some of a stage's workers.
     expect_error(sb, ["launch", cfg, *zero4, "--set", "cluster.pipeline_stages=2", "--set", "cluster.shard_group_size=4"],
                  "cluster.shard_group_size", "4 does not divide a pipeline stage's 2 workers", code=2)
-    expect_error(sb, ["launch", cfg, *zero4, "--set", "cluster.shard_group_size=2", "--set", "device.kind=CUDA"],
-                 "cluster.shard_group_size", "UCX ring only yet: set cluster.nccl: false", code=2)
     # Tensor parallelism over every worker leaves no replica to shard over.
     expect_error(sb, ["launch", cfg, "--set", "cluster.sync=ALLREDUCE", "--set", "cluster.workers=2",
                       "--set", "cluster.zero_stage=1", "--set", "cluster.tensor_parallel=2"], "cluster.zero_stage",

@@ -32,7 +32,7 @@
 #include "model/optim/optimizer_shard.h"
 #include "sharding/job_options.h"
 #include "worker/cuda/device_trainer.h"
-#include "worker/reducers/local_sync.h"
+#include "worker/reducers/device_resident_sync.h"
 #endif
 
 namespace herd::tools {
@@ -79,10 +79,11 @@ StatusOr<GpuBenchResult> TimeDeviceSteps(const config::JobConfig& config, cuda::
   JobOptions job = JobOptions::FromConfig(config);
   job.optimizer.schedule.total_steps = warmup + steps;
   job.init.init_from.clear();
-  HERD_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerShard> shard,
-                        job.MakeOptimizer(layout, {0, P}, std::nullopt));
   std::vector<float> weights(P);
-  DeviceResidentSync sync(std::move(created), std::move(shard), weights.data());
+  HERD_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerSlices> optimizer,
+                        OptimizerSlices::InitOrResume(job.optimizer, job.init, layout, {{0, P}}, std::nullopt,
+                                                      weights.data()));
+  DeviceResidentSync sync(nullptr, std::move(created), std::move(optimizer), weights.data(), {});
   const uint64_t seed = config.train().seed();
   const int N = trainer.batch * trainer.seq_len;
   Rng rng(seed);
@@ -95,7 +96,7 @@ StatusOr<GpuBenchResult> TimeDeviceSteps(const config::JobConfig& config, cuda::
     }
     Stopwatch clock;
     const std::string at = "bench gpu: step " + std::to_string(s + 1) + ": ";
-    StatusOr<double> stepped = sync.ComputeStep({inputs.data()}, {targets.data()}, s);
+    StatusOr<double> stepped = sync.ComputeStep({inputs.data()}, {targets.data()});
     if (!stepped.ok()) return stepped.status().WithContext(at);
     const double loss = *stepped;
     HERD_RETURN_IF_ERROR(CheckNotDiverged("loss", loss).WithContext(at));

@@ -44,8 +44,11 @@ inline Exchange<wire::CheckpointVote> CommittedVote(int64_t step, wire::Scope vo
 inline Exchange<wire::OuterVote> OuterVoteExchange(int64_t step, int fragment) {
   return {"herd/outer/" + std::to_string(step) + "/" + std::to_string(fragment), wire::SERVERS};
 }
-// Worker 0's ncclUniqueId.
-inline Exchange<wire::NcclId> NcclIdExchange() { return {"herd/nccl-id", wire::WORKERS}; }
+// The ncclUniqueId of each NCCL communicator of `group` (one per group of
+// the grid's same axes), contributed by its first member.
+inline Exchange<wire::NcclId> NcclIdExchange(const std::string& group) {
+  return {"herd/nccl-id/" + group, wire::WORKERS};
+}
 
 // Barriers: every process is done training (it then leaves); every
 // process of a forming job (or of a region rejoining one) has connected

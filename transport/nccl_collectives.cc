@@ -3,6 +3,8 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
+#include <cstring>
 #include <map>
 #include <string>
 
@@ -119,22 +121,39 @@ int NcclCollectives::DeviceCount() {
   return n;
 }
 
-StatusOr<std::unique_ptr<NcclCollectives>> NcclCollectives::Create(CoordinatorClient& client) {
+StatusOr<std::unique_ptr<NcclCollectives>> NcclCollectives::Create(CoordinatorClient& client,
+                                                                   const std::vector<int>& members,
+                                                                   const std::string& group) {
+  std::vector<int> ranks = members;
+  if (ranks.empty()) {
+    for (int r = 0; r < client.num_workers(); ++r) ranks.push_back(r);
+  }
+  const auto me = std::find(ranks.begin(), ranks.end(), client.rank());
+  if (me == ranks.end() || !std::is_sorted(ranks.begin(), ranks.end()) || ranks.back() >= client.num_workers()) {
+    return Status::InvalidArgument("NCCL: group " + group + " does not hold worker " + std::to_string(client.rank()));
+  }
   if (DeviceCount() == 0) return Status::Unavailable("NCCL: no CUDA device is visible");
   std::string why;
   if (!NcclAvailable(&why)) return Status::Unavailable(why);
+  const bool first = client.rank() == ranks.front();
   ncclUniqueId id{};
-  if (client.rank() == 0) {
+  if (first) {
     ncclResult_t r = ncclGetUniqueId(&id);
     if (r != ncclSuccess) return Status::Unavailable("NCCL: ncclGetUniqueId: " + NcclError(r));
   }
   wire::NcclId mine;
-  if (client.rank() == 0) mine.set_id(std::string(reinterpret_cast<const char*>(&id), sizeof id));
-  HERD_ASSIGN_OR_RETURN(std::vector<wire::NcclId> all, Gather(client, NcclIdExchange(), mine));
-  const std::string& root = all[0].id();
-  if (root.size() != sizeof id) return Status::Corruption("NCCL: worker 0 sent a malformed unique id");
+  if (first) mine.set_id(std::string(reinterpret_cast<const char*>(&id), sizeof id));
+  HERD_ASSIGN_OR_RETURN(std::vector<wire::NcclId> all, Gather(client, NcclIdExchange(group), mine));
+  if (static_cast<int>(all.size()) != client.num_workers()) {
+    return Status::Corruption("NCCL: the unique ids of group " + group + " came from " + std::to_string(all.size()) +
+                              " workers, not " + std::to_string(client.num_workers()));
+  }
+  const std::string& root = all[ranks.front()].id();
+  if (root.size() != sizeof id) {
+    return Status::Corruption("NCCL: worker " + std::to_string(ranks.front()) + " sent a malformed unique id");
+  }
   std::memcpy(&id, root.data(), sizeof id);
-  auto impl = std::make_unique<Impl>(client.rank(), client.num_workers());
+  auto impl = std::make_unique<Impl>(static_cast<int>(me - ranks.begin()), static_cast<int>(ranks.size()));
   HERD_RETURN_IF_ERROR(impl->Init(id));
   return std::unique_ptr<NcclCollectives>(new NcclCollectives(std::move(impl)));
 }
@@ -175,6 +194,14 @@ Collectives::Handle NcclCollectives::ReduceScatter(float* data, const Partition&
 Collectives::Handle NcclCollectives::AllGather(float* data, const Partition& parts) {
   return Grouped(parts, "all-gather", [&](int64_t at, int64_t n, int root) {
     return ncclBroadcast(data + at, data + at, n, ncclFloat32, root, impl_->comm_, impl_->stream_);
+  });
+}
+
+Collectives::Handle NcclCollectives::AllGather(void* data, const Partition& parts, int element_bytes) {
+  char* bytes = static_cast<char*>(data);
+  return Grouped(parts, "all-gather", [&](int64_t at, int64_t n, int root) {
+    return ncclBroadcast(bytes + at * element_bytes, bytes + at * element_bytes, n * element_bytes, ncclUint8, root,
+                         impl_->comm_, impl_->stream_);
   });
 }
 

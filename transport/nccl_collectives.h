@@ -15,6 +15,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "transport/collectives.h"
 #include "transport/coordinator_client.h"
@@ -26,9 +27,15 @@ bool NcclAvailable(std::string* why);
 
 class NcclCollectives : public Collectives {
  public:
-  // Rank 0 creates the NCCL unique id; it reaches the others through the
-  // coordinator's all-gather (scope WORKERS). Uses the current CUDA device.
-  static StatusOr<std::unique_ptr<NcclCollectives>> Create(CoordinatorClient& client);
+  // A communicator among `members` (worker ranks, ascending, this one
+  // among them; empty: every worker), ranked in that order. The first
+  // member creates the NCCL unique id; it reaches the others through the
+  // coordinator's all-gather under `group`'s name, which every worker of
+  // the job calls alike (a grid's groups of one axis set: one name, one
+  // gather, a communicator each). Uses the current CUDA device.
+  static StatusOr<std::unique_ptr<NcclCollectives>> Create(CoordinatorClient& client,
+                                                           const std::vector<int>& members = {},
+                                                           const std::string& group = "workers");
   // The number of CUDA devices visible (0 without a GPU or a driver).
   static int DeviceCount();
   ~NcclCollectives() override;
@@ -40,6 +47,8 @@ class NcclCollectives : public Collectives {
   Handle ReduceScatter(float* data, const Partition& parts, Wire wire = Wire::kFloat32) override;
   Handle AllGather(float* data, const Partition& parts) override;
   Handle Broadcast(float* data, int64_t n, int root) override;
+  // AllGather of elements of `element_bytes` each (a bf16 compute copy's).
+  Handle AllGather(void* data, const Partition& parts, int element_bytes);
   Status Wait(Handle handle) override;
   void Fail(const Status& status) override;
 

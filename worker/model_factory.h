@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "common/status.h"
 #include "model/model.h"
@@ -19,7 +20,10 @@ StatusOr<std::unique_ptr<Model>> CreateModel(const config::JobConfig& config, co
 // The single-process trainer's GPU engine for device.kind CUDA: weights,
 // AdamW state and gradients resident on the device (null for CPU jobs).
 StatusOr<std::unique_ptr<cuda::DeviceTrainer>> CreateDeviceTrainer(const config::JobConfig& config,
-                                                                   const JobOptions& job, int local_rank);
+                                                                   const JobOptions& job, int local_rank,
+                                                                   std::vector<ParamRange> owned = {},
+                                                                   std::vector<ParamRange> counted = {},
+                                                                   int replicas = 1);
 
 // The local rank for device selection: LOCAL_RANK (torchrun) or
 // SLURM_LOCALID when set, else the global rank (one machine).

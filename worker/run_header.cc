@@ -14,7 +14,7 @@ using config::ClusterConfig;
 // (and regions) or an all-reduce, with what each was given, and the
 // global batch over the job's `replicas`.
 void PrintReducerLine(const config::JobConfig& config, const JobOptions& job, const ShardPlan* plan, int num_workers,
-                      int replicas, bool nccl, const transport::UcxTransport* transport) {
+                      int replicas, NcclUse nccl, const transport::UcxTransport* transport) {
   const auto& train = config.train();
   const auto& cluster = config.cluster();
   const long long tokens = static_cast<long long>(train.batch_size()) * train.seq_len() * train.grad_accum();
@@ -43,8 +43,10 @@ void PrintReducerLine(const config::JobConfig& config, const JobOptions& job, co
                   job.micro_batch_slots > 1 ? ", micro-batches layer by layer" : "");
     }
   } else {
-    std::printf("all-reduce (%s) among %d workers", nccl ? "gradients by NCCL, the rest by UCX ring" : "UCX ring",
-                num_workers);
+    const char* how = nccl == NcclUse::kWholeStep
+                          ? "gradients by NCCL, weights and AdamW state on the device, norms by UCX ring"
+                          : (nccl == NcclUse::kGradients ? "gradients by NCCL, the rest by UCX ring" : "UCX ring");
+    std::printf("all-reduce (%s) among %d workers", how, num_workers);
     if (cluster.wire_dtype() == ClusterConfig::BF16) std::printf(", gradients bf16 on the wire");
     if (cluster.zero_stage() > 0) std::printf(", ZeRO-%d", cluster.zero_stage());
     if (ShardsInGroups(cluster)) {
@@ -100,7 +102,7 @@ void PrintPlacementLine(const config::JobConfig& config, const LlamaShape& shape
 
 void PrintRunHeader(const config::JobConfig& config, const JobOptions& job, const ParamLayout& layout,
                     const std::string& device, int64_t train_tokens, const ShardPlan* plan, const Grid& grid,
-                    bool nccl, const transport::UcxTransport* transport, const PipelinePlan* pipeline) {
+                    NcclUse nccl, const transport::UcxTransport* transport, const PipelinePlan* pipeline) {
   const LlamaShape& shape = layout.shape();
   const auto& train = config.train();
   std::printf("model: %.2fM parameters (%d layers, d=%d, %d heads, %d kv heads, vocab %d) | %s%s\n",

@@ -18,11 +18,15 @@
 
 namespace herd {
 
+// What CUDA workers do with NCCL in all-reduce mode: nothing (the UCX
+// ring), reduce the gradients before the host's optimizer, or the whole
+// step on the device (weights and AdamW state too).
+enum class NcclUse { kNone, kGradients, kWholeStep };
+
 // `transport` null: one process (`train_tokens` its data's size); `plan`
-// and `pipeline` null where the job has none; `nccl`: CUDA workers'
-// gradients go through NCCL.
+// and `pipeline` null where the job has none.
 void PrintRunHeader(const config::JobConfig& config, const JobOptions& job, const ParamLayout& layout,
                     const std::string& device, int64_t train_tokens, const ShardPlan* plan, const Grid& grid,
-                    bool nccl, const transport::UcxTransport* transport, const PipelinePlan* pipeline);
+                    NcclUse nccl, const transport::UcxTransport* transport, const PipelinePlan* pipeline);
 
 }  // namespace herd

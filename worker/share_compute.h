@@ -1,7 +1,7 @@
 // How a worker computes one share of a step (its sequences of the global
 // batch): the model's forward and backward passes over the share's
 // micro-batches, or the whole step on a device that holds everything
-// (worker/reducers/local_sync.h's DeviceResidentSync). The gradients go to the
+// (worker/reducers/device_resident_sync.h). The gradients go to the
 // SyncStrategy as backward finishes them; the weights are reached through
 // the WeightHome (worker/reducers/weight_home.h).
 //

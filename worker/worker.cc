@@ -36,6 +36,7 @@
 #include "worker/placements/pipeline_passes.h"
 #include "worker/placements/tied_embedding.h"
 #include "worker/reducers/collective_sync.h"
+#include "worker/reducers/device_resident_sync.h"
 #include "worker/reducers/local_sync.h"
 #include "worker/reducers/nccl_gradients.h"
 #include "worker/reducers/parameter_server_sync.h"
@@ -58,13 +59,18 @@ enum class Reducer {
   kOneGpu,            // the whole job, its whole step on one GPU (DeviceResidentSync)
   kParameterServers,  // pushes and pulls to the servers
   kCollectives,       // all-reduce mode: DDP, ZeRO, hybrid groups among the replicas
+  kGpuCollectives,    // all-reduce mode, each worker's whole step on its GPU over NCCL (DeviceResidentSync)
 };
 
 Reducer ReducerOf(const config::JobConfig& config, bool in_job) {
   if (!in_job) return config.device().kind() == config::DeviceConfig::CUDA ? Reducer::kOneGpu : Reducer::kOneProcess;
-  return config.cluster().sync() == ClusterConfig::PARAMETER_SERVER ? Reducer::kParameterServers
-                                                                      : Reducer::kCollectives;
+  if (config.cluster().sync() == ClusterConfig::PARAMETER_SERVER) return Reducer::kParameterServers;
+  return StepsOnTheDevice(config) && BuiltWithNccl() ? Reducer::kGpuCollectives : Reducer::kCollectives;
 }
+
+// The reducers whose whole step runs on the GPU, where the weights and
+// gradients live: the host holds neither.
+bool OnTheDevice(Reducer r) { return r == Reducer::kOneGpu || r == Reducer::kGpuCollectives; }
 
 // How gradients travel on the all-reduce rings (cluster.wire_dtype).
 transport::Wire GradientWire(const ClusterConfig& cluster) {
@@ -96,6 +102,9 @@ class WorkerProcess {
   // What depends on the rank (in a job, before any peer can send to us):
   // the data sampler and the model.
   Status Prepare(transport::CoordinatorClient* client);
+  // The groups of the reducer's NCCL communicators: those of the rings
+  // AxisRings opens for it.
+  NcclGroups NcclGroupsOf() const;
   // A pipeline stage's models, one per chunk of its layers.
   Status PreparePipelineStage();
   // A tensor-parallel worker's slices and its model over them.
@@ -122,6 +131,9 @@ class WorkerProcess {
   // MakeStrategy's for parameter servers and collectives.
   StatusOr<std::unique_ptr<SyncStrategy>> MakeParameterServerSync();
   StatusOr<std::unique_ptr<SyncStrategy>> MakeCollectiveSync();
+  // MakeStrategy's for the whole step on the GPU (one process, or
+  // all-reduce mode over NCCL).
+  StatusOr<std::unique_ptr<SyncStrategy>> MakeDeviceResidentSync();
   // What the collectives reducer steps of this worker's placement: its
   // part of the space, its part of the norm and the loss, its shard files.
   ReducedPlacement CollectivePlacement();
@@ -202,12 +214,14 @@ class WorkerProcess {
   // then the evaluator through the stages, in model_holder_).
   std::vector<std::unique_ptr<LlamaModel<float>>> chunk_models_;
   std::unique_ptr<DeviceGradientReduction> device_reduction_;  // CUDA workers in all-reduce mode: NCCL
+  // kGpuCollectives: the device's NCCL, until the strategy takes it.
+  std::unique_ptr<cuda::DeviceExchange> device_exchange_;
   std::optional<DistributedSampler> sampler_;
   std::optional<ElasticShares> shares_;  // cluster.elastic
   // The axes; each refers to those before it.
   std::optional<TiedEmbeddingExchange> tied_embedding_;  // a pipeline's first and last stage's
   std::unique_ptr<SyncStrategy> strategy_;
-  DeviceResidentSync* device_sync_ = nullptr;  // strategy_, on one GPU
+  DeviceResidentSync* device_sync_ = nullptr;  // strategy_, when the whole step is on the GPU
   std::unique_ptr<WeightHome> home_;
   std::unique_ptr<ShareCompute> compute_;
   std::unique_ptr<ShareSchedule> schedule_;
@@ -232,7 +246,7 @@ StatusOr<std::unique_ptr<WorkerProcess>> WorkerProcess::Create(const config::Job
   }
   if (w->reducer_ == Reducer::kParameterServers) {
     HERD_ASSIGN_OR_RETURN(w->plan_, ParameterServerPlan(config));
-  } else if (w->reducer_ == Reducer::kCollectives) {
+  } else if (w->reducer_ == Reducer::kCollectives || w->reducer_ == Reducer::kGpuCollectives) {
     HERD_ASSIGN_OR_RETURN(w->plan_, AllReducePlan(config));
   }
   if (HasPipeline(config) && w->join_ != nullptr) {
@@ -273,8 +287,9 @@ Status WorkerProcess::AllocateSpaces() {
     HERD_ASSIGN_OR_RETURN(paged_weights_, PagedBuffer::Reserve(P * sizeof(float), /*guarded=*/windowed_));
     return Status::OK();
   }
+  if (OnTheDevice(reducer_)) return Status::OK();  // the GPU trainer keeps its own
   weights_.resize(P);
-  if (reducer_ != Reducer::kOneGpu && !pages_grads_) grads_.resize(P);  // the GPU trainer keeps its own
+  if (!pages_grads_) grads_.resize(P);
   return Status::OK();
 }
 
@@ -301,7 +316,11 @@ Status WorkerProcess::Prepare(transport::CoordinatorClient* client) {
     HERD_ASSIGN_OR_RETURN(std::string loader, ReadFile(path));
     HERD_RETURN_IF_ERROR(sampler_->RestoreState(loader).WithContext(path + ": "));
   }
-  if (reducer_ == Reducer::kOneGpu) return Status::OK();  // the GPU trainer brings its model
+  if (reducer_ == Reducer::kGpuCollectives) {
+    HERD_ASSIGN_OR_RETURN(device_exchange_,
+                          ExchangeWithNccl(*client, *plan_, config_.cluster().zero_stage() > 0, NcclGroupsOf()));
+  }
+  if (OnTheDevice(reducer_)) return Status::OK();  // the GPU trainer brings its model
   if (pipeline_) return PreparePipelineStage();
   if (tensor_ring_) return PrepareTensorParallel();
   if (context_ring_) {
@@ -315,9 +334,17 @@ Status WorkerProcess::Prepare(transport::CoordinatorClient* client) {
   const bool gpu = config_.device().kind() == config::DeviceConfig::CUDA;
   if (reducer_ == Reducer::kCollectives && gpu && config_.cluster().nccl() && BuiltWithNccl()) {
     HERD_ASSIGN_OR_RETURN(device_reduction_, ReduceGradientsWithNccl(*client, *model_, *plan_,
-                                                                     config_.cluster().zero_stage() > 0));
+                                                                     config_.cluster().zero_stage() > 0,
+                                                                     NcclGroupsOf()));
   }
   return Status::OK();
+}
+
+NcclGroups WorkerProcess::NcclGroupsOf() const {
+  if (config_.cluster().zero_stage() == 0) {
+    return {grid_.GroupOf(rank_, {Axis::kContext, Axis::kShard, Axis::kReplicate}), {}};
+  }
+  return {grid_.GroupOf(rank_, {Axis::kContext, Axis::kShard}), grid_.GroupOf(rank_, {Axis::kReplicate})};
 }
 
 Status WorkerProcess::PreparePipelineStage() {
@@ -402,8 +429,10 @@ Status WorkerProcess::JoinJob() {
   // A paged buffer is not registered whole (that would back and pin all
   // of it): UCX registers what it moves as it goes.
   const uint64_t bytes = (packed_size_ > 0 ? packed_size_ : layout_.size()) * sizeof(float);
-  if (!pages_weights_) HERD_RETURN_IF_ERROR(runtime_->transport().RegisterMemory(weights_.data(), bytes));
-  if (!pages_grads_) HERD_RETURN_IF_ERROR(runtime_->transport().RegisterMemory(grads_.data(), bytes));
+  if (!pages_weights_ && !weights_.empty()) {
+    HERD_RETURN_IF_ERROR(runtime_->transport().RegisterMemory(weights_.data(), bytes));
+  }
+  if (!pages_grads_ && !grads_.empty()) HERD_RETURN_IF_ERROR(runtime_->transport().RegisterMemory(grads_.data(), bytes));
   return Status::OK();
 }
 
@@ -417,21 +446,55 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeStrategy() {
                             job_.MakeOptimizer(layout_, whole, resume_from_));
       return CreateLocalSync(std::move(optimizer), weights());
     }
-    case Reducer::kOneGpu: {
-      HERD_ASSIGN_OR_RETURN(std::unique_ptr<cuda::DeviceTrainer> gpu, CreateDeviceTrainer(config_, job_, LocalRank(0)));
-      HERD_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerShard> optimizer,
-                            job_.MakeOptimizer(layout_, whole, resume_from_));
-      auto strategy = std::make_unique<DeviceResidentSync>(std::move(gpu), std::move(optimizer), weights());
-      model_ = &strategy->evaluator();
-      device_sync_ = strategy.get();
-      return std::unique_ptr<SyncStrategy>(std::move(strategy));
-    }
+    case Reducer::kOneGpu:
+    case Reducer::kGpuCollectives:
+      return MakeDeviceResidentSync();
     case Reducer::kParameterServers:
       return MakeParameterServerSync();
     case Reducer::kCollectives:
       return MakeCollectiveSync();
   }
   return Status::Internal("unknown reducer");
+}
+
+StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeDeviceResidentSync() {
+  const int64_t P = layout_.size();
+  DeviceResidentOptions d;
+  std::vector<ParamRange> owned = {{0, P}}, counted;
+  if (reducer_ == Reducer::kGpuCollectives) {
+    // As the ring's reducer cuts them (CollectiveStep): a ZeRO owner's
+    // slices; DDP counts in the norm the slices ZeRO would own.
+    const NcclGroups groups = NcclGroupsOf();
+    const std::vector<int>& group = groups.shard_group;
+    const int G = static_cast<int>(group.size());
+    const int g = static_cast<int>(std::find(group.begin(), group.end(), rank_) - group.begin());
+    const bool zero = config_.cluster().zero_stage() > 0;
+    counted = OwnedSlices(plan_->buckets(), G, g);
+    if (zero) owned = counted;
+    // Hybrid: every group holds the same sums; the first one counts them.
+    const bool first_group = groups.replicas.empty() || groups.replicas.front() == rank_;
+    d.everyone = runtime_->ring();
+    d.counts_in_norm = first_group;
+    d.shard_files = zero ? G : 1;
+    d.shard_file = !first_group || (!zero && g != 0) ? -1 : (zero ? g : 0);
+  }
+  HERD_ASSIGN_OR_RETURN(std::unique_ptr<cuda::DeviceTrainer> gpu,
+                        CreateDeviceTrainer(config_, job_, LocalRank(rank_), owned, counted, grid_.data()));
+  // The whole space's weights (every worker loads them alike: no
+  // broadcast) and the owned slices' moments, on the host only until the
+  // device has them.
+  std::vector<float> weights(P);
+  if (owned.size() > 1 || owned.front().size() < P) {
+    HERD_RETURN_IF_ERROR(LoadWeightRanges(layout_, job_.init, {{0, P}}, resume_from_, weights.data()));
+  }
+  HERD_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerSlices> optimizer,
+                        OptimizerSlices::InitOrResume(job_.optimizer, job_.init, layout_, owned, resume_from_,
+                                                      weights.data()));
+  auto strategy = std::make_unique<DeviceResidentSync>(std::move(device_exchange_), std::move(gpu),
+                                                       std::move(optimizer), weights.data(), d);
+  model_ = &strategy->evaluator();
+  device_sync_ = strategy.get();
+  return std::unique_ptr<SyncStrategy>(std::move(strategy));
 }
 
 StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeParameterServerSync() {
@@ -677,7 +740,9 @@ StatusOr<int64_t> WorkerProcess::StartingStep() {
     std::printf("initial weights from %s\n", config_.checkpoint().init_from().c_str());
   }
   PrintRunHeader(config_, job_, layout_, model_ ? model_->Describe() : "CPU", data_.train.size(),
-                 plan_ ? &*plan_ : nullptr, grid_, device_reduction_ != nullptr,
+                 plan_ ? &*plan_ : nullptr, grid_,
+                 reducer_ == Reducer::kGpuCollectives ? NcclUse::kWholeStep
+                                                      : (device_reduction_ ? NcclUse::kGradients : NcclUse::kNone),
                  runtime_ ? &runtime_->transport() : nullptr, pipeline_ ? &*pipeline_ : nullptr);
   if (config_.log().peak_tflops() == 0 && model_ != nullptr && model_->PeakTflops() > 0) {
     std::printf("mfu: against the datasheet peak of %s, %g TFLOP/s (log.peak_tflops overrides it)\n",

@@ -73,10 +73,13 @@ int64_t StreamedGpuWorkerDeviceBytes(const LlamaShape& shape, int max_batch, int
 int64_t SumOfSquaresChunks(int64_t n) { return (n + kSumOfSquaresChunk - 1) / kSumOfSquaresChunk; }
 
 int64_t DeviceTrainerDeviceBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16,
-                                 Recompute recompute) {
+                                 Recompute recompute, int64_t owned) {
   const int64_t P = ParamLayout(shape).size();
-  return CudaActivationBytes(shape, max_batch, max_seq_len, bf16, recompute) + P * (4 * 4 + (bf16 ? 2 : 0)) +
-         SumOfSquaresChunks(P) * 8 + kCublasWorkspaceBytes;
+  if (owned < 0) owned = P;
+  // Compute weights and gradients whole; the owned ranges' moments (and
+  // in bf16 their fp32 master weights); the squares' partials.
+  return CudaActivationBytes(shape, max_batch, max_seq_len, bf16, recompute) + P * ((bf16 ? 2 : 4) + 4) +
+         owned * (8 + (bf16 ? 4 : 0)) + SumOfSquaresChunks(P) * 8 + kCublasWorkspaceBytes;
 }
 
 }  // namespace herd::cuda

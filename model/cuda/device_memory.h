@@ -63,12 +63,13 @@ inline constexpr int64_t kStagingSlotFloats = int64_t{1} << 20;  // 4 MiB a slot
 int64_t StreamedGpuWorkerDeviceBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16,
                                      Recompute recompute, bool accumulates);
 
-// Everything the single-process GPU trainer (worker/cuda/device_trainer.h)
-// holds on the device: activations, fp32 master weights, gradients and
-// AdamW m and v, the bf16 compute copy, the norm's partial sums, cuBLASLt's
-// workspace.
+// Everything the device-resident trainer (worker/cuda/device_trainer.h)
+// holds on the device: activations, the compute weights and the gradients
+// whole, AdamW m and v (and in bf16 the fp32 master weights) of the
+// `owned` elements (-1: all; a ZeRO owner's slices), the norm's partial
+// sums, cuBLASLt's workspace.
 int64_t DeviceTrainerDeviceBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16,
-                                 Recompute recompute = Recompute::kNone);
+                                 Recompute recompute = Recompute::kNone, int64_t owned = -1);
 
 // Chunks of the gradient norm's partial sums over n elements
 // (kSumOfSquaresChunk each, as model/optim's SumOfSquares).

@@ -73,6 +73,28 @@ void OptimizerShard::AttachWeights(float* space) {
   own_weights_.shrink_to_fit();
 }
 
+void OptimizerShard::ReleaseArrays() {
+  weights_ = nullptr;
+  for (std::vector<float>* a : {&own_weights_, &m_, &v_}) {
+    a->clear();
+    a->shrink_to_fit();
+  }
+}
+
+Status LoadWeightRanges(const ParamLayout& layout, const WeightInit& init, const std::vector<ParamRange>& ranges,
+                        const std::optional<VerifiedCheckpoint>& resume_from, float* weights) {
+  if (resume_from) return ReadShardRanges(resume_from->dir, resume_from->manifest, ranges, false, weights).status();
+  for (const ParamRange& r : ranges) {
+    if (init.init_from.empty()) {
+      InitParameterRange(layout, init.seed, init.initializer_range, r.begin, r.end, weights + r.begin);
+      continue;
+    }
+    HERD_ASSIGN_OR_RETURN(std::vector<float> loaded, LoadInitialWeights(init.init_from, init.model, r.begin, r.end));
+    std::copy(loaded.begin(), loaded.end(), weights + r.begin);
+  }
+  return Status::OK();
+}
+
 Status CheckNotDiverged(const char* what, double value) {
   if (std::isfinite(value)) return Status::OK();
   return Status::FailedPrecondition(std::string("the ") + what + " is " + std::to_string(value) +

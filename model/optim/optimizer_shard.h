@@ -48,6 +48,13 @@ struct WeightInit {
   config::ModelConfig model;  // the shape init_from must have
 };
 
+// The weights of `ranges` of `layout`'s space into `weights` (the whole
+// space) alone, without an optimizer: from the checkpoint when resuming,
+// else as `init` starts them (where the optimizer holds slices of weights
+// every worker needs whole).
+Status LoadWeightRanges(const ParamLayout& layout, const WeightInit& init, const std::vector<ParamRange>& ranges,
+                        const std::optional<VerifiedCheckpoint>& resume_from, float* weights);
+
 class OptimizerShard {
  public:
   // Fresh: `init`'s weights (the initialisation is a function of seed and
@@ -85,6 +92,12 @@ class OptimizerShard {
   // From now on the master weights are [begin, end) of `space` (the whole
   // flat space, which must outlive this object); they are copied there.
   void AttachWeights(float* space);
+
+  // Lets go of the weights and moments, whose working copy lives
+  // elsewhere (a GPU's: cuda::DeviceTrainer). From then on only the
+  // step's scalars (BeginStep, EndStep), step() and the spike guard's
+  // state in view() are for use.
+  void ReleaseArrays();
 
   struct Scalars {
     int64_t step = 0;          // the step being taken (1-based)

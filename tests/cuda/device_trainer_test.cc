@@ -5,6 +5,7 @@
 // step count and the schedule go on.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "model/optim/optimizer_shard.h"
@@ -12,7 +13,7 @@
 #include "sharding/job_options.h"
 #include "tests/cuda/device_test_util.h"
 #include "worker/cuda/device_trainer.h"
-#include "worker/reducers/local_sync.h"
+#include "worker/reducers/device_resident_sync.h"
 
 namespace herd::cuda {
 namespace {
@@ -66,8 +67,11 @@ TEST(DeviceResidentSync, TheSpikeGuardSkipsTheUpdateOnTheDevice) {
   ASSERT_TRUE(created.ok()) << created.status().message();
   DeviceTrainer* device = created->get();
   std::vector<float> weights(P);
-  DeviceResidentSync sync(std::move(*created), std::make_unique<OptimizerShard>(layout, options, std::move(state)),
-                          weights.data());
+  std::vector<ShardState> states;
+  states.push_back(std::move(state));
+  auto optimizer = OptimizerSlices::Attached(layout, options, std::move(states), nullptr);
+  std::copy_n(optimizer->slice(0).weights(), P, weights.data());
+  DeviceResidentSync sync(nullptr, std::move(*created), std::move(optimizer), weights.data(), {});
 
   // A pattern the model learns at once (the loss falls step by step), then
   // random targets: a loss far above the running mean.
@@ -78,7 +82,7 @@ TEST(DeviceResidentSync, TheSpikeGuardSkipsTheUpdateOnTheDevice) {
       for (int i = 0; i < N; ++i) targets[i] = (i * 53 + 29) % shape.vocab_size;
     }
     const DeviceState before = Read(*device, P);
-    auto loss = sync.ComputeStep({inputs.data()}, {targets.data()}, static_cast<uint64_t>(step - 1));
+    auto loss = sync.ComputeStep({inputs.data()}, {targets.data()});
     ASSERT_TRUE(loss.ok()) << loss.status().message();
     const StepReport& r = sync.report();
     EXPECT_EQ(r.version, static_cast<uint64_t>(step));

@@ -1,13 +1,20 @@
-// One process training on one GPU with everything resident there, as llm.c
-// and a PyTorch training loop do: fp32 master weights, AdamW moments and
-// gradients in device memory, the compute copy in the compute dtype. A
-// step is two calls: ComputeGradients (forward/backward over the
-// micro-batches and the global gradient norm) and ApplyUpdate (AdamW on the
-// device with the numbers OptimizerShard::BeginStep made of that norm: the
-// learning rate, the clipping coefficient, the spike guard's verdict), so
-// the step's numbers are made in one place for every path. The
-// single-process trainer (DeviceResidentSync, worker/reducers/local_sync.h) uses it
-// for device.kind CUDA, and `herd bench gpu` times that trainer. No CUDA
+// Training on one GPU with everything resident there, as llm.c, PyTorch
+// DDP and DeepSpeed's ZeRO-1/2 keep it: fp32 master weights, AdamW moments
+// and gradients in device memory, the compute copy in the compute dtype.
+// A step is two calls: ComputeGradients (forward/backward over the
+// micro-batches, the gradients reduced across workers through a
+// DeviceExchange as backward finishes them, and their squared norm) and
+// ApplyUpdate (AdamW on the device with the numbers OptimizerShard::
+// BeginStep made of the global norm: the learning rate, the clipping
+// coefficient, the spike guard's verdict), so the step's numbers are made
+// in one place for every path. One process (DeviceResidentSync,
+// worker/reducers/device_resident_sync.h) and all-reduce mode over NCCL use it for
+// device.kind CUDA; `herd bench gpu` times it.
+//
+// A ZeRO owner keeps the master weights and moments of its slices only
+// (Options::owned); in fp32 its master weights are the compute weights'
+// own elements, stepped in place, in bf16 a packed fp32 copy of the
+// slices. No CUDA
 // type appears here, so callers need no CUDA headers, and builds without
 // CUDA include this header without compiling device_trainer.cc.
 #pragma once
@@ -21,9 +28,33 @@
 #include "model/model.h"
 #include "model/optim/adamw.h"
 #include "model/optim/optimizer_shard.h"
+#include "model/param_layout.h"
 #include "sharding/job_options.h"
 
 namespace herd::cuda {
+
+// How a device's gradients and weights meet the other workers' (NCCL:
+// worker/reducers/nccl_gradients.h). Each call is ordered on the device
+// after the work the trainer issued before it, and the trainer's work
+// issued after it follows it. `stream` is the trainer's cudaStream_t,
+// opaque here so that this header needs no CUDA.
+class DeviceExchange {
+ public:
+  virtual ~DeviceExchange() = default;
+  // The step's summed gradients at [begin, end) are final (the last
+  // micro-batch's backward, in descending ranges): all-reduce them, or
+  // reduce-scatter them to their owners.
+  virtual void ReduceGradients(float* grads, int64_t begin, int64_t end, void* stream) = 0;
+  // Before the trainer reads the reduced gradients (the norm, the update).
+  virtual void AwaitGradients(void* stream) = 0;
+  // After the update of this worker's owned ranges: the other owners'
+  // ranges of the compute weights (`element_bytes` 4 or 2) from them
+  // (nothing under DDP, where every worker stepped everything).
+  virtual void GatherWeights(void* weights, int element_bytes, void* stream) = 0;
+  // Whether what was issued since the last call went well (a peer gone,
+  // an NCCL error); waits for it.
+  virtual Status Finish() = 0;
+};
 
 class DeviceTrainer {
  public:
@@ -34,6 +65,17 @@ class DeviceTrainer {
     AdamWOptions adamw;  // the schedule and clipping are OptimizerShard's
     int device = 0;
     Recompute recompute = Recompute::kNone;
+    // The ranges of the flat space whose master weights and AdamW moments
+    // this device keeps and steps (ascending, disjoint; empty: all of it):
+    // a ZeRO owner's slices. The compute weights and the gradients are
+    // whole.
+    std::vector<ParamRange> owned;
+    // The ranges whose squared gradients ComputeGradients adds (ascending;
+    // empty: all of it).
+    std::vector<ParamRange> counted;
+    // The data-parallel replicas whose gradients the exchange adds: each
+    // takes 1/replicas of the global batch's mean.
+    int replicas = 1;
 
     // A job's model, train.batch_size x seq_len and AdamW options, in
     // bf16 or fp32 (device.dtype), on `device`.
@@ -54,23 +96,34 @@ class DeviceTrainer {
   static StatusOr<std::unique_ptr<DeviceTrainer>> Create(const Options& options);
   virtual ~DeviceTrainer() = default;
 
-  // The optimizer state over the whole flat space (host arrays of
-  // layout().size() floats); GetState's m and v may be null.
+  // The elements of the owned ranges (of the whole space when all).
+  virtual int64_t owned_size() const = 0;
+  // The state: `weights` the whole flat space (the compute weights, and
+  // the owned ranges' master weights); `m` and `v` the owned ranges',
+  // packed one after another (owned_size() floats each).
   virtual void SetState(const float* weights, const float* m, const float* v) = 0;
+  // The owned ranges' master weights, m and v, packed as SetState's m (m
+  // and v may be null).
   virtual void GetState(float* weights, float* m, float* v) = 0;
 
+  // From now on the step's gradients are reduced, and the weights
+  // gathered, through `exchange` (which must outlive the trainer).
+  virtual void SetExchange(DeviceExchange* exchange) = 0;
+
   struct Gradients {
-    double loss = 0;         // the mean over the micro-batches
-    double global_norm = 0;  // of the summed gradients, before clipping
+    double loss = 0;     // the mean over the micro-batches
+    double squares = 0;  // of the summed (and reduced) gradients in `counted`, before clipping
   };
   // Forward and backward over micro-batches of host tokens (inputs[a],
-  // targets[a]: batch x seq_len each), the gradients summed on the device;
-  // returns once their norm is on the host.
+  // targets[a]: batch x seq_len each), the gradients summed on the device
+  // (and reduced, with an exchange); returns once their squares are on the
+  // host.
   virtual Gradients ComputeGradients(const std::vector<const int32_t*>& inputs,
                                      const std::vector<const int32_t*>& targets) = 0;
-  // AdamW over the whole space with the step's numbers (step, lr, clipping
-  // coefficient); nothing when the spike guard skips the step. Returns
-  // while the device still runs it.
+  // AdamW over the owned ranges with the step's numbers (step, lr,
+  // clipping coefficient), then the compute weights (gathered, with an
+  // exchange); nothing when the spike guard skips the step. Returns while
+  // the device still runs it.
   virtual void ApplyUpdate(const OptimizerShard::Scalars& step) = 0;
 
   // Waits until the device has done everything issued so far.

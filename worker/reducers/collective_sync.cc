@@ -127,7 +127,8 @@ class CollectiveStep : public SyncStrategy {
       paged->Release(whole.begin * sizeof(float), (mine.begin - whole.begin) * sizeof(float));
       paged->Release(mine.end * sizeof(float), (whole.end - mine.end) * sizeof(float));
     }
-    if (replicas_ != nullptr && mine.size() > 0) {
+    // Reduced with the replicas on the device too, when it reduces.
+    if (replicas_ != nullptr && o_.device_reduction == nullptr && mine.size() > 0) {
       replica_handles_.push_back(
           replicas_->AllReduce(grads + mine.begin, mine.size(), DType::kFloat32, o_.gradient_wire));
     }
@@ -516,17 +517,7 @@ Status LoadWholeWeights(const CollectiveSyncOptions& o, const std::vector<ParamR
                         const std::optional<VerifiedCheckpoint>& resume_from, float* weights) {
   const ReducedPlacement& p = o.placement;
   if (p.slices != nullptr) return LoadPackedWeights(*p.slices, ranges, o.job->init, *p.flat, resume_from, weights);
-  if (resume_from) return ReadShardRanges(resume_from->dir, resume_from->manifest, ranges, false, weights).status();
-  const WeightInit& init = o.job->init;
-  for (const ParamRange& r : ranges) {
-    if (init.init_from.empty()) {
-      InitParameterRange(*o.layout, init.seed, init.initializer_range, r.begin, r.end, weights + r.begin);
-      continue;
-    }
-    HERD_ASSIGN_OR_RETURN(std::vector<float> loaded, LoadInitialWeights(init.init_from, init.model, r.begin, r.end));
-    std::copy(loaded.begin(), loaded.end(), weights + r.begin);
-  }
-  return Status::OK();
+  return LoadWeightRanges(*o.layout, o.job->init, ranges, resume_from, weights);
 }
 
 }  // namespace

@@ -16,10 +16,14 @@ bool BuiltWithNccl() { return true; }
 
 namespace {
 
-class NcclGradientReduction : public DeviceGradientReduction {
+// Both sides of a CUDA worker's NCCL: the staged model's reducer
+// (DeviceGradientReduction, Reduce attached to the model) and the
+// device-resident trainer's exchange (DeviceExchange).
+class NcclGradientReduction : public DeviceGradientReduction, public cuda::DeviceExchange {
  public:
-  NcclGradientReduction(std::unique_ptr<transport::NcclCollectives> nccl, const ShardPlan& plan, bool zero)
-      : nccl_(std::move(nccl)), plan_(plan), zero_(zero) {
+  NcclGradientReduction(std::unique_ptr<transport::NcclCollectives> nccl,
+                        std::unique_ptr<transport::NcclCollectives> replicas, const ShardPlan& plan, bool zero)
+      : nccl_(std::move(nccl)), replicas_(std::move(replicas)), plan_(plan), zero_(zero) {
     for (const Bucket& b : plan.buckets()) owners_.push_back(OwnerParts(b, nccl_->size()));
   }
   ~NcclGradientReduction() override {
@@ -29,6 +33,7 @@ class NcclGradientReduction : public DeviceGradientReduction {
   // Enqueues the reduction of [begin, end) after `ready`.
   cudaEvent_t Reduce(float* grads, int64_t begin, int64_t end, cudaEvent_t ready) {
     HERD_CUDA_CHECK(cudaStreamWaitEvent(nccl_->stream(), ready, 0));
+    std::vector<ParamRange> owned;  // of the range, this worker's slices (ZeRO)
     if (!zero_) {
       handles_.push_back(nccl_->AllReduce(grads + begin, end - begin, transport::DType::kFloat32));
     } else {
@@ -46,17 +51,48 @@ class NcclGradientReduction : public DeviceGradientReduction {
           at += owners[r];
         }
         handles_.push_back(nccl_->ReduceScatter(grads + lo, parts));
+        const ParamRange mine = SliceOf(b, owners, nccl_->rank());
+        owned.push_back({std::max(lo, mine.begin), std::min(hi, mine.end)});
       }
     }
-    if (next_event_ == events_.size()) {
-      cudaEvent_t e;
-      HERD_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-      events_.push_back(e);
-    }
-    cudaEvent_t done = events_[next_event_++];
+    cudaEvent_t done = NextEvent();
     HERD_CUDA_CHECK(cudaEventRecord(done, nccl_->stream()));
+    if (replicas_ == nullptr) return done;
+    // The owned pieces, reduced in the group, with the other groups'.
+    HERD_CUDA_CHECK(cudaStreamWaitEvent(replicas_->stream(), done, 0));
+    for (const ParamRange& r : owned) {
+      if (r.size() > 0) replica_handles_.push_back(replicas_->AllReduce(grads + r.begin, r.size(), transport::DType::kFloat32));
+    }
+    done = NextEvent();
+    HERD_CUDA_CHECK(cudaEventRecord(done, replicas_->stream()));
     return done;
   }
+
+  void ReduceGradients(float* grads, int64_t begin, int64_t end, void* stream) override {
+    cudaEvent_t ready = NextEvent();
+    HERD_CUDA_CHECK(cudaEventRecord(ready, static_cast<cudaStream_t>(stream)));
+    reduced_ = Reduce(grads, begin, end, ready);
+  }
+  void AwaitGradients(void* stream) override {
+    if (reduced_ != nullptr) HERD_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), reduced_, 0));
+    reduced_ = nullptr;
+  }
+  void GatherWeights(void* weights, int element_bytes, void* stream) override {
+    if (!zero_) return;  // every worker stepped every weight
+    auto* s = static_cast<cudaStream_t>(stream);
+    cudaEvent_t stepped = NextEvent();
+    HERD_CUDA_CHECK(cudaEventRecord(stepped, s));
+    HERD_CUDA_CHECK(cudaStreamWaitEvent(nccl_->stream(), stepped, 0));
+    char* bytes = static_cast<char*>(weights);
+    for (size_t i = 0; i < owners_.size(); ++i) {
+      handles_.push_back(
+          nccl_->AllGather(bytes + plan_.buckets()[i].range.begin * element_bytes, owners_[i], element_bytes));
+    }
+    cudaEvent_t gathered = NextEvent();
+    HERD_CUDA_CHECK(cudaEventRecord(gathered, nccl_->stream()));
+    HERD_CUDA_CHECK(cudaStreamWaitEvent(s, gathered, 0));
+  }
+  Status Finish() override { return FinishStep(); }
 
   Status FinishStep() override {
     Status first;
@@ -64,28 +100,56 @@ class NcclGradientReduction : public DeviceGradientReduction {
       Status st = nccl_->Wait(h);
       if (!st.ok() && first.ok()) first = st;
     }
+    for (transport::Collectives::Handle h : replica_handles_) {
+      Status st = replicas_->Wait(h);
+      if (!st.ok() && first.ok()) first = st;
+    }
     handles_.clear();
+    replica_handles_.clear();
     next_event_ = 0;
     return first;
   }
 
  private:
-  std::unique_ptr<transport::NcclCollectives> nccl_;
+  cudaEvent_t NextEvent() {
+    if (next_event_ == events_.size()) {
+      cudaEvent_t e;
+      HERD_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      events_.push_back(e);
+    }
+    return events_[next_event_++];
+  }
+
+  std::unique_ptr<transport::NcclCollectives> nccl_;      // the shard group
+  std::unique_ptr<transport::NcclCollectives> replicas_;  // hybrid: this place in the other groups
   const ShardPlan& plan_;
   const bool zero_;
   std::vector<Partition> owners_;  // each bucket's cut among the ranks (plan order)
-  std::vector<transport::Collectives::Handle> handles_;
+  std::vector<transport::Collectives::Handle> handles_, replica_handles_;
   std::vector<cudaEvent_t> events_;
   size_t next_event_ = 0;
+  cudaEvent_t reduced_ = nullptr;  // after the last ReduceGradients' reductions
 };
+
+// The communicators of `groups` (every worker makes the same ones, in
+// the same order) and the reduction over them.
+StatusOr<std::unique_ptr<NcclGradientReduction>> MakeReduction(transport::CoordinatorClient& client,
+                                                               const ShardPlan& plan, bool zero,
+                                                               const NcclGroups& groups) {
+  HERD_ASSIGN_OR_RETURN(auto nccl, transport::NcclCollectives::Create(client, groups.shard_group, "shard-group"));
+  std::unique_ptr<transport::NcclCollectives> replicas;
+  if (groups.replicas.size() > 1) {
+    HERD_ASSIGN_OR_RETURN(replicas, transport::NcclCollectives::Create(client, groups.replicas, "replicas"));
+  }
+  return std::make_unique<NcclGradientReduction>(std::move(nccl), std::move(replicas), plan, zero);
+}
 
 }  // namespace
 
 StatusOr<std::unique_ptr<DeviceGradientReduction>> ReduceGradientsWithNccl(transport::CoordinatorClient& client,
                                                                            Model& model, const ShardPlan& plan,
-                                                                           bool zero) {
-  HERD_ASSIGN_OR_RETURN(auto nccl, transport::NcclCollectives::Create(client));
-  auto reduction = std::make_unique<NcclGradientReduction>(std::move(nccl), plan, zero);
+                                                                           bool zero, const NcclGroups& groups) {
+  HERD_ASSIGN_OR_RETURN(std::unique_ptr<NcclGradientReduction> reduction, MakeReduction(client, plan, zero, groups));
   NcclGradientReduction* r = reduction.get();
   HERD_RETURN_IF_ERROR(cuda::AttachGradientReducer(model, [r](float* grads, int64_t begin, int64_t end, cudaEvent_t ready) {
     return r->Reduce(grads, begin, end, ready);
@@ -93,12 +157,24 @@ StatusOr<std::unique_ptr<DeviceGradientReduction>> ReduceGradientsWithNccl(trans
   return std::unique_ptr<DeviceGradientReduction>(std::move(reduction));
 }
 
+StatusOr<std::unique_ptr<cuda::DeviceExchange>> ExchangeWithNccl(transport::CoordinatorClient& client,
+                                                                 const ShardPlan& plan, bool zero,
+                                                                 const NcclGroups& groups) {
+  HERD_ASSIGN_OR_RETURN(std::unique_ptr<NcclGradientReduction> reduction, MakeReduction(client, plan, zero, groups));
+  return std::unique_ptr<cuda::DeviceExchange>(std::move(reduction));
+}
+
 #else
 
 bool BuiltWithNccl() { return false; }
 
+StatusOr<std::unique_ptr<cuda::DeviceExchange>> ExchangeWithNccl(transport::CoordinatorClient&, const ShardPlan&,
+                                                                 bool, const NcclGroups&) {
+  return Status::Unavailable("this herd was built without NCCL");
+}
+
 StatusOr<std::unique_ptr<DeviceGradientReduction>> ReduceGradientsWithNccl(transport::CoordinatorClient&, Model&,
-                                                                           const ShardPlan&, bool) {
+                                                                           const ShardPlan&, bool, const NcclGroups&) {
   return Status::Unavailable("this herd was built without NCCL");
 }
 

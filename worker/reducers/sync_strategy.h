@@ -14,12 +14,14 @@
 // (IssueWeights, WaitUpTo, FinishWeights); the model reaches them through
 // the worker's WeightHome (worker/reducers/weight_home.h), never directly.
 //
-// The strategies (docs/design.md lists them): one process (worker/
-// local_sync.h: on the CPU, or the whole step on one GPU), parameter
-// servers (worker/reducers/parameter_server_sync.h: whole or streamed weights),
-// collectives (worker/reducers/collective_sync.h: DDP and ZeRO-1/2/3 over the UCX
-// ring or NCCL, of the whole model, a pipeline stage's ranges or a
-// tensor-parallel rank's slices).
+// The strategies (docs/design.md lists them): one process on the CPU
+// (worker/reducers/local_sync.h), the whole step on each worker's GPU (worker/
+// reducers/device_resident_sync.h: one process, or DDP and ZeRO-1/2 over
+// NCCL), parameter servers (worker/reducers/parameter_server_sync.h: whole
+// or streamed weights), collectives (worker/reducers/collective_sync.h:
+// DDP and ZeRO-1/2/3 over the UCX ring, or with gradients reduced by NCCL
+// before the host's optimizer, of the whole model, a pipeline stage's
+// ranges or a tensor-parallel rank's slices).
 #pragma once
 
 #include <cstdint>
