@@ -13,6 +13,11 @@ the same global batch (tests/herdtest.py's tiny job, fp32, 20 steps):
   runs on the host, is within the tolerance only;
 * a rerun bitwise equal, and `--stop-at` + `--resume` bitwise equal to the
   straight run;
+* checkpoints across devices: the CUDA grid's (ZeRO-1, W=2) resumed by one
+  CPU process, and one CPU process's by the CUDA grid, within 1e-4 of the
+  run each continues;
+* kill -9 of a worker mid-run stops the job in one line naming it (its
+  peer waits in NCCL for it, and must not hang);
 * --long: DDP, ZeRO-1, -2 and -3 with 4 workers as well.
 
 The emulated device is exact but slow; the real build skips (exit 77):
@@ -22,6 +27,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import herdtest  # noqa: E402
+from ps_failure_test import kill_mid_run  # noqa: E402
 
 STEPS = 20
 
@@ -70,6 +76,29 @@ def main():
     p, resumed = run("split", split, ckpt="split", extra=("--resume",))
     assert "resumed from" in p.stdout, p.stdout
     assert herdtest.trajectory(resumed) == trajectory["zero1_2"], "stop at 10 and --resume over NCCL differs"
+    # Checkpoints resume across devices: the CUDA grid's step 10 on one
+    # CPU process, and one CPU process's step 10 on the CUDA grid, each
+    # within the tolerance of the run it continues.
+    one = ""
+    _, cpu_one = run("cpu_one", one, device="", ckpt="cpu_one", extra=("--set", "train.batch_size=8"))
+    herdtest.steps_within(cpu_one, cpu, "one CPU process against CPU DDP", tolerance=1e-4)
+    text = herdtest.tiny_config("train.bin", steps=STEPS, metrics="grid_to_cpu.jsonl", ckpt="grid_to_cpu", every=10,
+                                extra=one).replace("batch_size: 4", "batch_size: 8")
+    herdtest.resume_from(sb, "grid_to_cpu", sb.write("grid_to_cpu.textproto", text), "split/step_00000010")
+    gap = herdtest.steps_within(herdtest.metrics_rows(sb.path("grid_to_cpu.jsonl")), rows["zero1_2"][10:],
+                                "the CUDA grid's checkpoint on one CPU process", tolerance=1e-4)
+    report.append(f"grid->cpu {gap:.2g}")
+    text = herdtest.tiny_config("train.bin", steps=STEPS, metrics="cpu_to_grid.jsonl", ckpt="cpu_to_grid", every=10,
+                                extra="device { kind: CUDA dtype: FP32 }\n" + split)
+    herdtest.resume_from(sb, "cpu_to_grid", sb.write("cpu_to_grid.textproto", text), "cpu_one/step_00000010")
+    gap = herdtest.steps_within(herdtest.metrics_rows(sb.path("cpu_to_grid.jsonl")), cpu_one[10:],
+                                "one CPU process's checkpoint on the CUDA grid", tolerance=1e-4)
+    report.append(f"cpu->grid {gap:.2g}")
+    # A worker killed mid-run: its peer, waiting in an NCCL collective for
+    # it, must not hang; the job stops naming it.
+    stopped_in = kill_mid_run(sb, "worker", 1, "cluster { sync: ALLREDUCE workers: 2 zero_stage: 1 "
+                                               "heartbeat_timeout_s: 5 } device { kind: CUDA dtype: FP32 }")
+    report.append(f"kill -9 of a worker stopped the job in {stopped_in:.1f} s")
     print("gpu_collectives: " + ", ".join(report))
     print("gpu_collectives: ok")
 
