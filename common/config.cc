@@ -764,7 +764,7 @@ bool StepsOnTheDevice(const JobConfig& config) {
   const config::ClusterConfig& cl = config.cluster();
   if (config.device().kind() != config::DeviceConfig::CUDA) return false;
   return cl.sync() == config::ClusterConfig::NONE ||
-         (cl.sync() == config::ClusterConfig::ALLREDUCE && cl.nccl() && cl.zero_stage() < 3);
+         (cl.sync() == config::ClusterConfig::ALLREDUCE && cl.nccl());
 }
 
 bool ShardsInGroups(const config::ClusterConfig& cluster) {

@@ -131,11 +131,10 @@ bool StepsSlicesAsScattered(const JobConfig& config);
 // workers (ZeRO-3).
 bool WorkersHoldAWindow(const JobConfig& config);
 // Whether CUDA workers keep the whole step on their GPU (weights,
-// gradients and AdamW state resident, as llm.c and PyTorch DDP do): one
-// process (sync NONE), and all-reduce mode over NCCL (cluster.nccl) with
-// zero_stage 0, 1 or 2. ZeRO-3's window, parameter servers and
-// cluster.nccl false stage the gradients through host memory, where the
-// optimizer runs.
+// gradients and AdamW state resident, as llm.c, PyTorch DDP and FSDP2 do):
+// one process (sync NONE), and all-reduce mode over NCCL (cluster.nccl),
+// every ZeRO stage. Parameter servers and cluster.nccl false stage the
+// gradients through host memory, where the optimizer runs.
 bool StepsOnTheDevice(const JobConfig& config);
 // Whether ZeRO shards inside groups smaller than the job (hybrid sharding,
 // cluster.shard_group_size), replicating across them.

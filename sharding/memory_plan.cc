@@ -231,17 +231,21 @@ StatusOr<ProcessMemory> TrainerMemory(const JobSizes& j) {
   t.runtime = kRuntimeBytes;
   if (StepsOnTheDevice(j.config)) {
     // The whole step on the GPU (cuda::DeviceTrainer): one process, or
-    // DDP and ZeRO-1/2 over NCCL, the owned slices' moments (worker 0's,
-    // the largest) and in bf16 their master weights there. The host holds
+    // DDP and ZeRO over NCCL, the owned slices' moments (worker 0's, the
+    // largest) and in bf16 their master weights there; ZeRO-3's compute
+    // weights a window of gathered units. The host holds
     // the state only while it loads it and writes a checkpoint of it.
     const int64_t owned = t.role == "worker" && j.cluster.zero_stage() > 0 ? t.optimizer / (2 * kF32) : j.P;
     t.weights = 0;
     t.gradients = 0;
     t.optimizer = 0;
     t.buffers = 0;
-    t.device = cuda::DeviceTrainerDeviceBytes(j.shape, j.train.batch_size(), j.train.seq_len(),
-                                              j.config.device().dtype() == config::DeviceConfig::BF16, j.job.recompute,
-                                              owned);
+    const bool bf16 = j.config.device().dtype() == config::DeviceConfig::BF16;
+    t.device = j.cluster.zero_stage() == 3 && t.role == "worker"
+                   ? cuda::GatheredTrainerDeviceBytes(j.shape, j.train.batch_size(), j.train.seq_len(), bf16,
+                                                      j.job.recompute, j.train.grad_accum() > 1, owned)
+                   : cuda::DeviceTrainerDeviceBytes(j.shape, j.train.batch_size(), j.train.seq_len(), bf16,
+                                                    j.job.recompute, owned);
   }
   return t;
 }

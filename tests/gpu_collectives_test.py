@@ -3,14 +3,14 @@ device's multi-rank NCCL (transport/nccl_emulation.cc: the ranks are the
 worker processes, meeting in shared memory), against DDP of CPU workers on
 the same global batch (tests/herdtest.py's tiny job, fp32, 20 steps):
 
-* DDP, ZeRO-1, -2 and -3 with 2 CUDA workers, and hybrid sharding (ZeRO-1
-  in 2 groups of 2) with 4: every step's loss within 1e-4 relative of the
+* DDP, ZeRO-1, -2 and -3 with 2 CUDA workers, the whole step on the
+  device (ZeRO-3's weights gathered unit by unit from the owners' device
+  slices), and hybrid sharding (ZeRO-1 in 2 groups of 2) with 4: every step's loss within 1e-4 relative of the
   CPU's and the gradient norm within 1e-3 (herdtest.NORM_TOLERANCE);
-* DDP, ZeRO-1 and -2 of the same W (the whole step on the device) bitwise
-  alike: the emulated NCCL adds the ranks in rank order in its all-reduce
-  and its rooted reduces alike (real NCCL's ring and tree orders differ,
-  so on a GPU they are within rounding instead). ZeRO-3, whose optimizer
-  runs on the host, is within the tolerance only;
+* DDP, ZeRO-1, -2 and -3 of the same W bitwise alike: the emulated NCCL
+  adds the ranks in rank order in its all-reduce and its rooted reduces
+  alike (real NCCL's ring and tree orders differ, so on a GPU they are
+  within rounding instead);
 * a rerun bitwise equal, and `--stop-at` + `--resume` bitwise equal to the
   straight run;
 * checkpoints across devices: the CUDA grid's (ZeRO-1, W=2) resumed by one
@@ -60,12 +60,13 @@ def main():
     rows, report = {}, []
     for name, cluster in cases:
         p, rows[name] = run(name, f"cluster {{ sync: ALLREDUCE {cluster} }}")
-        assert "gradients by NCCL" in p.stdout, p.stdout
+        assert "weights and AdamW state on the device" in p.stdout, p.stdout
+        assert ("ZeRO-3 gathered" in p.stdout) == ("zero_stage: 3" in cluster), p.stdout
         gap = herdtest.steps_within(rows[name], cpu, name, tolerance=1e-4)
         report.append(f"{name} {gap:.2g}")
     trajectory = {name: herdtest.trajectory(r) for name, r in rows.items()}
     for w in ("2", "4") if herdtest.LONG else ("2",):
-        for stage in ("zero1_", "zero2_"):
+        for stage in ("zero1_", "zero2_", "zero3_"):
             assert trajectory[stage + w] == trajectory["ddp" + w], f"{stage}{w} differs from ddp{w} over NCCL"
 
     # Reruns and resumes, bitwise.

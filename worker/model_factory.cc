@@ -51,22 +51,21 @@ StatusOr<int> PickDevice(int local_rank) {
 
 StatusOr<std::unique_ptr<cuda::DeviceTrainer>> CreateDeviceTrainer(const config::JobConfig& config,
                                                                    const JobOptions& job, int local_rank,
-                                                                   std::vector<ParamRange> owned,
-                                                                   std::vector<ParamRange> counted, int replicas) {
+                                                                   const DevicePart& part) {
   if (config.device().kind() == config::DeviceConfig::CPU) return std::unique_ptr<cuda::DeviceTrainer>();
   HERD_ASSIGN_OR_RETURN(const int device, PickDevice(local_rank));
 #if HERD_HAVE_CUDA_MODEL
   const bool bf16 = config.device().dtype() == config::DeviceConfig::BF16;
   cuda::DeviceTrainer::Options o = cuda::DeviceTrainer::Options::ForJob(job, bf16, device);
-  o.owned = std::move(owned);
-  o.counted = std::move(counted);
-  o.replicas = replicas;
+  o.owned = part.owned;
+  o.counted = part.counted;
+  o.replicas = part.replicas;
+  o.gathered = part.gathered;
+  o.accumulates = job.grad_accum > 1;
   return cuda::DeviceTrainer::Create(o);
 #else
   (void)device;
-  (void)owned;
-  (void)counted;
-  (void)replicas;
+  (void)part;
   return std::unique_ptr<cuda::DeviceTrainer>();  // not reached: PickDevice refused
 #endif
 }

@@ -19,11 +19,17 @@ StatusOr<std::unique_ptr<Model>> CreateModel(const config::JobConfig& config, co
 
 // The single-process trainer's GPU engine for device.kind CUDA: weights,
 // AdamW state and gradients resident on the device (null for CPU jobs).
+// A worker's part of the device-resident step in all-reduce mode
+// (cuda::DeviceTrainer::Options' fields of the same names); the default
+// is one process's: everything.
+struct DevicePart {
+  std::vector<ParamRange> owned, counted;
+  int replicas = 1;
+  bool gathered = false;
+};
 StatusOr<std::unique_ptr<cuda::DeviceTrainer>> CreateDeviceTrainer(const config::JobConfig& config,
                                                                    const JobOptions& job, int local_rank,
-                                                                   std::vector<ParamRange> owned = {},
-                                                                   std::vector<ParamRange> counted = {},
-                                                                   int replicas = 1);
+                                                                   const DevicePart& part = {});
 
 // The local rank for device selection: LOCAL_RANK (torchrun) or
 // SLURM_LOCALID when set, else the global rank (one machine).

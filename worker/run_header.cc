@@ -53,7 +53,9 @@ void PrintReducerLine(const config::JobConfig& config, const JobOptions& job, co
       std::printf(" in shard groups of %d, replicated %d times", cluster.shard_group_size(),
                   num_workers / std::max(1, cluster.pipeline_stages()) / cluster.shard_group_size());
     }
-    if (cluster.zero_stage() == 3) {
+    if (cluster.zero_stage() == 3 && nccl == NcclUse::kWholeStep) {
+      std::printf(" (weights gathered on the device unit by unit as the passes reach them)");
+    } else if (cluster.zero_stage() == 3) {
       std::printf(" (weights gathered %d layer%s ahead%s)", cluster.stream_prefetch_layers(),
                   cluster.stream_prefetch_layers() == 1 ? "" : "s",
                   cluster.reshard_after_forward() ? "" : ", kept from forward to backward");

@@ -266,7 +266,7 @@ WorkerProcess::WorkerProcess(const config::JobConfig& config, const TrainOptions
       join_(join),
       reducer_(ReducerOf(config, join != nullptr)),
       streamed_(reducer_ == Reducer::kParameterServers && config.cluster().stream_weights()),
-      windowed_(WorkersHoldAWindow(config)),
+      windowed_(WorkersHoldAWindow(config) && !OnTheDevice(reducer_)),
       pages_weights_(windowed_ || (join != nullptr && HasPipeline(config))),
       pages_grads_(pages_weights_ ||
                    (reducer_ == Reducer::kCollectives &&
@@ -279,6 +279,7 @@ WorkerProcess::WorkerProcess(const config::JobConfig& config, const TrainOptions
 
 Status WorkerProcess::AllocateSpaces() {
   const int64_t P = packed_size_ > 0 ? packed_size_ : layout_.size();
+  if (OnTheDevice(reducer_)) return Status::OK();  // the GPU trainer keeps its own
   if (pages_grads_) {
     HERD_ASSIGN_OR_RETURN(paged_grads_, PagedBuffer::Reserve(P * sizeof(float), /*guarded=*/false));
   }
@@ -287,7 +288,6 @@ Status WorkerProcess::AllocateSpaces() {
     HERD_ASSIGN_OR_RETURN(paged_weights_, PagedBuffer::Reserve(P * sizeof(float), /*guarded=*/windowed_));
     return Status::OK();
   }
-  if (OnTheDevice(reducer_)) return Status::OK();  // the GPU trainer keeps its own
   weights_.resize(P);
   if (!pages_grads_) grads_.resize(P);
   return Status::OK();
@@ -460,7 +460,8 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeStrategy() {
 StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeDeviceResidentSync() {
   const int64_t P = layout_.size();
   DeviceResidentOptions d;
-  std::vector<ParamRange> owned = {{0, P}}, counted;
+  DevicePart part;
+  part.owned = {{0, P}};
   if (reducer_ == Reducer::kGpuCollectives) {
     // As the ring's reducer cuts them (CollectiveStep): a ZeRO owner's
     // slices; DDP counts in the norm the slices ZeRO would own.
@@ -469,8 +470,10 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeDeviceResidentSync() 
     const int G = static_cast<int>(group.size());
     const int g = static_cast<int>(std::find(group.begin(), group.end(), rank_) - group.begin());
     const bool zero = config_.cluster().zero_stage() > 0;
-    counted = OwnedSlices(plan_->buckets(), G, g);
-    if (zero) owned = counted;
+    part.counted = OwnedSlices(plan_->buckets(), G, g);
+    if (zero) part.owned = part.counted;
+    part.replicas = grid_.data();
+    part.gathered = config_.cluster().zero_stage() == 3;
     // Hybrid: every group holds the same sums; the first one counts them.
     const bool first_group = groups.replicas.empty() || groups.replicas.front() == rank_;
     d.everyone = runtime_->ring();
@@ -479,12 +482,13 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeDeviceResidentSync() 
     d.shard_file = !first_group || (!zero && g != 0) ? -1 : (zero ? g : 0);
   }
   HERD_ASSIGN_OR_RETURN(std::unique_ptr<cuda::DeviceTrainer> gpu,
-                        CreateDeviceTrainer(config_, job_, LocalRank(rank_), owned, counted, grid_.data()));
+                        CreateDeviceTrainer(config_, job_, LocalRank(rank_), part));
   // The whole space's weights (every worker loads them alike: no
-  // broadcast) and the owned slices' moments, on the host only until the
-  // device has them.
+  // broadcast; ZeRO-3's device takes its slices alone) and the owned
+  // slices' moments, on the host only until the device has them.
+  const std::vector<ParamRange>& owned = part.owned;
   std::vector<float> weights(P);
-  if (owned.size() > 1 || owned.front().size() < P) {
+  if (!part.gathered && (owned.size() > 1 || owned.front().size() < P)) {
     HERD_RETURN_IF_ERROR(LoadWeightRanges(layout_, job_.init, {{0, P}}, resume_from_, weights.data()));
   }
   HERD_ASSIGN_OR_RETURN(std::unique_ptr<OptimizerSlices> optimizer,
@@ -812,7 +816,7 @@ Status WorkerProcess::ReportSummary(const StepLoop& loop, int64_t start) {
   }
   run.plan_bytes = mine->total();
   run.device_plan_bytes = mine->device;
-  run.device_peak_bytes = model_holder_ ? model_holder_->DevicePeakBytes() : 0;
+  run.device_peak_bytes = model_ ? model_->DevicePeakBytes() : 0;
   run.shares_computed = loop.shares_computed();
   const transport::UcxStats ucx = runtime_->transport().stats();
   run.unauthenticated_dropped = static_cast<int64_t>(ucx.unauthenticated_dropped);

@@ -51,23 +51,48 @@ int64_t GpuWorkerDeviceBytes(const LlamaShape& shape, int max_batch, int max_seq
          kCublasWorkspaceBytes;
 }
 
-int64_t StreamedGpuWorkerDeviceBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16,
-                                     Recompute recompute, bool accumulates) {
+namespace {
+
+// The largest two consecutive units (ParamLayout::UnitBoundaries), the
+// tied embedding aside, and the tied embedding (0 untied): a window's
+// fullest.
+struct WindowUnits {
+  int64_t pair = 0, kept = 0;
+};
+WindowUnits WindowOf(const LlamaShape& shape) {
   const ParamLayout layout(shape);
   const std::vector<int64_t> units = layout.UnitBoundaries();
   const bool tied = layout.lm_head() == layout.embed();
-  int64_t pair = 0;  // the largest two consecutive units, the tied embedding aside
+  WindowUnits w;
   for (size_t u = 0; u + 1 < units.size(); ++u) {
     const int64_t here = tied && u == 0 ? 0 : units[u + 1] - units[u];
     const int64_t next = u + 2 < units.size() ? units[u + 2] - units[u + 1] : 0;
-    pair = std::max(pair, here + next);
+    w.pair = std::max(w.pair, here + next);
   }
-  const int64_t kept = tied ? units[1] : 0;
-  const int64_t weights = (pair + kept) * (bf16 ? 2 : 4);
-  const int64_t grads = accumulates ? layout.size() * 4 : (pair + kept) * 4;
+  w.kept = tied ? units[1] : 0;
+  return w;
+}
+
+}  // namespace
+
+int64_t StreamedGpuWorkerDeviceBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16,
+                                     Recompute recompute, bool accumulates) {
+  const WindowUnits w = WindowOf(shape);
+  const int64_t weights = (w.pair + w.kept) * (bf16 ? 2 : 4);
+  const int64_t grads = accumulates ? ParamLayout(shape).size() * 4 : (w.pair + w.kept) * 4;
   const int64_t landing = bf16 ? kStagingSlots * kStagingSlotFloats * 4 : 0;
   return CudaActivationBytes(shape, max_batch, max_seq_len, bf16, recompute) + weights + grads + landing +
          kCublasWorkspaceBytes;
+}
+
+int64_t GatheredTrainerDeviceBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16,
+                                   Recompute recompute, bool accumulates, int64_t owned) {
+  const WindowUnits w = WindowOf(shape);
+  const int64_t weights = (w.pair + w.kept) * (bf16 ? 2 : 4);
+  const int64_t grads = accumulates ? ParamLayout(shape).size() * 4 : (w.pair + w.kept) * 4;
+  // The owned slices' master weights, reduced gradients and moments.
+  return CudaActivationBytes(shape, max_batch, max_seq_len, bf16, recompute) + weights + grads + owned * 16 +
+         SumOfSquaresChunks(owned) * 8 + kCublasWorkspaceBytes;
 }
 
 int64_t SumOfSquaresChunks(int64_t n) { return (n + kSumOfSquaresChunk - 1) / kSumOfSquaresChunk; }

@@ -71,6 +71,14 @@ int64_t StreamedGpuWorkerDeviceBytes(const LlamaShape& shape, int max_batch, int
 int64_t DeviceTrainerDeviceBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16,
                                  Recompute recompute = Recompute::kNone, int64_t owned = -1);
 
+// The device-resident trainer under ZeRO-3 (gathered weights): the
+// activations, a window of gathered units (as the streamed worker's) and
+// their gradients (every unit's, when `accumulates`), the `owned` slices'
+// fp32 master weights, reduced gradients and moments, cuBLASLt's
+// workspace.
+int64_t GatheredTrainerDeviceBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16,
+                                   Recompute recompute, bool accumulates, int64_t owned);
+
 // Chunks of the gradient norm's partial sums over n elements
 // (kSumOfSquaresChunk each, as model/optim's SumOfSquares).
 int64_t SumOfSquaresChunks(int64_t n);

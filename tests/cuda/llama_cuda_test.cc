@@ -206,24 +206,37 @@ TEST(StagedCudaModel, AllocatesWhatThePlanSays) {
   }
 }
 
+// The whole space's state, and a ZeRO owner's (half the space's moments
+// and, in bf16, master weights), each in fp32 and bf16.
 TEST(DeviceTrainer, AllocatesWhatThePlanSays) {
   HERD_REQUIRE_DEVICE();
-  size_t before = 0, after = 0, total = 0;
-  HERD_CUDA_CHECK(cudaMemGetInfo(&before, &total));
-  DeviceTrainer::Options o;
-  o.shape = SmallShape(true, 1);
-  o.batch = 2;
-  o.seq_len = 50;
-  auto trainer = DeviceTrainer::Create(o);
-  ASSERT_TRUE(trainer.ok()) << trainer.status().message();
-  HERD_CUDA_CHECK(cudaMemGetInfo(&after, &total));
-  const double used = static_cast<double>(before) - static_cast<double>(after);
-  const double planned = static_cast<double>(DeviceTrainerDeviceBytes(o.shape, 2, 50, true));
+  for (const bool bf16 : {true, false}) {
+    for (const bool owner : {false, true}) {
+      size_t before = 0, after = 0, total = 0;
+      HERD_CUDA_CHECK(cudaMemGetInfo(&before, &total));
+      DeviceTrainer::Options o;
+      o.shape = SmallShape(true, 1);
+      o.batch = 2;
+      o.seq_len = 50;
+      o.bf16 = bf16;
+      const int64_t P = ParamLayout(o.shape).size();
+      if (owner) o.owned = o.counted = {{0, P / 2}};
+      auto trainer = DeviceTrainer::Create(o);
+      ASSERT_TRUE(trainer.ok()) << trainer.status().message();
+      HERD_CUDA_CHECK(cudaMemGetInfo(&after, &total));
+      const double used = static_cast<double>(before) - static_cast<double>(after);
+      const double planned = static_cast<double>(
+          DeviceTrainerDeviceBytes(o.shape, 2, 50, bf16, Recompute::kNone, owner ? P / 2 : -1));
 #if defined(HERD_CUDA_EMULATION)
-  EXPECT_NEAR(used, planned, 64 * 256);
+      const double slack = 64 * 256;
 #else
-  EXPECT_NEAR(used, planned, 64 << 20);
+      const double slack = 64 << 20;
 #endif
+      EXPECT_NEAR(used, planned, slack) << (bf16 ? "bf16" : "fp32") << (owner ? ", an owner" : "");
+      // What a worker reports as its device peak.
+      EXPECT_NEAR(static_cast<double>((*trainer)->evaluator().DevicePeakBytes()), used, slack);
+    }
+  }
 }
 
 TEST(CudaLlamaModel, RefusesAHeadDimWithoutKernels) {

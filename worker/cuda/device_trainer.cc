@@ -1,5 +1,6 @@
 #include "worker/cuda/device_trainer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <type_traits>
@@ -76,6 +77,7 @@ class ResidentTrainer final : public DeviceTrainer {
   }
 
   int64_t owned_size() const override { return owned_size_; }
+  void set_allocated(int64_t bytes) { allocated_ = bytes; }
 
   void SetState(const float* weights, const float* m, const float* v) override {
     HERD_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -167,7 +169,7 @@ class ResidentTrainer final : public DeviceTrainer {
       }
     }
     HERD_CUDA_CHECK_LAUNCH();
-    if (exchange_ != nullptr) exchange_->GatherWeights(weights_, sizeof(T), stream_);
+    if (exchange_ != nullptr) exchange_->GatherWeights(weights_, 0, P_, sizeof(T), stream_);
   }
 
   void Synchronize() override { HERD_CUDA_CHECK(cudaDeviceSynchronize()); }
@@ -192,6 +194,8 @@ class ResidentTrainer final : public DeviceTrainer {
    public:
     explicit Evaluator(ResidentTrainer* t) : t_(t) {}
     const ParamLayout& layout() const override { return t_->layout_; }
+    // Everything is allocated when the trainer is made.
+    int64_t DevicePeakBytes() const override { return t_->allocated_; }
     int max_batch() const override { return t_->o_.batch; }
     int max_seq_len() const override { return t_->o_.seq_len; }
     std::string Describe() const override { return t_->name_; }
@@ -237,7 +241,305 @@ class ResidentTrainer final : public DeviceTrainer {
   double* partials_ = nullptr;
   std::vector<double> host_partials_;
   std::vector<Run> runs_;
+  int64_t allocated_ = 0;  // by the constructor
 };
+
+// ZeRO-3 on the device (FSDP2's layout): the owned slices' fp32 master
+// weights, moments and reduced gradients, packed, are all this worker
+// keeps of the model between passes. A pass gathers each unit
+// (ParamLayout::UnitBoundaries) into a buffer of the compute dtype as the
+// model reaches it (each owner converts its slices into place, then the
+// exchange all-gathers the rest) and lets it go once its kernels are
+// enqueued, so the device holds two consecutive units, the head from the
+// forward's end into backward and, with tied embeddings, the embedding
+// for the whole step. Each unit's gradients live from its backward to the
+// step's last micro-batch: then they are reduce-scattered, this worker's
+// slices kept, the rest let go. The same kernels read the same values as
+// the resident trainer's, so the steps are ZeRO-1's wherever the
+// exchange adds alike.
+template <typename T>
+class GatheredTrainer final : public DeviceTrainer {
+ public:
+  GatheredTrainer(const Options& o, std::string name)
+      : o_(o),
+        name_(std::move(name)),
+        layout_(o.shape),
+        P_(layout_.size()),
+        units_(layout_.UnitBoundaries()),
+        tied_(o.shape.tie_word_embeddings),
+        owned_(OrWhole(o.owned, P_)),
+        owned_size_(SizeOf(owned_)),
+        evaluator_(this) {
+    HERD_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    // Freed units are reused as soon as their frees are done, and kept by
+    // the pool rather than given back at each synchronization.
+    cudaMemPoolProps props{};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = o.device;
+    HERD_CUDA_CHECK(cudaMemPoolCreate(&pool_, &props));
+    uint64_t keep = UINT64_MAX;
+    HERD_CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep));
+    model_ = std::make_unique<CudaLlamaModel<T>>(o.shape, o.batch, o.seq_len, stream_, o.recompute);
+    weights_.begins.assign(units_.begin(), units_.end() - 1);
+    weights_.bases.assign(num_units(), nullptr);
+    grads_.begins = weights_.begins;
+    grads_.bases.assign(num_units(), nullptr);
+    for (float** p : {&master_, &slice_grads_, &m_, &v_}) {
+      HERD_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(p), owned_size_ * 4));
+    }
+    int64_t chunks = 0, packed = 0;
+    for (const ParamRange& r : owned_) {
+      chunks += SumOfSquaresChunks(r.size());
+      packed_.push_back(packed);
+      for (const DecaySegment& s : DecaySegments(layout_, r.begin, r.end)) {
+        runs_.push_back({s.begin, s.end, packed + (s.begin - r.begin), s.decay});
+      }
+      packed += r.size();
+    }
+    HERD_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&partials_), chunks * 8));
+    host_partials_.resize(chunks);
+  }
+
+  ~GatheredTrainer() override {
+    cudaStreamSynchronize(stream_);
+    model_.reset();
+    for (int u = 0; u < num_units(); ++u) {
+      LetGo(u);
+      if (grads_.bases[u] != nullptr) cudaFreeAsync(grads_.bases[u], stream_);
+    }
+    cudaStreamSynchronize(stream_);
+    for (void* p : {static_cast<void*>(master_), static_cast<void*>(slice_grads_), static_cast<void*>(m_),
+                    static_cast<void*>(v_), static_cast<void*>(partials_)})
+      cudaFree(p);
+    cudaMemPoolDestroy(pool_);
+    cudaStreamDestroy(stream_);
+  }
+
+  int64_t owned_size() const override { return owned_size_; }
+  void set_allocated(int64_t bytes) { allocated_ = bytes; }
+
+  void SetState(const float* weights, const float* m, const float* v) override {
+    HERD_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    for (size_t i = 0; i < owned_.size(); ++i) {
+      HERD_CUDA_CHECK(cudaMemcpy(master_ + packed_[i], weights + owned_[i].begin, owned_[i].size() * 4,
+                                 cudaMemcpyHostToDevice));
+    }
+    HERD_CUDA_CHECK(cudaMemcpy(m_, m, owned_size_ * 4, cudaMemcpyHostToDevice));
+    HERD_CUDA_CHECK(cudaMemcpy(v_, v, owned_size_ * 4, cudaMemcpyHostToDevice));
+    for (int u = 0; u < num_units(); ++u) LetGo(u);
+  }
+
+  void GetState(float* weights, float* m, float* v) override {
+    HERD_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    HERD_CUDA_CHECK(cudaMemcpy(weights, master_, owned_size_ * 4, cudaMemcpyDeviceToHost));
+    if (m != nullptr) HERD_CUDA_CHECK(cudaMemcpy(m, m_, owned_size_ * 4, cudaMemcpyDeviceToHost));
+    if (v != nullptr) HERD_CUDA_CHECK(cudaMemcpy(v, v_, owned_size_ * 4, cudaMemcpyDeviceToHost));
+  }
+
+  void SetExchange(DeviceExchange* exchange) override { exchange_ = exchange; }
+
+  Gradients ComputeGradients(const std::vector<const int32_t*>& inputs,
+                             const std::vector<const int32_t*>& targets) override {
+    CHECK(exchange_ != nullptr) << "ZeRO-3 on the device gathers its weights through an exchange";
+    const int A = static_cast<int>(inputs.size());
+    const double loss_scale = 1.0 / (static_cast<double>(o_.batch) * o_.seq_len * A * o_.replicas);
+    Gradients g;
+    const int head = num_units() - 1;
+    for (int a = 0; a < A; ++a) {
+      g.loss += Forward(inputs[a], targets[a], o_.batch, o_.seq_len);
+      const bool last = a + 1 == A;
+      auto arrive = [&](int64_t x) {
+        const int u = weights_.Unit(x);
+        if (weights_.bases[u] == nullptr) Gather(u);
+        HoldGradients(u);
+        if (tied_ && u == head) HoldGradients(0);  // the head writes the embedding's gradients
+      };
+      auto computed = [&](int64_t x) {  // unit u's kernels are enqueued
+        const int u = weights_.Unit(x);
+        LetGo(u);
+        if (last) Scatter(u);
+        if (u > 0) HoldGradients(u - 1);  // the embedding's backward has no need_from
+      };
+      model_->Backward(UnitSpace<const T>(&weights_), UnitSpace<float>(&grads_), loss_scale, computed, arrive);
+      if (last) {
+        for (int u = num_units(); u-- > 0;) {
+          if (grads_.bases[u] != nullptr) Scatter(u);
+        }
+      }
+      for (int u = 0; u < num_units(); ++u) LetGo(u);
+    }
+    g.loss /= A;
+    int64_t at = 0;
+    for (size_t i = 0; i < owned_.size(); ++i) {
+      SumOfSquaresPartials(partials_ + at, slice_grads_ + packed_[i], owned_[i].size(), stream_);
+      at += SumOfSquaresChunks(owned_[i].size());
+    }
+    HERD_CUDA_CHECK(
+        cudaMemcpyAsync(host_partials_.data(), partials_, host_partials_.size() * 8, cudaMemcpyDeviceToHost, stream_));
+    HERD_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    for (double p : host_partials_) g.squares += p;
+    return g;
+  }
+
+  void ApplyUpdate(const OptimizerShard::Scalars& step) override {
+    if (step.spike.skip) return;
+    const AdamWScalars k = MakeAdamWScalars(o_.adamw, step.step, step.lr, step.grad_scale);
+    for (const Run& r : runs_) {
+      AdamW(master_ + r.packed, slice_grads_ + r.packed, m_ + r.packed, v_ + r.packed, r.end - r.begin, k,
+            k.DecayFor(r.decay), stream_);
+    }
+    HERD_CUDA_CHECK_LAUNCH();
+  }
+
+  void Synchronize() override { HERD_CUDA_CHECK(cudaDeviceSynchronize()); }
+  Model& evaluator() override { return evaluator_; }
+  std::string Describe() const override { return name_ + ", ZeRO-3 gathered"; }
+
+ private:
+  int num_units() const { return static_cast<int>(units_.size()) - 1; }
+  int64_t unit_size(int u) const { return units_[u + 1] - units_[u]; }
+
+  // A forward on the current weights, each unit gathered as it is reached
+  // and let go once the kernels past it are enqueued.
+  double Forward(const int32_t* tokens, const int32_t* targets, int B, int T_) {
+    int next = 0;
+    int64_t past_end = 0;
+    auto arrive = [&](int64_t end) {
+      for (int u = 0; u < num_units() && units_[u + 1] <= past_end; ++u) {
+        if (!(tied_ && u == 0)) LetGo(u);  // the tied embedding is the head too
+      }
+      while (next < num_units() && units_[next] < end) {
+        if (weights_.bases[next] == nullptr) Gather(next);
+        ++next;
+      }
+      past_end = end;
+    };
+    return model_->Forward(UnitSpace<const T>(&weights_), tokens, targets, B, T_, arrive);
+  }
+
+  // Unit u's compute weights: this worker's slices converted into place,
+  // the others' gathered.
+  void Gather(int u) {
+    const int64_t ub = units_[u], ue = units_[u + 1];
+    T* unit = nullptr;
+    HERD_CUDA_CHECK(cudaMallocFromPoolAsync(reinterpret_cast<void**>(&unit), unit_size(u) * sizeof(T), pool_, stream_));
+    for (size_t i = 0; i < owned_.size(); ++i) {
+      const int64_t lo = std::max(ub, owned_[i].begin), hi = std::min(ue, owned_[i].end);
+      if (lo < hi) Convert(unit + (lo - ub), master_ + packed_[i] + (lo - owned_[i].begin), hi - lo, stream_);
+    }
+    exchange_->GatherWeights(unit - ub, ub, ue, sizeof(T), stream_);
+    weights_.bases[u] = unit;
+  }
+
+  // Unit u's weights go once the kernels enqueued so far are done.
+  void LetGo(int u) {
+    if (weights_.bases[u] == nullptr) return;
+    HERD_CUDA_CHECK(cudaFreeAsync(weights_.bases[u], stream_));
+    weights_.bases[u] = nullptr;
+  }
+
+  // Unit u's gradients on the device, zero when new.
+  void HoldGradients(int u) {
+    if (grads_.bases[u] != nullptr) return;
+    float* g = nullptr;
+    HERD_CUDA_CHECK(cudaMallocFromPoolAsync(reinterpret_cast<void**>(&g), unit_size(u) * sizeof(float), pool_, stream_));
+    HERD_CUDA_CHECK(cudaMemsetAsync(g, 0, unit_size(u) * sizeof(float), stream_));
+    grads_.bases[u] = g;
+  }
+
+  // Unit u's summed gradients reduce-scattered; this worker's slices of
+  // them kept, the unit's buffer let go.
+  void Scatter(int u) {
+    float* g = grads_.bases[u];
+    if (g == nullptr) return;
+    const int64_t ub = units_[u], ue = units_[u + 1];
+    exchange_->ReduceGradients(g - ub, ub, ue, stream_);
+    exchange_->AwaitGradients(stream_);
+    for (size_t i = 0; i < owned_.size(); ++i) {
+      const int64_t lo = std::max(ub, owned_[i].begin), hi = std::min(ue, owned_[i].end);
+      if (lo >= hi) continue;
+      HERD_CUDA_CHECK(cudaMemcpyAsync(slice_grads_ + packed_[i] + (lo - owned_[i].begin), g + (lo - ub),
+                                      (hi - lo) * sizeof(float), cudaMemcpyDeviceToDevice, stream_));
+    }
+    HERD_CUDA_CHECK(cudaFreeAsync(g, stream_));
+    grads_.bases[u] = nullptr;
+  }
+
+  // The current weights behind the Model interface, forward only.
+  class Evaluator final : public Model {
+   public:
+    explicit Evaluator(GatheredTrainer* t) : t_(t) {}
+    const ParamLayout& layout() const override { return t_->layout_; }
+    // The buffers made with the trainer, and the units' pool at its fullest.
+    int64_t DevicePeakBytes() const override {
+      uint64_t high = 0;
+      HERD_CUDA_CHECK(cudaMemPoolGetAttribute(t_->pool_, cudaMemPoolAttrUsedMemHigh, &high));
+      return t_->allocated_ + static_cast<int64_t>(high);
+    }
+    int max_batch() const override { return t_->o_.batch; }
+    int max_seq_len() const override { return t_->o_.seq_len; }
+    std::string Describe() const override { return t_->Describe(); }
+    double PeakTflops() const override { return DatasheetPeakTflops(t_->name_, !std::is_same_v<T, float>); }
+    double Forward(const float*, const int32_t* tokens, const int32_t* targets, int B, int T_,
+                   const NeedUpTo& need) override {
+      if (need) need(t_->layout_.size());
+      const double loss = t_->Forward(tokens, targets, B, T_);
+      for (int u = 0; u < t_->num_units(); ++u) t_->LetGo(u);
+      return loss;
+    }
+    void Backward(const float*, float*, double, const FinalFrom&, bool, const NeedFrom&) override {
+      LOG(FATAL) << "DeviceTrainer::evaluator() has no Backward";
+    }
+    const float* logits() override {
+      t_->model_->LogitsToHost(&logits_);
+      return logits_.data();
+    }
+
+   private:
+    GatheredTrainer* t_;
+    std::vector<float> logits_;
+  };
+
+  struct Run {
+    int64_t begin, end, packed;
+    bool decay;
+  };
+
+  const Options o_;
+  const std::string name_;
+  const ParamLayout layout_;
+  const int64_t P_;
+  const std::vector<int64_t> units_;  // ParamLayout::UnitBoundaries
+  const bool tied_;
+  const std::vector<ParamRange> owned_;
+  const int64_t owned_size_;
+  Evaluator evaluator_;
+  DeviceExchange* exchange_ = nullptr;
+  // The stream and the pool outlive the model and the units' buffers.
+  cudaStream_t stream_ = nullptr;
+  cudaMemPool_t pool_ = nullptr;
+  std::unique_ptr<CudaLlamaModel<T>> model_;
+  UnitTable<T> weights_;     // the gathered units
+  UnitTable<float> grads_;   // the units' gradients, until scattered
+  float* master_ = nullptr;  // the owned slices', packed
+  float* slice_grads_ = nullptr;
+  float *m_ = nullptr, *v_ = nullptr;
+  std::vector<int64_t> packed_;  // each owned range's packed offset
+  double* partials_ = nullptr;
+  std::vector<double> host_partials_;
+  std::vector<Run> runs_;
+  int64_t allocated_ = 0;  // by the constructor
+};
+
+// A trainer, told the device memory its making took.
+template <typename Trainer>
+std::unique_ptr<DeviceTrainer> Made(const DeviceTrainer::Options& o, const std::string& name) {
+  const int64_t before = UsedDeviceBytes();
+  auto trainer = std::make_unique<Trainer>(o, name);
+  trainer->set_allocated(UsedDeviceBytes() - before);
+  return trainer;
+}
 
 }  // namespace
 
@@ -245,10 +547,16 @@ StatusOr<std::unique_ptr<DeviceTrainer>> DeviceTrainer::Create(const Options& o)
   HERD_ASSIGN_OR_RETURN(
       const std::string name,
       PrepareDevice(o.shape, o.device, o.bf16,
-                    DeviceTrainerDeviceBytes(o.shape, o.batch, o.seq_len, o.bf16, o.recompute,
-                                             o.owned.empty() ? -1 : SizeOf(o.owned))));
-  if (o.bf16) return std::unique_ptr<DeviceTrainer>(new ResidentTrainer<__nv_bfloat16>(o, name));
-  return std::unique_ptr<DeviceTrainer>(new ResidentTrainer<float>(o, name));
+                    o.gathered ? GatheredTrainerDeviceBytes(o.shape, o.batch, o.seq_len, o.bf16, o.recompute,
+                                                            o.accumulates, SizeOf(o.owned))
+                               : DeviceTrainerDeviceBytes(o.shape, o.batch, o.seq_len, o.bf16, o.recompute,
+                                                          o.owned.empty() ? -1 : SizeOf(o.owned))));
+  if (o.gathered) {
+    if (o.bf16) return Made<GatheredTrainer<__nv_bfloat16>>(o, name);
+    return Made<GatheredTrainer<float>>(o, name);
+  }
+  if (o.bf16) return Made<ResidentTrainer<__nv_bfloat16>>(o, name);
+  return Made<ResidentTrainer<float>>(o, name);
 }
 
 }  // namespace herd::cuda

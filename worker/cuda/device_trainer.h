@@ -1,5 +1,5 @@
 // Training on one GPU with everything resident there, as llm.c, PyTorch
-// DDP and DeepSpeed's ZeRO-1/2 keep it: fp32 master weights, AdamW moments
+// DDP, FSDP2 and DeepSpeed's ZeRO keep it: fp32 master weights, AdamW moments
 // and gradients in device memory, the compute copy in the compute dtype.
 // A step is two calls: ComputeGradients (forward/backward over the
 // micro-batches, the gradients reduced across workers through a
@@ -14,7 +14,9 @@
 // A ZeRO owner keeps the master weights and moments of its slices only
 // (Options::owned); in fp32 its master weights are the compute weights'
 // own elements, stepped in place, in bf16 a packed fp32 copy of the
-// slices. No CUDA
+// slices. Under ZeRO-3 (Options::gathered) the compute weights and the
+// gradients are units gathered and let go as the passes go, the slices'
+// master weights and reduced gradients packed. No CUDA
 // type appears here, so callers need no CUDA headers, and builds without
 // CUDA include this header without compiling device_trainer.cc.
 #pragma once
@@ -43,14 +45,17 @@ class DeviceExchange {
   virtual ~DeviceExchange() = default;
   // The step's summed gradients at [begin, end) are final (the last
   // micro-batch's backward, in descending ranges): all-reduce them, or
-  // reduce-scatter them to their owners.
+  // reduce-scatter them to their owners. `grads + x` is the device address
+  // of flat offset x (for x in the range: a unit's buffer may stand for
+  // the space).
   virtual void ReduceGradients(float* grads, int64_t begin, int64_t end, void* stream) = 0;
   // Before the trainer reads the reduced gradients (the norm, the update).
   virtual void AwaitGradients(void* stream) = 0;
-  // After the update of this worker's owned ranges: the other owners'
-  // ranges of the compute weights (`element_bytes` 4 or 2) from them
-  // (nothing under DDP, where every worker stepped everything).
-  virtual void GatherWeights(void* weights, int element_bytes, void* stream) = 0;
+  // The compute weights of [begin, end) (`element_bytes` 4 or 2 each,
+  // addressed as ReduceGradients' gradients), each owner's slices from it
+  // (nothing under DDP, where every worker stepped everything): after the
+  // update, or as ZeRO-3's passes reach each unit.
+  virtual void GatherWeights(void* weights, int64_t begin, int64_t end, int element_bytes, void* stream) = 0;
   // Whether what was issued since the last call went well (a peer gone,
   // an NCCL error); waits for it.
   virtual Status Finish() = 0;
@@ -76,6 +81,13 @@ class DeviceTrainer {
     // The data-parallel replicas whose gradients the exchange adds: each
     // takes 1/replicas of the global batch's mean.
     int replicas = 1;
+    // ZeRO-3 (FSDP2's layout): the compute weights too are only the owned
+    // slices between passes, each unit gathered through the exchange as
+    // the passes reach it; `counted` must then be `owned`. `accumulates`:
+    // more than one micro-batch a step (every unit's gradients stay until
+    // the last), for the memory check.
+    bool gathered = false;
+    bool accumulates = false;
 
     // A job's model, train.batch_size x seq_len and AdamW options, in
     // bf16 or fp32 (device.dtype), on `device`.

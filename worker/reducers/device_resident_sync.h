@@ -1,18 +1,18 @@
 // The whole step on each worker's GPU (cuda::DeviceTrainer): forward,
 // backward and AdamW with the weights, gradients and moments resident
-// there, as llm.c keeps them on one GPU and PyTorch DDP and DeepSpeed's
-// ZeRO-1/2 across several.
+// there, as llm.c keeps them on one GPU and PyTorch DDP, FSDP2 and
+// DeepSpeed's ZeRO across several.
 //
 //   One process: the whole space's state on the device.
 //   All-reduce mode over NCCL (DeviceExchange, worker/reducers/
 //     nccl_gradients.h): each range of the step's gradients is
-//     all-reduced (DDP) or reduce-scattered to its owners (ZeRO-1 and -2;
+//     all-reduced (DDP) or reduce-scattered to its owners (ZeRO;
 //     hybrid sharding reduces each owned piece with the other groups too)
 //     on the device as backward finishes it; each worker adds the squares
 //     of its counted slices, and one all-reduce over the UCX ring of every
 //     worker makes the global norm and the mean loss; the owners step
 //     their slices on the device and all-gather them into every worker's
-//     compute weights.
+//     compute weights (ZeRO-3: unit by unit as the passes reach them).
 //
 // The host's OptimizerSlices make the step's numbers (learning rate,
 // clipping coefficient, spike verdict), as on every path, and keep the

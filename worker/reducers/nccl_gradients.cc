@@ -43,15 +43,8 @@ class NcclGradientReduction : public DeviceGradientReduction, public cuda::Devic
         const Bucket& b = plan_.buckets()[i];
         const int64_t lo = std::max(begin, b.range.begin), hi = std::min(end, b.range.end);
         if (lo >= hi) continue;
-        const Partition& owners = owners_[i];
-        Partition parts(owners.size(), 0);
-        int64_t at = b.range.begin;
-        for (size_t r = 0; r < owners.size(); ++r) {
-          parts[r] = std::max<int64_t>(0, std::min(hi, at + owners[r]) - std::max(lo, at));
-          at += owners[r];
-        }
-        handles_.push_back(nccl_->ReduceScatter(grads + lo, parts));
-        const ParamRange mine = SliceOf(b, owners, nccl_->rank());
+        handles_.push_back(nccl_->ReduceScatter(grads + lo, PartsWithin(i, lo, hi)));
+        const ParamRange mine = SliceOf(b, owners_[i], nccl_->rank());
         owned.push_back({std::max(lo, mine.begin), std::min(hi, mine.end)});
       }
     }
@@ -77,7 +70,7 @@ class NcclGradientReduction : public DeviceGradientReduction, public cuda::Devic
     if (reduced_ != nullptr) HERD_CUDA_CHECK(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), reduced_, 0));
     reduced_ = nullptr;
   }
-  void GatherWeights(void* weights, int element_bytes, void* stream) override {
+  void GatherWeights(void* weights, int64_t begin, int64_t end, int element_bytes, void* stream) override {
     if (!zero_) return;  // every worker stepped every weight
     auto* s = static_cast<cudaStream_t>(stream);
     cudaEvent_t stepped = NextEvent();
@@ -85,8 +78,9 @@ class NcclGradientReduction : public DeviceGradientReduction, public cuda::Devic
     HERD_CUDA_CHECK(cudaStreamWaitEvent(nccl_->stream(), stepped, 0));
     char* bytes = static_cast<char*>(weights);
     for (size_t i = 0; i < owners_.size(); ++i) {
-      handles_.push_back(
-          nccl_->AllGather(bytes + plan_.buckets()[i].range.begin * element_bytes, owners_[i], element_bytes));
+      const ParamRange& b = plan_.buckets()[i].range;
+      const int64_t lo = std::max(begin, b.begin), hi = std::min(end, b.end);
+      if (lo < hi) handles_.push_back(nccl_->AllGather(bytes + lo * element_bytes, PartsWithin(i, lo, hi), element_bytes));
     }
     cudaEvent_t gathered = NextEvent();
     HERD_CUDA_CHECK(cudaEventRecord(gathered, nccl_->stream()));
@@ -111,6 +105,19 @@ class NcclGradientReduction : public DeviceGradientReduction, public cuda::Devic
   }
 
  private:
+  // Bucket i's cut among the ranks, of its piece [lo, hi): rank r's part is
+  // the overlap of its slice with the piece.
+  Partition PartsWithin(size_t i, int64_t lo, int64_t hi) const {
+    const Partition& owners = owners_[i];
+    Partition parts(owners.size(), 0);
+    int64_t at = plan_.buckets()[i].range.begin;
+    for (size_t r = 0; r < owners.size(); ++r) {
+      parts[r] = std::max<int64_t>(0, std::min(hi, at + owners[r]) - std::max(lo, at));
+      at += owners[r];
+    }
+    return parts;
+  }
+
   cudaEvent_t NextEvent() {
     if (next_event_ == events_.size()) {
       cudaEvent_t e;
