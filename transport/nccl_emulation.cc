@@ -410,34 +410,40 @@ ncclResult_t ncclGroupEnd() {
   return ops.empty() ? ncclSuccess : RunPointToPoint(ops);
 }
 
-ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
-                           ncclComm_t comm, cudaStream_t) {
+}  // extern "C"
+
+namespace {
+
+// The ranks' sums of `count` elements: into every rank's `recv` (root -1)
+// or the root's alone.
+ncclResult_t SumTo(int root, const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
+                   ncclComm_t comm) {
   Comm* c = CommOf(comm);
-  if (c == nullptr || op != ncclSum) return ncclInvalidArgument;
+  if (c == nullptr || op != ncclSum || root < -1 || root >= c->nranks) return ncclInvalidArgument;
   const size_t es = ElementBytes(type);
   const char* in = static_cast<const char*>(send);
   char* out = static_cast<char*>(recv);
   return Chunked(*c, count, kSlotBytes / es, [&](size_t at, size_t n) {
     std::memcpy(c->slot(c->rank), in + at * es, n * es);
     if (!c->Barrier()) return false;
-    if (!Sum(*c, type, 0, n, out + at * es)) c->header().broken.store(1);
+    if ((root < 0 || c->rank == root) && !Sum(*c, type, 0, n, out + at * es)) c->header().broken.store(1);
     return c->Barrier();
   });
 }
 
+}  // namespace
+
+extern "C" {
+
+ncclResult_t ncclAllReduce(const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op,
+                           ncclComm_t comm, cudaStream_t) {
+  return SumTo(-1, send, recv, count, type, op, comm);
+}
+
 ncclResult_t ncclReduce(const void* send, void* recv, size_t count, ncclDataType_t type, ncclRedOp_t op, int root,
                         ncclComm_t comm, cudaStream_t) {
-  Comm* c = CommOf(comm);
-  if (c == nullptr || op != ncclSum || root < 0 || root >= c->nranks) return ncclInvalidArgument;
-  const size_t es = ElementBytes(type);
-  const char* in = static_cast<const char*>(send);
-  char* out = static_cast<char*>(recv);
-  return Chunked(*c, count, kSlotBytes / es, [&](size_t at, size_t n) {
-    std::memcpy(c->slot(c->rank), in + at * es, n * es);
-    if (!c->Barrier()) return false;
-    if (c->rank == root && !Sum(*c, type, 0, n, out + at * es)) c->header().broken.store(1);
-    return c->Barrier();
-  });
+  if (root < 0) return ncclInvalidArgument;
+  return SumTo(root, send, recv, count, type, op, comm);
 }
 
 ncclResult_t ncclBroadcast(const void* send, void* recv, size_t count, ncclDataType_t type, int root, ncclComm_t comm,

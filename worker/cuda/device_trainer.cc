@@ -28,6 +28,45 @@ int64_t SizeOf(const std::vector<ParamRange>& ranges) {
   return n;
 }
 
+// A run of equal decay inside one owned range, and its packed offset:
+// AdamW's unit of work.
+struct Run {
+  int64_t begin, end, packed;
+  bool decay;
+};
+
+// A trainer's current weights behind the Model interface, forward only
+// (its Forward ignores the weights it is given, and it has no Backward):
+// `Trainer` has o_, name_, layout_, model_, a compute type T,
+// EvaluateForward and PeakBytes.
+template <typename Trainer>
+class Evaluated final : public Model {
+ public:
+  explicit Evaluated(Trainer* t) : t_(t) {}
+  const ParamLayout& layout() const override { return t_->layout_; }
+  int64_t DevicePeakBytes() const override { return t_->PeakBytes(); }
+  int max_batch() const override { return t_->o_.batch; }
+  int max_seq_len() const override { return t_->o_.seq_len; }
+  std::string Describe() const override { return t_->Describe(); }
+  double PeakTflops() const override { return DatasheetPeakTflops(t_->name_, t_->o_.bf16); }
+  double Forward(const float*, const int32_t* tokens, const int32_t* targets, int B, int T_,
+                 const NeedUpTo& need) override {
+    if (need) need(t_->layout_.size());
+    return t_->EvaluateForward(tokens, targets, B, T_);
+  }
+  void Backward(const float*, float*, double, const FinalFrom&, bool, const NeedFrom&) override {
+    LOG(FATAL) << "DeviceTrainer::evaluator() has no Backward";
+  }
+  const float* logits() override {
+    t_->model_->LogitsToHost(&logits_);
+    return logits_.data();
+  }
+
+ private:
+  Trainer* const t_;
+  std::vector<float> logits_;
+};
+
 template <typename T>
 class ResidentTrainer final : public DeviceTrainer {
  public:
@@ -189,40 +228,13 @@ class ResidentTrainer final : public DeviceTrainer {
     }
   }
 
-  // The current weights behind the Model interface, forward only.
-  class Evaluator final : public Model {
-   public:
-    explicit Evaluator(ResidentTrainer* t) : t_(t) {}
-    const ParamLayout& layout() const override { return t_->layout_; }
-    // Everything is allocated when the trainer is made.
-    int64_t DevicePeakBytes() const override { return t_->allocated_; }
-    int max_batch() const override { return t_->o_.batch; }
-    int max_seq_len() const override { return t_->o_.seq_len; }
-    std::string Describe() const override { return t_->name_; }
-    double PeakTflops() const override { return DatasheetPeakTflops(t_->name_, !std::is_same_v<T, float>); }
-    double Forward(const float*, const int32_t* tokens, const int32_t* targets, int B, int T_,
-                   const NeedUpTo& need) override {
-      if (need) need(t_->layout_.size());
-      return t_->model_->Forward(t_->weights_, tokens, targets, B, T_);
-    }
-    void Backward(const float*, float*, double, const FinalFrom&, bool, const NeedFrom&) override {
-      LOG(FATAL) << "DeviceTrainer::evaluator() has no Backward";
-    }
-    const float* logits() override {
-      t_->model_->LogitsToHost(&logits_);
-      return logits_.data();
-    }
-
-   private:
-    ResidentTrainer* t_;
-    std::vector<float> logits_;
-  };
-
-  // A run of equal decay inside one owned range, and its packed offset.
-  struct Run {
-    int64_t begin, end, packed;
-    bool decay;
-  };
+  // What Evaluated<ResidentTrainer> reads.
+  friend class Evaluated<ResidentTrainer<T>>;
+  double EvaluateForward(const int32_t* tokens, const int32_t* targets, int B, int T_) {
+    return model_->Forward(weights_, tokens, targets, B, T_);
+  }
+  // Everything is allocated when the trainer is made.
+  int64_t PeakBytes() const { return allocated_; }
 
   const Options o_;
   const std::string name_;
@@ -230,7 +242,7 @@ class ResidentTrainer final : public DeviceTrainer {
   const int64_t P_;
   const std::vector<ParamRange> owned_, counted_;
   const int64_t owned_size_;
-  Evaluator evaluator_;
+  Evaluated<ResidentTrainer<T>> evaluator_;
   DeviceExchange* exchange_ = nullptr;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<CudaLlamaModel<T>> model_;
@@ -466,45 +478,19 @@ class GatheredTrainer final : public DeviceTrainer {
     grads_.bases[u] = nullptr;
   }
 
-  // The current weights behind the Model interface, forward only.
-  class Evaluator final : public Model {
-   public:
-    explicit Evaluator(GatheredTrainer* t) : t_(t) {}
-    const ParamLayout& layout() const override { return t_->layout_; }
-    // The buffers made with the trainer, and the units' pool at its fullest.
-    int64_t DevicePeakBytes() const override {
-      uint64_t high = 0;
-      HERD_CUDA_CHECK(cudaMemPoolGetAttribute(t_->pool_, cudaMemPoolAttrUsedMemHigh, &high));
-      return t_->allocated_ + static_cast<int64_t>(high);
-    }
-    int max_batch() const override { return t_->o_.batch; }
-    int max_seq_len() const override { return t_->o_.seq_len; }
-    std::string Describe() const override { return t_->Describe(); }
-    double PeakTflops() const override { return DatasheetPeakTflops(t_->name_, !std::is_same_v<T, float>); }
-    double Forward(const float*, const int32_t* tokens, const int32_t* targets, int B, int T_,
-                   const NeedUpTo& need) override {
-      if (need) need(t_->layout_.size());
-      const double loss = t_->Forward(tokens, targets, B, T_);
-      for (int u = 0; u < t_->num_units(); ++u) t_->LetGo(u);
-      return loss;
-    }
-    void Backward(const float*, float*, double, const FinalFrom&, bool, const NeedFrom&) override {
-      LOG(FATAL) << "DeviceTrainer::evaluator() has no Backward";
-    }
-    const float* logits() override {
-      t_->model_->LogitsToHost(&logits_);
-      return logits_.data();
-    }
-
-   private:
-    GatheredTrainer* t_;
-    std::vector<float> logits_;
-  };
-
-  struct Run {
-    int64_t begin, end, packed;
-    bool decay;
-  };
+  // What Evaluated<GatheredTrainer> reads.
+  friend class Evaluated<GatheredTrainer<T>>;
+  double EvaluateForward(const int32_t* tokens, const int32_t* targets, int B, int T_) {
+    const double loss = Forward(tokens, targets, B, T_);
+    for (int u = 0; u < num_units(); ++u) LetGo(u);
+    return loss;
+  }
+  // The buffers made with the trainer, and the units' pool at its fullest.
+  int64_t PeakBytes() const {
+    uint64_t high = 0;
+    HERD_CUDA_CHECK(cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrUsedMemHigh, &high));
+    return allocated_ + static_cast<int64_t>(high);
+  }
 
   const Options o_;
   const std::string name_;
@@ -514,7 +500,7 @@ class GatheredTrainer final : public DeviceTrainer {
   const bool tied_;
   const std::vector<ParamRange> owned_;
   const int64_t owned_size_;
-  Evaluator evaluator_;
+  Evaluated<GatheredTrainer<T>> evaluator_;
   DeviceExchange* exchange_ = nullptr;
   // The stream and the pool outlive the model and the units' buffers.
   cudaStream_t stream_ = nullptr;
