@@ -1,13 +1,14 @@
 """Every CUDA path of herd on one GPU node, in one bounded run: the CUDA
 tests, the compute sanitizers, `herd bench gpu` against PyTorch eager and
-torch.compile, a per-kernel profile, one-GPU jobs in every mode and bf16
+torch.compile, a per-kernel profile, one-GPU jobs in every mode, the
+collective modes on the device against one process (axes), and bf16
 against fp32 on the default GPU job; and, on the node's CPU cores, the
 idle share of pipeline stages against theory (bubble, not by default). It runs herd from a kit made by
 scripts/gpu_kit.sh (so the node needs only the driver, CUDA, NCCL and
 Python with PyTorch), from the source tree's root:
 
     python3 scripts/gpu_check.py --kit herd-gpu-kit.tar.xz --out DIR \\
-        [--phases env,tests,bench,modes,converge,sanitize,profile,bubble] [--deadline-s 540]
+        [--phases env,tests,bench,modes,axes,converge,sanitize,profile,bubble] [--deadline-s 540]
 
 Each phase prints and appends JSON lines to DIR/results.jsonl (one per
 figure, each with its "phase"), and the output of every command to
@@ -35,10 +36,10 @@ import tempfile
 import time
 
 SOURCE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PHASES = ("env", "tests", "bench", "modes", "converge", "sanitize", "profile", "bubble")
+PHASES = ("env", "tests", "bench", "modes", "axes", "converge", "sanitize", "profile", "bubble")
 # The least time each phase needs to say anything useful, in seconds.
-NEEDS = {"env": 5, "tests": 90, "bench": 150, "modes": 120, "converge": 60, "sanitize": 120, "profile": 60,
-         "bubble": 150}
+NEEDS = {"env": 5, "tests": 90, "bench": 150, "modes": 120, "axes": 90, "converge": 60, "sanitize": 120,
+         "profile": 60, "bubble": 150}
 
 # SmolLM-135M's shape, as `herd bench gpu` measures it.
 SMOLLM_135M = ("model { vocab_size: 49152 hidden_size: 576 intermediate_size: 1536 num_hidden_layers: 30 "
@@ -247,10 +248,11 @@ def random_tokens(path, vocab, count, seed=1):
 
 
 def phase_modes(c):
-    """The SmolLM-135M shape (bf16, 8 x 1024) in each mode on the one GPU:
-    step time (median after the first steps), the share of it waiting on
-    the network, device memory against `herd plan`; PS streamed against PS
-    bit for bit (both fp32 on the wire)."""
+    """The SmolLM-135M shape (bf16, 8 x 1024) in one process and in
+    parameter-server mode on the one GPU: step time (median after the
+    first steps), the share of it waiting on the network, device memory
+    against `herd plan`; PS streamed against PS bit for bit (both fp32 on
+    the wire). All-reduce mode is the axes phase's."""
     model, batch, seq, steps = (SMALL, 2, 64, 6) if c.a.small else (SMOLLM_135M, 8, 1024, 12)
     vocab = int(re.search(r"vocab_size: (\d+)", model).group(1))
     data = os.path.join(c.work, "random.u16")
@@ -260,46 +262,14 @@ def phase_modes(c):
         ("PS S=2 W=1", "cluster { sync: PARAMETER_SERVER servers: 2 workers: 1 }"),
         ("PS S=2 W=1 streamed", "cluster { sync: PARAMETER_SERVER servers: 2 workers: 1 stream_weights: true }"),
         ("PS S=2 W=1 bf16 wire", "cluster { sync: PARAMETER_SERVER servers: 2 workers: 1 wire_dtype: BF16 }"),
-        ("all-reduce W=1 (NCCL)", "cluster { sync: ALLREDUCE workers: 1 }"),
-        ("ZeRO-1 W=1 (NCCL)", "cluster { sync: ALLREDUCE workers: 1 zero_stage: 1 }"),
-        ("ZeRO-3 W=1 (NCCL)", "cluster { sync: ALLREDUCE workers: 1 zero_stage: 3 }"),
     ]
     figures = {}
     for i, (name, cluster) in enumerate(modes):
         if not re.search(c.a.modes, name):
             continue
-        if c.left() < 40:
-            c.record("modes", what=name, skipped="out of time")
-            continue
-        tag = f"mode{i}"
-        config = os.path.join(c.work, tag + ".textproto")
-        with open(config, "w") as f:
-            f.write(f"{model}\ntrain {{ steps: {steps} batch_size: {batch} seq_len: {seq} seed: 3 }}\n"
-                    "optimizer { lr: 3e-4 min_lr: 3e-5 warmup_steps: 2 weight_decay: 0.1 clip_norm: 1.0 }\n"
-                    f"data {{ train: \"{data}\" }}\n{cluster}\ndevice {{ kind: CUDA dtype: BF16 }}\n"
-                    f"log {{ every: 1 metrics: \"{tag}.jsonl\" summary_dir: \"{tag}\" eval_every: 0 "
-                    f"sample_tokens: 0 {trace_field(c, tag)} }}\n")
-        code, out, err = c.run("mode " + name, [c.herd, "launch", config], 240)
-        if code != 0 or not os.path.exists(os.path.join(c.work, tag + ".jsonl")):
-            c.record("modes", what=name, exit=code, said=err.strip().splitlines()[-3:], ok=False)
-            continue
-        rows = metrics(os.path.join(c.work, tag + ".jsonl"))
-        timed = [r["step_s"] for r in rows[2:]] or [r["step_s"] for r in rows]
-        wait = [r.get("network_wait", 0.0) for r in rows[2:]]
-        worker = {}
-        summary = os.path.join(c.work, tag, "worker_00000.json")
-        if os.path.exists(summary):
-            with open(summary) as f:
-                worker = json.load(f)
-        step_s = statistics.median(timed)
-        if c.a.trace:
-            c.record("modes", what=name + ": where a step's time goes", **trace_summary(c, tag))
-        figures[name] = {"step_s": step_s, "rows": rows}
-        c.record("modes", what=name, step_s=step_s, tokens_per_s=batch * seq / step_s,
-                 network_wait=statistics.mean(wait) if wait else None, loss_first=rows[0]["loss"],
-                 loss_last=rows[-1]["loss"], device_peak_bytes=worker.get("device_peak_bytes"),
-                 device_plan_bytes=worker.get("device_plan_bytes"), peak_rss_bytes=worker.get("peak_rss_bytes"),
-                 plan_bytes=worker.get("plan_bytes"), ok=True)
+        ran = launch_job(c, "modes", name, f"mode{i}", model, cluster, batch, seq, steps, data)
+        if ran is not None:
+            figures[name] = ran
     if "one process" in figures and "PS S=2 W=1" in figures:
         ratio = figures["PS S=2 W=1"]["step_s"] / figures["one process"]["step_s"]
         c.record("modes", what="PS step over the one-process step (target <= 1.3)", ratio=ratio)
@@ -309,6 +279,83 @@ def phase_modes(c):
         same = trajectory("PS S=2 W=1") == trajectory("PS S=2 W=1 streamed")
         c.record("modes", what="streamed PS equals PS bit for bit", ok=same,
                  ratio=figures["PS S=2 W=1 streamed"]["step_s"] / figures["PS S=2 W=1"]["step_s"])
+
+
+def launch_job(c, phase, name, tag, model, cluster, batch, seq, steps, data):
+    """`herd launch` of `model` with `cluster` in bf16 on the GPU; records
+    its step time (median after the first steps), the share of it waiting
+    on the network, and its memory against `herd plan`. Returns its
+    figures (step_s, rows, the worker's summary), or None if it failed or
+    there was no time left."""
+    if c.left() < 40:
+        c.record(phase, what=name, skipped="out of time")
+        return None
+    config = os.path.join(c.work, tag + ".textproto")
+    with open(config, "w") as f:
+        f.write(f"{model}\ntrain {{ steps: {steps} batch_size: {batch} seq_len: {seq} seed: 3 }}\n"
+                "optimizer { lr: 3e-4 min_lr: 3e-5 warmup_steps: 2 weight_decay: 0.1 clip_norm: 1.0 }\n"
+                f"data {{ train: \"{data}\" }}\n{cluster}\ndevice {{ kind: CUDA dtype: BF16 }}\n"
+                f"log {{ every: 1 metrics: \"{tag}.jsonl\" summary_dir: \"{tag}\" eval_every: 0 "
+                f"sample_tokens: 0 {trace_field(c, tag)} }}\n")
+    code, out, err = c.run(f"{phase} {name}", [c.herd, "launch", config], 240)
+    if code != 0 or not os.path.exists(os.path.join(c.work, tag + ".jsonl")):
+        c.record(phase, what=name, exit=code, said=err.strip().splitlines()[-3:], ok=False)
+        return None
+    rows = metrics(os.path.join(c.work, tag + ".jsonl"))
+    timed = [r["step_s"] for r in rows[2:]] or [r["step_s"] for r in rows]
+    wait = [r.get("network_wait", 0.0) for r in rows[2:]]
+    worker = {}
+    summary = os.path.join(c.work, tag, "worker_00000.json")
+    if os.path.exists(summary):
+        with open(summary) as f:
+            worker = json.load(f)
+    step_s = statistics.median(timed)
+    if c.a.trace:
+        c.record(phase, what=name + ": where a step's time goes", **trace_summary(c, tag))
+    c.record(phase, what=name, step_s=step_s, tokens_per_s=batch * seq / step_s,
+             network_wait=statistics.mean(wait) if wait else None, loss_first=rows[0]["loss"],
+             loss_last=rows[-1]["loss"], device_peak_bytes=worker.get("device_peak_bytes"),
+             device_plan_bytes=worker.get("device_plan_bytes"), peak_rss_bytes=worker.get("peak_rss_bytes"),
+             plan_bytes=worker.get("plan_bytes"), ok=True)
+    return {"step_s": step_s, "rows": rows, "worker": worker}
+
+
+def phase_axes(c):
+    """The collective modes on the device against one process, on the one
+    GPU (the SmolLM-135M shape, bf16, 8 x 1024): DDP and ZeRO-1, -2 and -3
+    over one-rank NCCL, each step time over the one-process step (targets:
+    1.05 for DDP and ZeRO-1/2, 1.3 for ZeRO-3), its device peak against
+    `herd plan` (within 2%), its losses against one process's (bf16's
+    tolerance, 2e-2 relative). The model axes with 2 processes sharing the
+    GPU are recorded as skipped while CUDA workers refuse them."""
+    model, batch, seq, steps = (SMALL, 2, 64, 6) if c.a.small else (SMOLLM_135M, 8, 1024, 12)
+    vocab = int(re.search(r"vocab_size: (\d+)", model).group(1))
+    data = os.path.join(c.work, "random_axes.u16")
+    random_tokens(data, vocab, (steps + 2) * batch * (seq + 1))
+    jobs = [("one process", "cluster { sync: NONE }", None),
+            ("DDP W=1 (NCCL)", "cluster { sync: ALLREDUCE workers: 1 }", 1.05),
+            ("ZeRO-1 W=1 (NCCL)", "cluster { sync: ALLREDUCE workers: 1 zero_stage: 1 }", 1.05),
+            ("ZeRO-2 W=1 (NCCL)", "cluster { sync: ALLREDUCE workers: 1 zero_stage: 2 }", 1.05),
+            ("ZeRO-3 W=1 (NCCL)", "cluster { sync: ALLREDUCE workers: 1 zero_stage: 3 }", 1.3)]
+    ran = {}
+    for i, (name, cluster, _) in enumerate(jobs):
+        got = launch_job(c, "axes", name, f"axes{i}", model, cluster, batch, seq, steps, data)
+        if got is not None:
+            ran[name] = got
+    one = ran.get("one process")
+    for name, _, target in jobs[1:]:
+        if name not in ran or one is None:
+            continue
+        mine, worker = ran[name], ran[name]["worker"]
+        losses = [(r["loss"], o["loss"]) for r, o in zip(mine["rows"], one["rows"])]
+        loss_gap = max(abs(a - b) / abs(b) for a, b in losses)
+        peak, plan = worker.get("device_peak_bytes") or 0, worker.get("device_plan_bytes") or 0
+        c.record("axes", what=f"{name} against one process", ratio=mine["step_s"] / one["step_s"], target=target,
+                 loss_gap=loss_gap, device_peak_over_plan=peak / plan if plan else None,
+                 ok=loss_gap < 2e-2 and plan > 0 and abs(peak / plan - 1) < 0.02)
+    for name in ("pipeline 2", "tensor 2 + sequence", "context 2"):
+        c.record("axes", what=f"{name}, 2 processes on the GPU",
+                 skipped="not built: CUDA workers refuse the model axes (herd plan --not-built)")
 
 
 def trace_field(c, tag):
@@ -472,7 +519,7 @@ def phase_bubble(c):
                  ok=code == 0 and len(rows) > 0, said=err.strip().splitlines()[-2:] if code != 0 else [])
 
 
-RUN = {"env": phase_env, "tests": phase_tests, "bench": phase_bench, "modes": phase_modes,
+RUN = {"env": phase_env, "tests": phase_tests, "bench": phase_bench, "modes": phase_modes, "axes": phase_axes,
        "converge": phase_converge, "sanitize": phase_sanitize, "profile": phase_profile,
        "bubble": phase_bubble}
 
@@ -481,7 +528,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kit", required=True, help="scripts/gpu_kit.sh's tarball, or the folder it unpacks to")
     ap.add_argument("--out", required=True, help="where results.jsonl, log.txt, curves.jsonl, profile.csv go")
-    ap.add_argument("--phases", default=",".join(PHASES[:5]), help="comma-separated, from " + ",".join(PHASES))
+    ap.add_argument("--phases", default=",".join(PHASES[:6]), help="comma-separated, from " + ",".join(PHASES))
     ap.add_argument("--deadline-s", type=float, default=540, help="stop starting work after this many seconds")
     ap.add_argument("--cap-s", type=float, default=0,
                     help="stop any one command after this many seconds (0: each phase's own limits), so that "

@@ -4,10 +4,12 @@ here on the emulated device so they work the first time on a real one:
   - an emulated kit (a folder) holds herd, the gtest binary, a library
     bundle and the default job's token files; gpu_kit.sh refuses to write
     over something that is there;
-  - gpu_check.py --small, phases env, bench, modes, converge and sanitize:
-    every phase reports, herd sees the (emulated) device, the benchmark
-    prints herd's line and PyTorch's, all four modes train (PS streamed
-    equal to PS bit for bit), bf16 and fp32 runs of the default GPU job
+  - gpu_check.py --small, phases env, bench, modes, axes, converge and
+    sanitize: every phase reports, herd sees the (emulated) device, the
+    benchmark prints herd's line and PyTorch's, all four modes train (PS
+    streamed equal to PS bit for bit), DDP and ZeRO-1/2/3 over one-rank
+    NCCL train with their losses and device peaks against one process's
+    and the plan (the model axes reported as skipped), bf16 and fp32 runs of the default GPU job
     finish with their held-out losses, a tool that is not installed is
     reported as skipped, and the run ends ok with exit 0;
   - a deadline too short for a phase skips it with a line saying so."""
@@ -46,19 +48,24 @@ def main():
     check = [sys.executable, os.path.join(a.source, "scripts", "gpu_check.py"), "--kit", kit, "--small",
              "--python", sys.executable]
     out = sb.path("out")
-    p = subprocess.run(check + ["--out", out, "--phases", "env,bench,modes,converge,sanitize"],
+    p = subprocess.run(check + ["--out", out, "--phases", "env,bench,modes,axes,converge,sanitize"],
                        capture_output=True, text=True, timeout=600)
     rows = results(out)
     assert p.returncode == 0, p.stdout + p.stderr
     done = [r["phase"] for r in rows if r.get("what") == "phase done"]
-    assert done == ["env", "bench", "modes", "converge", "sanitize"], done
+    assert done == ["env", "bench", "modes", "axes", "converge", "sanitize"], done
     env = next(r for r in rows if r["phase"] == "env" and "herd" in r)
     assert env["herd"]["cuda_devices"] >= 1 and "emulated" in env["herd"]["version"], env
     impls = [r.get("impl") for r in rows if r["phase"] == "bench"]
     assert "herd" in impls and "pytorch_eager" in impls, impls
     modes = {r["what"]: r for r in rows if r["phase"] == "modes"}
-    for name in ("one process", "PS S=2 W=1", "PS S=2 W=1 streamed", "all-reduce W=1 (NCCL)"):
+    for name in ("one process", "PS S=2 W=1", "PS S=2 W=1 streamed"):
         assert modes[name]["ok"] and modes[name]["step_s"] > 0, modes[name]
+    axes = {r["what"]: r for r in rows if r["phase"] == "axes"}
+    for name in ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"):
+        against = axes[f"{name} W=1 (NCCL) against one process"]
+        assert against["ok"] and against["ratio"] > 0 and against["loss_gap"] < 2e-2, against
+    assert "not built" in axes["pipeline 2, 2 processes on the GPU"]["skipped"], axes
     assert modes["PS S=2 W=1"]["device_peak_bytes"] > 0, modes["PS S=2 W=1"]
     assert modes["streamed PS equals PS bit for bit"]["ok"], modes
     converge = {r["what"]: r for r in rows if r["phase"] == "converge"}
