@@ -564,6 +564,10 @@ const InertRule kInertRules[] = {
     {"cluster.shard_strategy", [](const JobConfig& c) { return c.cluster().shard_strategy() != Cluster::BALANCED; },
      [](const JobConfig& c) { return c.cluster().sync() == Cluster::PARAMETER_SERVER; },
      "cuts the parameter space among parameter servers: applies to sync PARAMETER_SERVER only"},
+    {"cluster.offload_optimizer", [](const JobConfig& c) { return c.cluster().offload_optimizer(); },
+     [](const JobConfig& c) { return NcclReduces(c); },
+     "keeps CUDA workers' optimizer on the host while NCCL reduces: applies to sync ALLREDUCE with device.kind CUDA "
+     "and cluster.nccl only (cluster.nccl false steps on the host anyway)"},
     {"cluster.nccl", [](const JobConfig& c) { return !c.cluster().nccl(); },
      [](const JobConfig& c) {
        return c.cluster().sync() == Cluster::ALLREDUCE && c.device().kind() == config::DeviceConfig::CUDA;
@@ -764,7 +768,7 @@ bool StepsOnTheDevice(const JobConfig& config) {
   const config::ClusterConfig& cl = config.cluster();
   if (config.device().kind() != config::DeviceConfig::CUDA) return false;
   return cl.sync() == config::ClusterConfig::NONE ||
-         (cl.sync() == config::ClusterConfig::ALLREDUCE && cl.nccl());
+         (cl.sync() == config::ClusterConfig::ALLREDUCE && cl.nccl() && !cl.offload_optimizer());
 }
 
 bool ShardsInGroups(const config::ClusterConfig& cluster) {

@@ -133,8 +133,9 @@ bool WorkersHoldAWindow(const JobConfig& config);
 // Whether CUDA workers keep the whole step on their GPU (weights,
 // gradients and AdamW state resident, as llm.c, PyTorch DDP and FSDP2 do):
 // one process (sync NONE), and all-reduce mode over NCCL (cluster.nccl),
-// every ZeRO stage. Parameter servers and cluster.nccl false stage the
-// gradients through host memory, where the optimizer runs.
+// every ZeRO stage, unless cluster.offload_optimizer. Parameter servers,
+// cluster.nccl false and offload_optimizer stage the gradients through
+// host memory, where the optimizer runs.
 bool StepsOnTheDevice(const JobConfig& config);
 // Whether ZeRO shards inside groups smaller than the job (hybrid sharding,
 // cluster.shard_group_size), replicating across them.

@@ -13,6 +13,9 @@ the same global batch (tests/herdtest.py's tiny job, fp32, 20 steps):
   within rounding instead);
 * a rerun bitwise equal, and `--stop-at` + `--resume` bitwise equal to the
   straight run;
+* cluster.offload_optimizer (the optimizer on the host, NCCL reducing on
+  the device; ZeRO-3's window filled through host memory): DDP and ZeRO-3
+  within 1e-4 of CPU DDP and bitwise alike;
 * checkpoints across devices: the CUDA grid's (ZeRO-1, W=2) resumed by one
   CPU process, and one CPU process's by the CUDA grid, within 1e-4 of the
   run each continues;
@@ -53,21 +56,28 @@ def main():
     _, cpu = run("cpu", "cluster { sync: ALLREDUCE workers: 2 }", device="")
     cases = [("ddp2", "workers: 2"), ("zero1_2", "workers: 2 zero_stage: 1"),
              ("zero2_2", "workers: 2 zero_stage: 2"), ("zero3_2", "workers: 2 zero_stage: 3"),
-             ("hsdp4", "workers: 4 zero_stage: 1 shard_group_size: 2")]
+             ("hsdp4", "workers: 4 zero_stage: 1 shard_group_size: 2"),
+             ("ddp_offload2", "workers: 2 offload_optimizer: true"),
+             ("zero3_offload2", "workers: 2 zero_stage: 3 offload_optimizer: true")]
     if herdtest.LONG:
         cases += [("ddp4", "workers: 4"), ("zero1_4", "workers: 4 zero_stage: 1"),
                   ("zero2_4", "workers: 4 zero_stage: 2"), ("zero3_4", "workers: 4 zero_stage: 3")]
     rows, report = {}, []
     for name, cluster in cases:
         p, rows[name] = run(name, f"cluster {{ sync: ALLREDUCE {cluster} }}")
-        assert "weights and AdamW state on the device" in p.stdout, p.stdout
-        assert ("ZeRO-3 gathered" in p.stdout) == ("zero_stage: 3" in cluster), p.stdout
+        offload = "offload_optimizer" in cluster
+        assert ("the optimizer on the host" if offload else "weights and AdamW state on the device") in p.stdout, \
+            p.stdout
+        assert ("ZeRO-3 gathered" in p.stdout) == ("zero_stage: 3" in cluster and not offload), p.stdout
+        assert ("streamed" in p.stdout) == ("zero_stage: 3" in cluster and offload), p.stdout
         gap = herdtest.steps_within(rows[name], cpu, name, tolerance=1e-4)
         report.append(f"{name} {gap:.2g}")
     trajectory = {name: herdtest.trajectory(r) for name, r in rows.items()}
     for w in ("2", "4") if herdtest.LONG else ("2",):
         for stage in ("zero1_", "zero2_", "zero3_"):
             assert trajectory[stage + w] == trajectory["ddp" + w], f"{stage}{w} differs from ddp{w} over NCCL"
+
+    assert trajectory["zero3_offload2"] == trajectory["ddp_offload2"], "ZeRO-3 offloaded differs from DDP offloaded"
 
     # Reruns and resumes, bitwise.
     _, again = run("zero1_2_again", "cluster { sync: ALLREDUCE workers: 2 zero_stage: 1 }")

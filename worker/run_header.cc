@@ -45,7 +45,8 @@ void PrintReducerLine(const config::JobConfig& config, const JobOptions& job, co
   } else {
     const char* how = nccl == NcclUse::kWholeStep
                           ? "gradients by NCCL, weights and AdamW state on the device, norms by UCX ring"
-                          : (nccl == NcclUse::kGradients ? "gradients by NCCL, the rest by UCX ring" : "UCX ring");
+                          : (nccl == NcclUse::kGradients ? "gradients by NCCL, the rest by UCX ring, the optimizer on the host"
+                                                          : "UCX ring");
     std::printf("all-reduce (%s) among %d workers", how, num_workers);
     if (cluster.wire_dtype() == ClusterConfig::BF16) std::printf(", gradients bf16 on the wire");
     if (cluster.zero_stage() > 0) std::printf(", ZeRO-%d", cluster.zero_stage());
