@@ -471,6 +471,11 @@ StatusOr<std::unique_ptr<SyncStrategy>> WorkerProcess::MakeDeviceResidentSync() 
     const int g = static_cast<int>(std::find(group.begin(), group.end(), rank_) - group.begin());
     const bool zero = config_.cluster().zero_stage() > 0;
     part.counted = OwnedSlices(plan_->buckets(), G, g);
+    if (zero && part.counted.empty()) {
+      return Status::InvalidArgument("cluster.zero_stage: the model's buckets are too small to shard over " +
+                                     std::to_string(G) + " workers (worker " + std::to_string(rank_) +
+                                     " would own nothing)");
+    }
     if (zero) part.owned = part.counted;
     part.replicas = grid_.data();
     part.gathered = config_.cluster().zero_stage() == 3;
