@@ -25,55 +25,7 @@
 namespace herd::transport {
 namespace {
 
-TEST(NcclCollectives, OneRankOnOneGpu) {
-#if !HERD_HAVE_NCCL
-  GTEST_SKIP() << "built without NCCL";
-#else
-  if (NcclCollectives::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
-  JobConfig config;
-  config.mutable_cluster()->set_sync(config::ClusterConfig::ALLREDUCE);
-  config.mutable_cluster()->set_workers(1);
-  CoordinatorOptions co = CoordinatorOptions::FromConfig(config);
-  co.listen = "127.0.0.1:0";
-  co.token = "nccl-test-token";
-  auto coordinator = Coordinator::Start(co);
-  ASSERT_TRUE(coordinator.ok()) << coordinator.status().message();
-  std::thread run([&] { (void)(*coordinator)->Run(); });
-  JoinOptions jo = JoinOptions::FromConfig(config);
-  jo.coordinator = "127.0.0.1:" + std::to_string((*coordinator)->port());
-  jo.token = co.token;
-  jo.role = wire::WORKER;
-  jo.rank = 0;
-  auto client = CoordinatorClient::Join(jo);
-  ASSERT_TRUE(client.ok()) << client.status().message();
-  {
-    auto nccl = NcclCollectives::Create(**client);
-    ASSERT_TRUE(nccl.ok()) << nccl.status().message();
-    const int n = 1000;
-    std::vector<float> host(n);
-    for (int i = 0; i < n; ++i) host[i] = 0.5f * i;
-    float* dev = nullptr;
-    ASSERT_EQ(cudaMalloc(&dev, n * sizeof(float)), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(dev, host.data(), n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
-    Collectives& c = **nccl;
-    EXPECT_TRUE(c.Wait(c.AllReduce(dev, n, DType::kFloat32)).ok());
-    EXPECT_TRUE(c.Wait(c.ReduceScatter(dev, {n})).ok());
-    EXPECT_TRUE(c.Wait(c.AllGather(dev, {n})).ok());
-    EXPECT_TRUE(c.Wait(c.Broadcast(dev, n, 0)).ok());
-    std::vector<float> back(n);
-    ASSERT_EQ(cudaMemcpy(back.data(), dev, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
-    EXPECT_EQ(back, host);  // one rank: every collective is the identity
-    Status bad = c.Wait(c.ReduceScatter(dev, {n / 2, n / 2}));
-    EXPECT_FALSE(bad.ok());
-    cudaFree(dev);
-  }
-  EXPECT_TRUE((*client)->Leave().ok());
-  client->reset();
-  run.join();
-#endif
-}
-
-#if HERD_HAVE_NCCL && HERD_CUDA_EMULATION
+#if HERD_HAVE_NCCL
 // W workers of one job, as threads: each joins, makes its communicator(s)
 // and runs `body(rank, client)`.
 void OnWorkers(int W, const std::function<void(int, CoordinatorClient&)>& body) {
@@ -104,6 +56,38 @@ void OnWorkers(int W, const std::function<void(int, CoordinatorClient&)>& body) 
   run.join();
 }
 
+#endif
+
+TEST(NcclCollectives, OneRankOnOneGpu) {
+#if !HERD_HAVE_NCCL
+  GTEST_SKIP() << "built without NCCL";
+#else
+  if (NcclCollectives::DeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  OnWorkers(1, [](int, CoordinatorClient& client) {
+    auto nccl = NcclCollectives::Create(client);
+    ASSERT_TRUE(nccl.ok()) << nccl.status().message();
+    const int n = 1000;
+    std::vector<float> host(n);
+    for (int i = 0; i < n; ++i) host[i] = 0.5f * i;
+    float* dev = nullptr;
+    ASSERT_EQ(cudaMalloc(&dev, n * sizeof(float)), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dev, host.data(), n * sizeof(float), cudaMemcpyHostToDevice), cudaSuccess);
+    Collectives& c = **nccl;
+    EXPECT_TRUE(c.Wait(c.AllReduce(dev, n, DType::kFloat32)).ok());
+    EXPECT_TRUE(c.Wait(c.ReduceScatter(dev, {n})).ok());
+    EXPECT_TRUE(c.Wait(c.AllGather(dev, {n})).ok());
+    EXPECT_TRUE(c.Wait(c.Broadcast(dev, n, 0)).ok());
+    std::vector<float> back(n);
+    ASSERT_EQ(cudaMemcpy(back.data(), dev, n * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(back, host);  // one rank: every collective is the identity
+    Status bad = c.Wait(c.ReduceScatter(dev, {n / 2, n / 2}));
+    EXPECT_FALSE(bad.ok());
+    cudaFree(dev);
+  });
+#endif
+}
+
+#if HERD_HAVE_NCCL && HERD_CUDA_EMULATION
 // Every collective against the sums it must give: rank r's element i is
 // a value whose sums in different orders differ in their last bits, and
 // the emulation adds in rank order.

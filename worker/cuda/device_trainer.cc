@@ -35,6 +35,48 @@ struct Run {
   bool decay;
 };
 
+// The squared norm of some device ranges: fixed chunks of each in double
+// on the device, copied back and added in order (so two trainers that add
+// the same ranges agree bitwise).
+class DeviceSquares {
+ public:
+  // Room for ranges of these sizes.
+  explicit DeviceSquares(const std::vector<int64_t>& sizes) {
+    int64_t chunks = 0;
+    for (int64_t n : sizes) chunks += SumOfSquaresChunks(n);
+    HERD_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&partials_), chunks * 8));
+    host_.resize(chunks);
+  }
+  ~DeviceSquares() { cudaFree(partials_); }
+  DeviceSquares(const DeviceSquares&) = delete;
+  DeviceSquares& operator=(const DeviceSquares&) = delete;
+
+  // Waits for `stream`; each (device address, size) of `ranges` as sized.
+  double Sum(const std::vector<std::pair<const float*, int64_t>>& ranges, cudaStream_t stream) {
+    int64_t at = 0;
+    for (const auto& [x, n] : ranges) {
+      SumOfSquaresPartials(partials_ + at, x, n, stream);
+      at += SumOfSquaresChunks(n);
+    }
+    HERD_CUDA_CHECK(cudaMemcpyAsync(host_.data(), partials_, host_.size() * 8, cudaMemcpyDeviceToHost, stream));
+    HERD_CUDA_CHECK(cudaStreamSynchronize(stream));
+    double squares = 0;
+    for (double p : host_) squares += p;
+    return squares;
+  }
+
+ private:
+  double* partials_ = nullptr;
+  std::vector<double> host_;
+};
+
+// Each range's size.
+std::vector<int64_t> SizesOf(const std::vector<ParamRange>& ranges) {
+  std::vector<int64_t> sizes;
+  for (const ParamRange& r : ranges) sizes.push_back(r.size());
+  return sizes;
+}
+
 // A trainer's current weights behind the Model interface, forward only
 // (its Forward ignores the weights it is given, and it has no Backward):
 // `Trainer` has o_, name_, layout_, model_, a compute type T,
@@ -78,7 +120,8 @@ class ResidentTrainer final : public DeviceTrainer {
         owned_(OrWhole(o.owned, P_)),
         counted_(OrWhole(o.counted, P_)),
         owned_size_(SizeOf(owned_)),
-        evaluator_(this) {
+        evaluator_(this),
+        squares_(SizesOf(counted_)) {
     HERD_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     model_ = std::make_unique<CudaLlamaModel<T>>(o.shape, o.batch, o.seq_len, stream_, o.recompute);
     HERD_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&weights_), P_ * sizeof(T)));
@@ -87,10 +130,6 @@ class ResidentTrainer final : public DeviceTrainer {
     if constexpr (!std::is_same_v<T, float>) {
       HERD_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&master_), owned_size_ * 4));
     }
-    int64_t chunks = 0;
-    for (const ParamRange& r : counted_) chunks += SumOfSquaresChunks(r.size());
-    HERD_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&partials_), chunks * 8));
-    host_partials_.resize(chunks);
     // AdamW runs once per run of equal decay (the tensors alternate), each
     // inside one owned range, at its packed offset.
     int64_t packed = 0;
@@ -110,7 +149,7 @@ class ResidentTrainer final : public DeviceTrainer {
     cudaStreamSynchronize(stream_);
     model_.reset();
     for (void* p : {static_cast<void*>(weights_), static_cast<void*>(grads_), static_cast<void*>(m_),
-                    static_cast<void*>(v_), static_cast<void*>(partials_), static_cast<void*>(master_)})
+                    static_cast<void*>(v_), static_cast<void*>(master_)})
       cudaFree(p);
     cudaStreamDestroy(stream_);
   }
@@ -179,17 +218,9 @@ class ResidentTrainer final : public DeviceTrainer {
       exchange_->AwaitGradients(stream_);
     }
     g.loss /= A;
-    // The squares: fixed chunks of each counted range in double on the
-    // device, added in order.
-    int64_t at = 0;
-    for (const ParamRange& r : counted_) {
-      SumOfSquaresPartials(partials_ + at, grads_ + r.begin, r.size(), stream_);
-      at += SumOfSquaresChunks(r.size());
-    }
-    HERD_CUDA_CHECK(
-        cudaMemcpyAsync(host_partials_.data(), partials_, host_partials_.size() * 8, cudaMemcpyDeviceToHost, stream_));
-    HERD_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    for (double p : host_partials_) g.squares += p;
+    std::vector<std::pair<const float*, int64_t>> counted;
+    for (const ParamRange& r : counted_) counted.push_back({grads_ + r.begin, r.size()});
+    g.squares = squares_.Sum(counted, stream_);
     return g;
   }
 
@@ -250,8 +281,7 @@ class ResidentTrainer final : public DeviceTrainer {
   float* master_ = nullptr;     // bf16: the owned ranges' fp32 master weights, packed
   float* grads_ = nullptr;      // whole
   float *m_ = nullptr, *v_ = nullptr;  // the owned ranges', packed
-  double* partials_ = nullptr;
-  std::vector<double> host_partials_;
+  DeviceSquares squares_;
   std::vector<Run> runs_;
   int64_t allocated_ = 0;  // by the constructor
 };
@@ -281,7 +311,8 @@ class GatheredTrainer final : public DeviceTrainer {
         tied_(o.shape.tie_word_embeddings),
         owned_(OrWhole(o.owned, P_)),
         owned_size_(SizeOf(owned_)),
-        evaluator_(this) {
+        evaluator_(this),
+        squares_(SizesOf(owned_)) {
     HERD_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     // Freed units are reused as soon as their frees are done, and kept by
     // the pool rather than given back at each synchronization.
@@ -300,17 +331,14 @@ class GatheredTrainer final : public DeviceTrainer {
     for (float** p : {&master_, &slice_grads_, &m_, &v_}) {
       HERD_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(p), owned_size_ * 4));
     }
-    int64_t chunks = 0, packed = 0;
+    int64_t packed = 0;
     for (const ParamRange& r : owned_) {
-      chunks += SumOfSquaresChunks(r.size());
       packed_.push_back(packed);
       for (const DecaySegment& s : DecaySegments(layout_, r.begin, r.end)) {
         runs_.push_back({s.begin, s.end, packed + (s.begin - r.begin), s.decay});
       }
       packed += r.size();
     }
-    HERD_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&partials_), chunks * 8));
-    host_partials_.resize(chunks);
   }
 
   ~GatheredTrainer() override {
@@ -322,7 +350,7 @@ class GatheredTrainer final : public DeviceTrainer {
     }
     cudaStreamSynchronize(stream_);
     for (void* p : {static_cast<void*>(master_), static_cast<void*>(slice_grads_), static_cast<void*>(m_),
-                    static_cast<void*>(v_), static_cast<void*>(partials_)})
+                    static_cast<void*>(v_)})
       cudaFree(p);
     cudaMemPoolDestroy(pool_);
     cudaStreamDestroy(stream_);
@@ -382,15 +410,10 @@ class GatheredTrainer final : public DeviceTrainer {
       for (int u = 0; u < num_units(); ++u) LetGo(u);
     }
     g.loss /= A;
-    int64_t at = 0;
-    for (size_t i = 0; i < owned_.size(); ++i) {
-      SumOfSquaresPartials(partials_ + at, slice_grads_ + packed_[i], owned_[i].size(), stream_);
-      at += SumOfSquaresChunks(owned_[i].size());
-    }
-    HERD_CUDA_CHECK(
-        cudaMemcpyAsync(host_partials_.data(), partials_, host_partials_.size() * 8, cudaMemcpyDeviceToHost, stream_));
-    HERD_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    for (double p : host_partials_) g.squares += p;
+    // The owned slices are the counted ones, in the resident trainer's order.
+    std::vector<std::pair<const float*, int64_t>> counted;
+    for (size_t i = 0; i < owned_.size(); ++i) counted.push_back({slice_grads_ + packed_[i], owned_[i].size()});
+    g.squares = squares_.Sum(counted, stream_);
     return g;
   }
 
@@ -512,8 +535,7 @@ class GatheredTrainer final : public DeviceTrainer {
   float* slice_grads_ = nullptr;
   float *m_ = nullptr, *v_ = nullptr;
   std::vector<int64_t> packed_;  // each owned range's packed offset
-  double* partials_ = nullptr;
-  std::vector<double> host_partials_;
+  DeviceSquares squares_;
   std::vector<Run> runs_;
   int64_t allocated_ = 0;  // by the constructor
 };
