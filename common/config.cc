@@ -353,9 +353,15 @@ const std::vector<NotBuilt>& NotBuiltTable() {
       {"device.kind", "cluster.context_parallel", "context parallelism (cluster.context_parallel) runs on CPU workers only yet",
        "cluster { sync: ALLREDUCE workers: 2 context_parallel: 2 } device { kind: CUDA }",
        [](const JobConfig& c) { return Context(c) && Cuda(c); }},
-      {"device.kind", "cluster.tensor_parallel", "tensor parallelism (cluster.tensor_parallel) runs on CPU workers only yet",
-       "cluster { sync: ALLREDUCE workers: 2 tensor_parallel: 2 } device { kind: CUDA }",
-       [](const JobConfig& c) { return Tensor(c) && Cuda(c); }},
+      {"device.kind", "cluster.sequence_parallel",
+       "sequence parallelism (cluster.sequence_parallel) runs on CPU workers only yet (CUDA workers run tensor "
+       "parallelism without it)",
+       "cluster { sync: ALLREDUCE workers: 2 tensor_parallel: 2 sequence_parallel: true } device { kind: CUDA }",
+       [](const JobConfig& c) { return Tensor(c) && Cuda(c) && c.cluster().sequence_parallel(); }},
+      {"device.kind", "cluster.tensor_parallel with windowed weights (ZeRO-3, cluster.stream_weights)",
+       "tensor parallelism on CUDA workers holds its slices' weights whole yet: not with ZeRO-3 or streamed weights",
+       "cluster { sync: ALLREDUCE workers: 4 tensor_parallel: 2 zero_stage: 3 } device { kind: CUDA }",
+       [](const JobConfig& c) { return Tensor(c) && Cuda(c) && WorkersHoldAWindow(c); }},
       {"device.kind", "cluster.pipeline_stages", "pipeline stages (cluster.pipeline_stages) run on CPU workers only yet",
        "cluster { sync: ALLREDUCE workers: 2 pipeline_stages: 2 } device { kind: CUDA }",
        [](const JobConfig& c) { return Pipelined(c) && Cuda(c); }},
@@ -570,9 +576,11 @@ const InertRule kInertRules[] = {
      "and cluster.nccl only (cluster.nccl false steps on the host anyway)"},
     {"cluster.nccl", [](const JobConfig& c) { return !c.cluster().nccl(); },
      [](const JobConfig& c) {
-       return c.cluster().sync() == Cluster::ALLREDUCE && c.device().kind() == config::DeviceConfig::CUDA;
+       return (c.cluster().sync() == Cluster::ALLREDUCE || c.cluster().tensor_parallel() > 1) &&
+              c.device().kind() == config::DeviceConfig::CUDA;
      },
-     "chooses how CUDA workers all-reduce: applies to sync ALLREDUCE with device.kind CUDA only"},
+     "chooses how CUDA workers all-reduce and sum over their tensor groups: applies to device.kind CUDA with sync "
+     "ALLREDUCE or tensor parallelism only"},
     {"optimizer.skip_spikes_window", [](const JobConfig& c) { return c.optimizer().skip_spikes_window() != 128; },
      [](const JobConfig& c) { return c.optimizer().skip_spikes_zscore() > 0; },
      "is the spike guard's: applies with optimizer.skip_spikes_zscore > 0 only"},
@@ -767,6 +775,8 @@ bool WorkersHoldAWindow(const JobConfig& config) {
 bool StepsOnTheDevice(const JobConfig& config) {
   const config::ClusterConfig& cl = config.cluster();
   if (config.device().kind() != config::DeviceConfig::CUDA) return false;
+  // A model-parallel placement's optimizer steps on the host yet.
+  if (cl.tensor_parallel() > 1 || cl.pipeline_stages() > 1 || cl.context_parallel() > 1) return false;
   return cl.sync() == config::ClusterConfig::NONE ||
          (cl.sync() == config::ClusterConfig::ALLREDUCE && cl.nccl() && !cl.offload_optimizer());
 }

@@ -81,6 +81,17 @@ struct TensorGroup {
   std::function<void(T* data, const Partition& parts)> all_gather, reduce_scatter;
 };
 
+// TensorGroup for a model on a CUDA device (model/cuda/llama_cuda.h):
+// the same part and the same sums, of device buffers, each ordered on the
+// model's stream (a cudaStream_t, opaque here so that this header needs
+// no CUDA): after the work issued there before it, before what follows.
+// `element_bytes`: 4 (fp32) or 2 (bf16, a bf16 model's activations).
+struct DeviceTensorGroup {
+  int ranks = 1, rank = 0;
+  int64_t vocab_first = 0;
+  std::function<void(void* data, int64_t n, int element_bytes, void* stream)> all_reduce;
+};
+
 // A context-parallel rank's part (cluster.context_parallel: C ranks): each
 // sequence of a micro-batch is cut into 2C chunks and rank r computes
 // chunks r and 2C - 1 - r, an early one and a late one, so that every

@@ -363,14 +363,14 @@ StatusOr<std::vector<ProcessMemory>> StageMemory(const JobSizes& j, const ShardP
   return out;
 }
 
-// A tensor-parallel worker (CPU): its rank's packed slices' weights,
+// A tensor-parallel worker: its rank's packed slices' weights,
 // gradients and (all-reduce mode) AdamW state, its slice model's
 // activations (every rank's alike; with sequence parallelism, the
 // residual's and norms' rows of its share, rounded up), the rings' buffers
 // (all the workers, its group, its replicas), and (all-reduce mode) one
 // tensor whole while it initialises; parameter servers (`shards`) hold the
 // rest, and with cluster.stream_weights it holds a window over its part of
-// their space.
+// their space. A CUDA worker's model is on its device.
 StatusOr<ProcessMemory> TensorParallelMemory(const JobSizes& j, const ShardPlan* shards = nullptr) {
   const bool ps = j.cluster.sync() == config::ClusterConfig::PARAMETER_SERVER;
   HERD_ASSIGN_OR_RETURN(const TensorSlices slices, TensorSlices::Make(j.shape, j.cluster.tensor_parallel(), 0));
@@ -407,6 +407,16 @@ StatusOr<ProcessMemory> TensorParallelMemory(const JobSizes& j, const ShardPlan*
   t.buffers += rings * (kRingChunksAhead + (!ps && j.bf16 ? kRingChunksInFlight : 0)) * kRingChunkBytes +
                (ps ? 0 : largest * kF32);
   t.runtime = kRuntimeBytes;
+  if (j.gpu) {
+    // A CUDA rank: its slice model's activations, compute weights and
+    // gradients on the device (the group's sums there too), its gradients
+    // staged out through page-locked host memory.
+    t.activations = 0;
+    t.buffers += n * kF32;
+    t.device = cuda::GpuWorkerDeviceBytes(slices.shape(), j.train.batch_size(), j.train.seq_len(),
+                                          j.config.device().dtype() == config::DeviceConfig::BF16, j.job.recompute,
+                                          j.cluster.tensor_parallel());
+  }
   return t;
 }
 

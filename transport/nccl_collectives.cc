@@ -170,6 +170,10 @@ Collectives::Handle NcclCollectives::AllReduce(void* data, int64_t n, DType dtyp
   return impl_->Record(ncclAllReduce(data, data, n, t, ncclSum, impl_->comm_, impl_->stream_), "all-reduce");
 }
 
+Collectives::Handle NcclCollectives::AllReduceBf16(void* data, int64_t n) {
+  return impl_->Record(ncclAllReduce(data, data, n, ncclBfloat16, ncclSum, impl_->comm_, impl_->stream_), "all-reduce");
+}
+
 // One NCCL call per non-empty part, rooted at the part's rank, as a group.
 template <typename PerPart>
 Collectives::Handle NcclCollectives::Grouped(const Partition& parts, const char* what, PerPart per_part) {

@@ -49,6 +49,42 @@ StatusOr<int> PickDevice(int local_rank) {
 
 }  // namespace
 
+StatusOr<int> UseCudaDevice(int local_rank) {
+  HERD_ASSIGN_OR_RETURN(const int device, PickDevice(local_rank));
+#if HERD_HAVE_CUDA_MODEL
+  (void)cuda::DeviceFreeBytes(device);  // makes it current
+#endif
+  return device;
+}
+
+StatusOr<std::unique_ptr<Model>> CreateTensorParallelCudaModel(const config::JobConfig& config, const JobOptions& job,
+                                                               int local_rank, const LlamaShape& slice,
+                                                               DeviceTensorGroup group) {
+  HERD_ASSIGN_OR_RETURN(const int device, PickDevice(local_rank));
+#if HERD_HAVE_CUDA_MODEL
+  const bool bf16 = config.device().dtype() == config::DeviceConfig::BF16;
+  return cuda::NewStagedCudaModel(slice, job.batch, job.seq_len, bf16, device, job.recompute, std::move(group));
+#else
+  (void)device;
+  (void)config;
+  (void)job;
+  (void)slice;
+  (void)group;
+  return std::unique_ptr<Model>();  // not reached: PickDevice refused
+#endif
+}
+
+DeviceTensorGroup StagedTensorGroup(const TensorGroup<float>& host) {
+  DeviceTensorGroup g;
+  g.ranks = host.ranks;
+  g.rank = host.rank;
+  g.vocab_first = host.vocab_first;
+#if HERD_HAVE_CUDA_MODEL
+  g.all_reduce = cuda::StagedGroupSum(host.all_reduce);
+#endif
+  return g;
+}
+
 StatusOr<std::unique_ptr<cuda::DeviceTrainer>> CreateDeviceTrainer(const config::JobConfig& config,
                                                                    const JobOptions& job, int local_rank,
                                                                    const DevicePart& part) {

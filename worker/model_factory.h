@@ -17,6 +17,22 @@ namespace herd {
 // Sized for `job`'s train.batch_size x seq_len, keeping what it says.
 StatusOr<std::unique_ptr<Model>> CreateModel(const config::JobConfig& config, const JobOptions& job, int local_rank);
 
+// A CUDA worker's device, made current (NCCL's communicators are made on
+// the current device, before the model): local rank modulo the devices;
+// one line when there is none, or no CUDA in this build.
+StatusOr<int> UseCudaDevice(int local_rank);
+
+// A tensor-parallel rank's CUDA model: `slice` its slices' shape
+// (sharding/tensor_slices.h), `group` the group's sums on the device.
+StatusOr<std::unique_ptr<Model>> CreateTensorParallelCudaModel(const config::JobConfig& config, const JobOptions& job,
+                                                               int local_rank, const LlamaShape& slice,
+                                                               DeviceTensorGroup group);
+
+// A tensor-parallel CUDA rank's group whose sums are `host`'s (a ring
+// over host memory), each staged through the host: for groups without
+// NCCL.
+DeviceTensorGroup StagedTensorGroup(const TensorGroup<float>& host);
+
 // The single-process trainer's GPU engine for device.kind CUDA: weights,
 // AdamW state and gradients resident on the device (null for CPU jobs).
 // A worker's part of the device-resident step in all-reduce mode

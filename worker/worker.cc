@@ -107,8 +107,9 @@ class WorkerProcess {
   NcclGroups NcclGroupsOf() const;
   // A pipeline stage's models, one per chunk of its layers.
   Status PreparePipelineStage();
-  // A tensor-parallel worker's slices and its model over them.
-  Status PrepareTensorParallel();
+  // A tensor-parallel worker's slices and its model over them (a CUDA
+  // worker's group sums on the device, made here through `client`).
+  Status PrepareTensorParallel(transport::CoordinatorClient* client);
   // This worker's place in the job's grid.
   GridCoords place() const { return grid_.CoordsOf(rank_); }
   // This worker's context-parallel group (none without).
@@ -209,6 +210,9 @@ class WorkerProcess {
   // gathered weights; weights_ and grads_ then stay empty) or, for
   // gradients, where they are still needed (ZeRO-2: grads_ stays empty).
   PagedBuffer paged_weights_, paged_grads_;
+  // A CUDA tensor-parallel worker's group sums over NCCL (its model's, so
+  // made before it and let go after it).
+  std::unique_ptr<DeviceGroupSums> device_tensor_sums_;
   std::unique_ptr<Model> model_holder_;                      // none when the GPU trainer has its own
   // A pipeline stage: one model per chunk, over its layers (model_ is
   // then the evaluator through the stages, in model_holder_).
@@ -316,22 +320,24 @@ Status WorkerProcess::Prepare(transport::CoordinatorClient* client) {
     HERD_ASSIGN_OR_RETURN(std::string loader, ReadFile(path));
     HERD_RETURN_IF_ERROR(sampler_->RestoreState(loader).WithContext(path + ": "));
   }
+  const bool gpu = config_.device().kind() == config::DeviceConfig::CUDA;
+  // NCCL's communicators below are made on the current device.
+  if (gpu && client != nullptr) HERD_RETURN_IF_ERROR(UseCudaDevice(LocalRank(rank_)).status());
   if (reducer_ == Reducer::kGpuCollectives) {
     HERD_ASSIGN_OR_RETURN(device_exchange_,
                           ExchangeWithNccl(*client, *plan_, config_.cluster().zero_stage() > 0, NcclGroupsOf()));
   }
   if (OnTheDevice(reducer_)) return Status::OK();  // the GPU trainer brings its model
   if (pipeline_) return PreparePipelineStage();
-  if (tensor_ring_) return PrepareTensorParallel();
-  if (context_ring_) {
+  if (tensor_ring_) {
+    HERD_RETURN_IF_ERROR(PrepareTensorParallel(client));
+  } else if (context_ring_) {
     model_holder_ = NewCpuModel(job_.shape, job_.batch, job_.seq_len, job_.recompute, job_.micro_batch_slots, {},
                                 ContextGroupOf());
-    model_ = model_holder_.get();
-    return Status::OK();
+  } else {
+    HERD_ASSIGN_OR_RETURN(model_holder_, CreateModel(config_, job_, LocalRank(rank_)));
   }
-  HERD_ASSIGN_OR_RETURN(model_holder_, CreateModel(config_, job_, LocalRank(rank_)));
   model_ = model_holder_.get();
-  const bool gpu = config_.device().kind() == config::DeviceConfig::CUDA;
   if (reducer_ == Reducer::kCollectives && gpu && config_.cluster().nccl() && BuiltWithNccl()) {
     HERD_ASSIGN_OR_RETURN(device_reduction_, ReduceGradientsWithNccl(*client, *model_, *plan_,
                                                                      config_.cluster().zero_stage() > 0,
@@ -367,12 +373,25 @@ Status WorkerProcess::PreparePipelineStage() {
   return Status::OK();
 }
 
-Status WorkerProcess::PrepareTensorParallel() {
+Status WorkerProcess::PrepareTensorParallel(transport::CoordinatorClient* client) {
   const int T = config_.cluster().tensor_parallel();
   HERD_ASSIGN_OR_RETURN(slices_, TensorSlices::Make(job_.shape, T, place()[Axis::kTensor]));
-  model_holder_ = NewCpuModel(slices_->shape(), job_.batch, job_.seq_len, job_.recompute, job_.micro_batch_slots,
-                              tensor_ring_->Group(*slices_, config_.cluster().sequence_parallel()), ContextGroupOf());
-  model_ = model_holder_.get();
+  if (config_.device().kind() == config::DeviceConfig::CPU) {
+    model_holder_ = NewCpuModel(slices_->shape(), job_.batch, job_.seq_len, job_.recompute, job_.micro_batch_slots,
+                                tensor_ring_->Group(*slices_, config_.cluster().sequence_parallel()), ContextGroupOf());
+    return Status::OK();
+  }
+  // The group's sums on the device through NCCL, or staged through its ring.
+  DeviceTensorGroup group;
+  if (config_.cluster().nccl() && BuiltWithNccl()) {
+    HERD_ASSIGN_OR_RETURN(device_tensor_sums_,
+                          DeviceGroupSums::Create(*client, grid_.GroupOf(rank_, {Axis::kTensor}), "tensor"));
+    group = device_tensor_sums_->Group(*slices_);
+  } else {
+    group = StagedTensorGroup(tensor_ring_->Group(*slices_, /*sequence_parallel=*/false));
+  }
+  HERD_ASSIGN_OR_RETURN(model_holder_, CreateTensorParallelCudaModel(config_, job_, LocalRank(rank_),
+                                                                     slices_->shape(), std::move(group)));
   return Status::OK();
 }
 
@@ -606,6 +625,7 @@ AroundReducer WorkerProcess::ModelGroupAround() {
     g.slices = slices_ ? &*slices_ : nullptr;
     g.tensor_ring = tensor_ring_.get();
     g.context_ring = context_ring_.get();
+    g.device_tensor = device_tensor_sums_.get();
     g.sequence_parallel = config_.cluster().sequence_parallel();
     if (pipeline_) g.held = pipeline_->RangesOf(place()[Axis::kPipeline], stage_layout());
     return ModelGroupSteps(g, std::move(reducer));

@@ -11,7 +11,8 @@ int64_t RmsNormScratchFloats(int64_t N, int64_t C) { return (N < kRmsNormPartiti
 
 int64_t AttentionScratchFloats(int64_t B, int64_t T_, int64_t H) { return B * H * T_; }
 
-CudaActivationSizes::CudaActivationSizes(const LlamaShape& s, int max_batch, int max_seq_len, Recompute recompute) {
+CudaActivationSizes::CudaActivationSizes(const LlamaShape& s, int max_batch, int max_seq_len, Recompute recompute,
+                                         int tensor_ranks) {
   N = static_cast<int64_t>(max_batch) * max_seq_len;
   const int64_t L = recompute == Recompute::kFull ? 1 : s.num_layers, d = s.hidden_size;
   rope = static_cast<int64_t>(max_seq_len) * s.head_dim() / 2;
@@ -25,6 +26,9 @@ CudaActivationSizes::CudaActivationSizes(const LlamaShape& s, int max_batch, int
   logits = N * s.vocab_size;
   rms_scratch = RmsNormScratchFloats(N, d);
   attn_scratch = AttentionScratchFloats(max_batch, max_seq_len, s.num_heads);
+  if (tensor_ranks > 1) {
+    vocab_stats = N * (2 * static_cast<int64_t>(tensor_ranks) + 1) + static_cast<int64_t>(s.vocab_size) * tensor_ranks;
+  }
 }
 
 int64_t CudaActivationSizes::ComputeElements(const LlamaShape& s) const {
@@ -35,19 +39,21 @@ int64_t CudaActivationSizes::ComputeElements(const LlamaShape& s) const {
 }
 
 int64_t CudaActivationSizes::FloatElements() const {
-  return 2 * rope + 2 * per_layer_rows + lse + 3 * N + rms_scratch + attn_scratch;
+  return 2 * rope + 2 * per_layer_rows + lse + 3 * N + rms_scratch + attn_scratch + vocab_stats;
 }
 
 int64_t CudaActivationSizes::IntElements() const { return 5 * N + 1; }  // tokens, targets, embedding groups
 
-int64_t CudaActivationBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16, Recompute recompute) {
-  const CudaActivationSizes z(shape, max_batch, max_seq_len, recompute);
+int64_t CudaActivationBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16, Recompute recompute,
+                            int tensor_ranks) {
+  const CudaActivationSizes z(shape, max_batch, max_seq_len, recompute, tensor_ranks);
   return z.ComputeElements(shape) * (bf16 ? 2 : 4) + z.FloatElements() * 4 + z.IntElements() * 4;
 }
 
-int64_t GpuWorkerDeviceBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16, Recompute recompute) {
+int64_t GpuWorkerDeviceBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16, Recompute recompute,
+                             int tensor_ranks) {
   const int64_t P = ParamLayout(shape).size();
-  return CudaActivationBytes(shape, max_batch, max_seq_len, bf16, recompute) + P * ((bf16 ? 2 : 4) + 4 + (bf16 ? 4 : 0)) +
+  return CudaActivationBytes(shape, max_batch, max_seq_len, bf16, recompute, tensor_ranks) + P * ((bf16 ? 2 : 4) + 4 + (bf16 ? 4 : 0)) +
          kCublasWorkspaceBytes;
 }
 

@@ -14,11 +14,13 @@ constexpr int kThreads = 256;
 
 // ---- embedding
 template <typename T>
-__global__ void EmbeddingForwardKernel(T* out, const int32_t* tokens, const T* table, int64_t N, int64_t C) {
+__global__ void EmbeddingForwardKernel(T* out, const int32_t* tokens, const T* table, int64_t N, int64_t C,
+                                       int64_t first, int64_t rows) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= N * C) return;
   const int64_t row = i / C, c = i % C;
-  out[i] = table[static_cast<int64_t>(tokens[row]) * C + c];
+  const int64_t id = static_cast<int64_t>(tokens[row]) - first;
+  out[i] = rows < 0 || (id >= 0 && id < rows) ? table[id * C + c] : FromFloat<T>(0.0f);
 }
 
 // Block (group, channel tile): one thread per channel walks the group's
@@ -106,27 +108,34 @@ __global__ void SumOfSquaresKernel(double* partial, const float* x, int64_t n) {
 
 }  // namespace
 
-EmbeddingGroups EmbeddingGroups::Build(const int32_t* host_tokens, int64_t N) {
-  std::vector<int32_t> order(N);
-  std::iota(order.begin(), order.end(), 0);
+EmbeddingGroups EmbeddingGroups::Build(const int32_t* host_tokens, int64_t N, int64_t first, int64_t rows) {
+  auto held = [&](int32_t token) { return rows < 0 || (token >= first && token < first + rows); };
+  std::vector<int32_t> order;
+  order.reserve(N);
+  for (int32_t i = 0; i < N; ++i) {
+    if (held(host_tokens[i])) order.push_back(i);
+  }
   // Stable: positions of one token stay in increasing order.
   std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return host_tokens[a] < host_tokens[b]; });
   EmbeddingGroups g;
   g.positions = order;
-  for (int64_t i = 0; i < N; ++i) {
+  const int64_t n = static_cast<int64_t>(order.size());
+  for (int64_t i = 0; i < n; ++i) {
     if (i == 0 || host_tokens[order[i]] != host_tokens[order[i - 1]]) {
-      g.tokens.push_back(host_tokens[order[i]]);
+      g.tokens.push_back(static_cast<int32_t>(host_tokens[order[i]] - first));
       g.starts.push_back(static_cast<int32_t>(i));
     }
   }
-  g.starts.push_back(static_cast<int32_t>(N));
+  g.starts.push_back(static_cast<int32_t>(n));
   return g;
 }
 
 template <typename T>
-void EmbeddingForward(T* out, const int32_t* tokens, const T* table, int64_t N, int64_t C, cudaStream_t stream) {
+void EmbeddingForward(T* out, const int32_t* tokens, const T* table, int64_t N, int64_t C, cudaStream_t stream,
+                      int64_t first, int64_t rows) {
   if (N * C == 0) return;
-  HERD_LAUNCH(EmbeddingForwardKernel<T>, GridFor(N * C, kThreads), kThreads, 0, stream, out, tokens, table, N, C);
+  HERD_LAUNCH(EmbeddingForwardKernel<T>, GridFor(N * C, kThreads), kThreads, 0, stream, out, tokens, table, N, C,
+              first, rows);
 }
 
 template <typename T>
@@ -193,7 +202,8 @@ void SumOfSquaresPartials(double* partial, const float* x, int64_t n, cudaStream
 }
 
 #define HERD_INSTANTIATE_ELEMENTWISE(T)                                                                            \
-  template void EmbeddingForward<T>(T*, const int32_t*, const T*, int64_t, int64_t, cudaStream_t);                 \
+  template void EmbeddingForward<T>(T*, const int32_t*, const T*, int64_t, int64_t, cudaStream_t, int64_t,       \
+                                    int64_t);                                                                      \
   template void EmbeddingBackward<T>(float*, const T*, const int32_t*, const int32_t*, const int32_t*, int64_t,    \
                                      int64_t, cudaStream_t);                                                       \
   template void RopeForward<T>(T*, const float*, const float*, int64_t, int64_t, int64_t, int64_t, cudaStream_t);  \

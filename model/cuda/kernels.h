@@ -24,15 +24,21 @@ namespace herd::cuda {
 using bf16 = __nv_bfloat16;
 
 // ---- embedding
+// With `rows` >= 0 the table holds the vocabulary's rows [first, first +
+// rows) alone (a tensor-parallel rank's): a token outside them looks up
+// zeros, which the group's sum fills in.
 template <typename T>
-void EmbeddingForward(T* out, const int32_t* tokens, const T* table, int64_t N, int64_t C, cudaStream_t stream);
+void EmbeddingForward(T* out, const int32_t* tokens, const T* table, int64_t N, int64_t C, cudaStream_t stream,
+                      int64_t first = 0, int64_t rows = -1);
 
 // The deterministic backward groups positions by token on the host (tokens
 // come from the host anyway): `tokens` are the distinct ids, positions
 // [starts[u], starts[u+1]) of `positions` hold token u, in increasing order.
+// With `rows` >= 0 only the tokens in [first, first + rows) are grouped,
+// each as its row of that part of the table (id - first).
 struct EmbeddingGroups {
   std::vector<int32_t> tokens, starts, positions;
-  static EmbeddingGroups Build(const int32_t* host_tokens, int64_t N);
+  static EmbeddingGroups Build(const int32_t* host_tokens, int64_t N, int64_t first = 0, int64_t rows = -1);
 };
 // dtable[tokens[u]] += sum over the group's positions of dout[position], in
 // position order. The three arrays are EmbeddingGroups' on the device.
@@ -90,9 +96,23 @@ void AddForward(T* out, const T* a, const T* b, int64_t n, cudaStream_t stream);
 template <typename T>
 void CrossEntropyForward(float* losses, float* lse, const T* logits, const int32_t* targets, int64_t N, int64_t V,
                          cudaStream_t stream);
+// `first`: the vocabulary id of column 0 (a tensor-parallel rank's
+// columns: a target outside them adds no onehot).
 template <typename T>
 void CrossEntropyBackward(T* logits, const float* lse, const int32_t* targets, int64_t N, int64_t V, float scale,
-                          cudaStream_t stream);
+                          cudaStream_t stream, int64_t first = 0);
+
+// ---- the vocabulary-parallel cross-entropy (model/cpu/ops.h's scheme):
+// each rank's columns [first, first + V) of every row give fp32 stats
+// [N, 2 x ranks + 1] (its slot: the columns' max and sum of exp(x - max),
+// and the target's logit where the target is its; zeros elsewhere), one
+// sum over the ranks gathers them, and VocabParallelLoss makes each row's
+// log-sum-exp over the whole vocabulary (ranks in order) and loss.
+// CrossEntropyBackward with `first` then takes the lse.
+template <typename T>
+void VocabParallelStats(float* stats, const T* logits, const int32_t* targets, int64_t N, int64_t V, int64_t first,
+                        int rank, int ranks, cudaStream_t stream);
+void VocabParallelLoss(float* losses, float* lse, const float* stats, int64_t N, int ranks, cudaStream_t stream);
 
 // ---- dtype conversion (weights to the compute dtype, gradients out).
 template <typename From, typename To>

@@ -40,6 +40,8 @@ struct CudaLlamaModel<T>::Buffers {
   float* lnf_rstd;             // [N]
   T* logits;                   // [N, V] (dlogits in place in backward)
   float *losses, *ce_lse;      // [N]
+  float* vocab_stats;          // tensor-parallel: [N, 2 x ranks + 1]
+  float* logits_row;           // tensor-parallel: [the whole vocabulary]
   T *dres, *dln, *datt, *dq, *dk, *dv, *dact, *dgate, *dup;
   float *rms_scratch, *attn_scratch;
   std::vector<float> host_losses;
@@ -76,8 +78,9 @@ std::string CudaLlamaModel<T>::CheckShape(const LlamaShape& shape) {
 
 template <typename T>
 CudaLlamaModel<T>::CudaLlamaModel(const LlamaShape& shape, int max_batch, int max_seq_len, cudaStream_t stream,
-                                  Recompute recompute)
+                                  Recompute recompute, DeviceTensorGroup group)
     : layout_(shape),
+      tp_(std::move(group)),
       max_batch_(max_batch),
       max_seq_len_(max_seq_len),
       stream_(stream),
@@ -86,7 +89,7 @@ CudaLlamaModel<T>::CudaLlamaModel(const LlamaShape& shape, int max_batch, int ma
   CHECK(why.empty()) << why;
   Buffers& b = *b_;
   b.one_layer = recompute == Recompute::kFull;
-  const CudaActivationSizes z(shape, max_batch, max_seq_len, recompute);
+  const CudaActivationSizes z(shape, max_batch, max_seq_len, recompute, tp_.ranks);
   b.N = z.N;
   b.d = shape.hidden_size;
   b.qd = shape.q_dim();
@@ -120,6 +123,11 @@ CudaLlamaModel<T>::CudaLlamaModel(const LlamaShape& shape, int max_batch, int ma
   b.logits = b.template Alloc<T>(z.logits);
   b.losses = b.template Alloc<float>(b.N);
   b.ce_lse = b.template Alloc<float>(b.N);
+  if (tp_.ranks > 1) {
+    CHECK(tp_.all_reduce) << "a tensor-parallel CUDA model needs its group's sum";
+    b.vocab_stats = b.template Alloc<float>(b.N * (2 * tp_.ranks + 1));  // the two of z.vocab_stats
+    b.logits_row = b.template Alloc<float>(static_cast<int64_t>(b.V) * tp_.ranks);
+  }
   b.dres = b.template Alloc<T>(b.N * b.d);
   b.dln = b.template Alloc<T>(b.N * b.d);
   b.datt = b.template Alloc<T>(b.N * b.qd);
@@ -139,6 +147,24 @@ CudaLlamaModel<T>::CudaLlamaModel(const LlamaShape& shape, int max_batch, int ma
   HERD_CUDA_CHECK(cudaMemcpy(b.rope_sin, sin.data(), sin.size() * 4, cudaMemcpyHostToDevice));
 }
 
+namespace {
+
+// n device elements of T as fp32 on the host (the device idle).
+template <typename T>
+void ToHostFloats(const T* device, int64_t n, std::vector<float>* out) {
+  std::vector<T> raw(n);
+  HERD_CUDA_CHECK(cudaMemcpy(raw.data(), device, n * sizeof(T), cudaMemcpyDeviceToHost));
+  out->resize(n);
+  for (int64_t i = 0; i < n; ++i) {
+    if constexpr (std::is_same_v<T, float>)
+      (*out)[i] = raw[i];
+    else
+      (*out)[i] = __bfloat162float(raw[i]);
+  }
+}
+
+}  // namespace
+
 template <typename T>
 CudaLlamaModel<T>::~CudaLlamaModel() {
   cudaStreamSynchronize(stream_);  // no kernel may outlive its buffers
@@ -151,17 +177,33 @@ const T* CudaLlamaModel<T>::logits() const {
 
 template <typename T>
 void CudaLlamaModel<T>::LogitsToHost(std::vector<float>* out) const {
-  const int64_t n = static_cast<int64_t>(b_->B) * b_->Tcur * b_->V;
-  std::vector<T> raw(n);
   HERD_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  HERD_CUDA_CHECK(cudaMemcpy(raw.data(), b_->logits, n * sizeof(T), cudaMemcpyDeviceToHost));
-  out->resize(n);
-  for (int64_t i = 0; i < n; ++i) {
-    if constexpr (std::is_same_v<T, float>)
-      (*out)[i] = raw[i];
-    else
-      (*out)[i] = __bfloat162float(raw[i]);
+  ToHostFloats(b_->logits, static_cast<int64_t>(b_->B) * b_->Tcur * b_->V, out);
+}
+
+template <typename T>
+void CudaLlamaModel<T>::LogitsRowToHost(int64_t row, std::vector<float>* out) {
+  Buffers& b = *b_;
+  const int64_t V = b.V;
+  CHECK(row < static_cast<int64_t>(b.B) * b.Tcur) << "CudaLlamaModel::LogitsRowToHost: row " << row;
+  if (tp_.ranks == 1) {
+    HERD_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    ToHostFloats(b.logits + row * V, V, out);
+    return;
   }
+  // This rank's columns in place, zeros elsewhere, summed over the group.
+  const int64_t whole = V * tp_.ranks;
+  HERD_CUDA_CHECK(cudaMemsetAsync(b.logits_row, 0, whole * sizeof(float), stream_));
+  Convert(b.logits_row + tp_.vocab_first, b.logits + row * V, V, stream_);
+  tp_.all_reduce(b.logits_row, whole, sizeof(float), stream_);
+  out->resize(whole);
+  HERD_CUDA_CHECK(cudaMemcpyAsync(out->data(), b.logits_row, whole * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  HERD_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+template <typename T>
+void CudaLlamaModel<T>::AllReduce(T* data, int64_t n) {
+  if (tp_.ranks > 1) tp_.all_reduce(data, n, sizeof(T), stream_);
 }
 
 template <typename T>
@@ -183,17 +225,23 @@ double CudaLlamaModel<T>::Forward(UnitSpace<const T> params, const int32_t* host
     // The embedding backward's grouping, made now while the host is free.
     // Kept in the model until the next Forward, which starts only after
     // this one's losses came back, so no copy can still be reading them.
-    b.host_groups = EmbeddingGroups::Build(host_tokens, N);
+    b.host_groups = tp_.ranks > 1 ? EmbeddingGroups::Build(host_tokens, N, tp_.vocab_first, b.V)
+                                  : EmbeddingGroups::Build(host_tokens, N);
     const EmbeddingGroups& g = b.host_groups;
     b.groups = static_cast<int64_t>(g.tokens.size());
     HERD_CUDA_CHECK(cudaMemcpyAsync(b.group_tokens, g.tokens.data(), b.groups * 4, cudaMemcpyHostToDevice, st));
     HERD_CUDA_CHECK(cudaMemcpyAsync(b.group_starts, g.starts.data(), (b.groups + 1) * 4, cudaMemcpyHostToDevice, st));
-    HERD_CUDA_CHECK(cudaMemcpyAsync(b.group_positions, g.positions.data(), N * 4, cudaMemcpyHostToDevice, st));
+    HERD_CUDA_CHECK(cudaMemcpyAsync(b.group_positions, g.positions.data(), g.positions.size() * 4, cudaMemcpyHostToDevice, st));
   }
 
   auto layer_end = [&](int l) { return l + 1 < s.num_layers ? layout_.layer(l + 1).input_norm : layout_.final_norm(); };
   if (need) need(s.num_layers > 0 ? layout_.layer(0).input_norm : layout_.final_norm());
-  EmbeddingForward(b.residual, b.tokens, params + layout_.embed(), N, d, st);
+  if (tp_.ranks > 1) {
+    EmbeddingForward(b.residual, b.tokens, params + layout_.embed(), N, d, st, tp_.vocab_first, b.V);
+    AllReduce(b.residual, N * d);  // each rank's rows of the vocabulary
+  } else {
+    EmbeddingForward(b.residual, b.tokens, params + layout_.embed(), N, d, st);
+  }
   for (int l = 0; l < s.num_layers; ++l) {
     if (need) need(layer_end(l));
     LayerForward(params, l, /*to_output=*/true);
@@ -204,7 +252,13 @@ double CudaLlamaModel<T>::Forward(UnitSpace<const T> params, const int32_t* host
   b.matmul.Forward(b.logits, b.lnf, params + layout_.lm_head(), N, d, b.V, static_cast<const T*>(nullptr), st);
   HERD_CUDA_CHECK_LAUNCH();
   if (host_targets == nullptr) return 0.0;
-  CrossEntropyForward(b.losses, b.ce_lse, b.logits, b.targets, N, b.V, st);
+  if (tp_.ranks > 1) {
+    VocabParallelStats(b.vocab_stats, b.logits, b.targets, N, b.V, tp_.vocab_first, tp_.rank, tp_.ranks, st);
+    tp_.all_reduce(b.vocab_stats, N * (2 * tp_.ranks + 1), sizeof(float), st);
+    VocabParallelLoss(b.losses, b.ce_lse, b.vocab_stats, N, tp_.ranks, st);
+  } else {
+    CrossEntropyForward(b.losses, b.ce_lse, b.logits, b.targets, N, b.V, st);
+  }
   HERD_CUDA_CHECK(cudaMemcpyAsync(b.host_losses.data(), b.losses, N * 4, cudaMemcpyDeviceToHost, st));
   HERD_CUDA_CHECK(cudaStreamSynchronize(st));
   double total = 0;  // in order, as the CPU model sums
@@ -230,13 +284,26 @@ void CudaLlamaModel<T>::LayerForward(UnitSpace<const T> params, int l, bool to_o
   RopeForward(a.q, b.rope_cos, b.rope_sin, B, T_, H, hd, st);
   RopeForward(a.k, b.rope_cos, b.rope_sin, B, T_, KV, hd, st);
   AttentionForward(a.att, a.lse, a.q, a.k, a.v, B, T_, H, KV, hd, st);
-  b.matmul.Forward(a.mid, a.att, params + w.o_proj, N, qd, d, static_cast<const T*>(a.x), st);  // + residual
+  if (tp_.ranks > 1) {
+    // Each rank's heads' part of o_proj, summed, then the residual.
+    b.matmul.Forward(a.mid, a.att, params + w.o_proj, N, qd, d, static_cast<const T*>(nullptr), st);
+    AllReduce(a.mid, N * d);
+    AddForward(a.mid, a.mid, a.x, N * d, st);
+  } else {
+    b.matmul.Forward(a.mid, a.att, params + w.o_proj, N, qd, d, static_cast<const T*>(a.x), st);  // + residual
+  }
   RmsNormForward(a.ln2, a.ln2_rstd, a.mid, params + w.post_norm, N, d, eps, st);
   b.matmul.Forward(a.gate, a.ln2, params + w.gate_proj, N, d, f, static_cast<const T*>(nullptr), st);
   b.matmul.Forward(a.up, a.ln2, params + w.up_proj, N, d, f, static_cast<const T*>(nullptr), st);
   SwigluForward(a.act, a.gate, a.up, N * f, st);
   if (!to_output) return;
-  b.matmul.Forward(a.x_out, a.act, params + w.down_proj, N, f, d, static_cast<const T*>(a.mid), st);
+  if (tp_.ranks > 1) {
+    b.matmul.Forward(a.x_out, a.act, params + w.down_proj, N, f, d, static_cast<const T*>(nullptr), st);
+    AllReduce(a.x_out, N * d);
+    AddForward(a.x_out, a.x_out, a.mid, N * d, st);
+  } else {
+    b.matmul.Forward(a.x_out, a.act, params + w.down_proj, N, f, d, static_cast<const T*>(a.mid), st);
+  }
 }
 
 template <typename T>
@@ -253,9 +320,10 @@ void CudaLlamaModel<T>::Backward(UnitSpace<const T> params, UnitSpace<float> gra
 
   // Loss -> logits (in place) -> lm_head -> final norm.
   if (need_from) need_from(layout_.final_norm());
-  CrossEntropyBackward(b.logits, b.ce_lse, b.targets, N, b.V, static_cast<float>(loss_scale), st);
+  CrossEntropyBackward(b.logits, b.ce_lse, b.targets, N, b.V, static_cast<float>(loss_scale), st, tp_.vocab_first);
   mm.BackwardInput(b.dln, b.logits, params + layout_.lm_head(), N, d, b.V, false, st);
   mm.BackwardWeight(grads + layout_.lm_head(), b.logits, b.lnf, N, d, b.V, st);
+  AllReduce(b.dln, N * d);  // tensor-parallel: each rank's vocabulary's part
   HERD_CUDA_CHECK(cudaMemsetAsync(b.dres, 0, N * d * sizeof(T), st));
   const T* x_final = b.residual + s.num_layers * b.N * d;
   RmsNormBackward(b.dres, grads + layout_.final_norm(), b.dln, x_final, params + layout_.final_norm(), b.lnf_rstd, N, d,
@@ -275,6 +343,7 @@ void CudaLlamaModel<T>::Backward(UnitSpace<const T> params, UnitSpace<float> gra
     mm.BackwardWeight(grads + w.gate_proj, b.dgate, a.ln2, N, d, f, st);
     mm.BackwardInput(b.dln, b.dup, params + w.up_proj, N, d, f, true, st);
     mm.BackwardWeight(grads + w.up_proj, b.dup, a.ln2, N, d, f, st);
+    AllReduce(b.dln, N * d);  // tensor-parallel: each rank's columns' part
     RmsNormBackward(b.dres, grads + w.post_norm, b.dln, a.mid, params + w.post_norm, a.ln2_rstd, N, d, b.rms_scratch,
                     st);
 
@@ -290,6 +359,7 @@ void CudaLlamaModel<T>::Backward(UnitSpace<const T> params, UnitSpace<float> gra
     mm.BackwardWeight(grads + w.k_proj, b.dk, a.ln1, N, d, kvd, st);
     mm.BackwardInput(b.dln, b.dv, params + w.v_proj, N, d, kvd, true, st);
     mm.BackwardWeight(grads + w.v_proj, b.dv, a.ln1, N, d, kvd, st);
+    AllReduce(b.dln, N * d);  // tensor-parallel: each rank's heads' part
     RmsNormBackward(b.dres, grads + w.input_norm, b.dln, a.x, params + w.input_norm, a.ln1_rstd, N, d, b.rms_scratch,
                     st);
     if (final_from) final_from(w.input_norm);  // the layer's first tensor

@@ -33,8 +33,16 @@ class CudaLlamaModel {
   // layer's before its backward (the same kernels on the same inputs: the
   // same gradients bit for bit); kAttention is kNone here (the attention
   // keeps no probabilities anyway).
+  //
+  // `group`: a tensor-parallel rank's (DeviceTensorGroup, model/llama_config.h;
+  // `shape` is then its slice's, sharding/tensor_slices.h): every product
+  // is its part, and the group's sums make whole what the layers need
+  // whole, as model/llama.h's TensorGroup does (o_proj's and down_proj's
+  // outputs, the embedding's lookup, the norms' and the head's input
+  // gradients, the cross-entropy's statistics), so every rank returns the
+  // whole vocabulary's loss and computes the norms' gradients whole.
   CudaLlamaModel(const LlamaShape& shape, int max_batch, int max_seq_len, cudaStream_t stream,
-                 Recompute recompute = Recompute::kNone);
+                 Recompute recompute = Recompute::kNone, DeviceTensorGroup group = {});
   ~CudaLlamaModel();
   CudaLlamaModel(const CudaLlamaModel&) = delete;
   CudaLlamaModel& operator=(const CudaLlamaModel&) = delete;
@@ -67,18 +75,28 @@ class CudaLlamaModel {
   void Backward(UnitSpace<const T> params, UnitSpace<float> grads, double loss_scale,
                 const FinalFrom& final_from = nullptr, const NeedFrom& need_from = nullptr);
 
-  // Device [B*T_, vocab] logits of the last Forward (overwritten by Backward).
+  // Device [B*T_, vocab] logits of the last Forward (overwritten by Backward);
+  // a tensor-parallel rank's: its vocabulary's columns.
   const T* logits() const;
   // The last Forward's logits as fp32 on the host (waits for the stream).
   void LogitsToHost(std::vector<float>* out) const;
+  // Row `row` of the last Forward's logits over the whole vocabulary, fp32
+  // on the host: a tensor-parallel rank's columns with the others' summed
+  // in (every rank calls it alike).
+  void LogitsRowToHost(int64_t row, std::vector<float>* out);
+  const DeviceTensorGroup& tensor_group() const { return tp_; }
 
  private:
   struct Buffers;
   // Layer l's forward from its input into the layer's buffers; `to_output`:
   // through its last product into the next layer's input.
   void LayerForward(UnitSpace<const T> params, int l, bool to_output);
+  // The tensor-parallel group's sum of data[0, n) in place (nothing
+  // without a group).
+  void AllReduce(T* data, int64_t n);
 
   ParamLayout layout_;
+  const DeviceTensorGroup tp_;
   int max_batch_, max_seq_len_;
   cudaStream_t stream_;
   std::unique_ptr<Buffers> b_;

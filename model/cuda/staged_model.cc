@@ -44,12 +44,12 @@ template <typename T>
 class StagedCudaModel final : public CudaModelBase {
  public:
   StagedCudaModel(const LlamaShape& shape, int max_batch, int max_seq_len, int device, std::string name,
-                  Recompute recompute)
+                  Recompute recompute, DeviceTensorGroup group)
       : max_batch_(max_batch), max_seq_len_(max_seq_len), name_(std::move(name)) {
     HERD_CUDA_CHECK(cudaSetDevice(device));
     HERD_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
     HERD_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
-    model_ = std::make_unique<CudaLlamaModel<T>>(shape, max_batch, max_seq_len, compute_, recompute);
+    model_ = std::make_unique<CudaLlamaModel<T>>(shape, max_batch, max_seq_len, compute_, recompute, std::move(group));
     const int64_t P = model_->layout().size();
     HERD_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&params_), P * sizeof(T)));
     HERD_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&grads_), P * sizeof(float)));
@@ -168,6 +168,12 @@ class StagedCudaModel final : public CudaModelBase {
     model_->LogitsToHost(&host_logits_);
     return host_logits_.data();
   }
+  // A tensor-parallel rank's: its columns of the row, the others' summed in.
+  const float* LastLogits(int T_) override {
+    model_->LogitsRowToHost(T_ - 1, &host_logits_);
+    return host_logits_.data();
+  }
+  int vocab_size() const override { return shape().vocab_size * model_->tensor_group().ranks; }
 
  private:
   // Page-locks a caller's buffer (the whole flat space) once.
@@ -248,11 +254,39 @@ StatusOr<std::string> PrepareDevice(const LlamaShape& shape, int device, bool bf
 }
 
 StatusOr<std::unique_ptr<Model>> NewStagedCudaModel(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16,
-                                                    int device, Recompute recompute) {
+                                                    int device, Recompute recompute, DeviceTensorGroup group) {
   HERD_ASSIGN_OR_RETURN(
       const std::string name,
-      PrepareDevice(shape, device, bf16, GpuWorkerDeviceBytes(shape, max_batch, max_seq_len, bf16, recompute)));
-  return MakeCudaModel<StagedCudaModel>(bf16, shape, max_batch, max_seq_len, device, name, recompute);
+      PrepareDevice(shape, device, bf16,
+                    GpuWorkerDeviceBytes(shape, max_batch, max_seq_len, bf16, recompute, group.ranks)));
+  return MakeCudaModel<StagedCudaModel>(bf16, shape, max_batch, max_seq_len, device, name, recompute, group);
+}
+
+std::function<void(void*, int64_t, int, void*)> StagedGroupSum(std::function<void(float*, int64_t)> host_sum) {
+  return [host_sum = std::move(host_sum), staging = std::make_shared<std::vector<float>>(),
+          raw = std::make_shared<std::vector<bf16>>()](void* data, int64_t n, int element_bytes, void* stream) {
+    auto* st = static_cast<cudaStream_t>(stream);
+    std::vector<float>& host = *staging;
+    host.resize(n);
+    if (element_bytes == 4) {
+      HERD_CUDA_CHECK(cudaMemcpyAsync(host.data(), data, n * 4, cudaMemcpyDeviceToHost, st));
+      HERD_CUDA_CHECK(cudaStreamSynchronize(st));
+    } else {
+      raw->resize(n);
+      HERD_CUDA_CHECK(cudaMemcpyAsync(raw->data(), data, n * 2, cudaMemcpyDeviceToHost, st));
+      HERD_CUDA_CHECK(cudaStreamSynchronize(st));
+      for (int64_t i = 0; i < n; ++i) host[i] = __bfloat162float((*raw)[i]);
+    }
+    host_sum(host.data(), n);
+    if (element_bytes == 4) {
+      HERD_CUDA_CHECK(cudaMemcpyAsync(data, host.data(), n * 4, cudaMemcpyHostToDevice, st));
+    } else {
+      for (int64_t i = 0; i < n; ++i) (*raw)[i] = __float2bfloat16(host[i]);
+      HERD_CUDA_CHECK(cudaMemcpyAsync(data, raw->data(), n * 2, cudaMemcpyHostToDevice, st));
+    }
+    // The host buffers are reused by the next sum: the copies finish first.
+    HERD_CUDA_CHECK(cudaStreamSynchronize(st));
+  };
 }
 
 }  // namespace herd::cuda

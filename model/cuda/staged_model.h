@@ -77,9 +77,18 @@ int64_t DeviceFreeBytes(int device);
 StatusOr<std::string> PrepareDevice(const LlamaShape& shape, int device, bool bf16, int64_t needed_bytes);
 
 // A model on device `device` (an index < DeviceCount()) computing in bf16
-// or fp32, keeping what `recompute` says; an error names the device
-// problem or the unsupported shape.
+// or fp32, keeping what `recompute` says; with `group`, a tensor-parallel
+// rank's (`shape` its slice's: CudaLlamaModel's group), whose LastLogits
+// are the whole vocabulary's. An error names the device problem or the
+// unsupported shape.
 StatusOr<std::unique_ptr<Model>> NewStagedCudaModel(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16,
-                                                    int device, Recompute recompute = Recompute::kNone);
+                                                    int device, Recompute recompute = Recompute::kNone,
+                                                    DeviceTensorGroup group = {});
+
+// A DeviceTensorGroup's sum staged through the host: the device buffer
+// copied out (fp32, a bf16 buffer converted), summed by `host_sum` (a ring
+// over host memory), and copied back, the stream waited for on each side.
+// For groups without NCCL.
+std::function<void(void*, int64_t, int, void*)> StagedGroupSum(std::function<void(float*, int64_t)> host_sum);
 
 }  // namespace herd::cuda

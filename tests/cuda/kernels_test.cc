@@ -202,6 +202,80 @@ TYPED_TEST(KernelTest, CrossEntropy) {
   EXPECT_CLOSE(d_logits.Download(), dlogits_ref, this->Tol(5e-3, V), "cross-entropy dlogits (in place)");
 }
 
+// A tensor-parallel rank's pieces, each rank's columns (vocabulary rows)
+// computed apart and put together on the host as the group's sums would:
+// the embedding's lookup and backward of [first, first + rows), and the
+// vocabulary-parallel cross-entropy, against the whole table's and row's.
+TYPED_TEST(KernelTest, VocabularyParallelPartsMakeTheWhole) {
+  HERD_REQUIRE_DEVICE();
+  using T = TypeParam;
+  const int ranks = 2;
+  const int64_t N = 9, V = 1000, part = V / ranks, C = 24;
+  const auto logits = this->Input(N * V, 18, 3.0f), table = this->Input(V * C, 25), dout = this->Input(N * C, 26);
+  std::vector<int32_t> targets(N);
+  for (int64_t i = 0; i < N; ++i) targets[i] = static_cast<int32_t>((i * 131) % V);
+  const double scale = 1.0 / N;
+  std::vector<double> losses_ref(N), dlogits_ref(N * V), lookup_ref(N * C), dtable_ref(V * C, 0.0);
+  cpu::CrossEntropyForward(losses_ref.data(), ToDouble(logits).data(), targets.data(), N, V);
+  cpu::CrossEntropyBackward(dlogits_ref.data(), ToDouble(logits).data(), targets.data(), N, V, scale);
+  cpu::EmbeddingForward(lookup_ref.data(), targets.data(), ToDouble(table).data(), N, C);
+  cpu::EmbeddingBackward(dtable_ref.data(), ToDouble(dout).data(), targets.data(), N, C);
+
+  DeviceArray<int32_t> d_targets(N);
+  HERD_CUDA_CHECK(cudaMemcpy(d_targets.get(), targets.data(), N * 4, cudaMemcpyHostToDevice));
+  const int64_t W = 2 * ranks + 1;
+  std::vector<double> stats(N * W, 0.0), lookup(N * C, 0.0);
+  std::vector<std::vector<float>> columns(ranks);
+  std::vector<float> dtable(V * C);
+  for (int r = 0; r < ranks; ++r) {
+    columns[r].resize(N * part);
+    for (int64_t i = 0; i < N; ++i) {
+      std::copy(logits.begin() + i * V + r * part, logits.begin() + i * V + (r + 1) * part,
+                columns[r].begin() + i * part);
+    }
+    DeviceArray<T> d_columns(columns[r]);
+    DeviceArray<float> d_stats(N * W);
+    VocabParallelStats(d_stats.get(), d_columns.get(), d_targets.get(), N, part, r * part, r, ranks, this->stream);
+    const std::vector<float> mine = d_stats.Download();
+    for (int64_t i = 0; i < N * W; ++i) stats[i] += mine[i];
+    // The embedding's rows of this rank alone.
+    const std::vector<float> rows(table.begin() + r * part * C, table.begin() + (r + 1) * part * C);
+    DeviceArray<T> d_rows(rows), d_out(N * C), d_dout(dout);
+    EmbeddingForward(d_out.get(), d_targets.get(), d_rows.get(), N, C, this->stream, r * part, part);
+    const std::vector<float> out = d_out.Download();
+    for (int64_t i = 0; i < N * C; ++i) lookup[i] += out[i];
+    const EmbeddingGroups g = EmbeddingGroups::Build(targets.data(), N, r * part, part);
+    const int64_t G = static_cast<int64_t>(g.tokens.size()), P = static_cast<int64_t>(g.positions.size());
+    DeviceArray<int32_t> g_tokens(G), g_starts(G + 1), g_positions(P);
+    HERD_CUDA_CHECK(cudaMemcpy(g_tokens.get(), g.tokens.data(), G * 4, cudaMemcpyHostToDevice));
+    HERD_CUDA_CHECK(cudaMemcpy(g_starts.get(), g.starts.data(), (G + 1) * 4, cudaMemcpyHostToDevice));
+    HERD_CUDA_CHECK(cudaMemcpy(g_positions.get(), g.positions.data(), P * 4, cudaMemcpyHostToDevice));
+    DeviceArray<float> d_dtable(std::vector<float>(part * C, 0.0f));
+    EmbeddingBackward(d_dtable.get(), d_dout.get(), g_tokens.get(), g_starts.get(), g_positions.get(), G, C,
+                      this->stream);
+    const std::vector<float> drows = d_dtable.Download();
+    std::copy(drows.begin(), drows.end(), dtable.begin() + r * part * C);
+  }
+  EXPECT_CLOSE(std::vector<float>(lookup.begin(), lookup.end()), lookup_ref, 0.0,
+               "the ranks' lookups, summed (each a copy or zeros: exact)");
+  EXPECT_CLOSE(dtable, dtable_ref, 1e-6, "the ranks' embedding rows' gradients");
+
+  DeviceArray<float> d_summed(std::vector<float>(stats.begin(), stats.end())), d_losses(N), d_lse(N);
+  VocabParallelLoss(d_losses.get(), d_lse.get(), d_summed.get(), N, ranks, this->stream);
+  EXPECT_CLOSE(d_losses.Download(), losses_ref, 1e-5, "vocabulary-parallel losses (fp32 math on exact inputs)");
+  for (int r = 0; r < ranks; ++r) {
+    DeviceArray<T> d_columns(columns[r]);
+    CrossEntropyBackward(d_columns.get(), d_lse.get(), d_targets.get(), N, part, static_cast<float>(scale),
+                         this->stream, r * part);
+    std::vector<double> want(N * part);
+    for (int64_t i = 0; i < N; ++i) {
+      std::copy(dlogits_ref.begin() + i * V + r * part, dlogits_ref.begin() + i * V + (r + 1) * part,
+                want.begin() + i * part);
+    }
+    EXPECT_CLOSE(d_columns.Download(), want, this->Tol(5e-3, part), "a rank's dlogits from the whole row's lse");
+  }
+}
+
 TYPED_TEST(KernelTest, Matmul) {
   HERD_REQUIRE_DEVICE();
   using T = TypeParam;

@@ -72,13 +72,17 @@ class GroupGradients {
     if (o_.context_ring != nullptr) {
       HERD_RETURN_IF_ERROR(o_.context_ring->failure().WithContext(At() + "context-parallel gather: "));
     }
+    if (o_.device_tensor != nullptr) {
+      HERD_RETURN_IF_ERROR(o_.device_tensor->Finish().WithContext(At() + "tensor-parallel sum: "));
+    }
     return Status::OK();
   }
 
   // The group rings' waits since the last call.
   double TakeWaitSeconds() {
     return (o_.tensor_ring != nullptr ? o_.tensor_ring->TakeWaitSeconds() : 0.0) +
-           (o_.context_ring != nullptr ? o_.context_ring->TakeWaitSeconds() : 0.0);
+           (o_.context_ring != nullptr ? o_.context_ring->TakeWaitSeconds() : 0.0) +
+           (o_.device_tensor != nullptr ? o_.device_tensor->TakeWaitSeconds() : 0.0);
   }
 
  private:

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "sharding/tensor_slices.h"
+#include "worker/placements/device_group_sums.h"
 #include "worker/placements/group_ring.h"
 #include "worker/reducers/sync_strategy.h"
 
@@ -23,6 +24,9 @@ struct ModelGroupOptions {
   const TensorSlices* slices = nullptr;
   GroupRing* tensor_ring = nullptr;   // null without tensor parallelism
   GroupRing* context_ring = nullptr;  // null without context parallelism
+  // A CUDA worker's tensor group's sums on the device (null: none, or
+  // staged through tensor_ring).
+  DeviceGroupSums* device_tensor = nullptr;
   bool sequence_parallel = false;
   // The ranges of the packed space this worker holds (a pipeline stage's;
   // empty: all of it): sequence parallelism sums the norms' gradients of
