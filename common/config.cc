@@ -353,11 +353,6 @@ const std::vector<NotBuilt>& NotBuiltTable() {
       {"device.kind", "cluster.context_parallel", "context parallelism (cluster.context_parallel) runs on CPU workers only yet",
        "cluster { sync: ALLREDUCE workers: 2 context_parallel: 2 } device { kind: CUDA }",
        [](const JobConfig& c) { return Context(c) && Cuda(c); }},
-      {"device.kind", "cluster.sequence_parallel",
-       "sequence parallelism (cluster.sequence_parallel) runs on CPU workers only yet (CUDA workers run tensor "
-       "parallelism without it)",
-       "cluster { sync: ALLREDUCE workers: 2 tensor_parallel: 2 sequence_parallel: true } device { kind: CUDA }",
-       [](const JobConfig& c) { return Tensor(c) && Cuda(c) && c.cluster().sequence_parallel(); }},
       {"device.kind", "cluster.tensor_parallel with windowed weights (ZeRO-3, cluster.stream_weights)",
        "tensor parallelism on CUDA workers holds its slices' weights whole yet: not with ZeRO-3 or streamed weights",
        "cluster { sync: ALLREDUCE workers: 4 tensor_parallel: 2 zero_stage: 3 } device { kind: CUDA }",

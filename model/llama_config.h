@@ -86,10 +86,15 @@ struct TensorGroup {
 // model's stream (a cudaStream_t, opaque here so that this header needs
 // no CUDA): after the work issued there before it, before what follows.
 // `element_bytes`: 4 (fp32) or 2 (bf16, a bf16 model's activations).
+// With sequence parallelism, TensorGroup's gathers and reduce-scatters
+// likewise (`parts` in elements).
 struct DeviceTensorGroup {
   int ranks = 1, rank = 0;
   int64_t vocab_first = 0;
   std::function<void(void* data, int64_t n, int element_bytes, void* stream)> all_reduce;
+  bool sequence_parallel = false;
+  std::function<void(void* data, const Partition& parts, int element_bytes, void* stream)> all_gather,
+      reduce_scatter;
 };
 
 // A context-parallel rank's part (cluster.context_parallel: C ranks): each

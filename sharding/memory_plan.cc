@@ -415,7 +415,7 @@ StatusOr<ProcessMemory> TensorParallelMemory(const JobSizes& j, const ShardPlan*
     t.buffers += n * kF32;
     t.device = cuda::GpuWorkerDeviceBytes(slices.shape(), j.train.batch_size(), j.train.seq_len(),
                                           j.config.device().dtype() == config::DeviceConfig::BF16, j.job.recompute,
-                                          j.cluster.tensor_parallel());
+                                          j.cluster.tensor_parallel(), j.cluster.sequence_parallel());
   }
   return t;
 }

@@ -9,7 +9,7 @@ here on the emulated device so they work the first time on a real one:
     benchmark prints herd's line and PyTorch's, all four modes train (PS
     streamed equal to PS bit for bit), DDP and ZeRO-1/2/3 over one-rank
     NCCL train with their losses and device peaks against one process's
-    and the plan, tensor 2 with 2 processes on the device likewise (the
+    and the plan, tensor 2 + sequence with 2 processes on the device likewise (the
     other model axes reported as skipped), bf16 and fp32 runs of the default GPU job
     finish with their held-out losses, a tool that is not installed is
     reported as skipped, and the run ends ok with exit 0;
@@ -66,7 +66,7 @@ def main():
     for name in ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3"):
         against = axes[f"{name} W=1 (NCCL) against one process"]
         assert against["ok"] and against["ratio"] > 0 and against["loss_gap"] < 2e-2, against
-    tensor = axes["tensor 2, 2 processes on the GPU against one process"]
+    tensor = axes["tensor 2 + sequence, 2 processes on the GPU against one process"]
     assert tensor["ok"] and tensor["ratio"] > 0 and tensor["loss_gap"] < 2e-2, tensor
     assert "not built" in axes["pipeline 2, 2 processes on the GPU"]["skipped"], axes
     assert modes["PS S=2 W=1"]["device_peak_bytes"] > 0, modes["PS S=2 W=1"]

@@ -17,6 +17,9 @@ cross-entropy's statistics) run on the device through NCCL.
 * the same with cluster.nccl false (the group's sums staged through the
   host's ring) bitwise equal to it: two ranks' sums are one addition
   either way;
+* tensor 2 with sequence parallelism (the norms and residual stream cut
+  over the group's rows, its reduce-scatters and gathers on the device)
+  within 1e-4 of one process, and staged bitwise equal to it;
 * tensor 2 x data 2 (the replicas' gradients reduced by NCCL on the
   device), and tensor 2 in parameter-server mode, within 1e-4 of one
   process;
@@ -80,6 +83,14 @@ def main():
     _, staged = run("tp2_staged", "cluster { sync: ALLREDUCE workers: 2 tensor_parallel: 2 nccl: false }",
                     watch=True)
     assert herdtest.trajectory(staged) == straight, "the staged group sums differ from NCCL's"
+
+    # Sequence parallelism: the norms' and residual's rows cut over the
+    # group, reduce-scatters and gathers on the device.
+    sp = "cluster { sync: ALLREDUCE workers: 2 tensor_parallel: 2 sequence_parallel: true%s }"
+    _, rows = run("tp2_sp", sp % "")
+    report.append(f"+ sequence {herdtest.steps_within(rows, one, 'tensor 2 + sequence', tolerance=1e-4):.2g}")
+    _, staged = run("tp2_sp_staged", sp % " nccl: false")
+    assert herdtest.trajectory(staged) == herdtest.trajectory(rows), "staged sequence-parallel collectives differ"
 
     kv4 = lambda text: text.replace("num_key_value_heads: 2", "num_key_value_heads: 4")  # noqa: E731
     _, one4 = run("one_kv4", "", device="", edit=kv4)

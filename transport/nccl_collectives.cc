@@ -195,6 +195,13 @@ Collectives::Handle NcclCollectives::ReduceScatter(float* data, const Partition&
   });
 }
 
+Collectives::Handle NcclCollectives::ReduceScatterBf16(void* data, const Partition& parts) {
+  char* bytes = static_cast<char*>(data);
+  return Grouped(parts, "reduce-scatter", [&](int64_t at, int64_t n, int root) {
+    return ncclReduce(bytes + at * 2, bytes + at * 2, n, ncclBfloat16, ncclSum, root, impl_->comm_, impl_->stream_);
+  });
+}
+
 Collectives::Handle NcclCollectives::AllGather(float* data, const Partition& parts) {
   return Grouped(parts, "all-gather", [&](int64_t at, int64_t n, int root) {
     return ncclBroadcast(data + at, data + at, n, ncclFloat32, root, impl_->comm_, impl_->stream_);

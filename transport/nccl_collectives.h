@@ -47,8 +47,10 @@ class NcclCollectives : public Collectives {
   Handle ReduceScatter(float* data, const Partition& parts, Wire wire = Wire::kFloat32) override;
   Handle AllGather(float* data, const Partition& parts) override;
   Handle Broadcast(float* data, int64_t n, int root) override;
-  // The sum of bf16 elements in place (a bf16 model's activations).
+  // The sum and reduce-scatter of bf16 elements in place (a bf16 model's
+  // activations).
   Handle AllReduceBf16(void* data, int64_t n);
+  Handle ReduceScatterBf16(void* data, const Partition& parts);
   // AllGather of elements of `element_bytes` each (a bf16 compute copy's).
   Handle AllGather(void* data, const Partition& parts, int element_bytes);
   Status Wait(Handle handle) override;

@@ -75,14 +75,12 @@ StatusOr<std::unique_ptr<Model>> CreateTensorParallelCudaModel(const config::Job
 }
 
 DeviceTensorGroup StagedTensorGroup(const TensorGroup<float>& host) {
-  DeviceTensorGroup g;
-  g.ranks = host.ranks;
-  g.rank = host.rank;
-  g.vocab_first = host.vocab_first;
 #if HERD_HAVE_CUDA_MODEL
-  g.all_reduce = cuda::StagedGroupSum(host.all_reduce);
+  return cuda::StagedGroup(host);
+#else
+  (void)host;
+  return {};  // not reached: a build without CUDA makes no CUDA model
 #endif
-  return g;
 }
 
 StatusOr<std::unique_ptr<cuda::DeviceTrainer>> CreateDeviceTrainer(const config::JobConfig& config,

@@ -28,9 +28,9 @@ StatusOr<std::unique_ptr<Model>> CreateTensorParallelCudaModel(const config::Job
                                                                int local_rank, const LlamaShape& slice,
                                                                DeviceTensorGroup group);
 
-// A tensor-parallel CUDA rank's group whose sums are `host`'s (a ring
-// over host memory), each staged through the host: for groups without
-// NCCL.
+// A tensor-parallel CUDA rank's group whose sums (gathers and
+// reduce-scatters) are `host`'s (a ring over host memory), each staged
+// through the host: for groups without NCCL.
 DeviceTensorGroup StagedTensorGroup(const TensorGroup<float>& host);
 
 // The single-process trainer's GPU engine for device.kind CUDA: weights,

@@ -382,13 +382,14 @@ Status WorkerProcess::PrepareTensorParallel(transport::CoordinatorClient* client
     return Status::OK();
   }
   // The group's sums on the device through NCCL, or staged through its ring.
+  const bool sequence = config_.cluster().sequence_parallel();
   DeviceTensorGroup group;
   if (config_.cluster().nccl() && BuiltWithNccl()) {
     HERD_ASSIGN_OR_RETURN(device_tensor_sums_,
                           DeviceGroupSums::Create(*client, grid_.GroupOf(rank_, {Axis::kTensor}), "tensor"));
-    group = device_tensor_sums_->Group(*slices_);
+    group = device_tensor_sums_->Group(*slices_, sequence);
   } else {
-    group = StagedTensorGroup(tensor_ring_->Group(*slices_, /*sequence_parallel=*/false));
+    group = StagedTensorGroup(tensor_ring_->Group(*slices_, sequence));
   }
   HERD_ASSIGN_OR_RETURN(model_holder_, CreateTensorParallelCudaModel(config_, job_, LocalRank(rank_),
                                                                      slices_->shape(), std::move(group)));

@@ -12,13 +12,16 @@ int64_t RmsNormScratchFloats(int64_t N, int64_t C) { return (N < kRmsNormPartiti
 int64_t AttentionScratchFloats(int64_t B, int64_t T_, int64_t H) { return B * H * T_; }
 
 CudaActivationSizes::CudaActivationSizes(const LlamaShape& s, int max_batch, int max_seq_len, Recompute recompute,
-                                         int tensor_ranks) {
+                                         int tensor_ranks, bool sequence_parallel) {
   N = static_cast<int64_t>(max_batch) * max_seq_len;
   const int64_t L = recompute == Recompute::kFull ? 1 : s.num_layers, d = s.hidden_size;
+  const bool rows_split = sequence_parallel && tensor_ranks > 1;
+  R = rows_split ? (N + tensor_ranks - 1) / tensor_ranks : N;
+  whole = rows_split ? N * d : 0;
   rope = static_cast<int64_t>(max_seq_len) * s.head_dim() / 2;
-  residual = (s.num_layers + 1) * N * d;
-  per_layer_d = L * N * d;
-  per_layer_rows = L * N;
+  residual = (s.num_layers + 1) * R * d;
+  per_layer_d = L * R * d;
+  per_layer_rows = L * R;
   per_layer_qd = L * N * s.q_dim();
   per_layer_kvd = L * N * s.kv_dim();
   lse = L * AttentionScratchFloats(max_batch, max_seq_len, s.num_heads);
@@ -33,27 +36,28 @@ CudaActivationSizes::CudaActivationSizes(const LlamaShape& s, int max_batch, int
 
 int64_t CudaActivationSizes::ComputeElements(const LlamaShape& s) const {
   return residual + 3 * per_layer_d + 2 * per_layer_qd + 2 * per_layer_kvd + 3 * per_layer_f + N * s.hidden_size +
-         logits +
-         // backward: dres, dln, datt, dq, dk, dv, dact, dgate, dup
-         2 * N * s.hidden_size + 2 * N * s.q_dim() + 2 * N * s.kv_dim() + 3 * N * s.intermediate_size;
+         logits + whole +
+         // backward: dres (the rank's rows), dln, datt, dq, dk, dv, dact, dgate, dup
+         R * s.hidden_size + N * s.hidden_size + 2 * N * s.q_dim() + 2 * N * s.kv_dim() + 3 * N * s.intermediate_size;
 }
 
 int64_t CudaActivationSizes::FloatElements() const {
-  return 2 * rope + 2 * per_layer_rows + lse + 3 * N + rms_scratch + attn_scratch + vocab_stats;
+  // lnf_rstd (the rank's rows), losses, ce_lse
+  return 2 * rope + 2 * per_layer_rows + lse + R + 2 * N + rms_scratch + attn_scratch + vocab_stats;
 }
 
 int64_t CudaActivationSizes::IntElements() const { return 5 * N + 1; }  // tokens, targets, embedding groups
 
 int64_t CudaActivationBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16, Recompute recompute,
-                            int tensor_ranks) {
-  const CudaActivationSizes z(shape, max_batch, max_seq_len, recompute, tensor_ranks);
+                            int tensor_ranks, bool sequence_parallel) {
+  const CudaActivationSizes z(shape, max_batch, max_seq_len, recompute, tensor_ranks, sequence_parallel);
   return z.ComputeElements(shape) * (bf16 ? 2 : 4) + z.FloatElements() * 4 + z.IntElements() * 4;
 }
 
 int64_t GpuWorkerDeviceBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16, Recompute recompute,
-                             int tensor_ranks) {
+                             int tensor_ranks, bool sequence_parallel) {
   const int64_t P = ParamLayout(shape).size();
-  return CudaActivationBytes(shape, max_batch, max_seq_len, bf16, recompute, tensor_ranks) + P * ((bf16 ? 2 : 4) + 4 + (bf16 ? 4 : 0)) +
+  return CudaActivationBytes(shape, max_batch, max_seq_len, bf16, recompute, tensor_ranks, sequence_parallel) + P * ((bf16 ? 2 : 4) + 4 + (bf16 ? 4 : 0)) +
          kCublasWorkspaceBytes;
 }
 

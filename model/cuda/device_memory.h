@@ -28,12 +28,15 @@ int64_t AttentionScratchFloats(int64_t B, int64_t T_, int64_t H);
 // their log-sum-exp per row, and recomputes them in backward, flash-style:
 // kAttention keeps what kNone does.) A tensor-parallel rank's model (`s`
 // its slice's shape, of `tensor_ranks`) adds the cross-entropy's
-// statistics and a row of the whole vocabulary's logits (vocab_stats).
+// statistics and a row of the whole vocabulary's logits (vocab_stats);
+// with `sequence_parallel` the residual stream and the norms hold R =
+// ceil(N / tensor_ranks) rows (every rank's alike), and `whole` [N, d]
+// takes the gathers and the partial sums.
 struct CudaActivationSizes {
-  int64_t N, rope, residual, per_layer_d, per_layer_rows, per_layer_qd, per_layer_kvd, lse, per_layer_f, logits;
-  int64_t rms_scratch, attn_scratch, vocab_stats = 0;
+  int64_t N, R, rope, residual, per_layer_d, per_layer_rows, per_layer_qd, per_layer_kvd, lse, per_layer_f, logits;
+  int64_t rms_scratch, attn_scratch, vocab_stats = 0, whole = 0;
   CudaActivationSizes(const LlamaShape& s, int max_batch, int max_seq_len, Recompute recompute = Recompute::kNone,
-                      int tensor_ranks = 1);
+                      int tensor_ranks = 1, bool sequence_parallel = false);
   // Elements of the compute dtype, of fp32, of int32.
   int64_t ComputeElements(const LlamaShape& s) const;
   int64_t FloatElements() const;
@@ -42,14 +45,17 @@ struct CudaActivationSizes {
 
 // CudaLlamaModel's device bytes (activations and backward scratch).
 int64_t CudaActivationBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16,
-                            Recompute recompute = Recompute::kNone, int tensor_ranks = 1);
+                            Recompute recompute = Recompute::kNone, int tensor_ranks = 1,
+                            bool sequence_parallel = false);
 
 // Everything a GPU worker's model holds on the device: activations,
 // weights in the compute dtype, fp32 gradients, bf16 mode's fp32 landing
 // buffer for weights, cuBLASLt's workspace (a tensor-parallel rank's:
-// `shape` its slice's, of `tensor_ranks`).
+// `shape` its slice's, of `tensor_ranks`, with or without sequence
+// parallelism).
 int64_t GpuWorkerDeviceBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16,
-                             Recompute recompute = Recompute::kNone, int tensor_ranks = 1);
+                             Recompute recompute = Recompute::kNone, int tensor_ranks = 1,
+                             bool sequence_parallel = false);
 
 // A streaming GPU worker's staging (model/cuda/streamed_model.h): a ring of
 // page-locked host slots each way, and in bf16 mode device slots where the

@@ -26,18 +26,21 @@ struct CudaLlamaModel<T>::Buffers {
   }
 
   Matmul matmul;
-  int64_t N = 0, d = 0, qd = 0, kvd = 0, f = 0, V = 0, lse_stride = 0;
+  int64_t N = 0, R = 0, d = 0, qd = 0, kvd = 0, f = 0, V = 0, lse_stride = 0;
   int32_t *tokens, *targets, *group_tokens, *group_starts, *group_positions;
   int64_t groups = 0;
   float *rope_cos, *rope_sin;
-  T* residual;                 // [L+1, N, d]: input of layer l; [L] = final
-  T *ln1, *ln2, *mid;          // [L, N, d]
-  float *ln1_rstd, *ln2_rstd;  // [L, N]
+  // R: the rows of the residual stream and the norms (sequence
+  // parallelism: the rank's, rounded up; else N).
+  T* residual;                 // [L+1, R, d]: input of layer l; [L] = final
+  T *ln1, *ln2, *mid;          // [L, R, d]
+  float *ln1_rstd, *ln2_rstd;  // [L, R]
   T *q, *k, *v, *att;          // [L, N, qd|kvd] (q, k after RoPE)
   float* lse;                  // [L, B, H, T]
   T *gate, *up, *act;          // [L, N, f]
-  T* lnf;                      // [N, d]
-  float* lnf_rstd;             // [N]
+  T* lnf;                      // [N, d] (sequence parallelism: gathered)
+  float* lnf_rstd;             // [R]
+  T* whole;                    // sequence parallelism: [N, d], the gathers' and the partial sums'
   T* logits;                   // [N, V] (dlogits in place in backward)
   float *losses, *ce_lse;      // [N]
   float* vocab_stats;          // tensor-parallel: [N, 2 x ranks + 1]
@@ -56,13 +59,13 @@ struct CudaLlamaModel<T>::Buffers {
   };
   Layer layer(int64_t l) {
     const int64_t i = one_layer ? 0 : l;
-    return {residual + l * N * d, residual + (l + 1) * N * d,
-            ln1 + i * N * d,      q + i * N * qd,
+    return {residual + l * R * d, residual + (l + 1) * R * d,
+            ln1 + i * R * d,      q + i * N * qd,
             k + i * N * kvd,      v + i * N * kvd,
-            att + i * N * qd,     mid + i * N * d,
-            ln2 + i * N * d,      gate + i * N * f,
+            att + i * N * qd,     mid + i * R * d,
+            ln2 + i * R * d,      gate + i * N * f,
             up + i * N * f,       act + i * N * f,
-            ln1_rstd + i * N,     ln2_rstd + i * N,
+            ln1_rstd + i * R,     ln2_rstd + i * R,
             lse + i * lse_stride};
   }
 };
@@ -89,8 +92,9 @@ CudaLlamaModel<T>::CudaLlamaModel(const LlamaShape& shape, int max_batch, int ma
   CHECK(why.empty()) << why;
   Buffers& b = *b_;
   b.one_layer = recompute == Recompute::kFull;
-  const CudaActivationSizes z(shape, max_batch, max_seq_len, recompute, tp_.ranks);
+  const CudaActivationSizes z(shape, max_batch, max_seq_len, recompute, tp_.ranks, sequence_parallel());
   b.N = z.N;
+  b.R = z.R;
   b.d = shape.hidden_size;
   b.qd = shape.q_dim();
   b.kvd = shape.kv_dim();
@@ -119,7 +123,11 @@ CudaLlamaModel<T>::CudaLlamaModel(const LlamaShape& shape, int max_batch, int ma
   b.up = b.template Alloc<T>(z.per_layer_f);
   b.act = b.template Alloc<T>(z.per_layer_f);
   b.lnf = b.template Alloc<T>(b.N * b.d);
-  b.lnf_rstd = b.template Alloc<float>(b.N);
+  b.lnf_rstd = b.template Alloc<float>(b.R);
+  if (sequence_parallel()) {
+    CHECK(tp_.all_gather && tp_.reduce_scatter) << "a sequence-parallel CUDA model needs its group's gathers";
+    b.whole = b.template Alloc<T>(z.whole);
+  }
   b.logits = b.template Alloc<T>(z.logits);
   b.losses = b.template Alloc<float>(b.N);
   b.ce_lse = b.template Alloc<float>(b.N);
@@ -128,7 +136,7 @@ CudaLlamaModel<T>::CudaLlamaModel(const LlamaShape& shape, int max_batch, int ma
     b.vocab_stats = b.template Alloc<float>(b.N * (2 * tp_.ranks + 1));  // the two of z.vocab_stats
     b.logits_row = b.template Alloc<float>(static_cast<int64_t>(b.V) * tp_.ranks);
   }
-  b.dres = b.template Alloc<T>(b.N * b.d);
+  b.dres = b.template Alloc<T>(b.R * b.d);
   b.dln = b.template Alloc<T>(b.N * b.d);
   b.datt = b.template Alloc<T>(b.N * b.qd);
   b.dq = b.template Alloc<T>(b.N * b.qd);
@@ -207,6 +215,49 @@ void CudaLlamaModel<T>::AllReduce(T* data, int64_t n) {
 }
 
 template <typename T>
+Partition CudaLlamaModel<T>::RowParts(int64_t N) const {
+  Partition parts = EvenPartition(N, tp_.ranks);
+  for (int64_t& p : parts) p *= b_->d;
+  return parts;
+}
+
+template <typename T>
+int64_t CudaLlamaModel<T>::FirstRow(int64_t N) const {
+  if (!sequence_parallel()) return 0;
+  const Partition rows = EvenPartition(N, tp_.ranks);
+  int64_t first = 0;
+  for (int r = 0; r < tp_.rank; ++r) first += rows[r];
+  return first;
+}
+
+template <typename T>
+int64_t CudaLlamaModel<T>::HeldRows(int64_t N) const {
+  return sequence_parallel() ? EvenPartition(N, tp_.ranks)[tp_.rank] : N;
+}
+
+template <typename T>
+const T* CudaLlamaModel<T>::Gathered(const T* mine, int64_t N) {
+  if (!sequence_parallel()) return mine;
+  Buffers& b = *b_;
+  T* at = b.whole + FirstRow(N) * b.d;
+  if (mine != at) {
+    HERD_CUDA_CHECK(cudaMemcpyAsync(at, mine, HeldRows(N) * b.d * sizeof(T), cudaMemcpyDeviceToDevice, stream_));
+  }
+  tp_.all_gather(b.whole, RowParts(N), sizeof(T), stream_);
+  return b.whole;
+}
+
+template <typename T>
+T* CudaLlamaModel<T>::Summed(T* part, int64_t N) {
+  if (!sequence_parallel()) {
+    AllReduce(part, N * b_->d);
+    return part;
+  }
+  tp_.reduce_scatter(part, RowParts(N), sizeof(T), stream_);
+  return part + FirstRow(N) * b_->d;
+}
+
+template <typename T>
 double CudaLlamaModel<T>::Forward(UnitSpace<const T> params, const int32_t* host_tokens, const int32_t* host_targets, int B,
                                   int T_, const NeedUpTo& need) {
   Buffers& b = *b_;
@@ -236,9 +287,15 @@ double CudaLlamaModel<T>::Forward(UnitSpace<const T> params, const int32_t* host
 
   auto layer_end = [&](int l) { return l + 1 < s.num_layers ? layout_.layer(l + 1).input_norm : layout_.final_norm(); };
   if (need) need(s.num_layers > 0 ? layout_.layer(0).input_norm : layout_.final_norm());
+  const int64_t n = HeldRows(N);
   if (tp_.ranks > 1) {
-    EmbeddingForward(b.residual, b.tokens, params + layout_.embed(), N, d, st, tp_.vocab_first, b.V);
-    AllReduce(b.residual, N * d);  // each rank's rows of the vocabulary
+    // Each rank's rows of the vocabulary, the others' summed in.
+    T* lookup = sequence_parallel() ? b.whole : b.residual;
+    EmbeddingForward(lookup, b.tokens, params + layout_.embed(), N, d, st, tp_.vocab_first, b.V);
+    const T* mine = Summed(lookup, N);
+    if (mine != b.residual) {
+      HERD_CUDA_CHECK(cudaMemcpyAsync(b.residual, mine, n * d * sizeof(T), cudaMemcpyDeviceToDevice, st));
+    }
   } else {
     EmbeddingForward(b.residual, b.tokens, params + layout_.embed(), N, d, st);
   }
@@ -246,9 +303,11 @@ double CudaLlamaModel<T>::Forward(UnitSpace<const T> params, const int32_t* host
     if (need) need(layer_end(l));
     LayerForward(params, l, /*to_output=*/true);
   }
-  const T* x_final = b.residual + s.num_layers * b.N * d;
+  const T* x_final = b.residual + s.num_layers * b.R * d;
   if (need) need(layout_.size());
-  RmsNormForward(b.lnf, b.lnf_rstd, x_final, params + layout_.final_norm(), N, d, eps, st);
+  // The final norm of this rank's rows, where the gather puts them.
+  RmsNormForward(b.lnf + FirstRow(N) * d, b.lnf_rstd, x_final, params + layout_.final_norm(), n, d, eps, st);
+  if (sequence_parallel()) tp_.all_gather(b.lnf, RowParts(N), sizeof(T), st);
   b.matmul.Forward(b.logits, b.lnf, params + layout_.lm_head(), N, d, b.V, static_cast<const T*>(nullptr), st);
   HERD_CUDA_CHECK_LAUNCH();
   if (host_targets == nullptr) return 0.0;
@@ -277,30 +336,37 @@ void CudaLlamaModel<T>::LayerForward(UnitSpace<const T> params, int l, bool to_o
   cudaStream_t st = stream_;
   const LayerOffsets& w = layout_.layer(l);
   const auto a = b.layer(l);
-  RmsNormForward(a.ln1, a.ln1_rstd, a.x, params + w.input_norm, N, d, eps, st);
-  b.matmul.Forward(a.q, a.ln1, params + w.q_proj, N, d, qd, static_cast<const T*>(nullptr), st);
-  b.matmul.Forward(a.k, a.ln1, params + w.k_proj, N, d, kvd, static_cast<const T*>(nullptr), st);
-  b.matmul.Forward(a.v, a.ln1, params + w.v_proj, N, d, kvd, static_cast<const T*>(nullptr), st);
+  // Tensor-parallel: o_proj's and down_proj's outputs are each rank's
+  // heads' and columns' parts, summed over the group (Summed); with
+  // sequence parallelism the norms and residual adds run on this rank's
+  // n of the N rows, gathered whole for the products that read them.
+  const int64_t n = HeldRows(N);
+  RmsNormForward(a.ln1, a.ln1_rstd, a.x, params + w.input_norm, n, d, eps, st);
+  const T* ln1_all = Gathered(a.ln1, N);
+  b.matmul.Forward(a.q, ln1_all, params + w.q_proj, N, d, qd, static_cast<const T*>(nullptr), st);
+  b.matmul.Forward(a.k, ln1_all, params + w.k_proj, N, d, kvd, static_cast<const T*>(nullptr), st);
+  b.matmul.Forward(a.v, ln1_all, params + w.v_proj, N, d, kvd, static_cast<const T*>(nullptr), st);
   RopeForward(a.q, b.rope_cos, b.rope_sin, B, T_, H, hd, st);
   RopeForward(a.k, b.rope_cos, b.rope_sin, B, T_, KV, hd, st);
   AttentionForward(a.att, a.lse, a.q, a.k, a.v, B, T_, H, KV, hd, st);
   if (tp_.ranks > 1) {
     // Each rank's heads' part of o_proj, summed, then the residual.
-    b.matmul.Forward(a.mid, a.att, params + w.o_proj, N, qd, d, static_cast<const T*>(nullptr), st);
-    AllReduce(a.mid, N * d);
-    AddForward(a.mid, a.mid, a.x, N * d, st);
+    T* o_out = sequence_parallel() ? b.whole : a.mid;
+    b.matmul.Forward(o_out, a.att, params + w.o_proj, N, qd, d, static_cast<const T*>(nullptr), st);
+    AddForward(a.mid, Summed(o_out, N), a.x, n * d, st);
   } else {
     b.matmul.Forward(a.mid, a.att, params + w.o_proj, N, qd, d, static_cast<const T*>(a.x), st);  // + residual
   }
-  RmsNormForward(a.ln2, a.ln2_rstd, a.mid, params + w.post_norm, N, d, eps, st);
-  b.matmul.Forward(a.gate, a.ln2, params + w.gate_proj, N, d, f, static_cast<const T*>(nullptr), st);
-  b.matmul.Forward(a.up, a.ln2, params + w.up_proj, N, d, f, static_cast<const T*>(nullptr), st);
+  RmsNormForward(a.ln2, a.ln2_rstd, a.mid, params + w.post_norm, n, d, eps, st);
+  const T* ln2_all = Gathered(a.ln2, N);
+  b.matmul.Forward(a.gate, ln2_all, params + w.gate_proj, N, d, f, static_cast<const T*>(nullptr), st);
+  b.matmul.Forward(a.up, ln2_all, params + w.up_proj, N, d, f, static_cast<const T*>(nullptr), st);
   SwigluForward(a.act, a.gate, a.up, N * f, st);
   if (!to_output) return;
   if (tp_.ranks > 1) {
-    b.matmul.Forward(a.x_out, a.act, params + w.down_proj, N, f, d, static_cast<const T*>(nullptr), st);
-    AllReduce(a.x_out, N * d);
-    AddForward(a.x_out, a.x_out, a.mid, N * d, st);
+    T* down_out = sequence_parallel() ? b.whole : a.x_out;
+    b.matmul.Forward(down_out, a.act, params + w.down_proj, N, f, d, static_cast<const T*>(nullptr), st);
+    AddForward(a.x_out, Summed(down_out, N), a.mid, n * d, st);
   } else {
     b.matmul.Forward(a.x_out, a.act, params + w.down_proj, N, f, d, static_cast<const T*>(a.mid), st);
   }
@@ -323,11 +389,12 @@ void CudaLlamaModel<T>::Backward(UnitSpace<const T> params, UnitSpace<float> gra
   CrossEntropyBackward(b.logits, b.ce_lse, b.targets, N, b.V, static_cast<float>(loss_scale), st, tp_.vocab_first);
   mm.BackwardInput(b.dln, b.logits, params + layout_.lm_head(), N, d, b.V, false, st);
   mm.BackwardWeight(grads + layout_.lm_head(), b.logits, b.lnf, N, d, b.V, st);
-  AllReduce(b.dln, N * d);  // tensor-parallel: each rank's vocabulary's part
-  HERD_CUDA_CHECK(cudaMemsetAsync(b.dres, 0, N * d * sizeof(T), st));
-  const T* x_final = b.residual + s.num_layers * b.N * d;
-  RmsNormBackward(b.dres, grads + layout_.final_norm(), b.dln, x_final, params + layout_.final_norm(), b.lnf_rstd, N, d,
-                  b.rms_scratch, st);
+  const T* dln_mine = Summed(b.dln, N);  // tensor-parallel: each rank's vocabulary's part
+  const int64_t n = HeldRows(N);
+  HERD_CUDA_CHECK(cudaMemsetAsync(b.dres, 0, n * d * sizeof(T), st));
+  const T* x_final = b.residual + s.num_layers * b.R * d;
+  RmsNormBackward(b.dres, grads + layout_.final_norm(), dln_mine, x_final, params + layout_.final_norm(), b.lnf_rstd,
+                  n, d, b.rms_scratch, st);
   if (final_from) final_from(layout_.final_norm());  // lm_head (untied) follows the final norm
 
   for (int l = s.num_layers - 1; l >= 0; --l) {
@@ -336,35 +403,43 @@ void CudaLlamaModel<T>::Backward(UnitSpace<const T> params, UnitSpace<float> gra
     if (need_from) need_from(w.input_norm);
     if (b.one_layer) LayerForward(params, l, /*to_output=*/false);  // Recompute::kFull
     // MLP branch: dres is d(layer output) = d(mid) through the skip.
-    mm.BackwardInput(b.dact, b.dres, params + w.down_proj, N, f, d, false, st);
-    mm.BackwardWeight(grads + w.down_proj, b.dres, a.act, N, f, d, st);
+    // Sequence parallelism: dres holds this rank's n rows, gathered whole
+    // for the row-parallel product's backward; the norms' outputs are
+    // gathered again for the products' weight gradients, and the input
+    // gradients' partial sums reduce-scattered.
+    const T* dres_all = Gathered(b.dres, N);
+    mm.BackwardInput(b.dact, dres_all, params + w.down_proj, N, f, d, false, st);
+    mm.BackwardWeight(grads + w.down_proj, dres_all, a.act, N, f, d, st);
     SwigluBackward(b.dgate, b.dup, b.dact, a.gate, a.up, N * f, st);
+    const T* ln2_all = Gathered(a.ln2, N);
     mm.BackwardInput(b.dln, b.dgate, params + w.gate_proj, N, d, f, false, st);
-    mm.BackwardWeight(grads + w.gate_proj, b.dgate, a.ln2, N, d, f, st);
+    mm.BackwardWeight(grads + w.gate_proj, b.dgate, ln2_all, N, d, f, st);
     mm.BackwardInput(b.dln, b.dup, params + w.up_proj, N, d, f, true, st);
-    mm.BackwardWeight(grads + w.up_proj, b.dup, a.ln2, N, d, f, st);
-    AllReduce(b.dln, N * d);  // tensor-parallel: each rank's columns' part
-    RmsNormBackward(b.dres, grads + w.post_norm, b.dln, a.mid, params + w.post_norm, a.ln2_rstd, N, d, b.rms_scratch,
-                    st);
+    mm.BackwardWeight(grads + w.up_proj, b.dup, ln2_all, N, d, f, st);
+    const T* dln_mine = Summed(b.dln, N);  // tensor-parallel: each rank's columns' part
+    RmsNormBackward(b.dres, grads + w.post_norm, dln_mine, a.mid, params + w.post_norm, a.ln2_rstd, n, d,
+                    b.rms_scratch, st);
 
     // Attention branch: dres is now d(mid) = d(layer input) through the skip.
-    mm.BackwardInput(b.datt, b.dres, params + w.o_proj, N, qd, d, false, st);
-    mm.BackwardWeight(grads + w.o_proj, b.dres, a.att, N, qd, d, st);
+    const T* dmid_all = Gathered(b.dres, N);
+    mm.BackwardInput(b.datt, dmid_all, params + w.o_proj, N, qd, d, false, st);
+    mm.BackwardWeight(grads + w.o_proj, dmid_all, a.att, N, qd, d, st);
     AttentionBackward(b.dq, b.dk, b.dv, b.datt, a.att, a.lse, a.q, a.k, a.v, B, T_, H, KV, hd, b.attn_scratch, st);
     RopeBackward(b.dq, b.rope_cos, b.rope_sin, B, T_, H, hd, st);
     RopeBackward(b.dk, b.rope_cos, b.rope_sin, B, T_, KV, hd, st);
+    const T* ln1_all = Gathered(a.ln1, N);
     mm.BackwardInput(b.dln, b.dq, params + w.q_proj, N, d, qd, false, st);
-    mm.BackwardWeight(grads + w.q_proj, b.dq, a.ln1, N, d, qd, st);
+    mm.BackwardWeight(grads + w.q_proj, b.dq, ln1_all, N, d, qd, st);
     mm.BackwardInput(b.dln, b.dk, params + w.k_proj, N, d, kvd, true, st);
-    mm.BackwardWeight(grads + w.k_proj, b.dk, a.ln1, N, d, kvd, st);
+    mm.BackwardWeight(grads + w.k_proj, b.dk, ln1_all, N, d, kvd, st);
     mm.BackwardInput(b.dln, b.dv, params + w.v_proj, N, d, kvd, true, st);
-    mm.BackwardWeight(grads + w.v_proj, b.dv, a.ln1, N, d, kvd, st);
-    AllReduce(b.dln, N * d);  // tensor-parallel: each rank's heads' part
-    RmsNormBackward(b.dres, grads + w.input_norm, b.dln, a.x, params + w.input_norm, a.ln1_rstd, N, d, b.rms_scratch,
+    mm.BackwardWeight(grads + w.v_proj, b.dv, ln1_all, N, d, kvd, st);
+    const T* dln_in = Summed(b.dln, N);  // tensor-parallel: each rank's heads' part
+    RmsNormBackward(b.dres, grads + w.input_norm, dln_in, a.x, params + w.input_norm, a.ln1_rstd, n, d, b.rms_scratch,
                     st);
     if (final_from) final_from(w.input_norm);  // the layer's first tensor
   }
-  EmbeddingBackward(grads + layout_.embed(), b.dres, b.group_tokens, b.group_starts, b.group_positions, b.groups, d,
+  EmbeddingBackward(grads + layout_.embed(), Gathered(b.dres, N), b.group_tokens, b.group_starts, b.group_positions, b.groups, d,
                     st);
   HERD_CUDA_CHECK_LAUNCH();
   if (final_from) final_from(0);

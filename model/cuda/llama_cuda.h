@@ -40,7 +40,12 @@ class CudaLlamaModel {
   // whole, as model/llama.h's TensorGroup does (o_proj's and down_proj's
   // outputs, the embedding's lookup, the norms' and the head's input
   // gradients, the cross-entropy's statistics), so every rank returns the
-  // whole vocabulary's loss and computes the norms' gradients whole.
+  // whole vocabulary's loss and computes the norms' gradients whole. With
+  // the group's sequence parallelism (model/llama.h's scheme) the residual
+  // stream and the norms hold this rank's rows of the tokens alone, the
+  // sums are reduce-scatters and gathers make the products' inputs whole,
+  // and the norms' gradients are this rank's rows' part (the caller sums
+  // them over the group).
   CudaLlamaModel(const LlamaShape& shape, int max_batch, int max_seq_len, cudaStream_t stream,
                  Recompute recompute = Recompute::kNone, DeviceTensorGroup group = {});
   ~CudaLlamaModel();
@@ -94,6 +99,19 @@ class CudaLlamaModel {
   // The tensor-parallel group's sum of data[0, n) in place (nothing
   // without a group).
   void AllReduce(T* data, int64_t n);
+  bool sequence_parallel() const { return tp_.sequence_parallel && tp_.ranks > 1; }
+  // Sequence parallelism's rows of N tokens: the parts of an [N, d]
+  // buffer (elements per rank), this rank's first row, and its rows (0
+  // and N without).
+  Partition RowParts(int64_t N) const;
+  int64_t FirstRow(int64_t N) const;
+  int64_t HeldRows(int64_t N) const;
+  // [N, d] whole from this rank's rows `mine` (itself without sequence
+  // parallelism; else gathered in the `whole` buffer).
+  const T* Gathered(const T* mine, int64_t N);
+  // The group's sum of the [N, d] partial sums `part`, in place: this
+  // rank's rows of it (all of them without sequence parallelism).
+  T* Summed(T* part, int64_t N);
 
   ParamLayout layout_;
   const DeviceTensorGroup tp_;

@@ -258,35 +258,70 @@ StatusOr<std::unique_ptr<Model>> NewStagedCudaModel(const LlamaShape& shape, int
   HERD_ASSIGN_OR_RETURN(
       const std::string name,
       PrepareDevice(shape, device, bf16,
-                    GpuWorkerDeviceBytes(shape, max_batch, max_seq_len, bf16, recompute, group.ranks)));
+                    GpuWorkerDeviceBytes(shape, max_batch, max_seq_len, bf16, recompute, group.ranks,
+                                         group.sequence_parallel)));
   return MakeCudaModel<StagedCudaModel>(bf16, shape, max_batch, max_seq_len, device, name, recompute, group);
 }
 
-std::function<void(void*, int64_t, int, void*)> StagedGroupSum(std::function<void(float*, int64_t)> host_sum) {
-  return [host_sum = std::move(host_sum), staging = std::make_shared<std::vector<float>>(),
-          raw = std::make_shared<std::vector<bf16>>()](void* data, int64_t n, int element_bytes, void* stream) {
+namespace {
+
+// Runs `host_op` over the n elements at `data` copied to the host as fp32
+// (a bf16 buffer converted), and copies them back, the stream waited for
+// on each side (the host buffers are the next call's).
+struct HostStaging {
+  std::vector<float> host;
+  std::vector<bf16> raw;
+
+  template <typename F>
+  void Run(void* data, int64_t n, int element_bytes, void* stream, F host_op) {
     auto* st = static_cast<cudaStream_t>(stream);
-    std::vector<float>& host = *staging;
     host.resize(n);
     if (element_bytes == 4) {
       HERD_CUDA_CHECK(cudaMemcpyAsync(host.data(), data, n * 4, cudaMemcpyDeviceToHost, st));
       HERD_CUDA_CHECK(cudaStreamSynchronize(st));
     } else {
-      raw->resize(n);
-      HERD_CUDA_CHECK(cudaMemcpyAsync(raw->data(), data, n * 2, cudaMemcpyDeviceToHost, st));
+      raw.resize(n);
+      HERD_CUDA_CHECK(cudaMemcpyAsync(raw.data(), data, n * 2, cudaMemcpyDeviceToHost, st));
       HERD_CUDA_CHECK(cudaStreamSynchronize(st));
-      for (int64_t i = 0; i < n; ++i) host[i] = __bfloat162float((*raw)[i]);
+      for (int64_t i = 0; i < n; ++i) host[i] = __bfloat162float(raw[i]);
     }
-    host_sum(host.data(), n);
+    host_op(host.data());
     if (element_bytes == 4) {
       HERD_CUDA_CHECK(cudaMemcpyAsync(data, host.data(), n * 4, cudaMemcpyHostToDevice, st));
     } else {
-      for (int64_t i = 0; i < n; ++i) (*raw)[i] = __float2bfloat16(host[i]);
-      HERD_CUDA_CHECK(cudaMemcpyAsync(data, raw->data(), n * 2, cudaMemcpyHostToDevice, st));
+      for (int64_t i = 0; i < n; ++i) raw[i] = __float2bfloat16(host[i]);
+      HERD_CUDA_CHECK(cudaMemcpyAsync(data, raw.data(), n * 2, cudaMemcpyHostToDevice, st));
     }
-    // The host buffers are reused by the next sum: the copies finish first.
     HERD_CUDA_CHECK(cudaStreamSynchronize(st));
+  }
+};
+
+int64_t Total(const Partition& parts) {
+  int64_t n = 0;
+  for (int64_t p : parts) n += p;
+  return n;
+}
+
+}  // namespace
+
+DeviceTensorGroup StagedGroup(const TensorGroup<float>& host) {
+  DeviceTensorGroup g;
+  g.ranks = host.ranks;
+  g.rank = host.rank;
+  g.vocab_first = host.vocab_first;
+  auto staging = std::make_shared<HostStaging>();
+  g.all_reduce = [host, staging](void* data, int64_t n, int element_bytes, void* stream) {
+    staging->Run(data, n, element_bytes, stream, [&](float* h) { host.all_reduce(h, n); });
   };
+  g.sequence_parallel = host.sequence_parallel;
+  if (!host.sequence_parallel) return g;
+  g.all_gather = [host, staging](void* data, const Partition& parts, int element_bytes, void* stream) {
+    staging->Run(data, Total(parts), element_bytes, stream, [&](float* h) { host.all_gather(h, parts); });
+  };
+  g.reduce_scatter = [host, staging](void* data, const Partition& parts, int element_bytes, void* stream) {
+    staging->Run(data, Total(parts), element_bytes, stream, [&](float* h) { host.reduce_scatter(h, parts); });
+  };
+  return g;
 }
 
 }  // namespace herd::cuda

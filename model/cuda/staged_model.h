@@ -85,10 +85,11 @@ StatusOr<std::unique_ptr<Model>> NewStagedCudaModel(const LlamaShape& shape, int
                                                     int device, Recompute recompute = Recompute::kNone,
                                                     DeviceTensorGroup group = {});
 
-// A DeviceTensorGroup's sum staged through the host: the device buffer
-// copied out (fp32, a bf16 buffer converted), summed by `host_sum` (a ring
-// over host memory), and copied back, the stream waited for on each side.
+// A DeviceTensorGroup whose sums (and with sequence parallelism gathers
+// and reduce-scatters) are `host`'s over host memory (a ring's), each
+// staged: the device buffer copied out (fp32, a bf16 buffer converted),
+// `host`'s operation, copied back, the stream waited for on each side.
 // For groups without NCCL.
-std::function<void(void*, int64_t, int, void*)> StagedGroupSum(std::function<void(float*, int64_t)> host_sum);
+DeviceTensorGroup StagedGroup(const TensorGroup<float>& host);
 
 }  // namespace herd::cuda

@@ -28,13 +28,27 @@ class NcclGroupSums final : public DeviceGroupSums {
     cudaEventDestroy(summed_);
   }
 
-  DeviceTensorGroup Group(const TensorSlices& slices) override {
+  DeviceTensorGroup Group(const TensorSlices& slices, bool sequence_parallel) override {
     DeviceTensorGroup g;
     g.ranks = slices.ranks();
     g.rank = slices.rank();
     g.vocab_first = slices.vocab_first();
     g.all_reduce = [this](void* data, int64_t n, int element_bytes, void* stream) {
-      Sum(data, n, element_bytes, static_cast<cudaStream_t>(stream));
+      Issue("tensor-parallel sum", static_cast<cudaStream_t>(stream), [&] {
+        return element_bytes == 2 ? nccl_->AllReduceBf16(data, n)
+                                  : nccl_->AllReduce(data, n, transport::DType::kFloat32);
+      });
+    };
+    g.sequence_parallel = sequence_parallel;
+    g.all_gather = [this](void* data, const Partition& parts, int element_bytes, void* stream) {
+      Issue("tensor-parallel gather", static_cast<cudaStream_t>(stream),
+            [&] { return nccl_->AllGather(data, parts, element_bytes); });
+    };
+    g.reduce_scatter = [this](void* data, const Partition& parts, int element_bytes, void* stream) {
+      Issue("tensor-parallel reduce-scatter", static_cast<cudaStream_t>(stream), [&] {
+        return element_bytes == 2 ? nccl_->ReduceScatterBf16(data, parts)
+                                  : nccl_->ReduceScatter(static_cast<float*>(data), parts);
+      });
     };
     return g;
   }
@@ -54,13 +68,15 @@ class NcclGroupSums final : public DeviceGroupSums {
   // (it has long finished) so that its handle's event is let go.
   static constexpr size_t kMostPending = 256;
 
-  void Sum(void* data, int64_t n, int element_bytes, cudaStream_t stream) {
-    trace::Span span("tensor-parallel sum", "collective");
+  // The collective `issue` enqueues on NCCL's stream, between the model's
+  // work before it and after it on `stream`.
+  template <typename F>
+  void Issue(const char* what, cudaStream_t stream, F issue) {
+    trace::Span span(what, "collective");
     // A wait takes the event as last recorded, so two events serve every sum.
     HERD_CUDA_CHECK(cudaEventRecord(ready_, stream));
     HERD_CUDA_CHECK(cudaStreamWaitEvent(nccl_->stream(), ready_, 0));
-    pending_.push_back(element_bytes == 2 ? nccl_->AllReduceBf16(data, n)
-                                          : nccl_->AllReduce(data, n, transport::DType::kFloat32));
+    pending_.push_back(issue());
     HERD_CUDA_CHECK(cudaEventRecord(summed_, nccl_->stream()));
     HERD_CUDA_CHECK(cudaStreamWaitEvent(stream, summed_, 0));
     while (pending_.size() > kMostPending) Retire();

@@ -7,7 +7,7 @@
 // end and the step fails with the line (ModelGroupSteps asks Finish()).
 // Without NCCL (cluster.nccl false, or none in this build) the group's sums
 // are staged through its ring over host memory instead
-// (model/cuda/staged_model.h's StagedGroupSum over a GroupRing).
+// (worker/model_factory.h's StagedTensorGroup over a GroupRing's).
 #pragma once
 
 #include <memory>
@@ -30,8 +30,9 @@ class DeviceGroupSums {
                                                            const std::vector<int>& members, const std::string& name);
   virtual ~DeviceGroupSums() = default;
 
-  // The group's sums for `slices`' rank.
-  virtual DeviceTensorGroup Group(const TensorSlices& slices) = 0;
+  // The group's sums for `slices`' rank; with `sequence_parallel` its
+  // gathers and reduce-scatters too.
+  virtual DeviceTensorGroup Group(const TensorSlices& slices, bool sequence_parallel) = 0;
   // Waits for every sum issued so far; the first failure since the last
   // call.
   virtual Status Finish() = 0;
