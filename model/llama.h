@@ -17,14 +17,6 @@
 
 namespace herd {
 
-// The decoder layers [first, end) a model computes (end -1: through the
-// last). The model that starts at layer 0 embeds the tokens; the one that
-// ends at the last layer holds the final norm and the head. A pipeline
-// stage (sharding/pipeline_split.h) is a model over its layers.
-struct LayerRange {
-  int first = 0, end = -1;
-};
-
 template <typename T>
 class LlamaModel {
  public:

@@ -136,6 +136,14 @@ struct TokenSplit {
   int sequence = 1, context = 1;
 };
 
+// The decoder layers [first, end) a model computes (end -1: through the
+// last). The model that starts at layer 0 embeds the tokens; the one that
+// ends at the last layer holds the final norm and the head. A pipeline
+// stage (sharding/pipeline_split.h) is a model over its layers.
+struct LayerRange {
+  int first = 0, end = -1;
+};
+
 // What backward recomputes rather than keeps (train.recompute).
 enum class Recompute { kNone, kAttention, kFull };
 

@@ -353,6 +353,20 @@ StatusOr<std::vector<ProcessMemory>> StageMemory(const JobSizes& j, const ShardP
       m.gradients = peak.gradients;
       staging = peak.staging + static_cast<int64_t>(shards->buckets().size() + 1) * (j.bf16 ? 3 : 2) * kPageBytes;
     }
+    if (j.gpu) {
+      // A CUDA stage (model/cuda/stage_model.h): each chunk's slot models
+      // and its units on the device; on the host each slot's staged
+      // activations and their gradients, in and out.
+      m.activations = 0;
+      const bool bf16 = j.config.device().dtype() == config::DeviceConfig::BF16;
+      for (int c = 0; c < s.chunks; ++c) {
+        const PipelineStage& st = pipeline.split.stage(s.VirtualStage(d, c));
+        const cuda::CudaModelPart part{pipeline.grid.degree(Axis::kTensor), S > 1, st.layers};
+        m.device += cuda::StageWorkerDeviceBytes(shape, static_cast<int>(B), static_cast<int>(T), bf16, j.job.recompute,
+                                                 part, slots[c], cuda::StageHeldElements(shape, st.layers));
+        m.buffers += 4 * slots[c] * activation * kF32;
+      }
+    }
     // The step's drawn micro-batches, as every worker holds them.
     m.activations += 2 * B * T * j.train.grad_accum() * static_cast<int64_t>(sizeof(int32_t));
     m.buffers += StageRings(pipeline.grid, ps) * (kRingChunksAhead + (j.bf16 ? kRingChunksInFlight : 0)) * kRingChunkBytes +
@@ -415,7 +429,8 @@ StatusOr<ProcessMemory> TensorParallelMemory(const JobSizes& j, const ShardPlan*
     t.buffers += n * kF32;
     t.device = cuda::GpuWorkerDeviceBytes(slices.shape(), j.train.batch_size(), j.train.seq_len(),
                                           j.config.device().dtype() == config::DeviceConfig::BF16, j.job.recompute,
-                                          j.cluster.tensor_parallel(), j.cluster.sequence_parallel());
+                                          cuda::CudaModelPart{j.cluster.tensor_parallel(),
+                                                              j.cluster.sequence_parallel(), {}});
   }
   return t;
 }

@@ -36,12 +36,7 @@ STEPS = 20
 
 
 def main():
-    a = herdtest.parse_args()
-    if not os.path.exists(os.path.join(a.build, "emulated", "herd")):
-        print("skipped: no emulated-device build")
-        sys.exit(77)
-    sb = herdtest.Sandbox(os.path.join(a.build, "emulated"))
-    sb.training_data()
+    sb = herdtest.emulated_sandbox(herdtest.parse_args())
 
     def run(name, cluster, device="device { kind: CUDA dtype: FP32 }", ckpt="", extra=()):
         """`herd launch` of the tiny job; train.batch_size is each worker's,

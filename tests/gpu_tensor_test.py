@@ -43,28 +43,14 @@ CUDA = "device { kind: CUDA dtype: FP32 }"
 
 
 def main():
-    a = herdtest.parse_args()
-    if not os.path.exists(os.path.join(a.build, "emulated", "herd")):
-        print("skipped: no emulated-device build")
-        sys.exit(77)
-    sb = herdtest.Sandbox(os.path.join(a.build, "emulated"))
-    sb.training_data()
-    sb.run("prepare", "corpus.txt", "--out", "val.bin")
+    sb = herdtest.emulated_sandbox(herdtest.parse_args())
 
     def run(name, cluster, device=CUDA, ckpt="", extra=(), batch=4, edit=lambda text: text, watch=False):
-        """`herd launch` of the tiny job, train.batch_size `batch` a worker;
-        `watch`: held-out losses every 10 steps and a sample at the end."""
-        text = herdtest.tiny_config("train.bin", val="val.bin" if watch else "", steps=STEPS,
-                                    metrics=name + ".jsonl", ckpt=ckpt, every=10 if ckpt else 0,
-                                    extra=device + "\n" + cluster, eval_every=10 if watch else 0)
-        if watch:
-            text = text.replace("sample_tokens: 0", "sample_tokens: 40")
-        text = edit(text.replace("batch_size: 4", f"batch_size: {batch}"))
-        p = sb.run("launch", sb.write(name + ".textproto", text), *extra)
-        return p, herdtest.metrics_rows(sb.path(name + ".jsonl"))
+        """The tiny job, train.batch_size `batch` a worker (herdtest.launch_watched)."""
+        return herdtest.launch_watched(sb, name, device + "\n" + cluster, STEPS, ckpt, extra, watch=watch,
+                                       edit=lambda text: edit(text.replace("batch_size: 4", f"batch_size: {batch}")))
 
-    def val_losses(rows):
-        return [r["val_loss"] for r in rows if r.get("val_loss") is not None]
+    val_losses = herdtest.val_losses
 
     launched, one = run("one", "", device="", ckpt="one", watch=True)
     one_sample = herdtest.sample_text(launched)

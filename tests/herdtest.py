@@ -117,6 +117,36 @@ log {{ every: 1 metrics: "{metrics}" sample_tokens: 0 {f"eval_every: {eval_every
 """
 
 
+def emulated_sandbox(a):
+    """A Sandbox of the emulated-device build's binaries (build/emulated),
+    with train.bin and val.bin; exits 77 (skipped) where there is none."""
+    if not os.path.exists(os.path.join(a.build, "emulated", "herd")):
+        print("skipped: no emulated-device build")
+        sys.exit(77)
+    sb = Sandbox(os.path.join(a.build, "emulated"))
+    sb.training_data()
+    sb.run("prepare", "corpus.txt", "--out", "val.bin")
+    return sb
+
+
+def launch_watched(sb, name, extra, steps=20, ckpt="", args=(), edit=lambda text: text, watch=False):
+    """`herd launch` of the tiny job with `extra` (device and cluster
+    blocks), its text through `edit`, checkpoints every 10 steps under
+    `ckpt` (when given); `watch`: held-out losses (val.bin) every 10 steps
+    and a sample of 40 tokens at the end. The run and its metrics rows."""
+    text = tiny_config("train.bin", val="val.bin" if watch else "", steps=steps, metrics=name + ".jsonl", ckpt=ckpt,
+                       every=10 if ckpt else 0, extra=extra, eval_every=10 if watch else 0)
+    if watch:
+        text = text.replace("sample_tokens: 0", "sample_tokens: 40")
+    p = sb.run("launch", sb.write(name + ".textproto", edit(text)), *args)
+    return p, metrics_rows(sb.path(name + ".jsonl"))
+
+
+def val_losses(rows):
+    """The held-out losses of metrics rows, in step order."""
+    return [r["val_loss"] for r in rows if r.get("val_loss") is not None]
+
+
 def m20_steps(sb, name, cluster, steps):
     """Every step's metrics row of `herd launch` on the ~20M shape
     (LLAMA20M_MODEL), 2 micro-batches of 2 x 128 tokens a step, `steps`

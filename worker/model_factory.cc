@@ -6,6 +6,7 @@
 #include "common/config.h"
 
 #if HERD_HAVE_CUDA_MODEL
+#include "model/cuda/stage_model.h"
 #include "model/cuda/staged_model.h"
 #include "model/cuda/streamed_model.h"
 #endif
@@ -71,6 +72,26 @@ StatusOr<std::unique_ptr<Model>> CreateTensorParallelCudaModel(const config::Job
   (void)slice;
   (void)group;
   return std::unique_ptr<Model>();  // not reached: PickDevice refused
+#endif
+}
+
+StatusOr<std::unique_ptr<StageModel>> CreateCudaStageModel(const config::JobConfig& config, const JobOptions& job,
+                                                           int local_rank, const LlamaShape& shape, LayerRange layers,
+                                                           int slots, DeviceTensorGroup group) {
+  HERD_ASSIGN_OR_RETURN(const int device, PickDevice(local_rank));
+#if HERD_HAVE_CUDA_MODEL
+  const bool bf16 = config.device().dtype() == config::DeviceConfig::BF16;
+  return cuda::NewCudaStageModel(shape, job.batch, job.seq_len, bf16, device, job.recompute, layers, slots,
+                                 std::move(group));
+#else
+  (void)device;
+  (void)config;
+  (void)job;
+  (void)shape;
+  (void)layers;
+  (void)slots;
+  (void)group;
+  return std::unique_ptr<StageModel>();  // not reached: PickDevice refused
 #endif
 }
 

@@ -8,6 +8,7 @@
 
 #include "common/status.h"
 #include "model/model.h"
+#include "model/stage_model.h"
 #include "proto/herd.pb.h"
 #include "sharding/job_options.h"
 #include "worker/cuda/device_trainer.h"
@@ -27,6 +28,13 @@ StatusOr<int> UseCudaDevice(int local_rank);
 StatusOr<std::unique_ptr<Model>> CreateTensorParallelCudaModel(const config::JobConfig& config, const JobOptions& job,
                                                                int local_rank, const LlamaShape& slice,
                                                                DeviceTensorGroup group);
+
+// A pipeline stage's CUDA model over `layers` (`shape` the model's, or a
+// tensor-parallel rank's slices' with `group`), `slots` micro-batches in
+// flight.
+StatusOr<std::unique_ptr<StageModel>> CreateCudaStageModel(const config::JobConfig& config, const JobOptions& job,
+                                                           int local_rank, const LlamaShape& shape, LayerRange layers,
+                                                           int slots, DeviceTensorGroup group);
 
 // A tensor-parallel CUDA rank's group whose sums (gathers and
 // reduce-scatters) are `host`'s (a ring over host memory), each staged

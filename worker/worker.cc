@@ -106,10 +106,13 @@ class WorkerProcess {
   // AxisRings opens for it.
   NcclGroups NcclGroupsOf() const;
   // A pipeline stage's models, one per chunk of its layers.
-  Status PreparePipelineStage();
+  Status PreparePipelineStage(transport::CoordinatorClient* client);
   // A tensor-parallel worker's slices and its model over them (a CUDA
   // worker's group sums on the device, made here through `client`).
   Status PrepareTensorParallel(transport::CoordinatorClient* client);
+  // A CUDA tensor-parallel worker's group on the device: NCCL's sums among
+  // the group (made once, through `client`), or staged through its ring.
+  StatusOr<DeviceTensorGroup> DeviceTensorGroupOf(transport::CoordinatorClient* client);
   // This worker's place in the job's grid.
   GridCoords place() const { return grid_.CoordsOf(rank_); }
   // This worker's context-parallel group (none without).
@@ -216,7 +219,7 @@ class WorkerProcess {
   std::unique_ptr<Model> model_holder_;                      // none when the GPU trainer has its own
   // A pipeline stage: one model per chunk, over its layers (model_ is
   // then the evaluator through the stages, in model_holder_).
-  std::vector<std::unique_ptr<LlamaModel<float>>> chunk_models_;
+  std::vector<std::unique_ptr<StageModel>> chunk_models_;
   std::unique_ptr<DeviceGradientReduction> device_reduction_;  // CUDA workers in all-reduce mode: NCCL
   // kGpuCollectives: the device's NCCL, until the strategy takes it.
   std::unique_ptr<cuda::DeviceExchange> device_exchange_;
@@ -328,7 +331,7 @@ Status WorkerProcess::Prepare(transport::CoordinatorClient* client) {
                           ExchangeWithNccl(*client, *plan_, config_.cluster().zero_stage() > 0, NcclGroupsOf()));
   }
   if (OnTheDevice(reducer_)) return Status::OK();  // the GPU trainer brings its model
-  if (pipeline_) return PreparePipelineStage();
+  if (pipeline_) return PreparePipelineStage(client);
   if (tensor_ring_) {
     HERD_RETURN_IF_ERROR(PrepareTensorParallel(client));
   } else if (context_ring_) {
@@ -353,22 +356,35 @@ NcclGroups WorkerProcess::NcclGroupsOf() const {
   return {grid_.GroupOf(rank_, {Axis::kContext, Axis::kShard}), grid_.GroupOf(rank_, {Axis::kReplicate})};
 }
 
-Status WorkerProcess::PreparePipelineStage() {
+Status WorkerProcess::PreparePipelineStage(transport::CoordinatorClient* client) {
   const PipelineSchedule& s = pipeline_->schedule;
   const int device = place()[Axis::kPipeline];
   const std::vector<int> slots = ChunkSlots(s, device);
   if (tensor_ring_) {
     HERD_ASSIGN_OR_RETURN(slices_, TensorSlices::Make(job_.shape, grid_.degree(Axis::kTensor), place()[Axis::kTensor]));
   }
+  const bool gpu = config_.device().kind() == config::DeviceConfig::CUDA;
+  DeviceTensorGroup device_group;
+  if (gpu && slices_) {
+    HERD_ASSIGN_OR_RETURN(device_group, DeviceTensorGroupOf(client));
+  }
   for (int c = 0; c < s.chunks; ++c) {
     const PipelineStage& stage = pipeline_->split.stage(s.VirtualStage(device, c));
+    if (gpu) {
+      HERD_ASSIGN_OR_RETURN(std::unique_ptr<StageModel> model,
+                            CreateCudaStageModel(config_, job_, LocalRank(rank_), stage_layout().shape(), stage.layers,
+                                                 slots[c], device_group));
+      chunk_models_.push_back(std::move(model));
+      continue;
+    }
     const int C = grid_.degree(Axis::kContext);
     const bool sequence = config_.cluster().sequence_parallel();
-    chunk_models_.push_back(std::make_unique<LlamaModel<float>>(
+    auto model = std::make_unique<LlamaModel<float>>(
         stage_layout().shape(), job_.batch, job_.seq_len, job_.recompute, slots[c], stage.layers,
-        s.kind == PipelineScheduleKind::kZeroBubble, TokenSplit{sequence ? grid_.degree(Axis::kTensor) : 1, C}));
-    if (slices_) chunk_models_.back()->SetTensorGroup(tensor_ring_->Group(*slices_, sequence));
-    if (C > 1) chunk_models_.back()->SetContextGroup(ContextGroupOf());
+        s.kind == PipelineScheduleKind::kZeroBubble, TokenSplit{sequence ? grid_.degree(Axis::kTensor) : 1, C});
+    if (slices_) model->SetTensorGroup(tensor_ring_->Group(*slices_, sequence));
+    if (C > 1) model->SetContextGroup(ContextGroupOf());
+    chunk_models_.push_back(NewCpuStageModel(std::move(model)));
   }
   return Status::OK();
 }
@@ -381,19 +397,22 @@ Status WorkerProcess::PrepareTensorParallel(transport::CoordinatorClient* client
                                 tensor_ring_->Group(*slices_, config_.cluster().sequence_parallel()), ContextGroupOf());
     return Status::OK();
   }
-  // The group's sums on the device through NCCL, or staged through its ring.
-  const bool sequence = config_.cluster().sequence_parallel();
-  DeviceTensorGroup group;
-  if (config_.cluster().nccl() && BuiltWithNccl()) {
-    HERD_ASSIGN_OR_RETURN(device_tensor_sums_,
-                          DeviceGroupSums::Create(*client, grid_.GroupOf(rank_, {Axis::kTensor}), "tensor"));
-    group = device_tensor_sums_->Group(*slices_, sequence);
-  } else {
-    group = StagedTensorGroup(tensor_ring_->Group(*slices_, sequence));
-  }
+  HERD_ASSIGN_OR_RETURN(DeviceTensorGroup group, DeviceTensorGroupOf(client));
   HERD_ASSIGN_OR_RETURN(model_holder_, CreateTensorParallelCudaModel(config_, job_, LocalRank(rank_),
                                                                      slices_->shape(), std::move(group)));
   return Status::OK();
+}
+
+StatusOr<DeviceTensorGroup> WorkerProcess::DeviceTensorGroupOf(transport::CoordinatorClient* client) {
+  const bool sequence = config_.cluster().sequence_parallel();
+  if (!config_.cluster().nccl() || !BuiltWithNccl()) {
+    return StagedTensorGroup(tensor_ring_->Group(*slices_, sequence));
+  }
+  if (device_tensor_sums_ == nullptr) {
+    HERD_ASSIGN_OR_RETURN(device_tensor_sums_,
+                          DeviceGroupSums::Create(*client, grid_.GroupOf(rank_, {Axis::kTensor}), "tensor"));
+  }
+  return device_tensor_sums_->Group(*slices_, sequence);
 }
 
 ContextGroup<float> WorkerProcess::ContextGroupOf() {
@@ -676,9 +695,10 @@ std::unique_ptr<ShareCompute> WorkerProcess::MakeCompute() {
                                              grid_.data());
     if (slices_) p.tensor = tensor_ring_->Group(*slices_, /*sequence_parallel=*/false);
     p.context = ContextGroupOf();
-    std::vector<LlamaModel<float>*> models;
+    std::vector<StageModel*> models;
     for (const auto& m : chunk_models_) models.push_back(m.get());
-    model_holder_ = PipelineEvaluator(p, models, "CPU, pipeline stage " + std::to_string(p.device));
+    model_holder_ = PipelineEvaluator(p, models, chunk_models_.front()->Describe() + ", pipeline stage " +
+                                                     std::to_string(p.device));
     model_ = model_holder_.get();
     return PipelinePasses(p, std::move(models));
   }

@@ -12,53 +12,82 @@ int64_t RmsNormScratchFloats(int64_t N, int64_t C) { return (N < kRmsNormPartiti
 int64_t AttentionScratchFloats(int64_t B, int64_t T_, int64_t H) { return B * H * T_; }
 
 CudaActivationSizes::CudaActivationSizes(const LlamaShape& s, int max_batch, int max_seq_len, Recompute recompute,
-                                         int tensor_ranks, bool sequence_parallel) {
+                                         const CudaModelPart& part) {
   N = static_cast<int64_t>(max_batch) * max_seq_len;
-  const int64_t L = recompute == Recompute::kFull ? 1 : s.num_layers, d = s.hidden_size;
-  const bool rows_split = sequence_parallel && tensor_ranks > 1;
-  R = rows_split ? (N + tensor_ranks - 1) / tensor_ranks : N;
+  const int first = part.layers.first, end = part.layers.end < 0 ? s.num_layers : part.layers.end;
+  const int64_t layers = end - first;
+  const int64_t L = recompute == Recompute::kFull ? std::min<int64_t>(1, layers) : layers, d = s.hidden_size;
+  const bool rows_split = part.sequence_parallel && part.tensor_ranks > 1;
+  head = end == s.num_layers;
+  R = rows_split ? (N + part.tensor_ranks - 1) / part.tensor_ranks : N;
   whole = rows_split ? N * d : 0;
   rope = static_cast<int64_t>(max_seq_len) * s.head_dim() / 2;
-  residual = (s.num_layers + 1) * R * d;
+  residual = (layers + 1) * R * d;
   per_layer_d = L * R * d;
   per_layer_rows = L * R;
   per_layer_qd = L * N * s.q_dim();
   per_layer_kvd = L * N * s.kv_dim();
   lse = L * AttentionScratchFloats(max_batch, max_seq_len, s.num_heads);
   per_layer_f = L * N * s.intermediate_size;
-  logits = N * s.vocab_size;
+  logits = head ? N * s.vocab_size : 0;
   rms_scratch = RmsNormScratchFloats(N, d);
   attn_scratch = AttentionScratchFloats(max_batch, max_seq_len, s.num_heads);
-  if (tensor_ranks > 1) {
-    vocab_stats = N * (2 * static_cast<int64_t>(tensor_ranks) + 1) + static_cast<int64_t>(s.vocab_size) * tensor_ranks;
+  if (part.tensor_ranks > 1 && head) {
+    vocab_stats = N * (2 * static_cast<int64_t>(part.tensor_ranks) + 1) +
+                  static_cast<int64_t>(s.vocab_size) * part.tensor_ranks;
   }
 }
 
 int64_t CudaActivationSizes::ComputeElements(const LlamaShape& s) const {
-  return residual + 3 * per_layer_d + 2 * per_layer_qd + 2 * per_layer_kvd + 3 * per_layer_f + N * s.hidden_size +
-         logits + whole +
+  return residual + 3 * per_layer_d + 2 * per_layer_qd + 2 * per_layer_kvd + 3 * per_layer_f +
+         (head ? N * s.hidden_size : 0) + logits + whole +
          // backward: dres (the rank's rows), dln, datt, dq, dk, dv, dact, dgate, dup
          R * s.hidden_size + N * s.hidden_size + 2 * N * s.q_dim() + 2 * N * s.kv_dim() + 3 * N * s.intermediate_size;
 }
 
 int64_t CudaActivationSizes::FloatElements() const {
-  // lnf_rstd (the rank's rows), losses, ce_lse
-  return 2 * rope + 2 * per_layer_rows + lse + R + 2 * N + rms_scratch + attn_scratch + vocab_stats;
+  // lnf_rstd (the rank's rows), losses, ce_lse: the head's
+  return 2 * rope + 2 * per_layer_rows + lse + (head ? R + 2 * N : 0) + rms_scratch + attn_scratch + vocab_stats;
 }
 
 int64_t CudaActivationSizes::IntElements() const { return 5 * N + 1; }  // tokens, targets, embedding groups
 
 int64_t CudaActivationBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16, Recompute recompute,
-                            int tensor_ranks, bool sequence_parallel) {
-  const CudaActivationSizes z(shape, max_batch, max_seq_len, recompute, tensor_ranks, sequence_parallel);
+                            const CudaModelPart& part) {
+  const CudaActivationSizes z(shape, max_batch, max_seq_len, recompute, part);
   return z.ComputeElements(shape) * (bf16 ? 2 : 4) + z.FloatElements() * 4 + z.IntElements() * 4;
 }
 
 int64_t GpuWorkerDeviceBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16, Recompute recompute,
-                             int tensor_ranks, bool sequence_parallel) {
+                             const CudaModelPart& part) {
   const int64_t P = ParamLayout(shape).size();
-  return CudaActivationBytes(shape, max_batch, max_seq_len, bf16, recompute, tensor_ranks, sequence_parallel) + P * ((bf16 ? 2 : 4) + 4 + (bf16 ? 4 : 0)) +
-         kCublasWorkspaceBytes;
+  return CudaActivationBytes(shape, max_batch, max_seq_len, bf16, recompute, part) +
+         P * ((bf16 ? 2 : 4) + 4 + (bf16 ? 4 : 0)) + kCublasWorkspaceBytes;
+}
+
+std::vector<int> StageUnits(const LlamaShape& shape, LayerRange layers) {
+  const ParamLayout layout(shape);
+  const int end = layers.end < 0 ? shape.num_layers : layers.end;
+  const int units = static_cast<int>(layout.UnitBoundaries().size()) - 1;  // the embedding, the layers, the head's
+  const bool head = end == shape.num_layers;
+  std::vector<int> held;
+  if (layers.first == 0 || (head && layout.lm_head() == layout.embed())) held.push_back(0);
+  for (int l = layers.first; l < end; ++l) held.push_back(1 + l);
+  if (head && units > shape.num_layers + 1) held.push_back(units - 1);
+  return held;
+}
+
+int64_t StageHeldElements(const LlamaShape& shape, LayerRange layers) {
+  const std::vector<int64_t> bounds = ParamLayout(shape).UnitBoundaries();
+  int64_t n = 0;
+  for (int u : StageUnits(shape, layers)) n += bounds[u + 1] - bounds[u];
+  return n;
+}
+
+int64_t StageWorkerDeviceBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16, Recompute recompute,
+                               const CudaModelPart& part, int slots, int64_t held) {
+  return slots * (CudaActivationBytes(shape, max_batch, max_seq_len, bf16, recompute, part) + kCublasWorkspaceBytes) +
+         held * ((bf16 ? 2 : 4) + 4 + (bf16 ? 4 : 0));
 }
 
 namespace {

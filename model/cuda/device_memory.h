@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "model/llama_config.h"
 #include "model/optim/sum_of_squares_chunk.h"
@@ -22,21 +23,34 @@ int64_t RmsNormScratchFloats(int64_t N, int64_t C);
 // Scratch floats of AttentionBackward (one per query row and head).
 int64_t AttentionScratchFloats(int64_t B, int64_t T_, int64_t H);
 
+// The part of the model a CudaLlamaModel computes: a tensor-parallel
+// rank's slices (of `tensor_ranks`, its shape the slices'; with or without
+// sequence parallelism) and a pipeline stage's layers (the embedding on the
+// stage that starts at layer 0, the final norm and the head on the one that
+// ends at the last).
+struct CudaModelPart {
+  int tensor_ranks = 1;
+  bool sequence_parallel = false;
+  LayerRange layers;
+};
+
 // Element counts of every buffer of CudaLlamaModel for max_batch x
-// max_seq_len tokens; the per_layer ones (and lse) for every layer, or for
-// one under Recompute::kFull. (Its attention keeps no probabilities, only
-// their log-sum-exp per row, and recomputes them in backward, flash-style:
-// kAttention keeps what kNone does.) A tensor-parallel rank's model (`s`
-// its slice's shape, of `tensor_ranks`) adds the cross-entropy's
-// statistics and a row of the whole vocabulary's logits (vocab_stats);
-// with `sequence_parallel` the residual stream and the norms hold R =
-// ceil(N / tensor_ranks) rows (every rank's alike), and `whole` [N, d]
-// takes the gathers and the partial sums.
+// max_seq_len tokens; the per_layer ones (and lse) for every layer of its
+// part, or for one under Recompute::kFull. (Its attention keeps no
+// probabilities, only their log-sum-exp per row, and recomputes them in
+// backward, flash-style: kAttention keeps what kNone does.) A
+// tensor-parallel rank's model adds the cross-entropy's statistics and a
+// row of the whole vocabulary's logits (vocab_stats); with sequence
+// parallelism the residual stream and the norms hold R = ceil(N /
+// tensor_ranks) rows (every rank's alike), and `whole` [N, d] takes the
+// gathers and the partial sums. Only the model with the head holds the
+// head's buffers (the final norm's, the logits, the losses).
 struct CudaActivationSizes {
   int64_t N, R, rope, residual, per_layer_d, per_layer_rows, per_layer_qd, per_layer_kvd, lse, per_layer_f, logits;
   int64_t rms_scratch, attn_scratch, vocab_stats = 0, whole = 0;
+  bool head = true;
   CudaActivationSizes(const LlamaShape& s, int max_batch, int max_seq_len, Recompute recompute = Recompute::kNone,
-                      int tensor_ranks = 1, bool sequence_parallel = false);
+                      const CudaModelPart& part = {});
   // Elements of the compute dtype, of fp32, of int32.
   int64_t ComputeElements(const LlamaShape& s) const;
   int64_t FloatElements() const;
@@ -45,17 +59,29 @@ struct CudaActivationSizes {
 
 // CudaLlamaModel's device bytes (activations and backward scratch).
 int64_t CudaActivationBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16,
-                            Recompute recompute = Recompute::kNone, int tensor_ranks = 1,
-                            bool sequence_parallel = false);
+                            Recompute recompute = Recompute::kNone, const CudaModelPart& part = {});
 
 // Everything a GPU worker's model holds on the device: activations,
 // weights in the compute dtype, fp32 gradients, bf16 mode's fp32 landing
 // buffer for weights, cuBLASLt's workspace (a tensor-parallel rank's:
-// `shape` its slice's, of `tensor_ranks`, with or without sequence
-// parallelism).
+// `part`'s slices).
 int64_t GpuWorkerDeviceBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16,
-                             Recompute recompute = Recompute::kNone, int tensor_ranks = 1,
-                             bool sequence_parallel = false);
+                             Recompute recompute = Recompute::kNone, const CudaModelPart& part = {});
+
+// The units (indices of ParamLayout::UnitBoundaries' units, ascending) a
+// model over `layers` reads: the embedding's on the first stage (and on
+// the last when the embeddings are tied), its layers', the final norm's
+// and the head's on the last; and their elements.
+std::vector<int> StageUnits(const LlamaShape& shape, LayerRange layers);
+int64_t StageHeldElements(const LlamaShape& shape, LayerRange layers);
+
+// A pipeline stage's CUDA worker (model/cuda/stage_model.h): a model over
+// `part`'s layers for each of `slots` micro-batches in flight (each its
+// activations and cuBLASLt workspace), and the `held` elements of the
+// flat space the stage holds (its units') as compute weights, fp32
+// gradients and in bf16 the fp32 landing buffer.
+int64_t StageWorkerDeviceBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16, Recompute recompute,
+                               const CudaModelPart& part, int slots, int64_t held);
 
 // A streaming GPU worker's staging (model/cuda/streamed_model.h): a ring of
 // page-locked host slots each way, and in bf16 mode device slots where the

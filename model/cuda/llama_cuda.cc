@@ -81,18 +81,23 @@ std::string CudaLlamaModel<T>::CheckShape(const LlamaShape& shape) {
 
 template <typename T>
 CudaLlamaModel<T>::CudaLlamaModel(const LlamaShape& shape, int max_batch, int max_seq_len, cudaStream_t stream,
-                                  Recompute recompute, DeviceTensorGroup group)
+                                  Recompute recompute, DeviceTensorGroup group, LayerRange layers)
     : layout_(shape),
       tp_(std::move(group)),
+      first_layer_(layers.first),
+      end_layer_(layers.end < 0 ? shape.num_layers : layers.end),
       max_batch_(max_batch),
       max_seq_len_(max_seq_len),
       stream_(stream),
-      b_(new Buffers) {
+      b_(new Buffers()) {  // value-initialized: every pointer null until allocated
   const std::string why = CheckShape(shape);
   CHECK(why.empty()) << why;
   Buffers& b = *b_;
   b.one_layer = recompute == Recompute::kFull;
-  const CudaActivationSizes z(shape, max_batch, max_seq_len, recompute, tp_.ranks, sequence_parallel());
+  CHECK(0 <= first_layer_ && first_layer_ <= end_layer_ && end_layer_ <= shape.num_layers)
+      << "CudaLlamaModel: layers [" << first_layer_ << ", " << end_layer_ << ") of " << shape.num_layers;
+  const CudaActivationSizes z(shape, max_batch, max_seq_len, recompute,
+                              CudaModelPart{tp_.ranks, sequence_parallel(), {first_layer_, end_layer_}});
   b.N = z.N;
   b.R = z.R;
   b.d = shape.hidden_size;
@@ -122,16 +127,18 @@ CudaLlamaModel<T>::CudaLlamaModel(const LlamaShape& shape, int max_batch, int ma
   b.gate = b.template Alloc<T>(z.per_layer_f);
   b.up = b.template Alloc<T>(z.per_layer_f);
   b.act = b.template Alloc<T>(z.per_layer_f);
-  b.lnf = b.template Alloc<T>(b.N * b.d);
-  b.lnf_rstd = b.template Alloc<float>(b.R);
+  if (z.head) {
+    b.lnf = b.template Alloc<T>(b.N * b.d);
+    b.lnf_rstd = b.template Alloc<float>(b.R);
+    b.logits = b.template Alloc<T>(z.logits);
+    b.losses = b.template Alloc<float>(b.N);
+    b.ce_lse = b.template Alloc<float>(b.N);
+  }
   if (sequence_parallel()) {
     CHECK(tp_.all_gather && tp_.reduce_scatter) << "a sequence-parallel CUDA model needs its group's gathers";
     b.whole = b.template Alloc<T>(z.whole);
   }
-  b.logits = b.template Alloc<T>(z.logits);
-  b.losses = b.template Alloc<float>(b.N);
-  b.ce_lse = b.template Alloc<float>(b.N);
-  if (tp_.ranks > 1) {
+  if (tp_.ranks > 1 && z.head) {
     CHECK(tp_.all_reduce) << "a tensor-parallel CUDA model needs its group's sum";
     b.vocab_stats = b.template Alloc<float>(b.N * (2 * tp_.ranks + 1));  // the two of z.vocab_stats
     b.logits_row = b.template Alloc<float>(static_cast<int64_t>(b.V) * tp_.ranks);
@@ -258,59 +265,72 @@ T* CudaLlamaModel<T>::Summed(T* part, int64_t N) {
 }
 
 template <typename T>
-double CudaLlamaModel<T>::Forward(UnitSpace<const T> params, const int32_t* host_tokens, const int32_t* host_targets, int B,
-                                  int T_, const NeedUpTo& need) {
+void CudaLlamaModel<T>::TakeBatch(const int32_t* host_tokens, const int32_t* host_targets, int B, int T_) {
   Buffers& b = *b_;
-  const LlamaShape& s = layout_.shape();
   CHECK(B <= max_batch_ && T_ <= max_seq_len_)
-      << "CudaLlamaModel::Forward: " << B << "x" << T_ << " exceeds " << max_batch_ << "x" << max_seq_len_;
-  const int64_t N = static_cast<int64_t>(B) * T_, d = b.d;
-  const float eps = static_cast<float>(s.rms_norm_eps);
+      << "CudaLlamaModel: " << B << "x" << T_ << " exceeds " << max_batch_ << "x" << max_seq_len_;
+  const int64_t N = static_cast<int64_t>(B) * T_;
   cudaStream_t st = stream_;
   b.B = B;
   b.Tcur = T_;
   b.has_targets = host_targets != nullptr;
-  HERD_CUDA_CHECK(cudaMemcpyAsync(b.tokens, host_tokens, N * 4, cudaMemcpyHostToDevice, st));
-  if (host_targets != nullptr) {
+  if (embeds() && host_tokens != nullptr) {
+    HERD_CUDA_CHECK(cudaMemcpyAsync(b.tokens, host_tokens, N * 4, cudaMemcpyHostToDevice, st));
+  }
+  if (has_head() && host_targets != nullptr) {
     HERD_CUDA_CHECK(cudaMemcpyAsync(b.targets, host_targets, N * 4, cudaMemcpyHostToDevice, st));
+  }
+  if (embeds() && host_tokens != nullptr && host_targets != nullptr) {
     // The embedding backward's grouping, made now while the host is free.
-    // Kept in the model until the next Forward, which starts only after
-    // this one's losses came back, so no copy can still be reading them.
+    // Kept in the model until the next pass, which starts only after this
+    // one's copies were waited for (its losses, or its stage's output).
     b.host_groups = tp_.ranks > 1 ? EmbeddingGroups::Build(host_tokens, N, tp_.vocab_first, b.V)
                                   : EmbeddingGroups::Build(host_tokens, N);
     const EmbeddingGroups& g = b.host_groups;
     b.groups = static_cast<int64_t>(g.tokens.size());
     HERD_CUDA_CHECK(cudaMemcpyAsync(b.group_tokens, g.tokens.data(), b.groups * 4, cudaMemcpyHostToDevice, st));
     HERD_CUDA_CHECK(cudaMemcpyAsync(b.group_starts, g.starts.data(), (b.groups + 1) * 4, cudaMemcpyHostToDevice, st));
-    HERD_CUDA_CHECK(cudaMemcpyAsync(b.group_positions, g.positions.data(), g.positions.size() * 4, cudaMemcpyHostToDevice, st));
+    HERD_CUDA_CHECK(
+        cudaMemcpyAsync(b.group_positions, g.positions.data(), g.positions.size() * 4, cudaMemcpyHostToDevice, st));
   }
+}
 
-  auto layer_end = [&](int l) { return l + 1 < s.num_layers ? layout_.layer(l + 1).input_norm : layout_.final_norm(); };
-  if (need) need(s.num_layers > 0 ? layout_.layer(0).input_norm : layout_.final_norm());
-  const int64_t n = HeldRows(N);
+template <typename T>
+int64_t CudaLlamaModel<T>::LayerEnd(int l) const {
+  return l + 1 < layout_.shape().num_layers ? layout_.layer(l + 1).input_norm : layout_.final_norm();
+}
+
+template <typename T>
+void CudaLlamaModel<T>::EmbedForward(UnitSpace<const T> params) {
+  Buffers& b = *b_;
+  const int64_t N = static_cast<int64_t>(b.B) * b.Tcur, d = b.d;
+  cudaStream_t st = stream_;
   if (tp_.ranks > 1) {
     // Each rank's rows of the vocabulary, the others' summed in.
     T* lookup = sequence_parallel() ? b.whole : b.residual;
     EmbeddingForward(lookup, b.tokens, params + layout_.embed(), N, d, st, tp_.vocab_first, b.V);
     const T* mine = Summed(lookup, N);
     if (mine != b.residual) {
-      HERD_CUDA_CHECK(cudaMemcpyAsync(b.residual, mine, n * d * sizeof(T), cudaMemcpyDeviceToDevice, st));
+      HERD_CUDA_CHECK(cudaMemcpyAsync(b.residual, mine, HeldRows(N) * d * sizeof(T), cudaMemcpyDeviceToDevice, st));
     }
   } else {
     EmbeddingForward(b.residual, b.tokens, params + layout_.embed(), N, d, st);
   }
-  for (int l = 0; l < s.num_layers; ++l) {
-    if (need) need(layer_end(l));
-    LayerForward(params, l, /*to_output=*/true);
-  }
-  const T* x_final = b.residual + s.num_layers * b.R * d;
-  if (need) need(layout_.size());
+}
+
+template <typename T>
+double CudaLlamaModel<T>::HeadForward(UnitSpace<const T> params) {
+  Buffers& b = *b_;
+  const int64_t N = static_cast<int64_t>(b.B) * b.Tcur, d = b.d;
+  const float eps = static_cast<float>(layout_.shape().rms_norm_eps);
+  cudaStream_t st = stream_;
+  const T* x_final = b.residual + (end_layer_ - first_layer_) * b.R * d;
   // The final norm of this rank's rows, where the gather puts them.
-  RmsNormForward(b.lnf + FirstRow(N) * d, b.lnf_rstd, x_final, params + layout_.final_norm(), n, d, eps, st);
+  RmsNormForward(b.lnf + FirstRow(N) * d, b.lnf_rstd, x_final, params + layout_.final_norm(), HeldRows(N), d, eps, st);
   if (sequence_parallel()) tp_.all_gather(b.lnf, RowParts(N), sizeof(T), st);
   b.matmul.Forward(b.logits, b.lnf, params + layout_.lm_head(), N, d, b.V, static_cast<const T*>(nullptr), st);
   HERD_CUDA_CHECK_LAUNCH();
-  if (host_targets == nullptr) return 0.0;
+  if (!b.has_targets) return 0.0;
   if (tp_.ranks > 1) {
     VocabParallelStats(b.vocab_stats, b.logits, b.targets, N, b.V, tp_.vocab_first, tp_.rank, tp_.ranks, st);
     tp_.all_reduce(b.vocab_stats, N * (2 * tp_.ranks + 1), sizeof(float), st);
@@ -326,6 +346,73 @@ double CudaLlamaModel<T>::Forward(UnitSpace<const T> params, const int32_t* host
 }
 
 template <typename T>
+double CudaLlamaModel<T>::Forward(UnitSpace<const T> params, const int32_t* host_tokens, const int32_t* host_targets, int B,
+                                  int T_, const NeedUpTo& need) {
+  CHECK(embeds() && has_head()) << "CudaLlamaModel::Forward on a model of part of the layers: use StageForward";
+  TakeBatch(host_tokens, host_targets, B, T_);
+  const LlamaShape& s = layout_.shape();
+  if (need) need(s.num_layers > 0 ? layout_.layer(0).input_norm : layout_.final_norm());
+  EmbedForward(params);
+  for (int l = 0; l < s.num_layers; ++l) {
+    if (need) need(LayerEnd(l));
+    LayerForward(params, l, /*to_output=*/true);
+  }
+  if (need) need(layout_.size());
+  return HeadForward(params);
+}
+
+template <typename T>
+double CudaLlamaModel<T>::StageForward(UnitSpace<const T> params, const int32_t* host_tokens,
+                                       const int32_t* host_targets, const T* input, int B, int T_,
+                                       UnitSpace<float>* grads, double loss_scale, const NeedUpTo& need) {
+  TakeBatch(host_tokens, host_targets, B, T_);
+  Buffers& b = *b_;
+  const int64_t N = static_cast<int64_t>(B) * T_;
+  if (embeds()) {
+    if (need) need(first_layer_ < end_layer_ ? layout_.layer(first_layer_).input_norm : layout_.final_norm());
+    EmbedForward(params);
+  } else if (input != b.residual) {
+    HERD_CUDA_CHECK(
+        cudaMemcpyAsync(b.residual, input, StageElements(B, T_) * sizeof(T), cudaMemcpyDeviceToDevice, stream_));
+  }
+  (void)N;
+  for (int l = first_layer_; l < end_layer_; ++l) {
+    if (need) need(LayerEnd(l));
+    LayerForward(params, l, /*to_output=*/true);
+  }
+  if (!has_head()) return 0.0;
+  if (need) need(layout_.size());
+  const double loss = HeadForward(params);
+  if (grads != nullptr && b.has_targets) HeadBackward(params, *grads, loss_scale);
+  return loss;
+}
+
+template <typename T>
+int64_t CudaLlamaModel<T>::StageElements(int B, int T_) const {
+  return HeldRows(static_cast<int64_t>(B) * T_) * b_->d;
+}
+
+template <typename T>
+T* CudaLlamaModel<T>::StageInput() {
+  return b_->residual;
+}
+
+template <typename T>
+const T* CudaLlamaModel<T>::StageOutput() const {
+  return b_->residual + (end_layer_ - first_layer_) * b_->R * b_->d;
+}
+
+template <typename T>
+T* CudaLlamaModel<T>::StageOutputGrad() {
+  return b_->dres;
+}
+
+template <typename T>
+const T* CudaLlamaModel<T>::StageInputGrad() const {
+  return b_->dres;
+}
+
+template <typename T>
 void CudaLlamaModel<T>::LayerForward(UnitSpace<const T> params, int l, bool to_output) {
   Buffers& b = *b_;
   const LlamaShape& s = layout_.shape();
@@ -335,7 +422,7 @@ void CudaLlamaModel<T>::LayerForward(UnitSpace<const T> params, int l, bool to_o
   const float eps = static_cast<float>(s.rms_norm_eps);
   cudaStream_t st = stream_;
   const LayerOffsets& w = layout_.layer(l);
-  const auto a = b.layer(l);
+  const auto a = b.layer(l - first_layer_);
   // Tensor-parallel: o_proj's and down_proj's outputs are each rank's
   // heads' and columns' parts, summed over the group (Summed); with
   // sequence parallelism the norms and residual adds run on this rank's
@@ -373,76 +460,119 @@ void CudaLlamaModel<T>::LayerForward(UnitSpace<const T> params, int l, bool to_o
 }
 
 template <typename T>
-void CudaLlamaModel<T>::Backward(UnitSpace<const T> params, UnitSpace<float> grads, double loss_scale,
-                                 const FinalFrom& final_from, const NeedFrom& need_from) {
+void CudaLlamaModel<T>::HeadBackward(UnitSpace<const T> params, UnitSpace<float> grads, double loss_scale) {
   Buffers& b = *b_;
-  const LlamaShape& s = layout_.shape();
-  CHECK(b.has_targets) << "CudaLlamaModel::Backward needs a Forward with targets first";
-  const int B = b.B, T_ = b.Tcur;
-  const int64_t N = static_cast<int64_t>(B) * T_, d = b.d, qd = b.qd, kvd = b.kvd, f = b.f;
-  const int64_t hd = s.head_dim(), H = s.num_heads, KV = s.num_kv_heads;
+  CHECK(b.has_targets) << "CudaLlamaModel: a backward needs a forward with targets first";
+  const int64_t N = static_cast<int64_t>(b.B) * b.Tcur, d = b.d;
   cudaStream_t st = stream_;
   Matmul& mm = b.matmul;
-
   // Loss -> logits (in place) -> lm_head -> final norm.
-  if (need_from) need_from(layout_.final_norm());
   CrossEntropyBackward(b.logits, b.ce_lse, b.targets, N, b.V, static_cast<float>(loss_scale), st, tp_.vocab_first);
   mm.BackwardInput(b.dln, b.logits, params + layout_.lm_head(), N, d, b.V, false, st);
   mm.BackwardWeight(grads + layout_.lm_head(), b.logits, b.lnf, N, d, b.V, st);
   const T* dln_mine = Summed(b.dln, N);  // tensor-parallel: each rank's vocabulary's part
   const int64_t n = HeldRows(N);
   HERD_CUDA_CHECK(cudaMemsetAsync(b.dres, 0, n * d * sizeof(T), st));
-  const T* x_final = b.residual + s.num_layers * b.R * d;
+  const T* x_final = b.residual + (end_layer_ - first_layer_) * b.R * d;
   RmsNormBackward(b.dres, grads + layout_.final_norm(), dln_mine, x_final, params + layout_.final_norm(), b.lnf_rstd,
                   n, d, b.rms_scratch, st);
-  if (final_from) final_from(layout_.final_norm());  // lm_head (untied) follows the final norm
+}
 
-  for (int l = s.num_layers - 1; l >= 0; --l) {
-    const LayerOffsets& w = layout_.layer(l);
-    const auto a = b.layer(l);
-    if (need_from) need_from(w.input_norm);
-    if (b.one_layer) LayerForward(params, l, /*to_output=*/false);  // Recompute::kFull
-    // MLP branch: dres is d(layer output) = d(mid) through the skip.
-    // Sequence parallelism: dres holds this rank's n rows, gathered whole
-    // for the row-parallel product's backward; the norms' outputs are
-    // gathered again for the products' weight gradients, and the input
-    // gradients' partial sums reduce-scattered.
-    const T* dres_all = Gathered(b.dres, N);
-    mm.BackwardInput(b.dact, dres_all, params + w.down_proj, N, f, d, false, st);
-    mm.BackwardWeight(grads + w.down_proj, dres_all, a.act, N, f, d, st);
-    SwigluBackward(b.dgate, b.dup, b.dact, a.gate, a.up, N * f, st);
-    const T* ln2_all = Gathered(a.ln2, N);
-    mm.BackwardInput(b.dln, b.dgate, params + w.gate_proj, N, d, f, false, st);
-    mm.BackwardWeight(grads + w.gate_proj, b.dgate, ln2_all, N, d, f, st);
-    mm.BackwardInput(b.dln, b.dup, params + w.up_proj, N, d, f, true, st);
-    mm.BackwardWeight(grads + w.up_proj, b.dup, ln2_all, N, d, f, st);
-    const T* dln_mine = Summed(b.dln, N);  // tensor-parallel: each rank's columns' part
-    RmsNormBackward(b.dres, grads + w.post_norm, dln_mine, a.mid, params + w.post_norm, a.ln2_rstd, n, d,
-                    b.rms_scratch, st);
+template <typename T>
+void CudaLlamaModel<T>::LayerBackward(UnitSpace<const T> params, UnitSpace<float> grads, int l) {
+  Buffers& b = *b_;
+  const LlamaShape& s = layout_.shape();
+  const int B = b.B, T_ = b.Tcur;
+  const int64_t N = static_cast<int64_t>(B) * T_, d = b.d, qd = b.qd, kvd = b.kvd, f = b.f, n = HeldRows(N);
+  const int64_t hd = s.head_dim(), H = s.num_heads, KV = s.num_kv_heads;
+  cudaStream_t st = stream_;
+  Matmul& mm = b.matmul;
+  const LayerOffsets& w = layout_.layer(l);
+  const auto a = b.layer(l - first_layer_);
+  if (b.one_layer) LayerForward(params, l, /*to_output=*/false);  // Recompute::kFull
+  // MLP branch: dres is d(layer output) = d(mid) through the skip.
+  // Sequence parallelism: dres holds this rank's n rows, gathered whole
+  // for the row-parallel product's backward; the norms' outputs are
+  // gathered again for the products' weight gradients, and the input
+  // gradients' partial sums reduce-scattered.
+  const T* dres_all = Gathered(b.dres, N);
+  mm.BackwardInput(b.dact, dres_all, params + w.down_proj, N, f, d, false, st);
+  mm.BackwardWeight(grads + w.down_proj, dres_all, a.act, N, f, d, st);
+  SwigluBackward(b.dgate, b.dup, b.dact, a.gate, a.up, N * f, st);
+  const T* ln2_all = Gathered(a.ln2, N);
+  mm.BackwardInput(b.dln, b.dgate, params + w.gate_proj, N, d, f, false, st);
+  mm.BackwardWeight(grads + w.gate_proj, b.dgate, ln2_all, N, d, f, st);
+  mm.BackwardInput(b.dln, b.dup, params + w.up_proj, N, d, f, true, st);
+  mm.BackwardWeight(grads + w.up_proj, b.dup, ln2_all, N, d, f, st);
+  const T* dln_mine = Summed(b.dln, N);  // tensor-parallel: each rank's columns' part
+  RmsNormBackward(b.dres, grads + w.post_norm, dln_mine, a.mid, params + w.post_norm, a.ln2_rstd, n, d, b.rms_scratch,
+                  st);
 
-    // Attention branch: dres is now d(mid) = d(layer input) through the skip.
-    const T* dmid_all = Gathered(b.dres, N);
-    mm.BackwardInput(b.datt, dmid_all, params + w.o_proj, N, qd, d, false, st);
-    mm.BackwardWeight(grads + w.o_proj, dmid_all, a.att, N, qd, d, st);
-    AttentionBackward(b.dq, b.dk, b.dv, b.datt, a.att, a.lse, a.q, a.k, a.v, B, T_, H, KV, hd, b.attn_scratch, st);
-    RopeBackward(b.dq, b.rope_cos, b.rope_sin, B, T_, H, hd, st);
-    RopeBackward(b.dk, b.rope_cos, b.rope_sin, B, T_, KV, hd, st);
-    const T* ln1_all = Gathered(a.ln1, N);
-    mm.BackwardInput(b.dln, b.dq, params + w.q_proj, N, d, qd, false, st);
-    mm.BackwardWeight(grads + w.q_proj, b.dq, ln1_all, N, d, qd, st);
-    mm.BackwardInput(b.dln, b.dk, params + w.k_proj, N, d, kvd, true, st);
-    mm.BackwardWeight(grads + w.k_proj, b.dk, ln1_all, N, d, kvd, st);
-    mm.BackwardInput(b.dln, b.dv, params + w.v_proj, N, d, kvd, true, st);
-    mm.BackwardWeight(grads + w.v_proj, b.dv, ln1_all, N, d, kvd, st);
-    const T* dln_in = Summed(b.dln, N);  // tensor-parallel: each rank's heads' part
-    RmsNormBackward(b.dres, grads + w.input_norm, dln_in, a.x, params + w.input_norm, a.ln1_rstd, n, d, b.rms_scratch,
-                    st);
-    if (final_from) final_from(w.input_norm);  // the layer's first tensor
-  }
-  EmbeddingBackward(grads + layout_.embed(), Gathered(b.dres, N), b.group_tokens, b.group_starts, b.group_positions, b.groups, d,
-                    st);
+  // Attention branch: dres is now d(mid) = d(layer input) through the skip.
+  const T* dmid_all = Gathered(b.dres, N);
+  mm.BackwardInput(b.datt, dmid_all, params + w.o_proj, N, qd, d, false, st);
+  mm.BackwardWeight(grads + w.o_proj, dmid_all, a.att, N, qd, d, st);
+  AttentionBackward(b.dq, b.dk, b.dv, b.datt, a.att, a.lse, a.q, a.k, a.v, B, T_, H, KV, hd, b.attn_scratch, st);
+  RopeBackward(b.dq, b.rope_cos, b.rope_sin, B, T_, H, hd, st);
+  RopeBackward(b.dk, b.rope_cos, b.rope_sin, B, T_, KV, hd, st);
+  const T* ln1_all = Gathered(a.ln1, N);
+  mm.BackwardInput(b.dln, b.dq, params + w.q_proj, N, d, qd, false, st);
+  mm.BackwardWeight(grads + w.q_proj, b.dq, ln1_all, N, d, qd, st);
+  mm.BackwardInput(b.dln, b.dk, params + w.k_proj, N, d, kvd, true, st);
+  mm.BackwardWeight(grads + w.k_proj, b.dk, ln1_all, N, d, kvd, st);
+  mm.BackwardInput(b.dln, b.dv, params + w.v_proj, N, d, kvd, true, st);
+  mm.BackwardWeight(grads + w.v_proj, b.dv, ln1_all, N, d, kvd, st);
+  const T* dln_in = Summed(b.dln, N);  // tensor-parallel: each rank's heads' part
+  RmsNormBackward(b.dres, grads + w.input_norm, dln_in, a.x, params + w.input_norm, a.ln1_rstd, n, d, b.rms_scratch,
+                  st);
+}
+
+template <typename T>
+void CudaLlamaModel<T>::EmbedBackward(UnitSpace<float> grads) {
+  Buffers& b = *b_;
+  const int64_t N = static_cast<int64_t>(b.B) * b.Tcur;
+  EmbeddingBackward(grads + layout_.embed(), Gathered(b.dres, N), b.group_tokens, b.group_starts, b.group_positions,
+                    b.groups, b.d, stream_);
   HERD_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void CudaLlamaModel<T>::Backward(UnitSpace<const T> params, UnitSpace<float> grads, double loss_scale,
+                                 const FinalFrom& final_from, const NeedFrom& need_from) {
+  CHECK(embeds() && has_head()) << "CudaLlamaModel::Backward on a model of part of the layers: use StageBackward";
+  if (need_from) need_from(layout_.final_norm());
+  HeadBackward(params, grads, loss_scale);
+  if (final_from) final_from(layout_.final_norm());  // lm_head (untied) follows the final norm
+  for (int l = layout_.shape().num_layers - 1; l >= 0; --l) {
+    if (need_from) need_from(layout_.layer(l).input_norm);
+    LayerBackward(params, grads, l);
+    if (final_from) final_from(layout_.layer(l).input_norm);  // the layer's first tensor
+  }
+  EmbedBackward(grads);
   if (final_from) final_from(0);
+}
+
+template <typename T>
+void CudaLlamaModel<T>::StageBackward(UnitSpace<const T> params, UnitSpace<float> grads, const T* output_grad,
+                                      const FinalFrom& final_from, const NeedFrom& need_from) {
+  Buffers& b = *b_;
+  CHECK(b.has_targets) << "CudaLlamaModel: a backward needs a forward with targets first";
+  if (has_head()) {
+    if (final_from) final_from(layout_.final_norm());  // the head's, from its forward
+  } else if (output_grad != b.dres) {
+    const int64_t n = StageElements(b.B, b.Tcur);
+    HERD_CUDA_CHECK(cudaMemcpyAsync(b.dres, output_grad, n * sizeof(T), cudaMemcpyDeviceToDevice, stream_));
+  }
+  for (int l = end_layer_ - 1; l >= first_layer_; --l) {
+    if (need_from) need_from(layout_.layer(l).input_norm);
+    LayerBackward(params, grads, l);
+    if (final_from) final_from(layout_.layer(l).input_norm);
+  }
+  if (embeds()) {
+    EmbedBackward(grads);
+    if (final_from) final_from(0);
+  }
+  HERD_CUDA_CHECK_LAUNCH();
 }
 
 template class CudaLlamaModel<float>;

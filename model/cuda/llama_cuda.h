@@ -46,8 +46,12 @@ class CudaLlamaModel {
   // sums are reduce-scatters and gathers make the products' inputs whole,
   // and the norms' gradients are this rank's rows' part (the caller sums
   // them over the group).
+  //
+  // `layers`: a pipeline stage's (model/llama.h's LayerRange), whose
+  // activations alone are allocated (the head's only on the last stage);
+  // such a model runs the stage passes below, not Forward and Backward.
   CudaLlamaModel(const LlamaShape& shape, int max_batch, int max_seq_len, cudaStream_t stream,
-                 Recompute recompute = Recompute::kNone, DeviceTensorGroup group = {});
+                 Recompute recompute = Recompute::kNone, DeviceTensorGroup group = {}, LayerRange layers = {});
   ~CudaLlamaModel();
   CudaLlamaModel(const CudaLlamaModel&) = delete;
   CudaLlamaModel& operator=(const CudaLlamaModel&) = delete;
@@ -80,6 +84,34 @@ class CudaLlamaModel {
   void Backward(UnitSpace<const T> params, UnitSpace<float> grads, double loss_scale,
                 const FinalFrom& final_from = nullptr, const NeedFrom& need_from = nullptr);
 
+  int first_layer() const { return first_layer_; }
+  int end_layer() const { return end_layer_; }
+  bool embeds() const { return first_layer_ == 0; }
+  bool has_head() const { return end_layer_ == layout_.shape().num_layers; }
+
+  // Stage passes (model/llama.h's contract, one micro-batch at a time):
+  // forward through this model's layers from host tokens on the model that
+  // embeds or from `input` (device, StageElements; StageInput() to land it
+  // in place) elsewhere; the model with the head runs the head's backward
+  // at once into `grads` (null: forward alone) and returns the mean loss
+  // (0 elsewhere). StageBackward: the layers' backward from `output_grad`
+  // (device, d loss / d StageOutput(); null on the head's model), adding
+  // to `grads` what Backward adds for those layers (the embedding on the
+  // first); StageInputGrad(): d loss / d input. The hooks as Forward's and
+  // Backward's, over this model's ranges.
+  double StageForward(UnitSpace<const T> params, const int32_t* host_tokens, const int32_t* host_targets,
+                      const T* input, int B, int T_, UnitSpace<float>* grads, double loss_scale,
+                      const NeedUpTo& need = nullptr);
+  void StageBackward(UnitSpace<const T> params, UnitSpace<float> grads, const T* output_grad,
+                     const FinalFrom& final_from = nullptr, const NeedFrom& need_from = nullptr);
+  // A stage's input and output elements for B x T_ tokens ([B*T_, hidden];
+  // with sequence parallelism the rank's rows).
+  int64_t StageElements(int B, int T_) const;
+  T* StageInput();
+  const T* StageOutput() const;
+  T* StageOutputGrad();
+  const T* StageInputGrad() const;
+
   // Device [B*T_, vocab] logits of the last Forward (overwritten by Backward);
   // a tensor-parallel rank's: its vocabulary's columns.
   const T* logits() const;
@@ -96,6 +128,17 @@ class CudaLlamaModel {
   // Layer l's forward from its input into the layer's buffers; `to_output`:
   // through its last product into the next layer's input.
   void LayerForward(UnitSpace<const T> params, int l, bool to_output);
+  // The passes' pieces, each unit's forward beside its backward: the batch
+  // taken (tokens to the model that embeds, targets to the one with the
+  // head), the embedding, the head (its loss; its backward into dres), a
+  // layer's backward, the embedding's.
+  void TakeBatch(const int32_t* host_tokens, const int32_t* host_targets, int B, int T_);
+  void EmbedForward(UnitSpace<const T> params);
+  double HeadForward(UnitSpace<const T> params);
+  void HeadBackward(UnitSpace<const T> params, UnitSpace<float> grads, double loss_scale);
+  void LayerBackward(UnitSpace<const T> params, UnitSpace<float> grads, int l);
+  void EmbedBackward(UnitSpace<float> grads);
+  int64_t LayerEnd(int l) const;  // where layer l's tensors end
   // The tensor-parallel group's sum of data[0, n) in place (nothing
   // without a group).
   void AllReduce(T* data, int64_t n);
@@ -115,6 +158,7 @@ class CudaLlamaModel {
 
   ParamLayout layout_;
   const DeviceTensorGroup tp_;
+  const int first_layer_, end_layer_;  // the LayerRange, resolved
   int max_batch_, max_seq_len_;
   cudaStream_t stream_;
   std::unique_ptr<Buffers> b_;

@@ -258,8 +258,8 @@ StatusOr<std::unique_ptr<Model>> NewStagedCudaModel(const LlamaShape& shape, int
   HERD_ASSIGN_OR_RETURN(
       const std::string name,
       PrepareDevice(shape, device, bf16,
-                    GpuWorkerDeviceBytes(shape, max_batch, max_seq_len, bf16, recompute, group.ranks,
-                                         group.sequence_parallel)));
+                    GpuWorkerDeviceBytes(shape, max_batch, max_seq_len, bf16, recompute,
+                                         CudaModelPart{group.ranks, group.sequence_parallel, {}})));
   return MakeCudaModel<StagedCudaModel>(bf16, shape, max_batch, max_seq_len, device, name, recompute, group);
 }
 

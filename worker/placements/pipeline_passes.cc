@@ -16,13 +16,13 @@ using transport::StageMessage;
 
 class PipelineSteps : public ShareCompute {
  public:
-  PipelineSteps(const PipelinePassOptions& o, std::vector<LlamaModel<float>*> models)
+  PipelineSteps(const PipelinePassOptions& o, std::vector<StageModel*> models)
       : o_(o),
         s_(*o.schedule),
         models_(std::move(models)),
         last_vs_(s_.virtual_stages() - 1),
         split_(s_.kind == PipelineScheduleKind::kZeroBubble) {
-    for (LlamaModel<float>* m : models_) pending_.emplace_back(m->slots(), kNone);
+    for (StageModel* m : models_) pending_.emplace_back(m->slots(), kNone);
   }
 
   StatusOr<double> Compute(int64_t t, int share, const ShareBatches& batches, StepBoundary& previous) override {
@@ -37,7 +37,7 @@ class PipelineSteps : public ShareCompute {
     std::vector<double> losses(M, 0.0);
     for (const PipelineAction& a : s_.actions[o_.device]) {
       const int vs = s_.VirtualStage(o_.device, a.chunk);
-      LlamaModel<float>& model = *models_[a.chunk];
+      StageModel& model = *models_[a.chunk];
       const int slot = a.micro_batch % model.slots();
       HERD_RETURN_IF_ERROR(WaitSlot(a.chunk, slot));
       if (a.kind == PipelineAction::kForward) {
@@ -56,6 +56,7 @@ class PipelineSteps : public ShareCompute {
     // Every gradient this stage computes is final now (a tied
     // embedding's head part on the last stage too).
     o_.sync->FinalFrom(0);
+    for (StageModel* m : models_) m->EndStep();
     for (size_t c = 0; c < models_.size(); ++c) {
       for (int slot = 0; slot < models_[c]->slots(); ++slot) HERD_RETURN_IF_ERROR(WaitSlot(c, slot));
     }
@@ -69,7 +70,7 @@ class PipelineSteps : public ShareCompute {
 
   Status Forward(int64_t t, const PipelineAction& a, int vs, int slot, const ShareBatches& batches,
                  double* loss) {
-    LlamaModel<float>& model = *models_[a.chunk];
+    StageModel& model = *models_[a.chunk];
     const int m = a.micro_batch;
     const int64_t elements = model.StageElements(o_.batch, o_.seq_len);
     const float* input = nullptr;
@@ -95,7 +96,7 @@ class PipelineSteps : public ShareCompute {
   }
 
   Status Backward(int64_t t, const PipelineAction& a, int vs, int slot, double* loss) {
-    LlamaModel<float>& model = *models_[a.chunk];
+    StageModel& model = *models_[a.chunk];
     const int m = a.micro_batch;
     const int64_t elements = model.StageElements(o_.batch, o_.seq_len);
     const float* output_grad = nullptr;
@@ -114,7 +115,7 @@ class PipelineSteps : public ShareCompute {
                                  o_.home->BackwardNeed());
       } else {
         const bool last_micro = m == s_.micro_batches - 1;
-        model.StageBackward(slot, o_.weights, o_.grads, output_grad, o_.home->BackwardDone(last_micro),
+        model.StageBackward(slot, o_.weights, o_.grads, output_grad, last_micro, o_.home->BackwardDone(last_micro),
                             o_.home->BackwardNeed());
       }
     }
@@ -138,7 +139,7 @@ class PipelineSteps : public ShareCompute {
 
   const PipelinePassOptions o_;
   const PipelineSchedule& s_;
-  const std::vector<LlamaModel<float>*> models_;
+  const std::vector<StageModel*> models_;
   const int last_vs_;
   const bool split_;  // ZERO_BUBBLE: backward in two parts (kBackward, kWeightGrad)
   std::vector<std::vector<PipelineWire::Handle>> pending_;  // [chunk][slot]: the last send from it
@@ -146,13 +147,18 @@ class PipelineSteps : public ShareCompute {
 
 class PipelineForward : public Model {
  public:
-  PipelineForward(const PipelinePassOptions& o, std::vector<LlamaModel<float>*> models, std::string name)
+  PipelineForward(const PipelinePassOptions& o, std::vector<StageModel*> models, std::string name)
       : o_(o), s_(*o.schedule), models_(std::move(models)), name_(std::move(name)) {}
 
   const ParamLayout& layout() const override { return models_[0]->layout(); }
   int max_batch() const override { return models_[0]->max_batch(); }
   int max_seq_len() const override { return models_[0]->max_seq_len(); }
   std::string Describe() const override { return name_; }
+  int64_t DevicePeakBytes() const override {
+    int64_t bytes = 0;
+    for (const StageModel* m : models_) bytes += m->DevicePeakBytes();
+    return bytes;
+  }
 
   // Evaluation and sampling have no way to return a failure: a peer that
   // died or a bad message fails the wire (so that the next step fails
@@ -213,7 +219,7 @@ class PipelineForward : public Model {
     double loss = 0;
     for (int c = 0; c < s_.chunks; ++c) {
       const int vs = s_.VirtualStage(o_.device, c);
-      LlamaModel<float>& model = *models_[c];
+      StageModel& model = *models_[c];
       const float* input = nullptr;
       if (vs > 0) {
         const StageMessage in{StageMessage::kActivation, step, micro, vs, elements};
@@ -264,7 +270,7 @@ class PipelineForward : public Model {
 
   const PipelinePassOptions o_;
   const PipelineSchedule& s_;
-  const std::vector<LlamaModel<float>*> models_;
+  const std::vector<StageModel*> models_;
   const std::string name_;
   uint64_t step_ = ~uint64_t{0};  // the wire's step of the last Forward
   int next_ = 0;                  // the Forwards since the step changed
@@ -278,11 +284,11 @@ class PipelineForward : public Model {
 }  // namespace
 
 std::unique_ptr<ShareCompute> PipelinePasses(const PipelinePassOptions& options,
-                                             std::vector<LlamaModel<float>*> models) {
+                                             std::vector<StageModel*> models) {
   return std::make_unique<PipelineSteps>(options, std::move(models));
 }
 
-std::unique_ptr<Model> PipelineEvaluator(const PipelinePassOptions& options, std::vector<LlamaModel<float>*> models,
+std::unique_ptr<Model> PipelineEvaluator(const PipelinePassOptions& options, std::vector<StageModel*> models,
                                          const std::string& device_name) {
   return std::make_unique<PipelineForward>(options, std::move(models), device_name);
 }

@@ -2,7 +2,8 @@
 // (cluster.pipeline_stages, docs/design.md "Parallel axes"): the step's
 // micro-batches pass through the stages in the order of the schedule's
 // table for this worker's device (sharding/pipeline_schedule.h), each
-// chunk a LlamaModel over its layers (sharding/pipeline_split.h). A
+// chunk a StageModel over its layers (sharding/pipeline_split.h; the CPU's
+// LlamaModel, or a CUDA stage's, model/stage_model.h). A
 // forward receives its input activations from the previous virtual stage
 // (the first embeds the tokens) and sends its output to the next; a
 // backward receives the gradient of its output from the next (the last
@@ -20,8 +21,8 @@
 #include <string>
 #include <vector>
 
-#include "model/llama.h"
 #include "model/model.h"
+#include "model/stage_model.h"
 #include "sharding/pipeline_schedule.h"
 #include "sharding/pipeline_split.h"
 #include "transport/pipeline_wire.h"
@@ -59,7 +60,7 @@ struct PipelinePassOptions {
 // `models[c]`: chunk c's model over split->stage(VirtualStage(device, c))'s
 // layers, with ChunkSlots(...)[c] slots.
 std::unique_ptr<ShareCompute> PipelinePasses(const PipelinePassOptions& options,
-                                             std::vector<LlamaModel<float>*> models);
+                                             std::vector<StageModel*> models);
 
 // Evaluation through the stages, as a Model for the step loop's held-out
 // loss (worker/evaluate.h): every worker of a replica calls Forward for
@@ -75,7 +76,7 @@ std::unique_ptr<ShareCompute> PipelinePasses(const PipelinePassOptions& options,
 // context parallelism the prompt padded to whole chunks and the row
 // gathered from the context rank that holds it, and the loss the context
 // group's mean). Backward and logits() are not served.
-std::unique_ptr<Model> PipelineEvaluator(const PipelinePassOptions& options, std::vector<LlamaModel<float>*> models,
+std::unique_ptr<Model> PipelineEvaluator(const PipelinePassOptions& options, std::vector<StageModel*> models,
                                          const std::string& device_name);
 
 }  // namespace herd
