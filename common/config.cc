@@ -350,9 +350,15 @@ const std::vector<NotBuilt>& NotBuiltTable() {
        "reduces CUDA workers' gradients through the ring)",
        "cluster { sync: ALLREDUCE workers: 2 wire_dtype: BF16 } device { kind: CUDA }",
        [](const JobConfig& c) { return NcclReduces(c) && c.cluster().wire_dtype() != Cluster::FP32; }},
-      {"device.kind", "cluster.context_parallel", "context parallelism (cluster.context_parallel) runs on CPU workers only yet",
-       "cluster { sync: ALLREDUCE workers: 2 context_parallel: 2 } device { kind: CUDA }",
-       [](const JobConfig& c) { return Context(c) && Cuda(c); }},
+      {"device.kind", "cluster.context_parallel with tensor parallelism or pipeline stages",
+       "context parallelism on CUDA workers runs beside data parallelism alone yet (not in tensor groups or "
+       "pipeline stages)",
+       "cluster { sync: ALLREDUCE workers: 4 context_parallel: 2 tensor_parallel: 2 } device { kind: CUDA }",
+       [](const JobConfig& c) { return Context(c) && Cuda(c) && (Tensor(c) || Pipelined(c)); }},
+      {"device.kind", "cluster.context_parallel with windowed weights (ZeRO-3, cluster.stream_weights)",
+       "context parallelism on CUDA workers holds the weights whole yet: not with ZeRO-3 or streamed weights",
+       "cluster { sync: ALLREDUCE workers: 2 context_parallel: 2 zero_stage: 3 } device { kind: CUDA }",
+       [](const JobConfig& c) { return Context(c) && Cuda(c) && WorkersHoldAWindow(c); }},
       {"device.kind", "cluster.tensor_parallel with windowed weights (ZeRO-3, cluster.stream_weights)",
        "tensor parallelism on CUDA workers holds its slices' weights whole yet: not with ZeRO-3 or streamed weights",
        "cluster { sync: ALLREDUCE workers: 4 tensor_parallel: 2 zero_stage: 3 } device { kind: CUDA }",
@@ -581,11 +587,12 @@ const InertRule kInertRules[] = {
      "and cluster.nccl only (cluster.nccl false steps on the host anyway)"},
     {"cluster.nccl", [](const JobConfig& c) { return !c.cluster().nccl(); },
      [](const JobConfig& c) {
-       return (c.cluster().sync() == Cluster::ALLREDUCE || c.cluster().tensor_parallel() > 1) &&
+       return (c.cluster().sync() == Cluster::ALLREDUCE || c.cluster().tensor_parallel() > 1 ||
+               c.cluster().context_parallel() > 1) &&
               c.device().kind() == config::DeviceConfig::CUDA;
      },
-     "chooses how CUDA workers all-reduce and sum over their tensor groups: applies to device.kind CUDA with sync "
-     "ALLREDUCE or tensor parallelism only"},
+     "chooses how CUDA workers all-reduce and sum over their tensor and context groups: applies to device.kind "
+     "CUDA with sync ALLREDUCE, tensor or context parallelism only"},
     {"optimizer.skip_spikes_window", [](const JobConfig& c) { return c.optimizer().skip_spikes_window() != 128; },
      [](const JobConfig& c) { return c.optimizer().skip_spikes_zscore() > 0; },
      "is the spike guard's: applies with optimizer.skip_spikes_zscore > 0 only"},

@@ -97,6 +97,15 @@ struct DeviceTensorGroup {
       reduce_scatter;
 };
 
+// ContextGroup for a model on a CUDA device: the same cut, its gathers
+// and reduce-scatters of device buffers ordered on the model's stream
+// (DeviceTensorGroup's conventions).
+struct DeviceContextGroup {
+  int ranks = 1, rank = 0;
+  std::function<void(void* data, const Partition& parts, int element_bytes, void* stream)> all_gather,
+      reduce_scatter;
+};
+
 // A context-parallel rank's part (cluster.context_parallel: C ranks): each
 // sequence of a micro-batch is cut into 2C chunks and rank r computes
 // chunks r and 2C - 1 - r, an early one and a late one, so that every

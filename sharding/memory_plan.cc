@@ -65,7 +65,9 @@ struct JobSizes {
       gpu_bytes = cuda::StreamedGpuWorkerDeviceBytes(shape, train.batch_size(), train.seq_len(), gpu_bf16,
                                                      job.recompute, train.grad_accum() > 1);
     } else if (gpu) {
-      gpu_bytes = cuda::GpuWorkerDeviceBytes(shape, train.batch_size(), train.seq_len(), gpu_bf16, job.recompute);
+      cuda::CudaModelPart part;
+      part.context_ranks = std::max(1, cluster.context_parallel());
+      gpu_bytes = cuda::GpuWorkerDeviceBytes(shape, train.batch_size(), train.seq_len(), gpu_bf16, job.recompute, part);
     }
     // A CUDA worker: activations on the GPU, a page-locked gradient staging
     // buffer on the host; with a window, the staging is a ring each way.

@@ -95,7 +95,29 @@ StatusOr<std::unique_ptr<StageModel>> CreateCudaStageModel(const config::JobConf
 #endif
 }
 
-DeviceTensorGroup StagedTensorGroup(const TensorGroup<float>& host) {
+StatusOr<std::unique_ptr<Model>> CreateContextParallelCudaModel(const config::JobConfig& config, const JobOptions& job,
+                                                                int local_rank, DeviceContextGroup group,
+                                                                ContextGroup<float> host) {
+  HERD_ASSIGN_OR_RETURN(const int device, PickDevice(local_rank));
+#if HERD_HAVE_CUDA_MODEL
+  const bool bf16 = config.device().dtype() == config::DeviceConfig::BF16;
+  return cuda::NewStagedCudaModel(job.shape, job.batch, job.seq_len, bf16, device, job.recompute, {},
+                                  std::move(group), std::move(host));
+#else
+  (void)device;
+  (void)config;
+  (void)job;
+  (void)group;
+  (void)host;
+  return std::unique_ptr<Model>();  // not reached: PickDevice refused
+#endif
+}
+
+namespace {
+
+// cuda::StagedGroup of a tensor or context group.
+template <typename DeviceGroup, typename HostGroup>
+DeviceGroup Staged(const HostGroup& host) {
 #if HERD_HAVE_CUDA_MODEL
   return cuda::StagedGroup(host);
 #else
@@ -103,6 +125,12 @@ DeviceTensorGroup StagedTensorGroup(const TensorGroup<float>& host) {
   return {};  // not reached: a build without CUDA makes no CUDA model
 #endif
 }
+
+}  // namespace
+
+DeviceContextGroup StagedContextGroup(const ContextGroup<float>& host) { return Staged<DeviceContextGroup>(host); }
+
+DeviceTensorGroup StagedTensorGroup(const TensorGroup<float>& host) { return Staged<DeviceTensorGroup>(host); }
 
 StatusOr<std::unique_ptr<cuda::DeviceTrainer>> CreateDeviceTrainer(const config::JobConfig& config,
                                                                    const JobOptions& job, int local_rank,

@@ -29,6 +29,14 @@ StatusOr<std::unique_ptr<Model>> CreateTensorParallelCudaModel(const config::Job
                                                                int local_rank, const LlamaShape& slice,
                                                                DeviceTensorGroup group);
 
+// A context-parallel rank's CUDA model: `group` its gathers on the device,
+// `host` the same group over host memory (the loss's mean, a sampled row).
+StatusOr<std::unique_ptr<Model>> CreateContextParallelCudaModel(const config::JobConfig& config, const JobOptions& job,
+                                                                int local_rank, DeviceContextGroup group,
+                                                                ContextGroup<float> host);
+// A context-parallel CUDA rank's gathers staged through `host`'s.
+DeviceContextGroup StagedContextGroup(const ContextGroup<float>& host);
+
 // A pipeline stage's CUDA model over `layers` (`shape` the model's, or a
 // tensor-parallel rank's slices' with `group`), `slots` micro-batches in
 // flight.

@@ -216,6 +216,7 @@ class WorkerProcess {
   // A CUDA tensor-parallel worker's group sums over NCCL (its model's, so
   // made before it and let go after it).
   std::unique_ptr<DeviceGroupSums> device_tensor_sums_;
+  std::unique_ptr<DeviceGroupSums> device_context_sums_;  // a CUDA context-parallel worker's, likewise
   std::unique_ptr<Model> model_holder_;                      // none when the GPU trainer has its own
   // A pipeline stage: one model per chunk, over its layers (model_ is
   // then the evaluator through the stages, in model_holder_).
@@ -334,9 +335,22 @@ Status WorkerProcess::Prepare(transport::CoordinatorClient* client) {
   if (pipeline_) return PreparePipelineStage(client);
   if (tensor_ring_) {
     HERD_RETURN_IF_ERROR(PrepareTensorParallel(client));
-  } else if (context_ring_) {
+  } else if (context_ring_ && !gpu) {
     model_holder_ = NewCpuModel(job_.shape, job_.batch, job_.seq_len, job_.recompute, job_.micro_batch_slots, {},
                                 ContextGroupOf());
+  } else if (context_ring_) {
+    // The keys' and values' gathers on the device through NCCL, or staged
+    // through the group's ring.
+    DeviceContextGroup group;
+    if (config_.cluster().nccl() && BuiltWithNccl()) {
+      HERD_ASSIGN_OR_RETURN(device_context_sums_,
+                            DeviceGroupSums::Create(*client, grid_.GroupOf(rank_, {Axis::kContext}), "context"));
+      group = device_context_sums_->Context(grid_.degree(Axis::kContext), place()[Axis::kContext]);
+    } else {
+      group = StagedContextGroup(ContextGroupOf());
+    }
+    HERD_ASSIGN_OR_RETURN(model_holder_, CreateContextParallelCudaModel(config_, job_, LocalRank(rank_),
+                                                                      std::move(group), ContextGroupOf()));
   } else {
     HERD_ASSIGN_OR_RETURN(model_holder_, CreateModel(config_, job_, LocalRank(rank_)));
   }
@@ -646,6 +660,7 @@ AroundReducer WorkerProcess::ModelGroupAround() {
     g.tensor_ring = tensor_ring_.get();
     g.context_ring = context_ring_.get();
     g.device_tensor = device_tensor_sums_.get();
+    g.device_context = device_context_sums_.get();
     g.sequence_parallel = config_.cluster().sequence_parallel();
     if (pipeline_) g.held = pipeline_->RangesOf(place()[Axis::kPipeline], stage_layout());
     return ModelGroupSteps(g, std::move(reducer));

@@ -45,6 +45,11 @@ __device__ __forceinline__ void LoadTile(float (*tile)[HD], const T* base, int64
   }
 }
 
+// Query row i's position among the keys (context parallelism: its chunk's).
+__device__ __forceinline__ int64_t PositionOf(const AttentionDims& d, int64_t i) {
+  return d.positions != nullptr ? d.positions[i] : i;
+}
+
 template <int HD>
 __device__ __forceinline__ float Dot(const float* a, const float* b) {
   float s = 0;
@@ -62,7 +67,10 @@ __global__ void __launch_bounds__(kRowsPerBlock)
   const int64_t first_q = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock;
   const int64_t i = first_q + threadIdx.x;
   const bool valid = i < d.T;
-  const int64_t last_q = first_q + kRowsPerBlock - 1 < d.T - 1 ? first_q + kRowsPerBlock - 1 : d.T - 1;
+  const int64_t pos = valid ? PositionOf(d, i) : 0;
+  // The block's last query's position: the keys it reads end there.
+  const int64_t last_q =
+      PositionOf(d, first_q + kRowsPerBlock - 1 < d.T - 1 ? first_q + kRowsPerBlock - 1 : d.T - 1);
 
   float qr[HD], acc[HD];
   if (valid) LoadRow<HD>(qr, q, b, i, d.H, h, d.T, d.scale);
@@ -70,11 +78,11 @@ __global__ void __launch_bounds__(kRowsPerBlock)
   float m = -INFINITY, l = 0;
   for (int64_t first_k = 0; first_k <= last_q; first_k += kTile) {
     __syncthreads();  // the previous tile is no longer read
-    LoadTile<HD>(ks, k, b, first_k, d.KV, kvh, d.T);
-    LoadTile<HD>(vs, v, b, first_k, d.KV, kvh, d.T);
+    LoadTile<HD>(ks, k, b, first_k, d.KV, kvh, d.Tk);
+    LoadTile<HD>(vs, v, b, first_k, d.KV, kvh, d.Tk);
     __syncthreads();
-    if (!valid || first_k > i) continue;
-    const int rows = i - first_k + 1 < kTile ? static_cast<int>(i - first_k + 1) : kTile;  // keys j <= i
+    if (!valid || first_k > pos) continue;
+    const int rows = pos - first_k + 1 < kTile ? static_cast<int>(pos - first_k + 1) : kTile;  // keys j <= pos
     float s[kTile];
     float tile_max = -INFINITY;
     for (int r = 0; r < rows; ++r) {
@@ -123,7 +131,10 @@ __global__ void __launch_bounds__(kRowsPerBlock)
   const int64_t first_q = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock;
   const int64_t i = first_q + threadIdx.x;
   const bool valid = i < d.T;
-  const int64_t last_q = first_q + kRowsPerBlock - 1 < d.T - 1 ? first_q + kRowsPerBlock - 1 : d.T - 1;
+  const int64_t pos = valid ? PositionOf(d, i) : 0;
+  // The block's last query's position: the keys it reads end there.
+  const int64_t last_q =
+      PositionOf(d, first_q + kRowsPerBlock - 1 < d.T - 1 ? first_q + kRowsPerBlock - 1 : d.T - 1);
 
   float qr[HD], dor[HD], acc[HD];
   float L = 0, D = 0;
@@ -136,11 +147,11 @@ __global__ void __launch_bounds__(kRowsPerBlock)
   for (int c = 0; c < HD; ++c) acc[c] = 0;
   for (int64_t first_k = 0; first_k <= last_q; first_k += kTile) {
     __syncthreads();
-    LoadTile<HD>(ks, k, b, first_k, d.KV, kvh, d.T);
-    LoadTile<HD>(vs, v, b, first_k, d.KV, kvh, d.T);
+    LoadTile<HD>(ks, k, b, first_k, d.KV, kvh, d.Tk);
+    LoadTile<HD>(vs, v, b, first_k, d.KV, kvh, d.Tk);
     __syncthreads();
-    if (!valid || first_k > i) continue;
-    const int rows = i - first_k + 1 < kTile ? static_cast<int>(i - first_k + 1) : kTile;
+    if (!valid || first_k > pos) continue;
+    const int rows = pos - first_k + 1 < kTile ? static_cast<int>(pos - first_k + 1) : kTile;
     for (int r = 0; r < rows; ++r) {
       const float p = expf(Dot<HD>(qr, ks[r]) - L);
       const float ds = p * (Dot<HD>(dor, vs[r]) - D);
@@ -164,18 +175,19 @@ __global__ void __launch_bounds__(kRowsPerBlock)
   const int64_t b = blockIdx.z, kvh = blockIdx.y;
   const int64_t first_j = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock;
   const int64_t j = first_j + threadIdx.x;
-  const bool valid = j < d.T;
+  const bool valid = j < d.Tk;
 
   float kr[HD], vr[HD], dk_acc[HD], dv_acc[HD];
   if (valid) {
-    LoadRow<HD>(kr, k, b, j, d.KV, kvh, d.T, d.scale);
-    LoadRow<HD>(vr, v, b, j, d.KV, kvh, d.T, 1.0f);
+    LoadRow<HD>(kr, k, b, j, d.KV, kvh, d.Tk, d.scale);
+    LoadRow<HD>(vr, v, b, j, d.KV, kvh, d.Tk, 1.0f);
   }
   for (int c = 0; c < HD; ++c) dk_acc[c] = dv_acc[c] = 0;
   for (int64_t g = 0; g < d.group; ++g) {
     const int64_t h = kvh * d.group + g;
-    // Queries i >= j: tiles from the one holding the block's first key.
-    for (int64_t first_i = first_j / kTile * kTile; first_i < d.T; first_i += kTile) {
+    // Queries at positions >= j: tiles from the one holding the block's
+    // first key (with positions, from the first).
+    for (int64_t first_i = d.positions != nullptr ? 0 : first_j / kTile * kTile; first_i < d.T; first_i += kTile) {
       __syncthreads();
       LoadTile<HD>(qs, q, b, first_i, d.H, h, d.T);
       LoadTile<HD>(dos, dout, b, first_i, d.H, h, d.T);
@@ -188,7 +200,7 @@ __global__ void __launch_bounds__(kRowsPerBlock)
       if (!valid) continue;
       for (int r = 0; r < kTile; ++r) {
         const int64_t i = first_i + r;
-        if (i < j || i >= d.T) continue;
+        if (i >= d.T || PositionOf(d, i) < j) continue;
         const float p = expf(Dot<HD>(qs[r], kr) - Ls[r]);
         const float ds = p * (Dot<HD>(dos[r], vr) - Ds[r]);
         for (int c = 0; c < HD; ++c) {
@@ -199,8 +211,8 @@ __global__ void __launch_bounds__(kRowsPerBlock)
     }
   }
   if (!valid) return;
-  T* dko = dk + ((b * d.T + j) * d.KV + kvh) * HD;
-  T* dvo = dv + ((b * d.T + j) * d.KV + kvh) * HD;
+  T* dko = dk + ((b * d.Tk + j) * d.KV + kvh) * HD;
+  T* dvo = dv + ((b * d.Tk + j) * d.KV + kvh) * HD;
   for (int c = 0; c < HD; ++c) {
     dko[c] = FromFloat<T>(dk_acc[c] * d.scale);
     dvo[c] = FromFloat<T>(dv_acc[c]);
@@ -224,7 +236,7 @@ void Backward(T* dq, T* dk, T* dv, const T* dout, const T* out, const float* lse
   const dim3 qgrid(GridFor(d.T, kRowsPerBlock), static_cast<unsigned>(d.H), static_cast<unsigned>(B));
   auto* query_kernel = &FlashBackwardQueryKernel<T, HD>;
   HERD_LAUNCH(query_kernel, qgrid, kRowsPerBlock, 0, stream, dq, dout, lse, delta, q, k, v, d);
-  const dim3 kgrid(GridFor(d.T, kRowsPerBlock), static_cast<unsigned>(d.KV), static_cast<unsigned>(B));
+  const dim3 kgrid(GridFor(d.Tk, kRowsPerBlock), static_cast<unsigned>(d.KV), static_cast<unsigned>(B));
   auto* kv_kernel = &FlashBackwardKeyValueKernel<T, HD>;
   HERD_LAUNCH(kv_kernel, kgrid, kRowsPerBlock, 0, stream, dk, dv, dout, lse, delta, q, k, v, d);
 }
@@ -237,13 +249,17 @@ bool AttentionHeadDimSupported(int64_t head_dim) {
 
 template <typename T>
 void AttentionForward(T* out, float* lse, const T* q, const T* k, const T* v, int64_t B, int64_t T_, int64_t H,
-                      int64_t KV, int64_t head_dim, cudaStream_t stream) {
+                      int64_t KV, int64_t head_dim, cudaStream_t stream, int64_t Tk, const int32_t* positions) {
   if (B * T_ == 0) return;
   if constexpr (std::is_same_v<T, bf16>) {
-    if (TensorCoreAttentionSupports(head_dim))
+    if (TensorCoreAttentionSupports(head_dim) && positions == nullptr)
       return TensorCoreAttentionForward(out, lse, q, k, v, B, T_, H, KV, head_dim, stream);
   }
-  const AttentionDims d = AttentionDims::Make(T_, H, KV, head_dim);
+  AttentionDims d = AttentionDims::Make(T_, H, KV, head_dim);
+  if (positions != nullptr) {
+    d.Tk = Tk;
+    d.positions = positions;
+  }
   switch (head_dim) {
     case 16:
       return Forward<T, 16>(out, lse, q, k, v, B, d, stream);
@@ -261,10 +277,10 @@ void AttentionForward(T* out, float* lse, const T* q, const T* k, const T* v, in
 template <typename T>
 void AttentionBackward(T* dq, T* dk, T* dv, const T* dout, const T* out, const float* lse, const T* q, const T* k,
                        const T* v, int64_t B, int64_t T_, int64_t H, int64_t KV, int64_t head_dim, float* scratch,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, int64_t Tk, const int32_t* positions) {
   if (B * T_ == 0) return;
   if constexpr (std::is_same_v<T, bf16>) {
-    if (TensorCoreAttentionSupports(head_dim)) {
+    if (TensorCoreAttentionSupports(head_dim) && positions == nullptr) {
       const int64_t rows = B * T_ * H;
       const AttentionDims d = AttentionDims::Make(T_, H, KV, head_dim);
       auto* delta_kernel = head_dim == 64 ? &FlashDeltaKernel<T, 64> : &FlashDeltaKernel<T, 128>;
@@ -272,7 +288,11 @@ void AttentionBackward(T* dq, T* dk, T* dv, const T* dout, const T* out, const f
       return TensorCoreAttentionBackward(dq, dk, dv, dout, lse, scratch, q, k, v, B, T_, H, KV, head_dim, stream);
     }
   }
-  const AttentionDims d = AttentionDims::Make(T_, H, KV, head_dim);
+  AttentionDims d = AttentionDims::Make(T_, H, KV, head_dim);
+  if (positions != nullptr) {
+    d.Tk = Tk;
+    d.positions = positions;
+  }
   switch (head_dim) {
     case 16:
       return Backward<T, 16>(dq, dk, dv, dout, out, lse, q, k, v, B, d, scratch, stream);
@@ -288,14 +308,14 @@ void AttentionBackward(T* dq, T* dk, T* dv, const T* dout, const T* out, const f
 }
 
 template void AttentionForward<float>(float*, float*, const float*, const float*, const float*, int64_t, int64_t,
-                                      int64_t, int64_t, int64_t, cudaStream_t);
+                                      int64_t, int64_t, int64_t, cudaStream_t, int64_t, const int32_t*);
 template void AttentionForward<bf16>(bf16*, float*, const bf16*, const bf16*, const bf16*, int64_t, int64_t, int64_t,
-                                     int64_t, int64_t, cudaStream_t);
+                                     int64_t, int64_t, cudaStream_t, int64_t, const int32_t*);
 template void AttentionBackward<float>(float*, float*, float*, const float*, const float*, const float*, const float*,
                                        const float*, const float*, int64_t, int64_t, int64_t, int64_t, int64_t, float*,
-                                       cudaStream_t);
+                                       cudaStream_t, int64_t, const int32_t*);
 template void AttentionBackward<bf16>(bf16*, bf16*, bf16*, const bf16*, const bf16*, const float*, const bf16*,
                                       const bf16*, const bf16*, int64_t, int64_t, int64_t, int64_t, int64_t, float*,
-                                      cudaStream_t);
+                                      cudaStream_t, int64_t, const int32_t*);
 
 }  // namespace herd::cuda

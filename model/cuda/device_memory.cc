@@ -13,7 +13,8 @@ int64_t AttentionScratchFloats(int64_t B, int64_t T_, int64_t H) { return B * H 
 
 CudaActivationSizes::CudaActivationSizes(const LlamaShape& s, int max_batch, int max_seq_len, Recompute recompute,
                                          const CudaModelPart& part) {
-  N = static_cast<int64_t>(max_batch) * max_seq_len;
+  const int C = std::max(1, part.context_ranks);
+  N = static_cast<int64_t>(max_batch) * max_seq_len / C;
   const int first = part.layers.first, end = part.layers.end < 0 ? s.num_layers : part.layers.end;
   const int64_t layers = end - first;
   const int64_t L = recompute == Recompute::kFull ? std::min<int64_t>(1, layers) : layers, d = s.hidden_size;
@@ -27,11 +28,16 @@ CudaActivationSizes::CudaActivationSizes(const LlamaShape& s, int max_batch, int
   per_layer_rows = L * R;
   per_layer_qd = L * N * s.q_dim();
   per_layer_kvd = L * N * s.kv_dim();
-  lse = L * AttentionScratchFloats(max_batch, max_seq_len, s.num_heads);
+  lse = L * AttentionScratchFloats(max_batch, max_seq_len / C, s.num_heads);
   per_layer_f = L * N * s.intermediate_size;
   logits = head ? N * s.vocab_size : 0;
   rms_scratch = RmsNormScratchFloats(N, d);
-  attn_scratch = AttentionScratchFloats(max_batch, max_seq_len, s.num_heads);
+  attn_scratch = AttentionScratchFloats(max_batch, max_seq_len / C, s.num_heads);
+  if (C > 1) {
+    context_kv = 5 * static_cast<int64_t>(max_batch) * max_seq_len * s.kv_dim();
+    positions = max_seq_len / C;
+    rope_local = 2 * positions * s.head_dim() / 2;
+  }
   if (part.tensor_ranks > 1 && head) {
     vocab_stats = N * (2 * static_cast<int64_t>(part.tensor_ranks) + 1) +
                   static_cast<int64_t>(s.vocab_size) * part.tensor_ranks;
@@ -40,17 +46,19 @@ CudaActivationSizes::CudaActivationSizes(const LlamaShape& s, int max_batch, int
 
 int64_t CudaActivationSizes::ComputeElements(const LlamaShape& s) const {
   return residual + 3 * per_layer_d + 2 * per_layer_qd + 2 * per_layer_kvd + 3 * per_layer_f +
-         (head ? N * s.hidden_size : 0) + logits + whole +
+         (head ? N * s.hidden_size : 0) + logits + whole + context_kv +
          // backward: dres (the rank's rows), dln, datt, dq, dk, dv, dact, dgate, dup
          R * s.hidden_size + N * s.hidden_size + 2 * N * s.q_dim() + 2 * N * s.kv_dim() + 3 * N * s.intermediate_size;
 }
 
 int64_t CudaActivationSizes::FloatElements() const {
   // lnf_rstd (the rank's rows), losses, ce_lse: the head's
-  return 2 * rope + 2 * per_layer_rows + lse + (head ? R + 2 * N : 0) + rms_scratch + attn_scratch + vocab_stats;
+  return 2 * rope + rope_local + 2 * per_layer_rows + lse + (head ? R + 2 * N : 0) + rms_scratch + attn_scratch +
+         vocab_stats;
 }
 
-int64_t CudaActivationSizes::IntElements() const { return 5 * N + 1; }  // tokens, targets, embedding groups
+// tokens, targets, embedding groups; a context rank's positions
+int64_t CudaActivationSizes::IntElements() const { return 5 * N + 1 + positions; }
 
 int64_t CudaActivationBytes(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16, Recompute recompute,
                             const CudaModelPart& part) {

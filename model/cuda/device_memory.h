@@ -32,6 +32,10 @@ struct CudaModelPart {
   int tensor_ranks = 1;
   bool sequence_parallel = false;
   LayerRange layers;
+  // Context parallelism: the group's ranks, each computing its chunks'
+  // tokens alone (N / context_ranks rows) against the whole sequences'
+  // keys and values, gathered.
+  int context_ranks = 1;
 };
 
 // Element counts of every buffer of CudaLlamaModel for max_batch x
@@ -48,6 +52,10 @@ struct CudaModelPart {
 struct CudaActivationSizes {
   int64_t N, R, rope, residual, per_layer_d, per_layer_rows, per_layer_qd, per_layer_kvd, lse, per_layer_f, logits;
   int64_t rms_scratch, attn_scratch, vocab_stats = 0, whole = 0;
+  // Context parallelism: the gathered keys and values and their gradients
+  // ([B, T, kv] each) and the gathers' rank-major buffer; the rank's
+  // positions and RoPE rows.
+  int64_t context_kv = 0, positions = 0, rope_local = 0;
   bool head = true;
   CudaActivationSizes(const LlamaShape& s, int max_batch, int max_seq_len, Recompute recompute = Recompute::kNone,
                       const CudaModelPart& part = {});

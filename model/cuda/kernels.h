@@ -70,16 +70,22 @@ void RopeBackward(T* dx, const float* cos, const float* sin, int64_t B, int64_t 
 // out[B, T, H, hd], lse[B, H, T] (fp32 log-sum-exp of the scaled scores,
 // kept for backward). head_dim must be one of AttentionHeadDimSupported.
 bool AttentionHeadDimSupported(int64_t head_dim);
+//
+// Context parallelism: `positions` (device, [T_], increasing) gives each
+// query row's position in sequences of `Tk` keys (k/v [B, Tk, KV, hd], dk
+// and dv likewise); row t attends the keys at positions <= positions[t]
+// (the FMA kernels, whatever the dtype).
 template <typename T>
 void AttentionForward(T* out, float* lse, const T* q, const T* k, const T* v, int64_t B, int64_t T_, int64_t H,
-                      int64_t KV, int64_t head_dim, cudaStream_t stream);
+                      int64_t KV, int64_t head_dim, cudaStream_t stream, int64_t Tk = 0,
+                      const int32_t* positions = nullptr);
 // dq, dk, dv overwritten; `scratch` holds AttentionScratchFloats floats
 // (device_memory.h).
 // dk/dv sum the H/KV query heads of a group in head order.
 template <typename T>
 void AttentionBackward(T* dq, T* dk, T* dv, const T* dout, const T* out, const float* lse, const T* q, const T* k,
                        const T* v, int64_t B, int64_t T_, int64_t H, int64_t KV, int64_t head_dim, float* scratch,
-                       cudaStream_t stream);
+                       cudaStream_t stream, int64_t Tk = 0, const int32_t* positions = nullptr);
 
 // ---- SwiGLU and the residual add, elementwise over n.
 template <typename T>

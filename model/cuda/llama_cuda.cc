@@ -1,6 +1,8 @@
 #include "model/cuda/llama_cuda.h"
 
+#include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/cpu/ops.h"
@@ -30,6 +32,16 @@ struct CudaLlamaModel<T>::Buffers {
   int32_t *tokens, *targets, *group_tokens, *group_starts, *group_positions;
   int64_t groups = 0;
   float *rope_cos, *rope_sin;
+  // Context parallelism: this rank's rows' positions and RoPE rows, the
+  // whole sequences' keys and values ([B, Tk, kvd]) gathered and their
+  // gradients, the gathers' rank-major [C, B, Tcur, kvd] buffer; the host's
+  // tables and the last batch's local rows (alive until the next batch).
+  int32_t* positions;
+  float *rope_local_cos, *rope_local_sin;
+  T *k_all, *v_all, *dk_all, *dv_all, *kv_ranks;
+  std::vector<float> host_cos, host_sin, host_local_cos, host_local_sin;
+  std::vector<int32_t> host_positions, host_tokens_local, host_targets_local;
+  int64_t Tk = 0;  // the keys' rows a sequence (Tcur without context parallelism)
   // R: the rows of the residual stream and the norms (sequence
   // parallelism: the rank's, rounded up; else N).
   T* residual;                 // [L+1, R, d]: input of layer l; [L] = final
@@ -81,9 +93,11 @@ std::string CudaLlamaModel<T>::CheckShape(const LlamaShape& shape) {
 
 template <typename T>
 CudaLlamaModel<T>::CudaLlamaModel(const LlamaShape& shape, int max_batch, int max_seq_len, cudaStream_t stream,
-                                  Recompute recompute, DeviceTensorGroup group, LayerRange layers)
+                                  Recompute recompute, DeviceTensorGroup group, LayerRange layers,
+                                  DeviceContextGroup context)
     : layout_(shape),
       tp_(std::move(group)),
+      cp_(std::move(context)),
       first_layer_(layers.first),
       end_layer_(layers.end < 0 ? shape.num_layers : layers.end),
       max_batch_(max_batch),
@@ -97,7 +111,7 @@ CudaLlamaModel<T>::CudaLlamaModel(const LlamaShape& shape, int max_batch, int ma
   CHECK(0 <= first_layer_ && first_layer_ <= end_layer_ && end_layer_ <= shape.num_layers)
       << "CudaLlamaModel: layers [" << first_layer_ << ", " << end_layer_ << ") of " << shape.num_layers;
   const CudaActivationSizes z(shape, max_batch, max_seq_len, recompute,
-                              CudaModelPart{tp_.ranks, sequence_parallel(), {first_layer_, end_layer_}});
+                              CudaModelPart{tp_.ranks, sequence_parallel(), {first_layer_, end_layer_}, cp_.ranks});
   b.N = z.N;
   b.R = z.R;
   b.d = shape.hidden_size;
@@ -156,10 +170,26 @@ CudaLlamaModel<T>::CudaLlamaModel(const LlamaShape& shape, int max_batch, int ma
   b.attn_scratch = b.template Alloc<float>(z.attn_scratch);
   b.host_losses.resize(b.N);
   // The CPU's fp32 tables, so both devices rotate by the same angles.
-  std::vector<float> cos(z.rope), sin(z.rope);
-  cpu::RopeTables(cos.data(), sin.data(), max_seq_len, shape.head_dim(), shape.rope_theta, shape.rope_scaling);
-  HERD_CUDA_CHECK(cudaMemcpy(b.rope_cos, cos.data(), cos.size() * 4, cudaMemcpyHostToDevice));
-  HERD_CUDA_CHECK(cudaMemcpy(b.rope_sin, sin.data(), sin.size() * 4, cudaMemcpyHostToDevice));
+  b.host_cos.resize(z.rope);
+  b.host_sin.resize(z.rope);
+  cpu::RopeTables(b.host_cos.data(), b.host_sin.data(), max_seq_len, shape.head_dim(), shape.rope_theta,
+                  shape.rope_scaling);
+  HERD_CUDA_CHECK(cudaMemcpy(b.rope_cos, b.host_cos.data(), z.rope * 4, cudaMemcpyHostToDevice));
+  HERD_CUDA_CHECK(cudaMemcpy(b.rope_sin, b.host_sin.data(), z.rope * 4, cudaMemcpyHostToDevice));
+  if (cp_.ranks > 1) {
+    CHECK(cp_.all_gather && cp_.reduce_scatter) << "a context-parallel CUDA model needs its group's gathers";
+    CHECK_EQ(max_seq_len % (2 * cp_.ranks), 0) << "context parallelism cuts each sequence into 2 x " << cp_.ranks
+                                               << " chunks: " << max_seq_len;
+    const int64_t kv = static_cast<int64_t>(max_batch) * max_seq_len * b.kvd;  // z.context_kv / 5
+    b.positions = b.template Alloc<int32_t>(z.positions);
+    b.rope_local_cos = b.template Alloc<float>(z.rope_local / 2);
+    b.rope_local_sin = b.template Alloc<float>(z.rope_local / 2);
+    b.k_all = b.template Alloc<T>(kv);
+    b.v_all = b.template Alloc<T>(kv);
+    b.dk_all = b.template Alloc<T>(kv);
+    b.dv_all = b.template Alloc<T>(kv);
+    b.kv_ranks = b.template Alloc<T>(kv);
+  }
 }
 
 namespace {
@@ -265,15 +295,88 @@ T* CudaLlamaModel<T>::Summed(T* part, int64_t N) {
 }
 
 template <typename T>
+void CudaLlamaModel<T>::ReorderKeyRows(T* rank_major, T* by_position, bool gather) {
+  Buffers& b = *b_;
+  const int C = cp_.ranks;
+  const int64_t B = b.B, Tl = b.Tcur, chunk = Tl / 2, kvd = b.kvd;
+  for (int r = 0; r < C; ++r) {
+    for (int64_t bb = 0; bb < B; ++bb) {
+      for (int64_t h = 0; h < 2; ++h) {
+        T* ranks = rank_major + ((r * B + bb) * Tl + h * chunk) * kvd;
+        T* positions = by_position + (bb * b.Tk + ContextPosition(r, C, chunk, h * chunk)) * kvd;
+        HERD_CUDA_CHECK(cudaMemcpyAsync(gather ? positions : ranks, gather ? ranks : positions,
+                                        chunk * kvd * sizeof(T), cudaMemcpyDeviceToDevice, stream_));
+      }
+    }
+  }
+}
+
+template <typename T>
+void CudaLlamaModel<T>::GatherKeysValues(const T* k, const T* v) {
+  Buffers& b = *b_;
+  const int64_t part = static_cast<int64_t>(b.B) * b.Tcur * b.kvd;
+  const Partition parts(cp_.ranks, part);
+  for (auto [mine, all] : {std::pair<const T*, T*>{k, b.k_all}, std::pair<const T*, T*>{v, b.v_all}}) {
+    HERD_CUDA_CHECK(cudaMemcpyAsync(b.kv_ranks + cp_.rank * part, mine, part * sizeof(T), cudaMemcpyDeviceToDevice,
+                                    stream_));
+    cp_.all_gather(b.kv_ranks, parts, sizeof(T), stream_);
+    ReorderKeyRows(b.kv_ranks, all, /*gather=*/true);
+  }
+}
+
+template <typename T>
+void CudaLlamaModel<T>::ScatterKeyValueGrads(T* dk, T* dv) {
+  Buffers& b = *b_;
+  const int64_t part = static_cast<int64_t>(b.B) * b.Tcur * b.kvd;
+  const Partition parts(cp_.ranks, part);
+  for (auto [all, mine] : {std::pair<T*, T*>{b.dk_all, dk}, std::pair<T*, T*>{b.dv_all, dv}}) {
+    ReorderKeyRows(b.kv_ranks, all, /*gather=*/false);
+    cp_.reduce_scatter(b.kv_ranks, parts, sizeof(T), stream_);
+    HERD_CUDA_CHECK(cudaMemcpyAsync(mine, b.kv_ranks + cp_.rank * part, part * sizeof(T), cudaMemcpyDeviceToDevice,
+                                    stream_));
+  }
+}
+
+template <typename T>
 void CudaLlamaModel<T>::TakeBatch(const int32_t* host_tokens, const int32_t* host_targets, int B, int T_) {
   Buffers& b = *b_;
   CHECK(B <= max_batch_ && T_ <= max_seq_len_)
       << "CudaLlamaModel: " << B << "x" << T_ << " exceeds " << max_batch_ << "x" << max_seq_len_;
-  const int64_t N = static_cast<int64_t>(B) * T_;
   cudaStream_t st = stream_;
   b.B = B;
   b.Tcur = T_;
+  b.Tk = T_;
   b.has_targets = host_targets != nullptr;
+  if (cp_.ranks > 1) {
+    // This rank's chunks of every sequence, and RoPE's rows at their positions.
+    CHECK_EQ(T_ % (2 * cp_.ranks), 0) << "context parallelism cuts each sequence into 2 x " << cp_.ranks
+                                      << " chunks: " << T_;
+    const int64_t chunk = T_ / (2 * cp_.ranks), Tl = 2 * chunk, half = layout_.shape().head_dim() / 2;
+    b.Tcur = static_cast<int>(Tl);
+    b.host_positions.resize(Tl);
+    b.host_local_cos.resize(Tl * half);
+    b.host_local_sin.resize(Tl * half);
+    for (int64_t t = 0; t < Tl; ++t) {
+      const int64_t p = ContextPosition(cp_.rank, cp_.ranks, chunk, t);
+      b.host_positions[t] = static_cast<int32_t>(p);
+      std::copy(b.host_cos.begin() + p * half, b.host_cos.begin() + (p + 1) * half, b.host_local_cos.begin() + t * half);
+      std::copy(b.host_sin.begin() + p * half, b.host_sin.begin() + (p + 1) * half, b.host_local_sin.begin() + t * half);
+    }
+    auto local = [&](const int32_t* whole, std::vector<int32_t>& into) -> const int32_t* {
+      if (whole == nullptr) return nullptr;
+      into.resize(static_cast<size_t>(B) * Tl);
+      for (int64_t bb = 0; bb < B; ++bb) {
+        for (int64_t t = 0; t < Tl; ++t) into[bb * Tl + t] = whole[bb * T_ + b.host_positions[t]];
+      }
+      return into.data();
+    };
+    host_tokens = local(host_tokens, b.host_tokens_local);
+    host_targets = local(host_targets, b.host_targets_local);
+    HERD_CUDA_CHECK(cudaMemcpyAsync(b.positions, b.host_positions.data(), Tl * 4, cudaMemcpyHostToDevice, st));
+    HERD_CUDA_CHECK(cudaMemcpyAsync(b.rope_local_cos, b.host_local_cos.data(), Tl * half * 4, cudaMemcpyHostToDevice, st));
+    HERD_CUDA_CHECK(cudaMemcpyAsync(b.rope_local_sin, b.host_local_sin.data(), Tl * half * 4, cudaMemcpyHostToDevice, st));
+  }
+  const int64_t N = static_cast<int64_t>(B) * b.Tcur;
   if (embeds() && host_tokens != nullptr) {
     HERD_CUDA_CHECK(cudaMemcpyAsync(b.tokens, host_tokens, N * 4, cudaMemcpyHostToDevice, st));
   }
@@ -433,9 +536,18 @@ void CudaLlamaModel<T>::LayerForward(UnitSpace<const T> params, int l, bool to_o
   b.matmul.Forward(a.q, ln1_all, params + w.q_proj, N, d, qd, static_cast<const T*>(nullptr), st);
   b.matmul.Forward(a.k, ln1_all, params + w.k_proj, N, d, kvd, static_cast<const T*>(nullptr), st);
   b.matmul.Forward(a.v, ln1_all, params + w.v_proj, N, d, kvd, static_cast<const T*>(nullptr), st);
-  RopeForward(a.q, b.rope_cos, b.rope_sin, B, T_, H, hd, st);
-  RopeForward(a.k, b.rope_cos, b.rope_sin, B, T_, KV, hd, st);
-  AttentionForward(a.att, a.lse, a.q, a.k, a.v, B, T_, H, KV, hd, st);
+  const bool cp = cp_.ranks > 1;
+  const float* cos = cp ? b.rope_local_cos : b.rope_cos;
+  const float* sin = cp ? b.rope_local_sin : b.rope_sin;
+  RopeForward(a.q, cos, sin, B, T_, H, hd, st);
+  RopeForward(a.k, cos, sin, B, T_, KV, hd, st);
+  if (cp) {
+    // This rank's queries against every rank's keys and values.
+    GatherKeysValues(a.k, a.v);
+    AttentionForward(a.att, a.lse, a.q, b.k_all, b.v_all, B, T_, H, KV, hd, st, b.Tk, b.positions);
+  } else {
+    AttentionForward(a.att, a.lse, a.q, a.k, a.v, B, T_, H, KV, hd, st);
+  }
   if (tp_.ranks > 1) {
     // Each rank's heads' part of o_proj, summed, then the residual.
     T* o_out = sequence_parallel() ? b.whole : a.mid;
@@ -512,9 +624,21 @@ void CudaLlamaModel<T>::LayerBackward(UnitSpace<const T> params, UnitSpace<float
   const T* dmid_all = Gathered(b.dres, N);
   mm.BackwardInput(b.datt, dmid_all, params + w.o_proj, N, qd, d, false, st);
   mm.BackwardWeight(grads + w.o_proj, dmid_all, a.att, N, qd, d, st);
-  AttentionBackward(b.dq, b.dk, b.dv, b.datt, a.att, a.lse, a.q, a.k, a.v, B, T_, H, KV, hd, b.attn_scratch, st);
-  RopeBackward(b.dq, b.rope_cos, b.rope_sin, B, T_, H, hd, st);
-  RopeBackward(b.dk, b.rope_cos, b.rope_sin, B, T_, KV, hd, st);
+  const bool cp = cp_.ranks > 1;
+  if (cp) {
+    // The keys and values gathered again (FULL recomputation has just done
+    // it), their gradients' sums reduce-scattered back to their ranks.
+    if (!b.one_layer) GatherKeysValues(a.k, a.v);
+    AttentionBackward(b.dq, b.dk_all, b.dv_all, b.datt, a.att, a.lse, a.q, b.k_all, b.v_all, B, T_, H, KV, hd,
+                      b.attn_scratch, st, b.Tk, b.positions);
+    ScatterKeyValueGrads(b.dk, b.dv);
+  } else {
+    AttentionBackward(b.dq, b.dk, b.dv, b.datt, a.att, a.lse, a.q, a.k, a.v, B, T_, H, KV, hd, b.attn_scratch, st);
+  }
+  const float* cos = cp ? b.rope_local_cos : b.rope_cos;
+  const float* sin = cp ? b.rope_local_sin : b.rope_sin;
+  RopeBackward(b.dq, cos, sin, B, T_, H, hd, st);
+  RopeBackward(b.dk, cos, sin, B, T_, KV, hd, st);
   const T* ln1_all = Gathered(a.ln1, N);
   mm.BackwardInput(b.dln, b.dq, params + w.q_proj, N, d, qd, false, st);
   mm.BackwardWeight(grads + w.q_proj, b.dq, ln1_all, N, d, qd, st);

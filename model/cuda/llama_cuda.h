@@ -50,8 +50,16 @@ class CudaLlamaModel {
   // `layers`: a pipeline stage's (model/llama.h's LayerRange), whose
   // activations alone are allocated (the head's only on the last stage);
   // such a model runs the stage passes below, not Forward and Backward.
+  //
+  // `context`: a context-parallel rank's (model/llama_config.h's
+  // ContextGroup scheme): given whole sequences it computes its chunks'
+  // tokens alone, its attention against the group's keys and values
+  // gathered on the device (their gradients' sums reduce-scattered back),
+  // and returns its tokens' mean loss; 2 x ranks must divide every
+  // sequence's length.
   CudaLlamaModel(const LlamaShape& shape, int max_batch, int max_seq_len, cudaStream_t stream,
-                 Recompute recompute = Recompute::kNone, DeviceTensorGroup group = {}, LayerRange layers = {});
+                 Recompute recompute = Recompute::kNone, DeviceTensorGroup group = {}, LayerRange layers = {},
+                 DeviceContextGroup context = {});
   ~CudaLlamaModel();
   CudaLlamaModel(const CudaLlamaModel&) = delete;
   CudaLlamaModel& operator=(const CudaLlamaModel&) = delete;
@@ -122,6 +130,7 @@ class CudaLlamaModel {
   // in (every rank calls it alike).
   void LogitsRowToHost(int64_t row, std::vector<float>* out);
   const DeviceTensorGroup& tensor_group() const { return tp_; }
+  const DeviceContextGroup& context_group() const { return cp_; }
 
  private:
   struct Buffers;
@@ -139,6 +148,13 @@ class CudaLlamaModel {
   void LayerBackward(UnitSpace<const T> params, UnitSpace<float> grads, int l);
   void EmbedBackward(UnitSpace<float> grads);
   int64_t LayerEnd(int l) const;  // where layer l's tensors end
+  // Context parallelism: layer l's keys and values (this rank's rows) of
+  // the group gathered into k_all and v_all in position order; and the
+  // sums of dk_all's and dv_all's, this rank's rows', into dk and dv. The
+  // rank-major rows <-> position order (gather: to position order).
+  void GatherKeysValues(const T* k, const T* v);
+  void ScatterKeyValueGrads(T* dk, T* dv);
+  void ReorderKeyRows(T* rank_major, T* by_position, bool gather);
   // The tensor-parallel group's sum of data[0, n) in place (nothing
   // without a group).
   void AllReduce(T* data, int64_t n);
@@ -158,6 +174,7 @@ class CudaLlamaModel {
 
   ParamLayout layout_;
   const DeviceTensorGroup tp_;
+  const DeviceContextGroup cp_;
   const int first_layer_, end_layer_;  // the LayerRange, resolved
   int max_batch_, max_seq_len_;
   cudaStream_t stream_;

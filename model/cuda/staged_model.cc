@@ -44,12 +44,14 @@ template <typename T>
 class StagedCudaModel final : public CudaModelBase {
  public:
   StagedCudaModel(const LlamaShape& shape, int max_batch, int max_seq_len, int device, std::string name,
-                  Recompute recompute, DeviceTensorGroup group)
-      : max_batch_(max_batch), max_seq_len_(max_seq_len), name_(std::move(name)) {
+                  Recompute recompute, DeviceTensorGroup group, DeviceContextGroup context,
+                  ContextGroup<float> host_context)
+      : max_batch_(max_batch), max_seq_len_(max_seq_len), name_(std::move(name)), context_(std::move(host_context)) {
     HERD_CUDA_CHECK(cudaSetDevice(device));
     HERD_CUDA_CHECK(cudaStreamCreateWithFlags(&compute_, cudaStreamNonBlocking));
     HERD_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_, cudaStreamNonBlocking));
-    model_ = std::make_unique<CudaLlamaModel<T>>(shape, max_batch, max_seq_len, compute_, recompute, std::move(group));
+    model_ = std::make_unique<CudaLlamaModel<T>>(shape, max_batch, max_seq_len, compute_, recompute, std::move(group),
+                                                 LayerRange{}, std::move(context));
     const int64_t P = model_->layout().size();
     HERD_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&params_), P * sizeof(T)));
     HERD_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&grads_), P * sizeof(float)));
@@ -107,7 +109,18 @@ class StagedCudaModel final : public CudaModelBase {
       uploaded = end;
     };
     events_used_ = 0;
-    return model_->Forward(params_, tokens, targets, B, T_, upload);
+    if (context_.ranks == 1) return model_->Forward(params_, tokens, targets, B, T_, upload);
+    // A context rank's chunks: a length they do not divide (a prompt being
+    // sampled) padded at the end, which causal attention never reads.
+    forward_len_ = static_cast<int>(ContextPaddedLength(context_.ranks, T_));
+    if (forward_len_ != T_) {
+      CHECK(targets == nullptr) << "a context-parallel loss over " << T_ << " tokens: not " << 2 * context_.ranks
+                                << " chunks";
+      padded_.assign(static_cast<size_t>(B) * forward_len_, 0);
+      for (int b = 0; b < B; ++b) std::copy(tokens + b * T_, tokens + (b + 1) * T_, padded_.begin() + b * forward_len_);
+      tokens = padded_.data();
+    }
+    return ContextGroupMean(context_, model_->Forward(params_, tokens, targets, B, forward_len_, upload));
   }
 
   void Backward(const float* params, float* grads, double loss_scale, const FinalFrom& final_from,
@@ -170,6 +183,11 @@ class StagedCudaModel final : public CudaModelBase {
   }
   // A tensor-parallel rank's: its columns of the row, the others' summed in.
   const float* LastLogits(int T_) override {
+    if (context_.ranks > 1) {
+      // Position T_ - 1 of the last Forward is in one rank's chunk: its row, gathered.
+      model_->LogitsToHost(&host_logits_);
+      return ContextGatherRow(context_, host_logits_.data(), forward_len_, T_ - 1, shape().vocab_size, row_);
+    }
     model_->LogitsRowToHost(T_ - 1, &host_logits_);
     return host_logits_.data();
   }
@@ -200,6 +218,12 @@ class StagedCudaModel final : public CudaModelBase {
 
   const int max_batch_, max_seq_len_;
   const std::string name_;
+  // Context parallelism: the group over host memory, for the loss's mean
+  // and a sampled row; a forward's tokens padded to whole chunks.
+  const ContextGroup<float> context_;
+  std::vector<int32_t> padded_;
+  std::vector<float> row_;
+  int forward_len_ = 0;
   cudaStream_t compute_ = nullptr, copy_ = nullptr;
   std::unique_ptr<CudaLlamaModel<T>> model_;
   T* params_ = nullptr;
@@ -254,13 +278,15 @@ StatusOr<std::string> PrepareDevice(const LlamaShape& shape, int device, bool bf
 }
 
 StatusOr<std::unique_ptr<Model>> NewStagedCudaModel(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16,
-                                                    int device, Recompute recompute, DeviceTensorGroup group) {
+                                                    int device, Recompute recompute, DeviceTensorGroup group,
+                                                    DeviceContextGroup context, ContextGroup<float> host_context) {
   HERD_ASSIGN_OR_RETURN(
       const std::string name,
       PrepareDevice(shape, device, bf16,
                     GpuWorkerDeviceBytes(shape, max_batch, max_seq_len, bf16, recompute,
-                                         CudaModelPart{group.ranks, group.sequence_parallel, {}})));
-  return MakeCudaModel<StagedCudaModel>(bf16, shape, max_batch, max_seq_len, device, name, recompute, group);
+                                         CudaModelPart{group.ranks, group.sequence_parallel, {}, context.ranks})));
+  return MakeCudaModel<StagedCudaModel>(bf16, shape, max_batch, max_seq_len, device, name, recompute, group, context,
+                                        host_context);
 }
 
 namespace {
@@ -303,6 +329,20 @@ int64_t Total(const Partition& parts) {
 }
 
 }  // namespace
+
+DeviceContextGroup StagedGroup(const ContextGroup<float>& host) {
+  DeviceContextGroup g;
+  g.ranks = host.ranks;
+  g.rank = host.rank;
+  auto staging = std::make_shared<HostStaging>();
+  g.all_gather = [host, staging](void* data, const Partition& parts, int element_bytes, void* stream) {
+    staging->Run(data, Total(parts), element_bytes, stream, [&](float* h) { host.all_gather(h, parts); });
+  };
+  g.reduce_scatter = [host, staging](void* data, const Partition& parts, int element_bytes, void* stream) {
+    staging->Run(data, Total(parts), element_bytes, stream, [&](float* h) { host.reduce_scatter(h, parts); });
+  };
+  return g;
+}
 
 DeviceTensorGroup StagedGroup(const TensorGroup<float>& host) {
   DeviceTensorGroup g;

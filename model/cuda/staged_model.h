@@ -81,9 +81,17 @@ StatusOr<std::string> PrepareDevice(const LlamaShape& shape, int device, bool bf
 // rank's (`shape` its slice's: CudaLlamaModel's group), whose LastLogits
 // are the whole vocabulary's. An error names the device problem or the
 // unsupported shape.
+//
+// With `context`, a context-parallel rank's (CudaLlamaModel's context):
+// given whole sequences it computes its chunks, returns the group's mean
+// loss (`host_context`: the same group over host memory, whose gather
+// gives every rank the same bits), pads a length its chunks do not divide
+// (a prompt being sampled) at the end, and gathers a sampled row from the
+// rank that holds it.
 StatusOr<std::unique_ptr<Model>> NewStagedCudaModel(const LlamaShape& shape, int max_batch, int max_seq_len, bool bf16,
                                                     int device, Recompute recompute = Recompute::kNone,
-                                                    DeviceTensorGroup group = {});
+                                                    DeviceTensorGroup group = {}, DeviceContextGroup context = {},
+                                                    ContextGroup<float> host_context = {});
 
 // A DeviceTensorGroup whose sums (and with sequence parallelism gathers
 // and reduce-scatters) are `host`'s over host memory (a ring's), each
@@ -91,5 +99,6 @@ StatusOr<std::unique_ptr<Model>> NewStagedCudaModel(const LlamaShape& shape, int
 // `host`'s operation, copied back, the stream waited for on each side.
 // For groups without NCCL.
 DeviceTensorGroup StagedGroup(const TensorGroup<float>& host);
+DeviceContextGroup StagedGroup(const ContextGroup<float>& host);
 
 }  // namespace herd::cuda

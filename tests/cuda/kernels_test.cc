@@ -12,6 +12,7 @@
 
 #include "model/cpu/ops.h"
 #include "model/cuda/matmul.h"
+#include "model/llama_config.h"
 #include "model/optim/adamw.h"
 #include "tests/cuda/device_test_util.h"
 
@@ -159,6 +160,42 @@ TYPED_TEST(KernelTest, Attention) {
   // 64-row tiles, a ragged last one, and a group of two.
   CheckAttention(1, 130, 2, 1, 128, this->Tol(5e-3, 128), this->Tol(1e-2, 128), bf16_mode);
   CheckAttention(2, 100, 4, 2, 64, this->Tol(5e-3, 64), this->Tol(1e-2, 64), bf16_mode);
+}
+
+// Context parallelism's attention: rank r of C's two chunks of each
+// sequence (model/llama_config.h's ContextPosition) as the queries, the
+// whole sequences' keys and values, against the CPU's with the same
+// positions (the FMA kernels, whatever the dtype).
+TYPED_TEST(KernelTest, AttentionOfAContextRanksChunks) {
+  HERD_REQUIRE_DEVICE();
+  using T = TypeParam;
+  const int64_t B = 2, Tk = 96, H = 4, KV = 2, hd = 32, C = 2, chunk = Tk / (2 * C), Tl = 2 * chunk;
+  for (int rank = 0; rank < C; ++rank) {
+    std::vector<int32_t> positions(Tl);
+    for (int64_t t = 0; t < Tl; ++t) positions[t] = static_cast<int32_t>(ContextPosition(rank, C, chunk, t));
+    const int64_t nq = B * Tl * H * hd, nkv = B * Tk * KV * hd;
+    const auto q = this->Input(nq, 31), k = this->Input(nkv, 32), v = this->Input(nkv, 33), dout = this->Input(nq, 34);
+    std::vector<double> out_ref(nq), probs(B * H * Tl * Tk), dq_ref(nq), dk_ref(nkv), dv_ref(nkv);
+    std::vector<double> scratch(cpu::AttentionScratchSize(Tl, H, KV, Tk));
+    cpu::AttentionForward(out_ref.data(), probs.data(), ToDouble(q).data(), ToDouble(k).data(), ToDouble(v).data(), B,
+                          Tl, H, KV, hd, Tk, positions.data());
+    cpu::AttentionBackward(dq_ref.data(), dk_ref.data(), dv_ref.data(), ToDouble(dout).data(), probs.data(),
+                           ToDouble(q).data(), ToDouble(k).data(), ToDouble(v).data(), B, Tl, H, KV, hd,
+                           scratch.data(), Tk, positions.data());
+    DeviceArray<T> d_q(q), d_k(k), d_v(v), d_dout(dout), d_out(nq), d_dq(nq), d_dk(nkv), d_dv(nkv);
+    DeviceArray<float> d_lse(B * H * Tl), d_scratch(AttentionScratchFloats(B, Tl, H));
+    DeviceArray<int32_t> d_positions(Tl);
+    HERD_CUDA_CHECK(cudaMemcpy(d_positions.get(), positions.data(), Tl * 4, cudaMemcpyHostToDevice));
+    AttentionForward(d_out.get(), d_lse.get(), d_q.get(), d_k.get(), d_v.get(), B, Tl, H, KV, hd, this->stream, Tk,
+                     d_positions.get());
+    AttentionBackward(d_dq.get(), d_dk.get(), d_dv.get(), d_dout.get(), d_out.get(), d_lse.get(), d_q.get(), d_k.get(),
+                      d_v.get(), B, Tl, H, KV, hd, d_scratch.get(), this->stream, Tk, d_positions.get());
+    const std::string who = " (context rank " + std::to_string(rank) + " of 2)";
+    EXPECT_CLOSE(d_out.Download(), out_ref, this->Tol(5e-3, hd), "attention out" + who);
+    EXPECT_CLOSE(d_dq.Download(), dq_ref, this->Tol(1e-2, hd), "attention dq" + who);
+    EXPECT_CLOSE(d_dk.Download(), dk_ref, this->Tol(1e-2, hd), "attention dk (every key row)" + who);
+    EXPECT_CLOSE(d_dv.Download(), dv_ref, this->Tol(1e-2, hd), "attention dv (every key row)" + who);
+  }
 }
 
 TYPED_TEST(KernelTest, SwigluAndAdd) {

@@ -53,6 +53,23 @@ class NcclGroupSums final : public DeviceGroupSums {
     return g;
   }
 
+  DeviceContextGroup Context(int ranks, int rank) override {
+    DeviceContextGroup g;
+    g.ranks = ranks;
+    g.rank = rank;
+    g.all_gather = [this](void* data, const Partition& parts, int element_bytes, void* stream) {
+      Issue("context-parallel gather", static_cast<cudaStream_t>(stream),
+            [&] { return nccl_->AllGather(data, parts, element_bytes); });
+    };
+    g.reduce_scatter = [this](void* data, const Partition& parts, int element_bytes, void* stream) {
+      Issue("context-parallel reduce-scatter", static_cast<cudaStream_t>(stream), [&] {
+        return element_bytes == 2 ? nccl_->ReduceScatterBf16(data, parts)
+                                  : nccl_->ReduceScatter(static_cast<float*>(data), parts);
+      });
+    };
+    return g;
+  }
+
   Status Finish() override {
     (void)wait_.Timed([&] {
       while (!pending_.empty()) Retire();

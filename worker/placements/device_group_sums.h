@@ -1,5 +1,6 @@
 // A tensor-parallel group's sums for CUDA workers' models (model/cuda/
-// llama_cuda.h's DeviceTensorGroup) through NCCL, on the device: each sum
+// llama_cuda.h's DeviceTensorGroup), or a context-parallel group's gathers
+// of keys and values (DeviceContextGroup), through NCCL, on the device: each sum
 // waits on the device for the model's work before it and the model's work
 // after it waits for the sum, so the host only issues (Megatron's
 // tensor-parallel all-reduces on NCCL's stream). A failed sum (a peer gone)
@@ -33,6 +34,9 @@ class DeviceGroupSums {
   // The group's sums for `slices`' rank; with `sequence_parallel` its
   // gathers and reduce-scatters too.
   virtual DeviceTensorGroup Group(const TensorSlices& slices, bool sequence_parallel) = 0;
+  // The same communicator as a context-parallel group's gathers and
+  // reduce-scatters (rank `rank` of `ranks`).
+  virtual DeviceContextGroup Context(int ranks, int rank) = 0;
   // Waits for every sum issued so far; the first failure since the last
   // call.
   virtual Status Finish() = 0;

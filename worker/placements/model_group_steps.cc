@@ -75,6 +75,9 @@ class GroupGradients {
     if (o_.device_tensor != nullptr) {
       HERD_RETURN_IF_ERROR(o_.device_tensor->Finish().WithContext(At() + "tensor-parallel sum: "));
     }
+    if (o_.device_context != nullptr) {
+      HERD_RETURN_IF_ERROR(o_.device_context->Finish().WithContext(At() + "context-parallel gather: "));
+    }
     return Status::OK();
   }
 
@@ -82,7 +85,8 @@ class GroupGradients {
   double TakeWaitSeconds() {
     return (o_.tensor_ring != nullptr ? o_.tensor_ring->TakeWaitSeconds() : 0.0) +
            (o_.context_ring != nullptr ? o_.context_ring->TakeWaitSeconds() : 0.0) +
-           (o_.device_tensor != nullptr ? o_.device_tensor->TakeWaitSeconds() : 0.0);
+           (o_.device_tensor != nullptr ? o_.device_tensor->TakeWaitSeconds() : 0.0) +
+           (o_.device_context != nullptr ? o_.device_context->TakeWaitSeconds() : 0.0);
   }
 
  private:

@@ -27,6 +27,7 @@ struct ModelGroupOptions {
   // A CUDA worker's tensor group's sums on the device (null: none, or
   // staged through tensor_ring).
   DeviceGroupSums* device_tensor = nullptr;
+  DeviceGroupSums* device_context = nullptr;  // likewise, the context group's gathers
   bool sequence_parallel = false;
   // The ranges of the packed space this worker holds (a pipeline stage's;
   // empty: all of it): sequence parallelism sums the norms' gradients of
