@@ -14,8 +14,9 @@ memory over the pipeline's wire.
   the tensor groups' sums on the device through NCCL) within 1e-4 of one
   CPU process, and pipeline 2 on parameter servers;
 * a rerun bitwise equal, `--stop-at` + `--resume` bitwise equal to the
-  straight run, and the CUDA stages' checkpoint resumed by one CPU process
-  within 1e-4 of the run it continues;
+  straight run, and checkpoints across devices: the CUDA stages' resumed
+  by one CPU process, one CPU process's by the CUDA stages, each within
+  1e-4 of the run it continues;
 * kill -9 of a stage's worker stops the job in one line naming it.
 
 The emulated device is exact but slow; the real build skips (exit 77)."""
@@ -86,6 +87,14 @@ def main():
                                 herdtest.metrics_rows(sb.path("pp2.jsonl"))[10:],
                                 "the CUDA stages' checkpoint on one CPU process", tolerance=1e-4)
     report.append(f"pp2->cpu {gap:.2g}")
+    # And one CPU process's checkpoint on the CUDA stages.
+    text = four_layers(herdtest.tiny_config("train.bin", steps=STEPS, metrics="cpu_to_pp2.jsonl", ckpt="cpu_to_pp2",
+                                            every=10, extra=CUDA + "\n" + pipeline("ONE_F_ONE_B"))
+                       .replace("batch_size: 4", "batch_size: 2 grad_accum: 4"))
+    herdtest.resume_from(sb, "cpu_to_pp2", sb.write("cpu_to_pp2.textproto", text), "one/step_00000010")
+    gap = herdtest.steps_within(herdtest.metrics_rows(sb.path("cpu_to_pp2.jsonl")), one[10:],
+                                "one CPU process's checkpoint on the CUDA stages", tolerance=1e-4)
+    report.append(f"cpu->pp2 {gap:.2g}")
 
     stopped_in = kill_mid_run(sb, "worker", 1, "cluster { sync: ALLREDUCE workers: 2 pipeline_stages: 2 "
                                                "heartbeat_timeout_s: 5 } " + CUDA, tag="_pp",
