@@ -363,14 +363,6 @@ const std::vector<NotBuilt>& NotBuiltTable() {
        "tensor parallelism on CUDA workers holds its slices' weights whole yet: not with ZeRO-3 or streamed weights",
        "cluster { sync: ALLREDUCE workers: 4 tensor_parallel: 2 zero_stage: 3 } device { kind: CUDA }",
        [](const JobConfig& c) { return Tensor(c) && Cuda(c) && WorkersHoldAWindow(c); }},
-      {"device.kind", "cluster.pipeline_schedule ZERO_BUBBLE",
-       "the zero-bubble schedule splits each backward in two, which CUDA pipeline stages do not yet (GPIPE, "
-       "ONE_F_ONE_B and INTERLEAVED_1F1B run on them)",
-       "cluster { sync: ALLREDUCE workers: 2 pipeline_stages: 2 pipeline_schedule: ZERO_BUBBLE } device { kind: "
-       "CUDA }",
-       [](const JobConfig& c) {
-         return Pipelined(c) && Cuda(c) && c.cluster().pipeline_schedule() == config::ClusterConfig::ZERO_BUBBLE;
-       }},
       {"device.kind", "cluster.pipeline_stages with windowed weights (cluster.stream_weights, ZeRO-3)",
        "CUDA pipeline stages hold their units' weights whole yet: not with streamed weights or ZeRO-3",
        "cluster { sync: PARAMETER_SERVER servers: 1 workers: 2 pipeline_stages: 2 stream_weights: true } device { "

@@ -363,7 +363,8 @@ StatusOr<std::vector<ProcessMemory>> StageMemory(const JobSizes& j, const ShardP
       const bool bf16 = j.config.device().dtype() == config::DeviceConfig::BF16;
       for (int c = 0; c < s.chunks; ++c) {
         const PipelineStage& st = pipeline.split.stage(s.VirtualStage(d, c));
-        const cuda::CudaModelPart part{pipeline.grid.degree(Axis::kTensor), S > 1, st.layers};
+        const cuda::CudaModelPart part{pipeline.grid.degree(Axis::kTensor), S > 1, st.layers, 1,
+                                       s.kind == PipelineScheduleKind::kZeroBubble};
         m.device += cuda::StageWorkerDeviceBytes(shape, static_cast<int>(B), static_cast<int>(T), bf16, j.job.recompute,
                                                  part, slots[c], cuda::StageHeldElements(shape, st.layers));
         m.buffers += 4 * slots[c] * activation * kF32;

@@ -5,11 +5,14 @@ holds its units of the flat space on the device (model/cuda/
 stage_model.h), its activations and their gradients staged through host
 memory over the pipeline's wire.
 
-* pipeline 2 under GPipe, 1F1B and interleaved 1F1B (two virtual stages
-  each), tied embeddings and clipping: every step's loss within 1e-4
+* pipeline 2 under GPipe, 1F1B, interleaved 1F1B (two virtual stages
+  each) and zero bubble (ZB-H1: each backward split into its input and
+  weight parts), tied embeddings and clipping: every step's loss within 1e-4
   relative of one CPU process, the gradient norm within
   herdtest.NORM_TOLERANCE, the held-out loss too and the sample one
-  process's text (the last stage's logits sent to the others);
+  process's text (the last stage's logits sent to the others); GPipe and
+  zero bubble bitwise 1F1B (every chunk takes its micro-batches'
+  backwards in ascending order);
 * the grid data x pipeline x tensor 2 x 2 x 2 on CUDA workers (8 processes;
   the tensor groups' sums on the device through NCCL) within 1e-4 of one
   CPU process, and pipeline 2 on parameter servers;
@@ -62,11 +65,15 @@ def main():
     assert len(sample.splitlines()) > 1 and sample == one_sample, \
         f"pipeline 2 on CUDA workers sampled {sample!r}, one process {one_sample!r}"
     straight = herdtest.trajectory(rows)
-    for name, cluster in (("gpipe", pipeline("GPIPE")),
+    for name, cluster in (("gpipe", pipeline("GPIPE")), ("zero_bubble", pipeline("ZERO_BUBBLE")),
                           ("interleaved", pipeline("INTERLEAVED_1F1B", "virtual_stages: 2")),
                           ("pp2_ps", "cluster { sync: PARAMETER_SERVER servers: 1 workers: 2 pipeline_stages: 2 }")):
         _, rows = run(name, cluster)
         report.append(f"{name} {herdtest.steps_within(rows, one, name + ' on CUDA', tolerance=1e-4):.2g}")
+        if name in ("gpipe", "zero_bubble"):
+            # Each chunk takes its micro-batches' backwards in ascending
+            # order under every schedule: the same sums, bit for bit.
+            assert herdtest.trajectory(rows) == straight, f"{name} on CUDA stages differs from 1F1B"
 
     # The grid: 2 replicas of 2 stages of 2 tensor ranks, one sequence a
     # replica's micro-batch.

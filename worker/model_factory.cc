@@ -77,12 +77,12 @@ StatusOr<std::unique_ptr<Model>> CreateTensorParallelCudaModel(const config::Job
 
 StatusOr<std::unique_ptr<StageModel>> CreateCudaStageModel(const config::JobConfig& config, const JobOptions& job,
                                                            int local_rank, const LlamaShape& shape, LayerRange layers,
-                                                           int slots, DeviceTensorGroup group) {
+                                                           int slots, bool split_backward, DeviceTensorGroup group) {
   HERD_ASSIGN_OR_RETURN(const int device, PickDevice(local_rank));
 #if HERD_HAVE_CUDA_MODEL
   const bool bf16 = config.device().dtype() == config::DeviceConfig::BF16;
   return cuda::NewCudaStageModel(shape, job.batch, job.seq_len, bf16, device, job.recompute, layers, slots,
-                                 std::move(group));
+                                 split_backward, std::move(group));
 #else
   (void)device;
   (void)config;
@@ -90,6 +90,7 @@ StatusOr<std::unique_ptr<StageModel>> CreateCudaStageModel(const config::JobConf
   (void)shape;
   (void)layers;
   (void)slots;
+  (void)split_backward;
   (void)group;
   return std::unique_ptr<StageModel>();  // not reached: PickDevice refused
 #endif

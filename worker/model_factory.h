@@ -39,10 +39,10 @@ DeviceContextGroup StagedContextGroup(const ContextGroup<float>& host);
 
 // A pipeline stage's CUDA model over `layers` (`shape` the model's, or a
 // tensor-parallel rank's slices' with `group`), `slots` micro-batches in
-// flight.
+// flight, its backward split for zero bubble with `split_backward`.
 StatusOr<std::unique_ptr<StageModel>> CreateCudaStageModel(const config::JobConfig& config, const JobOptions& job,
                                                            int local_rank, const LlamaShape& shape, LayerRange layers,
-                                                           int slots, DeviceTensorGroup group);
+                                                           int slots, bool split_backward, DeviceTensorGroup group);
 
 // A tensor-parallel CUDA rank's group whose sums (gathers and
 // reduce-scatters) are `host`'s (a ring over host memory), each staged

@@ -387,7 +387,7 @@ Status WorkerProcess::PreparePipelineStage(transport::CoordinatorClient* client)
     if (gpu) {
       HERD_ASSIGN_OR_RETURN(std::unique_ptr<StageModel> model,
                             CreateCudaStageModel(config_, job_, LocalRank(rank_), stage_layout().shape(), stage.layers,
-                                                 slots[c], device_group));
+                                                 slots[c], s.kind == PipelineScheduleKind::kZeroBubble, device_group));
       chunk_models_.push_back(std::move(model));
       continue;
     }

@@ -33,6 +33,9 @@ CudaActivationSizes::CudaActivationSizes(const LlamaShape& s, int max_batch, int
   logits = head ? N * s.vocab_size : 0;
   rms_scratch = RmsNormScratchFloats(N, d);
   attn_scratch = AttentionScratchFloats(max_batch, max_seq_len / C, s.num_heads);
+  if (part.split_backward) {
+    split_kept = layers * N * (2 * d + 2 * s.intermediate_size + s.q_dim() + 2 * s.kv_dim());
+  }
   if (C > 1) {
     context_kv = 5 * static_cast<int64_t>(max_batch) * max_seq_len * s.kv_dim();
     positions = max_seq_len / C;
@@ -46,7 +49,7 @@ CudaActivationSizes::CudaActivationSizes(const LlamaShape& s, int max_batch, int
 
 int64_t CudaActivationSizes::ComputeElements(const LlamaShape& s) const {
   return residual + 3 * per_layer_d + 2 * per_layer_qd + 2 * per_layer_kvd + 3 * per_layer_f +
-         (head ? N * s.hidden_size : 0) + logits + whole + context_kv +
+         (head ? N * s.hidden_size : 0) + logits + whole + context_kv + split_kept +
          // backward: dres (the rank's rows), dln, datt, dq, dk, dv, dact, dgate, dup
          R * s.hidden_size + N * s.hidden_size + 2 * N * s.q_dim() + 2 * N * s.kv_dim() + 3 * N * s.intermediate_size;
 }

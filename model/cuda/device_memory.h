@@ -36,6 +36,9 @@ struct CudaModelPart {
   // tokens alone (N / context_ranks rows) against the whole sequences'
   // keys and values, gathered.
   int context_ranks = 1;
+  // Zero bubble's split backward: each layer's products' output gradients
+  // kept from the input part for the weights' (split_kept).
+  bool split_backward = false;
 };
 
 // Element counts of every buffer of CudaLlamaModel for max_batch x
@@ -55,7 +58,7 @@ struct CudaActivationSizes {
   // Context parallelism: the gathered keys and values and their gradients
   // ([B, T, kv] each) and the gathers' rank-major buffer; the rank's
   // positions and RoPE rows.
-  int64_t context_kv = 0, positions = 0, rope_local = 0;
+  int64_t context_kv = 0, positions = 0, rope_local = 0, split_kept = 0;
   bool head = true;
   CudaActivationSizes(const LlamaShape& s, int max_batch, int max_seq_len, Recompute recompute = Recompute::kNone,
                       const CudaModelPart& part = {});

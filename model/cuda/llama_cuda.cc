@@ -42,6 +42,9 @@ struct CudaLlamaModel<T>::Buffers {
   std::vector<float> host_cos, host_sin, host_local_cos, host_local_sin;
   std::vector<int32_t> host_positions, host_tokens_local, host_targets_local;
   int64_t Tk = 0;  // the keys' rows a sequence (Tcur without context parallelism)
+  // Zero bubble's split backward: each layer's products' output gradients
+  // ([Ll, N, width]) from the input part, for the weights' part.
+  T *w_down, *w_o, *w_gate, *w_up, *w_q, *w_k, *w_v;
   // R: the rows of the residual stream and the norms (sequence
   // parallelism: the rank's, rounded up; else N).
   T* residual;                 // [L+1, R, d]: input of layer l; [L] = final
@@ -94,12 +97,13 @@ std::string CudaLlamaModel<T>::CheckShape(const LlamaShape& shape) {
 template <typename T>
 CudaLlamaModel<T>::CudaLlamaModel(const LlamaShape& shape, int max_batch, int max_seq_len, cudaStream_t stream,
                                   Recompute recompute, DeviceTensorGroup group, LayerRange layers,
-                                  DeviceContextGroup context)
+                                  DeviceContextGroup context, bool split_backward)
     : layout_(shape),
       tp_(std::move(group)),
       cp_(std::move(context)),
       first_layer_(layers.first),
       end_layer_(layers.end < 0 ? shape.num_layers : layers.end),
+      split_backward_(split_backward),
       max_batch_(max_batch),
       max_seq_len_(max_seq_len),
       stream_(stream),
@@ -111,7 +115,8 @@ CudaLlamaModel<T>::CudaLlamaModel(const LlamaShape& shape, int max_batch, int ma
   CHECK(0 <= first_layer_ && first_layer_ <= end_layer_ && end_layer_ <= shape.num_layers)
       << "CudaLlamaModel: layers [" << first_layer_ << ", " << end_layer_ << ") of " << shape.num_layers;
   const CudaActivationSizes z(shape, max_batch, max_seq_len, recompute,
-                              CudaModelPart{tp_.ranks, sequence_parallel(), {first_layer_, end_layer_}, cp_.ranks});
+                              CudaModelPart{tp_.ranks, sequence_parallel(), {first_layer_, end_layer_}, cp_.ranks,
+                                            split_backward_});
   b.N = z.N;
   b.R = z.R;
   b.d = shape.hidden_size;
@@ -176,6 +181,17 @@ CudaLlamaModel<T>::CudaLlamaModel(const LlamaShape& shape, int max_batch, int ma
                   shape.rope_scaling);
   HERD_CUDA_CHECK(cudaMemcpy(b.rope_cos, b.host_cos.data(), z.rope * 4, cudaMemcpyHostToDevice));
   HERD_CUDA_CHECK(cudaMemcpy(b.rope_sin, b.host_sin.data(), z.rope * 4, cudaMemcpyHostToDevice));
+  if (split_backward_) {
+    CHECK(recompute == Recompute::kNone) << "a split backward keeps every layer's activations";
+    const int64_t layers = end_layer_ - first_layer_, per = layers * b.N;
+    b.w_down = b.template Alloc<T>(per * b.d);
+    b.w_o = b.template Alloc<T>(per * b.d);
+    b.w_gate = b.template Alloc<T>(per * b.f);
+    b.w_up = b.template Alloc<T>(per * b.f);
+    b.w_q = b.template Alloc<T>(per * b.qd);
+    b.w_k = b.template Alloc<T>(per * b.kvd);
+    b.w_v = b.template Alloc<T>(per * b.kvd);  // the seven of z.split_kept
+  }
   if (cp_.ranks > 1) {
     CHECK(cp_.all_gather && cp_.reduce_scatter) << "a context-parallel CUDA model needs its group's gathers";
     CHECK_EQ(max_seq_len % (2 * cp_.ranks), 0) << "context parallelism cuts each sequence into 2 x " << cp_.ranks
@@ -591,7 +607,7 @@ void CudaLlamaModel<T>::HeadBackward(UnitSpace<const T> params, UnitSpace<float>
 }
 
 template <typename T>
-void CudaLlamaModel<T>::LayerBackward(UnitSpace<const T> params, UnitSpace<float> grads, int l) {
+void CudaLlamaModel<T>::LayerBackward(UnitSpace<const T> params, UnitSpace<float> grads, int l, bool split) {
   Buffers& b = *b_;
   const LlamaShape& s = layout_.shape();
   const int B = b.B, T_ = b.Tcur;
@@ -602,6 +618,13 @@ void CudaLlamaModel<T>::LayerBackward(UnitSpace<const T> params, UnitSpace<float
   const LayerOffsets& w = layout_.layer(l);
   const auto a = b.layer(l - first_layer_);
   if (b.one_layer) LayerForward(params, l, /*to_output=*/false);  // Recompute::kFull
+  // A product's weight gradient now, or (split) its output gradient kept.
+  const int64_t kept_at = (l - first_layer_) * N;
+  auto weight = [&](float* dw, const T* dout, const T* in, int64_t in_dim, int64_t out_dim, T* kept) {
+    if (!split) return mm.BackwardWeight(dw, dout, in, N, in_dim, out_dim, st);
+    HERD_CUDA_CHECK(cudaMemcpyAsync(kept + kept_at * out_dim, dout, N * out_dim * sizeof(T), cudaMemcpyDeviceToDevice,
+                                    st));
+  };
   // MLP branch: dres is d(layer output) = d(mid) through the skip.
   // Sequence parallelism: dres holds this rank's n rows, gathered whole
   // for the row-parallel product's backward; the norms' outputs are
@@ -609,13 +632,13 @@ void CudaLlamaModel<T>::LayerBackward(UnitSpace<const T> params, UnitSpace<float
   // gradients' partial sums reduce-scattered.
   const T* dres_all = Gathered(b.dres, N);
   mm.BackwardInput(b.dact, dres_all, params + w.down_proj, N, f, d, false, st);
-  mm.BackwardWeight(grads + w.down_proj, dres_all, a.act, N, f, d, st);
+  weight(grads + w.down_proj, dres_all, a.act, f, d, b.w_down);
   SwigluBackward(b.dgate, b.dup, b.dact, a.gate, a.up, N * f, st);
-  const T* ln2_all = Gathered(a.ln2, N);
+  const T* ln2_all = split ? nullptr : Gathered(a.ln2, N);
   mm.BackwardInput(b.dln, b.dgate, params + w.gate_proj, N, d, f, false, st);
-  mm.BackwardWeight(grads + w.gate_proj, b.dgate, ln2_all, N, d, f, st);
+  weight(grads + w.gate_proj, b.dgate, ln2_all, d, f, b.w_gate);
   mm.BackwardInput(b.dln, b.dup, params + w.up_proj, N, d, f, true, st);
-  mm.BackwardWeight(grads + w.up_proj, b.dup, ln2_all, N, d, f, st);
+  weight(grads + w.up_proj, b.dup, ln2_all, d, f, b.w_up);
   const T* dln_mine = Summed(b.dln, N);  // tensor-parallel: each rank's columns' part
   RmsNormBackward(b.dres, grads + w.post_norm, dln_mine, a.mid, params + w.post_norm, a.ln2_rstd, n, d, b.rms_scratch,
                   st);
@@ -623,7 +646,7 @@ void CudaLlamaModel<T>::LayerBackward(UnitSpace<const T> params, UnitSpace<float
   // Attention branch: dres is now d(mid) = d(layer input) through the skip.
   const T* dmid_all = Gathered(b.dres, N);
   mm.BackwardInput(b.datt, dmid_all, params + w.o_proj, N, qd, d, false, st);
-  mm.BackwardWeight(grads + w.o_proj, dmid_all, a.att, N, qd, d, st);
+  weight(grads + w.o_proj, dmid_all, a.att, qd, d, b.w_o);
   const bool cp = cp_.ranks > 1;
   if (cp) {
     // The keys and values gathered again (FULL recomputation has just done
@@ -639,16 +662,60 @@ void CudaLlamaModel<T>::LayerBackward(UnitSpace<const T> params, UnitSpace<float
   const float* sin = cp ? b.rope_local_sin : b.rope_sin;
   RopeBackward(b.dq, cos, sin, B, T_, H, hd, st);
   RopeBackward(b.dk, cos, sin, B, T_, KV, hd, st);
-  const T* ln1_all = Gathered(a.ln1, N);
+  const T* ln1_all = split ? nullptr : Gathered(a.ln1, N);
   mm.BackwardInput(b.dln, b.dq, params + w.q_proj, N, d, qd, false, st);
-  mm.BackwardWeight(grads + w.q_proj, b.dq, ln1_all, N, d, qd, st);
+  weight(grads + w.q_proj, b.dq, ln1_all, d, qd, b.w_q);
   mm.BackwardInput(b.dln, b.dk, params + w.k_proj, N, d, kvd, true, st);
-  mm.BackwardWeight(grads + w.k_proj, b.dk, ln1_all, N, d, kvd, st);
+  weight(grads + w.k_proj, b.dk, ln1_all, d, kvd, b.w_k);
   mm.BackwardInput(b.dln, b.dv, params + w.v_proj, N, d, kvd, true, st);
-  mm.BackwardWeight(grads + w.v_proj, b.dv, ln1_all, N, d, kvd, st);
+  weight(grads + w.v_proj, b.dv, ln1_all, d, kvd, b.w_v);
   const T* dln_in = Summed(b.dln, N);  // tensor-parallel: each rank's heads' part
   RmsNormBackward(b.dres, grads + w.input_norm, dln_in, a.x, params + w.input_norm, a.ln1_rstd, n, d, b.rms_scratch,
                   st);
+}
+
+template <typename T>
+void CudaLlamaModel<T>::LayerBackwardWeights(UnitSpace<float> grads, int l) {
+  Buffers& b = *b_;
+  const int64_t N = static_cast<int64_t>(b.B) * b.Tcur, d = b.d, qd = b.qd, kvd = b.kvd, f = b.f;
+  cudaStream_t st = stream_;
+  Matmul& mm = b.matmul;
+  const LayerOffsets& w = layout_.layer(l);
+  const auto a = b.layer(l - first_layer_);
+  // The weights are not read: the input part used them. Sequence
+  // parallelism: the norms' outputs (kept as this rank's rows) gathered
+  // again as the products' inputs.
+  const int64_t i = (l - first_layer_) * N;
+  mm.BackwardWeight(grads + w.down_proj, b.w_down + i * d, a.act, N, f, d, st);
+  const T* ln2_all = Gathered(a.ln2, N);
+  mm.BackwardWeight(grads + w.gate_proj, b.w_gate + i * f, ln2_all, N, d, f, st);
+  mm.BackwardWeight(grads + w.up_proj, b.w_up + i * f, ln2_all, N, d, f, st);
+  mm.BackwardWeight(grads + w.o_proj, b.w_o + i * d, a.att, N, qd, d, st);
+  const T* ln1_all = Gathered(a.ln1, N);
+  mm.BackwardWeight(grads + w.q_proj, b.w_q + i * qd, ln1_all, N, d, qd, st);
+  mm.BackwardWeight(grads + w.k_proj, b.w_k + i * kvd, ln1_all, N, d, kvd, st);
+  mm.BackwardWeight(grads + w.v_proj, b.w_v + i * kvd, ln1_all, N, d, kvd, st);
+}
+
+template <typename T>
+void CudaLlamaModel<T>::StageBackwardInput(UnitSpace<const T> params, UnitSpace<float> grads, const T* output_grad) {
+  Buffers& b = *b_;
+  CHECK(split_backward_) << "StageBackwardInput on a model made without split_backward";
+  CHECK(b.has_targets) << "CudaLlamaModel: a backward needs a forward with targets first";
+  if (!has_head() && output_grad != b.dres) {
+    HERD_CUDA_CHECK(cudaMemcpyAsync(b.dres, output_grad, StageElements(b.B, b.Tcur) * sizeof(T),
+                                    cudaMemcpyDeviceToDevice, stream_));
+  }
+  for (int l = end_layer_ - 1; l >= first_layer_; --l) LayerBackward(params, grads, l, /*split=*/true);
+  if (embeds()) EmbedBackward(grads);
+  HERD_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T>
+void CudaLlamaModel<T>::StageBackwardWeights(UnitSpace<float> grads) {
+  CHECK(split_backward_) << "StageBackwardWeights on a model made without split_backward";
+  for (int l = end_layer_ - 1; l >= first_layer_; --l) LayerBackwardWeights(grads, l);
+  HERD_CUDA_CHECK_LAUNCH();
 }
 
 template <typename T>

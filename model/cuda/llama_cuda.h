@@ -57,9 +57,13 @@ class CudaLlamaModel {
   // gathered on the device (their gradients' sums reduce-scattered back),
   // and returns its tokens' mean loss; 2 x ranks must divide every
   // sequence's length.
+  //
+  // `split_backward` (no recomputation): StageBackward may be split in
+  // two, StageBackwardInput then StageBackwardWeights (zero-bubble
+  // pipelines), each layer's products' output gradients kept between.
   CudaLlamaModel(const LlamaShape& shape, int max_batch, int max_seq_len, cudaStream_t stream,
                  Recompute recompute = Recompute::kNone, DeviceTensorGroup group = {}, LayerRange layers = {},
-                 DeviceContextGroup context = {});
+                 DeviceContextGroup context = {}, bool split_backward = false);
   ~CudaLlamaModel();
   CudaLlamaModel(const CudaLlamaModel&) = delete;
   CudaLlamaModel& operator=(const CudaLlamaModel&) = delete;
@@ -112,6 +116,13 @@ class CudaLlamaModel {
                       const NeedUpTo& need = nullptr);
   void StageBackward(UnitSpace<const T> params, UnitSpace<float> grads, const T* output_grad,
                      const FinalFrom& final_from = nullptr, const NeedFrom& need_from = nullptr);
+  // StageBackward in two parts (a model made with split_backward): the
+  // input gradients (StageInputGrad ready after it; the norms' and on the
+  // first stage the embedding's gradients too), then, before the model's
+  // next pass, the products' weight gradients; together they add to
+  // `grads` what StageBackward adds.
+  void StageBackwardInput(UnitSpace<const T> params, UnitSpace<float> grads, const T* output_grad);
+  void StageBackwardWeights(UnitSpace<float> grads);
   // A stage's input and output elements for B x T_ tokens ([B*T_, hidden];
   // with sequence parallelism the rank's rows).
   int64_t StageElements(int B, int T_) const;
@@ -145,7 +156,10 @@ class CudaLlamaModel {
   void EmbedForward(UnitSpace<const T> params);
   double HeadForward(UnitSpace<const T> params);
   void HeadBackward(UnitSpace<const T> params, UnitSpace<float> grads, double loss_scale);
-  void LayerBackward(UnitSpace<const T> params, UnitSpace<float> grads, int l);
+  // `split`: the products' weight gradients left for LayerBackwardWeights
+  // (their output gradients kept).
+  void LayerBackward(UnitSpace<const T> params, UnitSpace<float> grads, int l, bool split = false);
+  void LayerBackwardWeights(UnitSpace<float> grads, int l);
   void EmbedBackward(UnitSpace<float> grads);
   int64_t LayerEnd(int l) const;  // where layer l's tensors end
   // Context parallelism: layer l's keys and values (this rank's rows) of
@@ -176,6 +190,7 @@ class CudaLlamaModel {
   const DeviceTensorGroup tp_;
   const DeviceContextGroup cp_;
   const int first_layer_, end_layer_;  // the LayerRange, resolved
+  const bool split_backward_;
   int max_batch_, max_seq_len_;
   cudaStream_t stream_;
   std::unique_ptr<Buffers> b_;

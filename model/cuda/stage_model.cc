@@ -18,13 +18,13 @@ template <typename T>
 class CudaStageModel final : public StageModel {
  public:
   CudaStageModel(const LlamaShape& shape, int max_batch, int max_seq_len, int device, std::string name,
-                 Recompute recompute, LayerRange layers, int slots, DeviceTensorGroup group)
+                 Recompute recompute, LayerRange layers, int slots, bool split_backward, DeviceTensorGroup group)
       : layout_(shape), max_batch_(max_batch), max_seq_len_(max_seq_len), name_(std::move(name)) {
     HERD_CUDA_CHECK(cudaSetDevice(device));
     HERD_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     for (int i = 0; i < slots; ++i) {
-      models_.push_back(
-          std::make_unique<CudaLlamaModel<T>>(shape, max_batch, max_seq_len, stream_, recompute, group, layers));
+      models_.push_back(std::make_unique<CudaLlamaModel<T>>(shape, max_batch, max_seq_len, stream_, recompute, group,
+                                                            layers, DeviceContextGroup{}, split_backward));
     }
     // The stage's units on the device; the rest of the space stays null,
     // so a read of it stops the process (UnitSpace).
@@ -107,26 +107,21 @@ class CudaStageModel final : public StageModel {
     if (output_grad != nullptr) ToDevice(m.StageOutputGrad(), output_grad, StageElementsOfLast(m));
     m.StageBackward(UnitSpace<const T>(Weights()), UnitSpace<float>(&grads_), m.StageOutputGrad());
     if (!m.embeds()) ToHost(host_[slot].input_grad.data(), m.StageInputGrad(), StageElementsOfLast(m));
-    if (!last_micro_batch) return;
-    // The step's sums, unit by unit from the last, into the caller's.
-    HERD_CUDA_CHECK(cudaStreamSynchronize(stream_));
-    for (auto u = units_.rbegin(); u != units_.rend(); ++u) {
-      const int64_t size = u->end - u->begin;
-      staging_.resize(size);
-      HERD_CUDA_CHECK(cudaMemcpy(staging_.data(), grads_.bases[u->index], size * 4, cudaMemcpyDeviceToHost));
-      float* into = grads + u->begin;
-      for (int64_t i = 0; i < size; ++i) into[i] += staging_[i];
-      HERD_CUDA_CHECK(cudaMemsetAsync(grads_.bases[u->index], 0, size * sizeof(float), stream_));
-      if (final_from) final_from(u->begin);
-    }
+    if (last_micro_batch) Deliver(grads, final_from);
   }
   const float* StageInputGrad(int slot) override { return host_[slot].input_grad.data(); }
 
-  void StageBackwardInput(int, const float*, float*, const float*, const FinalFrom&, const NeedFrom&) override {
-    LOG(FATAL) << "a CUDA pipeline stage has no split backward (zero bubble is refused in the config check)";
+  void StageBackwardInput(int slot, const float* /*params: the device's copy*/, float* /*grads: at the weights'*/,
+                          const float* output_grad, const FinalFrom& /*done*/, const NeedFrom& /*need_from*/) override {
+    CudaLlamaModel<T>& m = *models_[slot];
+    if (output_grad != nullptr) ToDevice(m.StageOutputGrad(), output_grad, StageElementsOfLast(m));
+    m.StageBackwardInput(UnitSpace<const T>(Weights()), UnitSpace<float>(&grads_), m.StageOutputGrad());
+    if (!m.embeds()) ToHost(host_[slot].input_grad.data(), m.StageInputGrad(), StageElementsOfLast(m));
   }
-  void StageBackwardWeights(int, float*, const FinalFrom&) override {
-    LOG(FATAL) << "a CUDA pipeline stage has no split backward (zero bubble is refused in the config check)";
+  // The step's last micro-batch's calls it with final_from.
+  void StageBackwardWeights(int slot, float* grads, const FinalFrom& final_from) override {
+    models_[slot]->StageBackwardWeights(UnitSpace<float>(&grads_));
+    if (final_from) Deliver(grads, final_from);
   }
 
   void EndStep() override {
@@ -149,6 +144,21 @@ class CudaStageModel final : public StageModel {
   };
 
   const UnitTable<T>* Weights() const { return &weights_; }
+
+  // The step's sums, unit by unit from the last, into the caller's (the
+  // device's zeroed for the next step).
+  void Deliver(float* grads, const FinalFrom& final_from) {
+    HERD_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    for (auto u = units_.rbegin(); u != units_.rend(); ++u) {
+      const int64_t size = u->end - u->begin;
+      staging_.resize(size);
+      HERD_CUDA_CHECK(cudaMemcpy(staging_.data(), grads_.bases[u->index], size * 4, cudaMemcpyDeviceToHost));
+      float* into = grads + u->begin;
+      for (int64_t i = 0; i < size; ++i) into[i] += staging_[i];
+      HERD_CUDA_CHECK(cudaMemsetAsync(grads_.bases[u->index], 0, size * sizeof(float), stream_));
+      if (final_from) final_from(u->begin);
+    }
+  }
   int64_t StageElementsOfLast(const CudaLlamaModel<T>& m) const { return m.StageElements(last_B_, last_T_); }
 
   // The unit's weights from the host, converted on the device in bf16.
@@ -203,8 +213,8 @@ class CudaStageModel final : public StageModel {
 
 StatusOr<std::unique_ptr<StageModel>> NewCudaStageModel(const LlamaShape& shape, int max_batch, int max_seq_len,
                                                         bool bf16, int device, Recompute recompute, LayerRange layers,
-                                                        int slots, DeviceTensorGroup group) {
-  const CudaModelPart part{group.ranks, group.sequence_parallel, layers};
+                                                        int slots, bool split_backward, DeviceTensorGroup group) {
+  const CudaModelPart part{group.ranks, group.sequence_parallel, layers, 1, split_backward};
   HERD_ASSIGN_OR_RETURN(const std::string name,
                         PrepareDevice(shape, device, bf16,
                                       StageWorkerDeviceBytes(shape, max_batch, max_seq_len, bf16, recompute, part,
@@ -212,7 +222,7 @@ StatusOr<std::unique_ptr<StageModel>> NewCudaStageModel(const LlamaShape& shape,
   const int64_t before = UsedDeviceBytes();
   auto make = [&](auto zero) -> std::unique_ptr<StageModel> {
     auto model = std::make_unique<CudaStageModel<decltype(zero)>>(shape, max_batch, max_seq_len, device, name,
-                                                                  recompute, layers, slots, group);
+                                                                  recompute, layers, slots, split_backward, group);
     model->set_allocated(UsedDeviceBytes() - before);
     return model;
   };

@@ -24,11 +24,13 @@
 namespace herd::cuda {
 
 // A stage over `layers` with `slots` micro-batches in flight on device
-// `device`, computing in bf16 or fp32; with `group`, a tensor-parallel
-// rank's (`shape` its slices'). Errors: the device, the shape, the memory
-// (one line each, before anything is allocated).
+// `device`, computing in bf16 or fp32, its backward split in two with
+// `split_backward` (zero bubble: the weights' part adds the step's last
+// micro-batch's gradients and delivers the sums); with `group`, a
+// tensor-parallel rank's (`shape` its slices'). Errors: the device, the
+// shape, the memory (one line each, before anything is allocated).
 StatusOr<std::unique_ptr<StageModel>> NewCudaStageModel(const LlamaShape& shape, int max_batch, int max_seq_len,
                                                         bool bf16, int device, Recompute recompute, LayerRange layers,
-                                                        int slots, DeviceTensorGroup group = {});
+                                                        int slots, bool split_backward, DeviceTensorGroup group = {});
 
 }  // namespace herd::cuda
