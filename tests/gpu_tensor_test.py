@@ -10,7 +10,8 @@ cross-entropy's statistics) run on the device through NCCL.
   one CPU process and the gradient norm within herdtest.NORM_TOLERANCE,
   its held-out loss too, and its sample (the last position's logits
   gathered over the group on the device) one process's text;
-* tensor 4 (a model of 4 KV heads) within 1e-4 of one process;
+* tensor 4 (a model of 4 KV heads), with sequence parallelism too, within
+  1e-4 of one process;
 * in bf16, tensor 2 within 1e-3 of one CUDA process in bf16 (its norm
   within 5e-2: bf16 gradients summed in other orders; the group's
   sums of bf16 activations);
@@ -82,6 +83,9 @@ def main():
     _, one4 = run("one_kv4", "", device="", edit=kv4)
     _, rows = run("tp4", "cluster { sync: ALLREDUCE workers: 4 tensor_parallel: 4 }", edit=kv4)
     report.append(f"tensor 4 {herdtest.steps_within(rows, one4, 'tensor 4 on CUDA workers', tolerance=1e-4):.2g}")
+    _, rows = run("tp4_sp", "cluster { sync: ALLREDUCE workers: 4 tensor_parallel: 4 sequence_parallel: true }",
+                  edit=kv4)
+    report.append(f"tensor 4 + sequence {herdtest.steps_within(rows, one4, 'tensor 4 + sequence', tolerance=1e-4):.2g}")
 
     bf16 = "device { kind: CUDA dtype: BF16 }"
     _, one_bf16 = run("one_bf16", "", device=bf16)
