@@ -293,6 +293,26 @@ void AddStageZeroState(const JobSizes& j, const PipelinePlan& pipeline, int d, c
   m->buffers += 3 * static_cast<int64_t>(buckets.size() + 1) * kPageBytes;
 }
 
+// A CUDA stage's (model/cuda/stage_model.h) in place of a CPU stage's
+// activations: each chunk's slot models and its units on the device; on
+// the host each slot's staged activations (`activation` elements) and
+// their gradients, in and out. `shape`: the space a stage computes in.
+void AddCudaStage(const JobSizes& j, const PipelinePlan& pipeline, int d, const LlamaShape& shape, bool sequence,
+                  int64_t activation, ProcessMemory* m) {
+  const PipelineSchedule& s = pipeline.schedule;
+  const std::vector<int> slots = ChunkSlots(s, d);
+  const bool bf16 = j.config.device().dtype() == config::DeviceConfig::BF16;
+  m->activations = 0;
+  for (int c = 0; c < s.chunks; ++c) {
+    const PipelineStage& st = pipeline.split.stage(s.VirtualStage(d, c));
+    const cuda::CudaModelPart part{pipeline.grid.degree(Axis::kTensor), sequence, st.layers, 1,
+                                   s.kind == PipelineScheduleKind::kZeroBubble};
+    m->device += cuda::StageWorkerDeviceBytes(shape, j.train.batch_size(), j.train.seq_len(), bf16, j.job.recompute,
+                                              part, slots[c], cuda::StageHeldElements(shape, st.layers));
+    m->buffers += 4 * slots[c] * activation * kF32;
+  }
+}
+
 StatusOr<std::vector<ProcessMemory>> StageMemory(const JobSizes& j, const ShardPlan* shards = nullptr) {
   const bool ps = j.cluster.sync() == config::ClusterConfig::PARAMETER_SERVER;
   HERD_ASSIGN_OR_RETURN(const PipelinePlan pipeline, PipelinePlan::FromConfig(j.config));
@@ -355,21 +375,7 @@ StatusOr<std::vector<ProcessMemory>> StageMemory(const JobSizes& j, const ShardP
       m.gradients = peak.gradients;
       staging = peak.staging + static_cast<int64_t>(shards->buckets().size() + 1) * (j.bf16 ? 3 : 2) * kPageBytes;
     }
-    if (j.gpu) {
-      // A CUDA stage (model/cuda/stage_model.h): each chunk's slot models
-      // and its units on the device; on the host each slot's staged
-      // activations and their gradients, in and out.
-      m.activations = 0;
-      const bool bf16 = j.config.device().dtype() == config::DeviceConfig::BF16;
-      for (int c = 0; c < s.chunks; ++c) {
-        const PipelineStage& st = pipeline.split.stage(s.VirtualStage(d, c));
-        const cuda::CudaModelPart part{pipeline.grid.degree(Axis::kTensor), S > 1, st.layers, 1,
-                                       s.kind == PipelineScheduleKind::kZeroBubble};
-        m.device += cuda::StageWorkerDeviceBytes(shape, static_cast<int>(B), static_cast<int>(T), bf16, j.job.recompute,
-                                                 part, slots[c], cuda::StageHeldElements(shape, st.layers));
-        m.buffers += 4 * slots[c] * activation * kF32;
-      }
-    }
+    if (j.gpu) AddCudaStage(j, pipeline, d, shape, S > 1, activation, &m);
     // The step's drawn micro-batches, as every worker holds them.
     m.activations += 2 * B * T * j.train.grad_accum() * static_cast<int64_t>(sizeof(int32_t));
     m.buffers += StageRings(pipeline.grid, ps) * (kRingChunksAhead + (j.bf16 ? kRingChunksInFlight : 0)) * kRingChunkBytes +

@@ -146,22 +146,6 @@ CudaLlamaModel<T>::CudaLlamaModel(const LlamaShape& shape, int max_batch, int ma
   b.gate = b.template Alloc<T>(z.per_layer_f);
   b.up = b.template Alloc<T>(z.per_layer_f);
   b.act = b.template Alloc<T>(z.per_layer_f);
-  if (z.head) {
-    b.lnf = b.template Alloc<T>(b.N * b.d);
-    b.lnf_rstd = b.template Alloc<float>(b.R);
-    b.logits = b.template Alloc<T>(z.logits);
-    b.losses = b.template Alloc<float>(b.N);
-    b.ce_lse = b.template Alloc<float>(b.N);
-  }
-  if (sequence_parallel()) {
-    CHECK(tp_.all_gather && tp_.reduce_scatter) << "a sequence-parallel CUDA model needs its group's gathers";
-    b.whole = b.template Alloc<T>(z.whole);
-  }
-  if (tp_.ranks > 1 && z.head) {
-    CHECK(tp_.all_reduce) << "a tensor-parallel CUDA model needs its group's sum";
-    b.vocab_stats = b.template Alloc<float>(b.N * (2 * tp_.ranks + 1));  // the two of z.vocab_stats
-    b.logits_row = b.template Alloc<float>(static_cast<int64_t>(b.V) * tp_.ranks);
-  }
   b.dres = b.template Alloc<T>(b.R * b.d);
   b.dln = b.template Alloc<T>(b.N * b.d);
   b.datt = b.template Alloc<T>(b.N * b.qd);
@@ -181,6 +165,31 @@ CudaLlamaModel<T>::CudaLlamaModel(const LlamaShape& shape, int max_batch, int ma
                   shape.rope_scaling);
   HERD_CUDA_CHECK(cudaMemcpy(b.rope_cos, b.host_cos.data(), z.rope * 4, cudaMemcpyHostToDevice));
   HERD_CUDA_CHECK(cudaMemcpy(b.rope_sin, b.host_sin.data(), z.rope * 4, cudaMemcpyHostToDevice));
+  AllocatePartBuffers(z, recompute, max_batch, max_seq_len);
+}
+
+// The buffers of the model's part alone: the head's, sequence and tensor
+// parallelism's, a split backward's, context parallelism's.
+template <typename T>
+void CudaLlamaModel<T>::AllocatePartBuffers(const CudaActivationSizes& z, Recompute recompute, int max_batch,
+                                            int max_seq_len) {
+  Buffers& b = *b_;
+  if (z.head) {
+    b.lnf = b.template Alloc<T>(b.N * b.d);
+    b.lnf_rstd = b.template Alloc<float>(b.R);
+    b.logits = b.template Alloc<T>(z.logits);
+    b.losses = b.template Alloc<float>(b.N);
+    b.ce_lse = b.template Alloc<float>(b.N);
+  }
+  if (sequence_parallel()) {
+    CHECK(tp_.all_gather && tp_.reduce_scatter) << "a sequence-parallel CUDA model needs its group's gathers";
+    b.whole = b.template Alloc<T>(z.whole);
+  }
+  if (tp_.ranks > 1 && z.head) {
+    CHECK(tp_.all_reduce) << "a tensor-parallel CUDA model needs its group's sum";
+    b.vocab_stats = b.template Alloc<float>(b.N * (2 * tp_.ranks + 1));  // the two of z.vocab_stats
+    b.logits_row = b.template Alloc<float>(static_cast<int64_t>(b.V) * tp_.ranks);
+  }
   if (split_backward_) {
     CHECK(recompute == Recompute::kNone) << "a split backward keeps every layer's activations";
     const int64_t layers = end_layer_ - first_layer_, per = layers * b.N;

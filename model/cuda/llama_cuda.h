@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "model/cuda/device_compat.h"
+#include "model/cuda/device_memory.h"
 #include "model/cuda/unit_space.h"
 #include "model/llama_config.h"
 #include "model/param_layout.h"
@@ -148,6 +149,9 @@ class CudaLlamaModel {
   // Layer l's forward from its input into the layer's buffers; `to_output`:
   // through its last product into the next layer's input.
   void LayerForward(UnitSpace<const T> params, int l, bool to_output);
+  // The constructor's buffers of the model's part (the head, a group's,
+  // a split backward's), from the one table `z`.
+  void AllocatePartBuffers(const CudaActivationSizes& z, Recompute recompute, int max_batch, int max_seq_len);
   // The passes' pieces, each unit's forward beside its backward: the batch
   // taken (tokens to the model that embeds, targets to the one with the
   // head), the embedding, the head (its loss; its backward into dres), a
