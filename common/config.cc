@@ -268,6 +268,10 @@ void CheckDeviceAndTrain(const JobConfig& c, const Rules& need) {
   const auto& m = c.model();
   need(c.device().kind() == config::DeviceConfig::CUDA || c.device().dtype() == config::DeviceConfig::FP32,
        "device.dtype", "BF16 needs device.kind CUDA (CPU workers compute in fp32)");
+  const auto& cl = c.cluster();
+  need(c.device().compute() || (c.device().kind() == config::DeviceConfig::CPU && cl.pipeline_stages() <= 1 &&
+                                cl.tensor_parallel() <= 1 && cl.context_parallel() <= 1),
+       "device.compute", "false is for CPU workers without pipeline stages, tensor or context parallelism");
 
   const auto& t = c.train();
   need(t.steps() > 0, "train.steps", "must be > 0");

@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -111,6 +112,47 @@ const float* ContextGatherRow(const ContextGroup<float>& group, const float* min
   if (group.rank == at.rank) std::copy(mine + at.row * vocab, mine + (at.row + 1) * vocab, row.begin() + at.rank * vocab);
   group.all_gather(row.data(), Partition(C, vocab));
   return row.data() + static_cast<int64_t>(at.rank) * vocab;
+}
+
+namespace {
+
+class NoComputeModel final : public Model {
+ public:
+  NoComputeModel(const LlamaShape& shape, int max_batch, int max_seq_len)
+      : layout_(shape), max_batch_(max_batch), max_seq_len_(max_seq_len) {}
+
+  const ParamLayout& layout() const override { return layout_; }
+  int max_batch() const override { return max_batch_; }
+  int max_seq_len() const override { return max_seq_len_; }
+  std::string Describe() const override { return "no compute (device.compute false)"; }
+  double Forward(const float* /*params*/, const int32_t* /*tokens*/, const int32_t* /*targets*/, int B, int T,
+                 const NeedUpTo& need) override {
+    if (need) need(layout_.size());
+    rows_ = static_cast<int64_t>(B) * T;
+    return std::log(static_cast<double>(shape().vocab_size));
+  }
+  void Backward(const float* /*params*/, float* /*grads*/, double /*loss_scale*/, const FinalFrom& final_from,
+                bool /*last_micro_batch*/, const NeedFrom& /*need_from*/) override {
+    if (final_from) final_from(0);
+  }
+  // Allocated when asked for (sampling, evaluation): a data-path job asks
+  // for none, and [B*T, vocab] of a large vocabulary is gigabytes.
+  const float* logits() override {
+    logits_.assign(static_cast<size_t>(std::max<int64_t>(rows_, 1)) * shape().vocab_size, 0.0f);
+    return logits_.data();
+  }
+
+ private:
+  const ParamLayout layout_;
+  const int max_batch_, max_seq_len_;
+  int64_t rows_ = 0;
+  std::vector<float> logits_;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> NewNoComputeModel(const LlamaShape& shape, int max_batch, int max_seq_len) {
+  return std::make_unique<NoComputeModel>(shape, max_batch, max_seq_len);
 }
 
 std::unique_ptr<Model> NewCpuModel(const LlamaShape& shape, int max_batch, int max_seq_len, Recompute recompute,

@@ -103,4 +103,10 @@ std::unique_ptr<Model> NewCpuModel(const LlamaShape& shape, int max_batch, int m
                                    Recompute recompute = Recompute::kNone, int slots = 1,
                                    TensorGroup<float> group = {}, ContextGroup<float> context = {});
 
+// A model that computes nothing (device.compute false): Forward waits for
+// every weight and returns ln(vocab), Backward adds nothing and finishes
+// every gradient at once; its logits are zeros. What times a job's data
+// path alone.
+std::unique_ptr<Model> NewNoComputeModel(const LlamaShape& shape, int max_batch, int max_seq_len);
+
 }  // namespace herd

@@ -10,6 +10,7 @@
 #include "common/bf16.h"
 #include "common/strings.h"
 #include "common/trace.h"
+#include "server/share_sums.h"
 
 namespace herd {
 
@@ -23,7 +24,10 @@ struct ParameterShard::LocalBucket {
   std::vector<void*> pending;  // per share: landed, not yet summed
   std::vector<bool> arrived;   // per share: landed this step
   std::vector<int> landing;    // per share: transfers under way this step
-  std::vector<ParamRange> counted;  // relative to the shard's range: in the global norm
+  std::vector<ParamRange> counted;  // relative to the bucket's begin: in the global norm
+  // Its one contribution, bf16, is its sum as it landed (in grad16_):
+  // AdamW widens it as it reads it.
+  bool sum_in_bf16 = false;
   double sum_of_squares = 0;
   bool done = false;     // every contribution summed
   bool applied = false;  // stepped: pulls of the next version may read it
@@ -40,7 +44,6 @@ ParameterShard::ParameterShard(const ParameterShardOptions& options, std::unique
       range_(options.plan->shard(options.server)),
       wire_bytes_(options.bf16_wire ? 2 : 4),
       optimizer_(std::move(optimizer)),
-      acc_(range_.size(), 0.0f),
       losses_(options.num_workers),
       loss_in_(options.num_workers, false) {
   CHECK(optimizer_->range().begin == range_.begin && optimizer_->range().end == range_.end)
@@ -73,6 +76,8 @@ ParameterShard::ParameterShard(const ParameterShardOptions& options, std::unique
       from = hi;
     }
     if (from < lb.end) lb.counted.push_back({from, lb.end});
+    for (ParamRange& c : lb.counted) c = {c.begin - lb.begin, c.end - lb.begin};
+    lb.sum_in_bf16 = options_.bf16_wire && !options_.elastic && lb.shares.size() == 1;
     lb.pending.assign(options_.num_workers, nullptr);
     lb.arrived.assign(options_.num_workers, false);
     lb.landing.assign(options_.num_workers, 0);
@@ -80,9 +85,23 @@ ParameterShard::ParameterShard(const ParameterShardOptions& options, std::unique
   }
   std::sort(buckets_.begin(), buckets_.end(),
             [](const LocalBucket& a, const LocalBucket& b) { return a.begin < b.begin; });
+  // The fp32 sum is needed unless every bucket's sum is its one bf16
+  // contribution; a bf16 first contribution lands where it stays.
+  bool fp32_sum = false;
+  for (const LocalBucket& b : buckets_) fp32_sum |= !b.sum_in_bf16;
+  if (fp32_sum) acc_.assign(range_.size(), 0.0f);
+  if (options_.bf16_wire && !options_.elastic) grad16_.assign(range_.size(), 0);
 }
 
 ParameterShard::~ParameterShard() = default;
+
+std::vector<std::pair<void*, size_t>> ParameterShard::transfer_buffers() {
+  std::vector<std::pair<void*, size_t>> out = {{weights(), range_.size() * sizeof(float)}};
+  if (!acc_.empty()) out.emplace_back(acc_.data(), acc_.size() * sizeof(float));
+  if (!grad16_.empty()) out.emplace_back(grad16_.data(), grad16_.size() * sizeof(uint16_t));
+  if (!wire_copy_.empty()) out.emplace_back(wire_copy_.data(), wire_copy_.size() * sizeof(uint16_t));
+  return out;
+}
 
 int ParameterShard::WorkerRank(transport::PeerId client) const {
   const int r = client - options_.first_worker_peer;
@@ -156,13 +175,19 @@ StatusOr<void*> ParameterShard::PushTarget(const transport::Request& push) {
     if (b.arrived[share]) return Discard(push.length);
   }
   ++b.landing[share];
-  // The first share's fp32 gradients start the sum: they land in place (not
-  // in an elastic job, where a copy that fails half-way must not touch the
+  // The first share's gradients start the sum: they land in place (not in
+  // an elastic job, where a copy that fails half-way must not touch the
   // sum).
-  if (!options_.bf16_wire && !options_.elastic && share == b.shares.front()) {
-    return static_cast<void*>(acc_.data() + b.begin);
+  if (share == b.shares.front()) {
+    if (void* in_place = InPlaceTarget(b)) return in_place;
   }
   return TakeScratch(push.length);
+}
+
+void* ParameterShard::InPlaceTarget(const LocalBucket& b) {
+  if (options_.elastic) return nullptr;
+  if (options_.bf16_wire) return grad16_.data() + b.begin;
+  return acc_.data() + b.begin;
 }
 
 void* ParameterShard::TakeScratch(uint64_t bytes) {
@@ -206,36 +231,42 @@ void ParameterShard::ReleaseScratch(void* p) {
 
 void ParameterShard::Drain(LocalBucket& b) {
   const int64_t n = b.end - b.begin;
-  float* acc = acc_.data() + b.begin;
+  float* sum = acc_.empty() ? nullptr : acc_.data() + b.begin;
   const int shares = static_cast<int>(b.shares.size());
+  // Whether the sum's squares are taken: by the pass that adds the last
+  // contribution, or (one contribution, landed in place) on their own.
+  bool squared = false;
   while (b.next_share < shares && b.pending[b.shares[b.next_share]] != nullptr) {
     const int share = b.shares[b.next_share];
+    const bool last = b.next_share + 1 == shares;
     trace::Span span("sum", "server", {"bucket", b.index}, {"share", share}, {"step", optimizer_->step() + 1});
     void* in = b.pending[share];
-    if (options_.bf16_wire) {
-      const uint16_t* g = static_cast<const uint16_t*>(in);
-      if (b.next_share == 0) {
-        Bf16ToFloats(g, acc, n);
-      } else {
-        for (int64_t i = 0; i < n; ++i) acc[i] += Bf16ToFloat(g[i]);
-      }
-    } else {
-      const float* g = static_cast<const float*>(in);
-      if (b.next_share == 0) {
-        std::memcpy(acc, g, n * sizeof(float));  // share 0 landed in scratch (elastic): it starts the sum
-      } else {
-        for (int64_t i = 0; i < n; ++i) acc[i] += g[i];
-      }
+    ShareInput input;
+    input.data = in;
+    input.bf16 = options_.bf16_wire;
+    input.first = b.next_share == 0;  // landed in scratch (elastic): it starts the sum
+    // The first contribution landed in place: bf16, it is widened in now.
+    if (b.next_share == 1 && options_.bf16_wire && !options_.elastic) input.first_bf16 = grad16_.data() + b.begin;
+    const double squares = AddShare(sum, input, n, last ? &b.counted : nullptr);
+    if (last) {
+      b.sum_of_squares = squares;
+      squared = true;
     }
     ReleaseScratch(in);
     b.pending[share] = nullptr;
     ++b.next_share;
   }
   if (b.next_share == shares && !b.done) {
-    trace::Span span("sum of squares", "server", {"bucket", b.index}, {"step", optimizer_->step() + 1});
     b.done = true;
-    b.sum_of_squares = 0;
-    for (const ParamRange& c : b.counted) b.sum_of_squares += SumOfSquares(acc_.data() + c.begin, c.size());
+    if (!squared) {
+      trace::Span span("sum of squares", "server", {"bucket", b.index}, {"step", optimizer_->step() + 1});
+      b.sum_of_squares = 0;
+      if (b.sum_in_bf16) {
+        b.sum_of_squares = SumOfSquaresOverBf16(grad16_.data() + b.begin, b.counted);
+      } else {
+        for (const ParamRange& c : b.counted) b.sum_of_squares += SumOfSquares(sum + c.begin, c.size());
+      }
+    }
     ++buckets_done_;
   }
 }
@@ -255,7 +286,7 @@ void ParameterShard::OnPushed(const transport::Request& push, void* target, bool
       }
     } else {
       LocalBucket& b = *FindBucket(push.offset);  // PushTarget checked it
-      const bool in_place = target == acc_.data() + b.begin;
+      const bool in_place = target == InPlaceTarget(b);
       if (transport::TagStep(push.tag) != static_cast<uint64_t>(optimizer_->step())) {
         ReleaseScratch(target);  // a second copy of a share, landing after its step
         ++discarded_;
@@ -405,18 +436,25 @@ void ParameterShard::CheckStepProtocol(const LocalBucket& b) {
 }
 
 void ParameterShard::ApplyBucket(LocalBucket& b, const OptimizerShard::Scalars& step) {
-  StepBucket(b, step);
-  PublishBucket(b);
+  StepBucket(b, step, /*wire_copy=*/true);
+  PublishBucket(b, /*wire_copy=*/false);
 }
 
-void ParameterShard::StepBucket(LocalBucket& b, const OptimizerShard::Scalars& step) {
+void ParameterShard::StepBucket(LocalBucket& b, const OptimizerShard::Scalars& step, bool wire_copy) {
   CheckStepProtocol(b);
   trace::Span span("adamw", "server", {"bucket", b.index}, {"step", step.step});
-  optimizer_->Apply(step, {range_.begin + b.begin, range_.begin + b.end}, acc_.data() + b.begin);
+  AdamWStreams io;
+  if (b.sum_in_bf16) {
+    io.grads_bf16 = grad16_.data() + b.begin;
+  } else {
+    io.grads = acc_.data() + b.begin;
+  }
+  if (wire_copy && options_.bf16_wire) io.weights_bf16 = wire_copy_.data() + b.begin;
+  optimizer_->Apply(step, {range_.begin + b.begin, range_.begin + b.end}, io);
 }
 
-void ParameterShard::PublishBucket(LocalBucket& b) {
-  if (options_.bf16_wire) {
+void ParameterShard::PublishBucket(LocalBucket& b, bool wire_copy) {
+  if (wire_copy && options_.bf16_wire) {
     FloatsToBf16(optimizer_->weights() + b.begin, wire_copy_.data() + b.begin, b.end - b.begin);
   }
   Replies replies;
@@ -458,9 +496,9 @@ Status ParameterShard::ApplyStepReplacing(const OptimizerShard::Scalars& step,
     MutexLock lock(&mu_);
     for (LocalBucket& b : buckets_) ascending.push_back(&b);
   }
-  for (LocalBucket* b : ascending) StepBucket(*b, step);
+  for (LocalBucket* b : ascending) StepBucket(*b, step, /*wire_copy=*/false);
   HERD_RETURN_IF_ERROR(replace(optimizer_->weights()));
-  for (LocalBucket* b : ascending) PublishBucket(*b);
+  for (LocalBucket* b : ascending) PublishBucket(*b, /*wire_copy=*/true);
   FinishStep(step);
   return Status::OK();
 }

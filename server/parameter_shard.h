@@ -151,9 +151,13 @@ class ParameterShard : public transport::ShardHandler {
 
   // Between steps (step thread): the shard's weights, moments and step.
   const OptimizerShard& optimizer() const { return *optimizer_; }
-  // Buffers for UCX registration.
+  // The shard's buffers that pushes land in and pulls read (the weights,
+  // the sums, the bf16 copies), for UCX registration.
   float* weights() { return optimizer_->weights(); }
-  float* gradients() { return acc_.data(); }
+  std::vector<std::pair<void*, size_t>> transfer_buffers();
+  // The step's fp32 sums (null when every bucket's sum is its one bf16
+  // contribution).
+  float* gradients() { return acc_.empty() ? nullptr : acc_.data(); }
 
  private:
   struct LocalBucket;
@@ -164,11 +168,13 @@ class ParameterShard : public transport::ShardHandler {
   // Whether every bucket overlapping the byte range is stepped (`all`), or
   // any of them.
   bool AppliedOver(uint64_t offset, uint64_t length, bool all) const REQUIRES(mu_);
-  // Step thread: AdamW on one bucket, then the pulls it makes answerable
-  // (StepBucket, then PublishBucket).
+  // Step thread: AdamW on one bucket (and, bf16 wire, its outgoing bf16
+  // weights in the same pass), then the pulls it makes answerable
+  // (StepBucket, then PublishBucket). `wire_copy`: the bf16 weights are
+  // made by that call (PublishBucket's: of weights replaced in between).
   void ApplyBucket(LocalBucket& b, const OptimizerShard::Scalars& step) LOCKS_EXCLUDED(mu_);
-  void StepBucket(LocalBucket& b, const OptimizerShard::Scalars& step) LOCKS_EXCLUDED(mu_);
-  void PublishBucket(LocalBucket& b) LOCKS_EXCLUDED(mu_);
+  void StepBucket(LocalBucket& b, const OptimizerShard::Scalars& step, bool wire_copy) LOCKS_EXCLUDED(mu_);
+  void PublishBucket(LocalBucket& b, bool wire_copy) LOCKS_EXCLUDED(mu_);
   // Step thread: ApplyStep whose weights `replace` rewrites after every
   // bucket's AdamW and before any of them is served.
   Status ApplyStepReplacing(const OptimizerShard::Scalars& step, const std::function<Status(float*)>& replace)
@@ -185,6 +191,9 @@ class ParameterShard : public transport::ShardHandler {
   LocalBucket* FindBucket(uint64_t offset) REQUIRES(mu_);
   // Adds queued contributions to bucket b in rank order.
   void Drain(LocalBucket& b) REQUIRES(mu_);
+  // Where bucket b's first share lands in place (its sum's start), or null
+  // (elastic: in scratch).
+  void* InPlaceTarget(const LocalBucket& b);
   // A scratch buffer for a push to land in; one whose bytes are dropped
   // when it has.
   void* TakeScratch(uint64_t bytes) REQUIRES(mu_);
@@ -221,12 +230,15 @@ class ParameterShard : public transport::ShardHandler {
   // half (CheckStepProtocol).
   const std::unique_ptr<OptimizerShard> optimizer_;
   std::vector<uint16_t> wire_copy_;
-  // The step's summed gradients. Bucket b's part is written by share 0's
-  // push landing in place (fp32, not elastic; between PushTarget and
-  // OnPushed, outside mu_) and by Drain under mu_, until b is done; then
-  // only the step thread reads it (ApplyBucket, outside mu_) until
-  // FinishStep readies the next step.
+  // The step's summed gradients (fp32; empty when every bucket's sum is
+  // its one bf16 contribution) and, bf16 wire, the first share's
+  // contribution as it landed (empty when elastic). Bucket b's part is
+  // written by its first share's push landing in place (not elastic;
+  // between PushTarget and OnPushed, outside mu_) and by Drain under mu_,
+  // until b is done; then only the step thread reads it (ApplyBucket,
+  // outside mu_) until FinishStep readies the next step.
   std::vector<float> acc_;
+  std::vector<uint16_t> grad16_;
 
   mutable Mutex mu_;
   CondVar cv_;  // gradients complete (streaming: a bucket summed), or a failure

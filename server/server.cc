@@ -367,9 +367,9 @@ void ServerProcess::MakeOuterSteps(transport::CoordinatorClient& client, std::un
 }
 
 Status ServerProcess::ServeShard(transport::NodeRuntime& runtime) {
-  const uint64_t bytes = shard_->optimizer().range().size() * sizeof(float);
-  HERD_RETURN_IF_ERROR(runtime.transport().RegisterMemory(shard_->weights(), bytes));
-  HERD_RETURN_IF_ERROR(runtime.transport().RegisterMemory(shard_->gradients(), bytes));
+  for (const auto& [data, bytes] : shard_->transfer_buffers()) {
+    HERD_RETURN_IF_ERROR(runtime.transport().RegisterMemory(data, bytes));
+  }
   runtime.Serve(shard_.get());
   return Status::OK();
 }

@@ -104,12 +104,17 @@ ProcessMemory ServerMemory(const JobSizes& j, const ShardPlan& shards, int s) {
   }
   m.weights = n * kF32;
   m.optimizer = 2 * n * kF32;
-  m.gradients = n * kF32;
-  // A bucket's first contributor's fp32 gradients land in the
-  // accumulator; the others' (all of them with bf16) in a receive buffer
-  // each. A tensor-parallel rank's part has its replicas' workers alone.
+  // A bucket's first contributor's gradients land where the sum starts
+  // (fp32: the sum; bf16: a bf16 copy of the range, which is the sum of a
+  // bucket of one contributor) but in an elastic job; the others' in a
+  // receive buffer each. A tensor-parallel rank's part has its replicas'
+  // workers alone. bf16: the outgoing weights' copy too.
   const int contributors = j.W / std::max(1, j.cluster.tensor_parallel()) / Regions(j.config);
-  m.buffers = (j.bf16 ? n * 2 : 0) + (contributors - (j.bf16 ? 0 : 1)) * bucket * j.wire;
+  const bool elastic = j.cluster.elastic();
+  const bool fp32_sum = !j.bf16 || elastic || contributors > 1;
+  m.gradients = fp32_sum ? n * kF32 : 0;
+  m.buffers = (j.bf16 ? n * 2 : 0) + (j.bf16 && !elastic ? n * 2 : 0) +
+              (contributors - (elastic ? 0 : 1)) * bucket * j.wire;
   // A background checkpoint's snapshot of weights, m and v (a job of
   // regions: and of the outer weights, momentum and kept error).
   if (!j.config.checkpoint().dir().empty() && j.config.checkpoint().background()) {

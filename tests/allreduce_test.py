@@ -83,10 +83,14 @@ def main():
             rel_ps = max(abs(r["loss"] - p["loss"]) / p["loss"] for r, p in zip(run, ps))
             assert rel < 1e-5, f"{name}: loss differs from one process by {rel:.3g}"
             assert rel_ps < 1e-5, f"{name}: loss differs from PS mode by {rel_ps:.3g}"
-            # The norm shows a gradient-scale error (a dropped / W) that the
-            # losses, under AdamW with clipping, barely do.
+            # The norm shows a gradient-scale error (a dropped / W: 1/W
+            # off) that the losses, under AdamW with clipping, barely do.
+            # Not tighter: a batch cut differently rounds differently, and
+            # over 30 steps one step's norm has been seen 4.5e-5 off on an
+            # AVX-512 CPU (the distributed runs agreeing with each other
+            # to 1e-16).
             norm = max(abs(r["grad_norm"] - s["grad_norm"]) / s["grad_norm"] for r, s in zip(run, single))
-            assert norm < 1e-5, f"{name}: gradient norm differs from one process by {norm:.3g}"
+            assert norm < 1e-3, f"{name}: gradient norm differs from one process by {norm:.3g}"
             assert all(r["lr"] == s["lr"] for r, s in zip(run, single))
             sb.run("export", sb.path(name), "--out", name + "_hf")
             mine = read_safetensors(sb.path(name + "_hf", "model.safetensors"))

@@ -5,6 +5,9 @@
 // key are dropped before any handler sees them. Multi-process behaviour is
 // in tests/transport_*_test.py.
 #include <gtest/gtest.h>
+#include <sched.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstring>
@@ -118,13 +121,20 @@ TEST_F(PushPullTest, MessagesWithoutTheJobKeyAreDroppedAndCounted) {
     intruder.Push(kServer, kGradients, 0, bad.data(), 1024);           // eager
     intruder.Push(kServer, kGradients, 0, bad.data(), 256 << 10);      // rendezvous, in pieces
     intruder.Pull(kServer, kWeights, 0, back.data(), 1024);
+    // Every piece is refused through UCX's rendezvous, and the intruder
+    // sends the next; a single-copy request is dropped unanswered (an
+    // answer would go to the peer the intruder claims to be), so only its
+    // first window of two pieces leaves it.
+    const uint64_t expected = (*intruder_transport)->Lanes(kServer).single_copy ? 1 + 2 + 1 : 1 + 4 + 1;
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (server_transport_->stats().unauthenticated_dropped < 6 && std::chrono::steady_clock::now() < deadline) {
+    while (server_transport_->stats().unauthenticated_dropped < expected &&
+           std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // nothing more arrives
+    EXPECT_EQ(server_transport_->stats().unauthenticated_dropped, expected);
   }
   const UcxStats stats = server_transport_->stats();
-  EXPECT_EQ(stats.unauthenticated_dropped, 6u);  // 1 + 4 pieces + 1
   EXPECT_EQ(stats.malformed_dropped, 0u);
   ASSERT_TRUE(client_->Wait(client_->Pull(kServer, kWeights, 0, back.data(), kShardBytes)).ok());
   for (float v : back) ASSERT_EQ(v, 0.0f);
@@ -157,6 +167,87 @@ TEST_F(PushPullTest, SendQueuedBehindShutdownIsDropped) {
   release.set_value();
   stopper.join();
   EXPECT_FALSE(completed);
+}
+
+// Within a host, payloads from 64 KiB are read by the receiver straight
+// out of the sender (one copy): pushes and pulls arrive whole, and the
+// bytes are counted as read so.
+TEST_F(PushPullTest, LargePayloadsWithinAHostAreReadInOneCopy) {
+  if (!client_transport_->Lanes(kServer).single_copy) GTEST_SKIP() << "no shared-memory lane between the transports";
+  std::vector<float> ones(kShardBytes / 4), back(kShardBytes / 4, 0.0f);
+  for (size_t i = 0; i < ones.size(); ++i) ones[i] = static_cast<float>(i % 1000);
+  ASSERT_TRUE(client_->Wait(client_->Push(kServer, kGradients, 0, ones.data(), kShardBytes)).ok());
+  ASSERT_TRUE(client_->Wait(client_->Pull(kServer, kWeights, 0, back.data(), kShardBytes)).ok());
+  ASSERT_EQ(ones, back);
+  EXPECT_GE(server_transport_->stats().cma_bytes_read, kShardBytes);  // the push's pieces
+  EXPECT_GE(client_transport_->stats().cma_bytes_read, kShardBytes);  // the pull's
+}
+
+// A sender whose pid names another process here (it runs in another pid
+// namespace, as in a container) is found out by the probe it sent: its
+// payloads come through UCX instead, whole, and nothing is read from the
+// process its pid names.
+TEST(UcxTransportCma, APidThatNamesAnotherProcessFallsBackToUcx) {
+  if (::geteuid() != 0) GTEST_SKIP() << "a pid namespace needs root";
+  ::setenv("UCX_TLS", "sysv,self", 1);  // shared memory that crosses pid namespaces
+  int to_child[2], to_parent[2];
+  ASSERT_EQ(::pipe(to_child), 0);
+  ASSERT_EQ(::pipe(to_parent), 0);
+  auto send_string = [](int fd, const std::string& s) {
+    const uint32_t n = static_cast<uint32_t>(s.size());
+    return ::write(fd, &n, 4) == 4 && ::write(fd, s.data(), n) == static_cast<ssize_t>(n);
+  };
+  auto read_string = [](int fd) {
+    uint32_t n = 0;
+    if (::read(fd, &n, 4) != 4) return std::string();
+    std::string s(n, '\0');
+    size_t got = 0;
+    while (got < n) {
+      const ssize_t r = ::read(fd, s.data() + got, n - got);
+      if (r <= 0) return std::string();
+      got += static_cast<size_t>(r);
+    }
+    return s;
+  };
+  constexpr uint64_t kBytes = 1 << 20;
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // The client, as pid 1 of a namespace of its own.
+    if (::unshare(CLONE_NEWPID) != 0) ::_exit(3);
+    const pid_t inner = ::fork();
+    if (inner != 0) {
+      int status = 0;
+      ::waitpid(inner, &status, 0);
+      ::_exit(WIFEXITED(status) ? WEXITSTATUS(status) : 4);
+    }
+    auto t = UcxTransport::Create(UcxOptions(kClient));
+    if (!t.ok() || !send_string(to_parent[1], (*t)->address())) ::_exit(5);
+    const std::string server = read_string(to_child[0]);
+    if (server.empty() || !(*t)->Connect(kServer, server, "server").ok()) ::_exit(6);
+    PushPullClient client(t->get(), 256 << 10);
+    std::vector<float> ones(kBytes / 4, 1.0f), back(kBytes / 4, 0.0f);
+    if (!client.Wait(client.Push(kServer, kGradients, 0, ones.data(), kBytes)).ok()) ::_exit(7);
+    if (!client.Wait(client.Pull(kServer, kWeights, 0, back.data(), kBytes)).ok()) ::_exit(8);
+    if (back != ones) ::_exit(9);
+    ::_exit(send_string(to_parent[1], "pulled") ? 0 : 10);
+  }
+  auto t = UcxTransport::Create(UcxOptions(kServer));
+  ASSERT_TRUE(t.ok()) << t.status().message();
+  AccumulatingShard shard(kBytes);
+  PushPullServer server(t->get(), &shard);
+  const std::string client = read_string(to_parent[0]);
+  ASSERT_FALSE(client.empty());
+  ASSERT_TRUE((*t)->Connect(kClient, client, "client").ok());
+  ASSERT_TRUE(send_string(to_child[1], (*t)->address()));
+  EXPECT_EQ(read_string(to_parent[0]), "pulled");  // the server is served until then
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  ASSERT_EQ(WEXITSTATUS(status), 0) << "the client's step that failed (see the test's exit codes)";
+  for (uint64_t i = 0; i < kBytes / 4; ++i) ASSERT_EQ(shard.data()[i], 1.0f) << i;
+  EXPECT_EQ((*t)->stats().cma_bytes_read, 0u);
+  ::unsetenv("UCX_TLS");
 }
 
 }  // namespace

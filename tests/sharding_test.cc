@@ -440,6 +440,33 @@ TEST_F(ParameterShardTest, Bf16WireRoundsPushesAndPulls) {
   }
 }
 
+// One worker on a bf16 wire: its pushes are the sum as they landed (no
+// fp32 copy is kept), AdamW widens them as it reads them, and the bf16
+// weights served are made in the same pass: the bits of widening first.
+TEST_F(ParameterShardTest, Bf16WireOfOneWorkerStepsFromThePushesAsTheyLanded) {
+  Build(true, /*workers=*/1);
+  EXPECT_EQ(shard_->gradients(), nullptr);
+  const auto g0 = Gradient(8);
+  ASSERT_TRUE(PushAll(0, g0, 0).ok());
+  auto squares = shard_->WaitForGradients();
+  ASSERT_TRUE(squares.ok());
+  std::vector<float> sum(g0.size());
+  for (size_t i = 0; i < sum.size(); ++i) sum[i] = Bf16ToFloat(FloatToBf16(g0[i]));
+  EXPECT_NEAR(*squares, SumOfSquares(sum.data(), sum.size()), 1e-12 * *squares);
+  shard_->ApplyStep({/*step=*/1, /*lr=*/1e-3, /*grad_scale=*/0.5, /*global_norm=*/2.0, {}});
+  std::vector<uint16_t> pulled(plan_.shard(1).size());
+  shard_->OnPull(Weights(kServers, 1, 0, pulled.size() * 2), [&](const Status& s, const void* data) {
+    ASSERT_TRUE(s.ok());
+    std::memcpy(pulled.data(), data, pulled.size() * 2);
+  });
+  ShardState ref = initial_;
+  const ParamRange& r = plan_.shard(1);
+  AdamWStep(DecaySegments(layout_, r.begin, r.end), r.begin, ref.weights.data(), sum.data(), ref.m.data(), ref.v.data(),
+            1, 1e-3, 0.5, AdamWOptions{});
+  ASSERT_EQ(0, std::memcmp(ref.weights.data(), shard_->optimizer().weights(), sum.size() * 4));
+  for (size_t i = 0; i < sum.size(); ++i) ASSERT_EQ(FloatToBf16(ref.weights[i]), pulled[i]) << i;
+}
+
 // Elastic: any worker may push any share; a share that is in already, or
 // of a step that is over, is received and dropped; a copy that failed on
 // the way may come again. The sum is the one the shares' own workers give.

@@ -5,7 +5,8 @@ pulls everything back after each round and checks every float exactly
 shared-memory transports with UCX_RNDV_THRESH=auto (UCX's own protocol
 choice, which herd keeps on hosts with RDMA ports): checks that UCX really
 used them and that every large payload took the zero-copy rendezvous
-path. Then over TCP with herd's default on a host without RDMA ports:
+path (on shared memory herd's own: the receiver reads it out of the
+sender, process_vm_readv). Then over TCP with herd's default on a host without RDMA ports:
 eager messages of every size, copied out of UCX's buffers, all exact."""
 import json
 import sys
@@ -45,9 +46,12 @@ def run(sb, tls, lane_needles, rendezvous=True):
             stats = json.loads(job.stdout(f"worker{r}").strip().splitlines()[-1])
             assert stats["malformed_dropped"] == 0, stats
             if rendezvous:
-                # 64 + 16 pulls, every one placed zero-copy into the caller's buffer.
+                # 64 + 16 pulls, every one placed zero-copy into the caller's buffer:
+                # within the host read straight out of the server (one copy).
                 assert stats["rendezvous_received"] == 80, stats
                 assert stats["eager_bytes_copied"] == 0, stats
+                if tls == "sm":
+                    assert stats["cma_bytes_read"] == 2 * (64 << 20), stats
             else:
                 # Every pull eager: 64 MiB copied, nothing by rendezvous.
                 assert stats["rendezvous_received"] == 0, stats

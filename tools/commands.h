@@ -23,5 +23,7 @@ int RunBenchAllReduce(int argc, char** argv);
 int RunBenchCompare(int argc, char** argv);
 // herd bench gpu (tools/cmd_bench_gpu.cc): one GPU, herd next to PyTorch.
 int RunBenchGpu(int argc, char** argv);
+// herd bench memory (tools/cmd_bench_memory.cc): STREAM's copy and triad.
+int RunBenchMemory(int argc, char** argv);
 
 }  // namespace herd::tools

@@ -3,6 +3,7 @@
 #include <glog/logging.h>
 
 #include <algorithm>
+#include <cstdio>
 
 #include "transport/exchanges.h"
 #include "transport/network_devices.h"
@@ -17,6 +18,37 @@ PeerId MemberPeerId(const CoordinatorClient& client, wire::Role role, int rank) 
 std::string DescribeMember(const wire::Member& member) {
   return DescribeRole(member.role(), member.rank()) + " (" + member.host() + ", pid " + std::to_string(member.pid()) +
          ")";
+}
+
+void PrintEndpoints(const CoordinatorClient& client, UcxTransport& transport, const std::vector<wire::Role>& roles) {
+  // Peers grouped by the lanes UCX gave their endpoints, in member order.
+  std::vector<std::pair<std::string, std::vector<std::string>>> groups;
+  const PeerId self = MemberPeerId(client, client.role(), client.rank());
+  for (size_t i = 0; i < client.members().size(); ++i) {
+    const wire::Member& m = client.members()[i];
+    if (static_cast<PeerId>(i) == self || m.ucx_address().empty()) continue;
+    if (std::find(roles.begin(), roles.end(), m.role()) == roles.end()) continue;
+    const EndpointLanes lanes = transport.Lanes(static_cast<PeerId>(i));
+    std::string text;
+    for (const std::string& t : lanes.transports) text += (text.empty() ? "" : ", ") + t;
+    if (lanes.single_copy) {
+      text += "; payloads from 64 KiB read in one copy (process_vm_readv)";
+    } else if (lanes.shared_memory) {
+      text += "; payloads from " + std::to_string(kSharedMemoryRendezvousBytes >> 10) + " KiB by UCX rendezvous";
+    }
+    auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& x) { return x.first == text; });
+    if (g == groups.end()) g = groups.insert(groups.end(), {text, {}});
+    g->second.push_back(DescribeRole(m.role(), m.rank()));
+  }
+  std::string line;
+  for (const auto& [lanes, peers] : groups) {
+    std::string who = peers.size() <= 3 ? "" : std::to_string(peers.size()) + " peers, ";
+    for (size_t i = 0; i < peers.size() && i < 3; ++i) who += (i == 0 ? "" : ", ") + peers[i];
+    if (peers.size() > 3) who += ", ...";
+    line += (line.empty() ? "" : " | ") + who + ": " + lanes;
+  }
+  if (!line.empty()) std::printf("ucx endpoints: %s\n", line.c_str());
+  std::fflush(stdout);
 }
 
 StatusOr<UcxOptions> DataPlaneOptions(const JoinOptions& options) {

@@ -36,6 +36,12 @@ StatusOr<std::unique_ptr<CoordinatorClient>> JoinJob(const JoinOptions& options,
                                                      const std::vector<wire::Role>& connect_to,
                                                      const PrepareFn& prepare = nullptr);
 
+// One line on stdout ("ucx endpoints: server 0, server 1: sysv/memory
+// (am am_bw); ..."): the UCX transports of this process's endpoints to the
+// members of `roles`, peers of the same lanes together; part of each
+// process's run header.
+void PrintEndpoints(const CoordinatorClient& client, UcxTransport& transport, const std::vector<wire::Role>& roles);
+
 // Every process names the checkpoint it resumes from (its step directory's
 // name, or "none"); OK when all agree, else an error naming the first
 // process whose choice differs from ours.

@@ -17,6 +17,7 @@ StatusOr<std::unique_ptr<NodeRuntime>> NodeRuntime::Join(const Options& options,
   }
   HERD_ASSIGN_OR_RETURN(rt.client_, JoinJob(options.join, rt.transport_.get(), options.connect_to,
                                             [&](CoordinatorClient& client) { return prepare(rt, client); }));
+  PrintEndpoints(*rt.client_, *rt.transport_, options.connect_to);
   rt.client_->OnFailure([&rt](const Status& failure) {
     if (rt.push_pull_) rt.push_pull_->Fail(-1, failure);
     for (RingCollectives* ring : {rt.ring_.get(), rt.shard_ring_.get(), rt.replica_ring_.get()}) {

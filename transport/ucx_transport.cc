@@ -4,11 +4,14 @@
 #include <glog/logging.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <ucp/api/ucp.h>
 #include <ucs/config/global_opts.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <chrono>
@@ -18,6 +21,7 @@
 #include <fstream>
 #include <future>
 #include <map>
+#include <random>
 #include <set>
 #include <thread>
 #include <vector>
@@ -111,6 +115,37 @@ int RemoveStaleUcxShmFiles(double min_age_s) {
   return removed;
 }
 
+EndpointLanes ParseEndpointLanes(const std::string& info) {
+  // Lines such as
+  //   "#   lane[0]:  3:sysv/memory.0 md[2]  -> md[2]/sysv/sysdev[255] am am_bw#0 keepalive"
+  EndpointLanes out;
+  std::istringstream lines(info);
+  for (std::string line; std::getline(lines, line);) {
+    const size_t lane = line.find("lane[");
+    if (lane == std::string::npos) continue;
+    std::istringstream words(line.substr(line.find(':', lane) + 1));
+    std::string resource;
+    words >> resource;  // "3:sysv/memory.0"
+    const size_t colon = resource.find(':'), slash = resource.find('/');
+    if (colon == std::string::npos || slash == std::string::npos || slash < colon) continue;
+    const std::string tl = resource.substr(colon + 1, slash - colon - 1);
+    std::string device = resource.substr(slash + 1);
+    if (const size_t dot = device.rfind('.'); dot != std::string::npos) device.resize(dot);
+    std::vector<std::string> uses;  // "am", "am_bw", "rma_bw", ... (their #index dropped)
+    for (std::string w; words >> w;) {
+      if (const size_t hash = w.find('#'); hash != std::string::npos) w.resize(hash);
+      const bool use = w == "am" || w == "am_bw" || w == "rma" || w == "rma_bw" || w == "amo";
+      if (use && std::find(uses.begin(), uses.end(), w) == uses.end()) uses.push_back(w);
+    }
+    const bool am = std::find(uses.begin(), uses.end(), "am") != uses.end();
+    if (am && (tl == "posix" || tl == "sysv" || tl == "self" || tl == "xpmem" || tl == "knem")) out.shared_memory = true;
+    std::string text = tl + "/" + device;
+    for (size_t i = 0; i < uses.size(); ++i) text += (i == 0 ? " (" : " ") + uses[i] + (i + 1 == uses.size() ? ")" : "");
+    out.transports.push_back(text);
+  }
+  return out;
+}
+
 void PrepareUcxEnvironment() {
   // herd turns every UCX failure it meets into its own one-line error;
   // UCX's log lines (several per failed endpoint) only bury that line. UCX
@@ -134,6 +169,78 @@ void PrepareUcxEnvironment() {
 
 namespace {
 
+// This transport's own AM ids, above the services'.
+constexpr uint16_t kCmaRequestAm = kAmIdLimit, kCmaDoneAm = kAmIdLimit + 1;
+// From this size a payload to a peer on this host is read by the peer out
+// of the sender's memory (one copy) rather than sent through UCX.
+constexpr size_t kCmaMinBytes = 64 << 10;
+
+// A payload's whereabouts, sent in place of the payload (CmaRequested).
+struct CmaRequest {
+  uint64_t op;
+  int32_t pid;
+  uint16_t am_id;
+  uint16_t pad = 0;
+  uint64_t addr, size, probe_addr;
+  uint8_t token[16];
+};
+struct CmaDone {
+  enum Code : uint8_t { kOk = 0, kRefused = 1, kFailed = 2 };
+  uint64_t op;
+  Code code;
+  uint8_t pad[7] = {};
+};
+
+// n bytes at `addr` in process `pid` into dst, in as many reads as the
+// kernel takes.
+Status ReadPeerMemory(int32_t pid, uint64_t addr, void* dst, size_t n) {
+  size_t done = 0;
+  while (done < n) {
+    iovec local{static_cast<char*>(dst) + done, n - done};
+    iovec remote{reinterpret_cast<void*>(addr + done), n - done};
+    const ssize_t got = ::process_vm_readv(pid, &local, 1, &remote, 1, 0);
+    if (got <= 0) {
+      return Status::Unavailable("reading " + std::to_string(n) + " bytes from process " + std::to_string(pid) +
+                                 " failed: " + std::strerror(got < 0 ? errno : EFAULT));
+    }
+    done += static_cast<size_t>(got);
+  }
+  return Status::OK();
+}
+
+// Yama's ptrace_scope: 0 (classic), 1 (only declared or descendant
+// readers), 2/3 (admin only, or none); 0 without Yama.
+int PtraceScope() {
+  std::ifstream f("/proc/sys/kernel/yama/ptrace_scope");
+  int scope = 0;
+  if (f >> scope) return scope;
+  return 0;
+}
+
+// Whether this process tries single-copy sends: not with HERD_CMA=0, nor
+// where Yama lets no peer read it. Under scope 1 every process of the job
+// declares that any process of its user may read it (PR_SET_PTRACER: one
+// pid or any, and a process has several peers), which is what scope 0
+// allows anyway.
+bool CmaAllowed() {
+  const char* v = std::getenv("HERD_CMA");
+  if (v != nullptr && std::string(v) == "0") return false;
+  const int scope = PtraceScope();
+  if (scope >= 2) return false;
+  if (scope == 1) return ::prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0) == 0;
+  return true;
+}
+
+std::array<uint8_t, 16> RandomProbe() {
+  std::array<uint8_t, 16> probe{};
+  std::random_device rd;
+  for (size_t i = 0; i < probe.size(); i += 4) {
+    const uint32_t r = rd();
+    std::memcpy(probe.data() + i, &r, 4);
+  }
+  return probe;
+}
+
 double SpinSeconds() {
   const char* v = std::getenv("HERD_UCX_SPIN_US");
   return (v != nullptr ? std::atof(v) : 50.0) * 1e-6;
@@ -149,6 +256,21 @@ class UcxTransport::Impl {
     std::string name;
     ucp_ep_h ep = nullptr;
     Status failure;  // non-OK once the endpoint failed
+    EndpointLanes lanes;  // what UCX chose for it
+    // Single-copy sends to it (CmaRequest): not refused yet; and the pid
+    // its requests were proven to come from (0: none yet).
+    bool cma_refused = false;
+    int32_t cma_verified_pid = 0;
+  };
+  // A send whose bytes the receiver reads from this process's memory
+  // (process_vm_readv), waiting for its CmaDone.
+  struct CmaOp {
+    PeerId to;
+    uint16_t am_id;
+    std::string header;  // the service's, without the prefix
+    const void* payload;
+    size_t size;
+    Completion done;
   };
   struct SendOp {
     Impl* impl;
@@ -297,7 +419,26 @@ class UcxTransport::Impl {
       p.flags = UCP_AM_FLAG_WHOLE_MSG;
       ucs_status_t st = ucp_worker_set_am_recv_handler(worker_, &p);
       CHECK_EQ(st, UCS_OK) << "ucp_worker_set_am_recv_handler: " << UcxError(st);
+      handlers_[am_id] = slot.get();
       slots_.push_back(std::move(slot));
+    });
+  }
+
+  // This transport's own messages: a payload to read, and its answer.
+  void SetCmaHandlers() {
+    RunOnThread([&] {
+      for (const auto& [id, cb] : {std::pair<uint16_t, ucp_am_recv_callback_t>{kCmaRequestAm, &Impl::CmaRequested},
+                                   {kCmaDoneAm, &Impl::CmaAnswered}}) {
+        ucp_am_handler_param_t p{};
+        p.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB | UCP_AM_HANDLER_PARAM_FIELD_ARG |
+                       UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+        p.id = id;
+        p.cb = cb;
+        p.arg = this;
+        p.flags = UCP_AM_FLAG_WHOLE_MSG;
+        ucs_status_t st = ucp_worker_set_am_recv_handler(worker_, &p);
+        CHECK_EQ(st, UCS_OK) << "ucp_worker_set_am_recv_handler: " << UcxError(st);
+      }
     });
   }
 
@@ -334,6 +475,7 @@ class UcxTransport::Impl {
         result = Status::Unavailable(name + ": UCX cannot create an endpoint: " + UcxError(st));
         return;
       }
+      peer->lanes = ParseEndpointLanes(PrintInfo(peer->ep));
       peers_[id] = std::move(peer);
     });
     return result;
@@ -356,18 +498,92 @@ class UcxTransport::Impl {
         return;
       }
       stats_.bytes_sent += size;
-      auto* op = new SendOp{this, std::string(kPrefixBytes, '\0') + header, std::move(done), it->second->name};
-      std::memcpy(op->header.data(), &self_, sizeof(PeerId));
-      std::memcpy(op->header.data() + sizeof(PeerId), key_.bytes.data(), kKeyBytes);
-      ucp_request_param_t p{};
-      p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-      p.cb.send = &Impl::SendCompleted;
-      p.user_data = op;
-      UseRegistration(payload, size, &p);
-      ucs_status_ptr_t r =
-          ucp_am_send_nbx(it->second->ep, am_id, op->header.data(), op->header.size(), payload, size, &p);
-      if (!UCS_PTR_IS_PTR(r)) Finish(op, UCS_PTR_STATUS(r));
+      if (UseCma(*it->second, size)) {
+        SendByCma(*it->second, am_id, std::move(header), payload, size, std::move(done));
+        return;
+      }
+      SendByUcx(*it->second, am_id, std::move(header), payload, size, std::move(done));
     });
+  }
+
+  // Within a host, payloads from kCmaMinBytes go by one copy: the receiver
+  // reads them out of this process (CmaRequest), unless the peer refused.
+  bool UseCma(const Peer& peer, size_t size) const {
+    return cma_allowed_ && peer.lanes.shared_memory && !peer.cma_refused && size >= kCmaMinBytes;
+  }
+
+  void SendByUcx(Peer& peer, uint16_t am_id, std::string header, const void* payload, size_t size, Completion done) {
+    auto* op = new SendOp{this, std::string(kPrefixBytes, '\0') + header, std::move(done), peer.name};
+    std::memcpy(op->header.data(), &self_, sizeof(PeerId));
+    std::memcpy(op->header.data() + sizeof(PeerId), key_.bytes.data(), kKeyBytes);
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.send = &Impl::SendCompleted;
+    p.user_data = op;
+    // Within a host a large payload goes by rendezvous whatever
+    // UCX_RNDV_THRESH says (PrepareUcxEnvironment keeps TCP's eager):
+    // shared memory's eager path copies it three times (into the FIFO,
+    // out into a whole message, into its place) and its rendezvous
+    // lands it in place.
+    if (peer.lanes.shared_memory && size >= kSharedMemoryRendezvousBytes) {
+      p.op_attr_mask |= UCP_OP_ATTR_FIELD_FLAGS;
+      p.flags = UCP_AM_SEND_FLAG_RNDV;
+    }
+    UseRegistration(payload, size, &p);
+    ucs_status_ptr_t r = ucp_am_send_nbx(peer.ep, am_id, op->header.data(), op->header.size(), payload, size, &p);
+    if (!UCS_PTR_IS_PTR(r)) Finish(op, UCS_PTR_STATUS(r));
+  }
+
+  // The request that tells the peer where the payload is; its CmaDone
+  // completes the send (or, refused, sends it again through UCX).
+  void SendByCma(Peer& peer, uint16_t am_id, std::string header, const void* payload, size_t size, Completion done) {
+    const uint64_t id = ++last_cma_op_;
+    CmaRequest request;
+    request.op = id;
+    request.pid = static_cast<int32_t>(::getpid());
+    request.am_id = am_id;
+    request.addr = reinterpret_cast<uint64_t>(payload);
+    request.size = size;
+    request.probe_addr = reinterpret_cast<uint64_t>(cma_probe_.data());
+    std::memcpy(request.token, cma_probe_.data(), sizeof request.token);
+    std::string wire(sizeof request, '\0');
+    std::memcpy(wire.data(), &request, sizeof request);
+    cma_ops_[id] = CmaOp{peer.id, am_id, std::move(header), payload, size, std::move(done)};
+    SendControl(peer, kCmaRequestAm, wire + cma_ops_[id].header, [this, id](const Status& st) {
+      if (!st.ok()) FinishCma(id, st);
+    });
+  }
+
+  // A small message of this transport's own (no payload).
+  void SendControl(Peer& peer, uint16_t am_id, const std::string& body, Completion done) {
+    auto* op = new SendOp{this, std::string(kPrefixBytes, '\0') + body, std::move(done), peer.name};
+    std::memcpy(op->header.data(), &self_, sizeof(PeerId));
+    std::memcpy(op->header.data() + sizeof(PeerId), key_.bytes.data(), kKeyBytes);
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.send = &Impl::SendCompleted;
+    p.user_data = op;
+    ucs_status_ptr_t r = ucp_am_send_nbx(peer.ep, am_id, op->header.data(), op->header.size(), nullptr, 0, &p);
+    if (!UCS_PTR_IS_PTR(r)) Finish(op, UCS_PTR_STATUS(r));
+  }
+
+  void FinishCma(uint64_t id, const Status& st) {
+    auto it = cma_ops_.find(id);
+    if (it == cma_ops_.end()) return;
+    completions_.emplace_back(std::move(it->second.done), st);
+    cma_ops_.erase(it);
+  }
+
+  // Every single-copy send to `peer` (every one: -1) fails with `why`.
+  void FailCma(PeerId peer, const Status& why) {
+    for (auto it = cma_ops_.begin(); it != cma_ops_.end();) {
+      if (peer >= 0 && it->second.to != peer) {
+        ++it;
+        continue;
+      }
+      completions_.emplace_back(std::move(it->second.done), why);
+      it = cma_ops_.erase(it);
+    }
   }
 
   void AddBusy(int delta) {
@@ -399,6 +615,7 @@ class UcxTransport::Impl {
   void Abort(const Status& status) {
     Post([this, status] {
       if (aborted_.ok()) aborted_ = status;
+      FailCma(-1, status);
     });
   }
 
@@ -407,6 +624,7 @@ class UcxTransport::Impl {
       auto it = peers_.find(id);
       if (closed_ || it == peers_.end() || it->second->ep == nullptr) return;
       it->second->failure = why;
+      FailCma(id, why);
       // Forcibly: the peer is gone, so nothing towards it can be flushed;
       // UCX completes its pending operations with errors.
       failed_eps_.push_back(it->second->ep);
@@ -419,14 +637,30 @@ class UcxTransport::Impl {
     RunOnThread([&] {
       auto it = peers_.find(id);
       if (it == peers_.end() || it->second->ep == nullptr) return;
-      char* buf = nullptr;
-      size_t len = 0;
-      FILE* f = ::open_memstream(&buf, &len);
-      ucp_ep_print_info(it->second->ep, f);
-      std::fclose(f);
-      text.assign(buf, len);
-      std::free(buf);
+      text = PrintInfo(it->second->ep);
     });
+    return text;
+  }
+
+  EndpointLanes Lanes(PeerId id) {
+    EndpointLanes lanes;
+    RunOnThread([&] {
+      auto it = peers_.find(id);
+      if (it == peers_.end()) return;
+      lanes = it->second->lanes;
+      lanes.single_copy = lanes.shared_memory && cma_allowed_ && !it->second->cma_refused;
+    });
+    return lanes;
+  }
+
+  static std::string PrintInfo(ucp_ep_h ep) {
+    char* buf = nullptr;
+    size_t len = 0;
+    FILE* f = ::open_memstream(&buf, &len);
+    ucp_ep_print_info(ep, f);
+    std::fclose(f);
+    std::string text(buf, len);
+    std::free(buf);
     return text;
   }
 
@@ -463,6 +697,15 @@ class UcxTransport::Impl {
 
   // Called from IncomingPayload during a handler (progress thread).
   void Receive(IncomingPayload& payload, void* dst, Completion done) {
+    if (payload.cma_pid_ > 0) {
+      payload.cma_status_ = ReadPeerMemory(payload.cma_pid_, payload.cma_addr_, dst, payload.size_);
+      if (payload.cma_status_.ok()) {
+        ++stats_.rendezvous_received;
+        stats_.cma_bytes_read += payload.size_;
+      }
+      completions_.emplace_back(std::move(done), payload.cma_status_);
+      return;
+    }
     if (!payload.rendezvous_) {
       std::memcpy(dst, payload.data_, payload.size_);
       stats_.eager_bytes_copied += payload.size_;
@@ -516,6 +759,114 @@ class UcxTransport::Impl {
     return (payload.rejected_ && rndv) ? UCS_ERR_REJECTED : UCS_OK;
   }
 
+  // The prefix checks of AmReceived; the sender, or -1 when the message
+  // is dropped.
+  PeerId Authenticated(const void* header, size_t header_length, uint16_t am_id) {
+    const auto* prefix = static_cast<const uint8_t*>(header);
+    PeerId from = -1;
+    if (header_length >= sizeof(PeerId)) std::memcpy(&from, prefix, sizeof(PeerId));
+    if (header_length >= kPrefixBytes && !KeysEqual(prefix + sizeof(PeerId), key_.bytes.data())) {
+      DropUnauthenticated(from, am_id);
+      return -1;
+    }
+    if (header_length < kPrefixBytes || peers_.count(from) == 0) {
+      ++stats_.malformed_dropped;
+      return -1;
+    }
+    return from;
+  }
+
+  // A peer's payload to read out of its memory: checked (that the process
+  // it names holds the probe it sent: not another process of that pid, say
+  // in another pid namespace), handed to the service's handler as a
+  // rendezvous payload, and answered with a CmaDone.
+  static ucs_status_t CmaRequested(void* arg, const void* header, size_t header_length, void*, size_t,
+                                   const ucp_am_recv_param_t*) {
+    Impl* impl = static_cast<Impl*>(arg);
+    ++impl->stats_.messages_received;
+    const PeerId from = impl->Authenticated(header, header_length, kCmaRequestAm);
+    if (from < 0 || header_length < kPrefixBytes + sizeof(CmaRequest)) return UCS_OK;
+    CmaRequest request;
+    std::memcpy(&request, static_cast<const char*>(header) + kPrefixBytes, sizeof request);
+    Peer& peer = *impl->peers_[from];
+    if (peer.ep == nullptr) return UCS_OK;
+    auto reply = [impl, &peer, op = request.op](CmaDone::Code code, const std::string& message) {
+      CmaDone done;
+      done.op = op;
+      done.code = code;
+      std::string body(sizeof done, '\0');
+      std::memcpy(body.data(), &done, sizeof done);
+      impl->SendControl(peer, kCmaDoneAm, body + message, nullptr);
+    };
+    if (request.pid != peer.cma_verified_pid) {
+      uint8_t probe[sizeof request.token];
+      const Status read = request.pid <= 0 ? Status::InvalidArgument("no pid")
+                                           : ReadPeerMemory(request.pid, request.probe_addr, probe, sizeof probe);
+      if (!read.ok() || std::memcmp(probe, request.token, sizeof probe) != 0) {
+        LOG(INFO) << "UCX: " << peer.name << " cannot be read directly ("
+                  << (read.ok() ? "its pid names another process here" : read.message())
+                  << "); its payloads come through UCX";
+        reply(CmaDone::kRefused, "");
+        return UCS_OK;
+      }
+      peer.cma_verified_pid = request.pid;
+    }
+    auto slot = impl->handlers_.find(request.am_id);
+    if (request.am_id >= kAmIdLimit || slot == impl->handlers_.end() || !slot->second->handler) {
+      reply(CmaDone::kFailed, "no service for AM id " + std::to_string(request.am_id));
+      return UCS_OK;
+    }
+    IncomingPayload payload;
+    payload.transport_ = slot->second->owner;
+    payload.size_ = request.size;
+    payload.rendezvous_ = true;
+    payload.cma_pid_ = request.pid;
+    payload.cma_addr_ = request.addr;
+    const size_t fixed = kPrefixBytes + sizeof(CmaRequest);
+    slot->second->handler(from, std::string_view(static_cast<const char*>(header) + fixed, header_length - fixed),
+                          payload);
+    if (!payload.consumed_) {
+      reply(CmaDone::kFailed, "the receiver refused it");
+    } else if (!payload.cma_status_.ok()) {
+      reply(CmaDone::kFailed, payload.cma_status_.message());
+    } else {
+      reply(CmaDone::kOk, "");
+    }
+    return UCS_OK;
+  }
+
+  static ucs_status_t CmaAnswered(void* arg, const void* header, size_t header_length, void*, size_t,
+                                  const ucp_am_recv_param_t*) {
+    Impl* impl = static_cast<Impl*>(arg);
+    ++impl->stats_.messages_received;
+    const PeerId from = impl->Authenticated(header, header_length, kCmaDoneAm);
+    if (from < 0 || header_length < kPrefixBytes + sizeof(CmaDone)) return UCS_OK;
+    CmaDone done;
+    std::memcpy(&done, static_cast<const char*>(header) + kPrefixBytes, sizeof done);
+    auto it = impl->cma_ops_.find(done.op);
+    if (it == impl->cma_ops_.end() || it->second.to != from) return UCS_OK;
+    Peer& peer = *impl->peers_[from];
+    if (done.code == CmaDone::kRefused) {
+      // That peer cannot read this process: it and every later payload
+      // to it go through UCX.
+      peer.cma_refused = true;
+      CmaOp op = std::move(it->second);
+      impl->cma_ops_.erase(it);
+      if (peer.ep == nullptr) {
+        impl->completions_.emplace_back(std::move(op.done), peer.failure);
+      } else {
+        impl->SendByUcx(peer, op.am_id, std::move(op.header), op.payload, op.size, std::move(op.done));
+      }
+      return UCS_OK;
+    }
+    const size_t fixed = kPrefixBytes + sizeof(CmaDone);
+    const std::string message(static_cast<const char*>(header) + fixed, header_length - fixed);
+    impl->FinishCma(done.op, done.code == CmaDone::kOk
+                                 ? Status::OK()
+                                 : Status::Unavailable("send to " + peer.name + " failed: " + message));
+    return UCS_OK;
+  }
+
   // Counts a message without our key; the first from each claimed sender
   // is reported (by what it claims, for it proves nothing), the rest only
   // counted, so that a flood cannot fill the log.
@@ -555,6 +906,7 @@ class UcxTransport::Impl {
     auto* peer = static_cast<Peer*>(arg);
     Impl* impl = peer->impl;
     peer->failure = Status::Unavailable(peer->name + " is unreachable: " + UcxError(status));
+    impl->FailCma(peer->id, peer->failure);
     // The endpoint must be closed forcibly; not from inside UCX's callback.
     impl->failed_eps_.push_back(ep);
     peer->ep = nullptr;
@@ -661,6 +1013,11 @@ class UcxTransport::Impl {
   const DataPlaneKey key_;
   const std::string net_devices_;
   double spin_s_;
+  // Single-copy sends within a host (CmaRequest) are tried; the probe a
+  // reader checks this process by (random, its address sent with each
+  // request).
+  const bool cma_allowed_ = CmaAllowed();
+  const std::array<uint8_t, 16> cma_probe_ = RandomProbe();
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   int worker_efd_ = -1, wake_fd_ = -1, epoll_fd_ = -1;
@@ -686,6 +1043,9 @@ class UcxTransport::Impl {
   std::map<uintptr_t, Region> regions_;
   Status aborted_;
   std::set<PeerId> unauthenticated_senders_;  // reported once each (DropUnauthenticated)
+  std::map<uint16_t, HandlerSlot*> handlers_;  // each AM id's current slot
+  std::map<uint64_t, CmaOp> cma_ops_;
+  uint64_t last_cma_op_ = 0;
   // The job failed, or an endpoint would not close: endpoints and the
   // worker are left to the process's exit.
   bool stuck_ = false;
@@ -714,6 +1074,7 @@ StatusOr<std::unique_ptr<UcxTransport>> UcxTransport::Create(const UcxOptions& o
   for (uint16_t id = 0; id < kAmIdLimit; ++id) {
     t->SetHandler(id, [](PeerId, std::string_view, IncomingPayload& payload) { payload.Reject(); });
   }
+  t->impl_->SetCmaHandlers();
   return t;
 }
 
@@ -735,6 +1096,7 @@ void UcxTransport::Disconnect(PeerId peer, const Status& why) { impl_->Disconnec
 void UcxTransport::Shutdown() { impl_->Shutdown(); }
 Status UcxTransport::RegisterMemory(void* base, size_t size) { return impl_->RegisterMemory(base, size); }
 std::string UcxTransport::DescribeEndpoint(PeerId peer) { return impl_->DescribeEndpoint(peer); }
+EndpointLanes UcxTransport::Lanes(PeerId peer) { return impl_->Lanes(peer); }
 UcxStats UcxTransport::stats() { return impl_->stats(); }
 
 }  // namespace herd::transport

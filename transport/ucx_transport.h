@@ -34,6 +34,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/status.h"
 
@@ -73,6 +74,22 @@ struct UcxOptions {
 };
 
 class UcxTransport;
+
+// The lanes UCX chose for an endpoint (from ucp_ep_print_info): each as
+// "tl/device (uses)", e.g. "sysv/memory (am am_bw)", "cma/memory (rma_bw)";
+// and whether its active messages go through shared memory (a peer on
+// this host), where large payloads are sent by rendezvous.
+struct EndpointLanes {
+  std::vector<std::string> transports;
+  bool shared_memory = false;
+  // Large payloads to it are read by it out of this process in one copy
+  // (process_vm_readv: herd's own, for UCX 1.13 gives its CMA no lane on
+  // endpoints that handle peer failure), unless it could not.
+  bool single_copy = false;
+};
+EndpointLanes ParseEndpointLanes(const std::string& print_info);
+// Payloads from this size go to a shared-memory peer by rendezvous.
+inline constexpr size_t kSharedMemoryRendezvousBytes = 64 << 10;
 
 // Sets UCX_POSIX_ERROR_HANDLING / UCX_SYSV_ERROR_HANDLING to y unless the
 // environment sets them or UCX_TLS rules shared memory out, UCX_LOG_LEVEL
@@ -115,15 +132,24 @@ class IncomingPayload {
   size_t size_ = 0;
   bool rendezvous_ = false;
   bool consumed_ = false, rejected_ = false;
+  // A payload read out of its sender on this host (process_vm_readv):
+  // the sender's pid and address, and how the read went.
+  int32_t cma_pid_ = 0;
+  uint64_t cma_addr_ = 0;
+  Status cma_status_;
 };
 
 struct UcxStats {
   uint64_t messages_received = 0;
-  uint64_t rendezvous_received = 0;   // payloads placed zero-copy into the handler's buffer
+  // Payloads placed into the handler's buffer straight from the sender:
+  // by UCX's zero-copy rendezvous, or read out of a sender on this host
+  // in one copy (those bytes counted in cma_bytes_read too).
+  uint64_t rendezvous_received = 0;
   uint64_t eager_bytes_copied = 0;    // bytes of eager payloads copied out
   uint64_t malformed_dropped = 0;     // messages with an unknown sender or short header
   uint64_t unauthenticated_dropped = 0;  // messages without this job's data-plane key
   uint64_t bytes_sent = 0;            // payload bytes handed to UCX for sending
+  uint64_t cma_bytes_read = 0;        // payload bytes read out of senders on this host
 };
 
 // Active-message ids services may use: [0, kAmIdLimit). Messages for ids
@@ -199,6 +225,8 @@ class UcxTransport {
   // Transports in use towards `peer` (UCX's own description), for logs and
   // tests; blocks briefly.
   std::string DescribeEndpoint(PeerId peer);
+  // The same, parsed; empty for an unknown peer.
+  EndpointLanes Lanes(PeerId peer);
   UcxStats stats();
 
  private:

@@ -155,6 +155,7 @@ StatusOr<std::unique_ptr<cuda::DeviceTrainer>> CreateDeviceTrainer(const config:
 }
 
 StatusOr<std::unique_ptr<Model>> CreateModel(const config::JobConfig& config, const JobOptions& job, int local_rank) {
+  if (!config.device().compute()) return NewNoComputeModel(job.shape, job.batch, job.seq_len);
   if (config.device().kind() == config::DeviceConfig::CPU) {
     return NewCpuModel(job.shape, job.batch, job.seq_len, job.recompute, job.micro_batch_slots);
   }

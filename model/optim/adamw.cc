@@ -1,7 +1,13 @@
 #include "model/optim/adamw.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
+
+#include "common/bf16.h"
+#include "common/cpu_dispatch.h"
 
 namespace herd {
 
@@ -35,25 +41,99 @@ AdamWScalars MakeAdamWScalars(const AdamWOptions& o, int64_t step, double lr, do
   return k;
 }
 
+namespace {
+
+// One thread's part of one segment: AdamWStep's element arithmetic, in
+// PyTorch's order, with the gradients' type and the bf16 copy chosen at
+// compile time.
+template <typename Grad, bool kWeightsBf16>
+[[gnu::always_inline]] inline void AdamWLoop(const AdamWScalars& k, float decay, float* __restrict params,
+                                             const Grad* __restrict grads, float* __restrict m, float* __restrict v,
+                                             uint16_t* __restrict weights_bf16, int64_t n) {
+  const float b1 = k.beta1, one_minus_b1 = k.one_minus_beta1, b2 = k.beta2, one_minus_b2 = k.one_minus_beta2;
+  const float step_size = k.step_size, bc2_sqrt = k.bc2_sqrt, eps = k.eps, scale = k.grad_scale;
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    float gi;
+    if constexpr (std::is_same_v<Grad, uint16_t>) {
+      gi = Bf16ToFloat(grads[i]);
+    } else {
+      gi = grads[i];
+    }
+    const float g = gi * scale;
+    const float p = params[i] * decay;
+    const float mi = m[i] * b1 + g * one_minus_b1;
+    const float vi = v[i] * b2 + (g * g) * one_minus_b2;
+    m[i] = mi;
+    v[i] = vi;
+    const float out = p - step_size * (mi / (__builtin_sqrtf(vi) / bc2_sqrt + eps));
+    params[i] = out;
+    if constexpr (kWeightsBf16) weights_bf16[i] = FloatToBf16(out);
+  }
+}
+
+#define HERD_ADAMW_SPAN(name, Grad, bf16_out)                                                                  \
+  HERD_CPU_CLONES void name(const AdamWScalars& k, float decay, float* params, const Grad* grads, float* m,    \
+                            float* v, uint16_t* weights_bf16, int64_t n) {                                    \
+    AdamWLoop<Grad, bf16_out>(k, decay, params, grads, m, v, weights_bf16, n);                                \
+  }
+HERD_ADAMW_SPAN(AdamWSpan, float, false)
+HERD_ADAMW_SPAN(AdamWSpanToBf16, float, true)
+HERD_ADAMW_SPAN(AdamWSpanFromBf16, uint16_t, false)
+HERD_ADAMW_SPAN(AdamWSpanBf16, uint16_t, true)
+#undef HERD_ADAMW_SPAN
+
+template <typename Grad>
+void AdamWSegment(const AdamWScalars& k, float decay, float* params, const Grad* grads, float* m, float* v,
+                  uint16_t* weights_bf16, int64_t n) {
+  if constexpr (std::is_same_v<Grad, uint16_t>) {
+    if (weights_bf16 != nullptr) return AdamWSpanBf16(k, decay, params, grads, m, v, weights_bf16, n);
+    return AdamWSpanFromBf16(k, decay, params, grads, m, v, nullptr, n);
+  } else {
+    if (weights_bf16 != nullptr) return AdamWSpanToBf16(k, decay, params, grads, m, v, weights_bf16, n);
+    return AdamWSpan(k, decay, params, grads, m, v, nullptr, n);
+  }
+}
+
+// [lo, hi) cut into one part per thread, each a whole number of 64-byte
+// lines of floats (the split does not change any element's arithmetic).
+template <typename Grad>
+void AdamWThreads(const AdamWScalars& k, float decay, float* params, const Grad* grads, float* m, float* v,
+                  uint16_t* weights_bf16, int64_t lo, int64_t hi) {
+  constexpr int64_t kLine = 16;
+  const int64_t n = hi - lo;
+#pragma omp parallel if (n >= 4 * 4096)
+  {
+    const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t per = (n / threads + kLine - 1) / kLine * kLine;
+    const int64_t a = std::min(n, t * per), b = t + 1 == threads ? n : std::min(n, a + per);
+    if (a < b) {
+      AdamWSegment(k, decay, params + lo + a, grads + lo + a, m + lo + a, v + lo + a,
+                   weights_bf16 == nullptr ? nullptr : weights_bf16 + lo + a, b - a);
+    }
+  }
+}
+
+}  // namespace
+
 void AdamWStep(const std::vector<DecaySegment>& segments, int64_t range_begin, float* params, const float* grads,
                float* m, float* v, int64_t step, double lr, double grad_scale, const AdamWOptions& o) {
+  AdamWStep(segments, range_begin, params, AdamWStreams{grads, nullptr, nullptr}, m, v, step, lr, grad_scale, o);
+}
+
+void AdamWStep(const std::vector<DecaySegment>& segments, int64_t range_begin, float* params,
+               const AdamWStreams& io, float* m, float* v, int64_t step, double lr, double grad_scale,
+               const AdamWOptions& o) {
   // Scalars are formed in double and rounded once, then the element math
   // runs in float in PyTorch's order of operations.
   const AdamWScalars k = MakeAdamWScalars(o, step, lr, grad_scale);
-  const float b1 = k.beta1, one_minus_b1 = k.one_minus_beta1, b2 = k.beta2, one_minus_b2 = k.one_minus_beta2;
-  const float step_size = k.step_size, bc2_sqrt = k.bc2_sqrt, eps = k.eps, scale = k.grad_scale;
   for (const DecaySegment& seg : segments) {
     const float decay = k.DecayFor(seg.decay);
     const int64_t lo = seg.begin - range_begin, hi = seg.end - range_begin;
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = lo; i < hi; ++i) {
-      const float g = grads[i] * scale;
-      const float p = params[i] * decay;
-      const float mi = m[i] * b1 + g * one_minus_b1;
-      const float vi = v[i] * b2 + (g * g) * one_minus_b2;
-      m[i] = mi;
-      v[i] = vi;
-      params[i] = p - step_size * (mi / (std::sqrt(vi) / bc2_sqrt + eps));
+    if (io.grads_bf16 != nullptr) {
+      AdamWThreads(k, decay, params, io.grads_bf16, m, v, io.weights_bf16, lo, hi);
+    } else {
+      AdamWThreads(k, decay, params, io.grads, m, v, io.weights_bf16, lo, hi);
     }
   }
 }
@@ -76,9 +156,26 @@ double SumOfSquares(const float* x, int64_t n) {
 #pragma omp parallel for schedule(static)
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t lo = c * kChunk, hi = std::min(n, lo + kChunk);
+    partial[c] = ChunkSumOfSquares(x + lo, hi - lo);
+  }
+  double total = 0;
+  for (double s : partial) total += s;
+  return total;
+}
+
+double SumOfSquaresBf16(const uint16_t* x, int64_t n) {
+  constexpr int64_t kChunk = kSumOfSquaresChunk;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  std::vector<double> partial(chunks);
+#pragma omp parallel for schedule(static) if (chunks >= 4)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t lo = c * kChunk, hi = std::min(n, lo + kChunk);
     double s = 0;
 #pragma omp simd reduction(+ : s)
-    for (int64_t i = lo; i < hi; ++i) s += static_cast<double>(x[i]) * x[i];
+    for (int64_t i = lo; i < hi; ++i) {
+      const double xi = Bf16ToFloat(x[i]);
+      s += xi * xi;
+    }
     partial[c] = s;
   }
   double total = 0;

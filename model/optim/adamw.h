@@ -61,6 +61,24 @@ AdamWScalars MakeAdamWScalars(const AdamWOptions& options, int64_t step, double 
 void AdamWStep(const std::vector<DecaySegment>& segments, int64_t range_begin, float* params, const float* grads,
                float* m, float* v, int64_t step, double lr, double grad_scale, const AdamWOptions& options);
 
+// What one AdamW pass reads the gradients from and writes beside the
+// weights, all pointing at element range_begin of the flat space: fp32
+// gradients, or bf16 ones (one parameter server's share on a bf16 wire,
+// widened as they are read: the same values as widening them first); and,
+// when set, the new weights rounded to bf16 (a bf16 wire's outgoing
+// copy) in the same pass. Exactly one of grads and grads_bf16.
+struct AdamWStreams {
+  const float* grads = nullptr;
+  const uint16_t* grads_bf16 = nullptr;
+  uint16_t* weights_bf16 = nullptr;
+};
+// AdamWStep reading and writing `io`: one pass over the range, each
+// element's arithmetic AdamWStep's, vectorised for the CPU it runs on
+// (common/cpu_dispatch.h) and split over the OpenMP threads.
+void AdamWStep(const std::vector<DecaySegment>& segments, int64_t range_begin, float* params,
+               const AdamWStreams& io, float* m, float* v, int64_t step, double lr, double grad_scale,
+               const AdamWOptions& options);
+
 // Linear warm-up to `lr` over warmup_steps ((t+1)/warmup), then cosine decay
 // to min_lr at the last step. `t` is the 0-based step index.
 double LearningRate(const LrSchedule& schedule, int64_t t);
@@ -70,6 +88,17 @@ double LearningRate(const LrSchedule& schedule, int64_t t);
 // the result does not depend on the thread count, and partial sums over
 // chunk-aligned ranges add up to the same total.
 double SumOfSquares(const float* x, int64_t n);
+// One chunk's part of it (n <= kSumOfSquaresChunk): what SumOfSquares adds
+// up, for passes that take each chunk's sum while it is in cache.
+inline double ChunkSumOfSquares(const float* x, int64_t n) {
+  double s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * x[i];
+  return s;
+}
+// The same of bf16 values (widened exactly); its own order (bf16 wires
+// are compared within bf16's tolerance, not bitwise, with fp32 ones).
+double SumOfSquaresBf16(const uint16_t* x, int64_t n);
 
 // PyTorch's clip_grad_norm_ coefficient: min(1, clip / (norm + 1e-6));
 // 1 when clip_norm is 0 (disabled).

@@ -114,6 +114,10 @@ OptimizerShard::Scalars OptimizerShard::BeginStep(double global_norm, double los
 }
 
 void OptimizerShard::Apply(const Scalars& s, ParamRange sub, const float* grads) {
+  Apply(s, sub, AdamWStreams{grads, nullptr, nullptr});
+}
+
+void OptimizerShard::Apply(const Scalars& s, ParamRange sub, const AdamWStreams& io) {
   if (s.spike.skip) return;
   // The decay segments of [sub.begin, sub.end): AdamW is elementwise, so
   // stepping a range in pieces gives the bits of stepping it at once.
@@ -123,7 +127,7 @@ void OptimizerShard::Apply(const Scalars& s, ParamRange sub, const float* grads)
     if (lo < hi) pieces.push_back({lo, hi, seg.decay});
   }
   const int64_t at = sub.begin - range_.begin;
-  AdamWStep(pieces, sub.begin, weights_ + at, grads, m_.data() + at, v_.data() + at, s.step, s.lr, s.grad_scale,
+  AdamWStep(pieces, sub.begin, weights_ + at, io, m_.data() + at, v_.data() + at, s.step, s.lr, s.grad_scale,
             options_.adamw);
 }
 

@@ -113,6 +113,10 @@ class OptimizerShard {
   // AdamW on [sub.begin, sub.end) ⊆ range(), unless the step is skipped;
   // `grads` points at element sub.begin of the flat space.
   void Apply(const Scalars& s, ParamRange sub, const float* grads);
+  // The same reading and writing `io` (model/optim/adamw.h), whose
+  // pointers address element sub.begin; a skipped step writes nothing
+  // (a bf16 copy of the unchanged weights stays as it was).
+  void Apply(const Scalars& s, ParamRange sub, const AdamWStreams& io);
   void EndStep() { ++step_; }
   // The whole range at once; returns the step's scalars.
   Scalars Step(const float* grads, double global_norm, double loss);

@@ -32,10 +32,11 @@ float Base(size_t i) { return static_cast<float>(i % 1021 + 1); }
 void PrintStats(const char* role, int rank, transport::UcxTransport& t) {
   const transport::UcxStats s = t.stats();
   std::printf("{\"role\": \"%s\", \"rank\": %d, \"messages_received\": %llu, \"rendezvous_received\": %llu, "
-              "\"eager_bytes_copied\": %llu, \"malformed_dropped\": %llu}\n",
+              "\"eager_bytes_copied\": %llu, \"cma_bytes_read\": %llu, \"malformed_dropped\": %llu}\n",
               role, rank, static_cast<unsigned long long>(s.messages_received),
               static_cast<unsigned long long>(s.rendezvous_received),
               static_cast<unsigned long long>(s.eager_bytes_copied),
+              static_cast<unsigned long long>(s.cma_bytes_read),
               static_cast<unsigned long long>(s.malformed_dropped));
   std::fflush(stdout);
 }

@@ -125,12 +125,13 @@ class PushPullSync : public SyncStrategy {
   }
 
   // Bucket b's gradients of the step to its server (through `wire`, the
-  // bf16 staging buffer, with bf16 on the wire).
-  transport::PushPullClient::Ticket PushBucket(const Bucket& b, uint16_t* wire) {
+  // bf16 staging buffer, with bf16 on the wire; `staged`: cast there
+  // already).
+  transport::PushPullClient::Ticket PushBucket(const Bucket& b, uint16_t* wire, bool staged = false) {
     const int64_t at = b.range.begin - origin_;
     const void* data = grads_ + at;
     if (bf16_) {
-      FloatsToBf16(grads_ + at, wire + at, b.range.size());
+      if (!staged) FloatsToBf16(grads_ + at, wire + at, b.range.size());
       data = wire + at;
     }
     return client_->Push(first_server_ + b.server, transport::RequestKind::kGradients, ByteOffset(b), data,
@@ -222,9 +223,14 @@ class WholeWeightsSync : public PushPullSync {
 
   // Backward has finished every gradient at offsets >= `offset`.
   void FinalFrom(int64_t offset) override {
-    while (next_bucket_ < mine_.size() && mine_[next_bucket_]->range.begin - origin_ >= offset) {
+    size_t last = next_bucket_;
+    while (last < mine_.size() && mine_[last]->range.begin - origin_ >= offset) ++last;
+    // bf16: the buckets final now are cast in one pass (split over the
+    // threads) when they lie side by side, as a whole space's do.
+    const bool staged = bf16_ && StageTogether(next_bucket_, last, push_wire());
+    while (next_bucket_ < last) {
       const Bucket& b = *mine_[next_bucket_++];
-      push_tickets_.push_back(PushBucket(b, push_wire()));
+      push_tickets_.push_back(PushBucket(b, push_wire(), staged));
       // bf16: the pull lands where the push left from; its answer needs
       // every worker's push of this bucket, ours included, to have landed.
       if (stream_) {
@@ -264,6 +270,19 @@ class WholeWeightsSync : public PushPullSync {
 
  private:
   uint16_t* wire() { return paged_wire_.data() ? reinterpret_cast<uint16_t*>(paged_wire_.data()) : wire_.data(); }
+
+  // Casts the gradients of mine_[first, last) into `wire` at once if they
+  // are one range of the space (backward order: descending); false
+  // otherwise (each is cast as it is pushed).
+  bool StageTogether(size_t first, size_t last, uint16_t* wire) {
+    if (first >= last) return false;
+    const int64_t lo = mine_[last - 1]->range.begin, hi = mine_[first]->range.end;
+    for (size_t i = first + 1; i < last; ++i) {
+      if (mine_[i]->range.end != mine_[i - 1]->range.begin) return false;
+    }
+    FloatsToBf16(grads_ + (lo - origin_), wire + (lo - origin_), hi - lo);
+    return true;
+  }
   uint16_t* push_wire() { return push_wire_.empty() ? wire() : push_wire_.data(); }
 
   // The pulls of weights below flat offset `end`, in forward order; false
