@@ -33,7 +33,7 @@ One JSON line per wire:
 and a last one: {"bench": "ps_datapath", "summary": ..., "bf16_vs_fp32": step_s(bf16) / step_s(fp32)}.
 
     python3 bench/ps_datapath.py [--build build] [--params N] [--servers 2] [--workers 1]
-        [--wires fp32,bf16] [--steps 8] [--warmup 2] [--repeat 3] [--set path=value ...]
+        [--wires fp32,bf16] [--bucket-mb 4] [--steps 8] [--warmup 2] [--repeat 3] [--set path=value ...]
 
 Use Debian's /usr/bin/python3.
 """
@@ -174,6 +174,7 @@ def main():
     ap.add_argument("--servers", type=int, default=2)
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--wires", default="fp32,bf16")
+    ap.add_argument("--bucket-mb", type=float, default=4.0, help="cluster.bucket_mb (the job default)")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=3)
@@ -186,6 +187,7 @@ def main():
         data = word_corpus(herd, workdir, 2000)
         base = model_sets(a.params) + [
             "cluster.sync=PARAMETER_SERVER", f"cluster.servers={a.servers}", f"cluster.workers={a.workers}",
+            f"cluster.bucket_mb={a.bucket_mb}",
             "device.compute=false", "train.batch_size=1", "train.seq_len=64", f"train.steps={a.steps}",
             "log.every=1", "log.eval_every=0", "log.sample_tokens=0", "checkpoint.dir=", "data.val=",
             f"data.train={data}", "data.prepare_from="] + a.set

@@ -6,7 +6,8 @@ snapshots, the first region's first server committing every part),
 tensor parallelism and pipeline stages (each worker its own pieces). The
 ~20M shape (d512, 8 layers), two steps, a checkpoint after each (the
 second step's work beside the first's snapshots): every process's peak
-RSS within 3% of its line of the plan. Parameter servers' buckets are
+RSS within 3% of its line of the plan (a region's server: up to one
+outer contribution below, see below). Parameter servers' buckets are
 1 MB: what the push/pull path holds a bucket beyond the plan is no
 checkpoint's. Prints the table: job, process, planned, measured, ratio."""
 import json
@@ -49,10 +50,16 @@ log {{ every: 1 sample_tokens: 0 summary_dir: "{name}" }}
             ratio = s["peak_rss_bytes"] / s["plan_bytes"]
             rows.append(f"{name:9s} {s['role']} {s['rank']:<3d} {s['plan_bytes'] / 2**20:8.1f} "
                         f"{s['peak_rss_bytes'] / 2**20:8.1f} {ratio:6.3f}")
-            if abs(ratio - 1) > 0.03:
+            # A region's server plans for a contribution held whole by UCX
+            # while it arrives from another host (an eager message); within
+            # a host it lands in place (read in one copy, or UCX's
+            # rendezvous) and that buffer is never made: up to one
+            # contribution (6% here) under the plan.
+            low = 0.90 if (name, s["role"]) == ("regions", "server") else 0.97
+            if not low <= ratio <= 1.03:
                 off.append(rows[-1])
     print("job       process    planned measured  ratio (MiB)\n" + "\n".join(rows))
-    assert not off, "peaks more than 3% off the plan:\n" + "\n".join(off)
+    assert not off, "peaks off the plan by more than allowed:\n" + "\n".join(off)
 
 
 if __name__ == "__main__":

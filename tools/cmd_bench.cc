@@ -110,7 +110,8 @@ int RunBench(int argc, char** argv) {
   if (argc >= 2 && std::string(argv[1]) == "memory") return RunBenchMemory(argc - 1, argv + 1);
   return ReportError(Status::InvalidArgument(
       "usage: herd bench train CONFIG [--set ...] [--steps N] [--warmup K]\n"
-      "       herd bench transport [--sizes B,...] [--concurrency C,...] [--seconds S] [--no-perftest]\n"
+      "       herd bench transport [--sizes B,...] [--concurrency C,...] [--seconds S] [--paths single-copy,ucx] "
+      "[--no-perftest]\n"
       "       herd bench compare CONFIG [--set ...] [--steps N] [--warmup K] [--servers S] [--json]\n"
       "       herd bench gpu [CONFIG] [--set ...] [--steps N] [--warmup K] [--fp32] [--peak-tflops 989] "
       "[--python python3] [--torch-modes eager,compile|none]\n"

@@ -1,5 +1,5 @@
 // herd bench transport [--sizes B,...] [--concurrency C,...] [--seconds S] [--reps N]
-//                      [--push store|accumulate|both] [--disjoint] [--no-perftest]
+//                      [--push store|accumulate|both] [--paths single-copy,ucx] [--disjoint] [--no-perftest]
 //   Push+pull throughput between two processes on this machine, next to
 //   UCX's own `ucx_perftest -t ucp_am_bw` run here on the same transport
 //   (UCX_TLS as set, else UCX's choice) and sizes. One JSON line per
@@ -10,6 +10,10 @@
 //   throughput) or "accumulate" (the skeleton's sum: received into scratch,
 //   then added; the sum's memory traffic is part of the figure); --push
 //   picks one, both by default.
+//   Within the host each figure is taken on both paths, `path`
+//   "single-copy" (the receiver reads large payloads out of the sender,
+//   process_vm_readv: transport/ucx_transport.h) and "ucx" (UCX's
+//   shared-memory rendezvous); --paths picks.
 //   Figures are medians over --reps back-to-back pairs (herd, then
 //   ucx_perftest); `ratio` is the median of the pairs' ratios.
 //   MBps = 2^20 bytes per second, as ucx_perftest counts. herd's figure
@@ -231,6 +235,9 @@ struct BenchPlan {
   double seconds = 0.5;
   bool disjoint = false, perftest = true;
   std::string tls;
+  // Within the host, large payloads read by the receiver in one copy
+  // ("single-copy", HERD_CMA=1) or through UCX ("ucx", HERD_CMA=0).
+  std::string path;
 };
 
 // One line of output: a (size, concurrency) and its repetitions.
@@ -268,10 +275,10 @@ void PrintFigure(const BenchPlan& plan, bool store, const Figure& f) {
   }
   std::printf(
       "{\"bench\": \"transport\", \"bytes\": %lld, \"concurrency\": %lld, \"push\": \"%s\", "
-      "\"herd_MBps\": %.1f, \"ucx_perftest_MBps\": %s, \"ratio\": %s, \"tls\": \"%s\", "
+      "\"herd_MBps\": %.1f, \"ucx_perftest_MBps\": %s, \"ratio\": %s, \"tls\": \"%s\", \"path\": \"%s\", "
       "\"ranges\": \"%s\", \"reps\": %d}\n",
       f.bytes, f.concurrency, store ? "store" : "accumulate", mbps, anchor_text, ratio_text, plan.tls.c_str(),
-      plan.disjoint ? "disjoint" : "same", plan.reps);
+      plan.path.c_str(), plan.disjoint ? "disjoint" : "same", plan.reps);
   std::fflush(stdout);
 }
 
@@ -345,7 +352,7 @@ int RunJob(const BenchPlan& plan, bool store) {
 }
 
 int BenchTransport(int argc, char** argv) {
-  Args args({"sizes", "concurrency", "seconds", "reps", "push", "coordinator", "shard-bytes"},
+  Args args({"sizes", "concurrency", "seconds", "reps", "push", "paths", "coordinator", "shard-bytes"},
             {"no-perftest", "serve", "disjoint", "store"});
   Status st = args.Parse(argc, argv);
   if (!st.ok()) return ReportError(st.WithContext("bench transport: "));
@@ -368,12 +375,23 @@ int BenchTransport(int argc, char** argv) {
   if (push != "store" && push != "accumulate" && push != "both") {
     return ReportError(Status::InvalidArgument("--push: expected store, accumulate or both, got '" + push + "'"));
   }
+  const std::string paths = args.Get("paths", "single-copy,ucx");
+  std::vector<std::string> path_list = Split(paths, ',');
+  for (const std::string& p : path_list) {
+    if (p != "single-copy" && p != "ucx") {
+      return ReportError(Status::InvalidArgument("--paths: expected single-copy and/or ucx, got '" + paths + "'"));
+    }
+  }
   transport::PrepareUcxEnvironment();  // ucx_perftest then picks the transports herd gets
   const char* tls = std::getenv("UCX_TLS");
   plan.tls = tls != nullptr ? tls : "default";
-  for (bool store : {true, false}) {
-    if ((store && push == "accumulate") || (!store && push == "store")) continue;
-    if (int rc = RunJob(plan, store); rc != 0) return rc;
+  for (const std::string& path : path_list) {
+    plan.path = path;
+    ::setenv("HERD_CMA", path == "ucx" ? "0" : "1", 1);  // both processes' transports read it
+    for (bool store : {true, false}) {
+      if ((store && push == "accumulate") || (!store && push == "store")) continue;
+      if (int rc = RunJob(plan, store); rc != 0) return rc;
+    }
   }
   return 0;
 }

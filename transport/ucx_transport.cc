@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <ctime>
 #include <fstream>
 #include <future>
@@ -248,6 +249,66 @@ double SpinSeconds() {
 
 }  // namespace
 
+// Threads that read payloads out of senders on this host, so that a
+// receiver takes several at once (a worker's pulls from every server) and
+// its progress thread goes on meanwhile. A read's completion is posted
+// back to the progress thread. Stop() waits for the reads under way (their
+// buffers are the services'); queued ones are dropped.
+class CmaReaders {
+ public:
+  using Job = std::function<void()>;
+  ~CmaReaders() { Stop(); }
+
+  void Run(Job job) {
+    {
+      MutexLock lock(&mu_);
+      if (stopped_) return;
+      if (threads_.empty()) {
+        const int n = std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1, kMaxReaders);
+        for (int i = 0; i < n; ++i) threads_.emplace_back([this] { Loop(); });
+      }
+      jobs_.push_back(std::move(job));
+    }
+    cv_.Signal();
+  }
+
+  void Stop() {
+    std::vector<std::thread> threads;
+    {
+      MutexLock lock(&mu_);
+      stopped_ = true;
+      jobs_.clear();
+      threads.swap(threads_);
+    }
+    cv_.SignalAll();
+    for (std::thread& t : threads) t.join();
+  }
+
+ private:
+  static constexpr int kMaxReaders = 4;
+
+  void Loop() {
+    trace::NameThread("cma reader");
+    for (;;) {
+      Job job;
+      {
+        MutexLock lock(&mu_);
+        while (jobs_.empty() && !stopped_) cv_.Wait(&mu_);
+        if (stopped_) return;
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      job();
+    }
+  }
+
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<Job> jobs_ GUARDED_BY(mu_);
+  bool stopped_ GUARDED_BY(mu_) = false;
+  std::vector<std::thread> threads_ GUARDED_BY(mu_);
+};
+
 class UcxTransport::Impl {
  public:
   struct Peer {
@@ -373,6 +434,7 @@ class UcxTransport::Impl {
       for (auto& slot : slots_) slot->handler = nullptr;
       on_peer_failure_.clear();
     });
+    readers_.Stop();  // the reads under way land first: their buffers are the services'
     shut_down_ = true;
     stop_ = true;
     Wake();
@@ -698,12 +760,21 @@ class UcxTransport::Impl {
   // Called from IncomingPayload during a handler (progress thread).
   void Receive(IncomingPayload& payload, void* dst, Completion done) {
     if (payload.cma_pid_ > 0) {
-      payload.cma_status_ = ReadPeerMemory(payload.cma_pid_, payload.cma_addr_, dst, payload.size_);
-      if (payload.cma_status_.ok()) {
-        ++stats_.rendezvous_received;
-        stats_.cma_bytes_read += payload.size_;
-      }
-      completions_.emplace_back(std::move(done), payload.cma_status_);
+      // Read by a reader thread; its completion and the sender's answer
+      // follow on this thread.
+      readers_.Run([this, pid = payload.cma_pid_, addr = payload.cma_addr_, dst, size = payload.size_,
+                    reply = payload.cma_reply_, done = std::move(done)]() mutable {
+        Status read = ReadPeerMemory(pid, addr, dst, size);
+        Post([this, size, reply, read = std::move(read), done = std::move(done)]() mutable {
+          if (closed_) return;
+          if (read.ok()) {
+            ++stats_.rendezvous_received;
+            stats_.cma_bytes_read += size;
+          }
+          AnswerCma(reply, read.ok() ? CmaDone::kOk : CmaDone::kFailed, read.ok() ? "" : read.message());
+          completions_.emplace_back(std::move(done), std::move(read));
+        });
+      });
       return;
     }
     if (!payload.rendezvous_) {
@@ -776,6 +847,21 @@ class UcxTransport::Impl {
     return from;
   }
 
+  // One of this transport's own messages (a T after the prefix), counted:
+  // its sender, or -1 when it is dropped.
+  template <typename T>
+  PeerId OwnMessage(const void* header, size_t header_length, uint16_t am_id, T* message) {
+    ++stats_.messages_received;
+    const PeerId from = Authenticated(header, header_length, am_id);
+    if (from < 0) return -1;
+    if (header_length < kPrefixBytes + sizeof(T)) {
+      ++stats_.malformed_dropped;
+      return -1;
+    }
+    std::memcpy(message, static_cast<const char*>(header) + kPrefixBytes, sizeof(T));
+    return from;
+  }
+
   // A peer's payload to read out of its memory: checked (that the process
   // it names holds the probe it sent: not another process of that pid, say
   // in another pid namespace), handed to the service's handler as a
@@ -783,21 +869,13 @@ class UcxTransport::Impl {
   static ucs_status_t CmaRequested(void* arg, const void* header, size_t header_length, void*, size_t,
                                    const ucp_am_recv_param_t*) {
     Impl* impl = static_cast<Impl*>(arg);
-    ++impl->stats_.messages_received;
-    const PeerId from = impl->Authenticated(header, header_length, kCmaRequestAm);
-    if (from < 0 || header_length < kPrefixBytes + sizeof(CmaRequest)) return UCS_OK;
     CmaRequest request;
-    std::memcpy(&request, static_cast<const char*>(header) + kPrefixBytes, sizeof request);
+    const PeerId from = impl->OwnMessage(header, header_length, kCmaRequestAm, &request);
+    if (from < 0) return UCS_OK;
     Peer& peer = *impl->peers_[from];
     if (peer.ep == nullptr) return UCS_OK;
-    auto reply = [impl, &peer, op = request.op](CmaDone::Code code, const std::string& message) {
-      CmaDone done;
-      done.op = op;
-      done.code = code;
-      std::string body(sizeof done, '\0');
-      std::memcpy(body.data(), &done, sizeof done);
-      impl->SendControl(peer, kCmaDoneAm, body + message, nullptr);
-    };
+    const CmaReply to{from, request.op};
+    auto reply = [impl, to](CmaDone::Code code, const std::string& message) { impl->AnswerCma(to, code, message); };
     if (request.pid != peer.cma_verified_pid) {
       uint8_t probe[sizeof request.token];
       const Status read = request.pid <= 0 ? Status::InvalidArgument("no pid")
@@ -822,27 +900,32 @@ class UcxTransport::Impl {
     payload.rendezvous_ = true;
     payload.cma_pid_ = request.pid;
     payload.cma_addr_ = request.addr;
+    payload.cma_reply_ = to;
     const size_t fixed = kPrefixBytes + sizeof(CmaRequest);
     slot->second->handler(from, std::string_view(static_cast<const char*>(header) + fixed, header_length - fixed),
                           payload);
-    if (!payload.consumed_) {
-      reply(CmaDone::kFailed, "the receiver refused it");
-    } else if (!payload.cma_status_.ok()) {
-      reply(CmaDone::kFailed, payload.cma_status_.message());
-    } else {
-      reply(CmaDone::kOk, "");
-    }
+    if (!payload.consumed_) reply(CmaDone::kFailed, "the receiver refused it");  // else once read
     return UCS_OK;
+  }
+
+  // The sender's answer to its request `to`, if it is still connected.
+  void AnswerCma(const CmaReply& to, CmaDone::Code code, const std::string& message) {
+    auto it = peers_.find(to.peer);
+    if (it == peers_.end() || it->second->ep == nullptr) return;
+    CmaDone done;
+    done.op = to.op;
+    done.code = code;
+    std::string body(sizeof done, '\0');
+    std::memcpy(body.data(), &done, sizeof done);
+    SendControl(*it->second, kCmaDoneAm, body + message, nullptr);
   }
 
   static ucs_status_t CmaAnswered(void* arg, const void* header, size_t header_length, void*, size_t,
                                   const ucp_am_recv_param_t*) {
     Impl* impl = static_cast<Impl*>(arg);
-    ++impl->stats_.messages_received;
-    const PeerId from = impl->Authenticated(header, header_length, kCmaDoneAm);
-    if (from < 0 || header_length < kPrefixBytes + sizeof(CmaDone)) return UCS_OK;
     CmaDone done;
-    std::memcpy(&done, static_cast<const char*>(header) + kPrefixBytes, sizeof done);
+    const PeerId from = impl->OwnMessage(header, header_length, kCmaDoneAm, &done);
+    if (from < 0) return UCS_OK;
     auto it = impl->cma_ops_.find(done.op);
     if (it == impl->cma_ops_.end() || it->second.to != from) return UCS_OK;
     Peer& peer = *impl->peers_[from];
@@ -1046,6 +1129,7 @@ class UcxTransport::Impl {
   std::map<uint16_t, HandlerSlot*> handlers_;  // each AM id's current slot
   std::map<uint64_t, CmaOp> cma_ops_;
   uint64_t last_cma_op_ = 0;
+  CmaReaders readers_;  // last: stopped (in Shutdown) before the rest goes
   // The job failed, or an endpoint would not close: endpoints and the
   // worker are left to the process's exit.
   bool stuck_ = false;

@@ -107,6 +107,12 @@ void PrepareUcxEnvironment();
 // than `min_age_s`; returns how many went. Launchers call it at start.
 int RemoveStaleUcxShmFiles(double min_age_s = 30);
 
+// Which sender's request a single-copy read answers.
+struct CmaReply {
+  PeerId peer = -1;
+  uint64_t op = 0;
+};
+
 // A message's payload as a handler sees it. Exactly one of ReceiveInto or
 // Reject may be called, during the handler; otherwise the payload is dropped.
 class IncomingPayload {
@@ -136,7 +142,7 @@ class IncomingPayload {
   // the sender's pid and address, and how the read went.
   int32_t cma_pid_ = 0;
   uint64_t cma_addr_ = 0;
-  Status cma_status_;
+  CmaReply cma_reply_;  // whom to answer once read
 };
 
 struct UcxStats {
