@@ -121,11 +121,9 @@ TEST_F(PushPullTest, MessagesWithoutTheJobKeyAreDroppedAndCounted) {
     intruder.Push(kServer, kGradients, 0, bad.data(), 1024);           // eager
     intruder.Push(kServer, kGradients, 0, bad.data(), 256 << 10);      // rendezvous, in pieces
     intruder.Pull(kServer, kWeights, 0, back.data(), 1024);
-    // Every piece is refused through UCX's rendezvous, and the intruder
-    // sends the next; a single-copy request is dropped unanswered (an
-    // answer would go to the peer the intruder claims to be), so only its
-    // first window of two pieces leaves it.
-    const uint64_t expected = (*intruder_transport)->Lanes(kServer).single_copy ? 1 + 2 + 1 : 1 + 4 + 1;
+    // Every piece (below the single-copy size) is refused through UCX's
+    // rendezvous, and the intruder sends the next.
+    const uint64_t expected = 1 + 4 + 1;
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (server_transport_->stats().unauthenticated_dropped < expected &&
            std::chrono::steady_clock::now() < deadline) {
@@ -169,18 +167,19 @@ TEST_F(PushPullTest, SendQueuedBehindShutdownIsDropped) {
   EXPECT_FALSE(completed);
 }
 
-// Within a host, payloads from 64 KiB are read by the receiver straight
+// Within a host, payloads from 1 MiB are read by the receiver straight
 // out of the sender (one copy): pushes and pulls arrive whole, and the
 // bytes are counted as read so.
 TEST_F(PushPullTest, LargePayloadsWithinAHostAreReadInOneCopy) {
   if (!client_transport_->Lanes(kServer).single_copy) GTEST_SKIP() << "no shared-memory lane between the transports";
+  PushPullClient whole(client_transport_.get(), kShardBytes);  // one piece a request
   std::vector<float> ones(kShardBytes / 4), back(kShardBytes / 4, 0.0f);
   for (size_t i = 0; i < ones.size(); ++i) ones[i] = static_cast<float>(i % 1000);
-  ASSERT_TRUE(client_->Wait(client_->Push(kServer, kGradients, 0, ones.data(), kShardBytes)).ok());
-  ASSERT_TRUE(client_->Wait(client_->Pull(kServer, kWeights, 0, back.data(), kShardBytes)).ok());
+  ASSERT_TRUE(whole.Wait(whole.Push(kServer, kGradients, 0, ones.data(), kShardBytes)).ok());
+  ASSERT_TRUE(whole.Wait(whole.Pull(kServer, kWeights, 0, back.data(), kShardBytes)).ok());
   ASSERT_EQ(ones, back);
-  EXPECT_GE(server_transport_->stats().cma_bytes_read, kShardBytes);  // the push's pieces
-  EXPECT_GE(client_transport_->stats().cma_bytes_read, kShardBytes);  // the pull's
+  EXPECT_EQ(server_transport_->stats().cma_bytes_read, kShardBytes);  // the push
+  EXPECT_EQ(client_transport_->stats().cma_bytes_read, kShardBytes);  // the pull's answer
 }
 
 // A sender whose pid names another process here (it runs in another pid
@@ -209,7 +208,7 @@ TEST(UcxTransportCma, APidThatNamesAnotherProcessFallsBackToUcx) {
     }
     return s;
   };
-  constexpr uint64_t kBytes = 1 << 20;
+  constexpr uint64_t kBytes = 4 << 20;
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);
   if (child == 0) {
@@ -225,7 +224,7 @@ TEST(UcxTransportCma, APidThatNamesAnotherProcessFallsBackToUcx) {
     if (!t.ok() || !send_string(to_parent[1], (*t)->address())) ::_exit(5);
     const std::string server = read_string(to_child[0]);
     if (server.empty() || !(*t)->Connect(kServer, server, "server").ok()) ::_exit(6);
-    PushPullClient client(t->get(), 256 << 10);
+    PushPullClient client(t->get(), 1 << 20);
     std::vector<float> ones(kBytes / 4, 1.0f), back(kBytes / 4, 0.0f);
     if (!client.Wait(client.Push(kServer, kGradients, 0, ones.data(), kBytes)).ok()) ::_exit(7);
     if (!client.Wait(client.Pull(kServer, kWeights, 0, back.data(), kBytes)).ok()) ::_exit(8);

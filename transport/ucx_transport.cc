@@ -172,9 +172,6 @@ namespace {
 
 // This transport's own AM ids, above the services'.
 constexpr uint16_t kCmaRequestAm = kAmIdLimit, kCmaDoneAm = kAmIdLimit + 1;
-// From this size a payload to a peer on this host is read by the peer out
-// of the sender's memory (one copy) rather than sent through UCX.
-constexpr size_t kCmaMinBytes = 64 << 10;
 
 // A payload's whereabouts, sent in place of the payload (CmaRequested).
 struct CmaRequest {
@@ -568,10 +565,10 @@ class UcxTransport::Impl {
     });
   }
 
-  // Within a host, payloads from kCmaMinBytes go by one copy: the receiver
+  // Within a host, payloads from kSingleCopyMinBytes go by one copy: the receiver
   // reads them out of this process (CmaRequest), unless the peer refused.
   bool UseCma(const Peer& peer, size_t size) const {
-    return cma_allowed_ && peer.lanes.shared_memory && !peer.cma_refused && size >= kCmaMinBytes;
+    return cma_allowed_ && peer.lanes.shared_memory && !peer.cma_refused && size >= kSingleCopyMinBytes;
   }
 
   void SendByUcx(Peer& peer, uint16_t am_id, std::string header, const void* payload, size_t size, Completion done) {
