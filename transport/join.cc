@@ -32,8 +32,8 @@ void PrintEndpoints(const CoordinatorClient& client, UcxTransport& transport, co
     std::string text;
     for (const std::string& t : lanes.transports) text += (text.empty() ? "" : ", ") + t;
     if (lanes.single_copy) {
-      text += "; payloads from " + std::to_string(kSingleCopyMinBytes >> 20) +
-              " MiB read in one copy (process_vm_readv), smaller ones by UCX rendezvous";
+      text += "; payloads from " + std::to_string(kSingleCopyMinBytes >> 10) +
+              " KiB read in one copy (process_vm_readv)";
     } else if (lanes.shared_memory) {
       text += "; payloads from " + std::to_string(kSharedMemoryRendezvousBytes >> 10) + " KiB by UCX rendezvous";
     }

@@ -91,11 +91,9 @@ EndpointLanes ParseEndpointLanes(const std::string& print_info);
 // Payloads from this size go to a shared-memory peer by rendezvous.
 inline constexpr size_t kSharedMemoryRendezvousBytes = 64 << 10;
 // From this size a payload to a peer on this host is read by the peer out
-// of the sender's memory (one copy) rather than sent through UCX: below
-// it the request's round trip costs more than the second copy
-// (herd bench transport: 2.9 GB/s against UCX's 4.9 at 256 KiB, 9.4
-// against 6.3 at 4 MiB).
-inline constexpr size_t kSingleCopyMinBytes = 1 << 20;
+// of the sender's memory (one copy) rather than sent through UCX (herd
+// bench transport: 8.4 GB/s against UCX's 6.4 at 4 MiB).
+inline constexpr size_t kSingleCopyMinBytes = 64 << 10;
 
 // Sets UCX_POSIX_ERROR_HANDLING / UCX_SYSV_ERROR_HANDLING to y unless the
 // environment sets them or UCX_TLS rules shared memory out, UCX_LOG_LEVEL
