@@ -246,7 +246,7 @@ void ParameterShard::Drain(LocalBucket& b) {
     input.bf16 = options_.bf16_wire;
     input.first = b.next_share == 0;  // landed in scratch (elastic): it starts the sum
     // The first contribution landed in place: bf16, it is widened in now.
-    if (b.next_share == 1 && options_.bf16_wire && !options_.elastic) input.first_bf16 = grad16_.data() + b.begin;
+    if (b.next_share == 1 && !grad16_.empty()) input.first_bf16 = grad16_.data() + b.begin;
     const double squares = AddShare(sum, input, n, last ? &b.counted : nullptr);
     if (last) {
       b.sum_of_squares = squares;
@@ -260,10 +260,10 @@ void ParameterShard::Drain(LocalBucket& b) {
     b.done = true;
     if (!squared) {
       trace::Span span("sum of squares", "server", {"bucket", b.index}, {"step", optimizer_->step() + 1});
-      b.sum_of_squares = 0;
       if (b.sum_in_bf16) {
         b.sum_of_squares = SumOfSquaresOverBf16(grad16_.data() + b.begin, b.counted);
       } else {
+        b.sum_of_squares = 0;
         for (const ParamRange& c : b.counted) b.sum_of_squares += SumOfSquares(sum + c.begin, c.size());
       }
     }

@@ -615,15 +615,7 @@ class UcxTransport::Impl {
 
   // A small message of this transport's own (no payload).
   void SendControl(Peer& peer, uint16_t am_id, const std::string& body, Completion done) {
-    auto* op = new SendOp{this, std::string(kPrefixBytes, '\0') + body, std::move(done), peer.name};
-    std::memcpy(op->header.data(), &self_, sizeof(PeerId));
-    std::memcpy(op->header.data() + sizeof(PeerId), key_.bytes.data(), kKeyBytes);
-    ucp_request_param_t p{};
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-    p.cb.send = &Impl::SendCompleted;
-    p.user_data = op;
-    ucs_status_ptr_t r = ucp_am_send_nbx(peer.ep, am_id, op->header.data(), op->header.size(), nullptr, 0, &p);
-    if (!UCS_PTR_IS_PTR(r)) Finish(op, UCS_PTR_STATUS(r));
+    SendByUcx(peer, am_id, body, nullptr, 0, std::move(done));
   }
 
   void FinishCma(uint64_t id, const Status& st) {
